@@ -1,0 +1,91 @@
+//! `weft-controller`'s command line: `run` (the default) and `check-config`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, ControllerArgs, LogFormat};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "weft-controller",
+    version,
+    about = "The weft site controller",
+    args_conflicts_with_subcommands = false
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub args: ControllerArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve (the default when no command is given).
+    Run,
+    /// Validate the configuration, print it resolved, and exit.
+    CheckConfig,
+}
+
+pub fn init_logging(format: LogFormat) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| "info".into());
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => b.init(),
+        LogFormat::Json => b.json().init(),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let cfg = match config::load(&cli.args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprint!("weft-controller: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(Command::CheckConfig) = cli.command {
+        println!("configuration is valid:\n{cfg:#?}");
+        return ExitCode::SUCCESS;
+    }
+    init_logging(cfg.log_format);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("weft-controller: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(crate::server::run(cfg, shutdown_signal(), |_| {})) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weft-controller: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

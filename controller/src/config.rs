@@ -1,0 +1,690 @@
+//! The controller's configuration: a TOML file, every field overridable by
+//! a flag or a `WEFT_*` environment variable, validated as a whole before any
+//! port is bound. Errors name the field (and its flag) and say how to fix it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, ValueEnum};
+use ipnet::{IpNet, Ipv4Net};
+use serde::{Deserialize, Serialize};
+
+use crate::domain::{Site, validate_name};
+use crate::ipam::overlaps;
+use crate::store::etcd::EtcdTls;
+
+pub const DEFAULT_EXTERNAL_CIDR: &str = "10.70.0.0/16";
+pub const DEFAULT_INTERNAL_CIDR: &str = "10.80.0.0/16";
+pub const DEFAULT_REMAP_POOLS: [&str; 3] = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"];
+pub const DEFAULT_NODE_PREFIX_LEN: u8 = 24;
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/weft";
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:7443";
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Human,
+    Json,
+}
+
+/// Flags of `weft-controller`. Each overrides the same field of the file.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ControllerArgs {
+    /// TOML configuration file; flags and WEFT_* variables override its fields.
+    #[arg(long, env = "WEFT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// This site's id: 1-63 lower-case letters, digits, '-' or '.'.
+    #[arg(long, env = "WEFT_SITE_ID")]
+    pub site_id: Option<String>,
+    /// Workload ("pod") CIDR; repeat (or comma-separate) for several.
+    #[arg(long = "pod-cidr", env = "WEFT_POD_CIDR", value_delimiter = ',')]
+    pub pod_cidrs: Vec<String>,
+    /// CIDR for host traffic toward peers [default: 10.70.0.0/16].
+    #[arg(long, env = "WEFT_EXTERNAL_CIDR")]
+    pub external_cidr: Option<String>,
+    /// CIDR for the node-gateway overlay [default: 10.80.0.0/16].
+    #[arg(long, env = "WEFT_INTERNAL_CIDR")]
+    pub internal_cidr: Option<String>,
+    /// A network the hosts already use (a LAN); never used for a remap. Repeatable.
+    #[arg(
+        long = "reserved-cidr",
+        env = "WEFT_RESERVED_CIDR",
+        value_delimiter = ','
+    )]
+    pub reserved_cidrs: Vec<String>,
+    /// A pool that remapped peer CIDRs are taken from. Repeatable
+    /// [default: 10.0.0.0/8,172.16.0.0/12,192.168.0.0/16].
+    #[arg(long = "remap-pool", env = "WEFT_REMAP_POOL", value_delimiter = ',')]
+    pub remap_pools: Vec<String>,
+    /// Prefix length of each node's workload subnet [default: 24].
+    #[arg(long, env = "WEFT_NODE_PREFIX_LEN")]
+    pub node_prefix_len: Option<u8>,
+    /// Directory for the embedded store, the PKI and the admin socket [default: /var/lib/weft].
+    #[arg(long, env = "WEFT_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// etcd endpoints (comma-separated http:// or https:// URLs); selects the etcd store.
+    #[arg(long, env = "WEFT_ETCD_ENDPOINTS", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// CA certificate (PEM) that signs etcd's server certificate.
+    #[arg(long, env = "WEFT_ETCD_CA_FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) presented to etcd.
+    #[arg(long, env = "WEFT_ETCD_CERT_FILE")]
+    pub etcd_cert_file: Option<PathBuf>,
+    /// Client key (PEM) for --etcd-cert-file.
+    #[arg(long, env = "WEFT_ETCD_KEY_FILE")]
+    pub etcd_key_file: Option<PathBuf>,
+    /// Local admin socket (plaintext gRPC, mode 0600) [default: <data-dir>/admin.sock].
+    #[arg(long, env = "WEFT_ADMIN_SOCKET")]
+    pub admin_socket: Option<PathBuf>,
+    /// TCP listener (TLS, client certificate required) [default: 0.0.0.0:7443].
+    #[arg(long, env = "WEFT_LISTEN")]
+    pub listen: Option<String>,
+    /// Extra DNS name or IP address for the controller's server certificate. Repeatable.
+    #[arg(long = "tls-san", env = "WEFT_TLS_SAN", value_delimiter = ',')]
+    pub tls_sans: Vec<String>,
+    /// Log format.
+    #[arg(long, env = "WEFT_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+}
+
+/// The configuration file's shape. Unknown fields are errors.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub site_id: Option<String>,
+    pub pod_cidrs: Option<Vec<String>>,
+    pub external_cidr: Option<String>,
+    pub internal_cidr: Option<String>,
+    pub reserved_cidrs: Option<Vec<String>>,
+    pub remap_pools: Option<Vec<String>>,
+    pub node_prefix_len: Option<u8>,
+    pub data_dir: Option<PathBuf>,
+    pub etcd_endpoints: Option<Vec<String>>,
+    pub etcd_ca_file: Option<PathBuf>,
+    pub etcd_cert_file: Option<PathBuf>,
+    pub etcd_key_file: Option<PathBuf>,
+    pub admin_socket: Option<PathBuf>,
+    pub listen: Option<String>,
+    pub tls_sans: Option<Vec<String>>,
+    pub log_format: Option<LogFormat>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreConfig {
+    Embedded {
+        path: PathBuf,
+    },
+    Etcd {
+        endpoints: Vec<String>,
+        tls: Option<EtcdTlsFiles>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdTlsFiles {
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+impl From<&EtcdTlsFiles> for EtcdTls {
+    fn from(f: &EtcdTlsFiles) -> Self {
+        EtcdTls {
+            ca_file: f.ca_file.clone(),
+            cert_file: f.cert_file.clone(),
+            key_file: f.key_file.clone(),
+        }
+    }
+}
+
+/// A complete, valid controller configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControllerConfig {
+    pub site: Site,
+    pub data_dir: PathBuf,
+    pub store: StoreConfig,
+    pub admin_socket: PathBuf,
+    pub listen: SocketAddr,
+    pub tls_sans: Vec<String>,
+    pub log_format: LogFormat,
+}
+
+/// One problem with one field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+/// Everything wrong with a configuration, each naming its field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError(pub Vec<FieldError>);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "invalid configuration ({} problem{}):",
+            self.0.len(),
+            if self.0.len() == 1 { "" } else { "s" }
+        )?;
+        for e in &self.0 {
+            let base = e.field.split('[').next().unwrap_or(&e.field);
+            let hint = FLAGS
+                .iter()
+                .find(|(k, _, _)| *k == base)
+                .map(|(_, flag, env)| format!(" ({flag}, {env})"));
+            writeln!(
+                f,
+                "  - {}{}: {}",
+                e.field,
+                hint.unwrap_or_default(),
+                e.message
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Config file key → flag and environment variable, for error messages.
+const FLAGS: &[(&str, &str, &str)] = &[
+    ("site_id", "--site-id", "WEFT_SITE_ID"),
+    ("pod_cidrs", "--pod-cidr", "WEFT_POD_CIDR"),
+    ("external_cidr", "--external-cidr", "WEFT_EXTERNAL_CIDR"),
+    ("internal_cidr", "--internal-cidr", "WEFT_INTERNAL_CIDR"),
+    ("reserved_cidrs", "--reserved-cidr", "WEFT_RESERVED_CIDR"),
+    ("remap_pools", "--remap-pool", "WEFT_REMAP_POOL"),
+    (
+        "node_prefix_len",
+        "--node-prefix-len",
+        "WEFT_NODE_PREFIX_LEN",
+    ),
+    ("data_dir", "--data-dir", "WEFT_DATA_DIR"),
+    ("etcd_endpoints", "--etcd-endpoints", "WEFT_ETCD_ENDPOINTS"),
+    ("etcd_ca_file", "--etcd-ca-file", "WEFT_ETCD_CA_FILE"),
+    ("etcd_cert_file", "--etcd-cert-file", "WEFT_ETCD_CERT_FILE"),
+    ("etcd_key_file", "--etcd-key-file", "WEFT_ETCD_KEY_FILE"),
+    ("admin_socket", "--admin-socket", "WEFT_ADMIN_SOCKET"),
+    ("listen", "--listen", "WEFT_LISTEN"),
+    ("tls_sans", "--tls-san", "WEFT_TLS_SAN"),
+    ("config", "--config", "WEFT_CONFIG"),
+];
+
+/// Parses an IPv4 CIDR in canonical form, or says what is wrong with it.
+pub fn parse_cidr(text: &str) -> Result<Ipv4Net, String> {
+    let text = text.trim();
+    match text.parse::<IpNet>() {
+        Ok(IpNet::V4(n)) if n.addr() != n.network() => Err(format!(
+            "{text:?} has host bits set; the network is {} (write that, or fix the prefix length)",
+            n.trunc()
+        )),
+        Ok(IpNet::V4(n)) => Ok(n),
+        Ok(IpNet::V6(_)) => Err(format!(
+            "{text:?} is IPv6; weft supports IPv4 CIDRs only for now"
+        )),
+        Err(_) if text.parse::<std::net::IpAddr>().is_ok() => Err(format!(
+            "{text:?} has no prefix length; write it as address/length, e.g. {text}/24"
+        )),
+        Err(_) => Err(format!(
+            "{text:?} is not a CIDR; write it as address/length, e.g. 10.1.0.0/16"
+        )),
+    }
+}
+
+/// Reads the file (if any), applies the flags over it, fills in defaults and
+/// validates the result as a whole.
+pub fn load(args: &ControllerArgs) -> Result<ControllerConfig, ConfigError> {
+    let file = match &args.config {
+        Some(path) => read_file(path)?,
+        None => FileConfig::default(),
+    };
+    resolve(args, file)
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let one = |m: String| {
+        ConfigError(vec![FieldError {
+            field: "config".into(),
+            message: m,
+        }])
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| one(format!("cannot read {}: {e}", path.display())))?;
+    toml::from_str(&text).map_err(|e| {
+        // toml names unknown fields and type mismatches with their location.
+        one(format!(
+            "{} is not a valid weft controller configuration: {}",
+            path.display(),
+            e.message().trim()
+        ))
+    })
+}
+
+fn pick<T: Clone>(flag: Option<T>, file: Option<T>) -> Option<T> {
+    flag.or(file)
+}
+
+fn pick_list(flag: &[String], file: Option<Vec<String>>) -> Option<Vec<String>> {
+    if flag.is_empty() {
+        file
+    } else {
+        Some(flag.to_vec())
+    }
+}
+
+/// Merges flags over the file, then validates. Public for tests.
+pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConfig, ConfigError> {
+    let mut errs: Vec<FieldError> = Vec::new();
+    let mut err = |field: &str, message: String| {
+        errs.push(FieldError {
+            field: field.into(),
+            message,
+        })
+    };
+
+    let site_id = pick(args.site_id.clone(), file.site_id);
+    match &site_id {
+        None => err(
+            "site_id",
+            "is required; set it to this site's name, e.g. \"site-a\"".into(),
+        ),
+        Some(id) => {
+            if let Err(m) = validate_name("the site id", id) {
+                err("site_id", m)
+            }
+        }
+    }
+
+    let cidr_list =
+        |field: &str, values: Vec<String>, errs: &mut Vec<(String, String)>| -> Vec<Ipv4Net> {
+            let mut out = Vec::new();
+            for (i, v) in values.iter().enumerate() {
+                match parse_cidr(v) {
+                    Ok(n) => out.push(n),
+                    Err(m) => errs.push((format!("{field}[{i}]"), m)),
+                }
+            }
+            out
+        };
+    let mut list_errs: Vec<(String, String)> = Vec::new();
+    let pod_texts = pick_list(&args.pod_cidrs, file.pod_cidrs).unwrap_or_default();
+    let pod_missing = pod_texts.is_empty();
+    let pod_cidrs = cidr_list("pod_cidrs", pod_texts, &mut list_errs);
+    let reserved = cidr_list(
+        "reserved_cidrs",
+        pick_list(&args.reserved_cidrs, file.reserved_cidrs).unwrap_or_default(),
+        &mut list_errs,
+    );
+    let pools = cidr_list(
+        "remap_pools",
+        pick_list(&args.remap_pools, file.remap_pools)
+            .unwrap_or_else(|| DEFAULT_REMAP_POOLS.iter().map(|s| s.to_string()).collect()),
+        &mut list_errs,
+    );
+    for (f, m) in list_errs {
+        err(&f, m);
+    }
+    if pod_missing {
+        err(
+            "pod_cidrs",
+            "is required; give the workload CIDR(s) of this site, e.g. 10.1.0.0/16".into(),
+        );
+    }
+
+    let mut single = |field: &str, v: Option<String>, default: &str| -> Option<Ipv4Net> {
+        let v = v.unwrap_or_else(|| default.to_string());
+        match parse_cidr(&v) {
+            Ok(n) if n.prefix_len() > 30 => {
+                err(
+                    field,
+                    format!("{n} is too small; use a /30 or larger block"),
+                );
+                None
+            }
+            Ok(n) => Some(n),
+            Err(m) => {
+                err(field, m);
+                None
+            }
+        }
+    };
+    let external = single(
+        "external_cidr",
+        pick(args.external_cidr.clone(), file.external_cidr),
+        DEFAULT_EXTERNAL_CIDR,
+    );
+    let internal = single(
+        "internal_cidr",
+        pick(args.internal_cidr.clone(), file.internal_cidr),
+        DEFAULT_INTERNAL_CIDR,
+    );
+
+    let node_len =
+        pick(args.node_prefix_len, file.node_prefix_len).unwrap_or(DEFAULT_NODE_PREFIX_LEN);
+    if node_len > 30 {
+        err(
+            "node_prefix_len",
+            format!("/{node_len} leaves no room for workloads; use at most 30"),
+        );
+    }
+    for (i, p) in pod_cidrs.iter().enumerate() {
+        if node_len < p.prefix_len() {
+            err(
+                "node_prefix_len",
+                format!(
+                    "/{node_len} is larger than pod_cidrs[{i}] {p}; a node subnet must fit in a pod CIDR \
+                     (use {} or more, or a larger pod CIDR)",
+                    p.prefix_len()
+                ),
+            );
+        }
+    }
+
+    // The site's own networks must be disjoint.
+    let mut named: Vec<(String, Ipv4Net)> = Vec::new();
+    named.extend(
+        pod_cidrs
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (format!("pod_cidrs[{i}]"), *n)),
+    );
+    if let Some(n) = external {
+        named.push(("external_cidr".into(), n));
+    }
+    if let Some(n) = internal {
+        named.push(("internal_cidr".into(), n));
+    }
+    named.extend(
+        reserved
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (format!("reserved_cidrs[{i}]"), *n)),
+    );
+    for i in 0..named.len() {
+        for j in 0..i {
+            let ((fa, a), (fb, b)) = (&named[i], &named[j]);
+            if overlaps(a, b) {
+                let default_note = match fa.as_str() {
+                    "external_cidr" if a.to_string() == DEFAULT_EXTERNAL_CIDR => " (the default)",
+                    "internal_cidr" if a.to_string() == DEFAULT_INTERNAL_CIDR => " (the default)",
+                    _ => "",
+                };
+                err(
+                    fa,
+                    format!(
+                        "{a}{default_note} overlaps {fb} {b}; the site's networks must be disjoint, choose a free range"
+                    ),
+                );
+            }
+        }
+    }
+    for i in 0..pools.len() {
+        for j in 0..i {
+            if overlaps(&pools[i], &pools[j]) {
+                err(
+                    &format!("remap_pools[{i}]"),
+                    format!(
+                        "{} overlaps remap_pools[{j}] {}; list each pool once",
+                        pools[i], pools[j]
+                    ),
+                );
+            }
+        }
+    }
+
+    let data_dir = pick(args.data_dir.clone(), file.data_dir)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+    if data_dir.as_os_str().is_empty() {
+        err(
+            "data_dir",
+            "is empty; give a directory the controller may write".into(),
+        );
+    }
+    let admin_socket = pick(args.admin_socket.clone(), file.admin_socket)
+        .unwrap_or_else(|| data_dir.join("admin.sock"));
+    // sun_path holds 108 bytes including the NUL.
+    if admin_socket.as_os_str().len() > 107 {
+        err(
+            "admin_socket",
+            format!(
+                "{} is longer than the 107 bytes a unix socket path may have; choose a shorter path",
+                admin_socket.display()
+            ),
+        );
+    }
+
+    let listen_text =
+        pick(args.listen.clone(), file.listen).unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+    let listen = match listen_text.parse::<SocketAddr>() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            err(
+                "listen",
+                format!(
+                    "{listen_text:?} is not an address:port; write e.g. 0.0.0.0:7443 or [::1]:7443"
+                ),
+            );
+            None
+        }
+    };
+
+    let endpoints = pick_list(&args.etcd_endpoints, file.etcd_endpoints).unwrap_or_default();
+    let endpoints: Vec<String> = endpoints
+        .into_iter()
+        .map(|e| e.trim().to_string())
+        .filter(|e| !e.is_empty())
+        .collect();
+    let tls_files = EtcdTlsFiles {
+        ca_file: pick(args.etcd_ca_file.clone(), file.etcd_ca_file),
+        cert_file: pick(args.etcd_cert_file.clone(), file.etcd_cert_file),
+        key_file: pick(args.etcd_key_file.clone(), file.etcd_key_file),
+    };
+    let wants_tls = tls_files.ca_file.is_some()
+        || tls_files.cert_file.is_some()
+        || tls_files.key_file.is_some();
+    for (i, e) in endpoints.iter().enumerate() {
+        let ok = e
+            .strip_prefix("http://")
+            .or_else(|| e.strip_prefix("https://"))
+            .is_some_and(|hp| {
+                hp.rsplit_once(':')
+                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok())
+            });
+        if !ok {
+            err(
+                &format!("etcd_endpoints[{i}]"),
+                format!("{e:?} is not an etcd URL; write e.g. http://127.0.0.1:2379"),
+            );
+        } else if wants_tls != e.starts_with("https://") {
+            err(
+                &format!("etcd_endpoints[{i}]"),
+                if wants_tls {
+                    format!("{e:?} is plain http but etcd TLS files are set; use https://")
+                } else {
+                    format!(
+                        "{e:?} is https but no etcd TLS files are set; set etcd_ca_file (and a client cert if etcd asks for one)"
+                    )
+                },
+            );
+        }
+    }
+    if tls_files.cert_file.is_some() != tls_files.key_file.is_some() {
+        err("etcd_cert_file", "an etcd client certificate needs its key and the other way round: set both etcd_cert_file and etcd_key_file".into());
+    }
+    for (f, p) in [
+        ("etcd_ca_file", &tls_files.ca_file),
+        ("etcd_cert_file", &tls_files.cert_file),
+        ("etcd_key_file", &tls_files.key_file),
+    ] {
+        if let Some(p) = p
+            && !p.is_file()
+        {
+            err(
+                f,
+                format!("{} does not exist or is not a file", p.display()),
+            );
+        }
+    }
+    if wants_tls && endpoints.is_empty() {
+        err("etcd_endpoints", "etcd TLS files are set but no etcd endpoints; set etcd_endpoints or drop the TLS files".into());
+    }
+
+    let tls_sans = pick_list(&args.tls_sans, file.tls_sans).unwrap_or_default();
+    for (i, s) in tls_sans.iter().enumerate() {
+        if s.trim().is_empty() || s.contains(char::is_whitespace) {
+            err(
+                &format!("tls_sans[{i}]"),
+                format!("{s:?} is not a DNS name or IP address"),
+            );
+        }
+    }
+    let log_format = pick(args.log_format, file.log_format).unwrap_or_default();
+
+    if !errs.is_empty() {
+        return Err(ConfigError(errs));
+    }
+    let store = if endpoints.is_empty() {
+        StoreConfig::Embedded {
+            path: data_dir.join("store.redb"),
+        }
+    } else {
+        StoreConfig::Etcd {
+            endpoints,
+            tls: wants_tls.then_some(tls_files),
+        }
+    };
+    Ok(ControllerConfig {
+        site: Site {
+            id: site_id.unwrap(),
+            pod_cidrs,
+            external_cidr: external.unwrap(),
+            internal_cidr: internal.unwrap(),
+            reserved_cidrs: reserved,
+            remap_pools: pools,
+            node_prefix_len: node_len,
+        },
+        data_dir,
+        store,
+        admin_socket,
+        listen: listen.unwrap(),
+        tls_sans,
+        log_format,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(site: &str, pods: &[&str]) -> ControllerArgs {
+        ControllerArgs {
+            site_id: Some(site.into()),
+            pod_cidrs: pods.iter().map(|s| s.to_string()).collect(),
+            data_dir: Some("/tmp/x".into()),
+            ..Default::default()
+        }
+    }
+
+    fn fields(e: ConfigError) -> Vec<String> {
+        e.0.into_iter().map(|f| f.field).collect()
+    }
+
+    #[test]
+    fn minimal_flags_get_defaults() {
+        let c = resolve(&args("site-a", &["10.1.0.0/16"]), FileConfig::default()).unwrap();
+        assert_eq!(c.site.external_cidr.to_string(), DEFAULT_EXTERNAL_CIDR);
+        assert_eq!(c.site.remap_pools.len(), 3);
+        assert_eq!(c.site.node_prefix_len, 24);
+        assert_eq!(c.admin_socket, PathBuf::from("/tmp/x/admin.sock"));
+        assert_eq!(
+            c.store,
+            StoreConfig::Embedded {
+                path: "/tmp/x/store.redb".into()
+            }
+        );
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let file: FileConfig = toml::from_str(
+            "site_id = \"from-file\"\npod_cidrs = [\"10.9.0.0/16\"]\nnode_prefix_len = 26\n",
+        )
+        .unwrap();
+        let c = resolve(&args("from-flag", &[]), file).unwrap();
+        assert_eq!(c.site.id, "from-flag");
+        assert_eq!(c.site.pod_cidrs[0].to_string(), "10.9.0.0/16");
+        assert_eq!(c.site.node_prefix_len, 26);
+    }
+
+    #[test]
+    fn each_problem_names_its_field() {
+        let e = resolve(
+            &args("Bad/Id", &["10.1.0.0/33", "10.1.2.3/16", "fd00::/64"]),
+            FileConfig::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            fields(e.clone()),
+            ["site_id", "pod_cidrs[0]", "pod_cidrs[1]", "pod_cidrs[2]"],
+            "{e}"
+        );
+        let text = e.to_string();
+        assert!(text.contains("--pod-cidr"), "{text}");
+        assert!(text.contains("10.1.0.0/16"), "host-bit hint: {text}");
+        assert!(text.contains("IPv6"), "{text}");
+    }
+
+    #[test]
+    fn overlaps_and_prefix_bounds_are_refused() {
+        let mut a = args("s", &["10.70.0.0/16"]);
+        let e = resolve(&a, FileConfig::default()).unwrap_err();
+        assert_eq!(fields(e.clone()), ["external_cidr"]);
+        assert!(e.to_string().contains("(the default)"), "{e}");
+        a.pod_cidrs = vec!["10.1.0.0/16".into()];
+        a.reserved_cidrs = vec!["10.1.4.0/24".into()];
+        a.node_prefix_len = Some(31);
+        let e = resolve(&a, FileConfig::default()).unwrap_err();
+        assert_eq!(fields(e), ["node_prefix_len", "reserved_cidrs[0]"]);
+        a.reserved_cidrs.clear();
+        a.node_prefix_len = Some(15);
+        assert_eq!(
+            fields(resolve(&a, FileConfig::default()).unwrap_err()),
+            ["node_prefix_len"]
+        );
+    }
+
+    #[test]
+    fn missing_required_and_bad_etcd() {
+        let a = ControllerArgs {
+            etcd_endpoints: vec!["127.0.0.1:2379".into(), "https://h:1".into()],
+            listen: Some("nowhere".into()),
+            ..Default::default()
+        };
+        let e = resolve(&a, FileConfig::default()).unwrap_err();
+        assert_eq!(
+            fields(e),
+            [
+                "site_id",
+                "pod_cidrs",
+                "listen",
+                "etcd_endpoints[0]",
+                "etcd_endpoints[1]"
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_file_field_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "site_id = \"a\"\npod_cidr = \"10.0.0.0/8\"\n").unwrap();
+        let a = ControllerArgs {
+            config: Some(p),
+            ..Default::default()
+        };
+        let e = load(&a).unwrap_err().to_string();
+        assert!(e.contains("pod_cidr"), "{e}");
+    }
+}

@@ -1,0 +1,144 @@
+//! The controller's records: what it stores and reasons about. Independent
+//! of the wire format (prost types are converted at the gRPC edge) and of
+//! the store (records are serialized as JSON values under their keys).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+use crate::ipam::View;
+
+/// A site's validated network configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Site {
+    pub id: String,
+    pub pod_cidrs: Vec<Ipv4Net>,
+    pub external_cidr: Ipv4Net,
+    pub internal_cidr: Ipv4Net,
+    pub reserved_cidrs: Vec<Ipv4Net>,
+    pub remap_pools: Vec<Ipv4Net>,
+    pub node_prefix_len: u8,
+}
+
+impl Site {
+    /// Every block this site addresses itself, which a peer's local view
+    /// must avoid.
+    pub fn own_blocks(&self) -> Vec<Ipv4Net> {
+        let mut v = self.pod_cidrs.clone();
+        v.push(self.external_cidr);
+        v.push(self.internal_cidr);
+        v.extend(&self.reserved_cidrs);
+        v
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubnetSource {
+    Allocated,
+    Declared,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub name: String,
+    pub subnet: Ipv4Net,
+    pub source: SubnetSource,
+    /// Milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gateway {
+    pub name: String,
+    pub endpoint: Option<String>,
+    pub public_key: Option<String>,
+    pub created_at_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PeeringState {
+    Pending,
+    Negotiated,
+    Connected,
+    Deleting,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peering {
+    pub site_id: String,
+    pub state: PeeringState,
+    pub views: Vec<View>,
+    pub created_at_ms: u64,
+    #[serde(default)]
+    pub last_error: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AllocationKind {
+    NodeSubnet,
+    PeerView,
+}
+
+/// One block held by IPAM, derived from the node and peering records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    pub cidr: Ipv4Net,
+    pub kind: AllocationKind,
+    pub owner: String,
+    pub pool: Option<Ipv4Net>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolUsage {
+    pub pool: Ipv4Net,
+    pub kind: AllocationKind,
+    pub total: u64,
+    pub allocated: u64,
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Checks a node, gateway or site name: 1 to 63 characters of lower-case
+/// letters, digits, '-' and '.', starting and ending with a letter or digit.
+/// Names become store keys and interface labels, so nothing else is allowed.
+pub fn validate_name(what: &str, name: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if name.is_empty() {
+        return Err(format!("{what} is empty; give a name such as \"node-1\""));
+    }
+    if name.len() > 63
+        || !name.chars().all(ok_char)
+        || !edge(name.chars().next())
+        || !edge(name.chars().last())
+    {
+        return Err(format!(
+            "{what} {name:?} is not a valid name: use 1 to 63 lower-case letters, digits, '-' or '.', \
+             starting and ending with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for good in ["a", "node-1", "n1.dc2", "0"] {
+            assert!(validate_name("node name", good).is_ok(), "{good}");
+        }
+        for bad in ["", "-a", "a-", "A", "a/b", "../x", "a b", &"x".repeat(64)] {
+            assert!(validate_name("node name", bad).is_err(), "{bad}");
+        }
+    }
+}

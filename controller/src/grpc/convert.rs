@@ -1,0 +1,111 @@
+//! Domain types → weft.v1 wire types. The only place that knows both.
+
+use prost_types::Timestamp;
+use weft_proto::v1 as pb;
+
+use crate::domain::{
+    Allocation, AllocationKind, Gateway, Node, Peering, PeeringState, PoolUsage, Site, SubnetSource,
+};
+use crate::ipam::{CidrKind, View};
+use crate::store::Revision;
+
+fn ts(ms: u64) -> Option<Timestamp> {
+    Some(Timestamp {
+        seconds: (ms / 1000) as i64,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    })
+}
+
+fn strs<T: ToString>(v: &[T]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+pub fn site(s: &Site, revision: Revision) -> pb::Site {
+    pb::Site {
+        id: s.id.clone(),
+        pod_cidrs: strs(&s.pod_cidrs),
+        external_cidr: s.external_cidr.to_string(),
+        internal_cidr: s.internal_cidr.to_string(),
+        reserved_cidrs: strs(&s.reserved_cidrs),
+        remap_pools: strs(&s.remap_pools),
+        node_prefix_len: u32::from(s.node_prefix_len),
+        revision,
+    }
+}
+
+pub fn node(n: &Node) -> pb::Node {
+    pb::Node {
+        name: n.name.clone(),
+        subnet: n.subnet.to_string(),
+        subnet_source: match n.source {
+            SubnetSource::Allocated => pb::SubnetSource::Allocated,
+            SubnetSource::Declared => pb::SubnetSource::Declared,
+        } as i32,
+        created_at: ts(n.created_at_ms),
+    }
+}
+
+pub fn gateway(g: &Gateway) -> pb::Gateway {
+    pb::Gateway {
+        name: g.name.clone(),
+        endpoint: g.endpoint.clone().unwrap_or_default(),
+        public_key: g.public_key.clone().unwrap_or_default(),
+        created_at: ts(g.created_at_ms),
+    }
+}
+
+pub fn cidr_kind(k: CidrKind) -> pb::CidrKind {
+    match k {
+        CidrKind::Workload => pb::CidrKind::Workload,
+        CidrKind::External => pb::CidrKind::External,
+    }
+}
+
+pub fn view(v: &View) -> pb::CidrView {
+    pb::CidrView {
+        kind: cidr_kind(v.kind) as i32,
+        real_cidr: v.real.to_string(),
+        local_cidr: v.local.to_string(),
+        remapped: v.remapped(),
+    }
+}
+
+pub fn peering(p: &Peering) -> pb::Peering {
+    pb::Peering {
+        site_id: p.site_id.clone(),
+        state: match p.state {
+            PeeringState::Pending => pb::PeeringState::Pending,
+            PeeringState::Negotiated => pb::PeeringState::Negotiated,
+            PeeringState::Connected => pb::PeeringState::Connected,
+            PeeringState::Deleting => pb::PeeringState::Deleting,
+        } as i32,
+        views: p.views.iter().map(view).collect(),
+        created_at: ts(p.created_at_ms),
+        last_error: p.last_error.clone().unwrap_or_default(),
+    }
+}
+
+fn alloc_kind(k: AllocationKind) -> i32 {
+    match k {
+        AllocationKind::NodeSubnet => pb::AllocationKind::NodeSubnet as i32,
+        AllocationKind::PeerView => pb::AllocationKind::PeerView as i32,
+    }
+}
+
+pub fn allocation(a: &Allocation) -> pb::Allocation {
+    pb::Allocation {
+        cidr: a.cidr.to_string(),
+        kind: alloc_kind(a.kind),
+        owner: a.owner.clone(),
+        pool: a.pool.map(|p| p.to_string()).unwrap_or_default(),
+    }
+}
+
+pub fn pool_usage(p: &PoolUsage) -> pb::PoolUsage {
+    pb::PoolUsage {
+        pool: p.pool.to_string(),
+        kind: alloc_kind(p.kind),
+        total_addresses: p.total,
+        allocated_addresses: p.allocated,
+    }
+}

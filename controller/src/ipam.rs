@@ -1,0 +1,499 @@
+//! Address management: pure functions over sets of IPv4 blocks.
+//!
+//! Nothing here touches the store or the network. The state layer reads what
+//! is in use, calls these functions, and persists the answer in one store
+//! transaction, so every result is reproducible from its inputs:
+//! - node workload subnets, carved from the pod CIDRs or declared;
+//! - the local view of a peer's CIDRs: the real CIDR when it collides with
+//!   nothing in use here, else the first free block of the same length from
+//!   the remap pools;
+//! - translation of an address between a real CIDR and its view, keeping the
+//!   host bits (what the gateway's prefix NAT does to packets).
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IpamError {
+    #[error("{0}")]
+    Exhausted(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Which of a peer's networks a view is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CidrKind {
+    Workload,
+    External,
+}
+
+impl std::fmt::Display for CidrKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CidrKind::Workload => "workload",
+            CidrKind::External => "external",
+        })
+    }
+}
+
+/// How this site addresses one of a peer's networks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct View {
+    pub kind: CidrKind,
+    pub real: Ipv4Net,
+    pub local: Ipv4Net,
+    /// The remap pool `local` came from; `None` when `local == real`.
+    pub pool: Option<Ipv4Net>,
+}
+
+impl View {
+    pub fn remapped(&self) -> bool {
+        self.real != self.local
+    }
+}
+
+fn first(n: &Ipv4Net) -> u64 {
+    u32::from(n.network()) as u64
+}
+fn last(n: &Ipv4Net) -> u64 {
+    u32::from(n.broadcast()) as u64
+}
+
+pub fn overlaps(a: &Ipv4Net, b: &Ipv4Net) -> bool {
+    first(a) <= last(b) && first(b) <= last(a)
+}
+
+/// Number of addresses in a block.
+pub fn size(n: &Ipv4Net) -> u64 {
+    1u64 << (32 - n.prefix_len())
+}
+
+/// `blocks` as sorted, merged, inclusive address ranges.
+fn merged(blocks: &[Ipv4Net]) -> Vec<(u64, u64)> {
+    let mut r: Vec<(u64, u64)> = blocks.iter().map(|b| (first(b), last(b))).collect();
+    r.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(r.len());
+    for (s, e) in r {
+        match out.last_mut() {
+            Some(l) if s <= l.1 + 1 => l.1 = l.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// The lowest block of prefix length `len` inside `pool` that overlaps none
+/// of `used`. Runs in time linear in `used`, however large the pool.
+pub fn first_free(pool: Ipv4Net, len: u8, used: &[Ipv4Net]) -> Option<Ipv4Net> {
+    if len < pool.prefix_len() || len > 32 {
+        return None;
+    }
+    let size = 1u64 << (32 - len);
+    let end = last(&pool);
+    let mut cand = first(&pool);
+    for (s, e) in merged(used) {
+        if e < cand {
+            continue;
+        }
+        if cand + size - 1 < s {
+            break;
+        }
+        // Overlaps [s, e]: jump to the first aligned block after it.
+        cand = (e + 1).div_ceil(size) * size;
+        if cand + size - 1 > end {
+            return None;
+        }
+    }
+    (cand + size - 1 <= end).then(|| Ipv4Net::new(Ipv4Addr::from(cand as u32), len).unwrap())
+}
+
+/// Total addresses of `blocks` (merged) that fall inside `pool`.
+pub fn used_in(pool: &Ipv4Net, blocks: &[Ipv4Net]) -> u64 {
+    merged(blocks)
+        .into_iter()
+        .map(|(s, e)| {
+            let (s, e) = (s.max(first(pool)), e.min(last(pool)));
+            if s <= e { e - s + 1 } else { 0 }
+        })
+        .sum()
+}
+
+fn list(nets: &[Ipv4Net]) -> String {
+    nets.iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A new node's workload subnet: the lowest free `/node_len` in the pod CIDRs
+/// (taken in order). Returns the subnet and the pod CIDR it came from.
+pub fn allocate_node_subnet(
+    pod_cidrs: &[Ipv4Net],
+    node_len: u8,
+    taken: &[Ipv4Net],
+) -> Result<(Ipv4Net, Ipv4Net), IpamError> {
+    for pod in pod_cidrs {
+        if let Some(s) = first_free(*pod, node_len, taken) {
+            return Ok((s, *pod));
+        }
+    }
+    Err(IpamError::Exhausted(format!(
+        "no free /{node_len} node subnet left in the pod CIDRs {} ({} node subnets in use); \
+         add a pod CIDR or remove unused nodes",
+        list(pod_cidrs),
+        taken.len()
+    )))
+}
+
+/// Checks a subnet a node declares: inside one pod CIDR, overlapping no
+/// other node's. `taken` pairs each node name with its subnet. Returns the
+/// pod CIDR that holds it.
+pub fn check_declared_subnet(
+    subnet: Ipv4Net,
+    pod_cidrs: &[Ipv4Net],
+    taken: &[(String, Ipv4Net)],
+) -> Result<Ipv4Net, IpamError> {
+    let Some(pod) = pod_cidrs.iter().find(|p| p.contains(&subnet)) else {
+        return Err(IpamError::Invalid(format!(
+            "subnet {subnet} is not inside any of the site's pod CIDRs ({}); \
+             declare a subnet within one of them",
+            list(pod_cidrs)
+        )));
+    };
+    if let Some((name, s)) = taken.iter().find(|(_, s)| overlaps(s, &subnet)) {
+        return Err(IpamError::Conflict(format!(
+            "subnet {subnet} overlaps {s}, held by node {name:?}; declare a free subnet or omit it to get one allocated"
+        )));
+    }
+    Ok(*pod)
+}
+
+/// Picks the local view of each of a peer's CIDRs.
+///
+/// `in_use` is everything this site already addresses: its own pod,
+/// external and internal CIDRs, its reserved networks, and every other
+/// peer's local views. A CIDR that collides with none of them keeps its real
+/// value. The rest get, in order, the lowest free block of the same length
+/// from `pools`, never colliding with `in_use` or with each other. The same
+/// inputs always give the same answer.
+pub fn plan_views(
+    peer: &[(CidrKind, Ipv4Net)],
+    in_use: &[Ipv4Net],
+    pools: &[Ipv4Net],
+) -> Result<Vec<View>, IpamError> {
+    for (i, (ka, a)) in peer.iter().enumerate() {
+        if a.network() != a.addr() {
+            return Err(IpamError::Invalid(format!(
+                "peer {ka} CIDR {a} has host bits set; the network is {}",
+                a.trunc()
+            )));
+        }
+        for (kb, b) in &peer[i + 1..] {
+            if overlaps(a, b) {
+                return Err(IpamError::Invalid(format!(
+                    "the peer's {ka} CIDR {a} overlaps its own {kb} CIDR {b}; a site's networks must be disjoint"
+                )));
+            }
+        }
+    }
+    let mut used: Vec<Ipv4Net> = in_use.to_vec();
+    let keep: Vec<bool> = peer
+        .iter()
+        .map(|(_, c)| !in_use.iter().any(|u| overlaps(u, c)))
+        .collect();
+    used.extend(
+        peer.iter()
+            .zip(&keep)
+            .filter(|(_, k)| **k)
+            .map(|((_, c), _)| *c),
+    );
+    let mut views = Vec::with_capacity(peer.len());
+    for ((kind, real), keep) in peer.iter().zip(keep) {
+        if keep {
+            views.push(View {
+                kind: *kind,
+                real: *real,
+                local: *real,
+                pool: None,
+            });
+            continue;
+        }
+        let found = pools
+            .iter()
+            .find_map(|p| first_free(*p, real.prefix_len(), &used).map(|b| (b, *p)));
+        let Some((local, pool)) = found else {
+            return Err(IpamError::Exhausted(format!(
+                "the peer's {kind} CIDR {real} collides with a network in use here, and the remap pools \
+                 ({}) have no free /{} left; add a remap pool or free one",
+                list(pools),
+                real.prefix_len()
+            )));
+        };
+        used.push(local);
+        views.push(View {
+            kind: *kind,
+            real: *real,
+            local,
+            pool: Some(pool),
+        });
+    }
+    Ok(views)
+}
+
+/// Moves `addr` from block `from` to the same host bits in block `to`.
+/// `None` when the blocks differ in length or `addr` is outside `from`.
+pub fn translate(addr: Ipv4Addr, from: Ipv4Net, to: Ipv4Net) -> Option<Ipv4Addr> {
+    if from.prefix_len() != to.prefix_len() || !from.contains(&addr) {
+        return None;
+    }
+    let host = u32::from(addr) & u32::from(from.hostmask());
+    Some(Ipv4Addr::from(u32::from(to.network()) | host))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn n(s: &str) -> Ipv4Net {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn first_free_skips_used_and_aligns() {
+        let pool = n("10.0.0.0/16");
+        assert_eq!(first_free(pool, 24, &[]), Some(n("10.0.0.0/24")));
+        assert_eq!(
+            first_free(pool, 24, &[n("10.0.0.0/24")]),
+            Some(n("10.0.1.0/24"))
+        );
+        // a small block in the way pushes to the next aligned /24
+        assert_eq!(
+            first_free(pool, 24, &[n("10.0.0.128/25")]),
+            Some(n("10.0.1.0/24"))
+        );
+        // gaps are reused
+        assert_eq!(
+            first_free(pool, 24, &[n("10.0.0.0/24"), n("10.0.2.0/24")]),
+            Some(n("10.0.1.0/24"))
+        );
+        assert_eq!(first_free(pool, 16, &[n("10.0.255.255/32")]), None);
+        assert_eq!(first_free(pool, 8, &[]), None, "larger than the pool");
+        assert_eq!(
+            first_free(n("10.0.0.0/8"), 30, &[n("10.0.0.0/9")]),
+            Some(n("10.128.0.0/30"))
+        );
+    }
+
+    #[test]
+    fn node_subnets_fill_pods_in_order_then_exhaust() {
+        let pods = [n("10.1.0.0/23"), n("10.9.0.0/24")];
+        let mut taken = vec![];
+        for want in ["10.1.0.0/24", "10.1.1.0/24", "10.9.0.0/24"] {
+            let (s, _) = allocate_node_subnet(&pods, 24, &taken).unwrap();
+            assert_eq!(s, n(want));
+            taken.push(s);
+        }
+        let err = allocate_node_subnet(&pods, 24, &taken).unwrap_err();
+        assert!(
+            matches!(err, IpamError::Exhausted(ref m) if m.contains("10.1.0.0/23") && m.contains("/24")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn declared_subnet_must_fit_a_pod_and_not_overlap() {
+        let pods = [n("10.1.0.0/16")];
+        let taken = vec![("a".to_string(), n("10.1.0.0/24"))];
+        assert_eq!(
+            check_declared_subnet(n("10.1.5.0/26"), &pods, &taken).unwrap(),
+            pods[0]
+        );
+        assert!(matches!(
+            check_declared_subnet(n("10.2.0.0/24"), &pods, &taken),
+            Err(IpamError::Invalid(_))
+        ));
+        let e = check_declared_subnet(n("10.1.0.0/23"), &pods, &taken).unwrap_err();
+        assert!(
+            matches!(e, IpamError::Conflict(ref m) if m.contains("\"a\"")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn views_keep_real_when_free_and_remap_on_conflict() {
+        let in_use = [
+            n("10.1.0.0/16"),
+            n("10.70.0.0/16"),
+            n("10.80.0.0/16"),
+            n("192.168.1.0/24"),
+        ];
+        let pools = [n("10.0.0.0/8"), n("172.16.0.0/12")];
+        let v = plan_views(&[(CidrKind::Workload, n("10.2.0.0/16"))], &in_use, &pools).unwrap();
+        assert_eq!(v[0].local, n("10.2.0.0/16"));
+        assert!(!v[0].remapped());
+        let v = plan_views(
+            &[
+                (CidrKind::Workload, n("10.1.0.0/16")),
+                (CidrKind::External, n("10.70.0.0/16")),
+            ],
+            &in_use,
+            &pools,
+        )
+        .unwrap();
+        assert_eq!(v[0].local, n("10.0.0.0/16"));
+        assert_eq!(v[1].local, n("10.2.0.0/16"));
+        assert_eq!(v[0].pool, Some(pools[0]));
+        // a peer CIDR kept as real is never handed out as another's remap
+        let v = plan_views(
+            &[
+                (CidrKind::Workload, n("10.1.0.0/16")),
+                (CidrKind::Workload, n("10.0.0.0/16")),
+            ],
+            &in_use,
+            &pools,
+        )
+        .unwrap();
+        assert_eq!(v[1].local, n("10.0.0.0/16"));
+        assert_eq!(v[0].local, n("10.2.0.0/16"));
+    }
+
+    #[test]
+    fn views_reject_self_overlap_and_report_exhaustion() {
+        let e = plan_views(
+            &[
+                (CidrKind::Workload, n("10.1.0.0/16")),
+                (CidrKind::External, n("10.1.5.0/24")),
+            ],
+            &[],
+            &[],
+        )
+        .unwrap_err();
+        assert!(matches!(e, IpamError::Invalid(_)));
+        let e = plan_views(
+            &[(CidrKind::Workload, n("10.0.0.0/8"))],
+            &[n("10.0.0.0/8")],
+            &[n("172.16.0.0/12")],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, IpamError::Exhausted(ref m) if m.contains("/8")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn translate_keeps_host_bits() {
+        let a = Ipv4Addr::new(10, 1, 7, 9);
+        assert_eq!(
+            translate(a, n("10.1.0.0/16"), n("10.200.0.0/16")),
+            Some(Ipv4Addr::new(10, 200, 7, 9))
+        );
+        assert_eq!(translate(a, n("10.1.0.0/16"), n("10.200.0.0/24")), None);
+        assert_eq!(translate(a, n("10.2.0.0/16"), n("10.200.0.0/16")), None);
+    }
+
+    fn arb_net(min_len: u8) -> impl Strategy<Value = Ipv4Net> {
+        (any::<u32>(), min_len..=30u8)
+            .prop_map(|(a, l)| Ipv4Net::new(Ipv4Addr::from(a), l).unwrap().trunc())
+    }
+
+    proptest! {
+        #[test]
+        fn node_allocations_never_overlap_and_stay_in_pods(
+            pods in proptest::collection::vec(arb_net(14), 1..3),
+            declared in proptest::collection::vec(arb_net(16), 0..6),
+            len in 20u8..=28,
+            count in 1usize..40,
+        ) {
+            let pods = ipnet::Ipv4Net::aggregate(&pods);
+            let pods: Vec<Ipv4Net> = pods.into_iter().filter(|p| p.prefix_len() <= len).collect();
+            prop_assume!(!pods.is_empty());
+            let mut taken: Vec<(String, Ipv4Net)> = vec![];
+            for (i, d) in declared.into_iter().enumerate() {
+                if check_declared_subnet(d, &pods, &taken).is_ok() {
+                    taken.push((format!("d{i}"), d));
+                }
+            }
+            for i in 0..count {
+                let nets: Vec<Ipv4Net> = taken.iter().map(|t| t.1).collect();
+                match allocate_node_subnet(&pods, len, &nets) {
+                    Ok((s, pod)) => {
+                        prop_assert!(pod.contains(&s));
+                        prop_assert_eq!(s.prefix_len(), len);
+                        taken.push((format!("n{i}"), s));
+                    }
+                    Err(IpamError::Exhausted(_)) => {
+                        let total: u64 = pods.iter().map(size).sum();
+                        // exhaustion only when no aligned block is free anywhere
+                        for p in &pods { prop_assert!(first_free(*p, len, &nets).is_none()); }
+                        prop_assert!(used_in(&pods[0], &nets) <= total);
+                        break;
+                    }
+                    Err(e) => prop_assert!(false, "unexpected {e}"),
+                }
+            }
+            for (i, (_, a)) in taken.iter().enumerate() {
+                for (_, b) in &taken[i + 1..] {
+                    prop_assert!(!overlaps(a, b), "{a} overlaps {b}");
+                }
+            }
+        }
+
+        #[test]
+        fn views_never_collide_and_are_deterministic(
+            in_use in proptest::collection::vec(arb_net(8), 0..8),
+            peer in proptest::collection::vec(arb_net(12), 1..4),
+            pools in proptest::collection::vec(arb_net(6), 0..3),
+        ) {
+            let kinds: Vec<(CidrKind, Ipv4Net)> = peer.iter().map(|p| (CidrKind::Workload, *p)).collect();
+            let first_try = plan_views(&kinds, &in_use, &pools);
+            prop_assert_eq!(&first_try, &plan_views(&kinds, &in_use, &pools));
+            if let Ok(views) = first_try {
+                for (i, v) in views.iter().enumerate() {
+                    prop_assert_eq!(v.local.prefix_len(), v.real.prefix_len());
+                    if v.remapped() {
+                        prop_assert!(!in_use.iter().any(|u| overlaps(u, &v.local)), "{} collides", v.local);
+                        prop_assert!(v.pool.unwrap().contains(&v.local));
+                    } else {
+                        prop_assert!(!in_use.iter().any(|u| overlaps(u, &v.real)));
+                    }
+                    for w in &views[i + 1..] {
+                        prop_assert!(!overlaps(&v.local, &w.local), "{} and {}", v.local, w.local);
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn translation_round_trips(net in arb_net(8), to in arb_net(8), host in any::<u32>()) {
+            let to = Ipv4Net::new(to.network(), net.prefix_len()).unwrap().trunc();
+            let addr = Ipv4Addr::from(u32::from(net.network()) | (host & u32::from(net.hostmask())));
+            let there = translate(addr, net, to).unwrap();
+            prop_assert!(to.contains(&there));
+            prop_assert_eq!(translate(there, to, net), Some(addr));
+        }
+
+        #[test]
+        fn first_free_is_lowest(pool in arb_net(16), used in proptest::collection::vec(arb_net(18), 0..6), len in 18u8..=26) {
+            if let Some(b) = first_free(pool, len, &used) {
+                prop_assert!(pool.contains(&b));
+                prop_assert!(!used.iter().any(|u| overlaps(u, &b)));
+                // no lower free aligned block exists
+                let step = 1u32 << (32 - len);
+                let mut a = u32::from(pool.network());
+                while a < u32::from(b.network()) {
+                    let c = Ipv4Net::new(Ipv4Addr::from(a), len).unwrap();
+                    prop_assert!(used.iter().any(|u| overlaps(u, &c)), "{c} was free");
+                    a += step;
+                }
+            }
+        }
+    }
+}

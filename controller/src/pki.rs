@@ -1,0 +1,197 @@
+//! The site's certificates: a CA, the controller's server certificate and an
+//! admin client bundle, as PEM files under `<data-dir>/pki/`.
+//!
+//! Created on first start; the CA and admin bundle are kept, the server
+//! certificate is reissued at every start so that its names follow the
+//! configuration. Private keys are written with mode 0600 through a
+//! temporary file and a rename, so a crash never leaves half a key, and they
+//! are never logged. Identities are URI SANs `weft://<site>/<role>/<name>`.
+
+use std::io::Write;
+use std::net::IpAddr;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use time::{Duration, OffsetDateTime};
+
+pub const CA_CERT: &str = "ca.pem";
+pub const CA_KEY: &str = "ca.key";
+pub const SERVER_CERT: &str = "server.pem";
+pub const SERVER_KEY: &str = "server.key";
+pub const ADMIN_CERT: &str = "admin.pem";
+pub const ADMIN_KEY: &str = "admin.key";
+
+/// What the controller's TLS listener needs.
+#[derive(Debug, Clone)]
+pub struct ServerPki {
+    pub dir: PathBuf,
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+/// `weft://<site>/<role>/<name>`: the identity a certificate carries.
+pub fn identity_uri(site: &str, role: &str, name: &str) -> String {
+    format!("weft://{site}/{role}/{name}")
+}
+
+fn write_file(path: &Path, data: &str, mode: u32) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    f.write_all(data.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+fn leaf_params(
+    cn: &str,
+    uri: String,
+    names: &[String],
+    eku: Vec<ExtendedKeyUsagePurpose>,
+    days: i64,
+) -> anyhow::Result<CertificateParams> {
+    let mut p = CertificateParams::new(names.to_vec()).context("invalid certificate name")?;
+    p.subject_alt_names.push(SanType::URI(
+        uri.as_str().try_into().context("invalid identity URI")?,
+    ));
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, cn);
+    p.distinguished_name = dn;
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    p.extended_key_usages = eku;
+    let now = OffsetDateTime::now_utc();
+    p.not_before = now - Duration::minutes(5);
+    p.not_after = now + Duration::days(days);
+    Ok(p)
+}
+
+/// Loads the site CA from `dir`, creating it (and the admin bundle) when
+/// absent, and issues a fresh server certificate for `names`.
+pub fn ensure(dir: &Path, site: &str, names: &[String]) -> anyhow::Result<ServerPki> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    let (ca_cert, ca_key) = (dir.join(CA_CERT), dir.join(CA_KEY));
+    if !ca_cert.exists() || !ca_key.exists() {
+        let key = KeyPair::generate()?;
+        let mut p = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, format!("weft site {site} CA"));
+        p.distinguished_name = dn;
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let now = OffsetDateTime::now_utc();
+        p.not_before = now - Duration::minutes(5);
+        p.not_after = now + Duration::days(3650);
+        let cert = p.self_signed(&key)?;
+        write_file(&ca_key, &key.serialize_pem(), 0o600)?;
+        write_file(&ca_cert, &cert.pem(), 0o644)?;
+        // A new CA invalidates any admin bundle left from an older one.
+        let _ = std::fs::remove_file(dir.join(ADMIN_CERT));
+        tracing::info!(dir = %dir.display(), "created the site CA");
+    }
+    let ca_pem = std::fs::read_to_string(&ca_cert)
+        .with_context(|| format!("cannot read {}", ca_cert.display()))?;
+    let key_pem = std::fs::read_to_string(&ca_key)
+        .with_context(|| format!("cannot read {}", ca_key.display()))?;
+    let ca_keypair = KeyPair::from_pem(&key_pem).context("the site CA key is unreadable")?;
+    let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_keypair)
+        .context("the site CA certificate is unreadable")?;
+
+    if !dir.join(ADMIN_CERT).exists() || !dir.join(ADMIN_KEY).exists() {
+        let key = KeyPair::generate()?;
+        let p = leaf_params(
+            &format!("weft admin of {site}"),
+            identity_uri(site, "admin", "admin"),
+            &[],
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
+            365,
+        )?;
+        let cert = p.signed_by(&key, &issuer)?;
+        write_file(&dir.join(ADMIN_KEY), &key.serialize_pem(), 0o600)?;
+        write_file(&dir.join(ADMIN_CERT), &cert.pem(), 0o644)?;
+        tracing::info!(cert = %dir.join(ADMIN_CERT).display(), "issued the admin client bundle");
+    }
+
+    let mut all = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
+    for n in names {
+        if !all.contains(n) {
+            all.push(n.clone());
+        }
+    }
+    let key = KeyPair::generate()?;
+    let p = leaf_params(
+        &format!("weft controller of {site}"),
+        identity_uri(site, "controller", "controller"),
+        &all,
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+        365,
+    )?;
+    let cert = p.signed_by(&key, &issuer)?;
+    let (cert_pem, key_pem) = (cert.pem(), key.serialize_pem());
+    write_file(&dir.join(SERVER_KEY), &key_pem, 0o600)?;
+    write_file(&dir.join(SERVER_CERT), &cert_pem, 0o644)?;
+    Ok(ServerPki {
+        dir: dir.to_path_buf(),
+        ca_pem,
+        cert_pem,
+        key_pem,
+    })
+}
+
+/// The names a server certificate should carry for a listener on `addr`.
+pub fn names_for(addr: IpAddr, extra: &[String]) -> Vec<String> {
+    let mut v = extra.to_vec();
+    if !addr.is_unspecified() {
+        v.push(addr.to_string());
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creates_once_and_keeps_keys_private() {
+        let d = tempfile::tempdir().unwrap();
+        let pki = ensure(d.path(), "s1", &["ctl.example".into()]).unwrap();
+        let ca1 = pki.ca_pem.clone();
+        for k in [CA_KEY, ADMIN_KEY, SERVER_KEY] {
+            let mode = std::fs::metadata(d.path().join(k))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777;
+            assert_eq!(mode, 0o600, "{k}");
+        }
+        let again = ensure(d.path(), "s1", &[]).unwrap();
+        assert_eq!(again.ca_pem, ca1, "the CA survives restarts");
+        assert_ne!(
+            again.cert_pem, pki.cert_pem,
+            "the server certificate is reissued"
+        );
+    }
+}

@@ -1,0 +1,426 @@
+//! The controller's records in the store, changed only through
+//! transactions.
+//!
+//! Layout under `/weft/sites/<site-id>/`:
+//! - `site`: the site's network configuration ([`Site`]);
+//! - `nodes/<name>`, `gateways/<name>`, `peerings/<site-id>`: one JSON record each;
+//! - `ipam/seq`: a counter every IPAM change bumps in the same transaction.
+//!
+//! IPAM has no separate allocation table: what is allocated is exactly the
+//! node subnets and peering views in the records, so the two can never
+//! disagree. A change reads everything at one revision, computes with the
+//! pure functions in [`crate::ipam`], and commits only if `ipam/seq` has not
+//! moved since (optimistic concurrency). Several controller replicas on one
+//! etcd therefore never hand out overlapping blocks; a loser retries on the
+//! fresh state.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::Ipv4Net;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::domain::{
+    Allocation, AllocationKind, Gateway, Node, Peering, PeeringState, PoolUsage, Site,
+    SubnetSource, now_ms, validate_name,
+};
+use crate::error::Error;
+use crate::ipam::{self, CidrKind, View};
+use crate::store::{Compare, KeyValue, Op, Revision, Store, StoreError, Txn};
+
+/// Attempts before a write that keeps losing to concurrent writers gives up.
+const MAX_ATTEMPTS: u32 = 32;
+
+#[derive(Clone)]
+pub struct State {
+    store: Arc<dyn Store>,
+    root: String,
+}
+
+/// Everything under the site's root, read at one revision.
+#[derive(Debug, Default)]
+struct Snapshot {
+    revision: Revision,
+    site: Option<Site>,
+    nodes: Vec<(Node, Revision)>,
+    gateways: Vec<Gateway>,
+    peerings: Vec<(Peering, Revision)>,
+    /// mod_revision of `ipam/seq` (0 when never written) and its value.
+    seq: (Revision, u64),
+}
+
+impl Snapshot {
+    fn site(&self) -> Result<&Site, Error> {
+        self.site.as_ref().ok_or_else(|| {
+            Error::FailedPrecondition("the site is not initialised in the store yet; start the controller with its configuration".into())
+        })
+    }
+
+    fn node_subnets(&self) -> Vec<(String, Ipv4Net)> {
+        self.nodes
+            .iter()
+            .map(|(n, _)| (n.name.clone(), n.subnet))
+            .collect()
+    }
+
+    /// Blocks in use here apart from node subnets: a peer's view must avoid them.
+    fn blocks_in_use(&self, site: &Site, except_peer: Option<&str>) -> Vec<Ipv4Net> {
+        let mut v = site.own_blocks();
+        for (p, _) in &self.peerings {
+            if Some(p.site_id.as_str()) != except_peer {
+                v.extend(p.views.iter().map(|v| v.local));
+            }
+        }
+        v
+    }
+}
+
+fn decode<T: DeserializeOwned>(kv: &KeyValue) -> Result<T, Error> {
+    serde_json::from_slice(&kv.value).map_err(|e| {
+        Error::Store(StoreError::Corrupt(format!(
+            "record {} is unreadable: {e}",
+            kv.key
+        )))
+    })
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("records always serialize")
+}
+
+impl State {
+    pub fn new(store: Arc<dyn Store>, site_id: &str) -> Self {
+        Self {
+            store,
+            root: format!("/weft/sites/{site_id}/"),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    fn key(&self, rest: &str) -> String {
+        format!("{}{rest}", self.root)
+    }
+
+    async fn snapshot(&self) -> Result<Snapshot, Error> {
+        let range = self.store.get_prefix(&self.root).await?;
+        let mut s = Snapshot {
+            revision: range.revision,
+            ..Default::default()
+        };
+        for kv in &range.kvs {
+            let rest = &kv.key[self.root.len()..];
+            if rest == "site" {
+                s.site = Some(decode(kv)?);
+            } else if rest == "ipam/seq" {
+                s.seq = (kv.mod_revision, decode(kv)?);
+            } else if rest.starts_with("nodes/") {
+                s.nodes.push((decode(kv)?, kv.mod_revision));
+            } else if rest.starts_with("gateways/") {
+                s.gateways.push(decode(kv)?);
+            } else if rest.starts_with("peerings/") {
+                s.peerings.push((decode(kv)?, kv.mod_revision));
+            }
+        }
+        Ok(s)
+    }
+
+    /// The compare and the put that make a transaction an IPAM change.
+    fn ipam_guard(&self, snap: &Snapshot, txn: Txn) -> Txn {
+        txn.when(Compare::ModRevision(self.key("ipam/seq"), snap.seq.0))
+            .then(Op::put(self.key("ipam/seq"), encode(&(snap.seq.1 + 1))))
+    }
+
+    /// Runs `attempt` on fresh snapshots until its transaction commits.
+    /// `attempt` returns the transaction (`None`: nothing to write) and the
+    /// value to hand back.
+    async fn commit<T>(
+        &self,
+        mut attempt: impl FnMut(&Snapshot) -> Result<(Option<Txn>, T), Error>,
+    ) -> Result<T, Error> {
+        for n in 0..MAX_ATTEMPTS {
+            let snap = self.snapshot().await?;
+            let (txn, out) = attempt(&snap)?;
+            let Some(txn) = txn else { return Ok(out) };
+            if self.store.txn(txn).await?.succeeded {
+                return Ok(out);
+            }
+            tokio::time::sleep(Duration::from_millis(u64::from(n) * 3)).await;
+        }
+        Err(Error::Aborted(format!(
+            "gave up after {MAX_ATTEMPTS} attempts because other writers kept changing the site; retry"
+        )))
+    }
+
+    /// Stores the configured site on first start. On later starts, accepts a
+    /// changed configuration only if every node subnet and peer view stays
+    /// valid under it.
+    pub async fn init_site(&self, site: &Site) -> Result<Site, Error> {
+        self.commit(|snap| {
+            match &snap.site {
+                Some(stored) if stored == site => return Ok((None, site.clone())),
+                Some(_) => check_site_change(site, snap)?,
+                None => {}
+            }
+            let txn = self
+                .ipam_guard(snap, Txn::new())
+                .then(Op::put(self.key("site"), encode(site)));
+            Ok((Some(txn), site.clone()))
+        })
+        .await
+    }
+
+    pub async fn site(&self) -> Result<(Site, Revision), Error> {
+        let kv = self.store.get(&self.key("site")).await?;
+        let kv = kv.ok_or_else(|| {
+            Error::FailedPrecondition("the site is not initialised in the store yet".into())
+        })?;
+        Ok((decode(&kv)?, self.store.revision().await?))
+    }
+
+    pub async fn list_nodes(&self) -> Result<(Vec<Node>, Revision), Error> {
+        let s = self.snapshot().await?;
+        Ok((s.nodes.into_iter().map(|n| n.0).collect(), s.revision))
+    }
+
+    pub async fn get_node(&self, name: &str) -> Result<Node, Error> {
+        validate_name("the node name", name).map_err(Error::InvalidArgument)?;
+        match self.store.get(&self.key(&format!("nodes/{name}"))).await? {
+            Some(kv) => decode(&kv),
+            None => Err(Error::NotFound(format!(
+                "node {name:?} does not exist; list nodes with `weftctl nodes`"
+            ))),
+        }
+    }
+
+    /// Adds a node with an allocated subnet, or with `declared` after
+    /// checking it.
+    pub async fn create_node(&self, name: &str, declared: Option<Ipv4Net>) -> Result<Node, Error> {
+        validate_name("the node name", name).map_err(Error::InvalidArgument)?;
+        let key = self.key(&format!("nodes/{name}"));
+        self.commit(|snap| {
+            let site = snap.site()?;
+            if snap.nodes.iter().any(|(n, _)| n.name == name) {
+                return Err(Error::AlreadyExists(format!(
+                    "node {name:?} already exists; remove it first or choose another name"
+                )));
+            }
+            let taken = snap.node_subnets();
+            let (subnet, source) = match declared {
+                Some(d) => {
+                    ipam::check_declared_subnet(d, &site.pod_cidrs, &taken)?;
+                    (d, SubnetSource::Declared)
+                }
+                None => {
+                    let nets: Vec<Ipv4Net> = taken.iter().map(|t| t.1).collect();
+                    (
+                        ipam::allocate_node_subnet(&site.pod_cidrs, site.node_prefix_len, &nets)?.0,
+                        SubnetSource::Allocated,
+                    )
+                }
+            };
+            let node = Node {
+                name: name.to_string(),
+                subnet,
+                source,
+                created_at_ms: now_ms(),
+            };
+            let txn = self
+                .ipam_guard(snap, Txn::new())
+                .when(Compare::Version(key.clone(), 0))
+                .then(Op::put(key.clone(), encode(&node)));
+            Ok((Some(txn), node))
+        })
+        .await
+    }
+
+    /// Removes a node and releases its subnet.
+    pub async fn delete_node(&self, name: &str) -> Result<Node, Error> {
+        validate_name("the node name", name).map_err(Error::InvalidArgument)?;
+        let key = self.key(&format!("nodes/{name}"));
+        self.commit(|snap| {
+            let Some((node, rev)) = snap.nodes.iter().find(|(n, _)| n.name == name) else {
+                return Err(Error::NotFound(format!(
+                    "node {name:?} does not exist; list nodes with `weftctl nodes`"
+                )));
+            };
+            let txn = self
+                .ipam_guard(snap, Txn::new())
+                .when(Compare::ModRevision(key.clone(), *rev))
+                .then(Op::delete(key.clone()));
+            Ok((Some(txn), node.clone()))
+        })
+        .await
+    }
+
+    pub async fn list_gateways(&self) -> Result<(Vec<Gateway>, Revision), Error> {
+        let s = self.snapshot().await?;
+        Ok((s.gateways, s.revision))
+    }
+
+    pub async fn list_peerings(&self) -> Result<(Vec<Peering>, Revision), Error> {
+        let s = self.snapshot().await?;
+        Ok((s.peerings.into_iter().map(|p| p.0).collect(), s.revision))
+    }
+
+    /// The local views a peer with these CIDRs would get now. Writes nothing.
+    pub async fn plan_views(&self, peer: &[(CidrKind, Ipv4Net)]) -> Result<Vec<View>, Error> {
+        let snap = self.snapshot().await?;
+        let site = snap.site()?;
+        Ok(ipam::plan_views(
+            peer,
+            &snap.blocks_in_use(site, None),
+            &site.remap_pools,
+        )?)
+    }
+
+    /// Records a peering with `peer_site` and allocates the local views of
+    /// its CIDRs. A peering that exists already is re-planned keeping what
+    /// still fits (its own old views do not count as in use).
+    pub async fn upsert_peering(
+        &self,
+        peer_site: &str,
+        peer: &[(CidrKind, Ipv4Net)],
+    ) -> Result<Peering, Error> {
+        validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
+        let key = self.key(&format!("peerings/{peer_site}"));
+        self.commit(|snap| {
+            let site = snap.site()?;
+            if site.id == peer_site {
+                return Err(Error::InvalidArgument(format!(
+                    "{peer_site:?} is this site's own id; a site cannot peer with itself"
+                )));
+            }
+            let existing = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site);
+            let views = ipam::plan_views(
+                peer,
+                &snap.blocks_in_use(site, Some(peer_site)),
+                &site.remap_pools,
+            )?;
+            let peering = Peering {
+                site_id: peer_site.to_string(),
+                state: existing.map_or(PeeringState::Pending, |(p, _)| p.state),
+                views,
+                created_at_ms: existing.map_or_else(now_ms, |(p, _)| p.created_at_ms),
+                last_error: None,
+            };
+            let guard = Compare::ModRevision(key.clone(), existing.map_or(0, |(_, r)| *r));
+            let txn = self
+                .ipam_guard(snap, Txn::new())
+                .when(guard)
+                .then(Op::put(key.clone(), encode(&peering)));
+            Ok((Some(txn), peering))
+        })
+        .await
+    }
+
+    /// Removes a peering and releases its views.
+    pub async fn delete_peering(&self, peer_site: &str) -> Result<Peering, Error> {
+        validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
+        let key = self.key(&format!("peerings/{peer_site}"));
+        self.commit(|snap| {
+            let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
+                return Err(Error::NotFound(format!(
+                    "there is no peering with site {peer_site:?}"
+                )));
+            };
+            let txn = self
+                .ipam_guard(snap, Txn::new())
+                .when(Compare::ModRevision(key.clone(), *rev))
+                .then(Op::delete(key.clone()));
+            Ok((Some(txn), p.clone()))
+        })
+        .await
+    }
+
+    /// Every block IPAM holds, and each pool's usage.
+    pub async fn allocations(&self) -> Result<(Vec<Allocation>, Vec<PoolUsage>, Revision), Error> {
+        let snap = self.snapshot().await?;
+        let site = snap.site()?;
+        let mut allocs = Vec::new();
+        for (n, _) in &snap.nodes {
+            allocs.push(Allocation {
+                cidr: n.subnet,
+                kind: AllocationKind::NodeSubnet,
+                owner: n.name.clone(),
+                pool: site
+                    .pod_cidrs
+                    .iter()
+                    .find(|p| p.contains(&n.subnet))
+                    .copied(),
+            });
+        }
+        for (p, _) in &snap.peerings {
+            for v in &p.views {
+                allocs.push(Allocation {
+                    cidr: v.local,
+                    kind: AllocationKind::PeerView,
+                    owner: format!("{}/{}", p.site_id, v.kind),
+                    pool: v.pool,
+                });
+            }
+        }
+        allocs.sort_by_key(|a| (a.cidr.network(), a.cidr.prefix_len()));
+        let usage = |pool: &Ipv4Net, kind| {
+            let blocks: Vec<Ipv4Net> = allocs
+                .iter()
+                .filter(|a| a.kind == kind)
+                .map(|a| a.cidr)
+                .collect();
+            PoolUsage {
+                pool: *pool,
+                kind,
+                total: ipam::size(pool),
+                allocated: ipam::used_in(pool, &blocks),
+            }
+        };
+        let mut pools: Vec<PoolUsage> = site
+            .pod_cidrs
+            .iter()
+            .map(|p| usage(p, AllocationKind::NodeSubnet))
+            .collect();
+        pools.extend(
+            site.remap_pools
+                .iter()
+                .map(|p| usage(p, AllocationKind::PeerView)),
+        );
+        Ok((allocs, pools, snap.revision))
+    }
+}
+
+/// Refuses a new site configuration that would strand an existing node
+/// subnet or peer view.
+fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error> {
+    let mut problems = Vec::new();
+    for (n, _) in &snap.nodes {
+        if !new.pod_cidrs.iter().any(|p| p.contains(&n.subnet)) {
+            problems.push(format!(
+                "node {:?} has subnet {}, outside the new pod CIDRs",
+                n.name, n.subnet
+            ));
+        }
+    }
+    let own = new.own_blocks();
+    for (p, _) in &snap.peerings {
+        for v in &p.views {
+            if let Some(b) = own.iter().find(|b| ipam::overlaps(b, &v.local)) {
+                problems.push(format!(
+                    "the local view {} of peer {:?} overlaps {b} in the new configuration",
+                    v.local, p.site_id
+                ));
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::FailedPrecondition(format!(
+            "the configuration changed in a way the stored state does not allow: {}; \
+             restore the old values, or remove those nodes or peerings first",
+            problems.join("; ")
+        )))
+    }
+}

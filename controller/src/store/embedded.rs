@@ -1,0 +1,739 @@
+//! The embedded backend: one redb file, for a site whose controller runs on a
+//! single host and should need no extra server.
+//!
+//! It keeps etcd's model: a global revision, per-key create/mod revisions and
+//! versions, a change log per revision (so watches can resume from a past
+//! revision until it is compacted), and leases whose keys vanish when they
+//! expire. The log is compacted automatically, keeping the newest
+//! `history` revisions. Lease deadlines live in memory; on open every stored
+//! lease gets a full TTL again, as etcd does after a restart.
+//!
+//! redb allows one process per file: a second controller on the same data
+//! directory fails to open it with a clear error.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use redb::{
+    Database, MultimapTableDefinition, ReadableDatabase, ReadableMultimapTable, ReadableTable,
+    TableDefinition,
+};
+use tokio::sync::{mpsc, watch};
+
+use super::{
+    Compare, EventKind, KeyValue, LeaseId, Op, Range, Revision, Store, StoreError, Txn,
+    TxnResponse, WatchBatch, WatchEvent, WatchStream,
+};
+
+const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
+const LOG: TableDefinition<i64, &[u8]> = TableDefinition::new("log");
+const META: TableDefinition<&str, i64> = TableDefinition::new("meta");
+const LEASES: TableDefinition<i64, u64> = TableDefinition::new("leases");
+const LEASE_KEYS: MultimapTableDefinition<i64, &str> = MultimapTableDefinition::new("lease_keys");
+
+const META_REVISION: &str = "revision";
+const META_COMPACT: &str = "compact_revision";
+const META_NEXT_LEASE: &str = "next_lease";
+
+/// Revisions of history kept for watches by default.
+pub const DEFAULT_HISTORY: i64 = 10_000;
+/// How often expired leases are looked for.
+const LEASE_TICK: Duration = Duration::from_millis(100);
+/// Batches a watcher may have queued before the reader waits for it. Small:
+/// the reader re-reads the log, so waiting loses nothing.
+const WATCH_QUEUE: usize = 16;
+
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Database,
+    /// The current revision, for watchers to wait on.
+    revision: watch::Sender<Revision>,
+    leases: Mutex<HashMap<LeaseId, LeaseState>>,
+    history: i64,
+}
+
+#[derive(Clone, Copy)]
+struct LeaseState {
+    ttl: Duration,
+    deadline: Instant,
+}
+
+fn backend_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+impl EmbeddedStore {
+    /// Opens (or creates) the store file at `path`. Must be called inside a
+    /// tokio runtime: it starts the lease-expiry task.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_with_history(path, DEFAULT_HISTORY)
+    }
+
+    pub fn open_with_history(path: &Path, history: i64) -> Result<Self, StoreError> {
+        let db = Database::create(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
+                "{} is already open in another process (is another controller using this data directory?)",
+                path.display()
+            )),
+            e => StoreError::Backend(format!("cannot open {}: {e}", path.display())),
+        })?;
+        let (rev, leases) = {
+            let w = db.begin_write().map_err(backend_err)?;
+            let rev;
+            let mut leases = HashMap::new();
+            {
+                w.open_table(KV).map_err(backend_err)?;
+                w.open_table(LOG).map_err(backend_err)?;
+                w.open_multimap_table(LEASE_KEYS).map_err(backend_err)?;
+                let mut meta = w.open_table(META).map_err(backend_err)?;
+                let cur = meta
+                    .get(META_REVISION)
+                    .map_err(backend_err)?
+                    .map(|v| v.value());
+                rev = match cur {
+                    Some(r) => r,
+                    None => {
+                        meta.insert(META_REVISION, 1).map_err(backend_err)?;
+                        meta.insert(META_COMPACT, 0).map_err(backend_err)?;
+                        meta.insert(META_NEXT_LEASE, 1).map_err(backend_err)?;
+                        1
+                    }
+                };
+                let lt = w.open_table(LEASES).map_err(backend_err)?;
+                let now = Instant::now();
+                for item in lt.iter().map_err(backend_err)? {
+                    let (id, ttl_ms) = item.map_err(backend_err)?;
+                    let ttl = Duration::from_millis(ttl_ms.value());
+                    leases.insert(
+                        id.value(),
+                        LeaseState {
+                            ttl,
+                            deadline: now + ttl,
+                        },
+                    );
+                }
+            }
+            w.commit().map_err(backend_err)?;
+            (rev, leases)
+        };
+        let (tx, _) = watch::channel(rev);
+        let inner = Arc::new(Inner {
+            db,
+            revision: tx,
+            leases: Mutex::new(leases),
+            history: history.max(1),
+        });
+        tokio::spawn(expire_leases(Arc::downgrade(&inner)));
+        Ok(Self { inner })
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(|e| StoreError::Backend(format!("store worker failed: {e}")))?
+    }
+}
+
+async fn expire_leases(inner: Weak<Inner>) {
+    let mut tick = tokio::time::interval(LEASE_TICK);
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        let now = Instant::now();
+        let expired: Vec<LeaseId> = {
+            let leases = inner.leases.lock().unwrap();
+            leases
+                .iter()
+                .filter(|(_, l)| l.deadline <= now)
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        if expired.is_empty() {
+            continue;
+        }
+        let res = tokio::task::spawn_blocking(move || {
+            for id in expired {
+                if let Err(e) = inner.revoke(id) {
+                    tracing::warn!(lease = id, error = %e, "could not expire lease");
+                }
+            }
+        })
+        .await;
+        if let Err(e) = res {
+            tracing::error!(error = %e, "lease expiry worker failed");
+        }
+    }
+}
+
+// --- encoding -------------------------------------------------------------
+
+const HEADER: usize = 32;
+
+fn encode_kv(kv: &KeyValue) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER + kv.value.len());
+    for n in [kv.create_revision, kv.mod_revision, kv.version, kv.lease] {
+        out.extend_from_slice(&n.to_le_bytes());
+    }
+    out.extend_from_slice(&kv.value);
+    out
+}
+
+fn read_i64(b: &[u8], at: usize) -> Result<i64, StoreError> {
+    b.get(at..at + 8)
+        .map(|s| i64::from_le_bytes(s.try_into().unwrap()))
+        .ok_or_else(|| StoreError::Corrupt("truncated record".into()))
+}
+
+fn decode_kv(key: &str, b: &[u8]) -> Result<KeyValue, StoreError> {
+    Ok(KeyValue {
+        key: key.to_string(),
+        create_revision: read_i64(b, 0)?,
+        mod_revision: read_i64(b, 8)?,
+        version: read_i64(b, 16)?,
+        lease: read_i64(b, 24)?,
+        value: b
+            .get(HEADER..)
+            .ok_or_else(|| StoreError::Corrupt("truncated record".into()))?
+            .to_vec(),
+    })
+}
+
+fn encode_events(events: &[WatchEvent]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for ev in events {
+        out.push(match ev.kind {
+            EventKind::Put => 0u8,
+            EventKind::Delete => 1u8,
+        });
+        let rec = encode_kv(&ev.kv);
+        out.extend_from_slice(&(ev.kv.key.len() as u32).to_le_bytes());
+        out.extend_from_slice(ev.kv.key.as_bytes());
+        out.extend_from_slice(&(rec.len() as u32).to_le_bytes());
+        out.extend_from_slice(&rec);
+    }
+    out
+}
+
+fn decode_events(mut b: &[u8]) -> Result<Vec<WatchEvent>, StoreError> {
+    let corrupt = || StoreError::Corrupt("truncated change log entry".into());
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let kind = match b[0] {
+            0 => EventKind::Put,
+            1 => EventKind::Delete,
+            k => return Err(StoreError::Corrupt(format!("unknown event kind {k}"))),
+        };
+        b = &b[1..];
+        let take = |b: &mut &[u8]| -> Result<Vec<u8>, StoreError> {
+            let n =
+                u32::from_le_bytes(b.get(..4).ok_or_else(corrupt)?.try_into().unwrap()) as usize;
+            let v = b.get(4..4 + n).ok_or_else(corrupt)?.to_vec();
+            *b = &b[4 + n..];
+            Ok(v)
+        };
+        let key = String::from_utf8(take(&mut b)?).map_err(|_| corrupt())?;
+        let rec = take(&mut b)?;
+        out.push(WatchEvent {
+            kind,
+            kv: decode_kv(&key, &rec)?,
+        });
+    }
+    Ok(out)
+}
+
+// --- the synchronous core -------------------------------------------------
+
+impl Inner {
+    fn read_meta(
+        &self,
+        t: &impl ReadableTable<&'static str, i64>,
+        k: &str,
+    ) -> Result<i64, StoreError> {
+        Ok(t.get(k)
+            .map_err(backend_err)?
+            .map(|v| v.value())
+            .unwrap_or(0))
+    }
+
+    fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let r = self.db.begin_read().map_err(backend_err)?;
+        let kv = r.open_table(KV).map_err(backend_err)?;
+        match kv.get(key).map_err(backend_err)? {
+            Some(v) => Ok(Some(decode_kv(key, v.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    fn get_prefix(&self, prefix: &str) -> Result<Range, StoreError> {
+        let r = self.db.begin_read().map_err(backend_err)?;
+        let kv = r.open_table(KV).map_err(backend_err)?;
+        let meta = r.open_table(META).map_err(backend_err)?;
+        let revision = self.read_meta(&meta, META_REVISION)?;
+        let mut kvs = Vec::new();
+        for item in kv.range(prefix..).map_err(backend_err)? {
+            let (k, v) = item.map_err(backend_err)?;
+            if !k.value().starts_with(prefix) {
+                break;
+            }
+            kvs.push(decode_kv(k.value(), v.value())?);
+        }
+        Ok(Range { kvs, revision })
+    }
+
+    fn txn(&self, txn: &Txn) -> Result<TxnResponse, StoreError> {
+        let w = self.db.begin_write().map_err(backend_err)?;
+        let (resp, changed) = self.apply(&w, txn)?;
+        w.commit().map_err(backend_err)?;
+        if changed {
+            self.publish(resp.revision);
+        }
+        Ok(resp)
+    }
+
+    fn publish(&self, revision: Revision) {
+        self.revision.send_if_modified(|r| {
+            let newer = revision > *r;
+            if newer {
+                *r = revision;
+            }
+            newer
+        });
+    }
+
+    /// Checks and applies `txn` inside the write transaction `w`; returns the
+    /// response and whether the revision moved.
+    fn apply(
+        &self,
+        w: &redb::WriteTransaction,
+        txn: &Txn,
+    ) -> Result<(TxnResponse, bool), StoreError> {
+        let (resp, changed) = {
+            let mut kv = w.open_table(KV).map_err(backend_err)?;
+            let mut meta = w.open_table(META).map_err(backend_err)?;
+            let mut log = w.open_table(LOG).map_err(backend_err)?;
+            let mut lease_keys = w.open_multimap_table(LEASE_KEYS).map_err(backend_err)?;
+            let leases = w.open_table(LEASES).map_err(backend_err)?;
+            let current = self.read_meta(&meta, META_REVISION)?;
+
+            let existing = |kv: &redb::Table<&str, &[u8]>,
+                            key: &str|
+             -> Result<Option<KeyValue>, StoreError> {
+                match kv.get(key).map_err(backend_err)? {
+                    Some(v) => Ok(Some(decode_kv(key, v.value())?)),
+                    None => Ok(None),
+                }
+            };
+            for c in &txn.compares {
+                let holds = match c {
+                    Compare::Version(k, v) => existing(&kv, k)?.map_or(0, |e| e.version) == *v,
+                    Compare::ModRevision(k, r) => {
+                        existing(&kv, k)?.map_or(0, |e| e.mod_revision) == *r
+                    }
+                    Compare::Value(k, val) => existing(&kv, k)?.is_some_and(|e| &e.value == val),
+                };
+                if !holds {
+                    return Ok((
+                        TxnResponse {
+                            succeeded: false,
+                            revision: current,
+                        },
+                        false,
+                    ));
+                }
+            }
+            let new_rev = current + 1;
+            let mut events = Vec::new();
+            for op in &txn.ops {
+                match op {
+                    Op::Put { key, value, lease } => {
+                        let lease = lease.unwrap_or(0);
+                        if lease != 0 && leases.get(lease).map_err(backend_err)?.is_none() {
+                            return Err(StoreError::LeaseNotFound(lease));
+                        }
+                        let prev = existing(&kv, key)?;
+                        if let Some(p) = &prev
+                            && p.lease != 0
+                            && p.lease != lease
+                        {
+                            lease_keys
+                                .remove(p.lease, key.as_str())
+                                .map_err(backend_err)?;
+                        }
+                        if lease != 0 {
+                            lease_keys
+                                .insert(lease, key.as_str())
+                                .map_err(backend_err)?;
+                        }
+                        let rec = KeyValue {
+                            key: key.clone(),
+                            value: value.clone(),
+                            create_revision: prev.as_ref().map_or(new_rev, |p| p.create_revision),
+                            mod_revision: new_rev,
+                            version: prev.as_ref().map_or(1, |p| p.version + 1),
+                            lease,
+                        };
+                        kv.insert(key.as_str(), encode_kv(&rec).as_slice())
+                            .map_err(backend_err)?;
+                        events.push(WatchEvent {
+                            kind: EventKind::Put,
+                            kv: rec,
+                        });
+                    }
+                    Op::Delete { key } => {
+                        if let Some(p) = existing(&kv, key)? {
+                            delete_key(&mut kv, &mut lease_keys, &p, new_rev, &mut events)?;
+                        }
+                    }
+                    Op::DeletePrefix { prefix } => {
+                        let mut doomed = Vec::new();
+                        for item in kv.range(prefix.as_str()..).map_err(backend_err)? {
+                            let (k, v) = item.map_err(backend_err)?;
+                            if !k.value().starts_with(prefix.as_str()) {
+                                break;
+                            }
+                            doomed.push(decode_kv(k.value(), v.value())?);
+                        }
+                        for p in doomed {
+                            delete_key(&mut kv, &mut lease_keys, &p, new_rev, &mut events)?;
+                        }
+                    }
+                }
+            }
+            if events.is_empty() {
+                (
+                    TxnResponse {
+                        succeeded: true,
+                        revision: current,
+                    },
+                    false,
+                )
+            } else {
+                log.insert(new_rev, encode_events(&events).as_slice())
+                    .map_err(backend_err)?;
+                meta.insert(META_REVISION, new_rev).map_err(backend_err)?;
+                let compacted = self.read_meta(&meta, META_COMPACT)?;
+                let keep_from = new_rev - self.history + 1;
+                if keep_from > compacted {
+                    log.retain_in(..keep_from, |_, _| false)
+                        .map_err(backend_err)?;
+                    meta.insert(META_COMPACT, keep_from).map_err(backend_err)?;
+                }
+                (
+                    TxnResponse {
+                        succeeded: true,
+                        revision: new_rev,
+                    },
+                    true,
+                )
+            }
+        };
+        Ok((resp, changed))
+    }
+
+    /// Ends lease `id` and deletes its keys, in one write. Returns whether
+    /// the lease existed.
+    fn revoke(&self, id: LeaseId) -> Result<bool, StoreError> {
+        let w = self.db.begin_write().map_err(backend_err)?;
+        let (existed, resp) = {
+            let keys: Vec<String> = {
+                let lk = w.open_multimap_table(LEASE_KEYS).map_err(backend_err)?;
+                let mut keys = Vec::new();
+                for k in lk.get(id).map_err(backend_err)? {
+                    keys.push(k.map_err(backend_err)?.value().to_string());
+                }
+                keys
+            };
+            let txn = Txn {
+                compares: vec![],
+                ops: keys.into_iter().map(Op::delete).collect(),
+            };
+            let (resp, changed) = self.apply(&w, &txn)?;
+            let mut leases = w.open_table(LEASES).map_err(backend_err)?;
+            let mut lk = w.open_multimap_table(LEASE_KEYS).map_err(backend_err)?;
+            lk.remove_all(id).map_err(backend_err)?;
+            (
+                leases.remove(id).map_err(backend_err)?.is_some(),
+                changed.then_some(resp.revision),
+            )
+        };
+        w.commit().map_err(backend_err)?;
+        if let Some(rev) = resp {
+            self.publish(rev);
+        }
+        self.leases.lock().unwrap().remove(&id);
+        Ok(existed)
+    }
+
+    /// Log entries in `from..=to` whose keys start with `prefix`.
+    fn read_log(
+        &self,
+        prefix: &str,
+        from: Revision,
+        to: Revision,
+    ) -> Result<Vec<WatchBatch>, StoreError> {
+        let r = self.db.begin_read().map_err(backend_err)?;
+        let meta = r.open_table(META).map_err(backend_err)?;
+        let compacted = self.read_meta(&meta, META_COMPACT)?;
+        if from < compacted {
+            return Err(StoreError::Compacted {
+                requested: from,
+                compact_revision: compacted,
+            });
+        }
+        let log = r.open_table(LOG).map_err(backend_err)?;
+        let mut out = Vec::new();
+        for item in log.range(from..=to).map_err(backend_err)? {
+            let (rev, data) = item.map_err(backend_err)?;
+            let events: Vec<WatchEvent> = decode_events(data.value())?
+                .into_iter()
+                .filter(|e| e.kv.key.starts_with(prefix))
+                .collect();
+            if !events.is_empty() {
+                out.push(WatchBatch {
+                    revision: rev.value(),
+                    events,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn delete_key(
+    kv: &mut redb::Table<&str, &[u8]>,
+    lease_keys: &mut redb::MultimapTable<i64, &str>,
+    prev: &KeyValue,
+    rev: Revision,
+    events: &mut Vec<WatchEvent>,
+) -> Result<(), StoreError> {
+    kv.remove(prev.key.as_str()).map_err(backend_err)?;
+    if prev.lease != 0 {
+        lease_keys
+            .remove(prev.lease, prev.key.as_str())
+            .map_err(backend_err)?;
+    }
+    events.push(WatchEvent {
+        kind: EventKind::Delete,
+        kv: KeyValue {
+            key: prev.key.clone(),
+            value: Vec::new(),
+            create_revision: 0,
+            mod_revision: rev,
+            version: 0,
+            lease: 0,
+        },
+    });
+    Ok(())
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    fn backend(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
+        let key = key.to_string();
+        self.blocking(move |i| i.get(&key)).await
+    }
+
+    async fn get_prefix(&self, prefix: &str) -> Result<Range, StoreError> {
+        let prefix = prefix.to_string();
+        self.blocking(move |i| i.get_prefix(&prefix)).await
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse, StoreError> {
+        self.blocking(move |i| i.txn(&txn)).await
+    }
+
+    async fn watch_prefix(
+        &self,
+        prefix: &str,
+        start_revision: Revision,
+    ) -> Result<WatchStream, StoreError> {
+        let mut rev_rx = self.inner.revision.subscribe();
+        let current = *rev_rx.borrow_and_update();
+        let mut next = if start_revision <= 0 {
+            current + 1
+        } else {
+            start_revision
+        };
+        // Fail fast on a compacted start, as etcd does.
+        {
+            let prefix = prefix.to_string();
+            let from = next;
+            self.blocking(move |i| i.read_log(&prefix, from, from - 1).map(|_| ()))
+                .await?;
+        }
+        let (tx, rx) = mpsc::channel(WATCH_QUEUE);
+        let store = self.clone();
+        let prefix = prefix.to_string();
+        tokio::spawn(async move {
+            let mut upto = current;
+            loop {
+                if next <= upto {
+                    let (p, from, to) = (prefix.clone(), next, upto);
+                    match store.blocking(move |i| i.read_log(&p, from, to)).await {
+                        Ok(batches) => {
+                            for b in batches {
+                                if tx.send(Ok(b)).await.is_err() {
+                                    return;
+                                }
+                            }
+                            next = upto + 1;
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e)).await;
+                            return;
+                        }
+                    }
+                }
+                tokio::select! {
+                    changed = rev_rx.changed() => {
+                        if changed.is_err() { return; }
+                        upto = *rev_rx.borrow_and_update();
+                    }
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+
+    async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
+        let ttl = Duration::from_secs(super::ttl_secs(ttl) as u64);
+        self.blocking(move |i| {
+            let w = i.db.begin_write().map_err(backend_err)?;
+            let id = {
+                let mut meta = w.open_table(META).map_err(backend_err)?;
+                let id = i.read_meta(&meta, META_NEXT_LEASE)?.max(1);
+                meta.insert(META_NEXT_LEASE, id + 1).map_err(backend_err)?;
+                let mut leases = w.open_table(LEASES).map_err(backend_err)?;
+                leases
+                    .insert(id, ttl.as_millis() as u64)
+                    .map_err(backend_err)?;
+                id
+            };
+            w.commit().map_err(backend_err)?;
+            i.leases.lock().unwrap().insert(
+                id,
+                LeaseState {
+                    ttl,
+                    deadline: Instant::now() + ttl,
+                },
+            );
+            Ok(id)
+        })
+        .await
+    }
+
+    async fn lease_keep_alive(&self, lease: LeaseId) -> Result<Duration, StoreError> {
+        let live = {
+            let mut leases = self.inner.leases.lock().unwrap();
+            match leases.get_mut(&lease) {
+                Some(l) if l.deadline > Instant::now() => {
+                    l.deadline = Instant::now() + l.ttl;
+                    Some(l.ttl)
+                }
+                Some(_) => None,
+                None => return Err(StoreError::LeaseNotFound(lease)),
+            }
+        };
+        match live {
+            Some(ttl) => Ok(ttl),
+            None => {
+                // Expired but not yet collected: collect it now.
+                self.blocking(move |i| i.revoke(lease)).await?;
+                Err(StoreError::LeaseNotFound(lease))
+            }
+        }
+    }
+
+    async fn lease_revoke(&self, lease: LeaseId) -> Result<(), StoreError> {
+        if self.blocking(move |i| i.revoke(lease)).await? {
+            Ok(())
+        } else {
+            Err(StoreError::LeaseNotFound(lease))
+        }
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
+        self.blocking(move |i| {
+            let w = i.db.begin_write().map_err(backend_err)?;
+            {
+                let mut meta = w.open_table(META).map_err(backend_err)?;
+                let current = i.read_meta(&meta, META_REVISION)?;
+                let compacted = i.read_meta(&meta, META_COMPACT)?;
+                if revision > current {
+                    return Err(StoreError::FutureRevision {
+                        requested: revision,
+                        current,
+                    });
+                }
+                if revision <= compacted {
+                    return Err(StoreError::Compacted {
+                        requested: revision,
+                        compact_revision: compacted,
+                    });
+                }
+                let mut log = w.open_table(LOG).map_err(backend_err)?;
+                log.retain_in(..revision, |_, _| false)
+                    .map_err(backend_err)?;
+                meta.insert(META_COMPACT, revision).map_err(backend_err)?;
+            }
+            w.commit().map_err(backend_err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn revision(&self) -> Result<Revision, StoreError> {
+        Ok(*self.inner.revision.borrow())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_encoding_round_trips() {
+        let evs = vec![
+            WatchEvent {
+                kind: EventKind::Put,
+                kv: KeyValue {
+                    key: "/a/b".into(),
+                    value: b"hello".to_vec(),
+                    create_revision: 3,
+                    mod_revision: 9,
+                    version: 4,
+                    lease: 7,
+                },
+            },
+            WatchEvent {
+                kind: EventKind::Delete,
+                kv: KeyValue {
+                    key: "/a/c".into(),
+                    value: vec![],
+                    create_revision: 0,
+                    mod_revision: 9,
+                    version: 0,
+                    lease: 0,
+                },
+            },
+        ];
+        assert_eq!(decode_events(&encode_events(&evs)).unwrap(), evs);
+        assert!(decode_events(&encode_events(&evs)[..10]).is_err());
+    }
+}

@@ -1,0 +1,472 @@
+//! `weftctl`: the admin CLI, a thin client of `weft.v1.AdminService`.
+//! Human tables by default, `--output json` for scripts.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::{Value, json};
+use tonic::Code;
+use weft_proto::v1 as pb;
+use weft_proto::v1::admin_service_client::AdminServiceClient;
+
+use crate::client::{ClientTls, connect};
+
+#[derive(Parser, Debug)]
+#[command(name = "weftctl", version, about = "Administer a weft site controller")]
+pub struct Cli {
+    /// Controller address: unix:PATH (local admin socket) or https://HOST:PORT.
+    #[arg(
+        long,
+        env = "WEFT_CONTROLLER",
+        default_value = "unix:/var/lib/weft/admin.sock",
+        global = true
+    )]
+    pub controller: String,
+    /// Output format.
+    #[arg(long, short, env = "WEFT_OUTPUT", value_enum, default_value_t = Output::Table, global = true)]
+    pub output: Output,
+    /// Site CA certificate (PEM), for https:// controllers.
+    #[arg(long, env = "WEFT_CA_FILE", global = true)]
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM), for https:// controllers.
+    #[arg(long, env = "WEFT_CERT", global = true)]
+    pub cert: Option<PathBuf>,
+    /// Client key (PEM), for https:// controllers.
+    #[arg(long, env = "WEFT_KEY", global = true)]
+    pub key: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Show the site's configuration.
+    Site,
+    /// List nodes.
+    Nodes,
+    /// Show, add or remove one node.
+    #[command(subcommand)]
+    Node(NodeCmd),
+    /// List gateways.
+    Gateways,
+    /// List peerings with their local views.
+    Peerings,
+    /// List IPAM allocations and pool usage.
+    Allocations,
+    /// Show the local view this site would give a peer's CIDRs now (writes nothing).
+    PlanView {
+        /// The peer's workload CIDR; repeatable.
+        #[arg(long = "workload-cidr", required = true, value_delimiter = ',')]
+        workload_cidrs: Vec<String>,
+        /// The peer's external CIDR.
+        #[arg(long)]
+        external_cidr: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NodeCmd {
+    /// Show one node.
+    Get { name: String },
+    /// Add a node; it gets the next free subnet unless --subnet declares one.
+    Add {
+        name: String,
+        /// A subnet the node already has (inside a pod CIDR).
+        #[arg(long)]
+        subnet: Option<String>,
+    },
+    /// Remove a node and release its subnet.
+    Remove { name: String },
+}
+
+/// gRPC's canonical code names, as grpcurl and other tools print them.
+pub fn code_name(c: Code) -> &'static str {
+    match c {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+fn ts(t: &Option<prost_types::Timestamp>) -> String {
+    t.as_ref()
+        .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t.seconds).ok())
+        .and_then(|d| {
+            d.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+fn enum_name(full: &str, prefix: &str) -> String {
+    full.strip_prefix(prefix)
+        .unwrap_or(full)
+        .to_ascii_lowercase()
+        .replace('_', "-")
+}
+
+fn source(v: i32) -> String {
+    enum_name(
+        pb::SubnetSource::try_from(v)
+            .unwrap_or_default()
+            .as_str_name(),
+        "SUBNET_SOURCE_",
+    )
+}
+fn alloc_kind(v: i32) -> String {
+    enum_name(
+        pb::AllocationKind::try_from(v)
+            .unwrap_or_default()
+            .as_str_name(),
+        "ALLOCATION_KIND_",
+    )
+}
+fn cidr_kind(v: i32) -> String {
+    enum_name(
+        pb::CidrKind::try_from(v).unwrap_or_default().as_str_name(),
+        "CIDR_KIND_",
+    )
+}
+fn peering_state(v: i32) -> String {
+    enum_name(
+        pb::PeeringState::try_from(v)
+            .unwrap_or_default()
+            .as_str_name(),
+        "PEERING_STATE_",
+    )
+}
+
+/// What a command prints: JSON, and a table of the same data.
+struct Out {
+    json: Value,
+    header: Vec<&'static str>,
+    rows: Vec<Vec<String>>,
+    footer: Vec<String>,
+}
+
+impl Out {
+    fn print(&self, fmt: Output) -> std::io::Result<()> {
+        let mut stdout = std::io::stdout().lock();
+        if fmt == Output::Json {
+            serde_json::to_writer_pretty(&mut stdout, &self.json)?;
+            return writeln!(stdout);
+        }
+        let mut tw = tabwriter::TabWriter::new(&mut stdout).padding(2);
+        if !self.header.is_empty() {
+            writeln!(tw, "{}", self.header.join("\t"))?;
+        }
+        for r in &self.rows {
+            writeln!(tw, "{}", r.join("\t"))?;
+        }
+        tw.flush()?;
+        drop(tw);
+        for f in &self.footer {
+            writeln!(stdout, "{f}")?;
+        }
+        Ok(())
+    }
+}
+
+fn node_json(n: &pb::Node) -> Value {
+    json!({"name": n.name, "subnet": n.subnet, "subnet_source": source(n.subnet_source), "created_at": ts(&n.created_at)})
+}
+fn node_row(n: &pb::Node) -> Vec<String> {
+    vec![
+        n.name.clone(),
+        n.subnet.clone(),
+        source(n.subnet_source),
+        ts(&n.created_at),
+    ]
+}
+fn view_json(v: &pb::CidrView) -> Value {
+    json!({"kind": cidr_kind(v.kind), "real_cidr": v.real_cidr, "local_cidr": v.local_cidr, "remapped": v.remapped})
+}
+
+async fn run_cmd(cli: &Cli) -> Result<Out, String> {
+    let tls = ClientTls {
+        ca_file: cli.ca_file.clone(),
+        cert_file: cli.cert.clone(),
+        key_file: cli.key.clone(),
+    };
+    let channel = connect(&cli.controller, &tls)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut c = AdminServiceClient::new(channel);
+    let status = |s: tonic::Status| format!("{}: {}", code_name(s.code()), s.message());
+    Ok(match &cli.command {
+        Cmd::Site => {
+            let s = c
+                .get_site(pb::GetSiteRequest {})
+                .await
+                .map_err(status)?
+                .into_inner();
+            let rows = vec![
+                vec!["site".into(), s.id.clone()],
+                vec!["pod CIDRs".into(), s.pod_cidrs.join(", ")],
+                vec!["external CIDR".into(), s.external_cidr.clone()],
+                vec!["internal CIDR".into(), s.internal_cidr.clone()],
+                vec!["reserved".into(), s.reserved_cidrs.join(", ")],
+                vec!["remap pools".into(), s.remap_pools.join(", ")],
+                vec!["node prefix".into(), format!("/{}", s.node_prefix_len)],
+                vec!["revision".into(), s.revision.to_string()],
+            ];
+            Out {
+                json: json!({
+                    "id": s.id, "pod_cidrs": s.pod_cidrs, "external_cidr": s.external_cidr,
+                    "internal_cidr": s.internal_cidr, "reserved_cidrs": s.reserved_cidrs,
+                    "remap_pools": s.remap_pools, "node_prefix_len": s.node_prefix_len, "revision": s.revision,
+                }),
+                header: vec![],
+                rows,
+                footer: vec![],
+            }
+        }
+        Cmd::Nodes => {
+            let r = c
+                .list_nodes(pb::ListNodesRequest {})
+                .await
+                .map_err(status)?
+                .into_inner();
+            Out {
+                json: json!({"nodes": r.nodes.iter().map(node_json).collect::<Vec<_>>(), "revision": r.revision}),
+                header: vec!["NAME", "SUBNET", "SOURCE", "CREATED"],
+                rows: r.nodes.iter().map(node_row).collect(),
+                footer: vec![],
+            }
+        }
+        Cmd::Node(cmd) => {
+            let n = match cmd {
+                NodeCmd::Get { name } => {
+                    c.get_node(pb::GetNodeRequest { name: name.clone() }).await
+                }
+                NodeCmd::Add { name, subnet } => {
+                    c.create_node(pb::CreateNodeRequest {
+                        name: name.clone(),
+                        subnet: subnet.clone().unwrap_or_default(),
+                    })
+                    .await
+                }
+                NodeCmd::Remove { name } => {
+                    let r = c
+                        .delete_node(pb::DeleteNodeRequest { name: name.clone() })
+                        .await
+                        .map_err(status)?;
+                    let released = r.into_inner().released_subnet;
+                    return Ok(Out {
+                        json: json!({"removed": name, "released_subnet": released}),
+                        header: vec![],
+                        rows: vec![vec![format!("removed node {name}, released {released}")]],
+                        footer: vec![],
+                    });
+                }
+            }
+            .map_err(status)?
+            .into_inner();
+            Out {
+                json: node_json(&n),
+                header: vec!["NAME", "SUBNET", "SOURCE", "CREATED"],
+                rows: vec![node_row(&n)],
+                footer: vec![],
+            }
+        }
+        Cmd::Gateways => {
+            let r = c
+                .list_gateways(pb::ListGatewaysRequest {})
+                .await
+                .map_err(status)?
+                .into_inner();
+            Out {
+                json: json!({"gateways": r.gateways.iter().map(|g| json!({
+                    "name": g.name, "endpoint": g.endpoint, "public_key": g.public_key, "created_at": ts(&g.created_at),
+                })).collect::<Vec<_>>(), "revision": r.revision}),
+                header: vec!["NAME", "ENDPOINT", "PUBLIC KEY", "CREATED"],
+                rows: r
+                    .gateways
+                    .iter()
+                    .map(|g| {
+                        vec![
+                            g.name.clone(),
+                            g.endpoint.clone(),
+                            g.public_key.clone(),
+                            ts(&g.created_at),
+                        ]
+                    })
+                    .collect(),
+                footer: vec![],
+            }
+        }
+        Cmd::Peerings => {
+            let r = c
+                .list_peerings(pb::ListPeeringsRequest {})
+                .await
+                .map_err(status)?
+                .into_inner();
+            let mut rows = Vec::new();
+            for p in &r.peerings {
+                for v in &p.views {
+                    rows.push(vec![
+                        p.site_id.clone(),
+                        peering_state(p.state),
+                        cidr_kind(v.kind),
+                        v.real_cidr.clone(),
+                        v.local_cidr.clone(),
+                        p.last_error.clone(),
+                    ]);
+                }
+            }
+            Out {
+                json: json!({"peerings": r.peerings.iter().map(|p| json!({
+                    "site_id": p.site_id, "state": peering_state(p.state),
+                    "views": p.views.iter().map(view_json).collect::<Vec<_>>(),
+                    "created_at": ts(&p.created_at), "last_error": p.last_error,
+                })).collect::<Vec<_>>(), "revision": r.revision}),
+                header: vec![
+                    "PEER",
+                    "STATE",
+                    "KIND",
+                    "REAL CIDR",
+                    "LOCAL VIEW",
+                    "LAST ERROR",
+                ],
+                rows,
+                footer: vec![],
+            }
+        }
+        Cmd::Allocations => {
+            let r = c
+                .list_allocations(pb::ListAllocationsRequest {})
+                .await
+                .map_err(status)?
+                .into_inner();
+            let footer = r
+                .pools
+                .iter()
+                .map(|p| {
+                    format!(
+                        "pool {} ({}): {} of {} addresses allocated",
+                        p.pool,
+                        alloc_kind(p.kind),
+                        p.allocated_addresses,
+                        p.total_addresses
+                    )
+                })
+                .collect();
+            Out {
+                json: json!({
+                    "allocations": r.allocations.iter().map(|a| json!({
+                        "cidr": a.cidr, "kind": alloc_kind(a.kind), "owner": a.owner, "pool": a.pool,
+                    })).collect::<Vec<_>>(),
+                    "pools": r.pools.iter().map(|p| json!({
+                        "pool": p.pool, "kind": alloc_kind(p.kind),
+                        "total_addresses": p.total_addresses, "allocated_addresses": p.allocated_addresses,
+                    })).collect::<Vec<_>>(),
+                    "revision": r.revision,
+                }),
+                header: vec!["CIDR", "KIND", "OWNER", "POOL"],
+                rows: r
+                    .allocations
+                    .iter()
+                    .map(|a| {
+                        vec![
+                            a.cidr.clone(),
+                            alloc_kind(a.kind),
+                            a.owner.clone(),
+                            a.pool.clone(),
+                        ]
+                    })
+                    .collect(),
+                footer,
+            }
+        }
+        Cmd::PlanView {
+            workload_cidrs,
+            external_cidr,
+        } => {
+            let r = c
+                .plan_local_view(pb::PlanLocalViewRequest {
+                    workload_cidrs: workload_cidrs.clone(),
+                    external_cidr: external_cidr.clone().unwrap_or_default(),
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            Out {
+                json: json!({"views": r.views.iter().map(view_json).collect::<Vec<_>>()}),
+                header: vec!["KIND", "REAL CIDR", "LOCAL VIEW", "REMAPPED"],
+                rows: r
+                    .views
+                    .iter()
+                    .map(|v| {
+                        vec![
+                            cidr_kind(v.kind),
+                            v.real_cidr.clone(),
+                            v.local_cidr.clone(),
+                            v.remapped.to_string(),
+                        ]
+                    })
+                    .collect(),
+                footer: vec![],
+            }
+        }
+    })
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("weftctl: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run_cmd(&cli)) {
+        Ok(out) => match out.print(cli.output) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("weftctl: cannot write output: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(msg) => {
+            eprintln!("weftctl: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cli_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

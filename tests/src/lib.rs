@@ -1,0 +1,345 @@
+//! The test kit for weft's end-to-end and conformance tests: it finds the
+//! built binaries, starts real etcd servers and controllers on free loopback
+//! ports, runs the real grpcurl and weftctl, and cleans up every process and
+//! directory it made, also when a test fails (guards kill on drop).
+//!
+//! A test that needs a tool this machine lacks (etcd, grpcurl) is skipped
+//! with a message outside CI, and fails under `CI=true`: a green CI must
+//! mean the test ran.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Whether we run under CI, where nothing may be skipped.
+pub fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Finds an executable on PATH. Outside CI a missing tool skips the test
+/// (`None`, with a note on stderr); under CI it fails the test.
+pub fn require_tool(name: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        let msg =
+            format!("`{name}` is not installed; run the README's test command, which installs it");
+        assert!(!ci(), "{msg}");
+        eprintln!("SKIPPED: {msg}");
+    }
+    found
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The directory holding the workspace's built binaries (target/debug).
+pub fn bin_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("WEFT_BIN_DIR") {
+        return PathBuf::from(d);
+    }
+    // This test executable lives in target/<profile>/deps/.
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+}
+
+/// Path of a workspace binary; panics with what to do when it is not built.
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.is_file(),
+        "{} is not built; run `cargo build --workspace` first",
+        p.display()
+    );
+    p
+}
+
+fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < timeout,
+            "{what} was not ready within {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends SIGTERM (a clean stop) to a child.
+pub fn terminate(child: &mut Child) -> std::process::ExitStatus {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if start.elapsed() > Duration::from_secs(15) {
+            let _ = child.kill();
+            panic!("process {} ignored SIGTERM for 15 s", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A real etcd server on free loopback ports, with its own data directory.
+pub struct Etcd {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    client_port: u16,
+    peer_port: u16,
+    metrics_port: u16,
+}
+
+impl Etcd {
+    /// Starts etcd, or returns `None` outside CI when it is not installed.
+    pub fn start() -> Option<Etcd> {
+        require_tool("etcd")?;
+        let mut e = Etcd {
+            child: None,
+            dir: tempfile::Builder::new()
+                .prefix("weft-etcd")
+                .tempdir()
+                .unwrap(),
+            client_port: free_port(),
+            peer_port: free_port(),
+            metrics_port: free_port(),
+        };
+        e.launch();
+        Some(e)
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    fn launch(&mut self) {
+        let c = format!("http://127.0.0.1:{}", self.client_port);
+        let p = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
+        let child = Command::new("etcd")
+            .args(["--name", "t", "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+            .args([
+                "--listen-peer-urls",
+                &p,
+                "--initial-advertise-peer-urls",
+                &p,
+            ])
+            .args(["--initial-cluster", &format!("t={p}")])
+            .args([
+                "--listen-metrics-urls",
+                &format!("http://127.0.0.1:{}", self.metrics_port),
+            ])
+            .args([
+                "--logger=zap",
+                "--log-outputs=stderr",
+                "--heartbeat-interval=20",
+                "--election-timeout=200",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("cannot start etcd");
+        self.child = Some(child);
+        let port = self.client_port;
+        wait_until("etcd", Duration::from_secs(20), || {
+            http_get_ok(port, "/health")
+        });
+    }
+
+    /// Stops etcd (SIGTERM) keeping its data.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            terminate(&mut c);
+        }
+    }
+
+    /// Starts it again on the same ports and data.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.launch();
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A minimal HTTP GET on loopback, true on a 200 answer.
+fn http_get_ok(port: u16, path: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .is_err()
+    {
+        return false;
+    }
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf.starts_with("HTTP/1.0 200") || buf.starts_with("HTTP/1.1 200")
+}
+
+/// A `weft-controller` process with its own data directory.
+pub struct Controller {
+    child: Option<Child>,
+    pub data_dir: PathBuf,
+    pub socket: PathBuf,
+    pub listen_port: u16,
+    args: Vec<String>,
+    log: PathBuf,
+}
+
+impl Controller {
+    /// Starts a controller for `site` with `extra` flags, in `data_dir`,
+    /// and waits until its admin socket answers.
+    pub fn start(site: &str, data_dir: &Path, extra: &[&str]) -> Controller {
+        let socket = data_dir.join("admin.sock");
+        let listen_port = free_port();
+        let mut args: Vec<String> = vec![
+            "--site-id".into(),
+            site.into(),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+            "--listen".into(),
+            format!("127.0.0.1:{listen_port}"),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut c = Controller {
+            child: None,
+            data_dir: data_dir.to_path_buf(),
+            socket,
+            listen_port,
+            args,
+            log: data_dir.with_extension("log"),
+        };
+        c.launch();
+        c
+    }
+
+    fn launch(&mut self) {
+        let log = std::fs::File::create(&self.log).unwrap();
+        let mut child = Command::new(bin("weft-controller"))
+            .args(&self.args)
+            .env_remove("WEFT_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                panic!(
+                    "weft-controller exited ({st}) while starting:\n{}",
+                    self.log_text()
+                );
+            }
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+                && TcpStream::connect(("127.0.0.1", self.listen_port)).is_ok()
+            {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!(
+                    "weft-controller did not start within 20 s:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.child = Some(child);
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `unix:<socket>`, for weftctl.
+    pub fn target(&self) -> String {
+        format!("unix:{}", self.socket.display())
+    }
+
+    /// Stops it cleanly (SIGTERM) and returns its exit status.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("controller is not running");
+        terminate(&mut c)
+    }
+
+    /// Stops and starts it again with the same flags and data.
+    pub fn restart(&mut self) {
+        let st = self.stop();
+        assert!(
+            st.success(),
+            "controller exited with {st} on SIGTERM:\n{}",
+            self.log_text()
+        );
+        self.launch();
+    }
+
+    pub fn pki(&self, file: &str) -> PathBuf {
+        self.data_dir.join("pki").join(file)
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs a command and returns its output (never panics on a non-zero exit).
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// weftctl against a controller, with `--output json`; returns the parsed
+/// answer or panics with weftctl's stderr.
+pub fn weftctl_json(target: &str, args: &[&str]) -> serde_json::Value {
+    let o = run(Command::new(bin("weftctl"))
+        .args(["--controller", target, "--output", "json"])
+        .args(args));
+    assert!(
+        o.status.success(),
+        "weftctl {args:?} failed: {}",
+        stderr(&o)
+    );
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("weftctl printed no JSON ({e}): {}", stdout(&o)))
+}
