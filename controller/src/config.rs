@@ -32,19 +32,24 @@ pub enum LogFormat {
 #[derive(Args, Debug, Clone, Default)]
 pub struct ControllerArgs {
     /// TOML configuration file; flags and WEFT_* variables override its fields.
-    #[arg(long, env = "WEFT_CONFIG")]
+    #[arg(global = true, long, env = "WEFT_CONFIG")]
     pub config: Option<PathBuf>,
     /// This site's id: 1-63 lower-case letters, digits, '-' or '.'.
-    #[arg(long, env = "WEFT_SITE_ID")]
+    #[arg(global = true, long, env = "WEFT_SITE_ID")]
     pub site_id: Option<String>,
     /// Workload ("pod") CIDR; repeat (or comma-separate) for several.
-    #[arg(long = "pod-cidr", env = "WEFT_POD_CIDR", value_delimiter = ',')]
+    #[arg(
+        global = true,
+        long = "pod-cidr",
+        env = "WEFT_POD_CIDR",
+        value_delimiter = ','
+    )]
     pub pod_cidrs: Vec<String>,
     /// CIDR for host traffic toward peers [default: 10.70.0.0/16].
-    #[arg(long, env = "WEFT_EXTERNAL_CIDR")]
+    #[arg(global = true, long, env = "WEFT_EXTERNAL_CIDR")]
     pub external_cidr: Option<String>,
     /// CIDR for the node-gateway overlay [default: 10.80.0.0/16].
-    #[arg(long, env = "WEFT_INTERNAL_CIDR")]
+    #[arg(global = true, long, env = "WEFT_INTERNAL_CIDR")]
     pub internal_cidr: Option<String>,
     /// A network the hosts already use (a LAN); never used for a remap. Repeatable.
     #[arg(
@@ -55,37 +60,52 @@ pub struct ControllerArgs {
     pub reserved_cidrs: Vec<String>,
     /// A pool that remapped peer CIDRs are taken from. Repeatable
     /// [default: 10.0.0.0/8,172.16.0.0/12,192.168.0.0/16].
-    #[arg(long = "remap-pool", env = "WEFT_REMAP_POOL", value_delimiter = ',')]
+    #[arg(
+        global = true,
+        long = "remap-pool",
+        env = "WEFT_REMAP_POOL",
+        value_delimiter = ','
+    )]
     pub remap_pools: Vec<String>,
     /// Prefix length of each node's workload subnet [default: 24].
-    #[arg(long, env = "WEFT_NODE_PREFIX_LEN")]
+    #[arg(global = true, long, env = "WEFT_NODE_PREFIX_LEN")]
     pub node_prefix_len: Option<u8>,
     /// Directory for the embedded store, the PKI and the admin socket [default: /var/lib/weft].
-    #[arg(long, env = "WEFT_DATA_DIR")]
+    #[arg(global = true, long, env = "WEFT_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// etcd endpoints (comma-separated http:// or https:// URLs); selects the etcd store.
-    #[arg(long, env = "WEFT_ETCD_ENDPOINTS", value_delimiter = ',')]
+    #[arg(
+        global = true,
+        long,
+        env = "WEFT_ETCD_ENDPOINTS",
+        value_delimiter = ','
+    )]
     pub etcd_endpoints: Vec<String>,
     /// CA certificate (PEM) that signs etcd's server certificate.
-    #[arg(long, env = "WEFT_ETCD_CA_FILE")]
+    #[arg(global = true, long, env = "WEFT_ETCD_CA_FILE")]
     pub etcd_ca_file: Option<PathBuf>,
     /// Client certificate (PEM) presented to etcd.
-    #[arg(long, env = "WEFT_ETCD_CERT_FILE")]
+    #[arg(global = true, long, env = "WEFT_ETCD_CERT_FILE")]
     pub etcd_cert_file: Option<PathBuf>,
     /// Client key (PEM) for --etcd-cert-file.
-    #[arg(long, env = "WEFT_ETCD_KEY_FILE")]
+    #[arg(global = true, long, env = "WEFT_ETCD_KEY_FILE")]
     pub etcd_key_file: Option<PathBuf>,
     /// Local admin socket (plaintext gRPC, mode 0600) [default: <data-dir>/admin.sock].
-    #[arg(long, env = "WEFT_ADMIN_SOCKET")]
+    #[arg(global = true, long, env = "WEFT_ADMIN_SOCKET")]
     pub admin_socket: Option<PathBuf>,
     /// TCP listener (TLS, client certificate required) [default: 0.0.0.0:7443].
-    #[arg(long, env = "WEFT_LISTEN")]
+    #[arg(global = true, long, env = "WEFT_LISTEN")]
     pub listen: Option<String>,
     /// Extra DNS name or IP address for the controller's server certificate. Repeatable.
-    #[arg(long = "tls-san", env = "WEFT_TLS_SAN", value_delimiter = ',')]
+    #[arg(
+        global = true,
+        long = "tls-san",
+        env = "WEFT_TLS_SAN",
+        value_delimiter = ','
+    )]
     pub tls_sans: Vec<String>,
     /// Log format.
-    #[arg(long, env = "WEFT_LOG_FORMAT", value_enum)]
+    #[arg(global = true, long, env = "WEFT_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
 }
 

@@ -367,7 +367,7 @@ impl State {
         let usage = |pool: &Ipv4Net, kind| {
             let blocks: Vec<Ipv4Net> = allocs
                 .iter()
-                .filter(|a| a.kind == kind)
+                .filter(|a| a.kind == kind && a.pool == Some(*pool)) // taken from the pool, not a real CIDR inside it
                 .map(|a| a.cidr)
                 .collect();
             PoolUsage {

@@ -289,6 +289,12 @@ impl Controller {
         terminate(&mut c)
     }
 
+    /// Starts it again after [`Controller::stop`], with the same flags and data.
+    pub fn restart_stopped(&mut self) {
+        assert!(self.child.is_none(), "controller is still running");
+        self.launch();
+    }
+
     /// Stops and starts it again with the same flags and data.
     pub fn restart(&mut self) {
         let st = self.stop();

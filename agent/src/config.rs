@@ -1,0 +1,171 @@
+//! The flags every agent takes, and their validation. Each flag is also a
+//! `WEFT_*` environment variable.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+#[derive(Args, Debug, Clone)]
+pub struct AgentArgs {
+    /// Controller address(es), https://HOST:PORT; repeat or comma-separate for replicas.
+    #[arg(
+        long = "controller",
+        env = "WEFT_CONTROLLER",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub controllers: Vec<String>,
+    /// One-time enrollment token from `weftctl token create` (needed until the agent holds a certificate).
+    #[arg(long, env = "WEFT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// SHA-256 fingerprint of the site CA certificate (hex, colons allowed), to trust the controller on first contact.
+    #[arg(long, env = "WEFT_CA_FINGERPRINT")]
+    pub ca_fingerprint: Option<String>,
+    /// The site CA certificate (PEM), instead of --ca-fingerprint.
+    #[arg(long, env = "WEFT_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// Where the agent keeps its key, certificate and last desired state.
+    #[arg(long, env = "WEFT_STATE_DIR", default_value = "/var/lib/weft-agent")]
+    pub state_dir: PathBuf,
+    /// This agent's name [default: the host name].
+    #[arg(long, env = "WEFT_NAME")]
+    pub name: Option<String>,
+    /// Print what would change on the host and change nothing.
+    #[arg(long, env = "WEFT_DRY_RUN")]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("invalid agent configuration:\n{}", .0.iter().map(|e| format!("  - {e}")).collect::<Vec<_>>().join("\n"))]
+pub struct AgentConfigError(pub Vec<String>);
+
+/// A validated agent configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentConfig {
+    pub controllers: Vec<String>,
+    pub token: Option<String>,
+    /// Lower-case hex, no separators.
+    pub ca_fingerprint: Option<String>,
+    pub ca_file: Option<PathBuf>,
+    pub state_dir: PathBuf,
+    pub name: String,
+    pub dry_run: bool,
+}
+
+fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_ascii_lowercase())
+}
+
+fn valid_name(name: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && edge(name.chars().next())
+        && edge(name.chars().last())
+}
+
+impl AgentArgs {
+    pub fn validate(&self) -> Result<AgentConfig, AgentConfigError> {
+        let mut errs = Vec::new();
+        for c in &self.controllers {
+            let ok = c.strip_prefix("https://").is_some_and(|hp| {
+                hp.rsplit_once(':').is_some_and(|(h, p)| {
+                    !h.is_empty() && p.trim_end_matches('/').parse::<u16>().is_ok()
+                })
+            });
+            if !ok {
+                errs.push(format!("--controller {c:?}: write it as https://HOST:PORT (agents always use mutual TLS)"));
+            }
+        }
+        let fp = self
+            .ca_fingerprint
+            .as_ref()
+            .map(|f| f.replace(':', "").to_ascii_lowercase());
+        if let Some(f) = &fp
+            && (f.len() != 64 || !f.chars().all(|c| c.is_ascii_hexdigit()))
+        {
+            errs.push(format!(
+                "--ca-fingerprint {:?}: expected the 64 hex digits of a SHA-256 fingerprint (colons allowed)",
+                self.ca_fingerprint.as_deref().unwrap_or_default()
+            ));
+        }
+        if self.ca_fingerprint.is_some() && self.ca_file.is_some() {
+            errs.push(
+                "--ca-fingerprint and --ca-file both set: give one way to trust the controller"
+                    .into(),
+            );
+        }
+        if self.token.is_some() && self.ca_fingerprint.is_none() && self.ca_file.is_none() {
+            errs.push("--token needs --ca-fingerprint or --ca-file, so the agent knows it talks to its own controller".into());
+        }
+        if let Some(f) = &self.ca_file
+            && !f.is_file()
+        {
+            errs.push(format!("--ca-file {}: no such file", f.display()));
+        }
+        let name = self.name.clone().or_else(host_name).unwrap_or_default();
+        if !valid_name(&name) {
+            errs.push(format!(
+                "--name {name:?}: use 1 to 63 lower-case letters, digits, '-' or '.', starting and ending with a letter or digit"
+            ));
+        }
+        if !errs.is_empty() {
+            return Err(AgentConfigError(errs));
+        }
+        Ok(AgentConfig {
+            controllers: self.controllers.clone(),
+            token: self.token.clone(),
+            ca_fingerprint: fp,
+            ca_file: self.ca_file.clone(),
+            state_dir: self.state_dir.clone(),
+            name,
+            dry_run: self.dry_run,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> AgentArgs {
+        AgentArgs {
+            controllers: vec!["https://ctl:7443".into()],
+            token: Some("t".into()),
+            ca_fingerprint: Some("AB:".repeat(31) + "AB:CD"),
+            ca_file: None,
+            state_dir: "/tmp/s".into(),
+            name: Some("node-1".into()),
+            dry_run: false,
+        }
+    }
+
+    #[test]
+    fn valid_config_normalises_the_fingerprint() {
+        let c = args().validate().unwrap();
+        assert_eq!(c.ca_fingerprint.unwrap(), "ab".repeat(31) + "abcd");
+    }
+
+    #[test]
+    fn each_problem_is_reported() {
+        let mut a = args();
+        a.controllers = vec!["ctl:7443".into()];
+        a.ca_fingerprint = Some("xyz".into());
+        a.name = Some("Node_1".into());
+        let e = a.validate().unwrap_err();
+        assert_eq!(e.0.len(), 3, "{e}");
+        let mut a = args();
+        a.ca_fingerprint = None;
+        assert!(
+            a.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--token needs")
+        );
+    }
+}

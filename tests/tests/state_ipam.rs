@@ -1,0 +1,224 @@
+//! IPAM persisted through store transactions, on both backends: concurrent
+//! writers (controller replicas sharing etcd) never hand out overlapping
+//! blocks, peer views avoid everything in use and are released with the
+//! peering.
+
+use std::sync::Arc;
+
+use ipnet::Ipv4Net;
+use weft_controller::domain::Site;
+use weft_controller::error::Error;
+use weft_controller::ipam::{CidrKind, overlaps};
+use weft_controller::state::State;
+use weft_controller::store::Store;
+use weft_controller::store::embedded::EmbeddedStore;
+use weft_controller::store::etcd::EtcdStore;
+use weft_tests::Etcd;
+
+fn n(s: &str) -> Ipv4Net {
+    s.parse().unwrap()
+}
+
+fn site() -> Site {
+    Site {
+        id: "site-a".into(),
+        pod_cidrs: vec![n("10.1.0.0/20")],
+        external_cidr: n("10.70.0.0/16"),
+        internal_cidr: n("10.80.0.0/16"),
+        reserved_cidrs: vec![n("192.168.0.0/24")],
+        remap_pools: vec![n("10.0.0.0/8"), n("172.16.0.0/12")],
+        node_prefix_len: 26,
+    }
+}
+
+/// Handles on one store, and what keeps the store alive.
+type Replicas = (Vec<Arc<dyn Store>>, Box<dyn std::any::Any>);
+
+/// Two handles on the same data: two connections for etcd (like two
+/// replicas), two clones for the embedded store (one process owns the file).
+async fn replicas() -> Vec<Replicas> {
+    let dir = tempfile::tempdir().unwrap();
+    let e = EmbeddedStore::open(&dir.path().join("s.redb")).unwrap();
+    let mut out: Vec<Replicas> = vec![(vec![Arc::new(e.clone()), Arc::new(e)], Box::new(dir))];
+    if let Some(etcd) = Etcd::start() {
+        let a = EtcdStore::connect(&[etcd.endpoint()], None).await.unwrap();
+        let b = EtcdStore::connect(&[etcd.endpoint()], None).await.unwrap();
+        out.push((vec![Arc::new(a), Arc::new(b)], Box::new(etcd)));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_replicas_never_hand_out_overlapping_subnets() {
+    for (stores, _guard) in replicas().await {
+        let backend = stores[0].backend();
+        let states: Vec<State> = stores
+            .into_iter()
+            .map(|s| State::new(s, "site-a"))
+            .collect();
+        states[0].init_site(&site()).await.unwrap();
+        let mut tasks = Vec::new();
+        for (r, st) in states.iter().enumerate() {
+            for i in 0..12 {
+                let st = st.clone();
+                tasks.push(tokio::spawn(async move {
+                    st.create_node(&format!("r{r}-n{i}"), None).await
+                }));
+            }
+        }
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        let (nodes, _) = states[1].list_nodes().await.unwrap();
+        assert_eq!(nodes.len(), 24, "{backend}");
+        for (i, a) in nodes.iter().enumerate() {
+            assert!(n("10.1.0.0/20").contains(&a.subnet));
+            for b in &nodes[i + 1..] {
+                assert!(
+                    !overlaps(&a.subnet, &b.subnet),
+                    "{backend}: {} and {} overlap",
+                    a.name,
+                    b.name
+                );
+            }
+        }
+        // a concurrent duplicate name is created exactly once
+        let (x, y) = tokio::join!(
+            states[0].create_node("dup", None),
+            states[1].create_node("dup", None)
+        );
+        assert!(x.is_ok() != y.is_ok(), "{backend}: exactly one create wins");
+        assert!(matches!(x.err().or(y.err()), Some(Error::AlreadyExists(_))));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_views_avoid_everything_in_use_and_are_released() {
+    for (stores, _guard) in replicas().await {
+        let backend = stores[0].backend();
+        let st = State::new(stores[0].clone(), "site-a");
+        st.init_site(&site()).await.unwrap();
+        // peer b uses our pod CIDR and external CIDR: both remapped
+        let b = st
+            .upsert_peering(
+                "site-b",
+                &[
+                    (CidrKind::Workload, n("10.1.0.0/20")),
+                    (CidrKind::External, n("10.70.0.0/16")),
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(b.views[0].local, n("10.0.0.0/20"), "{backend}");
+        assert_eq!(
+            b.views[1].local,
+            n("10.2.0.0/16"),
+            "{backend}: skips 10.1/16 (pod) and 10.0/16 (b's view)"
+        );
+        // peer c has the same real CIDRs: kept apart from b's views
+        let c = st
+            .upsert_peering(
+                "site-c",
+                &[
+                    (CidrKind::Workload, n("10.1.0.0/20")),
+                    (CidrKind::External, n("10.70.0.0/16")),
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(c.views[0].local, n("10.0.16.0/20"), "{backend}");
+        assert_eq!(c.views[1].local, n("10.3.0.0/16"), "{backend}");
+        // a free CIDR is used as is
+        let d = st
+            .upsert_peering("site-d", &[(CidrKind::Workload, n("10.50.0.0/16"))])
+            .await
+            .unwrap();
+        assert!(!d.views[0].remapped(), "{backend}");
+        // re-upserting is stable: the peering's own views do not block it
+        let b2 = st
+            .upsert_peering(
+                "site-b",
+                &[
+                    (CidrKind::Workload, n("10.1.0.0/20")),
+                    (CidrKind::External, n("10.70.0.0/16")),
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(b2.views, b.views, "{backend}");
+        // a peer cannot claim our own id
+        assert!(matches!(
+            st.upsert_peering("site-a", &[(CidrKind::Workload, n("10.9.0.0/16"))])
+                .await,
+            Err(Error::InvalidArgument(_))
+        ));
+
+        let (allocs, pools, _) = st.allocations().await.unwrap();
+        assert_eq!(allocs.len(), 5, "{backend}");
+        let remap = pools.iter().find(|p| p.pool == n("10.0.0.0/8")).unwrap();
+        assert_eq!(
+            remap.allocated,
+            2 * 4096 + 2 * 65536,
+            "{backend}: only remapped views use the pool"
+        );
+
+        // deleting b releases its views: a newcomer gets them
+        st.delete_peering("site-b").await.unwrap();
+        let e = st
+            .upsert_peering("site-e", &[(CidrKind::Workload, n("10.1.0.0/20"))])
+            .await
+            .unwrap();
+        assert_eq!(e.views[0].local, n("10.0.0.0/20"), "{backend}");
+        assert!(matches!(
+            st.delete_peering("site-b").await,
+            Err(Error::NotFound(_))
+        ));
+
+        // a site change that would collide with a view is refused
+        let mut changed = site();
+        changed.reserved_cidrs.push(n("10.50.0.0/24"));
+        let err = st.init_site(&changed).await.unwrap_err();
+        assert!(
+            matches!(err, Error::FailedPrecondition(ref m) if m.contains("site-d")),
+            "{err}"
+        );
+        // one that strands nothing is accepted
+        let mut grown = site();
+        grown.pod_cidrs.push(n("10.9.0.0/16"));
+        st.init_site(&grown).await.unwrap();
+        assert_eq!(st.site().await.unwrap().0, grown);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exhausted_remap_pools_are_resource_exhausted() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = State::new(
+        Arc::new(EmbeddedStore::open(&dir.path().join("s.redb")).unwrap()),
+        "site-a",
+    );
+    let mut s = site();
+    s.remap_pools = vec![n("172.16.0.0/15")];
+    st.init_site(&s).await.unwrap();
+    st.upsert_peering("p1", &[(CidrKind::Workload, n("10.1.0.0/16"))])
+        .await
+        .unwrap();
+    st.upsert_peering("p2", &[(CidrKind::Workload, n("10.1.0.0/16"))])
+        .await
+        .unwrap();
+    let err = st
+        .upsert_peering("p3", &[(CidrKind::Workload, n("10.1.0.0/16"))])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::ResourceExhausted(ref m) if m.contains("172.16.0.0/15")),
+        "{err}"
+    );
+    let status: tonic::Status = err.into();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(
+        st.list_peerings().await.unwrap().0.len(),
+        2,
+        "nothing half-written"
+    );
+}
