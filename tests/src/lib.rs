@@ -98,17 +98,37 @@ pub fn terminate(child: &mut Child) -> std::process::ExitStatus {
 pub struct Etcd {
     child: Option<Child>,
     dir: tempfile::TempDir,
+    /// Server certificate, key and client CA (PEM paths) when serving TLS.
+    tls: Option<EtcdServerTls>,
     client_port: u16,
     peer_port: u16,
     metrics_port: u16,
 }
 
+/// PEM files for an etcd that serves TLS and requires client certificates.
+#[derive(Clone, Debug)]
+pub struct EtcdServerTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub client_ca_file: PathBuf,
+}
+
 impl Etcd {
     /// Starts etcd, or returns `None` outside CI when it is not installed.
     pub fn start() -> Option<Etcd> {
+        Self::start_inner(None)
+    }
+
+    /// Starts etcd serving TLS with client-certificate authentication.
+    pub fn start_tls(tls: EtcdServerTls) -> Option<Etcd> {
+        Self::start_inner(Some(tls))
+    }
+
+    fn start_inner(tls: Option<EtcdServerTls>) -> Option<Etcd> {
         require_tool("etcd")?;
         let mut e = Etcd {
             child: None,
+            tls,
             dir: tempfile::Builder::new()
                 .prefix("weft-etcd")
                 .tempdir()
@@ -122,14 +142,22 @@ impl Etcd {
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     fn launch(&mut self) {
-        let c = format!("http://127.0.0.1:{}", self.client_port);
+        let c = self.endpoint();
         let p = format!("http://127.0.0.1:{}", self.peer_port);
         let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
-        let child = Command::new("etcd")
+        let mut cmd = Command::new("etcd");
+        if let Some(t) = &self.tls {
+            cmd.arg("--cert-file").arg(&t.cert_file);
+            cmd.arg("--key-file").arg(&t.key_file);
+            cmd.arg("--trusted-ca-file").arg(&t.client_ca_file);
+            cmd.arg("--client-cert-auth");
+        }
+        let child = cmd
             .args(["--name", "t", "--data-dir"])
             .arg(self.dir.path().join("data"))
             .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
@@ -156,9 +184,11 @@ impl Etcd {
             .spawn()
             .expect("cannot start etcd");
         self.child = Some(child);
-        let port = self.client_port;
+        // The metrics listener is plain HTTP in both modes and reports the
+        // same health.
+        let metrics = self.metrics_port;
         wait_until("etcd", Duration::from_secs(20), || {
-            http_get_ok(port, "/health")
+            http_get_ok(metrics, "/health")
         });
     }
 

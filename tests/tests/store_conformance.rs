@@ -446,3 +446,100 @@ async fn embedded_history_is_bounded() {
     let mut w = s.watch_prefix("/b/", cur - 5).await.unwrap();
     assert_eq!(next_batch(&mut w).await.revision, cur - 5);
 }
+
+/// etcd over mutual TLS: the store connects with a CA and a client
+/// certificate, and a controller started with the TLS flags works on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_over_mutual_tls() {
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("weft-etcd-tls")
+        .tempdir()
+        .unwrap();
+    let write = |name: &str, pem: String| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, pem).unwrap();
+        p
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::from_params(&ca, &ca_key);
+    let leaf = |names: Vec<String>, eku: ExtendedKeyUsagePurpose| {
+        let k = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(names).unwrap();
+        p.extended_key_usages = vec![eku];
+        (p.signed_by(&k, &issuer).unwrap().pem(), k.serialize_pem())
+    };
+    let (srv, srv_key) = leaf(
+        vec!["127.0.0.1".into(), "localhost".into()],
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (cli, cli_key) = leaf(vec!["weft".into()], ExtendedKeyUsagePurpose::ClientAuth);
+    let ca_file = write("ca.pem", ca_cert.pem());
+    let tls = weft_tests::EtcdServerTls {
+        cert_file: write("server.pem", srv),
+        key_file: write("server.key", srv_key),
+        client_ca_file: ca_file.clone(),
+    };
+    let (cert_file, key_file) = (write("client.pem", cli), write("client.key", cli_key));
+    let Some(etcd) = Etcd::start_tls(tls) else {
+        return;
+    };
+
+    let files = weft_controller::store::etcd::EtcdTls {
+        ca_file: Some(ca_file.clone()),
+        cert_file: Some(cert_file.clone()),
+        key_file: Some(key_file.clone()),
+    };
+    let s = EtcdStore::connect(&[etcd.endpoint()], Some(&files))
+        .await
+        .unwrap();
+    let rev = s.put("/tls/a", b"1".to_vec()).await.unwrap();
+    assert_eq!(s.get("/tls/a").await.unwrap().unwrap().mod_revision, rev);
+
+    // without a client certificate etcd refuses us
+    let no_cert = weft_controller::store::etcd::EtcdTls {
+        ca_file: Some(ca_file.clone()),
+        ..Default::default()
+    };
+    assert!(
+        EtcdStore::connect(&[etcd.endpoint()], Some(&no_cert))
+            .await
+            .is_err()
+    );
+
+    let (ca, cert, key) = (
+        ca_file.display().to_string(),
+        cert_file.display().to_string(),
+        key_file.display().to_string(),
+    );
+    let ep = etcd.endpoint();
+    let c = weft_tests::Controller::start(
+        "site-tls",
+        &dir.path().join("data"),
+        &[
+            "--pod-cidr",
+            "10.1.0.0/16",
+            "--etcd-endpoints",
+            &ep,
+            "--etcd-ca-file",
+            &ca,
+            "--etcd-cert-file",
+            &cert,
+            "--etcd-key-file",
+            &key,
+        ],
+    );
+    assert_eq!(
+        weft_tests::weftctl_json(&c.target(), &["site"])["id"],
+        "site-tls"
+    );
+    assert!(
+        s.get("/weft/sites/site-tls/site").await.unwrap().is_some(),
+        "the site lives in etcd"
+    );
+}
