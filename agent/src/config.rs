@@ -8,12 +8,7 @@ use clap::Args;
 #[derive(Args, Debug, Clone)]
 pub struct AgentArgs {
     /// Controller address(es), https://HOST:PORT; repeat or comma-separate for replicas.
-    #[arg(
-        long = "controller",
-        env = "WEFT_CONTROLLER",
-        value_delimiter = ',',
-        required = true
-    )]
+    #[arg(long = "controller", env = "WEFT_CONTROLLER", value_delimiter = ',', required = true)]
     pub controllers: Vec<String>,
     /// One-time enrollment token from `weftctl token create` (needed until the agent holds a certificate).
     #[arg(long, env = "WEFT_TOKEN", hide_env_values = true)]
@@ -74,12 +69,13 @@ impl AgentArgs {
         let mut errs = Vec::new();
         for c in &self.controllers {
             let ok = c.strip_prefix("https://").is_some_and(|hp| {
-                hp.rsplit_once(':').is_some_and(|(h, p)| {
-                    !h.is_empty() && p.trim_end_matches('/').parse::<u16>().is_ok()
-                })
+                hp.rsplit_once(':')
+                    .is_some_and(|(h, p)| !h.is_empty() && p.trim_end_matches('/').parse::<u16>().is_ok())
             });
             if !ok {
-                errs.push(format!("--controller {c:?}: write it as https://HOST:PORT (agents always use mutual TLS)"));
+                errs.push(format!(
+                    "--controller {c:?}: write it as https://HOST:PORT (agents always use mutual TLS)"
+                ));
             }
         }
         let fp = self
@@ -95,13 +91,12 @@ impl AgentArgs {
             ));
         }
         if self.ca_fingerprint.is_some() && self.ca_file.is_some() {
-            errs.push(
-                "--ca-fingerprint and --ca-file both set: give one way to trust the controller"
-                    .into(),
-            );
+            errs.push("--ca-fingerprint and --ca-file both set: give one way to trust the controller".into());
         }
         if self.token.is_some() && self.ca_fingerprint.is_none() && self.ca_file.is_none() {
-            errs.push("--token needs --ca-fingerprint or --ca-file, so the agent knows it talks to its own controller".into());
+            errs.push(
+                "--token needs --ca-fingerprint or --ca-file, so the agent knows it talks to its own controller".into(),
+            );
         }
         if let Some(f) = &self.ca_file
             && !f.is_file()
@@ -161,11 +156,6 @@ mod tests {
         assert_eq!(e.0.len(), 3, "{e}");
         let mut a = args();
         a.ca_fingerprint = None;
-        assert!(
-            a.validate()
-                .unwrap_err()
-                .to_string()
-                .contains("--token needs")
-        );
+        assert!(a.validate().unwrap_err().to_string().contains("--token needs"));
     }
 }

@@ -26,11 +26,13 @@ pub enum Command {
     Run,
     /// Validate the configuration, print it resolved, and exit.
     CheckConfig,
+    /// Create the site PKI (CA, server certificate, admin bundle) under
+    /// <data-dir>/pki if absent, print the CA fingerprint, and exit.
+    Init,
 }
 
 pub fn init_logging(format: LogFormat) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| "info".into());
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| "info".into());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -65,6 +67,21 @@ pub fn main() -> ExitCode {
     }
     init_logging(cfg.log_format);
     let _ = rustls::crypto::ring::default_provider().install_default();
+    if let Some(Command::Init) = cli.command {
+        return match crate::server::ensure_pki(&cfg) {
+            Ok(pki) => {
+                println!("site CA:          {}", pki.dir.join(crate::pki::CA_CERT).display());
+                println!("CA fingerprint:   {}", pki.ca.fingerprint);
+                println!("admin bundle:     {}", pki.dir.join(crate::pki::ADMIN_CERT).display());
+                println!("                  {}", pki.dir.join(crate::pki::ADMIN_KEY).display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("weft-controller: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

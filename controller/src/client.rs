@@ -39,9 +39,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 fn read(what: &str, p: &Path) -> Result<Vec<u8>, ConnectError> {
-    std::fs::read(p).map_err(|e| {
-        ConnectError::BadTarget(format!("cannot read the {what} {}: {e}", p.display()))
-    })
+    std::fs::read(p).map_err(|e| ConnectError::BadTarget(format!("cannot read the {what} {}: {e}", p.display())))
 }
 
 pub async fn connect(target: &str, tls: &ClientTls) -> Result<Channel, ConnectError> {
@@ -49,10 +47,7 @@ pub async fn connect(target: &str, tls: &ClientTls) -> Result<Channel, ConnectEr
         target: target.to_string(),
         cause: chain(e),
     };
-    if let Some(path) = target
-        .strip_prefix("unix://")
-        .or_else(|| target.strip_prefix("unix:"))
-    {
+    if let Some(path) = target.strip_prefix("unix://").or_else(|| target.strip_prefix("unix:")) {
         let path = PathBuf::from(path);
         if !path.exists() {
             return Err(ConnectError::Unreachable {
@@ -64,18 +59,13 @@ pub async fn connect(target: &str, tls: &ClientTls) -> Result<Channel, ConnectEr
         return Endpoint::from_static("http://[::1]:1")
             .connect_with_connector(tower::service_fn(move |_: Uri| {
                 let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
+                async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
             }))
             .await
             .map_err(|e| unreachable(&e));
     }
     if target.starts_with("https://") {
-        let (Some(ca), Some(cert), Some(key)) = (&tls.ca_file, &tls.cert_file, &tls.key_file)
-        else {
+        let (Some(ca), Some(cert), Some(key)) = (&tls.ca_file, &tls.cert_file, &tls.key_file) else {
             return Err(ConnectError::BadTarget(format!(
                 "{target} needs the admin bundle: --ca-file, --cert and --key (ca.pem, admin.pem and admin.key \
                  under the controller's <data-dir>/pki/)"

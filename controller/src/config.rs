@@ -38,12 +38,7 @@ pub struct ControllerArgs {
     #[arg(global = true, long, env = "WEFT_SITE_ID")]
     pub site_id: Option<String>,
     /// Workload ("pod") CIDR; repeat (or comma-separate) for several.
-    #[arg(
-        global = true,
-        long = "pod-cidr",
-        env = "WEFT_POD_CIDR",
-        value_delimiter = ','
-    )]
+    #[arg(global = true, long = "pod-cidr", env = "WEFT_POD_CIDR", value_delimiter = ',')]
     pub pod_cidrs: Vec<String>,
     /// CIDR for host traffic toward peers [default: 10.70.0.0/16].
     #[arg(global = true, long, env = "WEFT_EXTERNAL_CIDR")]
@@ -52,20 +47,11 @@ pub struct ControllerArgs {
     #[arg(global = true, long, env = "WEFT_INTERNAL_CIDR")]
     pub internal_cidr: Option<String>,
     /// A network the hosts already use (a LAN); never used for a remap. Repeatable.
-    #[arg(
-        long = "reserved-cidr",
-        env = "WEFT_RESERVED_CIDR",
-        value_delimiter = ','
-    )]
+    #[arg(long = "reserved-cidr", env = "WEFT_RESERVED_CIDR", value_delimiter = ',')]
     pub reserved_cidrs: Vec<String>,
     /// A pool that remapped peer CIDRs are taken from. Repeatable
     /// [default: 10.0.0.0/8,172.16.0.0/12,192.168.0.0/16].
-    #[arg(
-        global = true,
-        long = "remap-pool",
-        env = "WEFT_REMAP_POOL",
-        value_delimiter = ','
-    )]
+    #[arg(global = true, long = "remap-pool", env = "WEFT_REMAP_POOL", value_delimiter = ',')]
     pub remap_pools: Vec<String>,
     /// Prefix length of each node's workload subnet [default: 24].
     #[arg(global = true, long, env = "WEFT_NODE_PREFIX_LEN")]
@@ -74,12 +60,7 @@ pub struct ControllerArgs {
     #[arg(global = true, long, env = "WEFT_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// etcd endpoints (comma-separated http:// or https:// URLs); selects the etcd store.
-    #[arg(
-        global = true,
-        long,
-        env = "WEFT_ETCD_ENDPOINTS",
-        value_delimiter = ','
-    )]
+    #[arg(global = true, long, env = "WEFT_ETCD_ENDPOINTS", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
     /// CA certificate (PEM) that signs etcd's server certificate.
     #[arg(global = true, long, env = "WEFT_ETCD_CA_FILE")]
@@ -97,16 +78,14 @@ pub struct ControllerArgs {
     #[arg(global = true, long, env = "WEFT_LISTEN")]
     pub listen: Option<String>,
     /// Extra DNS name or IP address for the controller's server certificate. Repeatable.
-    #[arg(
-        global = true,
-        long = "tls-san",
-        env = "WEFT_TLS_SAN",
-        value_delimiter = ','
-    )]
+    #[arg(global = true, long = "tls-san", env = "WEFT_TLS_SAN", value_delimiter = ',')]
     pub tls_sans: Vec<String>,
     /// Log format.
     #[arg(global = true, long, env = "WEFT_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Lifetime of agent certificates; agents renew at two thirds of it [default: 24h].
+    #[arg(global = true, long, env = "WEFT_AGENT_CERT_TTL")]
+    pub agent_cert_ttl: Option<String>,
 }
 
 /// The configuration file's shape. Unknown fields are errors.
@@ -129,6 +108,7 @@ pub struct FileConfig {
     pub listen: Option<String>,
     pub tls_sans: Option<Vec<String>>,
     pub log_format: Option<LogFormat>,
+    pub agent_cert_ttl: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -169,6 +149,7 @@ pub struct ControllerConfig {
     pub listen: SocketAddr,
     pub tls_sans: Vec<String>,
     pub log_format: LogFormat,
+    pub agent_cert_ttl: std::time::Duration,
 }
 
 /// One problem with one field.
@@ -196,13 +177,7 @@ impl std::fmt::Display for ConfigError {
                 .iter()
                 .find(|(k, _, _)| *k == base)
                 .map(|(_, flag, env)| format!(" ({flag}, {env})"));
-            writeln!(
-                f,
-                "  - {}{}: {}",
-                e.field,
-                hint.unwrap_or_default(),
-                e.message
-            )?;
+            writeln!(f, "  - {}{}: {}", e.field, hint.unwrap_or_default(), e.message)?;
         }
         Ok(())
     }
@@ -216,11 +191,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("internal_cidr", "--internal-cidr", "WEFT_INTERNAL_CIDR"),
     ("reserved_cidrs", "--reserved-cidr", "WEFT_RESERVED_CIDR"),
     ("remap_pools", "--remap-pool", "WEFT_REMAP_POOL"),
-    (
-        "node_prefix_len",
-        "--node-prefix-len",
-        "WEFT_NODE_PREFIX_LEN",
-    ),
+    ("node_prefix_len", "--node-prefix-len", "WEFT_NODE_PREFIX_LEN"),
     ("data_dir", "--data-dir", "WEFT_DATA_DIR"),
     ("etcd_endpoints", "--etcd-endpoints", "WEFT_ETCD_ENDPOINTS"),
     ("etcd_ca_file", "--etcd-ca-file", "WEFT_ETCD_CA_FILE"),
@@ -229,6 +200,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("admin_socket", "--admin-socket", "WEFT_ADMIN_SOCKET"),
     ("listen", "--listen", "WEFT_LISTEN"),
     ("tls_sans", "--tls-san", "WEFT_TLS_SAN"),
+    ("agent_cert_ttl", "--agent-cert-ttl", "WEFT_AGENT_CERT_TTL"),
     ("config", "--config", "WEFT_CONFIG"),
 ];
 
@@ -241,9 +213,7 @@ pub fn parse_cidr(text: &str) -> Result<Ipv4Net, String> {
             n.trunc()
         )),
         Ok(IpNet::V4(n)) => Ok(n),
-        Ok(IpNet::V6(_)) => Err(format!(
-            "{text:?} is IPv6; weft supports IPv4 CIDRs only for now"
-        )),
+        Ok(IpNet::V6(_)) => Err(format!("{text:?} is IPv6; weft supports IPv4 CIDRs only for now")),
         Err(_) if text.parse::<std::net::IpAddr>().is_ok() => Err(format!(
             "{text:?} has no prefix length; write it as address/length, e.g. {text}/24"
         )),
@@ -270,8 +240,7 @@ fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
             message: m,
         }])
     };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| one(format!("cannot read {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|e| one(format!("cannot read {}: {e}", path.display())))?;
     toml::from_str(&text).map_err(|e| {
         // toml names unknown fields and type mismatches with their location.
         one(format!(
@@ -287,11 +256,7 @@ fn pick<T: Clone>(flag: Option<T>, file: Option<T>) -> Option<T> {
 }
 
 fn pick_list(flag: &[String], file: Option<Vec<String>>) -> Option<Vec<String>> {
-    if flag.is_empty() {
-        file
-    } else {
-        Some(flag.to_vec())
-    }
+    if flag.is_empty() { file } else { Some(flag.to_vec()) }
 }
 
 /// Merges flags over the file, then validates. Public for tests.
@@ -317,17 +282,16 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         }
     }
 
-    let cidr_list =
-        |field: &str, values: Vec<String>, errs: &mut Vec<(String, String)>| -> Vec<Ipv4Net> {
-            let mut out = Vec::new();
-            for (i, v) in values.iter().enumerate() {
-                match parse_cidr(v) {
-                    Ok(n) => out.push(n),
-                    Err(m) => errs.push((format!("{field}[{i}]"), m)),
-                }
+    let cidr_list = |field: &str, values: Vec<String>, errs: &mut Vec<(String, String)>| -> Vec<Ipv4Net> {
+        let mut out = Vec::new();
+        for (i, v) in values.iter().enumerate() {
+            match parse_cidr(v) {
+                Ok(n) => out.push(n),
+                Err(m) => errs.push((format!("{field}[{i}]"), m)),
             }
-            out
-        };
+        }
+        out
+    };
     let mut list_errs: Vec<(String, String)> = Vec::new();
     let pod_texts = pick_list(&args.pod_cidrs, file.pod_cidrs).unwrap_or_default();
     let pod_missing = pod_texts.is_empty();
@@ -357,10 +321,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         let v = v.unwrap_or_else(|| default.to_string());
         match parse_cidr(&v) {
             Ok(n) if n.prefix_len() > 30 => {
-                err(
-                    field,
-                    format!("{n} is too small; use a /30 or larger block"),
-                );
+                err(field, format!("{n} is too small; use a /30 or larger block"));
                 None
             }
             Ok(n) => Some(n),
@@ -381,8 +342,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         DEFAULT_INTERNAL_CIDR,
     );
 
-    let node_len =
-        pick(args.node_prefix_len, file.node_prefix_len).unwrap_or(DEFAULT_NODE_PREFIX_LEN);
+    let node_len = pick(args.node_prefix_len, file.node_prefix_len).unwrap_or(DEFAULT_NODE_PREFIX_LEN);
     if node_len > 30 {
         err(
             "node_prefix_len",
@@ -454,16 +414,12 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         }
     }
 
-    let data_dir = pick(args.data_dir.clone(), file.data_dir)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+    let data_dir = pick(args.data_dir.clone(), file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
     if data_dir.as_os_str().is_empty() {
-        err(
-            "data_dir",
-            "is empty; give a directory the controller may write".into(),
-        );
+        err("data_dir", "is empty; give a directory the controller may write".into());
     }
-    let admin_socket = pick(args.admin_socket.clone(), file.admin_socket)
-        .unwrap_or_else(|| data_dir.join("admin.sock"));
+    let admin_socket =
+        pick(args.admin_socket.clone(), file.admin_socket).unwrap_or_else(|| data_dir.join("admin.sock"));
     // sun_path holds 108 bytes including the NUL.
     if admin_socket.as_os_str().len() > 107 {
         err(
@@ -475,16 +431,13 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         );
     }
 
-    let listen_text =
-        pick(args.listen.clone(), file.listen).unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+    let listen_text = pick(args.listen.clone(), file.listen).unwrap_or_else(|| DEFAULT_LISTEN.to_string());
     let listen = match listen_text.parse::<SocketAddr>() {
         Ok(a) => Some(a),
         Err(_) => {
             err(
                 "listen",
-                format!(
-                    "{listen_text:?} is not an address:port; write e.g. 0.0.0.0:7443 or [::1]:7443"
-                ),
+                format!("{listen_text:?} is not an address:port; write e.g. 0.0.0.0:7443 or [::1]:7443"),
             );
             None
         }
@@ -501,9 +454,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         cert_file: pick(args.etcd_cert_file.clone(), file.etcd_cert_file),
         key_file: pick(args.etcd_key_file.clone(), file.etcd_key_file),
     };
-    let wants_tls = tls_files.ca_file.is_some()
-        || tls_files.cert_file.is_some()
-        || tls_files.key_file.is_some();
+    let wants_tls = tls_files.ca_file.is_some() || tls_files.cert_file.is_some() || tls_files.key_file.is_some();
     for (i, e) in endpoints.iter().enumerate() {
         let ok = e
             .strip_prefix("http://")
@@ -541,14 +492,14 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         if let Some(p) = p
             && !p.is_file()
         {
-            err(
-                f,
-                format!("{} does not exist or is not a file", p.display()),
-            );
+            err(f, format!("{} does not exist or is not a file", p.display()));
         }
     }
     if wants_tls && endpoints.is_empty() {
-        err("etcd_endpoints", "etcd TLS files are set but no etcd endpoints; set etcd_endpoints or drop the TLS files".into());
+        err(
+            "etcd_endpoints",
+            "etcd TLS files are set but no etcd endpoints; set etcd_endpoints or drop the TLS files".into(),
+        );
     }
 
     let tls_sans = pick_list(&args.tls_sans, file.tls_sans).unwrap_or_default();
@@ -561,6 +512,24 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         }
     }
     let log_format = pick(args.log_format, file.log_format).unwrap_or_default();
+    let ttl_text = pick(args.agent_cert_ttl.clone(), file.agent_cert_ttl).unwrap_or_else(|| "24h".into());
+    let agent_cert_ttl = match humantime::parse_duration(&ttl_text) {
+        Ok(d) if d >= std::time::Duration::from_secs(10) && d <= std::time::Duration::from_secs(365 * 86400) => Some(d),
+        Ok(_) => {
+            err(
+                "agent_cert_ttl",
+                format!("{ttl_text:?} is out of range; give between 10s and 365d"),
+            );
+            None
+        }
+        Err(_) => {
+            err(
+                "agent_cert_ttl",
+                format!("{ttl_text:?} is not a duration; write e.g. 24h, 90m or 7d"),
+            );
+            None
+        }
+    };
 
     if !errs.is_empty() {
         return Err(ConfigError(errs));
@@ -591,6 +560,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         listen: listen.unwrap(),
         tls_sans,
         log_format,
+        agent_cert_ttl: agent_cert_ttl.unwrap(),
     })
 }
 
@@ -628,10 +598,8 @@ mod tests {
 
     #[test]
     fn flags_override_the_file() {
-        let file: FileConfig = toml::from_str(
-            "site_id = \"from-file\"\npod_cidrs = [\"10.9.0.0/16\"]\nnode_prefix_len = 26\n",
-        )
-        .unwrap();
+        let file: FileConfig =
+            toml::from_str("site_id = \"from-file\"\npod_cidrs = [\"10.9.0.0/16\"]\nnode_prefix_len = 26\n").unwrap();
         let c = resolve(&args("from-flag", &[]), file).unwrap();
         assert_eq!(c.site.id, "from-flag");
         assert_eq!(c.site.pod_cidrs[0].to_string(), "10.9.0.0/16");

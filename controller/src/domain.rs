@@ -47,6 +47,10 @@ pub struct Node {
     pub source: SubnetSource,
     /// Milliseconds since the Unix epoch.
     pub created_at_ms: u64,
+    /// Certificates issued to the agent under this name that have not
+    /// expired yet (older ones are pruned).
+    #[serde(default)]
+    pub certs: Vec<CertRecord>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +59,59 @@ pub struct Gateway {
     pub endpoint: Option<String>,
     pub public_key: Option<String>,
     pub created_at_ms: u64,
+    #[serde(default)]
+    pub certs: Vec<CertRecord>,
+}
+
+/// One certificate issued to an agent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CertRecord {
+    /// Serial number, lower-case hex.
+    pub serial: String,
+    pub not_after_ms: u64,
+}
+
+/// The latest expiry among `certs` that are still valid at `now_ms`.
+pub fn live_until(certs: &[CertRecord], now_ms: u64) -> Option<u64> {
+    certs.iter().map(|c| c.not_after_ms).filter(|t| *t > now_ms).max()
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentRole {
+    Node,
+    Gateway,
+}
+
+impl AgentRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentRole::Node => "node",
+            AgentRole::Gateway => "gateway",
+        }
+    }
+}
+
+/// An enrollment token. Only a hash of its secret is stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Token {
+    pub id: String,
+    /// SHA-256 of the secret, hex.
+    pub secret_sha256: String,
+    pub role: AgentRole,
+    pub name: Option<String>,
+    pub expires_at_ms: u64,
+    pub uses_left: u32,
+    pub created_at_ms: u64,
+}
+
+/// A revoked certificate, kept until it would have expired anyway.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Revoked {
+    pub serial: String,
+    pub role: AgentRole,
+    pub name: String,
+    pub not_after_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,11 +172,7 @@ pub fn validate_name(what: &str, name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err(format!("{what} is empty; give a name such as \"node-1\""));
     }
-    if name.len() > 63
-        || !name.chars().all(ok_char)
-        || !edge(name.chars().next())
-        || !edge(name.chars().last())
-    {
+    if name.len() > 63 || !name.chars().all(ok_char) || !edge(name.chars().next()) || !edge(name.chars().last()) {
         return Err(format!(
             "{what} {name:?} is not a valid name: use 1 to 63 lower-case letters, digits, '-' or '.', \
              starting and ending with a letter or digit"

@@ -15,6 +15,10 @@ pub enum Error {
     ResourceExhausted(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error("{0}")]
+    PermissionDenied(String),
     /// Optimistic concurrency kept losing to other writers.
     #[error("{0}")]
     Aborted(String),
@@ -41,6 +45,8 @@ impl From<Error> for tonic::Status {
             Error::AlreadyExists(m) => Status::already_exists(m),
             Error::ResourceExhausted(m) => Status::resource_exhausted(m),
             Error::FailedPrecondition(m) => Status::failed_precondition(m),
+            Error::Unauthenticated(m) => Status::unauthenticated(m),
+            Error::PermissionDenied(m) => Status::permission_denied(m),
             Error::Aborted(m) => Status::aborted(m),
             Error::Store(StoreError::Unavailable(m)) => Status::unavailable(format!(
                 "the controller's store is unavailable ({m}); retry when it is back"

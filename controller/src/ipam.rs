@@ -125,10 +125,7 @@ pub fn used_in(pool: &Ipv4Net, blocks: &[Ipv4Net]) -> u64 {
 }
 
 fn list(nets: &[Ipv4Net]) -> String {
-    nets.iter()
-        .map(|n| n.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
+    nets.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ")
 }
 
 /// A new node's workload subnet: the lowest free `/node_len` in the pod CIDRs
@@ -182,11 +179,7 @@ pub fn check_declared_subnet(
 /// value. The rest get, in order, the lowest free block of the same length
 /// from `pools`, never colliding with `in_use` or with each other. The same
 /// inputs always give the same answer.
-pub fn plan_views(
-    peer: &[(CidrKind, Ipv4Net)],
-    in_use: &[Ipv4Net],
-    pools: &[Ipv4Net],
-) -> Result<Vec<View>, IpamError> {
+pub fn plan_views(peer: &[(CidrKind, Ipv4Net)], in_use: &[Ipv4Net], pools: &[Ipv4Net]) -> Result<Vec<View>, IpamError> {
     for (i, (ka, a)) in peer.iter().enumerate() {
         if a.network() != a.addr() {
             return Err(IpamError::Invalid(format!(
@@ -207,12 +200,7 @@ pub fn plan_views(
         .iter()
         .map(|(_, c)| !in_use.iter().any(|u| overlaps(u, c)))
         .collect();
-    used.extend(
-        peer.iter()
-            .zip(&keep)
-            .filter(|(_, k)| **k)
-            .map(|((_, c), _)| *c),
-    );
+    used.extend(peer.iter().zip(&keep).filter(|(_, k)| **k).map(|((_, c), _)| *c));
     let mut views = Vec::with_capacity(peer.len());
     for ((kind, real), keep) in peer.iter().zip(keep) {
         if keep {
@@ -269,15 +257,9 @@ mod tests {
     fn first_free_skips_used_and_aligns() {
         let pool = n("10.0.0.0/16");
         assert_eq!(first_free(pool, 24, &[]), Some(n("10.0.0.0/24")));
-        assert_eq!(
-            first_free(pool, 24, &[n("10.0.0.0/24")]),
-            Some(n("10.0.1.0/24"))
-        );
+        assert_eq!(first_free(pool, 24, &[n("10.0.0.0/24")]), Some(n("10.0.1.0/24")));
         // a small block in the way pushes to the next aligned /24
-        assert_eq!(
-            first_free(pool, 24, &[n("10.0.0.128/25")]),
-            Some(n("10.0.1.0/24"))
-        );
+        assert_eq!(first_free(pool, 24, &[n("10.0.0.128/25")]), Some(n("10.0.1.0/24")));
         // gaps are reused
         assert_eq!(
             first_free(pool, 24, &[n("10.0.0.0/24"), n("10.0.2.0/24")]),
@@ -311,19 +293,13 @@ mod tests {
     fn declared_subnet_must_fit_a_pod_and_not_overlap() {
         let pods = [n("10.1.0.0/16")];
         let taken = vec![("a".to_string(), n("10.1.0.0/24"))];
-        assert_eq!(
-            check_declared_subnet(n("10.1.5.0/26"), &pods, &taken).unwrap(),
-            pods[0]
-        );
+        assert_eq!(check_declared_subnet(n("10.1.5.0/26"), &pods, &taken).unwrap(), pods[0]);
         assert!(matches!(
             check_declared_subnet(n("10.2.0.0/24"), &pods, &taken),
             Err(IpamError::Invalid(_))
         ));
         let e = check_declared_subnet(n("10.1.0.0/23"), &pods, &taken).unwrap_err();
-        assert!(
-            matches!(e, IpamError::Conflict(ref m) if m.contains("\"a\"")),
-            "{e}"
-        );
+        assert!(matches!(e, IpamError::Conflict(ref m) if m.contains("\"a\"")), "{e}");
     }
 
     #[test]
@@ -382,10 +358,7 @@ mod tests {
             &[n("172.16.0.0/12")],
         )
         .unwrap_err();
-        assert!(
-            matches!(e, IpamError::Exhausted(ref m) if m.contains("/8")),
-            "{e}"
-        );
+        assert!(matches!(e, IpamError::Exhausted(ref m) if m.contains("/8")), "{e}");
     }
 
     #[test]
@@ -400,8 +373,7 @@ mod tests {
     }
 
     fn arb_net(min_len: u8) -> impl Strategy<Value = Ipv4Net> {
-        (any::<u32>(), min_len..=30u8)
-            .prop_map(|(a, l)| Ipv4Net::new(Ipv4Addr::from(a), l).unwrap().trunc())
+        (any::<u32>(), min_len..=30u8).prop_map(|(a, l)| Ipv4Net::new(Ipv4Addr::from(a), l).unwrap().trunc())
     }
 
     proptest! {

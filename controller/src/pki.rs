@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType, SerialNumber,
 };
 use time::{Duration, OffsetDateTime};
 
@@ -26,13 +26,141 @@ pub const SERVER_KEY: &str = "server.key";
 pub const ADMIN_CERT: &str = "admin.pem";
 pub const ADMIN_KEY: &str = "admin.key";
 
-/// What the controller's TLS listener needs.
-#[derive(Debug, Clone)]
+/// What the controller's TLS listener needs, and the CA that signs agents.
 pub struct ServerPki {
     pub dir: PathBuf,
-    pub ca_pem: String,
+    pub ca: SiteCa,
     pub cert_pem: String,
     pub key_pem: String,
+}
+
+/// The site CA: its certificate and the key that signs agent certificates.
+/// The key is read from `<data-dir>/pki/ca.key` and never leaves the
+/// controller's host.
+pub struct SiteCa {
+    pub pem: String,
+    pub der: Vec<u8>,
+    /// SHA-256 of the certificate's DER, lower-case hex.
+    pub fingerprint: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl std::fmt::Debug for SiteCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SiteCa")
+            .field("fingerprint", &self.fingerprint)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A certificate issued to an agent.
+#[derive(Debug, Clone)]
+pub struct Issued {
+    pub cert_pem: String,
+    /// Lower-case hex of the serial number.
+    pub serial: String,
+    pub not_after_ms: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("the CSR is not valid: {0}")]
+    InvalidCsr(String),
+    #[error("cannot issue a certificate: {0}")]
+    Issue(String),
+}
+
+/// SHA-256 of DER bytes, lower-case hex: a certificate fingerprint.
+pub fn fingerprint(der: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(der).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn random_serial() -> (SerialNumber, String) {
+    let mut b = [0u8; 16];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).expect("the system RNG works");
+    b[0] &= 0x7f; // positive
+    b[0] |= 0x01; // and without a leading zero byte, so its hex is stable
+    (
+        SerialNumber::from_slice(&b),
+        b.iter().map(|x| format!("{x:02x}")).collect(),
+    )
+}
+
+impl SiteCa {
+    pub fn load(dir: &Path) -> anyhow::Result<SiteCa> {
+        let (cert, key) = (dir.join(CA_CERT), dir.join(CA_KEY));
+        let pem = std::fs::read_to_string(&cert).with_context(|| format!("cannot read {}", cert.display()))?;
+        let key_pem = std::fs::read_to_string(&key).with_context(|| format!("cannot read {}", key.display()))?;
+        let keypair = KeyPair::from_pem(&key_pem).context("the site CA key is unreadable")?;
+        let issuer = Issuer::from_ca_cert_pem(&pem, keypair).context("the site CA certificate is unreadable")?;
+        use rustls_pki_types::pem::PemObject;
+        let der = rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
+            .context("the site CA certificate is not PEM")?
+            .to_vec();
+        Ok(SiteCa {
+            fingerprint: fingerprint(&der),
+            pem,
+            der,
+            issuer,
+        })
+    }
+
+    /// Signs `csr_pem` for the identity `uri` (`weft://site/role/name`),
+    /// valid for `ttl`. The CSR proves possession of its key; any identity
+    /// it asks for other than `uri` is refused, and its other fields are
+    /// ignored: the controller decides what the certificate says.
+    pub fn sign_agent_csr(
+        &self,
+        csr_pem: &str,
+        uri: &str,
+        cn: &str,
+        ttl: std::time::Duration,
+    ) -> Result<Issued, PkiError> {
+        let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| PkiError::InvalidCsr(format!("{e}; send a PEM PKCS#10 request signed by the agent's key")))?;
+        for san in &csr.params.subject_alt_names {
+            match san {
+                SanType::URI(u) if u.as_str() == uri => {}
+                SanType::URI(u) => {
+                    return Err(PkiError::InvalidCsr(format!(
+                        "it asks for the identity {}, but this agent is {uri}",
+                        u.as_str()
+                    )));
+                }
+                _ => {}
+            }
+        }
+        let mut p = leaf_params(cn, uri.to_string(), &[], vec![ExtendedKeyUsagePurpose::ClientAuth], 0)
+            .map_err(|e| PkiError::Issue(e.to_string()))?;
+        let now = OffsetDateTime::now_utc();
+        p.not_after = now + Duration::try_from(ttl).unwrap_or(Duration::days(1));
+        let (serial, serial_hex) = random_serial();
+        p.serial_number = Some(serial);
+        let cert = p
+            .signed_by(&csr.public_key, &self.issuer)
+            .map_err(|e| PkiError::Issue(e.to_string()))?;
+        Ok(Issued {
+            cert_pem: cert.pem(),
+            serial: serial_hex,
+            not_after_ms: (p.not_after.unix_timestamp() as u64) * 1000,
+        })
+    }
+
+    /// Signs a client certificate for `uri` with a fresh key, e.g. for an
+    /// admin bundle; returns (cert PEM, key PEM).
+    pub fn issue_with_key(&self, uri: &str, cn: &str, days: i64) -> anyhow::Result<(String, String)> {
+        let key = KeyPair::generate()?;
+        let mut p = leaf_params(
+            cn,
+            uri.to_string(),
+            &[],
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
+            days,
+        )?;
+        p.serial_number = Some(random_serial().0);
+        Ok((p.signed_by(&key, &self.issuer)?.pem(), key.serialize_pem()))
+    }
 }
 
 /// `weft://<site>/<role>/<name>`: the identity a certificate carries.
@@ -63,9 +191,8 @@ fn leaf_params(
     days: i64,
 ) -> anyhow::Result<CertificateParams> {
     let mut p = CertificateParams::new(names.to_vec()).context("invalid certificate name")?;
-    p.subject_alt_names.push(SanType::URI(
-        uri.as_str().try_into().context("invalid identity URI")?,
-    ));
+    p.subject_alt_names
+        .push(SanType::URI(uri.as_str().try_into().context("invalid identity URI")?));
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, cn);
     p.distinguished_name = dn;
@@ -105,57 +232,41 @@ pub fn ensure(dir: &Path, site: &str, names: &[String]) -> anyhow::Result<Server
         let _ = std::fs::remove_file(dir.join(ADMIN_CERT));
         tracing::info!(dir = %dir.display(), "created the site CA");
     }
-    let ca_pem = std::fs::read_to_string(&ca_cert)
-        .with_context(|| format!("cannot read {}", ca_cert.display()))?;
-    let key_pem = std::fs::read_to_string(&ca_key)
-        .with_context(|| format!("cannot read {}", ca_key.display()))?;
-    let ca_keypair = KeyPair::from_pem(&key_pem).context("the site CA key is unreadable")?;
-    let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_keypair)
-        .context("the site CA certificate is unreadable")?;
+    let ca = SiteCa::load(dir)?;
 
     if !dir.join(ADMIN_CERT).exists() || !dir.join(ADMIN_KEY).exists() {
-        let key = KeyPair::generate()?;
-        let p = leaf_params(
+        let (cert, key) = ca.issue_with_key(
+            &identity_uri(site, "admin", "admin"),
             &format!("weft admin of {site}"),
-            identity_uri(site, "admin", "admin"),
-            &[],
-            vec![ExtendedKeyUsagePurpose::ClientAuth],
             365,
         )?;
-        let cert = p.signed_by(&key, &issuer)?;
-        write_file(&dir.join(ADMIN_KEY), &key.serialize_pem(), 0o600)?;
-        write_file(&dir.join(ADMIN_CERT), &cert.pem(), 0o644)?;
+        write_file(&dir.join(ADMIN_KEY), &key, 0o600)?;
+        write_file(&dir.join(ADMIN_CERT), &cert, 0o644)?;
         tracing::info!(cert = %dir.join(ADMIN_CERT).display(), "issued the admin client bundle");
     }
 
-    let mut all = vec![
-        "localhost".to_string(),
-        "127.0.0.1".to_string(),
-        "::1".to_string(),
-    ];
+    let mut all = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
     for n in names {
         if !all.contains(n) {
             all.push(n.clone());
         }
     }
     let key = KeyPair::generate()?;
-    let p = leaf_params(
+    let mut p = leaf_params(
         &format!("weft controller of {site}"),
         identity_uri(site, "controller", "controller"),
         &all,
-        vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ],
+        vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth],
         365,
     )?;
-    let cert = p.signed_by(&key, &issuer)?;
+    p.serial_number = Some(random_serial().0);
+    let cert = p.signed_by(&key, &ca.issuer)?;
     let (cert_pem, key_pem) = (cert.pem(), key.serialize_pem());
     write_file(&dir.join(SERVER_KEY), &key_pem, 0o600)?;
     write_file(&dir.join(SERVER_CERT), &cert_pem, 0o644)?;
     Ok(ServerPki {
         dir: dir.to_path_buf(),
-        ca_pem,
+        ca,
         cert_pem,
         key_pem,
     })
@@ -178,20 +289,13 @@ mod tests {
     fn creates_once_and_keeps_keys_private() {
         let d = tempfile::tempdir().unwrap();
         let pki = ensure(d.path(), "s1", &["ctl.example".into()]).unwrap();
-        let ca1 = pki.ca_pem.clone();
+        let ca1 = pki.ca.pem.clone();
         for k in [CA_KEY, ADMIN_KEY, SERVER_KEY] {
-            let mode = std::fs::metadata(d.path().join(k))
-                .unwrap()
-                .permissions()
-                .mode()
-                & 0o777;
+            let mode = std::fs::metadata(d.path().join(k)).unwrap().permissions().mode() & 0o777;
             assert_eq!(mode, 0o600, "{k}");
         }
         let again = ensure(d.path(), "s1", &[]).unwrap();
-        assert_eq!(again.ca_pem, ca1, "the CA survives restarts");
-        assert_ne!(
-            again.cert_pem, pki.cert_pem,
-            "the server certificate is reissued"
-        );
+        assert_eq!(again.ca.pem, ca1, "the CA survives restarts");
+        assert_ne!(again.cert_pem, pki.cert_pem, "the server certificate is reissued");
     }
 }

@@ -1,37 +1,51 @@
-//! Wiring: open the store, initialise the site, and serve the gRPC services
-//! on the local admin socket (plaintext, mode 0600) and the TCP listener
-//! (TLS with a client certificate from the site CA). Both listeners carry
-//! server reflection (v1 and v1alpha) and `grpc.health.v1`.
+//! Wiring: open the store, initialise the site and its PKI, and serve the
+//! gRPC services on the local admin socket (plaintext, mode 0600) and the TCP
+//! listener (TLS; every call but enrollment authenticated by certificate, see
+//! [`crate::auth`]). Both listeners carry server reflection (v1 and v1alpha)
+//! and `grpc.health.v1`.
 
 use std::future::Future;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tokio::net::{TcpListener, UnixListener};
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use futures::StreamExt;
+use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Server;
 use weft_proto::v1::admin_service_server::AdminServiceServer;
+use weft_proto::v1::agent_service_server::AgentServiceServer;
 
+use crate::auth::{Authenticator, Role};
 use crate::config::{ControllerConfig, StoreConfig};
 use crate::grpc::AdminApi;
-use crate::pki;
+use crate::grpc::agent::AgentApi;
+use crate::pki::{self, ServerPki};
 use crate::state::State;
-use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::etcd::{EtcdStore, EtcdTls};
+use crate::store::{EventKind, Store};
 
 /// Largest request the controller decodes (the gRPC default is 4 MiB).
 const MAX_MESSAGE: usize = 4 * 1024 * 1024;
 /// How long open calls may take to finish after a shutdown signal.
-const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// A TLS handshake that takes longer is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Accepted TLS connections waiting for the server to pick them up; bounds
+/// memory under a connection burst (the accept loop waits when full).
+const ACCEPT_QUEUE: usize = 128;
+const ALL_ROLES: &[Role] = &[Role::Admin, Role::Node, Role::Gateway, Role::Site, Role::Controller];
 
 pub async fn open_store(cfg: &ControllerConfig) -> anyhow::Result<Arc<dyn Store>> {
     Ok(match &cfg.store {
         StoreConfig::Embedded { path } => Arc::new(
-            EmbeddedStore::open(path)
-                .with_context(|| format!("cannot open the embedded store {}", path.display()))?,
+            EmbeddedStore::open(path).with_context(|| format!("cannot open the embedded store {}", path.display()))?,
         ),
         StoreConfig::Etcd { endpoints, tls } => {
             let tls: Option<EtcdTls> = tls.as_ref().map(Into::into);
@@ -42,6 +56,17 @@ pub async fn open_store(cfg: &ControllerConfig) -> anyhow::Result<Arc<dyn Store>
             )
         }
     })
+}
+
+/// Creates (or loads) the site PKI for `cfg`.
+pub fn ensure_pki(cfg: &ControllerConfig) -> anyhow::Result<ServerPki> {
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("cannot create the data directory {}", cfg.data_dir.display()))?;
+    pki::ensure(
+        &cfg.data_dir.join("pki"),
+        &cfg.site.id,
+        &pki::names_for(cfg.listen.ip(), &cfg.tls_sans),
+    )
 }
 
 /// Binds the admin socket without a window in which it is reachable with
@@ -67,11 +92,89 @@ async fn bind_admin_socket(path: &Path) -> anyhow::Result<UnixListener> {
     }
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
-    let listener =
-        UnixListener::bind(&tmp).with_context(|| format!("cannot bind {}", tmp.display()))?;
+    let listener = UnixListener::bind(&tmp).with_context(|| format!("cannot bind {}", tmp.display()))?;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot bind {}", path.display()))?;
     Ok(listener)
+}
+
+fn tls_config(pki: &ServerPki, auth: &Authenticator) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let leaf = CertificateDer::from_pem_slice(pki.cert_pem.as_bytes()).context("server certificate")?;
+    let key = PrivateKeyDer::from_pem_slice(pki.key_pem.as_bytes()).context("server key")?;
+    // The chain includes the CA so an agent that pins the CA's fingerprint
+    // (and has no CA file yet) can verify us.
+    let chain = vec![leaf, CertificateDer::from(pki.ca.der.clone())];
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(auth.handshake_verifier())
+        .with_single_cert(chain, key)?;
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(cfg))
+}
+
+/// Accepts TCP connections and runs each TLS handshake in its own task, so
+/// a slow or silent client never holds up the others.
+fn tls_incoming(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+) -> ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                _ = tx.closed() => return,
+            };
+            let _ = tcp.set_nodelay(true);
+            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// Keeps the authenticator's revocation set equal to the store's, so a
+/// revocation made through any replica takes effect on this one.
+async fn follow_revocations(state: State, auth: Arc<Authenticator>) {
+    loop {
+        let res: Result<(), crate::error::Error> = async {
+            let (list, rev) = state.revoked().await?;
+            auth.set_revoked(list.into_iter().map(|r| r.serial));
+            let prefix = state.revoked_prefix();
+            let mut watch = state.store().watch_prefix(&prefix, rev + 1).await?;
+            while let Some(batch) = watch.next().await {
+                for ev in batch?.events {
+                    if ev.kind == EventKind::Put {
+                        auth.revoke(ev.kv.key[prefix.len()..].to_string());
+                    }
+                }
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = res {
+            tracing::warn!(error = %e, "revocation watch interrupted; resuming");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 /// A running controller's addresses, for callers that bind port 0.
@@ -88,12 +191,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
     on_bound: impl FnOnce(&Bound),
 ) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&cfg.data_dir).with_context(|| {
-        format!(
-            "cannot create the data directory {}",
-            cfg.data_dir.display()
-        )
-    })?;
+    let pki = ensure_pki(&cfg)?;
     let store = open_store(&cfg).await?;
     let state = State::new(store.clone(), &cfg.site.id);
     state
@@ -101,26 +199,44 @@ pub async fn run(
         .await
         .context("cannot initialise the site in the store")?;
 
-    let pki = pki::ensure(
-        &cfg.data_dir.join("pki"),
-        &cfg.site.id,
-        &pki::names_for(cfg.listen.ip(), &cfg.tls_sans),
-    )?;
-    let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(&pki.cert_pem, &pki.key_pem))
-        .client_ca_root(Certificate::from_pem(&pki.ca_pem));
+    let auth = Authenticator::new(&cfg.site.id, &pki.ca.der)?;
+    let (revoked, _) = state.revoked().await.context("cannot read the revocation list")?;
+    auth.set_revoked(revoked.into_iter().map(|r| r.serial));
+    let revocations = tokio::spawn(follow_revocations(state.clone(), auth.clone()));
+    let acceptor = TlsAcceptor::from(tls_config(&pki, &auth)?);
+    let fingerprint = pki.ca.fingerprint.clone();
+    let ca = Arc::new(pki.ca);
 
-    let admin = AdminServiceServer::new(AdminApi::new(state.clone()))
-        .max_decoding_message_size(MAX_MESSAGE);
+    let admin = InterceptedService::new(
+        AdminServiceServer::new(AdminApi::new(state.clone(), fingerprint.clone(), auth.clone()))
+            .max_decoding_message_size(MAX_MESSAGE),
+        auth.require(&[Role::Admin], "the admin API"),
+    );
+    let agent = InterceptedService::new(
+        AgentServiceServer::new(AgentApi::new(
+            state.clone(),
+            ca,
+            cfg.site.id.clone(),
+            cfg.agent_cert_ttl,
+        ))
+        .max_decoding_message_size(MAX_MESSAGE),
+        auth.optional(),
+    );
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<AdminServiceServer<AdminApi>>().await;
+    health.set_serving::<AgentServiceServer<AgentApi>>().await;
+    let health_svc = InterceptedService::new(health_svc, auth.require(ALL_ROLES, "the health service"));
     let reflection = || -> anyhow::Result<_> {
         let b = || {
             tonic_reflection::server::Builder::configure()
                 .register_encoded_file_descriptor_set(weft_proto::FILE_DESCRIPTOR_SET)
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         };
-        Ok((b().build_v1()?, b().build_v1alpha()?))
+        let guard = auth.require(ALL_ROLES, "server reflection");
+        Ok((
+            InterceptedService::new(b().build_v1()?, guard.clone()),
+            InterceptedService::new(b().build_v1alpha()?, guard),
+        ))
     };
     let (refl_v1, refl_v1a) = reflection()?;
     let (refl_v1_tcp, refl_v1a_tcp) = reflection()?;
@@ -140,24 +256,25 @@ pub async fn run(
     };
     let unix_server = Server::builder()
         .add_service(admin.clone())
+        .add_service(agent.clone())
         .add_service(health_svc.clone())
         .add_service(refl_v1)
         .add_service(refl_v1a)
         .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx.clone()));
     let tcp_server = Server::builder()
-        .tls_config(tls)?
         .add_service(admin)
+        .add_service(agent)
         .add_service(health_svc)
         .add_service(refl_v1_tcp)
         .add_service(refl_v1a_tcp)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(tcp), stopped(stop_rx));
+        .serve_with_incoming_shutdown(tls_incoming(tcp, acceptor), stopped(stop_rx));
 
     tracing::info!(
         site = %cfg.site.id,
         store = store.backend(),
         admin_socket = %bound.admin_socket.display(),
         listen = %bound.listen,
-        pki = %pki.dir.display(),
+        ca_fingerprint = %fingerprint,
         "controller serving"
     );
     on_bound(&bound);
@@ -179,6 +296,7 @@ pub async fn run(
             Ok(((), ()))
         }
     };
+    revocations.abort();
     let _ = std::fs::remove_file(&cfg.admin_socket);
     result.context("a gRPC listener failed")?;
     tracing::info!("controller stopped");

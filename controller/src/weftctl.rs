@@ -113,10 +113,7 @@ pub fn code_name(c: Code) -> &'static str {
 fn ts(t: &Option<prost_types::Timestamp>) -> String {
     t.as_ref()
         .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t.seconds).ok())
-        .and_then(|d| {
-            d.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
+        .and_then(|d| d.format(&time::format_description::well_known::Rfc3339).ok())
         .unwrap_or_default()
 }
 
@@ -129,17 +126,13 @@ fn enum_name(full: &str, prefix: &str) -> String {
 
 fn source(v: i32) -> String {
     enum_name(
-        pb::SubnetSource::try_from(v)
-            .unwrap_or_default()
-            .as_str_name(),
+        pb::SubnetSource::try_from(v).unwrap_or_default().as_str_name(),
         "SUBNET_SOURCE_",
     )
 }
 fn alloc_kind(v: i32) -> String {
     enum_name(
-        pb::AllocationKind::try_from(v)
-            .unwrap_or_default()
-            .as_str_name(),
+        pb::AllocationKind::try_from(v).unwrap_or_default().as_str_name(),
         "ALLOCATION_KIND_",
     )
 }
@@ -151,9 +144,7 @@ fn cidr_kind(v: i32) -> String {
 }
 fn peering_state(v: i32) -> String {
     enum_name(
-        pb::PeeringState::try_from(v)
-            .unwrap_or_default()
-            .as_str_name(),
+        pb::PeeringState::try_from(v).unwrap_or_default().as_str_name(),
         "PEERING_STATE_",
     )
 }
@@ -210,18 +201,12 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
         cert_file: cli.cert.clone(),
         key_file: cli.key.clone(),
     };
-    let channel = connect(&cli.controller, &tls)
-        .await
-        .map_err(|e| e.to_string())?;
+    let channel = connect(&cli.controller, &tls).await.map_err(|e| e.to_string())?;
     let mut c = AdminServiceClient::new(channel);
     let status = |s: tonic::Status| format!("{}: {}", code_name(s.code()), s.message());
     Ok(match &cli.command {
         Cmd::Site => {
-            let s = c
-                .get_site(pb::GetSiteRequest {})
-                .await
-                .map_err(status)?
-                .into_inner();
+            let s = c.get_site(pb::GetSiteRequest {}).await.map_err(status)?.into_inner();
             let rows = vec![
                 vec!["site".into(), s.id.clone()],
                 vec!["pod CIDRs".into(), s.pod_cidrs.join(", ")],
@@ -258,9 +243,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
         }
         Cmd::Node(cmd) => {
             let n = match cmd {
-                NodeCmd::Get { name } => {
-                    c.get_node(pb::GetNodeRequest { name: name.clone() }).await
-                }
+                NodeCmd::Get { name } => c.get_node(pb::GetNodeRequest { name: name.clone() }).await,
                 NodeCmd::Add { name, subnet } => {
                     c.create_node(pb::CreateNodeRequest {
                         name: name.clone(),
@@ -342,14 +325,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                     "views": p.views.iter().map(view_json).collect::<Vec<_>>(),
                     "created_at": ts(&p.created_at), "last_error": p.last_error,
                 })).collect::<Vec<_>>(), "revision": r.revision}),
-                header: vec![
-                    "PEER",
-                    "STATE",
-                    "KIND",
-                    "REAL CIDR",
-                    "LOCAL VIEW",
-                    "LAST ERROR",
-                ],
+                header: vec!["PEER", "STATE", "KIND", "REAL CIDR", "LOCAL VIEW", "LAST ERROR"],
                 rows,
                 footer: vec![],
             }
@@ -388,14 +364,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 rows: r
                     .allocations
                     .iter()
-                    .map(|a| {
-                        vec![
-                            a.cidr.clone(),
-                            alloc_kind(a.kind),
-                            a.owner.clone(),
-                            a.pool.clone(),
-                        ]
-                    })
+                    .map(|a| vec![a.cidr.clone(), alloc_kind(a.kind), a.owner.clone(), a.pool.clone()])
                     .collect(),
                 footer,
             }
@@ -436,10 +405,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("weftctl: cannot start: {e}");

@@ -11,5 +11,4 @@ pub mod v1 {
 }
 
 /// Encoded `FileDescriptorSet` of every weft proto, for server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/weft_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/weft_descriptor.bin"));

@@ -26,8 +26,7 @@ pub fn require_tool(name: &str) -> Option<PathBuf> {
             .find(|p| p.is_file())
     });
     if found.is_none() {
-        let msg =
-            format!("`{name}` is not installed; run the README's test command, which installs it");
+        let msg = format!("`{name}` is not installed; run the README's test command, which installs it");
         assert!(!ci(), "{msg}");
         eprintln!("SKIPPED: {msg}");
     }
@@ -36,11 +35,7 @@ pub fn require_tool(name: &str) -> Option<PathBuf> {
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// The directory holding the workspace's built binaries (target/debug).
@@ -67,20 +62,14 @@ pub fn bin(name: &str) -> PathBuf {
 fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
     let start = Instant::now();
     while !ok() {
-        assert!(
-            start.elapsed() < timeout,
-            "{what} was not ready within {timeout:?}"
-        );
+        assert!(start.elapsed() < timeout, "{what} was not ready within {timeout:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
 /// Sends SIGTERM (a clean stop) to a child.
 pub fn terminate(child: &mut Child) -> std::process::ExitStatus {
-    let _ = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status();
+    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
     let start = Instant::now();
     loop {
         if let Some(st) = child.try_wait().unwrap() {
@@ -129,10 +118,7 @@ impl Etcd {
         let mut e = Etcd {
             child: None,
             tls,
-            dir: tempfile::Builder::new()
-                .prefix("weft-etcd")
-                .tempdir()
-                .unwrap(),
+            dir: tempfile::Builder::new().prefix("weft-etcd").tempdir().unwrap(),
             client_port: free_port(),
             peer_port: free_port(),
             metrics_port: free_port(),
@@ -161,12 +147,7 @@ impl Etcd {
             .args(["--name", "t", "--data-dir"])
             .arg(self.dir.path().join("data"))
             .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
-            .args([
-                "--listen-peer-urls",
-                &p,
-                "--initial-advertise-peer-urls",
-                &p,
-            ])
+            .args(["--listen-peer-urls", &p, "--initial-advertise-peer-urls", &p])
             .args(["--initial-cluster", &format!("t={p}")])
             .args([
                 "--listen-metrics-urls",
@@ -187,9 +168,7 @@ impl Etcd {
         // The metrics listener is plain HTTP in both modes and reports the
         // same health.
         let metrics = self.metrics_port;
-        wait_until("etcd", Duration::from_secs(20), || {
-            http_get_ok(metrics, "/health")
-        });
+        wait_until("etcd", Duration::from_secs(20), || http_get_ok(metrics, "/health"));
     }
 
     /// Stops etcd (SIGTERM) keeping its data.
@@ -282,10 +261,7 @@ impl Controller {
         let start = Instant::now();
         loop {
             if let Some(st) = child.try_wait().unwrap() {
-                panic!(
-                    "weft-controller exited ({st}) while starting:\n{}",
-                    self.log_text()
-                );
+                panic!("weft-controller exited ({st}) while starting:\n{}", self.log_text());
             }
             if std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
                 && TcpStream::connect(("127.0.0.1", self.listen_port)).is_ok()
@@ -294,10 +270,7 @@ impl Controller {
             }
             if start.elapsed() > Duration::from_secs(20) {
                 let _ = child.kill();
-                panic!(
-                    "weft-controller did not start within 20 s:\n{}",
-                    self.log_text()
-                );
+                panic!("weft-controller did not start within 20 s:\n{}", self.log_text());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -371,11 +344,6 @@ pub fn weftctl_json(target: &str, args: &[&str]) -> serde_json::Value {
     let o = run(Command::new(bin("weftctl"))
         .args(["--controller", target, "--output", "json"])
         .args(args));
-    assert!(
-        o.status.success(),
-        "weftctl {args:?} failed: {}",
-        stderr(&o)
-    );
-    serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("weftctl printed no JSON ({e}): {}", stdout(&o)))
+    assert!(o.status.success(), "weftctl {args:?} failed: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("weftctl printed no JSON ({e}): {}", stdout(&o)))
 }

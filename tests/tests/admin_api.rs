@@ -7,10 +7,7 @@ use serde_json::Value;
 use weft_tests::{Controller, bin, require_tool, run, stderr, stdout, weftctl_json};
 
 fn controller(site: &str, pods: &[&str], extra: &[&str]) -> (tempfile::TempDir, Controller) {
-    let dir = tempfile::Builder::new()
-        .prefix("weft-admin")
-        .tempdir()
-        .unwrap();
+    let dir = tempfile::Builder::new().prefix("weft-admin").tempdir().unwrap();
     let mut args: Vec<&str> = Vec::new();
     for p in pods {
         args.extend(["--pod-cidr", p]);
@@ -36,11 +33,7 @@ fn grpcurl_unix(c: &Controller, args: &[&str]) -> std::process::Output {
 }
 
 fn grpc_error(o: &std::process::Output) -> String {
-    assert!(
-        !o.status.success(),
-        "call should have failed: {}",
-        stdout(o)
-    );
+    assert!(!o.status.success(), "call should have failed: {}", stdout(o));
     stderr(o)
 }
 
@@ -58,44 +51,24 @@ fn grpcurl_lists_services_and_reads_the_site_over_the_unix_socket() {
     assert!(o.status.success(), "{}", stderr(&o));
     let services = stdout(&o);
     for s in ["weft.v1.AdminService", "grpc.health.v1.Health"] {
-        assert!(
-            services.lines().any(|l| l == s),
-            "{s} missing from:\n{services}"
-        );
+        assert!(services.lines().any(|l| l == s), "{s} missing from:\n{services}");
     }
     let o = grpcurl_unix(&c, &["weft.v1.AdminService/GetSite"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let site: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(site["id"], "site-a");
-    assert_eq!(
-        site["podCidrs"],
-        serde_json::json!(["10.1.0.0/16", "10.2.0.0/16"])
-    );
+    assert_eq!(site["podCidrs"], serde_json::json!(["10.1.0.0/16", "10.2.0.0/16"]));
     assert_eq!(site["externalCidr"], "10.70.0.0/16");
-    assert_eq!(
-        site["reservedCidrs"],
-        serde_json::json!(["192.168.50.0/24"])
-    );
+    assert_eq!(site["reservedCidrs"], serde_json::json!(["192.168.50.0/24"]));
     assert_eq!(site["nodePrefixLen"], 24);
 
     let o = grpcurl_unix(&c, &["grpc.health.v1.Health/Check"]);
-    assert!(
-        stdout(&o).contains("SERVING"),
-        "{}{}",
-        stdout(&o),
-        stderr(&o)
-    );
+    assert!(stdout(&o).contains("SERVING"), "{}{}", stdout(&o), stderr(&o));
     let o = grpcurl_unix(&c, &["describe", "weft.v1.AdminService.CreateNode"]);
     assert!(stdout(&o).contains("CreateNodeRequest"), "{}", stderr(&o));
 
-    let mode = std::os::unix::fs::PermissionsExt::mode(
-        &std::fs::metadata(&c.socket).unwrap().permissions(),
-    );
-    assert_eq!(
-        mode & 0o777,
-        0o600,
-        "the admin socket is for its owner only"
-    );
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&c.socket).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "the admin socket is for its owner only");
 }
 
 #[test]
@@ -104,12 +77,8 @@ fn bad_requests_get_the_right_code_and_write_nothing() {
         return;
     }
     let (_d, c) = controller("site-b", &["10.1.0.0/22"], &[]);
-    let call = |body: &str, method: &str| {
-        grpcurl_unix(
-            &c,
-            &["-d", body, "--", &format!("weft.v1.AdminService/{method}")],
-        )
-    };
+    let call =
+        |body: &str, method: &str| grpcurl_unix(&c, &["-d", body, "--", &format!("weft.v1.AdminService/{method}")]);
 
     assert!(call(r#"{"name":"n1"}"#, "CreateNode").status.success());
     let before = weftctl_json(&c.target(), &["allocations"]);
@@ -152,30 +121,10 @@ fn bad_requests_get_the_right_code_and_write_nothing() {
             "not a valid name",
         ),
         (r#"{"name":""}"#, "CreateNode", "InvalidArgument", "empty"),
-        (
-            r#"{"name":"n1"}"#,
-            "CreateNode",
-            "AlreadyExists",
-            "already exists",
-        ),
-        (
-            r#"{"name":"ghost"}"#,
-            "GetNode",
-            "NotFound",
-            "does not exist",
-        ),
-        (
-            r#"{"name":"ghost"}"#,
-            "DeleteNode",
-            "NotFound",
-            "does not exist",
-        ),
-        (
-            r#"{}"#,
-            "PlanLocalView",
-            "InvalidArgument",
-            "workload_cidrs",
-        ),
+        (r#"{"name":"n1"}"#, "CreateNode", "AlreadyExists", "already exists"),
+        (r#"{"name":"ghost"}"#, "GetNode", "NotFound", "does not exist"),
+        (r#"{"name":"ghost"}"#, "DeleteNode", "NotFound", "does not exist"),
+        (r#"{}"#, "PlanLocalView", "InvalidArgument", "workload_cidrs"),
         (
             r#"{"workload_cidrs":["10.0.0.0/99"]}"#,
             "PlanLocalView",
@@ -190,10 +139,7 @@ fn bad_requests_get_the_right_code_and_write_nothing() {
             err.contains(&format!("Code: {code}")) || code.is_empty(),
             "{method} {body}: {err}"
         );
-        assert!(
-            err.contains(needle),
-            "{method} {body}: expected {needle:?} in {err}"
-        );
+        assert!(err.contains(needle), "{method} {body}: expected {needle:?} in {err}");
     }
     assert_eq!(
         weftctl_json(&c.target(), &["allocations"]),
@@ -203,11 +149,7 @@ fn bad_requests_get_the_right_code_and_write_nothing() {
 
     // The pod CIDR holds four /24s: three more fit, the fifth is refused.
     for n in ["n2", "n3", "n4"] {
-        assert!(
-            call(&format!(r#"{{"name":"{n}"}}"#), "CreateNode")
-                .status
-                .success()
-        );
+        assert!(call(&format!(r#"{{"name":"{n}"}}"#), "CreateNode").status.success());
     }
     let err = grpc_error(&call(r#"{"name":"n5"}"#, "CreateNode"));
     assert!(
@@ -215,10 +157,7 @@ fn bad_requests_get_the_right_code_and_write_nothing() {
         "{err}"
     );
     assert_eq!(
-        weftctl_json(&c.target(), &["nodes"])["nodes"]
-            .as_array()
-            .unwrap()
-            .len(),
+        weftctl_json(&c.target(), &["nodes"])["nodes"].as_array().unwrap().len(),
         4
     );
 }
@@ -275,11 +214,7 @@ fn tcp_listener_requires_a_client_certificate_from_the_site_ca() {
         ],
     );
     assert_eq!(ok["id"], "site-c");
-    let o = run(Command::new(bin("weftctl")).args([
-        "--controller",
-        &format!("https://{addr}"),
-        "site",
-    ]));
+    let o = run(Command::new(bin("weftctl")).args(["--controller", &format!("https://{addr}"), "site"]));
     assert!(!o.status.success());
     assert!(stderr(&o).contains("--ca-file"), "{}", stderr(&o));
 }
@@ -295,14 +230,8 @@ fn weftctl_manages_nodes_and_shows_allocations() {
     );
     let n2 = weftctl_json(&t, &["node", "add", "n2", "--subnet", "10.1.200.0/24"]);
     assert_eq!(n2["subnet_source"], "declared");
-    assert_eq!(
-        weftctl_json(&t, &["node", "add", "n3"])["subnet"],
-        "10.1.0.64/26"
-    );
-    assert_eq!(
-        weftctl_json(&t, &["node", "get", "n2"])["subnet"],
-        "10.1.200.0/24"
-    );
+    assert_eq!(weftctl_json(&t, &["node", "add", "n3"])["subnet"], "10.1.0.64/26");
+    assert_eq!(weftctl_json(&t, &["node", "get", "n2"])["subnet"], "10.1.200.0/24");
 
     let a = weftctl_json(&t, &["allocations"]);
     let pod = a["pools"]
@@ -339,10 +268,7 @@ fn weftctl_manages_nodes_and_shows_allocations() {
     // human output is a table
     let o = run(Command::new(bin("weftctl")).args(["--controller", &t, "nodes"]));
     let text = stdout(&o);
-    assert!(
-        text.starts_with("NAME") && text.contains("10.1.200.0/24"),
-        "{text}"
-    );
+    assert!(text.starts_with("NAME") && text.contains("10.1.200.0/24"), "{text}");
 
     // errors: a gRPC code and its message, exit status 1
     let o = run(Command::new(bin("weftctl")).args(["--controller", &t, "node", "get", "ghost"]));
@@ -352,15 +278,7 @@ fn weftctl_manages_nodes_and_shows_allocations() {
         "{}",
         stderr(&o)
     );
-    let o = run(Command::new(bin("weftctl")).args([
-        "--controller",
-        "unix:/nonexistent/weft.sock",
-        "site",
-    ]));
+    let o = run(Command::new(bin("weftctl")).args(["--controller", "unix:/nonexistent/weft.sock", "site"]));
     assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains("cannot reach the controller"),
-        "{}",
-        stderr(&o)
-    );
+    assert!(stderr(&o).contains("cannot reach the controller"), "{}", stderr(&o));
 }

@@ -6,10 +6,7 @@ use std::process::Command;
 use weft_tests::{bin, free_port, run, stderr, stdout};
 
 fn start_with_file(toml: &str, extra: &[&str]) -> (tempfile::TempDir, std::process::Output, u16) {
-    let dir = tempfile::Builder::new()
-        .prefix("weft-config")
-        .tempdir()
-        .unwrap();
+    let dir = tempfile::Builder::new().prefix("weft-config").tempdir().unwrap();
     let cfg = dir.path().join("controller.toml");
     std::fs::write(&cfg, toml).unwrap();
     let port = free_port();
@@ -66,11 +63,7 @@ node_prefix_len = 31
 fn unknown_fields_and_bad_toml_are_named() {
     let (dir, o, port) = start_with_file("site_id = \"a\"\npod_cidr = \"10.0.0.0/16\"\n", &[]);
     assert_refused_before_listening(&dir, &o, port);
-    assert!(
-        stderr(&o).contains("unknown field `pod_cidr`"),
-        "{}",
-        stderr(&o)
-    );
+    assert!(stderr(&o).contains("unknown field `pod_cidr`"), "{}", stderr(&o));
 
     let (dir, o, port) = start_with_file("site_id = [\n", &[]);
     assert_refused_before_listening(&dir, &o, port);
@@ -81,11 +74,7 @@ fn unknown_fields_and_bad_toml_are_named() {
 fn flags_override_the_file_and_check_config_validates() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("c.toml");
-    std::fs::write(
-        &cfg,
-        "site_id = \"from-file\"\npod_cidrs = [\"10.70.0.0/16\"]\n",
-    )
-    .unwrap();
+    std::fs::write(&cfg, "site_id = \"from-file\"\npod_cidrs = [\"10.70.0.0/16\"]\n").unwrap();
     // the file's pod CIDR collides with the default external CIDR ...
     let o = run(Command::new(bin("weft-controller"))
         .arg("--config")

@@ -16,10 +16,7 @@ fn populate(c: &Controller) {
     for n in ["a", "b", "c"] {
         weftctl_json(&t, &["node", "add", n]);
     }
-    weftctl_json(
-        &t,
-        &["node", "add", "declared", "--subnet", "10.1.128.0/25"],
-    );
+    weftctl_json(&t, &["node", "add", "declared", "--subnet", "10.1.128.0/25"]);
     weftctl_json(&t, &["node", "remove", "b"]);
 }
 
@@ -37,15 +34,8 @@ fn check_restart(c: &mut Controller) {
 
 #[test]
 fn embedded_store_controller_restart_keeps_state() {
-    let dir = tempfile::Builder::new()
-        .prefix("weft-restart")
-        .tempdir()
-        .unwrap();
-    let mut c = Controller::start(
-        "site-r",
-        &dir.path().join("data"),
-        &["--pod-cidr", "10.1.0.0/16"],
-    );
+    let dir = tempfile::Builder::new().prefix("weft-restart").tempdir().unwrap();
+    let mut c = Controller::start("site-r", &dir.path().join("data"), &["--pod-cidr", "10.1.0.0/16"]);
     check_restart(&mut c);
 }
 
@@ -54,10 +44,7 @@ fn etcd_store_controller_restart_keeps_state() {
     let Some(mut etcd) = Etcd::start() else {
         return;
     };
-    let dir = tempfile::Builder::new()
-        .prefix("weft-restart")
-        .tempdir()
-        .unwrap();
+    let dir = tempfile::Builder::new().prefix("weft-restart").tempdir().unwrap();
     let ep = etcd.endpoint();
     let mut c = Controller::start(
         "site-r",
@@ -75,10 +62,7 @@ fn etcd_store_controller_restart_keeps_state() {
 
 #[test]
 fn a_config_change_that_strands_a_node_is_refused() {
-    let dir = tempfile::Builder::new()
-        .prefix("weft-restart")
-        .tempdir()
-        .unwrap();
+    let dir = tempfile::Builder::new().prefix("weft-restart").tempdir().unwrap();
     let data = dir.path().join("data");
     let mut c = Controller::start("site-s", &data, &["--pod-cidr", "10.1.0.0/16"]);
     weftctl_json(&c.target(), &["node", "add", "n1"]);

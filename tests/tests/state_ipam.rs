@@ -52,10 +52,7 @@ async fn replicas() -> Vec<Replicas> {
 async fn concurrent_replicas_never_hand_out_overlapping_subnets() {
     for (stores, _guard) in replicas().await {
         let backend = stores[0].backend();
-        let states: Vec<State> = stores
-            .into_iter()
-            .map(|s| State::new(s, "site-a"))
-            .collect();
+        let states: Vec<State> = stores.into_iter().map(|s| State::new(s, "site-a")).collect();
         states[0].init_site(&site()).await.unwrap();
         let mut tasks = Vec::new();
         for (r, st) in states.iter().enumerate() {
@@ -83,10 +80,7 @@ async fn concurrent_replicas_never_hand_out_overlapping_subnets() {
             }
         }
         // a concurrent duplicate name is created exactly once
-        let (x, y) = tokio::join!(
-            states[0].create_node("dup", None),
-            states[1].create_node("dup", None)
-        );
+        let (x, y) = tokio::join!(states[0].create_node("dup", None), states[1].create_node("dup", None));
         assert!(x.is_ok() != y.is_ok(), "{backend}: exactly one create wins");
         assert!(matches!(x.err().or(y.err()), Some(Error::AlreadyExists(_))));
     }
@@ -169,10 +163,7 @@ async fn peer_views_avoid_everything_in_use_and_are_released() {
             .await
             .unwrap();
         assert_eq!(e.views[0].local, n("10.0.0.0/20"), "{backend}");
-        assert!(matches!(
-            st.delete_peering("site-b").await,
-            Err(Error::NotFound(_))
-        ));
+        assert!(matches!(st.delete_peering("site-b").await, Err(Error::NotFound(_))));
 
         // a site change that would collide with a view is refused
         let mut changed = site();
@@ -216,9 +207,5 @@ async fn exhausted_remap_pools_are_resource_exhausted() {
     );
     let status: tonic::Status = err.into();
     assert_eq!(status.code(), tonic::Code::ResourceExhausted);
-    assert_eq!(
-        st.list_peerings().await.unwrap().0.len(),
-        2,
-        "nothing half-written"
-    );
+    assert_eq!(st.list_peerings().await.unwrap().0.len(), 2, "nothing half-written");
 }

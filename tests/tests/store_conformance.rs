@@ -8,9 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use weft_controller::store::embedded::EmbeddedStore;
 use weft_controller::store::etcd::EtcdStore;
-use weft_controller::store::{
-    Compare, EventKind, Op, Store, StoreError, Txn, WatchBatch, WatchStream,
-};
+use weft_controller::store::{Compare, EventKind, Op, Store, StoreError, Txn, WatchBatch, WatchStream};
 use weft_tests::Etcd;
 
 enum Guard {
@@ -80,10 +78,7 @@ async fn put_get_track_revisions_and_versions(s: Arc<dyn Store>) {
     let r2 = s.put("/c/a", b"2".to_vec()).await.unwrap();
     let kv = s.get("/c/a").await.unwrap().unwrap();
     assert_eq!(kv.value, b"2");
-    assert_eq!(
-        (kv.create_revision, kv.mod_revision, kv.version),
-        (r1, r2, 2)
-    );
+    assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (r1, r2, 2));
     assert_eq!(s.revision().await.unwrap(), r2);
     let r3 = s.delete("/c/a").await.unwrap();
     assert_eq!(r3, r2 + 1);
@@ -109,9 +104,7 @@ async fn prefix_reads_are_scoped_and_sorted(s: Arc<dyn Store>) {
     assert_eq!(r.revision, s.revision().await.unwrap());
     assert!(s.get_prefix("/nothing/").await.unwrap().kvs.is_empty());
     let rev = s
-        .txn(Txn::new().then(Op::DeletePrefix {
-            prefix: "/p/".into(),
-        }))
+        .txn(Txn::new().then(Op::DeletePrefix { prefix: "/p/".into() }))
         .await
         .unwrap()
         .revision;
@@ -164,10 +157,7 @@ async fn compares_cover_absence_revision_and_value(s: Arc<dyn Store>) {
         s.txn(create("a")).await.unwrap().succeeded,
         "create-if-absent succeeds once"
     );
-    assert!(
-        !s.txn(create("b")).await.unwrap().succeeded,
-        "and only once"
-    );
+    assert!(!s.txn(create("b")).await.unwrap().succeeded, "and only once");
     let kv = s.get("/k").await.unwrap().unwrap();
     let stale = Txn::new()
         .when(Compare::ModRevision("/k".into(), kv.mod_revision - 1))
@@ -208,10 +198,7 @@ async fn concurrent_compare_and_swap_loses_no_update(s: Arc<dyn Store>) {
                 loop {
                     let cur = s.get("/counter").await.unwrap();
                     let (n, rev) = cur.map_or((0u64, 0), |kv| {
-                        (
-                            String::from_utf8(kv.value).unwrap().parse().unwrap(),
-                            kv.mod_revision,
-                        )
+                        (String::from_utf8(kv.value).unwrap().parse().unwrap(), kv.mod_revision)
                     });
                     let t = Txn::new()
                         .when(Compare::ModRevision("/counter".into(), rev))
@@ -227,10 +214,7 @@ async fn concurrent_compare_and_swap_loses_no_update(s: Arc<dyn Store>) {
         h.await.unwrap();
     }
     let v = s.get("/counter").await.unwrap().unwrap();
-    assert_eq!(
-        String::from_utf8(v.value).unwrap(),
-        (TASKS * EACH).to_string()
-    );
+    assert_eq!(String::from_utf8(v.value).unwrap(), (TASKS * EACH).to_string());
     assert_eq!(v.version as u64, TASKS * EACH);
 }
 
@@ -251,11 +235,7 @@ async fn watch_replays_history_then_follows_live(s: Arc<dyn Store>) {
     let b = next_batch(&mut w).await;
     assert_eq!(b.revision, r2);
     let keys: Vec<&str> = b.events.iter().map(|e| e.kv.key.as_str()).collect();
-    assert_eq!(
-        keys,
-        ["/w/b", "/w/c"],
-        "one transaction arrives as one batch, in order"
-    );
+    assert_eq!(keys, ["/w/b", "/w/c"], "one transaction arrives as one batch, in order");
     let r3 = s.put("/w/a", b"live".to_vec()).await.unwrap();
     let b = next_batch(&mut w).await;
     assert_eq!(b.revision, r3);
@@ -288,9 +268,7 @@ async fn watch_from_compacted_revision_fails(s: Arc<dyn Store>) {
     let r3 = s.put("/h/a", b"3".to_vec()).await.unwrap();
     s.compact(r3).await.unwrap();
     match s.watch_prefix("/h/", r1).await {
-        Err(StoreError::Compacted {
-            compact_revision, ..
-        }) => assert!(compact_revision >= r3),
+        Err(StoreError::Compacted { compact_revision, .. }) => assert!(compact_revision >= r3),
         Ok(mut w) => match w.next().await {
             Some(Err(StoreError::Compacted { .. })) => {}
             other => panic!("expected a compaction error, got {other:?}"),
@@ -319,11 +297,7 @@ async fn leases_expire_renew_and_revoke(s: Arc<dyn Store>) {
     assert_eq!(s.get("/l/short").await.unwrap().unwrap().lease, short);
     let mut w = s.watch_prefix("/l/short", 0).await.unwrap();
     let b = next_batch(&mut w).await;
-    assert_eq!(
-        b.events[0].kind,
-        EventKind::Delete,
-        "expiry is a delete event"
-    );
+    assert_eq!(b.events[0].kind, EventKind::Delete, "expiry is a delete event");
     assert_eq!(s.get("/l/short").await.unwrap(), None);
     let ka = s.lease_keep_alive(short).await;
     assert!(matches!(ka, Err(StoreError::LeaseNotFound(_))), "{ka:?}");
@@ -339,10 +313,7 @@ async fn leases_expire_renew_and_revoke(s: Arc<dyn Store>) {
     .unwrap();
     for _ in 0..8 {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(
-            s.lease_keep_alive(kept).await.unwrap(),
-            Duration::from_secs(1)
-        );
+        assert_eq!(s.lease_keep_alive(kept).await.unwrap(), Duration::from_secs(1));
     }
     assert!(
         s.get("/l/kept").await.unwrap().is_some(),
@@ -353,10 +324,7 @@ async fn leases_expire_renew_and_revoke(s: Arc<dyn Store>) {
     s.lease_revoke(kept).await.unwrap();
     assert_eq!(s.get("/l/kept").await.unwrap(), None);
     let again = s.lease_revoke(kept).await;
-    assert!(
-        matches!(again, Err(StoreError::LeaseNotFound(_))),
-        "{again:?}"
-    );
+    assert!(matches!(again, Err(StoreError::LeaseNotFound(_))), "{again:?}");
 
     // a put on a lease that is gone fails and writes nothing
     let r = s
@@ -403,9 +371,7 @@ async fn embedded_store_survives_reopen() {
     );
     drop(w);
     // a second opener of the same file is refused with a clear error
-    let e = EmbeddedStore::open(&path)
-        .err()
-        .expect("second open must fail");
+    let e = EmbeddedStore::open(&path).err().expect("second open must fail");
     assert!(e.to_string().contains("already open"), "{e}");
 }
 
@@ -451,13 +417,8 @@ async fn embedded_history_is_bounded() {
 /// certificate, and a controller started with the TLS flags works on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_over_mutual_tls() {
-    use rcgen::{
-        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    };
-    let dir = tempfile::Builder::new()
-        .prefix("weft-etcd-tls")
-        .tempdir()
-        .unwrap();
+    use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
+    let dir = tempfile::Builder::new().prefix("weft-etcd-tls").tempdir().unwrap();
     let write = |name: &str, pem: String| {
         let p = dir.path().join(name);
         std::fs::write(&p, pem).unwrap();
@@ -495,9 +456,7 @@ async fn etcd_over_mutual_tls() {
         cert_file: Some(cert_file.clone()),
         key_file: Some(key_file.clone()),
     };
-    let s = EtcdStore::connect(&[etcd.endpoint()], Some(&files))
-        .await
-        .unwrap();
+    let s = EtcdStore::connect(&[etcd.endpoint()], Some(&files)).await.unwrap();
     let rev = s.put("/tls/a", b"1".to_vec()).await.unwrap();
     assert_eq!(s.get("/tls/a").await.unwrap().unwrap().mod_revision, rev);
 
@@ -506,11 +465,7 @@ async fn etcd_over_mutual_tls() {
         ca_file: Some(ca_file.clone()),
         ..Default::default()
     };
-    assert!(
-        EtcdStore::connect(&[etcd.endpoint()], Some(&no_cert))
-            .await
-            .is_err()
-    );
+    assert!(EtcdStore::connect(&[etcd.endpoint()], Some(&no_cert)).await.is_err());
 
     let (ca, cert, key) = (
         ca_file.display().to_string(),
@@ -534,10 +489,7 @@ async fn etcd_over_mutual_tls() {
             &key,
         ],
     );
-    assert_eq!(
-        weft_tests::weftctl_json(&c.target(), &["site"])["id"],
-        "site-tls"
-    );
+    assert_eq!(weft_tests::weftctl_json(&c.target(), &["site"])["id"], "site-tls");
     assert!(
         s.get("/weft/sites/site-tls/site").await.unwrap().is_some(),
         "the site lives in etcd"

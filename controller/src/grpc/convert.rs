@@ -4,12 +4,13 @@ use prost_types::Timestamp;
 use weft_proto::v1 as pb;
 
 use crate::domain::{
-    Allocation, AllocationKind, Gateway, Node, Peering, PeeringState, PoolUsage, Site, SubnetSource,
+    AgentRole, Allocation, AllocationKind, Gateway, Node, Peering, PeeringState, PoolUsage, Site, SubnetSource, Token,
+    live_until,
 };
 use crate::ipam::{CidrKind, View};
 use crate::store::Revision;
 
-fn ts(ms: u64) -> Option<Timestamp> {
+pub fn ts(ms: u64) -> Option<Timestamp> {
     Some(Timestamp {
         seconds: (ms / 1000) as i64,
         nanos: ((ms % 1000) * 1_000_000) as i32,
@@ -30,6 +31,7 @@ pub fn site(s: &Site, revision: Revision) -> pb::Site {
         remap_pools: strs(&s.remap_pools),
         node_prefix_len: u32::from(s.node_prefix_len),
         revision,
+        ca_fingerprint: String::new(),
     }
 }
 
@@ -42,6 +44,7 @@ pub fn node(n: &Node) -> pb::Node {
             SubnetSource::Declared => pb::SubnetSource::Declared,
         } as i32,
         created_at: ts(n.created_at_ms),
+        cert_expires_at: live_until(&n.certs, 0).and_then(ts),
     }
 }
 
@@ -51,6 +54,7 @@ pub fn gateway(g: &Gateway) -> pb::Gateway {
         endpoint: g.endpoint.clone().unwrap_or_default(),
         public_key: g.public_key.clone().unwrap_or_default(),
         created_at: ts(g.created_at_ms),
+        cert_expires_at: live_until(&g.certs, 0).and_then(ts),
     }
 }
 
@@ -107,5 +111,23 @@ pub fn pool_usage(p: &PoolUsage) -> pb::PoolUsage {
         kind: alloc_kind(p.kind),
         total_addresses: p.total,
         allocated_addresses: p.allocated,
+    }
+}
+
+pub fn agent_role(r: AgentRole) -> pb::AgentRole {
+    match r {
+        AgentRole::Node => pb::AgentRole::Node,
+        AgentRole::Gateway => pb::AgentRole::Gateway,
+    }
+}
+
+pub fn token(t: &Token) -> pb::Token {
+    pb::Token {
+        id: t.id.clone(),
+        role: agent_role(t.role) as i32,
+        name: t.name.clone().unwrap_or_default(),
+        expires_at: ts(t.expires_at_ms),
+        uses_left: t.uses_left,
+        created_at: ts(t.created_at_ms),
     }
 }

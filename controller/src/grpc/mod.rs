@@ -1,14 +1,20 @@
 //! The weft.v1 gRPC services. Requests are validated and converted here;
 //! the work is done by [`crate::state`].
 
+pub mod agent;
 pub mod convert;
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use ipnet::Ipv4Net;
 use tonic::{Request, Response, Status};
 use weft_proto::v1 as pb;
 use weft_proto::v1::admin_service_server::AdminService;
 
+use crate::auth::Authenticator;
 use crate::config::parse_cidr;
+use crate::domain::AgentRole;
 use crate::ipam::CidrKind;
 use crate::state::State;
 
@@ -16,11 +22,27 @@ use crate::state::State;
 #[derive(Clone)]
 pub struct AdminApi {
     state: State,
+    ca_fingerprint: String,
+    auth: Arc<Authenticator>,
 }
 
 impl AdminApi {
-    pub fn new(state: State) -> Self {
-        Self { state }
+    pub fn new(state: State, ca_fingerprint: String, auth: Arc<Authenticator>) -> Self {
+        Self {
+            state,
+            ca_fingerprint,
+            auth,
+        }
+    }
+}
+
+pub fn agent_role(v: i32, field: &str) -> Result<AgentRole, Status> {
+    match pb::AgentRole::try_from(v) {
+        Ok(pb::AgentRole::Node) => Ok(AgentRole::Node),
+        Ok(pb::AgentRole::Gateway) => Ok(AgentRole::Gateway),
+        _ => Err(Status::invalid_argument(format!(
+            "{field}: give AGENT_ROLE_NODE or AGENT_ROLE_GATEWAY"
+        ))),
     }
 }
 
@@ -32,13 +54,12 @@ fn cidr_field(field: &str, text: &str) -> Result<Ipv4Net, Status> {
 impl AdminService for AdminApi {
     async fn get_site(&self, _: Request<pb::GetSiteRequest>) -> Result<Response<pb::Site>, Status> {
         let (site, rev) = self.state.site().await?;
-        Ok(Response::new(convert::site(&site, rev)))
+        let mut out = convert::site(&site, rev);
+        out.ca_fingerprint = self.ca_fingerprint.clone();
+        Ok(Response::new(out))
     }
 
-    async fn list_nodes(
-        &self,
-        _: Request<pb::ListNodesRequest>,
-    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+    async fn list_nodes(&self, _: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
         let (nodes, revision) = self.state.list_nodes().await?;
         Ok(Response::new(pb::ListNodesResponse {
             nodes: nodes.iter().map(convert::node).collect(),
@@ -46,18 +67,12 @@ impl AdminService for AdminApi {
         }))
     }
 
-    async fn get_node(
-        &self,
-        req: Request<pb::GetNodeRequest>,
-    ) -> Result<Response<pb::Node>, Status> {
+    async fn get_node(&self, req: Request<pb::GetNodeRequest>) -> Result<Response<pb::Node>, Status> {
         let node = self.state.get_node(&req.into_inner().name).await?;
         Ok(Response::new(convert::node(&node)))
     }
 
-    async fn create_node(
-        &self,
-        req: Request<pb::CreateNodeRequest>,
-    ) -> Result<Response<pb::Node>, Status> {
+    async fn create_node(&self, req: Request<pb::CreateNodeRequest>) -> Result<Response<pb::Node>, Status> {
         let req = req.into_inner();
         let declared = match req.subnet.trim() {
             "" => None,
@@ -73,7 +88,11 @@ impl AdminService for AdminApi {
         req: Request<pb::DeleteNodeRequest>,
     ) -> Result<Response<pb::DeleteNodeResponse>, Status> {
         let node = self.state.delete_node(&req.into_inner().name).await?;
-        tracing::info!(node = %node.name, subnet = %node.subnet, "node deleted, subnet released");
+        // Take effect on this replica at once; the store watch tells the others.
+        for c in &node.certs {
+            self.auth.revoke(c.serial.clone());
+        }
+        tracing::info!(node = %node.name, subnet = %node.subnet, revoked = node.certs.len(), "node deleted, subnet released");
         Ok(Response::new(pb::DeleteNodeResponse {
             released_subnet: node.subnet.to_string(),
         }))
@@ -88,6 +107,60 @@ impl AdminService for AdminApi {
             gateways: gws.iter().map(convert::gateway).collect(),
             revision,
         }))
+    }
+
+    async fn delete_gateway(
+        &self,
+        req: Request<pb::DeleteGatewayRequest>,
+    ) -> Result<Response<pb::DeleteGatewayResponse>, Status> {
+        let gw = self.state.delete_gateway(&req.into_inner().name).await?;
+        for c in &gw.certs {
+            self.auth.revoke(c.serial.clone());
+        }
+        tracing::info!(gateway = %gw.name, revoked = gw.certs.len(), "gateway deleted");
+        Ok(Response::new(pb::DeleteGatewayResponse {}))
+    }
+
+    async fn create_token(
+        &self,
+        req: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        let req = req.into_inner();
+        let role = agent_role(req.role, "role")?;
+        let name = Some(req.name.trim()).filter(|n| !n.is_empty());
+        let ttl = if req.ttl_seconds == 0 {
+            Duration::from_secs(3600)
+        } else {
+            Duration::from_secs(req.ttl_seconds)
+        };
+        let uses = if req.uses == 0 { 1 } else { req.uses };
+        let (token, info) = self.state.create_token(role, name, ttl, uses).await?;
+        Ok(Response::new(pb::CreateTokenResponse {
+            token,
+            info: Some(convert::token(&info)),
+            ca_fingerprint: self.ca_fingerprint.clone(),
+        }))
+    }
+
+    async fn list_tokens(&self, _: Request<pb::ListTokensRequest>) -> Result<Response<pb::ListTokensResponse>, Status> {
+        let tokens = self.state.list_tokens().await?;
+        Ok(Response::new(pb::ListTokensResponse {
+            tokens: tokens.iter().map(convert::token).collect(),
+        }))
+    }
+
+    async fn delete_token(
+        &self,
+        req: Request<pb::DeleteTokenRequest>,
+    ) -> Result<Response<pb::DeleteTokenResponse>, Status> {
+        let id = req.into_inner().id;
+        if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Status::invalid_argument(format!(
+                "{id:?} is not a token id; list them with `weftctl token list`"
+            )));
+        }
+        self.state.delete_token(&id).await?;
+        Ok(Response::new(pb::DeleteTokenResponse {}))
     }
 
     async fn list_peerings(
@@ -125,16 +198,10 @@ impl AdminService for AdminApi {
         }
         let mut peer = Vec::new();
         for (i, c) in req.workload_cidrs.iter().enumerate() {
-            peer.push((
-                CidrKind::Workload,
-                cidr_field(&format!("workload_cidrs[{i}]"), c)?,
-            ));
+            peer.push((CidrKind::Workload, cidr_field(&format!("workload_cidrs[{i}]"), c)?));
         }
         if !req.external_cidr.trim().is_empty() {
-            peer.push((
-                CidrKind::External,
-                cidr_field("external_cidr", &req.external_cidr)?,
-            ));
+            peer.push((CidrKind::External, cidr_field("external_cidr", &req.external_cidr)?));
         }
         let views = self.state.plan_views(&peer).await?;
         Ok(Response::new(pb::PlanLocalViewResponse {

@@ -18,14 +18,13 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use redb::{
-    Database, MultimapTableDefinition, ReadableDatabase, ReadableMultimapTable, ReadableTable,
-    TableDefinition,
+    Database, MultimapTableDefinition, ReadableDatabase, ReadableMultimapTable, ReadableTable, TableDefinition,
 };
 use tokio::sync::{mpsc, watch};
 
 use super::{
-    Compare, EventKind, KeyValue, LeaseId, Op, Range, Revision, Store, StoreError, Txn,
-    TxnResponse, WatchBatch, WatchEvent, WatchStream,
+    Compare, EventKind, KeyValue, LeaseId, Op, Range, Revision, Store, StoreError, Txn, TxnResponse, WatchBatch,
+    WatchEvent, WatchStream,
 };
 
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
@@ -93,10 +92,7 @@ impl EmbeddedStore {
                 w.open_table(LOG).map_err(backend_err)?;
                 w.open_multimap_table(LEASE_KEYS).map_err(backend_err)?;
                 let mut meta = w.open_table(META).map_err(backend_err)?;
-                let cur = meta
-                    .get(META_REVISION)
-                    .map_err(backend_err)?
-                    .map(|v| v.value());
+                let cur = meta.get(META_REVISION).map_err(backend_err)?.map(|v| v.value());
                 rev = match cur {
                     Some(r) => r,
                     None => {
@@ -236,8 +232,7 @@ fn decode_events(mut b: &[u8]) -> Result<Vec<WatchEvent>, StoreError> {
         };
         b = &b[1..];
         let take = |b: &mut &[u8]| -> Result<Vec<u8>, StoreError> {
-            let n =
-                u32::from_le_bytes(b.get(..4).ok_or_else(corrupt)?.try_into().unwrap()) as usize;
+            let n = u32::from_le_bytes(b.get(..4).ok_or_else(corrupt)?.try_into().unwrap()) as usize;
             let v = b.get(4..4 + n).ok_or_else(corrupt)?.to_vec();
             *b = &b[4 + n..];
             Ok(v)
@@ -255,15 +250,8 @@ fn decode_events(mut b: &[u8]) -> Result<Vec<WatchEvent>, StoreError> {
 // --- the synchronous core -------------------------------------------------
 
 impl Inner {
-    fn read_meta(
-        &self,
-        t: &impl ReadableTable<&'static str, i64>,
-        k: &str,
-    ) -> Result<i64, StoreError> {
-        Ok(t.get(k)
-            .map_err(backend_err)?
-            .map(|v| v.value())
-            .unwrap_or(0))
+    fn read_meta(&self, t: &impl ReadableTable<&'static str, i64>, k: &str) -> Result<i64, StoreError> {
+        Ok(t.get(k).map_err(backend_err)?.map(|v| v.value()).unwrap_or(0))
     }
 
     fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
@@ -313,11 +301,7 @@ impl Inner {
 
     /// Checks and applies `txn` inside the write transaction `w`; returns the
     /// response and whether the revision moved.
-    fn apply(
-        &self,
-        w: &redb::WriteTransaction,
-        txn: &Txn,
-    ) -> Result<(TxnResponse, bool), StoreError> {
+    fn apply(&self, w: &redb::WriteTransaction, txn: &Txn) -> Result<(TxnResponse, bool), StoreError> {
         let (resp, changed) = {
             let mut kv = w.open_table(KV).map_err(backend_err)?;
             let mut meta = w.open_table(META).map_err(backend_err)?;
@@ -326,9 +310,7 @@ impl Inner {
             let leases = w.open_table(LEASES).map_err(backend_err)?;
             let current = self.read_meta(&meta, META_REVISION)?;
 
-            let existing = |kv: &redb::Table<&str, &[u8]>,
-                            key: &str|
-             -> Result<Option<KeyValue>, StoreError> {
+            let existing = |kv: &redb::Table<&str, &[u8]>, key: &str| -> Result<Option<KeyValue>, StoreError> {
                 match kv.get(key).map_err(backend_err)? {
                     Some(v) => Ok(Some(decode_kv(key, v.value())?)),
                     None => Ok(None),
@@ -337,9 +319,7 @@ impl Inner {
             for c in &txn.compares {
                 let holds = match c {
                     Compare::Version(k, v) => existing(&kv, k)?.map_or(0, |e| e.version) == *v,
-                    Compare::ModRevision(k, r) => {
-                        existing(&kv, k)?.map_or(0, |e| e.mod_revision) == *r
-                    }
+                    Compare::ModRevision(k, r) => existing(&kv, k)?.map_or(0, |e| e.mod_revision) == *r,
                     Compare::Value(k, val) => existing(&kv, k)?.is_some_and(|e| &e.value == val),
                 };
                 if !holds {
@@ -366,14 +346,10 @@ impl Inner {
                             && p.lease != 0
                             && p.lease != lease
                         {
-                            lease_keys
-                                .remove(p.lease, key.as_str())
-                                .map_err(backend_err)?;
+                            lease_keys.remove(p.lease, key.as_str()).map_err(backend_err)?;
                         }
                         if lease != 0 {
-                            lease_keys
-                                .insert(lease, key.as_str())
-                                .map_err(backend_err)?;
+                            lease_keys.insert(lease, key.as_str()).map_err(backend_err)?;
                         }
                         let rec = KeyValue {
                             key: key.clone(),
@@ -425,8 +401,7 @@ impl Inner {
                 let compacted = self.read_meta(&meta, META_COMPACT)?;
                 let keep_from = new_rev - self.history + 1;
                 if keep_from > compacted {
-                    log.retain_in(..keep_from, |_, _| false)
-                        .map_err(backend_err)?;
+                    log.retain_in(..keep_from, |_, _| false).map_err(backend_err)?;
                     meta.insert(META_COMPACT, keep_from).map_err(backend_err)?;
                 }
                 (
@@ -476,12 +451,7 @@ impl Inner {
     }
 
     /// Log entries in `from..=to` whose keys start with `prefix`.
-    fn read_log(
-        &self,
-        prefix: &str,
-        from: Revision,
-        to: Revision,
-    ) -> Result<Vec<WatchBatch>, StoreError> {
+    fn read_log(&self, prefix: &str, from: Revision, to: Revision) -> Result<Vec<WatchBatch>, StoreError> {
         let r = self.db.begin_read().map_err(backend_err)?;
         let meta = r.open_table(META).map_err(backend_err)?;
         let compacted = self.read_meta(&meta, META_COMPACT)?;
@@ -519,9 +489,7 @@ fn delete_key(
 ) -> Result<(), StoreError> {
     kv.remove(prev.key.as_str()).map_err(backend_err)?;
     if prev.lease != 0 {
-        lease_keys
-            .remove(prev.lease, prev.key.as_str())
-            .map_err(backend_err)?;
+        lease_keys.remove(prev.lease, prev.key.as_str()).map_err(backend_err)?;
     }
     events.push(WatchEvent {
         kind: EventKind::Delete,
@@ -557,11 +525,7 @@ impl Store for EmbeddedStore {
         self.blocking(move |i| i.txn(&txn)).await
     }
 
-    async fn watch_prefix(
-        &self,
-        prefix: &str,
-        start_revision: Revision,
-    ) -> Result<WatchStream, StoreError> {
+    async fn watch_prefix(&self, prefix: &str, start_revision: Revision) -> Result<WatchStream, StoreError> {
         let mut rev_rx = self.inner.revision.subscribe();
         let current = *rev_rx.borrow_and_update();
         let mut next = if start_revision <= 0 {
@@ -620,9 +584,7 @@ impl Store for EmbeddedStore {
                 let id = i.read_meta(&meta, META_NEXT_LEASE)?.max(1);
                 meta.insert(META_NEXT_LEASE, id + 1).map_err(backend_err)?;
                 let mut leases = w.open_table(LEASES).map_err(backend_err)?;
-                leases
-                    .insert(id, ttl.as_millis() as u64)
-                    .map_err(backend_err)?;
+                leases.insert(id, ttl.as_millis() as u64).map_err(backend_err)?;
                 id
             };
             w.commit().map_err(backend_err)?;
@@ -688,8 +650,7 @@ impl Store for EmbeddedStore {
                     });
                 }
                 let mut log = w.open_table(LOG).map_err(backend_err)?;
-                log.retain_in(..revision, |_, _| false)
-                    .map_err(backend_err)?;
+                log.retain_in(..revision, |_, _| false).map_err(backend_err)?;
                 meta.insert(META_COMPACT, revision).map_err(backend_err)?;
             }
             w.commit().map_err(backend_err)?;

@@ -5,14 +5,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Certificate, Client, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, Identity,
-    PutOptions, TlsOptions, TxnOp, WatchOptions,
+    Certificate, Client, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, Identity, PutOptions,
+    TlsOptions, TxnOp, WatchOptions,
 };
 use futures::StreamExt;
 
 use super::{
-    Compare, EventKind, KeyValue, LeaseId, Op, Range, Revision, Store, StoreError, Txn,
-    TxnResponse, WatchEvent, WatchStream, batch_by_revision, ttl_secs,
+    Compare, EventKind, KeyValue, LeaseId, Op, Range, Revision, Store, StoreError, Txn, TxnResponse, WatchEvent,
+    WatchStream, batch_by_revision, ttl_secs,
 };
 
 /// TLS material for talking to etcd (PEM files).
@@ -66,9 +66,7 @@ impl EtcdStore {
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
         if let Some(tls) = tls {
             let read = |p: &std::path::Path| {
-                std::fs::read(p).map_err(|e| {
-                    StoreError::Unavailable(format!("cannot read {}: {e}", p.display()))
-                })
+                std::fs::read(p).map_err(|e| StoreError::Unavailable(format!("cannot read {}: {e}", p.display())))
             };
             let mut t = TlsOptions::new();
             if let Some(ca) = &tls.ca_file {
@@ -85,9 +83,7 @@ impl EtcdStore {
             }
             opts = opts.with_tls(t);
         }
-        let client = Client::connect(endpoints, Some(opts))
-            .await
-            .map_err(map_err)?;
+        let client = Client::connect(endpoints, Some(opts)).await.map_err(map_err)?;
         let store = Self { client };
         // Fail now, not at the first request, when etcd is not there.
         store.revision().await?;
@@ -102,12 +98,7 @@ impl Store for EtcdStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
-        let resp = self
-            .client
-            .kv_client()
-            .get(key, None)
-            .await
-            .map_err(map_err)?;
+        let resp = self.client.kv_client().get(key, None).await.map_err(map_err)?;
         resp.kvs().first().map(kv_from).transpose()
     }
 
@@ -129,9 +120,7 @@ impl Store for EtcdStore {
             .into_iter()
             .map(|c| match c {
                 Compare::Version(k, v) => etcd_client::Compare::version(k, CompareOp::Equal, v),
-                Compare::ModRevision(k, r) => {
-                    etcd_client::Compare::mod_revision(k, CompareOp::Equal, r)
-                }
+                Compare::ModRevision(k, r) => etcd_client::Compare::mod_revision(k, CompareOp::Equal, r),
                 Compare::Value(k, v) => etcd_client::Compare::value(k, CompareOp::Equal, v),
             })
             .collect();
@@ -147,13 +136,9 @@ impl Store for EtcdStore {
             .ops
             .into_iter()
             .map(|op| match op {
-                Op::Put { key, value, lease } => {
-                    TxnOp::put(key, value, lease.map(|l| PutOptions::new().with_lease(l)))
-                }
+                Op::Put { key, value, lease } => TxnOp::put(key, value, lease.map(|l| PutOptions::new().with_lease(l))),
                 Op::Delete { key } => TxnOp::delete(key, None),
-                Op::DeletePrefix { prefix } => {
-                    TxnOp::delete(prefix, Some(DeleteOptions::new().with_prefix()))
-                }
+                Op::DeletePrefix { prefix } => TxnOp::delete(prefix, Some(DeleteOptions::new().with_prefix())),
             })
             .collect();
         let resp = self
@@ -173,11 +158,7 @@ impl Store for EtcdStore {
         })
     }
 
-    async fn watch_prefix(
-        &self,
-        prefix: &str,
-        start_revision: Revision,
-    ) -> Result<WatchStream, StoreError> {
+    async fn watch_prefix(&self, prefix: &str, start_revision: Revision) -> Result<WatchStream, StoreError> {
         let mut opts = WatchOptions::new().with_prefix().with_prev_key();
         if start_revision > 0 {
             opts = opts.with_start_revision(start_revision);
@@ -219,28 +200,20 @@ impl Store for EtcdStore {
                             return Some((vec![Err(e)], None));
                         }
                         if resp.canceled() {
-                            let e = StoreError::Unavailable(format!(
-                                "etcd cancelled the watch: {}",
-                                resp.cancel_reason()
-                            ));
+                            let e =
+                                StoreError::Unavailable(format!("etcd cancelled the watch: {}", resp.cancel_reason()));
                             return Some((vec![Err(e)], None));
                         }
                         match convert_events(resp.events()) {
                             Ok(evs) if evs.is_empty() => continue,
                             Ok(evs) => {
-                                return Some((
-                                    batch_by_revision(evs).into_iter().map(Ok).collect(),
-                                    Some(stream),
-                                ));
+                                return Some((batch_by_revision(evs).into_iter().map(Ok).collect(), Some(stream)));
                             }
                             Err(e) => return Some((vec![Err(e)], None)),
                         }
                     }
                     Ok(None) => {
-                        return Some((
-                            vec![Err(StoreError::Unavailable("etcd closed the watch".into()))],
-                            None,
-                        ));
+                        return Some((vec![Err(StoreError::Unavailable("etcd closed the watch".into()))], None));
                     }
                     Err(e) => return Some((vec![Err(map_err(e))], None)),
                 }
@@ -268,12 +241,7 @@ impl Store for EtcdStore {
                 map_err(e)
             }
         };
-        let (mut keeper, mut stream) = self
-            .client
-            .lease_client()
-            .keep_alive(lease)
-            .await
-            .map_err(not_found)?;
+        let (mut keeper, mut stream) = self.client.lease_client().keep_alive(lease).await.map_err(not_found)?;
         keeper.keep_alive().await.map_err(not_found)?;
         match stream.message().await.map_err(not_found)? {
             Some(resp) if resp.ttl() > 0 => Ok(Duration::from_secs(resp.ttl() as u64)),
@@ -296,12 +264,10 @@ impl Store for EtcdStore {
     async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
         match self.client.kv_client().compact(revision, None).await {
             Ok(_) => Ok(()),
-            Err(etcd_client::Error::GRpcStatus(s)) if s.message().contains("compacted") => {
-                Err(StoreError::Compacted {
-                    requested: revision,
-                    compact_revision: revision,
-                })
-            }
+            Err(etcd_client::Error::GRpcStatus(s)) if s.message().contains("compacted") => Err(StoreError::Compacted {
+                requested: revision,
+                compact_revision: revision,
+            }),
             Err(etcd_client::Error::GRpcStatus(s)) if s.message().contains("future revision") => {
                 Err(StoreError::FutureRevision {
                     requested: revision,

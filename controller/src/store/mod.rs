@@ -157,10 +157,7 @@ pub enum StoreError {
         compact_revision: Revision,
     },
     #[error("revision {requested} is in the future (current is {current})")]
-    FutureRevision {
-        requested: Revision,
-        current: Revision,
-    },
+    FutureRevision { requested: Revision, current: Revision },
     #[error("lease {0:x} does not exist or has expired")]
     LeaseNotFound(LeaseId),
     #[error("the store's data is corrupt: {0}")]
@@ -184,11 +181,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Changes under `prefix` with revision >= `start_revision`, then live
     /// changes. `start_revision` 0 means "from now on".
-    async fn watch_prefix(
-        &self,
-        prefix: &str,
-        start_revision: Revision,
-    ) -> Result<WatchStream, StoreError>;
+    async fn watch_prefix(&self, prefix: &str, start_revision: Revision) -> Result<WatchStream, StoreError>;
 
     /// A new lease that ends `ttl` after its last keep-alive. etcd counts in
     /// whole seconds, so a TTL is rounded up to one.
@@ -209,10 +202,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Unconditional put; returns the new revision.
     async fn put(&self, key: &str, value: Vec<u8>) -> Result<Revision, StoreError> {
-        Ok(self
-            .txn(Txn::new().then(Op::put(key, value)))
-            .await?
-            .revision)
+        Ok(self.txn(Txn::new().then(Op::put(key, value))).await?.revision)
     }
 
     /// Unconditional delete; returns the new revision.

@@ -4,7 +4,9 @@
 //! Layout under `/weft/sites/<site-id>/`:
 //! - `site`: the site's network configuration ([`Site`]);
 //! - `nodes/<name>`, `gateways/<name>`, `peerings/<site-id>`: one JSON record each;
-//! - `ipam/seq`: a counter every IPAM change bumps in the same transaction.
+//! - `ipam/seq`: a counter every IPAM change bumps in the same transaction;
+//! - `tokens/<id>`: enrollment tokens (only a hash of the secret);
+//! - `revoked/<serial>`: revoked agent certificates until they expire.
 //!
 //! IPAM has no separate allocation table: what is allocated is exactly the
 //! node subnets and peering views in the records, so the two can never
@@ -21,9 +23,13 @@ use ipnet::Ipv4Net;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+mod agents;
+
+pub use agents::{Enrollment, ParsedToken};
+
 use crate::domain::{
-    Allocation, AllocationKind, Gateway, Node, Peering, PeeringState, PoolUsage, Site,
-    SubnetSource, now_ms, validate_name,
+    Allocation, AllocationKind, Gateway, Node, Peering, PeeringState, PoolUsage, Site, SubnetSource, Token, now_ms,
+    validate_name,
 };
 use crate::error::Error;
 use crate::ipam::{self, CidrKind, View};
@@ -44,8 +50,9 @@ struct Snapshot {
     revision: Revision,
     site: Option<Site>,
     nodes: Vec<(Node, Revision)>,
-    gateways: Vec<Gateway>,
+    gateways: Vec<(Gateway, Revision)>,
     peerings: Vec<(Peering, Revision)>,
+    tokens: Vec<(Token, Revision)>,
     /// mod_revision of `ipam/seq` (0 when never written) and its value.
     seq: (Revision, u64),
 }
@@ -53,15 +60,14 @@ struct Snapshot {
 impl Snapshot {
     fn site(&self) -> Result<&Site, Error> {
         self.site.as_ref().ok_or_else(|| {
-            Error::FailedPrecondition("the site is not initialised in the store yet; start the controller with its configuration".into())
+            Error::FailedPrecondition(
+                "the site is not initialised in the store yet; start the controller with its configuration".into(),
+            )
         })
     }
 
     fn node_subnets(&self) -> Vec<(String, Ipv4Net)> {
-        self.nodes
-            .iter()
-            .map(|(n, _)| (n.name.clone(), n.subnet))
-            .collect()
+        self.nodes.iter().map(|(n, _)| (n.name.clone(), n.subnet)).collect()
     }
 
     /// Blocks in use here apart from node subnets: a peer's view must avoid them.
@@ -77,12 +83,8 @@ impl Snapshot {
 }
 
 fn decode<T: DeserializeOwned>(kv: &KeyValue) -> Result<T, Error> {
-    serde_json::from_slice(&kv.value).map_err(|e| {
-        Error::Store(StoreError::Corrupt(format!(
-            "record {} is unreadable: {e}",
-            kv.key
-        )))
-    })
+    serde_json::from_slice(&kv.value)
+        .map_err(|e| Error::Store(StoreError::Corrupt(format!("record {} is unreadable: {e}", kv.key))))
 }
 
 fn encode<T: Serialize>(v: &T) -> Vec<u8> {
@@ -120,7 +122,9 @@ impl State {
             } else if rest.starts_with("nodes/") {
                 s.nodes.push((decode(kv)?, kv.mod_revision));
             } else if rest.starts_with("gateways/") {
-                s.gateways.push(decode(kv)?);
+                s.gateways.push((decode(kv)?, kv.mod_revision));
+            } else if rest.starts_with("tokens/") {
+                s.tokens.push((decode(kv)?, kv.mod_revision));
             } else if rest.starts_with("peerings/") {
                 s.peerings.push((decode(kv)?, kv.mod_revision));
             }
@@ -175,9 +179,7 @@ impl State {
 
     pub async fn site(&self) -> Result<(Site, Revision), Error> {
         let kv = self.store.get(&self.key("site")).await?;
-        let kv = kv.ok_or_else(|| {
-            Error::FailedPrecondition("the site is not initialised in the store yet".into())
-        })?;
+        let kv = kv.ok_or_else(|| Error::FailedPrecondition("the site is not initialised in the store yet".into()))?;
         Ok((decode(&kv)?, self.store.revision().await?))
     }
 
@@ -227,6 +229,7 @@ impl State {
                 subnet,
                 source,
                 created_at_ms: now_ms(),
+                certs: vec![],
             };
             let txn = self
                 .ipam_guard(snap, Txn::new())
@@ -247,10 +250,13 @@ impl State {
                     "node {name:?} does not exist; list nodes with `weftctl nodes`"
                 )));
             };
-            let txn = self
+            let mut txn = self
                 .ipam_guard(snap, Txn::new())
                 .when(Compare::ModRevision(key.clone(), *rev))
                 .then(Op::delete(key.clone()));
+            for op in self.revoke_ops(crate::domain::AgentRole::Node, name, &node.certs) {
+                txn = txn.then(op);
+            }
             Ok((Some(txn), node.clone()))
         })
         .await
@@ -258,7 +264,7 @@ impl State {
 
     pub async fn list_gateways(&self) -> Result<(Vec<Gateway>, Revision), Error> {
         let s = self.snapshot().await?;
-        Ok((s.gateways, s.revision))
+        Ok((s.gateways.into_iter().map(|g| g.0).collect(), s.revision))
     }
 
     pub async fn list_peerings(&self) -> Result<(Vec<Peering>, Revision), Error> {
@@ -280,11 +286,7 @@ impl State {
     /// Records a peering with `peer_site` and allocates the local views of
     /// its CIDRs. A peering that exists already is re-planned keeping what
     /// still fits (its own old views do not count as in use).
-    pub async fn upsert_peering(
-        &self,
-        peer_site: &str,
-        peer: &[(CidrKind, Ipv4Net)],
-    ) -> Result<Peering, Error> {
+    pub async fn upsert_peering(&self, peer_site: &str, peer: &[(CidrKind, Ipv4Net)]) -> Result<Peering, Error> {
         validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
         let key = self.key(&format!("peerings/{peer_site}"));
         self.commit(|snap| {
@@ -295,11 +297,7 @@ impl State {
                 )));
             }
             let existing = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site);
-            let views = ipam::plan_views(
-                peer,
-                &snap.blocks_in_use(site, Some(peer_site)),
-                &site.remap_pools,
-            )?;
+            let views = ipam::plan_views(peer, &snap.blocks_in_use(site, Some(peer_site)), &site.remap_pools)?;
             let peering = Peering {
                 site_id: peer_site.to_string(),
                 state: existing.map_or(PeeringState::Pending, |(p, _)| p.state),
@@ -323,9 +321,7 @@ impl State {
         let key = self.key(&format!("peerings/{peer_site}"));
         self.commit(|snap| {
             let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
-                return Err(Error::NotFound(format!(
-                    "there is no peering with site {peer_site:?}"
-                )));
+                return Err(Error::NotFound(format!("there is no peering with site {peer_site:?}")));
             };
             let txn = self
                 .ipam_guard(snap, Txn::new())
@@ -346,11 +342,7 @@ impl State {
                 cidr: n.subnet,
                 kind: AllocationKind::NodeSubnet,
                 owner: n.name.clone(),
-                pool: site
-                    .pod_cidrs
-                    .iter()
-                    .find(|p| p.contains(&n.subnet))
-                    .copied(),
+                pool: site.pod_cidrs.iter().find(|p| p.contains(&n.subnet)).copied(),
             });
         }
         for (p, _) in &snap.peerings {
@@ -382,11 +374,7 @@ impl State {
             .iter()
             .map(|p| usage(p, AllocationKind::NodeSubnet))
             .collect();
-        pools.extend(
-            site.remap_pools
-                .iter()
-                .map(|p| usage(p, AllocationKind::PeerView)),
-        );
+        pools.extend(site.remap_pools.iter().map(|p| usage(p, AllocationKind::PeerView)));
         Ok((allocs, pools, snap.revision))
     }
 }

@@ -1,0 +1,305 @@
+//! Who is calling, and may they.
+//!
+//! TCP listeners run TLS with [`DeferredClientVerifier`]: the handshake asks
+//! for a client certificate and checks that the client holds its key, but
+//! accepts any certificate (or none). Each call is then authenticated here:
+//! the chain must lead to the site CA, be current, name this site and not be
+//! revoked. Doing it per call rather than in the handshake gives callers a
+//! gRPC status with a message (`UNAUTHENTICATED` for no, foreign, expired or
+//! revoked certificates; `PERMISSION_DENIED` for a role that may not make
+//! the call) instead of a bare TLS alert, lets `AgentService/Register` be
+//! reached with no certificate at all, and lets a revocation take effect on
+//! the next call of an open connection.
+//!
+//! Identities are URI SANs `weft://<site>/<role>/<name>`. Calls on the local
+//! admin socket (mode 0600) are the local administrator.
+
+use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
+
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::pki_types::{CertificateDer, UnixTime};
+use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+use tonic::transport::server::UdsConnectInfo;
+use tonic::{Request, Status};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    Admin,
+    Node,
+    Gateway,
+    /// A peered site's controller (federation).
+    Site,
+    Controller,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Node => "node",
+            Role::Gateway => "gateway",
+            Role::Site => "site",
+            Role::Controller => "controller",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Role> {
+        Some(match s {
+            "admin" => Role::Admin,
+            "node" => Role::Node,
+            "gateway" => Role::Gateway,
+            "site" => Role::Site,
+            "controller" => Role::Controller,
+            _ => return None,
+        })
+    }
+}
+
+/// A verified certificate's identity.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub site: String,
+    pub role: Role,
+    pub name: String,
+    /// Serial number, lower-case hex.
+    pub serial: String,
+}
+
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {:?}", self.role.as_str(), self.name)
+    }
+}
+
+/// Who made a call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// Over the local admin socket.
+    Local,
+    Remote(Identity),
+}
+
+/// Accepts any client certificate in the handshake (still checking the
+/// handshake signature, i.e. key possession); see the module docs.
+#[derive(Debug)]
+pub struct DeferredClientVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+}
+
+impl DeferredClientVerifier {
+    pub fn new(inner: Arc<dyn ClientCertVerifier>) -> Self {
+        Self { inner }
+    }
+}
+
+impl ClientCertVerifier for DeferredClientVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// Verifies callers against the site CA and the revocation list.
+pub struct Authenticator {
+    site: String,
+    verifier: Arc<dyn ClientCertVerifier>,
+    revoked: RwLock<HashSet<String>>,
+}
+
+fn describe(e: &rustls::Error) -> String {
+    use rustls::CertificateError as C;
+    match e {
+        rustls::Error::InvalidCertificate(C::Expired | C::ExpiredContext { .. }) => {
+            "the client certificate has expired; an agent renews it before expiry, so enroll this one again".into()
+        }
+        rustls::Error::InvalidCertificate(C::NotValidYet | C::NotValidYetContext { .. }) => {
+            "the client certificate is not valid yet; check the clocks".into()
+        }
+        rustls::Error::InvalidCertificate(C::UnknownIssuer) => {
+            "the client certificate was not issued by this site's CA".into()
+        }
+        rustls::Error::InvalidCertificate(C::BadSignature) => "the client certificate's signature is invalid".into(),
+        other => format!("the client certificate is not acceptable: {other}"),
+    }
+}
+
+impl Authenticator {
+    pub fn new(site: &str, ca_der: &[u8]) -> anyhow::Result<Arc<Self>> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(CertificateDer::from(ca_der.to_vec()))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build()?;
+        Ok(Arc::new(Self {
+            site: site.to_string(),
+            verifier,
+            revoked: RwLock::new(HashSet::new()),
+        }))
+    }
+
+    /// The verifier for the TLS handshake.
+    pub fn handshake_verifier(&self) -> Arc<dyn ClientCertVerifier> {
+        Arc::new(DeferredClientVerifier::new(self.verifier.clone()))
+    }
+
+    /// Replaces the revoked set (from the store).
+    pub fn set_revoked(&self, serials: impl IntoIterator<Item = String>) {
+        *self.revoked.write().unwrap() = serials.into_iter().collect();
+    }
+
+    pub fn revoke(&self, serial: String) {
+        self.revoked.write().unwrap().insert(serial);
+    }
+
+    pub fn is_revoked(&self, serial: &str) -> bool {
+        self.revoked.read().unwrap().contains(serial)
+    }
+
+    /// Verifies a presented chain and extracts its identity.
+    pub fn verify(&self, certs: &[CertificateDer<'static>]) -> Result<Identity, Status> {
+        let Some((ee, rest)) = certs.split_first() else {
+            return Err(Status::unauthenticated("no client certificate was presented"));
+        };
+        self.verifier
+            .verify_client_cert(ee, rest, UnixTime::now())
+            .map_err(|e| Status::unauthenticated(describe(&e)))?;
+        let id = identity_of(ee).map_err(Status::unauthenticated)?;
+        if id.site != self.site {
+            return Err(Status::unauthenticated(format!(
+                "the client certificate is for site {:?}, this is {:?}",
+                id.site, self.site
+            )));
+        }
+        if self.is_revoked(&id.serial) {
+            return Err(Status::unauthenticated(format!(
+                "the certificate of {id} was revoked (the {} was removed); enroll it again with a new token",
+                id.role.as_str()
+            )));
+        }
+        Ok(id)
+    }
+
+    /// Who made `req`: the local socket, a verified certificate, or nobody
+    /// (`None`: TLS without a client certificate).
+    pub fn caller<T>(&self, req: &Request<T>) -> Result<Option<Caller>, Status> {
+        if req.extensions().get::<UdsConnectInfo>().is_some() {
+            return Ok(Some(Caller::Local));
+        }
+        match req.peer_certs() {
+            Some(certs) if !certs.is_empty() => Ok(Some(Caller::Remote(self.verify(&certs)?))),
+            _ => Ok(None),
+        }
+    }
+
+    /// An interceptor admitting the local socket and certificates whose role
+    /// is in `roles`; it stores the [`Caller`] in the request's extensions.
+    pub fn require(
+        self: &Arc<Self>,
+        roles: &'static [Role],
+        what: &'static str,
+    ) -> impl tonic::service::Interceptor + Clone + use<> {
+        let auth = self.clone();
+        move |mut req: Request<()>| {
+            let caller = match auth.caller(&req)? {
+                None => {
+                    return Err(Status::unauthenticated(format!(
+                        "{what} needs a client certificate from this site's CA \
+                         (weftctl and grpcurl: the admin bundle ca.pem, admin.pem, admin.key in <data-dir>/pki)"
+                    )));
+                }
+                Some(Caller::Remote(id)) if !roles.contains(&id.role) => {
+                    return Err(Status::permission_denied(format!("{id} may not use {what}")));
+                }
+                Some(c) => c,
+            };
+            req.extensions_mut().insert(caller);
+            Ok(req)
+        }
+    }
+
+    /// An interceptor that authenticates a certificate when one is
+    /// presented (refusing a bad one) and lets the handler decide otherwise.
+    pub fn optional(self: &Arc<Self>) -> impl tonic::service::Interceptor + Clone + use<> {
+        let auth = self.clone();
+        move |mut req: Request<()>| {
+            if let Some(c) = auth.caller(&req)? {
+                req.extensions_mut().insert(c);
+            }
+            Ok(req)
+        }
+    }
+}
+
+/// The identity in a certificate's URI SAN.
+pub fn identity_of(der: &[u8]) -> Result<Identity, String> {
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let (_, cert) = X509Certificate::from_der(der).map_err(|e| format!("the client certificate is unreadable: {e}"))?;
+    let serial = cert
+        .raw_serial()
+        .iter()
+        .skip_while(|b| **b == 0)
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>();
+    let san = cert.subject_alternative_name().ok().flatten();
+    let uri = san
+        .iter()
+        .flat_map(|s| s.value.general_names.iter())
+        .find_map(|g| match g {
+            GeneralName::URI(u) if u.starts_with("weft://") => Some(u.to_string()),
+            _ => None,
+        })
+        .ok_or("the client certificate carries no weft identity (URI SAN weft://<site>/<role>/<name>)")?;
+    let rest = &uri["weft://".len()..];
+    let parts: Vec<&str> = rest.split('/').collect();
+    let [site, role, name] = parts[..] else {
+        return Err(format!(
+            "the certificate identity {uri} is not weft://<site>/<role>/<name>"
+        ));
+    };
+    let role = Role::parse(role).ok_or_else(|| format!("the certificate identity {uri} has an unknown role"))?;
+    Ok(Identity {
+        site: site.into(),
+        role,
+        name: name.into(),
+        serial,
+    })
+}
+
+/// The caller an interceptor stored; `None` when the call came without one.
+pub fn caller_of<T>(req: &Request<T>) -> Option<&Caller> {
+    req.extensions().get::<Caller>()
+}

@@ -1,0 +1,439 @@
+//! Enrollment tokens, agent registration and renewal, and revocation.
+//!
+//! A token is `weft1.<id>.<secret>`; the store keeps `tokens/<id>` with a
+//! SHA-256 of the secret, never the secret. Registration consumes one use of
+//! the token and creates (or claims) the agent's record in the same
+//! transaction as its IPAM allocation, so two agents racing for one token,
+//! one name or one subnet can never both win, and a refused registration
+//! writes nothing.
+
+use std::time::Duration;
+
+use ipnet::Ipv4Net;
+use sha2::Digest;
+
+use super::{State, decode, encode};
+use crate::domain::{
+    AgentRole, CertRecord, Gateway, Node, Revoked, Site, SubnetSource, Token, live_until, now_ms, validate_name,
+};
+use crate::error::Error;
+use crate::ipam;
+use crate::pki::Issued;
+use crate::store::{Compare, Op, Txn};
+
+/// Longest token lifetime accepted.
+pub const MAX_TOKEN_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Most agents one token may enroll.
+pub const MAX_TOKEN_USES: u32 = 10_000;
+
+/// A token split into its parts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedToken {
+    pub id: String,
+    pub secret: String,
+}
+
+impl ParsedToken {
+    /// Parses `weft1.<12 hex>.<32 hex>`, saying what is wrong otherwise.
+    pub fn parse(text: &str) -> Result<ParsedToken, Error> {
+        let bad = || {
+            Error::InvalidArgument(
+                "the enrollment token is malformed: expected weft1.<id>.<secret> as printed by `weftctl token create`"
+                    .into(),
+            )
+        };
+        let mut parts = text.trim().split('.');
+        let (Some("weft1"), Some(id), Some(secret), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        let hex =
+            |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+        if !hex(id, 12) || !hex(secret, 32) {
+            return Err(bad());
+        }
+        Ok(ParsedToken {
+            id: id.into(),
+            secret: secret.into(),
+        })
+    }
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).expect("the system RNG works");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn sha256_hex(s: &str) -> String {
+    sha2::Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// What a successful registration produced.
+#[derive(Debug, Clone)]
+pub struct Enrollment {
+    pub role: AgentRole,
+    pub name: String,
+    pub issued: Issued,
+    /// Nodes: the workload subnet.
+    pub subnet: Option<Ipv4Net>,
+}
+
+fn unauthenticated(m: String) -> Error {
+    Error::Unauthenticated(m)
+}
+
+impl State {
+    /// Creates a token; returns the full token text (shown once) and its record.
+    pub async fn create_token(
+        &self,
+        role: AgentRole,
+        name: Option<&str>,
+        ttl: Duration,
+        uses: u32,
+    ) -> Result<(String, Token), Error> {
+        if let Some(n) = name {
+            validate_name("the token's agent name", n).map_err(Error::InvalidArgument)?;
+        }
+        if ttl < Duration::from_secs(60) || ttl > MAX_TOKEN_TTL {
+            return Err(Error::InvalidArgument(format!(
+                "ttl {} is out of range: give between 1 minute and 30 days",
+                humantime::format_duration(ttl)
+            )));
+        }
+        if uses == 0 || uses > MAX_TOKEN_USES {
+            return Err(Error::InvalidArgument(format!(
+                "uses {uses} is out of range: give 1 to {MAX_TOKEN_USES}"
+            )));
+        }
+        let (id, secret) = (random_hex(6), random_hex(16));
+        let now = now_ms();
+        let token = Token {
+            id: id.clone(),
+            secret_sha256: sha256_hex(&secret),
+            role,
+            name: name.map(str::to_string),
+            expires_at_ms: now + ttl.as_millis() as u64,
+            uses_left: uses,
+            created_at_ms: now,
+        };
+        let key = self.key(&format!("tokens/{id}"));
+        let txn = Txn::new()
+            .when(Compare::Version(key.clone(), 0))
+            .then(Op::put(key, encode(&token)));
+        if !self.store.txn(txn).await?.succeeded {
+            return Err(Error::Aborted("token id collision; retry".into()));
+        }
+        tracing::info!(token = %id, role = role.as_str(), name = ?token.name, "enrollment token created");
+        Ok((format!("weft1.{id}.{secret}"), token))
+    }
+
+    pub async fn list_tokens(&self) -> Result<Vec<Token>, Error> {
+        let s = self.snapshot().await?;
+        Ok(s.tokens.into_iter().map(|t| t.0).collect())
+    }
+
+    pub async fn delete_token(&self, id: &str) -> Result<(), Error> {
+        let key = self.key(&format!("tokens/{id}"));
+        let txn = Txn::new().when(Compare::Version(key.clone(), 0));
+        // Deleting an absent key would succeed silently; check first.
+        if self.store.txn(txn).await?.succeeded {
+            return Err(Error::NotFound(format!(
+                "there is no token {id:?}; list them with `weftctl token list`"
+            )));
+        }
+        self.store.delete(&key).await?;
+        tracing::info!(token = %id, "enrollment token deleted");
+        Ok(())
+    }
+
+    /// Registers an agent with a token. `issue` signs the certificate for
+    /// the identity decided here (role, name).
+    pub async fn register(
+        &self,
+        token_text: &str,
+        requested_name: &str,
+        requested_subnet: Option<Ipv4Net>,
+        mut issue: impl FnMut(AgentRole, &str) -> Result<Issued, Error>,
+    ) -> Result<Enrollment, Error> {
+        let parsed = ParsedToken::parse(token_text)?;
+        let token_key = self.key(&format!("tokens/{}", parsed.id));
+        let secret_hash = sha256_hex(&parsed.secret);
+        let out = self
+            .commit(|snap| {
+                let now = now_ms();
+                let Some((token, token_rev)) = snap.tokens.iter().find(|(t, _)| t.id == parsed.id) else {
+                    return Err(unauthenticated(
+                        "the enrollment token is unknown (deleted, used up, or never issued); create one with `weftctl token create`".into(),
+                    ));
+                };
+                if token.secret_sha256 != secret_hash {
+                    return Err(unauthenticated("the enrollment token is not valid; check that it was copied whole".into()));
+                }
+                if token.expires_at_ms <= now {
+                    return Err(unauthenticated(format!(
+                        "the enrollment token {} expired {} ago; create a new one with `weftctl token create`",
+                        token.id,
+                        humantime::format_duration(Duration::from_secs((now - token.expires_at_ms) / 1000))
+                    )));
+                }
+                let name = match (&token.name, requested_name.trim()) {
+                    (Some(fixed), r) if !r.is_empty() && r != fixed => {
+                        return Err(Error::InvalidArgument(format!(
+                            "this token enrolls the {} {fixed:?}, not {r:?}; start the agent with --name {fixed} or use another token",
+                            token.role.as_str()
+                        )));
+                    }
+                    (Some(fixed), _) => fixed.clone(),
+                    (None, "") => {
+                        return Err(Error::InvalidArgument(
+                            "the agent sent no name and the token does not fix one; pass --name".into(),
+                        ));
+                    }
+                    (None, r) => r.to_string(),
+                };
+                validate_name("the agent name", &name).map_err(Error::InvalidArgument)?;
+                let site = snap.site()?;
+
+                let mut txn = Txn::new().when(Compare::ModRevision(token_key.clone(), *token_rev));
+                txn = if token.uses_left <= 1 {
+                    txn.then(Op::delete(token_key.clone()))
+                } else {
+                    let mut t = token.clone();
+                    t.uses_left -= 1;
+                    txn.then(Op::put(token_key.clone(), encode(&t)))
+                };
+                let held = |certs: &[CertRecord], what: &str| -> Result<(), Error> {
+                    match live_until(certs, now) {
+                        Some(until) => Err(Error::AlreadyExists(format!(
+                            "the {what} name {name:?} is held by an enrolled agent whose certificate is valid for {} more; \
+                             remove it with `weftctl {what} remove {name}` first, or choose another name",
+                            humantime::format_duration(Duration::from_secs((until - now) / 1000))
+                        ))),
+                        None => Ok(()),
+                    }
+                };
+                let (enrollment, record_txn) = match token.role {
+                    AgentRole::Node => {
+                        let key = self.key(&format!("nodes/{name}"));
+                        let existing = snap.nodes.iter().find(|(n, _)| n.name == name);
+                        let (mut node, guard) = match existing {
+                            Some((n, rev)) => {
+                                held(&n.certs, "node")?;
+                                if let Some(s) = requested_subnet
+                                    && s != n.subnet
+                                {
+                                    return Err(Error::InvalidArgument(format!(
+                                        "node {name:?} already has subnet {}, not {s}; drop --subnet or remove the node first",
+                                        n.subnet
+                                    )));
+                                }
+                                (n.clone(), Compare::ModRevision(key.clone(), *rev))
+                            }
+                            None => (new_node(snap_subnets(snap), site, &name, requested_subnet)?, Compare::Version(key.clone(), 0)),
+                        };
+                        let issued = issue(AgentRole::Node, &name)?;
+                        node.certs.retain(|c| c.not_after_ms > now);
+                        node.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms });
+                        let e = Enrollment { role: AgentRole::Node, name: name.clone(), issued, subnet: Some(node.subnet) };
+                        (e, self.ipam_guard(snap, txn).when(guard).then(Op::put(key, encode(&node))))
+                    }
+                    AgentRole::Gateway => {
+                        if requested_subnet.is_some() {
+                            return Err(Error::InvalidArgument("a gateway has no workload subnet; drop --subnet".into()));
+                        }
+                        let key = self.key(&format!("gateways/{name}"));
+                        let existing = snap.gateways.iter().find(|(g, _)| g.name == name);
+                        let (mut gw, guard) = match existing {
+                            Some((g, rev)) => {
+                                held(&g.certs, "gateway")?;
+                                (g.clone(), Compare::ModRevision(key.clone(), *rev))
+                            }
+                            None => (
+                                Gateway { name: name.clone(), endpoint: None, public_key: None, created_at_ms: now, certs: vec![] },
+                                Compare::Version(key.clone(), 0),
+                            ),
+                        };
+                        let issued = issue(AgentRole::Gateway, &name)?;
+                        gw.certs.retain(|c| c.not_after_ms > now);
+                        gw.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms });
+                        let e = Enrollment { role: AgentRole::Gateway, name: name.clone(), issued, subnet: None };
+                        (e, txn.when(guard).then(Op::put(key, encode(&gw))))
+                    }
+                };
+                Ok((Some(record_txn), enrollment))
+            })
+            .await?;
+        tracing::info!(token = %parsed.id, role = out.role.as_str(), name = %out.name, serial = %out.issued.serial, "agent enrolled");
+        Ok(out)
+    }
+
+    /// A new certificate for an enrolled, unrevoked agent.
+    pub async fn renew(
+        &self,
+        role: AgentRole,
+        name: &str,
+        mut issue: impl FnMut() -> Result<Issued, Error>,
+    ) -> Result<Issued, Error> {
+        let key = self.key(&format!("{}s/{name}", role.as_str()));
+        for _ in 0..super::MAX_ATTEMPTS {
+            let Some(kv) = self.store.get(&key).await? else {
+                return Err(Error::Unauthenticated(format!(
+                    "{} {name:?} has been removed; enroll again with a new token",
+                    role.as_str()
+                )));
+            };
+            let now = now_ms();
+            let issued = issue()?;
+            let rec = CertRecord {
+                serial: issued.serial.clone(),
+                not_after_ms: issued.not_after_ms,
+            };
+            let bytes = match role {
+                AgentRole::Node => {
+                    let mut n: Node = decode(&kv)?;
+                    n.certs.retain(|c| c.not_after_ms > now);
+                    n.certs.push(rec);
+                    encode(&n)
+                }
+                AgentRole::Gateway => {
+                    let mut g: Gateway = decode(&kv)?;
+                    g.certs.retain(|c| c.not_after_ms > now);
+                    g.certs.push(rec);
+                    encode(&g)
+                }
+            };
+            let txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), kv.mod_revision))
+                .then(Op::put(key.clone(), bytes));
+            if self.store.txn(txn).await?.succeeded {
+                tracing::info!(role = role.as_str(), name, serial = %issued.serial, "agent certificate renewed");
+                return Ok(issued);
+            }
+        }
+        Err(Error::Aborted("the agent's record kept changing; retry".into()))
+    }
+
+    /// The ops that revoke `certs` (put under `revoked/`).
+    pub(super) fn revoke_ops(&self, role: AgentRole, name: &str, certs: &[CertRecord]) -> Vec<Op> {
+        let now = now_ms();
+        certs
+            .iter()
+            .filter(|c| c.not_after_ms > now)
+            .map(|c| {
+                let r = Revoked {
+                    serial: c.serial.clone(),
+                    role,
+                    name: name.to_string(),
+                    not_after_ms: c.not_after_ms,
+                };
+                Op::put(self.key(&format!("revoked/{}", c.serial)), encode(&r))
+            })
+            .collect()
+    }
+
+    /// The store prefix of revocations, for watching.
+    pub fn revoked_prefix(&self) -> String {
+        self.key("revoked/")
+    }
+
+    /// Revoked serials not yet expired; removes entries that have expired.
+    pub async fn revoked(&self) -> Result<(Vec<Revoked>, crate::store::Revision), Error> {
+        let range = self.store.get_prefix(&self.revoked_prefix()).await?;
+        let now = now_ms();
+        let mut live = Vec::new();
+        for kv in &range.kvs {
+            let r: Revoked = decode(kv)?;
+            if r.not_after_ms <= now {
+                let t = Txn::new()
+                    .when(Compare::ModRevision(kv.key.clone(), kv.mod_revision))
+                    .then(Op::delete(kv.key.clone()));
+                self.store.txn(t).await?;
+            } else {
+                live.push(r);
+            }
+        }
+        Ok((live, range.revision))
+    }
+
+    /// Removes a gateway and revokes its certificates.
+    pub async fn delete_gateway(&self, name: &str) -> Result<Gateway, Error> {
+        validate_name("the gateway name", name).map_err(Error::InvalidArgument)?;
+        let key = self.key(&format!("gateways/{name}"));
+        self.commit(|snap| {
+            let Some((gw, rev)) = snap.gateways.iter().find(|(g, _)| g.name == name) else {
+                return Err(Error::NotFound(format!(
+                    "gateway {name:?} does not exist; list gateways with `weftctl gateways`"
+                )));
+            };
+            let mut txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), *rev))
+                .then(Op::delete(key.clone()));
+            for op in self.revoke_ops(AgentRole::Gateway, name, &gw.certs) {
+                txn = txn.then(op);
+            }
+            Ok((Some(txn), gw.clone()))
+        })
+        .await
+    }
+
+    /// An agent's own record: for a node, (node, site).
+    pub async fn node_assignment(&self, name: &str) -> Result<(Node, Site), Error> {
+        let node = self.get_node(name).await?;
+        Ok((node, self.site().await?.0))
+    }
+}
+
+fn snap_subnets(snap: &super::Snapshot) -> Vec<(String, Ipv4Net)> {
+    snap.node_subnets()
+}
+
+fn new_node(taken: Vec<(String, Ipv4Net)>, site: &Site, name: &str, declared: Option<Ipv4Net>) -> Result<Node, Error> {
+    let (subnet, source) = match declared {
+        Some(d) => {
+            ipam::check_declared_subnet(d, &site.pod_cidrs, &taken)?;
+            (d, SubnetSource::Declared)
+        }
+        None => {
+            let nets: Vec<Ipv4Net> = taken.iter().map(|t| t.1).collect();
+            (
+                ipam::allocate_node_subnet(&site.pod_cidrs, site.node_prefix_len, &nets)?.0,
+                SubnetSource::Allocated,
+            )
+        }
+    };
+    Ok(Node {
+        name: name.to_string(),
+        subnet,
+        source,
+        created_at_ms: now_ms(),
+        certs: vec![],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_parsing() {
+        let t = format!("weft1.{}.{}", "a1".repeat(6), "0f".repeat(16));
+        assert_eq!(ParsedToken::parse(&t).unwrap().id, "a1".repeat(6));
+        for bad in [
+            "",
+            "weft1",
+            "weft1.abc.def",
+            &t.replace("weft1", "weft2"),
+            &format!("{t}.x"),
+            &t.to_uppercase(),
+        ] {
+            assert!(
+                matches!(ParsedToken::parse(bad), Err(Error::InvalidArgument(_))),
+                "{bad}"
+            );
+        }
+    }
+}
