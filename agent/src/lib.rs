@@ -1,6 +1,10 @@
-//! Code both weft agents need, written once: today their common
-//! configuration; with the agent protocol, the controller session
-//! (enrollment, watch, report, backoff); with the data plane, the Linux
-//! reconciler. Nothing here is specific to nodes or gateways.
+//! Code both weft agents need, written once: their configuration, their
+//! identity (enrollment with a token, a key that never leaves the host,
+//! renewal), TLS toward the controller, and the main loop. With the agent
+//! protocol, the desired-state session joins it; with the data plane, the
+//! Linux reconciler. Nothing here is specific to nodes or gateways.
 
 pub mod config;
+pub mod identity;
+pub mod run;
+pub mod tls;

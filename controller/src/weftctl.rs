@@ -57,6 +57,12 @@ pub enum Cmd {
     Node(NodeCmd),
     /// List gateways.
     Gateways,
+    /// Remove a gateway.
+    #[command(subcommand)]
+    Gateway(GatewayCmd),
+    /// Create, list or delete enrollment tokens.
+    #[command(subcommand)]
+    Token(TokenCmd),
     /// List peerings with their local views.
     Peerings,
     /// List IPAM allocations and pool usage.
@@ -85,6 +91,40 @@ pub enum NodeCmd {
     },
     /// Remove a node and release its subnet.
     Remove { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GatewayCmd {
+    /// Remove a gateway and revoke its certificate.
+    Remove { name: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RoleArg {
+    Node,
+    Gateway,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCmd {
+    /// Create a token an agent enrolls with (shown once).
+    Create {
+        #[arg(long, value_enum)]
+        role: RoleArg,
+        /// Fix the agent's name (otherwise the agent's --name or host name).
+        #[arg(long)]
+        name: Option<String>,
+        /// Lifetime, e.g. 30m, 1h, 7d.
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+        /// How many agents may enroll with it.
+        #[arg(long, default_value_t = 1)]
+        uses: u32,
+    },
+    /// List tokens (their secrets are never shown again).
+    List,
+    /// Delete a token.
+    Delete { id: String },
 }
 
 /// gRPC's canonical code names, as grpcurl and other tools print them.
@@ -142,6 +182,16 @@ fn cidr_kind(v: i32) -> String {
         "CIDR_KIND_",
     )
 }
+fn agent_role(v: i32) -> String {
+    enum_name(
+        pb::AgentRole::try_from(v).unwrap_or_default().as_str_name(),
+        "AGENT_ROLE_",
+    )
+}
+fn token_json(t: &pb::Token) -> Value {
+    json!({"id": t.id, "role": agent_role(t.role), "name": t.name, "expires_at": ts(&t.expires_at),
+           "uses_left": t.uses_left, "created_at": ts(&t.created_at)})
+}
 fn peering_state(v: i32) -> String {
     enum_name(
         pb::PeeringState::try_from(v).unwrap_or_default().as_str_name(),
@@ -181,14 +231,21 @@ impl Out {
 }
 
 fn node_json(n: &pb::Node) -> Value {
-    json!({"name": n.name, "subnet": n.subnet, "subnet_source": source(n.subnet_source), "created_at": ts(&n.created_at)})
+    json!({"name": n.name, "subnet": n.subnet, "subnet_source": source(n.subnet_source), "created_at": ts(&n.created_at),
+           "cert_expires_at": ts(&n.cert_expires_at)})
 }
 fn node_row(n: &pb::Node) -> Vec<String> {
+    let enrolled = if n.cert_expires_at.is_some() {
+        ts(&n.cert_expires_at)
+    } else {
+        "not enrolled".into()
+    };
     vec![
         n.name.clone(),
         n.subnet.clone(),
         source(n.subnet_source),
         ts(&n.created_at),
+        enrolled,
     ]
 }
 fn view_json(v: &pb::CidrView) -> Value {
@@ -216,12 +273,14 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 vec!["remap pools".into(), s.remap_pools.join(", ")],
                 vec!["node prefix".into(), format!("/{}", s.node_prefix_len)],
                 vec!["revision".into(), s.revision.to_string()],
+                vec!["CA fingerprint".into(), s.ca_fingerprint.clone()],
             ];
             Out {
                 json: json!({
                     "id": s.id, "pod_cidrs": s.pod_cidrs, "external_cidr": s.external_cidr,
                     "internal_cidr": s.internal_cidr, "reserved_cidrs": s.reserved_cidrs,
                     "remap_pools": s.remap_pools, "node_prefix_len": s.node_prefix_len, "revision": s.revision,
+                    "ca_fingerprint": s.ca_fingerprint,
                 }),
                 header: vec![],
                 rows,
@@ -236,7 +295,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 .into_inner();
             Out {
                 json: json!({"nodes": r.nodes.iter().map(node_json).collect::<Vec<_>>(), "revision": r.revision}),
-                header: vec!["NAME", "SUBNET", "SOURCE", "CREATED"],
+                header: vec!["NAME", "SUBNET", "SOURCE", "CREATED", "CERT EXPIRES"],
                 rows: r.nodes.iter().map(node_row).collect(),
                 footer: vec![],
             }
@@ -269,7 +328,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
             .into_inner();
             Out {
                 json: node_json(&n),
-                header: vec!["NAME", "SUBNET", "SOURCE", "CREATED"],
+                header: vec!["NAME", "SUBNET", "SOURCE", "CREATED", "CERT EXPIRES"],
                 rows: vec![node_row(&n)],
                 footer: vec![],
             }
@@ -297,6 +356,107 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                         ]
                     })
                     .collect(),
+                footer: vec![],
+            }
+        }
+        Cmd::Gateway(GatewayCmd::Remove { name }) => {
+            c.delete_gateway(pb::DeleteGatewayRequest { name: name.clone() })
+                .await
+                .map_err(status)?;
+            Out {
+                json: json!({"removed": name}),
+                header: vec![],
+                rows: vec![vec![format!("removed gateway {name}; its certificate is revoked")]],
+                footer: vec![],
+            }
+        }
+        Cmd::Token(TokenCmd::Create { role, name, ttl, uses }) => {
+            let ttl =
+                humantime::parse_duration(ttl).map_err(|e| format!("--ttl {ttl:?}: {e}; write e.g. 30m, 1h or 7d"))?;
+            let role = match role {
+                RoleArg::Node => pb::AgentRole::Node,
+                RoleArg::Gateway => pb::AgentRole::Gateway,
+            };
+            let r = c
+                .create_token(pb::CreateTokenRequest {
+                    role: role as i32,
+                    name: name.clone().unwrap_or_default(),
+                    ttl_seconds: ttl.as_secs(),
+                    uses: *uses,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            let info = r.info.clone().unwrap_or_default();
+            let agent = if role == pb::AgentRole::Node {
+                "weft-node-agent"
+            } else {
+                "weft-gateway-agent"
+            };
+            let mut json = token_json(&info);
+            json["token"] = json!(r.token);
+            json["ca_fingerprint"] = json!(r.ca_fingerprint);
+            Out {
+                json,
+                header: vec![],
+                rows: vec![
+                    vec!["token".into(), r.token.clone()],
+                    vec!["role".into(), agent_role(info.role)],
+                    vec![
+                        "name".into(),
+                        if info.name.is_empty() {
+                            "(chosen by the agent)".into()
+                        } else {
+                            info.name.clone()
+                        },
+                    ],
+                    vec!["expires".into(), ts(&info.expires_at)],
+                    vec!["uses".into(), info.uses_left.to_string()],
+                    vec!["CA fingerprint".into(), r.ca_fingerprint.clone()],
+                ],
+                footer: vec![
+                    String::new(),
+                    "The token is not shown again. Enroll with:".into(),
+                    format!(
+                        "  {agent} --controller https://<controller>:7443 --token {} --ca-fingerprint {}",
+                        r.token, r.ca_fingerprint
+                    ),
+                ],
+            }
+        }
+        Cmd::Token(TokenCmd::List) => {
+            let r = c
+                .list_tokens(pb::ListTokensRequest {})
+                .await
+                .map_err(status)?
+                .into_inner();
+            Out {
+                json: json!({"tokens": r.tokens.iter().map(token_json).collect::<Vec<_>>()}),
+                header: vec!["ID", "ROLE", "NAME", "USES LEFT", "EXPIRES"],
+                rows: r
+                    .tokens
+                    .iter()
+                    .map(|t| {
+                        vec![
+                            t.id.clone(),
+                            agent_role(t.role),
+                            t.name.clone(),
+                            t.uses_left.to_string(),
+                            ts(&t.expires_at),
+                        ]
+                    })
+                    .collect(),
+                footer: vec![],
+            }
+        }
+        Cmd::Token(TokenCmd::Delete { id }) => {
+            c.delete_token(pb::DeleteTokenRequest { id: id.clone() })
+                .await
+                .map_err(status)?;
+            Out {
+                json: json!({"deleted": id}),
+                header: vec![],
+                rows: vec![vec![format!("deleted token {id}")]],
                 footer: vec![],
             }
         }

@@ -1,13 +1,13 @@
 //! `weft-gateway-agent`: terminates the WireGuard tunnels to peered sites.
-//! It will enroll, watch its desired state (per-peering namespaces,
-//! WireGuard, prefix NAT, overlay to nodes) and apply it; for now it parses
-//! and validates its configuration.
+//! It enrolls with the controller and keeps its identity renewed; with the
+//! agent protocol and the data plane it will apply its desired state
+//! (per-peering namespaces, WireGuard, prefix NAT, overlay to nodes).
 
 use std::net::SocketAddr;
-use std::process::ExitCode;
 
 use clap::Parser;
 use weft_agent::config::AgentArgs;
+use weft_agent::identity::AgentKind;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -26,24 +26,9 @@ struct Cli {
     wireguard_port: u16,
 }
 
-fn main() -> ExitCode {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    match cli.agent.validate() {
-        Ok(cfg) => {
-            println!(
-                "weft-gateway-agent: configuration is valid: {cfg:?}, endpoint {:?}, WireGuard from port {}",
-                cli.endpoint, cli.wireguard_port
-            );
-            println!(
-                "weft-gateway-agent: enrollment and the desired-state stream are not implemented yet (agent protocol issue)"
-            );
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("weft-gateway-agent: {e}");
-            ExitCode::from(2)
-        }
-    }
+    weft_agent::run::main_with(cli.agent.validate(), AgentKind::Gateway, None)
 }
 
 #[cfg(test)]

@@ -1,13 +1,12 @@
-//! `weft-node-agent`: runs on every host with workloads. It will enroll with
-//! the controller, watch its desired state (overlay to the gateway, routes,
-//! rules, SNAT of host traffic) and apply it; for now it parses and validates
-//! its configuration.
-
-use std::process::ExitCode;
+//! `weft-node-agent`: runs on every host with workloads. It enrolls with the
+//! controller and keeps its identity renewed; with the agent protocol and
+//! the data plane it will apply its desired state (overlay to the gateway,
+//! routes, rules, SNAT of host traffic).
 
 use clap::Parser;
 use ipnet::Ipv4Net;
 use weft_agent::config::AgentArgs;
+use weft_agent::identity::AgentKind;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -23,24 +22,9 @@ struct Cli {
     subnet: Option<Ipv4Net>,
 }
 
-fn main() -> ExitCode {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    match cli.agent.validate() {
-        Ok(cfg) => {
-            println!(
-                "weft-node-agent: configuration is valid: {cfg:?}, subnet {:?}",
-                cli.subnet
-            );
-            println!(
-                "weft-node-agent: enrollment and the desired-state stream are not implemented yet (agent protocol issue)"
-            );
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("weft-node-agent: {e}");
-            ExitCode::from(2)
-        }
-    }
+    weft_agent::run::main_with(cli.agent.validate(), AgentKind::Node, cli.subnet.map(|s| s.to_string()))
 }
 
 #[cfg(test)]

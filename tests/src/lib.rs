@@ -347,3 +347,71 @@ pub fn weftctl_json(target: &str, args: &[&str]) -> serde_json::Value {
     assert!(o.status.success(), "weftctl {args:?} failed: {}", stderr(&o));
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("weftctl printed no JSON ({e}): {}", stdout(&o)))
 }
+
+/// Any process a test started: killed on drop.
+pub struct Proc {
+    pub child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `cmd` with stdout and stderr going to `log`.
+    pub fn spawn(cmd: &mut Command, log: &Path) -> Proc {
+        let f = std::fs::File::create(log).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .spawn()
+            .unwrap();
+        Proc {
+            child: Some(child),
+            log: log.to_path_buf(),
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits up to `timeout` for the process to exit by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        let child = self.child.as_mut()?;
+        while start.elapsed() < timeout {
+            if let Some(st) = child.try_wait().unwrap() {
+                self.child = None;
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("process is not running");
+        terminate(&mut c)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Polls `f` every 50 ms until it returns `Some`, or panics after `timeout`.
+pub fn eventually<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "{what} did not happen within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

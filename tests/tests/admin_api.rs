@@ -198,6 +198,11 @@ fn tcp_listener_requires_a_client_certificate_from_the_site_ca() {
         !o.status.success(),
         "a call without a client certificate must be refused"
     );
+    assert!(
+        stderr(&o).contains("Unauthenticated") && stderr(&o).contains("client certificate"),
+        "{}",
+        stderr(&o)
+    );
     let o = run(Command::new(&g).args(["-plaintext", "-max-time", "5", &addr, "list"]));
     assert!(!o.status.success(), "plaintext must be refused on TCP");
 

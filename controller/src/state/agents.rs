@@ -98,9 +98,9 @@ impl State {
         if let Some(n) = name {
             validate_name("the token's agent name", n).map_err(Error::InvalidArgument)?;
         }
-        if ttl < Duration::from_secs(60) || ttl > MAX_TOKEN_TTL {
+        if ttl < Duration::from_secs(1) || ttl > MAX_TOKEN_TTL {
             return Err(Error::InvalidArgument(format!(
-                "ttl {} is out of range: give between 1 minute and 30 days",
+                "ttl {} is out of range: give between 1 second and 30 days",
                 humantime::format_duration(ttl)
             )));
         }

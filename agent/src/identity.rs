@@ -1,0 +1,257 @@
+//! The agent's identity on disk: its private key (generated here, mode
+//! 0600, never sent anywhere), its certificate and the site CA, under the
+//! state directory. Enrollment with a token creates them; renewal replaces
+//! key and certificate well before expiry.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, bail};
+use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair};
+use weft_proto::v1 as pb;
+use weft_proto::v1::agent_service_client::AgentServiceClient;
+
+use crate::config::AgentConfig;
+use crate::tls::{self, Trust};
+
+pub const KEY_FILE: &str = "agent.key";
+pub const CERT_FILE: &str = "agent.pem";
+pub const CA_FILE: &str = "ca.pem";
+
+/// Which agent this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentKind {
+    Node,
+    Gateway,
+}
+
+impl AgentKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentKind::Node => "node",
+            AgentKind::Gateway => "gateway",
+        }
+    }
+}
+
+/// Key, certificate and CA, as PEM.
+#[derive(Clone)]
+pub struct Credentials {
+    pub key_pem: String,
+    pub cert_pem: String,
+    pub ca_pem: String,
+    /// When this certificate was received (the file's mtime once stored).
+    pub received: SystemTime,
+    pub not_after: SystemTime,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("not_after", &self.not_after)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Credentials {
+    /// When to renew: two thirds of the way from receipt to expiry. (The
+    /// controller back-dates `notBefore` a little for clock skew, so the
+    /// certificate's own start would renew too early.)
+    pub fn renew_at(&self) -> SystemTime {
+        let life = self.not_after.duration_since(self.received).unwrap_or_default();
+        self.received + life * 2 / 3
+    }
+
+    pub fn trust(&self) -> Trust {
+        Trust::CaPem(self.ca_pem.clone())
+    }
+}
+
+/// The certificate's `notAfter`.
+fn not_after(cert_pem: &str) -> anyhow::Result<SystemTime> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let der = CertificateDer::from_pem_slice(cert_pem.as_bytes()).context("the certificate is not PEM")?;
+    let (_, cert) = X509Certificate::from_der(&der).context("the certificate is unreadable")?;
+    Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(cert.validity().not_after.timestamp().max(0) as u64))
+}
+
+fn write_file(path: &Path, data: &str, mode: u32) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    f.write_all(data.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// A fresh key and a CSR for it (the controller decides the identity).
+fn key_and_csr(name: &str) -> anyhow::Result<(KeyPair, String)> {
+    let key = KeyPair::generate()?;
+    let mut p = CertificateParams::new(Vec::<String>::new())?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, name);
+    p.distinguished_name = dn;
+    let csr = p.serialize_request(&key)?.pem()?;
+    Ok((key, csr))
+}
+
+pub struct IdentityStore {
+    dir: PathBuf,
+}
+
+impl IdentityStore {
+    pub fn new(dir: &Path) -> Self {
+        Self { dir: dir.to_path_buf() }
+    }
+
+    /// The stored credentials, if the agent has enrolled.
+    pub fn load(&self) -> anyhow::Result<Option<Credentials>> {
+        let (k, c, a) = (
+            self.dir.join(KEY_FILE),
+            self.dir.join(CERT_FILE),
+            self.dir.join(CA_FILE),
+        );
+        if !k.exists() || !c.exists() || !a.exists() {
+            return Ok(None);
+        }
+        let read = |p: &Path| std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()));
+        let cert_pem = read(&c)?;
+        let received = std::fs::metadata(&c)?.modified()?;
+        Ok(Some(Credentials {
+            key_pem: read(&k)?,
+            not_after: not_after(&cert_pem)?,
+            cert_pem,
+            ca_pem: read(&a)?,
+            received,
+        }))
+    }
+
+    fn save(&self, key_pem: &str, cert_pem: &str, ca_pem: &str) -> anyhow::Result<Credentials> {
+        std::fs::create_dir_all(&self.dir).with_context(|| format!("cannot create {}", self.dir.display()))?;
+        let expires = not_after(cert_pem)?;
+        write_file(&self.dir.join(CA_FILE), ca_pem, 0o644)?;
+        // Key first: a crash between the two leaves a new key with the old
+        // certificate, which fails loudly and is fixed by enrolling again.
+        write_file(&self.dir.join(KEY_FILE), key_pem, 0o600)?;
+        write_file(&self.dir.join(CERT_FILE), cert_pem, 0o644)?;
+        Ok(Credentials {
+            key_pem: key_pem.into(),
+            cert_pem: cert_pem.into(),
+            ca_pem: ca_pem.into(),
+            received: SystemTime::now(),
+            not_after: expires,
+        })
+    }
+
+    /// Enrolls with the token in `cfg` against the first controller that
+    /// answers.
+    pub async fn enroll(
+        &self,
+        cfg: &AgentConfig,
+        kind: AgentKind,
+        subnet: Option<String>,
+    ) -> anyhow::Result<Credentials> {
+        let Some(token) = &cfg.token else {
+            bail!(
+                "this agent has not enrolled yet ({} holds no certificate): start it with --token from `weftctl token create`",
+                self.dir.display()
+            );
+        };
+        let trust = match (&cfg.ca_fingerprint, &cfg.ca_file) {
+            (Some(fp), _) => Trust::Fingerprint(fp.clone()),
+            (None, Some(f)) => {
+                Trust::CaPem(std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?)
+            }
+            (None, None) => bail!("enrollment needs --ca-fingerprint or --ca-file"),
+        };
+        let (key, csr) = key_and_csr(&cfg.name)?;
+        let mut last = None;
+        for target in &cfg.controllers {
+            let channel = match tls::connect(target, &trust, None).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(controller = %target, error = %format!("{e:#}"), "controller unreachable");
+                    last = Some(e);
+                    continue;
+                }
+            };
+            let resp = AgentServiceClient::new(channel)
+                .register(pb::RegisterRequest {
+                    token: token.clone(),
+                    csr_pem: csr.clone(),
+                    name: cfg.name.clone(),
+                    subnet: subnet.clone().unwrap_or_default(),
+                })
+                .await
+                .map_err(|s| anyhow::anyhow!("enrollment refused ({:?}): {}", s.code(), s.message()))?
+                .into_inner();
+            if let Trust::Fingerprint(fp) = &trust {
+                use rustls::pki_types::CertificateDer;
+                use rustls::pki_types::pem::PemObject;
+                let der =
+                    CertificateDer::from_pem_slice(resp.ca_pem.as_bytes()).context("the controller sent no CA")?;
+                if tls::fingerprint(&der) != *fp {
+                    bail!("the CA the controller sent does not match --ca-fingerprint");
+                }
+            }
+            if resp.name != cfg.name {
+                tracing::info!(name = %resp.name, "the token fixed this agent's name");
+            }
+            let creds = self.save(&key.serialize_pem(), &resp.certificate_pem, &resp.ca_pem)?;
+            tracing::info!(
+                role = kind.as_str(),
+                name = %resp.name,
+                site = %resp.site_id,
+                controller = %target,
+                "enrolled"
+            );
+            return Ok(creds);
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("no controller address given")))
+    }
+
+    /// Replaces key and certificate through `Renew`, authenticated by the
+    /// current ones.
+    pub async fn renew(&self, target: &str, name: &str, current: &Credentials) -> Result<Credentials, RenewError> {
+        let channel = tls::connect(target, &current.trust(), Some((&current.cert_pem, &current.key_pem)))
+            .await
+            .map_err(RenewError::Transient)?;
+        let (key, csr) = key_and_csr(name).map_err(RenewError::Transient)?;
+        let resp = AgentServiceClient::new(channel)
+            .renew(pb::RenewRequest { csr_pem: csr })
+            .await
+            .map_err(|s| {
+                let e = anyhow::anyhow!("renewal refused ({:?}): {}", s.code(), s.message());
+                match s.code() {
+                    tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => RenewError::Refused(e),
+                    _ => RenewError::Transient(e),
+                }
+            })?;
+        self.save(
+            &key.serialize_pem(),
+            &resp.into_inner().certificate_pem,
+            &current.ca_pem,
+        )
+        .map_err(RenewError::Transient)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RenewError {
+    /// The controller will not renew: removed or revoked.
+    #[error("{0:#}")]
+    Refused(anyhow::Error),
+    /// Worth retrying.
+    #[error("{0:#}")]
+    Transient(anyhow::Error),
+}

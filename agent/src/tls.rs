@@ -1,0 +1,153 @@
+//! Client TLS for agents: trust the controller by a pinned CA fingerprint
+//! (first contact, before the agent has the CA file) or by the CA file, and
+//! present the agent's certificate once it has one.
+
+use std::sync::Arc;
+
+use hyper_util::rt::TokioIo;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use sha2::Digest;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// SHA-256 of DER bytes, lower-case hex.
+pub fn fingerprint(der: &[u8]) -> String {
+    sha2::Sha256::digest(der).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Accepts the server when its chain contains a CA certificate with the
+/// pinned fingerprint and the leaf verifies against that CA (names included).
+#[derive(Debug)]
+struct PinnedCa {
+    fingerprint: String,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for PinnedCa {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let Some(ca) = intermediates.iter().find(|c| fingerprint(c) == self.fingerprint) else {
+            return Err(rustls::Error::General(format!(
+                "the controller's CA does not match --ca-fingerprint {}; check the fingerprint (`weftctl site`) and the address",
+                self.fingerprint
+            )));
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(ca.clone().into_owned())
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), self.provider.clone())
+            .build()
+            .map_err(|e| rustls::Error::General(e.to_string()))?;
+        let rest: Vec<CertificateDer<'_>> = intermediates.iter().filter(|c| *c != ca).cloned().collect();
+        inner.verify_server_cert(end_entity, &rest, server_name, ocsp, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// How the agent trusts the controller.
+#[derive(Clone, Debug)]
+pub enum Trust {
+    Fingerprint(String),
+    CaPem(String),
+}
+
+/// Connects to `https://host:port` with `trust`, presenting `client`
+/// (cert PEM, key PEM) when given.
+pub async fn connect(target: &str, trust: &Trust, client: Option<(&str, &str)>) -> anyhow::Result<Channel> {
+    use anyhow::Context;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder =
+        rustls::ClientConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions()?;
+    let builder = match trust {
+        Trust::Fingerprint(fp) => builder.dangerous().with_custom_certificate_verifier(Arc::new(PinnedCa {
+            fingerprint: fp.clone(),
+            provider,
+        })),
+        Trust::CaPem(pem) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                roots.add(c.context("the CA file is not PEM")?)?;
+            }
+            builder.with_root_certificates(roots)
+        }
+    };
+    let mut cfg = match client {
+        Some((cert, key)) => {
+            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
+                .collect::<Result<_, _>>()
+                .context("agent certificate")?;
+            let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).context("agent key")?;
+            builder.with_client_auth_cert(chain, key)?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+
+    let uri: Uri = target.parse().with_context(|| format!("{target:?} is not a URL"))?;
+    let host = uri
+        .host()
+        .context("the controller address has no host")?
+        .trim_matches(['[', ']'])
+        .to_string();
+    let port = uri.port_u16().unwrap_or(443);
+    let server_name = ServerName::try_from(host.clone()).context("invalid controller host name")?;
+    // tonic must not do TLS itself: give it an http URI and a TLS connector.
+    let ep = Endpoint::from_shared(format!("http://{host}:{port}"))?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .http2_keep_alive_interval(std::time::Duration::from_secs(20))
+        .keep_alive_while_idle(true);
+    let channel = ep
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let (connector, host, server_name) = (connector.clone(), host.clone(), server_name.clone());
+            async move {
+                let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+                tcp.set_nodelay(true)?;
+                let tls = connector.connect(server_name, tcp).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(tls))
+            }
+        }))
+        .await
+        .map_err(|e| {
+            let mut msg = e.to_string();
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                msg = format!("{msg}: {s}");
+                src = s.source();
+            }
+            anyhow::anyhow!("cannot connect to {target}: {msg}")
+        })?;
+    Ok(channel)
+}

@@ -1,0 +1,128 @@
+//! A real node agent enrolls with a token and a pinned CA fingerprint,
+//! keeps its key to itself, renews its short-lived certificate without a
+//! restart, restarts from its stored identity, and stops when revoked.
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use weft_tests::{Controller, Proc, bin, eventually, weftctl_json};
+
+fn node_cert_expiry(c: &Controller, name: &str) -> Option<String> {
+    let nodes = weftctl_json(&c.target(), &["nodes"]);
+    nodes["nodes"]
+        .as_array()?
+        .iter()
+        .find(|n| n["name"] == name)
+        .and_then(|n| match n["cert_expires_at"].as_str() {
+            Some("") | None => None,
+            Some(s) => Some(s.to_string()),
+        })
+}
+
+fn agent(c: &Controller, dir: &std::path::Path, extra: &[&str], log: &str) -> Proc {
+    let mut cmd = Command::new(bin("weft-node-agent"));
+    cmd.args([
+        "--controller",
+        &format!("https://127.0.0.1:{}", c.listen_port),
+        "--name",
+        "n1",
+        "--state-dir",
+    ])
+    .arg(dir.join("state"))
+    .args(extra)
+    .env_remove("WEFT_CONTROLLER")
+    .env_remove("WEFT_TOKEN");
+    Proc::spawn(&mut cmd, &dir.join(log))
+}
+
+#[test]
+fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
+    let dir = tempfile::Builder::new().prefix("weft-agent").tempdir().unwrap();
+    let c = Controller::start(
+        "site-a",
+        &dir.path().join("data"),
+        &["--pod-cidr", "10.1.0.0/16", "--agent-cert-ttl", "10s"],
+    );
+    let tok: Value = weftctl_json(&c.target(), &["token", "create", "--role", "node", "--name", "n1"]);
+    let (token, fp) = (
+        tok["token"].as_str().unwrap().to_string(),
+        tok["ca_fingerprint"].as_str().unwrap().to_string(),
+    );
+    let secret = token.rsplit('.').next().unwrap().to_string();
+
+    // A wrong fingerprint: refused before the token is sent, and the token survives.
+    let mut wrong = agent(
+        &c,
+        dir.path(),
+        &["--token", &token, "--ca-fingerprint", &"ab".repeat(32)],
+        "wrong.log",
+    );
+    let st = wrong
+        .wait_exit(Duration::from_secs(15))
+        .expect("agent with a wrong fingerprint must exit");
+    assert!(!st.success());
+    assert!(wrong.log_text().contains("--ca-fingerprint"), "{}", wrong.log_text());
+    assert_eq!(
+        weftctl_json(&c.target(), &["token", "list"])["tokens"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    let mut a = agent(
+        &c,
+        dir.path(),
+        &["--token", &token, "--ca-fingerprint", &fp],
+        "agent.log",
+    );
+    let first = eventually("enrollment", Duration::from_secs(15), || node_cert_expiry(&c, "n1"));
+    let key = dir.path().join("state/agent.key");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o600, "the private key is for the agent alone");
+    assert!(
+        weftctl_json(&c.target(), &["token", "list"])["tokens"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "token used up"
+    );
+
+    // Renewal at two thirds of 10 s, with no restart.
+    let renewed = eventually("renewal", Duration::from_secs(20), || {
+        node_cert_expiry(&c, "n1").filter(|e| *e != first)
+    });
+    assert!(renewed > first);
+    assert!(
+        a.child.is_some() && a.wait_exit(Duration::from_millis(10)).is_none(),
+        "the agent kept running"
+    );
+
+    // Restart from the stored identity, without a token.
+    assert!(a.stop().success());
+    let mut a = agent(&c, dir.path(), &[], "agent2.log");
+    eventually("assignment after restart", Duration::from_secs(15), || {
+        a.log_text().contains("assignment").then_some(())
+    });
+    assert!(!a.log_text().contains("enrolled"), "a restart does not enroll again");
+
+    // Revocation: the agent's next renewal is refused and it stops, saying why.
+    weftctl_json(&c.target(), &["node", "remove", "n1"]);
+    let st = a.wait_exit(Duration::from_secs(20)).expect("a revoked agent stops");
+    assert!(!st.success());
+    let text = a.log_text();
+    assert!(
+        text.contains("refused") && (text.contains("revoked") || text.contains("removed")),
+        "{text}"
+    );
+
+    // The token's secret never reached a log.
+    for log in [
+        c.log_text(),
+        text,
+        std::fs::read_to_string(dir.path().join("agent.log")).unwrap(),
+    ] {
+        assert!(!log.contains(&secret), "a log holds the token secret");
+    }
+}

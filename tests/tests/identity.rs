@@ -1,0 +1,404 @@
+//! Identity and trust, in process: the controller's server runs in this
+//! test's runtime and every client is a real mutual-TLS gRPC client with a
+//! different certificate. Each refusal must carry the right code and
+//! message and write nothing.
+
+use std::time::Duration;
+
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Code, Status};
+use weft_controller::config::{self, ControllerArgs, FileConfig};
+use weft_controller::pki::SiteCa;
+use weft_proto::v1 as pb;
+use weft_proto::v1::admin_service_client::AdminServiceClient;
+use weft_proto::v1::agent_service_client::AgentServiceClient;
+
+struct InProc {
+    dir: tempfile::TempDir,
+    port: u16,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl InProc {
+    async fn start() -> InProc {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::Builder::new().prefix("weft-identity").tempdir().unwrap();
+        let args = ControllerArgs {
+            site_id: Some("site-a".into()),
+            pod_cidrs: vec!["10.1.0.0/16".into()],
+            data_dir: Some(dir.path().join("data")),
+            listen: Some("127.0.0.1:0".into()),
+            ..Default::default()
+        };
+        let cfg = config::resolve(&args, FileConfig::default()).unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (btx, brx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(weft_controller::server::run(
+            cfg,
+            async {
+                let _ = stopped.await;
+            },
+            move |b| {
+                let _ = btx.send(b.listen.port());
+            },
+        ));
+        let port = brx.await.expect("controller failed to start");
+        InProc {
+            dir,
+            port,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    fn pki(&self, f: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join("data/pki").join(f)).unwrap()
+    }
+
+    async fn channel(&self, client: Option<(&str, &str)>) -> Channel {
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(self.pki("ca.pem")));
+        if let Some((c, k)) = client {
+            tls = tls.identity(Identity::from_pem(c, k));
+        }
+        Endpoint::from_shared(format!("https://127.0.0.1:{}", self.port))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    async fn admin(&self) -> AdminServiceClient<Channel> {
+        AdminServiceClient::new(
+            self.channel(Some((&self.pki("admin.pem"), &self.pki("admin.key"))))
+                .await,
+        )
+    }
+
+    async fn revision(&self) -> i64 {
+        self.admin()
+            .await
+            .get_site(pb::GetSiteRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .revision
+    }
+
+    async fn token(&self, name: &str, ttl: u64, uses: u32) -> String {
+        let r = self
+            .admin()
+            .await
+            .create_token(pb::CreateTokenRequest {
+                role: pb::AgentRole::Node as i32,
+                name: name.into(),
+                ttl_seconds: ttl,
+                uses,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        r.token
+    }
+
+    /// Enrolls `name` with `token`; returns (cert, key) or the status.
+    async fn register(&self, token: &str, name: &str) -> Result<(String, String), Status> {
+        let key = KeyPair::generate().unwrap();
+        let csr = CertificateParams::new(Vec::<String>::new())
+            .unwrap()
+            .serialize_request(&key)
+            .unwrap()
+            .pem()
+            .unwrap();
+        let r = AgentServiceClient::new(self.channel(None).await)
+            .register(pb::RegisterRequest {
+                token: token.into(),
+                csr_pem: csr,
+                name: name.into(),
+                subnet: String::new(),
+            })
+            .await?
+            .into_inner();
+        Ok((r.certificate_pem, key.serialize_pem()))
+    }
+
+    async fn stop(mut self) -> tempfile::TempDir {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap().unwrap();
+        self.dir
+    }
+}
+
+fn refused<T: std::fmt::Debug>(r: Result<T, Status>, code: Code, needle: &str) {
+    let s = r.expect_err("the call must be refused");
+    assert_eq!(s.code(), code, "{s:?}");
+    assert!(s.message().contains(needle), "expected {needle:?} in {:?}", s.message());
+}
+
+/// A CA that is not the site's, and an admin-looking certificate from it.
+fn foreign_admin() -> (String, String) {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let issuer = Issuer::from_params(&ca, &ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.subject_alt_names
+        .push(SanType::URI("weft://site-a/admin/admin".try_into().unwrap()));
+    (p.signed_by(&key, &issuer).unwrap().pem(), key.serialize_pem())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_matrix() {
+    let c = InProc::start().await;
+    let list = |ch: Channel| async move { AdminServiceClient::new(ch).list_nodes(pb::ListNodesRequest {}).await };
+
+    // valid admin certificate
+    assert!(
+        list(c.channel(Some((&c.pki("admin.pem"), &c.pki("admin.key")))).await)
+            .await
+            .is_ok()
+    );
+
+    // two enrolled nodes
+    let (n1_cert, n1_key) = c.register(&c.token("n1", 600, 1).await, "n1").await.unwrap();
+    let (n2_cert, n2_key) = c.register(&c.token("n2", 600, 1).await, "n2").await.unwrap();
+    let mut n1 = AgentServiceClient::new(c.channel(Some((&n1_cert, &n1_key))).await);
+    let a = n1
+        .get_assignment(pb::GetAssignmentRequest { name: "n1".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((a.name.as_str(), a.subnet.as_str()), ("n1", "10.1.0.0/24"));
+    let mut n2 = AgentServiceClient::new(c.channel(Some((&n2_cert, &n2_key))).await);
+    assert!(
+        n2.get_assignment(pb::GetAssignmentRequest { name: "n2".into() })
+            .await
+            .is_ok()
+    );
+
+    // revoke n2 through the admin API
+    c.admin()
+        .await
+        .delete_node(pb::DeleteNodeRequest { name: "n2".into() })
+        .await
+        .unwrap();
+    let before = c.revision().await;
+
+    refused(
+        list(c.channel(None).await).await,
+        Code::Unauthenticated,
+        "needs a client certificate",
+    );
+    let (fc, fk) = foreign_admin();
+    refused(
+        list(c.channel(Some((&fc, &fk))).await).await,
+        Code::Unauthenticated,
+        "not issued by this site's CA",
+    );
+    let ca = SiteCa::load(&c.dir.path().join("data/pki")).unwrap();
+    let (ec, ek) = ca
+        .issue_with_key("weft://site-a/admin/old", "expired admin", -1)
+        .unwrap();
+    refused(
+        list(c.channel(Some((&ec, &ek))).await).await,
+        Code::Unauthenticated,
+        "expired",
+    );
+    let (oc, ok) = ca.issue_with_key("weft://site-b/admin/admin", "other site", 1).unwrap();
+    refused(
+        list(c.channel(Some((&oc, &ok))).await).await,
+        Code::Unauthenticated,
+        "site-b",
+    );
+
+    // the revoked node, on the connection it already had open
+    refused(
+        n2.get_assignment(pb::GetAssignmentRequest { name: "n2".into() }).await,
+        Code::Unauthenticated,
+        "revoked",
+    );
+    refused(
+        n2.renew(pb::RenewRequest { csr_pem: "x".into() }).await,
+        Code::Unauthenticated,
+        "revoked",
+    );
+
+    // a node calling the admin API, or reading another node's state
+    let mut n1_admin = AdminServiceClient::new(c.channel(Some((&n1_cert, &n1_key))).await);
+    refused(
+        n1_admin.list_nodes(pb::ListNodesRequest {}).await,
+        Code::PermissionDenied,
+        "node \"n1\" may not use the admin API",
+    );
+    refused(
+        n1_admin
+            .create_node(pb::CreateNodeRequest {
+                name: "evil".into(),
+                subnet: String::new(),
+            })
+            .await,
+        Code::PermissionDenied,
+        "admin API",
+    );
+    refused(
+        n1.get_assignment(pb::GetAssignmentRequest { name: "n2".into() }).await,
+        Code::PermissionDenied,
+        "own",
+    );
+    // an admin is not an agent
+    let mut admin_as_agent = AgentServiceClient::new(c.channel(Some((&c.pki("admin.pem"), &c.pki("admin.key")))).await);
+    refused(
+        admin_as_agent
+            .get_assignment(pb::GetAssignmentRequest { name: "n1".into() })
+            .await,
+        Code::PermissionDenied,
+        "not an agent",
+    );
+    // a CSR asking for another identity
+    let key = KeyPair::generate().unwrap();
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.subject_alt_names
+        .push(SanType::URI("weft://site-a/admin/admin".try_into().unwrap()));
+    let csr = p.serialize_request(&key).unwrap().pem().unwrap();
+    refused(
+        n1.renew(pb::RenewRequest { csr_pem: csr }).await,
+        Code::InvalidArgument,
+        "weft://site-a/admin/admin",
+    );
+
+    assert_eq!(c.revision().await, before, "refused calls wrote nothing");
+
+    // renewal works for the live node, and the old certificate stays usable until it expires
+    let key = KeyPair::generate().unwrap();
+    let csr = CertificateParams::new(Vec::<String>::new())
+        .unwrap()
+        .serialize_request(&key)
+        .unwrap()
+        .pem()
+        .unwrap();
+    let renewed = n1.renew(pb::RenewRequest { csr_pem: csr }).await.unwrap().into_inner();
+    let mut n1b = AgentServiceClient::new(c.channel(Some((&renewed.certificate_pem, &key.serialize_pem()))).await);
+    assert!(
+        n1b.get_assignment(pb::GetAssignmentRequest { name: "n1".into() })
+            .await
+            .is_ok()
+    );
+    assert!(
+        n1.get_assignment(pb::GetAssignmentRequest { name: "n1".into() })
+            .await
+            .is_ok()
+    );
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_single_use_expire_and_are_never_stored_in_clear() {
+    let c = InProc::start().await;
+    let mut secrets = Vec::new();
+
+    let one = c.token("", 600, 1).await;
+    secrets.push(one.clone());
+    c.register(&one, "a1").await.unwrap();
+    refused(c.register(&one, "a2").await, Code::Unauthenticated, "unknown");
+
+    let short = c.token("", 1, 1).await;
+    secrets.push(short.clone());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    refused(c.register(&short, "a3").await, Code::Unauthenticated, "expired");
+
+    let deleted = c.token("", 600, 1).await;
+    secrets.push(deleted.clone());
+    let id = deleted.split('.').nth(1).unwrap().to_string();
+    c.admin()
+        .await
+        .delete_token(pb::DeleteTokenRequest { id: id.clone() })
+        .await
+        .unwrap();
+    refused(c.register(&deleted, "a4").await, Code::Unauthenticated, "unknown");
+    refused(
+        c.admin().await.delete_token(pb::DeleteTokenRequest { id }).await,
+        Code::NotFound,
+        "no token",
+    );
+
+    refused(
+        c.register("weft1.nothex.nothex", "a5").await,
+        Code::InvalidArgument,
+        "malformed",
+    );
+    let good = c.token("", 600, 1).await;
+    secrets.push(good.clone());
+    let forged = format!("{}{}", &good[..good.len() - 4], "0000");
+    refused(c.register(&forged, "a6").await, Code::Unauthenticated, "not valid");
+
+    // two agents racing for one single-use token: exactly one enrolls
+    let race = c.token("", 600, 1).await;
+    secrets.push(race.clone());
+    let (x, y) = tokio::join!(c.register(&race, "r1"), c.register(&race, "r2"));
+    assert!(x.is_ok() != y.is_ok(), "exactly one registration wins: {x:?} {y:?}");
+
+    // a name held by a live agent is refused until the admin removes it
+    let again = c.token("", 600, 2).await;
+    secrets.push(again.clone());
+    refused(
+        c.register(&again, "a1").await,
+        Code::AlreadyExists,
+        "weftctl node remove a1",
+    );
+    c.admin()
+        .await
+        .delete_node(pb::DeleteNodeRequest { name: "a1".into() })
+        .await
+        .unwrap();
+    c.register(&again, "a1").await.unwrap();
+
+    // a multi-use token counts down
+    let multi = c.token("", 600, 3).await;
+    secrets.push(multi.clone());
+    c.register(&multi, "m1").await.unwrap();
+    let listed = c
+        .admin()
+        .await
+        .list_tokens(pb::ListTokensRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let m = listed.tokens.iter().find(|t| multi.contains(&t.id)).unwrap();
+    assert_eq!(m.uses_left, 2);
+
+    // nothing in the store holds a token secret
+    let dir = c.stop().await;
+    // Connection tasks let go of the store shortly after the server stops.
+    let path = dir.path().join("data/store.redb");
+    let mut tries = 0;
+    let store = loop {
+        match weft_controller::store::embedded::EmbeddedStore::open(&path) {
+            Ok(s) => break s,
+            Err(e) if tries < 100 => {
+                tries += 1;
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let all = weft_controller::store::Store::get_prefix(&store, "").await.unwrap();
+    assert!(
+        all.kvs.iter().any(|kv| kv.key.contains("/tokens/")),
+        "tokens are stored"
+    );
+    for t in &secrets {
+        let secret = t.rsplit('.').next().unwrap();
+        for kv in &all.kvs {
+            assert!(
+                !kv.key.contains(secret) && !String::from_utf8_lossy(&kv.value).contains(secret),
+                "{} leaks a secret",
+                kv.key
+            );
+        }
+    }
+}
