@@ -12,9 +12,16 @@ use crate::config::AgentConfig;
 use crate::identity::{AgentKind, Credentials, IdentityStore, RenewError};
 use crate::tls;
 
-/// Retry delays for a failed renewal: doubling from 1 s up to 60 s.
-fn backoff(attempt: u32) -> Duration {
-    Duration::from_secs(1u64 << attempt.min(6)).min(Duration::from_secs(60))
+/// Retry delays after a failure: exponential from 1 s to 60 s, with jitter
+/// so that many agents do not retry in step, and no limit on attempts.
+pub fn backoff() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(60))
+        .with_jitter()
+        .without_max_times()
+        .build()
 }
 
 async fn assignment(target: &str, creds: &Credentials, name: &str) -> anyhow::Result<pb::Assignment> {
@@ -51,7 +58,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
             }
         }
     }
-    let mut attempt = 0u32;
+    let mut delays = backoff();
     loop {
         let wait = creds.renew_at().duration_since(SystemTime::now()).unwrap_or_default();
         tokio::select! {
@@ -64,15 +71,14 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
             Ok(c) => {
                 tracing::info!(valid_for = ?c.not_after.duration_since(SystemTime::now()).unwrap_or_default(), "certificate renewed");
                 creds = c;
-                attempt = 0;
+                delays = backoff();
             }
             Err(RenewError::Refused(e)) => anyhow::bail!("the controller refused to renew this agent: {e:#}"),
             Err(RenewError::Transient(e)) => {
                 if creds.not_after <= SystemTime::now() {
                     anyhow::bail!("the certificate expired before it could be renewed: {e:#}");
                 }
-                let delay = backoff(attempt);
-                attempt += 1;
+                let delay = delays.next().unwrap_or(Duration::from_secs(60));
                 controller = (controller + 1) % cfg.controllers.len();
                 tracing::warn!(error = %e, retry_in = ?delay, "renewal failed");
                 tokio::select! {
