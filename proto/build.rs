@@ -7,6 +7,7 @@ use std::path::PathBuf;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "weft/v1/types.proto",
+        "weft/v1/desired.proto",
         "weft/v1/admin.proto",
         "weft/v1/agent.proto",
         "weft/v1/federation.proto",

@@ -28,6 +28,9 @@ pub struct AgentArgs {
     /// Print what would change on the host and change nothing.
     #[arg(long, env = "WEFT_DRY_RUN")]
     pub dry_run: bool,
+    /// This host's underlay address for overlay tunnels [default: the address the controller sees].
+    #[arg(long, env = "WEFT_UNDERLAY_IP")]
+    pub underlay_ip: Option<std::net::IpAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +48,7 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     pub name: String,
     pub dry_run: bool,
+    pub underlay_ip: Option<std::net::IpAddr>,
 }
 
 fn host_name() -> Option<String> {
@@ -120,6 +124,7 @@ impl AgentArgs {
             state_dir: self.state_dir.clone(),
             name,
             dry_run: self.dry_run,
+            underlay_ip: self.underlay_ip,
         })
     }
 }
@@ -137,6 +142,7 @@ mod tests {
             state_dir: "/tmp/s".into(),
             name: Some("node-1".into()),
             dry_run: false,
+            underlay_ip: None,
         }
     }
 

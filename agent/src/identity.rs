@@ -191,6 +191,7 @@ impl IdentityStore {
                     csr_pem: csr.clone(),
                     name: cfg.name.clone(),
                     subnet: subnet.clone().unwrap_or_default(),
+                    underlay_ip: cfg.underlay_ip.map(|i| i.to_string()).unwrap_or_default(),
                 })
                 .await
                 .map_err(|s| anyhow::anyhow!("enrollment refused ({:?}): {}", s.code(), s.message()))?

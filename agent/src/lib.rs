@@ -4,7 +4,9 @@
 //! protocol, the desired-state session joins it; with the data plane, the
 //! Linux reconciler. Nothing here is specific to nodes or gateways.
 
+pub mod apply;
 pub mod config;
+pub mod desired;
 pub mod identity;
 pub mod run;
 pub mod tls;

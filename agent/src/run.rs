@@ -1,14 +1,18 @@
 //! The agent's main loop, shared by both agents: enroll (or load the stored
-//! identity), connect to a controller, learn its assignment, and keep the
-//! certificate renewed with backoff until a signal stops it. The desired
-//! state stream joins this loop with the agent protocol.
+//! identity), apply the stored desired state, then watch the controller —
+//! apply each snapshot or delta, persist it, report — and keep the
+//! certificate renewed, reconnecting with jittered backoff, until a signal
+//! stops it or the controller says the agent was removed.
 
 use std::time::{Duration, SystemTime};
 
+use tokio::sync::watch;
 use weft_proto::v1 as pb;
 use weft_proto::v1::agent_service_client::AgentServiceClient;
 
+use crate::apply::{Applier, DryRun, Objects};
 use crate::config::AgentConfig;
+use crate::desired::{Desired, StateFile};
 use crate::identity::{AgentKind, Credentials, IdentityStore, RenewError};
 use crate::tls;
 
@@ -24,53 +28,132 @@ pub fn backoff() -> impl Iterator<Item = Duration> {
         .build()
 }
 
-async fn assignment(target: &str, creds: &Credentials, name: &str) -> anyhow::Result<pb::Assignment> {
-    let ch = tls::connect(target, &creds.trust(), Some((&creds.cert_pem, &creds.key_pem))).await?;
-    let a = AgentServiceClient::new(ch)
-        .get_assignment(pb::GetAssignmentRequest { name: name.to_string() })
-        .await
-        .map_err(|s| anyhow::anyhow!("{:?}: {}", s.code(), s.message()))?;
-    Ok(a.into_inner())
+/// How a session ended.
+#[derive(Debug)]
+enum End {
+    /// Worth reconnecting.
+    Transient(anyhow::Error),
+    /// The controller refuses this agent (removed, revoked).
+    Refused(anyhow::Error),
 }
 
-/// Runs the agent until SIGTERM or SIGINT. Errors end the process loudly.
-pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> anyhow::Result<()> {
-    let ids = IdentityStore::new(&cfg.state_dir);
-    let mut creds = match ids.load()? {
-        Some(c) if c.not_after > SystemTime::now() => c,
-        Some(_) => anyhow::bail!(
-            "the certificate in {} has expired; remove the agent with weftctl and enroll it again with a new token",
-            cfg.state_dir.display()
-        ),
-        None => ids.enroll(&cfg, kind, subnet).await?,
+fn classify(s: tonic::Status) -> End {
+    let e = anyhow::anyhow!("{:?}: {}", s.code(), s.message());
+    match s.code() {
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => End::Refused(e),
+        _ => End::Transient(e),
+    }
+}
+
+async fn client(target: &str, creds: &Credentials) -> Result<AgentServiceClient<tonic::transport::Channel>, End> {
+    let ch = tls::connect(target, &creds.trust(), Some((&creds.cert_pem, &creds.key_pem)))
+        .await
+        .map_err(End::Transient)?;
+    Ok(AgentServiceClient::new(ch))
+}
+
+/// Applies a received message, persists the result and returns the errors.
+fn receive(
+    msg: &pb::WatchResponse,
+    desired: &mut Desired,
+    file: &StateFile,
+    applier: &mut dyn Applier,
+) -> anyhow::Result<Vec<pb::ObjectError>> {
+    let (upserts, deletes) = desired.changes(msg);
+    let errors = applier.apply(&desired.objects, &upserts, &deletes);
+    let (n_up, n_del) = (upserts.len(), deletes.len());
+    desired.commit(msg.revision, upserts, &deletes);
+    file.save(desired)?;
+    let kind = if matches!(msg.kind, Some(pb::watch_response::Kind::Snapshot(_))) {
+        "snapshot"
+    } else {
+        "delta"
     };
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut controller = 0usize;
-    for _ in 0..cfg.controllers.len() {
-        match assignment(&cfg.controllers[controller], &creds, &cfg.name).await {
-            Ok(a) => {
-                tracing::info!(name = %a.name, site = %a.site_id, subnet = %a.subnet, "assignment");
-                break;
+    tracing::info!(
+        revision = msg.revision,
+        kind,
+        upserts = n_up,
+        deletes = n_del,
+        errors = errors.len(),
+        "applied"
+    );
+    Ok(errors)
+}
+
+/// One connection's worth of watching.
+async fn session(
+    target: &str,
+    creds: &mut watch::Receiver<Credentials>,
+    desired: &mut Desired,
+    file: &StateFile,
+    applier: &mut dyn Applier,
+) -> End {
+    let current = creds.borrow_and_update().clone();
+    let mut c = match client(target, &current).await {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let req = pb::WatchRequest {
+        last_revision: desired.revision,
+        known: desired.known(),
+    };
+    let mut stream = match c.watch(req).await {
+        Ok(s) => s.into_inner(),
+        Err(s) => return classify(s),
+    };
+    tracing::info!(controller = %target, from_revision = desired.revision, "watching");
+    let mut errors: Vec<pb::ObjectError> = Vec::new();
+    let mut heartbeat = tokio::time::interval(Duration::from_secs(5));
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            msg = stream.message() => match msg {
+                Ok(Some(m)) => match receive(&m, desired, file, applier) {
+                    Ok(e) => errors = e,
+                    Err(e) => return End::Refused(e.context("cannot keep the desired state on disk")),
+                },
+                Ok(None) => return End::Transient(anyhow::anyhow!("the controller ended the stream")),
+                Err(s) => return classify(s),
+            },
+            _ = heartbeat.tick() => {}
+        }
+        // Reports (the heartbeat too) go on a connection with the newest
+        // certificate; the watch stream stays on the one it started on.
+        if creds.has_changed().unwrap_or(false) {
+            let fresh = creds.borrow_and_update().clone();
+            match client(target, &fresh).await {
+                Ok(n) => c = n,
+                Err(e) => return e,
             }
-            Err(e) => {
-                tracing::warn!(controller = %cfg.controllers[controller], error = %format!("{e:#}"), "cannot read the assignment");
-                controller = (controller + 1) % cfg.controllers.len();
+        }
+        let report = pb::ReportRequest {
+            applied_revision: desired.revision,
+            errors: errors.clone(),
+        };
+        match c.report(report).await {
+            Ok(r) => {
+                let every = Duration::from_secs(u64::from(r.into_inner().heartbeat_seconds.max(1)));
+                if every != heartbeat.period() {
+                    heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                }
             }
+            Err(s) => return classify(s),
         }
     }
+}
+
+/// Renews the certificate at two thirds of its life, forever.
+async fn renew_forever(ids: IdentityStore, cfg: AgentConfig, tx: watch::Sender<Credentials>) -> anyhow::Result<()> {
     let mut delays = backoff();
+    let mut controller = 0usize;
     loop {
+        let creds = tx.borrow().clone();
         let wait = creds.renew_at().duration_since(SystemTime::now()).unwrap_or_default();
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = tokio::signal::ctrl_c() => break,
-            _ = term.recv() => break,
-        }
-        let target = &cfg.controllers[controller];
-        match ids.renew(target, &cfg.name, &creds).await {
+        tokio::time::sleep(wait).await;
+        match ids.renew(&cfg.controllers[controller], &cfg.name, &creds).await {
             Ok(c) => {
                 tracing::info!(valid_for = ?c.not_after.duration_since(SystemTime::now()).unwrap_or_default(), "certificate renewed");
-                creds = c;
+                tx.send_replace(c);
                 delays = backoff();
             }
             Err(RenewError::Refused(e)) => anyhow::bail!("the controller refused to renew this agent: {e:#}"),
@@ -81,16 +164,72 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
                 let delay = delays.next().unwrap_or(Duration::from_secs(60));
                 controller = (controller + 1) % cfg.controllers.len();
                 tracing::warn!(error = %e, retry_in = ?delay, "renewal failed");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+/// Runs the agent until SIGTERM or SIGINT. Errors end the process loudly.
+pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> anyhow::Result<()> {
+    let ids = IdentityStore::new(&cfg.state_dir);
+    let creds = match ids.load()? {
+        Some(c) if c.not_after > SystemTime::now() => c,
+        Some(_) => anyhow::bail!(
+            "the certificate in {} has expired; remove the agent with weftctl and enroll it again with a new token",
+            cfg.state_dir.display()
+        ),
+        None => ids.enroll(&cfg, kind, subnet).await?,
+    };
+    if !cfg.dry_run {
+        tracing::warn!("this build has no data-plane applier yet: changes are printed, not made (as with --dry-run)");
+    }
+    let mut applier: Box<dyn Applier> = Box::new(DryRun::default());
+    let file = StateFile::new(&cfg.state_dir);
+    let mut desired = file.load()?.unwrap_or_default();
+    if !desired.objects.is_empty() {
+        tracing::info!(
+            revision = desired.revision,
+            objects = desired.objects.len(),
+            "applying the stored desired state"
+        );
+        let all: Vec<pb::DesiredObject> = desired.objects.values().cloned().collect();
+        applier.apply(&Objects::new(), &all, &[]);
+    }
+
+    let (tx, mut rx) = watch::channel(creds);
+    let mut renewal = tokio::spawn(renew_forever(IdentityStore::new(&cfg.state_dir), cfg.clone(), tx));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut delays = backoff();
+    let mut controller = 0usize;
+    loop {
+        let target = cfg.controllers[controller].clone();
+        let end = tokio::select! {
+            end = session(&target, &mut rx, &mut desired, &file, applier.as_mut()) => end,
+            r = &mut renewal => return match r {
+                Ok(Err(e)) => Err(e),
+                Ok(Ok(())) => Ok(()),
+                Err(e) => Err(anyhow::anyhow!("the renewal task failed: {e}")),
+            },
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+        };
+        match end {
+            End::Refused(e) => anyhow::bail!("the controller refused this agent: {e:#}"),
+            End::Transient(e) => {
+                let delay = delays.next().unwrap_or(Duration::from_secs(60));
+                tracing::warn!(controller = %target, error = %format!("{e:#}"), retry_in = ?delay, "disconnected; keeping the last state");
+                controller = (controller + 1) % cfg.controllers.len();
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = tokio::signal::ctrl_c() => break,
                     _ = term.recv() => break,
                 }
-                continue;
             }
         }
     }
-    tracing::info!("stopping");
+    renewal.abort();
+    tracing::info!("stopping; the host keeps the applied state");
     Ok(())
 }
 

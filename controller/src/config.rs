@@ -86,6 +86,9 @@ pub struct ControllerArgs {
     /// Lifetime of agent certificates; agents renew at two thirds of it [default: 24h].
     #[arg(global = true, long, env = "WEFT_AGENT_CERT_TTL")]
     pub agent_cert_ttl: Option<String>,
+    /// An agent that has not reported for this long is not ready [default: 15s].
+    #[arg(global = true, long, env = "WEFT_AGENT_TTL")]
+    pub agent_ttl: Option<String>,
 }
 
 /// The configuration file's shape. Unknown fields are errors.
@@ -109,6 +112,7 @@ pub struct FileConfig {
     pub tls_sans: Option<Vec<String>>,
     pub log_format: Option<LogFormat>,
     pub agent_cert_ttl: Option<String>,
+    pub agent_ttl: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -150,6 +154,7 @@ pub struct ControllerConfig {
     pub tls_sans: Vec<String>,
     pub log_format: LogFormat,
     pub agent_cert_ttl: std::time::Duration,
+    pub agent_ttl: std::time::Duration,
 }
 
 /// One problem with one field.
@@ -201,6 +206,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("listen", "--listen", "WEFT_LISTEN"),
     ("tls_sans", "--tls-san", "WEFT_TLS_SAN"),
     ("agent_cert_ttl", "--agent-cert-ttl", "WEFT_AGENT_CERT_TTL"),
+    ("agent_ttl", "--agent-ttl", "WEFT_AGENT_TTL"),
     ("config", "--config", "WEFT_CONFIG"),
 ];
 
@@ -513,6 +519,21 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
     }
     let log_format = pick(args.log_format, file.log_format).unwrap_or_default();
     let ttl_text = pick(args.agent_cert_ttl.clone(), file.agent_cert_ttl).unwrap_or_else(|| "24h".into());
+    let live_text = pick(args.agent_ttl.clone(), file.agent_ttl).unwrap_or_else(|| "15s".into());
+    let agent_ttl = match humantime::parse_duration(&live_text) {
+        Ok(d) if d >= std::time::Duration::from_secs(1) && d <= std::time::Duration::from_secs(3600) => Some(d),
+        Ok(_) => {
+            err(
+                "agent_ttl",
+                format!("{live_text:?} is out of range; give between 1s and 1h"),
+            );
+            None
+        }
+        Err(_) => {
+            err("agent_ttl", format!("{live_text:?} is not a duration; write e.g. 15s"));
+            None
+        }
+    };
     let agent_cert_ttl = match humantime::parse_duration(&ttl_text) {
         Ok(d) if d >= std::time::Duration::from_secs(10) && d <= std::time::Duration::from_secs(365 * 86400) => Some(d),
         Ok(_) => {
@@ -561,6 +582,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         tls_sans,
         log_format,
         agent_cert_ttl: agent_cert_ttl.unwrap(),
+        agent_ttl: agent_ttl.unwrap(),
     })
 }
 

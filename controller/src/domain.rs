@@ -2,6 +2,7 @@
 //! of the wire format (prost types are converted at the gRPC edge) and of
 //! the store (records are serialized as JSON values under their keys).
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ipnet::Ipv4Net;
@@ -51,6 +52,12 @@ pub struct Node {
     /// expired yet (older ones are pruned).
     #[serde(default)]
     pub certs: Vec<CertRecord>,
+    /// The node's overlay address, from the internal CIDR.
+    #[serde(default)]
+    pub internal_ip: Option<Ipv4Addr>,
+    /// The host's underlay address, set at enrollment.
+    #[serde(default)]
+    pub underlay_ip: Option<IpAddr>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,6 +68,10 @@ pub struct Gateway {
     pub created_at_ms: u64,
     #[serde(default)]
     pub certs: Vec<CertRecord>,
+    #[serde(default)]
+    pub internal_ip: Option<Ipv4Addr>,
+    #[serde(default)]
+    pub underlay_ip: Option<IpAddr>,
 }
 
 /// One certificate issued to an agent.

@@ -148,6 +148,21 @@ pub fn allocate_node_subnet(
     )))
 }
 
+/// An overlay address for a new tunnel end: the lowest free host address of
+/// the internal CIDR (never its network or broadcast address).
+pub fn allocate_internal_ip(internal: Ipv4Net, taken: &[Ipv4Addr]) -> Result<Ipv4Addr, IpamError> {
+    let mut used: Vec<Ipv4Net> = taken.iter().map(|a| Ipv4Net::new(*a, 32).unwrap()).collect();
+    used.push(Ipv4Net::new(internal.network(), 32).unwrap());
+    used.push(Ipv4Net::new(internal.broadcast(), 32).unwrap());
+    first_free(internal, 32, &used).map(|n| n.addr()).ok_or_else(|| {
+        IpamError::Exhausted(format!(
+            "the internal CIDR {internal} has no free address for another node or gateway ({} in use); \
+             use a larger internal_cidr",
+            taken.len()
+        ))
+    })
+}
+
 /// Checks a subnet a node declares: inside one pod CIDR, overlapping no
 /// other node's. `taken` pairs each node name with its subnet. Returns the
 /// pod CIDR that holds it.
@@ -359,6 +374,19 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(e, IpamError::Exhausted(ref m) if m.contains("/8")), "{e}");
+    }
+
+    #[test]
+    fn internal_ips_skip_network_broadcast_and_taken() {
+        let net = n("10.80.0.0/30");
+        let a = allocate_internal_ip(net, &[]).unwrap();
+        assert_eq!(a, Ipv4Addr::new(10, 80, 0, 1));
+        let b = allocate_internal_ip(net, &[a]).unwrap();
+        assert_eq!(b, Ipv4Addr::new(10, 80, 0, 2));
+        assert!(matches!(
+            allocate_internal_ip(net, &[a, b]),
+            Err(IpamError::Exhausted(_))
+        ));
     }
 
     #[test]

@@ -25,6 +25,7 @@ use crate::auth::{Authenticator, Role};
 use crate::config::{ControllerConfig, StoreConfig};
 use crate::grpc::AdminApi;
 use crate::grpc::agent::AgentApi;
+use crate::hub::Hub;
 use crate::pki::{self, ServerPki};
 use crate::state::State;
 use crate::store::embedded::EmbeddedStore;
@@ -206,10 +207,18 @@ pub async fn run(
     let acceptor = TlsAcceptor::from(tls_config(&pki, &auth)?);
     let fingerprint = pki.ca.fingerprint.clone();
     let ca = Arc::new(pki.ca);
+    let hub = Hub::start(state.clone(), cfg.agent_ttl)
+        .await
+        .context("cannot load the site model")?;
 
     let admin = InterceptedService::new(
-        AdminServiceServer::new(AdminApi::new(state.clone(), fingerprint.clone(), auth.clone()))
-            .max_decoding_message_size(MAX_MESSAGE),
+        AdminServiceServer::new(AdminApi::new(
+            state.clone(),
+            fingerprint.clone(),
+            auth.clone(),
+            hub.clone(),
+        ))
+        .max_decoding_message_size(MAX_MESSAGE),
         auth.require(&[Role::Admin], "the admin API"),
     );
     let agent = InterceptedService::new(
@@ -218,6 +227,7 @@ pub async fn run(
             ca,
             cfg.site.id.clone(),
             cfg.agent_cert_ttl,
+            hub.clone(),
         ))
         .max_decoding_message_size(MAX_MESSAGE),
         auth.optional(),

@@ -230,24 +230,56 @@ impl Out {
     }
 }
 
-fn node_json(n: &pb::Node) -> Value {
-    json!({"name": n.name, "subnet": n.subnet, "subnet_source": source(n.subnet_source), "created_at": ts(&n.created_at),
-           "cert_expires_at": ts(&n.cert_expires_at)})
+fn status_json(s: &Option<pb::AgentStatus>) -> Value {
+    let s = s.clone().unwrap_or_default();
+    json!({"ready": s.ready, "latest_revision": s.latest_revision, "applied_revision": s.applied_revision,
+           "last_seen": ts(&s.last_seen), "errors": s.errors})
 }
-fn node_row(n: &pb::Node) -> Vec<String> {
-    let enrolled = if n.cert_expires_at.is_some() {
-        ts(&n.cert_expires_at)
+/// READY, REVISION (applied/latest), LAST SEEN, ERRORS columns.
+fn status_cols(s: &Option<pb::AgentStatus>, enrolled: bool) -> Vec<String> {
+    let s = s.clone().unwrap_or_default();
+    let ready = if !enrolled {
+        "-"
+    } else if s.ready {
+        "Ready"
     } else {
-        "not enrolled".into()
+        "NotReady"
+    };
+    let latest = if s.latest_revision > 0 {
+        s.latest_revision.to_string()
+    } else {
+        "-".into()
     };
     vec![
-        n.name.clone(),
-        n.subnet.clone(),
-        source(n.subnet_source),
-        ts(&n.created_at),
-        enrolled,
+        ready.into(),
+        format!("{}/{latest}", s.applied_revision),
+        ts(&s.last_seen),
+        if s.errors.is_empty() {
+            String::new()
+        } else {
+            s.errors.join("; ")
+        },
     ]
 }
+fn node_json(n: &pb::Node) -> Value {
+    json!({"name": n.name, "subnet": n.subnet, "subnet_source": source(n.subnet_source), "created_at": ts(&n.created_at),
+           "cert_expires_at": ts(&n.cert_expires_at), "internal_ip": n.internal_ip, "underlay_ip": n.underlay_ip,
+           "status": status_json(&n.status)})
+}
+fn node_row(n: &pb::Node) -> Vec<String> {
+    let mut row = vec![n.name.clone(), n.subnet.clone(), n.underlay_ip.clone()];
+    row.extend(status_cols(&n.status, n.cert_expires_at.is_some()));
+    row
+}
+const NODE_HEADER: [&str; 7] = [
+    "NAME",
+    "SUBNET",
+    "UNDERLAY",
+    "READY",
+    "APPLIED/LATEST",
+    "LAST SEEN",
+    "ERRORS",
+];
 fn view_json(v: &pb::CidrView) -> Value {
     json!({"kind": cidr_kind(v.kind), "real_cidr": v.real_cidr, "local_cidr": v.local_cidr, "remapped": v.remapped})
 }
@@ -295,7 +327,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 .into_inner();
             Out {
                 json: json!({"nodes": r.nodes.iter().map(node_json).collect::<Vec<_>>(), "revision": r.revision}),
-                header: vec!["NAME", "SUBNET", "SOURCE", "CREATED", "CERT EXPIRES"],
+                header: NODE_HEADER.to_vec(),
                 rows: r.nodes.iter().map(node_row).collect(),
                 footer: vec![],
             }
@@ -328,7 +360,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
             .into_inner();
             Out {
                 json: node_json(&n),
-                header: vec!["NAME", "SUBNET", "SOURCE", "CREATED", "CERT EXPIRES"],
+                header: NODE_HEADER.to_vec(),
                 rows: vec![node_row(&n)],
                 footer: vec![],
             }
@@ -342,18 +374,25 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
             Out {
                 json: json!({"gateways": r.gateways.iter().map(|g| json!({
                     "name": g.name, "endpoint": g.endpoint, "public_key": g.public_key, "created_at": ts(&g.created_at),
+                    "cert_expires_at": ts(&g.cert_expires_at), "internal_ip": g.internal_ip, "underlay_ip": g.underlay_ip,
+                    "status": status_json(&g.status),
                 })).collect::<Vec<_>>(), "revision": r.revision}),
-                header: vec!["NAME", "ENDPOINT", "PUBLIC KEY", "CREATED"],
+                header: vec![
+                    "NAME",
+                    "UNDERLAY",
+                    "INTERNAL",
+                    "READY",
+                    "APPLIED/LATEST",
+                    "LAST SEEN",
+                    "ERRORS",
+                ],
                 rows: r
                     .gateways
                     .iter()
                     .map(|g| {
-                        vec![
-                            g.name.clone(),
-                            g.endpoint.clone(),
-                            g.public_key.clone(),
-                            ts(&g.created_at),
-                        ]
+                        let mut row = vec![g.name.clone(), g.underlay_ip.clone(), g.internal_ip.clone()];
+                        row.extend(status_cols(&g.status, g.cert_expires_at.is_some()));
+                        row
                     })
                     .collect(),
                 footer: vec![],

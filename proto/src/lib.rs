@@ -12,3 +12,12 @@ pub mod v1 {
 
 /// Encoded `FileDescriptorSet` of every weft proto, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/weft_descriptor.bin"));
+
+/// The content hash of a desired-state object that agents send on resume
+/// (`weft.v1.ObjectVersion.hash`): the first 8 bytes, big-endian, of the
+/// SHA-256 of its protobuf encoding.
+pub fn object_hash(o: &v1::DesiredObject) -> u64 {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(prost::Message::encode_to_vec(o));
+    u64::from_be_bytes(d[..8].try_into().expect("a SHA-256 digest has 32 bytes"))
+}

@@ -102,8 +102,8 @@ fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
     // Restart from the stored identity, without a token.
     assert!(a.stop().success());
     let mut a = agent(&c, dir.path(), &[], "agent2.log");
-    eventually("assignment after restart", Duration::from_secs(15), || {
-        a.log_text().contains("assignment").then_some(())
+    eventually("watching after restart", Duration::from_secs(15), || {
+        a.log_text().contains("watching").then_some(())
     });
     assert!(!a.log_text().contains("enrolled"), "a restart does not enroll again");
 

@@ -119,6 +119,7 @@ impl InProc {
                 csr_pem: csr,
                 name: name.into(),
                 subnet: String::new(),
+                underlay_ip: String::new(),
             })
             .await?
             .into_inner();

@@ -13,11 +13,19 @@ use crate::auth::{Caller, Identity, Role, caller_of};
 use crate::config::parse_cidr;
 use crate::domain::AgentRole;
 use crate::error::Error;
+use crate::hub::{Hub, Slot};
 use crate::pki::{Issued, PkiError, SiteCa, identity_uri};
+use crate::render::{self, Model, Objects};
 use crate::state::State;
 
 /// Largest CSR accepted (a P-256 or Ed25519 CSR is well under 1 KiB).
 const MAX_CSR: usize = 16 * 1024;
+
+/// Messages a stream may have queued toward a slow agent before its task
+/// waits (and further changes coalesce into the next delta).
+const WATCH_BUFFER: usize = 2;
+/// Most object versions a resuming agent may send.
+const MAX_KNOWN: usize = 1_000_000;
 
 #[derive(Clone)]
 pub struct AgentApi {
@@ -25,15 +33,17 @@ pub struct AgentApi {
     ca: Arc<SiteCa>,
     site_id: String,
     cert_ttl: Duration,
+    hub: Arc<Hub>,
 }
 
 impl AgentApi {
-    pub fn new(state: State, ca: Arc<SiteCa>, site_id: String, cert_ttl: Duration) -> Self {
+    pub fn new(state: State, ca: Arc<SiteCa>, site_id: String, cert_ttl: Duration, hub: Arc<Hub>) -> Self {
         Self {
             state,
             ca,
             site_id,
             cert_ttl,
+            hub,
         }
     }
 
@@ -84,7 +94,15 @@ fn agent<T>(req: &Request<T>) -> Result<(AgentRole, Identity), Status> {
 #[tonic::async_trait]
 impl AgentService for AgentApi {
     async fn register(&self, req: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterResponse>, Status> {
+        let peer_ip = req.remote_addr().map(|a| a.ip());
         let req = req.into_inner();
+        let underlay = match req.underlay_ip.trim() {
+            "" => peer_ip,
+            s => Some(
+                s.parse()
+                    .map_err(|_| Status::invalid_argument(format!("underlay_ip {s:?} is not an IP address")))?,
+            ),
+        };
         check_csr(&req.csr_pem)?;
         let subnet = match req.subnet.trim() {
             "" => None,
@@ -92,7 +110,7 @@ impl AgentService for AgentApi {
         };
         let e = self
             .state
-            .register(&req.token, &req.name, subnet, |role, name| {
+            .register(&req.token, &req.name, subnet, underlay, |role, name| {
                 self.sign(&req.csr_pem, role, name)
             })
             .await?;
@@ -120,6 +138,58 @@ impl AgentService for AgentApi {
         }))
     }
 
+    type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<pb::WatchResponse, Status>>;
+
+    async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let (role, id) = agent(&req)?;
+        let req = req.into_inner();
+        if req.known.len() > MAX_KNOWN {
+            return Err(Status::invalid_argument(format!(
+                "known lists more than {MAX_KNOWN} objects"
+            )));
+        }
+        let key = (role, id.name.clone());
+        // Subscribe before rendering: a change in between is then pending,
+        // not lost.
+        let slot = self.hub.subscribe(key.clone());
+        let model = self.hub.model();
+        let exists = match role {
+            AgentRole::Node => model.nodes.contains_key(&id.name),
+            AgentRole::Gateway => model.gateways.contains_key(&id.name),
+        };
+        if !exists {
+            self.hub.unsubscribe(&key, &slot);
+            return Err(Status::unauthenticated(format!(
+                "{id} has been removed; enroll it again with a new token"
+            )));
+        }
+        let objects = render_full(&model, role, &id.name);
+        let first = first_message(&objects, model.revision, req.last_revision, &req.known);
+        slot.latest.store(model.revision, std::sync::atomic::Ordering::SeqCst);
+        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
+        let _ = tx.send(Ok(first)).await;
+        tracing::debug!(agent = %id, revision = model.revision, objects = objects.len(), "watch started");
+        tokio::spawn(stream_changes(self.hub.clone(), key, slot, objects, tx));
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+
+    async fn report(&self, req: Request<pb::ReportRequest>) -> Result<Response<pb::ReportResponse>, Status> {
+        let (role, id) = agent(&req)?;
+        let r = req.into_inner();
+        let errors: Vec<String> = r
+            .errors
+            .iter()
+            .take(100)
+            .map(|e| format!("{}: {}", e.id, e.message))
+            .collect();
+        self.hub
+            .report((role, id.name.clone()), r.applied_revision, errors)
+            .await?;
+        Ok(Response::new(pb::ReportResponse {
+            heartbeat_seconds: (self.hub.agent_ttl.as_secs() / 3).max(1) as u32,
+        }))
+    }
+
     async fn get_assignment(&self, req: Request<pb::GetAssignmentRequest>) -> Result<Response<pb::Assignment>, Status> {
         let (role, id) = agent(&req)?;
         let name = req.into_inner().name;
@@ -142,4 +212,117 @@ impl AgentService for AgentApi {
             internal_cidr: site.internal_cidr.to_string(),
         }))
     }
+}
+
+fn render_full(m: &Model, role: AgentRole, name: &str) -> Objects {
+    match role {
+        AgentRole::Node => render::node(m, name),
+        AgentRole::Gateway => render::gateway(m, name),
+    }
+}
+
+/// The first message of a stream: the difference from what the agent says
+/// it holds, or a snapshot when it holds nothing, claims a revision this
+/// store never reached, or the difference would be no smaller.
+fn first_message(objects: &Objects, revision: i64, last: i64, known: &[pb::ObjectVersion]) -> pb::WatchResponse {
+    use pb::watch_response::Kind;
+    if last > 0 && last <= revision {
+        let held: std::collections::HashMap<&str, u64> = known.iter().map(|k| (k.id.as_str(), k.hash)).collect();
+        let upserts: Vec<pb::DesiredObject> = objects
+            .values()
+            .filter(|o| held.get(o.id.as_str()) != Some(&render::hash(o)))
+            .cloned()
+            .collect();
+        let deletes: Vec<String> = known
+            .iter()
+            .filter(|k| !objects.contains_key(&k.id))
+            .map(|k| k.id.clone())
+            .collect();
+        if objects.is_empty() || upserts.len() < objects.len() {
+            return pb::WatchResponse {
+                revision,
+                kind: Some(Kind::Delta(pb::Delta { upserts, deletes })),
+            };
+        }
+    }
+    pb::WatchResponse {
+        revision,
+        kind: Some(Kind::Snapshot(pb::Snapshot {
+            objects: objects.values().cloned().collect(),
+        })),
+    }
+}
+
+/// Sends a delta whenever the hub marks this stream, coalescing whatever
+/// accumulated while the agent was slow.
+async fn stream_changes(
+    hub: Arc<Hub>,
+    key: crate::hub::AgentKey,
+    slot: Arc<Slot>,
+    mut current: Objects,
+    tx: tokio::sync::mpsc::Sender<Result<pb::WatchResponse, Status>>,
+) {
+    use std::sync::atomic::Ordering;
+    loop {
+        tokio::select! {
+            _ = slot.notify.notified() => {}
+            _ = tx.closed() => break,
+        }
+        if slot.superseded.load(Ordering::SeqCst) {
+            break;
+        }
+        let pending = slot.take();
+        if pending.removed {
+            let _ = tx
+                .send(Err(Status::unauthenticated(format!(
+                    "{} {:?} has been removed; enroll it again with a new token",
+                    key.0.as_str(),
+                    key.1
+                ))))
+                .await;
+            break;
+        }
+        let model = hub.model();
+        let (upserts, deletes) = if pending.full || key.0 == AgentRole::Node {
+            let new = render_full(&model, key.0, &key.1);
+            let d = render::diff(&current, &new);
+            current = new;
+            d
+        } else {
+            // Re-render only the parts that changed; diff them alone.
+            let mut old_parts = Objects::new();
+            let mut new_parts = Objects::new();
+            for part in &pending.parts {
+                let prefix = part.prefix();
+                let ids: Vec<String> = current
+                    .range(prefix.clone()..)
+                    .take_while(|(k, _)| k.starts_with(&prefix))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for id in ids {
+                    if let Some(o) = current.remove(&id) {
+                        old_parts.insert(id, o);
+                    }
+                }
+                if let Some(g) = model.gateways.get(&key.1) {
+                    new_parts.extend(render::gateway_part(&model, g, part));
+                }
+            }
+            let d = render::diff(&old_parts, &new_parts);
+            current.extend(new_parts);
+            d
+        };
+        if upserts.is_empty() && deletes.is_empty() {
+            continue;
+        }
+        let msg = pb::WatchResponse {
+            revision: model.revision,
+            kind: Some(pb::watch_response::Kind::Delta(pb::Delta { upserts, deletes })),
+        };
+        if tx.send(Ok(msg)).await.is_err() {
+            break;
+        }
+        slot.latest.store(model.revision, Ordering::SeqCst);
+    }
+    hub.unsubscribe(&key, &slot);
 }

@@ -45,6 +45,9 @@ pub fn node(n: &Node) -> pb::Node {
         } as i32,
         created_at: ts(n.created_at_ms),
         cert_expires_at: live_until(&n.certs, 0).and_then(ts),
+        status: None,
+        internal_ip: n.internal_ip.map(|i| i.to_string()).unwrap_or_default(),
+        underlay_ip: n.underlay_ip.map(|i| i.to_string()).unwrap_or_default(),
     }
 }
 
@@ -55,6 +58,9 @@ pub fn gateway(g: &Gateway) -> pb::Gateway {
         public_key: g.public_key.clone().unwrap_or_default(),
         created_at: ts(g.created_at_ms),
         cert_expires_at: live_until(&g.certs, 0).and_then(ts),
+        status: None,
+        internal_ip: g.internal_ip.map(|i| i.to_string()).unwrap_or_default(),
+        underlay_ip: g.underlay_ip.map(|i| i.to_string()).unwrap_or_default(),
     }
 }
 

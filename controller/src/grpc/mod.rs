@@ -15,6 +15,7 @@ use weft_proto::v1::admin_service_server::AdminService;
 use crate::auth::Authenticator;
 use crate::config::parse_cidr;
 use crate::domain::AgentRole;
+use crate::hub::Hub;
 use crate::ipam::CidrKind;
 use crate::state::State;
 
@@ -24,15 +25,37 @@ pub struct AdminApi {
     state: State,
     ca_fingerprint: String,
     auth: Arc<Authenticator>,
+    hub: Arc<Hub>,
 }
 
 impl AdminApi {
-    pub fn new(state: State, ca_fingerprint: String, auth: Arc<Authenticator>) -> Self {
+    pub fn new(state: State, ca_fingerprint: String, auth: Arc<Authenticator>, hub: Arc<Hub>) -> Self {
         Self {
             state,
             ca_fingerprint,
             auth,
+            hub,
         }
+    }
+
+    /// The status of each agent, from the liveness records and this replica's streams.
+    async fn statuses(&self) -> Result<impl Fn(AgentRole, &str) -> pb::AgentStatus + '_, Status> {
+        let alive = self.state.alive().await?;
+        Ok(move |role: AgentRole, name: &str| {
+            let key = (role, name.to_string());
+            let rec = alive.get(&key);
+            pb::AgentStatus {
+                ready: rec.is_some(),
+                latest_revision: self.hub.latest(&key).unwrap_or(0),
+                applied_revision: rec.map_or(0, |r| r.applied_revision),
+                last_seen: self
+                    .hub
+                    .last_seen(&key)
+                    .or(rec.map(|r| r.since_ms))
+                    .and_then(convert::ts),
+                errors: rec.map(|r| r.errors.clone()).unwrap_or_default(),
+            }
+        })
     }
 }
 
@@ -61,15 +84,24 @@ impl AdminService for AdminApi {
 
     async fn list_nodes(&self, _: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
         let (nodes, revision) = self.state.list_nodes().await?;
-        Ok(Response::new(pb::ListNodesResponse {
-            nodes: nodes.iter().map(convert::node).collect(),
-            revision,
-        }))
+        let status = self.statuses().await?;
+        let nodes = nodes
+            .iter()
+            .map(|n| pb::Node {
+                status: Some(status(AgentRole::Node, &n.name)),
+                ..convert::node(n)
+            })
+            .collect();
+        Ok(Response::new(pb::ListNodesResponse { nodes, revision }))
     }
 
     async fn get_node(&self, req: Request<pb::GetNodeRequest>) -> Result<Response<pb::Node>, Status> {
         let node = self.state.get_node(&req.into_inner().name).await?;
-        Ok(Response::new(convert::node(&node)))
+        let status = self.statuses().await?;
+        Ok(Response::new(pb::Node {
+            status: Some(status(AgentRole::Node, &node.name)),
+            ..convert::node(&node)
+        }))
     }
 
     async fn create_node(&self, req: Request<pb::CreateNodeRequest>) -> Result<Response<pb::Node>, Status> {
@@ -103,10 +135,15 @@ impl AdminService for AdminApi {
         _: Request<pb::ListGatewaysRequest>,
     ) -> Result<Response<pb::ListGatewaysResponse>, Status> {
         let (gws, revision) = self.state.list_gateways().await?;
-        Ok(Response::new(pb::ListGatewaysResponse {
-            gateways: gws.iter().map(convert::gateway).collect(),
-            revision,
-        }))
+        let status = self.statuses().await?;
+        let gateways = gws
+            .iter()
+            .map(|g| pb::Gateway {
+                status: Some(status(AgentRole::Gateway, &g.name)),
+                ..convert::gateway(g)
+            })
+            .collect();
+        Ok(Response::new(pb::ListGatewaysResponse { gateways, revision }))
     }
 
     async fn delete_gateway(

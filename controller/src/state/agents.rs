@@ -157,6 +157,7 @@ impl State {
         token_text: &str,
         requested_name: &str,
         requested_subnet: Option<Ipv4Net>,
+        underlay: Option<std::net::IpAddr>,
         mut issue: impl FnMut(AgentRole, &str) -> Result<Issued, Error>,
     ) -> Result<Enrollment, Error> {
         let parsed = ParsedToken::parse(token_text)?;
@@ -235,6 +236,10 @@ impl State {
                             }
                             None => (new_node(snap_subnets(snap), site, &name, requested_subnet)?, Compare::Version(key.clone(), 0)),
                         };
+                        if node.internal_ip.is_none() {
+                            node.internal_ip = Some(ipam::allocate_internal_ip(site.internal_cidr, &snap.internal_ips())?);
+                        }
+                        node.underlay_ip = underlay.or(node.underlay_ip);
                         let issued = issue(AgentRole::Node, &name)?;
                         node.certs.retain(|c| c.not_after_ms > now);
                         node.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms });
@@ -253,15 +258,27 @@ impl State {
                                 (g.clone(), Compare::ModRevision(key.clone(), *rev))
                             }
                             None => (
-                                Gateway { name: name.clone(), endpoint: None, public_key: None, created_at_ms: now, certs: vec![] },
+                                Gateway {
+                                    name: name.clone(),
+                                    endpoint: None,
+                                    public_key: None,
+                                    created_at_ms: now,
+                                    certs: vec![],
+                                    internal_ip: None,
+                                    underlay_ip: None,
+                                },
                                 Compare::Version(key.clone(), 0),
                             ),
                         };
+                        if gw.internal_ip.is_none() {
+                            gw.internal_ip = Some(ipam::allocate_internal_ip(site.internal_cidr, &snap.internal_ips())?);
+                        }
+                        gw.underlay_ip = underlay.or(gw.underlay_ip);
                         let issued = issue(AgentRole::Gateway, &name)?;
                         gw.certs.retain(|c| c.not_after_ms > now);
                         gw.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms });
                         let e = Enrollment { role: AgentRole::Gateway, name: name.clone(), issued, subnet: None };
-                        (e, txn.when(guard).then(Op::put(key, encode(&gw))))
+                        (e, self.ipam_guard(snap, txn).when(guard).then(Op::put(key, encode(&gw))))
                     }
                 };
                 Ok((Some(record_txn), enrollment))
@@ -411,6 +428,8 @@ fn new_node(taken: Vec<(String, Ipv4Net)>, site: &Site, name: &str, declared: Op
         source,
         created_at_ms: now_ms(),
         certs: vec![],
+        internal_ip: None,
+        underlay_ip: None,
     })
 }
 

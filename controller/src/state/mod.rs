@@ -66,6 +66,13 @@ impl Snapshot {
         })
     }
 
+    /// Overlay addresses held by nodes and gateways.
+    fn internal_ips(&self) -> Vec<std::net::Ipv4Addr> {
+        let n = self.nodes.iter().filter_map(|(n, _)| n.internal_ip);
+        n.chain(self.gateways.iter().filter_map(|(g, _)| g.internal_ip))
+            .collect()
+    }
+
     fn node_subnets(&self) -> Vec<(String, Ipv4Net)> {
         self.nodes.iter().map(|(n, _)| (n.name.clone(), n.subnet)).collect()
     }
@@ -101,6 +108,56 @@ impl State {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The store prefix of everything this site keeps.
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// The site as the renderer sees it, read at one revision.
+    pub async fn model(&self) -> Result<crate::render::Model, Error> {
+        let s = self.snapshot().await?;
+        let mut m = crate::render::Model {
+            revision: s.revision,
+            site: s.site.map(Arc::new),
+            ..Default::default()
+        };
+        for (n, _) in s.nodes {
+            m.nodes.insert(n.name.clone(), Arc::new(n));
+        }
+        for (g, _) in s.gateways {
+            m.gateways.insert(g.name.clone(), Arc::new(g));
+        }
+        for (p, _) in s.peerings {
+            m.peerings.insert(p.site_id.clone(), Arc::new(p));
+        }
+        Ok(m)
+    }
+
+    /// Where an agent's liveness record lives.
+    pub fn alive_key(&self, role: crate::domain::AgentRole, name: &str) -> String {
+        self.key(&format!("alive/{}/{name}", role.as_str()))
+    }
+
+    /// Every live agent's record (agents whose lease has not expired).
+    pub async fn alive(
+        &self,
+    ) -> Result<std::collections::HashMap<(crate::domain::AgentRole, String), crate::hub::AliveRecord>, Error> {
+        let prefix = self.key("alive/");
+        let r = self.store.get_prefix(&prefix).await?;
+        let mut out = std::collections::HashMap::new();
+        for kv in &r.kvs {
+            let rest = &kv.key[prefix.len()..];
+            let role = match rest.split('/').next() {
+                Some("node") => crate::domain::AgentRole::Node,
+                Some("gateway") => crate::domain::AgentRole::Gateway,
+                _ => continue,
+            };
+            let name = rest.split_once('/').map(|x| x.1).unwrap_or_default().to_string();
+            out.insert((role, name), decode(kv)?);
+        }
+        Ok(out)
     }
 
     fn key(&self, rest: &str) -> String {
@@ -230,6 +287,8 @@ impl State {
                 source,
                 created_at_ms: now_ms(),
                 certs: vec![],
+                internal_ip: Some(ipam::allocate_internal_ip(site.internal_cidr, &snap.internal_ips())?),
+                underlay_ip: None,
             };
             let txn = self
                 .ipam_guard(snap, Txn::new())

@@ -1,0 +1,104 @@
+//! Applying desired state to the host, behind one small trait so the
+//! protocol and lifecycle can be tested without a kernel. The real Linux
+//! applier (rtnetlink, WireGuard, nftables) arrives with the data plane;
+//! until then agents run the dry-run applier, which changes nothing and
+//! prints what it would do.
+
+use std::collections::BTreeMap;
+
+use weft_proto::v1 as pb;
+use weft_proto::v1::desired_object::Kind;
+
+/// The objects an agent holds, by id.
+pub type Objects = BTreeMap<String, pb::DesiredObject>;
+
+pub trait Applier: Send {
+    /// Makes the host have `upserts` (each replacing what `held` has under
+    /// its id) and no longer have `deletes`. Returns the objects that failed.
+    fn apply(&mut self, held: &Objects, upserts: &[pb::DesiredObject], deletes: &[String]) -> Vec<pb::ObjectError>;
+}
+
+/// One line describing an object, as an operator reads it.
+pub fn describe(o: &pb::DesiredObject) -> String {
+    match &o.kind {
+        Some(Kind::Namespace(n)) => format!("netns {}", n.name),
+        Some(Kind::Link(l)) => {
+            let ns = if l.namespace.is_empty() {
+                String::new()
+            } else {
+                format!(" netns {}", l.namespace)
+            };
+            let kind = match &l.kind {
+                Some(pb::link::Kind::Vxlan(v)) => {
+                    format!(
+                        "vxlan id {} local {} remote {} dstport {}",
+                        v.vni, v.local, v.remote, v.port
+                    )
+                }
+                Some(pb::link::Kind::Geneve(g)) => format!("geneve id {} remote {}", g.vni, g.remote),
+                Some(pb::link::Kind::Wireguard(w)) => format!("wireguard listen-port {}", w.listen_port),
+                Some(pb::link::Kind::Veth(v)) => format!("veth peer {}", v.peer_name),
+                Some(pb::link::Kind::Bridge(_)) => "bridge".into(),
+                None => "?".into(),
+            };
+            format!("link {}{ns} type {kind} mtu {}", l.name, l.mtu)
+        }
+        Some(Kind::Address(a)) => format!("address {} dev {}", a.cidr, a.link),
+        Some(Kind::Route(r)) => {
+            let via = if r.gateway.is_empty() {
+                String::new()
+            } else {
+                format!(" via {}", r.gateway)
+            };
+            format!("route {}{via} dev {} table {}", r.destination, r.device, r.table)
+        }
+        Some(Kind::Rule(r)) => {
+            let from = if r.from.is_empty() {
+                String::new()
+            } else {
+                format!(" from {}", r.from)
+            };
+            let to = if r.to.is_empty() {
+                String::new()
+            } else {
+                format!(" to {}", r.to)
+            };
+            format!("rule priority {}{from}{to} lookup {}", r.priority, r.table)
+        }
+        Some(Kind::NatMap(n)) => format!("prefix NAT in {}: {} <-> {}", n.namespace, n.local_cidr, n.real_cidr),
+        Some(Kind::WireguardPeer(p)) => {
+            format!("wireguard peer {} on {} endpoint {}", p.public_key, p.link, p.endpoint)
+        }
+        None => "(empty object)".into(),
+    }
+}
+
+/// Changes nothing; prints and records what it would do.
+#[derive(Debug, Default)]
+pub struct DryRun {
+    /// Every line printed, for tests.
+    pub log: Vec<String>,
+}
+
+impl Applier for DryRun {
+    fn apply(&mut self, held: &Objects, upserts: &[pb::DesiredObject], deletes: &[String]) -> Vec<pb::ObjectError> {
+        for o in upserts {
+            let verb = match held.get(&o.id) {
+                None => "create",
+                Some(old) if old == o => continue,
+                Some(_) => "update",
+            };
+            self.log.push(format!("would {verb} {} [{}]", describe(o), o.id));
+        }
+        for id in deletes {
+            if let Some(o) = held.get(id) {
+                self.log.push(format!("would delete {} [{id}]", describe(o)));
+            }
+        }
+        for line in &self.log {
+            println!("{line}");
+        }
+        self.log.clear();
+        Vec::new()
+    }
+}

@@ -1,0 +1,172 @@
+//! The agent's copy of its desired state: what it last received and applied,
+//! kept in memory and on disk (`<state-dir>/desired-state.pb`, a
+//! `weft.v1.StateFile` with a format number), so that an agent that restarts
+//! while its controller is unreachable applies it again and keeps the host
+//! as it was.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use prost::Message;
+use weft_proto::v1 as pb;
+
+use crate::apply::Objects;
+
+pub const STATE_FILE: &str = "desired-state.pb";
+/// The file format this agent writes and reads.
+pub const FORMAT: u32 = 1;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Desired {
+    pub revision: i64,
+    pub objects: Objects,
+}
+
+impl Desired {
+    /// What the agent tells the controller it holds.
+    pub fn known(&self) -> Vec<pb::ObjectVersion> {
+        self.objects
+            .values()
+            .map(|o| pb::ObjectVersion {
+                id: o.id.clone(),
+                hash: weft_proto::object_hash(o),
+            })
+            .collect()
+    }
+
+    /// Applies a message to the held state; returns (upserts, deletes) as
+    /// the applier should see them.
+    pub fn changes(&self, msg: &pb::WatchResponse) -> (Vec<pb::DesiredObject>, Vec<String>) {
+        match &msg.kind {
+            Some(pb::watch_response::Kind::Snapshot(s)) => {
+                let new: Objects = s.objects.iter().map(|o| (o.id.clone(), o.clone())).collect();
+                let deletes = self.objects.keys().filter(|k| !new.contains_key(*k)).cloned().collect();
+                (s.objects.clone(), deletes)
+            }
+            Some(pb::watch_response::Kind::Delta(d)) => (d.upserts.clone(), d.deletes.clone()),
+            None => (Vec::new(), Vec::new()),
+        }
+    }
+
+    pub fn commit(&mut self, revision: i64, upserts: Vec<pb::DesiredObject>, deletes: &[String]) {
+        for id in deletes {
+            self.objects.remove(id);
+        }
+        for o in upserts {
+            self.objects.insert(o.id.clone(), o);
+        }
+        self.revision = revision;
+    }
+}
+
+pub struct StateFile {
+    path: PathBuf,
+}
+
+impl StateFile {
+    pub fn new(dir: &Path) -> Self {
+        Self {
+            path: dir.join(STATE_FILE),
+        }
+    }
+
+    pub fn load(&self) -> anyhow::Result<Option<Desired>> {
+        let bytes = match std::fs::read(&self.path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", self.path.display())),
+        };
+        let f = pb::StateFile::decode(bytes.as_slice()).with_context(|| {
+            format!(
+                "{} is not a weft state file; remove it to start over",
+                self.path.display()
+            )
+        })?;
+        if f.format != FORMAT {
+            bail!(
+                "{} has format {} but this agent reads format {FORMAT}; remove it to start over",
+                self.path.display(),
+                f.format
+            );
+        }
+        Ok(Some(Desired {
+            revision: f.revision,
+            objects: f.objects.into_iter().map(|o| (o.id.clone(), o)).collect(),
+        }))
+    }
+
+    /// Writes through a temporary file, fsync and rename: a crash leaves the
+    /// old or the new state, never half of one.
+    pub fn save(&self, d: &Desired) -> anyhow::Result<()> {
+        let f = pb::StateFile {
+            format: FORMAT,
+            revision: d.revision,
+            objects: d.objects.values().cloned().collect(),
+        };
+        let tmp = self.path.with_extension("tmp");
+        let mut file = std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
+        file.write_all(&f.encode_to_vec())?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, &self.path).with_context(|| format!("cannot write {}", self.path.display()))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(id: &str, ns: &str) -> pb::DesiredObject {
+        pb::DesiredObject {
+            id: id.into(),
+            kind: Some(pb::desired_object::Kind::Namespace(pb::Namespace { name: ns.into() })),
+        }
+    }
+
+    #[test]
+    fn snapshot_replaces_and_delta_patches_then_round_trips_on_disk() {
+        let mut d = Desired::default();
+        let snap = pb::WatchResponse {
+            revision: 5,
+            kind: Some(pb::watch_response::Kind::Snapshot(pb::Snapshot {
+                objects: vec![obj("a", "weft-a"), obj("b", "weft-b")],
+            })),
+        };
+        let (up, del) = d.changes(&snap);
+        d.commit(5, up, &del);
+        let delta = pb::WatchResponse {
+            revision: 9,
+            kind: Some(pb::watch_response::Kind::Delta(pb::Delta {
+                upserts: vec![obj("c", "weft-c")],
+                deletes: vec!["a".into()],
+            })),
+        };
+        let (up, del) = d.changes(&delta);
+        d.commit(9, up, &del);
+        assert_eq!(d.objects.keys().collect::<Vec<_>>(), ["b", "c"]);
+        let snap2 = pb::WatchResponse {
+            revision: 12,
+            kind: Some(pb::watch_response::Kind::Snapshot(pb::Snapshot {
+                objects: vec![obj("z", "weft-z")],
+            })),
+        };
+        assert_eq!(d.changes(&snap2).1, ["b", "c"], "a snapshot deletes what it lacks");
+
+        let dir = tempfile::tempdir().unwrap();
+        let f = StateFile::new(dir.path());
+        assert_eq!(f.load().unwrap(), None);
+        f.save(&d).unwrap();
+        assert_eq!(f.load().unwrap(), Some(d.clone()));
+        std::fs::write(
+            dir.path().join(STATE_FILE),
+            pb::StateFile {
+                format: 99,
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        )
+        .unwrap();
+        assert!(f.load().unwrap_err().to_string().contains("format 99"));
+    }
+}

@@ -1,0 +1,357 @@
+//! The desired-state hub: keeps the site model in memory, follows the store,
+//! and tells each connected agent's stream when something that concerns it
+//! changed.
+//!
+//! The hub never renders or sends itself and never waits for a stream: it
+//! only marks a stream's pending work (a full re-render, or the parts of a
+//! gateway's state that changed) and wakes it. Each stream task renders and
+//! sends at its own pace, so a slow agent receives the changes coalesced into
+//! one delta and never holds up the others.
+//!
+//! Concerns: a node record → that node and every gateway (one part each);
+//! a gateway record → every node (the overlay's far end) and that gateway;
+//! a peering → every agent; the site → every agent.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use crate::domain::{AgentRole, Gateway, Node, Peering, Site, now_ms};
+use crate::error::Error;
+use crate::render::{Model, Part};
+use crate::state::State;
+use crate::store::{EventKind, LeaseId, Op, StoreError, Txn};
+
+pub type AgentKey = (AgentRole, String);
+
+/// Work waiting for one stream.
+#[derive(Debug, Default)]
+pub struct Pending {
+    pub full: bool,
+    pub parts: BTreeSet<Part>,
+    /// The agent's record was deleted: end the stream.
+    pub removed: bool,
+}
+
+/// One connected stream.
+#[derive(Debug, Default)]
+pub struct Slot {
+    pending: Mutex<Pending>,
+    pub notify: Notify,
+    /// Revision of the last state sent on this stream.
+    pub latest: AtomicI64,
+    /// A newer stream of the same agent replaced this one.
+    pub superseded: AtomicBool,
+}
+
+impl Slot {
+    pub fn take(&self) -> Pending {
+        std::mem::take(&mut *self.pending.lock().unwrap())
+    }
+
+    fn mark(&self, f: impl FnOnce(&mut Pending)) {
+        f(&mut self.pending.lock().unwrap());
+        self.notify.notify_one();
+    }
+}
+
+/// Liveness and status as stored under `alive/<role>/<name>`, on a lease.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AliveRecord {
+    pub applied_revision: i64,
+    pub errors: Vec<String>,
+    pub since_ms: u64,
+}
+
+struct Live {
+    lease: LeaseId,
+    last: AliveRecord,
+    last_seen_ms: u64,
+}
+
+pub struct Hub {
+    state: State,
+    model: RwLock<Arc<Model>>,
+    slots: Mutex<HashMap<AgentKey, Arc<Slot>>>,
+    live: tokio::sync::Mutex<HashMap<AgentKey, Live>>,
+    last_seen: Mutex<HashMap<AgentKey, u64>>,
+    pub agent_ttl: Duration,
+    /// Dropped with the hub, which ends the store follower.
+    _alive: tokio::sync::oneshot::Sender<()>,
+}
+
+fn same_but_certs_node(a: &Node, b: &Node) -> bool {
+    Node {
+        certs: vec![],
+        ..a.clone()
+    } == Node {
+        certs: vec![],
+        ..b.clone()
+    }
+}
+
+fn same_but_certs_gateway(a: &Gateway, b: &Gateway) -> bool {
+    Gateway {
+        certs: vec![],
+        ..a.clone()
+    } == Gateway {
+        certs: vec![],
+        ..b.clone()
+    }
+}
+
+impl Hub {
+    /// Loads the model and starts following the store.
+    pub async fn start(state: State, agent_ttl: Duration) -> Result<Arc<Hub>, Error> {
+        let model = state.model().await?;
+        let (alive_tx, alive_rx) = tokio::sync::oneshot::channel();
+        let hub = Arc::new(Hub {
+            state,
+            model: RwLock::new(Arc::new(model)),
+            slots: Mutex::new(HashMap::new()),
+            live: tokio::sync::Mutex::new(HashMap::new()),
+            last_seen: Mutex::new(HashMap::new()),
+            agent_ttl,
+            _alive: alive_tx,
+        });
+        tokio::spawn(follow(Arc::downgrade(&hub), alive_rx));
+        Ok(hub)
+    }
+
+    pub fn model(&self) -> Arc<Model> {
+        self.model.read().unwrap().clone()
+    }
+
+    /// Registers a stream for `key`, replacing (and ending) an older one.
+    pub fn subscribe(&self, key: AgentKey) -> Arc<Slot> {
+        let slot = Arc::new(Slot::default());
+        if let Some(old) = self.slots.lock().unwrap().insert(key, slot.clone()) {
+            old.superseded.store(true, Ordering::SeqCst);
+            old.notify.notify_one();
+        }
+        slot
+    }
+
+    pub fn unsubscribe(&self, key: &AgentKey, slot: &Arc<Slot>) {
+        let mut slots = self.slots.lock().unwrap();
+        if slots.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            slots.remove(key);
+        }
+    }
+
+    /// The revision of the last state sent to `key`, if it is connected here.
+    pub fn latest(&self, key: &AgentKey) -> Option<i64> {
+        self.slots
+            .lock()
+            .unwrap()
+            .get(key)
+            .map(|s| s.latest.load(Ordering::SeqCst))
+    }
+
+    pub fn connected(&self) -> usize {
+        self.slots.lock().unwrap().len()
+    }
+
+    fn apply(&self, key: &str, kind: EventKind, value: &[u8], revision: i64) {
+        let root = self.state.root();
+        let Some(rest) = key.strip_prefix(root) else { return };
+        let mut model = (*self.model()).clone();
+        model.revision = revision;
+        let slots = self.slots.lock().unwrap();
+        let each = |role: AgentRole, f: &dyn Fn(&Slot)| {
+            for ((r, _), s) in slots.iter() {
+                if *r == role {
+                    f(s);
+                }
+            }
+        };
+        let put = kind == EventKind::Put;
+        if rest == "site" {
+            if put && let Ok(s) = serde_json::from_slice::<Site>(value) {
+                model.site = Some(Arc::new(s));
+            }
+            for s in slots.values() {
+                s.mark(|p| p.full = true);
+            }
+        } else if let Some(name) = rest.strip_prefix("nodes/") {
+            let old = model.nodes.get(name).cloned();
+            let new = if put {
+                serde_json::from_slice::<Node>(value).ok().map(Arc::new)
+            } else {
+                None
+            };
+            match &new {
+                Some(n) => model.nodes.insert(name.to_string(), n.clone()),
+                None => model.nodes.remove(name),
+            };
+            let unchanged = matches!((&old, &new), (Some(a), Some(b)) if same_but_certs_node(a, b));
+            if !unchanged {
+                if let Some(s) = slots.get(&(AgentRole::Node, name.to_string())) {
+                    s.mark(|p| if new.is_none() { p.removed = true } else { p.full = true });
+                }
+                each(AgentRole::Gateway, &|s| {
+                    s.mark(|p| {
+                        p.parts.insert(Part::Node(name.to_string()));
+                    })
+                });
+            }
+        } else if let Some(name) = rest.strip_prefix("gateways/") {
+            let old = model.gateways.get(name).cloned();
+            let new = if put {
+                serde_json::from_slice::<Gateway>(value).ok().map(Arc::new)
+            } else {
+                None
+            };
+            match &new {
+                Some(g) => model.gateways.insert(name.to_string(), g.clone()),
+                None => model.gateways.remove(name),
+            };
+            let unchanged = matches!((&old, &new), (Some(a), Some(b)) if same_but_certs_gateway(a, b));
+            if !unchanged {
+                if let Some(s) = slots.get(&(AgentRole::Gateway, name.to_string())) {
+                    s.mark(|p| if new.is_none() { p.removed = true } else { p.full = true });
+                }
+                each(AgentRole::Node, &|s| s.mark(|p| p.full = true));
+            }
+        } else if let Some(name) = rest.strip_prefix("peerings/") {
+            match put.then(|| serde_json::from_slice::<Peering>(value).ok()).flatten() {
+                Some(p) => model.peerings.insert(name.to_string(), Arc::new(p)),
+                None => model.peerings.remove(name),
+            };
+            each(AgentRole::Node, &|s| s.mark(|p| p.full = true));
+            each(AgentRole::Gateway, &|s| {
+                s.mark(|p| {
+                    p.parts.insert(Part::Peer(name.to_string()));
+                })
+            });
+        } else {
+            return;
+        }
+        drop(slots);
+        *self.model.write().unwrap() = Arc::new(model);
+    }
+
+    /// Reloads everything (after a broken watch) and re-renders every stream.
+    async fn reload(&self) -> Result<i64, Error> {
+        let model = self.state.model().await?;
+        let rev = model.revision;
+        *self.model.write().unwrap() = Arc::new(model);
+        for s in self.slots.lock().unwrap().values() {
+            s.mark(|p| p.full = true);
+        }
+        Ok(rev)
+    }
+
+    /// An agent's report: its heartbeat, applied revision and errors. The
+    /// record under `alive/` lives on a lease with the agent TTL; it is
+    /// rewritten only when what it says changes.
+    pub async fn report(&self, key: AgentKey, applied: i64, errors: Vec<String>) -> Result<(), Error> {
+        let now = now_ms();
+        self.last_seen.lock().unwrap().insert(key.clone(), now);
+        let alive_key = self.state.alive_key(key.0, &key.1);
+        let store = self.state.store();
+        let mut live = self.live.lock().await;
+        let record = AliveRecord {
+            applied_revision: applied,
+            errors,
+            since_ms: now,
+        };
+        if let Some(l) = live.get_mut(&key) {
+            match store.lease_keep_alive(l.lease).await {
+                Ok(_) => {
+                    l.last_seen_ms = now;
+                    if l.last.applied_revision == record.applied_revision && l.last.errors == record.errors {
+                        return Ok(());
+                    }
+                    let put = Op::Put {
+                        key: alive_key,
+                        value: serde_json::to_vec(&record).unwrap(),
+                        lease: Some(l.lease),
+                    };
+                    store.txn(Txn::new().then(put)).await?;
+                    l.last = record;
+                    return Ok(());
+                }
+                Err(StoreError::LeaseNotFound(_)) => {
+                    live.remove(&key);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let lease = store.lease_grant(self.agent_ttl).await?;
+        let put = Op::Put {
+            key: alive_key,
+            value: serde_json::to_vec(&record).unwrap(),
+            lease: Some(lease),
+        };
+        store.txn(Txn::new().then(put)).await?;
+        live.insert(
+            key,
+            Live {
+                lease,
+                last: record,
+                last_seen_ms: now,
+            },
+        );
+        Ok(())
+    }
+
+    /// When this replica last heard from `key`.
+    pub fn last_seen(&self, key: &AgentKey) -> Option<u64> {
+        self.last_seen.lock().unwrap().get(key).copied()
+    }
+}
+
+/// Follows the store under the site's root and feeds the hub; on any break
+/// (compaction, store outage) reloads and resumes.
+async fn follow(hub: std::sync::Weak<Hub>, mut gone: tokio::sync::oneshot::Receiver<()>) {
+    let mut from = match hub.upgrade() {
+        Some(h) => h.model().revision + 1,
+        None => return,
+    };
+    loop {
+        let Some(h) = hub.upgrade() else { return };
+        let root = h.state.root().to_string();
+        let store = h.state.store().clone();
+        drop(h);
+        match store.watch_prefix(&root, from).await {
+            Ok(mut w) => loop {
+                let batch = tokio::select! {
+                    b = w.next() => match b {
+                        Some(b) => b,
+                        None => break,
+                    },
+                    _ = &mut gone => return,
+                };
+                let Some(h) = hub.upgrade() else { return };
+                match batch {
+                    Ok(b) => {
+                        for ev in &b.events {
+                            h.apply(&ev.kv.key, ev.kind, &ev.kv.value, b.revision);
+                        }
+                        from = b.revision + 1;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "desired-state watch broke; reloading");
+                        break;
+                    }
+                }
+            },
+            Err(e) => tracing::warn!(error = %e, "cannot watch the store; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = &mut gone => return,
+        }
+        let Some(h) = hub.upgrade() else { return };
+        match h.reload().await {
+            Ok(rev) => from = rev + 1,
+            Err(e) => tracing::warn!(error = %e, "cannot reload the site model"),
+        }
+    }
+}

@@ -1,0 +1,452 @@
+//! Desired state per agent: pure functions of the site model.
+//!
+//! The objects are the `weft.v1` desired-state messages themselves (they are
+//! the contract with the agents), keyed by stable ids grouped by the record
+//! they come from: `self/…` (the agent's own record and the site),
+//! `node/<name>/…` (a node, on a gateway), `peer/<site>/…` (a peering). A
+//! change to one record therefore re-renders only the ids under its prefix.
+//!
+//! What is rendered now is the overlay between nodes and the active gateway
+//! (VXLAN, addresses, routes to node subnets and to peers' local views, the
+//! policy rules that select weft's table) and each peering's namespace and
+//! prefix NAT maps. The data-plane issue extends it (WireGuard, SNAT of host
+//! traffic) without changing the protocol.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use imbl::OrdMap;
+use sha2::Digest;
+use weft_proto::v1 as pb;
+use weft_proto::v1::desired_object::Kind;
+
+use crate::domain::{Gateway, Node, Peering, Site};
+
+/// weft's routing table and the priority of its policy rules.
+pub const TABLE: u32 = 7765;
+pub const RULE_PRIORITY: u32 = 7765;
+pub const VXLAN_PORT: u32 = 4789;
+/// VXLAN on a 1500-byte underlay.
+pub const OVERLAY_MTU: u32 = 1450;
+/// The node's end of the overlay.
+pub const NODE_LINK: &str = "weft-vx0";
+
+/// The site as the renderer sees it, at one store revision. Persistent maps
+/// make a new version per change cheap.
+#[derive(Clone, Debug, Default)]
+pub struct Model {
+    pub revision: i64,
+    pub site: Option<Arc<Site>>,
+    pub nodes: OrdMap<String, Arc<Node>>,
+    pub gateways: OrdMap<String, Arc<Gateway>>,
+    pub peerings: OrdMap<String, Arc<Peering>>,
+}
+
+pub type Objects = BTreeMap<String, pb::DesiredObject>;
+
+/// A part of a gateway's state that one record determines.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Part {
+    Node(String),
+    Peer(String),
+}
+
+impl Part {
+    pub fn prefix(&self) -> String {
+        match self {
+            Part::Node(n) => format!("node/{n}/"),
+            Part::Peer(p) => format!("peer/{p}/"),
+        }
+    }
+}
+
+fn short_hash(s: &str, hex_len: usize) -> String {
+    sha2::Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>()[..hex_len]
+        .to_string()
+}
+
+/// The VXLAN id of a node's tunnel: the low 24 bits of its overlay address
+/// (unique within the internal CIDR, never 0 for a host address of a /8 or
+/// smaller block).
+pub fn vni(internal_ip: Ipv4Addr) -> u32 {
+    u32::from(internal_ip) & 0x00ff_ffff
+}
+
+/// The gateway's interface toward node `name` (15 bytes at most).
+pub fn gateway_link_name(node: &str) -> String {
+    format!("weft-n{}", short_hash(node, 9))
+}
+
+/// The namespace of the peering with `site`.
+pub fn peering_namespace(site: &str) -> String {
+    format!("weft-p-{}", short_hash(site, 8))
+}
+
+fn obj(id: String, kind: Kind) -> (String, pb::DesiredObject) {
+    (id.clone(), pb::DesiredObject { id, kind: Some(kind) })
+}
+
+fn vxlan(name: String, vni: u32, local: IpAddr, remote: IpAddr) -> Kind {
+    Kind::Link(pb::Link {
+        name,
+        namespace: String::new(),
+        mtu: OVERLAY_MTU,
+        kind: Some(pb::link::Kind::Vxlan(pb::Vxlan {
+            vni,
+            local: local.to_string(),
+            remote: remote.to_string(),
+            port: VXLAN_PORT,
+        })),
+    })
+}
+
+/// The gateway nodes tunnel to: the first (by name) that has an overlay
+/// address and an underlay address. (Active/standby comes with HA.)
+pub fn active_gateway(m: &Model) -> Option<&Arc<Gateway>> {
+    m.gateways
+        .values()
+        .find(|g| g.internal_ip.is_some() && g.underlay_ip.is_some())
+}
+
+/// Everything node `name` must have.
+pub fn node(m: &Model, name: &str) -> Objects {
+    let mut out = Objects::new();
+    let (Some(site), Some(n), Some(g)) = (&m.site, m.nodes.get(name), active_gateway(m)) else {
+        return out;
+    };
+    let (Some(ip), Some(underlay)) = (n.internal_ip, n.underlay_ip) else {
+        return out;
+    };
+    let (gw_ip, gw_underlay) = (g.internal_ip.unwrap(), g.underlay_ip.unwrap());
+    out.extend([
+        obj(
+            "self/link".into(),
+            vxlan(NODE_LINK.into(), vni(ip), underlay, gw_underlay),
+        ),
+        obj(
+            "self/addr".into(),
+            Kind::Address(pb::Address {
+                link: NODE_LINK.into(),
+                namespace: String::new(),
+                cidr: format!("{ip}/{}", site.internal_cidr.prefix_len()),
+            }),
+        ),
+    ]);
+    for p in m.peerings.values() {
+        for v in &p.views {
+            let base = format!("peer/{}/{}", p.site_id, v.kind);
+            out.extend([
+                obj(
+                    format!("{base}/route"),
+                    Kind::Route(pb::Route {
+                        namespace: String::new(),
+                        table: TABLE,
+                        destination: v.local.to_string(),
+                        gateway: gw_ip.to_string(),
+                        device: NODE_LINK.into(),
+                    }),
+                ),
+                obj(
+                    format!("{base}/rule"),
+                    Kind::Rule(pb::Rule {
+                        namespace: String::new(),
+                        priority: RULE_PRIORITY,
+                        from: String::new(),
+                        to: v.local.to_string(),
+                        table: TABLE,
+                    }),
+                ),
+            ]);
+        }
+    }
+    out
+}
+
+/// The part of gateway `g`'s state that `part` determines.
+pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
+    let mut out = Objects::new();
+    match part {
+        Part::Node(name) => {
+            let Some(n) = m.nodes.get(name) else { return out };
+            let (Some(gw_ip), Some(gw_underlay), Some(ip), Some(underlay)) =
+                (g.internal_ip, g.underlay_ip, n.internal_ip, n.underlay_ip)
+            else {
+                return out;
+            };
+            let link = gateway_link_name(name);
+            let base = part.prefix();
+            out.extend([
+                obj(
+                    format!("{base}link"),
+                    vxlan(link.clone(), vni(ip), gw_underlay, underlay),
+                ),
+                obj(
+                    format!("{base}addr"),
+                    Kind::Address(pb::Address {
+                        link: link.clone(),
+                        namespace: String::new(),
+                        cidr: format!("{gw_ip}/32"),
+                    }),
+                ),
+                obj(
+                    format!("{base}route"),
+                    Kind::Route(pb::Route {
+                        namespace: String::new(),
+                        table: TABLE,
+                        destination: n.subnet.to_string(),
+                        gateway: ip.to_string(),
+                        device: link,
+                    }),
+                ),
+            ]);
+        }
+        Part::Peer(site_id) => {
+            let Some(p) = m.peerings.get(site_id) else { return out };
+            let ns = peering_namespace(site_id);
+            let base = part.prefix();
+            out.extend([obj(
+                format!("{base}netns"),
+                Kind::Namespace(pb::Namespace { name: ns.clone() }),
+            )]);
+            for v in p.views.iter().filter(|v| v.remapped()) {
+                out.extend([obj(
+                    format!("{base}{}/nat", v.kind),
+                    Kind::NatMap(pb::NatMap {
+                        namespace: ns.clone(),
+                        real_cidr: v.real.to_string(),
+                        local_cidr: v.local.to_string(),
+                    }),
+                )]);
+            }
+        }
+    }
+    out
+}
+
+/// Gateway-wide objects: the rules that send pod traffic to weft's table.
+fn gateway_self(m: &Model) -> Objects {
+    let mut out = Objects::new();
+    if let Some(site) = &m.site {
+        for (i, pod) in site.pod_cidrs.iter().enumerate() {
+            out.extend([obj(
+                format!("self/rule/{i}"),
+                Kind::Rule(pb::Rule {
+                    namespace: String::new(),
+                    priority: RULE_PRIORITY,
+                    from: String::new(),
+                    to: pod.to_string(),
+                    table: TABLE,
+                }),
+            )]);
+        }
+    }
+    out
+}
+
+/// Everything gateway `name` must have.
+pub fn gateway(m: &Model, name: &str) -> Objects {
+    let Some(g) = m.gateways.get(name) else {
+        return Objects::new();
+    };
+    let mut out = gateway_self(m);
+    for n in m.nodes.keys() {
+        out.extend(gateway_part(m, g, &Part::Node(n.clone())));
+    }
+    for p in m.peerings.keys() {
+        out.extend(gateway_part(m, g, &Part::Peer(p.clone())));
+    }
+    out
+}
+
+/// Replaces the objects under `part`'s prefix in `objects` with a fresh
+/// rendering of that part.
+pub fn rerender_part(objects: &mut Objects, m: &Model, gateway_name: &str, part: &Part) {
+    let prefix = part.prefix();
+    let stale: Vec<String> = objects
+        .range(prefix.clone()..)
+        .take_while(|(k, _)| k.starts_with(&prefix))
+        .map(|(k, _)| k.clone())
+        .collect();
+    for k in stale {
+        objects.remove(&k);
+    }
+    if let Some(g) = m.gateways.get(gateway_name) {
+        objects.extend(gateway_part(m, g, part));
+    }
+}
+
+/// The content hash agents and controller compare: the first 8 bytes of
+/// SHA-256 of the encoded object.
+pub fn hash(o: &pb::DesiredObject) -> u64 {
+    weft_proto::object_hash(o)
+}
+
+/// What turns `old` into `new`: (upserts, deletes).
+pub fn diff(old: &Objects, new: &Objects) -> (Vec<pb::DesiredObject>, Vec<String>) {
+    let upserts = new
+        .iter()
+        .filter(|(k, v)| old.get(*k) != Some(v))
+        .map(|(_, v)| v.clone())
+        .collect();
+    let deletes = old.keys().filter(|k| !new.contains_key(*k)).cloned().collect();
+    (upserts, deletes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{PeeringState, SubnetSource};
+    use crate::ipam::{CidrKind, View};
+
+    fn n(s: &str) -> ipnet::Ipv4Net {
+        s.parse().unwrap()
+    }
+
+    fn model() -> Model {
+        let site = Site {
+            id: "a".into(),
+            pod_cidrs: vec![n("10.1.0.0/16")],
+            external_cidr: n("10.70.0.0/16"),
+            internal_cidr: n("10.80.0.0/16"),
+            reserved_cidrs: vec![],
+            remap_pools: vec![n("10.0.0.0/8")],
+            node_prefix_len: 24,
+        };
+        let node = |name: &str, i: u8| Node {
+            name: name.into(),
+            subnet: n(&format!("10.1.{i}.0/24")),
+            source: SubnetSource::Allocated,
+            created_at_ms: 0,
+            certs: vec![],
+            internal_ip: Some(Ipv4Addr::new(10, 80, 0, i)),
+            underlay_ip: Some(IpAddr::V4(Ipv4Addr::new(192, 168, 1, i))),
+        };
+        let gw = Gateway {
+            name: "gw1".into(),
+            endpoint: None,
+            public_key: None,
+            created_at_ms: 0,
+            certs: vec![],
+            internal_ip: Some(Ipv4Addr::new(10, 80, 0, 100)),
+            underlay_ip: Some(IpAddr::V4(Ipv4Addr::new(192, 168, 1, 100))),
+        };
+        let peering = Peering {
+            site_id: "b".into(),
+            state: PeeringState::Negotiated,
+            views: vec![
+                View {
+                    kind: CidrKind::Workload,
+                    real: n("10.1.0.0/16"),
+                    local: n("10.0.0.0/16"),
+                    pool: Some(n("10.0.0.0/8")),
+                },
+                View {
+                    kind: CidrKind::External,
+                    real: n("10.99.0.0/16"),
+                    local: n("10.99.0.0/16"),
+                    pool: None,
+                },
+            ],
+            created_at_ms: 0,
+            last_error: None,
+        };
+        let mut m = Model {
+            revision: 7,
+            site: Some(Arc::new(site)),
+            ..Default::default()
+        };
+        m.nodes.insert("n1".into(), Arc::new(node("n1", 1)));
+        m.nodes.insert("n2".into(), Arc::new(node("n2", 2)));
+        m.gateways.insert("gw1".into(), Arc::new(gw));
+        m.peerings.insert("b".into(), Arc::new(peering));
+        m
+    }
+
+    #[test]
+    fn node_gets_overlay_to_the_gateway_and_routes_to_peer_views() {
+        let objs = node(&model(), "n1");
+        let ids: Vec<&str> = objs.keys().map(String::as_str).collect();
+        assert_eq!(
+            ids,
+            [
+                "peer/b/external/route",
+                "peer/b/external/rule",
+                "peer/b/workload/route",
+                "peer/b/workload/rule",
+                "self/addr",
+                "self/link"
+            ]
+        );
+        let Some(Kind::Link(l)) = &objs["self/link"].kind else {
+            panic!()
+        };
+        let Some(pb::link::Kind::Vxlan(v)) = &l.kind else {
+            panic!()
+        };
+        assert_eq!(
+            (v.vni, v.local.as_str(), v.remote.as_str()),
+            (0x50_0001 & 0xff_ffff, "192.168.1.1", "192.168.1.100")
+        );
+        let Some(Kind::Route(r)) = &objs["peer/b/workload/route"].kind else {
+            panic!()
+        };
+        assert_eq!(
+            (r.destination.as_str(), r.gateway.as_str(), r.table),
+            ("10.0.0.0/16", "10.80.0.100", TABLE)
+        );
+    }
+
+    #[test]
+    fn gateway_gets_a_tunnel_per_node_and_nat_for_remapped_views_only() {
+        let m = model();
+        let objs = gateway(&m, "gw1");
+        assert!(objs.contains_key("node/n1/link") && objs.contains_key("node/n2/route"));
+        assert!(objs.contains_key("peer/b/workload/nat"));
+        assert!(
+            !objs.contains_key("peer/b/external/nat"),
+            "an unmapped view needs no NAT"
+        );
+        let Some(Kind::Link(l)) = &objs["node/n2/link"].kind else {
+            panic!()
+        };
+        assert!(l.name.len() <= 15 && l.name.starts_with("weft"));
+        // nodes without a gateway get nothing yet
+        let mut m2 = m.clone();
+        m2.gateways.clear();
+        assert!(node(&m2, "n1").is_empty());
+    }
+
+    #[test]
+    fn partial_rerender_equals_full_render() {
+        let mut m = model();
+        let mut objs = gateway(&m, "gw1");
+        let mut n3 = (*m.nodes["n2"]).clone();
+        n3.name = "n3".into();
+        n3.internal_ip = Some(Ipv4Addr::new(10, 80, 0, 3));
+        m.nodes.insert("n3".into(), Arc::new(n3));
+        m.nodes.remove("n1");
+        rerender_part(&mut objs, &m, "gw1", &Part::Node("n3".into()));
+        rerender_part(&mut objs, &m, "gw1", &Part::Node("n1".into()));
+        assert_eq!(objs, gateway(&m, "gw1"));
+    }
+
+    #[test]
+    fn diff_and_hash() {
+        let m = model();
+        let a = gateway(&m, "gw1");
+        let mut m2 = m.clone();
+        m2.nodes.remove("n2");
+        let b = gateway(&m2, "gw1");
+        let (up, del) = diff(&a, &b);
+        assert!(up.is_empty());
+        assert_eq!(del, ["node/n2/addr", "node/n2/link", "node/n2/route"]);
+        let (up, del) = diff(&b, &a);
+        assert_eq!((up.len(), del.len()), (3, 0));
+        assert_eq!(hash(&a["self/rule/0"]), hash(&a["self/rule/0"].clone()));
+        assert_ne!(hash(&a["node/n1/link"]), hash(&a["node/n2/link"]));
+    }
+}
