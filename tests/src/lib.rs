@@ -7,6 +7,8 @@
 //! with a message outside CI, and fails under `CI=true`: a green CI must
 //! mean the test ran.
 
+pub mod inproc;
+
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

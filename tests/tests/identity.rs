@@ -6,132 +6,14 @@
 use std::time::Duration;
 
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
-use weft_controller::config::{self, ControllerArgs, FileConfig};
 use weft_controller::pki::SiteCa;
 use weft_proto::v1 as pb;
 use weft_proto::v1::admin_service_client::AdminServiceClient;
 use weft_proto::v1::agent_service_client::AgentServiceClient;
 
-struct InProc {
-    dir: tempfile::TempDir,
-    port: u16,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
-}
-
-impl InProc {
-    async fn start() -> InProc {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let dir = tempfile::Builder::new().prefix("weft-identity").tempdir().unwrap();
-        let args = ControllerArgs {
-            site_id: Some("site-a".into()),
-            pod_cidrs: vec!["10.1.0.0/16".into()],
-            data_dir: Some(dir.path().join("data")),
-            listen: Some("127.0.0.1:0".into()),
-            ..Default::default()
-        };
-        let cfg = config::resolve(&args, FileConfig::default()).unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (btx, brx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(weft_controller::server::run(
-            cfg,
-            async {
-                let _ = stopped.await;
-            },
-            move |b| {
-                let _ = btx.send(b.listen.port());
-            },
-        ));
-        let port = brx.await.expect("controller failed to start");
-        InProc {
-            dir,
-            port,
-            stop: Some(stop),
-            task: Some(task),
-        }
-    }
-
-    fn pki(&self, f: &str) -> String {
-        std::fs::read_to_string(self.dir.path().join("data/pki").join(f)).unwrap()
-    }
-
-    async fn channel(&self, client: Option<(&str, &str)>) -> Channel {
-        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(self.pki("ca.pem")));
-        if let Some((c, k)) = client {
-            tls = tls.identity(Identity::from_pem(c, k));
-        }
-        Endpoint::from_shared(format!("https://127.0.0.1:{}", self.port))
-            .unwrap()
-            .tls_config(tls)
-            .unwrap()
-            .connect()
-            .await
-            .unwrap()
-    }
-
-    async fn admin(&self) -> AdminServiceClient<Channel> {
-        AdminServiceClient::new(
-            self.channel(Some((&self.pki("admin.pem"), &self.pki("admin.key"))))
-                .await,
-        )
-    }
-
-    async fn revision(&self) -> i64 {
-        self.admin()
-            .await
-            .get_site(pb::GetSiteRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .revision
-    }
-
-    async fn token(&self, name: &str, ttl: u64, uses: u32) -> String {
-        let r = self
-            .admin()
-            .await
-            .create_token(pb::CreateTokenRequest {
-                role: pb::AgentRole::Node as i32,
-                name: name.into(),
-                ttl_seconds: ttl,
-                uses,
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        r.token
-    }
-
-    /// Enrolls `name` with `token`; returns (cert, key) or the status.
-    async fn register(&self, token: &str, name: &str) -> Result<(String, String), Status> {
-        let key = KeyPair::generate().unwrap();
-        let csr = CertificateParams::new(Vec::<String>::new())
-            .unwrap()
-            .serialize_request(&key)
-            .unwrap()
-            .pem()
-            .unwrap();
-        let r = AgentServiceClient::new(self.channel(None).await)
-            .register(pb::RegisterRequest {
-                token: token.into(),
-                csr_pem: csr,
-                name: name.into(),
-                subnet: String::new(),
-                underlay_ip: String::new(),
-            })
-            .await?
-            .into_inner();
-        Ok((r.certificate_pem, key.serialize_pem()))
-    }
-
-    async fn stop(mut self) -> tempfile::TempDir {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.take().unwrap().await.unwrap().unwrap();
-        self.dir
-    }
-}
+use weft_tests::inproc::InProc;
 
 fn refused<T: std::fmt::Debug>(r: Result<T, Status>, code: Code, needle: &str) {
     let s = r.expect_err("the call must be refused");
