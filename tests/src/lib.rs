@@ -45,9 +45,15 @@ pub fn bin_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("WEFT_BIN_DIR") {
         return PathBuf::from(d);
     }
-    // This test executable lives in target/<profile>/deps/.
+    // Test executables live in target/<profile>/deps/, binaries such as
+    // weft-fanout beside the others in target/<profile>/.
     let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+    let dir = exe.parent().unwrap();
+    if dir.ends_with("deps") {
+        dir.parent().unwrap().to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 /// Path of a workspace binary; panics with what to do when it is not built.
@@ -281,6 +287,11 @@ impl Controller {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The controller's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.id())
     }
 
     /// `unix:<socket>`, for weftctl.

@@ -1,0 +1,337 @@
+//! The fan-out benchmark: N simulated agents (each its own key,
+//! certificate, TLS connection and Watch stream, acknowledging every message
+//! with a Report) against one real `weft-controller` process on the
+//! embedded store or a real etcd. Measures the time to connect all N, the
+//! time until every agent acknowledged a change that concerns all of them,
+//! the time for a change that concerns one agent to reach it while all N are
+//! connected, and the controller's CPU time and peak RSS.
+//!
+//! `weft-fanout --agents 1000 --store embedded` (see docs/benchmarks.md).
+//! Build with `--release` for figures worth recording.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use rcgen::{CertificateParams, KeyPair};
+use tokio::sync::mpsc;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use weft_proto::v1 as pb;
+use weft_proto::v1::admin_service_client::AdminServiceClient;
+use weft_proto::v1::agent_service_client::AgentServiceClient;
+use weft_tests::{Controller, Etcd};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Simulated node agents.
+    #[arg(long, default_value_t = 1000)]
+    agents: usize,
+    /// embedded or etcd.
+    #[arg(long, default_value = "embedded")]
+    store: String,
+    /// Single-agent changes to time.
+    #[arg(long, default_value_t = 50)]
+    single_changes: usize,
+    /// Registrations and connections in flight at once.
+    #[arg(long, default_value_t = 64)]
+    parallel: usize,
+}
+
+struct Ctx {
+    port: u16,
+    ca_pem: String,
+}
+
+impl Ctx {
+    async fn channel(&self, id: Option<(&str, &str)>) -> anyhow::Result<Channel> {
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
+        if let Some((c, k)) = id {
+            tls = tls.identity(Identity::from_pem(c, k));
+        }
+        Ok(Endpoint::from_shared(format!("https://127.0.0.1:{}", self.port))?
+            .tls_config(tls)?
+            .connect_timeout(Duration::from_secs(30))
+            .connect()
+            .await?)
+    }
+
+    async fn register(&self, token: &str, name: &str, underlay: &str) -> anyhow::Result<(String, String)> {
+        let key = KeyPair::generate()?;
+        let csr = CertificateParams::new(Vec::<String>::new())?
+            .serialize_request(&key)?
+            .pem()?;
+        let r = AgentServiceClient::new(self.channel(None).await?)
+            .register(pb::RegisterRequest {
+                token: token.into(),
+                csr_pem: csr,
+                name: name.into(),
+                subnet: String::new(),
+                underlay_ip: underlay.into(),
+            })
+            .await
+            .with_context(|| format!("registering {name}"))?
+            .into_inner();
+        Ok((r.certificate_pem, key.serialize_pem()))
+    }
+}
+
+enum Event {
+    Connected,
+    /// Agent index, when it acknowledged.
+    Acked(usize, Instant),
+    /// A gateway message naming these node ids.
+    GatewaySaw(Vec<String>, Instant),
+}
+
+fn underlay(i: usize) -> String {
+    format!("10.{}.{}.{}", 100 + (i >> 16), (i >> 8) & 255, i & 255)
+}
+
+/// /proc/<pid>: (cpu seconds, peak RSS in MiB).
+fn proc_stats(pid: u32) -> (f64, f64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks = 100.0; // USER_HZ on Linux
+    let cpu = fields.get(11).and_then(|u| u.parse::<f64>().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|k| k.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    (cpu / ticks, hwm / 1024.0)
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::Builder::new().prefix("weft-fanout").tempdir()?;
+    let etcd = if args.store == "etcd" {
+        Some(Etcd::start().context("etcd is not installed")?)
+    } else {
+        None
+    };
+    let mut flags = vec![
+        "--pod-cidr".to_string(),
+        "10.0.0.0/8".into(),
+        "--node-prefix-len".into(),
+        "24".into(),
+    ];
+    flags.extend([
+        "--internal-cidr".into(),
+        "100.64.0.0/10".into(),
+        "--external-cidr".into(),
+        "172.16.0.0/16".into(),
+    ]);
+    flags.extend([
+        "--agent-ttl".into(),
+        "600s".into(),
+        "--log-format".into(),
+        "human".into(),
+    ]);
+    if let Some(e) = &etcd {
+        flags.extend(["--etcd-endpoints".into(), e.endpoint()]);
+    }
+    let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let c = Controller::start("bench", &dir.path().join("data"), &refs);
+    let pid = c.pid();
+    let ctx = Arc::new(Ctx {
+        port: c.listen_port,
+        ca_pem: std::fs::read_to_string(c.pki("ca.pem"))?,
+    });
+    let admin_id = (
+        std::fs::read_to_string(c.pki("admin.pem"))?,
+        std::fs::read_to_string(c.pki("admin.key"))?,
+    );
+    let admin = AdminServiceClient::new(ctx.channel(Some((&admin_id.0, &admin_id.1))).await?);
+    let token = |role: pb::AgentRole, uses: u32| {
+        let mut admin = admin.clone();
+        async move {
+            Ok::<_, anyhow::Error>(
+                admin
+                    .create_token(pb::CreateTokenRequest {
+                        role: role as i32,
+                        name: String::new(),
+                        ttl_seconds: 7200,
+                        uses,
+                    })
+                    .await?
+                    .into_inner()
+                    .token,
+            )
+        }
+    };
+    let n = args.agents;
+    let (cpu0, _) = proc_stats(pid);
+
+    // Enroll N node agents.
+    let t_enroll = Instant::now();
+    let node_token = Arc::new(token(pb::AgentRole::Node, n as u32).await?);
+    let sem = Arc::new(tokio::sync::Semaphore::new(args.parallel));
+    let mut handles = Vec::new();
+    for i in 0..n {
+        let (ctx, tok, sem) = (ctx.clone(), node_token.clone(), sem.clone());
+        handles.push(tokio::spawn(async move {
+            let _p = sem.acquire().await.unwrap();
+            ctx.register(&tok, &format!("n{i}"), &underlay(i)).await
+        }));
+    }
+    let mut ids = Vec::with_capacity(n);
+    for h in handles {
+        ids.push(h.await??);
+    }
+    let enroll_time = t_enroll.elapsed();
+
+    // Connect all N streams.
+    let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
+    let t_connect = Instant::now();
+    for (i, (cert, key)) in ids.into_iter().enumerate() {
+        let (ctx, tx, sem) = (ctx.clone(), tx.clone(), sem.clone());
+        tokio::spawn(async move {
+            let permit = sem.acquire().await.unwrap();
+            let ch = ctx.channel(Some((&cert, &key))).await.expect("connect");
+            let mut c = AgentServiceClient::new(ch);
+            let mut s = c
+                .watch(pb::WatchRequest {
+                    last_revision: 0,
+                    known: vec![],
+                })
+                .await
+                .expect("watch")
+                .into_inner();
+            let first = s.message().await.expect("first message").expect("stream open");
+            c.report(pb::ReportRequest {
+                applied_revision: first.revision,
+                errors: vec![],
+            })
+            .await
+            .expect("report");
+            drop(permit);
+            let _ = tx.send(Event::Connected);
+            while let Ok(Some(m)) = s.message().await {
+                let _ = c
+                    .report(pb::ReportRequest {
+                        applied_revision: m.revision,
+                        errors: vec![],
+                    })
+                    .await;
+                let _ = tx.send(Event::Acked(i, Instant::now()));
+            }
+        });
+    }
+    let mut connected = 0;
+    while connected < n {
+        if let Some(Event::Connected) = rx.recv().await {
+            connected += 1;
+        }
+    }
+    let connect_time = t_connect.elapsed();
+    let (_, rss_connected) = proc_stats(pid);
+
+    // A change that concerns all N: the first gateway appears.
+    let gw_token = token(pb::AgentRole::Gateway, 2).await?;
+    let t0 = Instant::now();
+    let (gcert, gkey) = ctx.register(&gw_token, "gw", "10.255.0.1").await?;
+    let mut acked = vec![None::<Duration>; n];
+    let mut got = 0;
+    while got < n {
+        match tokio::time::timeout(Duration::from_secs(120), rx.recv()).await {
+            Ok(Some(Event::Acked(i, at))) if acked[i].is_none() => {
+                acked[i] = Some(at.duration_since(t0));
+                got += 1;
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => anyhow::bail!("only {got} of {n} agents acknowledged within 120 s"),
+        }
+    }
+    let mut all: Vec<Duration> = acked.into_iter().map(Option::unwrap).collect();
+    all.sort();
+
+    // Changes that concern one agent: new nodes, as seen by the gateway.
+    let (gtx, mut grx) = mpsc::unbounded_channel::<Event>();
+    let gctx = ctx.clone();
+    tokio::spawn(async move {
+        let ch = gctx.channel(Some((&gcert, &gkey))).await.expect("gateway connect");
+        let mut c = AgentServiceClient::new(ch);
+        let mut s = c
+            .watch(pb::WatchRequest {
+                last_revision: 0,
+                known: vec![],
+            })
+            .await
+            .expect("watch")
+            .into_inner();
+        while let Ok(Some(m)) = s.message().await {
+            let ids = match m.kind {
+                Some(pb::watch_response::Kind::Delta(d)) => d.upserts.into_iter().map(|o| o.id).collect(),
+                _ => vec![],
+            };
+            let _ = gtx.send(Event::GatewaySaw(ids, Instant::now()));
+        }
+    });
+    let _ = tokio::time::timeout(Duration::from_secs(60), grx.recv()).await; // its snapshot
+    let one_token = token(pb::AgentRole::Node, args.single_changes as u32).await?;
+    let mut single = Vec::new();
+    for k in 0..args.single_changes {
+        let name = format!("x{k}");
+        let t = Instant::now();
+        ctx.register(&one_token, &name, &underlay(n + k)).await?;
+        let want = format!("node/{name}/link");
+        loop {
+            match tokio::time::timeout(Duration::from_secs(30), grx.recv()).await {
+                Ok(Some(Event::GatewaySaw(ids, at))) if ids.contains(&want) => {
+                    single.push(at.duration_since(t));
+                    break;
+                }
+                Ok(Some(_)) => {}
+                _ => anyhow::bail!("the gateway never saw {name}"),
+            }
+        }
+    }
+    single.sort();
+    let (cpu1, rss_peak) = proc_stats(pid);
+
+    println!("weft-fanout: {} agents, {} store", n, args.store);
+    println!(
+        "  enroll all (register, {} in flight):   {:.1} s",
+        args.parallel,
+        enroll_time.as_secs_f64()
+    );
+    println!(
+        "  connect all (TLS + Watch + first ack): {:.1} s",
+        connect_time.as_secs_f64()
+    );
+    println!(
+        "  change for all, until every ack:       p50 {}  p99 {}  max {}",
+        ms(pct(&all, 0.5)),
+        ms(pct(&all, 0.99)),
+        ms(*all.last().unwrap())
+    );
+    println!(
+        "  change for one ({} samples):           p50 {}  p99 {}  max {}",
+        single.len(),
+        ms(pct(&single, 0.5)),
+        ms(pct(&single, 0.99)),
+        ms(*single.last().unwrap_or(&Duration::ZERO))
+    );
+    println!("  controller CPU time:                   {:.1} s", cpu1 - cpu0);
+    println!("  controller RSS: {rss_connected:.0} MiB with all connected, peak {rss_peak:.0} MiB");
+    drop(c);
+    drop(etcd);
+    Ok(())
+}
