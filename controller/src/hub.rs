@@ -157,27 +157,27 @@ impl Hub {
         self.slots.lock().unwrap().len()
     }
 
+    /// Applies one store event: updates the model first, then marks the
+    /// streams it concerns, so a woken stream always renders the new model.
     fn apply(&self, key: &str, kind: EventKind, value: &[u8], revision: i64) {
         let root = self.state.root();
         let Some(rest) = key.strip_prefix(root) else { return };
         let mut model = (*self.model()).clone();
         model.revision = revision;
-        let slots = self.slots.lock().unwrap();
-        let each = |role: AgentRole, f: &dyn Fn(&Slot)| {
-            for ((r, _), s) in slots.iter() {
-                if *r == role {
-                    f(s);
-                }
-            }
-        };
         let put = kind == EventKind::Put;
-        if rest == "site" {
+        // Who to tell, decided while updating the model.
+        enum Mark {
+            Everyone,
+            Nothing,
+            Node { name: String, removed: bool },
+            Gateway { name: String, removed: bool },
+            Peering(String),
+        }
+        let mark = if rest == "site" {
             if put && let Ok(s) = serde_json::from_slice::<Site>(value) {
                 model.site = Some(Arc::new(s));
             }
-            for s in slots.values() {
-                s.mark(|p| p.full = true);
-            }
+            Mark::Everyone
         } else if let Some(name) = rest.strip_prefix("nodes/") {
             let old = model.nodes.get(name).cloned();
             let new = if put {
@@ -189,16 +189,13 @@ impl Hub {
                 Some(n) => model.nodes.insert(name.to_string(), n.clone()),
                 None => model.nodes.remove(name),
             };
-            let unchanged = matches!((&old, &new), (Some(a), Some(b)) if same_but_certs_node(a, b));
-            if !unchanged {
-                if let Some(s) = slots.get(&(AgentRole::Node, name.to_string())) {
-                    s.mark(|p| if new.is_none() { p.removed = true } else { p.full = true });
+            if matches!((&old, &new), (Some(a), Some(b)) if same_but_certs_node(a, b)) {
+                Mark::Nothing
+            } else {
+                Mark::Node {
+                    name: name.to_string(),
+                    removed: new.is_none(),
                 }
-                each(AgentRole::Gateway, &|s| {
-                    s.mark(|p| {
-                        p.parts.insert(Part::Node(name.to_string()));
-                    })
-                });
             }
         } else if let Some(name) = rest.strip_prefix("gateways/") {
             let old = model.gateways.get(name).cloned();
@@ -211,29 +208,65 @@ impl Hub {
                 Some(g) => model.gateways.insert(name.to_string(), g.clone()),
                 None => model.gateways.remove(name),
             };
-            let unchanged = matches!((&old, &new), (Some(a), Some(b)) if same_but_certs_gateway(a, b));
-            if !unchanged {
-                if let Some(s) = slots.get(&(AgentRole::Gateway, name.to_string())) {
-                    s.mark(|p| if new.is_none() { p.removed = true } else { p.full = true });
+            if matches!((&old, &new), (Some(a), Some(b)) if same_but_certs_gateway(a, b)) {
+                Mark::Nothing
+            } else {
+                Mark::Gateway {
+                    name: name.to_string(),
+                    removed: new.is_none(),
                 }
-                each(AgentRole::Node, &|s| s.mark(|p| p.full = true));
             }
         } else if let Some(name) = rest.strip_prefix("peerings/") {
             match put.then(|| serde_json::from_slice::<Peering>(value).ok()).flatten() {
                 Some(p) => model.peerings.insert(name.to_string(), Arc::new(p)),
                 None => model.peerings.remove(name),
             };
-            each(AgentRole::Node, &|s| s.mark(|p| p.full = true));
-            each(AgentRole::Gateway, &|s| {
-                s.mark(|p| {
-                    p.parts.insert(Part::Peer(name.to_string()));
-                })
-            });
+            Mark::Peering(name.to_string())
         } else {
             return;
-        }
-        drop(slots);
+        };
         *self.model.write().unwrap() = Arc::new(model);
+
+        let slots = self.slots.lock().unwrap();
+        let each = |role: AgentRole, f: &dyn Fn(&Slot)| {
+            for ((r, _), s) in slots.iter() {
+                if *r == role {
+                    f(s);
+                }
+            }
+        };
+        match mark {
+            Mark::Nothing => {}
+            Mark::Everyone => {
+                for s in slots.values() {
+                    s.mark(|p| p.full = true);
+                }
+            }
+            Mark::Node { name, removed } => {
+                if let Some(s) = slots.get(&(AgentRole::Node, name.clone())) {
+                    s.mark(|p| if removed { p.removed = true } else { p.full = true });
+                }
+                each(AgentRole::Gateway, &|s| {
+                    s.mark(|p| {
+                        p.parts.insert(Part::Node(name.clone()));
+                    })
+                });
+            }
+            Mark::Gateway { name, removed } => {
+                if let Some(s) = slots.get(&(AgentRole::Gateway, name)) {
+                    s.mark(|p| if removed { p.removed = true } else { p.full = true });
+                }
+                each(AgentRole::Node, &|s| s.mark(|p| p.full = true));
+            }
+            Mark::Peering(name) => {
+                each(AgentRole::Node, &|s| s.mark(|p| p.full = true));
+                each(AgentRole::Gateway, &|s| {
+                    s.mark(|p| {
+                        p.parts.insert(Part::Peer(name.clone()));
+                    })
+                });
+            }
+        }
     }
 
     /// Reloads everything (after a broken watch) and re-renders every stream.

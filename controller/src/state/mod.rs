@@ -42,6 +42,9 @@ const MAX_ATTEMPTS: u32 = 32;
 pub struct State {
     store: Arc<dyn Store>,
     root: String,
+    /// Serializes this replica's writes and caches the snapshot they work
+    /// on (see [`State::commit`]).
+    writer: Arc<tokio::sync::Mutex<Option<Snapshot>>>,
 }
 
 /// Everything under the site's root, read at one revision.
@@ -58,6 +61,75 @@ struct Snapshot {
 }
 
 impl Snapshot {
+    /// Brings the snapshot up to date with a committed transaction's ops.
+    /// `None` when an op cannot be folded in (the caller then re-reads).
+    fn apply_ops(mut self, root: &str, ops: &[Op], revision: Revision) -> Option<Snapshot> {
+        fn upsert<T>(v: &mut Vec<(T, Revision)>, item: T, rev: Revision, same: impl Fn(&T) -> bool) {
+            match v.iter_mut().find(|(x, _)| same(x)) {
+                Some(slot) => *slot = (item, rev),
+                None => v.push((item, rev)),
+            }
+        }
+        for op in ops {
+            let (key, value) = match op {
+                Op::Put { key, value, .. } => (key, Some(value)),
+                Op::Delete { key } => (key, None),
+                Op::DeletePrefix { .. } => return None,
+            };
+            let rest = key.strip_prefix(root)?;
+            let name = |p: &str| rest.strip_prefix(p).map(str::to_string);
+            match (rest, value) {
+                ("site", Some(v)) => self.site = Some(serde_json::from_slice(v).ok()?),
+                ("ipam/seq", Some(v)) => self.seq = (revision, serde_json::from_slice(v).ok()?),
+                _ => {
+                    if let Some(n) = name("nodes/") {
+                        match value {
+                            Some(v) => upsert(
+                                &mut self.nodes,
+                                serde_json::from_slice(v).ok()?,
+                                revision,
+                                |x: &Node| x.name == n,
+                            ),
+                            None => self.nodes.retain(|(x, _)| x.name != n),
+                        }
+                    } else if let Some(n) = name("gateways/") {
+                        match value {
+                            Some(v) => upsert(
+                                &mut self.gateways,
+                                serde_json::from_slice(v).ok()?,
+                                revision,
+                                |x: &Gateway| x.name == n,
+                            ),
+                            None => self.gateways.retain(|(x, _)| x.name != n),
+                        }
+                    } else if let Some(n) = name("peerings/") {
+                        match value {
+                            Some(v) => upsert(
+                                &mut self.peerings,
+                                serde_json::from_slice(v).ok()?,
+                                revision,
+                                |x: &Peering| x.site_id == n,
+                            ),
+                            None => self.peerings.retain(|(x, _)| x.site_id != n),
+                        }
+                    } else if let Some(n) = name("tokens/") {
+                        match value {
+                            Some(v) => upsert(
+                                &mut self.tokens,
+                                serde_json::from_slice(v).ok()?,
+                                revision,
+                                |x: &Token| x.id == n,
+                            ),
+                            None => self.tokens.retain(|(x, _)| x.id != n),
+                        }
+                    }
+                }
+            }
+        }
+        self.revision = revision;
+        Some(self)
+    }
+
     fn site(&self) -> Result<&Site, Error> {
         self.site.as_ref().ok_or_else(|| {
             Error::FailedPrecondition(
@@ -103,6 +175,7 @@ impl State {
         Self {
             store,
             root: format!("/weft/sites/{site_id}/"),
+            writer: Arc::new(tokio::sync::Mutex::new(None)),
         }
     }
 
@@ -195,21 +268,48 @@ impl State {
             .then(Op::put(self.key("ipam/seq"), encode(&(snap.seq.1 + 1))))
     }
 
-    /// Runs `attempt` on fresh snapshots until its transaction commits.
-    /// `attempt` returns the transaction (`None`: nothing to write) and the
-    /// value to hand back.
+    /// Runs `attempt` until its transaction commits.
+    ///
+    /// Writes of this replica go one at a time (a local mutex), on a cached
+    /// snapshot that each committed transaction is folded into, so a busy
+    /// replica neither re-reads the whole site per write nor fights itself.
+    /// Other writers (replicas, token creation, renewals) make the cache
+    /// stale; that is safe because every decision is guarded by a compare in
+    /// the transaction: a stale attempt fails, and the next one re-reads. An
+    /// attempt that refuses on a cached snapshot is repeated on a fresh one
+    /// before the refusal is believed. `attempt` returns the transaction
+    /// (`None`: nothing to write) and the value to hand back.
     async fn commit<T>(
         &self,
         mut attempt: impl FnMut(&Snapshot) -> Result<(Option<Txn>, T), Error>,
     ) -> Result<T, Error> {
+        let mut cache = self.writer.lock().await;
         for n in 0..MAX_ATTEMPTS {
-            let snap = self.snapshot().await?;
-            let (txn, out) = attempt(&snap)?;
-            let Some(txn) = txn else { return Ok(out) };
-            if self.store.txn(txn).await?.succeeded {
+            let (snap, cached) = match cache.take() {
+                Some(s) => (s, true),
+                None => (self.snapshot().await?, false),
+            };
+            let (txn, out) = match attempt(&snap) {
+                Ok(x) => x,
+                Err(_) if cached => continue,
+                Err(e) => {
+                    *cache = Some(snap);
+                    return Err(e);
+                }
+            };
+            let Some(txn) = txn else {
+                *cache = Some(snap);
+                return Ok(out);
+            };
+            let ops = txn.ops.clone();
+            let resp = self.store.txn(txn).await?;
+            if resp.succeeded {
+                *cache = snap.apply_ops(&self.root, &ops, resp.revision);
                 return Ok(out);
             }
-            tokio::time::sleep(Duration::from_millis(u64::from(n) * 3)).await;
+            if !cached {
+                tokio::time::sleep(Duration::from_millis(u64::from(n) * 3)).await;
+            }
         }
         Err(Error::Aborted(format!(
             "gave up after {MAX_ATTEMPTS} attempts because other writers kept changing the site; retry"
