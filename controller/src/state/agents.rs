@@ -234,7 +234,7 @@ impl State {
                                 }
                                 (n.clone(), Compare::ModRevision(key.clone(), *rev))
                             }
-                            None => (new_node(snap_subnets(snap), site, &name, requested_subnet)?, Compare::Version(key.clone(), 0)),
+                            None => (new_node(snap, site, &name, requested_subnet)?, Compare::Version(key.clone(), 0)),
                         };
                         if node.internal_ip.is_none() {
                             node.internal_ip = Some(ipam::allocate_internal_ip(site.internal_cidr, &snap.internal_ips())?);
@@ -404,11 +404,14 @@ impl State {
     }
 }
 
-fn snap_subnets(snap: &super::Snapshot) -> Vec<(String, Ipv4Net)> {
-    snap.node_subnets()
-}
-
-fn new_node(taken: Vec<(String, Ipv4Net)>, site: &Site, name: &str, declared: Option<Ipv4Net>) -> Result<Node, Error> {
+/// A new node record with a declared (checked) or allocated subnet.
+pub(super) fn new_node(
+    snap: &super::Snapshot,
+    site: &Site,
+    name: &str,
+    declared: Option<Ipv4Net>,
+) -> Result<Node, Error> {
+    let taken = snap.node_subnets();
     let (subnet, source) = match declared {
         Some(d) => {
             ipam::check_declared_subnet(d, &site.pod_cidrs, &taken)?;

@@ -28,8 +28,7 @@ mod agents;
 pub use agents::{Enrollment, ParsedToken};
 
 use crate::domain::{
-    Allocation, AllocationKind, Gateway, Node, Peering, PeeringState, PoolUsage, Site, SubnetSource, Token, now_ms,
-    validate_name,
+    Allocation, AllocationKind, Gateway, Node, Peering, PeeringState, PoolUsage, Site, Token, now_ms, validate_name,
 };
 use crate::error::Error;
 use crate::ipam::{self, CidrKind, View};
@@ -367,29 +366,8 @@ impl State {
                     "node {name:?} already exists; remove it first or choose another name"
                 )));
             }
-            let taken = snap.node_subnets();
-            let (subnet, source) = match declared {
-                Some(d) => {
-                    ipam::check_declared_subnet(d, &site.pod_cidrs, &taken)?;
-                    (d, SubnetSource::Declared)
-                }
-                None => {
-                    let nets: Vec<Ipv4Net> = taken.iter().map(|t| t.1).collect();
-                    (
-                        ipam::allocate_node_subnet(&site.pod_cidrs, site.node_prefix_len, &nets)?.0,
-                        SubnetSource::Allocated,
-                    )
-                }
-            };
-            let node = Node {
-                name: name.to_string(),
-                subnet,
-                source,
-                created_at_ms: now_ms(),
-                certs: vec![],
-                internal_ip: Some(ipam::allocate_internal_ip(site.internal_cidr, &snap.internal_ips())?),
-                underlay_ip: None,
-            };
+            let mut node = agents::new_node(snap, site, name, declared)?;
+            node.internal_ip = Some(ipam::allocate_internal_ip(site.internal_cidr, &snap.internal_ips())?);
             let txn = self
                 .ipam_guard(snap, Txn::new())
                 .when(Compare::Version(key.clone(), 0))
