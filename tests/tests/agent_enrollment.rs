@@ -98,6 +98,15 @@ fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
         a.child.is_some() && a.wait_exit(Duration::from_millis(10)).is_none(),
         "the agent kept running"
     );
+    // ... and kept its watch stream: one "watching", no reconnect, and the
+    // controller still streams to it (its latest revision is known).
+    let log = a.log_text();
+    assert!(log.contains("certificate renewed"), "{log}");
+    assert_eq!(log.matches("watching").count(), 1, "the stream was re-opened: {log}");
+    let nodes = weftctl_json(&c.target(), &["nodes"]);
+    let st = &nodes["nodes"][0]["status"];
+    assert_eq!(st["ready"], true, "{st}");
+    assert!(st["latest_revision"].as_i64() > Some(0), "no live stream: {st}");
 
     // Restart from the stored identity, without a token.
     assert!(a.stop().success());
