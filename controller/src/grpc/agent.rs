@@ -152,12 +152,22 @@ impl AgentService for AgentApi {
         // Subscribe before rendering: a change in between is then pending,
         // not lost.
         let slot = self.hub.subscribe(key.clone());
-        let model = self.hub.model();
-        let exists = match role {
-            AgentRole::Node => model.nodes.contains_key(&id.name),
-            AgentRole::Gateway => model.gateways.contains_key(&id.name),
+        let in_model = |m: &Model| match role {
+            AgentRole::Node => m.nodes.contains_key(&id.name),
+            AgentRole::Gateway => m.gateways.contains_key(&id.name),
         };
-        if !exists {
+        let mut model = self.hub.model();
+        if !in_model(&model) {
+            // Just enrolled: the hub may not have seen the record yet. Ask the
+            // store, and give the hub a moment to catch up.
+            let target = self.state.store().revision().await.map_err(crate::error::Error::from)?;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while !in_model(&model) && model.revision < target && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                model = self.hub.model();
+            }
+        }
+        if !in_model(&model) {
             self.hub.unsubscribe(&key, &slot);
             return Err(Status::unauthenticated(format!(
                 "{id} has been removed; enroll it again with a new token"
