@@ -80,6 +80,8 @@ pub struct Hub {
     slots: Mutex<HashMap<AgentKey, Arc<Slot>>>,
     live: tokio::sync::Mutex<HashMap<AgentKey, Live>>,
     last_seen: Mutex<HashMap<AgentKey, u64>>,
+    /// Status records waiting for the next batched write.
+    dirty: Mutex<HashMap<AgentKey, (LeaseId, AliveRecord)>>,
     pub agent_ttl: Duration,
     /// Dropped with the hub, which ends the store follower.
     _alive: tokio::sync::oneshot::Sender<()>,
@@ -116,9 +118,11 @@ impl Hub {
             slots: Mutex::new(HashMap::new()),
             live: tokio::sync::Mutex::new(HashMap::new()),
             last_seen: Mutex::new(HashMap::new()),
+            dirty: Mutex::new(HashMap::new()),
             agent_ttl,
             _alive: alive_tx,
         });
+        tokio::spawn(flush_status(Arc::downgrade(&hub)));
         tokio::spawn(follow(Arc::downgrade(&hub), alive_rx));
         Ok(hub)
     }
@@ -301,12 +305,13 @@ impl Hub {
                     if l.last.applied_revision == record.applied_revision && l.last.errors == record.errors {
                         return Ok(());
                     }
-                    let put = Op::Put {
-                        key: alive_key,
-                        value: serde_json::to_vec(&record).unwrap(),
-                        lease: Some(l.lease),
-                    };
-                    store.txn(Txn::new().then(put)).await?;
+                    // A status change is written with the others in the next
+                    // batch: after a change for all agents that is one
+                    // transaction per 128 agents, not one write per agent.
+                    self.dirty
+                        .lock()
+                        .unwrap()
+                        .insert(key.clone(), (l.lease, record.clone()));
                     l.last = record;
                     return Ok(());
                 }
@@ -337,6 +342,41 @@ impl Hub {
     /// When this replica last heard from `key`.
     pub fn last_seen(&self, key: &AgentKey) -> Option<u64> {
         self.last_seen.lock().unwrap().get(key).copied()
+    }
+}
+
+/// How often batched status records are written, and how many go in one
+/// transaction (etcd allows 128 operations per transaction by default).
+const STATUS_FLUSH: Duration = Duration::from_millis(200);
+const STATUS_BATCH: usize = 128;
+
+/// Writes the status records that changed since the last flush.
+async fn flush_status(hub: std::sync::Weak<Hub>) {
+    let mut tick = tokio::time::interval(STATUS_FLUSH);
+    loop {
+        tick.tick().await;
+        let Some(h) = hub.upgrade() else { return };
+        let batch: Vec<(AgentKey, (LeaseId, AliveRecord))> = h.dirty.lock().unwrap().drain().collect();
+        let put = |(role, name): &AgentKey, lease: LeaseId, rec: &AliveRecord| Op::Put {
+            key: h.state.alive_key(*role, name),
+            value: serde_json::to_vec(rec).unwrap(),
+            lease: Some(lease),
+        };
+        for chunk in batch.chunks(STATUS_BATCH) {
+            let mut txn = Txn::new();
+            for (key, (lease, rec)) in chunk {
+                txn = txn.then(put(key, *lease, rec));
+            }
+            if let Err(e) = h.state.store().txn(txn).await {
+                // One lease that expired meanwhile fails the batch: go one by one.
+                tracing::debug!(error = %e, "status batch failed; writing records singly");
+                for (key, (lease, rec)) in chunk {
+                    if let Err(e) = h.state.store().txn(Txn::new().then(put(key, *lease, rec))).await {
+                        tracing::debug!(agent = %key.1, error = %e, "status not written");
+                    }
+                }
+            }
+        }
     }
 }
 
