@@ -72,13 +72,14 @@ struct Live {
     lease: LeaseId,
     last: AliveRecord,
     last_seen_ms: u64,
+    last_keepalive_ms: u64,
 }
 
 pub struct Hub {
     state: State,
     model: RwLock<Arc<Model>>,
     slots: Mutex<HashMap<AgentKey, Arc<Slot>>>,
-    live: tokio::sync::Mutex<HashMap<AgentKey, Live>>,
+    live: Mutex<HashMap<AgentKey, Live>>,
     last_seen: Mutex<HashMap<AgentKey, u64>>,
     /// Status records waiting for the next batched write.
     dirty: Mutex<HashMap<AgentKey, (LeaseId, AliveRecord)>>,
@@ -116,7 +117,7 @@ impl Hub {
             state,
             model: RwLock::new(Arc::new(model)),
             slots: Mutex::new(HashMap::new()),
-            live: tokio::sync::Mutex::new(HashMap::new()),
+            live: Mutex::new(HashMap::new()),
             last_seen: Mutex::new(HashMap::new()),
             dirty: Mutex::new(HashMap::new()),
             agent_ttl,
@@ -155,6 +156,15 @@ impl Hub {
             .unwrap()
             .get(key)
             .map(|s| s.latest.load(Ordering::SeqCst))
+    }
+
+    /// Ends every stream (at shutdown), so agents reconnect elsewhere at once
+    /// instead of holding the server's drain open.
+    pub fn close_all(&self) {
+        for s in self.slots.lock().unwrap().values() {
+            s.superseded.store(true, Ordering::SeqCst);
+            s.notify.notify_one();
+        }
     }
 
     pub fn connected(&self) -> usize {
@@ -290,50 +300,63 @@ impl Hub {
     pub async fn report(&self, key: AgentKey, applied: i64, errors: Vec<String>) -> Result<(), Error> {
         let now = now_ms();
         self.last_seen.lock().unwrap().insert(key.clone(), now);
-        let alive_key = self.state.alive_key(key.0, &key.1);
-        let store = self.state.store();
-        let mut live = self.live.lock().await;
         let record = AliveRecord {
             applied_revision: applied,
             errors,
             since_ms: now,
         };
-        if let Some(l) = live.get_mut(&key) {
-            match store.lease_keep_alive(l.lease).await {
-                Ok(_) => {
+        // Decide under the lock, talk to the store outside it: reports of
+        // different agents never wait for each other's store round trips.
+        let keepalive_every = (self.agent_ttl.as_millis() as u64 / 4).max(1);
+        let lease = {
+            let mut live = self.live.lock().unwrap();
+            match live.get_mut(&key) {
+                Some(l) => {
                     l.last_seen_ms = now;
-                    if l.last.applied_revision == record.applied_revision && l.last.errors == record.errors {
+                    if l.last.applied_revision != record.applied_revision || l.last.errors != record.errors {
+                        // Written with the others in the next batch: after a
+                        // change for all agents that is one transaction per
+                        // 128 agents, not one write per agent.
+                        self.dirty
+                            .lock()
+                            .unwrap()
+                            .insert(key.clone(), (l.lease, record.clone()));
+                        l.last = record.clone();
+                    }
+                    // The lease needs renewing only a few times per TTL.
+                    if now.saturating_sub(l.last_keepalive_ms) < keepalive_every {
                         return Ok(());
                     }
-                    // A status change is written with the others in the next
-                    // batch: after a change for all agents that is one
-                    // transaction per 128 agents, not one write per agent.
-                    self.dirty
-                        .lock()
-                        .unwrap()
-                        .insert(key.clone(), (l.lease, record.clone()));
-                    l.last = record;
-                    return Ok(());
+                    l.last_keepalive_ms = now;
+                    Some(l.lease)
                 }
+                None => None,
+            }
+        };
+        let store = self.state.store();
+        if let Some(lease) = lease {
+            match store.lease_keep_alive(lease).await {
+                Ok(_) => return Ok(()),
                 Err(StoreError::LeaseNotFound(_)) => {
-                    live.remove(&key);
+                    self.live.lock().unwrap().remove(&key);
                 }
                 Err(e) => return Err(e.into()),
             }
         }
         let lease = store.lease_grant(self.agent_ttl).await?;
         let put = Op::Put {
-            key: alive_key,
+            key: self.state.alive_key(key.0, &key.1),
             value: serde_json::to_vec(&record).unwrap(),
             lease: Some(lease),
         };
         store.txn(Txn::new().then(put)).await?;
-        live.insert(
+        self.live.lock().unwrap().insert(
             key,
             Live {
                 lease,
                 last: record,
                 last_seen_ms: now,
+                last_keepalive_ms: now,
             },
         );
         Ok(())

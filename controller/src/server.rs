@@ -289,8 +289,10 @@ pub async fn run(
     );
     on_bound(&bound);
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+    let closing = hub.clone();
     tokio::spawn(async move {
         shutdown.await;
+        closing.close_all();
         let _ = stop_tx.send(true);
         let _ = stopping_tx.send(());
     });

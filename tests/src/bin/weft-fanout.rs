@@ -30,9 +30,16 @@ struct Args {
     /// embedded or etcd.
     #[arg(long, default_value = "embedded")]
     store: String,
-    /// Single-agent changes to time.
-    #[arg(long, default_value_t = 50)]
+    /// Single-agent changes to time (new nodes, each seen by one gateway).
+    #[arg(long, default_value_t = 200)]
     single_changes: usize,
+    /// Pause after the change for all before timing single changes, so they
+    /// measure steady state rather than the tail of the previous burst.
+    #[arg(long, default_value = "2s")]
+    settle: humantime::Duration,
+    /// How long the controller stays down in the restart phase.
+    #[arg(long, default_value = "10s")]
+    restart_pause: humantime::Duration,
     /// Registrations and connections in flight at once.
     #[arg(long, default_value_t = 64)]
     parallel: usize,
@@ -78,10 +85,94 @@ impl Ctx {
 
 enum Event {
     Connected,
+    /// A reconnect's first message: was it a snapshot?
+    Resumed {
+        snapshot: bool,
+    },
     /// Agent index, when it acknowledged.
     Acked(usize, Instant),
     /// A gateway message naming these node ids.
     GatewaySaw(Vec<String>, Instant),
+}
+
+/// One simulated node agent: watch, acknowledge every message, keep the
+/// object hashes it holds, and on a broken stream reconnect and resume with
+/// its revision and hashes (as the real agent does).
+async fn simulated_agent(
+    i: usize,
+    ctx: Arc<Ctx>,
+    cert: String,
+    key: String,
+    tx: mpsc::UnboundedSender<Event>,
+    sem: Arc<tokio::sync::Semaphore>,
+) {
+    let permit = sem.acquire().await.unwrap();
+    let ch = ctx.channel(Some((&cert, &key))).await.expect("connect");
+    drop(permit);
+    let mut c = AgentServiceClient::new(ch);
+    let mut held: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    let mut revision = 0i64;
+    let mut resumed = false;
+    loop {
+        let known = held
+            .iter()
+            .map(|(id, hash)| pb::ObjectVersion {
+                id: id.clone(),
+                hash: *hash,
+            })
+            .collect();
+        let mut s = match c
+            .watch(pb::WatchRequest {
+                last_revision: revision,
+                known,
+            })
+            .await
+        {
+            Ok(s) => s.into_inner(),
+            Err(_) => {
+                // The controller is away: retry soon, spread over agents.
+                tokio::time::sleep(Duration::from_millis(300 + (i % 400) as u64)).await;
+                continue;
+            }
+        };
+        let mut first = true;
+        while let Ok(Some(m)) = s.message().await {
+            let is_snapshot = matches!(m.kind, Some(pb::watch_response::Kind::Snapshot(_)));
+            match m.kind {
+                Some(pb::watch_response::Kind::Snapshot(snap)) => {
+                    held = snap
+                        .objects
+                        .iter()
+                        .map(|o| (o.id.clone(), weft_proto::object_hash(o)))
+                        .collect();
+                }
+                Some(pb::watch_response::Kind::Delta(d)) => {
+                    for id in &d.deletes {
+                        held.remove(id);
+                    }
+                    for o in &d.upserts {
+                        held.insert(o.id.clone(), weft_proto::object_hash(o));
+                    }
+                }
+                None => {}
+            }
+            revision = m.revision;
+            let _ = c
+                .report(pb::ReportRequest {
+                    applied_revision: m.revision,
+                    errors: vec![],
+                })
+                .await;
+            let event = match (first, resumed) {
+                (true, false) => Event::Connected,
+                (true, true) => Event::Resumed { snapshot: is_snapshot },
+                (false, _) => Event::Acked(i, Instant::now()),
+            };
+            first = false;
+            let _ = tx.send(event);
+        }
+        resumed = true;
+    }
 }
 
 fn underlay(i: usize) -> String {
@@ -202,37 +293,7 @@ async fn main() -> anyhow::Result<()> {
     let t_connect = Instant::now();
     for (i, (cert, key)) in ids.into_iter().enumerate() {
         let (ctx, tx, sem) = (ctx.clone(), tx.clone(), sem.clone());
-        tokio::spawn(async move {
-            let permit = sem.acquire().await.unwrap();
-            let ch = ctx.channel(Some((&cert, &key))).await.expect("connect");
-            let mut c = AgentServiceClient::new(ch);
-            let mut s = c
-                .watch(pb::WatchRequest {
-                    last_revision: 0,
-                    known: vec![],
-                })
-                .await
-                .expect("watch")
-                .into_inner();
-            let first = s.message().await.expect("first message").expect("stream open");
-            c.report(pb::ReportRequest {
-                applied_revision: first.revision,
-                errors: vec![],
-            })
-            .await
-            .expect("report");
-            drop(permit);
-            let _ = tx.send(Event::Connected);
-            while let Ok(Some(m)) = s.message().await {
-                let _ = c
-                    .report(pb::ReportRequest {
-                        applied_revision: m.revision,
-                        errors: vec![],
-                    })
-                    .await;
-                let _ = tx.send(Event::Acked(i, Instant::now()));
-            }
-        });
+        tokio::spawn(simulated_agent(i, ctx, cert, key, tx, sem));
     }
     let mut connected = 0;
     while connected < n {
@@ -285,6 +346,7 @@ async fn main() -> anyhow::Result<()> {
         }
     });
     let _ = tokio::time::timeout(Duration::from_secs(60), grx.recv()).await; // its snapshot
+    tokio::time::sleep(*args.settle).await;
     let one_token = token(pb::AgentRole::Node, args.single_changes as u32).await?;
     let mut single = Vec::new();
     for k in 0..args.single_changes {
@@ -305,6 +367,25 @@ async fn main() -> anyhow::Result<()> {
     }
     single.sort();
     let (cpu1, rss_peak) = proc_stats(pid);
+
+    // Resume after a controller restart: stopped for a while, then back.
+    let mut c = c;
+    assert!(c.stop().success(), "the controller did not stop cleanly");
+    tokio::time::sleep(*args.restart_pause).await;
+    let t_back = Instant::now();
+    c.restart_stopped();
+    let (mut resumed, mut snapshots) = (0usize, 0usize);
+    while resumed < n {
+        match tokio::time::timeout(Duration::from_secs(120), rx.recv()).await {
+            Ok(Some(Event::Resumed { snapshot })) => {
+                resumed += 1;
+                snapshots += usize::from(snapshot);
+            }
+            Ok(Some(_)) => {}
+            _ => anyhow::bail!("only {resumed} of {n} agents resumed within 120 s"),
+        }
+    }
+    let resume_time = t_back.elapsed();
 
     println!("weft-fanout: {} agents, {} store", n, args.store);
     println!(
@@ -328,6 +409,11 @@ async fn main() -> anyhow::Result<()> {
         ms(pct(&single, 0.5)),
         ms(pct(&single, 0.99)),
         ms(*single.last().unwrap_or(&Duration::ZERO))
+    );
+    println!(
+        "  resume after a {} stop:  all {n} back in {:.1} s, {snapshots} snapshots",
+        args.restart_pause,
+        resume_time.as_secs_f64()
     );
     println!("  controller CPU time:                   {:.1} s", cpu1 - cpu0);
     println!("  controller RSS: {rss_connected:.0} MiB with all connected, peak {rss_peak:.0} MiB");
