@@ -24,7 +24,23 @@ pub fn fingerprint(der: &[u8]) -> String {
 #[derive(Debug)]
 struct PinnedCa {
     fingerprint: String,
+    /// When set, the server's certificate must carry identity weft://<site>/…
+    site: Option<String>,
     provider: Arc<CryptoProvider>,
+}
+
+/// The site in a certificate's weft identity (URI SAN weft://<site>/…).
+pub fn site_of(der: &[u8]) -> Option<String> {
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let (_, cert) = X509Certificate::from_der(der).ok()?;
+    let san = cert.subject_alternative_name().ok().flatten()?;
+    san.value.general_names.iter().find_map(|g| match g {
+        GeneralName::URI(u) => u
+            .strip_prefix("weft://")
+            .and_then(|r| r.split('/').next())
+            .map(str::to_string),
+        _ => None,
+    })
 }
 
 impl ServerCertVerifier for PinnedCa {
@@ -38,10 +54,19 @@ impl ServerCertVerifier for PinnedCa {
     ) -> Result<ServerCertVerified, rustls::Error> {
         let Some(ca) = intermediates.iter().find(|c| fingerprint(c) == self.fingerprint) else {
             return Err(rustls::Error::General(format!(
-                "the controller's CA does not match --ca-fingerprint {}; check the fingerprint (`weftctl site`) and the address",
+                "the controller's CA does not match the pinned fingerprint {} (--ca-fingerprint, or the peering \
+                 token); check the fingerprint (`weftctl site`) and the address",
                 self.fingerprint
             )));
         };
+        if let Some(want) = &self.site {
+            let got = site_of(end_entity).unwrap_or_default();
+            if &got != want {
+                return Err(rustls::Error::General(format!(
+                    "the controller there is site {got:?}, not {want:?} as the token says"
+                )));
+            }
+        }
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(ca.clone().into_owned())
@@ -80,6 +105,8 @@ impl ServerCertVerifier for PinnedCa {
 #[derive(Clone, Debug)]
 pub enum Trust {
     Fingerprint(String),
+    /// A pinned CA fingerprint and the site the server must be.
+    FingerprintForSite(String, String),
     CaPem(String),
 }
 
@@ -93,8 +120,16 @@ pub async fn connect(target: &str, trust: &Trust, client: Option<(&str, &str)>) 
     let builder = match trust {
         Trust::Fingerprint(fp) => builder.dangerous().with_custom_certificate_verifier(Arc::new(PinnedCa {
             fingerprint: fp.clone(),
+            site: None,
             provider,
         })),
+        Trust::FingerprintForSite(fp, site) => {
+            builder.dangerous().with_custom_certificate_verifier(Arc::new(PinnedCa {
+                fingerprint: fp.clone(),
+                site: Some(site.clone()),
+                provider,
+            }))
+        }
         Trust::CaPem(pem) => {
             let mut roots = rustls::RootCertStore::empty();
             for c in CertificateDer::pem_slice_iter(pem.as_bytes()) {

@@ -171,6 +171,11 @@ impl Authenticator {
         }))
     }
 
+    /// The site-CA verifier itself.
+    pub fn verifier(&self) -> &Arc<dyn ClientCertVerifier> {
+        &self.verifier
+    }
+
     /// The verifier for the TLS handshake.
     pub fn handshake_verifier(&self) -> Arc<dyn ClientCertVerifier> {
         Arc::new(DeferredClientVerifier::new(self.verifier.clone()))

@@ -89,6 +89,10 @@ pub struct ControllerArgs {
     /// An agent that has not reported for this long is not ready [default: 15s].
     #[arg(global = true, long, env = "WEFT_AGENT_TTL")]
     pub agent_ttl: Option<String>,
+    /// host:port where other sites reach this controller (in peering tokens);
+    /// repeatable [default: --listen when it names an address].
+    #[arg(global = true, long = "advertise", env = "WEFT_ADVERTISE", value_delimiter = ',')]
+    pub advertise: Vec<String>,
 }
 
 /// The configuration file's shape. Unknown fields are errors.
@@ -113,6 +117,7 @@ pub struct FileConfig {
     pub log_format: Option<LogFormat>,
     pub agent_cert_ttl: Option<String>,
     pub agent_ttl: Option<String>,
+    pub advertise: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -155,6 +160,7 @@ pub struct ControllerConfig {
     pub log_format: LogFormat,
     pub agent_cert_ttl: std::time::Duration,
     pub agent_ttl: std::time::Duration,
+    pub advertise: Vec<String>,
 }
 
 /// One problem with one field.
@@ -207,6 +213,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("tls_sans", "--tls-san", "WEFT_TLS_SAN"),
     ("agent_cert_ttl", "--agent-cert-ttl", "WEFT_AGENT_CERT_TTL"),
     ("agent_ttl", "--agent-ttl", "WEFT_AGENT_TTL"),
+    ("advertise", "--advertise", "WEFT_ADVERTISE"),
     ("config", "--config", "WEFT_CONFIG"),
 ];
 
@@ -519,6 +526,18 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
     }
     let log_format = pick(args.log_format, file.log_format).unwrap_or_default();
     let ttl_text = pick(args.agent_cert_ttl.clone(), file.agent_cert_ttl).unwrap_or_else(|| "24h".into());
+    let advertise = pick_list(&args.advertise, file.advertise).unwrap_or_default();
+    for (i, a) in advertise.iter().enumerate() {
+        let ok = a
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+        if !ok {
+            err(
+                &format!("advertise[{i}]"),
+                format!("{a:?} is not host:port; write e.g. ctl.site-a.example:7443"),
+            );
+        }
+    }
     let live_text = pick(args.agent_ttl.clone(), file.agent_ttl).unwrap_or_else(|| "15s".into());
     let agent_ttl = match humantime::parse_duration(&live_text) {
         Ok(d) if d >= std::time::Duration::from_secs(1) && d <= std::time::Duration::from_secs(3600) => Some(d),
@@ -583,6 +602,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         log_format,
         agent_cert_ttl: agent_cert_ttl.unwrap(),
         agent_ttl: agent_ttl.unwrap(),
+        advertise,
     })
 }
 

@@ -142,6 +142,49 @@ pub struct Peering {
     pub created_at_ms: u64,
     #[serde(default)]
     pub last_error: Option<String>,
+    /// What the peer told us at negotiation (absent for records made
+    /// without federation, e.g. in tests of IPAM).
+    #[serde(default)]
+    pub remote: Option<RemoteSite>,
+}
+
+/// A peer site as it described itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteSite {
+    pub ca_pem: String,
+    pub ca_fingerprint: String,
+    pub workload_cidrs: Vec<Ipv4Net>,
+    pub external_cidr: Option<Ipv4Net>,
+    pub gateways: Vec<RemoteGateway>,
+    pub mtu: u32,
+    pub endpoints: Vec<String>,
+    /// This site's side of the tunnel.
+    pub tunnel_role: TunnelRole,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteGateway {
+    pub name: String,
+    pub endpoint: Option<String>,
+    pub public_key: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TunnelRole {
+    /// Waits for the peer to dial.
+    Server,
+    /// Dials the peer.
+    Client,
+}
+
+/// A one-time peering token's record (only a hash of the secret).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerToken {
+    pub id: String,
+    pub secret_sha256: String,
+    pub expires_at_ms: u64,
+    pub created_at_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

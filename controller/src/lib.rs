@@ -14,6 +14,7 @@ pub mod client;
 pub mod config;
 pub mod domain;
 pub mod error;
+pub mod federation;
 pub mod grpc;
 pub mod hub;
 pub mod ipam;

@@ -353,6 +353,7 @@ mod tests {
             ],
             created_at_ms: 0,
             last_error: None,
+            remote: None,
         };
         let mut m = Model {
             revision: 7,

@@ -20,9 +20,11 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use weft_proto::v1::admin_service_server::AdminServiceServer;
 use weft_proto::v1::agent_service_server::AgentServiceServer;
+use weft_proto::v1::federation_service_server::FederationServiceServer;
 
 use crate::auth::{Authenticator, Role};
 use crate::config::{ControllerConfig, StoreConfig};
+use crate::federation::{Federation, FederationApi};
 use crate::grpc::AdminApi;
 use crate::grpc::agent::AgentApi;
 use crate::hub::Hub;
@@ -206,10 +208,37 @@ pub async fn run(
     let revocations = tokio::spawn(follow_revocations(state.clone(), auth.clone()));
     let acceptor = TlsAcceptor::from(tls_config(&pki, &auth)?);
     let fingerprint = pki.ca.fingerprint.clone();
+    let site_cert = pki.ca.issue_with_key(
+        &pki::identity_uri(&cfg.site.id, "site", &cfg.site.id),
+        &format!("weft site {}", cfg.site.id),
+        365,
+    )?;
+    let ca_pem = pki.ca.pem.clone();
     let ca = Arc::new(pki.ca);
     let hub = Hub::start(state.clone(), cfg.agent_ttl)
         .await
         .context("cannot load the site model")?;
+
+    let unix = bind_admin_socket(&cfg.admin_socket).await?;
+    let tcp = TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let bound = Bound {
+        admin_socket: cfg.admin_socket.clone(),
+        listen: tcp.local_addr()?,
+    };
+    let mut endpoints = cfg.advertise.clone();
+    if endpoints.is_empty() && !bound.listen.ip().is_unspecified() {
+        endpoints.push(bound.listen.to_string());
+    }
+    let fed = Arc::new(Federation {
+        state: state.clone(),
+        site_id: cfg.site.id.clone(),
+        ca_pem: ca_pem.clone(),
+        ca_fingerprint: fingerprint.clone(),
+        site_cert,
+        endpoints,
+    });
 
     let admin = InterceptedService::new(
         AdminServiceServer::new(AdminApi::new(
@@ -217,6 +246,7 @@ pub async fn run(
             fingerprint.clone(),
             auth.clone(),
             hub.clone(),
+            fed.clone(),
         ))
         .max_decoding_message_size(MAX_MESSAGE),
         auth.require(&[Role::Admin], "the admin API"),
@@ -251,20 +281,13 @@ pub async fn run(
     let (refl_v1, refl_v1a) = reflection()?;
     let (refl_v1_tcp, refl_v1a_tcp) = reflection()?;
 
-    let unix = bind_admin_socket(&cfg.admin_socket).await?;
-    let tcp = TcpListener::bind(cfg.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
-    let bound = Bound {
-        admin_socket: cfg.admin_socket.clone(),
-        listen: tcp.local_addr()?,
-    };
-
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
+    let federation = FederationServiceServer::new(FederationApi { fed }).max_decoding_message_size(MAX_MESSAGE);
     let unix_server = Server::builder()
+        .add_service(federation.clone())
         .add_service(admin.clone())
         .add_service(agent.clone())
         .add_service(health_svc.clone())
@@ -272,6 +295,7 @@ pub async fn run(
         .add_service(refl_v1a)
         .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx.clone()));
     let tcp_server = Server::builder()
+        .add_service(federation)
         .add_service(admin)
         .add_service(agent)
         .add_service(health_svc)

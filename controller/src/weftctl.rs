@@ -65,6 +65,9 @@ pub enum Cmd {
     Token(TokenCmd),
     /// List peerings with their local views.
     Peerings,
+    /// Create or delete a peering with another site.
+    #[command(subcommand)]
+    Peering(PeeringCmd),
     /// List IPAM allocations and pool usage.
     Allocations,
     /// Show the local view this site would give a peer's CIDRs now (writes nothing).
@@ -91,6 +94,23 @@ pub enum NodeCmd {
     },
     /// Remove a node and release its subnet.
     Remove { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PeeringCmd {
+    /// Print a one-time token another site uses to peer with this one.
+    Token {
+        /// Lifetime, e.g. 30m, 1h.
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+    },
+    /// Peer with the site that made the token.
+    Create {
+        #[arg(long)]
+        token: String,
+    },
+    /// End the peering with a site, on both sides.
+    Delete { site: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -499,6 +519,63 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 footer: vec![],
             }
         }
+        Cmd::Peering(PeeringCmd::Token { ttl }) => {
+            let ttl =
+                humantime::parse_duration(ttl).map_err(|e| format!("--ttl {ttl:?}: {e}; write e.g. 30m or 1h"))?;
+            let r = c
+                .create_peering_token(pb::CreatePeeringTokenRequest {
+                    ttl_seconds: ttl.as_secs(),
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            Out {
+                json: json!({"token": r.token, "expires_at": ts(&r.expires_at)}),
+                header: vec![],
+                rows: vec![vec![r.token.clone()]],
+                footer: vec![
+                    format!("expires {}; shown once. On the other site run:", ts(&r.expires_at)),
+                    format!("  weftctl peering create --token {}", r.token),
+                ],
+            }
+        }
+        Cmd::Peering(PeeringCmd::Create { token }) => {
+            let p = c
+                .create_peering(pb::CreatePeeringRequest { token: token.clone() })
+                .await
+                .map_err(status)?
+                .into_inner();
+            Out {
+                json: json!({"site_id": p.site_id, "state": peering_state(p.state), "tunnel_role": p.tunnel_role,
+                    "views": p.views.iter().map(view_json).collect::<Vec<_>>()}),
+                header: vec![],
+                rows: vec![vec![format!(
+                    "peered with {} ({}), this site is the tunnel {}",
+                    p.site_id,
+                    peering_state(p.state),
+                    p.tunnel_role
+                )]],
+                footer: vec![],
+            }
+        }
+        Cmd::Peering(PeeringCmd::Delete { site }) => {
+            let r = c
+                .delete_peering(pb::DeletePeeringRequest { site_id: site.clone() })
+                .await
+                .map_err(status)?
+                .into_inner();
+            let how = if r.remote_notified {
+                "on both sides"
+            } else {
+                "here; the other site was not reachable and learns it later"
+            };
+            Out {
+                json: json!({"deleted": site, "remote_notified": r.remote_notified}),
+                header: vec![],
+                rows: vec![vec![format!("deleted the peering with {site} {how}")]],
+                footer: vec![],
+            }
+        }
         Cmd::Peerings => {
             let r = c
                 .list_peerings(pb::ListPeeringsRequest {})
@@ -511,6 +588,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                     rows.push(vec![
                         p.site_id.clone(),
                         peering_state(p.state),
+                        p.tunnel_role.clone(),
                         cidr_kind(v.kind),
                         v.real_cidr.clone(),
                         v.local_cidr.clone(),
@@ -522,9 +600,18 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 json: json!({"peerings": r.peerings.iter().map(|p| json!({
                     "site_id": p.site_id, "state": peering_state(p.state),
                     "views": p.views.iter().map(view_json).collect::<Vec<_>>(),
-                    "created_at": ts(&p.created_at), "last_error": p.last_error,
+                    "created_at": ts(&p.created_at), "last_error": p.last_error, "tunnel_role": p.tunnel_role,
+                    "remote_endpoints": p.remote_endpoints, "remote_ca_fingerprint": p.remote_ca_fingerprint,
                 })).collect::<Vec<_>>(), "revision": r.revision}),
-                header: vec!["PEER", "STATE", "KIND", "REAL CIDR", "LOCAL VIEW", "LAST ERROR"],
+                header: vec![
+                    "PEER",
+                    "STATE",
+                    "TUNNEL",
+                    "KIND",
+                    "REAL CIDR",
+                    "LOCAL VIEW",
+                    "LAST ERROR",
+                ],
                 rows,
                 footer: vec![],
             }

@@ -92,6 +92,13 @@ pub fn peering(p: &Peering) -> pb::Peering {
         views: p.views.iter().map(view).collect(),
         created_at: ts(p.created_at_ms),
         last_error: p.last_error.clone().unwrap_or_default(),
+        tunnel_role: match p.remote.as_ref().map(|r| r.tunnel_role) {
+            Some(crate::domain::TunnelRole::Server) => "server".into(),
+            Some(crate::domain::TunnelRole::Client) => "client".into(),
+            None => String::new(),
+        },
+        remote_endpoints: p.remote.as_ref().map(|r| r.endpoints.clone()).unwrap_or_default(),
+        remote_ca_fingerprint: p.remote.as_ref().map(|r| r.ca_fingerprint.clone()).unwrap_or_default(),
     }
 }
 

@@ -15,6 +15,7 @@ use weft_proto::v1::admin_service_server::AdminService;
 use crate::auth::Authenticator;
 use crate::config::parse_cidr;
 use crate::domain::AgentRole;
+use crate::federation::{Federation, PeeringToken};
 use crate::hub::Hub;
 use crate::ipam::CidrKind;
 use crate::state::State;
@@ -26,15 +27,23 @@ pub struct AdminApi {
     ca_fingerprint: String,
     auth: Arc<Authenticator>,
     hub: Arc<Hub>,
+    fed: Arc<Federation>,
 }
 
 impl AdminApi {
-    pub fn new(state: State, ca_fingerprint: String, auth: Arc<Authenticator>, hub: Arc<Hub>) -> Self {
+    pub fn new(
+        state: State,
+        ca_fingerprint: String,
+        auth: Arc<Authenticator>,
+        hub: Arc<Hub>,
+        fed: Arc<Federation>,
+    ) -> Self {
         Self {
             state,
             ca_fingerprint,
             auth,
             hub,
+            fed,
         }
     }
 
@@ -208,6 +217,49 @@ impl AdminService for AdminApi {
         Ok(Response::new(pb::ListPeeringsResponse {
             peerings: ps.iter().map(convert::peering).collect(),
             revision,
+        }))
+    }
+
+    async fn create_peering_token(
+        &self,
+        req: Request<pb::CreatePeeringTokenRequest>,
+    ) -> Result<Response<pb::CreatePeeringTokenResponse>, Status> {
+        let ttl = match req.into_inner().ttl_seconds {
+            0 => Duration::from_secs(3600),
+            s => Duration::from_secs(s),
+        };
+        if self.fed.endpoints.is_empty() {
+            return Err(Status::failed_precondition(
+                "this controller does not know the address peers reach it at: set --advertise (host:port)",
+            ));
+        }
+        let (id, secret, t) = self.state.create_peer_token(ttl).await?;
+        let token = PeeringToken {
+            site: self.fed.site_id.clone(),
+            endpoints: self.fed.endpoints.clone(),
+            fp: self.fed.ca_fingerprint.clone(),
+            id,
+            secret,
+            exp: t.expires_at_ms,
+        };
+        Ok(Response::new(pb::CreatePeeringTokenResponse {
+            token: token.encode(),
+            expires_at: convert::ts(t.expires_at_ms),
+        }))
+    }
+
+    async fn create_peering(&self, req: Request<pb::CreatePeeringRequest>) -> Result<Response<pb::Peering>, Status> {
+        let p = self.fed.create(&req.into_inner().token).await?;
+        Ok(Response::new(convert::peering(&p)))
+    }
+
+    async fn delete_peering(
+        &self,
+        req: Request<pb::DeletePeeringRequest>,
+    ) -> Result<Response<pb::DeletePeeringResponse>, Status> {
+        let notified = self.fed.delete(&req.into_inner().site_id).await?;
+        Ok(Response::new(pb::DeletePeeringResponse {
+            remote_notified: notified,
         }))
     }
 

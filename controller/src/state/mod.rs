@@ -24,6 +24,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 mod agents;
+pub mod federation;
 
 pub use agents::{Enrollment, ParsedToken};
 
@@ -55,6 +56,7 @@ struct Snapshot {
     gateways: Vec<(Gateway, Revision)>,
     peerings: Vec<(Peering, Revision)>,
     tokens: Vec<(Token, Revision)>,
+    peer_tokens: Vec<(crate::domain::PeerToken, Revision)>,
     /// mod_revision of `ipam/seq` (0 when never written) and its value.
     seq: (Revision, u64),
 }
@@ -110,6 +112,16 @@ impl Snapshot {
                                 |x: &Peering| x.site_id == n,
                             ),
                             None => self.peerings.retain(|(x, _)| x.site_id != n),
+                        }
+                    } else if let Some(n) = name("peer-tokens/") {
+                        match value {
+                            Some(v) => upsert(
+                                &mut self.peer_tokens,
+                                serde_json::from_slice(v).ok()?,
+                                revision,
+                                |x: &crate::domain::PeerToken| x.id == n,
+                            ),
+                            None => self.peer_tokens.retain(|(x, _)| x.id != n),
                         }
                     } else if let Some(n) = name("tokens/") {
                         match value {
@@ -252,6 +264,8 @@ impl State {
                 s.nodes.push((decode(kv)?, kv.mod_revision));
             } else if rest.starts_with("gateways/") {
                 s.gateways.push((decode(kv)?, kv.mod_revision));
+            } else if rest.starts_with("peer-tokens/") {
+                s.peer_tokens.push((decode(kv)?, kv.mod_revision));
             } else if rest.starts_with("tokens/") {
                 s.tokens.push((decode(kv)?, kv.mod_revision));
             } else if rest.starts_with("peerings/") {
@@ -441,6 +455,7 @@ impl State {
                 views,
                 created_at_ms: existing.map_or_else(now_ms, |(p, _)| p.created_at_ms),
                 last_error: None,
+                remote: existing.and_then(|(p, _)| p.remote.clone()),
             };
             let guard = Compare::ModRevision(key.clone(), existing.map_or(0, |(_, r)| *r));
             let txn = self

@@ -1,0 +1,387 @@
+//! Federation: this controller as the dialing side (create and delete a
+//! peering from a token) and as the answering side (`weft.v1.FederationService`).
+//!
+//! A peering token (`weftp1.<base64url JSON>`) carries the issuing site's id,
+//! its controller endpoints, the SHA-256 fingerprint of its CA, a token id
+//! and secret, and the expiry. The dialing side pins the CA by fingerprint
+//! and checks that the server's identity is the site the token names, then
+//! presents its own site certificate (`weft://<site>/site/<site>`) and its CA
+//! in `Join`, proving the secret. The answering side checks the token, that
+//! the client certificate chains to the CA it was sent, and records the
+//! peering (consuming the token) before answering with its own CA. From then
+//! on each side authenticates the other by the CA it recorded.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use tonic::{Request, Response, Status};
+use weft_agent::tls::{self, Trust};
+use weft_proto::v1 as pb;
+use weft_proto::v1::federation_service_client::FederationServiceClient;
+use weft_proto::v1::federation_service_server::FederationService;
+
+use crate::auth::{Role, identity_of};
+use crate::config::parse_cidr;
+use crate::domain::{Peering, RemoteGateway, RemoteSite, TunnelRole, now_ms};
+use crate::error::Error;
+use crate::pki::fingerprint;
+use crate::state::{State, federation::TokenProof};
+
+/// MTU the tunnel between sites gets by default (WireGuard on a 1500 underlay).
+pub const DEFAULT_MTU: u32 = 1420;
+/// How long a call to a peer controller may take.
+const PEER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a peering token holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeeringToken {
+    pub site: String,
+    pub endpoints: Vec<String>,
+    /// SHA-256 of the site CA certificate, hex.
+    pub fp: String,
+    pub id: String,
+    pub secret: String,
+    /// Expiry, milliseconds since the epoch.
+    pub exp: u64,
+}
+
+impl PeeringToken {
+    pub fn encode(&self) -> String {
+        let json = serde_json::to_vec(self).expect("a token serializes");
+        format!(
+            "weftp1.{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json)
+        )
+    }
+
+    pub fn decode(text: &str) -> Result<PeeringToken, Error> {
+        let bad = |why: &str| {
+            Error::InvalidArgument(format!(
+                "the peering token is malformed ({why}); paste it whole as printed by `weftctl peering token`"
+            ))
+        };
+        let body = text
+            .trim()
+            .strip_prefix("weftp1.")
+            .ok_or_else(|| bad("it does not start with weftp1."))?;
+        let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(body)
+            .map_err(|_| bad("not base64"))?;
+        let t: PeeringToken = serde_json::from_slice(&json).map_err(|_| bad("unreadable contents"))?;
+        if t.fp.len() != 64 || !t.fp.bytes().all(|b| b.is_ascii_hexdigit()) || t.endpoints.is_empty() {
+            return Err(bad("no fingerprint or no endpoint"));
+        }
+        Ok(t)
+    }
+}
+
+/// This site's side of federation.
+pub struct Federation {
+    pub state: State,
+    pub site_id: String,
+    pub ca_pem: String,
+    pub ca_fingerprint: String,
+    /// This site's client certificate and key for calls to peers.
+    pub site_cert: (String, String),
+    /// Where peers reach this controller.
+    pub endpoints: Vec<String>,
+}
+
+fn status_of(site: &str, s: Status) -> Error {
+    let m = format!("site {site:?} refused: {}", s.message());
+    match s.code() {
+        tonic::Code::Unauthenticated => Error::Unauthenticated(m),
+        tonic::Code::AlreadyExists => Error::AlreadyExists(m),
+        tonic::Code::InvalidArgument => Error::InvalidArgument(m),
+        tonic::Code::ResourceExhausted => Error::ResourceExhausted(m),
+        tonic::Code::PermissionDenied => Error::PermissionDenied(m),
+        tonic::Code::NotFound => Error::NotFound(m),
+        _ => Error::FailedPrecondition(m),
+    }
+}
+
+/// Which side of the tunnel this site takes: the side with a reachable
+/// gateway endpoint serves; when both have one, the smaller site id serves.
+/// Both sides compute the same answer.
+pub fn tunnel_role(own_id: &str, own_has_endpoint: bool, peer_id: &str, peer_has_endpoint: bool) -> TunnelRole {
+    match (own_has_endpoint, peer_has_endpoint) {
+        (true, false) => TunnelRole::Server,
+        (false, true) => TunnelRole::Client,
+        _ if own_id < peer_id => TunnelRole::Server,
+        _ => TunnelRole::Client,
+    }
+}
+
+impl Federation {
+    /// This site's network parameters as it tells peers.
+    pub async fn params(&self) -> Result<pb::NetworkParams, Error> {
+        let (site, _) = self.state.site().await?;
+        let (gateways, _) = self.state.list_gateways().await?;
+        Ok(pb::NetworkParams {
+            site_id: site.id.clone(),
+            workload_cidrs: site.pod_cidrs.iter().map(|c| c.to_string()).collect(),
+            external_cidr: site.external_cidr.to_string(),
+            gateways: gateways
+                .iter()
+                .map(|g| pb::GatewayInfo {
+                    name: g.name.clone(),
+                    endpoint: g.endpoint.clone().unwrap_or_default(),
+                    public_key: g.public_key.clone().unwrap_or_default(),
+                })
+                .collect(),
+            mtu: DEFAULT_MTU,
+            endpoints: self.endpoints.clone(),
+        })
+    }
+
+    /// A remote site's record from what it sent.
+    fn remote(&self, ca_pem: &str, p: &pb::NetworkParams, own: &pb::NetworkParams) -> Result<RemoteSite, Error> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let der = CertificateDer::from_pem_slice(ca_pem.as_bytes())
+            .map_err(|_| Error::InvalidArgument("ca_pem is not a PEM certificate".into()))?;
+        let mut workload = Vec::new();
+        for (i, c) in p.workload_cidrs.iter().enumerate() {
+            workload.push(parse_cidr(c).map_err(|m| Error::InvalidArgument(format!("workload_cidrs[{i}]: {m}")))?);
+        }
+        let external = match p.external_cidr.trim() {
+            "" => None,
+            c => Some(parse_cidr(c).map_err(|m| Error::InvalidArgument(format!("external_cidr: {m}")))?),
+        };
+        let has_endpoint = |ps: &pb::NetworkParams| ps.gateways.iter().any(|g| !g.endpoint.is_empty());
+        Ok(RemoteSite {
+            ca_pem: ca_pem.to_string(),
+            ca_fingerprint: fingerprint(&der),
+            workload_cidrs: workload,
+            external_cidr: external,
+            gateways: p
+                .gateways
+                .iter()
+                .map(|g| RemoteGateway {
+                    name: g.name.clone(),
+                    endpoint: Some(g.endpoint.clone()).filter(|e| !e.is_empty()),
+                    public_key: Some(g.public_key.clone()).filter(|k| !k.is_empty()),
+                })
+                .collect(),
+            mtu: if p.mtu == 0 {
+                DEFAULT_MTU
+            } else {
+                p.mtu.min(own.mtu.max(1280))
+            },
+            endpoints: p.endpoints.clone(),
+            tunnel_role: tunnel_role(&own.site_id, has_endpoint(own), &p.site_id, has_endpoint(p)),
+        })
+    }
+
+    async fn client(
+        &self,
+        endpoint: &str,
+        trust: Trust,
+    ) -> Result<FederationServiceClient<tonic::transport::Channel>, String> {
+        let target = format!("https://{endpoint}");
+        let ch = tokio::time::timeout(
+            PEER_TIMEOUT,
+            tls::connect(&target, &trust, Some((&self.site_cert.0, &self.site_cert.1))),
+        )
+        .await
+        .map_err(|_| format!("{endpoint}: timed out"))?
+        .map_err(|e| format!("{e:#}"))?;
+        Ok(FederationServiceClient::new(ch))
+    }
+
+    /// Dials the site in `token` and negotiates; records the peering here
+    /// once the other side has. Repeating it for a peering that exists
+    /// returns that peering.
+    pub async fn create(&self, token_text: &str) -> Result<Peering, Error> {
+        let t = PeeringToken::decode(token_text)?;
+        if t.site == self.site_id {
+            return Err(Error::InvalidArgument(format!(
+                "this token was made by this site ({:?}); run `weftctl peering create` on the other site",
+                t.site
+            )));
+        }
+        if let Some(p) = self.state.peering(&t.site).await?
+            && p.remote.as_ref().is_some_and(|r| r.ca_fingerprint == t.fp)
+        {
+            return Ok(p);
+        }
+        if t.exp <= now_ms() {
+            return Err(Error::Unauthenticated(format!(
+                "the peering token expired {} ago; ask site {:?} for a new one",
+                humantime::format_duration(Duration::from_secs((now_ms() - t.exp) / 1000)),
+                t.site
+            )));
+        }
+        let own = self.params().await?;
+        let req = pb::JoinRequest {
+            token_id: t.id.clone(),
+            secret: t.secret.clone(),
+            ca_pem: self.ca_pem.clone(),
+            params: Some(own.clone()),
+        };
+        let mut failures = Vec::new();
+        for ep in &t.endpoints {
+            let mut c = match self
+                .client(ep, Trust::FingerprintForSite(t.fp.clone(), t.site.clone()))
+                .await
+            {
+                Ok(c) => c,
+                Err(e) if e.contains("pinned fingerprint") || e.contains("as the token says") => {
+                    return Err(Error::FailedPrecondition(format!(
+                        "refusing to peer: {e} (a tampered token, or a token for another site)"
+                    )));
+                }
+                Err(e) => {
+                    failures.push(e);
+                    continue;
+                }
+            };
+            let resp = tokio::time::timeout(PEER_TIMEOUT, c.join(req.clone()))
+                .await
+                .map_err(|_| Error::FailedPrecondition(format!("site {:?} did not answer in time", t.site)))?
+                .map_err(|s| status_of(&t.site, s))?
+                .into_inner();
+            let params = resp.params.unwrap_or_default();
+            if params.site_id != t.site {
+                return Err(Error::FailedPrecondition(format!(
+                    "the controller at {ep} says it is site {:?}, not {:?}",
+                    params.site_id, t.site
+                )));
+            }
+            let remote = self.remote(&resp.ca_pem, &params, &own)?;
+            if remote.ca_fingerprint != t.fp {
+                return Err(Error::FailedPrecondition(
+                    "the CA the peer sent does not match the token".into(),
+                ));
+            }
+            return match self.state.negotiated(&t.site, remote.clone(), None).await {
+                Ok(p) => {
+                    tracing::info!(peer = %t.site, role = ?remote.tunnel_role, "peering negotiated");
+                    Ok(p)
+                }
+                Err(e) => {
+                    // Undo the other side so no half peering stays behind.
+                    let _ = self.leave(&t.site, &remote).await;
+                    Err(e)
+                }
+            };
+        }
+        Err(Error::FailedPrecondition(format!(
+            "cannot reach site {:?} at {}: {}",
+            t.site,
+            t.endpoints.join(", "),
+            failures.join("; ")
+        )))
+    }
+
+    async fn leave(&self, site: &str, remote: &RemoteSite) -> bool {
+        for ep in &remote.endpoints {
+            if let Ok(mut c) = self.client(ep, Trust::CaPem(remote.ca_pem.clone())).await
+                && tokio::time::timeout(PEER_TIMEOUT, c.leave(pb::LeaveRequest {}))
+                    .await
+                    .is_ok_and(|r| r.is_ok())
+            {
+                tracing::info!(peer = %site, "the peer removed its side");
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Ends the peering with `site` here, telling the peer when it answers.
+    pub async fn delete(&self, site: &str) -> Result<bool, Error> {
+        let Some(p) = self.state.peering(site).await? else {
+            return Err(Error::NotFound(format!(
+                "there is no peering with site {site:?}; list them with `weftctl peerings`"
+            )));
+        };
+        let notified = match &p.remote {
+            Some(r) => self.leave(site, r).await,
+            None => false,
+        };
+        self.state.delete_peering(site).await?;
+        tracing::info!(peer = %site, remote_notified = notified, "peering deleted");
+        Ok(notified)
+    }
+}
+
+/// `weft.v1.FederationService`.
+pub struct FederationApi {
+    pub fed: Arc<Federation>,
+}
+
+fn peer_chain(
+    certs: Option<Arc<Vec<rustls::pki_types::CertificateDer<'static>>>>,
+) -> Result<Arc<Vec<rustls::pki_types::CertificateDer<'static>>>, Status> {
+    certs
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| Status::unauthenticated("federation calls need this site's client certificate from its site CA"))
+}
+
+/// Verifies `chain` against `ca_pem`; returns the site it identifies.
+fn verify_site(chain: &[rustls::pki_types::CertificateDer<'static>], ca_pem: &str) -> Result<String, Status> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let ca = CertificateDer::from_pem_slice(ca_pem.as_bytes())
+        .map_err(|_| Status::invalid_argument("ca_pem is not a PEM certificate"))?;
+    let auth =
+        crate::auth::Authenticator::new("", &ca).map_err(|e| Status::invalid_argument(format!("ca_pem: {e}")))?;
+    let (leaf, rest) = chain.split_first().expect("chain is not empty");
+    auth.verifier()
+        .verify_client_cert(leaf, rest, rustls::pki_types::UnixTime::now())
+        .map_err(|e| {
+            Status::unauthenticated(format!(
+                "the client certificate does not chain to the CA presented: {e}"
+            ))
+        })?;
+    let id = identity_of(leaf).map_err(Status::unauthenticated)?;
+    if id.role != Role::Site || id.name != id.site {
+        return Err(Status::unauthenticated(format!(
+            "{id} is not a site identity (weft://<site>/site/<site>)"
+        )));
+    }
+    Ok(id.site)
+}
+
+#[tonic::async_trait]
+impl FederationService for FederationApi {
+    async fn join(&self, req: Request<pb::JoinRequest>) -> Result<Response<pb::JoinResponse>, Status> {
+        let chain = peer_chain(req.peer_certs())?;
+        let r = req.into_inner();
+        let params = r.params.ok_or_else(|| Status::invalid_argument("params is missing"))?;
+        let site = verify_site(&chain, &r.ca_pem)?;
+        if site != params.site_id {
+            return Err(Status::unauthenticated(format!(
+                "the certificate is for site {site:?} but the parameters claim {:?}",
+                params.site_id
+            )));
+        }
+        let own = self.fed.params().await?;
+        let remote = self.fed.remote(&r.ca_pem, &params, &own)?;
+        let proof = TokenProof {
+            id: r.token_id,
+            secret: r.secret,
+        };
+        let p = self.fed.state.negotiated(&site, remote, Some(&proof)).await?;
+        tracing::info!(peer = %site, views = p.views.len(), "peering negotiated (joined by the peer)");
+        Ok(Response::new(pb::JoinResponse {
+            ca_pem: self.fed.ca_pem.clone(),
+            params: Some(own),
+        }))
+    }
+
+    async fn leave(&self, req: Request<pb::LeaveRequest>) -> Result<Response<pb::LeaveResponse>, Status> {
+        let chain = peer_chain(req.peer_certs())?;
+        let claimed = identity_of(&chain[0]).map_err(Status::unauthenticated)?.site;
+        let Some(p) = self.fed.state.peering(&claimed).await? else {
+            return Err(Status::not_found(format!("there is no peering with site {claimed:?}")));
+        };
+        let ca = p.remote.as_ref().map(|r| r.ca_pem.clone()).unwrap_or_default();
+        verify_site(&chain, &ca)?;
+        self.fed.state.delete_peering(&claimed).await?;
+        tracing::info!(peer = %claimed, "peering deleted by the peer");
+        Ok(Response::new(pb::LeaveResponse {}))
+    }
+}

@@ -1,0 +1,156 @@
+//! Peering tokens and negotiated peerings.
+//!
+//! A peering is recorded in one transaction with its IPAM views and, on the
+//! side that issued the token, the token's consumption: a refused or failed
+//! negotiation writes nothing, and a repeated one (same peer CA) returns the
+//! existing peering instead of a second.
+
+use std::time::Duration;
+
+use ipnet::Ipv4Net;
+use sha2::Digest;
+
+use super::{State, encode};
+use crate::domain::{PeerToken, Peering, PeeringState, RemoteSite, now_ms, validate_name};
+use crate::error::Error;
+use crate::ipam::{self, CidrKind};
+use crate::store::{Compare, Op, Txn};
+
+fn sha256_hex(s: &str) -> String {
+    sha2::Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).expect("the system RNG works");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The secret half of a peering token the other side proves.
+#[derive(Debug, Clone)]
+pub struct TokenProof {
+    pub id: String,
+    pub secret: String,
+}
+
+impl State {
+    /// A new one-time peering token: (id, secret, record).
+    pub async fn create_peer_token(&self, ttl: Duration) -> Result<(String, String, PeerToken), Error> {
+        if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(30 * 86400) {
+            return Err(Error::InvalidArgument(
+                "ttl is out of range: give between 1 second and 30 days".into(),
+            ));
+        }
+        let (id, secret) = (random_hex(6), random_hex(16));
+        let now = now_ms();
+        let t = PeerToken {
+            id: id.clone(),
+            secret_sha256: sha256_hex(&secret),
+            expires_at_ms: now + ttl.as_millis() as u64,
+            created_at_ms: now,
+        };
+        let key = self.key(&format!("peer-tokens/{id}"));
+        if !self
+            .store
+            .txn(
+                Txn::new()
+                    .when(Compare::Version(key.clone(), 0))
+                    .then(Op::put(key, encode(&t))),
+            )
+            .await?
+            .succeeded
+        {
+            return Err(Error::Aborted("token id collision; retry".into()));
+        }
+        tracing::info!(token = %id, "peering token created");
+        Ok((id, secret, t))
+    }
+
+    /// Records a negotiated peering with `peer_site`, planning this site's
+    /// local views of its CIDRs. With `proof`, the peering token is checked
+    /// and consumed in the same transaction.
+    pub async fn negotiated(
+        &self,
+        peer_site: &str,
+        remote: RemoteSite,
+        proof: Option<&TokenProof>,
+    ) -> Result<Peering, Error> {
+        validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
+        let key = self.key(&format!("peerings/{peer_site}"));
+        let mut peer: Vec<(CidrKind, Ipv4Net)> =
+            remote.workload_cidrs.iter().map(|c| (CidrKind::Workload, *c)).collect();
+        if let Some(e) = remote.external_cidr {
+            peer.push((CidrKind::External, e));
+        }
+        if remote.workload_cidrs.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "site {peer_site:?} sent no workload CIDR"
+            )));
+        }
+        self.commit(|snap| {
+            let site = snap.site()?;
+            if site.id == peer_site {
+                return Err(Error::InvalidArgument(format!(
+                    "{peer_site:?} is this site's own id; a site cannot peer with itself"
+                )));
+            }
+            if let Some((p, _)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) {
+                return match &p.remote {
+                    Some(r) if r.ca_fingerprint == remote.ca_fingerprint => Ok((None, p.clone())),
+                    _ => Err(Error::AlreadyExists(format!(
+                        "a site {peer_site:?} with another CA is already peered; delete that peering first \
+                         (`weftctl peering delete {peer_site}`)"
+                    ))),
+                };
+            }
+            let mut txn = Txn::new();
+            if let Some(proof) = proof {
+                let now = now_ms();
+                let Some((t, rev)) = snap.peer_tokens.iter().find(|(t, _)| t.id == proof.id) else {
+                    return Err(Error::Unauthenticated(
+                        "the peering token is unknown or already used; ask the other site for a new one".into(),
+                    ));
+                };
+                if t.secret_sha256 != sha256_hex(&proof.secret) {
+                    return Err(Error::Unauthenticated("the peering token's secret is wrong".into()));
+                }
+                if t.expires_at_ms <= now {
+                    return Err(Error::Unauthenticated(
+                        "the peering token has expired; ask the other site for a new one".into(),
+                    ));
+                }
+                let tkey = self.key(&format!("peer-tokens/{}", t.id));
+                txn = txn
+                    .when(Compare::ModRevision(tkey.clone(), *rev))
+                    .then(Op::delete(tkey));
+            }
+            let views = ipam::plan_views(&peer, &snap.blocks_in_use(site, Some(peer_site)), &site.remap_pools)?;
+            let peering = Peering {
+                site_id: peer_site.to_string(),
+                state: PeeringState::Negotiated,
+                views,
+                created_at_ms: now_ms(),
+                last_error: None,
+                remote: Some(remote.clone()),
+            };
+            let txn = self
+                .ipam_guard(snap, txn)
+                .when(Compare::Version(key.clone(), 0))
+                .then(Op::put(key.clone(), encode(&peering)));
+            Ok((Some(txn), peering))
+        })
+        .await
+    }
+
+    /// The peering with `site`, if any.
+    pub async fn peering(&self, site: &str) -> Result<Option<Peering>, Error> {
+        validate_name("the peer site id", site).map_err(Error::InvalidArgument)?;
+        match self.store.get(&self.key(&format!("peerings/{site}"))).await? {
+            Some(kv) => Ok(Some(super::decode(&kv)?)),
+            None => Ok(None),
+        }
+    }
+}
