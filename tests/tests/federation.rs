@@ -16,21 +16,43 @@ fn site(dir: &std::path::Path, id: &str, extra: &[&str]) -> Controller {
 }
 
 fn token(c: &Controller, ttl: &str) -> String {
-    weftctl_json(&c.target(), &["peering", "token", "--ttl", ttl])["token"].as_str().unwrap().to_string()
+    weftctl_json(&c.target(), &["peering", "token", "--ttl", ttl])["token"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }
 
 /// `weftctl peering create` on `c`; Ok(json) or Err(stderr).
 fn create(c: &Controller, token: &str) -> Result<Value, String> {
-    let o = run(Command::new(bin("weftctl")).args(["--controller", &c.target(), "-o", "json", "peering", "create", "--token", token]));
-    if o.status.success() { Ok(serde_json::from_slice(&o.stdout).unwrap()) } else { Err(stderr(&o)) }
+    let o = run(Command::new(bin("weftctl")).args([
+        "--controller",
+        &c.target(),
+        "-o",
+        "json",
+        "peering",
+        "create",
+        "--token",
+        token,
+    ]));
+    if o.status.success() {
+        Ok(serde_json::from_slice(&o.stdout).unwrap())
+    } else {
+        Err(stderr(&o))
+    }
 }
 
 fn peers(c: &Controller) -> Vec<Value> {
-    weftctl_json(&c.target(), &["peerings"])["peerings"].as_array().unwrap().clone()
+    weftctl_json(&c.target(), &["peerings"])["peerings"]
+        .as_array()
+        .unwrap()
+        .clone()
 }
 
 fn peer_names(c: &Controller) -> Vec<String> {
-    let mut v: Vec<String> = peers(c).iter().map(|p| p["site_id"].as_str().unwrap().to_string()).collect();
+    let mut v: Vec<String> = peers(c)
+        .iter()
+        .map(|p| p["site_id"].as_str().unwrap().to_string())
+        .collect();
     v.sort();
     v
 }
@@ -41,7 +63,13 @@ fn revision(c: &Controller) -> i64 {
 
 fn workload_view(c: &Controller, peer: &str) -> String {
     let p = peers(c).into_iter().find(|p| p["site_id"] == peer).unwrap();
-    let v = p["views"].as_array().unwrap().iter().find(|v| v["kind"] == "workload").unwrap().clone();
+    let v = p["views"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["kind"] == "workload")
+        .unwrap()
+        .clone();
     assert_eq!(v["real_cidr"], "10.1.0.0/16");
     v["local_cidr"].as_str().unwrap().to_string()
 }
@@ -56,7 +84,10 @@ fn three_sites_peer_pairwise_with_distinct_views_and_delete_on_both_sides() {
     let c = site(dir.path(), "site-c", &[]);
 
     let ab = create(&a, &token(&b, "10m")).unwrap();
-    assert_eq!((ab["site_id"].as_str(), ab["state"].as_str()), (Some("site-b"), Some("negotiated")));
+    assert_eq!(
+        (ab["site_id"].as_str(), ab["state"].as_str()),
+        (Some("site-b"), Some("negotiated"))
+    );
     create(&a, &token(&c, "10m")).unwrap();
     create(&b, &token(&c, "10m")).unwrap();
 
@@ -67,14 +98,19 @@ fn three_sites_peer_pairwise_with_distinct_views_and_delete_on_both_sides() {
         assert_eq!(p["state"], "negotiated");
     }
     // All three use 10.1.0.0/16: each site remaps both peers, to distinct views.
-    for (s, x, y) in [(&a, "site-b", "site-c"), (&b, "site-a", "site-c"), (&c, "site-a", "site-b")] {
+    for (s, x, y) in [
+        (&a, "site-b", "site-c"),
+        (&b, "site-a", "site-c"),
+        (&c, "site-a", "site-b"),
+    ] {
         let (vx, vy) = (workload_view(s, x), workload_view(s, y));
         assert_ne!(vx, "10.1.0.0/16");
         assert_ne!(vy, "10.1.0.0/16");
         assert_ne!(vx, vy, "two peers with the same CIDR share a view");
     }
     // Tunnel roles agree: exactly one server per pair.
-    let role = |s: &Controller, p: &str| peers(s).into_iter().find(|x| x["site_id"] == p).unwrap()["tunnel_role"].clone();
+    let role =
+        |s: &Controller, p: &str| peers(s).into_iter().find(|x| x["site_id"] == p).unwrap()["tunnel_role"].clone();
     assert_ne!(role(&a, "site-b"), role(&b, "site-a"));
 
     // Deleting on one side removes the peering on both and releases the views.
@@ -84,7 +120,11 @@ fn three_sites_peer_pairwise_with_distinct_views_and_delete_on_both_sides() {
     assert_eq!(peer_names(&b), ["site-c"]);
     let allocs = weftctl_json(&a.target(), &["allocations"]);
     assert!(
-        allocs["allocations"].as_array().unwrap().iter().all(|x| !x["owner"].as_str().unwrap().starts_with("site-b")),
+        allocs["allocations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| !x["owner"].as_str().unwrap().starts_with("site-b")),
         "site-b's views were released on site-a"
     );
 }
@@ -98,7 +138,10 @@ fn refused_peerings_write_nothing() {
     let unchanged = |sites: &[&Controller], f: &dyn Fn() -> String, code: &str, needle: &str| {
         let before: Vec<i64> = sites.iter().map(|s| revision(s)).collect();
         let err = f();
-        assert!(err.contains(code) && err.contains(needle), "expected {code} / {needle:?} in: {err}");
+        assert!(
+            err.contains(code) && err.contains(needle),
+            "expected {code} / {needle:?} in: {err}"
+        );
         let after: Vec<i64> = sites.iter().map(|s| revision(s)).collect();
         assert_eq!(before, after, "a refused peering wrote something: {err}");
     };
@@ -109,33 +152,67 @@ fn refused_peerings_write_nothing() {
     unchanged(&[&a, &b], &|| create(&a, &t).unwrap_err(), "UNAUTHENTICATED", "expired");
 
     // malformed, and one's own token
-    unchanged(&[&a], &|| create(&a, "weftp1.!!!").unwrap_err(), "INVALID_ARGUMENT", "malformed");
+    unchanged(
+        &[&a],
+        &|| create(&a, "weftp1.!!!").unwrap_err(),
+        "INVALID_ARGUMENT",
+        "malformed",
+    );
     let own = token(&a, "10m");
-    unchanged(&[&a], &|| create(&a, &own).unwrap_err(), "INVALID_ARGUMENT", "this site");
+    unchanged(
+        &[&a],
+        &|| create(&a, &own).unwrap_err(),
+        "INVALID_ARGUMENT",
+        "this site",
+    );
 
     // tampered fingerprint
     let mut t = PeeringToken::decode(&token(&b, "10m")).unwrap();
     t.fp = "ab".repeat(32);
     let tampered = t.encode();
-    unchanged(&[&a, &b], &|| create(&a, &tampered).unwrap_err(), "FAILED_PRECONDITION", "fingerprint");
+    unchanged(
+        &[&a, &b],
+        &|| create(&a, &tampered).unwrap_err(),
+        "FAILED_PRECONDITION",
+        "fingerprint",
+    );
 
     // a token for the wrong site: c's endpoint and CA, but it says site-b
     let mut t = PeeringToken::decode(&token(&c, "10m")).unwrap();
     t.site = "site-b".into();
     let wrong = t.encode();
-    unchanged(&[&a, &c], &|| create(&a, &wrong).unwrap_err(), "FAILED_PRECONDITION", "site-c");
+    unchanged(
+        &[&a, &c],
+        &|| create(&a, &wrong).unwrap_err(),
+        "FAILED_PRECONDITION",
+        "site-c",
+    );
 
     // reused: a uses b's token, then c tries the same one
     let t = token(&b, "10m");
     create(&a, &t).unwrap();
-    assert_eq!(create(&a, &t).unwrap()["site_id"], "site-b", "a repeated create is idempotent");
-    unchanged(&[&b, &c], &|| create(&c, &t).unwrap_err(), "UNAUTHENTICATED", "already used");
+    assert_eq!(
+        create(&a, &t).unwrap()["site_id"],
+        "site-b",
+        "a repeated create is idempotent"
+    );
+    unchanged(
+        &[&b, &c],
+        &|| create(&c, &t).unwrap_err(),
+        "UNAUTHENTICATED",
+        "already used",
+    );
 
     // a different site claiming an id that is already peered (site-b, other CA)
     std::fs::create_dir_all(dir.path().join("x")).unwrap();
     let impostor = site(&dir.path().join("x"), "site-b", &[]);
     let t = token(&a, "10m");
-    unchanged(&[&a, &impostor], &|| create(&impostor, &t).unwrap_err(), "ALREADY_EXISTS", "another CA");
+    unchanged(
+        &[&a, &impostor],
+        &|| create(&impostor, &t).unwrap_err(),
+        "ALREADY_EXISTS",
+        "another CA",
+    );
 
     assert_eq!(peer_names(&a), ["site-b"]);
     assert_eq!(peer_names(&b), ["site-a"]);
