@@ -49,6 +49,8 @@ pub struct AgentConfig {
     pub name: String,
     pub dry_run: bool,
     pub underlay_ip: Option<std::net::IpAddr>,
+    /// Gateways: the host:port remote gateways dial (set by the gateway agent).
+    pub endpoint: Option<String>,
 }
 
 fn host_name() -> Option<String> {
@@ -125,6 +127,7 @@ impl AgentArgs {
             name,
             dry_run: self.dry_run,
             underlay_ip: self.underlay_ip,
+            endpoint: None,
         })
     }
 }

@@ -10,3 +10,4 @@ pub mod desired;
 pub mod identity;
 pub mod run;
 pub mod tls;
+pub mod wgkey;

@@ -81,8 +81,11 @@ fn receive(
 }
 
 /// One connection's worth of watching.
+#[allow(clippy::too_many_arguments)]
 async fn session(
     target: &str,
+    gateway_key: Option<&str>,
+    endpoint: Option<&str>,
     creds: &mut watch::Receiver<Credentials>,
     desired: &mut Desired,
     file: &StateFile,
@@ -102,6 +105,15 @@ async fn session(
         Err(s) => return classify(s),
     };
     tracing::info!(controller = %target, from_revision = desired.revision, "watching");
+    if let Some(public_key) = gateway_key {
+        let req = pb::UpdateGatewayRequest {
+            public_key: public_key.to_string(),
+            endpoint: endpoint.unwrap_or_default().to_string(),
+        };
+        if let Err(s) = c.update_gateway(req).await {
+            return classify(s);
+        }
+    }
     let mut errors: Vec<pb::ObjectError> = Vec::new();
     let mut heartbeat = tokio::time::interval(Duration::from_secs(5));
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -184,6 +196,10 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
     if !cfg.dry_run {
         tracing::warn!("this build has no data-plane applier yet: changes are printed, not made (as with --dry-run)");
     }
+    let gateway_key = match kind {
+        AgentKind::Gateway => Some(crate::wgkey::load_or_create(&cfg.state_dir)?),
+        AgentKind::Node => None,
+    };
     let mut applier: Box<dyn Applier> = Box::new(DryRun::default());
     let file = StateFile::new(&cfg.state_dir);
     let mut desired = file.load()?.unwrap_or_default();
@@ -205,7 +221,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
     loop {
         let target = cfg.controllers[controller].clone();
         let end = tokio::select! {
-            end = session(&target, &mut rx, &mut desired, &file, applier.as_mut()) => end,
+            end = session(&target, gateway_key.as_deref(), cfg.endpoint.as_deref(), &mut rx, &mut desired, &file, applier.as_mut()) => end,
             r = &mut renewal => return match r {
                 Ok(Err(e)) => Err(e),
                 Ok(Ok(())) => Ok(()),

@@ -93,6 +93,9 @@ pub struct ControllerArgs {
     /// repeatable [default: --listen when it names an address].
     #[arg(global = true, long = "advertise", env = "WEFT_ADVERTISE", value_delimiter = ',')]
     pub advertise: Vec<String>,
+    /// A peer unreachable for this long is removed here [default: 24h].
+    #[arg(global = true, long, env = "WEFT_PEER_GRACE")]
+    pub peer_grace: Option<String>,
 }
 
 /// The configuration file's shape. Unknown fields are errors.
@@ -118,6 +121,7 @@ pub struct FileConfig {
     pub agent_cert_ttl: Option<String>,
     pub agent_ttl: Option<String>,
     pub advertise: Option<Vec<String>>,
+    pub peer_grace: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -161,6 +165,7 @@ pub struct ControllerConfig {
     pub agent_cert_ttl: std::time::Duration,
     pub agent_ttl: std::time::Duration,
     pub advertise: Vec<String>,
+    pub peer_grace: std::time::Duration,
 }
 
 /// One problem with one field.
@@ -214,6 +219,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("agent_cert_ttl", "--agent-cert-ttl", "WEFT_AGENT_CERT_TTL"),
     ("agent_ttl", "--agent-ttl", "WEFT_AGENT_TTL"),
     ("advertise", "--advertise", "WEFT_ADVERTISE"),
+    ("peer_grace", "--peer-grace", "WEFT_PEER_GRACE"),
     ("config", "--config", "WEFT_CONFIG"),
 ];
 
@@ -538,6 +544,17 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             );
         }
     }
+    let grace_text = pick(args.peer_grace.clone(), file.peer_grace).unwrap_or_else(|| "24h".into());
+    let peer_grace = match humantime::parse_duration(&grace_text) {
+        Ok(d) if d >= std::time::Duration::from_secs(1) => Some(d),
+        _ => {
+            err(
+                "peer_grace",
+                format!("{grace_text:?} is not a duration of at least 1s; write e.g. 24h"),
+            );
+            None
+        }
+    };
     let live_text = pick(args.agent_ttl.clone(), file.agent_ttl).unwrap_or_else(|| "15s".into());
     let agent_ttl = match humantime::parse_duration(&live_text) {
         Ok(d) if d >= std::time::Duration::from_secs(1) && d <= std::time::Duration::from_secs(3600) => Some(d),
@@ -603,6 +620,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         agent_cert_ttl: agent_cert_ttl.unwrap(),
         agent_ttl: agent_ttl.unwrap(),
         advertise,
+        peer_grace: peer_grace.unwrap(),
     })
 }
 

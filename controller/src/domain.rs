@@ -146,7 +146,13 @@ pub struct Peering {
     /// without federation, e.g. in tests of IPAM).
     #[serde(default)]
     pub remote: Option<RemoteSite>,
+    /// The UDP port this site's gateway listens on for this peering's tunnel.
+    #[serde(default)]
+    pub listen_port: u16,
 }
+
+/// The first WireGuard port; each peering takes the lowest free one above.
+pub const FIRST_WG_PORT: u16 = 51820;
 
 /// A peer site as it described itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

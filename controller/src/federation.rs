@@ -87,6 +87,9 @@ pub struct Federation {
     pub site_cert: (String, String),
     /// Where peers reach this controller.
     pub endpoints: Vec<String>,
+    pub hub: Arc<crate::hub::Hub>,
+    /// How long a peer may stay unreachable before its peering is removed here.
+    pub grace: Duration,
 }
 
 fn status_of(site: &str, s: Status) -> Error {
@@ -347,6 +350,46 @@ fn verify_site(chain: &[rustls::pki_types::CertificateDer<'static>], ca_pem: &st
 
 #[tonic::async_trait]
 impl FederationService for FederationApi {
+    type SubscribeStream = tokio_stream::wrappers::ReceiverStream<Result<pb::NetworkParams, Status>>;
+
+    async fn subscribe(&self, req: Request<pb::SubscribeRequest>) -> Result<Response<Self::SubscribeStream>, Status> {
+        let chain = peer_chain(req.peer_certs())?;
+        let claimed = identity_of(&chain[0]).map_err(Status::unauthenticated)?.site;
+        let Some(p) = self.fed.state.peering(&claimed).await? else {
+            return Err(Status::not_found(format!(
+                "site {:?} has no peering with site {claimed:?} (it was deleted there)",
+                self.fed.site_id
+            )));
+        };
+        verify_site(&chain, &p.remote.as_ref().map(|r| r.ca_pem.clone()).unwrap_or_default())?;
+        let fed = self.fed.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        tokio::spawn(async move {
+            let mut changes = fed.hub.params_rev.subscribe();
+            let mut last: Option<pb::NetworkParams> = None;
+            loop {
+                match fed.params().await {
+                    Ok(p) if last.as_ref() != Some(&p) => {
+                        if tx.send(Ok(p.clone())).await.is_err() {
+                            return;
+                        }
+                        last = Some(p);
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        let _ = tx.send(Err(e.into())).await;
+                        return;
+                    }
+                }
+                tokio::select! {
+                    r = changes.changed() => if r.is_err() { return },
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+
     async fn join(&self, req: Request<pb::JoinRequest>) -> Result<Response<pb::JoinResponse>, Status> {
         let chain = peer_chain(req.peer_certs())?;
         let r = req.into_inner();
@@ -383,5 +426,97 @@ impl FederationService for FederationApi {
         self.fed.state.delete_peering(&claimed).await?;
         tracing::info!(peer = %claimed, "peering deleted by the peer");
         Ok(Response::new(pb::LeaveResponse {}))
+    }
+}
+
+/// Keeps one subscription per peering: takes in the peer's parameter
+/// changes, removes the peering when the peer says it has none, or when the
+/// peer stays unreachable past the grace period.
+pub async fn sync_peers(fed: Arc<Federation>) {
+    let mut tasks: std::collections::HashMap<String, tokio::task::JoinHandle<()>> = std::collections::HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        let model = fed.hub.model();
+        tasks.retain(|site, t| {
+            let keep = model.peerings.get(site).is_some_and(|p| p.remote.is_some()) && !t.is_finished();
+            if !keep {
+                t.abort();
+            }
+            keep
+        });
+        for (site, p) in model.peerings.iter() {
+            if p.remote.is_some() && !tasks.contains_key(site) {
+                tasks.insert(site.clone(), tokio::spawn(follow_peer(fed.clone(), site.clone())));
+            }
+        }
+    }
+}
+
+async fn follow_peer(fed: Arc<Federation>, site: String) {
+    use futures::StreamExt;
+    let mut down_since: Option<std::time::Instant> = None;
+    let mut delays = weft_agent::run::backoff();
+    loop {
+        let Ok(Some(p)) = fed.state.peering(&site).await else {
+            return;
+        };
+        let Some(remote) = p.remote.clone() else { return };
+        let mut reached = false;
+        for ep in &remote.endpoints {
+            let Ok(mut c) = fed.client(ep, Trust::CaPem(remote.ca_pem.clone())).await else {
+                continue;
+            };
+            match c.subscribe(pb::SubscribeRequest {}).await {
+                Ok(stream) => {
+                    reached = true;
+                    down_since = None;
+                    delays = weft_agent::run::backoff();
+                    let mut stream = stream.into_inner();
+                    let own = match fed.params().await {
+                        Ok(o) => o,
+                        Err(_) => break,
+                    };
+                    while let Some(Ok(params)) = stream.next().await {
+                        if params.site_id != site {
+                            tracing::warn!(peer = %site, "the peer sent parameters for another site; ignored");
+                            continue;
+                        }
+                        match fed.remote(&remote.ca_pem, &params, &own) {
+                            Ok(r) => match fed.state.update_remote(&site, r).await {
+                                Ok(true) => tracing::info!(peer = %site, "the peer's parameters changed"),
+                                Ok(false) => {}
+                                Err(e) => {
+                                    tracing::warn!(peer = %site, error = %e, "cannot take in the peer's parameters")
+                                }
+                            },
+                            Err(e) => tracing::warn!(peer = %site, error = %e, "the peer sent invalid parameters"),
+                        }
+                    }
+                    break;
+                }
+                Err(s) if s.code() == tonic::Code::NotFound => {
+                    tracing::info!(peer = %site, "the peer deleted the peering; removing it here");
+                    let _ = fed.state.delete_peering(&site).await;
+                    return;
+                }
+                Err(s) => tracing::debug!(peer = %site, error = %s, "subscription refused"),
+            }
+        }
+        if !reached {
+            let since = *down_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() >= fed.grace {
+                tracing::warn!(peer = %site, grace = ?fed.grace, "the peer stayed unreachable past the grace period; removing the peering here");
+                let _ = fed.state.delete_peering(&site).await;
+                return;
+            }
+        }
+        tokio::time::sleep(
+            delays
+                .next()
+                .unwrap_or(Duration::from_secs(30))
+                .min(Duration::from_secs(30)),
+        )
+        .await;
     }
 }

@@ -81,6 +81,9 @@ pub struct Hub {
     slots: Mutex<HashMap<AgentKey, Arc<Slot>>>,
     live: Mutex<HashMap<AgentKey, Live>>,
     last_seen: Mutex<HashMap<AgentKey, u64>>,
+    /// Bumped (to the store revision) when something peers see changed:
+    /// the site or a gateway.
+    pub params_rev: tokio::sync::watch::Sender<i64>,
     /// Status records waiting for the next batched write.
     dirty: Mutex<HashMap<AgentKey, (LeaseId, AliveRecord)>>,
     pub agent_ttl: Duration,
@@ -120,6 +123,7 @@ impl Hub {
             live: Mutex::new(HashMap::new()),
             last_seen: Mutex::new(HashMap::new()),
             dirty: Mutex::new(HashMap::new()),
+            params_rev: tokio::sync::watch::Sender::new(0),
             agent_ttl,
             _alive: alive_tx,
         });
@@ -240,6 +244,9 @@ impl Hub {
             return;
         };
         *self.model.write().unwrap() = Arc::new(model);
+        if matches!(mark, Mark::Everyone | Mark::Gateway { .. }) {
+            self.params_rev.send_replace(revision);
+        }
 
         let slots = self.slots.lock().unwrap();
         let each = |role: AgentRole, f: &dyn Fn(&Slot)| {

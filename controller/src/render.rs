@@ -212,6 +212,36 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
                 format!("{base}netns"),
                 Kind::Namespace(pb::Namespace { name: ns.clone() }),
             )]);
+            if let Some(r) = &p.remote {
+                let link = format!("weft-w{}", short_hash(site_id, 9));
+                out.extend([obj(
+                    format!("{base}wg"),
+                    Kind::Link(pb::Link {
+                        name: link.clone(),
+                        namespace: ns.clone(),
+                        mtu: r.mtu,
+                        kind: Some(pb::link::Kind::Wireguard(pb::Wireguard {
+                            listen_port: u32::from(p.listen_port),
+                        })),
+                    }),
+                )]);
+                // Inside the tunnel both ends use real addresses.
+                let mut allowed: Vec<String> = r.workload_cidrs.iter().map(|c| c.to_string()).collect();
+                allowed.extend(r.external_cidr.map(|c| c.to_string()));
+                for g in r.gateways.iter().filter(|g| g.public_key.is_some()) {
+                    out.extend([obj(
+                        format!("{base}wgpeer/{}", g.name),
+                        Kind::WireguardPeer(pb::WireguardPeer {
+                            link: link.clone(),
+                            namespace: ns.clone(),
+                            public_key: g.public_key.clone().unwrap_or_default(),
+                            endpoint: g.endpoint.clone().unwrap_or_default(),
+                            allowed_ips: allowed.clone(),
+                            persistent_keepalive: 25,
+                        }),
+                    )]);
+                }
+            }
             for v in p.views.iter().filter(|v| v.remapped()) {
                 out.extend([obj(
                     format!("{base}{}/nat", v.kind),
@@ -354,6 +384,7 @@ mod tests {
             created_at_ms: 0,
             last_error: None,
             remote: None,
+            listen_port: 51820,
         };
         let mut m = Model {
             revision: 7,

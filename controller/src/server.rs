@@ -238,7 +238,10 @@ pub async fn run(
         ca_fingerprint: fingerprint.clone(),
         site_cert,
         endpoints,
+        hub: hub.clone(),
+        grace: cfg.peer_grace,
     });
+    let peer_sync = tokio::spawn(crate::federation::sync_peers(fed.clone()));
 
     let admin = InterceptedService::new(
         AdminServiceServer::new(AdminApi::new(
@@ -333,6 +336,7 @@ pub async fn run(
         }
     };
     revocations.abort();
+    peer_sync.abort();
     let _ = std::fs::remove_file(&cfg.admin_socket);
     result.context("a gRPC listener failed")?;
     tracing::info!("controller stopped");

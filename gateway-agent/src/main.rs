@@ -21,14 +21,15 @@ struct Cli {
     /// Address:port remote gateways dial (omit for a gateway that can only dial out).
     #[arg(long, env = "WEFT_ENDPOINT")]
     endpoint: Option<SocketAddr>,
-    /// First UDP port for WireGuard; each peering takes the next one.
-    #[arg(long, env = "WEFT_WIREGUARD_PORT", default_value_t = 51820)]
-    wireguard_port: u16,
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    weft_agent::run::main_with(cli.agent.validate(), AgentKind::Gateway, None)
+    let cfg = cli.agent.validate().map(|mut c| {
+        c.endpoint = cli.endpoint.map(|e| e.to_string());
+        c
+    });
+    weft_agent::run::main_with(cfg, AgentKind::Gateway, None)
 }
 
 #[cfg(test)]

@@ -200,6 +200,42 @@ impl AgentService for AgentApi {
         }))
     }
 
+    async fn update_gateway(
+        &self,
+        req: Request<pb::UpdateGatewayRequest>,
+    ) -> Result<Response<pb::UpdateGatewayResponse>, Status> {
+        use base64::Engine;
+        let (role, id) = agent(&req)?;
+        if role != AgentRole::Gateway {
+            return Err(Status::permission_denied(format!("{id} is not a gateway")));
+        }
+        let r = req.into_inner();
+        let key = match r.public_key.trim() {
+            "" => None,
+            k => {
+                let raw = base64::engine::general_purpose::STANDARD
+                    .decode(k)
+                    .map_err(|_| Status::invalid_argument("public_key is not base64"))?;
+                if raw.len() != 32 {
+                    return Err(Status::invalid_argument("public_key is not a 32-byte WireGuard key"));
+                }
+                Some(k.to_string())
+            }
+        };
+        let endpoint = match r.endpoint.trim() {
+            "" => None,
+            e if e
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) =>
+            {
+                Some(e.to_string())
+            }
+            e => return Err(Status::invalid_argument(format!("endpoint {e:?} is not host:port"))),
+        };
+        self.state.update_gateway(&id.name, key, endpoint).await?;
+        Ok(Response::new(pb::UpdateGatewayResponse {}))
+    }
+
     async fn get_assignment(&self, req: Request<pb::GetAssignmentRequest>) -> Result<Response<pb::Assignment>, Status> {
         let (role, id) = agent(&req)?;
         let name = req.into_inner().name;

@@ -135,6 +135,7 @@ impl State {
                 created_at_ms: now_ms(),
                 last_error: None,
                 remote: Some(remote.clone()),
+                listen_port: snap.free_wg_port(peer_site),
             };
             let txn = self
                 .ipam_guard(snap, txn)
@@ -152,5 +153,76 @@ impl State {
             Some(kv) => Ok(Some(super::decode(&kv)?)),
             None => Ok(None),
         }
+    }
+}
+
+impl State {
+    /// Takes in a peer's new parameters: keeps the peering, updates what the
+    /// peer said, and re-plans the local views only if its CIDRs changed.
+    /// Returns whether anything changed.
+    pub async fn update_remote(&self, peer_site: &str, remote: RemoteSite) -> Result<bool, Error> {
+        let key = self.key(&format!("peerings/{peer_site}"));
+        self.commit(|snap| {
+            let site = snap.site()?;
+            let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
+                return Err(Error::NotFound(format!("there is no peering with site {peer_site:?}")));
+            };
+            let Some(old) = &p.remote else { return Ok((None, false)) };
+            if old.ca_fingerprint != remote.ca_fingerprint {
+                return Err(Error::PermissionDenied(format!(
+                    "site {peer_site:?} sent parameters under another CA"
+                )));
+            }
+            if *old == remote {
+                return Ok((None, false));
+            }
+            let mut next = p.clone();
+            if old.workload_cidrs != remote.workload_cidrs || old.external_cidr != remote.external_cidr {
+                let mut peer: Vec<(CidrKind, Ipv4Net)> =
+                    remote.workload_cidrs.iter().map(|c| (CidrKind::Workload, *c)).collect();
+                if let Some(e) = remote.external_cidr {
+                    peer.push((CidrKind::External, e));
+                }
+                next.views = ipam::plan_views(&peer, &snap.blocks_in_use(site, Some(peer_site)), &site.remap_pools)?;
+            }
+            next.remote = Some(remote.clone());
+            let txn = self
+                .ipam_guard(snap, Txn::new())
+                .when(Compare::ModRevision(key.clone(), *rev))
+                .then(Op::put(key.clone(), encode(&next)));
+            Ok((Some(txn), true))
+        })
+        .await
+    }
+
+    /// Records a gateway's WireGuard public key and endpoint.
+    pub async fn update_gateway(
+        &self,
+        name: &str,
+        public_key: Option<String>,
+        endpoint: Option<String>,
+    ) -> Result<(), Error> {
+        let key = self.key(&format!("gateways/{name}"));
+        for _ in 0..super::MAX_ATTEMPTS {
+            let Some(kv) = self.store.get(&key).await? else {
+                return Err(Error::Unauthenticated(format!(
+                    "gateway {name:?} has been removed; enroll it again"
+                )));
+            };
+            let mut g: crate::domain::Gateway = super::decode(&kv)?;
+            if g.public_key == public_key && g.endpoint == endpoint {
+                return Ok(());
+            }
+            g.public_key = public_key.clone();
+            g.endpoint = endpoint.clone();
+            let txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), kv.mod_revision))
+                .then(Op::put(key.clone(), encode(&g)));
+            if self.store.txn(txn).await?.succeeded {
+                tracing::info!(gateway = name, "gateway key or endpoint changed");
+                return Ok(());
+            }
+        }
+        Err(Error::Aborted("the gateway's record kept changing; retry".into()))
     }
 }

@@ -149,6 +149,19 @@ impl Snapshot {
         })
     }
 
+    /// The lowest WireGuard port no other peering uses.
+    fn free_wg_port(&self, except: &str) -> u16 {
+        let used: std::collections::HashSet<u16> = self
+            .peerings
+            .iter()
+            .filter(|(p, _)| p.site_id != except)
+            .map(|(p, _)| p.listen_port)
+            .collect();
+        (crate::domain::FIRST_WG_PORT..)
+            .find(|p| !used.contains(p))
+            .unwrap_or(crate::domain::FIRST_WG_PORT)
+    }
+
     /// Overlay addresses held by nodes and gateways.
     fn internal_ips(&self) -> Vec<std::net::Ipv4Addr> {
         let n = self.nodes.iter().filter_map(|(n, _)| n.internal_ip);
@@ -456,6 +469,7 @@ impl State {
                 created_at_ms: existing.map_or_else(now_ms, |(p, _)| p.created_at_ms),
                 last_error: None,
                 remote: existing.and_then(|(p, _)| p.remote.clone()),
+                listen_port: existing.map_or_else(|| snap.free_wg_port(peer_site), |(p, _)| p.listen_port),
             };
             let guard = Compare::ModRevision(key.clone(), existing.map_or(0, |(_, r)| *r));
             let txn = self
