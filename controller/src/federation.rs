@@ -366,10 +366,12 @@ impl FederationService for FederationApi {
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         tokio::spawn(async move {
             let mut changes = fed.hub.params_rev.subscribe();
+            let mut closing = fed.hub.closing.subscribe();
             let mut last: Option<pb::NetworkParams> = None;
             loop {
                 match fed.params().await {
                     Ok(p) if last.as_ref() != Some(&p) => {
+                        tracing::debug!(peer = %claimed, "sending parameters to the peer");
                         if tx.send(Ok(p.clone())).await.is_err() {
                             return;
                         }
@@ -383,6 +385,7 @@ impl FederationService for FederationApi {
                 }
                 tokio::select! {
                     r = changes.changed() => if r.is_err() { return },
+                    _ = closing.wait_for(|c| *c) => return,
                     _ = tx.closed() => return,
                 }
             }
@@ -434,7 +437,7 @@ impl FederationService for FederationApi {
 /// peer stays unreachable past the grace period.
 pub async fn sync_peers(fed: Arc<Federation>) {
     let mut tasks: std::collections::HashMap<String, tokio::task::JoinHandle<()>> = std::collections::HashMap::new();
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         tick.tick().await;
         let model = fed.hub.model();

@@ -84,6 +84,8 @@ pub struct Hub {
     /// Bumped (to the store revision) when something peers see changed:
     /// the site or a gateway.
     pub params_rev: tokio::sync::watch::Sender<i64>,
+    /// Set at shutdown; long-lived streams end when they see it.
+    pub closing: tokio::sync::watch::Sender<bool>,
     /// Status records waiting for the next batched write.
     dirty: Mutex<HashMap<AgentKey, (LeaseId, AliveRecord)>>,
     pub agent_ttl: Duration,
@@ -124,6 +126,7 @@ impl Hub {
             last_seen: Mutex::new(HashMap::new()),
             dirty: Mutex::new(HashMap::new()),
             params_rev: tokio::sync::watch::Sender::new(0),
+            closing: tokio::sync::watch::Sender::new(false),
             agent_ttl,
             _alive: alive_tx,
         });
@@ -165,6 +168,7 @@ impl Hub {
     /// Ends every stream (at shutdown), so agents reconnect elsewhere at once
     /// instead of holding the server's drain open.
     pub fn close_all(&self) {
+        self.closing.send_replace(true);
         for s in self.slots.lock().unwrap().values() {
             s.superseded.store(true, Ordering::SeqCst);
             s.notify.notify_one();
@@ -245,6 +249,7 @@ impl Hub {
         };
         *self.model.write().unwrap() = Arc::new(model);
         if matches!(mark, Mark::Everyone | Mark::Gateway { .. }) {
+            tracing::debug!(revision, "parameters peers see changed");
             self.params_rev.send_replace(revision);
         }
 

@@ -26,11 +26,23 @@ impl InProc {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::Builder::new().prefix("weft-identity").tempdir().unwrap();
         let args = ControllerArgs {
-            site_id: Some("site-a".into()),
-            pod_cidrs: vec!["10.1.0.0/16".into()],
             data_dir: Some(dir.path().join("data")),
             listen: Some("127.0.0.1:0".into()),
             agent_ttl: extra.iter().find(|e| e.0 == "agent_ttl").map(|e| e.1.to_string()),
+            site_id: Some(
+                extra
+                    .iter()
+                    .find(|e| e.0 == "site_id")
+                    .map_or("site-a", |e| e.1)
+                    .to_string(),
+            ),
+            pod_cidrs: vec![
+                extra
+                    .iter()
+                    .find(|e| e.0 == "pod_cidr")
+                    .map_or("10.1.0.0/16", |e| e.1)
+                    .to_string(),
+            ],
             ..Default::default()
         };
         let cfg = config::resolve(&args, FileConfig::default()).unwrap();

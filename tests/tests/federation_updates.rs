@@ -1,0 +1,200 @@
+//! After negotiation the controllers keep each other current: a gateway
+//! key that changes on one site reaches the other site's gateways as
+//! desired state; a peering deleted while the peer was away is removed on
+//! the peer when it comes back; a peer gone past the grace period is removed.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use weft_proto::v1 as pb;
+use weft_proto::v1::agent_service_client::AgentServiceClient;
+use weft_tests::inproc::InProc;
+use weft_tests::{Controller, bin, eventually, run, weftctl_json};
+
+async fn gateway(c: &InProc, underlay: &str) -> AgentServiceClient<tonic::transport::Channel> {
+    let token = c.token_for(pb::AgentRole::Gateway, "gw", 600, 1).await;
+    let (cert, key) = c.register_at(&token, "gw", underlay).await.unwrap();
+    AgentServiceClient::new(c.channel(Some((&cert, &key))).await)
+}
+
+fn key(byte: u8) -> String {
+    base64::engine::general_purpose::STANDARD.encode([byte; 32])
+}
+
+/// The WireGuard peer keys in a gateway's held state.
+fn peer_keys(held: &std::collections::BTreeMap<String, pb::DesiredObject>) -> Vec<String> {
+    held.values()
+        .filter_map(|o| match &o.kind {
+            Some(pb::desired_object::Kind::WireguardPeer(p)) => Some(p.public_key.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
+    let a = InProc::start_with(&[("site_id", "site-a"), ("pod_cidr", "10.1.0.0/16")]).await;
+    let b = InProc::start_with(&[("site_id", "site-b"), ("pod_cidr", "10.2.0.0/16")]).await;
+    let mut gwa = gateway(&a, "192.168.1.1").await;
+    let mut gwb = gateway(&b, "192.168.2.1").await;
+    gwb.update_gateway(pb::UpdateGatewayRequest {
+        public_key: key(1),
+        endpoint: "192.168.2.1:51820".into(),
+    })
+    .await
+    .unwrap();
+
+    let token = b
+        .admin()
+        .await
+        .create_peering_token(pb::CreatePeeringTokenRequest { ttl_seconds: 60 })
+        .await
+        .unwrap();
+    a.admin()
+        .await
+        .create_peering(pb::CreatePeeringRequest {
+            token: token.into_inner().token,
+        })
+        .await
+        .unwrap();
+
+    let mut s = gwa
+        .watch(pb::WatchRequest {
+            last_revision: 0,
+            known: vec![],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut held = std::collections::BTreeMap::new();
+    let apply = |m: pb::WatchResponse, held: &mut std::collections::BTreeMap<String, pb::DesiredObject>| match m.kind {
+        Some(pb::watch_response::Kind::Snapshot(snap)) => {
+            *held = snap.objects.into_iter().map(|o| (o.id.clone(), o)).collect()
+        }
+        Some(pb::watch_response::Kind::Delta(d)) => {
+            for id in d.deletes {
+                held.remove(&id);
+            }
+            for o in d.upserts {
+                held.insert(o.id.clone(), o);
+            }
+        }
+        None => {}
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while peer_keys(&held) != [key(1)] {
+        let m = tokio::time::timeout_at(deadline.into(), s.message())
+            .await
+            .expect("site-b's key never arrived")
+            .unwrap()
+            .unwrap();
+        apply(m, &mut held);
+    }
+    let wg = held.get("peer/site-b/wgpeer/gw").unwrap();
+    let Some(pb::desired_object::Kind::WireguardPeer(p)) = &wg.kind else {
+        panic!()
+    };
+    assert_eq!(p.endpoint, "192.168.2.1:51820");
+    assert_eq!(
+        p.allowed_ips,
+        ["10.2.0.0/16", "10.70.0.0/16"],
+        "real CIDRs inside the tunnel"
+    );
+
+    // The subscriptions between the controllers start within a moment of
+    // the peering; a first rotation shows site-a is following site-b.
+    gwb.update_gateway(pb::UpdateGatewayRequest {
+        public_key: key(2),
+        endpoint: "192.168.2.1:51820".into(),
+    })
+    .await
+    .unwrap();
+    while peer_keys(&held) != [key(2)] {
+        let m = tokio::time::timeout(Duration::from_secs(5), s.message())
+            .await
+            .expect("rotation never arrived")
+            .unwrap()
+            .unwrap();
+        apply(m, &mut held);
+    }
+    // Rotate again and time it: site-a's gateway has it within a second.
+    let t = Instant::now();
+    gwb.update_gateway(pb::UpdateGatewayRequest {
+        public_key: key(3),
+        endpoint: "192.168.2.1:51820".into(),
+    })
+    .await
+    .unwrap();
+    while peer_keys(&held) != [key(3)] {
+        let m = tokio::time::timeout(Duration::from_secs(5), s.message())
+            .await
+            .expect("rotation never arrived")
+            .unwrap()
+            .unwrap();
+        apply(m, &mut held);
+    }
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(1), "the key change took {took:?}");
+    println!("gateway key change reached the peer site's gateway in {took:?}");
+    drop(s);
+    a.stop().await;
+    b.stop().await;
+}
+
+fn peer_names(c: &Controller) -> Vec<String> {
+    let v = weftctl_json(&c.target(), &["peerings"]);
+    v["peerings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["site_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn peer(a: &Controller, b: &Controller) {
+    let t = weftctl_json(&b.target(), &["peering", "token"])["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let o = run(Command::new(bin("weftctl")).args(["--controller", &a.target(), "peering", "create", "--token", &t]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn a_deletion_made_while_the_peer_was_away_reaches_it_when_it_is_back() {
+    let dir = tempfile::Builder::new().prefix("weft-fedupd").tempdir().unwrap();
+    let a = Controller::start("site-a", &dir.path().join("a"), &["--pod-cidr", "10.1.0.0/16"]);
+    let mut b = Controller::start("site-b", &dir.path().join("b"), &["--pod-cidr", "10.2.0.0/16"]);
+    peer(&a, &b);
+    assert!(b.stop().success());
+    let d = weftctl_json(&a.target(), &["peering", "delete", "site-b"]);
+    assert_eq!(d["remote_notified"], false, "site-b was down");
+    assert!(peer_names(&a).is_empty());
+    b.restart_stopped();
+    eventually("site-b learns of the deletion", Duration::from_secs(10), || {
+        peer_names(&b).is_empty().then_some(())
+    });
+}
+
+#[test]
+fn a_peer_unreachable_past_the_grace_period_is_removed() {
+    let dir = tempfile::Builder::new().prefix("weft-fedupd").tempdir().unwrap();
+    let mut a = Controller::start("site-a", &dir.path().join("a"), &["--pod-cidr", "10.1.0.0/16"]);
+    let b = Controller::start(
+        "site-b",
+        &dir.path().join("b"),
+        &["--pod-cidr", "10.2.0.0/16", "--peer-grace", "2s"],
+    );
+    peer(&a, &b);
+    assert_eq!(peer_names(&b), ["site-a"]);
+    assert!(a.stop().success());
+    let gone = Instant::now();
+    eventually("site-b gives up on site-a", Duration::from_secs(15), || {
+        peer_names(&b).is_empty().then_some(())
+    });
+    assert!(
+        gone.elapsed() >= Duration::from_secs(2),
+        "removed before the grace period"
+    );
+}
