@@ -218,3 +218,20 @@ fn refused_peerings_write_nothing() {
     assert_eq!(peer_names(&b), ["site-a"]);
     assert!(peer_names(&c).is_empty());
 }
+
+/// When the dialing side cannot record its side (here: no room in its remap
+/// pools for the peer's CIDR), it undoes the other side: no half peering.
+#[test]
+fn a_failure_after_the_peer_recorded_leaves_no_half_peering() {
+    let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
+    let a = site(dir.path(), "site-a", &["--remap-pool", "192.168.255.252/30"]);
+    let b = site(dir.path(), "site-b", &[]);
+    let t = token(&b, "10m");
+    let err = create(&a, &t).unwrap_err();
+    assert!(
+        err.contains("RESOURCE_EXHAUSTED") && err.contains("192.168.255.252/30"),
+        "{err}"
+    );
+    assert!(peer_names(&a).is_empty());
+    assert!(peer_names(&b).is_empty(), "site-b kept a half peering");
+}
