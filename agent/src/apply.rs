@@ -12,10 +12,11 @@ use weft_proto::v1::desired_object::Kind;
 /// The objects an agent holds, by id.
 pub type Objects = BTreeMap<String, pb::DesiredObject>;
 
+#[async_trait::async_trait]
 pub trait Applier: Send {
     /// Makes the host have `upserts` (each replacing what `held` has under
     /// its id) and no longer have `deletes`. Returns the objects that failed.
-    fn apply(&mut self, held: &Objects, upserts: &[pb::DesiredObject], deletes: &[String]) -> Vec<pb::ObjectError>;
+    async fn apply(&mut self, held: &Objects, upserts: &[pb::DesiredObject], deletes: &[String]) -> Vec<pb::ObjectError>;
 }
 
 /// One line describing an object, as an operator reads it.
@@ -80,8 +81,9 @@ pub struct DryRun {
     pub log: Vec<String>,
 }
 
+#[async_trait::async_trait]
 impl Applier for DryRun {
-    fn apply(&mut self, held: &Objects, upserts: &[pb::DesiredObject], deletes: &[String]) -> Vec<pb::ObjectError> {
+    async fn apply(&mut self, held: &Objects, upserts: &[pb::DesiredObject], deletes: &[String]) -> Vec<pb::ObjectError> {
         for o in upserts {
             let verb = match held.get(&o.id) {
                 None => "create",

@@ -8,6 +8,7 @@ pub mod apply;
 pub mod config;
 pub mod desired;
 pub mod identity;
+pub mod linux;
 pub mod run;
 pub mod tls;
 pub mod wgkey;

@@ -53,14 +53,14 @@ async fn client(target: &str, creds: &Credentials) -> Result<AgentServiceClient<
 }
 
 /// Applies a received message, persists the result and returns the errors.
-fn receive(
+async fn receive(
     msg: &pb::WatchResponse,
     desired: &mut Desired,
     file: &StateFile,
     applier: &mut dyn Applier,
 ) -> anyhow::Result<Vec<pb::ObjectError>> {
     let (upserts, deletes) = desired.changes(msg);
-    let errors = applier.apply(&desired.objects, &upserts, &deletes);
+    let errors = applier.apply(&desired.objects, &upserts, &deletes).await;
     let (n_up, n_del) = (upserts.len(), deletes.len());
     desired.commit(msg.revision, upserts, &deletes);
     file.save(desired)?;
@@ -120,7 +120,7 @@ async fn session(
     loop {
         tokio::select! {
             msg = stream.message() => match msg {
-                Ok(Some(m)) => match receive(&m, desired, file, applier) {
+                Ok(Some(m)) => match receive(&m, desired, file, applier).await {
                     Ok(e) => errors = e,
                     Err(e) => return End::Refused(e.context("cannot keep the desired state on disk")),
                 },
@@ -193,14 +193,16 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         ),
         None => ids.enroll(&cfg, kind, subnet).await?,
     };
-    if !cfg.dry_run {
-        tracing::warn!("this build has no data-plane applier yet: changes are printed, not made (as with --dry-run)");
-    }
     let gateway_key = match kind {
         AgentKind::Gateway => Some(crate::wgkey::load_or_create(&cfg.state_dir)?),
         AgentKind::Node => None,
     };
-    let mut applier: Box<dyn Applier> = Box::new(DryRun::default());
+    let mut applier: Box<dyn Applier> = if cfg.dry_run {
+        tracing::info!("--dry-run: changes are printed, not made");
+        Box::new(DryRun::default())
+    } else {
+        Box::new(crate::linux::Linux::new()?)
+    };
     let file = StateFile::new(&cfg.state_dir);
     let mut desired = file.load()?.unwrap_or_default();
     if !desired.objects.is_empty() {
@@ -210,7 +212,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
             "applying the stored desired state"
         );
         let all: Vec<pb::DesiredObject> = desired.objects.values().cloned().collect();
-        applier.apply(&Objects::new(), &all, &[]);
+        applier.apply(&Objects::new(), &all, &[]).await;
     }
 
     let (tx, mut rx) = watch::channel(creds);

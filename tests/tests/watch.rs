@@ -305,7 +305,8 @@ fn agent(
     .arg("--state-dir")
     .arg(dir.join(name))
     .args(token)
-    .env_remove("WEFT_CONTROLLER");
+    .arg("--dry-run")
+        .env_remove("WEFT_CONTROLLER");
     Proc::spawn(&mut cmd, &dir.join(log))
 }
 

@@ -1,0 +1,261 @@
+//! The Linux applier: makes the host's network match the desired objects
+//! with rtnetlink, in the namespace the agent runs in.
+//!
+//! Covered so far: VXLAN links, addresses, routes (any table) and policy
+//! rules — the overlay between nodes and gateways and the routing into it.
+//! Namespaces, WireGuard and NAT maps are reported back as per-object errors
+//! ("not supported yet") until the rest of the data plane lands, so the
+//! controller shows exactly what is not applied.
+//!
+//! Every operation is idempotent (replace semantics, or "already there" is
+//! success), so the same state can be applied again on a periodic resync to
+//! repair drift, and after a restart.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use futures::TryStreamExt;
+use ipnet::Ipv4Net;
+use rtnetlink::{Handle, LinkUnspec, LinkVxlan, RouteMessageBuilder};
+use weft_proto::v1 as pb;
+use weft_proto::v1::desired_object::Kind;
+
+use crate::apply::{Applier, Objects, describe};
+
+pub struct Linux {
+    handle: Handle,
+}
+
+impl std::fmt::Debug for Linux {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Linux")
+    }
+}
+
+type R<T> = Result<T, String>;
+
+fn v4(s: &str, what: &str) -> R<Ipv4Addr> {
+    match s.parse::<IpAddr>() {
+        Ok(IpAddr::V4(a)) => Ok(a),
+        _ => Err(format!("{what} {s:?} is not an IPv4 address")),
+    }
+}
+
+fn net(s: &str, what: &str) -> R<Ipv4Net> {
+    s.parse::<Ipv4Net>().map_err(|_| format!("{what} {s:?} is not an IPv4 CIDR"))
+}
+
+fn is_exists(e: &rtnetlink::Error) -> bool {
+    matches!(e, rtnetlink::Error::NetlinkError(m) if m.raw_code() == -libc_eexist())
+}
+fn is_missing(e: &rtnetlink::Error) -> bool {
+    matches!(e, rtnetlink::Error::NetlinkError(m) if [-2, -3, -19].contains(&m.raw_code()))
+}
+const fn libc_eexist() -> i32 {
+    17
+}
+
+impl Linux {
+    /// Opens a netlink connection in the current namespace. Must run inside
+    /// a tokio runtime.
+    pub fn new() -> std::io::Result<Linux> {
+        let (conn, handle, _) = rtnetlink::new_connection()?;
+        tokio::spawn(conn);
+        Ok(Linux { handle })
+    }
+
+    async fn index(&self, name: &str) -> R<Option<u32>> {
+        let mut links = self.handle.link().get().match_name(name.to_string()).execute();
+        match links.try_next().await {
+            Ok(Some(l)) => Ok(Some(l.header.index)),
+            Ok(None) => Ok(None),
+            Err(e) if is_missing(&e) => Ok(None),
+            Err(e) => Err(format!("cannot look up link {name}: {e}")),
+        }
+    }
+
+    async fn need_index(&self, name: &str) -> R<u32> {
+        self.index(name).await?.ok_or_else(|| format!("link {name} does not exist"))
+    }
+
+    async fn upsert(&self, old: Option<&pb::DesiredObject>, o: &pb::DesiredObject) -> R<()> {
+        match &o.kind {
+            Some(Kind::Link(l)) => {
+                if !l.namespace.is_empty() {
+                    return Err("links in other namespaces are not supported yet".into());
+                }
+                let Some(pb::link::Kind::Vxlan(v)) = &l.kind else {
+                    return Err(format!("{} is not supported yet", describe(o)));
+                };
+                // A changed VXLAN cannot be modified in place: replace it.
+                if let Some(idx) = self.index(&l.name).await? {
+                    if old.is_some_and(|x| x == o) {
+                        return self.set_up(idx, l.mtu).await;
+                    }
+                    self.handle.link().del(idx).execute().await.map_err(|e| format!("cannot replace {}: {e}", l.name))?;
+                }
+                let msg = LinkVxlan::new(&l.name, v.vni)
+                    .local(v4(&v.local, "local")?)
+                    .remote(v4(&v.remote, "remote")?)
+                    .port(v.port as u16)
+                    .mtu(l.mtu)
+                    .up()
+                    .build();
+                self.handle.link().add(msg).execute().await.map_err(|e| format!("cannot create {}: {e}", l.name))
+            }
+            Some(Kind::Address(a)) => {
+                let idx = self.need_index(&a.link).await?;
+                let n = net(&a.cidr, "address")?;
+                match self.handle.address().add(idx, IpAddr::V4(n.addr()), n.prefix_len()).replace().execute().await {
+                    Ok(()) => Ok(()),
+                    Err(e) if is_exists(&e) => Ok(()),
+                    Err(e) => Err(format!("cannot add {}: {e}", a.cidr)),
+                }
+            }
+            Some(Kind::Route(r)) => {
+                let msg = self.route_message(r).await?;
+                self.handle.route().add(msg).replace().execute().await.map_err(|e| format!("cannot add the route: {e}"))
+            }
+            Some(Kind::Rule(r)) => {
+                if let Some(old) = old
+                    && old != o
+                {
+                    self.delete(old).await?;
+                }
+                let mut req = self.handle.rule().add().v4().table_id(r.table).priority(r.priority);
+                if !r.to.is_empty() {
+                    let n = net(&r.to, "to")?;
+                    req = req.destination_prefix(n.network(), n.prefix_len());
+                }
+                if !r.from.is_empty() {
+                    let n = net(&r.from, "from")?;
+                    req = req.source_prefix(n.network(), n.prefix_len());
+                }
+                match req.execute().await {
+                    Ok(()) => Ok(()),
+                    Err(e) if is_exists(&e) => Ok(()),
+                    Err(e) => Err(format!("cannot add the rule: {e}")),
+                }
+            }
+            _ => Err(format!("{} is not supported by this agent yet", describe(o))),
+        }
+    }
+
+    async fn set_up(&self, idx: u32, mtu: u32) -> R<()> {
+        let mut b = LinkUnspec::new_with_index(idx).up();
+        if mtu > 0 {
+            b = b.mtu(mtu);
+        }
+        self.handle.link().set(b.build()).execute().await.map_err(|e| format!("cannot set the link up: {e}"))
+    }
+
+    async fn route_message(&self, r: &pb::Route) -> R<rtnetlink::packet_route::route::RouteMessage> {
+        let dst = net(&r.destination, "destination")?;
+        let mut b = RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(dst.network(), dst.prefix_len());
+        if r.table != 0 {
+            b = b.table_id(r.table);
+        }
+        if !r.gateway.is_empty() {
+            b = b.gateway(v4(&r.gateway, "gateway")?).onlink();
+        }
+        if !r.device.is_empty() {
+            b = b.output_interface(self.need_index(&r.device).await?);
+        }
+        Ok(b.build())
+    }
+
+    async fn delete(&self, o: &pb::DesiredObject) -> R<()> {
+        let ok_if_missing = |r: Result<(), rtnetlink::Error>| match r {
+            Ok(()) => Ok(()),
+            Err(e) if is_missing(&e) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        };
+        match &o.kind {
+            Some(Kind::Link(l)) => match self.index(&l.name).await? {
+                Some(idx) => ok_if_missing(self.handle.link().del(idx).execute().await),
+                None => Ok(()),
+            },
+            Some(Kind::Address(a)) => {
+                let Some(idx) = self.index(&a.link).await? else { return Ok(()) };
+                let n = net(&a.cidr, "address")?;
+                let mut addrs = self.handle.address().get().set_link_index_filter(idx).execute();
+                while let Some(m) = addrs.try_next().await.map_err(|e| e.to_string())? {
+                    let has = m.attributes.iter().any(|a| {
+                        matches!(a, rtnetlink::packet_route::address::AddressAttribute::Address(IpAddr::V4(x)) if *x == n.addr())
+                    });
+                    if has && m.header.prefix_len == n.prefix_len() {
+                        return ok_if_missing(self.handle.address().del(m).execute().await);
+                    }
+                }
+                Ok(())
+            }
+            Some(Kind::Route(r)) => match self.route_message(r).await {
+                Ok(msg) => ok_if_missing(self.handle.route().del(msg).execute().await),
+                // its device is gone, and the route with it
+                Err(_) => Ok(()),
+            },
+            Some(Kind::Rule(r)) => {
+                let mut rules = self.handle.rule().get(rtnetlink::IpVersion::V4).execute();
+                while let Some(m) = rules.try_next().await.map_err(|e| e.to_string())? {
+                    let prio = m.attributes.iter().find_map(|a| match a {
+                        rtnetlink::packet_route::rule::RuleAttribute::Priority(p) => Some(*p),
+                        _ => None,
+                    });
+                    let table = m.attributes.iter().find_map(|a| match a {
+                        rtnetlink::packet_route::rule::RuleAttribute::Table(t) => Some(*t),
+                        _ => None,
+                    });
+                    let dst = m.attributes.iter().find_map(|a| match a {
+                        rtnetlink::packet_route::rule::RuleAttribute::Destination(IpAddr::V4(d)) => Some(*d),
+                        _ => None,
+                    });
+                    let want_dst = (!r.to.is_empty()).then(|| net(&r.to, "to")).transpose()?;
+                    if prio == Some(r.priority)
+                        && table == Some(r.table)
+                        && dst == want_dst.map(|n| n.network())
+                        && m.header.dst_len == want_dst.map_or(0, |n| n.prefix_len())
+                    {
+                        return ok_if_missing(self.handle.rule().del(m).execute().await);
+                    }
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Links first, then addresses, then routes and rules: what later objects
+/// need exists before them. Deletes run in the opposite order.
+fn rank(o: &pb::DesiredObject) -> u8 {
+    match &o.kind {
+        Some(Kind::Namespace(_)) => 0,
+        Some(Kind::Link(_)) => 1,
+        Some(Kind::Address(_)) => 2,
+        Some(Kind::Route(_)) => 3,
+        Some(Kind::Rule(_)) => 4,
+        _ => 5,
+    }
+}
+
+#[async_trait::async_trait]
+impl Applier for Linux {
+    async fn apply(&mut self, held: &Objects, upserts: &[pb::DesiredObject], deletes: &[String]) -> Vec<pb::ObjectError> {
+        let mut errors = Vec::new();
+        let mut gone: Vec<&pb::DesiredObject> = deletes.iter().filter_map(|id| held.get(id)).collect();
+        gone.sort_by_key(|o| std::cmp::Reverse(rank(o)));
+        for o in gone {
+            if let Err(e) = self.delete(o).await {
+                errors.push(pb::ObjectError { id: o.id.clone(), message: e });
+            }
+        }
+        let mut todo: Vec<&pb::DesiredObject> = upserts.iter().collect();
+        todo.sort_by_key(|o| rank(o));
+        for o in todo {
+            if let Err(e) = self.upsert(held.get(&o.id), o).await {
+                tracing::warn!(object = %o.id, error = %e, "not applied");
+                errors.push(pb::ObjectError { id: o.id.clone(), message: e });
+            }
+        }
+        errors
+    }
+}
