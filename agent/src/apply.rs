@@ -16,7 +16,12 @@ pub type Objects = BTreeMap<String, pb::DesiredObject>;
 pub trait Applier: Send {
     /// Makes the host have `upserts` (each replacing what `held` has under
     /// its id) and no longer have `deletes`. Returns the objects that failed.
-    async fn apply(&mut self, held: &Objects, upserts: &[pb::DesiredObject], deletes: &[String]) -> Vec<pb::ObjectError>;
+    async fn apply(
+        &mut self,
+        held: &Objects,
+        upserts: &[pb::DesiredObject],
+        deletes: &[String],
+    ) -> Vec<pb::ObjectError>;
 }
 
 /// One line describing an object, as an operator reads it.
@@ -83,7 +88,12 @@ pub struct DryRun {
 
 #[async_trait::async_trait]
 impl Applier for DryRun {
-    async fn apply(&mut self, held: &Objects, upserts: &[pb::DesiredObject], deletes: &[String]) -> Vec<pb::ObjectError> {
+    async fn apply(
+        &mut self,
+        held: &Objects,
+        upserts: &[pb::DesiredObject],
+        deletes: &[String],
+    ) -> Vec<pb::ObjectError> {
         for o in upserts {
             let verb = match held.get(&o.id) {
                 None => "create",

@@ -41,7 +41,8 @@ fn v4(s: &str, what: &str) -> R<Ipv4Addr> {
 }
 
 fn net(s: &str, what: &str) -> R<Ipv4Net> {
-    s.parse::<Ipv4Net>().map_err(|_| format!("{what} {s:?} is not an IPv4 CIDR"))
+    s.parse::<Ipv4Net>()
+        .map_err(|_| format!("{what} {s:?} is not an IPv4 CIDR"))
 }
 
 fn is_exists(e: &rtnetlink::Error) -> bool {
@@ -74,7 +75,9 @@ impl Linux {
     }
 
     async fn need_index(&self, name: &str) -> R<u32> {
-        self.index(name).await?.ok_or_else(|| format!("link {name} does not exist"))
+        self.index(name)
+            .await?
+            .ok_or_else(|| format!("link {name} does not exist"))
     }
 
     async fn upsert(&self, old: Option<&pb::DesiredObject>, o: &pb::DesiredObject) -> R<()> {
@@ -91,7 +94,12 @@ impl Linux {
                     if old.is_some_and(|x| x == o) {
                         return self.set_up(idx, l.mtu).await;
                     }
-                    self.handle.link().del(idx).execute().await.map_err(|e| format!("cannot replace {}: {e}", l.name))?;
+                    self.handle
+                        .link()
+                        .del(idx)
+                        .execute()
+                        .await
+                        .map_err(|e| format!("cannot replace {}: {e}", l.name))?;
                 }
                 let msg = LinkVxlan::new(&l.name, v.vni)
                     .local(v4(&v.local, "local")?)
@@ -100,12 +108,24 @@ impl Linux {
                     .mtu(l.mtu)
                     .up()
                     .build();
-                self.handle.link().add(msg).execute().await.map_err(|e| format!("cannot create {}: {e}", l.name))
+                self.handle
+                    .link()
+                    .add(msg)
+                    .execute()
+                    .await
+                    .map_err(|e| format!("cannot create {}: {e}", l.name))
             }
             Some(Kind::Address(a)) => {
                 let idx = self.need_index(&a.link).await?;
                 let n = net(&a.cidr, "address")?;
-                match self.handle.address().add(idx, IpAddr::V4(n.addr()), n.prefix_len()).replace().execute().await {
+                match self
+                    .handle
+                    .address()
+                    .add(idx, IpAddr::V4(n.addr()), n.prefix_len())
+                    .replace()
+                    .execute()
+                    .await
+                {
                     Ok(()) => Ok(()),
                     Err(e) if is_exists(&e) => Ok(()),
                     Err(e) => Err(format!("cannot add {}: {e}", a.cidr)),
@@ -113,7 +133,13 @@ impl Linux {
             }
             Some(Kind::Route(r)) => {
                 let msg = self.route_message(r).await?;
-                self.handle.route().add(msg).replace().execute().await.map_err(|e| format!("cannot add the route: {e}"))
+                self.handle
+                    .route()
+                    .add(msg)
+                    .replace()
+                    .execute()
+                    .await
+                    .map_err(|e| format!("cannot add the route: {e}"))
             }
             Some(Kind::Rule(r)) => {
                 if let Some(old) = old
@@ -121,7 +147,14 @@ impl Linux {
                 {
                     self.delete(old).await?;
                 }
-                let mut req = self.handle.rule().add().v4().table_id(r.table).priority(r.priority);
+                let mut req = self
+                    .handle
+                    .rule()
+                    .add()
+                    .action(rtnetlink::packet_route::rule::RuleAction::ToTable)
+                    .v4()
+                    .table_id(r.table)
+                    .priority(r.priority);
                 if !r.to.is_empty() {
                     let n = net(&r.to, "to")?;
                     req = req.destination_prefix(n.network(), n.prefix_len());
@@ -145,7 +178,12 @@ impl Linux {
         if mtu > 0 {
             b = b.mtu(mtu);
         }
-        self.handle.link().set(b.build()).execute().await.map_err(|e| format!("cannot set the link up: {e}"))
+        self.handle
+            .link()
+            .set(b.build())
+            .execute()
+            .await
+            .map_err(|e| format!("cannot set the link up: {e}"))
     }
 
     async fn route_message(&self, r: &pb::Route) -> R<rtnetlink::packet_route::route::RouteMessage> {
@@ -175,7 +213,9 @@ impl Linux {
                 None => Ok(()),
             },
             Some(Kind::Address(a)) => {
-                let Some(idx) = self.index(&a.link).await? else { return Ok(()) };
+                let Some(idx) = self.index(&a.link).await? else {
+                    return Ok(());
+                };
                 let n = net(&a.cidr, "address")?;
                 let mut addrs = self.handle.address().get().set_link_index_filter(idx).execute();
                 while let Some(m) = addrs.try_next().await.map_err(|e| e.to_string())? {
@@ -239,13 +279,21 @@ fn rank(o: &pb::DesiredObject) -> u8 {
 
 #[async_trait::async_trait]
 impl Applier for Linux {
-    async fn apply(&mut self, held: &Objects, upserts: &[pb::DesiredObject], deletes: &[String]) -> Vec<pb::ObjectError> {
+    async fn apply(
+        &mut self,
+        held: &Objects,
+        upserts: &[pb::DesiredObject],
+        deletes: &[String],
+    ) -> Vec<pb::ObjectError> {
         let mut errors = Vec::new();
         let mut gone: Vec<&pb::DesiredObject> = deletes.iter().filter_map(|id| held.get(id)).collect();
         gone.sort_by_key(|o| std::cmp::Reverse(rank(o)));
         for o in gone {
             if let Err(e) = self.delete(o).await {
-                errors.push(pb::ObjectError { id: o.id.clone(), message: e });
+                errors.push(pb::ObjectError {
+                    id: o.id.clone(),
+                    message: e,
+                });
             }
         }
         let mut todo: Vec<&pb::DesiredObject> = upserts.iter().collect();
@@ -253,7 +301,10 @@ impl Applier for Linux {
         for o in todo {
             if let Err(e) = self.upsert(held.get(&o.id), o).await {
                 tracing::warn!(object = %o.id, error = %e, "not applied");
-                errors.push(pb::ObjectError { id: o.id.clone(), message: e });
+                errors.push(pb::ObjectError {
+                    id: o.id.clone(),
+                    message: e,
+                });
             }
         }
         errors

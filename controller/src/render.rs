@@ -180,6 +180,17 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
             let link = gateway_link_name(name);
             let base = part.prefix();
             out.extend([
+                // The node's overlay address, reached through its tunnel.
+                obj(
+                    format!("{base}overlay"),
+                    Kind::Route(pb::Route {
+                        namespace: String::new(),
+                        table: TABLE,
+                        destination: format!("{ip}/32"),
+                        gateway: String::new(),
+                        device: link.clone(),
+                    }),
+                ),
                 obj(
                     format!("{base}link"),
                     vxlan(link.clone(), vni(ip), gw_underlay, underlay),
@@ -261,6 +272,16 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
 fn gateway_self(m: &Model) -> Objects {
     let mut out = Objects::new();
     if let Some(site) = &m.site {
+        out.extend([obj(
+            "self/rule/internal".into(),
+            Kind::Rule(pb::Rule {
+                namespace: String::new(),
+                priority: RULE_PRIORITY,
+                from: String::new(),
+                to: site.internal_cidr.to_string(),
+                table: TABLE,
+            }),
+        )]);
         for (i, pod) in site.pod_cidrs.iter().enumerate() {
             out.extend([obj(
                 format!("self/rule/{i}"),
@@ -475,9 +496,12 @@ mod tests {
         let b = gateway(&m2, "gw1");
         let (up, del) = diff(&a, &b);
         assert!(up.is_empty());
-        assert_eq!(del, ["node/n2/addr", "node/n2/link", "node/n2/route"]);
+        assert_eq!(
+            del,
+            ["node/n2/addr", "node/n2/link", "node/n2/overlay", "node/n2/route"]
+        );
         let (up, del) = diff(&b, &a);
-        assert_eq!((up.len(), del.len()), (3, 0));
+        assert_eq!((up.len(), del.len()), (4, 0));
         assert_eq!(hash(&a["self/rule/0"]), hash(&a["self/rule/0"].clone()));
         assert_ne!(hash(&a["node/n1/link"]), hash(&a["node/n2/link"]));
     }

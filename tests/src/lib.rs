@@ -8,6 +8,7 @@
 //! mean the test ran.
 
 pub mod inproc;
+pub mod netns;
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

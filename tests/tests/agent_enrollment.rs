@@ -32,7 +32,7 @@ fn agent(c: &Controller, dir: &std::path::Path, extra: &[&str], log: &str) -> Pr
     .arg(dir.join("state"))
     .args(extra)
     .arg("--dry-run")
-        .env_remove("WEFT_CONTROLLER")
+    .env_remove("WEFT_CONTROLLER")
     .env_remove("WEFT_TOKEN");
     Proc::spawn(&mut cmd, &dir.join(log))
 }

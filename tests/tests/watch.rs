@@ -306,7 +306,7 @@ fn agent(
     .arg(dir.join(name))
     .args(token)
     .arg("--dry-run")
-        .env_remove("WEFT_CONTROLLER");
+    .env_remove("WEFT_CONTROLLER");
     Proc::spawn(&mut cmd, &dir.join(log))
 }
 

@@ -1,0 +1,141 @@
+//! Test hosts as network namespaces. A [`Lab`] makes namespaces named
+//! `weft-<tag>-<n>-<host>`, joins them on a bridged LAN, runs processes in
+//! them, and on drop — also when a test panics — kills every process it
+//! started and deletes every namespace it made.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use crate::{Proc, ci, run};
+
+/// Whether this process may create namespaces (root). Outside CI a test
+/// without it is skipped with a note; under CI it fails.
+pub fn require_root() -> bool {
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    if !root {
+        let msg = "this test needs root (CAP_NET_ADMIN) to build network namespaces";
+        assert!(!ci(), "{msg}");
+        eprintln!("SKIPPED: {msg}");
+    }
+    root
+}
+
+pub struct Lab {
+    prefix: String,
+    namespaces: Vec<String>,
+    procs: Vec<Proc>,
+    lan_ports: usize,
+}
+
+fn must(o: Output, what: &str) -> Output {
+    assert!(
+        o.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o
+}
+
+impl Lab {
+    pub fn new(tag: &str) -> Lab {
+        let prefix = format!("weft-{tag}-{}", std::process::id() % 100_000);
+        Lab {
+            prefix,
+            namespaces: Vec::new(),
+            procs: Vec::new(),
+            lan_ports: 0,
+        }
+    }
+
+    /// The full name of host `name`.
+    pub fn ns(&self, name: &str) -> String {
+        format!("{}-{name}", self.prefix)
+    }
+
+    /// Creates a host (namespace) with loopback up.
+    pub fn host(&mut self, name: &str) -> String {
+        let ns = self.ns(name);
+        must(run(Command::new("ip").args(["netns", "add", &ns])), "ip netns add");
+        self.namespaces.push(ns.clone());
+        must(
+            run(Command::new("ip").args(["-n", &ns, "link", "set", "lo", "up"])),
+            "lo up",
+        );
+        ns
+    }
+
+    /// Creates the LAN (a bridge in its own namespace).
+    pub fn lan(&mut self) -> String {
+        let ns = self.host("lan");
+        must(
+            run(Command::new("ip").args(["-n", &ns, "link", "add", "br0", "type", "bridge"])),
+            "bridge",
+        );
+        must(
+            run(Command::new("ip").args(["-n", &ns, "link", "set", "br0", "up"])),
+            "bridge up",
+        );
+        ns
+    }
+
+    /// Plugs host `ns` into the LAN with `eth0` = `cidr`.
+    pub fn plug(&mut self, ns: &str, cidr: &str) {
+        let lan = self.ns("lan");
+        let port = format!("p{}", self.lan_ports);
+        self.lan_ports += 1;
+        must(
+            run(Command::new("ip").args([
+                "-n", &lan, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", ns,
+            ])),
+            "veth",
+        );
+        must(
+            run(Command::new("ip").args(["-n", &lan, "link", "set", &port, "master", "br0", "up"])),
+            "port up",
+        );
+        must(
+            run(Command::new("ip").args(["-n", ns, "addr", "add", cidr, "dev", "eth0"])),
+            "addr",
+        );
+        must(
+            run(Command::new("ip").args(["-n", ns, "link", "set", "eth0", "up"])),
+            "eth0 up",
+        );
+    }
+
+    /// Runs a command in host `ns` and waits for it.
+    pub fn exec(&self, ns: &str, args: &[&str]) -> Output {
+        run(Command::new("ip").args(["netns", "exec", ns]).args(args))
+    }
+
+    /// Starts a long-running process in host `ns`, logging to `log`.
+    pub fn spawn(&mut self, ns: &str, program: &Path, args: &[&str], log: &Path) -> usize {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns]).arg(program).args(args);
+        for v in ["WEFT_CONTROLLER", "WEFT_TOKEN", "WEFT_CONFIG"] {
+            cmd.env_remove(v);
+        }
+        self.procs.push(Proc::spawn(&mut cmd, log));
+        self.procs.len() - 1
+    }
+
+    pub fn proc(&mut self, i: usize) -> &mut Proc {
+        &mut self.procs[i]
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.procs.clear(); // kills them
+        for ns in self.namespaces.drain(..).rev() {
+            let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+        }
+    }
+}
