@@ -28,6 +28,14 @@ pub struct AgentArgs {
     /// Print what would change on the host and change nothing.
     #[arg(long, env = "WEFT_DRY_RUN")]
     pub dry_run: bool,
+    /// How often the whole state is applied again, repairing drift (e.g. a
+    /// route deleted by hand).
+    #[arg(long, env = "WEFT_RESYNC_INTERVAL", default_value = "30s")]
+    pub resync_interval: humantime::Duration,
+    /// Remove everything this agent applied to the host (from its stored
+    /// state) and exit.
+    #[arg(long)]
+    pub teardown: bool,
     /// This host's underlay address for overlay tunnels [default: the address the controller sees].
     #[arg(long, env = "WEFT_UNDERLAY_IP")]
     pub underlay_ip: Option<std::net::IpAddr>,
@@ -48,6 +56,8 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     pub name: String,
     pub dry_run: bool,
+    pub resync_interval: std::time::Duration,
+    pub teardown: bool,
     pub underlay_ip: Option<std::net::IpAddr>,
     /// Gateways: the host:port remote gateways dial (set by the gateway agent).
     pub endpoint: Option<String>,
@@ -126,6 +136,8 @@ impl AgentArgs {
             state_dir: self.state_dir.clone(),
             name,
             dry_run: self.dry_run,
+            resync_interval: *self.resync_interval,
+            teardown: self.teardown,
             underlay_ip: self.underlay_ip,
             endpoint: None,
         })
@@ -145,6 +157,8 @@ mod tests {
             state_dir: "/tmp/s".into(),
             name: Some("node-1".into()),
             dry_run: false,
+            resync_interval: std::time::Duration::from_secs(30).into(),
+            teardown: false,
             underlay_ip: None,
         }
     }

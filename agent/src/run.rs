@@ -86,6 +86,7 @@ async fn session(
     target: &str,
     gateway_key: Option<&str>,
     endpoint: Option<&str>,
+    resync_every: Duration,
     creds: &mut watch::Receiver<Credentials>,
     desired: &mut Desired,
     file: &StateFile,
@@ -117,8 +118,16 @@ async fn session(
     let mut errors: Vec<pb::ObjectError> = Vec::new();
     let mut heartbeat = tokio::time::interval(Duration::from_secs(5));
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + resync_every, resync_every);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = resync.tick() => {
+                // Level-triggered: apply everything again; a no-op unless
+                // something drifted.
+                let all: Vec<pb::DesiredObject> = desired.objects.values().cloned().collect();
+                errors = applier.apply(&desired.objects, &all, &[]).await;
+            }
             msg = stream.message() => match msg {
                 Ok(Some(m)) => match receive(&m, desired, file, applier).await {
                     Ok(e) => errors = e,
@@ -151,6 +160,23 @@ async fn session(
             }
             Err(s) => return classify(s),
         }
+    }
+}
+
+/// Removes everything the agent applied and forgets it.
+async fn teardown(desired: &mut Desired, file: &StateFile, applier: &mut dyn Applier) {
+    let ids: Vec<String> = desired.objects.keys().cloned().collect();
+    let errors = applier.apply(&desired.objects, &[], &ids).await;
+    for e in &errors {
+        tracing::warn!(object = %e.id, error = %e.message, "not removed");
+    }
+    tracing::info!(
+        removed = ids.len() - errors.len(),
+        "removed weft's objects from the host"
+    );
+    *desired = Desired::default();
+    if let Err(e) = file.save(desired) {
+        tracing::warn!(error = %format!("{e:#}"), "cannot clear the stored state");
     }
 }
 
@@ -223,7 +249,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
     loop {
         let target = cfg.controllers[controller].clone();
         let end = tokio::select! {
-            end = session(&target, gateway_key.as_deref(), cfg.endpoint.as_deref(), &mut rx, &mut desired, &file, applier.as_mut()) => end,
+            end = session(&target, gateway_key.as_deref(), cfg.endpoint.as_deref(), cfg.resync_interval, &mut rx, &mut desired, &file, applier.as_mut()) => end,
             r = &mut renewal => return match r {
                 Ok(Err(e)) => Err(e),
                 Ok(Ok(())) => Ok(()),
@@ -233,7 +259,11 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
             _ = term.recv() => break,
         };
         match end {
-            End::Refused(e) => anyhow::bail!("the controller refused this agent: {e:#}"),
+            End::Refused(e) => {
+                // Removed or revoked: leave the host as it was before weft.
+                teardown(&mut desired, &file, applier.as_mut()).await;
+                anyhow::bail!("the controller refused this agent: {e:#}")
+            }
             End::Transient(e) => {
                 let delay = delays.next().unwrap_or(Duration::from_secs(60));
                 tracing::warn!(controller = %target, error = %format!("{e:#}"), retry_in = ?delay, "disconnected; keeping the last state");

@@ -69,6 +69,8 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
             t["ca_fingerprint"].as_str().unwrap(),
             "--state-dir",
             state.to_str().unwrap(),
+            "--resync-interval",
+            "1s",
         ];
         args.extend(extra);
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -147,6 +149,26 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
         assert_eq!(n["status"]["ready"], true, "{n}");
         assert!(n["status"]["errors"].as_array().unwrap().is_empty(), "{n}");
     }
+
+    // Drift: a route and a rule deleted by hand come back at the next resync.
+    let o = lab.exec(&gw, &["ip", "route", "del", "10.1.0.0/24", "table", "7765"]);
+    assert!(o.status.success());
+    let o = lab.exec(&gw, &["ip", "rule", "del", "priority", "7765", "to", "10.1.0.0/16"]);
+    assert!(o.status.success());
+    let repaired = (0..100).any(|_| {
+        let routes = stdout(&lab.exec(&gw, &["ip", "route", "show", "table", "7765"]));
+        let rules = stdout(&lab.exec(&gw, &["ip", "rule"]));
+        let ok = routes.contains("10.1.0.0/24") && rules.contains("to 10.1.0.0/16 lookup 7765");
+        if !ok {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        ok
+    });
+    assert!(
+        repaired,
+        "not repaired within 10 s; gateway log:\n{}",
+        lab.proc(1).log_text()
+    );
 
     // Removing a node withdraws its tunnel and route from the gateway.
     weftctl_json(&target, &["node", "remove", "n2"]);
