@@ -185,7 +185,7 @@ impl IdentityStore {
                     continue;
                 }
             };
-            let resp = AgentServiceClient::new(channel)
+            let answer = AgentServiceClient::new(channel)
                 .register(pb::RegisterRequest {
                     token: token.clone(),
                     csr_pem: csr.clone(),
@@ -193,9 +193,17 @@ impl IdentityStore {
                     subnet: subnet.clone().unwrap_or_default(),
                     underlay_ip: cfg.underlay_ip.map(|i| i.to_string()).unwrap_or_default(),
                 })
-                .await
-                .map_err(|s| anyhow::anyhow!("enrollment refused ({:?}): {}", s.code(), s.message()))?
-                .into_inner();
+                .await;
+            let resp = match answer {
+                Ok(r) => r.into_inner(),
+                // This controller cannot answer now: try the next one.
+                Err(s) if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded) => {
+                    tracing::warn!(controller = %target, error = %s.message(), "controller unavailable");
+                    last = Some(anyhow::anyhow!("{target}: {}", s.message()));
+                    continue;
+                }
+                Err(s) => anyhow::bail!("enrollment refused ({:?}): {}", s.code(), s.message()),
+            };
             if let Trust::Fingerprint(fp) = &trust {
                 use rustls::pki_types::CertificateDer;
                 use rustls::pki_types::pem::PemObject;

@@ -160,7 +160,12 @@ pub async fn connect(target: &str, trust: &Trust, client: Option<(&str, &str)>) 
     let port = uri.port_u16().unwrap_or(443);
     let server_name = ServerName::try_from(host.clone()).context("invalid controller host name")?;
     // tonic must not do TLS itself: give it an http URI and a TLS connector.
-    let ep = Endpoint::from_shared(format!("http://{host}:{port}"))?
+    let uri_host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.clone()
+    };
+    let ep = Endpoint::from_shared(format!("http://{uri_host}:{port}"))?
         .connect_timeout(std::time::Duration::from_secs(5))
         .http2_keep_alive_interval(std::time::Duration::from_secs(20))
         .keep_alive_while_idle(true);

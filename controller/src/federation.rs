@@ -95,7 +95,8 @@ pub struct Federation {
 fn status_of(site: &str, s: Status) -> Error {
     let m = format!("site {site:?} refused: {}", s.message());
     match s.code() {
-        tonic::Code::Unauthenticated => Error::Unauthenticated(m),
+        // The admin's own credentials are fine; the peer refused the token.
+        tonic::Code::Unauthenticated => Error::FailedPrecondition(m),
         tonic::Code::AlreadyExists => Error::AlreadyExists(m),
         tonic::Code::InvalidArgument => Error::InvalidArgument(m),
         tonic::Code::ResourceExhausted => Error::ResourceExhausted(m),
@@ -211,7 +212,7 @@ impl Federation {
             return Ok(p);
         }
         if t.exp <= now_ms() {
-            return Err(Error::Unauthenticated(format!(
+            return Err(Error::FailedPrecondition(format!(
                 "the peering token expired {} ago; ask site {:?} for a new one",
                 humantime::format_duration(Duration::from_secs((now_ms() - t.exp) / 1000)),
                 t.site
@@ -362,6 +363,7 @@ impl FederationService for FederationApi {
             )));
         };
         verify_site(&chain, &p.remote.as_ref().map(|r| r.ca_pem.clone()).unwrap_or_default())?;
+        let fingerprint_now = p.remote.as_ref().map(|r| r.ca_fingerprint.clone()).unwrap_or_default();
         let fed = self.fed.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         tokio::spawn(async move {
@@ -385,8 +387,18 @@ impl FederationService for FederationApi {
                 }
                 tokio::select! {
                     r = changes.changed() => if r.is_err() { return },
-                    _ = closing.wait_for(|c| *c) => return,
+                    _ = async { let _ = closing.wait_for(|c| *c).await; } => return,
                     _ = tx.closed() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {
+                        // The peering may have been deleted here meanwhile.
+                        let still = fed.state.peering(&claimed).await.ok().flatten().and_then(|p| p.remote);
+                        if still.is_none_or(|r| r.ca_fingerprint != fingerprint_now) {
+                            let _ = tx.send(Err(Status::not_found(format!(
+                                "site {:?} has no peering with site {claimed:?} (it was deleted there)", fed.site_id
+                            )))).await;
+                            return;
+                        }
+                    }
                 }
             }
         });
@@ -404,12 +416,16 @@ impl FederationService for FederationApi {
                 params.site_id
             )));
         }
-        let own = self.fed.params().await?;
-        let remote = self.fed.remote(&r.ca_pem, &params, &own)?;
         let proof = TokenProof {
             id: r.token_id,
             secret: r.secret,
         };
+        // Cheap checks first: an unknown caller with a bad token costs one read.
+        if self.fed.state.peering(&site).await?.is_none() {
+            self.fed.state.check_peer_token(&proof).await?;
+        }
+        let own = self.fed.params().await?;
+        let remote = self.fed.remote(&r.ca_pem, &params, &own)?;
         let p = self.fed.state.negotiated(&site, remote, Some(&proof)).await?;
         tracing::info!(peer = %site, views = p.views.len(), "peering negotiated (joined by the peer)");
         Ok(Response::new(pb::JoinResponse {
@@ -498,7 +514,9 @@ async fn follow_peer(fed: Arc<Federation>, site: String) {
                     }
                     break;
                 }
-                Err(s) if s.code() == tonic::Code::NotFound => {
+                // Right after negotiation the peer may not have recorded its
+                // side yet: only a NotFound on an established peering counts.
+                Err(s) if s.code() == tonic::Code::NotFound && now_ms().saturating_sub(p.created_at_ms) > 5_000 => {
                     tracing::info!(peer = %site, "the peer deleted the peering; removing it here");
                     let _ = fed.state.delete_peering(&site).await;
                     return;

@@ -407,7 +407,14 @@ async fn flush_status(hub: std::sync::Weak<Hub>) {
                 tracing::debug!(error = %e, "status batch failed; writing records singly");
                 for (key, (lease, rec)) in chunk {
                     if let Err(e) = h.state.store().txn(Txn::new().then(put(key, *lease, rec))).await {
-                        tracing::debug!(agent = %key.1, error = %e, "status not written");
+                        tracing::debug!(agent = %key.1, error = %e, "status not written; kept for the next flush");
+                        if !matches!(e, StoreError::LeaseNotFound(_)) {
+                            h.dirty
+                                .lock()
+                                .unwrap()
+                                .entry(key.clone())
+                                .or_insert((*lease, rec.clone()));
+                        }
                     }
                 }
             }

@@ -149,7 +149,12 @@ fn refused_peerings_write_nothing() {
     // expired
     let t = token(&b, "1s");
     std::thread::sleep(Duration::from_millis(1500));
-    unchanged(&[&a, &b], &|| create(&a, &t).unwrap_err(), "UNAUTHENTICATED", "expired");
+    unchanged(
+        &[&a, &b],
+        &|| create(&a, &t).unwrap_err(),
+        "FAILED_PRECONDITION",
+        "expired",
+    );
 
     // malformed, and one's own token
     unchanged(
@@ -199,8 +204,8 @@ fn refused_peerings_write_nothing() {
     unchanged(
         &[&b, &c],
         &|| create(&c, &t).unwrap_err(),
-        "UNAUTHENTICATED",
-        "already used",
+        "FAILED_PRECONDITION",
+        "used",
     );
 
     // a different site claiming an id that is already peered (site-b, other CA)

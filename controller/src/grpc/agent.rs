@@ -130,7 +130,7 @@ impl AgentService for AgentApi {
         check_csr(&csr)?;
         let issued = self
             .state
-            .renew(role, &id.name, || self.sign(&csr, role, &id.name))
+            .renew(role, &id.name, &id.serial, || self.sign(&csr, role, &id.name))
             .await?;
         Ok(Response::new(pb::RenewResponse {
             certificate_pem: issued.cert_pem,
@@ -160,7 +160,13 @@ impl AgentService for AgentApi {
         if !in_model(&model) {
             // Just enrolled: the hub may not have seen the record yet. Ask the
             // store, and give the hub a moment to catch up.
-            let target = self.state.store().revision().await.map_err(crate::error::Error::from)?;
+            let target = match self.state.store().revision().await {
+                Ok(r) => r,
+                Err(e) => {
+                    self.hub.unsubscribe(&key, &slot);
+                    return Err(crate::error::Error::from(e).into());
+                }
+            };
             let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
             while !in_model(&model) && model.revision < target && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -169,6 +175,12 @@ impl AgentService for AgentApi {
         }
         if !in_model(&model) {
             self.hub.unsubscribe(&key, &slot);
+            if self.state.store().revision().await.is_ok_and(|r| model.revision < r) {
+                // The hub is behind the store: not a verdict on this agent.
+                return Err(Status::unavailable(
+                    "the controller is catching up with its store; retry",
+                ));
+            }
             return Err(Status::unauthenticated(format!(
                 "{id} has been removed; enroll it again with a new token"
             )));

@@ -293,6 +293,7 @@ impl State {
         &self,
         role: AgentRole,
         name: &str,
+        caller_serial: &str,
         mut issue: impl FnMut() -> Result<Issued, Error>,
     ) -> Result<Issued, Error> {
         let key = self.key(&format!("{}s/{name}", role.as_str()));
@@ -304,6 +305,16 @@ impl State {
                 )));
             };
             let now = now_ms();
+            let known = match role {
+                AgentRole::Node => decode::<Node>(&kv)?.certs,
+                AgentRole::Gateway => decode::<Gateway>(&kv)?.certs,
+            };
+            if !known.iter().any(|c| c.serial == caller_serial) {
+                return Err(Error::Unauthenticated(format!(
+                    "this certificate does not belong to the current {} {name:?}; enroll again with a new token",
+                    role.as_str()
+                )));
+            }
             let issued = issue()?;
             let rec = CertRecord {
                 serial: issued.serial.clone(),

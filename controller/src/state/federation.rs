@@ -146,6 +146,23 @@ impl State {
         .await
     }
 
+    /// Checks a peering token without consuming it (the transaction that
+    /// records the peering checks it again and consumes it).
+    pub async fn check_peer_token(&self, proof: &TokenProof) -> Result<(), Error> {
+        let bad = || Error::Unauthenticated("the peering token is unknown, used or expired; ask for a new one".into());
+        if proof.id.len() > 64 || !proof.id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad());
+        }
+        let Some(kv) = self.store.get(&self.key(&format!("peer-tokens/{}", proof.id))).await? else {
+            return Err(bad());
+        };
+        let t: PeerToken = super::decode(&kv)?;
+        if t.secret_sha256 != sha256_hex(&proof.secret) || t.expires_at_ms <= now_ms() {
+            return Err(bad());
+        }
+        Ok(())
+    }
+
     /// The peering with `site`, if any.
     pub async fn peering(&self, site: &str) -> Result<Option<Peering>, Error> {
         validate_name("the peer site id", site).map_err(Error::InvalidArgument)?;

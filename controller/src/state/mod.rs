@@ -324,6 +324,10 @@ impl State {
                 }
             };
             let Some(txn) = txn else {
+                if cached {
+                    // "Nothing to write" may be the cache's staleness talking.
+                    continue;
+                }
                 *cache = Some(snap);
                 return Ok(out);
             };
