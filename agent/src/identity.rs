@@ -19,6 +19,25 @@ use crate::tls::{self, Trust};
 pub const KEY_FILE: &str = "agent.key";
 pub const CERT_FILE: &str = "agent.pem";
 pub const CA_FILE: &str = "ca.pem";
+/// The key before the last renewal, kept only while a renewal is written.
+pub const PREV_KEY_FILE: &str = "agent.key.prev";
+
+/// Whether the private key belongs to the certificate.
+fn key_matches(key_pem: &str, cert_pem: &str) -> bool {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let (Ok(key), Ok(der)) = (
+        KeyPair::from_pem(key_pem),
+        CertificateDer::from_pem_slice(cert_pem.as_bytes()),
+    ) else {
+        return false;
+    };
+    let Ok((_, cert)) = X509Certificate::from_der(&der) else {
+        return false;
+    };
+    cert.public_key().subject_public_key.data.as_ref() == key.public_key_raw()
+}
 
 /// Which agent this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,8 +146,27 @@ impl IdentityStore {
         let read = |p: &Path| std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()));
         let cert_pem = read(&c)?;
         let received = std::fs::metadata(&c)?.modified()?;
+        let mut key_pem = read(&k)?;
+        if !key_matches(&key_pem, &cert_pem) {
+            // Interrupted renewal: the certificate still goes with the old key.
+            let prev = self.dir.join(PREV_KEY_FILE);
+            match std::fs::read_to_string(&prev) {
+                Ok(old) if key_matches(&old, &cert_pem) => {
+                    tracing::warn!(
+                        "an interrupted renewal left a new key; using the previous one with its certificate"
+                    );
+                    write_file(&k, &old, 0o600)?;
+                    key_pem = old;
+                }
+                _ => bail!(
+                    "{} does not match {}; remove the agent with weftctl and enroll it again",
+                    k.display(),
+                    c.display()
+                ),
+            }
+        }
         Ok(Some(Credentials {
-            key_pem: read(&k)?,
+            key_pem,
             not_after: not_after(&cert_pem)?,
             cert_pem,
             ca_pem: read(&a)?,
@@ -140,10 +178,16 @@ impl IdentityStore {
         std::fs::create_dir_all(&self.dir).with_context(|| format!("cannot create {}", self.dir.display()))?;
         let expires = not_after(cert_pem)?;
         write_file(&self.dir.join(CA_FILE), ca_pem, 0o644)?;
-        // Key first: a crash between the two leaves a new key with the old
-        // certificate, which fails loudly and is fixed by enrolling again.
-        write_file(&self.dir.join(KEY_FILE), key_pem, 0o600)?;
+        // The old key is kept until the new certificate is in place: a crash
+        // between the two writes leaves a new key with the old certificate,
+        // and `load` then pairs the old certificate with the kept key.
+        let key_path = self.dir.join(KEY_FILE);
+        if key_path.exists() {
+            std::fs::copy(&key_path, self.dir.join(PREV_KEY_FILE))?;
+        }
+        write_file(&key_path, key_pem, 0o600)?;
         write_file(&self.dir.join(CERT_FILE), cert_pem, 0o644)?;
+        let _ = std::fs::remove_file(self.dir.join(PREV_KEY_FILE));
         Ok(Credentials {
             key_pem: key_pem.into(),
             cert_pem: cert_pem.into(),
@@ -263,4 +307,36 @@ pub enum RenewError {
     /// Worth retrying.
     #[error("{0:#}")]
     Transient(anyhow::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn issue() -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["x".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        (key.serialize_pem(), cert.pem())
+    }
+
+    #[test]
+    fn an_interrupted_renewal_falls_back_to_the_previous_key() {
+        let d = tempfile::tempdir().unwrap();
+        let ids = IdentityStore::new(d.path());
+        let (k1, c1) = issue();
+        ids.save(&k1, &c1, &c1).unwrap();
+        assert_eq!(ids.load().unwrap().unwrap().key_pem, k1);
+        // the crash: new key written (old one kept), certificate not yet
+        let (k2, _) = issue();
+        std::fs::copy(d.path().join(KEY_FILE), d.path().join(PREV_KEY_FILE)).unwrap();
+        std::fs::write(d.path().join(KEY_FILE), &k2).unwrap();
+        assert_eq!(ids.load().unwrap().unwrap().key_pem, k1, "the old pair is restored");
+        // a mismatch with nothing to fall back on is an error, not a silent retry loop
+        std::fs::write(d.path().join(KEY_FILE), &k2).unwrap();
+        std::fs::remove_file(d.path().join(PREV_KEY_FILE)).unwrap();
+        assert!(ids.load().is_err());
+    }
 }
