@@ -148,6 +148,11 @@ impl AgentService for AgentApi {
                 "known lists more than {MAX_KNOWN} objects"
             )));
         }
+        if *self.hub.closing.borrow() {
+            return Err(Status::unavailable(
+                "the controller is shutting down; connect to another replica or retry",
+            ));
+        }
         let key = (role, id.name.clone());
         // Subscribe before rendering: a change in between is then pending,
         // not lost.
@@ -377,7 +382,24 @@ async fn stream_changes(
             revision: model.revision,
             kind: Some(pb::watch_response::Kind::Delta(pb::Delta { upserts, deletes })),
         };
-        if tx.send(Ok(msg)).await.is_err() {
+        // A reader that stopped reading must not hold up a shutdown or its
+        // replacement stream.
+        let mut closing = hub.closing.subscribe();
+        let sent = loop {
+            tokio::select! {
+                r = tx.send(Ok(msg.clone())) => break r.is_ok(),
+                _ = async { let _ = closing.wait_for(|c| *c).await; } => break false,
+                _ = slot.notify.notified() => {
+                    if slot.superseded.load(Ordering::SeqCst) {
+                        break false;
+                    }
+                    // Not for us to act on now: keep the wake-up for later.
+                    slot.notify.notify_one();
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        };
+        if !sent {
             break;
         }
         slot.latest.store(model.revision, Ordering::SeqCst);
