@@ -1,40 +1,73 @@
 #!/usr/bin/env bash
-# Quickstart: installs what is missing, builds weft, starts a site controller
-# on the embedded store (no etcd needed) under ./.weft-quickstart/, and talks
-# to it with grpcurl and weftctl. The controller keeps running; the script
-# ends by printing how to use and stop it.
+# Quickstart: installs what is missing, builds weft, and brings up two sites'
+# controllers on this machine (embedded stores, under ./.weft-quickstart/),
+# both using the workload CIDR 10.1.0.0/16. It peers them from a token and
+# shows how each site sees the other: the overlapping CIDR is remapped to a
+# local view on both sides.
+#   deploy/quickstart.sh        start (or show, when already running)
+#   deploy/quickstart.sh down   stop both controllers and remove their data
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD/.weft-quickstart
+
+if [ "${1:-}" = "down" ]; then
+  for site in site-a site-b; do
+    pidfile=$ROOT/$site/controller.pid
+    if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+      kill "$(cat "$pidfile")"
+      echo "stopped $site"
+    fi
+  done
+  rm -rf "$ROOT"
+  exit 0
+fi
 
 deploy/setup.sh
 cargo build --release --workspace --bins
 BIN=$PWD/target/release
-DATA=$PWD/.weft-quickstart/site-a
-mkdir -p "$DATA"
+mkdir -p "$ROOT"
 
-if [ -f "$DATA/controller.pid" ] && kill -0 "$(cat "$DATA/controller.pid")" 2>/dev/null; then
-  echo "quickstart: a controller is already running (pid $(cat "$DATA/controller.pid"))"
-else
-  "$BIN/weft-controller" --config deploy/examples/site-a.toml --data-dir "$DATA" \
-    --listen 127.0.0.1:7443 >"$DATA/controller.log" 2>&1 &
-  echo $! >"$DATA/controller.pid"
-  for _ in $(seq 100); do [ -S "$DATA/admin.sock" ] && break; sleep 0.1; done
-  [ -S "$DATA/admin.sock" ] || { cat "$DATA/controller.log"; exit 1; }
-fi
+start() { # site port
+  local data=$ROOT/$1
+  mkdir -p "$data"
+  if [ -f "$data/controller.pid" ] && kill -0 "$(cat "$data/controller.pid")" 2>/dev/null; then
+    echo "quickstart: $1 is already running (pid $(cat "$data/controller.pid"))"
+    return
+  fi
+  "$BIN/weft-controller" --site-id "$1" --pod-cidr 10.1.0.0/16 --reserved-cidr 192.168.1.0/24 \
+    --data-dir "$data" --listen "127.0.0.1:$2" >"$data/controller.log" 2>&1 &
+  echo $! >"$data/controller.pid"
+  for _ in $(seq 100); do [ -S "$data/admin.sock" ] && break; sleep 0.1; done
+  [ -S "$data/admin.sock" ] || { cat "$data/controller.log"; exit 1; }
+}
+start site-a 7443
+start site-b 7444
+A="$BIN/weftctl --controller unix:$ROOT/site-a/admin.sock"
+B="$BIN/weftctl --controller unix:$ROOT/site-b/admin.sock"
 
 set -x
-grpcurl -plaintext -unix "$DATA/admin.sock" list
-grpcurl -plaintext -unix "$DATA/admin.sock" weft.v1.AdminService/GetSite
-"$BIN/weftctl" --controller "unix:$DATA/admin.sock" node add node-1 || true
-"$BIN/weftctl" --controller "unix:$DATA/admin.sock" nodes
-"$BIN/weftctl" --controller "unix:$DATA/admin.sock" plan-view --workload-cidr 10.1.0.0/16 --external-cidr 10.70.0.0/16
-"$BIN/weftctl" --controller https://127.0.0.1:7443 --ca-file "$DATA/pki/ca.pem" \
-  --cert "$DATA/pki/admin.pem" --key "$DATA/pki/admin.key" allocations
+grpcurl -plaintext -unix "$ROOT/site-a/admin.sock" list
+grpcurl -plaintext -unix "$ROOT/site-a/admin.sock" weft.v1.AdminService/GetSite
+$A node add node-1 || true
+$A nodes
+set +x
+if ! $A -o json peerings | grep -q site-b; then
+  token=$($B -o json peering token --ttl 10m | sed -n 's/.*"token": "\(.*\)".*/\1/p')
+  echo "+ weftctl peering token                        (on site-b; the token is shown once)"
+  echo "+ weftctl peering create --token <that token>  (on site-a)"
+  $A peering create --token "$token"
+fi
+set -x
+$A peerings
+$B peerings
+$A allocations
 set +x
 cat <<TXT
 
-weft-controller for site-a is running (pid $(cat "$DATA/controller.pid")), log in $DATA/controller.log.
-  export WEFT_CONTROLLER=unix:$DATA/admin.sock
+Two sites are running and peered: site-a (127.0.0.1:7443) and site-b (127.0.0.1:7444),
+both on 10.1.0.0/16; each reaches the other through its own local view (above).
+  export WEFT_CONTROLLER=unix:$ROOT/site-a/admin.sock
   $BIN/weftctl site
-Stop it with:  kill $(cat "$DATA/controller.pid")
+Logs: $ROOT/site-*/controller.log
+Tear down: deploy/quickstart.sh down
 TXT
