@@ -22,6 +22,11 @@ pub trait Applier: Send {
         upserts: &[pb::DesiredObject],
         deletes: &[String],
     ) -> Vec<pb::ObjectError>;
+
+    /// Each tunnel and the seconds since its last handshake (None: never).
+    fn tunnels(&mut self) -> Vec<(String, Option<u64>)> {
+        Vec::new()
+    }
 }
 
 /// One line describing an object, as an operator reads it.

@@ -12,3 +12,4 @@ pub mod linux;
 pub mod run;
 pub mod tls;
 pub mod wgkey;
+pub mod wireguard;

@@ -23,6 +23,9 @@ use crate::apply::{Applier, Objects, describe};
 
 pub struct Linux {
     handle: Handle,
+    wg: crate::wireguard::Devices,
+    /// The gateway's WireGuard private key (base64); None on nodes.
+    wg_private_key: Option<String>,
 }
 
 impl std::fmt::Debug for Linux {
@@ -58,10 +61,45 @@ const fn libc_eexist() -> i32 {
 impl Linux {
     /// Opens a netlink connection in the current namespace. Must run inside
     /// a tokio runtime.
-    pub fn new() -> std::io::Result<Linux> {
+    pub fn new(wg_private_key: Option<String>) -> std::io::Result<Linux> {
         let (conn, handle, _) = rtnetlink::new_connection()?;
         tokio::spawn(conn);
-        Ok(Linux { handle })
+        Ok(Linux {
+            handle,
+            wg: Default::default(),
+            wg_private_key,
+        })
+    }
+
+    /// Seconds since the last handshake on each WireGuard device.
+    pub fn handshakes(&mut self) -> Vec<(String, Option<u64>)> {
+        self.wg
+            .devices
+            .iter_mut()
+            .map(|(n, d)| (n.clone(), d.last_handshake_secs()))
+            .collect()
+    }
+
+    async fn upsert_wireguard(
+        &mut self,
+        old: Option<&pb::DesiredObject>,
+        o: &pb::DesiredObject,
+        l: &pb::Link,
+        w: &pb::Wireguard,
+    ) -> R<()> {
+        if l.namespace.is_empty() {
+            return Err("a WireGuard link needs its peering namespace".into());
+        }
+        if old.is_some_and(|x| x == o) && self.wg.devices.contains_key(&l.name) {
+            return Ok(());
+        }
+        let key = self
+            .wg_private_key
+            .clone()
+            .ok_or("this agent has no WireGuard key (only gateways do)")?;
+        self.wg
+            .create(&self.handle, &l.name, &l.namespace, w.listen_port, l.mtu, &key)
+            .await
     }
 
     async fn index(&self, name: &str) -> R<Option<u32>> {
@@ -80,9 +118,26 @@ impl Linux {
             .ok_or_else(|| format!("link {name} does not exist"))
     }
 
-    async fn upsert(&self, old: Option<&pb::DesiredObject>, o: &pb::DesiredObject) -> R<()> {
+    async fn upsert(&mut self, old: Option<&pb::DesiredObject>, o: &pb::DesiredObject) -> R<()> {
         match &o.kind {
+            Some(Kind::Namespace(n)) => {
+                if !n.name.starts_with("weft") {
+                    return Err(format!(
+                        "refusing to manage namespace {:?}: weft's names start with weft",
+                        n.name
+                    ));
+                }
+                if std::path::Path::new(&format!("/run/netns/{}", n.name)).exists() {
+                    return Ok(());
+                }
+                rtnetlink::NetworkNamespace::add(n.name.clone())
+                    .await
+                    .map_err(|e| format!("cannot create namespace {}: {e}", n.name))
+            }
             Some(Kind::Link(l)) => {
+                if let Some(pb::link::Kind::Wireguard(w)) = &l.kind {
+                    return self.upsert_wireguard(old, o, l, w).await;
+                }
                 if !l.namespace.is_empty() {
                     return Err("links in other namespaces are not supported yet".into());
                 }
@@ -169,6 +224,20 @@ impl Linux {
                     Err(e) => Err(format!("cannot add the rule: {e}")),
                 }
             }
+            Some(Kind::WireguardPeer(p)) => {
+                if let Some(Kind::WireguardPeer(prev)) = old.and_then(|x| x.kind.as_ref())
+                    && prev.public_key != p.public_key
+                {
+                    self.wg.remove_peer(&prev.link, &prev.public_key)?;
+                }
+                self.wg.set_peer(
+                    &p.link,
+                    &p.public_key,
+                    &p.endpoint,
+                    &p.allowed_ips,
+                    p.persistent_keepalive,
+                )
+            }
             _ => Err(format!("{} is not supported by this agent yet", describe(o))),
         }
     }
@@ -201,13 +270,27 @@ impl Linux {
         Ok(b.build())
     }
 
-    async fn delete(&self, o: &pb::DesiredObject) -> R<()> {
+    async fn delete(&mut self, o: &pb::DesiredObject) -> R<()> {
         let ok_if_missing = |r: Result<(), rtnetlink::Error>| match r {
             Ok(()) => Ok(()),
             Err(e) if is_missing(&e) => Ok(()),
             Err(e) => Err(e.to_string()),
         };
         match &o.kind {
+            Some(Kind::Namespace(n)) => {
+                if !n.name.starts_with("weft") || !std::path::Path::new(&format!("/run/netns/{}", n.name)).exists() {
+                    return Ok(());
+                }
+                rtnetlink::NetworkNamespace::del(n.name.clone())
+                    .await
+                    .map_err(|e| format!("cannot delete namespace {}: {e}", n.name))
+            }
+            Some(Kind::Link(l)) if matches!(l.kind, Some(pb::link::Kind::Wireguard(_))) => {
+                // Dropping the device ends it and removes its interface.
+                self.wg.devices.remove(&l.name);
+                Ok(())
+            }
+            Some(Kind::WireguardPeer(p)) => self.wg.remove_peer(&p.link, &p.public_key),
             Some(Kind::Link(l)) => match self.index(&l.name).await? {
                 Some(idx) => ok_if_missing(self.handle.link().del(idx).execute().await),
                 None => Ok(()),
@@ -273,7 +356,8 @@ fn rank(o: &pb::DesiredObject) -> u8 {
         Some(Kind::Address(_)) => 2,
         Some(Kind::Route(_)) => 3,
         Some(Kind::Rule(_)) => 4,
-        _ => 5,
+        Some(Kind::WireguardPeer(_)) => 5,
+        _ => 6,
     }
 }
 
@@ -308,5 +392,9 @@ impl Applier for Linux {
             }
         }
         errors
+    }
+
+    fn tunnels(&mut self) -> Vec<(String, Option<u64>)> {
+        self.handshakes()
     }
 }

@@ -119,6 +119,7 @@ async fn session(
     let mut heartbeat = tokio::time::interval(Duration::from_secs(5));
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + resync_every, resync_every);
+    let mut tunnels_up: std::collections::HashSet<String> = std::collections::HashSet::new();
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -127,6 +128,18 @@ async fn session(
                 // something drifted.
                 let all: Vec<pb::DesiredObject> = desired.objects.values().cloned().collect();
                 errors = applier.apply(&desired.objects, &all, &[]).await;
+                for (tunnel, since) in applier.tunnels() {
+                    let up = since.is_some_and(|s| s < 180);
+                    if up != tunnels_up.contains(&tunnel) {
+                        if up {
+                            tracing::info!(%tunnel, handshake_secs_ago = since, "tunnel up");
+                            tunnels_up.insert(tunnel);
+                        } else {
+                            tracing::warn!(%tunnel, "tunnel down (no handshake for 3 minutes)");
+                            tunnels_up.remove(&tunnel);
+                        }
+                    }
+                }
             }
             msg = stream.message() => match msg {
                 Ok(Some(m)) => match receive(&m, desired, file, applier).await {
@@ -219,15 +232,16 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         ),
         None => ids.enroll(&cfg, kind, subnet).await?,
     };
-    let gateway_key = match kind {
-        AgentKind::Gateway => Some(crate::wgkey::load_or_create(&cfg.state_dir)?),
+    let wg_keys = match kind {
+        AgentKind::Gateway => Some(crate::wgkey::keys(&cfg.state_dir)?),
         AgentKind::Node => None,
     };
+    let gateway_key = wg_keys.as_ref().map(|k| k.1.clone());
     let mut applier: Box<dyn Applier> = if cfg.dry_run {
         tracing::info!("--dry-run: changes are printed, not made");
         Box::new(DryRun::default())
     } else {
-        Box::new(crate::linux::Linux::new()?)
+        Box::new(crate::linux::Linux::new(wg_keys.map(|k| k.0))?)
     };
     let file = StateFile::new(&cfg.state_dir);
     let mut desired = file.load()?.unwrap_or_default();

@@ -14,6 +14,11 @@ pub const KEY_FILE: &str = "wireguard.key";
 /// Loads the private key, creating it on first use; returns the public key
 /// (base64).
 pub fn load_or_create(dir: &Path) -> anyhow::Result<String> {
+    Ok(keys(dir)?.1)
+}
+
+/// (private, public) keys, base64; the private key is created on first use.
+pub fn keys(dir: &Path) -> anyhow::Result<(String, String)> {
     let path = dir.join(KEY_FILE);
     let b64 = base64::engine::general_purpose::STANDARD;
     let secret: [u8; 32] = match std::fs::read_to_string(&path) {
@@ -50,7 +55,7 @@ pub fn load_or_create(dir: &Path) -> anyhow::Result<String> {
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     };
     let public = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(secret));
-    Ok(b64.encode(public.as_bytes()))
+    Ok((b64.encode(secret), b64.encode(public.as_bytes())))
 }
 
 #[cfg(test)]

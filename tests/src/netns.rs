@@ -115,15 +115,24 @@ impl Lab {
         run(Command::new("ip").args(["netns", "exec", ns]).args(args))
     }
 
-    /// Starts a long-running process in host `ns`, logging to `log`.
+    /// Starts a long-running process in host `ns`, logging to `log`. It
+    /// enters only the network namespace (nsenter, unlike `ip netns exec`,
+    /// keeps the mount namespace), so namespaces it creates under /run/netns
+    /// are visible to the test and cleaned up by it.
     pub fn spawn(&mut self, ns: &str, program: &Path, args: &[&str], log: &Path) -> usize {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", ns]).arg(program).args(args);
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{ns}")).arg(program).args(args);
         for v in ["WEFT_CONTROLLER", "WEFT_TOKEN", "WEFT_CONFIG"] {
             cmd.env_remove(v);
         }
         self.procs.push(Proc::spawn(&mut cmd, log));
         self.procs.len() - 1
+    }
+
+    /// Takes responsibility for a namespace something else in the test
+    /// creates (e.g. a gateway agent's peering namespace): deleted on drop.
+    pub fn adopt(&mut self, ns: &str) {
+        self.namespaces.push(ns.to_string());
     }
 
     pub fn proc(&mut self, i: usize) -> &mut Proc {
@@ -135,7 +144,10 @@ impl Drop for Lab {
     fn drop(&mut self) {
         self.procs.clear(); // kills them
         for ns in self.namespaces.drain(..).rev() {
-            let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+            let _ = Command::new("ip")
+                .args(["netns", "del", &ns])
+                .stderr(std::process::Stdio::null())
+                .status();
         }
     }
 }

@@ -1,0 +1,243 @@
+//! Userspace WireGuard (boringtun) for a peering, in the peering's
+//! namespace.
+//!
+//! The device is created in the namespace the agent runs in — so its UDP
+//! socket stays on the host's underlay, as kernel WireGuard does when its
+//! interface is moved — and the interface is then moved into the peering's
+//! namespace, where the tunneled traffic is routed and translated. boringtun
+//! is driven through a UAPI socket pair (no socket file, no signal
+//! handling), one worker thread per device.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, IntoRawFd};
+use std::os::unix::net::UnixStream;
+
+use base64::Engine;
+use defguard_boringtun::device::{DeviceConfig, DeviceHandle};
+use futures::TryStreamExt;
+use rtnetlink::{Handle, LinkUnspec};
+
+type R<T> = Result<T, String>;
+
+fn hex(b64: &str) -> R<String> {
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_err(|_| "a key is not base64".to_string())?;
+    if raw.len() != 32 {
+        return Err("a WireGuard key must be 32 bytes".into());
+    }
+    Ok(raw.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+pub struct Device {
+    _handle: DeviceHandle,
+    /// Peers as last configured (public key → the UAPI lines): boringtun
+    /// cannot modify a peer in place, so a change is a remove and an add.
+    peers: HashMap<String, String>,
+    uapi: BufReader<UnixStream>,
+    pub namespace: String,
+    pub listen_port: u32,
+}
+
+impl Device {
+    /// Sends one UAPI request; returns the response lines before `errno`.
+    pub fn uapi(&mut self, request: &str) -> R<Vec<String>> {
+        let s = self.uapi.get_mut();
+        s.write_all(request.as_bytes())
+            .and_then(|_| s.write_all(b"\n"))
+            .map_err(|e| format!("UAPI: {e}"))?;
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            if self.uapi.read_line(&mut line).map_err(|e| format!("UAPI: {e}"))? == 0 {
+                return Err("UAPI closed".into());
+            }
+            let line = line.trim_end().to_string();
+            if line.is_empty() {
+                continue;
+            }
+            if let Some(code) = line.strip_prefix("errno=") {
+                // the blank line that ends the answer
+                let mut end = String::new();
+                let _ = self.uapi.read_line(&mut end);
+                return if code == "0" {
+                    Ok(lines)
+                } else {
+                    Err(format!("UAPI error {code}"))
+                };
+            }
+            lines.push(line);
+        }
+    }
+
+    /// Seconds since the newest handshake with any peer, if there was one.
+    pub fn last_handshake_secs(&mut self) -> Option<u64> {
+        let lines = self.uapi("get=1\n").ok()?;
+        lines
+            .iter()
+            .filter_map(|l| l.strip_prefix("last_handshake_time_sec="))
+            .filter_map(|v| v.parse::<u64>().ok())
+            .filter(|t| *t > 0)
+            .max()
+            .map(|t| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                now.saturating_sub(t)
+            })
+    }
+}
+
+/// Runs `f` with a netlink handle inside namespace `ns` (on a thread that
+/// joined it), and waits for it.
+pub fn in_namespace<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce(Handle) -> std::pin::Pin<Box<dyn std::future::Future<Output = R<T>> + Send>> + Send + 'static,
+) -> R<T> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || -> R<T> {
+        let file = std::fs::File::open(&path).map_err(|e| format!("cannot open {path}: {e}"))?;
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("cannot enter {path}: {e}"))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async move {
+            let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            f(handle).await
+        })
+    })
+    .join()
+    .map_err(|_| "the namespace worker panicked".to_string())?
+}
+
+/// The WireGuard devices this agent runs, by interface name.
+#[derive(Default)]
+pub struct Devices {
+    pub devices: HashMap<String, Device>,
+}
+
+impl Devices {
+    /// Creates the device `name` with `private_key` (base64) listening on
+    /// `listen_port`, moves it into namespace `ns`, and brings it up there.
+    pub async fn create(
+        &mut self,
+        host: &Handle,
+        name: &str,
+        ns: &str,
+        listen_port: u32,
+        mtu: u32,
+        private_key: &str,
+    ) -> R<()> {
+        self.devices.remove(name);
+        let (ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
+        let config = DeviceConfig {
+            n_threads: 1,
+            use_connected_socket: true,
+            use_multi_queue: false,
+            uapi_fd: theirs.into_raw_fd(),
+        };
+        let handle =
+            DeviceHandle::new(name, config).map_err(|e| format!("cannot create the WireGuard device {name}: {e:?}"))?;
+        let mut dev = Device {
+            _handle: handle,
+            peers: HashMap::new(),
+            uapi: BufReader::new(ours),
+            namespace: ns.to_string(),
+            listen_port,
+        };
+        dev.uapi(&format!(
+            "set=1\nprivate_key={}\nlisten_port={listen_port}\n",
+            hex(private_key)?
+        ))?;
+        // Move the interface into the peering's namespace.
+        let mut links = host.link().get().match_name(name.to_string()).execute();
+        let idx = links
+            .try_next()
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("the device vanished")?
+            .header
+            .index;
+        let file = std::fs::File::open(format!("/run/netns/{ns}")).map_err(|e| format!("namespace {ns}: {e}"))?;
+        host.link()
+            .set(LinkUnspec::new_with_index(idx).setns_by_fd(file.as_raw_fd()).build())
+            .execute()
+            .await
+            .map_err(|e| format!("cannot move {name} into {ns}: {e}"))?;
+        let n = name.to_string();
+        in_namespace(ns, move |h| {
+            Box::pin(async move {
+                let mut links = h.link().get().match_name(n.clone()).execute();
+                let idx = links
+                    .try_next()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .ok_or("the device is not in the namespace")?
+                    .header
+                    .index;
+                let mut b = LinkUnspec::new_with_index(idx).up();
+                if mtu > 0 {
+                    b = b.mtu(mtu);
+                }
+                h.link()
+                    .set(b.build())
+                    .execute()
+                    .await
+                    .map_err(|e| format!("cannot bring {n} up: {e}"))
+            })
+        })?;
+        self.devices.insert(name.to_string(), dev);
+        Ok(())
+    }
+
+    pub fn set_peer(
+        &mut self,
+        link: &str,
+        public_key: &str,
+        endpoint: &str,
+        allowed: &[String],
+        keepalive: u32,
+    ) -> R<()> {
+        let dev = self
+            .devices
+            .get_mut(link)
+            .ok_or_else(|| format!("no WireGuard device {link} (yet)"))?;
+        let key = hex(public_key)?;
+        let mut lines = String::new();
+        if !endpoint.is_empty() {
+            lines.push_str(&format!("endpoint={endpoint}\n"));
+        }
+        if keepalive > 0 {
+            lines.push_str(&format!("persistent_keepalive_interval={keepalive}\n"));
+        }
+        for a in allowed {
+            lines.push_str(&format!("allowed_ip={a}\n"));
+        }
+        match dev.peers.get(&key) {
+            Some(same) if *same == lines => return Ok(()),
+            Some(_) => {
+                dev.uapi(&format!("set=1\npublic_key={key}\nremove=true\n"))?;
+                dev.peers.remove(&key);
+            }
+            None => {}
+        }
+        dev.uapi(&format!("set=1\npublic_key={key}\nreplace_allowed_ips=true\n{lines}"))?;
+        dev.peers.insert(key, lines);
+        Ok(())
+    }
+
+    pub fn remove_peer(&mut self, link: &str, public_key: &str) -> R<()> {
+        let key = hex(public_key)?;
+        let Some(dev) = self.devices.get_mut(link) else {
+            return Ok(());
+        };
+        if dev.peers.remove(&key).is_none() {
+            return Ok(());
+        }
+        dev.uapi(&format!("set=1\npublic_key={key}\nremove=true\n")).map(|_| ())
+    }
+}
