@@ -58,6 +58,89 @@ const fn libc_eexist() -> i32 {
     17
 }
 
+async fn index_in(h: &Handle, name: &str) -> R<Option<u32>> {
+    let mut links = h.link().get().match_name(name.to_string()).execute();
+    match links.try_next().await {
+        Ok(Some(l)) => Ok(Some(l.header.index)),
+        Ok(None) => Ok(None),
+        Err(e) if is_missing(&e) => Ok(None),
+        Err(e) => Err(format!("cannot look up link {name}: {e}")),
+    }
+}
+
+async fn route_in(h: &Handle, r: &pb::Route) -> R<rtnetlink::packet_route::route::RouteMessage> {
+    let dst = net(&r.destination, "destination")?;
+    let mut b = RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(dst.network(), dst.prefix_len());
+    if r.table != 0 {
+        b = b.table_id(r.table);
+    }
+    if !r.gateway.is_empty() {
+        b = b.gateway(v4(&r.gateway, "gateway")?).onlink();
+    }
+    if !r.device.is_empty() {
+        let idx = index_in(h, &r.device)
+            .await?
+            .ok_or_else(|| format!("link {} does not exist", r.device))?;
+        b = b.output_interface(idx);
+    }
+    Ok(b.build())
+}
+
+/// Adds an address or a route inside namespace `ns` (a worker thread that
+/// joined it, with its own netlink connection).
+fn in_ns(ns: &str, o: &pb::DesiredObject) -> R<()> {
+    let o = o.clone();
+    crate::wireguard::in_namespace(ns, move |h| {
+        Box::pin(async move {
+            match &o.kind {
+                Some(Kind::Address(a)) => {
+                    let idx = index_in(&h, &a.link)
+                        .await?
+                        .ok_or_else(|| format!("link {} does not exist", a.link))?;
+                    let n = net(&a.cidr, "address")?;
+                    match h
+                        .address()
+                        .add(idx, IpAddr::V4(n.addr()), n.prefix_len())
+                        .replace()
+                        .execute()
+                        .await
+                    {
+                        Ok(()) => Ok(()),
+                        Err(e) if is_exists(&e) => Ok(()),
+                        Err(e) => Err(format!("cannot add {}: {e}", a.cidr)),
+                    }
+                }
+                Some(Kind::Route(r)) => {
+                    let msg = route_in(&h, r).await?;
+                    h.route()
+                        .add(msg)
+                        .replace()
+                        .execute()
+                        .await
+                        .map_err(|e| format!("cannot add the route: {e}"))
+                }
+                _ => Err(format!("{} is not supported inside a namespace yet", describe(&o))),
+            }
+        })
+    })
+}
+
+/// Turns on IPv4 forwarding in namespace `ns` ("" for the agent's own).
+fn enable_forwarding(ns: &str) -> R<()> {
+    if ns.is_empty() {
+        return std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
+            .map_err(|e| format!("cannot enable forwarding: {e}"));
+    }
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || -> R<()> {
+        let f = std::fs::File::open(&path).map_err(|e| format!("cannot open {path}: {e}"))?;
+        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("cannot enter {path}: {e}"))?;
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(|e| format!("cannot enable forwarding: {e}"))
+    })
+    .join()
+    .map_err(|_| "the namespace worker panicked".to_string())?
+}
+
 impl Linux {
     /// Opens a netlink connection in the current namespace. Must run inside
     /// a tokio runtime.
@@ -127,12 +210,71 @@ impl Linux {
                         n.name
                     ));
                 }
-                if std::path::Path::new(&format!("/run/netns/{}", n.name)).exists() {
+                if !std::path::Path::new(&format!("/run/netns/{}", n.name)).exists() {
+                    rtnetlink::NetworkNamespace::add(n.name.clone())
+                        .await
+                        .map_err(|e| format!("cannot create namespace {}: {e}", n.name))?;
+                }
+                // A peering's namespace and the gateway itself route between
+                // the overlay and the tunnel.
+                enable_forwarding(&n.name)?;
+                enable_forwarding("")
+            }
+            Some(Kind::Address(a)) if !a.namespace.is_empty() => in_ns(&a.namespace, o),
+            Some(Kind::Route(r)) if !r.namespace.is_empty() => in_ns(&r.namespace, o),
+            Some(Kind::Link(l)) if matches!(l.kind, Some(pb::link::Kind::Veth(_))) => {
+                let Some(pb::link::Kind::Veth(v)) = &l.kind else {
+                    unreachable!()
+                };
+                if self.index(&l.name).await?.is_some() && old.is_some_and(|x| x == o) {
                     return Ok(());
                 }
-                rtnetlink::NetworkNamespace::add(n.name.clone())
+                if let Some(idx) = self.index(&l.name).await? {
+                    let _ = self.handle.link().del(idx).execute().await;
+                }
+                let mut b = rtnetlink::LinkVeth::new(&l.name, &v.peer_name).up();
+                if l.mtu > 0 {
+                    b = b.mtu(l.mtu);
+                }
+                self.handle
+                    .link()
+                    .add(b.build())
+                    .execute()
                     .await
-                    .map_err(|e| format!("cannot create namespace {}: {e}", n.name))
+                    .map_err(|e| format!("cannot create {}: {e}", l.name))?;
+                let peer = self.need_index(&v.peer_name).await?;
+                if v.peer_namespace.is_empty() {
+                    return self.set_up(peer, l.mtu).await;
+                }
+                let file = std::fs::File::open(format!("/run/netns/{}", v.peer_namespace))
+                    .map_err(|e| format!("namespace {}: {e}", v.peer_namespace))?;
+                self.handle
+                    .link()
+                    .set(
+                        LinkUnspec::new_with_index(peer)
+                            .setns_by_fd(std::os::fd::AsRawFd::as_raw_fd(&file))
+                            .build(),
+                    )
+                    .execute()
+                    .await
+                    .map_err(|e| format!("cannot move {} into {}: {e}", v.peer_name, v.peer_namespace))?;
+                let (name, mtu) = (v.peer_name.clone(), l.mtu);
+                crate::wireguard::in_namespace(&v.peer_namespace, move |h| {
+                    Box::pin(async move {
+                        let idx = index_in(&h, &name)
+                            .await?
+                            .ok_or("the veth end is not in the namespace")?;
+                        let mut b = LinkUnspec::new_with_index(idx).up();
+                        if mtu > 0 {
+                            b = b.mtu(mtu);
+                        }
+                        h.link()
+                            .set(b.build())
+                            .execute()
+                            .await
+                            .map_err(|e| format!("cannot bring {name} up: {e}"))
+                    })
+                })
             }
             Some(Kind::Link(l)) => {
                 if let Some(pb::link::Kind::Wireguard(w)) = &l.kind {
@@ -291,6 +433,9 @@ impl Linux {
                 Ok(())
             }
             Some(Kind::WireguardPeer(p)) => self.wg.remove_peer(&p.link, &p.public_key),
+            // Inside a peering namespace: removed with it (or with their link).
+            Some(Kind::Address(a)) if !a.namespace.is_empty() => Ok(()),
+            Some(Kind::Route(r)) if !r.namespace.is_empty() => Ok(()),
             Some(Kind::Link(l)) => match self.index(&l.name).await? {
                 Some(idx) => ok_if_missing(self.handle.link().del(idx).execute().await),
                 None => Ok(()),

@@ -236,6 +236,90 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
                         })),
                     }),
                 )]);
+                // The path between the gateway and the peering's namespace: a
+                // veth with a /30 from 169.254.0.0/16 chosen by the peering's
+                // WireGuard port, so it is unique per peering on the gateway.
+                let k = u32::from(p.listen_port.saturating_sub(crate::domain::FIRST_WG_PORT));
+                let base_ip = u32::from(Ipv4Addr::new(169, 254, 0, 0)) + 4 * (k % 16384);
+                let (outer_ip, inner_ip) = (Ipv4Addr::from(base_ip + 1), Ipv4Addr::from(base_ip + 2));
+                let (outer, inner) = (
+                    format!("weft-v{}", short_hash(site_id, 9)),
+                    format!("weft-i{}", short_hash(site_id, 9)),
+                );
+                let route = |namespace: &str, table: u32, destination: String, gateway: String, device: &str| {
+                    Kind::Route(pb::Route {
+                        namespace: namespace.into(),
+                        table,
+                        destination,
+                        gateway,
+                        device: device.into(),
+                    })
+                };
+                out.extend([
+                    obj(
+                        format!("{base}veth"),
+                        Kind::Link(pb::Link {
+                            name: outer.clone(),
+                            namespace: String::new(),
+                            mtu: r.mtu,
+                            kind: Some(pb::link::Kind::Veth(pb::Veth {
+                                peer_name: inner.clone(),
+                                peer_namespace: ns.clone(),
+                            })),
+                        }),
+                    ),
+                    obj(
+                        format!("{base}veth/outer"),
+                        Kind::Address(pb::Address {
+                            link: outer.clone(),
+                            namespace: String::new(),
+                            cidr: format!("{outer_ip}/30"),
+                        }),
+                    ),
+                    obj(
+                        format!("{base}veth/inner"),
+                        Kind::Address(pb::Address {
+                            link: inner.clone(),
+                            namespace: ns.clone(),
+                            cidr: format!("{inner_ip}/30"),
+                        }),
+                    ),
+                ]);
+                // Gateway: the peer's local views go into the peering's namespace.
+                for v in &p.views {
+                    out.extend([
+                        obj(
+                            format!("{base}{}/via", v.kind),
+                            route("", TABLE, v.local.to_string(), inner_ip.to_string(), &outer),
+                        ),
+                        obj(
+                            format!("{base}{}/rule", v.kind),
+                            Kind::Rule(pb::Rule {
+                                namespace: String::new(),
+                                priority: RULE_PRIORITY,
+                                from: String::new(),
+                                to: v.local.to_string(),
+                                table: TABLE,
+                            }),
+                        ),
+                        // Peering namespace: the peer's real networks through the tunnel.
+                        obj(
+                            format!("{base}{}/tunnel", v.kind),
+                            route(&ns, 0, v.real.to_string(), String::new(), &link),
+                        ),
+                    ]);
+                }
+                // Peering namespace: this site's own networks back to the gateway.
+                if let Some(site) = &m.site {
+                    let mut own: Vec<String> = site.pod_cidrs.iter().map(|c| c.to_string()).collect();
+                    own.push(site.external_cidr.to_string());
+                    for (i, c) in own.into_iter().enumerate() {
+                        out.extend([obj(
+                            format!("{base}back/{i}"),
+                            route(&ns, 0, c, outer_ip.to_string(), &inner),
+                        )]);
+                    }
+                }
                 // Inside the tunnel both ends use real addresses.
                 let mut allowed: Vec<String> = r.workload_cidrs.iter().map(|c| c.to_string()).collect();
                 allowed.extend(r.external_cidr.map(|c| c.to_string()));

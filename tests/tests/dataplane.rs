@@ -180,44 +180,69 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
     });
 }
 
-/// Two sites, each a controller and a gateway in namespaces on one WAN. Once
-/// the controllers peer, each gateway builds the peering's namespace and a
-/// userspace WireGuard device in it (its UDP socket on the gateway's
-/// underlay) with the other gateway as peer, and the tunnel handshakes.
+/// Two sites with disjoint workload CIDRs, each a controller, a gateway and
+/// a node in namespaces on one WAN, and a workload on each node. Once the
+/// controllers peer, the gateways build the peering's namespace, a userspace
+/// WireGuard tunnel (UDP on the underlay) and the routes into it, and the
+/// workloads reach each other — ICMP both ways and TCP.
 #[test]
-fn gateways_of_peered_sites_bring_up_wireguard() {
+fn workloads_reach_each_other_across_sites_through_wireguard() {
     if !require_root() {
         return;
     }
     let dir = tempfile::Builder::new().prefix("weft-dp").tempdir().unwrap();
     let mut lab = Lab::new("wg");
     lab.lan();
-    let hosts: Vec<(String, &str)> = [
+    let names = ["ctla", "ctlb", "gwa", "gwb", "na", "nb", "wa", "wb"];
+    let ns: std::collections::HashMap<&str, String> = names.iter().map(|n| (*n, lab.host(n))).collect();
+    for (h, ip) in [
         ("ctla", "192.168.78.1/24"),
         ("ctlb", "192.168.78.2/24"),
         ("gwa", "192.168.78.10/24"),
         ("gwb", "192.168.78.20/24"),
-    ]
-    .iter()
-    .map(|(n, ip)| (lab.host(n), *ip))
-    .collect();
-    for (ns, ip) in &hosts {
-        lab.plug(ns, ip);
+        ("na", "192.168.78.11/24"),
+        ("nb", "192.168.78.21/24"),
+    ] {
+        lab.plug(&ns[h], ip);
     }
     // The gateways create these; the lab deletes them at the end whatever happens.
     lab.adopt(&weft_controller::render::peering_namespace("site-b"));
     lab.adopt(&weft_controller::render::peering_namespace("site-a"));
-    let (ctla, ctlb, gwa, gwb) = (
-        hosts[0].0.clone(),
-        hosts[1].0.clone(),
-        hosts[2].0.clone(),
-        hosts[3].0.clone(),
-    );
+    let sh = |host: &str, cmd: &str| {
+        let o = std::process::Command::new("ip")
+            .args(["netns", "exec", host, "sh", "-c", cmd])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{cmd} in {host}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    // Workloads: a namespace on each node, in the node's subnet (the first
+    // subnet of each site's pod CIDR), the node routing for it.
+    for (node, wl, sub) in [("na", "wa", "10.1.0"), ("nb", "wb", "10.2.0")] {
+        let o = std::process::Command::new("ip")
+            .args([
+                "-n", &ns[node], "link", "add", "wl0", "type", "veth", "peer", "name", "eth0", "netns", &ns[wl],
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        sh(
+            &ns[node],
+            &format!("ip addr add {sub}.1/24 dev wl0 && ip link set wl0 up && sysctl -qw net.ipv4.ip_forward=1"),
+        );
+        sh(
+            &ns[wl],
+            &format!("ip addr add {sub}.10/24 dev eth0 && ip link set eth0 up && ip route add default via {sub}.1"),
+        );
+    }
 
-    let controller = |lab: &mut Lab, ns: &str, site: &str, pod: &str, ip: &str| {
+    let controller = |lab: &mut Lab, host: &str, site: &str, pod: &str, ip: &str| {
         let data = dir.path().join(site);
         lab.spawn(
-            ns,
+            host,
             &bin("weft-controller"),
             &[
                 "--site-id",
@@ -237,21 +262,19 @@ fn gateways_of_peered_sites_bring_up_wireguard() {
         });
         format!("unix:{}", sock.display())
     };
-    let ta = controller(&mut lab, &ctla, "site-a", "10.1.0.0/16", "192.168.78.1");
-    let tb = controller(&mut lab, &ctlb, "site-b", "10.2.0.0/16", "192.168.78.2");
+    let ta = controller(&mut lab, &ns["ctla"], "site-a", "10.1.0.0/16", "192.168.78.1");
+    let tb = controller(&mut lab, &ns["ctlb"], "site-b", "10.2.0.0/16", "192.168.78.2");
 
-    let gateway = |lab: &mut Lab, target: &str, ctl_ip: &str, ns: &str, ip: &str, name: &str| {
-        let t = weftctl_json(target, &["token", "create", "--role", "gateway", "--name", "gw"]);
-        let state = dir.path().join(name);
-        let args: Vec<String> = [
+    let agent = |lab: &mut Lab, kind: &str, target: &str, ctl_ip: &str, host: &str, ip: &str, name: &str| {
+        let t = weftctl_json(target, &["token", "create", "--role", kind, "--name", name]);
+        let state = dir.path().join(format!("{ctl_ip}-{name}"));
+        let mut args: Vec<String> = [
             "--controller",
             &format!("https://{ctl_ip}:7443"),
             "--name",
-            "gw",
+            name,
             "--underlay-ip",
             ip,
-            "--endpoint",
-            &format!("{ip}:51820"),
             "--token",
             t["token"].as_str().unwrap(),
             "--ca-fingerprint",
@@ -264,17 +287,37 @@ fn gateways_of_peered_sites_bring_up_wireguard() {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if kind == "gateway" {
+            args.extend(["--endpoint".to_string(), format!("{ip}:51820")]);
+        }
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         lab.spawn(
-            ns,
-            &bin("weft-gateway-agent"),
+            host,
+            &bin(&format!("weft-{kind}-agent")),
             &refs,
-            &dir.path().join(format!("{name}.log")),
+            &dir.path().join(format!("{ctl_ip}-{name}.log")),
         )
     };
-    let pa = gateway(&mut lab, &ta, "192.168.78.1", &gwa, "192.168.78.10", "gwa");
-    let pb = gateway(&mut lab, &tb, "192.168.78.2", &gwb, "192.168.78.20", "gwb");
-    // Each gateway's key must be known before the sites peer.
+    let pa = agent(
+        &mut lab,
+        "gateway",
+        &ta,
+        "192.168.78.1",
+        &ns["gwa"],
+        "192.168.78.10",
+        "gw",
+    );
+    let pb = agent(
+        &mut lab,
+        "gateway",
+        &tb,
+        "192.168.78.2",
+        &ns["gwb"],
+        "192.168.78.20",
+        "gw",
+    );
+    agent(&mut lab, "node", &ta, "192.168.78.1", &ns["na"], "192.168.78.11", "na");
+    agent(&mut lab, "node", &tb, "192.168.78.2", &ns["nb"], "192.168.78.21", "nb");
     for t in [&ta, &tb] {
         eventually("the gateway's key", Duration::from_secs(20), || {
             let g = weftctl_json(t, &["gateways"]);
@@ -298,69 +341,65 @@ fn gateways_of_peered_sites_bring_up_wireguard() {
     ]));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
-    // Each gateway: the peering namespace with the WireGuard interface in it.
+    // The WireGuard interface lives in the peering's namespace; its UDP
+    // socket stayed on the gateway's underlay.
     let ns_a = weft_controller::render::peering_namespace("site-b");
-    let mut link_a = None;
-    for _ in 0..200 {
+    eventually("site-a's WireGuard interface", Duration::from_secs(20), || {
         let o = stdout(
             &std::process::Command::new("ip")
                 .args(["-n", &ns_a, "-br", "link"])
                 .output()
                 .unwrap(),
         );
-        link_a = o.lines().find(|l| l.starts_with("weft-w")).map(|l| {
-            l.split_whitespace()
-                .next()
-                .unwrap()
-                .trim_end_matches("@NONE")
-                .to_string()
-        });
-        if link_a.is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let link_a = link_a.unwrap_or_else(|| {
-        panic!(
-            "no WireGuard interface on site-a's gateway; its log:\n{}",
-            lab.proc(pa).log_text()
-        )
-    });
-    let ns_b = weft_controller::render::peering_namespace("site-a");
-    eventually("site-b's WireGuard interface", Duration::from_secs(20), || {
-        let o = stdout(
-            &std::process::Command::new("ip")
-                .args(["-n", &ns_b, "-br", "link"])
-                .output()
-                .unwrap(),
-        );
         o.contains("weft-w").then_some(())
     });
-    // The UDP socket stayed on the gateway's underlay.
-    let socks = stdout(&lab.exec(&gwa, &["ss", "-uln"]));
+    let socks = stdout(&lab.exec(&ns["gwa"], &["ss", "-uln"]));
     assert!(socks.contains(":51820"), "{socks}");
 
-    // Traffic into the tunnel starts the handshake; both gateways see it.
-    let run_in = |ns: &str, args: &[&str]| {
-        std::process::Command::new("ip")
-            .args(["netns", "exec", ns])
-            .args(args)
-            .output()
-            .unwrap()
+    // Workload to workload, both ways, ICMP and TCP.
+    let ping = |from: &str, to: &str| {
+        lab.exec(&ns[from], &["ping", "-c", "1", "-W", "1", to])
+            .status
+            .success()
     };
-    assert!(
-        run_in(&ns_a, &["ip", "addr", "add", "10.1.255.254/32", "dev", &link_a])
-            .status
-            .success()
+    let reached = (0..30).any(|_| {
+        ping("wa", "10.2.0.10") || {
+            std::thread::sleep(Duration::from_millis(500));
+            false
+        }
+    });
+    if !reached {
+        let mut diag = String::new();
+        for p in [pa, pb] {
+            diag.push_str(&lab.proc(p).log_text());
+        }
+        panic!("wa cannot reach wb across the sites; gateway logs:\n{diag}");
+    }
+    assert!(ping("wb", "10.1.0.10"), "wb cannot reach wa");
+    let server_py = "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',5201))\ns.listen(1)\nc,_=s.accept()\nprint(c.recv(100).decode(),flush=True)";
+    let server = lab.spawn(
+        &ns["wb"],
+        std::path::Path::new("/usr/bin/env"),
+        &["python3", "-c", server_py],
+        &dir.path().join("tcp.log"),
     );
+    std::thread::sleep(Duration::from_millis(500));
+    let client_py =
+        "import socket\ns=socket.create_connection(('10.2.0.10',5201),timeout=3)\ns.sendall(b'across')\ns.close()";
+    let o = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns["wa"], "python3", "-c", client_py])
+        .output()
+        .unwrap();
     assert!(
-        run_in(&ns_a, &["ip", "route", "add", "10.2.0.0/16", "dev", &link_a])
-            .status
-            .success()
+        o.status.success(),
+        "TCP across the sites failed: {}",
+        String::from_utf8_lossy(&o.stderr)
     );
-    let _ = run_in(&ns_a, &["ping", "-c", "2", "-W", "1", "10.2.0.1"]);
+    eventually("the TCP payload", Duration::from_secs(5), || {
+        lab.proc(server).log_text().contains("across").then_some(())
+    });
     for p in [pa, pb] {
-        eventually("the tunnel handshake", Duration::from_secs(20), || {
+        eventually("the tunnel up", Duration::from_secs(10), || {
             lab.proc(p).log_text().contains("tunnel up").then_some(())
         });
     }
