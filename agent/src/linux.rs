@@ -86,6 +86,70 @@ async fn route_in(h: &Handle, r: &pb::Route) -> R<rtnetlink::packet_route::route
     Ok(b.build())
 }
 
+async fn add_rule(h: &Handle, r: &pb::Rule) -> R<()> {
+    let mut req = h
+        .rule()
+        .add()
+        .action(rtnetlink::packet_route::rule::RuleAction::ToTable)
+        .v4()
+        .table_id(r.table)
+        .priority(r.priority);
+    if !r.to.is_empty() {
+        let n = net(&r.to, "to")?;
+        req = req.destination_prefix(n.network(), n.prefix_len());
+    }
+    if !r.from.is_empty() {
+        let n = net(&r.from, "from")?;
+        req = req.source_prefix(n.network(), n.prefix_len());
+    }
+    if !r.iif.is_empty() {
+        req = req.input_interface(r.iif.clone());
+    }
+    match req.execute().await {
+        Ok(()) => Ok(()),
+        Err(e) if is_exists(&e) => Ok(()),
+        Err(e) => Err(format!("cannot add the rule: {e}")),
+    }
+}
+
+/// Replaces namespace `ns`'s nftables table `weft` with 1:1 prefix NAT for
+/// `maps`, in one atomic batch: toward the tunnel the local view becomes
+/// the real CIDR (destination), from the tunnel the real CIDR becomes the
+/// local view (source); conntrack undoes both for replies.
+fn nat_table(ns: &str, maps: &[pb::NatMap]) -> R<()> {
+    use serde_json::json;
+    let prefix = |c: &str| -> R<serde_json::Value> {
+        let n = net(c, "NAT CIDR")?;
+        Ok(json!({"prefix": {"addr": n.network().to_string(), "len": n.prefix_len()}}))
+    };
+    let mut cmds = vec![
+        json!({"add": {"table": {"family": "ip", "name": "weft"}}}),
+        json!({"delete": {"table": {"family": "ip", "name": "weft"}}}),
+    ];
+    if !maps.is_empty() {
+        cmds.push(json!({"add": {"table": {"family": "ip", "name": "weft"}}}));
+        cmds.push(json!({"add": {"chain": {"family": "ip", "table": "weft", "name": "pre", "type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}}}));
+        cmds.push(json!({"add": {"chain": {"family": "ip", "table": "weft", "name": "post", "type": "nat", "hook": "postrouting", "prio": 100, "policy": "accept"}}}));
+        for m in maps {
+            let (local, real) = (prefix(&m.local_cidr)?, prefix(&m.real_cidr)?);
+            cmds.push(json!({"add": {"rule": {"family": "ip", "table": "weft", "chain": "pre", "expr": [
+                {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": local.clone()}},
+                {"dnat": {"addr": real.clone(), "flags": "netmap", "type_flags": "prefix"}}
+            ]}}}));
+            cmds.push(
+                json!({"add": {"rule": {"family": "ip", "table": "weft", "chain": "post", "expr": [
+                    {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": real}},
+                    {"snat": {"addr": local, "flags": "netmap", "type_flags": "prefix"}}
+                ]}}}),
+            );
+        }
+    }
+    let payload = json!({"nftables": cmds}).to_string();
+    nftables::helper::apply_ruleset_raw(&payload, Some("ip"), ["netns", "exec", ns, "nft"])
+        .map(|_| ())
+        .map_err(|e| format!("cannot apply the NAT table in {ns}: {e}"))
+}
+
 /// Adds an address or a route inside namespace `ns` (a worker thread that
 /// joined it, with its own netlink connection).
 fn in_ns(ns: &str, o: &pb::DesiredObject) -> R<()> {
@@ -119,6 +183,7 @@ fn in_ns(ns: &str, o: &pb::DesiredObject) -> R<()> {
                         .await
                         .map_err(|e| format!("cannot add the route: {e}"))
                 }
+                Some(Kind::Rule(r)) => add_rule(&h, r).await,
                 _ => Err(format!("{} is not supported inside a namespace yet", describe(&o))),
             }
         })
@@ -222,6 +287,7 @@ impl Linux {
             }
             Some(Kind::Address(a)) if !a.namespace.is_empty() => in_ns(&a.namespace, o),
             Some(Kind::Route(r)) if !r.namespace.is_empty() => in_ns(&r.namespace, o),
+            Some(Kind::Rule(r)) if !r.namespace.is_empty() => in_ns(&r.namespace, o),
             Some(Kind::Link(l)) if matches!(l.kind, Some(pb::link::Kind::Veth(_))) => {
                 let Some(pb::link::Kind::Veth(v)) = &l.kind else {
                     unreachable!()
@@ -344,28 +410,10 @@ impl Linux {
                 {
                     self.delete(old).await?;
                 }
-                let mut req = self
-                    .handle
-                    .rule()
-                    .add()
-                    .action(rtnetlink::packet_route::rule::RuleAction::ToTable)
-                    .v4()
-                    .table_id(r.table)
-                    .priority(r.priority);
-                if !r.to.is_empty() {
-                    let n = net(&r.to, "to")?;
-                    req = req.destination_prefix(n.network(), n.prefix_len());
-                }
-                if !r.from.is_empty() {
-                    let n = net(&r.from, "from")?;
-                    req = req.source_prefix(n.network(), n.prefix_len());
-                }
-                match req.execute().await {
-                    Ok(()) => Ok(()),
-                    Err(e) if is_exists(&e) => Ok(()),
-                    Err(e) => Err(format!("cannot add the rule: {e}")),
-                }
+                add_rule(&self.handle, r).await
             }
+            // Applied per namespace as a whole table, in `apply`.
+            Some(Kind::NatMap(_)) => Ok(()),
             Some(Kind::WireguardPeer(p)) => {
                 if let Some(Kind::WireguardPeer(prev)) = old.and_then(|x| x.kind.as_ref())
                     && prev.public_key != p.public_key
@@ -433,6 +481,8 @@ impl Linux {
                 Ok(())
             }
             Some(Kind::WireguardPeer(p)) => self.wg.remove_peer(&p.link, &p.public_key),
+            Some(Kind::NatMap(_)) => Ok(()),
+            Some(Kind::Rule(r)) if !r.namespace.is_empty() => Ok(()),
             // Inside a peering namespace: removed with it (or with their link).
             Some(Kind::Address(a)) if !a.namespace.is_empty() => Ok(()),
             Some(Kind::Route(r)) if !r.namespace.is_empty() => Ok(()),
@@ -534,6 +584,43 @@ impl Applier for Linux {
                     id: o.id.clone(),
                     message: e,
                 });
+            }
+        }
+        // NAT: each touched namespace's table is rebuilt from the final state.
+        let nat_ns = |o: &pb::DesiredObject| match &o.kind {
+            Some(Kind::NatMap(m)) => Some(m.namespace.clone()),
+            _ => None,
+        };
+        let mut touched: Vec<String> = upserts.iter().filter_map(nat_ns).collect();
+        touched.extend(deletes.iter().filter_map(|id| held.get(id)).filter_map(nat_ns));
+        touched.sort();
+        touched.dedup();
+        for ns in touched {
+            let mut fin: Objects = held.clone();
+            for id in deletes {
+                fin.remove(id);
+            }
+            for o in upserts {
+                fin.insert(o.id.clone(), o.clone());
+            }
+            let maps: Vec<pb::NatMap> = fin
+                .values()
+                .filter_map(|o| match &o.kind {
+                    Some(Kind::NatMap(m)) if m.namespace == ns => Some(m.clone()),
+                    _ => None,
+                })
+                .collect();
+            let ids: Vec<String> = fin
+                .values()
+                .filter(|o| nat_ns(o).as_deref() == Some(ns.as_str()))
+                .map(|o| o.id.clone())
+                .collect();
+            if !std::path::Path::new(&format!("/run/netns/{ns}")).exists() {
+                continue; // removed with its namespace
+            }
+            if let Err(e) = nat_table(&ns, &maps) {
+                tracing::warn!(namespace = %ns, error = %e, "NAT not applied");
+                errors.extend(ids.into_iter().map(|id| pb::ObjectError { id, message: e.clone() }));
             }
         }
         errors

@@ -29,6 +29,8 @@ pub const RULE_PRIORITY: u32 = 7765;
 pub const VXLAN_PORT: u32 = 4789;
 /// VXLAN on a 1500-byte underlay.
 pub const OVERLAY_MTU: u32 = 1450;
+/// Inside a peering namespace: the table of routes into the tunnel.
+pub const NS_TUNNEL_TABLE: u32 = 1;
 /// The node's end of the overlay.
 pub const NODE_LINK: &str = "weft-vx0";
 
@@ -158,6 +160,7 @@ pub fn node(m: &Model, name: &str) -> Objects {
                         from: String::new(),
                         to: v.local.to_string(),
                         table: TABLE,
+                        iif: String::new(),
                     }),
                 ),
             ]);
@@ -300,15 +303,29 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
                                 from: String::new(),
                                 to: v.local.to_string(),
                                 table: TABLE,
+                                iif: String::new(),
                             }),
                         ),
-                        // Peering namespace: the peer's real networks through the tunnel.
+                        // Peering namespace: what comes from the gateway goes into
+                        // the tunnel (table 1, chosen by the arriving interface, so
+                        // a peer CIDR equal to our own still goes the right way).
                         obj(
                             format!("{base}{}/tunnel", v.kind),
-                            route(&ns, 0, v.real.to_string(), String::new(), &link),
+                            route(&ns, NS_TUNNEL_TABLE, v.real.to_string(), String::new(), &link),
                         ),
                     ]);
                 }
+                out.extend([obj(
+                    format!("{base}tunnel-rule"),
+                    Kind::Rule(pb::Rule {
+                        namespace: ns.clone(),
+                        priority: RULE_PRIORITY,
+                        from: String::new(),
+                        to: String::new(),
+                        table: NS_TUNNEL_TABLE,
+                        iif: inner.clone(),
+                    }),
+                )]);
                 // Peering namespace: this site's own networks back to the gateway.
                 if let Some(site) = &m.site {
                     let mut own: Vec<String> = site.pod_cidrs.iter().map(|c| c.to_string()).collect();
@@ -364,6 +381,7 @@ fn gateway_self(m: &Model) -> Objects {
                 from: String::new(),
                 to: site.internal_cidr.to_string(),
                 table: TABLE,
+                iif: String::new(),
             }),
         )]);
         for (i, pod) in site.pod_cidrs.iter().enumerate() {
@@ -375,6 +393,7 @@ fn gateway_self(m: &Model) -> Objects {
                     from: String::new(),
                     to: pod.to_string(),
                     table: TABLE,
+                    iif: String::new(),
                 }),
             )]);
         }

@@ -370,6 +370,23 @@ fn workloads_reach_each_other_across_sites_through_wireguard() {
     });
     if !reached {
         let mut diag = String::new();
+        for cmd in [
+            "ip rule",
+            "ip route show table all",
+            "nft list ruleset",
+            "ip -br addr",
+            "ip -s link",
+        ] {
+            let o = std::process::Command::new("ip")
+                .args(["netns", "exec", &ns_a, "sh", "-c", cmd])
+                .output()
+                .unwrap();
+            diag.push_str(&format!(
+                "--- {cmd}\n{}{}\n",
+                stdout(&o),
+                String::from_utf8_lossy(&o.stderr)
+            ));
+        }
         for p in [pa, pb] {
             diag.push_str(&lab.proc(p).log_text());
         }
