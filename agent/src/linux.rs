@@ -132,16 +132,17 @@ fn nat_table(ns: &str, maps: &[pb::NatMap]) -> R<()> {
         cmds.push(json!({"add": {"chain": {"family": "ip", "table": "weft", "name": "post", "type": "nat", "hook": "postrouting", "prio": 100, "policy": "accept"}}}));
         for m in maps {
             let (local, real) = (prefix(&m.local_cidr)?, prefix(&m.real_cidr)?);
-            cmds.push(json!({"add": {"rule": {"family": "ip", "table": "weft", "chain": "pre", "expr": [
-                {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": local.clone()}},
-                {"dnat": {"addr": real.clone(), "flags": "netmap", "type_flags": "prefix"}}
-            ]}}}));
-            cmds.push(
-                json!({"add": {"rule": {"family": "ip", "table": "weft", "chain": "post", "expr": [
-                    {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": real}},
-                    {"snat": {"addr": local, "flags": "netmap", "type_flags": "prefix"}}
-                ]}}}),
-            );
+            let tunnel =
+                |op: &str| json!({"match": {"op": op, "left": {"meta": {"key": "iifname"}}, "right": m.tunnel}});
+            let addr = |field: &str, right: &serde_json::Value| json!({"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": field}}, "right": right}});
+            // Toward the tunnel: the local view becomes the real CIDR.
+            let dnat = json!({"dnat": {"addr": real.clone(), "flags": "netmap", "type_flags": "prefix"}});
+            let pre = json!([tunnel("!="), addr("daddr", &local), dnat]);
+            cmds.push(json!({"add": {"rule": {"family": "ip", "table": "weft", "chain": "pre", "expr": pre}}}));
+            // From the tunnel: the real CIDR becomes the local view.
+            let snat = json!({"snat": {"addr": local, "flags": "netmap", "type_flags": "prefix"}});
+            let post = json!([tunnel("=="), addr("saddr", &real), snat]);
+            cmds.push(json!({"add": {"rule": {"family": "ip", "table": "weft", "chain": "post", "expr": post}}}));
         }
     }
     let payload = json!({"nftables": cmds}).to_string();

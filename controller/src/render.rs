@@ -361,6 +361,7 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
                         namespace: ns.clone(),
                         real_cidr: v.real.to_string(),
                         local_cidr: v.local.to_string(),
+                        tunnel: format!("weft-w{}", short_hash(site_id, 9)),
                     }),
                 )]);
             }

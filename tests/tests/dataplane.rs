@@ -180,34 +180,31 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
     });
 }
 
-/// Two sites with disjoint workload CIDRs, each a controller, a gateway and
-/// a node in namespaces on one WAN, and a workload on each node. Once the
-/// controllers peer, the gateways build the peering's namespace, a userspace
-/// WireGuard tunnel (UDP on the underlay) and the routes into it, and the
-/// workloads reach each other — ICMP both ways and TCP.
-#[test]
-fn workloads_reach_each_other_across_sites_through_wireguard() {
-    if !require_root() {
-        return;
-    }
+/// Two sites, each a controller, a gateway and a node in namespaces on one
+/// WAN, and a workload on each node. Once the controllers peer, the gateways
+/// build the peering's namespace, a userspace WireGuard tunnel (UDP on the
+/// underlay), the routes into it and the prefix NAT, and the workloads reach
+/// each other through their local views — ICMP both ways and TCP.
+fn cross_site(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str)) {
     let dir = tempfile::Builder::new().prefix("weft-dp").tempdir().unwrap();
-    let mut lab = Lab::new("wg");
+    let mut lab = Lab::new(tag);
     lab.lan();
     let names = ["ctla", "ctlb", "gwa", "gwb", "na", "nb", "wa", "wb"];
     let ns: std::collections::HashMap<&str, String> = names.iter().map(|n| (*n, lab.host(n))).collect();
-    for (h, ip) in [
+    let wan = [
         ("ctla", "192.168.78.1/24"),
         ("ctlb", "192.168.78.2/24"),
         ("gwa", "192.168.78.10/24"),
         ("gwb", "192.168.78.20/24"),
         ("na", "192.168.78.11/24"),
         ("nb", "192.168.78.21/24"),
-    ] {
+    ];
+    for (h, ip) in wan {
         lab.plug(&ns[h], ip);
     }
     // The gateways create these; the lab deletes them at the end whatever happens.
-    lab.adopt(&weft_controller::render::peering_namespace("site-b"));
-    lab.adopt(&weft_controller::render::peering_namespace("site-a"));
+    lab.adopt(&weft_controller::render::peering_namespace(site_b));
+    lab.adopt(&weft_controller::render::peering_namespace(site_a));
     let sh = |host: &str, cmd: &str| {
         let o = std::process::Command::new("ip")
             .args(["netns", "exec", host, "sh", "-c", cmd])
@@ -220,8 +217,10 @@ fn workloads_reach_each_other_across_sites_through_wireguard() {
         );
     };
     // Workloads: a namespace on each node, in the node's subnet (the first
-    // subnet of each site's pod CIDR), the node routing for it.
-    for (node, wl, sub) in [("na", "wa", "10.1.0"), ("nb", "wb", "10.2.0")] {
+    // /24 of the site's pod CIDR), the node routing for it.
+    let first = |pod: &str| pod.rsplit_once(".0.0/").unwrap().0.to_string() + ".0";
+    let (sub_a, sub_b) = (first(pod_a), first(pod_b));
+    for (node, wl, sub) in [("na", "wa", sub_a.as_str()), ("nb", "wb", sub_b.as_str())] {
         let o = std::process::Command::new("ip")
             .args([
                 "-n", &ns[node], "link", "add", "wl0", "type", "veth", "peer", "name", "eth0", "netns", &ns[wl],
@@ -241,19 +240,21 @@ fn workloads_reach_each_other_across_sites_through_wireguard() {
 
     let controller = |lab: &mut Lab, host: &str, site: &str, pod: &str, ip: &str| {
         let data = dir.path().join(site);
+        let listen = format!("{ip}:7443");
+        let args = [
+            "--site-id",
+            site,
+            "--pod-cidr",
+            pod,
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            &listen,
+        ];
         lab.spawn(
             host,
             &bin("weft-controller"),
-            &[
-                "--site-id",
-                site,
-                "--pod-cidr",
-                pod,
-                "--data-dir",
-                data.to_str().unwrap(),
-                "--listen",
-                &format!("{ip}:7443"),
-            ],
+            &args,
             &dir.path().join(format!("{site}.log")),
         );
         let sock = data.join("admin.sock");
@@ -262,41 +263,34 @@ fn workloads_reach_each_other_across_sites_through_wireguard() {
         });
         format!("unix:{}", sock.display())
     };
-    let ta = controller(&mut lab, &ns["ctla"], "site-a", "10.1.0.0/16", "192.168.78.1");
-    let tb = controller(&mut lab, &ns["ctlb"], "site-b", "10.2.0.0/16", "192.168.78.2");
+    let ta = controller(&mut lab, &ns["ctla"], site_a, pod_a, "192.168.78.1");
+    let tb = controller(&mut lab, &ns["ctlb"], site_b, pod_b, "192.168.78.2");
 
     let agent = |lab: &mut Lab, kind: &str, target: &str, ctl_ip: &str, host: &str, ip: &str, name: &str| {
         let t = weftctl_json(target, &["token", "create", "--role", kind, "--name", name]);
         let state = dir.path().join(format!("{ctl_ip}-{name}"));
-        let mut args: Vec<String> = [
-            "--controller",
-            &format!("https://{ctl_ip}:7443"),
-            "--name",
-            name,
-            "--underlay-ip",
-            ip,
-            "--token",
-            t["token"].as_str().unwrap(),
-            "--ca-fingerprint",
-            t["ca_fingerprint"].as_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--resync-interval",
-            "1s",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let mut args: Vec<String> = vec![
+            "--controller".into(),
+            format!("https://{ctl_ip}:7443"),
+            "--name".into(),
+            name.into(),
+            "--underlay-ip".into(),
+            ip.into(),
+            "--token".into(),
+            t["token"].as_str().unwrap().into(),
+            "--ca-fingerprint".into(),
+            t["ca_fingerprint"].as_str().unwrap().into(),
+            "--state-dir".into(),
+            state.to_str().unwrap().into(),
+            "--resync-interval".into(),
+            "1s".into(),
+        ];
         if kind == "gateway" {
             args.extend(["--endpoint".to_string(), format!("{ip}:51820")]);
         }
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        lab.spawn(
-            host,
-            &bin(&format!("weft-{kind}-agent")),
-            &refs,
-            &dir.path().join(format!("{ctl_ip}-{name}.log")),
-        )
+        let log = dir.path().join(format!("{ctl_ip}-{name}.log"));
+        lab.spawn(host, &bin(&format!("weft-{kind}-agent")), &refs, &log)
     };
     let pa = agent(
         &mut lab,
@@ -343,7 +337,7 @@ fn workloads_reach_each_other_across_sites_through_wireguard() {
 
     // The WireGuard interface lives in the peering's namespace; its UDP
     // socket stayed on the gateway's underlay.
-    let ns_a = weft_controller::render::peering_namespace("site-b");
+    let ns_a = weft_controller::render::peering_namespace(site_b);
     eventually("site-a's WireGuard interface", Duration::from_secs(20), || {
         let o = stdout(
             &std::process::Command::new("ip")
@@ -356,6 +350,33 @@ fn workloads_reach_each_other_across_sites_through_wireguard() {
     let socks = stdout(&lab.exec(&ns["gwa"], &["ss", "-uln"]));
     assert!(socks.contains(":51820"), "{socks}");
 
+    // Each site addresses the other's workload through its local view of it.
+    let view_of = |target: &str, peer: &str, addr: &str| -> String {
+        let p = weftctl_json(target, &["peerings"]);
+        let p = p["peerings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["site_id"] == peer)
+            .unwrap()
+            .clone();
+        let v = p["views"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["kind"] == "workload")
+            .unwrap()
+            .clone();
+        let real: ipnet::Ipv4Net = v["real_cidr"].as_str().unwrap().parse().unwrap();
+        let local: ipnet::Ipv4Net = v["local_cidr"].as_str().unwrap().parse().unwrap();
+        weft_controller::ipam::translate(addr.parse().unwrap(), real, local)
+            .unwrap()
+            .to_string()
+    };
+    let (wa_ip, wb_ip) = (format!("{sub_a}.10"), format!("{sub_b}.10"));
+    let wb_from_a = view_of(&ta, site_b, &wb_ip);
+    let wa_from_b = view_of(&tb, site_a, &wa_ip);
+
     // Workload to workload, both ways, ICMP and TCP.
     let ping = |from: &str, to: &str| {
         lab.exec(&ns[from], &["ping", "-c", "1", "-W", "1", to])
@@ -363,20 +384,14 @@ fn workloads_reach_each_other_across_sites_through_wireguard() {
             .success()
     };
     let reached = (0..30).any(|_| {
-        ping("wa", "10.2.0.10") || {
+        ping("wa", &wb_from_a) || {
             std::thread::sleep(Duration::from_millis(500));
             false
         }
     });
     if !reached {
         let mut diag = String::new();
-        for cmd in [
-            "ip rule",
-            "ip route show table all",
-            "nft list ruleset",
-            "ip -br addr",
-            "ip -s link",
-        ] {
+        for cmd in ["ip rule", "ip route show table all", "nft list ruleset", "ip -br addr"] {
             let o = std::process::Command::new("ip")
                 .args(["netns", "exec", &ns_a, "sh", "-c", cmd])
                 .output()
@@ -390,9 +405,9 @@ fn workloads_reach_each_other_across_sites_through_wireguard() {
         for p in [pa, pb] {
             diag.push_str(&lab.proc(p).log_text());
         }
-        panic!("wa cannot reach wb across the sites; gateway logs:\n{diag}");
+        panic!("wa cannot reach wb ({wb_from_a}) across the sites:\n{diag}");
     }
-    assert!(ping("wb", "10.1.0.10"), "wb cannot reach wa");
+    assert!(ping("wb", &wa_from_b), "wb cannot reach wa ({wa_from_b})");
     let server_py = "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',5201))\ns.listen(1)\nc,_=s.accept()\nprint(c.recv(100).decode(),flush=True)";
     let server = lab.spawn(
         &ns["wb"],
@@ -401,10 +416,11 @@ fn workloads_reach_each_other_across_sites_through_wireguard() {
         &dir.path().join("tcp.log"),
     );
     std::thread::sleep(Duration::from_millis(500));
-    let client_py =
-        "import socket\ns=socket.create_connection(('10.2.0.10',5201),timeout=3)\ns.sendall(b'across')\ns.close()";
+    let client_py = format!(
+        "import socket\ns=socket.create_connection(('{wb_from_a}',5201),timeout=3)\ns.sendall(b'across')\ns.close()"
+    );
     let o = std::process::Command::new("ip")
-        .args(["netns", "exec", &ns["wa"], "python3", "-c", client_py])
+        .args(["netns", "exec", &ns["wa"], "python3", "-c", &client_py])
         .output()
         .unwrap();
     assert!(
@@ -419,5 +435,23 @@ fn workloads_reach_each_other_across_sites_through_wireguard() {
         eventually("the tunnel up", Duration::from_secs(10), || {
             lab.proc(p).log_text().contains("tunnel up").then_some(())
         });
+    }
+}
+
+/// Scenario a: disjoint workload CIDRs.
+#[test]
+fn workloads_reach_each_other_across_sites_with_disjoint_cidrs() {
+    if require_root() {
+        cross_site("wga", ("site-a", "10.1.0.0/16"), ("site-b", "10.2.0.0/16"));
+    }
+}
+
+/// Scenario b: both sites on the same workload CIDR; each reaches the other
+/// through its remapped local view (prefix NAT in the peering namespaces),
+/// even between two workloads with the very same address.
+#[test]
+fn workloads_reach_each_other_across_sites_with_the_same_cidr() {
+    if require_root() {
+        cross_site("wgb", ("site-c", "10.200.0.0/16"), ("site-d", "10.200.0.0/16"));
     }
 }
