@@ -27,10 +27,15 @@ pub fn require_root() -> bool {
     root
 }
 
+/// How a process was started: namespace, program, arguments, log.
+type Started = (String, std::path::PathBuf, Vec<String>, std::path::PathBuf);
+
 pub struct Lab {
     prefix: String,
     namespaces: Vec<String>,
     procs: Vec<Proc>,
+    /// How each process was started, to start it again.
+    commands: Vec<Started>,
     lan_ports: usize,
 }
 
@@ -50,6 +55,7 @@ impl Lab {
             prefix,
             namespaces: Vec::new(),
             procs: Vec::new(),
+            commands: Vec::new(),
             lan_ports: 0,
         }
     }
@@ -126,7 +132,35 @@ impl Lab {
             cmd.env_remove(v);
         }
         self.procs.push(Proc::spawn(&mut cmd, log));
+        self.commands.push((
+            ns.to_string(),
+            program.to_path_buf(),
+            args.iter().map(|a| a.to_string()).collect(),
+            log.to_path_buf(),
+        ));
         self.procs.len() - 1
+    }
+
+    /// Starts process `i` again, as it was started (logging to a new file
+    /// beside the old one).
+    pub fn respawn(&mut self, i: usize) {
+        let (ns, program, args, log) = self.commands[i].clone();
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{ns}")).arg(&program).args(&args);
+        for v in ["WEFT_CONTROLLER", "WEFT_TOKEN", "WEFT_CONFIG"] {
+            cmd.env_remove(v);
+        }
+        self.procs[i] = Proc::spawn(&mut cmd, &log.with_extension("restarted.log"));
+    }
+
+    /// The index of the `n`-th process whose program is weft-controller.
+    pub fn controller_index(&self, n: usize) -> usize {
+        let mut it = self
+            .commands
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.1.ends_with("weft-controller"));
+        it.nth(n).map(|(i, _)| i).expect("no such controller")
     }
 
     /// Takes responsibility for a namespace something else in the test

@@ -379,7 +379,11 @@ fn cross_site(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, 
 
     // Workload to workload, both ways, ICMP and TCP.
     let ping = |from: &str, to: &str| {
-        lab.exec(&ns[from], &["ping", "-c", "1", "-W", "1", to])
+        let args = ["netns", "exec", &ns[from], "ping", "-c", "1", "-W", "1", to];
+        std::process::Command::new("ip")
+            .args(args)
+            .output()
+            .unwrap()
             .status
             .success()
     };
@@ -436,6 +440,71 @@ fn cross_site(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, 
             lab.proc(p).log_text().contains("tunnel up").then_some(())
         });
     }
+
+    // Scenario e: the controller dies (SIGKILL) and comes back while a TCP
+    // stream runs across the sites; the data plane does not depend on it.
+    let stream_server = "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',5202))\ns.listen(1)\nc,_=s.accept()\nn=0\nwhile True:\n    d=c.recv(4096)\n    if not d: break\n    n+=len(d)\nprint('received',n,flush=True)";
+    let srv = lab.spawn(
+        &ns["wb"],
+        std::path::Path::new("/usr/bin/env"),
+        &["python3", "-c", stream_server],
+        &dir.path().join("stream.log"),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let stream_client = format!(
+        "import socket,time\ns=socket.create_connection(('{wb_from_a}',5202),timeout=5)\nfor i in range(60):\n    s.sendall(b'x'*1000)\n    time.sleep(0.1)\ns.close()\nprint('sent',60000,flush=True)"
+    );
+    let cli = lab.spawn(
+        &ns["wa"],
+        std::path::Path::new("/usr/bin/env"),
+        &["python3", "-c", &stream_client],
+        &dir.path().join("client.log"),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let ctl_a = lab.controller_index(0);
+    lab.proc(ctl_a).child.as_mut().unwrap().kill().unwrap();
+    lab.proc(ctl_a)
+        .wait_exit(Duration::from_secs(5))
+        .expect("the controller died");
+    std::thread::sleep(Duration::from_secs(2));
+    lab.respawn(ctl_a);
+    let st = lab
+        .proc(cli)
+        .wait_exit(Duration::from_secs(20))
+        .expect("the TCP client finished");
+    assert!(st.success(), "the stream broke: {}", lab.proc(cli).log_text());
+    eventually("all bytes across", Duration::from_secs(10), || {
+        lab.proc(srv).log_text().contains("received 60000").then_some(())
+    });
+    eventually("the controller back", Duration::from_secs(20), || {
+        std::os::unix::net::UnixStream::connect(dir.path().join(site_a).join("admin.sock")).ok()
+    });
+
+    // Scenario d: deleting the peering removes every peering object on both
+    // gateways, and traffic stops.
+    let d = weftctl_json(&ta, &["peering", "delete", site_b]);
+    assert_eq!(d["remote_notified"], true);
+    let ns_b = weft_controller::render::peering_namespace(site_a);
+    eventually("both peering namespaces gone", Duration::from_secs(20), || {
+        let gone = |n: &str| !std::path::Path::new(&format!("/run/netns/{n}")).exists();
+        (gone(&ns_a) && gone(&ns_b)).then_some(())
+    });
+    for gw in ["gwa", "gwb"] {
+        let links = stdout(&lab.exec(&ns[gw], &["ip", "-br", "link"]));
+        assert!(
+            !links.contains("weft-v") && !links.contains("weft-w"),
+            "{gw} kept peering links:\n{links}"
+        );
+        let routes = stdout(&lab.exec(&ns[gw], &["ip", "route", "show", "table", "7765"]));
+        assert!(
+            !routes.contains("169.254."),
+            "{gw} kept routes into the peering:\n{routes}"
+        );
+    }
+    assert!(
+        !ping("wa", &wb_from_a),
+        "traffic still crosses after the peering was deleted"
+    );
 }
 
 /// Scenario a: disjoint workload CIDRs.
