@@ -80,6 +80,14 @@ pub fn describe(o: &pb::DesiredObject) -> String {
         Some(Kind::WireguardPeer(p)) => {
             format!("wireguard peer {} on {} endpoint {}", p.public_key, p.link, p.endpoint)
         }
+        Some(Kind::HostSnat(h)) => {
+            format!(
+                "source NAT of host traffic out {} to {} (not from {})",
+                h.link,
+                h.address,
+                h.except.join(", ")
+            )
+        }
         None => "(empty object)".into(),
     }
 }

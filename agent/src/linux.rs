@@ -26,6 +26,9 @@ pub struct Linux {
     wg: crate::wireguard::Devices,
     /// The gateway's WireGuard private key (base64); None on nodes.
     wg_private_key: Option<String>,
+    /// Whether this process has written the host NAT table (a resync
+    /// rewrites it otherwise, e.g. after a restart or a hand deletion).
+    host_snat_applied: bool,
 }
 
 impl std::fmt::Debug for Linux {
@@ -151,6 +154,38 @@ fn nat_table(ns: &str, maps: &[pb::NatMap]) -> R<()> {
         .map_err(|e| format!("cannot apply the NAT table in {ns}: {e}"))
 }
 
+/// The host's own nftables table `weft`: source NAT of host-originated
+/// traffic into the overlay (or no table at all), as one atomic batch.
+fn host_snat_table(h: Option<&pb::HostSnat>) -> R<()> {
+    use serde_json::json;
+    let mut cmds = vec![
+        json!({"add": {"table": {"family": "ip", "name": "weft"}}}),
+        json!({"delete": {"table": {"family": "ip", "name": "weft"}}}),
+    ];
+    if let Some(h) = h {
+        let addr = v4(&h.address, "address")?;
+        let except: Vec<serde_json::Value> = h
+            .except
+            .iter()
+            .map(|c| {
+                net(c, "except").map(|n| json!({"prefix": {"addr": n.network().to_string(), "len": n.prefix_len()}}))
+            })
+            .collect::<R<_>>()?;
+        cmds.push(json!({"add": {"table": {"family": "ip", "name": "weft"}}}));
+        cmds.push(json!({"add": {"chain": {"family": "ip", "table": "weft", "name": "post", "type": "nat", "hook": "postrouting", "prio": 100, "policy": "accept"}}}));
+        let oif = json!({"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": h.link}});
+        let not_pod = json!({"match": {"op": "!=", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": {"set": except}}});
+        let snat = json!({"snat": {"addr": addr.to_string()}});
+        cmds.push(
+            json!({"add": {"rule": {"family": "ip", "table": "weft", "chain": "post", "expr": [oif, not_pod, snat]}}}),
+        );
+    }
+    let payload = json!({"nftables": cmds}).to_string();
+    nftables::helper::apply_ruleset_raw(&payload, nftables::helper::DEFAULT_NFT, nftables::helper::DEFAULT_ARGS)
+        .map(|_| ())
+        .map_err(|e| format!("cannot apply the host NAT table: {e}"))
+}
+
 /// Adds an address or a route inside namespace `ns` (a worker thread that
 /// joined it, with its own netlink connection).
 fn in_ns(ns: &str, o: &pb::DesiredObject) -> R<()> {
@@ -217,6 +252,7 @@ impl Linux {
             handle,
             wg: Default::default(),
             wg_private_key,
+            host_snat_applied: false,
         })
     }
 
@@ -415,6 +451,14 @@ impl Linux {
             }
             // Applied per namespace as a whole table, in `apply`.
             Some(Kind::NatMap(_)) => Ok(()),
+            Some(Kind::HostSnat(h)) => {
+                if old.is_some_and(|x| x == o) && self.host_snat_applied {
+                    return Ok(());
+                }
+                host_snat_table(Some(h))?;
+                self.host_snat_applied = true;
+                Ok(())
+            }
             Some(Kind::WireguardPeer(p)) => {
                 if let Some(Kind::WireguardPeer(prev)) = old.and_then(|x| x.kind.as_ref())
                     && prev.public_key != p.public_key
@@ -483,6 +527,10 @@ impl Linux {
             }
             Some(Kind::WireguardPeer(p)) => self.wg.remove_peer(&p.link, &p.public_key),
             Some(Kind::NatMap(_)) => Ok(()),
+            Some(Kind::HostSnat(_)) => {
+                self.host_snat_applied = false;
+                host_snat_table(None)
+            }
             Some(Kind::Rule(r)) if !r.namespace.is_empty() => Ok(()),
             // Inside a peering namespace: removed with it (or with their link).
             Some(Kind::Address(a)) if !a.namespace.is_empty() => Ok(()),

@@ -78,6 +78,14 @@ pub fn vni(internal_ip: Ipv4Addr) -> u32 {
     u32::from(internal_ip) & 0x00ff_ffff
 }
 
+/// A node's "unknown source" address: its overlay address's host part in
+/// the external CIDR (unique per node, stable). None if it does not fit.
+pub fn external_address(site: &Site, internal_ip: Ipv4Addr) -> Option<Ipv4Addr> {
+    let host = u32::from(internal_ip).checked_sub(u32::from(site.internal_cidr.network()))?;
+    (u64::from(host) < crate::ipam::size(&site.external_cidr))
+        .then(|| Ipv4Addr::from(u32::from(site.external_cidr.network()) + host))
+}
+
 /// The gateway's interface toward node `name` (15 bytes at most).
 pub fn gateway_link_name(node: &str) -> String {
     format!("weft-n{}", short_hash(node, 9))
@@ -138,6 +146,16 @@ pub fn node(m: &Model, name: &str) -> Objects {
             }),
         ),
     ]);
+    if let Some(ext) = external_address(site, ip) {
+        out.extend([obj(
+            "self/host-snat".into(),
+            Kind::HostSnat(pb::HostSnat {
+                link: NODE_LINK.into(),
+                address: ext.to_string(),
+                except: site.pod_cidrs.iter().map(|c| c.to_string()).collect(),
+            }),
+        )]);
+    }
     for p in m.peerings.values() {
         for v in &p.views {
             let base = format!("peer/{}/{}", p.site_id, v.kind);
@@ -191,6 +209,22 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
                         table: TABLE,
                         destination: format!("{ip}/32"),
                         gateway: String::new(),
+                        device: link.clone(),
+                    }),
+                ),
+                // Replies to the node's host traffic (its "unknown source"
+                // address) go back through its tunnel.
+                obj(
+                    format!("{base}external"),
+                    Kind::Route(pb::Route {
+                        namespace: String::new(),
+                        table: TABLE,
+                        destination: m
+                            .site
+                            .as_ref()
+                            .and_then(|site| external_address(site, ip))
+                            .map_or_else(|| format!("{ip}/32"), |e| format!("{e}/32")),
+                        gateway: ip.to_string(),
                         device: link.clone(),
                     }),
                 ),
@@ -374,17 +408,22 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
 fn gateway_self(m: &Model) -> Objects {
     let mut out = Objects::new();
     if let Some(site) = &m.site {
-        out.extend([obj(
-            "self/rule/internal".into(),
-            Kind::Rule(pb::Rule {
-                namespace: String::new(),
-                priority: RULE_PRIORITY,
-                from: String::new(),
-                to: site.internal_cidr.to_string(),
-                table: TABLE,
-                iif: String::new(),
-            }),
-        )]);
+        for (id, cidr) in [
+            ("self/rule/internal", site.internal_cidr),
+            ("self/rule/external", site.external_cidr),
+        ] {
+            out.extend([obj(
+                id.into(),
+                Kind::Rule(pb::Rule {
+                    namespace: String::new(),
+                    priority: RULE_PRIORITY,
+                    from: String::new(),
+                    to: cidr.to_string(),
+                    table: TABLE,
+                    iif: String::new(),
+                }),
+            )]);
+        }
         for (i, pod) in site.pod_cidrs.iter().enumerate() {
             out.extend([obj(
                 format!("self/rule/{i}"),
@@ -535,6 +574,7 @@ mod tests {
                 "peer/b/workload/route",
                 "peer/b/workload/rule",
                 "self/addr",
+                "self/host-snat",
                 "self/link"
             ]
         );
@@ -602,10 +642,16 @@ mod tests {
         assert!(up.is_empty());
         assert_eq!(
             del,
-            ["node/n2/addr", "node/n2/link", "node/n2/overlay", "node/n2/route"]
+            [
+                "node/n2/addr",
+                "node/n2/external",
+                "node/n2/link",
+                "node/n2/overlay",
+                "node/n2/route"
+            ]
         );
         let (up, del) = diff(&b, &a);
-        assert_eq!((up.len(), del.len()), (4, 0));
+        assert_eq!((up.len(), del.len()), (5, 0));
         assert_eq!(hash(&a["self/rule/0"]), hash(&a["self/rule/0"].clone()));
         assert_ne!(hash(&a["node/n1/link"]), hash(&a["node/n2/link"]));
     }

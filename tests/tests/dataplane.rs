@@ -441,6 +441,26 @@ fn cross_site(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, 
         });
     }
 
+    // Scenario c: a node's host reaches a remote workload (its traffic
+    // leaves with the node's "unknown source" address from the external CIDR).
+    let host_ping = || ping("na", &wb_from_a);
+    let reached = (0..10).any(|_| {
+        host_ping() || {
+            std::thread::sleep(Duration::from_millis(300));
+            false
+        }
+    });
+    if !reached {
+        let o = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns["na"], "nft", "list", "ruleset"])
+            .output()
+            .unwrap();
+        panic!(
+            "node na's host cannot reach wb ({wb_from_a}); its nft ruleset:\n{}",
+            stdout(&o)
+        );
+    }
+
     // Scenario e: the controller dies (SIGKILL) and comes back while a TCP
     // stream runs across the sites; the data plane does not depend on it.
     let stream_server = "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',5202))\ns.listen(1)\nc,_=s.accept()\nn=0\nwhile True:\n    d=c.recv(4096)\n    if not d: break\n    n+=len(d)\nprint('received',n,flush=True)";
