@@ -98,7 +98,10 @@ fn not_after(cert_pem: &str) -> anyhow::Result<SystemTime> {
     Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(cert.validity().not_after.timestamp().max(0) as u64))
 }
 
-fn write_file(path: &Path, data: &str, mode: u32) -> anyhow::Result<()> {
+/// Writes `data` to `path` with `mode` through a temporary file, fsync and
+/// rename: a crash leaves the old file or the new one, never half of one,
+/// and a key is never readable by others, not even for a moment.
+pub fn write_file(path: &Path, data: &str, mode: u32) -> anyhow::Result<()> {
     let tmp = path.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()

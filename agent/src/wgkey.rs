@@ -2,8 +2,6 @@
 //! `<state-dir>/wireguard.key` (mode 0600, base64 like `wg genkey`), never
 //! sent anywhere. Only the public key leaves, through `UpdateGateway`.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use anyhow::{Context, bail};
@@ -39,16 +37,7 @@ pub fn keys(dir: &Path) -> anyhow::Result<(String, String)> {
             ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut k)
                 .map_err(|_| anyhow::anyhow!("the system RNG failed"))?;
             std::fs::create_dir_all(dir)?;
-            let tmp = path.with_extension("tmp");
-            let _ = std::fs::remove_file(&tmp);
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(b64.encode(k).as_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
+            crate::identity::write_file(&path, &b64.encode(k), 0o600)?;
             tracing::info!(file = %path.display(), "generated the WireGuard key");
             k
         }

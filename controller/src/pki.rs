@@ -7,9 +7,8 @@
 //! temporary file and a rename, so a crash never leaves half a key, and they
 //! are never logged. Identities are URI SANs `weft://<site>/<role>/<name>`.
 
-use std::io::Write;
 use std::net::IpAddr;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -18,6 +17,7 @@ use rcgen::{
     KeyUsagePurpose, SanType, SerialNumber,
 };
 use time::{Duration, OffsetDateTime};
+use weft_agent::identity::write_file;
 
 pub const CA_CERT: &str = "ca.pem";
 pub const CA_KEY: &str = "ca.key";
@@ -166,21 +166,6 @@ impl SiteCa {
 /// `weft://<site>/<role>/<name>`: the identity a certificate carries.
 pub fn identity_uri(site: &str, role: &str, name: &str) -> String {
     format!("weft://{site}/{role}/{name}")
-}
-
-fn write_file(path: &Path, data: &str, mode: u32) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .with_context(|| format!("cannot create {}", tmp.display()))?;
-    f.write_all(data.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
 }
 
 fn leaf_params(
