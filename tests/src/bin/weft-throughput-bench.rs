@@ -1,0 +1,283 @@
+//! TCP throughput through a weft peering, against baselines measured in the
+//! same run: a bare veth pair between two namespaces, a point-to-point
+//! tunnel of weft's own WireGuard device code (boringtun, one worker, no
+//! overlay, no NAT) and a point-to-point wireguard-go tunnel (if
+//! `wireguard-go` is installed), each over a veth pair.
+//! The weft path is workload → node → VXLAN → gateway → userspace WireGuard
+//! (boringtun) in the peering namespace → the other site's gateway → VXLAN →
+//! node → workload, so it crosses two WireGuard ends and two overlay hops.
+//! Needs root; everything lives in `weft-tp-*` namespaces that go away at
+//! the end. `sudo weft-throughput-bench --seconds 5` (see docs/benchmarks.md).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use clap::Parser;
+use weft_tests::netns::Lab;
+use weft_tests::{Proc, eventually, sites};
+
+#[derive(Parser, Debug)]
+struct Args {
+    #[command(subcommand)]
+    end: Option<Sub>,
+    /// Length of each iperf3 run.
+    #[arg(long, default_value_t = 5)]
+    seconds: u32,
+    /// Runs per path; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Sets the workloads' MTU (default 1500, leaving the path to PMTU
+    /// discovery) to see what MTU costs.
+    #[arg(long)]
+    workload_mtu: Option<u32>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Sub {
+    /// (internal) One end of the plain boringtun tunnel.
+    #[command(hide = true)]
+    BoringtunEnd(End),
+}
+
+#[derive(clap::Args, Debug)]
+struct End {
+    #[arg(long)]
+    dev: String,
+    #[arg(long)]
+    namespace: String,
+    #[arg(long)]
+    key_file: std::path::PathBuf,
+    #[arg(long)]
+    peer: String,
+    #[arg(long)]
+    endpoint: String,
+    #[arg(long)]
+    allowed: String,
+}
+
+fn must(o: std::process::Output, what: &str) -> std::process::Output {
+    assert!(o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stderr));
+    o
+}
+
+/// Median receiver-side throughput in Gbit/s of `runs` iperf3 runs from
+/// namespace `client` to `server_ip` (a server in `server`).
+fn iperf(lab: &mut Lab, log: &Path, server: &str, client: &str, server_ip: &str, args: &Args) -> f64 {
+    let mut gbps = Vec::new();
+    for _ in 0..args.runs {
+        let i = lab.spawn(server, Path::new("/usr/bin/iperf3"), &["-s", "-1"], log);
+        std::thread::sleep(Duration::from_millis(300));
+        let o = must(
+            lab.exec(
+                client,
+                &["iperf3", "-c", server_ip, "-t", &args.seconds.to_string(), "-J"],
+            ),
+            "iperf3 client",
+        );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("iperf3 -J output");
+        gbps.push(v["end"]["sum_received"]["bits_per_second"].as_f64().unwrap() / 1e9);
+        lab.proc(i).wait_exit(Duration::from_secs(5));
+    }
+    gbps.sort_by(f64::total_cmp);
+    gbps[gbps.len() / 2]
+}
+
+/// Two namespaces joined by a veth pair: x = 10.99.0.1, y = 10.99.0.2.
+fn pair(lab: &mut Lab, x: &str, y: &str) -> (String, String) {
+    let (nx, ny) = (lab.host(x), lab.host(y));
+    must(
+        lab.exec(
+            &nx,
+            &[
+                "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v0", "netns", &ny,
+            ],
+        ),
+        "veth",
+    );
+    for (ns, ip) in [(&nx, "10.99.0.1/24"), (&ny, "10.99.0.2/24")] {
+        must(lab.exec(ns, &["ip", "addr", "add", ip, "dev", "v0"]), "addr");
+        must(lab.exec(ns, &["ip", "link", "set", "v0", "up"]), "up");
+    }
+    (nx, ny)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Impl {
+    /// boringtun through weft's own device code (the implementation weft's
+    /// gateways run), one worker thread as in the gateway.
+    Boringtun,
+    WireguardGo,
+}
+
+/// A point-to-point tunnel between two fresh namespaces over a veth pair:
+/// inner addresses 10.98.0.1 and .2. Returns the server side's namespace and
+/// the processes running the two ends.
+fn tunnel(lab: &mut Lab, dir: &Path, which: Impl) -> Option<(String, String, Vec<Proc>)> {
+    let (tag, program) = match which {
+        Impl::Boringtun => ("bt", std::env::current_exe().unwrap()),
+        Impl::WireguardGo => ("wg", weft_tests::require_tool("wireguard-go")?),
+    };
+    let (nx, ny) = pair(lab, &format!("{tag}x"), &format!("{tag}y"));
+    let key = || {
+        let k = must(Command::new("wg").arg("genkey").output().unwrap(), "wg genkey").stdout;
+        let mut c = Command::new("wg")
+            .arg("pubkey")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        c.stdin.take().unwrap().write_all(&k).unwrap();
+        let p = c.wait_with_output().unwrap().stdout;
+        (
+            String::from_utf8(k).unwrap().trim().to_string(),
+            String::from_utf8(p).unwrap().trim().to_string(),
+        )
+    };
+    let (kx, ky) = (key(), key());
+    let mut procs = Vec::new();
+    // Distinct names: wireguard-go's UAPI sockets share /var/run/wireguard.
+    for (ns, end, me, peer, inner, peer_inner, peer_ip) in [
+        (&nx, "x", &kx, &ky, "10.98.0.1/24", "10.98.0.2/32", "10.99.0.2"),
+        (&ny, "y", &ky, &kx, "10.98.0.2/24", "10.98.0.1/32", "10.99.0.1"),
+    ] {
+        let dev = format!("weft{tag}{end}0");
+        let keyfile = dir.join(format!("{dev}.key"));
+        std::fs::write(&keyfile, &me.0).unwrap();
+        let endpoint = format!("{peer_ip}:51820");
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{ns}")).arg(&program);
+        match which {
+            Impl::WireguardGo => {
+                cmd.arg(&dev).env("WG_PROCESS_FOREGROUND", "1");
+            }
+            Impl::Boringtun => {
+                cmd.args(["boringtun-end", "--dev", &dev, "--namespace", ns, "--key-file"])
+                    .arg(&keyfile)
+                    .args(["--peer", &peer.1, "--endpoint", &endpoint, "--allowed", peer_inner]);
+            }
+        }
+        let mut p = Proc::spawn(&mut cmd, &dir.join(format!("{dev}.log")));
+        eventually("the tunnel device", Duration::from_secs(10), || {
+            if let Some(st) = p.wait_exit(Duration::ZERO) {
+                panic!("{} exited ({st}): {}", program.display(), p.log_text());
+            }
+            let up = lab.exec(ns, &["ip", "link", "show", &dev]).status.success();
+            (up && (which == Impl::WireguardGo || p.log_text().contains("ready"))).then_some(())
+        });
+        procs.push(p);
+        if which == Impl::WireguardGo {
+            must(
+                lab.exec(
+                    ns,
+                    &[
+                        "wg",
+                        "set",
+                        &dev,
+                        "listen-port",
+                        "51820",
+                        "private-key",
+                        keyfile.to_str().unwrap(),
+                        "peer",
+                        &peer.1,
+                        "allowed-ips",
+                        peer_inner,
+                        "endpoint",
+                        &endpoint,
+                    ],
+                ),
+                "wg set",
+            );
+        }
+        must(lab.exec(ns, &["ip", "addr", "add", inner, "dev", &dev]), "addr");
+        must(lab.exec(ns, &["ip", "link", "set", &dev, "up"]), "up");
+    }
+    eventually("the tunnel", Duration::from_secs(10), || {
+        lab.exec(&nx, &["ping", "-c", "1", "-W", "1", "10.98.0.2"])
+            .status
+            .success()
+            .then_some(())
+    });
+    Some((nx, ny, procs))
+}
+
+/// Measures one plain tunnel and stops it cleanly (which removes
+/// wireguard-go's UAPI sockets in /var/run/wireguard).
+fn measure_tunnel(lab: &mut Lab, dir: &Path, log: &Path, which: Impl, args: &Args) -> Option<f64> {
+    let (nx, ny, mut procs) = tunnel(lab, dir, which)?;
+    let gbps = iperf(lab, log, &ny, &nx, "10.98.0.2", args);
+    for p in &mut procs {
+        p.stop();
+    }
+    Some(gbps)
+}
+
+/// One end of a plain boringtun tunnel, run by the bench inside a
+/// namespace: weft's own device code, no overlay, no NAT.
+fn boringtun_end(e: End) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let (conn, handle, _) = rtnetlink::new_connection()?;
+        tokio::spawn(conn);
+        let key = std::fs::read_to_string(&e.key_file)?;
+        let mut devs = weft_agent::wireguard::Devices::default();
+        devs.create(&handle, &e.dev, &e.namespace, 51820, 0, key.trim())
+            .await
+            .map_err(anyhow::Error::msg)?;
+        devs.set_peer(&e.dev, &e.peer, &e.endpoint, std::slice::from_ref(&e.allowed), 0)
+            .map_err(anyhow::Error::msg)?;
+        println!("ready");
+        tokio::signal::ctrl_c().await?;
+        Ok(())
+    })
+}
+
+fn main() {
+    let mut args = Args::parse();
+    if let Some(Sub::BoringtunEnd(e)) = args.end.take() {
+        if let Err(e) = boringtun_end(e) {
+            eprintln!("boringtun-end: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    assert!(weft_tests::netns::require_root(), "weft-throughput-bench needs root");
+    let dir = tempfile::Builder::new().prefix("weft-tp").tempdir().unwrap();
+    let log = dir.path().join("iperf3.log");
+
+    let mut s = sites::up("tp", ("site-a", "10.201.0.0/16"), ("site-b", "10.202.0.0/16"));
+    let (wa, wb, to_b) = (s.ns["wa"].clone(), s.ns["wb"].clone(), s.wb_from_a.clone());
+    eventually("wa reaching wb through the peering", Duration::from_secs(30), || {
+        s.lab
+            .exec(&wa, &["ping", "-c", "1", "-W", "1", &to_b])
+            .status
+            .success()
+            .then_some(())
+    });
+    if let Some(m) = args.workload_mtu {
+        for w in [&wa, &wb] {
+            must(
+                s.lab.exec(w, &["ip", "link", "set", "eth0", "mtu", &m.to_string()]),
+                "mtu",
+            );
+        }
+    }
+    let weft = iperf(&mut s.lab, &log, &wb, &wa, &to_b, &args);
+
+    let (nx, ny) = pair(&mut s.lab, "vx", "vy");
+    let veth = iperf(&mut s.lab, &log, &ny, &nx, "10.99.0.2", &args);
+
+    let bt = measure_tunnel(&mut s.lab, dir.path(), &log, Impl::Boringtun, &args).unwrap();
+    let wg = measure_tunnel(&mut s.lab, dir.path(), &log, Impl::WireguardGo, &args);
+
+    println!("path                                Gbit/s   ratio to veth");
+    println!("bare veth                           {veth:6.2}   1.00");
+    println!("boringtun point-to-point (weft's)   {bt:6.2}   {:.3}", bt / veth);
+    match wg {
+        Some(wg) => println!("wireguard-go point-to-point         {wg:6.2}   {:.3}", wg / veth),
+        None => println!("wireguard-go point-to-point         (not installed)"),
+    }
+    println!("weft (2 VXLAN hops, NAT, routing)   {weft:6.2}   {:.3}", weft / veth);
+    println!("weft / boringtun point-to-point              {:.3}", weft / bt);
+}
