@@ -17,6 +17,9 @@ command -v nsenter >/dev/null || need_apt+=(util-linux)
 command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 [ -f /usr/include/google/protobuf/timestamp.proto ] || need_apt+=(libprotobuf-dev)
 command -v python3 >/dev/null || need_apt+=(python3)
+command -v iperf3 >/dev/null || need_apt+=(iperf3)            # the throughput bench
+command -v wg >/dev/null || need_apt+=(wireguard-tools)      # the throughput bench: keys
+command -v wireguard-go >/dev/null || need_apt+=(wireguard-go) # the throughput bench: reference tunnel
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"
