@@ -118,7 +118,10 @@ async fn add_rule(h: &Handle, r: &pb::Rule) -> R<()> {
 /// Replaces namespace `ns`'s nftables table `weft` with 1:1 prefix NAT for
 /// `maps`, in one atomic batch: toward the tunnel the local view becomes
 /// the real CIDR (destination), from the tunnel the real CIDR becomes the
-/// local view (source); conntrack undoes both for replies.
+/// local view (source); conntrack undoes both for replies. The same table
+/// clamps the MSS of forwarded TCP SYNs to the route's MTU, so TCP across
+/// the tunnel never depends on PMTU discovery (ICMP that NAT or a firewall
+/// on the way may eat).
 fn nat_table(ns: &str, maps: &[pb::NatMap]) -> R<()> {
     use serde_json::json;
     let prefix = |c: &str| -> R<serde_json::Value> {
@@ -133,6 +136,11 @@ fn nat_table(ns: &str, maps: &[pb::NatMap]) -> R<()> {
         cmds.push(json!({"add": {"table": {"family": "ip", "name": "weft"}}}));
         cmds.push(json!({"add": {"chain": {"family": "ip", "table": "weft", "name": "pre", "type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}}}));
         cmds.push(json!({"add": {"chain": {"family": "ip", "table": "weft", "name": "post", "type": "nat", "hook": "postrouting", "prio": 100, "policy": "accept"}}}));
+        // tcp flags syn / syn,rst tcp option maxseg size set rt mtu
+        cmds.push(json!({"add": {"chain": {"family": "ip", "table": "weft", "name": "mss", "type": "filter", "hook": "forward", "prio": -150, "policy": "accept"}}}));
+        let syn = json!({"match": {"op": "==", "left": {"&": [{"payload": {"protocol": "tcp", "field": "flags"}}, ["syn", "rst"]]}, "right": "syn"}});
+        let clamp = json!({"mangle": {"key": {"tcp option": {"name": "maxseg", "field": "size"}}, "value": {"rt": {"key": "mtu"}}}});
+        cmds.push(json!({"add": {"rule": {"family": "ip", "table": "weft", "chain": "mss", "expr": [syn, clamp]}}}));
         for m in maps {
             let (local, real) = (prefix(&m.local_cidr)?, prefix(&m.real_cidr)?);
             let tunnel =

@@ -232,7 +232,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str)) {
         panic!("wa cannot reach wb ({wb_from_a}) across the sites:\n{diag}");
     }
     assert!(ping("wb", &wa_from_b), "wb cannot reach wa ({wa_from_b})");
-    let server_py = "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',5201))\ns.listen(1)\nc,_=s.accept()\nprint(c.recv(100).decode(),flush=True)";
+    let server_py = "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',5201))\ns.listen(1)\nc,_=s.accept()\nd=c.recv(100).decode()\nprint(d,'mss',c.getsockopt(socket.IPPROTO_TCP,socket.TCP_MAXSEG),flush=True)";
     let server = lab.spawn(
         &ns["wb"],
         std::path::Path::new("/usr/bin/env"),
@@ -252,9 +252,14 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str)) {
         "TCP across the sites failed: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    eventually("the TCP payload", Duration::from_secs(5), || {
-        lab.proc(server).log_text().contains("across").then_some(())
+    let got = eventually("the TCP payload", Duration::from_secs(5), || {
+        let t = lab.proc(server).log_text();
+        t.contains("across").then_some(t)
     });
+    // Both workloads sit at MTU 1500 (MSS 1460); the gateways clamp the SYN
+    // to the tunnel's route MTU (1420 → MSS 1380, less TCP options).
+    let mss: u32 = got.split_whitespace().last().unwrap().parse().unwrap();
+    assert!(mss <= 1380, "the MSS across the tunnel was not clamped: {got}");
     for p in [pa, pb] {
         eventually("the tunnel up", Duration::from_secs(10), || {
             lab.proc(p).log_text().contains("tunnel up").then_some(())
