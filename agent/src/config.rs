@@ -8,7 +8,12 @@ use clap::Args;
 #[derive(Args, Debug, Clone)]
 pub struct AgentArgs {
     /// Controller address(es), https://HOST:PORT; repeat or comma-separate for replicas.
-    #[arg(long = "controller", env = "WEFT_CONTROLLER", value_delimiter = ',', required = true)]
+    #[arg(
+        long = "controller",
+        env = "WEFT_CONTROLLER",
+        value_delimiter = ',',
+        required_unless_present = "teardown"
+    )]
     pub controllers: Vec<String>,
     /// One-time enrollment token from `weftctl token create` (needed until the agent holds a certificate).
     #[arg(long, env = "WEFT_TOKEN", hide_env_values = true)]

@@ -176,8 +176,10 @@ async fn session(
     }
 }
 
-/// Removes everything the agent applied and forgets it.
-async fn teardown(desired: &mut Desired, file: &StateFile, applier: &mut dyn Applier) {
+/// Removes everything the agent applied and forgets it. Objects that could
+/// not be removed stay in the stored state, so a later `--teardown` retries
+/// them; returns how many.
+async fn teardown(desired: &mut Desired, file: &StateFile, applier: &mut dyn Applier) -> usize {
     let ids: Vec<String> = desired.objects.keys().cloned().collect();
     let errors = applier.apply(&desired.objects, &[], &ids).await;
     for e in &errors {
@@ -187,10 +189,13 @@ async fn teardown(desired: &mut Desired, file: &StateFile, applier: &mut dyn App
         removed = ids.len() - errors.len(),
         "removed weft's objects from the host"
     );
-    *desired = Desired::default();
+    let failed: std::collections::HashSet<&str> = errors.iter().map(|e| e.id.as_str()).collect();
+    desired.objects.retain(|id, _| failed.contains(id.as_str()));
+    desired.revision = 0; // a later session starts from a snapshot
     if let Err(e) = file.save(desired) {
-        tracing::warn!(error = %format!("{e:#}"), "cannot clear the stored state");
+        tracing::warn!(error = %format!("{e:#}"), "cannot save the stored state");
     }
+    errors.len()
 }
 
 /// Renews the certificate at two thirds of its life, forever.
@@ -223,6 +228,27 @@ async fn renew_forever(ids: IdentityStore, cfg: AgentConfig, tx: watch::Sender<C
 
 /// Runs the agent until SIGTERM or SIGINT. Errors end the process loudly.
 pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> anyhow::Result<()> {
+    if cfg.teardown {
+        // No controller needed: what was applied is in the stored state.
+        let file = StateFile::new(&cfg.state_dir);
+        let mut desired = file.load()?.unwrap_or_default();
+        if desired.objects.is_empty() {
+            tracing::info!(state_dir = %cfg.state_dir.display(), "nothing stored, nothing to remove");
+            return Ok(());
+        }
+        let mut applier: Box<dyn Applier> = if cfg.dry_run {
+            Box::new(DryRun::default())
+        } else {
+            Box::new(crate::linux::Linux::new(None)?)
+        };
+        let left = teardown(&mut desired, &file, applier.as_mut()).await;
+        if left > 0 {
+            anyhow::bail!(
+                "{left} objects could not be removed (see above); they stay in the stored state, run --teardown again"
+            );
+        }
+        return Ok(());
+    }
     let ids = IdentityStore::new(&cfg.state_dir);
     let creds = match ids.load()? {
         Some(c) if c.not_after > SystemTime::now() => c,

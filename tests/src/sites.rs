@@ -22,6 +22,8 @@ pub struct TwoSites {
     pub tb: String,
     /// The gateways' process indices in `lab`.
     pub gateways: (usize, usize),
+    /// Every agent: (process index in `lab`, host, kind, state directory).
+    pub agents: Vec<(usize, &'static str, &'static str, std::path::PathBuf)>,
     pub site_a: String,
     pub site_b: String,
     /// Site a's namespace for its peering with site b.
@@ -161,8 +163,15 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
         "192.168.78.20",
         "gw",
     );
-    agent(&mut lab, "node", &ta, "192.168.78.1", &ns["na"], "192.168.78.11", "na");
-    agent(&mut lab, "node", &tb, "192.168.78.2", &ns["nb"], "192.168.78.21", "nb");
+    let na = agent(&mut lab, "node", &ta, "192.168.78.1", &ns["na"], "192.168.78.11", "na");
+    let nb = agent(&mut lab, "node", &tb, "192.168.78.2", &ns["nb"], "192.168.78.21", "nb");
+    let state = |ctl_ip: &str, name: &str| dir.path().join(format!("{ctl_ip}-{name}"));
+    let agents = vec![
+        (pa, "gwa", "gateway", state("192.168.78.1", "gw")),
+        (pb, "gwb", "gateway", state("192.168.78.2", "gw")),
+        (na, "na", "node", state("192.168.78.1", "na")),
+        (nb, "nb", "node", state("192.168.78.2", "nb")),
+    ];
     for t in [&ta, &tb] {
         eventually("the gateway's key", Duration::from_secs(20), || {
             let g = weftctl_json(t, &["gateways"]);
@@ -235,6 +244,7 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
         ta,
         tb,
         gateways: (pa, pb),
+        agents,
         site_a: site_a.to_string(),
         site_b: site_b.to_string(),
         ns_a,
