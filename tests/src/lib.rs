@@ -363,6 +363,22 @@ pub fn weftctl_json(target: &str, args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("weftctl printed no JSON ({e}): {}", stdout(&o)))
 }
 
+/// Site `peer`'s view of `kind` ("workload", "external") in the peerings
+/// of the controller at `target`: the `real_cidr` and `local_cidr` pair.
+pub fn peer_view(target: &str, peer: &str, kind: &str) -> (String, String) {
+    let all = weftctl_json(target, &["peerings"]);
+    let p = all["peerings"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["site_id"] == peer))
+        .unwrap_or_else(|| panic!("no peering with {peer}: {all}"));
+    let v = p["views"]
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["kind"] == kind))
+        .unwrap_or_else(|| panic!("no {kind} view of {peer}: {p}"));
+    let cidr = |f: &str| v[f].as_str().unwrap().to_string();
+    (cidr("real_cidr"), cidr("local_cidr"))
+}
+
 /// Any process a test started: killed on drop.
 pub struct Proc {
     pub child: Option<Child>,

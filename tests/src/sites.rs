@@ -212,23 +212,9 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
 
     // Each site addresses the other's workload through its local view of it.
     let view_of = |target: &str, peer: &str, addr: &str| -> String {
-        let p = weftctl_json(target, &["peerings"]);
-        let p = p["peerings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|x| x["site_id"] == peer)
-            .unwrap()
-            .clone();
-        let v = p["views"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["kind"] == "workload")
-            .unwrap()
-            .clone();
-        let real: ipnet::Ipv4Net = v["real_cidr"].as_str().unwrap().parse().unwrap();
-        let local: ipnet::Ipv4Net = v["local_cidr"].as_str().unwrap().parse().unwrap();
+        let (real, local) = crate::peer_view(target, peer, "workload");
+        let real: ipnet::Ipv4Net = real.parse().unwrap();
+        let local: ipnet::Ipv4Net = local.parse().unwrap();
         weft_controller::ipam::translate(addr.parse().unwrap(), real, local)
             .unwrap()
             .to_string()

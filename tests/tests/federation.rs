@@ -62,16 +62,9 @@ fn revision(c: &Controller) -> i64 {
 }
 
 fn workload_view(c: &Controller, peer: &str) -> String {
-    let p = peers(c).into_iter().find(|p| p["site_id"] == peer).unwrap();
-    let v = p["views"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["kind"] == "workload")
-        .unwrap()
-        .clone();
-    assert_eq!(v["real_cidr"], "10.1.0.0/16");
-    v["local_cidr"].as_str().unwrap().to_string()
+    let (real, local) = weft_tests::peer_view(&c.target(), peer, "workload");
+    assert_eq!(real, "10.1.0.0/16");
+    local
 }
 
 #[test]
