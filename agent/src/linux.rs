@@ -81,12 +81,60 @@ async fn route_in(h: &Handle, r: &pb::Route) -> R<rtnetlink::packet_route::route
         b = b.gateway(v4(&r.gateway, "gateway")?).onlink();
     }
     if !r.device.is_empty() {
-        let idx = index_in(h, &r.device)
-            .await?
-            .ok_or_else(|| format!("link {} does not exist", r.device))?;
-        b = b.output_interface(idx);
+        b = b.output_interface(need_index_in(h, &r.device).await?);
     }
     Ok(b.build())
+}
+
+async fn need_index_in(h: &Handle, name: &str) -> R<u32> {
+    index_in(h, name)
+        .await?
+        .ok_or_else(|| format!("link {name} does not exist"))
+}
+
+/// Sets link `idx` up, with `mtu` when it is not 0.
+async fn set_up_in(h: &Handle, idx: u32, mtu: u32) -> R<()> {
+    let mut b = LinkUnspec::new_with_index(idx).up();
+    if mtu > 0 {
+        b = b.mtu(mtu);
+    }
+    h.link()
+        .set(b.build())
+        .execute()
+        .await
+        .map_err(|e| format!("cannot set the link up: {e}"))
+}
+
+/// Sets the link named `name` up, with `mtu` when it is not 0.
+pub(crate) async fn set_up_named(h: &Handle, name: &str, mtu: u32) -> R<()> {
+    let idx = need_index_in(h, name).await?;
+    set_up_in(h, idx, mtu).await.map_err(|e| format!("{name}: {e}"))
+}
+
+async fn add_address(h: &Handle, a: &pb::Address) -> R<()> {
+    let idx = need_index_in(h, &a.link).await?;
+    let n = net(&a.cidr, "address")?;
+    match h
+        .address()
+        .add(idx, IpAddr::V4(n.addr()), n.prefix_len())
+        .replace()
+        .execute()
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(e) if is_exists(&e) => Ok(()),
+        Err(e) => Err(format!("cannot add {}: {e}", a.cidr)),
+    }
+}
+
+async fn add_route(h: &Handle, r: &pb::Route) -> R<()> {
+    let msg = route_in(h, r).await?;
+    h.route()
+        .add(msg)
+        .replace()
+        .execute()
+        .await
+        .map_err(|e| format!("cannot add the route: {e}"))
 }
 
 async fn add_rule(h: &Handle, r: &pb::Rule) -> R<()> {
@@ -201,32 +249,8 @@ fn in_ns(ns: &str, o: &pb::DesiredObject) -> R<()> {
     crate::wireguard::in_namespace(ns, move |h| {
         Box::pin(async move {
             match &o.kind {
-                Some(Kind::Address(a)) => {
-                    let idx = index_in(&h, &a.link)
-                        .await?
-                        .ok_or_else(|| format!("link {} does not exist", a.link))?;
-                    let n = net(&a.cidr, "address")?;
-                    match h
-                        .address()
-                        .add(idx, IpAddr::V4(n.addr()), n.prefix_len())
-                        .replace()
-                        .execute()
-                        .await
-                    {
-                        Ok(()) => Ok(()),
-                        Err(e) if is_exists(&e) => Ok(()),
-                        Err(e) => Err(format!("cannot add {}: {e}", a.cidr)),
-                    }
-                }
-                Some(Kind::Route(r)) => {
-                    let msg = route_in(&h, r).await?;
-                    h.route()
-                        .add(msg)
-                        .replace()
-                        .execute()
-                        .await
-                        .map_err(|e| format!("cannot add the route: {e}"))
-                }
+                Some(Kind::Address(a)) => add_address(&h, a).await,
+                Some(Kind::Route(r)) => add_route(&h, r).await,
                 Some(Kind::Rule(r)) => add_rule(&h, r).await,
                 _ => Err(format!("{} is not supported inside a namespace yet", describe(&o))),
             }
@@ -296,19 +320,11 @@ impl Linux {
     }
 
     async fn index(&self, name: &str) -> R<Option<u32>> {
-        let mut links = self.handle.link().get().match_name(name.to_string()).execute();
-        match links.try_next().await {
-            Ok(Some(l)) => Ok(Some(l.header.index)),
-            Ok(None) => Ok(None),
-            Err(e) if is_missing(&e) => Ok(None),
-            Err(e) => Err(format!("cannot look up link {name}: {e}")),
-        }
+        index_in(&self.handle, name).await
     }
 
     async fn need_index(&self, name: &str) -> R<u32> {
-        self.index(name)
-            .await?
-            .ok_or_else(|| format!("link {name} does not exist"))
+        need_index_in(&self.handle, name).await
     }
 
     async fn upsert(&mut self, old: Option<&pb::DesiredObject>, o: &pb::DesiredObject) -> R<()> {
@@ -371,20 +387,7 @@ impl Linux {
                     .map_err(|e| format!("cannot move {} into {}: {e}", v.peer_name, v.peer_namespace))?;
                 let (name, mtu) = (v.peer_name.clone(), l.mtu);
                 crate::wireguard::in_namespace(&v.peer_namespace, move |h| {
-                    Box::pin(async move {
-                        let idx = index_in(&h, &name)
-                            .await?
-                            .ok_or("the veth end is not in the namespace")?;
-                        let mut b = LinkUnspec::new_with_index(idx).up();
-                        if mtu > 0 {
-                            b = b.mtu(mtu);
-                        }
-                        h.link()
-                            .set(b.build())
-                            .execute()
-                            .await
-                            .map_err(|e| format!("cannot bring {name} up: {e}"))
-                    })
+                    Box::pin(async move { set_up_named(&h, &name, mtu).await })
                 })
             }
             Some(Kind::Link(l)) => {
@@ -423,32 +426,8 @@ impl Linux {
                     .await
                     .map_err(|e| format!("cannot create {}: {e}", l.name))
             }
-            Some(Kind::Address(a)) => {
-                let idx = self.need_index(&a.link).await?;
-                let n = net(&a.cidr, "address")?;
-                match self
-                    .handle
-                    .address()
-                    .add(idx, IpAddr::V4(n.addr()), n.prefix_len())
-                    .replace()
-                    .execute()
-                    .await
-                {
-                    Ok(()) => Ok(()),
-                    Err(e) if is_exists(&e) => Ok(()),
-                    Err(e) => Err(format!("cannot add {}: {e}", a.cidr)),
-                }
-            }
-            Some(Kind::Route(r)) => {
-                let msg = self.route_message(r).await?;
-                self.handle
-                    .route()
-                    .add(msg)
-                    .replace()
-                    .execute()
-                    .await
-                    .map_err(|e| format!("cannot add the route: {e}"))
-            }
+            Some(Kind::Address(a)) => add_address(&self.handle, a).await,
+            Some(Kind::Route(r)) => add_route(&self.handle, r).await,
             Some(Kind::Rule(r)) => {
                 if let Some(old) = old
                     && old != o
@@ -486,31 +465,7 @@ impl Linux {
     }
 
     async fn set_up(&self, idx: u32, mtu: u32) -> R<()> {
-        let mut b = LinkUnspec::new_with_index(idx).up();
-        if mtu > 0 {
-            b = b.mtu(mtu);
-        }
-        self.handle
-            .link()
-            .set(b.build())
-            .execute()
-            .await
-            .map_err(|e| format!("cannot set the link up: {e}"))
-    }
-
-    async fn route_message(&self, r: &pb::Route) -> R<rtnetlink::packet_route::route::RouteMessage> {
-        let dst = net(&r.destination, "destination")?;
-        let mut b = RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(dst.network(), dst.prefix_len());
-        if r.table != 0 {
-            b = b.table_id(r.table);
-        }
-        if !r.gateway.is_empty() {
-            b = b.gateway(v4(&r.gateway, "gateway")?).onlink();
-        }
-        if !r.device.is_empty() {
-            b = b.output_interface(self.need_index(&r.device).await?);
-        }
-        Ok(b.build())
+        set_up_in(&self.handle, idx, mtu).await
     }
 
     async fn delete(&mut self, o: &pb::DesiredObject) -> R<()> {
@@ -563,7 +518,7 @@ impl Linux {
                 }
                 Ok(())
             }
-            Some(Kind::Route(r)) => match self.route_message(r).await {
+            Some(Kind::Route(r)) => match route_in(&self.handle, r).await {
                 Ok(msg) => ok_if_missing(self.handle.route().del(msg).execute().await),
                 // its device is gone, and the route with it
                 Err(_) => Ok(()),

@@ -170,25 +170,7 @@ impl Devices {
             .map_err(|e| format!("cannot move {name} into {ns}: {e}"))?;
         let n = name.to_string();
         in_namespace(ns, move |h| {
-            Box::pin(async move {
-                let mut links = h.link().get().match_name(n.clone()).execute();
-                let idx = links
-                    .try_next()
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .ok_or("the device is not in the namespace")?
-                    .header
-                    .index;
-                let mut b = LinkUnspec::new_with_index(idx).up();
-                if mtu > 0 {
-                    b = b.mtu(mtu);
-                }
-                h.link()
-                    .set(b.build())
-                    .execute()
-                    .await
-                    .map_err(|e| format!("cannot bring {n} up: {e}"))
-            })
+            Box::pin(async move { crate::linux::set_up_named(&h, &n, mtu).await })
         })?;
         self.devices.insert(name.to_string(), dev);
         Ok(())
