@@ -117,7 +117,7 @@ pub fn write_file(path: &Path, data: &str, mode: u32) -> anyhow::Result<()> {
 }
 
 /// A fresh key and a CSR for it (the controller decides the identity).
-fn key_and_csr(name: &str) -> anyhow::Result<(KeyPair, String)> {
+pub fn key_and_csr(name: &str) -> anyhow::Result<(KeyPair, String)> {
     let key = KeyPair::generate()?;
     let mut p = CertificateParams::new(Vec::<String>::new())?;
     let mut dn = DistinguishedName::new();

@@ -1,7 +1,6 @@
 //! An in-process controller for tests: `server::run` in the test's own
 //! runtime, with real mutual-TLS gRPC clients.
 
-use rcgen::{CertificateParams, KeyPair};
 use tonic::Status;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use weft_controller::config::{self, ControllerArgs, FileConfig};
@@ -135,13 +134,7 @@ impl InProc {
 
     /// Enrolls with an explicit underlay address.
     pub async fn register_at(&self, token: &str, name: &str, underlay: &str) -> Result<(String, String), Status> {
-        let key = KeyPair::generate().unwrap();
-        let csr = CertificateParams::new(Vec::<String>::new())
-            .unwrap()
-            .serialize_request(&key)
-            .unwrap()
-            .pem()
-            .unwrap();
+        let (key, csr) = weft_agent::identity::key_and_csr(name).unwrap();
         let r = AgentServiceClient::new(self.channel(None).await)
             .register(pb::RegisterRequest {
                 token: token.into(),

@@ -156,13 +156,7 @@ async fn mtls_matrix() {
     assert_eq!(c.revision().await, before, "refused calls wrote nothing");
 
     // renewal works for the live node, and the old certificate stays usable until it expires
-    let key = KeyPair::generate().unwrap();
-    let csr = CertificateParams::new(Vec::<String>::new())
-        .unwrap()
-        .serialize_request(&key)
-        .unwrap()
-        .pem()
-        .unwrap();
+    let (key, csr) = weft_agent::identity::key_and_csr("n1").unwrap();
     let renewed = n1.renew(pb::RenewRequest { csr_pem: csr }).await.unwrap().into_inner();
     let mut n1b = AgentServiceClient::new(c.channel(Some((&renewed.certificate_pem, &key.serialize_pem()))).await);
     assert!(

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use rcgen::{CertificateParams, KeyPair};
 use tokio::sync::mpsc;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use weft_proto::v1 as pb;
@@ -64,10 +63,7 @@ impl Ctx {
     }
 
     async fn register(&self, token: &str, name: &str, underlay: &str) -> anyhow::Result<(String, String)> {
-        let key = KeyPair::generate()?;
-        let csr = CertificateParams::new(Vec::<String>::new())?
-            .serialize_request(&key)?
-            .pem()?;
+        let (key, csr) = weft_agent::identity::key_and_csr(name)?;
         let r = AgentServiceClient::new(self.channel(None).await?)
             .register(pb::RegisterRequest {
                 token: token.into(),
