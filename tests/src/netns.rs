@@ -39,7 +39,8 @@ pub struct Lab {
     lan_ports: usize,
 }
 
-fn must(o: Output, what: &str) -> Output {
+/// Returns `o`, or panics with its stderr when the command failed.
+pub fn must(o: Output, what: &str) -> Output {
     assert!(
         o.status.success(),
         "{what} failed: {}",

@@ -6,11 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::netns::Lab;
-use crate::{bin, eventually, weftctl_json};
-
-fn stdout(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use crate::{bin, eventually, stdout, weftctl_json};
 
 pub struct TwoSites {
     pub lab: Lab,

@@ -6,11 +6,7 @@ use std::time::Duration;
 
 use weft_tests::netns::{Lab, require_root};
 use weft_tests::sites::{self, TwoSites};
-use weft_tests::{bin, eventually, weftctl_json};
-
-fn stdout(o: &std::process::Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use weft_tests::{bin, eventually, stdout, weftctl_json};
 
 #[test]
 fn overlay_between_nodes_and_the_gateway_in_namespaces() {

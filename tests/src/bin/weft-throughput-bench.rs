@@ -14,7 +14,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use clap::Parser;
-use weft_tests::netns::Lab;
+use weft_tests::netns::{Lab, must};
 use weft_tests::{Proc, eventually, sites};
 
 #[derive(Parser, Debug)]
@@ -54,11 +54,6 @@ struct End {
     endpoint: String,
     #[arg(long)]
     allowed: String,
-}
-
-fn must(o: std::process::Output, what: &str) -> std::process::Output {
-    assert!(o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stderr));
-    o
 }
 
 /// Median receiver-side throughput in Gbit/s of `runs` iperf3 runs from
