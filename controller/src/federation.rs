@@ -482,6 +482,7 @@ async fn follow_peer(fed: Arc<Federation>, site: String) {
         };
         let Some(remote) = p.remote.clone() else { return };
         let mut reached = false;
+        let mut young_not_found = false;
         for ep in &remote.endpoints {
             let Ok(mut c) = fed.client(ep, Trust::CaPem(remote.ca_pem.clone())).await else {
                 continue;
@@ -521,6 +522,9 @@ async fn follow_peer(fed: Arc<Federation>, site: String) {
                     let _ = fed.state.delete_peering(&site).await;
                     return;
                 }
+                // Too young to trust: ask again soon rather than backing off,
+                // so a deletion made while this site was away lands promptly.
+                Err(s) if s.code() == tonic::Code::NotFound => young_not_found = true,
                 Err(s) => tracing::debug!(peer = %site, error = %s, "subscription refused"),
             }
         }
@@ -532,12 +536,14 @@ async fn follow_peer(fed: Arc<Federation>, site: String) {
                 return;
             }
         }
-        tokio::time::sleep(
+        let delay = if young_not_found {
+            Duration::from_secs(1)
+        } else {
             delays
                 .next()
                 .unwrap_or(Duration::from_secs(30))
-                .min(Duration::from_secs(30)),
-        )
-        .await;
+                .min(Duration::from_secs(30))
+        };
+        tokio::time::sleep(delay).await;
     }
 }
