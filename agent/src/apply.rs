@@ -23,9 +23,14 @@ pub trait Applier: Send {
         deletes: &[String],
     ) -> Vec<pb::ObjectError>;
 
-    /// Each tunnel and the seconds since its last handshake (None: never).
-    fn tunnels(&mut self) -> Vec<(String, Option<u64>)> {
+    /// Each tunnel's health, as its probe and WireGuard see it.
+    fn tunnels(&mut self) -> Vec<pb::TunnelStatus> {
         Vec::new()
+    }
+
+    /// Signalled when a tunnel goes up or down, so the agent reports at once.
+    fn tunnel_changes(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        None
     }
 }
 

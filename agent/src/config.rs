@@ -66,6 +66,8 @@ pub struct AgentConfig {
     pub underlay_ip: Option<std::net::IpAddr>,
     /// Gateways: the host:port remote gateways dial (set by the gateway agent).
     pub endpoint: Option<String>,
+    /// Gateways: how tunnels are probed (set by the gateway agent).
+    pub probe: crate::probe::ProbeConfig,
 }
 
 fn host_name() -> Option<String> {
@@ -145,6 +147,7 @@ impl AgentArgs {
             teardown: self.teardown,
             underlay_ip: self.underlay_ip,
             endpoint: None,
+            probe: Default::default(),
         })
     }
 }

@@ -9,6 +9,8 @@ pub mod config;
 pub mod desired;
 pub mod identity;
 pub mod linux;
+pub mod offload;
+pub mod probe;
 pub mod run;
 pub mod tls;
 pub mod wgkey;

@@ -29,6 +29,11 @@ pub struct Linux {
     /// Whether this process has written the host NAT table (a resync
     /// rewrites it otherwise, e.g. after a restart or a hand deletion).
     host_snat_applied: bool,
+    /// A health probe per WireGuard link, by link name.
+    probes: std::collections::HashMap<String, (String, crate::probe::Prober)>,
+    probe_config: crate::probe::ProbeConfig,
+    /// Signalled when a tunnel goes up or down.
+    tunnel_changed: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for Linux {
@@ -86,7 +91,7 @@ async fn route_in(h: &Handle, r: &pb::Route) -> R<rtnetlink::packet_route::route
     Ok(b.build())
 }
 
-async fn need_index_in(h: &Handle, name: &str) -> R<u32> {
+pub(crate) async fn need_index_in(h: &Handle, name: &str) -> R<u32> {
     index_in(h, name)
         .await?
         .ok_or_else(|| format!("link {name} does not exist"))
@@ -285,16 +290,51 @@ impl Linux {
             wg: Default::default(),
             wg_private_key,
             host_snat_applied: false,
+            probes: Default::default(),
+            probe_config: Default::default(),
+            tunnel_changed: Default::default(),
         })
     }
 
-    /// Seconds since the last handshake on each WireGuard device.
-    pub fn handshakes(&mut self) -> Vec<(String, Option<u64>)> {
-        self.wg
-            .devices
-            .iter_mut()
-            .map(|(n, d)| (n.clone(), d.last_handshake_secs()))
-            .collect()
+    /// Sets the health probes' interval and miss threshold (for tunnels
+    /// created from now on).
+    pub fn with_probes(mut self, c: crate::probe::ProbeConfig) -> Linux {
+        self.probe_config = c;
+        self
+    }
+
+    /// Gives the WireGuard link its probe address and keeps a prober
+    /// running toward the far end (a new one when the device was made anew,
+    /// since the old socket's address went with it).
+    fn ensure_probe(&mut self, l: &pb::Link, w: &pb::Wireguard, fresh: bool) -> R<()> {
+        if w.address.is_empty() || w.peer_address.is_empty() {
+            self.probes.remove(&l.name);
+            return Ok(());
+        }
+        let addr = pb::DesiredObject {
+            id: format!("{}/probe-address", l.name),
+            kind: Some(Kind::Address(pb::Address {
+                link: l.name.clone(),
+                namespace: l.namespace.clone(),
+                cidr: w.address.clone(),
+            })),
+        };
+        in_ns(&l.namespace, &addr)?;
+        let local: Ipv4Net = net(&w.address, "probe address")?;
+        let peer = v4(&w.peer_address, "probe peer address")?;
+        let same = self.probes.get(&l.name).is_some_and(|(site, p)| {
+            *site == w.peer_site && p.local == local.addr() && p.peer == peer && p.config == self.probe_config
+        });
+        if same && !fresh {
+            return Ok(());
+        }
+        self.probes.remove(&l.name);
+        let notify = self.tunnel_changed.clone();
+        let prober = crate::probe::start(&l.namespace, local.addr(), peer, self.probe_config, move || {
+            notify.notify_one()
+        })?;
+        self.probes.insert(l.name.clone(), (w.peer_site.clone(), prober));
+        Ok(())
     }
 
     async fn upsert_wireguard(
@@ -308,7 +348,7 @@ impl Linux {
             return Err("a WireGuard link needs its peering namespace".into());
         }
         if old.is_some_and(|x| x == o) && self.wg.devices.contains_key(&l.name) {
-            return Ok(());
+            return self.ensure_probe(l, w, false);
         }
         let key = self
             .wg_private_key
@@ -316,7 +356,8 @@ impl Linux {
             .ok_or("this agent has no WireGuard key (only gateways do)")?;
         self.wg
             .create(&self.handle, &l.name, &l.namespace, w.listen_port, l.mtu, &key)
-            .await
+            .await?;
+        self.ensure_probe(l, w, true)
     }
 
     async fn index(&self, name: &str) -> R<Option<u32>> {
@@ -373,6 +414,14 @@ impl Linux {
                 if v.peer_namespace.is_empty() {
                     return self.set_up(peer, l.mtu).await;
                 }
+                // Receive offloads for the traffic leaving the tunnel (see
+                // offload.rs); tuning only, so a failure is logged.
+                let ours = self.need_index(&l.name).await?;
+                if let Err(e) =
+                    crate::offload::no_tso(&v.peer_name).and_then(|()| crate::offload::gro_threaded(&l.name, ours))
+                {
+                    tracing::warn!(link = %l.name, "receive offloads not enabled, forwarding per packet: {e}");
+                }
                 let file = std::fs::File::open(format!("/run/netns/{}", v.peer_namespace))
                     .map_err(|e| format!("namespace {}: {e}", v.peer_namespace))?;
                 self.handle
@@ -387,7 +436,13 @@ impl Linux {
                     .map_err(|e| format!("cannot move {} into {}: {e}", v.peer_name, v.peer_namespace))?;
                 let (name, mtu) = (v.peer_name.clone(), l.mtu);
                 crate::wireguard::in_namespace(&v.peer_namespace, move |h| {
-                    Box::pin(async move { set_up_named(&h, &name, mtu).await })
+                    Box::pin(async move {
+                        set_up_named(&h, &name, mtu).await?;
+                        if let Err(e) = crate::offload::queue_on_veth(&h, &name).await {
+                            tracing::warn!(link = %name, "no queue on the veth, bursts may drop: {e}");
+                        }
+                        Ok(())
+                    })
                 })
             }
             Some(Kind::Link(l)) => {
@@ -485,6 +540,7 @@ impl Linux {
             }
             Some(Kind::Link(l)) if matches!(l.kind, Some(pb::link::Kind::Wireguard(_))) => {
                 // Dropping the device ends it and removes its interface.
+                self.probes.remove(&l.name);
                 self.wg.devices.remove(&l.name);
                 Ok(())
             }
@@ -638,7 +694,33 @@ impl Applier for Linux {
         errors
     }
 
-    fn tunnels(&mut self) -> Vec<(String, Option<u64>)> {
-        self.handshakes()
+    fn tunnels(&mut self) -> Vec<pb::TunnelStatus> {
+        let mut out = Vec::new();
+        for (link, (site, prober)) in &self.probes {
+            let h = prober.health.lock().unwrap().clone();
+            let stats = self.wg.devices.get_mut(link).map(|d| d.stats()).unwrap_or_default();
+            out.push(pb::TunnelStatus {
+                peer_site: site.clone(),
+                link: link.clone(),
+                up: h.up,
+                rtt_micros: h.rtt.map_or(0, |r| r.as_micros() as u64),
+                probes_sent: h.sent,
+                probes_lost: h.lost,
+                last_handshake: stats.last_handshake_unix.map(|s| prost_types::Timestamp {
+                    seconds: s as i64,
+                    nanos: 0,
+                }),
+                rx_bytes: stats.rx_bytes,
+                tx_bytes: stats.tx_bytes,
+                gateway: String::new(),
+                reported_at: None,
+            });
+        }
+        out.sort_by(|a, b| a.peer_site.cmp(&b.peer_site));
+        out
+    }
+
+    fn tunnel_changes(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        Some(self.tunnel_changed.clone())
     }
 }

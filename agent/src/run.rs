@@ -121,6 +121,7 @@ async fn session(
     let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + resync_every, resync_every);
     let mut tunnels_up: std::collections::HashSet<String> = std::collections::HashSet::new();
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let changes = applier.tunnel_changes().unwrap_or_default();
     loop {
         tokio::select! {
             _ = resync.tick() => {
@@ -128,19 +129,9 @@ async fn session(
                 // something drifted.
                 let all: Vec<pb::DesiredObject> = desired.objects.values().cloned().collect();
                 errors = applier.apply(&desired.objects, &all, &[]).await;
-                for (tunnel, since) in applier.tunnels() {
-                    let up = since.is_some_and(|s| s < 180);
-                    if up != tunnels_up.contains(&tunnel) {
-                        if up {
-                            tracing::info!(%tunnel, handshake_secs_ago = since, "tunnel up");
-                            tunnels_up.insert(tunnel);
-                        } else {
-                            tracing::warn!(%tunnel, "tunnel down (no handshake for 3 minutes)");
-                            tunnels_up.remove(&tunnel);
-                        }
-                    }
-                }
             }
+            // A tunnel went up or down: report now, not at the next heartbeat.
+            _ = changes.notified() => {}
             msg = stream.message() => match msg {
                 Ok(Some(m)) => match receive(&m, desired, file, applier).await {
                     Ok(e) => errors = e,
@@ -160,9 +151,23 @@ async fn session(
                 Err(e) => return e,
             }
         }
+        let tunnels = applier.tunnels();
+        for t in &tunnels {
+            if t.up != tunnels_up.contains(&t.peer_site) {
+                if t.up {
+                    tracing::info!(peer = %t.peer_site, link = %t.link, rtt_us = t.rtt_micros, "tunnel up");
+                    tunnels_up.insert(t.peer_site.clone());
+                } else {
+                    tracing::warn!(peer = %t.peer_site, link = %t.link, lost = t.probes_lost, "tunnel down: probes unanswered");
+                    tunnels_up.remove(&t.peer_site);
+                }
+            }
+        }
+        tunnels_up.retain(|site| tunnels.iter().any(|t| t.peer_site == *site));
         let report = pb::ReportRequest {
             applied_revision: desired.revision,
             errors: errors.clone(),
+            tunnels,
         };
         match c.report(report).await {
             Ok(r) => {
@@ -267,7 +272,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         tracing::info!("--dry-run: changes are printed, not made");
         Box::new(DryRun::default())
     } else {
-        Box::new(crate::linux::Linux::new(wg_keys.map(|k| k.0))?)
+        Box::new(crate::linux::Linux::new(wg_keys.map(|k| k.0))?.with_probes(cfg.probe))
     };
     let file = StateFile::new(&cfg.state_dir);
     let mut desired = file.load()?.unwrap_or_default();

@@ -71,22 +71,31 @@ impl Device {
         }
     }
 
-    /// Seconds since the newest handshake with any peer, if there was one.
-    pub fn last_handshake_secs(&mut self) -> Option<u64> {
-        let lines = self.uapi("get=1\n").ok()?;
-        lines
-            .iter()
-            .filter_map(|l| l.strip_prefix("last_handshake_time_sec="))
-            .filter_map(|v| v.parse::<u64>().ok())
-            .filter(|t| *t > 0)
-            .max()
-            .map(|t| {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                now.saturating_sub(t)
-            })
+    /// The newest handshake with any peer and the bytes over all peers.
+    pub fn stats(&mut self) -> Stats {
+        let mut st = Stats::default();
+        for l in self.uapi("get=1\n").unwrap_or_default() {
+            let Some((k, v)) = l.split_once('=') else { continue };
+            let Ok(n) = v.parse::<u64>() else { continue };
+            match k {
+                "last_handshake_time_sec" if n > 0 => {
+                    st.last_handshake_unix = st.last_handshake_unix.max(Some(n));
+                }
+                "rx_bytes" => st.rx_bytes += n,
+                "tx_bytes" => st.tx_bytes += n,
+                _ => {}
+            }
+        }
+        st
     }
+}
+
+/// Counters of one device, from its UAPI.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    pub last_handshake_unix: Option<u64>,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
 }
 
 /// Runs `f` with a netlink handle inside namespace `ns` (on a thread that
@@ -136,7 +145,12 @@ impl Devices {
         let (ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
         let config = DeviceConfig {
             n_threads: 1,
-            use_connected_socket: true,
+            // defguard_boringtun 0.7.1 opens the per-peer connected socket
+            // as SOCK_STREAM/IPPROTO_UDP, which Linux refuses
+            // (EPROTONOSUPPORT), and retries for every packet that arrives
+            // on the listening socket: one failed socket() per received
+            // packet. Everything works on the listening socket alone.
+            use_connected_socket: false,
             use_multi_queue: false,
             uapi_fd: theirs.into_raw_fd(),
         };
@@ -153,6 +167,12 @@ impl Devices {
             "set=1\nprivate_key={}\nlisten_port={listen_port}\n",
             hex(private_key)?
         ))?;
+        if let Err(e) = crate::offload::grow_udp_buffers(listen_port as u16) {
+            tracing::warn!(
+                device = name,
+                "socket buffers left at the host default, bursts may drop: {e}"
+            );
+        }
         // Move the interface into the peering's namespace.
         let mut links = host.link().get().match_name(name.to_string()).execute();
         let idx = links
@@ -170,7 +190,10 @@ impl Devices {
             .map_err(|e| format!("cannot move {name} into {ns}: {e}"))?;
         let n = name.to_string();
         in_namespace(ns, move |h| {
-            Box::pin(async move { crate::linux::set_up_named(&h, &n, mtu).await })
+            Box::pin(async move {
+                crate::linux::set_up_named(&h, &n, mtu).await?;
+                crate::offload::tun_queue(&h, &n).await
+            })
         })?;
         self.devices.insert(name.to_string(), dev);
         Ok(())

@@ -21,6 +21,8 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
+use weft_proto::v1 as pb;
+
 use crate::domain::{AgentRole, Gateway, Node, Peering, Site, now_ms};
 use crate::error::Error;
 use crate::render::{Model, Part};
@@ -89,6 +91,9 @@ pub struct Hub {
     /// Status records waiting for the next batched write.
     dirty: Mutex<HashMap<AgentKey, (LeaseId, AliveRecord)>>,
     pub agent_ttl: Duration,
+    /// Each gateway's latest tunnel report (when, what). Kept in memory:
+    /// it changes with every report and is worth nothing once stale.
+    tunnels: Mutex<HashMap<String, (u64, Vec<pb::TunnelStatus>)>>,
     /// Dropped with the hub, which ends the store follower.
     _alive: tokio::sync::oneshot::Sender<()>,
 }
@@ -128,6 +133,7 @@ impl Hub {
             params_rev: tokio::sync::watch::Sender::new(0),
             closing: tokio::sync::watch::Sender::new(false),
             agent_ttl,
+            tunnels: Mutex::new(HashMap::new()),
             _alive: alive_tx,
         });
         tokio::spawn(flush_status(Arc::downgrade(&hub)));
@@ -309,6 +315,35 @@ impl Hub {
     /// An agent's report: its heartbeat, applied revision and errors. The
     /// record under `alive/` lives on a lease with the agent TTL; it is
     /// rewritten only when what it says changes.
+    /// Keeps gateway `name`'s tunnel report.
+    pub fn report_tunnels(&self, name: &str, tunnels: Vec<pb::TunnelStatus>) {
+        self.tunnels
+            .lock()
+            .unwrap()
+            .insert(name.to_string(), (now_ms(), tunnels));
+    }
+
+    /// The tunnel to peer `site` as the gateways reported it within the
+    /// agent TTL: an up one if any gateway has it up, else the newest.
+    pub fn tunnel(&self, site: &str) -> Option<pb::TunnelStatus> {
+        let fresh_after = now_ms().saturating_sub(self.agent_ttl.as_millis() as u64);
+        let all = self.tunnels.lock().unwrap();
+        let mut seen: Vec<(u64, pb::TunnelStatus)> = all
+            .iter()
+            .filter(|(_, (at, _))| *at >= fresh_after)
+            .flat_map(|(gw, (at, ts))| {
+                ts.iter().filter(|t| t.peer_site == site).map(move |t| {
+                    let mut t = t.clone();
+                    t.gateway = gw.clone();
+                    t.reported_at = crate::grpc::convert::ts(*at);
+                    (*at, t)
+                })
+            })
+            .collect();
+        seen.sort_by_key(|(at, t)| (t.up, *at));
+        seen.pop().map(|(_, t)| t)
+    }
+
     pub async fn report(&self, key: AgentKey, applied: i64, errors: Vec<String>) -> Result<(), Error> {
         let now = now_ms();
         self.last_seen.lock().unwrap().insert(key.clone(), now);

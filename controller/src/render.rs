@@ -92,6 +92,17 @@ pub fn gateway_link_name(node: &str) -> String {
 }
 
 /// The namespace of the peering with `site`.
+/// The two ends of every tunnel, for its health probe: a fixed pair from
+/// the last /30 of 169.254.0.0/16 (the veths take the blocks before it);
+/// the server end takes the first. Returns (this end, the far end).
+pub fn tunnel_addresses(role: crate::domain::TunnelRole) -> (Ipv4Addr, Ipv4Addr) {
+    let (server, client) = (Ipv4Addr::new(169, 254, 255, 253), Ipv4Addr::new(169, 254, 255, 254));
+    match role {
+        crate::domain::TunnelRole::Server => (server, client),
+        crate::domain::TunnelRole::Client => (client, server),
+    }
+}
+
 pub fn peering_namespace(site: &str) -> String {
     format!("weft-p-{}", short_hash(site, 8))
 }
@@ -262,6 +273,7 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
             )]);
             if let Some(r) = &p.remote {
                 let link = format!("weft-w{}", short_hash(site_id, 9));
+                let (here, there) = tunnel_addresses(r.tunnel_role);
                 out.extend([obj(
                     format!("{base}wg"),
                     Kind::Link(pb::Link {
@@ -270,6 +282,9 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
                         mtu: r.mtu,
                         kind: Some(pb::link::Kind::Wireguard(pb::Wireguard {
                             listen_port: u32::from(p.listen_port),
+                            address: format!("{here}/30"),
+                            peer_address: there.to_string(),
+                            peer_site: site_id.clone(),
                         })),
                     }),
                 )]);
@@ -277,7 +292,8 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
                 // veth with a /30 from 169.254.0.0/16 chosen by the peering's
                 // WireGuard port, so it is unique per peering on the gateway.
                 let k = u32::from(p.listen_port.saturating_sub(crate::domain::FIRST_WG_PORT));
-                let base_ip = u32::from(Ipv4Addr::new(169, 254, 0, 0)) + 4 * (k % 16384);
+                // (16383 blocks: the last /30 is the tunnel's own pair.)
+                let base_ip = u32::from(Ipv4Addr::new(169, 254, 0, 0)) + 4 * (k % 16383);
                 let (outer_ip, inner_ip) = (Ipv4Addr::from(base_ip + 1), Ipv4Addr::from(base_ip + 2));
                 let (outer, inner) = (
                     format!("weft-v{}", short_hash(site_id, 9)),
@@ -374,6 +390,7 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
                 // Inside the tunnel both ends use real addresses.
                 let mut allowed: Vec<String> = r.workload_cidrs.iter().map(|c| c.to_string()).collect();
                 allowed.extend(r.external_cidr.map(|c| c.to_string()));
+                allowed.push(format!("{there}/32"));
                 for g in r.gateways.iter().filter(|g| g.public_key.is_some()) {
                     out.extend([obj(
                         format!("{base}wgpeer/{}", g.name),
@@ -615,6 +632,63 @@ mod tests {
         let mut m2 = m.clone();
         m2.gateways.clear();
         assert!(node(&m2, "n1").is_empty());
+    }
+
+    #[test]
+    fn each_tunnel_end_gets_its_half_of_the_probe_pair() {
+        use crate::domain::{RemoteGateway, RemoteSite, TunnelRole};
+        let mut m = model();
+        let mut p = (*m.peerings["b"]).clone();
+        p.remote = Some(RemoteSite {
+            ca_pem: String::new(),
+            ca_fingerprint: String::new(),
+            workload_cidrs: vec![n("10.1.0.0/16")],
+            external_cidr: Some(n("10.99.0.0/16")),
+            gateways: vec![RemoteGateway {
+                name: "gw".into(),
+                endpoint: Some("192.0.2.1:51820".into()),
+                public_key: Some("k".into()),
+            }],
+            mtu: 1420,
+            endpoints: vec![],
+            tunnel_role: TunnelRole::Client,
+        });
+        m.peerings.insert("b".into(), Arc::new(p));
+        let objs = gateway(&m, "gw1");
+        let Some(Kind::Link(l)) = &objs["peer/b/wg"].kind else {
+            panic!()
+        };
+        let Some(pb::link::Kind::Wireguard(w)) = &l.kind else {
+            panic!()
+        };
+        assert_eq!(
+            (w.address.as_str(), w.peer_address.as_str()),
+            ("169.254.255.254/30", "169.254.255.253")
+        );
+        assert_eq!(w.peer_site, "b");
+        let Some(Kind::WireguardPeer(wp)) = &objs["peer/b/wgpeer/gw"].kind else {
+            panic!()
+        };
+        assert!(
+            wp.allowed_ips.contains(&"169.254.255.253/32".to_string()),
+            "{:?}",
+            wp.allowed_ips
+        );
+        // The veth /30s never take the probe pair's block.
+        for port in [crate::domain::FIRST_WG_PORT, u16::MAX] {
+            let mut m2 = m.clone();
+            let mut p = (*m2.peerings["b"]).clone();
+            p.listen_port = port;
+            m2.peerings.insert("b".into(), Arc::new(p));
+            let Some(Kind::Address(a)) = &gateway(&m2, "gw1")["peer/b/veth/outer"].kind else {
+                panic!()
+            };
+            assert!(!a.cidr.starts_with("169.254.255.25"), "{}", a.cidr);
+        }
+        assert_eq!(
+            tunnel_addresses(TunnelRole::Server).1,
+            tunnel_addresses(TunnelRole::Client).0
+        );
     }
 
     #[test]

@@ -170,6 +170,48 @@ pub fn code_name(c: Code) -> &'static str {
     }
 }
 
+/// TUNNEL, RTT, HANDSHAKE, RX, TX cells of a peering's tunnel report.
+fn tunnel_cells(t: Option<&pb::TunnelStatus>) -> Vec<String> {
+    let Some(t) = t else {
+        return vec!["unknown".into(), "-".into(), "-".into(), "-".into(), "-".into()];
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let handshake = t
+        .last_handshake
+        .as_ref()
+        .map_or("never".into(), |h| format!("{}s ago", (now - h.seconds).max(0)));
+    let rtt = if t.up {
+        format!("{:.2}ms", t.rtt_micros as f64 / 1000.0)
+    } else {
+        "-".into()
+    };
+    vec![
+        if t.up { "up" } else { "down" }.into(),
+        rtt,
+        handshake,
+        bytes(t.rx_bytes),
+        bytes(t.tx_bytes),
+    ]
+}
+
+/// A byte count as people read it (binary units).
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n}B")
+    } else {
+        format!("{v:.1}{}", UNITS[u])
+    }
+}
+
 fn ts(t: &Option<prost_types::Timestamp>) -> String {
     t.as_ref()
         .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t.seconds).ok())
@@ -584,16 +626,19 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 .into_inner();
             let mut rows = Vec::new();
             for p in &r.peerings {
+                // The tunnel's health on the peering's first row only.
+                let mut health = tunnel_cells(p.tunnel.as_ref());
                 for v in &p.views {
-                    rows.push(vec![
-                        p.site_id.clone(),
-                        peering_state(p.state),
-                        p.tunnel_role.clone(),
+                    let mut row = vec![p.site_id.clone(), peering_state(p.state), p.tunnel_role.clone()];
+                    row.append(&mut health);
+                    health = vec![String::new(); 5];
+                    row.extend([
                         cidr_kind(v.kind),
                         v.real_cidr.clone(),
                         v.local_cidr.clone(),
                         p.last_error.clone(),
                     ]);
+                    rows.push(row);
                 }
             }
             Out {
@@ -602,11 +647,22 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                     "views": p.views.iter().map(view_json).collect::<Vec<_>>(),
                     "created_at": ts(&p.created_at), "last_error": p.last_error, "tunnel_role": p.tunnel_role,
                     "remote_endpoints": p.remote_endpoints, "remote_ca_fingerprint": p.remote_ca_fingerprint,
+                    "tunnel": p.tunnel.as_ref().map(|t| json!({
+                        "up": t.up, "rtt_ms": t.rtt_micros as f64 / 1000.0,
+                        "last_handshake": ts(&t.last_handshake), "rx_bytes": t.rx_bytes, "tx_bytes": t.tx_bytes,
+                        "probes_sent": t.probes_sent, "probes_lost": t.probes_lost, "link": t.link,
+                        "gateway": t.gateway, "reported_at": ts(&t.reported_at),
+                    })),
                 })).collect::<Vec<_>>(), "revision": r.revision}),
                 header: vec![
                     "PEER",
                     "STATE",
+                    "ROLE",
                     "TUNNEL",
+                    "RTT",
+                    "HANDSHAKE",
+                    "RX",
+                    "TX",
                     "KIND",
                     "REAL CIDR",
                     "LOCAL VIEW",

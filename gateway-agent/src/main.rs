@@ -1,7 +1,7 @@
 //! `weft-gateway-agent`: terminates the WireGuard tunnels to peered sites.
-//! It enrolls with the controller and keeps its identity renewed; with the
-//! agent protocol and the data plane it will apply its desired state
-//! (per-peering namespaces, WireGuard, prefix NAT, overlay to nodes).
+//! It enrolls with the controller, keeps its identity renewed, applies its
+//! desired state (per-peering namespaces, WireGuard, prefix NAT, overlay to
+//! the nodes) and probes every tunnel, reporting its health.
 
 use std::net::SocketAddr;
 
@@ -21,13 +21,30 @@ struct Cli {
     /// Address:port remote gateways dial (omit for a gateway that can only dial out).
     #[arg(long, env = "WEFT_ENDPOINT")]
     endpoint: Option<SocketAddr>,
+    /// How often each tunnel is probed (an ICMP echo through it).
+    #[arg(long, env = "WEFT_PROBE_INTERVAL", default_value = "1s")]
+    probe_interval: humantime::Duration,
+    /// Unanswered probes in a row after which a tunnel is reported down.
+    #[arg(long, env = "WEFT_PROBE_MISSES", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    probe_misses: u32,
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let cfg = cli.agent.validate().map(|mut c| {
+    let interval = *cli.probe_interval;
+    let cfg = cli.agent.validate().and_then(|mut c| {
+        if interval < std::time::Duration::from_millis(50) || interval > std::time::Duration::from_secs(3600) {
+            return Err(weft_agent::config::AgentConfigError(vec![format!(
+                "--probe-interval {}: use 50ms to 1h",
+                cli.probe_interval
+            )]));
+        }
         c.endpoint = cli.endpoint.map(|e| e.to_string());
-        c
+        c.probe = weft_agent::probe::ProbeConfig {
+            interval,
+            misses: cli.probe_misses,
+        };
+        Ok(c)
     });
     weft_agent::run::main_with(cfg, AgentKind::Gateway, None)
 }

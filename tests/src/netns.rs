@@ -89,6 +89,16 @@ impl Lab {
             run(Command::new("ip").args(["-n", &ns, "link", "set", "br0", "up"])),
             "bridge up",
         );
+        // The LAN stands for a switch: where the host has br_netfilter
+        // loaded (Docker loads it), the namespace's copy of its sysctls
+        // starts at 1 and would run every frame through conntrack and the
+        // firewall, a cost no real underlay has.
+        for family in ["iptables", "ip6tables", "arptables"] {
+            let _ = self.exec(
+                &ns,
+                &["sysctl", "-qw", &format!("net.bridge.bridge-nf-call-{family}=0")],
+            );
+        }
         ns
     }
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use weft_tests::netns::{Lab, require_root};
+use weft_tests::netns::{Lab, must, require_root};
 use weft_tests::sites::{self, TwoSites};
 use weft_tests::{bin, eventually, stdout, weftctl_json};
 
@@ -184,7 +184,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str)) {
         dir,
         ns,
         ta,
-        tb: _,
+        tb,
         gateways: (pa, pb),
         agents,
         site_a,
@@ -257,11 +257,66 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str)) {
     // to the tunnel's route MTU (1420 → MSS 1380, less TCP options).
     let mss: u32 = got.split_whitespace().last().unwrap().parse().unwrap();
     assert!(mss <= 1380, "the MSS across the tunnel was not clamped: {got}");
-    for p in [pa, pb] {
-        eventually("the tunnel up", Duration::from_secs(10), || {
-            lab.proc(p).log_text().contains("tunnel up").then_some(())
+    // Health: each gateway probes its tunnel; both controllers show the
+    // peering connected, with an RTT, a handshake and bytes both ways.
+    let tunnel = |target: &str, peer: &str| -> serde_json::Value {
+        let all = weftctl_json(target, &["peerings"]);
+        all["peerings"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["site_id"] == peer))
+            .unwrap_or_else(|| panic!("no peering with {peer}: {all}"))
+            .clone()
+    };
+    for (target, peer) in [(&ta, site_b), (&tb, site_a)] {
+        // (The report at the moment the tunnel came up may predate the
+        // counters of the traffic that follows; the next one has them.)
+        let p = eventually("the peering connected, with traffic", Duration::from_secs(20), || {
+            let p = tunnel(target, peer);
+            (p["state"] == "connected" && p["tunnel"]["rx_bytes"].as_u64() > Some(0)).then_some(p)
         });
+        let t = &p["tunnel"];
+        assert_eq!(t["up"], true, "{p}");
+        assert!(t["rtt_ms"].as_f64().unwrap() > 0.0, "no RTT: {p}");
+        assert!(
+            t["rx_bytes"].as_u64().unwrap() > 0 && t["tx_bytes"].as_u64().unwrap() > 0,
+            "{p}"
+        );
+        assert!(!t["last_handshake"].as_str().unwrap().is_empty(), "no handshake: {p}");
+        let table = stdout(&weft_tests::run(std::process::Command::new(bin("weftctl")).args([
+            "--controller",
+            target,
+            "peerings",
+        ])));
+        assert!(
+            table.contains("connected") && table.contains("ms") && table.contains("s ago"),
+            "{table}"
+        );
     }
+    // The WAN between the gateways fails: site a's gateway reports the
+    // tunnel down within the probe interval × misses (1 s × 3), the peering
+    // stops being connected, and both recover by themselves.
+    let cut = std::time::Instant::now();
+    must(lab.exec(&ns["gwb"], &["ip", "link", "set", "eth0", "down"]), "WAN down");
+    let p = eventually("the tunnel reported down", Duration::from_secs(10), || {
+        let p = tunnel(&ta, site_b);
+        (p["tunnel"]["up"] == false).then_some(p)
+    });
+    let detected = cut.elapsed();
+    assert_eq!(p["state"], "negotiated", "{p}");
+    assert!(detected < Duration::from_secs(6), "down detected after {detected:?}");
+    assert!(
+        lab.proc(pa).log_text().contains("tunnel down"),
+        "{}",
+        lab.proc(pa).log_text()
+    );
+    must(lab.exec(&ns["gwb"], &["ip", "link", "set", "eth0", "up"]), "WAN up");
+    eventually("the tunnel up again", Duration::from_secs(20), || {
+        (tunnel(&ta, site_b)["state"] == "connected").then_some(())
+    });
+    eventually("wa reaching wb again", Duration::from_secs(20), || {
+        ping("wa", &wb_from_a).then_some(())
+    });
+    eprintln!("tunnel down detected after {detected:?}");
 
     // Scenario c: a node's host reaches a remote workload (its traffic
     // leaves with the node's "unknown source" address from the external CIDR).

@@ -209,6 +209,10 @@ impl AgentService for AgentApi {
             .take(100)
             .map(|e| format!("{}: {}", e.id, e.message))
             .collect();
+        if role == AgentRole::Gateway {
+            self.hub
+                .report_tunnels(&id.name, r.tunnels.into_iter().take(10_000).collect());
+        }
         self.hub
             .report((role, id.name.clone()), r.applied_revision, errors)
             .await?;

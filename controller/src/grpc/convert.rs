@@ -99,6 +99,7 @@ pub fn peering(p: &Peering) -> pb::Peering {
         },
         remote_endpoints: p.remote.as_ref().map(|r| r.endpoints.clone()).unwrap_or_default(),
         remote_ca_fingerprint: p.remote.as_ref().map(|r| r.ca_fingerprint.clone()).unwrap_or_default(),
+        tunnel: None,
     }
 }
 

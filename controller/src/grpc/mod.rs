@@ -215,7 +215,19 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::ListPeeringsResponse>, Status> {
         let (ps, revision) = self.state.list_peerings().await?;
         Ok(Response::new(pb::ListPeeringsResponse {
-            peerings: ps.iter().map(convert::peering).collect(),
+            peerings: ps
+                .iter()
+                .map(|p| {
+                    let mut out = convert::peering(p);
+                    out.tunnel = self.hub.tunnel(&p.site_id);
+                    // Connected: negotiated, and a probe through the tunnel
+                    // answered within the miss threshold.
+                    if out.state == pb::PeeringState::Negotiated as i32 && out.tunnel.as_ref().is_some_and(|t| t.up) {
+                        out.state = pb::PeeringState::Connected as i32;
+                    }
+                    out
+                })
+                .collect(),
             revision,
         }))
     }

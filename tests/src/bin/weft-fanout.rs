@@ -157,6 +157,7 @@ async fn simulated_agent(
                 .report(pb::ReportRequest {
                     applied_revision: m.revision,
                     errors: vec![],
+                    tunnels: vec![],
                 })
                 .await;
             let event = match (first, resumed) {

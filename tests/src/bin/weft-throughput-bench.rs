@@ -31,6 +31,10 @@ struct Args {
     /// discovery) to see what MTU costs.
     #[arg(long)]
     workload_mtu: Option<u32>,
+    /// (for experiments) Keep the two-site lab up this many seconds before
+    /// measuring, printing its namespaces, so it can be inspected or tuned.
+    #[arg(long, hide = true)]
+    hold: Option<u64>,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -56,26 +60,26 @@ struct End {
     allowed: String,
 }
 
-/// Median receiver-side throughput in Gbit/s of `runs` iperf3 runs from
-/// namespace `client` to `server_ip` (a server in `server`).
+/// Receiver-side throughput in Gbit/s of one iperf3 run from namespace
+/// `client` to `server_ip` (a server in `server`).
 fn iperf(lab: &mut Lab, log: &Path, server: &str, client: &str, server_ip: &str, args: &Args) -> f64 {
-    let mut gbps = Vec::new();
-    for _ in 0..args.runs {
-        let i = lab.spawn(server, Path::new("/usr/bin/iperf3"), &["-s", "-1"], log);
-        std::thread::sleep(Duration::from_millis(300));
-        let o = must(
-            lab.exec(
-                client,
-                &["iperf3", "-c", server_ip, "-t", &args.seconds.to_string(), "-J"],
-            ),
-            "iperf3 client",
-        );
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("iperf3 -J output");
-        gbps.push(v["end"]["sum_received"]["bits_per_second"].as_f64().unwrap() / 1e9);
-        lab.proc(i).wait_exit(Duration::from_secs(5));
-    }
-    gbps.sort_by(f64::total_cmp);
-    gbps[gbps.len() / 2]
+    let i = lab.spawn(server, Path::new("/usr/bin/iperf3"), &["-s", "-1"], log);
+    std::thread::sleep(Duration::from_millis(300));
+    let o = must(
+        lab.exec(
+            client,
+            &["iperf3", "-c", server_ip, "-t", &args.seconds.to_string(), "-J"],
+        ),
+        "iperf3 client",
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("iperf3 -J output");
+    lab.proc(i).wait_exit(Duration::from_secs(5));
+    v["end"]["sum_received"]["bits_per_second"].as_f64().unwrap() / 1e9
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// Two namespaces joined by a veth pair: x = 10.99.0.1, y = 10.99.0.2.
@@ -197,17 +201,6 @@ fn tunnel(lab: &mut Lab, dir: &Path, which: Impl) -> Option<(String, String, Vec
     Some((nx, ny, procs))
 }
 
-/// Measures one plain tunnel and stops it cleanly (which removes
-/// wireguard-go's UAPI sockets in /var/run/wireguard).
-fn measure_tunnel(lab: &mut Lab, dir: &Path, log: &Path, which: Impl, args: &Args) -> Option<f64> {
-    let (nx, ny, mut procs) = tunnel(lab, dir, which)?;
-    let gbps = iperf(lab, log, &ny, &nx, "10.98.0.2", args);
-    for p in &mut procs {
-        p.stop();
-    }
-    Some(gbps)
-}
-
 /// One end of a plain boringtun tunnel, run by the bench inside a
 /// namespace: weft's own device code, no overlay, no NAT.
 fn boringtun_end(e: End) -> anyhow::Result<()> {
@@ -258,13 +251,41 @@ fn main() {
             );
         }
     }
-    let weft = iperf(&mut s.lab, &log, &wb, &wa, &to_b, &args);
-
+    if let Some(secs) = args.hold {
+        println!("lab up: {:?}; wb from wa = {to_b}", s.ns);
+        std::thread::sleep(Duration::from_secs(secs));
+    }
+    // Every path is built first and the runs interleave (weft, veth,
+    // boringtun, wireguard-go, weft, ...), so a slow spell of this shared
+    // machine hits all paths alike; each run's weft/boringtun ratio is kept.
     let (nx, ny) = pair(&mut s.lab, "vx", "vy");
-    let veth = iperf(&mut s.lab, &log, &ny, &nx, "10.99.0.2", &args);
-
-    let bt = measure_tunnel(&mut s.lab, dir.path(), &log, Impl::Boringtun, &args).unwrap();
-    let wg = measure_tunnel(&mut s.lab, dir.path(), &log, Impl::WireguardGo, &args);
+    let (bt_client, bt_server, mut bt_procs) = tunnel(&mut s.lab, dir.path(), Impl::Boringtun).unwrap();
+    let wg_tunnel = tunnel(&mut s.lab, dir.path(), Impl::WireguardGo);
+    let (mut weft, mut veth, mut bt, mut wg, mut ratios) = (vec![], vec![], vec![], vec![], vec![]);
+    for run in 0..args.runs {
+        let w = iperf(&mut s.lab, &log, &wb, &wa, &to_b, &args);
+        veth.push(iperf(&mut s.lab, &log, &ny, &nx, "10.99.0.2", &args));
+        let b = iperf(&mut s.lab, &log, &bt_server, &bt_client, "10.98.0.2", &args);
+        if let Some((client, server, _)) = &wg_tunnel {
+            wg.push(iperf(&mut s.lab, &log, server, client, "10.98.0.2", &args));
+        }
+        println!(
+            "run {}: weft {w:.3} Gbit/s, boringtun p2p {b:.3}, ratio {:.3}",
+            run + 1,
+            w / b
+        );
+        weft.push(w);
+        bt.push(b);
+        ratios.push(w / b);
+    }
+    for p in bt_procs
+        .iter_mut()
+        .chain(wg_tunnel.into_iter().flat_map(|t| t.2).collect::<Vec<_>>().iter_mut())
+    {
+        p.stop();
+    }
+    let (weft, veth, bt, ratio) = (median(weft), median(veth), median(bt), median(ratios));
+    let wg = (!wg.is_empty()).then(|| median(wg));
 
     println!("path                                Gbit/s   ratio to veth");
     println!("bare veth                           {veth:6.2}   1.00");
@@ -274,5 +295,5 @@ fn main() {
         None => println!("wireguard-go point-to-point         (not installed)"),
     }
     println!("weft (2 VXLAN hops, NAT, routing)   {weft:6.2}   {:.3}", weft / veth);
-    println!("weft / boringtun point-to-point              {:.3}", weft / bt);
+    println!("weft / boringtun point-to-point (median of per-run ratios) {ratio:.3}");
 }
