@@ -1,6 +1,8 @@
 //! Two whole sites in network namespaces for tests and benchmarks: per
-//! site a controller, a gateway and a node on one WAN, a workload on each
-//! node, the sites peered from a token. Everything goes away on drop.
+//! site a controller (site a on the embedded store, site b on etcd, which
+//! runs in site b's controller host), a gateway and two nodes on one WAN,
+//! a workload on each node, the sites peered from a token. Everything goes
+//! away on drop.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -11,7 +13,8 @@ use crate::{bin, eventually, stdout, weftctl_json};
 pub struct TwoSites {
     pub lab: Lab,
     pub dir: tempfile::TempDir,
-    /// Host name (ctla, ctlb, gwa, gwb, na, nb, wa, wb) → namespace.
+    /// Host name (ctla, ctlb, gwa, gwb, na, na2, nb, nb2, wa, wa2, wb, wb2)
+    /// → namespace. Workload wa sits on node na, wa2 on na2, and so on.
     pub ns: HashMap<&'static str, String>,
     /// weftctl targets of the two controllers.
     pub ta: String,
@@ -27,10 +30,13 @@ pub struct TwoSites {
     /// wb's address as site a sees it, and wa's as site b sees it.
     pub wb_from_a: String,
     pub wa_from_b: String,
+    /// Every workload's own address, and as the other site sees it:
+    /// (host, real address, address in the other site's view).
+    pub workloads: Vec<(&'static str, String, String)>,
 }
 
-/// Two sites, each a controller, a gateway and a node in namespaces on one
-/// WAN, and a workload on each node. Once the controllers peer, the gateways
+/// Two sites, each a controller, a gateway and two nodes in namespaces on
+/// one WAN, and a workload on each node. Once the controllers peer, the gateways
 /// build the peering's namespace, a userspace WireGuard tunnel (UDP on the
 /// underlay), the routes into it and the prefix NAT, and the workloads reach
 /// each other through their local views.
@@ -38,7 +44,9 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
     let dir = tempfile::Builder::new().prefix("weft-dp").tempdir().unwrap();
     let mut lab = Lab::new(tag);
     lab.lan();
-    let names = ["ctla", "ctlb", "gwa", "gwb", "na", "nb", "wa", "wb"];
+    let names = [
+        "ctla", "ctlb", "gwa", "gwb", "na", "na2", "nb", "nb2", "wa", "wa2", "wb", "wb2",
+    ];
     let ns: std::collections::HashMap<&str, String> = names.iter().map(|n| (*n, lab.host(n))).collect();
     let wan = [
         ("ctla", "192.168.78.1/24"),
@@ -46,7 +54,9 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
         ("gwa", "192.168.78.10/24"),
         ("gwb", "192.168.78.20/24"),
         ("na", "192.168.78.11/24"),
+        ("na2", "192.168.78.12/24"),
         ("nb", "192.168.78.21/24"),
+        ("nb2", "192.168.78.22/24"),
     ];
     for (h, ip) in wan {
         lab.plug(&ns[h], ip);
@@ -65,11 +75,17 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
             String::from_utf8_lossy(&o.stderr)
         );
     };
-    // Workloads: a namespace on each node, in the node's subnet (the first
-    // /24 of the site's pod CIDR), the node routing for it.
-    let first = |pod: &str| pod.rsplit_once(".0.0/").unwrap().0.to_string() + ".0";
-    let (sub_a, sub_b) = (first(pod_a), first(pod_b));
-    for (node, wl, sub) in [("na", "wa", sub_a.as_str()), ("nb", "wb", sub_b.as_str())] {
+    // Workloads: a namespace on each node, in the node's subnet (node n of
+    // a site declares the n-th /24 of the site's pod CIDR), the node
+    // routing for it.
+    let nth = |pod: &str, n: u8| format!("{}.{n}", pod.rsplit_once(".0.0/").unwrap().0);
+    let placement = [
+        ("na", "wa", nth(pod_a, 0)),
+        ("na2", "wa2", nth(pod_a, 1)),
+        ("nb", "wb", nth(pod_b, 0)),
+        ("nb2", "wb2", nth(pod_b, 1)),
+    ];
+    for (node, wl, sub) in &placement {
         let o = std::process::Command::new("ip")
             .args([
                 "-n", &ns[node], "link", "add", "wl0", "type", "veth", "peer", "name", "eth0", "netns", &ns[wl],
@@ -87,10 +103,46 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
         );
     }
 
-    let controller = |lab: &mut Lab, host: &str, site: &str, pod: &str, ip: &str| {
+    // Site b keeps its state in etcd, on its controller's host.
+    let etcd = crate::require_tool("etcd").map(|etcd| {
+        let data = dir.path().join("etcd");
+        lab.spawn(
+            &ns["ctlb"],
+            &etcd,
+            &[
+                "--name",
+                "b",
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--listen-client-urls",
+                "http://127.0.0.1:2379",
+                "--advertise-client-urls",
+                "http://127.0.0.1:2379",
+                "--listen-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-advertise-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-cluster",
+                "b=http://127.0.0.1:2380",
+            ],
+            &dir.path().join("etcd.log"),
+        );
+        eventually("etcd in site b", Duration::from_secs(20), || {
+            lab.exec(
+                &ns["ctlb"],
+                &["etcdctl", "--endpoints", "http://127.0.0.1:2379", "endpoint", "health"],
+            )
+            .status
+            .success()
+            .then_some(())
+        });
+        "http://127.0.0.1:2379".to_string()
+    });
+
+    let controller = |lab: &mut Lab, host: &str, site: &str, pod: &str, ip: &str, etcd: Option<&str>| {
         let data = dir.path().join(site);
         let listen = format!("{ip}:7443");
-        let args = [
+        let mut args = vec![
             "--site-id",
             site,
             "--pod-cidr",
@@ -100,6 +152,9 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
             "--listen",
             &listen,
         ];
+        if let Some(e) = etcd {
+            args.extend(["--etcd-endpoints", e]);
+        }
         lab.spawn(
             host,
             &bin("weft-controller"),
@@ -112,10 +167,23 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
         });
         format!("unix:{}", sock.display())
     };
-    let ta = controller(&mut lab, &ns["ctla"], site_a, pod_a, "192.168.78.1");
-    let tb = controller(&mut lab, &ns["ctlb"], site_b, pod_b, "192.168.78.2");
+    let ta = controller(&mut lab, &ns["ctla"], site_a, pod_a, "192.168.78.1", None);
+    let tb = controller(&mut lab, &ns["ctlb"], site_b, pod_b, "192.168.78.2", etcd.as_deref());
+    if etcd.is_some() {
+        eventually("site b's controller serving from etcd", Duration::from_secs(10), || {
+            let log = std::fs::read_to_string(dir.path().join(format!("{site_b}.log"))).unwrap_or_default();
+            (log.contains("store=\"etcd\"") || log.contains("store=etcd")).then_some(())
+        });
+    }
 
-    let agent = |lab: &mut Lab, kind: &str, target: &str, ctl_ip: &str, host: &str, ip: &str, name: &str| {
+    let agent = |lab: &mut Lab,
+                 kind: &str,
+                 target: &str,
+                 ctl_ip: &str,
+                 host: &str,
+                 ip: &str,
+                 name: &str,
+                 subnet: Option<&str>| {
         let t = weftctl_json(target, &["token", "create", "--role", kind, "--name", name]);
         let state = dir.path().join(format!("{ctl_ip}-{name}"));
         let mut args: Vec<String> = vec![
@@ -137,6 +205,9 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
         if kind == "gateway" {
             args.extend(["--endpoint".to_string(), format!("{ip}:51820")]);
         }
+        if let Some(s) = subnet {
+            args.extend(["--subnet".to_string(), s.to_string()]);
+        }
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let log = dir.path().join(format!("{ctl_ip}-{name}.log"));
         lab.spawn(host, &bin(&format!("weft-{kind}-agent")), &refs, &log)
@@ -149,6 +220,7 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
         &ns["gwa"],
         "192.168.78.10",
         "gw",
+        None,
     );
     let pb = agent(
         &mut lab,
@@ -158,16 +230,23 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
         &ns["gwb"],
         "192.168.78.20",
         "gw",
+        None,
     );
-    let na = agent(&mut lab, "node", &ta, "192.168.78.1", &ns["na"], "192.168.78.11", "na");
-    let nb = agent(&mut lab, "node", &tb, "192.168.78.2", &ns["nb"], "192.168.78.21", "nb");
     let state = |ctl_ip: &str, name: &str| dir.path().join(format!("{ctl_ip}-{name}"));
-    let agents = vec![
+    let mut agents = vec![
         (pa, "gwa", "gateway", state("192.168.78.1", "gw")),
         (pb, "gwb", "gateway", state("192.168.78.2", "gw")),
-        (na, "na", "node", state("192.168.78.1", "na")),
-        (nb, "nb", "node", state("192.168.78.2", "nb")),
     ];
+    for ((node, _, sub), (target, ctl_ip, ip)) in placement.iter().zip([
+        (&ta, "192.168.78.1", "192.168.78.11"),
+        (&ta, "192.168.78.1", "192.168.78.12"),
+        (&tb, "192.168.78.2", "192.168.78.21"),
+        (&tb, "192.168.78.2", "192.168.78.22"),
+    ]) {
+        let subnet = format!("{sub}.0/24");
+        let i = agent(&mut lab, "node", target, ctl_ip, &ns[node], ip, node, Some(&subnet));
+        agents.push((i, *node, "node", state(ctl_ip, node)));
+    }
     for t in [&ta, &tb] {
         eventually("the gateway's key", Duration::from_secs(20), || {
             let g = weftctl_json(t, &["gateways"]);
@@ -215,10 +294,19 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
             .unwrap()
             .to_string()
     };
-    let (wa_ip, wb_ip) = (format!("{sub_a}.10"), format!("{sub_b}.10"));
-    let wb_from_a = view_of(&ta, site_b, &wb_ip);
-    let wa_from_b = view_of(&tb, site_a, &wa_ip);
-
+    let workloads: Vec<(&'static str, String, String)> = placement
+        .iter()
+        .map(|(node, wl, sub)| {
+            let addr = format!("{sub}.10");
+            let seen = if node.starts_with("na") {
+                view_of(&tb, site_a, &addr)
+            } else {
+                view_of(&ta, site_b, &addr)
+            };
+            (*wl, addr, seen)
+        })
+        .collect();
+    let (wb_from_a, wa_from_b) = (workloads[2].2.clone(), workloads[0].2.clone());
     TwoSites {
         lab,
         dir,
@@ -232,5 +320,6 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
         ns_a,
         wb_from_a,
         wa_from_b,
+        workloads,
     }
 }

@@ -192,6 +192,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str)) {
         ns_a,
         wb_from_a,
         wa_from_b,
+        workloads,
     } = sites::up(tag, a, b);
     let (site_a, site_b) = (site_a.as_str(), site_b.as_str());
     // Workload to workload, both ways, ICMP and TCP.
@@ -229,6 +230,43 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str)) {
         panic!("wa cannot reach wb ({wb_from_a}) across the sites:\n{diag}");
     }
     assert!(ping("wb", &wa_from_b), "wb cannot reach wa ({wa_from_b})");
+    // Every workload reaches every workload of the other site (two nodes
+    // per site, each node its own overlay tunnel to the gateway), by ICMP
+    // and by TCP, and the far end sees the caller at its own view of it.
+    let echo_py = "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',5300))\ns.listen(16)\nwhile True:\n    c,a=s.accept()\n    c.sendall(('from '+a[0]).encode())\n    c.close()";
+    for (host, _, _) in &workloads {
+        lab.spawn(
+            &ns[host],
+            std::path::Path::new("/usr/bin/env"),
+            &["python3", "-c", echo_py],
+            &dir.path().join(format!("echo-{host}.log")),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    for (from, from_real, from_seen) in &workloads {
+        for (to, _, to_seen) in workloads.iter().filter(|w| w.0.as_bytes()[1] != from.as_bytes()[1]) {
+            eventually(
+                &format!("{from} pinging {to} at {to_seen}"),
+                Duration::from_secs(10),
+                || ping(from, to_seen).then_some(()),
+            );
+            let client = format!(
+                "import socket\ns=socket.create_connection(('{to_seen}',5300),timeout=3)\nprint(s.recv(100).decode())"
+            );
+            let o = lab.exec(&ns[from], &["python3", "-c", &client]);
+            assert!(
+                o.status.success(),
+                "TCP {from} → {to} ({to_seen}): {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            // The far end sees the caller's address in the far site's view.
+            assert_eq!(
+                stdout(&o).trim(),
+                format!("from {from_seen}"),
+                "TCP {from} ({from_real}) → {to}"
+            );
+        }
+    }
     let server_py = "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',5201))\ns.listen(1)\nc,_=s.accept()\nd=c.recv(100).decode()\nprint(d,'mss',c.getsockopt(socket.IPPROTO_TCP,socket.TCP_MAXSEG),flush=True)";
     let server = lab.spawn(
         &ns["wb"],
