@@ -34,6 +34,9 @@ pub struct Linux {
     probe_config: crate::probe::ProbeConfig,
     /// Signalled when a tunnel goes up or down.
     tunnel_changed: std::sync::Arc<tokio::sync::Notify>,
+    /// This host's underlay address, whose interface's MTU sizes the
+    /// links rendered without one.
+    underlay_ip: Option<IpAddr>,
 }
 
 impl std::fmt::Debug for Linux {
@@ -293,7 +296,89 @@ impl Linux {
             probes: Default::default(),
             probe_config: Default::default(),
             tunnel_changed: Default::default(),
+            underlay_ip: None,
         })
+    }
+
+    /// Sets the underlay address that links without a rendered MTU are
+    /// sized from.
+    pub fn with_underlay(mut self, ip: Option<IpAddr>) -> Linux {
+        self.underlay_ip = ip;
+        self
+    }
+
+    /// The MTU of the interface holding `ip`, if one does.
+    async fn mtu_of_address(&self, ip: IpAddr) -> Option<u32> {
+        use rtnetlink::packet_route::address::AddressAttribute;
+        let mut addrs = self.handle.address().get().execute();
+        while let Ok(Some(a)) = addrs.try_next().await {
+            if a.attributes
+                .iter()
+                .any(|x| matches!(x, AddressAttribute::Address(y) if *y == ip))
+            {
+                return self.mtu_of_index(a.header.index).await;
+            }
+        }
+        None
+    }
+
+    async fn mtu_of_index(&self, idx: u32) -> Option<u32> {
+        use rtnetlink::packet_route::link::LinkAttribute;
+        let mut links = self.handle.link().get().match_index(idx).execute();
+        let l = links.try_next().await.ok()??;
+        l.attributes.iter().find_map(|x| match x {
+            LinkAttribute::Mtu(m) => Some(*m),
+            _ => None,
+        })
+    }
+
+    /// The MTU of the interface of the IPv4 default route, if there is one.
+    async fn mtu_of_default_route(&self) -> Option<u32> {
+        use rtnetlink::packet_route::route::RouteAttribute;
+        let mut routes = self
+            .handle
+            .route()
+            .get(RouteMessageBuilder::<Ipv4Addr>::new().build())
+            .execute();
+        while let Ok(Some(r)) = routes.try_next().await {
+            if r.header.destination_prefix_length != 0 {
+                continue;
+            }
+            if let Some(idx) = r.attributes.iter().find_map(|x| match x {
+                RouteAttribute::Oif(i) => Some(*i),
+                _ => None,
+            }) {
+                return self.mtu_of_index(idx).await;
+            }
+        }
+        None
+    }
+
+    /// The underlay's MTU: of the interface holding `hint` or this host's
+    /// underlay address, else of the default route's interface, else 1500.
+    async fn underlay_mtu(&self, hint: Option<IpAddr>) -> u32 {
+        for ip in [hint, self.underlay_ip].into_iter().flatten() {
+            if let Some(m) = self.mtu_of_address(ip).await {
+                return m;
+            }
+        }
+        self.mtu_of_default_route().await.unwrap_or(1500)
+    }
+
+    /// The MTU link `l` gets: as rendered, or (rendered 0) derived from the
+    /// underlay: VXLAN carries 50 bytes of headers (outer IPv4, UDP, VXLAN,
+    /// inner Ethernet); WireGuard up to 80 (outer IPv6, UDP, its own), and
+    /// the peering's veth matches the WireGuard interface behind it.
+    async fn link_mtu(&self, l: &pb::Link) -> u32 {
+        if l.mtu > 0 {
+            return l.mtu;
+        }
+        let (hint, overhead) = match &l.kind {
+            Some(pb::link::Kind::Vxlan(v)) => (v.local.parse().ok(), 50),
+            Some(pb::link::Kind::Geneve(_)) => (None, 50),
+            _ => (None, 80),
+        };
+        self.underlay_mtu(hint).await.saturating_sub(overhead).max(576)
     }
 
     /// Sets the health probes' interval and miss threshold (for tunnels
@@ -354,8 +439,9 @@ impl Linux {
             .wg_private_key
             .clone()
             .ok_or("this agent has no WireGuard key (only gateways do)")?;
+        let mtu = self.link_mtu(l).await;
         self.wg
-            .create(&self.handle, &l.name, &l.namespace, w.listen_port, l.mtu, &key)
+            .create(&self.handle, &l.name, &l.namespace, w.listen_port, mtu, &key)
             .await?;
         self.ensure_probe(l, w, true)
     }
@@ -400,10 +486,8 @@ impl Linux {
                 if let Some(idx) = self.index(&l.name).await? {
                     let _ = self.handle.link().del(idx).execute().await;
                 }
-                let mut b = rtnetlink::LinkVeth::new(&l.name, &v.peer_name).up();
-                if l.mtu > 0 {
-                    b = b.mtu(l.mtu);
-                }
+                let mtu = self.link_mtu(l).await;
+                let b = rtnetlink::LinkVeth::new(&l.name, &v.peer_name).up().mtu(mtu);
                 self.handle
                     .link()
                     .add(b.build())
@@ -412,7 +496,7 @@ impl Linux {
                     .map_err(|e| format!("cannot create {}: {e}", l.name))?;
                 let peer = self.need_index(&v.peer_name).await?;
                 if v.peer_namespace.is_empty() {
-                    return self.set_up(peer, l.mtu).await;
+                    return self.set_up(peer, mtu).await;
                 }
                 // Receive offloads for the traffic leaving the tunnel (see
                 // offload.rs); tuning only, so a failure is logged.
@@ -434,7 +518,7 @@ impl Linux {
                     .execute()
                     .await
                     .map_err(|e| format!("cannot move {} into {}: {e}", v.peer_name, v.peer_namespace))?;
-                let (name, mtu) = (v.peer_name.clone(), l.mtu);
+                let name = v.peer_name.clone();
                 crate::wireguard::in_namespace(&v.peer_namespace, move |h| {
                     Box::pin(async move {
                         set_up_named(&h, &name, mtu).await?;
@@ -455,10 +539,11 @@ impl Linux {
                 let Some(pb::link::Kind::Vxlan(v)) = &l.kind else {
                     return Err(format!("{} is not supported yet", describe(o)));
                 };
+                let mtu = self.link_mtu(l).await;
                 // A changed VXLAN cannot be modified in place: replace it.
                 if let Some(idx) = self.index(&l.name).await? {
                     if old.is_some_and(|x| x == o) {
-                        return self.set_up(idx, l.mtu).await;
+                        return self.set_up(idx, mtu).await;
                     }
                     self.handle
                         .link()
@@ -471,7 +556,7 @@ impl Linux {
                     .local(v4(&v.local, "local")?)
                     .remote(v4(&v.remote, "remote")?)
                     .port(v.port as u16)
-                    .mtu(l.mtu)
+                    .mtu(mtu)
                     .up()
                     .build();
                 self.handle

@@ -272,7 +272,11 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         tracing::info!("--dry-run: changes are printed, not made");
         Box::new(DryRun::default())
     } else {
-        Box::new(crate::linux::Linux::new(wg_keys.map(|k| k.0))?.with_probes(cfg.probe))
+        Box::new(
+            crate::linux::Linux::new(wg_keys.map(|k| k.0))?
+                .with_probes(cfg.probe)
+                .with_underlay(cfg.underlay_ip),
+        )
     };
     let file = StateFile::new(&cfg.state_dir);
     let mut desired = file.load()?.unwrap_or_default();

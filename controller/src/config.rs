@@ -96,6 +96,13 @@ pub struct ControllerArgs {
     /// A peer unreachable for this long is removed here [default: 24h].
     #[arg(global = true, long, env = "WEFT_PEER_GRACE")]
     pub peer_grace: Option<String>,
+    /// MTU of the VXLAN overlay [default: each agent's underlay MTU − 50].
+    #[arg(global = true, long, env = "WEFT_OVERLAY_MTU")]
+    pub overlay_mtu: Option<u32>,
+    /// MTU of the WireGuard tunnels to peers; the lower of the two sites'
+    /// values wins [default: each gateway's underlay MTU − 80].
+    #[arg(global = true, long, env = "WEFT_TUNNEL_MTU")]
+    pub tunnel_mtu: Option<u32>,
 }
 
 /// The configuration file's shape. Unknown fields are errors.
@@ -122,6 +129,8 @@ pub struct FileConfig {
     pub agent_ttl: Option<String>,
     pub advertise: Option<Vec<String>>,
     pub peer_grace: Option<String>,
+    pub overlay_mtu: Option<u32>,
+    pub tunnel_mtu: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -220,6 +229,8 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("agent_ttl", "--agent-ttl", "WEFT_AGENT_TTL"),
     ("advertise", "--advertise", "WEFT_ADVERTISE"),
     ("peer_grace", "--peer-grace", "WEFT_PEER_GRACE"),
+    ("overlay_mtu", "--overlay-mtu", "WEFT_OVERLAY_MTU"),
+    ("tunnel_mtu", "--tunnel-mtu", "WEFT_TUNNEL_MTU"),
     ("config", "--config", "WEFT_CONFIG"),
 ];
 
@@ -588,6 +599,21 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         }
     };
 
+    // 1280: the least IPv6 (and so WireGuard's peers) must carry.
+    let mtu = |name: &str, v: Option<u32>, errs: &mut Vec<FieldError>| match v {
+        Some(m) if !(1280..=9000).contains(&m) => {
+            errs.push(FieldError {
+                field: name.into(),
+                message: format!(
+                    "{m} is out of range; give 1280 to 9000, or leave it unset to derive it from the underlay"
+                ),
+            });
+            None
+        }
+        v => v,
+    };
+    let overlay_mtu = mtu("overlay_mtu", pick(args.overlay_mtu, file.overlay_mtu), &mut errs);
+    let tunnel_mtu = mtu("tunnel_mtu", pick(args.tunnel_mtu, file.tunnel_mtu), &mut errs);
     if !errs.is_empty() {
         return Err(ConfigError(errs));
     }
@@ -610,6 +636,8 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             reserved_cidrs: reserved,
             remap_pools: pools,
             node_prefix_len: node_len,
+            overlay_mtu,
+            tunnel_mtu,
         },
         data_dir,
         store,
@@ -653,6 +681,24 @@ mod tests {
             StoreConfig::Embedded {
                 path: "/tmp/x/store.redb".into()
             }
+        );
+    }
+
+    #[test]
+    fn mtus_are_derived_unless_set_and_set_ones_are_checked() {
+        let c = resolve(&args("site-a", &["10.1.0.0/16"]), FileConfig::default()).unwrap();
+        assert_eq!((c.site.overlay_mtu, c.site.tunnel_mtu), (None, None));
+        let file: FileConfig = toml::from_str("tunnel_mtu = 1380\n").unwrap();
+        let c = resolve(&args("site-a", &["10.1.0.0/16"]), file).unwrap();
+        assert_eq!(c.site.tunnel_mtu, Some(1380));
+        let mut a = args("site-a", &["10.1.0.0/16"]);
+        a.overlay_mtu = Some(1000);
+        a.tunnel_mtu = Some(65000);
+        let e = resolve(&a, FileConfig::default()).unwrap_err();
+        assert_eq!(fields(e.clone()), ["overlay_mtu", "tunnel_mtu"]);
+        assert!(
+            e.to_string().contains("--overlay-mtu") && e.to_string().contains("1280 to 9000"),
+            "{e}"
         );
     }
 

@@ -20,6 +20,15 @@ pub struct Site {
     pub reserved_cidrs: Vec<Ipv4Net>,
     pub remap_pools: Vec<Ipv4Net>,
     pub node_prefix_len: u8,
+    /// MTU of the VXLAN overlay between nodes and gateways; None: each
+    /// agent derives it from its underlay interface (its MTU − 50).
+    #[serde(default)]
+    pub overlay_mtu: Option<u32>,
+    /// MTU of the WireGuard tunnels to peers, offered to each peer (the
+    /// lower of the two sites' values is used); None: each gateway derives
+    /// it from its underlay interface (its MTU − 80).
+    #[serde(default)]
+    pub tunnel_mtu: Option<u32>,
 }
 
 impl Site {

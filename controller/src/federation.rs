@@ -29,8 +29,16 @@ use crate::error::Error;
 use crate::pki::fingerprint;
 use crate::state::{State, federation::TokenProof};
 
-/// MTU the tunnel between sites gets by default (WireGuard on a 1500 underlay).
-pub const DEFAULT_MTU: u32 = 1420;
+/// The tunnel MTU two sites agree on: the lower of the values each
+/// configured (0 = "derive it from the gateway's underlay"), never below
+/// 1280; 0 when neither configured one.
+pub fn agreed_mtu(theirs: u32, ours: u32) -> u32 {
+    match (theirs, ours) {
+        (0, 0) => 0,
+        (0, m) | (m, 0) => m.max(1280),
+        (a, b) => a.min(b).max(1280),
+    }
+}
 /// How long a call to a peer controller may take.
 const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -135,7 +143,7 @@ impl Federation {
                     public_key: g.public_key.clone().unwrap_or_default(),
                 })
                 .collect(),
-            mtu: DEFAULT_MTU,
+            mtu: site.tunnel_mtu.unwrap_or(0),
             endpoints: self.endpoints.clone(),
         })
     }
@@ -169,11 +177,7 @@ impl Federation {
                     public_key: Some(g.public_key.clone()).filter(|k| !k.is_empty()),
                 })
                 .collect(),
-            mtu: if p.mtu == 0 {
-                DEFAULT_MTU
-            } else {
-                p.mtu.min(own.mtu.max(1280))
-            },
+            mtu: agreed_mtu(p.mtu, own.mtu),
             endpoints: p.endpoints.clone(),
             tunnel_role: tunnel_role(&own.site_id, has_endpoint(own), &p.site_id, has_endpoint(p)),
         })
@@ -545,5 +549,18 @@ async fn follow_peer(fed: Arc<Federation>, site: String) {
                 .min(Duration::from_secs(30))
         };
         tokio::time::sleep(delay).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_lower_configured_tunnel_mtu_wins_and_none_means_derive() {
+        use super::agreed_mtu;
+        assert_eq!(agreed_mtu(0, 0), 0);
+        assert_eq!(agreed_mtu(1380, 0), 1380);
+        assert_eq!(agreed_mtu(0, 1400), 1400);
+        assert_eq!(agreed_mtu(1400, 1300), 1300);
+        assert_eq!(agreed_mtu(500, 0), 1280, "never below IPv6's minimum");
     }
 }

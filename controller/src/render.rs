@@ -27,8 +27,6 @@ use crate::domain::{Gateway, Node, Peering, Site};
 pub const TABLE: u32 = 7765;
 pub const RULE_PRIORITY: u32 = 7765;
 pub const VXLAN_PORT: u32 = 4789;
-/// VXLAN on a 1500-byte underlay.
-pub const OVERLAY_MTU: u32 = 1450;
 /// Inside a peering namespace: the table of routes into the tunnel.
 pub const NS_TUNNEL_TABLE: u32 = 1;
 /// The node's end of the overlay.
@@ -111,11 +109,12 @@ fn obj(id: String, kind: Kind) -> (String, pb::DesiredObject) {
     (id.clone(), pb::DesiredObject { id, kind: Some(kind) })
 }
 
-fn vxlan(name: String, vni: u32, local: IpAddr, remote: IpAddr) -> Kind {
+fn vxlan(m: &Model, name: String, vni: u32, local: IpAddr, remote: IpAddr) -> Kind {
     Kind::Link(pb::Link {
         name,
         namespace: String::new(),
-        mtu: OVERLAY_MTU,
+        // 0: the agent derives it from its underlay interface.
+        mtu: m.site.as_ref().and_then(|s| s.overlay_mtu).unwrap_or(0),
         kind: Some(pb::link::Kind::Vxlan(pb::Vxlan {
             vni,
             local: local.to_string(),
@@ -146,7 +145,7 @@ pub fn node(m: &Model, name: &str) -> Objects {
     out.extend([
         obj(
             "self/link".into(),
-            vxlan(NODE_LINK.into(), vni(ip), underlay, gw_underlay),
+            vxlan(m, NODE_LINK.into(), vni(ip), underlay, gw_underlay),
         ),
         obj(
             "self/addr".into(),
@@ -241,7 +240,7 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
                 ),
                 obj(
                     format!("{base}link"),
-                    vxlan(link.clone(), vni(ip), gw_underlay, underlay),
+                    vxlan(m, link.clone(), vni(ip), gw_underlay, underlay),
                 ),
                 obj(
                     format!("{base}addr"),
@@ -526,6 +525,8 @@ mod tests {
             reserved_cidrs: vec![],
             remap_pools: vec![n("10.0.0.0/8")],
             node_prefix_len: 24,
+            overlay_mtu: None,
+            tunnel_mtu: None,
         };
         let node = |name: &str, i: u8| Node {
             name: name.into(),

@@ -40,7 +40,21 @@ pub struct TwoSites {
 /// build the peering's namespace, a userspace WireGuard tunnel (UDP on the
 /// underlay), the routes into it and the prefix NAT, and the workloads reach
 /// each other through their local views.
-pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str)) -> TwoSites {
+pub fn up(tag: &str, a: (&str, &str), b: (&str, &str)) -> TwoSites {
+    up_with(tag, a, b, Mtus::default())
+}
+
+/// MTU settings of a two-site lab.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Mtus {
+    /// The MTU of site b's hosts' underlay interfaces (default 1500).
+    pub site_b_underlay: Option<u32>,
+    /// Site a's `--tunnel-mtu` (default: none, derived).
+    pub site_a_tunnel: Option<u32>,
+}
+
+/// [`up`] with MTU settings.
+pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str), mtus: Mtus) -> TwoSites {
     let dir = tempfile::Builder::new().prefix("weft-dp").tempdir().unwrap();
     let mut lab = Lab::new(tag);
     lab.lan();
@@ -60,6 +74,12 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
     ];
     for (h, ip) in wan {
         lab.plug(&ns[h], ip);
+        if let Some(m) = mtus.site_b_underlay.filter(|_| h.ends_with('b') || h.ends_with("b2")) {
+            crate::netns::must(
+                lab.exec(&ns[h], &["ip", "link", "set", "eth0", "mtu", &m.to_string()]),
+                "mtu",
+            );
+        }
     }
     // The gateways create these; the lab deletes them at the end whatever happens.
     lab.adopt(&weft_controller::render::peering_namespace(site_b));
@@ -139,6 +159,7 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
         "http://127.0.0.1:2379".to_string()
     });
 
+    let tunnel_mtu = mtus.site_a_tunnel.map(|m| m.to_string());
     let controller = |lab: &mut Lab, host: &str, site: &str, pod: &str, ip: &str, etcd: Option<&str>| {
         let data = dir.path().join(site);
         let listen = format!("{ip}:7443");
@@ -154,6 +175,9 @@ pub fn up(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str
         ];
         if let Some(e) = etcd {
             args.extend(["--etcd-endpoints", e]);
+        }
+        if let Some(m) = tunnel_mtu.as_deref().filter(|_| site == site_a) {
+            args.extend(["--tunnel-mtu", m]);
         }
         lab.spawn(
             host,

@@ -178,7 +178,25 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
 }
 
 /// Two sites up (see `weft_tests::sites`), then the scenarios.
-fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str)) {
+/// MTUs the links must end up with: (site a VXLAN, site b VXLAN, tunnel).
+struct Expect {
+    vxlan_a: u32,
+    vxlan_b: u32,
+    tunnel: u32,
+}
+
+fn link_mtu(lab: &Lab, ns: &str, link_prefix: &str) -> u32 {
+    let out = stdout(&lab.exec(ns, &["ip", "-o", "link"]));
+    let line = out
+        .lines()
+        .find(|l| l.split_whitespace().nth(1).is_some_and(|n| n.starts_with(link_prefix)))
+        .unwrap_or_else(|| panic!("no {link_prefix}* link in {ns}:\n{out}"));
+    let mut words = line.split_whitespace();
+    words.find(|w| *w == "mtu");
+    words.next().unwrap().parse().unwrap()
+}
+
+fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), mtus: sites::Mtus, expect: Expect) {
     let TwoSites {
         mut lab,
         dir,
@@ -193,7 +211,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str)) {
         wb_from_a,
         wa_from_b,
         workloads,
-    } = sites::up(tag, a, b);
+    } = sites::up_with(tag, a, b, mtus);
     let (site_a, site_b) = (site_a.as_str(), site_b.as_str());
     // Workload to workload, both ways, ICMP and TCP.
     let ping = |from: &str, to: &str| {
@@ -292,9 +310,39 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str)) {
         t.contains("across").then_some(t)
     });
     // Both workloads sit at MTU 1500 (MSS 1460); the gateways clamp the SYN
-    // to the tunnel's route MTU (1420 → MSS 1380, less TCP options).
+    // to the tunnel's route MTU (e.g. 1420 → MSS 1380, less TCP options).
     let mss: u32 = got.split_whitespace().last().unwrap().parse().unwrap();
-    assert!(mss <= 1380, "the MSS across the tunnel was not clamped: {got}");
+    assert!(
+        mss <= expect.tunnel - 40,
+        "the MSS across the tunnel was not clamped: {got}"
+    );
+    // MTUs: derived from each host's underlay (VXLAN: − 50, WireGuard and
+    // the peering veth: − 80) unless configured; a configured tunnel MTU
+    // is agreed with the peer (the lower wins).
+    for (host, want) in [
+        ("na", expect.vxlan_a),
+        ("na2", expect.vxlan_a),
+        ("nb", expect.vxlan_b),
+        ("nb2", expect.vxlan_b),
+    ] {
+        assert_eq!(link_mtu(&lab, &ns[host], "weft-vx0"), want, "VXLAN MTU on {host}");
+    }
+    assert_eq!(link_mtu(&lab, &ns["gwa"], "weft-n"), expect.vxlan_a, "VXLAN MTU on gwa");
+    assert_eq!(link_mtu(&lab, &ns["gwb"], "weft-n"), expect.vxlan_b, "VXLAN MTU on gwb");
+    let ns_b = weft_controller::render::peering_namespace(site_a);
+    for (pns, gw) in [(&ns_a, "gwa"), (&ns_b, "gwb")] {
+        assert_eq!(link_mtu(&lab, pns, "weft-w"), expect.tunnel, "WireGuard MTU in {pns}");
+        assert_eq!(
+            link_mtu(&lab, pns, "weft-i"),
+            expect.tunnel,
+            "peering veth MTU in {pns}"
+        );
+        assert_eq!(
+            link_mtu(&lab, &ns[gw], "weft-v"),
+            expect.tunnel,
+            "peering veth MTU on {gw}"
+        );
+    }
     // Health: each gateway probes its tunnel; both controllers show the
     // peering connected, with an RTT, a handshake and bytes both ways.
     let tunnel = |target: &str, peer: &str| -> serde_json::Value {
@@ -419,7 +467,6 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str)) {
     // gateways, and traffic stops.
     let d = weftctl_json(&ta, &["peering", "delete", site_b]);
     assert_eq!(d["remote_notified"], true);
-    let ns_b = weft_controller::render::peering_namespace(site_a);
     eventually("both peering namespaces gone", Duration::from_secs(20), || {
         let gone = |n: &str| !std::path::Path::new(&format!("/run/netns/{n}")).exists();
         (gone(&ns_a) && gone(&ns_b)).then_some(())
@@ -481,20 +528,51 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str)) {
     );
 }
 
-/// Scenario a: disjoint workload CIDRs.
+/// Scenario a: disjoint workload CIDRs; 1500-byte underlays, every MTU
+/// derived.
 #[test]
 fn workloads_reach_each_other_across_sites_with_disjoint_cidrs() {
     if require_root() {
-        cross_site("wga", ("site-a", "10.1.0.0/16"), ("site-b", "10.2.0.0/16"));
+        let expect = Expect {
+            vxlan_a: 1450,
+            vxlan_b: 1450,
+            tunnel: 1420,
+        };
+        cross_site(
+            "wga",
+            ("site-a", "10.1.0.0/16"),
+            ("site-b", "10.2.0.0/16"),
+            sites::Mtus::default(),
+            expect,
+        );
     }
 }
 
 /// Scenario b: both sites on the same workload CIDR; each reaches the other
 /// through its remapped local view (prefix NAT in the peering namespaces),
-/// even between two workloads with the very same address.
+/// even between two workloads with the very same address; with unequal
+/// underlay MTUs and a configured tunnel MTU.
 #[test]
 fn workloads_reach_each_other_across_sites_with_the_same_cidr() {
     if require_root() {
-        cross_site("wgb", ("site-c", "10.200.0.0/16"), ("site-d", "10.200.0.0/16"));
+        // Also: site d's underlay carries only 1400 bytes, so its overlay
+        // is derived smaller, and site c configures a tunnel MTU both
+        // gateways must use.
+        let mtus = sites::Mtus {
+            site_b_underlay: Some(1400),
+            site_a_tunnel: Some(1320),
+        };
+        let expect = Expect {
+            vxlan_a: 1450,
+            vxlan_b: 1350,
+            tunnel: 1320,
+        };
+        cross_site(
+            "wgb",
+            ("site-c", "10.200.0.0/16"),
+            ("site-d", "10.200.0.0/16"),
+            mtus,
+            expect,
+        );
     }
 }

@@ -28,6 +28,8 @@ fn site() -> Site {
         reserved_cidrs: vec![n("192.168.0.0/24")],
         remap_pools: vec![n("10.0.0.0/8"), n("172.16.0.0/12")],
         node_prefix_len: 26,
+        overlay_mtu: None,
+        tunnel_mtu: None,
     }
 }
 
