@@ -68,6 +68,8 @@ pub struct AgentConfig {
     pub endpoint: Option<String>,
     /// Gateways: how tunnels are probed (set by the gateway agent).
     pub probe: crate::probe::ProbeConfig,
+    /// Nodes: the bridge for workloads, if the agent manages one.
+    pub workload_bridge: Option<String>,
 }
 
 fn host_name() -> Option<String> {
@@ -148,6 +150,7 @@ impl AgentArgs {
             underlay_ip: self.underlay_ip,
             endpoint: None,
             probe: Default::default(),
+            workload_bridge: None,
         })
     }
 }

@@ -24,10 +24,12 @@ pub struct Desired {
 }
 
 impl Desired {
-    /// What the agent tells the controller it holds.
+    /// What the agent tells the controller it holds (not its own local
+    /// objects, which the controller knows nothing of).
     pub fn known(&self) -> Vec<pb::ObjectVersion> {
         self.objects
             .values()
+            .filter(|o| !is_local(&o.id))
             .map(|o| pb::ObjectVersion {
                 id: o.id.clone(),
                 hash: weft_proto::object_hash(o),
@@ -41,7 +43,12 @@ impl Desired {
         match &msg.kind {
             Some(pb::watch_response::Kind::Snapshot(s)) => {
                 let new: Objects = s.objects.iter().map(|o| (o.id.clone(), o.clone())).collect();
-                let deletes = self.objects.keys().filter(|k| !new.contains_key(*k)).cloned().collect();
+                let deletes = self
+                    .objects
+                    .keys()
+                    .filter(|k| !new.contains_key(*k) && !is_local(k))
+                    .cloned()
+                    .collect();
                 (s.objects.clone(), deletes)
             }
             Some(pb::watch_response::Kind::Delta(d)) => (d.upserts.clone(), d.deletes.clone()),
@@ -58,6 +65,46 @@ impl Desired {
         }
         self.revision = revision;
     }
+}
+
+/// Ids of objects the agent adds itself (from its own flags, e.g. the
+/// workload bridge), kept beside the controller's in the stored state so
+/// that a teardown removes them too.
+pub const LOCAL_PREFIX: &str = "local/";
+
+pub fn is_local(id: &str) -> bool {
+    id.starts_with(LOCAL_PREFIX)
+}
+
+/// The node's workload bridge: the link, and the first address of the
+/// node's subnet on it (which also routes the subnet to the bridge).
+pub fn bridge_objects(bridge: &str, subnet: &str) -> anyhow::Result<Vec<pb::DesiredObject>> {
+    let net: ipnet::Ipv4Net = subnet
+        .parse()
+        .with_context(|| format!("the controller gave no usable subnet ({subnet:?})"))?;
+    let first = net
+        .hosts()
+        .next()
+        .with_context(|| format!("subnet {net} has no host address for the bridge"))?;
+    Ok(vec![
+        pb::DesiredObject {
+            id: format!("{LOCAL_PREFIX}bridge"),
+            kind: Some(pb::desired_object::Kind::Link(pb::Link {
+                name: bridge.to_string(),
+                namespace: String::new(),
+                mtu: 0,
+                kind: Some(pb::link::Kind::Bridge(pb::Bridge {})),
+            })),
+        },
+        pb::DesiredObject {
+            id: format!("{LOCAL_PREFIX}bridge/addr"),
+            kind: Some(pb::desired_object::Kind::Address(pb::Address {
+                link: bridge.to_string(),
+                namespace: String::new(),
+                cidr: format!("{first}/{}", net.prefix_len()),
+            })),
+        },
+    ])
 }
 
 pub struct StateFile {
@@ -122,6 +169,26 @@ mod tests {
             id: id.into(),
             kind: Some(pb::desired_object::Kind::Namespace(pb::Namespace { name: ns.into() })),
         }
+    }
+
+    #[test]
+    fn local_objects_survive_snapshots_and_stay_unknown_to_the_controller() {
+        let mut d = Desired::default();
+        let bridge = bridge_objects("weft-br0", "10.1.4.0/24").unwrap();
+        assert_eq!(bridge.len(), 2);
+        let Some(pb::desired_object::Kind::Address(a)) = &bridge[1].kind else {
+            panic!()
+        };
+        assert_eq!(a.cidr, "10.1.4.1/24");
+        d.commit(3, bridge, &[]);
+        d.commit(3, vec![obj("a", "weft-a")], &[]);
+        let snap = pb::WatchResponse {
+            revision: 5,
+            kind: Some(pb::watch_response::Kind::Snapshot(pb::Snapshot { objects: vec![] })),
+        };
+        assert_eq!(d.changes(&snap).1, ["a"], "a snapshot leaves the agent's own objects");
+        assert_eq!(d.known().len(), 1);
+        assert!(bridge_objects("weft-br0", "").is_err());
     }
 
     #[test]

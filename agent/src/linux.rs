@@ -536,6 +536,19 @@ impl Linux {
                 if !l.namespace.is_empty() {
                     return Err("links in other namespaces are not supported yet".into());
                 }
+                if let Some(pb::link::Kind::Bridge(_)) = &l.kind {
+                    // Workloads attach their own ports; its MTU is theirs.
+                    return match self.index(&l.name).await? {
+                        Some(idx) => self.set_up(idx, l.mtu).await,
+                        None => self
+                            .handle
+                            .link()
+                            .add(rtnetlink::LinkBridge::new(&l.name).up().build())
+                            .execute()
+                            .await
+                            .map_err(|e| format!("cannot create {}: {e}", l.name)),
+                    };
+                }
                 let Some(pb::link::Kind::Vxlan(v)) = &l.kind else {
                     return Err(format!("{} is not supported yet", describe(o)));
                 };

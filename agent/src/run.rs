@@ -80,12 +80,40 @@ async fn receive(
     Ok(errors)
 }
 
+/// Makes the agent's own objects (ids under `local/`) what `want` says.
+async fn sync_local(
+    want: Vec<pb::DesiredObject>,
+    desired: &mut Desired,
+    file: &StateFile,
+    applier: &mut dyn Applier,
+) -> anyhow::Result<()> {
+    let gone: Vec<String> = desired
+        .objects
+        .keys()
+        .filter(|id| crate::desired::is_local(id) && !want.iter().any(|w| w.id == **id))
+        .cloned()
+        .collect();
+    let changed: Vec<pb::DesiredObject> = want
+        .into_iter()
+        .filter(|w| desired.objects.get(&w.id) != Some(w))
+        .collect();
+    if gone.is_empty() && changed.is_empty() {
+        return Ok(());
+    }
+    for e in applier.apply(&desired.objects, &changed, &gone).await {
+        tracing::warn!(object = %e.id, error = %e.message, "not applied");
+    }
+    desired.commit(desired.revision, changed, &gone);
+    file.save(desired)
+}
+
 /// One connection's worth of watching.
 #[allow(clippy::too_many_arguments)]
 async fn session(
     target: &str,
     gateway_key: Option<&str>,
     endpoint: Option<&str>,
+    bridge: Option<&str>,
     resync_every: Duration,
     creds: &mut watch::Receiver<Credentials>,
     desired: &mut Desired,
@@ -97,6 +125,26 @@ async fn session(
         Ok(c) => c,
         Err(e) => return e,
     };
+    // The agent's own objects: the workload bridge on the node's subnet
+    // (asked for anew each session, so a moved subnet moves the bridge), or
+    // nothing (which removes a bridge an earlier run made).
+    let local = match bridge {
+        Some(bridge) => {
+            // (No name: the controller answers for the certificate's.)
+            let a = match c.get_assignment(pb::GetAssignmentRequest::default()).await {
+                Ok(a) => a.into_inner(),
+                Err(s) => return classify(s),
+            };
+            match crate::desired::bridge_objects(bridge, &a.subnet) {
+                Ok(objs) => objs,
+                Err(e) => return End::Refused(e),
+            }
+        }
+        None => Vec::new(),
+    };
+    if let Err(e) = sync_local(local, desired, file, applier).await {
+        return End::Refused(e.context("cannot keep the desired state on disk"));
+    }
     let req = pb::WatchRequest {
         last_revision: desired.revision,
         known: desired.known(),
@@ -298,7 +346,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
     loop {
         let target = cfg.controllers[controller].clone();
         let end = tokio::select! {
-            end = session(&target, gateway_key.as_deref(), cfg.endpoint.as_deref(), cfg.resync_interval, &mut rx, &mut desired, &file, applier.as_mut()) => end,
+            end = session(&target, gateway_key.as_deref(), cfg.endpoint.as_deref(), cfg.workload_bridge.as_deref(), cfg.resync_interval, &mut rx, &mut desired, &file, applier.as_mut()) => end,
             r = &mut renewal => return match r {
                 Ok(Err(e)) => Err(e),
                 Ok(Ok(())) => Ok(()),

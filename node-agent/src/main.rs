@@ -1,7 +1,7 @@
 //! `weft-node-agent`: runs on every host with workloads. It enrolls with the
-//! controller and keeps its identity renewed; with the agent protocol and
-//! the data plane it will apply its desired state (overlay to the gateway,
-//! routes, rules, SNAT of host traffic).
+//! controller, keeps its identity renewed and applies its desired state
+//! (overlay to the gateway, routes, rules, SNAT of host traffic), and on
+//! request a bridge for the workloads to attach to.
 
 use clap::Parser;
 use ipnet::Ipv4Net;
@@ -20,11 +20,28 @@ struct Cli {
     /// A workload subnet this node already has (otherwise the controller allocates one).
     #[arg(long, env = "WEFT_SUBNET")]
     subnet: Option<Ipv4Net>,
+    /// Manage a bridge of this name (it must start with "weft") owning the
+    /// first address of the node's workload subnet, for containers or
+    /// namespaces to attach to; removed with the agent's other objects.
+    #[arg(long, env = "WEFT_WORKLOAD_BRIDGE")]
+    workload_bridge: Option<String>,
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    weft_agent::run::main_with(cli.agent.validate(), AgentKind::Node, cli.subnet.map(|s| s.to_string()))
+    let bridge = cli.workload_bridge.clone();
+    let cfg = cli.agent.validate().and_then(|mut c| {
+        if let Some(b) = &bridge
+            && (!b.starts_with("weft") || b.len() > 15 || !b.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'))
+        {
+            return Err(weft_agent::config::AgentConfigError(vec![format!(
+                "--workload-bridge {b:?}: use an interface name that starts with \"weft\", at most 15 letters, digits or '-'"
+            )]));
+        }
+        c.workload_bridge = bridge;
+        Ok(c)
+    });
+    weft_agent::run::main_with(cfg, AgentKind::Node, cli.subnet.map(|s| s.to_string()))
 }
 
 #[cfg(test)]

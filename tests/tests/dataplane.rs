@@ -86,7 +86,7 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
         "192.168.77.10",
         &["--endpoint", "192.168.77.10:51820"],
     );
-    agent("node", "n1", &n1, "192.168.77.11", &[]);
+    let n1_agent = agent("node", "n1", &n1, "192.168.77.11", &["--workload-bridge", "weft-br0"]);
     agent("node", "n2", &n2, "192.168.77.12", &[]);
 
     // The nodes get their VXLAN end toward the gateway, with its address.
@@ -140,6 +140,50 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
         }
     }
 
+    // n1 manages a bridge on its subnet's first address; a workload
+    // attached to it reaches the gateway over the overlay, and back.
+    let n1_subnet: ipnet::Ipv4Net = weftctl_json(&target, &["nodes"])["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "n1")
+        .unwrap()["subnet"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let first = n1_subnet.hosts().next().unwrap();
+    eventually("n1's workload bridge", Duration::from_secs(20), || {
+        let o = stdout(&lab.exec(&n1, &["ip", "-d", "addr", "show", "weft-br0"]));
+        (o.contains("bridge") && o.contains(&format!("inet {first}/{}", n1_subnet.prefix_len()))).then_some(())
+    });
+    let w1 = lab.host("w1");
+    let w1_ip = format!("{}/{}", n1_subnet.hosts().nth(9).unwrap(), n1_subnet.prefix_len());
+    for cmd in [
+        format!("ip link add w1p type veth peer name eth0 netns {w1}"),
+        "ip link set w1p master weft-br0 up".to_string(),
+        "sysctl -qw net.ipv4.ip_forward=1".to_string(),
+    ] {
+        must(lab.exec(&n1, &["sh", "-c", &cmd]), &cmd);
+    }
+    for cmd in [
+        format!("ip addr add {w1_ip} dev eth0"),
+        "ip link set eth0 up".to_string(),
+        format!("ip route add default via {first}"),
+    ] {
+        must(lab.exec(&w1, &["sh", "-c", &cmd]), &cmd);
+    }
+    eventually(
+        "the workload on n1's bridge reaching the gateway",
+        Duration::from_secs(10),
+        || {
+            lab.exec(&w1, &["ping", "-c", "1", "-W", "1", &gw_ip])
+                .status
+                .success()
+                .then_some(())
+        },
+    );
+
     // The agents report the state applied, without errors.
     let nodes = weftctl_json(&target, &["nodes"]);
     for n in nodes["nodes"].as_array().unwrap() {
@@ -175,6 +219,18 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
         (links.lines().filter(|l| l.starts_with("weft-n")).count() == 1 && !routes.contains("10.1.1.0/24"))
             .then_some(())
     });
+
+    // The bridge is weft's like the rest: --teardown removes it.
+    lab.proc(n1_agent).stop();
+    let o = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{n1}"))
+        .arg(bin("weft-node-agent"))
+        .args(["--teardown", "--state-dir", dir.path().join("n1").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let links = stdout(&lab.exec(&n1, &["ip", "-br", "link"]));
+    assert!(!links.contains("weft-"), "left after teardown on n1:\n{links}");
 }
 
 /// Two sites up (see `weft_tests::sites`), then the scenarios.

@@ -259,7 +259,10 @@ impl AgentService for AgentApi {
 
     async fn get_assignment(&self, req: Request<pb::GetAssignmentRequest>) -> Result<Response<pb::Assignment>, Status> {
         let (role, id) = agent(&req)?;
-        let name = req.into_inner().name;
+        // Empty: the caller's own.
+        let name = Some(req.into_inner().name)
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| id.name.clone());
         if name != id.name {
             return Err(Status::permission_denied(format!(
                 "{id} may read only its own assignment, not {name:?}'s"
