@@ -220,6 +220,13 @@ pub async fn tun_queue(h: &rtnetlink::Handle, name: &str) -> Result<(), String> 
 /// waits.
 pub async fn queue_on_veth(h: &rtnetlink::Handle, name: &str) -> Result<(), String> {
     let idx = crate::linux::need_index_in(h, name).await?;
+    // pfifo takes its limit from the queue length (veth: 1000, which a
+    // burst still overflowed now and then); the tun's is the same.
+    h.link()
+        .set(rtnetlink::LinkUnspec::new_with_index(idx).txqueuelen(TUN_QUEUE).build())
+        .execute()
+        .await
+        .map_err(|e| format!("cannot set the queue length of {name}: {e}"))?;
     match root_qdisc(h, idx, "fq_codel").await {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => root_qdisc(h, idx, "pfifo").await,
         r => r,
