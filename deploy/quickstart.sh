@@ -132,6 +132,12 @@ if ! $A -o json peerings | grep -q site-b; then
   echo "+ weftctl peering create --token <that token>  (on site-a)"
   $A peering create --token "$token"
 fi
+# The gateways build the tunnel and probe through it; wait until both
+# sides see it answer (state "connected").
+for _ in $(seq 100); do
+  $A -o json peerings | grep -q '"state": "connected"' && $B -o json peerings | grep -q '"state": "connected"' && break
+  sleep 0.2
+done
 set -x
 $A peerings
 $B peerings
