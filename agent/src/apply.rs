@@ -28,6 +28,11 @@ pub trait Applier: Send {
         Vec::new()
     }
 
+    /// Kernel features that change what the controller renders ("geneve").
+    fn features(&mut self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Signalled when a tunnel goes up or down, so the agent reports at once.
     fn tunnel_changes(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
         None

@@ -37,6 +37,8 @@ pub struct Linux {
     /// This host's underlay address, whose interface's MTU sizes the
     /// links rendered without one.
     underlay_ip: Option<IpAddr>,
+    /// Whether the kernel can make Geneve links, once found out.
+    geneve: Option<bool>,
 }
 
 impl std::fmt::Debug for Linux {
@@ -282,6 +284,29 @@ fn enable_forwarding(ns: &str) -> R<()> {
     .map_err(|_| "the namespace worker panicked".to_string())?
 }
 
+/// Whether this kernel can make Geneve links: tried in a network namespace
+/// of a throwaway thread's own (nothing on the host is touched; the
+/// namespace goes with the thread).
+pub fn kernel_has_geneve() -> bool {
+    std::thread::spawn(|| -> R<()> {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("unshare: {e}"))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            let (conn, h, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            let probe = rtnetlink::LinkGeneve::new("weftprobe0", 1)
+                .remote(Ipv4Addr::new(192, 0, 2, 1))
+                .build();
+            h.link().add(probe).execute().await.map_err(|e| e.to_string())
+        })
+    })
+    .join()
+    .is_ok_and(|r| r.is_ok())
+}
+
 impl Linux {
     /// Opens a netlink connection in the current namespace. Must run inside
     /// a tokio runtime.
@@ -297,6 +322,7 @@ impl Linux {
             probe_config: Default::default(),
             tunnel_changed: Default::default(),
             underlay_ip: None,
+            geneve: None,
         })
     }
 
@@ -549,11 +575,24 @@ impl Linux {
                             .map_err(|e| format!("cannot create {}: {e}", l.name)),
                     };
                 }
-                let Some(pb::link::Kind::Vxlan(v)) = &l.kind else {
-                    return Err(format!("{} is not supported yet", describe(o)));
-                };
                 let mtu = self.link_mtu(l).await;
-                // A changed VXLAN cannot be modified in place: replace it.
+                let msg = match &l.kind {
+                    Some(pb::link::Kind::Vxlan(v)) => LinkVxlan::new(&l.name, v.vni)
+                        .local(v4(&v.local, "local")?)
+                        .remote(v4(&v.remote, "remote")?)
+                        .port(v.port as u16)
+                        .mtu(mtu)
+                        .up()
+                        .build(),
+                    Some(pb::link::Kind::Geneve(g)) => rtnetlink::LinkGeneve::new(&l.name, g.vni)
+                        .remote(v4(&g.remote, "remote")?)
+                        .port(g.port as u16)
+                        .mtu(mtu)
+                        .up()
+                        .build(),
+                    _ => return Err(format!("{} is not supported yet", describe(o))),
+                };
+                // A changed tunnel cannot be modified in place: replace it.
                 if let Some(idx) = self.index(&l.name).await? {
                     if old.is_some_and(|x| x == o) {
                         return self.set_up(idx, mtu).await;
@@ -565,13 +604,6 @@ impl Linux {
                         .await
                         .map_err(|e| format!("cannot replace {}: {e}", l.name))?;
                 }
-                let msg = LinkVxlan::new(&l.name, v.vni)
-                    .local(v4(&v.local, "local")?)
-                    .remote(v4(&v.remote, "remote")?)
-                    .port(v.port as u16)
-                    .mtu(mtu)
-                    .up()
-                    .build();
                 self.handle
                     .link()
                     .add(msg)
@@ -820,5 +852,10 @@ impl Applier for Linux {
 
     fn tunnel_changes(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
         Some(self.tunnel_changed.clone())
+    }
+
+    fn features(&mut self) -> Vec<String> {
+        let geneve = *self.geneve.get_or_insert_with(kernel_has_geneve);
+        if geneve { vec!["geneve".into()] } else { vec![] }
     }
 }

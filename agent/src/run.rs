@@ -148,6 +148,7 @@ async fn session(
     let req = pb::WatchRequest {
         last_revision: desired.revision,
         known: desired.known(),
+        features: applier.features(),
     };
     let mut stream = match c.watch(req).await {
         Ok(s) => s.into_inner(),

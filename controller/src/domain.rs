@@ -67,6 +67,9 @@ pub struct Node {
     /// The host's underlay address, set at enrollment.
     #[serde(default)]
     pub underlay_ip: Option<IpAddr>,
+    /// Its kernel can make Geneve links (as its agent last reported).
+    #[serde(default)]
+    pub geneve: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,6 +84,9 @@ pub struct Gateway {
     pub internal_ip: Option<Ipv4Addr>,
     #[serde(default)]
     pub underlay_ip: Option<IpAddr>,
+    /// Its kernel can make Geneve links (as its agent last reported).
+    #[serde(default)]
+    pub geneve: bool,
 }
 
 /// One certificate issued to an agent.

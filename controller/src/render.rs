@@ -27,6 +27,7 @@ use crate::domain::{Gateway, Node, Peering, Site};
 pub const TABLE: u32 = 7765;
 pub const RULE_PRIORITY: u32 = 7765;
 pub const VXLAN_PORT: u32 = 4789;
+pub const GENEVE_PORT: u32 = 6081;
 /// Inside a peering namespace: the table of routes into the tunnel.
 pub const NS_TUNNEL_TABLE: u32 = 1;
 /// The node's end of the overlay.
@@ -109,18 +110,30 @@ fn obj(id: String, kind: Kind) -> (String, pb::DesiredObject) {
     (id.clone(), pb::DesiredObject { id, kind: Some(kind) })
 }
 
-fn vxlan(m: &Model, name: String, vni: u32, local: IpAddr, remote: IpAddr) -> Kind {
+/// One end of a node's overlay tunnel: Geneve when both ends' kernels have
+/// it (as their agents reported), else VXLAN. Both ends decide alike, as
+/// both are rendered from the same two records.
+fn overlay(m: &Model, name: String, vni: u32, local: IpAddr, remote: IpAddr, geneve: bool) -> Kind {
+    let kind = if geneve {
+        pb::link::Kind::Geneve(pb::Geneve {
+            vni,
+            remote: remote.to_string(),
+            port: GENEVE_PORT,
+        })
+    } else {
+        pb::link::Kind::Vxlan(pb::Vxlan {
+            vni,
+            local: local.to_string(),
+            remote: remote.to_string(),
+            port: VXLAN_PORT,
+        })
+    };
     Kind::Link(pb::Link {
         name,
         namespace: String::new(),
         // 0: the agent derives it from its underlay interface.
         mtu: m.site.as_ref().and_then(|s| s.overlay_mtu).unwrap_or(0),
-        kind: Some(pb::link::Kind::Vxlan(pb::Vxlan {
-            vni,
-            local: local.to_string(),
-            remote: remote.to_string(),
-            port: VXLAN_PORT,
-        })),
+        kind: Some(kind),
     })
 }
 
@@ -145,7 +158,14 @@ pub fn node(m: &Model, name: &str) -> Objects {
     out.extend([
         obj(
             "self/link".into(),
-            vxlan(m, NODE_LINK.into(), vni(ip), underlay, gw_underlay),
+            overlay(
+                m,
+                NODE_LINK.into(),
+                vni(ip),
+                underlay,
+                gw_underlay,
+                n.geneve && g.geneve,
+            ),
         ),
         obj(
             "self/addr".into(),
@@ -240,7 +260,7 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
                 ),
                 obj(
                     format!("{base}link"),
-                    vxlan(m, link.clone(), vni(ip), gw_underlay, underlay),
+                    overlay(m, link.clone(), vni(ip), gw_underlay, underlay, n.geneve && g.geneve),
                 ),
                 obj(
                     format!("{base}addr"),
@@ -536,6 +556,7 @@ mod tests {
             certs: vec![],
             internal_ip: Some(Ipv4Addr::new(10, 80, 0, i)),
             underlay_ip: Some(IpAddr::V4(Ipv4Addr::new(192, 168, 1, i))),
+            geneve: false,
         };
         let gw = Gateway {
             name: "gw1".into(),
@@ -545,6 +566,7 @@ mod tests {
             certs: vec![],
             internal_ip: Some(Ipv4Addr::new(10, 80, 0, 100)),
             underlay_ip: Some(IpAddr::V4(Ipv4Addr::new(192, 168, 1, 100))),
+            geneve: false,
         };
         let peering = Peering {
             site_id: "b".into(),
@@ -690,6 +712,34 @@ mod tests {
             tunnel_addresses(TunnelRole::Server).1,
             tunnel_addresses(TunnelRole::Client).0
         );
+    }
+
+    #[test]
+    fn geneve_only_where_both_ends_have_it() {
+        let mut m = model();
+        let mut n1 = (*m.nodes["n1"]).clone();
+        n1.geneve = true;
+        m.nodes.insert("n1".into(), Arc::new(n1));
+        let link = |objs: &Objects, id: &str| match &objs[id].kind {
+            Some(Kind::Link(l)) => l.kind.clone().unwrap(),
+            _ => panic!("{id} is not a link"),
+        };
+        // The gateway's kernel lacks it: VXLAN at both ends.
+        assert!(matches!(link(&node(&m, "n1"), "self/link"), pb::link::Kind::Vxlan(_)));
+        let mut g = (*m.gateways["gw1"]).clone();
+        g.geneve = true;
+        m.gateways.insert("gw1".into(), Arc::new(g));
+        let gw = gateway(&m, "gw1");
+        let pb::link::Kind::Geneve(a) = link(&node(&m, "n1"), "self/link") else {
+            panic!("node end")
+        };
+        let pb::link::Kind::Geneve(b) = link(&gw, "node/n1/link") else {
+            panic!("gateway end")
+        };
+        assert_eq!((a.vni, a.port), (b.vni, GENEVE_PORT));
+        // n2's kernel lacks it.
+        assert!(matches!(link(&node(&m, "n2"), "self/link"), pb::link::Kind::Vxlan(_)));
+        assert!(matches!(link(&gw, "node/n2/link"), pb::link::Kind::Vxlan(_)));
     }
 
     #[test]

@@ -325,7 +325,7 @@ fn status_cols(s: &Option<pb::AgentStatus>, enrolled: bool) -> Vec<String> {
 }
 fn node_json(n: &pb::Node) -> Value {
     json!({"name": n.name, "subnet": n.subnet, "subnet_source": source(n.subnet_source), "created_at": ts(&n.created_at),
-           "cert_expires_at": ts(&n.cert_expires_at), "internal_ip": n.internal_ip, "underlay_ip": n.underlay_ip,
+           "cert_expires_at": ts(&n.cert_expires_at), "internal_ip": n.internal_ip, "underlay_ip": n.underlay_ip, "geneve": n.geneve,
            "status": status_json(&n.status)})
 }
 fn node_row(n: &pb::Node) -> Vec<String> {
@@ -436,7 +436,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
             Out {
                 json: json!({"gateways": r.gateways.iter().map(|g| json!({
                     "name": g.name, "endpoint": g.endpoint, "public_key": g.public_key, "created_at": ts(&g.created_at),
-                    "cert_expires_at": ts(&g.cert_expires_at), "internal_ip": g.internal_ip, "underlay_ip": g.underlay_ip,
+                    "cert_expires_at": ts(&g.cert_expires_at), "internal_ip": g.internal_ip, "underlay_ip": g.underlay_ip, "geneve": g.geneve,
                     "status": status_json(&g.status),
                 })).collect::<Vec<_>>(), "revision": r.revision}),
                 header: vec![

@@ -89,13 +89,44 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
     let n1_agent = agent("node", "n1", &n1, "192.168.77.11", &["--workload-bridge", "weft-br0"]);
     agent("node", "n2", &n2, "192.168.77.12", &[]);
 
-    // The nodes get their VXLAN end toward the gateway, with its address.
+    // The agents report whether their kernel has Geneve (found out here the
+    // same way: a Geneve link in a scratch namespace); the overlay is
+    // Geneve where both ends have it, VXLAN otherwise.
+    let scratch = lab.host("scratch");
+    let geneve = lab
+        .exec(
+            &scratch,
+            &[
+                "ip",
+                "link",
+                "add",
+                "g0",
+                "type",
+                "geneve",
+                "id",
+                "1",
+                "remote",
+                "192.0.2.1",
+            ],
+        )
+        .status
+        .success();
+    assert_eq!(
+        weft_agent::linux::kernel_has_geneve(),
+        geneve,
+        "the agents' Geneve detection"
+    );
+    let encap = if geneve { "geneve id" } else { "vxlan id" };
     for ns in [&n1, &n2] {
         eventually("the node's overlay link", Duration::from_secs(20), || {
             let o = stdout(&lab.exec(ns, &["ip", "-d", "addr", "show", "weft-vx0"]));
-            (o.contains("vxlan id") && o.contains("remote 192.168.77.10") && o.contains("inet 10.80.")).then_some(())
+            (o.contains(encap) && o.contains("remote 192.168.77.10") && o.contains("inet 10.80.")).then_some(())
         });
     }
+    for n in weftctl_json(&target, &["nodes"])["nodes"].as_array().unwrap() {
+        assert_eq!(n["geneve"], geneve, "{n}");
+    }
+    assert_eq!(weftctl_json(&target, &["gateways"])["gateways"][0]["geneve"], geneve);
     // The gateway: one tunnel per node, routes to both node subnets in table 7765, and its rules.
     let gw_routes = eventually("the gateway's routes", Duration::from_secs(20), || {
         let o = stdout(&lab.exec(&gw, &["ip", "route", "show", "table", "7765"]));

@@ -63,6 +63,7 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
         .watch(pb::WatchRequest {
             last_revision: 0,
             known: vec![],
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -96,10 +97,16 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
         panic!()
     };
     assert_eq!(p.endpoint, "192.168.2.1:51820");
+    // Real CIDRs inside the tunnel, and the far end's probe address.
     assert_eq!(
-        p.allowed_ips,
+        p.allowed_ips[..2],
         ["10.2.0.0/16", "10.70.0.0/16"],
         "real CIDRs inside the tunnel"
+    );
+    assert!(
+        p.allowed_ips.len() == 3 && ["169.254.255.253/32", "169.254.255.254/32"].contains(&p.allowed_ips[2].as_str()),
+        "{:?}",
+        p.allowed_ips
     );
 
     // The subscriptions between the controllers start within a moment of

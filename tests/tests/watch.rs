@@ -80,6 +80,7 @@ async fn snapshot_then_deltas_then_resume_with_the_difference() {
         .watch(pb::WatchRequest {
             last_revision: 0,
             known: vec![],
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -114,6 +115,7 @@ async fn snapshot_then_deltas_then_resume_with_the_difference() {
         .watch(pb::WatchRequest {
             last_revision: r1,
             known: known(&held),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -137,6 +139,7 @@ async fn snapshot_then_deltas_then_resume_with_the_difference() {
         .watch(pb::WatchRequest {
             last_revision: r.revision,
             known: known(&held),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -159,6 +162,7 @@ async fn snapshot_fallback_when_a_delta_is_impossible_or_pointless() {
         .watch(pb::WatchRequest {
             last_revision: rev + 1000,
             known: vec![],
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -183,6 +187,7 @@ async fn snapshot_fallback_when_a_delta_is_impossible_or_pointless() {
         .watch(pb::WatchRequest {
             last_revision: rev,
             known: stale,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -201,6 +206,7 @@ async fn a_stalled_agent_gets_coalesced_state_and_stalls_no_one() {
         .watch(pb::WatchRequest {
             last_revision: 0,
             known: vec![],
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -211,6 +217,7 @@ async fn a_stalled_agent_gets_coalesced_state_and_stalls_no_one() {
         .watch(pb::WatchRequest {
             last_revision: 0,
             known: vec![],
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -269,6 +276,7 @@ async fn a_removed_agent_loses_its_stream() {
         .watch(pb::WatchRequest {
             last_revision: 0,
             known: vec![],
+            ..Default::default()
         })
         .await
         .unwrap()

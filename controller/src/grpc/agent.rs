@@ -153,6 +153,10 @@ impl AgentService for AgentApi {
                 "the controller is shutting down; connect to another replica or retry",
             ));
         }
+        // What the host's kernel can do decides its overlay encapsulation;
+        // a change re-renders its tunnels (and its peers' ends of them).
+        let geneve = req.features.iter().any(|f| f == "geneve");
+        self.state.set_geneve(role, &id.name, geneve).await?;
         let key = (role, id.name.clone());
         // Subscribe before rendering: a change in between is then pending,
         // not lost.

@@ -48,6 +48,7 @@ pub fn node(n: &Node) -> pb::Node {
         status: None,
         internal_ip: n.internal_ip.map(|i| i.to_string()).unwrap_or_default(),
         underlay_ip: n.underlay_ip.map(|i| i.to_string()).unwrap_or_default(),
+        geneve: n.geneve,
     }
 }
 
@@ -61,6 +62,7 @@ pub fn gateway(g: &Gateway) -> pb::Gateway {
         status: None,
         internal_ip: g.internal_ip.map(|i| i.to_string()).unwrap_or_default(),
         underlay_ip: g.underlay_ip.map(|i| i.to_string()).unwrap_or_default(),
+        geneve: g.geneve,
     }
 }
 

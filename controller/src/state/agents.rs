@@ -266,6 +266,7 @@ impl State {
                                     certs: vec![],
                                     internal_ip: None,
                                     underlay_ip: None,
+                                    geneve: false,
                                 },
                                 Compare::Version(key.clone(), 0),
                             ),
@@ -444,6 +445,7 @@ pub(super) fn new_node(
         certs: vec![],
         internal_ip: None,
         underlay_ip: None,
+        geneve: false,
     })
 }
 

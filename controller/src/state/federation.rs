@@ -242,4 +242,46 @@ impl State {
         }
         Err(Error::Aborted("the gateway's record kept changing; retry".into()))
     }
+
+    /// Records whether agent `name`'s kernel can make Geneve links (a
+    /// write only when it changed, which re-renders its tunnels).
+    pub async fn set_geneve(&self, role: crate::domain::AgentRole, name: &str, geneve: bool) -> Result<(), Error> {
+        use crate::domain::{AgentRole, Gateway, Node};
+        fn flip<T: serde::Serialize + serde::de::DeserializeOwned>(
+            kv: &crate::store::KeyValue,
+            geneve: bool,
+            field: impl Fn(&mut T) -> &mut bool,
+        ) -> Result<Option<Vec<u8>>, Error> {
+            let mut rec: T = super::decode(kv)?;
+            if *field(&mut rec) == geneve {
+                return Ok(None);
+            }
+            *field(&mut rec) = geneve;
+            Ok(Some(encode(&rec)))
+        }
+        let key = match role {
+            AgentRole::Node => self.key(&format!("nodes/{name}")),
+            AgentRole::Gateway => self.key(&format!("gateways/{name}")),
+        };
+        for _ in 0..super::MAX_ATTEMPTS {
+            let Some(kv) = self.store.get(&key).await? else {
+                return Err(Error::Unauthenticated(format!(
+                    "{name:?} has been removed; enroll it again"
+                )));
+            };
+            let new = match role {
+                AgentRole::Node => flip::<Node>(&kv, geneve, |n| &mut n.geneve)?,
+                AgentRole::Gateway => flip::<Gateway>(&kv, geneve, |g| &mut g.geneve)?,
+            };
+            let Some(value) = new else { return Ok(()) };
+            let txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), kv.mod_revision))
+                .then(Op::put(key.clone(), value));
+            if self.store.txn(txn).await?.succeeded {
+                tracing::info!(agent = name, geneve, "kernel features changed");
+                return Ok(());
+            }
+        }
+        Err(Error::Aborted("the agent's record kept changing; retry".into()))
+    }
 }

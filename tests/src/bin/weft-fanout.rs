@@ -121,6 +121,7 @@ async fn simulated_agent(
             .watch(pb::WatchRequest {
                 last_revision: revision,
                 known,
+                ..Default::default()
             })
             .await
         {
@@ -330,6 +331,7 @@ async fn main() -> anyhow::Result<()> {
             .watch(pb::WatchRequest {
                 last_revision: 0,
                 known: vec![],
+                ..Default::default()
             })
             .await
             .expect("watch")
