@@ -344,8 +344,12 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut delays = backoff();
     let mut controller = 0usize;
+    // Controllers tried since the last good session: the next replica is
+    // tried at once, the back-off applies only after a whole round failed.
+    let mut tried = 0usize;
     loop {
         let target = cfg.controllers[controller].clone();
+        let started = std::time::Instant::now();
         let end = tokio::select! {
             end = session(&target, gateway_key.as_deref(), cfg.endpoint.as_deref(), cfg.workload_bridge.as_deref(), cfg.resync_interval, &mut rx, &mut desired, &file, applier.as_mut()) => end,
             r = &mut renewal => return match r {
@@ -363,7 +367,18 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
                 anyhow::bail!("the controller refused this agent: {e:#}")
             }
             End::Transient(e) => {
-                let delay = delays.next().unwrap_or(Duration::from_secs(60));
+                if started.elapsed() > Duration::from_secs(10) {
+                    // The session was up: start over with short delays.
+                    delays = backoff();
+                    tried = 0;
+                }
+                tried += 1;
+                let delay = if tried < cfg.controllers.len() {
+                    Duration::from_millis(100)
+                } else {
+                    tried = 0;
+                    delays.next().unwrap_or(Duration::from_secs(60))
+                };
                 tracing::warn!(controller = %target, error = %format!("{e:#}"), retry_in = ?delay, "disconnected; keeping the last state");
                 controller = (controller + 1) % cfg.controllers.len();
                 tokio::select! {

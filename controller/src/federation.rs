@@ -454,22 +454,24 @@ impl FederationService for FederationApi {
 
 /// Keeps one subscription per peering: takes in the peer's parameter
 /// changes, removes the peering when the peer says it has none, or when the
-/// peer stays unreachable past the grace period.
-pub async fn sync_peers(fed: Arc<Federation>) {
+/// peer stays unreachable past the grace period. Only while this replica
+/// leads (see leader.rs): one set of sessions per site.
+pub async fn sync_peers(fed: Arc<Federation>, leader: tokio::sync::watch::Receiver<bool>) {
     let mut tasks: std::collections::HashMap<String, tokio::task::JoinHandle<()>> = std::collections::HashMap::new();
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         tick.tick().await;
+        let leading = *leader.borrow();
         let model = fed.hub.model();
         tasks.retain(|site, t| {
-            let keep = model.peerings.get(site).is_some_and(|p| p.remote.is_some()) && !t.is_finished();
+            let keep = leading && model.peerings.get(site).is_some_and(|p| p.remote.is_some()) && !t.is_finished();
             if !keep {
                 t.abort();
             }
             keep
         });
         for (site, p) in model.peerings.iter() {
-            if p.remote.is_some() && !tasks.contains_key(site) {
+            if leading && p.remote.is_some() && !tasks.contains_key(site) {
                 tasks.insert(site.clone(), tokio::spawn(follow_peer(fed.clone(), site.clone())));
             }
         }

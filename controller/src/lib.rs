@@ -18,6 +18,7 @@ pub mod federation;
 pub mod grpc;
 pub mod hub;
 pub mod ipam;
+pub mod leader;
 pub mod pki;
 pub mod render;
 pub mod server;

@@ -197,6 +197,11 @@ pub async fn run(
     let pki = ensure_pki(&cfg)?;
     let store = open_store(&cfg).await?;
     let state = State::new(store.clone(), &cfg.site.id);
+    // Replicas on one etcd must hold the same site CA.
+    state
+        .check_ca(&pki.ca.fingerprint)
+        .await
+        .context("cannot start this controller")?;
     state
         .init_site(&cfg.site)
         .await
@@ -241,7 +246,15 @@ pub async fn run(
         hub: hub.clone(),
         grace: cfg.peer_grace,
     });
-    let peer_sync = tokio::spawn(crate::federation::sync_peers(fed.clone()));
+    let me = format!(
+        "{}@{}",
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .unwrap_or_default()
+            .trim(),
+        cfg.listen
+    );
+    let leader = crate::leader::campaign(store.clone(), state.leader_key(), me);
+    let peer_sync = tokio::spawn(crate::federation::sync_peers(fed.clone(), leader));
 
     let admin = InterceptedService::new(
         AdminServiceServer::new(AdminApi::new(

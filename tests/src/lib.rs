@@ -307,6 +307,13 @@ impl Controller {
         terminate(&mut c)
     }
 
+    /// Kills it (SIGKILL): no shutdown, as a crash or a lost host.
+    pub fn kill(&mut self) {
+        let mut c = self.child.take().expect("controller is not running");
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
     /// Starts it again after [`Controller::stop`], with the same flags and data.
     pub fn restart_stopped(&mut self) {
         assert!(self.child.is_none(), "controller is still running");

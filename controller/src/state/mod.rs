@@ -261,6 +261,37 @@ impl State {
         format!("{}{rest}", self.root)
     }
 
+    /// The key the replicas campaign on for singleton work.
+    pub fn leader_key(&self) -> String {
+        self.key("leader")
+    }
+
+    /// Records the site CA's fingerprint on first start; on later starts
+    /// (and on every replica) refuses a controller holding another CA,
+    /// whose certificates the agents and peers would not trust.
+    pub async fn check_ca(&self, fingerprint: &str) -> Result<(), Error> {
+        let key = self.key("ca-fingerprint");
+        let txn = Txn::new()
+            .when(Compare::Version(key.clone(), 0))
+            .then(Op::put(key.clone(), fingerprint.as_bytes().to_vec()));
+        if self.store.txn(txn).await?.succeeded {
+            return Ok(());
+        }
+        let stored = self
+            .store
+            .get(&key)
+            .await?
+            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
+            .unwrap_or_default();
+        if stored == fingerprint {
+            return Ok(());
+        }
+        Err(Error::FailedPrecondition(format!(
+            "this controller's site CA (SHA-256 {fingerprint}) is not the one the site's store was created with ({stored}); \
+             a replica needs the site's CA: copy pki/ca.pem and pki/ca.key from another replica's data dir before starting it"
+        )))
+    }
+
     async fn snapshot(&self) -> Result<Snapshot, Error> {
         let range = self.store.get_prefix(&self.root).await?;
         let mut s = Snapshot {

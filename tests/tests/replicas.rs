@@ -1,0 +1,139 @@
+//! Three controller replicas of one site on one etcd (real etcd, real
+//! binaries): any replica serves agents and admin calls, exactly one leads
+//! the singleton work, a replica holding another CA is refused, and when
+//! the replica the agents watch is SIGKILLed they move to another one at
+//! once and changes made after the kill still reach them.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use weft_tests::{Controller, Etcd, Proc, bin, eventually, weftctl_json};
+
+const LEADING: &str = "leading the site's singleton work";
+
+fn agent(
+    kind: &str,
+    name: &str,
+    ip: &str,
+    controllers: &[&Controller],
+    via: &Controller,
+    dir: &std::path::Path,
+) -> Proc {
+    let t = weftctl_json(&via.target(), &["token", "create", "--role", kind, "--name", name]);
+    let list: Vec<String> = controllers
+        .iter()
+        .map(|c| format!("https://127.0.0.1:{}", c.listen_port))
+        .collect();
+    let mut cmd = Command::new(bin(&format!("weft-{kind}-agent")));
+    cmd.args(["--controller", &list.join(","), "--name", name, "--underlay-ip", ip])
+        .args(["--token", t["token"].as_str().unwrap()])
+        .args(["--ca-fingerprint", t["ca_fingerprint"].as_str().unwrap()])
+        .arg("--state-dir")
+        .arg(dir.join(name))
+        .arg("--dry-run")
+        .env_remove("WEFT_CONTROLLER")
+        .env_remove("WEFT_TOKEN");
+    if kind == "gateway" {
+        cmd.args(["--endpoint", &format!("{ip}:51820")]);
+    }
+    Proc::spawn(&mut cmd, &dir.join(format!("{name}.log")))
+}
+
+/// The controller (port) an agent's log says it watches last.
+fn watching(p: &Proc) -> Option<u16> {
+    p.log_text()
+        .lines()
+        .rev()
+        .find(|l| l.contains("watching"))
+        .and_then(|l| l.split("controller=https://127.0.0.1:").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+}
+
+#[test]
+fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
+    let Some(etcd) = Etcd::start() else { return };
+    let dir = tempfile::Builder::new().prefix("weft-replicas").tempdir().unwrap();
+    let ep = etcd.endpoint();
+    let flags = ["--pod-cidr", "10.1.0.0/16", "--etcd-endpoints", ep.as_str()];
+    let a = Controller::start("site-a", &dir.path().join("a"), &flags);
+    // The replicas share the site CA: copied, as an operator would.
+    for r in ["b", "c"] {
+        let pki = dir.path().join(r).join("pki");
+        std::fs::create_dir_all(&pki).unwrap();
+        for f in ["ca.pem", "ca.key"] {
+            std::fs::copy(a.pki(f), pki.join(f)).unwrap();
+        }
+    }
+    let b = Controller::start("site-a", &dir.path().join("b"), &flags);
+    let c = Controller::start("site-a", &dir.path().join("c"), &flags);
+
+    // A replica with a CA of its own is refused, saying what to do.
+    let out = Command::new(bin("weft-controller"))
+        .args(["--site-id", "site-a", "--data-dir"])
+        .arg(dir.path().join("d"))
+        .args(["--listen", "127.0.0.1:0"])
+        .args(flags)
+        .env_remove("WEFT_CONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("copy pki/ca.pem and pki/ca.key"),
+        "{err}"
+    );
+
+    // Exactly one replica leads.
+    let leaders = |cs: &[&Controller]| cs.iter().filter(|c| c.log_text().contains(LEADING)).count();
+    eventually("a leader", Duration::from_secs(10), || {
+        (leaders(&[&a, &b, &c]) == 1).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(leaders(&[&a, &b, &c]), 1, "more than one replica leads");
+
+    // Any replica serves admin calls from the shared state.
+    assert_eq!(weftctl_json(&c.target(), &["site"])["id"], "site-a");
+
+    let (mut a, b, c) = (a, b, c);
+    let gw = agent("gateway", "gw", "192.0.2.10", &[&a, &b, &c], &b, dir.path());
+    let n1 = agent("node", "n1", "192.0.2.11", &[&a, &b, &c], &c, dir.path());
+    for p in [&gw, &n1] {
+        eventually("the agent watching replica a", Duration::from_secs(20), || {
+            (watching(p) == Some(a.listen_port)).then_some(())
+        });
+    }
+    eventually("the gateway given n1's tunnel", Duration::from_secs(20), || {
+        gw.log_text().contains("remote 192.0.2.11").then_some(())
+    });
+
+    // Replica a dies; the agents move to b or c.
+    let a_led = a.log_text().contains(LEADING);
+    let killed = Instant::now();
+    a.kill();
+    for p in [&gw, &n1] {
+        eventually("the agent watching another replica", Duration::from_secs(5), || {
+            watching(p).filter(|port| *port != a.listen_port).map(|_| ())
+        });
+    }
+    let moved = killed.elapsed();
+    eprintln!("agents moved to another replica {moved:?} after the kill");
+    assert!(moved < Duration::from_secs(5), "{moved:?}");
+
+    // A change made after the kill, through another replica, reaches them:
+    // a second node enrolls, and the gateway is given a tunnel to it.
+    let _n2 = agent("node", "n2", "192.0.2.12", &[&b, &c], &b, dir.path());
+    eventually("the gateway given n2's tunnel", Duration::from_secs(10), || {
+        gw.log_text().contains("remote 192.0.2.12").then_some(())
+    });
+    let nodes = weftctl_json(&b.target(), &["nodes"]);
+    for n in nodes["nodes"].as_array().unwrap() {
+        assert_eq!(n["status"]["ready"], true, "{n}");
+    }
+
+    // If the dead replica led, another takes over within the leader TTL.
+    if a_led {
+        eventually("a new leader", Duration::from_secs(10), || {
+            (leaders(&[&b, &c]) == 1).then_some(())
+        });
+    }
+}
