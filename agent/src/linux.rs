@@ -637,13 +637,17 @@ impl Linux {
                 {
                     self.wg.remove_peer(&prev.link, &prev.public_key)?;
                 }
-                self.wg.set_peer(
+                let changed = self.wg.set_peer(
                     &p.link,
                     &p.public_key,
                     &p.endpoint,
                     &p.allowed_ips,
                     p.persistent_keepalive,
-                )
+                )?;
+                if changed && let Some((_, prober)) = self.probes.get(&p.link) {
+                    prober.kick();
+                }
+                Ok(())
             }
             _ => Err(format!("{} is not supported by this agent yet", describe(o))),
         }

@@ -74,18 +74,39 @@ impl Health {
     }
 }
 
+/// Wakes a prober to probe at once.
+#[derive(Default)]
+struct Kick {
+    now: Mutex<bool>,
+    cv: std::sync::Condvar,
+}
+
 /// A running prober; stops (and its thread ends) when dropped.
 pub struct Prober {
     stop: Arc<AtomicBool>,
+    kick: Arc<Kick>,
     pub health: Arc<Mutex<Health>>,
     pub local: Ipv4Addr,
     pub peer: Ipv4Addr,
     pub config: ProbeConfig,
 }
 
+impl Prober {
+    /// Probes now instead of at the next interval. Sending through the
+    /// tunnel also makes WireGuard start a handshake at once when the peer
+    /// was just (re)configured — after a failover the new peer has no
+    /// session, and without traffic from this side neither end would start
+    /// one for up to 15 s.
+    pub fn kick(&self) {
+        *self.kick.now.lock().unwrap() = true;
+        self.kick.cv.notify_one();
+    }
+}
+
 impl Drop for Prober {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.kick();
     }
 }
 
@@ -121,13 +142,15 @@ pub fn start(
     let socket = open(ns, local)?;
     let stop = Arc::new(AtomicBool::new(false));
     let health = Arc::new(Mutex::new(Health::default()));
-    let (s, h) = (stop.clone(), health.clone());
+    let kick = Arc::new(Kick::default());
+    let (s, h, k) = (stop.clone(), health.clone(), kick.clone());
     std::thread::Builder::new()
         .name(format!("probe-{peer}"))
-        .spawn(move || run(socket, peer, config, &s, &h, changed))
+        .spawn(move || run(socket, peer, config, &s, &h, &k, changed))
         .map_err(|e| format!("cannot start the prober: {e}"))?;
     Ok(Prober {
         stop,
+        kick,
         health,
         local,
         peer,
@@ -141,6 +164,7 @@ fn run(
     config: ProbeConfig,
     stop: &AtomicBool,
     health: &Mutex<Health>,
+    kick: &Kick,
     changed: impl Fn(),
 ) {
     let to = SockAddr::from(SocketAddrV4::new(peer, 0));
@@ -175,10 +199,13 @@ fn run(
         if flipped {
             changed();
         }
-        let now = Instant::now();
-        if now < deadline {
-            std::thread::sleep(deadline - now);
+        // Until the next interval, or a kick.
+        let mut now_please = kick.now.lock().unwrap();
+        while !*now_please && Instant::now() < deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            now_please = kick.cv.wait_timeout(now_please, left).unwrap().0;
         }
+        *now_please = false;
     }
 }
 

@@ -220,7 +220,12 @@ async fn session(
         };
         match c.report(report).await {
             Ok(r) => {
-                let every = Duration::from_secs(u64::from(r.into_inner().heartbeat_seconds.max(1)));
+                let r = r.into_inner();
+                let every = if r.heartbeat_millis > 0 {
+                    Duration::from_millis(u64::from(r.heartbeat_millis.max(50)))
+                } else {
+                    Duration::from_secs(u64::from(r.heartbeat_seconds.max(1)))
+                };
                 if every != heartbeat.period() {
                     heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
                 }

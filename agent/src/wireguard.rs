@@ -44,8 +44,11 @@ impl Device {
     /// Sends one UAPI request; returns the response lines before `errno`.
     pub fn uapi(&mut self, request: &str) -> R<Vec<String>> {
         let s = self.uapi.get_mut();
-        s.write_all(request.as_bytes())
-            .and_then(|_| s.write_all(b"\n"))
+        // One write: boringtun reads each request through a fresh buffered
+        // reader and drops what it buffered when it refuses one (EIO), so
+        // a request sent in two pieces could leave its tail to be read as
+        // a request of its own, and the answers would no longer match.
+        s.write_all(format!("{request}\n").as_bytes())
             .map_err(|e| format!("UAPI: {e}"))?;
         let mut lines = Vec::new();
         loop {
@@ -69,6 +72,23 @@ impl Device {
             }
             lines.push(line);
         }
+    }
+
+    /// A "set" that boringtun may refuse for a moment: it answers EIO
+    /// while its worker holds the device (measured during a failover, when
+    /// peers change under traffic). Retried a few times, 10 ms apart.
+    pub fn uapi_retrying(&mut self, request: &str) -> R<Vec<String>> {
+        let mut last = String::new();
+        for _ in 0..20 {
+            match self.uapi(request) {
+                Err(e) if e == "UAPI error 5" => {
+                    last = e;
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                r => return r,
+            }
+        }
+        Err(format!("{last} (the device stayed busy)"))
     }
 
     /// The newest handshake with any peer and the bytes over all peers.
@@ -206,7 +226,7 @@ impl Devices {
         endpoint: &str,
         allowed: &[String],
         keepalive: u32,
-    ) -> R<()> {
+    ) -> R<bool> {
         let dev = self
             .devices
             .get_mut(link)
@@ -222,17 +242,17 @@ impl Devices {
         for a in allowed {
             lines.push_str(&format!("allowed_ip={a}\n"));
         }
-        match dev.peers.get(&key) {
-            Some(same) if *same == lines => return Ok(()),
-            Some(_) => {
-                dev.uapi(&format!("set=1\npublic_key={key}\nremove=true\n"))?;
-                dev.peers.remove(&key);
-            }
-            None => {}
+        if dev.peers.get(&key) == Some(&lines) {
+            return Ok(false);
         }
-        dev.uapi(&format!("set=1\npublic_key={key}\nreplace_allowed_ips=true\n{lines}"))?;
+        // Always remove first, even a peer this map does not list: boringtun
+        // aborts its worker thread (assert) when asked to add a peer it
+        // already has, which a failed earlier call could leave behind.
+        dev.peers.remove(&key);
+        dev.uapi_retrying(&format!("set=1\npublic_key={key}\nremove=true\n"))?;
+        dev.uapi_retrying(&format!("set=1\npublic_key={key}\nreplace_allowed_ips=true\n{lines}"))?;
         dev.peers.insert(key, lines);
-        Ok(())
+        Ok(true)
     }
 
     pub fn remove_peer(&mut self, link: &str, public_key: &str) -> R<()> {
@@ -240,9 +260,8 @@ impl Devices {
         let Some(dev) = self.devices.get_mut(link) else {
             return Ok(());
         };
-        if dev.peers.remove(&key).is_none() {
-            return Ok(());
-        }
-        dev.uapi(&format!("set=1\npublic_key={key}\nremove=true\n")).map(|_| ())
+        dev.peers.remove(&key);
+        dev.uapi_retrying(&format!("set=1\npublic_key={key}\nremove=true\n"))
+            .map(|_| ())
     }
 }

@@ -89,6 +89,10 @@ pub struct ControllerArgs {
     /// An agent that has not reported for this long is not ready [default: 15s].
     #[arg(global = true, long, env = "WEFT_AGENT_TTL")]
     pub agent_ttl: Option<String>,
+    /// A gateway that has not reported for this long is failed over (one
+    /// whose connection closes, at once) [default: 2s].
+    #[arg(global = true, long, env = "WEFT_GATEWAY_TTL")]
+    pub gateway_ttl: Option<String>,
     /// host:port where other sites reach this controller (in peering tokens);
     /// repeatable [default: --listen when it names an address].
     #[arg(global = true, long = "advertise", env = "WEFT_ADVERTISE", value_delimiter = ',')]
@@ -127,6 +131,7 @@ pub struct FileConfig {
     pub log_format: Option<LogFormat>,
     pub agent_cert_ttl: Option<String>,
     pub agent_ttl: Option<String>,
+    pub gateway_ttl: Option<String>,
     pub advertise: Option<Vec<String>>,
     pub peer_grace: Option<String>,
     pub overlay_mtu: Option<u32>,
@@ -173,6 +178,7 @@ pub struct ControllerConfig {
     pub log_format: LogFormat,
     pub agent_cert_ttl: std::time::Duration,
     pub agent_ttl: std::time::Duration,
+    pub gateway_ttl: std::time::Duration,
     pub advertise: Vec<String>,
     pub peer_grace: std::time::Duration,
 }
@@ -227,6 +233,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("tls_sans", "--tls-san", "WEFT_TLS_SAN"),
     ("agent_cert_ttl", "--agent-cert-ttl", "WEFT_AGENT_CERT_TTL"),
     ("agent_ttl", "--agent-ttl", "WEFT_AGENT_TTL"),
+    ("gateway_ttl", "--gateway-ttl", "WEFT_GATEWAY_TTL"),
     ("advertise", "--advertise", "WEFT_ADVERTISE"),
     ("peer_grace", "--peer-grace", "WEFT_PEER_GRACE"),
     ("overlay_mtu", "--overlay-mtu", "WEFT_OVERLAY_MTU"),
@@ -599,6 +606,17 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         }
     };
 
+    let gw_text = pick(args.gateway_ttl.clone(), file.gateway_ttl).unwrap_or_else(|| "2s".into());
+    let gateway_ttl = match humantime::parse_duration(&gw_text) {
+        Ok(d) if d >= std::time::Duration::from_millis(300) && d <= std::time::Duration::from_secs(3600) => Some(d),
+        _ => {
+            errs.push(FieldError {
+                field: "gateway_ttl".into(),
+                message: format!("{gw_text:?}: give a duration from 300ms to 1h, e.g. 2s"),
+            });
+            None
+        }
+    };
     // 1280: the least IPv6 (and so WireGuard's peers) must carry.
     let mtu = |name: &str, v: Option<u32>, errs: &mut Vec<FieldError>| match v {
         Some(m) if !(1280..=9000).contains(&m) => {
@@ -647,6 +665,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         log_format,
         agent_cert_ttl: agent_cert_ttl.unwrap(),
         agent_ttl: agent_ttl.unwrap(),
+        gateway_ttl: gateway_ttl.unwrap(),
         advertise,
         peer_grace: peer_grace.unwrap(),
     })

@@ -188,6 +188,9 @@ pub struct RemoteGateway {
     pub name: String,
     pub endpoint: Option<String>,
     pub public_key: Option<String>,
+    /// Carries the peer's traffic now (false: a standby).
+    #[serde(default)]
+    pub active: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

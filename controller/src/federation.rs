@@ -130,7 +130,11 @@ impl Federation {
     /// This site's network parameters as it tells peers.
     pub async fn params(&self) -> Result<pb::NetworkParams, Error> {
         let (site, _) = self.state.site().await?;
+        // Which gateway is active: the peer gives only it our CIDRs as
+        // allowed IPs, and follows this when we fail over.
         let (gateways, _) = self.state.list_gateways().await?;
+        let model = self.hub.model();
+        let active = crate::render::active_gateway(&model).map(|g| g.name.clone());
         Ok(pb::NetworkParams {
             site_id: site.id.clone(),
             workload_cidrs: site.pod_cidrs.iter().map(|c| c.to_string()).collect(),
@@ -141,6 +145,7 @@ impl Federation {
                     name: g.name.clone(),
                     endpoint: g.endpoint.clone().unwrap_or_default(),
                     public_key: g.public_key.clone().unwrap_or_default(),
+                    active: Some(&g.name) == active.as_ref(),
                 })
                 .collect(),
             mtu: site.tunnel_mtu.unwrap_or(0),
@@ -175,6 +180,7 @@ impl Federation {
                     name: g.name.clone(),
                     endpoint: Some(g.endpoint.clone()).filter(|e| !e.is_empty()),
                     public_key: Some(g.public_key.clone()).filter(|k| !k.is_empty()),
+                    active: g.active,
                 })
                 .collect(),
             mtu: agreed_mtu(p.mtu, own.mtu),

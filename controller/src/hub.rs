@@ -91,6 +91,7 @@ pub struct Hub {
     /// Status records waiting for the next batched write.
     dirty: Mutex<HashMap<AgentKey, (LeaseId, AliveRecord)>>,
     pub agent_ttl: Duration,
+    pub gateway_ttl: Duration,
     /// Each gateway's latest tunnel report (when, what). Kept in memory:
     /// it changes with every report and is worth nothing once stale.
     tunnels: Mutex<HashMap<String, (u64, Vec<pb::TunnelStatus>)>>,
@@ -120,7 +121,7 @@ fn same_but_certs_gateway(a: &Gateway, b: &Gateway) -> bool {
 
 impl Hub {
     /// Loads the model and starts following the store.
-    pub async fn start(state: State, agent_ttl: Duration) -> Result<Arc<Hub>, Error> {
+    pub async fn start(state: State, agent_ttl: Duration, gateway_ttl: Duration) -> Result<Arc<Hub>, Error> {
         let model = state.model().await?;
         let (alive_tx, alive_rx) = tokio::sync::oneshot::channel();
         let hub = Arc::new(Hub {
@@ -133,6 +134,7 @@ impl Hub {
             params_rev: tokio::sync::watch::Sender::new(0),
             closing: tokio::sync::watch::Sender::new(false),
             agent_ttl,
+            gateway_ttl,
             tunnels: Mutex::new(HashMap::new()),
             _alive: alive_tx,
         });
@@ -201,7 +203,17 @@ impl Hub {
             Gateway { name: String, removed: bool },
             Peering(String),
         }
-        let mark = if rest == "site" {
+        let mark = if rest == "gateway-active" {
+            model.active_gateway = put.then(|| String::from_utf8_lossy(value).into_owned());
+            Mark::Everyone
+        } else if let Some(name) = rest.strip_prefix("alive/gateway/") {
+            if put {
+                model.live_gateways.insert(name.to_string());
+            } else {
+                model.live_gateways.remove(name);
+            }
+            Mark::Nothing
+        } else if rest == "site" {
             if put && let Ok(s) = serde_json::from_slice::<Site>(value) {
                 model.site = Some(Arc::new(s));
             }
@@ -312,9 +324,6 @@ impl Hub {
         Ok(rev)
     }
 
-    /// An agent's report: its heartbeat, applied revision and errors. The
-    /// record under `alive/` lives on a lease with the agent TTL; it is
-    /// rewritten only when what it says changes.
     /// Keeps gateway `name`'s tunnel report.
     pub fn report_tunnels(&self, name: &str, tunnels: Vec<pb::TunnelStatus>) {
         self.tunnels
@@ -344,6 +353,32 @@ impl Hub {
         seen.pop().map(|(_, t)| t)
     }
 
+    /// How long an agent of `role` stays live without a report: gateways
+    /// have their own, short TTL (their liveness decides failover).
+    pub fn ttl(&self, role: AgentRole) -> Duration {
+        match role {
+            AgentRole::Gateway => self.gateway_ttl,
+            AgentRole::Node => self.agent_ttl,
+        }
+    }
+
+    /// A gateway's stream to this replica ended without a shutdown or a
+    /// replacement: its agent (or host) is gone. Its liveness record goes at
+    /// once, so that the leading replica fails over now, not at the end of
+    /// its lease.
+    pub async fn gone(&self, key: &AgentKey) {
+        let lease = self.live.lock().unwrap().remove(key).map(|l| l.lease);
+        if let Some(lease) = lease {
+            tracing::info!(agent = %key.1, "gateway disconnected; no longer live");
+            if let Err(e) = self.state.store().lease_revoke(lease).await {
+                tracing::warn!(agent = %key.1, error = %e, "cannot end its liveness record; it ends with its lease");
+            }
+        }
+    }
+
+    /// An agent's report: its heartbeat, applied revision and errors. The
+    /// record under `alive/` lives on a lease with the agent's TTL; it is
+    /// rewritten only when what it says changes.
     pub async fn report(&self, key: AgentKey, applied: i64, errors: Vec<String>) -> Result<(), Error> {
         let now = now_ms();
         self.last_seen.lock().unwrap().insert(key.clone(), now);
@@ -354,7 +389,7 @@ impl Hub {
         };
         // Decide under the lock, talk to the store outside it: reports of
         // different agents never wait for each other's store round trips.
-        let keepalive_every = (self.agent_ttl.as_millis() as u64 / 4).max(1);
+        let keepalive_every = (self.ttl(key.0).as_millis() as u64 / 4).max(1);
         let lease = {
             let mut live = self.live.lock().unwrap();
             match live.get_mut(&key) {
@@ -390,7 +425,7 @@ impl Hub {
                 Err(e) => return Err(e.into()),
             }
         }
-        let lease = store.lease_grant(self.agent_ttl).await?;
+        let lease = store.lease_grant(self.ttl(key.0)).await?;
         let put = Op::Put {
             key: self.state.alive_key(key.0, &key.1),
             value: serde_json::to_vec(&record).unwrap(),
@@ -502,6 +537,42 @@ async fn follow(hub: std::sync::Weak<Hub>, mut gone: tokio::sync::oneshot::Recei
         match h.reload().await {
             Ok(rev) => from = rev + 1,
             Err(e) => tracing::warn!(error = %e, "cannot reload the site model"),
+        }
+    }
+}
+
+/// On the leading replica: records which gateway is active whenever the
+/// recorded one is not live (or none is recorded) and another is. Nodes
+/// and peers follow the record; a gateway that comes back stays standby.
+pub async fn choose_active_gateway(hub: Arc<Hub>, leader: tokio::sync::watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if !*leader.borrow() || *hub.closing.borrow() {
+            continue;
+        }
+        let m = hub.model();
+        let Some(next) = crate::render::next_active_gateway(&m) else {
+            continue;
+        };
+        let key = hub.state.active_gateway_key();
+        let guard = match &m.active_gateway {
+            Some(old) => crate::store::Compare::Value(key.clone(), old.clone().into_bytes()),
+            None => crate::store::Compare::Version(key.clone(), 0),
+        };
+        let txn = Txn::new().when(guard).then(Op::put(key, next.clone().into_bytes()));
+        match hub.state.store().txn(txn).await {
+            Ok(r) if r.succeeded => {
+                tracing::info!(gateway = %next, previous = ?m.active_gateway, "gateway active now");
+                // Wait for the hub to see it before deciding again.
+                let seen = tokio::time::Instant::now() + Duration::from_secs(2);
+                while hub.model().active_gateway.as_ref() != Some(&next) && tokio::time::Instant::now() < seen {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot record the active gateway"),
         }
     }
 }

@@ -42,6 +42,11 @@ pub struct Model {
     pub nodes: OrdMap<String, Arc<Node>>,
     pub gateways: OrdMap<String, Arc<Gateway>>,
     pub peerings: OrdMap<String, Arc<Peering>>,
+    /// The gateway chosen active (recorded by the leading replica); None
+    /// until one was chosen.
+    pub active_gateway: Option<String>,
+    /// Gateways whose liveness record exists (their agent is connected).
+    pub live_gateways: std::collections::BTreeSet<String>,
 }
 
 pub type Objects = BTreeMap<String, pb::DesiredObject>;
@@ -137,12 +142,32 @@ fn overlay(m: &Model, name: String, vni: u32, local: IpAddr, remote: IpAddr, gen
     })
 }
 
-/// The gateway nodes tunnel to: the first (by name) that has an overlay
-/// address and an underlay address. (Active/standby comes with HA.)
+/// Whether a gateway can carry the site's traffic: it has an overlay and an
+/// underlay address.
+fn usable(g: &Gateway) -> bool {
+    g.internal_ip.is_some() && g.underlay_ip.is_some()
+}
+
+/// The gateway nodes tunnel to and peers see: the one chosen active, or,
+/// before any was chosen, the first usable one by name.
 pub fn active_gateway(m: &Model) -> Option<&Arc<Gateway>> {
-    m.gateways
-        .values()
-        .find(|g| g.internal_ip.is_some() && g.underlay_ip.is_some())
+    m.active_gateway
+        .as_ref()
+        .and_then(|n| m.gateways.get(n))
+        .filter(|g| usable(g))
+        .or_else(|| m.gateways.values().find(|g| usable(g)))
+}
+
+/// The gateway that should be active now, if that differs from the one
+/// recorded: the recorded one stays while it is live (a gateway coming
+/// back does not take over); otherwise the first live usable one by name.
+/// None: keep the record (also when no gateway is live at all).
+pub fn next_active_gateway(m: &Model) -> Option<String> {
+    let eligible = |n: &String| m.live_gateways.contains(n) && m.gateways.get(n).is_some_and(|g| usable(g));
+    if m.active_gateway.as_ref().is_some_and(eligible) {
+        return None;
+    }
+    m.gateways.keys().find(|n| eligible(n)).cloned()
 }
 
 /// Everything node `name` must have.
@@ -410,7 +435,16 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
                 let mut allowed: Vec<String> = r.workload_cidrs.iter().map(|c| c.to_string()).collect();
                 allowed.extend(r.external_cidr.map(|c| c.to_string()));
                 allowed.push(format!("{there}/32"));
+                // Only the active gateway gets the peer's CIDRs; standbys are
+                // peers without allowed IPs, their sessions ready for a
+                // failover. (A peer that flags none: all, as before.)
+                let none_flagged = !r.gateways.iter().any(|g| g.active);
                 for g in r.gateways.iter().filter(|g| g.public_key.is_some()) {
+                    let allowed = if g.active || none_flagged {
+                        allowed.clone()
+                    } else {
+                        vec![]
+                    };
                     out.extend([obj(
                         format!("{base}wgpeer/{}", g.name),
                         Kind::WireguardPeer(pb::WireguardPeer {
@@ -418,7 +452,7 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
                             namespace: ns.clone(),
                             public_key: g.public_key.clone().unwrap_or_default(),
                             endpoint: g.endpoint.clone().unwrap_or_default(),
-                            allowed_ips: allowed.clone(),
+                            allowed_ips: allowed,
                             persistent_keepalive: 25,
                         }),
                     )]);
@@ -671,6 +705,7 @@ mod tests {
                 name: "gw".into(),
                 endpoint: Some("192.0.2.1:51820".into()),
                 public_key: Some("k".into()),
+                active: true,
             }],
             mtu: 1420,
             endpoints: vec![],

@@ -220,7 +220,7 @@ pub async fn run(
     )?;
     let ca_pem = pki.ca.pem.clone();
     let ca = Arc::new(pki.ca);
-    let hub = Hub::start(state.clone(), cfg.agent_ttl)
+    let hub = Hub::start(state.clone(), cfg.agent_ttl, cfg.gateway_ttl)
         .await
         .context("cannot load the site model")?;
 
@@ -254,6 +254,7 @@ pub async fn run(
         cfg.listen
     );
     let leader = crate::leader::campaign(store.clone(), state.leader_key(), me);
+    tokio::spawn(crate::hub::choose_active_gateway(hub.clone(), leader.clone()));
     let peer_sync = tokio::spawn(crate::federation::sync_peers(fed.clone(), leader));
 
     let admin = InterceptedService::new(

@@ -436,7 +436,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
             Out {
                 json: json!({"gateways": r.gateways.iter().map(|g| json!({
                     "name": g.name, "endpoint": g.endpoint, "public_key": g.public_key, "created_at": ts(&g.created_at),
-                    "cert_expires_at": ts(&g.cert_expires_at), "internal_ip": g.internal_ip, "underlay_ip": g.underlay_ip, "geneve": g.geneve,
+                    "cert_expires_at": ts(&g.cert_expires_at), "internal_ip": g.internal_ip, "underlay_ip": g.underlay_ip, "geneve": g.geneve, "active": g.active,
                     "status": status_json(&g.status),
                 })).collect::<Vec<_>>(), "revision": r.revision}),
                 header: vec![

@@ -33,6 +33,8 @@ pub struct TwoSites {
     /// Every workload's own address, and as the other site sees it:
     /// (host, real address, address in the other site's view).
     pub workloads: Vec<(&'static str, String, String)>,
+    /// Site a's second gateway's process index, when asked for.
+    pub gateway_a2: Option<usize>,
 }
 
 /// Two sites, each a controller, a gateway and two nodes in namespaces on
@@ -41,27 +43,36 @@ pub struct TwoSites {
 /// underlay), the routes into it and the prefix NAT, and the workloads reach
 /// each other through their local views.
 pub fn up(tag: &str, a: (&str, &str), b: (&str, &str)) -> TwoSites {
-    up_with(tag, a, b, Mtus::default())
+    up_with(tag, a, b, Opts::default())
 }
 
 /// MTU settings of a two-site lab.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Mtus {
+pub struct Opts {
     /// The MTU of site b's hosts' underlay interfaces (default 1500).
     pub site_b_underlay: Option<u32>,
     /// Site a's `--tunnel-mtu` (default: none, derived).
     pub site_a_tunnel: Option<u32>,
+    /// A second gateway in site a (host gwa2, agent "gw2", a standby). It
+    /// runs in a mount namespace of its own with a private /run/netns, as
+    /// if on its own machine: its peering namespace has the same name as
+    /// gwa's, and dies with it.
+    pub second_gateway_a: bool,
 }
 
 /// [`up`] with MTU settings.
-pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str), mtus: Mtus) -> TwoSites {
+pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str), mtus: Opts) -> TwoSites {
     let dir = tempfile::Builder::new().prefix("weft-dp").tempdir().unwrap();
     let mut lab = Lab::new(tag);
     lab.lan();
     let names = [
         "ctla", "ctlb", "gwa", "gwb", "na", "na2", "nb", "nb2", "wa", "wa2", "wb", "wb2",
     ];
-    let ns: std::collections::HashMap<&str, String> = names.iter().map(|n| (*n, lab.host(n))).collect();
+    let mut ns: std::collections::HashMap<&str, String> = names.iter().map(|n| (*n, lab.host(n))).collect();
+    if mtus.second_gateway_a {
+        ns.insert("gwa2", lab.host("gwa2"));
+        lab.plug(&ns["gwa2"], "192.168.78.13/24");
+    }
     let wan = [
         ("ctla", "192.168.78.1/24"),
         ("ctlb", "192.168.78.2/24"),
@@ -232,9 +243,32 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         if let Some(s) = subnet {
             args.extend(["--subnet".to_string(), s.to_string()]);
         }
+        let program = bin(&format!("weft-{kind}-agent"));
+        if name == "gw2" {
+            // Its own /run/netns, as on its own host.
+            let mut wrapped: Vec<String> = [
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                "mount -t tmpfs weft /run/netns && exec \"$0\" \"$@\"",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            wrapped.push(program.display().to_string());
+            wrapped.extend(args);
+            args = wrapped;
+        }
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let log = dir.path().join(format!("{ctl_ip}-{name}.log"));
-        lab.spawn(host, &bin(&format!("weft-{kind}-agent")), &refs, &log)
+        let program = if name == "gw2" {
+            std::path::PathBuf::from("/usr/bin/unshare")
+        } else {
+            program
+        };
+        lab.spawn(host, &program, &refs, &log)
     };
     let pa = agent(
         &mut lab,
@@ -261,6 +295,18 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         (pa, "gwa", "gateway", state("192.168.78.1", "gw")),
         (pb, "gwb", "gateway", state("192.168.78.2", "gw")),
     ];
+    let gateway_a2 = mtus.second_gateway_a.then(|| {
+        agent(
+            &mut lab,
+            "gateway",
+            &ta,
+            "192.168.78.1",
+            &ns["gwa2"],
+            "192.168.78.13",
+            "gw2",
+            None,
+        )
+    });
     for ((node, _, sub), (target, ctl_ip, ip)) in placement.iter().zip([
         (&ta, "192.168.78.1", "192.168.78.11"),
         (&ta, "192.168.78.1", "192.168.78.12"),
@@ -345,5 +391,6 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         wb_from_a,
         wa_from_b,
         workloads,
+        gateway_a2,
     }
 }

@@ -283,7 +283,7 @@ fn link_mtu(lab: &Lab, ns: &str, link_prefix: &str) -> u32 {
     words.next().unwrap().parse().unwrap()
 }
 
-fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), mtus: sites::Mtus, expect: Expect) {
+fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), mtus: sites::Opts, expect: Expect) {
     let TwoSites {
         mut lab,
         dir,
@@ -298,6 +298,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), mtus: sites::Mtus, ex
         wb_from_a,
         wa_from_b,
         workloads,
+        gateway_a2: _,
     } = sites::up_with(tag, a, b, mtus);
     let (site_a, site_b) = (site_a.as_str(), site_b.as_str());
     // Workload to workload, both ways, ICMP and TCP.
@@ -629,7 +630,7 @@ fn workloads_reach_each_other_across_sites_with_disjoint_cidrs() {
             "wga",
             ("site-a", "10.1.0.0/16"),
             ("site-b", "10.2.0.0/16"),
-            sites::Mtus::default(),
+            sites::Opts::default(),
             expect,
         );
     }
@@ -645,9 +646,10 @@ fn workloads_reach_each_other_across_sites_with_the_same_cidr() {
         // Also: site d's underlay carries only 1400 bytes, so its overlay
         // is derived smaller, and site c configures a tunnel MTU both
         // gateways must use.
-        let mtus = sites::Mtus {
+        let mtus = sites::Opts {
             site_b_underlay: Some(1400),
             site_a_tunnel: Some(1320),
+            ..Default::default()
         };
         let expect = Expect {
             vxlan_a: 1450,

@@ -221,7 +221,8 @@ impl AgentService for AgentApi {
             .report((role, id.name.clone()), r.applied_revision, errors)
             .await?;
         Ok(Response::new(pb::ReportResponse {
-            heartbeat_seconds: (self.hub.agent_ttl.as_secs() / 3).max(1) as u32,
+            heartbeat_seconds: (self.hub.ttl(role).as_secs() / 3).max(1) as u32,
+            heartbeat_millis: (self.hub.ttl(role).as_millis() / 3).max(50) as u32,
         }))
     }
 
@@ -416,4 +417,7 @@ async fn stream_changes(
         slot.latest.store(model.revision, Ordering::SeqCst);
     }
     hub.unsubscribe(&key, &slot);
+    if key.0 == AgentRole::Gateway && !slot.superseded.load(Ordering::SeqCst) && !*hub.closing.borrow() {
+        hub.gone(&key).await;
+    }
 }

@@ -63,6 +63,7 @@ pub fn gateway(g: &Gateway) -> pb::Gateway {
         internal_ip: g.internal_ip.map(|i| i.to_string()).unwrap_or_default(),
         underlay_ip: g.underlay_ip.map(|i| i.to_string()).unwrap_or_default(),
         geneve: g.geneve,
+        active: false,
     }
 }
 

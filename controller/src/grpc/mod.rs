@@ -145,10 +145,13 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::ListGatewaysResponse>, Status> {
         let (gws, revision) = self.state.list_gateways().await?;
         let status = self.statuses().await?;
+        let model = self.hub.model();
+        let active = crate::render::active_gateway(&model).map(|g| g.name.clone());
         let gateways = gws
             .iter()
             .map(|g| pb::Gateway {
                 status: Some(status(AgentRole::Gateway, &g.name)),
+                active: Some(&g.name) == active.as_ref(),
                 ..convert::gateway(g)
             })
             .collect();

@@ -229,7 +229,24 @@ impl State {
         for (p, _) in s.peerings {
             m.peerings.insert(p.site_id.clone(), Arc::new(p));
         }
+        m.active_gateway = self
+            .store
+            .get(&self.active_gateway_key())
+            .await?
+            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+        m.live_gateways = self
+            .alive()
+            .await?
+            .into_keys()
+            .filter(|(role, _)| *role == crate::domain::AgentRole::Gateway)
+            .map(|(_, name)| name)
+            .collect();
         Ok(m)
+    }
+
+    /// Where the name of the active gateway is recorded.
+    pub fn active_gateway_key(&self) -> String {
+        self.key("gateway-active")
     }
 
     /// Where an agent's liveness record lives.
