@@ -148,6 +148,25 @@ fn the_standby_gateway_takes_over_within_a_second() {
             run + 1,
             gap * 1000.0
         );
+        if std::env::var_os("WEFT_TRACE").is_some() {
+            let last_before = times.iter().copied().filter(|t| *t <= killed_at).fold(0.0, f64::max);
+            let first_after = times.iter().copied().find(|t| *t > killed_at + 0.05).unwrap_or(0.0);
+            eprintln!("TRACE kill {killed_at:.3} last-before {last_before:.3} first-after {first_after:.3}");
+            for f in [
+                "site-a.log",
+                "site-b.log",
+                "192.168.78.2-gw.log",
+                "192.168.78.1-na.log",
+                "192.168.78.1-gw2.log",
+            ] {
+                for l in std::fs::read_to_string(s.dir.path().join(f))
+                    .unwrap_or_default()
+                    .lines()
+                {
+                    eprintln!("TRACE {f}: {}", &l[..l.len().min(170)]);
+                }
+            }
+        }
         outages.push(gap);
         // The killed gateway comes back, and stays standby.
         s.lab.respawn(vi);
