@@ -34,6 +34,8 @@ pub struct Linux {
     probe_config: crate::probe::ProbeConfig,
     /// Signalled when a tunnel goes up or down.
     tunnel_changed: std::sync::Arc<tokio::sync::Notify>,
+    /// WireGuard links whose peers changed in the batch being applied.
+    to_kick: std::collections::BTreeSet<String>,
     /// This host's underlay address, whose interface's MTU sizes the
     /// links rendered without one.
     underlay_ip: Option<IpAddr>,
@@ -321,6 +323,7 @@ impl Linux {
             probes: Default::default(),
             probe_config: Default::default(),
             tunnel_changed: Default::default(),
+            to_kick: Default::default(),
             underlay_ip: None,
             geneve: None,
         })
@@ -644,8 +647,9 @@ impl Linux {
                     &p.allowed_ips,
                     p.persistent_keepalive,
                 )?;
-                if changed && let Some((_, prober)) = self.probes.get(&p.link) {
-                    prober.kick();
+                if changed {
+                    // Probed once the whole batch is in (see `apply`).
+                    self.to_kick.insert(p.link.clone());
                 }
                 Ok(())
             }
@@ -786,6 +790,16 @@ impl Applier for Linux {
                     id: o.id.clone(),
                     message: e,
                 });
+            }
+        }
+        // Probe at once through every tunnel whose peers changed, now that
+        // all of them are set: the probe makes boringtun handshake with a
+        // re-added peer. (Probing after the first of several changes could
+        // go out while no peer has the address yet, and the prober would
+        // then wait out its interval for an answer.)
+        for link in std::mem::take(&mut self.to_kick) {
+            if let Some((_, prober)) = self.probes.get(&link) {
+                prober.kick();
             }
         }
         // NAT: each touched namespace's table is rebuilt from the final state.

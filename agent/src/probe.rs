@@ -178,10 +178,15 @@ fn run(
         let [hi, lo] = seq.to_be_bytes();
         let request = [8u8, 0, 0, 0, 0, 0, hi, lo, b'w', b'e', b'f', b't'];
         let mut rtt = None;
+        let mut kicked = false;
         if socket.send_to(&request, &to).is_ok() {
-            while rtt.is_none() {
+            // Wait for the answer in short slices, so that a kick (the
+            // tunnel's peers just changed) sends the next probe at once
+            // instead of after the rest of the interval.
+            while rtt.is_none() && !kicked {
                 let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() || socket.set_read_timeout(Some(left)).is_err() {
+                let slice = left.min(Duration::from_millis(20));
+                if slice.is_zero() || socket.set_read_timeout(Some(slice)).is_err() {
                     break;
                 }
                 match (&socket).read(&mut buf) {
@@ -191,9 +196,16 @@ fn run(
                         rtt = Some(sent.elapsed());
                     }
                     Ok(_) => {}
-                    Err(_) => break, // timed out (or the socket failed): a miss
+                    Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                        kicked = *kick.now.lock().unwrap();
+                    }
+                    Err(_) => break, // the socket failed: a miss
                 }
             }
+        }
+        if kicked && rtt.is_none() {
+            *kick.now.lock().unwrap() = false;
+            continue; // not a miss: probe again now
         }
         let flipped = health.lock().unwrap().record(rtt, config.misses);
         if flipped {

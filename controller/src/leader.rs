@@ -63,7 +63,14 @@ async fn run(store: Arc<dyn Store>, key: String, me: String, tx: watch::Sender<b
                 tracing::info!(replica = %me, "leading the site's singleton work (federation sessions)");
                 tx.send_replace(true);
                 loop {
-                    tokio::time::sleep(every).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(every) => {}
+                        // The controller is stopping: hand over now.
+                        _ = tx.closed() => {
+                            let _ = store.lease_revoke(lease).await;
+                            return;
+                        }
+                    }
                     if let Err(e) = store.lease_keep_alive(lease).await {
                         tracing::warn!(error = %e, "lost the leadership: cannot renew its lease");
                         break;
@@ -73,7 +80,10 @@ async fn run(store: Arc<dyn Store>, key: String, me: String, tx: watch::Sender<b
             }
             false => {
                 let _ = store.lease_revoke(lease).await;
-                tokio::time::sleep(every).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = tx.closed() => return,
+                }
             }
         }
     }
