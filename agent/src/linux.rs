@@ -36,6 +36,9 @@ pub struct Linux {
     tunnel_changed: std::sync::Arc<tokio::sync::Notify>,
     /// WireGuard links whose peers changed in the batch being applied.
     to_kick: std::collections::BTreeSet<String>,
+    /// Host links (re)created in the batch being applied: their addresses
+    /// and routes went with the old link, also those that did not change.
+    recreated: std::collections::BTreeSet<String>,
     /// This host's underlay address, whose interface's MTU sizes the
     /// links rendered without one.
     underlay_ip: Option<IpAddr>,
@@ -324,6 +327,7 @@ impl Linux {
             probe_config: Default::default(),
             tunnel_changed: Default::default(),
             to_kick: Default::default(),
+            recreated: Default::default(),
             underlay_ip: None,
             geneve: None,
         })
@@ -612,7 +616,9 @@ impl Linux {
                     .add(msg)
                     .execute()
                     .await
-                    .map_err(|e| format!("cannot create {}: {e}", l.name))
+                    .map_err(|e| format!("cannot create {}: {e}", l.name))?;
+                self.recreated.insert(l.name.clone());
+                Ok(())
             }
             Some(Kind::Address(a)) => add_address(&self.handle, a).await,
             Some(Kind::Route(r)) => add_route(&self.handle, r).await,
@@ -790,6 +796,34 @@ impl Applier for Linux {
                     id: o.id.clone(),
                     message: e,
                 });
+            }
+        }
+        // A replaced link (a VXLAN toward a new gateway, say) lost the
+        // addresses and routes on it; those that did not change are not in
+        // this batch, so put them back now rather than at the next resync —
+        // which was what a gateway failover waited for.
+        let recreated = std::mem::take(&mut self.recreated);
+        if !recreated.is_empty() {
+            let on_recreated = |o: &pb::DesiredObject| match &o.kind {
+                Some(Kind::Address(a)) => a.namespace.is_empty() && recreated.contains(&a.link),
+                Some(Kind::Route(r)) => r.namespace.is_empty() && recreated.contains(&r.device),
+                _ => false,
+            };
+            let fresh: std::collections::BTreeSet<&str> = upserts.iter().map(|o| o.id.as_str()).collect();
+            let mut again: Vec<pb::DesiredObject> = held
+                .values()
+                .filter(|o| !fresh.contains(o.id.as_str()) && !deletes.contains(&o.id) && on_recreated(o))
+                .cloned()
+                .collect();
+            again.sort_by_key(rank);
+            for o in again {
+                if let Err(e) = self.upsert(Some(&o), &o).await {
+                    tracing::warn!(object = %o.id, error = %e, "not applied");
+                    errors.push(pb::ObjectError {
+                        id: o.id.clone(),
+                        message: e,
+                    });
+                }
             }
         }
         // Probe at once through every tunnel whose peers changed, now that

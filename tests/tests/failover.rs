@@ -81,6 +81,24 @@ fn the_standby_gateway_takes_over_within_a_second() {
         &s.dir.path().join("ha-tcp-client.log"),
     );
 
+    // (WEFT_TCPDUMP=1: capture on the hosts along the path, for diagnosis.)
+    let dumps: Vec<(String, usize)> = if std::env::var_os("WEFT_TCPDUMP").is_some() {
+        ["wa", "na", "gwa2", "gwb", "nb", "wb"]
+            .iter()
+            .map(|h| {
+                let log = s.dir.path().join(format!("dump-{h}.log"));
+                let i = s.lab.spawn(
+                    &s.ns[h],
+                    std::path::Path::new("/usr/bin/tcpdump"),
+                    &["-tt", "-n", "-l", "-i", "any", "icmp or (udp and not port 51820)"],
+                    &log,
+                );
+                (h.to_string(), i)
+            })
+            .collect()
+    } else {
+        vec![]
+    };
     let mut outages = Vec::new();
     for run in 0..5 {
         let victim = active(&s.ta);
@@ -148,6 +166,22 @@ fn the_standby_gateway_takes_over_within_a_second() {
             run + 1,
             gap * 1000.0
         );
+        if !dumps.is_empty() && run == 0 {
+            std::thread::sleep(Duration::from_millis(300));
+            for (h, _) in &dumps {
+                let t = std::fs::read_to_string(s.dir.path().join(format!("dump-{h}.log"))).unwrap_or_default();
+                for l in t.lines() {
+                    let ts: f64 = l.split_whitespace().next().and_then(|x| x.parse().ok()).unwrap_or(0.0);
+                    if ts > killed_at - 0.03 && ts < killed_at + 1.2 {
+                        eprintln!(
+                            "DUMP {h} {:+.3} {}",
+                            ts - killed_at,
+                            &l[l.find(' ').unwrap_or(0)..l.len().min(150)]
+                        );
+                    }
+                }
+            }
+        }
         if std::env::var_os("WEFT_TRACE").is_some() {
             let last_before = times.iter().copied().filter(|t| *t <= killed_at).fold(0.0, f64::max);
             let first_after = times.iter().copied().find(|t| *t > killed_at + 0.05).unwrap_or(0.0);
@@ -207,6 +241,6 @@ fn the_standby_gateway_takes_over_within_a_second() {
     outages.sort_by(f64::total_cmp);
     let median = outages[outages.len() / 2];
     eprintln!("outages (s): {outages:?}; median {:.0} ms", median * 1000.0);
-    // The issue's bound; the target is 1 s (see docs/benchmarks.md).
-    assert!(median < 3.0, "median outage {median:.3} s (must be under 3 s)");
+    // Issue 7: target under 1 s (must be under 3 s); measured ~0.1 s.
+    assert!(median < 1.0, "median outage {median:.3} s (target: under 1 s)");
 }
