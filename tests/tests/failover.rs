@@ -238,6 +238,59 @@ fn the_standby_gateway_takes_over_within_a_second() {
             });
         }
     }
+    // A silent gateway — frozen with its connections open, as a host that
+    // lost power — is failed over when its liveness lease runs out
+    // (--gateway-ttl, 2 s by default), and stays standby when it wakes.
+    let victim = active(&s.ta);
+    let survivor = if victim == "gw" { "gw2" } else { "gw" };
+    let (_, vi) = procs.iter().find(|(n, _)| *n == victim).copied().unwrap();
+    let pid = s.lab.proc(vi).child.as_ref().unwrap().id().to_string();
+    let log = s.dir.path().join("ha-ping-silent.log");
+    let ping = s.lab.spawn(
+        &wa,
+        std::path::Path::new("/usr/bin/ping"),
+        &["-D", "-i", "0.02", "-W", "1", &to_b],
+        &log,
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let frozen_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    weft_tests::netns::must(
+        weft_tests::run(std::process::Command::new("kill").args(["-STOP", &pid])),
+        "SIGSTOP",
+    );
+    eventually("the survivor active", Duration::from_secs(10), || {
+        (active(&s.ta) == survivor).then_some(())
+    });
+    eventually("pings answered after the freeze", Duration::from_secs(10), || {
+        answered(&std::fs::read_to_string(&log).unwrap_or_default())
+            .iter()
+            .any(|t| *t > frozen_at + 0.1)
+            .then_some(())
+    });
+    s.lab.proc(ping).stop();
+    let times: Vec<f64> = answered(&std::fs::read_to_string(&log).unwrap())
+        .into_iter()
+        .filter(|t| *t >= frozen_at - 0.2)
+        .collect();
+    let silent = times.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+    eprintln!(
+        "silent {victim}: {survivor} took over, outage {:.0} ms",
+        silent * 1000.0
+    );
+    weft_tests::netns::must(
+        weft_tests::run(std::process::Command::new("kill").args(["-CONT", &pid])),
+        "SIGCONT",
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(active(&s.ta), survivor, "the woken {victim} took over again");
+    assert!(
+        silent < 3.0,
+        "a silent gateway's outage {silent:.3} s (must be under 3 s)"
+    );
+
     outages.sort_by(f64::total_cmp);
     let median = outages[outages.len() / 2];
     eprintln!("outages (s): {outages:?}; median {:.0} ms", median * 1000.0);
