@@ -90,7 +90,7 @@ pub struct ControllerArgs {
     #[arg(global = true, long, env = "WEFT_AGENT_TTL")]
     pub agent_ttl: Option<String>,
     /// A gateway that has not reported for this long is failed over (one
-    /// whose connection closes, at once) [default: 2s].
+    /// whose connection closes, at once) [default: 800ms].
     #[arg(global = true, long, env = "WEFT_GATEWAY_TTL")]
     pub gateway_ttl: Option<String>,
     /// host:port where other sites reach this controller (in peering tokens);
@@ -606,13 +606,13 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         }
     };
 
-    let gw_text = pick(args.gateway_ttl.clone(), file.gateway_ttl).unwrap_or_else(|| "2s".into());
+    let gw_text = pick(args.gateway_ttl.clone(), file.gateway_ttl).unwrap_or_else(|| "800ms".into());
     let gateway_ttl = match humantime::parse_duration(&gw_text) {
         Ok(d) if d >= std::time::Duration::from_millis(300) && d <= std::time::Duration::from_secs(3600) => Some(d),
         _ => {
             errs.push(FieldError {
                 field: "gateway_ttl".into(),
-                message: format!("{gw_text:?}: give a duration from 300ms to 1h, e.g. 2s"),
+                message: format!("{gw_text:?}: give a duration from 300ms to 1h, e.g. 800ms"),
             });
             None
         }

@@ -240,7 +240,7 @@ fn the_standby_gateway_takes_over_within_a_second() {
     }
     // A silent gateway — frozen with its connections open, as a host that
     // lost power — is failed over when its liveness lease runs out
-    // (--gateway-ttl, 2 s by default), and stays standby when it wakes.
+    // (--gateway-ttl, 800 ms by default), and stays standby when it wakes.
     let victim = active(&s.ta);
     let survivor = if victim == "gw" { "gw2" } else { "gw" };
     let (_, vi) = procs.iter().find(|(n, _)| *n == victim).copied().unwrap();
