@@ -8,7 +8,8 @@
 use std::time::Duration;
 
 use weft_tests::netns::require_root;
-use weft_tests::{eventually, sites, weftctl_json};
+use weft_tests::sites::{self, TwoSites};
+use weft_tests::{eventually, weftctl_json};
 
 /// The active gateway of the site at `target`.
 fn active(target: &str) -> String {
@@ -28,6 +29,140 @@ fn answered(log: &str) -> Vec<f64> {
         .filter(|l| l.contains("bytes from"))
         .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
         .collect()
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// The last lines of the lab's log file `f`.
+fn tail(s: &TwoSites, f: &str) -> String {
+    let t = std::fs::read_to_string(s.dir.path().join(f)).unwrap_or_default();
+    let lines: Vec<&str> = t.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+/// Pings from wa to wb every 20 ms around `disrupt` (which makes `victim`
+/// fail), waits for `survivor` to be active and the pings to be answered
+/// again, and returns the outage — the longest silence between two
+/// answered pings from just before the disruption on — and when the
+/// disruption happened (Unix seconds).
+fn outage(
+    s: &mut TwoSites,
+    what: &str,
+    victim: &str,
+    survivor: &str,
+    disrupt: impl FnOnce(&mut TwoSites),
+) -> (f64, f64) {
+    let (wa, to_b) = (s.ns["wa"].clone(), s.wb_from_a.clone());
+    let log = s.dir.path().join(format!("ha-ping-{what}.log"));
+    let ping = s.lab.spawn(
+        &wa,
+        std::path::Path::new("/usr/bin/ping"),
+        &["-D", "-i", "0.02", "-W", "1", &to_b],
+        &log,
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let at = now();
+    disrupt(s);
+    eventually("the survivor active", Duration::from_secs(10), || {
+        (active(&s.ta) == survivor).then_some(())
+    });
+    let back = (0..200).any(|_| {
+        answered(&std::fs::read_to_string(&log).unwrap_or_default())
+            .iter()
+            .any(|t| *t > at + 0.1)
+            || {
+                std::thread::sleep(Duration::from_millis(50));
+                false
+            }
+    });
+    if !back {
+        let mut diag = String::new();
+        for f in [
+            "site-a.log",
+            "site-b.log",
+            "192.168.78.2-gw.log",
+            "192.168.78.1-gw.log",
+            "192.168.78.1-gw2.log",
+            "192.168.78.1-na.log",
+        ] {
+            diag.push_str(&format!("--- {f}\n{}\n", tail(s, f)));
+        }
+        panic!("{what}: no answer within 10 s after {victim} failed\n{diag}");
+    }
+    s.lab.proc(ping).stop();
+    let times: Vec<f64> = answered(&std::fs::read_to_string(&log).unwrap())
+        .into_iter()
+        .filter(|t| *t >= at - 0.2)
+        .collect();
+    let gap = times.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+    eprintln!(
+        "{what}: {victim} failed, {survivor} took over, outage {:.0} ms",
+        gap * 1000.0
+    );
+    (gap, at)
+}
+
+/// (WEFT_TRACE=1) Every agent's and controller's log, for the timeline of
+/// a failover at `at`.
+fn trace(s: &TwoSites, at: f64) {
+    eprintln!("TRACE failure at {at:.3}");
+    for f in [
+        "site-a.log",
+        "site-b.log",
+        "192.168.78.2-gw.log",
+        "192.168.78.1-na.log",
+        "192.168.78.1-gw2.log",
+    ] {
+        for l in std::fs::read_to_string(s.dir.path().join(f))
+            .unwrap_or_default()
+            .lines()
+        {
+            eprintln!("TRACE {f}: {}", &l[..l.len().min(170)]);
+        }
+    }
+}
+
+/// (WEFT_TCPDUMP=1) Starts tcpdump on the hosts along the path.
+fn start_dumps(s: &mut TwoSites) -> Vec<String> {
+    if std::env::var_os("WEFT_TCPDUMP").is_none() {
+        return vec![];
+    }
+    ["wa", "na", "gwa2", "gwb", "nb", "wb"]
+        .iter()
+        .map(|h| {
+            let log = s.dir.path().join(format!("dump-{h}.log"));
+            s.lab.spawn(
+                &s.ns[h],
+                std::path::Path::new("/usr/bin/tcpdump"),
+                &["-tt", "-n", "-l", "-i", "any", "icmp or (udp and not port 51820)"],
+                &log,
+            );
+            h.to_string()
+        })
+        .collect()
+}
+
+/// Prints what the captures saw from just before `at` to 1.2 s after.
+fn print_dumps(s: &TwoSites, hosts: &[String], at: f64) {
+    std::thread::sleep(Duration::from_millis(300));
+    for h in hosts {
+        let t = std::fs::read_to_string(s.dir.path().join(format!("dump-{h}.log"))).unwrap_or_default();
+        for l in t.lines() {
+            let ts: f64 = l.split_whitespace().next().and_then(|x| x.parse().ok()).unwrap_or(0.0);
+            if ts > at - 0.03 && ts < at + 1.2 {
+                eprintln!(
+                    "DUMP {h} {:+.3} {}",
+                    ts - at,
+                    &l[l.find(' ').unwrap_or(0)..l.len().min(150)]
+                );
+            }
+        }
+    }
 }
 
 #[test]
@@ -81,125 +216,24 @@ fn the_standby_gateway_takes_over_within_a_second() {
         &s.dir.path().join("ha-tcp-client.log"),
     );
 
-    // (WEFT_TCPDUMP=1: capture on the hosts along the path, for diagnosis.)
-    let dumps: Vec<(String, usize)> = if std::env::var_os("WEFT_TCPDUMP").is_some() {
-        ["wa", "na", "gwa2", "gwb", "nb", "wb"]
-            .iter()
-            .map(|h| {
-                let log = s.dir.path().join(format!("dump-{h}.log"));
-                let i = s.lab.spawn(
-                    &s.ns[h],
-                    std::path::Path::new("/usr/bin/tcpdump"),
-                    &["-tt", "-n", "-l", "-i", "any", "icmp or (udp and not port 51820)"],
-                    &log,
-                );
-                (h.to_string(), i)
-            })
-            .collect()
-    } else {
-        vec![]
-    };
+    let dumps = start_dumps(&mut s);
     let mut outages = Vec::new();
     for run in 0..5 {
         let victim = active(&s.ta);
         let survivor = if victim == "gw" { "gw2" } else { "gw" };
         let (_, vi) = procs.iter().find(|(n, _)| *n == victim).copied().unwrap();
-        let log = s.dir.path().join(format!("ha-ping-{run}.log"));
-        let ping = s.lab.spawn(
-            &wa,
-            std::path::Path::new("/usr/bin/ping"),
-            &["-D", "-i", "0.02", "-W", "1", &to_b],
-            &log,
-        );
-        std::thread::sleep(Duration::from_secs(1));
-        let killed_at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs_f64();
-        s.lab.proc(vi).child.as_mut().unwrap().kill().unwrap();
-        s.lab
-            .proc(vi)
-            .wait_exit(Duration::from_secs(5))
-            .expect("the gateway died");
-        eventually("the survivor active", Duration::from_secs(10), || {
-            (active(&s.ta) == survivor).then_some(())
+        let (gap, killed_at) = outage(&mut s, &format!("run {}", run + 1), &victim, survivor, |s| {
+            s.lab.proc(vi).child.as_mut().unwrap().kill().unwrap();
+            s.lab
+                .proc(vi)
+                .wait_exit(Duration::from_secs(5))
+                .expect("the gateway died");
         });
-        let back = (0..200).any(|_| {
-            let times = answered(&std::fs::read_to_string(&log).unwrap_or_default());
-            times.iter().any(|t| *t > killed_at + 0.1) || {
-                std::thread::sleep(Duration::from_millis(50));
-                false
-            }
-        });
-        if !back {
-            let tail = |f: &str| {
-                let t = std::fs::read_to_string(s.dir.path().join(f)).unwrap_or_default();
-                let lines: Vec<&str> = t.lines().collect();
-                lines[lines.len().saturating_sub(15)..].join("\n")
-            };
-            let mut diag = String::new();
-            for f in [
-                "site-a.log",
-                "site-b.log",
-                "192.168.78.2-gw.log",
-                "192.168.78.1-gw.log",
-                "192.168.78.1-gw2.log",
-                "192.168.78.1-na.log",
-            ] {
-                diag.push_str(&format!("--- {f}\n{}\n", tail(f)));
-            }
-            panic!(
-                "run {}: no answer within 10 s after {victim} was killed\n{diag}",
-                run + 1
-            );
-        }
-        s.lab.proc(ping).stop();
-        // Outage: the longest silence between two answered pings (one
-        // every 20 ms) from just before the kill on.
-        let times: Vec<f64> = answered(&std::fs::read_to_string(&log).unwrap())
-            .into_iter()
-            .filter(|t| *t >= killed_at - 0.2)
-            .collect();
-        let gap = times.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
-        eprintln!(
-            "run {}: {victim} killed, {survivor} took over, outage {:.0} ms",
-            run + 1,
-            gap * 1000.0
-        );
-        if !dumps.is_empty() && run == 0 {
-            std::thread::sleep(Duration::from_millis(300));
-            for (h, _) in &dumps {
-                let t = std::fs::read_to_string(s.dir.path().join(format!("dump-{h}.log"))).unwrap_or_default();
-                for l in t.lines() {
-                    let ts: f64 = l.split_whitespace().next().and_then(|x| x.parse().ok()).unwrap_or(0.0);
-                    if ts > killed_at - 0.03 && ts < killed_at + 1.2 {
-                        eprintln!(
-                            "DUMP {h} {:+.3} {}",
-                            ts - killed_at,
-                            &l[l.find(' ').unwrap_or(0)..l.len().min(150)]
-                        );
-                    }
-                }
-            }
+        if run == 0 && !dumps.is_empty() {
+            print_dumps(&s, &dumps, killed_at);
         }
         if std::env::var_os("WEFT_TRACE").is_some() {
-            let last_before = times.iter().copied().filter(|t| *t <= killed_at).fold(0.0, f64::max);
-            let first_after = times.iter().copied().find(|t| *t > killed_at + 0.05).unwrap_or(0.0);
-            eprintln!("TRACE kill {killed_at:.3} last-before {last_before:.3} first-after {first_after:.3}");
-            for f in [
-                "site-a.log",
-                "site-b.log",
-                "192.168.78.2-gw.log",
-                "192.168.78.1-na.log",
-                "192.168.78.1-gw2.log",
-            ] {
-                for l in std::fs::read_to_string(s.dir.path().join(f))
-                    .unwrap_or_default()
-                    .lines()
-                {
-                    eprintln!("TRACE {f}: {}", &l[..l.len().min(170)]);
-                }
-            }
+            trace(&s, killed_at);
         }
         outages.push(gap);
         // The killed gateway comes back, and stays standby.
@@ -238,6 +272,7 @@ fn the_standby_gateway_takes_over_within_a_second() {
             });
         }
     }
+
     // A silent gateway — frozen with its connections open, as a host that
     // lost power — is failed over when its liveness lease runs out
     // (--gateway-ttl, 800 ms by default), and stays standby when it wakes.
@@ -245,45 +280,16 @@ fn the_standby_gateway_takes_over_within_a_second() {
     let survivor = if victim == "gw" { "gw2" } else { "gw" };
     let (_, vi) = procs.iter().find(|(n, _)| *n == victim).copied().unwrap();
     let pid = s.lab.proc(vi).child.as_ref().unwrap().id().to_string();
-    let log = s.dir.path().join("ha-ping-silent.log");
-    let ping = s.lab.spawn(
-        &wa,
-        std::path::Path::new("/usr/bin/ping"),
-        &["-D", "-i", "0.02", "-W", "1", &to_b],
-        &log,
-    );
-    std::thread::sleep(Duration::from_secs(1));
-    let frozen_at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64();
-    weft_tests::netns::must(
-        weft_tests::run(std::process::Command::new("kill").args(["-STOP", &pid])),
-        "SIGSTOP",
-    );
-    eventually("the survivor active", Duration::from_secs(10), || {
-        (active(&s.ta) == survivor).then_some(())
+    let signal = |sig: &str| {
+        weft_tests::netns::must(
+            weft_tests::run(std::process::Command::new("kill").args([sig, &pid])),
+            sig,
+        )
+    };
+    let (silent, _) = outage(&mut s, "silent", &victim, survivor, |_| {
+        signal("-STOP");
     });
-    eventually("pings answered after the freeze", Duration::from_secs(10), || {
-        answered(&std::fs::read_to_string(&log).unwrap_or_default())
-            .iter()
-            .any(|t| *t > frozen_at + 0.1)
-            .then_some(())
-    });
-    s.lab.proc(ping).stop();
-    let times: Vec<f64> = answered(&std::fs::read_to_string(&log).unwrap())
-        .into_iter()
-        .filter(|t| *t >= frozen_at - 0.2)
-        .collect();
-    let silent = times.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
-    eprintln!(
-        "silent {victim}: {survivor} took over, outage {:.0} ms",
-        silent * 1000.0
-    );
-    weft_tests::netns::must(
-        weft_tests::run(std::process::Command::new("kill").args(["-CONT", &pid])),
-        "SIGCONT",
-    );
+    signal("-CONT");
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(active(&s.ta), survivor, "the woken {victim} took over again");
     assert!(
