@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use weft_agent::desired::Desired;
 use weft_proto::v1 as pb;
 use weft_proto::v1::agent_service_client::AgentServiceClient;
 use weft_tests::inproc::InProc;
@@ -23,13 +24,35 @@ fn key(byte: u8) -> String {
 }
 
 /// The WireGuard peer keys in a gateway's held state.
-fn peer_keys(held: &std::collections::BTreeMap<String, pb::DesiredObject>) -> Vec<String> {
-    held.values()
+fn peer_keys(held: &Desired) -> Vec<String> {
+    held.objects
+        .values()
         .filter_map(|o| match &o.kind {
             Some(pb::desired_object::Kind::WireguardPeer(p)) => Some(p.public_key.clone()),
             _ => None,
         })
         .collect()
+}
+
+/// Takes in the gateway's stream, as its agent does, until its only
+/// WireGuard peer key is `want`; fails after `within`.
+async fn until_peer_key(
+    s: &mut tonic::Streaming<pb::WatchResponse>,
+    held: &mut Desired,
+    want: &str,
+    within: Duration,
+    what: &str,
+) {
+    let deadline = Instant::now() + within;
+    while peer_keys(held) != [want] {
+        let m = tokio::time::timeout_at(deadline.into(), s.message())
+            .await
+            .unwrap_or_else(|_| panic!("{what} never arrived"))
+            .unwrap()
+            .unwrap();
+        let (upserts, deletes) = held.changes(&m);
+        held.commit(m.revision, upserts, &deletes);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -68,31 +91,9 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
         .await
         .unwrap()
         .into_inner();
-    let mut held = std::collections::BTreeMap::new();
-    let apply = |m: pb::WatchResponse, held: &mut std::collections::BTreeMap<String, pb::DesiredObject>| match m.kind {
-        Some(pb::watch_response::Kind::Snapshot(snap)) => {
-            *held = snap.objects.into_iter().map(|o| (o.id.clone(), o)).collect()
-        }
-        Some(pb::watch_response::Kind::Delta(d)) => {
-            for id in d.deletes {
-                held.remove(&id);
-            }
-            for o in d.upserts {
-                held.insert(o.id.clone(), o);
-            }
-        }
-        None => {}
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while peer_keys(&held) != [key(1)] {
-        let m = tokio::time::timeout_at(deadline.into(), s.message())
-            .await
-            .expect("site-b's key never arrived")
-            .unwrap()
-            .unwrap();
-        apply(m, &mut held);
-    }
-    let wg = held.get("peer/site-b/wgpeer/gw").unwrap();
+    let mut held = Desired::default();
+    until_peer_key(&mut s, &mut held, &key(1), Duration::from_secs(10), "site-b's key").await;
+    let wg = held.objects.get("peer/site-b/wgpeer/gw").unwrap();
     let Some(pb::desired_object::Kind::WireguardPeer(p)) = &wg.kind else {
         panic!()
     };
@@ -117,14 +118,7 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
     })
     .await
     .unwrap();
-    while peer_keys(&held) != [key(2)] {
-        let m = tokio::time::timeout(Duration::from_secs(5), s.message())
-            .await
-            .expect("rotation never arrived")
-            .unwrap()
-            .unwrap();
-        apply(m, &mut held);
-    }
+    until_peer_key(&mut s, &mut held, &key(2), Duration::from_secs(5), "the rotation").await;
     // Rotate again and time it: site-a's gateway has it within a second.
     let t = Instant::now();
     gwb.update_gateway(pb::UpdateGatewayRequest {
@@ -133,14 +127,7 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
     })
     .await
     .unwrap();
-    while peer_keys(&held) != [key(3)] {
-        let m = tokio::time::timeout(Duration::from_secs(5), s.message())
-            .await
-            .expect("rotation never arrived")
-            .unwrap()
-            .unwrap();
-        apply(m, &mut held);
-    }
+    until_peer_key(&mut s, &mut held, &key(3), Duration::from_secs(5), "the rotation").await;
     let took = t.elapsed();
     assert!(took < Duration::from_secs(1), "the key change took {took:?}");
     println!("gateway key change reached the peer site's gateway in {took:?}");
