@@ -8,6 +8,12 @@ use std::process::{Command, Output};
 
 use crate::{Proc, ci, run};
 
+/// Runs `args` in namespace `ns` (`ip netns exec`) and returns its output;
+/// [`Lab::exec`] without needing the lab.
+pub fn exec(ns: &str, args: &[&str]) -> Output {
+    run(Command::new("ip").args(["netns", "exec", ns]).args(args))
+}
+
 /// Whether this process may create namespaces (root). Outside CI a test
 /// without it is skipped with a note; under CI it fails.
 pub fn require_root() -> bool {
@@ -129,7 +135,7 @@ impl Lab {
 
     /// Runs a command in host `ns` and waits for it.
     pub fn exec(&self, ns: &str, args: &[&str]) -> Output {
-        run(Command::new("ip").args(["netns", "exec", ns]).args(args))
+        exec(ns, args)
     }
 
     /// Starts a long-running process in host `ns`, logging to `log`. It

@@ -46,7 +46,7 @@ pub fn up(tag: &str, a: (&str, &str), b: (&str, &str)) -> TwoSites {
     up_with(tag, a, b, Opts::default())
 }
 
-/// MTU settings of a two-site lab.
+/// Options of a two-site lab.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Opts {
     /// The MTU of site b's hosts' underlay interfaces (default 1500).
@@ -60,8 +60,8 @@ pub struct Opts {
     pub second_gateway_a: bool,
 }
 
-/// [`up`] with MTU settings.
-pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str), mtus: Opts) -> TwoSites {
+/// [`up`] with options (MTUs, a second gateway).
+pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str), opts: Opts) -> TwoSites {
     let dir = tempfile::Builder::new().prefix("weft-dp").tempdir().unwrap();
     let mut lab = Lab::new(tag);
     lab.lan();
@@ -69,7 +69,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         "ctla", "ctlb", "gwa", "gwb", "na", "na2", "nb", "nb2", "wa", "wa2", "wb", "wb2",
     ];
     let mut ns: std::collections::HashMap<&str, String> = names.iter().map(|n| (*n, lab.host(n))).collect();
-    if mtus.second_gateway_a {
+    if opts.second_gateway_a {
         ns.insert("gwa2", lab.host("gwa2"));
         lab.plug(&ns["gwa2"], "192.168.78.13/24");
     }
@@ -85,7 +85,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
     ];
     for (h, ip) in wan {
         lab.plug(&ns[h], ip);
-        if let Some(m) = mtus.site_b_underlay.filter(|_| h.ends_with('b') || h.ends_with("b2")) {
+        if let Some(m) = opts.site_b_underlay.filter(|_| h.ends_with('b') || h.ends_with("b2")) {
             crate::netns::must(
                 lab.exec(&ns[h], &["ip", "link", "set", "eth0", "mtu", &m.to_string()]),
                 "mtu",
@@ -95,17 +95,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
     // The gateways create these; the lab deletes them at the end whatever happens.
     lab.adopt(&weft_controller::render::peering_namespace(site_b));
     lab.adopt(&weft_controller::render::peering_namespace(site_a));
-    let sh = |host: &str, cmd: &str| {
-        let o = std::process::Command::new("ip")
-            .args(["netns", "exec", host, "sh", "-c", cmd])
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "{cmd} in {host}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-    };
+    let sh = |host: &str, cmd: &str| crate::netns::must(crate::netns::exec(host, &["sh", "-c", cmd]), cmd);
     // Workloads: a namespace on each node, in the node's subnet (node n of
     // a site declares the n-th /24 of the site's pod CIDR), the node
     // routing for it.
@@ -170,7 +160,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         "http://127.0.0.1:2379".to_string()
     });
 
-    let tunnel_mtu = mtus.site_a_tunnel.map(|m| m.to_string());
+    let tunnel_mtu = opts.site_a_tunnel.map(|m| m.to_string());
     let controller = |lab: &mut Lab, host: &str, site: &str, pod: &str, ip: &str, etcd: Option<&str>| {
         let data = dir.path().join(site);
         let listen = format!("{ip}:7443");
@@ -295,7 +285,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         (pa, "gwa", "gateway", state("192.168.78.1", "gw")),
         (pb, "gwb", "gateway", state("192.168.78.2", "gw")),
     ];
-    let gateway_a2 = mtus.second_gateway_a.then(|| {
+    let gateway_a2 = opts.second_gateway_a.then(|| {
         agent(
             &mut lab,
             "gateway",
@@ -344,12 +334,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
     // socket stayed on the gateway's underlay.
     let ns_a = weft_controller::render::peering_namespace(site_b);
     eventually("site-a's WireGuard interface", Duration::from_secs(20), || {
-        let o = stdout(
-            &std::process::Command::new("ip")
-                .args(["-n", &ns_a, "-br", "link"])
-                .output()
-                .unwrap(),
-        );
+        let o = stdout(&crate::netns::exec(&ns_a, &["ip", "-br", "link"]));
         o.contains("weft-w").then_some(())
     });
     let socks = stdout(&lab.exec(&ns["gwa"], &["ss", "-uln"]));

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use weft_tests::netns::{Lab, must, require_root};
+use weft_tests::netns::{self, Lab, must, require_root};
 use weft_tests::sites::{self, TwoSites};
 use weft_tests::{bin, eventually, stdout, weftctl_json};
 
@@ -283,7 +283,7 @@ fn link_mtu(lab: &Lab, ns: &str, link_prefix: &str) -> u32 {
     words.next().unwrap().parse().unwrap()
 }
 
-fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), mtus: sites::Opts, expect: Expect) {
+fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, expect: Expect) {
     let TwoSites {
         mut lab,
         dir,
@@ -299,15 +299,11 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), mtus: sites::Opts, ex
         wa_from_b,
         workloads,
         gateway_a2: _,
-    } = sites::up_with(tag, a, b, mtus);
+    } = sites::up_with(tag, a, b, opts);
     let (site_a, site_b) = (site_a.as_str(), site_b.as_str());
     // Workload to workload, both ways, ICMP and TCP.
     let ping = |from: &str, to: &str| {
-        let args = ["netns", "exec", &ns[from], "ping", "-c", "1", "-W", "1", to];
-        std::process::Command::new("ip")
-            .args(args)
-            .output()
-            .unwrap()
+        netns::exec(&ns[from], &["ping", "-c", "1", "-W", "1", to])
             .status
             .success()
     };
@@ -320,10 +316,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), mtus: sites::Opts, ex
     if !reached {
         let mut diag = String::new();
         for cmd in ["ip rule", "ip route show table all", "nft list ruleset", "ip -br addr"] {
-            let o = std::process::Command::new("ip")
-                .args(["netns", "exec", &ns_a, "sh", "-c", cmd])
-                .output()
-                .unwrap();
+            let o = netns::exec(&ns_a, &["sh", "-c", cmd]);
             diag.push_str(&format!(
                 "--- {cmd}\n{}{}\n",
                 stdout(&o),
@@ -384,10 +377,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), mtus: sites::Opts, ex
     let client_py = format!(
         "import socket\ns=socket.create_connection(('{wb_from_a}',5201),timeout=3)\ns.sendall(b'across')\ns.close()"
     );
-    let o = std::process::Command::new("ip")
-        .args(["netns", "exec", &ns["wa"], "python3", "-c", &client_py])
-        .output()
-        .unwrap();
+    let o = netns::exec(&ns["wa"], &["python3", "-c", &client_py]);
     assert!(
         o.status.success(),
         "TCP across the sites failed: {}",
@@ -502,10 +492,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), mtus: sites::Opts, ex
         }
     });
     if !reached {
-        let o = std::process::Command::new("ip")
-            .args(["netns", "exec", &ns["na"], "nft", "list", "ruleset"])
-            .output()
-            .unwrap();
+        let o = netns::exec(&ns["na"], &["nft", "list", "ruleset"]);
         panic!(
             "node na's host cannot reach wb ({wb_from_a}); its nft ruleset:\n{}",
             stdout(&o)
@@ -646,7 +633,7 @@ fn workloads_reach_each_other_across_sites_with_the_same_cidr() {
         // Also: site d's underlay carries only 1400 bytes, so its overlay
         // is derived smaller, and site c configures a tunnel MTU both
         // gateways must use.
-        let mtus = sites::Opts {
+        let opts = sites::Opts {
             site_b_underlay: Some(1400),
             site_a_tunnel: Some(1320),
             ..Default::default()
@@ -660,7 +647,7 @@ fn workloads_reach_each_other_across_sites_with_the_same_cidr() {
             "wgb",
             ("site-c", "10.200.0.0/16"),
             ("site-d", "10.200.0.0/16"),
-            mtus,
+            opts,
             expect,
         );
     }
