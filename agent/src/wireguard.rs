@@ -42,7 +42,23 @@ pub struct Device {
 
 impl Device {
     /// Sends one UAPI request; returns the response lines before `errno`.
+    /// boringtun answers EIO while its worker holds the device (seen when
+    /// peers change under traffic, e.g. in a failover) and then has read
+    /// and dropped the whole request, so it is sent again, a few times,
+    /// 10 ms apart.
     pub fn uapi(&mut self, request: &str) -> R<Vec<String>> {
+        for _ in 0..20 {
+            match self.uapi_once(request)? {
+                Ok(lines) => return Ok(lines),
+                Err(code) if code == libc::EIO => std::thread::sleep(std::time::Duration::from_millis(10)),
+                Err(code) => return Err(format!("UAPI error {code}")),
+            }
+        }
+        Err(format!("UAPI error {} (the device stayed busy)", libc::EIO))
+    }
+
+    /// One request: the answer's lines, or the errno it was refused with.
+    fn uapi_once(&mut self, request: &str) -> R<Result<Vec<String>, i32>> {
         let s = self.uapi.get_mut();
         // One write: boringtun reads each request through a fresh buffered
         // reader and drops what it buffered when it refuses one (EIO), so
@@ -64,31 +80,14 @@ impl Device {
                 // the blank line that ends the answer
                 let mut end = String::new();
                 let _ = self.uapi.read_line(&mut end);
-                return if code == "0" {
-                    Ok(lines)
-                } else {
-                    Err(format!("UAPI error {code}"))
-                };
+                return Ok(match code.parse::<i32>() {
+                    Ok(0) => Ok(lines),
+                    Ok(c) => Err(c),
+                    Err(_) => return Err(format!("UAPI: unreadable answer errno={code}")),
+                });
             }
             lines.push(line);
         }
-    }
-
-    /// A "set" that boringtun may refuse for a moment: it answers EIO
-    /// while its worker holds the device (measured during a failover, when
-    /// peers change under traffic). Retried a few times, 10 ms apart.
-    pub fn uapi_retrying(&mut self, request: &str) -> R<Vec<String>> {
-        let mut last = String::new();
-        for _ in 0..20 {
-            match self.uapi(request) {
-                Err(e) if e == "UAPI error 5" => {
-                    last = e;
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                r => return r,
-            }
-        }
-        Err(format!("{last} (the device stayed busy)"))
     }
 
     /// The newest handshake with any peer and the bytes over all peers.
@@ -249,8 +248,8 @@ impl Devices {
         // aborts its worker thread (assert) when asked to add a peer it
         // already has, which a failed earlier call could leave behind.
         dev.peers.remove(&key);
-        dev.uapi_retrying(&format!("set=1\npublic_key={key}\nremove=true\n"))?;
-        dev.uapi_retrying(&format!("set=1\npublic_key={key}\nreplace_allowed_ips=true\n{lines}"))?;
+        dev.uapi(&format!("set=1\npublic_key={key}\nremove=true\n"))?;
+        dev.uapi(&format!("set=1\npublic_key={key}\nreplace_allowed_ips=true\n{lines}"))?;
         dev.peers.insert(key, lines);
         Ok(true)
     }
@@ -261,7 +260,6 @@ impl Devices {
             return Ok(());
         };
         dev.peers.remove(&key);
-        dev.uapi_retrying(&format!("set=1\npublic_key={key}\nremove=true\n"))
-            .map(|_| ())
+        dev.uapi(&format!("set=1\npublic_key={key}\nremove=true\n")).map(|_| ())
     }
 }
