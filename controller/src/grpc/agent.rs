@@ -155,8 +155,17 @@ impl AgentService for AgentApi {
         }
         // What the host's kernel can do decides its overlay encapsulation;
         // a change re-renders its tunnels (and its peers' ends of them).
+        // (Read from the store only when the hub's copy differs: every
+        // agent reconnecting after a restart must not cost a store read.)
         let geneve = req.features.iter().any(|f| f == "geneve");
-        self.state.set_geneve(role, &id.name, geneve).await?;
+        let model = self.hub.model();
+        let recorded = match role {
+            AgentRole::Node => model.nodes.get(&id.name).map(|n| n.geneve),
+            AgentRole::Gateway => model.gateways.get(&id.name).map(|g| g.geneve),
+        };
+        if recorded != Some(geneve) {
+            self.state.set_geneve(role, &id.name, geneve).await?;
+        }
         let key = (role, id.name.clone());
         // Subscribe before rendering: a change in between is then pending,
         // not lost.
