@@ -101,8 +101,12 @@ fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
     );
     // ... and kept its watch stream: one "watching", no reconnect, and the
     // controller still streams to it (its latest revision is known).
-    let log = a.log_text();
-    assert!(log.contains("certificate renewed"), "{log}");
+    // (The controller records the new certificate before the agent has
+    // stored it and said so: wait for the agent's line.)
+    let log = eventually("the agent's renewal", Duration::from_secs(5), || {
+        let log = a.log_text();
+        log.contains("certificate renewed").then_some(log)
+    });
     assert_eq!(log.matches("watching").count(), 1, "the stream was re-opened: {log}");
     let nodes = weftctl_json(&c.target(), &["nodes"]);
     let st = &nodes["nodes"][0]["status"];
