@@ -38,8 +38,25 @@ pub fn require_tool(name: &str) -> Option<PathBuf> {
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
+///
+/// Ports come from below the kernel's ephemeral range (32768–60999 by
+/// default), so an outgoing connection made between this call and the
+/// server's bind cannot take the port, and a per-process counter keeps
+/// parallel tests of one binary from being handed the same one.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = std::process::id().wrapping_mul(7919) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOW + (base + n) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port between {LOW} and {}", LOW + SPAN)
 }
 
 /// The directory holding the workspace's built binaries (target/debug).
@@ -67,14 +84,6 @@ pub fn bin(name: &str) -> PathBuf {
         p.display()
     );
     p
-}
-
-fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ok() {
-        assert!(start.elapsed() < timeout, "{what} was not ready within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Sends SIGTERM (a clean stop) to a child.
@@ -178,7 +187,19 @@ impl Etcd {
         // The metrics listener is plain HTTP in both modes and reports the
         // same health.
         let metrics = self.metrics_port;
-        wait_until("etcd", Duration::from_secs(20), || http_get_ok(metrics, "/health"));
+        let start = Instant::now();
+        while !http_get_ok(metrics, "/health") {
+            let exited = self.child.as_mut().unwrap().try_wait().unwrap();
+            if exited.is_some() || start.elapsed() > Duration::from_secs(30) {
+                let log = std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                panic!(
+                    "etcd was not ready within 30 s (exit: {exited:?}); its log ends:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Stops etcd (SIGTERM) keeping its data.
