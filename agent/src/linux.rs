@@ -30,7 +30,7 @@ pub struct Linux {
     /// rewrites it otherwise, e.g. after a restart or a hand deletion).
     host_snat_applied: bool,
     /// A health probe per WireGuard link, by link name.
-    probes: std::collections::HashMap<String, (String, crate::probe::Prober)>,
+    probes: std::collections::HashMap<String, (crate::probe::Target, crate::probe::Prober)>,
     probe_config: crate::probe::ProbeConfig,
     /// Signalled when a tunnel goes up or down.
     tunnel_changed: std::sync::Arc<tokio::sync::Notify>,
@@ -42,8 +42,14 @@ pub struct Linux {
     /// This host's underlay address, whose interface's MTU sizes the
     /// links rendered without one.
     underlay_ip: Option<IpAddr>,
-    /// Whether the kernel can make Geneve links, once found out.
-    geneve: Option<bool>,
+    /// Link kinds the kernel can make, once found out.
+    kinds: Option<Vec<String>>,
+    /// Host objects created (found missing) by this process; a resync that
+    /// raises it repaired drift.
+    writes: u64,
+    /// The peer CIDRs the accounting table counts (nodes only); None: the
+    /// table must be (re)written.
+    acct: Option<std::collections::BTreeMap<String, Vec<Ipv4Net>>>,
 }
 
 impl std::fmt::Debug for Linux {
@@ -126,33 +132,41 @@ pub(crate) async fn set_up_named(h: &Handle, name: &str, mtu: u32) -> R<()> {
     set_up_in(h, idx, mtu).await.map_err(|e| format!("{name}: {e}"))
 }
 
-async fn add_address(h: &Handle, a: &pb::Address) -> R<()> {
+/// Adds an address; true when it was missing.
+async fn add_address(h: &Handle, a: &pb::Address) -> R<bool> {
     let idx = need_index_in(h, &a.link).await?;
     let n = net(&a.cidr, "address")?;
     match h
         .address()
         .add(idx, IpAddr::V4(n.addr()), n.prefix_len())
-        .replace()
         .execute()
         .await
     {
-        Ok(()) => Ok(()),
-        Err(e) if is_exists(&e) => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if is_exists(&e) => Ok(false),
         Err(e) => Err(format!("cannot add {}: {e}", a.cidr)),
     }
 }
 
-async fn add_route(h: &Handle, r: &pb::Route) -> R<()> {
+/// Adds (or corrects) a route; true when it was missing.
+async fn add_route(h: &Handle, r: &pb::Route) -> R<bool> {
     let msg = route_in(h, r).await?;
-    h.route()
-        .add(msg)
-        .replace()
-        .execute()
-        .await
-        .map_err(|e| format!("cannot add the route: {e}"))
+    match h.route().add(msg.clone()).execute().await {
+        Ok(()) => Ok(true),
+        Err(e) if is_exists(&e) => h
+            .route()
+            .add(msg)
+            .replace()
+            .execute()
+            .await
+            .map(|()| false)
+            .map_err(|e| format!("cannot add the route: {e}")),
+        Err(e) => Err(format!("cannot add the route: {e}")),
+    }
 }
 
-async fn add_rule(h: &Handle, r: &pb::Rule) -> R<()> {
+/// Adds a rule; true when it was missing.
+async fn add_rule(h: &Handle, r: &pb::Rule) -> R<bool> {
     let mut req = h
         .rule()
         .add()
@@ -172,8 +186,8 @@ async fn add_rule(h: &Handle, r: &pb::Rule) -> R<()> {
         req = req.input_interface(r.iif.clone());
     }
     match req.execute().await {
-        Ok(()) => Ok(()),
-        Err(e) if is_exists(&e) => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if is_exists(&e) => Ok(false),
         Err(e) => Err(format!("cannot add the rule: {e}")),
     }
 }
@@ -259,7 +273,7 @@ fn host_snat_table(h: Option<&pb::HostSnat>) -> R<()> {
 
 /// Adds an address or a route inside namespace `ns` (a worker thread that
 /// joined it, with its own netlink connection).
-fn in_ns(ns: &str, o: &pb::DesiredObject) -> R<()> {
+fn in_ns(ns: &str, o: &pb::DesiredObject) -> R<bool> {
     let o = o.clone();
     crate::wireguard::in_namespace(ns, move |h| {
         Box::pin(async move {
@@ -289,11 +303,12 @@ fn enable_forwarding(ns: &str) -> R<()> {
     .map_err(|_| "the namespace worker panicked".to_string())?
 }
 
-/// Whether this kernel can make Geneve links: tried in a network namespace
-/// of a throwaway thread's own (nothing on the host is touched; the
-/// namespace goes with the thread).
-pub fn kernel_has_geneve() -> bool {
-    std::thread::spawn(|| -> R<()> {
+/// Which of the link kinds weft uses this kernel can make ("geneve",
+/// "vxlan", "wireguard"): each tried in a network namespace of a throwaway
+/// thread's own (nothing on the host is touched; the namespace goes with
+/// the thread).
+pub fn kernel_link_kinds() -> Vec<String> {
+    std::thread::spawn(|| -> R<Vec<String>> {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("unshare: {e}"))?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -302,14 +317,131 @@ pub fn kernel_has_geneve() -> bool {
         rt.block_on(async {
             let (conn, h, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
             tokio::spawn(conn);
-            let probe = rtnetlink::LinkGeneve::new("weftprobe0", 1)
-                .remote(Ipv4Addr::new(192, 0, 2, 1))
-                .build();
-            h.link().add(probe).execute().await.map_err(|e| e.to_string())
+            let far = Ipv4Addr::new(192, 0, 2, 1);
+            let mut kinds = Vec::new();
+            let tries = [
+                (
+                    "geneve",
+                    rtnetlink::LinkGeneve::new("weftprobe0", 1).remote(far).build(),
+                ),
+                ("vxlan", LinkVxlan::new("weftprobe1", 1).remote(far).build()),
+                ("wireguard", rtnetlink::LinkWireguard::new("weftprobe2").build()),
+            ];
+            for (kind, msg) in tries {
+                if h.link().add(msg).execute().await.is_ok() {
+                    kinds.push(kind.to_string());
+                }
+            }
+            Ok(kinds)
         })
     })
     .join()
-    .is_ok_and(|r| r.is_ok())
+    .ok()
+    .and_then(|r| r.ok())
+    .unwrap_or_default()
+}
+
+/// Whether this kernel can make Geneve links.
+pub fn kernel_has_geneve() -> bool {
+    kernel_link_kinds().iter().any(|k| k == "geneve")
+}
+
+/// The CIDRs of peers as this site sees them, by peer site: the
+/// destinations of the host's routes rendered for peers (ids
+/// `peer/<site>/...`).
+fn peer_views(objects: &Objects) -> std::collections::BTreeMap<String, Vec<Ipv4Net>> {
+    let mut out: std::collections::BTreeMap<String, Vec<Ipv4Net>> = Default::default();
+    for o in objects.values() {
+        let (Some(Kind::Route(r)), Some(rest)) = (&o.kind, o.id.strip_prefix("peer/")) else {
+            continue;
+        };
+        if !r.namespace.is_empty() {
+            continue; // inside a peering's namespace: real CIDRs, not views
+        }
+        let (Some(site), Ok(dst)) = (rest.split('/').next(), r.destination.parse::<Ipv4Net>()) else {
+            continue;
+        };
+        let v = out.entry(site.to_string()).or_default();
+        if !v.contains(&dst) {
+            v.push(dst);
+        }
+    }
+    out
+}
+
+/// The node's nftables table `weft_acct`: a named counter per peer and
+/// direction over traffic to and from the peer's CIDRs (forwarded, sent and
+/// received by the host), or no table when there are no peers.
+fn acct_table(views: &std::collections::BTreeMap<String, Vec<Ipv4Net>>) -> R<()> {
+    use serde_json::json;
+    let t = |x: serde_json::Value| json!({"add": x});
+    let mut cmds = vec![
+        t(json!({"table": {"family": "ip", "name": "weft_acct"}})),
+        json!({"delete": {"table": {"family": "ip", "name": "weft_acct"}}}),
+    ];
+    if !views.is_empty() {
+        cmds.push(t(json!({"table": {"family": "ip", "name": "weft_acct"}})));
+        for (hook, name) in [("forward", "fwd"), ("output", "out"), ("input", "in")] {
+            cmds.push(t(json!({"chain": {"family": "ip", "table": "weft_acct", "name": name, "type": "filter", "hook": hook, "prio": -200, "policy": "accept"}})));
+        }
+        for (site, nets) in views {
+            for dir in ["tx", "rx"] {
+                cmds.push(t(
+                    json!({"counter": {"family": "ip", "table": "weft_acct", "name": format!("{dir}-{site}")}}),
+                ));
+            }
+            for n in nets {
+                let p = json!({"prefix": {"addr": n.network().to_string(), "len": n.prefix_len()}});
+                for (field, dir, chains) in [("daddr", "tx", ["fwd", "out"]), ("saddr", "rx", ["fwd", "in"])] {
+                    for chain in chains {
+                        let m = json!({"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": field}}, "right": p}});
+                        let c = json!({"counter": format!("{dir}-{site}")});
+                        cmds.push(t(
+                            json!({"rule": {"family": "ip", "table": "weft_acct", "chain": chain, "expr": [m, c]}}),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let payload = json!({"nftables": cmds}).to_string();
+    nftables::helper::apply_ruleset_raw(&payload, nftables::helper::DEFAULT_NFT, nftables::helper::DEFAULT_ARGS)
+        .map(|_| ())
+        .map_err(|e| format!("cannot apply the accounting table: {e}"))
+}
+
+/// The counters of `weft_acct`, by peer; None when the table is missing.
+pub fn acct_counters() -> Option<Vec<crate::metrics::PeerTraffic>> {
+    let out = std::process::Command::new("nft")
+        .args(["-j", "list", "counters", "table", "ip", "weft_acct"])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let mut by_site: std::collections::BTreeMap<String, crate::metrics::PeerTraffic> = Default::default();
+    for item in v["nftables"].as_array()? {
+        let c = &item["counter"];
+        let (Some(name), Some(bytes), Some(packets)) = (c["name"].as_str(), c["bytes"].as_u64(), c["packets"].as_u64())
+        else {
+            continue;
+        };
+        let Some((dir, site)) = name.split_once('-') else {
+            continue;
+        };
+        let e = by_site
+            .entry(site.to_string())
+            .or_insert_with(|| crate::metrics::PeerTraffic {
+                peer_site: site.to_string(),
+                ..Default::default()
+            });
+        match dir {
+            "tx" => (e.tx_bytes, e.tx_packets) = (bytes, packets),
+            _ => (e.rx_bytes, e.rx_packets) = (bytes, packets),
+        }
+    }
+    Some(by_site.into_values().collect())
 }
 
 impl Linux {
@@ -329,7 +461,9 @@ impl Linux {
             to_kick: Default::default(),
             recreated: Default::default(),
             underlay_ip: None,
-            geneve: None,
+            kinds: None,
+            writes: 0,
+            acct: None,
         })
     }
 
@@ -424,7 +558,7 @@ impl Linux {
     /// Gives the WireGuard link its probe address and keeps a prober
     /// running toward the far end (a new one when the device was made anew,
     /// since the old socket's address went with it).
-    fn ensure_probe(&mut self, l: &pb::Link, w: &pb::Wireguard, fresh: bool) -> R<()> {
+    fn ensure_probe(&mut self, l: &pb::Link, w: &pb::Wireguard, mtu: u32, fresh: bool) -> R<()> {
         if w.address.is_empty() || w.peer_address.is_empty() {
             self.probes.remove(&l.name);
             return Ok(());
@@ -440,18 +574,25 @@ impl Linux {
         in_ns(&l.namespace, &addr)?;
         let local: Ipv4Net = net(&w.address, "probe address")?;
         let peer = v4(&w.peer_address, "probe peer address")?;
-        let same = self.probes.get(&l.name).is_some_and(|(site, p)| {
-            *site == w.peer_site && p.local == local.addr() && p.peer == peer && p.config == self.probe_config
-        });
+        let target = crate::probe::Target {
+            ns: l.namespace.clone(),
+            link: l.name.clone(),
+            site: w.peer_site.clone(),
+            local: local.addr(),
+            peer,
+            mtu,
+        };
+        let same = self
+            .probes
+            .get(&l.name)
+            .is_some_and(|(t, p)| *t == target && p.config == self.probe_config);
         if same && !fresh {
             return Ok(());
         }
         self.probes.remove(&l.name);
         let notify = self.tunnel_changed.clone();
-        let prober = crate::probe::start(&l.namespace, local.addr(), peer, self.probe_config, move || {
-            notify.notify_one()
-        })?;
-        self.probes.insert(l.name.clone(), (w.peer_site.clone(), prober));
+        let prober = crate::probe::start(target.clone(), self.probe_config, move || notify.notify_one())?;
+        self.probes.insert(l.name.clone(), (target, prober));
         Ok(())
     }
 
@@ -465,18 +606,24 @@ impl Linux {
         if l.namespace.is_empty() {
             return Err("a WireGuard link needs its peering namespace".into());
         }
+        let mtu = self.link_mtu(l).await;
         if old.is_some_and(|x| x == o) && self.wg.devices.contains_key(&l.name) {
-            return self.ensure_probe(l, w, false);
+            return self.ensure_probe(l, w, mtu, false);
         }
         let key = self
             .wg_private_key
             .clone()
             .ok_or("this agent has no WireGuard key (only gateways do)")?;
-        let mtu = self.link_mtu(l).await;
         self.wg
             .create(&self.handle, &l.name, &l.namespace, w.listen_port, mtu, &key)
             .await?;
-        self.ensure_probe(l, w, true)
+        self.ensure_probe(l, w, mtu, true)
+    }
+
+    /// Counts a write that created something.
+    fn count(&mut self, wrote: R<bool>) -> R<()> {
+        self.writes += u64::from(wrote?);
+        Ok(())
     }
 
     async fn index(&self, name: &str) -> R<Option<u32>> {
@@ -506,9 +653,9 @@ impl Linux {
                 enable_forwarding(&n.name)?;
                 enable_forwarding("")
             }
-            Some(Kind::Address(a)) if !a.namespace.is_empty() => in_ns(&a.namespace, o),
-            Some(Kind::Route(r)) if !r.namespace.is_empty() => in_ns(&r.namespace, o),
-            Some(Kind::Rule(r)) if !r.namespace.is_empty() => in_ns(&r.namespace, o),
+            Some(Kind::Address(a)) if !a.namespace.is_empty() => self.count(in_ns(&a.namespace, o)),
+            Some(Kind::Route(r)) if !r.namespace.is_empty() => self.count(in_ns(&r.namespace, o)),
+            Some(Kind::Rule(r)) if !r.namespace.is_empty() => self.count(in_ns(&r.namespace, o)),
             Some(Kind::Link(l)) if matches!(l.kind, Some(pb::link::Kind::Veth(_))) => {
                 let Some(pb::link::Kind::Veth(v)) = &l.kind else {
                     unreachable!()
@@ -618,17 +765,25 @@ impl Linux {
                     .await
                     .map_err(|e| format!("cannot create {}: {e}", l.name))?;
                 self.recreated.insert(l.name.clone());
+                self.writes += 1;
                 Ok(())
             }
-            Some(Kind::Address(a)) => add_address(&self.handle, a).await,
-            Some(Kind::Route(r)) => add_route(&self.handle, r).await,
+            Some(Kind::Address(a)) => {
+                let w = add_address(&self.handle, a).await;
+                self.count(w)
+            }
+            Some(Kind::Route(r)) => {
+                let w = add_route(&self.handle, r).await;
+                self.count(w)
+            }
             Some(Kind::Rule(r)) => {
                 if let Some(old) = old
                     && old != o
                 {
                     self.delete(old).await?;
                 }
-                add_rule(&self.handle, r).await
+                let w = add_rule(&self.handle, r).await;
+                self.count(w)
             }
             // Applied per namespace as a whole table, in `apply`.
             Some(Kind::NatMap(_)) => Ok(()),
@@ -873,16 +1028,49 @@ impl Applier for Linux {
                 errors.extend(ids.into_iter().map(|id| pb::ObjectError { id, message: e.clone() }));
             }
         }
+        if self.wg_private_key.is_none() {
+            let mut fin: Objects = held.clone();
+            for id in deletes {
+                fin.remove(id);
+            }
+            for o in upserts {
+                fin.insert(o.id.clone(), o.clone());
+            }
+            let views = peer_views(&fin);
+            crate::metrics::get()
+                .node_accounting
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            // Rewritten when the peers changed, or when it is gone (deleted
+            // by hand: a resync puts it back).
+            let missing = !views.is_empty() && acct_counters().is_none();
+            if self.acct.as_ref() != Some(&views) || missing {
+                if missing && self.acct.is_some() {
+                    self.writes += 1;
+                }
+                match acct_table(&views) {
+                    Ok(()) => self.acct = Some(views),
+                    // Counting only: the data path does not depend on it.
+                    Err(e) => tracing::warn!(error = %e, "per-peer traffic is not counted"),
+                }
+            }
+        }
         errors
     }
 
     fn tunnels(&mut self) -> Vec<pb::TunnelStatus> {
         let mut out = Vec::new();
-        for (link, (site, prober)) in &self.probes {
+        for (link, (target, prober)) in &self.probes {
             let h = prober.health.lock().unwrap().clone();
             let stats = self.wg.devices.get_mut(link).map(|d| d.stats()).unwrap_or_default();
+            if let Some(std::net::SocketAddr::V4(ep)) = stats.endpoint {
+                *prober.mtu_target.lock().unwrap() = Some(*ep.ip());
+            }
             out.push(pb::TunnelStatus {
-                peer_site: site.clone(),
+                rx_packets: h.packets.0,
+                tx_packets: h.packets.1,
+                mtu: target.mtu,
+                path_mtu: h.path_mtu.clone(),
+                peer_site: target.site.clone(),
                 link: link.clone(),
                 up: h.up,
                 rtt_micros: h.rtt.map_or(0, |r| r.as_micros() as u64),
@@ -907,7 +1095,68 @@ impl Applier for Linux {
     }
 
     fn features(&mut self) -> Vec<String> {
-        let geneve = *self.geneve.get_or_insert_with(kernel_has_geneve);
-        if geneve { vec!["geneve".into()] } else { vec![] }
+        let kinds = self.kinds.get_or_insert_with(kernel_link_kinds);
+        kinds.iter().filter(|k| *k == "geneve").cloned().collect()
+    }
+
+    fn writes(&self) -> u64 {
+        self.writes
+    }
+
+    async fn host_report(&mut self, held: &Objects) -> pb::HostReport {
+        use rtnetlink::packet_route::link::LinkAttribute;
+        use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute};
+        let features = self.kinds.get_or_insert_with(kernel_link_kinds).clone();
+        // Host links by index, to tell weft's own routes from others.
+        let mut names = std::collections::HashMap::new();
+        let mut links = self.handle.link().get().execute();
+        while let Ok(Some(l)) = links.try_next().await {
+            if let Some(n) = l.attributes.iter().find_map(|a| match a {
+                LinkAttribute::IfName(n) => Some(n.clone()),
+                _ => None,
+            }) {
+                names.insert(l.header.index, n);
+            }
+        }
+        let views = peer_views(held);
+        let mut conflicts = Vec::new();
+        let mut routes = self
+            .handle
+            .route()
+            .get(RouteMessageBuilder::<Ipv4Addr>::new().table_id(254).build())
+            .execute();
+        while let Ok(Some(r)) = routes.try_next().await {
+            let len = r.header.destination_prefix_length;
+            if len == 0 || r.header.table != 254 {
+                continue; // the default route overlaps everything by design
+            }
+            let dst = r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(*ip),
+                _ => None,
+            });
+            let dev = r.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Oif(i) => names.get(i).cloned(),
+                _ => None,
+            });
+            let (Some(dst), dev) = (dst, dev.unwrap_or_default()) else {
+                continue;
+            };
+            if dev.starts_with("weft") {
+                continue;
+            }
+            let Ok(route) = Ipv4Net::new(dst, len) else { continue };
+            for (site, nets) in &views {
+                for v in nets
+                    .iter()
+                    .filter(|v| v.contains(&route.network()) || route.contains(&v.network()))
+                {
+                    conflicts.push(format!("{route} dev {dev} overlaps {site}'s {v}"));
+                }
+            }
+        }
+        pb::HostReport {
+            features,
+            route_conflicts: conflicts,
+        }
     }
 }

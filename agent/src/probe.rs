@@ -42,6 +42,10 @@ impl Default for ProbeConfig {
 /// What the probes of one tunnel have seen.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Health {
+    /// Packets through the tunnel interface (received, sent).
+    pub packets: (u64, u64),
+    /// The latest path-MTU check, if one ran.
+    pub path_mtu: Option<weft_proto::v1::PathMtuCheck>,
     pub up: bool,
     /// Round-trip time of the latest answered probe.
     pub rtt: Option<Duration>,
@@ -84,6 +88,9 @@ struct Kick {
 /// A running prober; stops (and its thread ends) when dropped.
 pub struct Prober {
     stop: Arc<AtomicBool>,
+    /// The peer's endpoint address (as WireGuard last saw it), which the
+    /// path-MTU check sends to.
+    pub mtu_target: Arc<Mutex<Option<Ipv4Addr>>>,
     kick: Arc<Kick>,
     pub health: Arc<Mutex<Health>>,
     pub local: Ipv4Addr,
@@ -130,26 +137,58 @@ fn open(ns: &str, local: Ipv4Addr) -> Result<Socket, String> {
     .map_err(|_| "the probe socket worker panicked".to_string())?
 }
 
-/// Starts probing `peer` from `local` inside namespace `ns`; `changed` is
-/// called (on the prober's thread) whenever the tunnel goes up or down.
-pub fn start(
-    ns: &str,
-    local: Ipv4Addr,
-    peer: Ipv4Addr,
-    config: ProbeConfig,
-    changed: impl Fn() + Send + 'static,
-) -> Result<Prober, String> {
-    let socket = open(ns, local)?;
+/// What one prober watches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub ns: String,
+    /// The WireGuard link (for its packet counters).
+    pub link: String,
+    /// The peer site (the label of the RTT histogram).
+    pub site: String,
+    pub local: Ipv4Addr,
+    pub peer: Ipv4Addr,
+    /// The tunnel's MTU (the size of the path-MTU check).
+    pub mtu: u32,
+}
+
+/// Starts probing `t.peer` from `t.local` inside namespace `t.ns`;
+/// `changed` is called (on the prober's thread) whenever the tunnel goes up
+/// or down.
+pub fn start(t: Target, config: ProbeConfig, changed: impl Fn() + Send + 'static) -> Result<Prober, String> {
+    let socket = open(&t.ns, t.local)?;
+    // The path-MTU check goes where WireGuard's UDP goes: from the agent's
+    // own namespace, so its socket is made here, before the prober's thread
+    // moves into the peering's. (Without one, the check is skipped.)
+    let mtu_socket = raw_icmp_socket()
+        .and_then(|s| set_dont_fragment(&s).map(|()| s))
+        .map_err(|e| tracing::warn!(peer = %t.site, "no path-MTU check: {e}"))
+        .ok();
     let stop = Arc::new(AtomicBool::new(false));
     let health = Arc::new(Mutex::new(Health::default()));
     let kick = Arc::new(Kick::default());
-    let (s, h, k) = (stop.clone(), health.clone(), kick.clone());
+    let mtu_target = Arc::new(Mutex::new(None));
+    let (s, h, k, m) = (stop.clone(), health.clone(), kick.clone(), mtu_target.clone());
+    let (local, peer) = (t.local, t.peer);
     std::thread::Builder::new()
-        .name(format!("probe-{peer}"))
-        .spawn(move || run(socket, peer, config, &s, &h, &k, changed))
+        .name(format!("probe-{}", t.peer))
+        .spawn(move || {
+            // Live in the peering's namespace: its interface counters and
+            // the path-MTU check's socket are there.
+            let path = format!("/run/netns/{}", t.ns);
+            match std::fs::File::open(&path) {
+                Ok(f) => {
+                    if let Err(e) = nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET) {
+                        tracing::warn!(namespace = %t.ns, "prober cannot enter the namespace: {e}");
+                    }
+                }
+                Err(e) => tracing::warn!(namespace = %t.ns, "prober cannot open the namespace: {e}"),
+            }
+            run(socket, mtu_socket, &t, config, &s, &h, &k, &m, changed)
+        })
         .map_err(|e| format!("cannot start the prober: {e}"))?;
     Ok(Prober {
         stop,
+        mtu_target,
         kick,
         health,
         local,
@@ -158,16 +197,187 @@ pub fn start(
     })
 }
 
+/// Packets received and sent by `link`, from this thread's namespace's
+/// `/proc/thread-self/net/dev`.
+fn link_packets(link: &str) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/thread-self/net/dev").ok()?;
+    text.lines().find_map(|l| {
+        let (name, rest) = l.split_once(':')?;
+        if name.trim() != link {
+            return None;
+        }
+        let f: Vec<u64> = rest.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        // rx: bytes packets errs drop fifo frame compressed multicast; tx: bytes packets ...
+        Some((*f.get(1)?, *f.get(9)?))
+    })
+}
+
+/// WireGuard's overhead on IPv4: outer IP (20) + UDP (8) + data header and
+/// authentication tag (32).
+pub const WG_OVERHEAD_V4: u32 = 60;
+
+/// How many probes go between two path-MTU checks.
+const MTU_CHECK_EVERY: u64 = 30;
+
+/// Sets IP_MTU_DISCOVER to IP_PMTUDISC_DO: DF on every packet, and sends
+/// larger than the known path MTU fail with EMSGSIZE instead of fragmenting.
+#[allow(unsafe_code)]
+fn set_dont_fragment(s: &Socket) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let v: libc::c_int = libc::IP_PMTUDISC_DO;
+    // SAFETY: a valid socket descriptor, and a pointer to a c_int that
+    // lives across the call with its exact size.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The Internet checksum of `data`.
+fn checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = data
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum();
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// A raw ICMP socket (root or CAP_NET_RAW): unlike a ping socket it needs
+/// no sysctl, so it works in any namespace, the host's included.
+pub fn raw_icmp_socket() -> std::io::Result<Socket> {
+    Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::ICMPV4))
+}
+
+/// Sends one ICMP echo of `size` bytes (IP header included) to `to` on raw
+/// socket `s` and waits for its answer. `Err`: the send failed (EMSGSIZE
+/// with DF set: larger than the path MTU). `Ok(Err)`: no answer, or an
+/// unreachable message about it.
+pub fn raw_echo(
+    s: &Socket,
+    to: Ipv4Addr,
+    id: u16,
+    seq: u16,
+    size: u32,
+    wait: Duration,
+) -> std::io::Result<Result<Duration, String>> {
+    let mut req = vec![0u8; (size.saturating_sub(20)).max(16) as usize];
+    req[0] = 8;
+    req[4..6].copy_from_slice(&id.to_be_bytes());
+    req[6..8].copy_from_slice(&seq.to_be_bytes());
+    req[8..12].copy_from_slice(b"weft");
+    let sum = checksum(&req);
+    req[2..4].copy_from_slice(&sum.to_be_bytes());
+    let sent = Instant::now();
+    s.send_to(&req, &SockAddr::from(SocketAddrV4::new(to, 0)))?;
+    let mut pkt = vec![0u8; 65536];
+    loop {
+        let left = wait.saturating_sub(sent.elapsed());
+        if left.is_zero() {
+            return Ok(Err(format!("no answer within {wait:?}")));
+        }
+        s.set_read_timeout(Some(left))?;
+        // A raw socket hands back whole IP packets: the sender is in the
+        // header.
+        let n = match (&*s).read(&mut pkt) {
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
+            Err(e) => return Err(e),
+        };
+        if n < 28 {
+            continue;
+        }
+        let from = Ipv4Addr::new(pkt[12], pkt[13], pkt[14], pkt[15]);
+        let icmp = &pkt[usize::from(pkt[0] & 0x0f) * 4..n];
+        if icmp.len() < 8 {
+            continue;
+        }
+        if from == to && icmp[0] == 0 && icmp[4..6] == id.to_be_bytes() && icmp[6..8] == seq.to_be_bytes() {
+            return Ok(Ok(sent.elapsed()));
+        }
+        // Destination unreachable (or fragmentation needed) about this echo.
+        if icmp[0] == 3 && icmp.len() >= 36 {
+            let inner = &icmp[8..];
+            let at = usize::from(inner[0] & 0x0f) * 4;
+            if inner.get(at + 4..at + 8) == Some(&[id.to_be_bytes(), seq.to_be_bytes()].concat()[..]) {
+                return Ok(Err(format!("unreachable (ICMP code {}) from {from}", icmp[1])));
+            }
+        }
+    }
+}
+
+/// Whether a full tunnel packet (MTU + WireGuard overhead) crosses the
+/// underlay to `target` unfragmented, sent on `s` (a raw ICMP socket in the
+/// namespace of WireGuard's UDP socket, with DF set).
+pub fn check_path_mtu(s: &Socket, target: Ipv4Addr, tunnel_mtu: u32, id: u16) -> weft_proto::v1::PathMtuCheck {
+    let size = tunnel_mtu + WG_OVERHEAD_V4;
+    let mut out = weft_proto::v1::PathMtuCheck {
+        result: "unchecked".into(),
+        probe_size: size,
+        path_mtu: 0,
+        target: target.to_string(),
+        checked_at: Some(prost_types::Timestamp::from(std::time::SystemTime::now())),
+    };
+    // Connected, so the kernel's path MTU toward the target can be read.
+    if s.connect(&SockAddr::from(SocketAddrV4::new(target, 0))).is_err() {
+        return out;
+    }
+    let known = || nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::IpMtu).unwrap_or(0) as u32;
+    let wait = Duration::from_secs(1);
+    match raw_echo(s, target, id, 1, size, wait) {
+        Ok(Ok(_)) => out.result = "ok".into(),
+        Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
+            out.result = "too_big".into();
+            out.path_mtu = known();
+        }
+        Err(_) => {}
+        Ok(Err(_)) => {
+            // A small echo tells a lost big one from a silent peer. A
+            // router's "fragmentation needed" may have taught the kernel
+            // the path MTU meanwhile.
+            if matches!(raw_echo(s, target, id, 2, 84, wait), Ok(Ok(_))) {
+                out.result = "unanswered".into();
+                let pmtu = known();
+                if pmtu > 0 && pmtu < size {
+                    out.result = "too_big".into();
+                    out.path_mtu = pmtu;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
 fn run(
     socket: Socket,
-    peer: Ipv4Addr,
+    mtu_socket: Option<Socket>,
+    t: &Target,
     config: ProbeConfig,
     stop: &AtomicBool,
     health: &Mutex<Health>,
     kick: &Kick,
+    mtu_target: &Mutex<Option<Ipv4Addr>>,
     changed: impl Fn(),
 ) {
-    let to = SockAddr::from(SocketAddrV4::new(peer, 0));
+    let to = SockAddr::from(SocketAddrV4::new(t.peer, 0));
+    let rtt_series = crate::metrics::get()
+        .rtt
+        .get_or_create(&vec![("peer_site".to_string(), t.site.clone())])
+        .clone();
+    let mut since_mtu_check = MTU_CHECK_EVERY;
     let mut seq: u16 = 0;
     let mut buf = [0u8; 64];
     while !stop.load(Ordering::Relaxed) {
@@ -207,9 +417,35 @@ fn run(
             *kick.now.lock().unwrap() = false;
             continue; // not a miss: probe again now
         }
-        let flipped = health.lock().unwrap().record(rtt, config.misses);
+        if let Some(r) = rtt {
+            rtt_series.observe(r.as_secs_f64());
+        }
+        let packets = link_packets(&t.link);
+        let flipped = {
+            let mut h = health.lock().unwrap();
+            if let Some(p) = packets {
+                h.packets = p;
+            }
+            h.record(rtt, config.misses)
+        };
         if flipped {
             changed();
+            since_mtu_check = MTU_CHECK_EVERY;
+        }
+        // The path-MTU check: soon after the tunnel is up, then now and then.
+        since_mtu_check += 1;
+        let target = *mtu_target.lock().unwrap();
+        if let (Some(target), Some(ms)) = (target, &mtu_socket)
+            && rtt.is_some()
+            && t.mtu > 0
+            && since_mtu_check >= MTU_CHECK_EVERY
+        {
+            since_mtu_check = 0;
+            let c = check_path_mtu(ms, target, t.mtu, seq);
+            if c.result != "ok" {
+                tracing::warn!(peer = %t.site, link = %t.link, result = %c.result, size = c.probe_size, path_mtu = c.path_mtu, target = %target, "full-size tunnel packets do not cross the underlay unfragmented");
+            }
+            health.lock().unwrap().path_mtu = Some(c);
         }
         // Until the next interval, or a kick.
         let mut now_please = kick.now.lock().unwrap();

@@ -60,15 +60,18 @@ async fn receive(
     applier: &mut dyn Applier,
 ) -> anyhow::Result<Vec<pb::ObjectError>> {
     let (upserts, deletes) = desired.changes(msg);
-    let errors = applier.apply(&desired.objects, &upserts, &deletes).await;
-    let (n_up, n_del) = (upserts.len(), deletes.len());
-    desired.commit(msg.revision, upserts, &deletes);
-    file.save(desired)?;
     let kind = if matches!(msg.kind, Some(pb::watch_response::Kind::Snapshot(_))) {
         "snapshot"
     } else {
         "delta"
     };
+    let started = std::time::Instant::now();
+    let errors = applier.apply(&desired.objects, &upserts, &deletes).await;
+    observe_reconcile(kind, started, &errors);
+    let (n_up, n_del) = (upserts.len(), deletes.len());
+    desired.commit(msg.revision, upserts, &deletes);
+    file.save(desired)?;
+    crate::metrics::get().applied_revision.set(msg.revision);
     tracing::info!(
         revision = msg.revision,
         kind,
@@ -79,6 +82,38 @@ async fn receive(
     );
     Ok(errors)
 }
+
+/// Records one reconcile's duration and failed objects.
+fn observe_reconcile(trigger: &str, started: std::time::Instant, errors: &[pb::ObjectError]) {
+    let m = crate::metrics::get();
+    m.reconcile
+        .get_or_create(&vec![("trigger".to_string(), trigger.to_string())])
+        .observe(started.elapsed().as_secs_f64());
+    m.reconcile_errors.inc_by(errors.len() as u64);
+}
+
+/// Applies everything held again (level-triggered: a no-op unless something
+/// drifted); counts and logs what had to be put back.
+async fn resync(desired: &Desired, applier: &mut dyn Applier) -> Vec<pb::ObjectError> {
+    let all: Vec<pb::DesiredObject> = desired.objects.values().cloned().collect();
+    let before = applier.writes();
+    let started = std::time::Instant::now();
+    let errors = applier.apply(&desired.objects, &all, &[]).await;
+    observe_reconcile("resync", started, &errors);
+    let repaired = applier.writes().saturating_sub(before);
+    if repaired > 0 {
+        crate::metrics::get().drift_repairs.inc_by(repaired);
+        tracing::warn!(
+            repaired,
+            revision = desired.revision,
+            "host objects were missing and are back (drift repaired)"
+        );
+    }
+    errors
+}
+
+/// How often an agent sends the facts about its host.
+const HOST_REPORT_EVERY: Duration = Duration::from_secs(30);
 
 /// Makes the agent's own objects (ids under `local/`) what `want` says.
 async fn sync_local(
@@ -167,17 +202,25 @@ async fn session(
     let mut errors: Vec<pb::ObjectError> = Vec::new();
     let mut heartbeat = tokio::time::interval(Duration::from_secs(5));
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + resync_every, resync_every);
+    // A zero interval turns drift repair off (the timer then never fires).
+    let period = if resync_every.is_zero() {
+        Duration::from_secs(100 * 365 * 86_400)
+    } else {
+        resync_every
+    };
+    let mut resync_timer = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     let mut tunnels_up: std::collections::HashSet<String> = std::collections::HashSet::new();
-    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    resync_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let changes = applier.tunnel_changes().unwrap_or_default();
+    let metrics = crate::metrics::get();
+    metrics.connected.set(1);
+    metrics.cert_expiry.set(unix_secs(current.not_after));
+    let _disconnected = Disconnected;
+    let mut host_reported: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
-            _ = resync.tick() => {
-                // Level-triggered: apply everything again; a no-op unless
-                // something drifted.
-                let all: Vec<pb::DesiredObject> = desired.objects.values().cloned().collect();
-                errors = applier.apply(&desired.objects, &all, &[]).await;
+            _ = resync_timer.tick() => {
+                errors = resync(desired, applier).await;
             }
             // A tunnel went up or down: report now, not at the next heartbeat.
             _ = changes.notified() => {}
@@ -195,6 +238,7 @@ async fn session(
         // certificate; the watch stream stays on the one it started on.
         if creds.has_changed().unwrap_or(false) {
             let fresh = creds.borrow_and_update().clone();
+            metrics.cert_expiry.set(unix_secs(fresh.not_after));
             match client(target, &fresh).await {
                 Ok(n) => c = n,
                 Err(e) => return e,
@@ -213,10 +257,22 @@ async fn session(
             }
         }
         tunnels_up.retain(|site| tunnels.iter().any(|t| t.peer_site == *site));
+        *metrics.tunnels.lock().unwrap() = tunnels.clone();
+        let host = if host_reported.is_none_or(|at| at.elapsed() >= HOST_REPORT_EVERY) {
+            host_reported = Some(std::time::Instant::now());
+            let h = applier.host_report(&desired.objects).await;
+            for c in &h.route_conflicts {
+                tracing::warn!(conflict = %c, "a host route overlaps a peer's CIDR");
+            }
+            Some(h)
+        } else {
+            None
+        };
         let report = pb::ReportRequest {
             applied_revision: desired.revision,
             errors: errors.clone(),
             tunnels,
+            host,
         };
         match c.report(report).await {
             Ok(r) => {
@@ -232,6 +288,21 @@ async fn session(
             }
             Err(s) => return classify(s),
         }
+    }
+}
+
+fn unix_secs(t: SystemTime) -> f64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// Marks the controller connection closed when a session ends, however.
+struct Disconnected;
+
+impl Drop for Disconnected {
+    fn drop(&mut self) {
+        crate::metrics::get().connected.set(0);
     }
 }
 
@@ -307,6 +378,11 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
             );
         }
         return Ok(());
+    }
+    if let Some(addr) = cfg.metrics_listen {
+        weft_proto::obs::serve_metrics(addr, crate::metrics::get().registry.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("--metrics-listen {addr}: {e}"))?;
     }
     let ids = IdentityStore::new(&cfg.state_dir);
     let creds = match ids.load()? {
@@ -414,12 +490,7 @@ pub fn main_with(
             return ExitCode::from(2);
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    weft_proto::obs::init_logging(cfg.log_format == weft_proto::obs::LogFormat::Json);
     let _ = rustls::crypto::ring::default_provider().install_default();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -428,7 +499,9 @@ pub fn main_with(
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cfg, kind, subnet)) {
+    // Every line carries the agent's name and role.
+    let span = tracing::info_span!("agent", agent = %cfg.name, role = kind.as_str());
+    match rt.block_on(tracing::Instrument::instrument(run(cfg, kind, subnet), span)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{prog}: {e:#}");

@@ -93,11 +93,23 @@ impl Device {
     /// The newest handshake with any peer and the bytes over all peers.
     pub fn stats(&mut self) -> Stats {
         let mut st = Stats::default();
+        // The endpoint of the peer with the newest handshake (the active
+        // gateway of the far site): peers are listed one after another,
+        // each with its endpoint before its handshake time.
+        let mut endpoint = None;
         for l in self.uapi("get=1\n").unwrap_or_default() {
             let Some((k, v)) = l.split_once('=') else { continue };
+            match k {
+                "public_key" => endpoint = None,
+                "endpoint" => endpoint = v.parse().ok(),
+                _ => {}
+            }
             let Ok(n) = v.parse::<u64>() else { continue };
             match k {
                 "last_handshake_time_sec" if n > 0 => {
+                    if Some(n) > st.last_handshake_unix || st.endpoint.is_none() {
+                        st.endpoint = endpoint.or(st.endpoint);
+                    }
                     st.last_handshake_unix = st.last_handshake_unix.max(Some(n));
                 }
                 "rx_bytes" => st.rx_bytes += n,
@@ -113,6 +125,8 @@ impl Device {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Stats {
     pub last_handshake_unix: Option<u64>,
+    /// Where the peer with the newest handshake was last seen.
+    pub endpoint: Option<std::net::SocketAddr>,
     pub rx_bytes: u64,
     pub tx_bytes: u64,
 }

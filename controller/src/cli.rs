@@ -32,15 +32,7 @@ pub enum Command {
 }
 
 pub fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| "info".into());
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
-        LogFormat::Human => b.init(),
-        LogFormat::Json => b.json().init(),
-    }
+    weft_proto::obs::init_logging(format == LogFormat::Json);
 }
 
 async fn shutdown_signal() {

@@ -83,6 +83,9 @@ pub struct ControllerArgs {
     /// Log format.
     #[arg(global = true, long, env = "WEFT_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Serve Prometheus metrics on http://ADDR/metrics (e.g. 0.0.0.0:9100) [default: off].
+    #[arg(global = true, long, env = "WEFT_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
     /// Lifetime of agent certificates; agents renew at two thirds of it [default: 24h].
     #[arg(global = true, long, env = "WEFT_AGENT_CERT_TTL")]
     pub agent_cert_ttl: Option<String>,
@@ -129,6 +132,7 @@ pub struct FileConfig {
     pub listen: Option<String>,
     pub tls_sans: Option<Vec<String>>,
     pub log_format: Option<LogFormat>,
+    pub metrics_listen: Option<String>,
     pub agent_cert_ttl: Option<String>,
     pub agent_ttl: Option<String>,
     pub gateway_ttl: Option<String>,
@@ -176,6 +180,7 @@ pub struct ControllerConfig {
     pub listen: SocketAddr,
     pub tls_sans: Vec<String>,
     pub log_format: LogFormat,
+    pub metrics_listen: Option<SocketAddr>,
     pub agent_cert_ttl: std::time::Duration,
     pub agent_ttl: std::time::Duration,
     pub gateway_ttl: std::time::Duration,
@@ -231,6 +236,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("admin_socket", "--admin-socket", "WEFT_ADMIN_SOCKET"),
     ("listen", "--listen", "WEFT_LISTEN"),
     ("tls_sans", "--tls-san", "WEFT_TLS_SAN"),
+    ("metrics_listen", "--metrics-listen", "WEFT_METRICS_LISTEN"),
     ("agent_cert_ttl", "--agent-cert-ttl", "WEFT_AGENT_CERT_TTL"),
     ("agent_ttl", "--agent-ttl", "WEFT_AGENT_TTL"),
     ("gateway_ttl", "--gateway-ttl", "WEFT_GATEWAY_TTL"),
@@ -549,6 +555,19 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         }
     }
     let log_format = pick(args.log_format, file.log_format).unwrap_or_default();
+    let metrics_listen = match pick(args.metrics_listen.clone(), file.metrics_listen) {
+        None => None,
+        Some(t) => match t.parse::<SocketAddr>() {
+            Ok(a) => Some(a),
+            Err(_) => {
+                err(
+                    "metrics_listen",
+                    format!("{t:?} is not an address:port; write e.g. 0.0.0.0:9100"),
+                );
+                None
+            }
+        },
+    };
     let ttl_text = pick(args.agent_cert_ttl.clone(), file.agent_cert_ttl).unwrap_or_else(|| "24h".into());
     let advertise = pick_list(&args.advertise, file.advertise).unwrap_or_default();
     for (i, a) in advertise.iter().enumerate() {
@@ -663,6 +682,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         listen: listen.unwrap(),
         tls_sans,
         log_format,
+        metrics_listen,
         agent_cert_ttl: agent_cert_ttl.unwrap(),
         agent_ttl: agent_ttl.unwrap(),
         gateway_ttl: gateway_ttl.unwrap(),

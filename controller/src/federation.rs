@@ -304,6 +304,36 @@ impl Federation {
         false
     }
 
+    /// How far the peer controller's clock is ahead of this one's
+    /// (negative: behind), measured against the middle of the call's round
+    /// trip, and that round trip; from the first endpoint that answers.
+    pub async fn clock_skew(&self, remote: &RemoteSite) -> Result<(f64, Duration), String> {
+        let mut last = "the peer lists no controller endpoint".to_string();
+        for ep in &remote.endpoints {
+            let mut c = match self.client(ep, Trust::CaPem(remote.ca_pem.clone())).await {
+                Ok(c) => c,
+                Err(e) => {
+                    last = e;
+                    continue;
+                }
+            };
+            let sent = std::time::SystemTime::now();
+            let t0 = std::time::Instant::now();
+            match tokio::time::timeout(PEER_TIMEOUT, c.clock(pb::ClockRequest {})).await {
+                Ok(Ok(r)) => {
+                    let rtt = t0.elapsed();
+                    let theirs = r.into_inner().now.unwrap_or_default();
+                    let theirs = theirs.seconds as f64 + f64::from(theirs.nanos) / 1e9;
+                    let ours = sent.duration_since(std::time::UNIX_EPOCH).unwrap_or_default() + rtt / 2;
+                    return Ok((theirs - ours.as_secs_f64(), rtt));
+                }
+                Ok(Err(s)) => last = format!("{ep}: {}", s.message()),
+                Err(_) => last = format!("{ep}: timed out"),
+            }
+        }
+        Err(last)
+    }
+
     /// Ends the peering with `site` here, telling the peer when it answers.
     pub async fn delete(&self, site: &str) -> Result<bool, Error> {
         let Some(p) = self.state.peering(site).await? else {
@@ -455,6 +485,18 @@ impl FederationService for FederationApi {
         self.fed.state.delete_peering(&claimed).await?;
         tracing::info!(peer = %claimed, "peering deleted by the peer");
         Ok(Response::new(pb::LeaveResponse {}))
+    }
+
+    async fn clock(&self, req: Request<pb::ClockRequest>) -> Result<Response<pb::ClockResponse>, Status> {
+        let chain = peer_chain(req.peer_certs())?;
+        let claimed = identity_of(&chain[0]).map_err(Status::unauthenticated)?.site;
+        let Some(p) = self.fed.state.peering(&claimed).await? else {
+            return Err(Status::not_found(format!("there is no peering with site {claimed:?}")));
+        };
+        verify_site(&chain, &p.remote.as_ref().map(|r| r.ca_pem.clone()).unwrap_or_default())?;
+        Ok(Response::new(pb::ClockResponse {
+            now: Some(prost_types::Timestamp::from(std::time::SystemTime::now())),
+        }))
     }
 }
 

@@ -68,6 +68,11 @@ pub struct AliveRecord {
     pub applied_revision: i64,
     pub errors: Vec<String>,
     pub since_ms: u64,
+    /// The host facts of its latest host report.
+    #[serde(default)]
+    pub features: Vec<String>,
+    #[serde(default)]
+    pub route_conflicts: Vec<String>,
 }
 
 struct Live {
@@ -185,6 +190,30 @@ impl Hub {
 
     pub fn connected(&self) -> usize {
         self.slots.lock().unwrap().len()
+    }
+
+    /// Per connected stream: its agent and how many updates wait for it (a
+    /// pending full render counts as one, plus each pending part).
+    pub fn stream_backlog(&self) -> Vec<(AgentKey, usize)> {
+        self.slots
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(key, s)| {
+                let p = s.pending.lock().unwrap();
+                (key.clone(), usize::from(p.full) + p.parts.len())
+            })
+            .collect()
+    }
+
+    /// Every gateway's latest tunnel report, with when it came.
+    pub fn tunnel_reports(&self) -> Vec<(String, u64, Vec<pb::TunnelStatus>)> {
+        self.tunnels
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(gw, (at, ts))| (gw.clone(), *at, ts.clone()))
+            .collect()
     }
 
     /// Applies one store event: updates the model first, then marks the
@@ -353,6 +382,17 @@ impl Hub {
         seen.pop().map(|(_, t)| t)
     }
 
+    /// A peering's state as users see it: Negotiated becomes Connected
+    /// while a probe through its tunnel is answered.
+    pub fn peering_state(&self, p: &Peering) -> crate::domain::PeeringState {
+        use crate::domain::PeeringState;
+        if p.state == PeeringState::Negotiated && self.tunnel(&p.site_id).is_some_and(|t| t.up) {
+            PeeringState::Connected
+        } else {
+            p.state
+        }
+    }
+
     /// How long an agent of `role` stays live without a report: gateways
     /// have their own, short TTL (their liveness decides failover).
     pub fn ttl(&self, role: AgentRole) -> Duration {
@@ -379,14 +419,35 @@ impl Hub {
     /// An agent's report: its heartbeat, applied revision and errors. The
     /// record under `alive/` lives on a lease with the agent's TTL; it is
     /// rewritten only when what it says changes.
-    pub async fn report(&self, key: AgentKey, applied: i64, errors: Vec<String>) -> Result<(), Error> {
+    pub async fn report(
+        &self,
+        key: AgentKey,
+        applied: i64,
+        errors: Vec<String>,
+        host: Option<pb::HostReport>,
+    ) -> Result<(), Error> {
         let now = now_ms();
         self.last_seen.lock().unwrap().insert(key.clone(), now);
-        let record = AliveRecord {
+        let mut record = AliveRecord {
             applied_revision: applied,
             errors,
             since_ms: now,
+            features: Vec::new(),
+            route_conflicts: Vec::new(),
         };
+        match host {
+            Some(h) => {
+                record.features = h.features.into_iter().take(32).collect();
+                record.route_conflicts = h.route_conflicts.into_iter().take(100).collect();
+            }
+            // Host facts come now and then; keep the last ones meanwhile.
+            None => {
+                if let Some(l) = self.live.lock().unwrap().get(&key) {
+                    record.features = l.last.features.clone();
+                    record.route_conflicts = l.last.route_conflicts.clone();
+                }
+            }
+        }
         // Decide under the lock, talk to the store outside it: reports of
         // different agents never wait for each other's store round trips.
         let keepalive_every = (self.ttl(key.0).as_millis() as u64 / 4).max(1);
@@ -395,7 +456,13 @@ impl Hub {
             match live.get_mut(&key) {
                 Some(l) => {
                     l.last_seen_ms = now;
-                    if l.last.applied_revision != record.applied_revision || l.last.errors != record.errors {
+                    if (AliveRecord {
+                        since_ms: 0,
+                        ..l.last.clone()
+                    }) != (AliveRecord {
+                        since_ms: 0,
+                        ..record.clone()
+                    }) {
                         // Written with the others in the next batch: after a
                         // change for all agents that is one transaction per
                         // 128 agents, not one write per agent.

@@ -195,7 +195,8 @@ pub async fn run(
     on_bound: impl FnOnce(&Bound),
 ) -> anyhow::Result<()> {
     let pki = ensure_pki(&cfg)?;
-    let store = open_store(&cfg).await?;
+    let metrics = crate::metrics::ControllerMetrics::new();
+    let store = metrics.timed(open_store(&cfg).await?);
     let state = State::new(store.clone(), &cfg.site.id);
     // Replicas on one etcd must hold the same site CA.
     state
@@ -254,17 +255,32 @@ pub async fn run(
         cfg.listen
     );
     let leader = crate::leader::campaign(store.clone(), state.leader_key(), me);
+    metrics.watch(hub.clone(), leader.clone());
+    if let Some(addr) = cfg.metrics_listen {
+        weft_proto::obs::serve_metrics(addr, metrics.registry.clone())
+            .await
+            .with_context(|| format!("cannot serve metrics on {addr} (--metrics-listen)"))?;
+    }
+    let ca_not_after_ms = {
+        use x509_parser::prelude::FromDer;
+        x509_parser::certificate::X509Certificate::from_der(&ca.der)
+            .ok()
+            .map(|(_, c)| c.validity().not_after.timestamp().max(0) as u64 * 1000)
+    };
     let chooser = tokio::spawn(crate::hub::choose_active_gateway(hub.clone(), leader.clone()));
     let peer_sync = tokio::spawn(crate::federation::sync_peers(fed.clone(), leader));
 
     let admin = InterceptedService::new(
-        AdminServiceServer::new(AdminApi::new(
-            state.clone(),
-            fingerprint.clone(),
-            auth.clone(),
-            hub.clone(),
-            fed.clone(),
-        ))
+        AdminServiceServer::new(
+            AdminApi::new(
+                state.clone(),
+                fingerprint.clone(),
+                auth.clone(),
+                hub.clone(),
+                fed.clone(),
+            )
+            .with_ca_expiry(ca_not_after_ms),
+        )
         .max_decoding_message_size(MAX_MESSAGE),
         auth.require(&[Role::Admin], "the admin API"),
     );

@@ -13,6 +13,8 @@ use weft_proto::v1::admin_service_client::AdminServiceClient;
 
 use crate::client::{ClientTls, connect};
 
+mod obs;
+
 #[derive(Parser, Debug)]
 #[command(name = "weftctl", version, about = "Administer a weft site controller")]
 pub struct Cli {
@@ -70,6 +72,23 @@ pub enum Cmd {
     Peering(PeeringCmd),
     /// List IPAM allocations and pool usage.
     Allocations,
+    /// One screen: the site, gateways (active/standby), nodes, peerings.
+    Status,
+    /// Check what breaks fabrics (certificates, lagging agents, tunnel MTU,
+    /// overlapping routes, kernel features, clock skew); exit 1 on a failure.
+    Diagnose {
+        /// How long to watch agents behind the latest revision before calling them lagging.
+        #[arg(long, default_value = "2s")]
+        settle: humantime::Duration,
+    },
+    /// Test the data path.
+    #[command(subcommand)]
+    Test(TestCmd),
+    /// Draw the federation: sites, gateways, nodes, peerings with state and RTT.
+    Topology {
+        #[arg(long, value_enum, default_value = "dot")]
+        format: TopologyFormat,
+    },
     /// Show the local view this site would give a peer's CIDRs now (writes nothing).
     PlanView {
         /// The peer's workload CIDR; repeatable.
@@ -78,6 +97,36 @@ pub enum Cmd {
         /// The peer's external CIDR.
         #[arg(long)]
         external_cidr: Option<String>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TopologyFormat {
+    Dot,
+    Svg,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TestCmd {
+    /// From this host or its namespaces, reach peers' workloads through this
+    /// site's local views (ICMP, and TCP with --tcp-port); prints a matrix,
+    /// exits 1 naming each pair that failed. Needs root (raw ICMP, setns).
+    Network {
+        /// Where to probe from: "host" (where weftctl runs), a network
+        /// namespace name, or a path like /proc/PID/ns/net. Repeatable [default: host].
+        #[arg(long, value_delimiter = ',')]
+        from: Vec<String>,
+        /// A peer's workload as SITE=ADDRESS, the address as that site uses
+        /// it (weftctl maps it to the local view). Repeatable.
+        #[arg(long, value_delimiter = ',')]
+        to: Vec<String>,
+        /// Also connect over TCP to this port (a refused connection counts
+        /// as reached: the workload itself answered).
+        #[arg(long)]
+        tcp_port: Option<u16>,
+        /// How long to wait for each answer.
+        #[arg(long, default_value = "2s")]
+        timeout: humantime::Duration,
     },
 }
 
@@ -263,6 +312,8 @@ fn peering_state(v: i32) -> String {
 
 /// What a command prints: JSON, and a table of the same data.
 struct Out {
+    /// Printed, but the command failed (exit status 1): a check failed.
+    failed: bool,
     json: Value,
     header: Vec<&'static str>,
     rows: Vec<Vec<String>>,
@@ -356,6 +407,15 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
     let mut c = AdminServiceClient::new(channel);
     let status = |s: tonic::Status| format!("{}: {}", code_name(s.code()), s.message());
     Ok(match &cli.command {
+        Cmd::Status => return obs::status_cmd(&mut c).await,
+        Cmd::Diagnose { settle } => return obs::diagnose_cmd(&mut c, **settle).await,
+        Cmd::Test(TestCmd::Network {
+            from,
+            to,
+            tcp_port,
+            timeout,
+        }) => return obs::test_network_cmd(&mut c, from, to, *tcp_port, **timeout).await,
+        Cmd::Topology { format } => return obs::topology_cmd(&mut c, *format == TopologyFormat::Svg).await,
         Cmd::Site => {
             let s = c.get_site(pb::GetSiteRequest {}).await.map_err(status)?.into_inner();
             let rows = vec![
@@ -370,6 +430,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 vec!["CA fingerprint".into(), s.ca_fingerprint.clone()],
             ];
             Out {
+                failed: false,
                 json: json!({
                     "id": s.id, "pod_cidrs": s.pod_cidrs, "external_cidr": s.external_cidr,
                     "internal_cidr": s.internal_cidr, "reserved_cidrs": s.reserved_cidrs,
@@ -388,6 +449,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 .map_err(status)?
                 .into_inner();
             Out {
+                failed: false,
                 json: json!({"nodes": r.nodes.iter().map(node_json).collect::<Vec<_>>(), "revision": r.revision}),
                 header: NODE_HEADER.to_vec(),
                 rows: r.nodes.iter().map(node_row).collect(),
@@ -411,6 +473,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                         .map_err(status)?;
                     let released = r.into_inner().released_subnet;
                     return Ok(Out {
+                        failed: false,
                         json: json!({"removed": name, "released_subnet": released}),
                         header: vec![],
                         rows: vec![vec![format!("removed node {name}, released {released}")]],
@@ -421,6 +484,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
             .map_err(status)?
             .into_inner();
             Out {
+                failed: false,
                 json: node_json(&n),
                 header: NODE_HEADER.to_vec(),
                 rows: vec![node_row(&n)],
@@ -434,6 +498,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 .map_err(status)?
                 .into_inner();
             Out {
+                failed: false,
                 json: json!({"gateways": r.gateways.iter().map(|g| json!({
                     "name": g.name, "endpoint": g.endpoint, "public_key": g.public_key, "created_at": ts(&g.created_at),
                     "cert_expires_at": ts(&g.cert_expires_at), "internal_ip": g.internal_ip, "underlay_ip": g.underlay_ip, "geneve": g.geneve, "active": g.active,
@@ -465,6 +530,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 .await
                 .map_err(status)?;
             Out {
+                failed: false,
                 json: json!({"removed": name}),
                 header: vec![],
                 rows: vec![vec![format!("removed gateway {name}; its certificate is revoked")]],
@@ -498,6 +564,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
             json["token"] = json!(r.token);
             json["ca_fingerprint"] = json!(r.ca_fingerprint);
             Out {
+                failed: false,
                 json,
                 header: vec![],
                 rows: vec![
@@ -532,6 +599,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 .map_err(status)?
                 .into_inner();
             Out {
+                failed: false,
                 json: json!({"tokens": r.tokens.iter().map(token_json).collect::<Vec<_>>()}),
                 header: vec!["ID", "ROLE", "NAME", "USES LEFT", "EXPIRES"],
                 rows: r
@@ -555,6 +623,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 .await
                 .map_err(status)?;
             Out {
+                failed: false,
                 json: json!({"deleted": id}),
                 header: vec![],
                 rows: vec![vec![format!("deleted token {id}")]],
@@ -572,6 +641,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 .map_err(status)?
                 .into_inner();
             Out {
+                failed: false,
                 json: json!({"token": r.token, "expires_at": ts(&r.expires_at)}),
                 header: vec![],
                 rows: vec![vec![r.token.clone()]],
@@ -588,6 +658,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 .map_err(status)?
                 .into_inner();
             Out {
+                failed: false,
                 json: json!({"site_id": p.site_id, "state": peering_state(p.state), "tunnel_role": p.tunnel_role,
                     "views": p.views.iter().map(view_json).collect::<Vec<_>>()}),
                 header: vec![],
@@ -612,6 +683,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 "here; the other site was not reachable and learns it later"
             };
             Out {
+                failed: false,
                 json: json!({"deleted": site, "remote_notified": r.remote_notified}),
                 header: vec![],
                 rows: vec![vec![format!("deleted the peering with {site} {how}")]],
@@ -642,6 +714,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 }
             }
             Out {
+                failed: false,
                 json: json!({"peerings": r.peerings.iter().map(|p| json!({
                     "site_id": p.site_id, "state": peering_state(p.state),
                     "views": p.views.iter().map(view_json).collect::<Vec<_>>(),
@@ -692,6 +765,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 })
                 .collect();
             Out {
+                failed: false,
                 json: json!({
                     "allocations": r.allocations.iter().map(|a| json!({
                         "cidr": a.cidr, "kind": alloc_kind(a.kind), "owner": a.owner, "pool": a.pool,
@@ -724,6 +798,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 .map_err(status)?
                 .into_inner();
             Out {
+                failed: false,
                 json: json!({"views": r.views.iter().map(view_json).collect::<Vec<_>>()}),
                 header: vec!["KIND", "REAL CIDR", "LOCAL VIEW", "REMAPPED"],
                 rows: r
@@ -756,6 +831,7 @@ pub fn main() -> ExitCode {
     };
     match rt.block_on(run_cmd(&cli)) {
         Ok(out) => match out.print(cli.output) {
+            Ok(()) if out.failed => ExitCode::FAILURE,
             Ok(()) => ExitCode::SUCCESS,
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
             Err(e) => {

@@ -6,6 +6,8 @@
 
 #![allow(clippy::all, missing_docs)]
 
+pub mod obs;
+
 pub mod v1 {
     tonic::include_proto!("weft.v1");
 }

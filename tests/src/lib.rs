@@ -407,6 +407,36 @@ pub fn peer_view(target: &str, peer: &str, kind: &str) -> (String, String) {
     (cidr("real_cidr"), cidr("local_cidr"))
 }
 
+/// An agent in `--dry-run` (it changes nothing on the host, so needs no
+/// root) enrolled through `via` with a fresh token, watching `controllers`.
+pub fn dry_run_agent(
+    kind: &str,
+    name: &str,
+    ip: &str,
+    controllers: &[&Controller],
+    via: &Controller,
+    dir: &std::path::Path,
+) -> Proc {
+    let t = weftctl_json(&via.target(), &["token", "create", "--role", kind, "--name", name]);
+    let list: Vec<String> = controllers
+        .iter()
+        .map(|c| format!("https://127.0.0.1:{}", c.listen_port))
+        .collect();
+    let mut cmd = Command::new(bin(&format!("weft-{kind}-agent")));
+    cmd.args(["--controller", &list.join(","), "--name", name, "--underlay-ip", ip])
+        .args(["--token", t["token"].as_str().unwrap()])
+        .args(["--ca-fingerprint", t["ca_fingerprint"].as_str().unwrap()])
+        .arg("--state-dir")
+        .arg(dir.join(name))
+        .arg("--dry-run")
+        .env_remove("WEFT_CONTROLLER")
+        .env_remove("WEFT_TOKEN");
+    if kind == "gateway" {
+        cmd.args(["--endpoint", &format!("{ip}:51820")]);
+    }
+    Proc::spawn(&mut cmd, &dir.join(format!("{name}.log")))
+}
+
 /// Any process a test started: killed on drop.
 pub struct Proc {
     pub child: Option<Child>,

@@ -58,7 +58,14 @@ pub struct Opts {
     /// if on its own machine: its peering namespace has the same name as
     /// gwa's, and dies with it.
     pub second_gateway_a: bool,
+    /// Agents run with `--resync-interval 0`: nothing repairs drift.
+    pub no_drift_repair: bool,
 }
+
+/// Where every controller (9100) and agent (9101) of a lab serves
+/// Prometheus metrics, on all addresses of its own namespace.
+pub const CONTROLLER_METRICS_PORT: u16 = 9100;
+pub const AGENT_METRICS_PORT: u16 = 9101;
 
 /// [`up`] with options (MTUs, a second gateway).
 pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str), opts: Opts) -> TwoSites {
@@ -173,6 +180,8 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
             data.to_str().unwrap(),
             "--listen",
             &listen,
+            "--metrics-listen",
+            "0.0.0.0:9100",
         ];
         if let Some(e) = etcd {
             args.extend(["--etcd-endpoints", e]);
@@ -225,7 +234,9 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
             "--state-dir".into(),
             state.to_str().unwrap().into(),
             "--resync-interval".into(),
-            "1s".into(),
+            if opts.no_drift_repair { "0s" } else { "1s" }.into(),
+            "--metrics-listen".into(),
+            format!("0.0.0.0:{AGENT_METRICS_PORT}"),
         ];
         if kind == "gateway" {
             args.extend(["--endpoint".to_string(), format!("{ip}:51820")]);
@@ -378,4 +389,39 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         workloads,
         gateway_a2,
     }
+}
+
+impl TwoSites {
+    /// The Prometheus text `host`'s controller (ctla, ctlb) or agent serves.
+    pub fn scrape(&self, host: &str) -> String {
+        let port = if host.starts_with("ctl") {
+            CONTROLLER_METRICS_PORT
+        } else {
+            AGENT_METRICS_PORT
+        };
+        let url = format!("http://127.0.0.1:{port}/metrics");
+        let o = crate::netns::exec(&self.ns[host], &["curl", "-sSf", "--max-time", "5", &url]);
+        assert!(o.status.success(), "scraping {host}: {}", crate::stderr(&o));
+        stdout(&o)
+    }
+}
+
+/// The value of the sample `name` whose labels include every `labels`
+/// pair, in Prometheus text.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        let (label_part, value) = match rest.strip_prefix('{') {
+            Some(r) => {
+                let (ls, v) = r.split_once('}')?;
+                (ls, v)
+            }
+            None if rest.starts_with(' ') => ("", rest),
+            None => return None,
+        };
+        labels
+            .iter()
+            .all(|(k, v)| label_part.contains(&format!("{k}=\"{v}\"")))
+            .then(|| value.split_whitespace().next()?.parse().ok())?
+    })
 }

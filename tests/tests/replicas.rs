@@ -7,37 +7,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use weft_tests::{Controller, Etcd, Proc, bin, eventually, weftctl_json};
+use weft_tests::{Controller, Etcd, Proc, bin, dry_run_agent as agent, eventually, weftctl_json};
 
 const LEADING: &str = "leading the site's singleton work";
-
-fn agent(
-    kind: &str,
-    name: &str,
-    ip: &str,
-    controllers: &[&Controller],
-    via: &Controller,
-    dir: &std::path::Path,
-) -> Proc {
-    let t = weftctl_json(&via.target(), &["token", "create", "--role", kind, "--name", name]);
-    let list: Vec<String> = controllers
-        .iter()
-        .map(|c| format!("https://127.0.0.1:{}", c.listen_port))
-        .collect();
-    let mut cmd = Command::new(bin(&format!("weft-{kind}-agent")));
-    cmd.args(["--controller", &list.join(","), "--name", name, "--underlay-ip", ip])
-        .args(["--token", t["token"].as_str().unwrap()])
-        .args(["--ca-fingerprint", t["ca_fingerprint"].as_str().unwrap()])
-        .arg("--state-dir")
-        .arg(dir.join(name))
-        .arg("--dry-run")
-        .env_remove("WEFT_CONTROLLER")
-        .env_remove("WEFT_TOKEN");
-    if kind == "gateway" {
-        cmd.args(["--endpoint", &format!("{ip}:51820")]);
-    }
-    Proc::spawn(&mut cmd, &dir.join(format!("{name}.log")))
-}
 
 /// The controller (port) an agent's log says it watches last.
 fn watching(p: &Proc) -> Option<u16> {

@@ -208,7 +208,7 @@ impl AgentService for AgentApi {
         slot.latest.store(model.revision, std::sync::atomic::Ordering::SeqCst);
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
         let _ = tx.send(Ok(first)).await;
-        tracing::debug!(agent = %id, revision = model.revision, objects = objects.len(), "watch started");
+        tracing::info!(agent = %id, revision = model.revision, objects = objects.len(), "watch started");
         tokio::spawn(stream_changes(self.hub.clone(), key, slot, objects, tx));
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
@@ -227,7 +227,7 @@ impl AgentService for AgentApi {
                 .report_tunnels(&id.name, r.tunnels.into_iter().take(10_000).collect());
         }
         self.hub
-            .report((role, id.name.clone()), r.applied_revision, errors)
+            .report((role, id.name.clone()), r.applied_revision, errors, r.host)
             .await?;
         Ok(Response::new(pb::ReportResponse {
             heartbeat_seconds: (self.hub.ttl(role).as_secs() / 3).max(1) as u32,

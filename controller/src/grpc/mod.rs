@@ -14,7 +14,7 @@ use weft_proto::v1::admin_service_server::AdminService;
 
 use crate::auth::Authenticator;
 use crate::config::parse_cidr;
-use crate::domain::AgentRole;
+use crate::domain::{AgentRole, Peering};
 use crate::federation::{Federation, PeeringToken};
 use crate::hub::Hub;
 use crate::ipam::CidrKind;
@@ -28,9 +28,16 @@ pub struct AdminApi {
     auth: Arc<Authenticator>,
     hub: Arc<Hub>,
     fed: Arc<Federation>,
+    /// When the site CA expires (for Diagnose).
+    ca_not_after_ms: Option<u64>,
 }
 
 impl AdminApi {
+    pub fn with_ca_expiry(mut self, ms: Option<u64>) -> Self {
+        self.ca_not_after_ms = ms;
+        self
+    }
+
     pub fn new(
         state: State,
         ca_fingerprint: String,
@@ -44,6 +51,7 @@ impl AdminApi {
             auth,
             hub,
             fed,
+            ca_not_after_ms: None,
         }
     }
 
@@ -63,6 +71,10 @@ impl AdminApi {
                     .or(rec.map(|r| r.since_ms))
                     .and_then(convert::ts),
                 errors: rec.map(|r| r.errors.clone()).unwrap_or_default(),
+                host: rec.map(|r| pb::HostReport {
+                    features: r.features.clone(),
+                    route_conflicts: r.route_conflicts.clone(),
+                }),
             }
         })
     }
@@ -84,6 +96,18 @@ fn cidr_field(field: &str, text: &str) -> Result<Ipv4Net, Status> {
 
 #[tonic::async_trait]
 impl AdminService for AdminApi {
+    async fn diagnose(&self, req: Request<pb::DiagnoseRequest>) -> Result<Response<pb::DiagnoseResponse>, Status> {
+        let ms = req.into_inner().settle_millis;
+        if ms > 60_000 {
+            return Err(Status::invalid_argument(format!(
+                "settle_millis {ms}: give at most 60000 (one minute), or 0 for the default 2000"
+            )));
+        }
+        let settle = std::time::Duration::from_millis(if ms == 0 { 2000 } else { u64::from(ms) });
+        let checks = crate::diagnose::run(&self.state, &self.hub, &self.fed, self.ca_not_after_ms, settle).await?;
+        Ok(Response::new(pb::DiagnoseResponse { checks }))
+    }
+
     async fn get_site(&self, _: Request<pb::GetSiteRequest>) -> Result<Response<pb::Site>, Status> {
         let (site, rev) = self.state.site().await?;
         let mut out = convert::site(&site, rev);
@@ -221,13 +245,11 @@ impl AdminService for AdminApi {
             peerings: ps
                 .iter()
                 .map(|p| {
-                    let mut out = convert::peering(p);
+                    let mut out = convert::peering(&Peering {
+                        state: self.hub.peering_state(p),
+                        ..p.clone()
+                    });
                     out.tunnel = self.hub.tunnel(&p.site_id);
-                    // Connected: negotiated, and a probe through the tunnel
-                    // answered within the miss threshold.
-                    if out.state == pb::PeeringState::Negotiated as i32 && out.tunnel.as_ref().is_some_and(|t| t.up) {
-                        out.state = pb::PeeringState::Connected as i32;
-                    }
                     out
                 })
                 .collect(),

@@ -127,7 +127,7 @@ impl State {
         if !self.store.txn(txn).await?.succeeded {
             return Err(Error::Aborted("token id collision; retry".into()));
         }
-        tracing::info!(token = %id, role = role.as_str(), name = ?token.name, "enrollment token created");
+        tracing::info!(token = %id, role = role.as_str(), agent = token.name.as_deref().unwrap_or("(chosen by the agent)"), "enrollment token created");
         Ok((format!("weft1.{id}.{secret}"), token))
     }
 
@@ -285,7 +285,7 @@ impl State {
                 Ok((Some(record_txn), enrollment))
             })
             .await?;
-        tracing::info!(token = %parsed.id, role = out.role.as_str(), name = %out.name, serial = %out.issued.serial, "agent enrolled");
+        tracing::info!(token = %parsed.id, role = out.role.as_str(), agent = %out.name, serial = %out.issued.serial, "agent enrolled");
         Ok(out)
     }
 
@@ -339,7 +339,7 @@ impl State {
                 .when(Compare::ModRevision(key.clone(), kv.mod_revision))
                 .then(Op::put(key.clone(), bytes));
             if self.store.txn(txn).await?.succeeded {
-                tracing::info!(role = role.as_str(), name, serial = %issued.serial, "agent certificate renewed");
+                tracing::info!(role = role.as_str(), agent = name, serial = %issued.serial, "agent certificate renewed");
                 return Ok(issued);
             }
         }

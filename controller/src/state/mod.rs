@@ -554,47 +554,61 @@ impl State {
     pub async fn allocations(&self) -> Result<(Vec<Allocation>, Vec<PoolUsage>, Revision), Error> {
         let snap = self.snapshot().await?;
         let site = snap.site()?;
-        let mut allocs = Vec::new();
-        for (n, _) in &snap.nodes {
-            allocs.push(Allocation {
-                cidr: n.subnet,
-                kind: AllocationKind::NodeSubnet,
-                owner: n.name.clone(),
-                pool: site.pod_cidrs.iter().find(|p| p.contains(&n.subnet)).copied(),
-            });
-        }
-        for (p, _) in &snap.peerings {
-            for v in &p.views {
-                allocs.push(Allocation {
-                    cidr: v.local,
-                    kind: AllocationKind::PeerView,
-                    owner: format!("{}/{}", p.site_id, v.kind),
-                    pool: v.pool,
-                });
-            }
-        }
-        allocs.sort_by_key(|a| (a.cidr.network(), a.cidr.prefix_len()));
-        let usage = |pool: &Ipv4Net, kind| {
-            let blocks: Vec<Ipv4Net> = allocs
-                .iter()
-                .filter(|a| a.kind == kind && a.pool == Some(*pool)) // taken from the pool, not a real CIDR inside it
-                .map(|a| a.cidr)
-                .collect();
-            PoolUsage {
-                pool: *pool,
-                kind,
-                total: ipam::size(pool),
-                allocated: ipam::used_in(pool, &blocks),
-            }
-        };
-        let mut pools: Vec<PoolUsage> = site
-            .pod_cidrs
-            .iter()
-            .map(|p| usage(p, AllocationKind::NodeSubnet))
-            .collect();
-        pools.extend(site.remap_pools.iter().map(|p| usage(p, AllocationKind::PeerView)));
+        let (allocs, pools) = allocations_of(
+            site,
+            snap.nodes.iter().map(|(n, _)| n),
+            snap.peerings.iter().map(|(p, _)| p),
+        );
         Ok((allocs, pools, snap.revision))
     }
+}
+
+/// The blocks `nodes` and `peerings` hold, sorted, and each pool's usage.
+pub fn allocations_of<'a>(
+    site: &Site,
+    nodes: impl Iterator<Item = &'a Node>,
+    peerings: impl Iterator<Item = &'a Peering>,
+) -> (Vec<Allocation>, Vec<PoolUsage>) {
+    let mut allocs = Vec::new();
+    for n in nodes {
+        allocs.push(Allocation {
+            cidr: n.subnet,
+            kind: AllocationKind::NodeSubnet,
+            owner: n.name.clone(),
+            pool: site.pod_cidrs.iter().find(|p| p.contains(&n.subnet)).copied(),
+        });
+    }
+    for p in peerings {
+        for v in &p.views {
+            allocs.push(Allocation {
+                cidr: v.local,
+                kind: AllocationKind::PeerView,
+                owner: format!("{}/{}", p.site_id, v.kind),
+                pool: v.pool,
+            });
+        }
+    }
+    allocs.sort_by_key(|a| (a.cidr.network(), a.cidr.prefix_len()));
+    let usage = |pool: &Ipv4Net, kind| {
+        let blocks: Vec<Ipv4Net> = allocs
+            .iter()
+            .filter(|a| a.kind == kind && a.pool == Some(*pool)) // taken from the pool, not a real CIDR inside it
+            .map(|a| a.cidr)
+            .collect();
+        PoolUsage {
+            pool: *pool,
+            kind,
+            total: ipam::size(pool),
+            allocated: ipam::used_in(pool, &blocks),
+        }
+    };
+    let mut pools: Vec<PoolUsage> = site
+        .pod_cidrs
+        .iter()
+        .map(|p| usage(p, AllocationKind::NodeSubnet))
+        .collect();
+    pools.extend(site.remap_pools.iter().map(|p| usage(p, AllocationKind::PeerView)));
+    (allocs, pools)
 }
 
 /// Refuses a new site configuration that would strand an existing node

@@ -158,7 +158,7 @@ async fn simulated_agent(
                 .report(pb::ReportRequest {
                     applied_revision: m.revision,
                     errors: vec![],
-                    tunnels: vec![],
+                    ..Default::default()
                 })
                 .await;
             let event = match (first, resumed) {

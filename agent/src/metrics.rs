@@ -1,0 +1,134 @@
+//! The agent's Prometheus metrics (served on `--metrics-listen`).
+//!
+//! Per agent: applied revision, reconcile duration and failed objects,
+//! drift repairs, controller connection, certificate expiry. Per peering on
+//! a gateway: up, RTT histogram, bytes and packets each way, handshake age,
+//! probe counts, MTU and the path-MTU check. Per peering on a node: bytes
+//! and packets to and from the peer's CIDRs (nftables counters).
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use weft_proto::obs::{Families, Snapshot};
+use weft_proto::v1 as pb;
+
+type Labels = Vec<(String, String)>;
+
+/// Traffic between this node and one peer's CIDRs, from nftables counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerTraffic {
+    pub peer_site: String,
+    pub tx_bytes: u64,
+    pub tx_packets: u64,
+    pub rx_bytes: u64,
+    pub rx_packets: u64,
+}
+
+pub struct AgentMetrics {
+    pub registry: Arc<Mutex<Registry>>,
+    pub reconcile: Family<Labels, Histogram, fn() -> Histogram>,
+    pub reconcile_errors: Counter,
+    pub drift_repairs: Counter,
+    pub applied_revision: Gauge,
+    pub connected: Gauge,
+    pub cert_expiry: Gauge<f64, AtomicU64>,
+    pub rtt: Family<Labels, Histogram, fn() -> Histogram>,
+    /// The gateway's tunnels as last reported.
+    pub tunnels: Mutex<Vec<pb::TunnelStatus>>,
+    /// Set on nodes: per-peer traffic is read from the accounting table
+    /// at each scrape.
+    pub node_accounting: std::sync::atomic::AtomicBool,
+}
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(weft_proto::obs::duration_buckets())
+}
+
+fn rtt_histogram() -> Histogram {
+    // 50 µs to ~1.6 s.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.00005, 2.0, 16,
+    ))
+}
+
+/// The process's metrics.
+pub fn get() -> &'static AgentMetrics {
+    static M: OnceLock<AgentMetrics> = OnceLock::new();
+    M.get_or_init(|| {
+        let mut r = Registry::default();
+        let m = AgentMetrics {
+            registry: Arc::new(Mutex::new(Registry::default())),
+            reconcile: Family::new_with_constructor(duration_histogram),
+            reconcile_errors: Counter::default(),
+            drift_repairs: Counter::default(),
+            applied_revision: Gauge::default(),
+            connected: Gauge::default(),
+            cert_expiry: Gauge::default(),
+            rtt: Family::new_with_constructor(rtt_histogram),
+            tunnels: Mutex::new(Vec::new()),
+            node_accounting: Default::default(),
+        };
+        r.register(
+            "weft_agent_reconcile_duration_seconds",
+            "Time to apply a change of desired state (trigger: snapshot, delta, resync, startup)",
+            m.reconcile.clone(),
+        );
+        r.register(
+            "weft_agent_reconcile_errors",
+            "Objects that failed to apply",
+            m.reconcile_errors.clone(),
+        );
+        r.register(
+            "weft_agent_drift_repairs",
+            "Host objects found missing at a resync and put back",
+            m.drift_repairs.clone(),
+        );
+        r.register(
+            "weft_agent_applied_revision",
+            "Revision of the desired state applied",
+            m.applied_revision.clone(),
+        );
+        r.register(
+            "weft_agent_controller_connected",
+            "1 while a watch stream to a controller is open",
+            m.connected.clone(),
+        );
+        r.register(
+            "weft_agent_certificate_expiry_timestamp_seconds",
+            "When the agent's certificate expires (Unix time)",
+            m.cert_expiry.clone(),
+        );
+        r.register(
+            "weft_peering_rtt_seconds",
+            "Round-trip time of answered tunnel probes",
+            m.rtt.clone(),
+        );
+        r.register_collector(Box::new(Snapshot(|f: &mut Families| {
+            let m = get();
+            for t in m.tunnels.lock().unwrap().iter() {
+                weft_proto::obs::tunnel_series(f, t, &[]);
+            }
+            let traffic = if m.node_accounting.load(std::sync::atomic::Ordering::Relaxed) {
+                crate::linux::acct_counters().unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            for p in &traffic {
+                let l = |dir| [("peer_site", p.peer_site.as_str()), ("direction", dir)];
+                let help = "Bytes between this node and the peer's CIDRs";
+                f.counter("weft_node_peer_bytes", help, &l("tx"), p.tx_bytes);
+                f.counter("weft_node_peer_bytes", help, &l("rx"), p.rx_bytes);
+                let help = "Packets between this node and the peer's CIDRs";
+                f.counter("weft_node_peer_packets", help, &l("tx"), p.tx_packets);
+                f.counter("weft_node_peer_packets", help, &l("rx"), p.rx_packets);
+            }
+        })));
+        *m.registry.lock().unwrap() = r;
+        m
+    })
+}

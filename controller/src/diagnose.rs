@@ -1,0 +1,424 @@
+//! `Diagnose`: checks of what actually breaks a fabric, each with a result
+//! and what to do. Everything comes from what the controller already holds
+//! — records, the agents' liveness and host reports, the gateways' tunnel
+//! reports — plus one clock call to each peer's controller.
+
+use std::time::Duration;
+
+use weft_proto::v1 as pb;
+
+use crate::domain::{AgentRole, CertRecord, live_until, now_ms};
+use crate::error::Error;
+use crate::federation::Federation;
+use crate::hub::{AliveRecord, Hub};
+use crate::state::State;
+
+/// Skew above which certificates and tokens may be judged wrongly.
+const SKEW_FAIL: f64 = 1.0;
+const SKEW_WARN: f64 = 0.25;
+
+fn check(check: &str, subject: String, result: pb::CheckResult, detail: String, hint: &str) -> pb::Check {
+    pb::Check {
+        check: check.into(),
+        subject,
+        result: result as i32,
+        detail,
+        hint: hint.into(),
+    }
+}
+
+fn pass(c: &str, subject: String, detail: String) -> pb::Check {
+    check(c, subject, pb::CheckResult::Pass, detail, "")
+}
+
+fn when(ms: u64) -> String {
+    humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+fn ago(ms: u64, now: u64) -> String {
+    humantime::format_duration(Duration::from_secs(now.saturating_sub(ms) / 1000)).to_string()
+}
+
+/// One enrolled agent as the checks see it.
+struct Agent {
+    role: AgentRole,
+    name: String,
+    certs: Vec<CertRecord>,
+}
+
+impl Agent {
+    fn subject(&self) -> String {
+        format!("{}/{}", self.role.as_str(), self.name)
+    }
+
+    fn delete_cmd(&self) -> String {
+        format!("weftctl {} remove {}", self.role.as_str(), self.name)
+    }
+}
+
+fn certificate(a: &Agent, live: bool, now: u64) -> pb::Check {
+    let latest = a.certs.iter().map(|c| c.not_after_ms).max();
+    match latest {
+        None => check(
+            "certificate",
+            a.subject(),
+            pb::CheckResult::Warn,
+            "no agent has enrolled under this name yet".into(),
+            "enroll the agent with a token from `weftctl token create`",
+        ),
+        Some(t) if t <= now => check(
+            "certificate",
+            a.subject(),
+            pb::CheckResult::Fail,
+            format!("its certificate expired at {} ({} ago)", when(t), ago(t, now)),
+            &format!(
+                "the agent can no longer connect or renew: run `{}`, then enroll it again with a new token",
+                a.delete_cmd()
+            ),
+        ),
+        Some(t) if !live && live_until(&a.certs, now).is_some_and(|u| u - now < 86_400_000) => check(
+            "certificate",
+            a.subject(),
+            pb::CheckResult::Warn,
+            format!(
+                "its certificate expires at {} and the agent is not connected to renew it",
+                when(t)
+            ),
+            "start the agent before then, or it must be enrolled again",
+        ),
+        Some(t) => pass("certificate", a.subject(), format!("valid until {}", when(t))),
+    }
+}
+
+/// What one agent's stream on this replica looks like now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Progress {
+    applied: i64,
+    sent: i64,
+    waiting: usize,
+}
+
+impl Progress {
+    fn behind(&self) -> bool {
+        self.applied < self.sent || self.waiting > 0
+    }
+}
+
+fn progress(
+    hub: &Hub,
+    alive: &std::collections::HashMap<(AgentRole, String), AliveRecord>,
+) -> Vec<((AgentRole, String), Progress)> {
+    let backlog: std::collections::HashMap<_, _> = hub.stream_backlog().into_iter().collect();
+    alive
+        .iter()
+        .filter_map(|(key, rec)| {
+            let sent = hub.latest(key)?;
+            Some((
+                key.clone(),
+                Progress {
+                    applied: rec.applied_revision,
+                    sent,
+                    waiting: backlog.get(key).copied().unwrap_or(0),
+                },
+            ))
+        })
+        .collect()
+}
+
+fn agent_checks(
+    a: &Agent,
+    rec: Option<&AliveRecord>,
+    before: Option<&Progress>,
+    after: Option<&Progress>,
+    hub: &Hub,
+    now: u64,
+    out: &mut Vec<pb::Check>,
+) {
+    let key = (a.role, a.name.clone());
+    let Some(rec) = rec else {
+        let seen = hub
+            .last_seen(&key)
+            .map_or("never reported to this controller".to_string(), |t| {
+                format!("last report {} ago", ago(t, now))
+            });
+        out.push(check(
+            "agent",
+            a.subject(),
+            pb::CheckResult::Fail,
+            format!("not ready: {seen}"),
+            &format!(
+                "is weft-{}-agent running on the host, and can it reach the controller? See its log",
+                a.role.as_str()
+            ),
+        ));
+        return;
+    };
+    match (before, after) {
+        // Behind at both looks, and not even at what it had been sent at
+        // the first: stuck, not busy.
+        (Some(b), Some(x)) if b.behind() && x.behind() && x.applied < b.sent => {
+            out.push(check(
+                "agent",
+                a.subject(),
+                pb::CheckResult::Fail,
+                format!(
+                    "lagging: applied revision {}, the controller sent {} and has {} more update(s) waiting; no progress while watched",
+                    x.applied, x.sent, x.waiting
+                ),
+                "the agent is stuck or overloaded: check its log and host (a frozen process, a full disk); restarting it resumes from its stored state",
+            ));
+        }
+        _ => out.push(pass(
+            "agent",
+            a.subject(),
+            match after {
+                Some(x) => format!("ready, revision {} applied", x.applied),
+                None => format!(
+                    "ready (streaming from another replica), revision {} applied",
+                    rec.applied_revision
+                ),
+            },
+        )),
+    }
+    if !rec.errors.is_empty() {
+        out.push(check(
+            "objects",
+            a.subject(),
+            pb::CheckResult::Fail,
+            format!("{} object(s) failed to apply; first: {}", rec.errors.len(), rec.errors[0]),
+            "read the agent's log for the failing object; fix the host (a name or address already taken, a missing kernel module)",
+        ));
+    }
+    if !rec.features.is_empty() {
+        let has = |f: &str| rec.features.iter().any(|x| x == f);
+        if !has("vxlan") {
+            out.push(check(
+                "kernel",
+                a.subject(),
+                pb::CheckResult::Fail,
+                "the kernel cannot make VXLAN links: no overlay to the gateway".into(),
+                "load the vxlan module (`modprobe vxlan`) or use a kernel built with it",
+            ));
+        } else if a.role == AgentRole::Gateway && !has("wireguard") {
+            out.push(check(
+                "kernel",
+                a.subject(),
+                pb::CheckResult::Warn,
+                "no WireGuard kernel module: userspace WireGuard (boringtun) carries the tunnels, at a fraction of kernel speed".into(),
+                "`modprobe wireguard` (kernel 5.6 or later) and restart the gateway agent",
+            ));
+        } else {
+            let overlay = if has("geneve") {
+                "Geneve or VXLAN"
+            } else {
+                "VXLAN (no Geneve)"
+            };
+            let wg = if has("wireguard") { "kernel" } else { "userspace" };
+            out.push(pass(
+                "kernel",
+                a.subject(),
+                format!("overlay: {overlay}; WireGuard: {wg}"),
+            ));
+        }
+    }
+    for c in &rec.route_conflicts {
+        out.push(check(
+            "route",
+            a.subject(),
+            pb::CheckResult::Warn,
+            format!("host route {c}: weft's policy rule (priority {}) sends that traffic to the peer instead", crate::render::RULE_PRIORITY),
+            "if the host needs the route, reserve its CIDR (--reserved-cidr) so peers' views are remapped away from it, and re-peer",
+        ));
+    }
+}
+
+fn tunnel_checks(
+    site: &crate::domain::Site,
+    p: &crate::domain::Peering,
+    t: Option<pb::TunnelStatus>,
+    out: &mut Vec<pb::Check>,
+) {
+    let subject = format!("peering/{}", p.site_id);
+    let Some(t) = t else {
+        out.push(check(
+            "tunnel",
+            subject,
+            pb::CheckResult::Warn,
+            "no gateway reported a tunnel for this peering".into(),
+            "is the active gateway connected (`weftctl status`)? The peering may still be negotiating",
+        ));
+        return;
+    };
+    if t.up {
+        out.push(pass(
+            "tunnel",
+            subject.clone(),
+            format!("up through {}, RTT {:.1} ms", t.gateway, t.rtt_micros as f64 / 1000.0),
+        ));
+    } else {
+        out.push(check(
+            "tunnel",
+            subject.clone(),
+            pb::CheckResult::Fail,
+            format!("down: {} of {} probes unanswered", t.probes_lost, t.probes_sent),
+            "check that the peer's gateway runs and that UDP to its endpoint passes (firewall, NAT, the WAN link)",
+        ));
+    }
+    let configured = match site.tunnel_mtu {
+        Some(m) => format!("this site's --tunnel-mtu {m}"),
+        None => "the peer's --tunnel-mtu, or the underlay".into(),
+    };
+    match t.path_mtu {
+        Some(c) if c.result == "ok" => out.push(pass(
+            "mtu",
+            subject,
+            format!(
+                "tunnel MTU {}: {}-byte packets with DF cross to {}",
+                t.mtu, c.probe_size, c.target
+            ),
+        )),
+        Some(c) if c.result == "too_big" || c.result == "unanswered" => {
+            let limit = if c.path_mtu > 0 {
+                format!("the path toward {} carries at most {} bytes", c.target, c.path_mtu)
+            } else {
+                format!(
+                    "{}-byte packets with DF toward {} are lost while small ones arrive",
+                    c.probe_size, c.target
+                )
+            };
+            let fix = if c.path_mtu > 0 {
+                format!(
+                    "set --tunnel-mtu to {} or less (the underlay's MTU minus 60), or unset it to derive it",
+                    c.path_mtu.saturating_sub(60)
+                )
+            } else {
+                "lower --tunnel-mtu (or unset it to derive it from the underlay)".to_string()
+            };
+            out.push(check(
+                "mtu",
+                subject,
+                pb::CheckResult::Fail,
+                format!(
+                    "tunnel MTU {} (from {configured}) is too high: full packets need {} bytes on the underlay but {limit}; they are fragmented or dropped",
+                    t.mtu, c.probe_size
+                ),
+                &fix,
+            ));
+        }
+        other => out.push(check(
+            "mtu",
+            subject,
+            pb::CheckResult::Warn,
+            match other {
+                Some(c) => format!(
+                    "not checked: the peer's endpoint {} does not answer ICMP echo",
+                    c.target
+                ),
+                None => "not checked yet (the gateway checks once the tunnel is up)".into(),
+            },
+            "allow ICMP echo between the gateways to have the path MTU checked",
+        )),
+    }
+}
+
+/// Runs every check.
+pub async fn run(
+    state: &State,
+    hub: &Hub,
+    fed: &Federation,
+    ca_not_after_ms: Option<u64>,
+    settle: Duration,
+) -> Result<Vec<pb::Check>, Error> {
+    let mut out = Vec::new();
+    let now = now_ms();
+    if let Some(t) = ca_not_after_ms {
+        let days_left = t.saturating_sub(now) / 86_400_000;
+        out.push(if t <= now {
+            check(
+                "certificate",
+                "site-ca".into(),
+                pb::CheckResult::Fail,
+                format!("the site CA expired at {}", when(t)),
+                "the site must be set up again with a new CA; every agent and peer re-enrolls",
+            )
+        } else if days_left < 90 {
+            check(
+                "certificate",
+                "site-ca".into(),
+                pb::CheckResult::Warn,
+                format!("the site CA expires at {} ({days_left} days)", when(t)),
+                "plan a CA rotation before then",
+            )
+        } else {
+            pass("certificate", "site-ca".into(), format!("valid until {}", when(t)))
+        });
+    }
+    let (site, _) = state.site().await?;
+    let (nodes, _) = state.list_nodes().await?;
+    let (gateways, _) = state.list_gateways().await?;
+    let (peerings, _) = state.list_peerings().await?;
+    let agents: Vec<Agent> = nodes
+        .iter()
+        .map(|n| Agent {
+            role: AgentRole::Node,
+            name: n.name.clone(),
+            certs: n.certs.clone(),
+        })
+        .chain(gateways.iter().map(|g| Agent {
+            role: AgentRole::Gateway,
+            name: g.name.clone(),
+            certs: g.certs.clone(),
+        }))
+        .collect();
+    // Lag: two looks at each agent's progress, `settle` apart.
+    let first = progress(hub, &state.alive().await?);
+    tokio::time::sleep(settle).await;
+    let alive = state.alive().await?;
+    let second = progress(hub, &alive);
+    let find = |v: &[((AgentRole, String), Progress)], a: &Agent| {
+        v.iter().find(|(k, _)| k.0 == a.role && k.1 == a.name).map(|(_, p)| *p)
+    };
+    for a in &agents {
+        let rec = alive.get(&(a.role, a.name.clone()));
+        out.push(certificate(a, rec.is_some(), now));
+        agent_checks(
+            a,
+            rec,
+            find(&first, a).as_ref(),
+            find(&second, a).as_ref(),
+            hub,
+            now,
+            &mut out,
+        );
+    }
+    for p in &peerings {
+        tunnel_checks(&site, p, hub.tunnel(&p.site_id), &mut out);
+        let subject = format!("peering/{}", p.site_id);
+        let Some(remote) = &p.remote else { continue };
+        out.push(match fed.clock_skew(remote).await {
+            Ok((skew, rtt)) => {
+                let detail = format!(
+                    "the peer's controller clock is {:+.3} s from this one's (measured over a {:.1} ms round trip)",
+                    skew,
+                    rtt.as_secs_f64() * 1000.0
+                );
+                let hint = "run NTP (chrony, systemd-timesyncd) on both controllers' hosts";
+                if skew.abs() > SKEW_FAIL {
+                    check("clock", subject, pb::CheckResult::Fail, detail, hint)
+                } else if skew.abs() > SKEW_WARN {
+                    check("clock", subject, pb::CheckResult::Warn, detail, hint)
+                } else {
+                    pass("clock", subject, detail)
+                }
+            }
+            Err(e) => check(
+                "clock",
+                subject,
+                pb::CheckResult::Warn,
+                format!("the peer's controller did not answer: {e}"),
+                "check that this controller reaches the peer's advertised endpoints (--advertise) over TCP",
+            ),
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,252 @@
+//! Observability shared by every weft binary: logging set-up (human or JSON
+//! lines) and a Prometheus `/metrics` endpoint.
+//!
+//! Metrics come from a `prometheus_client` registry: live instruments
+//! (counters, histograms the binary updates as it works) plus [`Snapshot`]
+//! collectors, which read state the binary already keeps (tunnel health,
+//! connected agents) at scrape time, so those series are never stale.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
+/// Sets up `tracing` on stderr, filtered by `WEFT_LOG` (default `info`):
+/// human lines, or one JSON object per line with every field (ids included)
+/// as its own key.
+pub fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| "info".into());
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(!json && std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if json {
+        b.json().with_current_span(true).init();
+    } else {
+        b.init();
+    }
+}
+
+/// Log line format, as the `--log-format` flag of every binary takes it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Human,
+    Json,
+}
+
+/// Series gathered at scrape time.
+#[derive(Debug, Default)]
+pub struct Families {
+    families: Vec<Family>,
+}
+
+#[derive(Debug)]
+struct Family {
+    name: String,
+    help: String,
+    kind: MetricType,
+    samples: Vec<(Vec<(String, String)>, f64)>,
+}
+
+impl Families {
+    fn add(&mut self, kind: MetricType, name: &str, help: &str, labels: &[(&str, &str)], v: f64) {
+        let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        match self.families.iter_mut().find(|f| f.name == name) {
+            Some(f) => f.samples.push((labels, v)),
+            None => self.families.push(Family {
+                name: name.to_string(),
+                help: help.to_string(),
+                kind,
+                samples: vec![(labels, v)],
+            }),
+        }
+    }
+
+    /// A gauge sample.
+    pub fn gauge(&mut self, name: &str, help: &str, labels: &[(&str, &str)], v: f64) {
+        self.add(MetricType::Gauge, name, help, labels, v);
+    }
+
+    /// A counter sample; `name` without `_total`, which the encoder adds.
+    pub fn counter(&mut self, name: &str, help: &str, labels: &[(&str, &str)], v: u64) {
+        self.add(MetricType::Counter, name, help, labels, v as f64);
+    }
+}
+
+/// A collector that asks a closure for its series on each scrape.
+pub struct Snapshot<F>(pub F);
+
+impl<F> std::fmt::Debug for Snapshot<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Snapshot")
+    }
+}
+
+impl<F: Fn(&mut Families) + Send + Sync + 'static> Collector for Snapshot<F> {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut all = Families::default();
+        (self.0)(&mut all);
+        for f in &all.families {
+            let mut m = encoder.encode_descriptor(&f.name, &f.help, None, f.kind.clone())?;
+            for (labels, v) in &f.samples {
+                let fam = m.encode_family(labels)?;
+                match f.kind {
+                    MetricType::Counter => ConstCounter::new(*v as u64).encode(fam)?,
+                    _ => ConstGauge::new(*v).encode(fam)?,
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The text exposition of a registry.
+pub fn render(registry: &Mutex<Registry>) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry.lock().unwrap())
+        .expect("writing to a String cannot fail");
+    out
+}
+
+/// Binds `addr` now (so a taken port is an error at start) and serves
+/// `GET /metrics` from `registry` until the process ends. Other paths
+/// answer 404; `/healthz` answers 200 while the process runs.
+pub async fn serve_metrics(addr: SocketAddr, registry: Arc<Mutex<Registry>>) -> std::io::Result<SocketAddr> {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    use hyper::{Response, StatusCode};
+
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let registry = registry.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let registry = registry.clone();
+                    async move {
+                        let (status, ctype, body) = match req.uri().path() {
+                            "/metrics" => (
+                                StatusCode::OK,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                                render(&registry),
+                            ),
+                            "/healthz" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+                            _ => (StatusCode::NOT_FOUND, "text/plain", "try /metrics\n".to_string()),
+                        };
+                        Response::builder()
+                            .status(status)
+                            .header("content-type", ctype)
+                            .body(Full::new(Bytes::from(body)))
+                    }
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, svc)
+                    .await;
+            });
+        }
+    });
+    tracing::info!(address = %bound, "serving metrics on /metrics");
+    Ok(bound)
+}
+
+/// Buckets for durations from 100 µs to ~100 s.
+pub fn duration_buckets() -> impl Iterator<Item = f64> {
+    prometheus_client::metrics::histogram::exponential_buckets(0.0001, 4.0, 11)
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// The series of one tunnel, labelled by peer site (and `extra`, e.g. the
+/// reporting gateway on the controller).
+pub fn tunnel_series(f: &mut Families, t: &crate::v1::TunnelStatus, extra: &[(&str, &str)]) {
+    let mut l: Vec<(&str, &str)> = vec![("peer_site", t.peer_site.as_str())];
+    l.extend_from_slice(extra);
+    f.gauge(
+        "weft_peering_up",
+        "1 while the tunnel's probes are answered",
+        &l,
+        f64::from(u8::from(t.up)),
+    );
+    f.counter(
+        "weft_peering_receive_bytes",
+        "Bytes received through the tunnel",
+        &l,
+        t.rx_bytes,
+    );
+    f.counter(
+        "weft_peering_transmit_bytes",
+        "Bytes sent through the tunnel",
+        &l,
+        t.tx_bytes,
+    );
+    f.counter(
+        "weft_peering_receive_packets",
+        "Packets received through the tunnel",
+        &l,
+        t.rx_packets,
+    );
+    f.counter(
+        "weft_peering_transmit_packets",
+        "Packets sent through the tunnel",
+        &l,
+        t.tx_packets,
+    );
+    f.counter("weft_peering_probes", "Tunnel probes sent", &l, t.probes_sent);
+    f.counter(
+        "weft_peering_probes_lost",
+        "Tunnel probes unanswered",
+        &l,
+        t.probes_lost,
+    );
+    f.gauge(
+        "weft_peering_last_rtt_seconds",
+        "Round-trip time of the latest answered probe",
+        &l,
+        t.rtt_micros as f64 / 1e6,
+    );
+    if let Some(h) = &t.last_handshake {
+        f.gauge(
+            "weft_peering_handshake_age_seconds",
+            "Seconds since the latest WireGuard handshake",
+            &l,
+            (unix_now() - h.seconds as f64).max(0.0),
+        );
+    }
+    if t.mtu > 0 {
+        f.gauge(
+            "weft_peering_mtu_bytes",
+            "MTU of the tunnel interface",
+            &l,
+            f64::from(t.mtu),
+        );
+    }
+    if let Some(p) = &t.path_mtu {
+        let ok = match p.result.as_str() {
+            "ok" => 1.0,
+            "too_big" | "unanswered" => 0.0,
+            _ => -1.0,
+        };
+        f.gauge(
+            "weft_peering_path_mtu_ok",
+            "1: a full tunnel packet crosses the underlay unfragmented; 0: it does not; -1: not checked",
+            &l,
+            ok,
+        );
+    }
+}
