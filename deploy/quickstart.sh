@@ -86,7 +86,8 @@ else
     local data=$ROOT/$1
     mkdir -p "$data"
     nsenter --net="/run/netns/$P-$2" "$BIN/weft-controller" --site-id "$1" --pod-cidr 10.1.0.0/16 \
-      --reserved-cidr $LAN.0/24 --data-dir "$data" --listen "$3:7443" >"$data/controller.log" 2>&1 &
+      --reserved-cidr $LAN.0/24 --data-dir "$data" --listen "$3:7443" --metrics-listen "$3:9100" \
+      >"$data/controller.log" 2>&1 &
     echo $! >"$data/controller.pid"
     for _ in $(seq 100); do [ -S "$data/admin.sock" ] && break; sleep 0.1; done
     [ -S "$data/admin.sock" ] || { cat "$data/controller.log"; exit 1; }
@@ -102,7 +103,7 @@ else
     local extra=()
     [ "$1" = gateway ] && extra=(--endpoint "$5:51820")
     nsenter --net="/run/netns/$P-$4" "$BIN/weft-$1-agent" --controller "https://$3:7443" --name "$4" \
-      --underlay-ip "$5" --state-dir "$dir/agent" "${extra[@]}" \
+      --underlay-ip "$5" --state-dir "$dir/agent" --metrics-listen "$5:9101" "${extra[@]}" \
       --token "$(echo "$t" | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')" \
       --ca-fingerprint "$(echo "$t" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ca_fingerprint"])')" \
       >"$dir/agent.log" 2>&1 &
@@ -159,6 +160,14 @@ for _ in $(seq 30); do
 done
 [ -n "$ok" ] || { echo "quickstart: the ping across the sites failed; logs under $ROOT" >&2; exit 1; }
 
+# The operator's view: one screen of the site, and a reachability matrix
+# from node na's host and its workload to site-b's workload (by its own
+# address; weftctl maps it to the local view).
+set -x
+$A status
+ip netns exec $P-na $A test network --from host --from $P-wa --to site-b=10.1.0.10 --tcp-port 80
+set +x
+
 cat <<TXT
 
 Two sites are running and peered, both on 10.1.0.0/16, in namespaces $P-*:
@@ -168,6 +177,9 @@ view (above); the WireGuard tunnel runs between the gateways.
   export WEFT_CONTROLLER=unix:$ROOT/site-a/admin.sock
   $BIN/weftctl peerings
   sudo ip netns exec $P-wa ping $view
+  $BIN/weftctl status; $BIN/weftctl diagnose; $BIN/weftctl topology --format svg > weft.svg
+Metrics: http://<host>:9100/metrics (controllers), :9101 (agents), e.g.
+  sudo ip netns exec $P-gwa curl -s $LAN.10:9101/metrics | grep weft_peering
 Logs: $ROOT/*/controller.log, $ROOT/*/agent.log
 Tear down: deploy/quickstart.sh down
 TXT

@@ -42,14 +42,14 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
     // drift, so a route deleted by hand stays deleted.
     let s = sites::up_with(
         "obs",
-        ("site-a", "10.200.0.0/16"),
-        ("site-b", "10.200.0.0/16"),
+        ("obs-a", "10.200.0.0/16"),
+        ("obs-b", "10.200.0.0/16"),
         Opts {
             no_drift_repair: true,
             ..Opts::default()
         },
     );
-    let peer = [("peer_site", "site-b")];
+    let peer = [("peer_site", "obs-b")];
     eventually(
         "the tunnel up in the gateway's metrics",
         Duration::from_secs(30),
@@ -93,17 +93,17 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
     grew(
         1,
         "weft_node_peer_bytes_total",
-        &[("peer_site", "site-b"), ("direction", "tx")],
+        &[("peer_site", "obs-b"), ("direction", "tx")],
     );
     grew(
         1,
         "weft_node_peer_bytes_total",
-        &[("peer_site", "site-b"), ("direction", "rx")],
+        &[("peer_site", "obs-b"), ("direction", "rx")],
     );
     grew(
         1,
         "weft_node_peer_packets_total",
-        &[("peer_site", "site-b"), ("direction", "tx")],
+        &[("peer_site", "obs-b"), ("direction", "tx")],
     );
     assert_eq!(must(&after[1], "weft_agent_controller_connected", &[]), 1.0);
     assert!(
@@ -115,7 +115,7 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
     );
     assert!(must(&after[1], "weft_agent_certificate_expiry_timestamp_seconds", &[]) > 1.7e9);
     // Controller: the same peering as its gateway reports it, and its own state.
-    let gw = [("peer_site", "site-b"), ("gateway", "gw")];
+    let gw = [("peer_site", "obs-b"), ("gateway", "gw")];
     grew(2, "weft_peering_transmit_bytes_total", &gw);
     grew(2, "weft_peering_receive_bytes_total", &gw);
     assert_eq!(
@@ -130,7 +130,7 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
         must(
             &after[2],
             "weft_controller_peering_state",
-            &[("peer_site", "site-b"), ("state", "connected")]
+            &[("peer_site", "obs-b"), ("state", "connected")]
         ),
         1.0
     );
@@ -153,17 +153,35 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
     assert_eq!(must(&after[2], "weft_controller_leader", &[]), 1.0);
     assert!(must(&after[2], "weft_controller_stream_queue_depth", &[("role", "node")]) >= 0.0);
 
+    // The Grafana dashboard plots only series that exist.
+    let dashboard = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/grafana/weft-dashboard.json")).unwrap();
+    let served: std::collections::BTreeSet<&str> = after
+        .iter()
+        .flat_map(|t| t.lines())
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let used: std::collections::BTreeSet<String> = dashboard
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("weft_") && w.len() > 5 && !w.starts_with("weft_dashboard"))
+        .map(String::from)
+        .collect();
+    assert!(used.len() > 15, "{used:?}");
+    for name in &used {
+        assert!(served.contains(name.as_str()), "the dashboard plots {name}, which no binary serves");
+    }
+
     // status: one screen with the site, the active gateway, both nodes, the peering up.
     let o = weftctl(&s.ta, &["status"]);
     assert!(o.status.success(), "{}", weft_tests::stderr(&o));
     let st = stdout(&o);
     for want in [
-        "Site site-a",
+        "Site obs-a",
         "gw",
         "active",
         "Ready",
         "na2",
-        "site-b",
+        "obs-b",
         "connected",
         "up",
         "→",
@@ -181,7 +199,7 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
         "digraph weft",
         "gateway gw",
         "node na",
-        "site site-b",
+        "site obs-b",
         "WireGuard up",
         "RTT",
     ] {
@@ -202,7 +220,7 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
     );
     let mtu = checks
         .iter()
-        .find(|c| c["check"] == "mtu" && c["subject"] == "peering/site-b")
+        .find(|c| c["check"] == "mtu" && c["subject"] == "peering/obs-b")
         .expect("an MTU check of the peering");
     assert_eq!(mtu["result"], "PASS", "{mtu}");
     for kind in ["clock", "tunnel", "certificate", "agent", "kernel"] {
@@ -218,7 +236,7 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
         .workloads
         .iter()
         .filter(|w| w.0.starts_with("wb"))
-        .map(|w| format!("site-b={}", w.1))
+        .map(|w| format!("obs-b={}", w.1))
         .collect();
     let mut args = vec![
         "test",
@@ -289,10 +307,10 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
     let first = &targets[0];
     let ip = first.split_once('=').unwrap().1;
     assert!(
-        out.contains(&format!("FAIL host → site-b {ip}")),
+        out.contains(&format!("FAIL host → obs-b {ip}")),
         "the failing pair is not named:\n{out}"
     );
-    assert!(out.contains(&format!("FAIL {} → site-b {ip}", s.ns["wa"])), "{out}");
+    assert!(out.contains(&format!("FAIL {} → obs-b {ip}", s.ns["wa"])), "{out}");
     assert!(out.contains("0 of 4 pairs reachable"), "{out}");
     println!("weftctl test network after the route was removed:\n{out}");
 }
@@ -307,14 +325,14 @@ fn diagnose_finds_a_tunnel_mtu_set_too_high_on_one_side() {
     // tunnel packets need 1540 bytes. Traffic still passes, fragmented.
     let s = sites::up_with(
         "mtu",
-        ("site-a", "10.1.0.0/16"),
-        ("site-b", "10.2.0.0/16"),
+        ("mtu-a", "10.1.0.0/16"),
+        ("mtu-b", "10.2.0.0/16"),
         Opts {
             site_a_tunnel: Some(1480),
             ..Opts::default()
         },
     );
-    for (target, peer) in [(&s.ta, "site-b"), (&s.tb, "site-a")] {
+    for (target, peer) in [(&s.ta, "mtu-b"), (&s.tb, "mtu-a")] {
         let mtu = eventually("a path-MTU verdict", Duration::from_secs(30), || {
             let o = weftctl(target, &["diagnose", "--settle", "100ms", "--output", "json"]);
             let d: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;

@@ -481,7 +481,8 @@ pub async fn test_network_cmd(
 
 /// DOT string quoting.
 fn q(s: &str) -> String {
-    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+    let escaped = s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+    format!("\"{escaped}\"")
 }
 
 /// The federation as Graphviz DOT: this site's gateways and nodes, each
@@ -492,7 +493,7 @@ fn dot(s: &Site) -> String {
     );
     d += &format!(
         "  subgraph cluster_site {{\n    label={};\n    style=rounded;\n    color=gray40;\n",
-        q(&format!("site {}\\npods {}", s.site.id, s.site.pod_cidrs.join(", ")))
+        q(&format!("site {}\npods {}", s.site.id, s.site.pod_cidrs.join(", ")))
     );
     for g in &s.gateways {
         let ready = g.status.as_ref().is_some_and(|x| x.ready);
@@ -506,7 +507,7 @@ fn dot(s: &Site) -> String {
             "    {} [label={}, fillcolor={color}];\n",
             q(&format!("gw/{}", g.name)),
             q(&format!(
-                "gateway {}\\n{role}{}",
+                "gateway {}\n{role}{}",
                 g.name,
                 if ready { "" } else { ", not ready" }
             ))
@@ -518,7 +519,7 @@ fn dot(s: &Site) -> String {
         d += &format!(
             "    {} [label={}, fillcolor={}];\n",
             q(&format!("node/{}", n.name)),
-            q(&format!("node {}\\n{}", n.name, n.subnet)),
+            q(&format!("node {}\n{}", n.name, n.subnet)),
             if ready { "white" } else { "salmon" }
         );
         if let Some(a) = &active {
@@ -546,10 +547,10 @@ fn dot(s: &Site) -> String {
             "  {} [shape=ellipse, label={}];\n",
             q(&format!("peer/{}", p.site_id)),
             q(&format!(
-                "site {}\\n{}\\n{}",
+                "site {}\n{}\n{}",
                 p.site_id,
                 peering_state(p.state).to_lowercase(),
-                views.join("\\n")
+                views.join("\n")
             ))
         );
         let t = p.tunnel.as_ref();
@@ -562,7 +563,7 @@ fn dot(s: &Site) -> String {
             Some(t) if t.up => (
                 "forestgreen",
                 format!(
-                    "WireGuard up\\nRTT {}\\nrx {} tx {}",
+                    "WireGuard up\nRTT {}\nrx {} tx {}",
                     rtt(Some(t)),
                     bytes(t.rx_bytes),
                     bytes(t.tx_bytes)
