@@ -154,7 +154,11 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
     assert!(must(&after[2], "weft_controller_stream_queue_depth", &[("role", "node")]) >= 0.0);
 
     // The Grafana dashboard plots only series that exist.
-    let dashboard = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/grafana/weft-dashboard.json")).unwrap();
+    let dashboard = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/grafana/weft-dashboard.json"
+    ))
+    .unwrap();
     let served: std::collections::BTreeSet<&str> = after
         .iter()
         .flat_map(|t| t.lines())
@@ -168,7 +172,10 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
         .collect();
     assert!(used.len() > 15, "{used:?}");
     for name in &used {
-        assert!(served.contains(name.as_str()), "the dashboard plots {name}, which no binary serves");
+        assert!(
+            served.contains(name.as_str()),
+            "the dashboard plots {name}, which no binary serves"
+        );
     }
 
     // status: one screen with the site, the active gateway, both nodes, the peering up.
