@@ -255,6 +255,11 @@ pub fn parse_cidr(text: &str) -> Result<Ipv4Net, String> {
             "{text:?} has host bits set; the network is {} (write that, or fix the prefix length)",
             n.trunc()
         )),
+        // Leading zeros ("10.010.0.0/16") are octal to some tools and
+        // decimal to others: refuse the ambiguity.
+        Ok(IpNet::V4(n)) if n.to_string() != text => Err(format!(
+            "{text:?} is not written canonically (leading zeros are read as octal by some tools); write {n}"
+        )),
         Ok(IpNet::V4(n)) => Ok(n),
         Ok(IpNet::V6(_)) => Err(format!("{text:?} is IPv6; weft supports IPv4 CIDRs only for now")),
         Err(_) if text.parse::<std::net::IpAddr>().is_ok() => Err(format!(
