@@ -250,23 +250,24 @@ const FLAGS: &[(&str, &str, &str)] = &[
 /// Parses an IPv4 CIDR in canonical form, or says what is wrong with it.
 pub fn parse_cidr(text: &str) -> Result<Ipv4Net, String> {
     let text = text.trim();
+    let q = crate::domain::shown(text);
     match text.parse::<IpNet>() {
         Ok(IpNet::V4(n)) if n.addr() != n.network() => Err(format!(
-            "{text:?} has host bits set; the network is {} (write that, or fix the prefix length)",
+            "{q} has host bits set; the network is {} (write that, or fix the prefix length)",
             n.trunc()
         )),
         // Leading zeros ("10.010.0.0/16") are octal to some tools and
         // decimal to others: refuse the ambiguity.
         Ok(IpNet::V4(n)) if n.to_string() != text => Err(format!(
-            "{text:?} is not written canonically (leading zeros are read as octal by some tools); write {n}"
+            "{q} is not written canonically (leading zeros are read as octal by some tools); write {n}"
         )),
         Ok(IpNet::V4(n)) => Ok(n),
-        Ok(IpNet::V6(_)) => Err(format!("{text:?} is IPv6; weft supports IPv4 CIDRs only for now")),
+        Ok(IpNet::V6(_)) => Err(format!("{q} is IPv6; weft supports IPv4 CIDRs only for now")),
         Err(_) if text.parse::<std::net::IpAddr>().is_ok() => Err(format!(
-            "{text:?} has no prefix length; write it as address/length, e.g. {text}/24"
+            "{q} has no prefix length; write it as address/length, e.g. {text}/24"
         )),
         Err(_) => Err(format!(
-            "{text:?} is not a CIDR; write it as address/length, e.g. 10.1.0.0/16"
+            "{q} is not a CIDR; write it as address/length, e.g. 10.1.0.0/16"
         )),
     }
 }

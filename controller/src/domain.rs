@@ -244,6 +244,18 @@ pub fn now_ms() -> u64 {
 /// Checks a node, gateway or site name: 1 to 63 characters of lower-case
 /// letters, digits, '-' and '.', starting and ending with a letter or digit.
 /// Names become store keys and interface labels, so nothing else is allowed.
+/// `text` quoted for an error message, cut to its first 64 characters: a
+/// message echoes what the caller sent, and must not echo a megabyte of it
+/// (gRPC carries messages in headers, which peers limit).
+pub fn shown(text: &str) -> String {
+    const MAX: usize = 64;
+    if text.chars().count() <= MAX {
+        return format!("{text:?}");
+    }
+    let head: String = text.chars().take(MAX).collect();
+    format!("{head:?}… ({} bytes)", text.len())
+}
+
 pub fn validate_name(what: &str, name: &str) -> Result<(), String> {
     let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
     let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
@@ -252,8 +264,9 @@ pub fn validate_name(what: &str, name: &str) -> Result<(), String> {
     }
     if name.len() > 63 || !name.chars().all(ok_char) || !edge(name.chars().next()) || !edge(name.chars().last()) {
         return Err(format!(
-            "{what} {name:?} is not a valid name: use 1 to 63 lower-case letters, digits, '-' or '.', \
-             starting and ending with a letter or digit"
+            "{what} {} is not a valid name: use 1 to 63 lower-case letters, digits, '-' or '.', \
+             starting and ending with a letter or digit",
+            shown(name)
         ));
     }
     Ok(())

@@ -171,6 +171,11 @@ pub fn check_declared_subnet(
     pod_cidrs: &[Ipv4Net],
     taken: &[(String, Ipv4Net)],
 ) -> Result<Ipv4Net, IpamError> {
+    if subnet.prefix_len() > 30 {
+        return Err(IpamError::Invalid(format!(
+            "subnet {subnet} leaves no room for workloads; declare a /30 or larger (the first address goes to the node)"
+        )));
+    }
     let Some(pod) = pod_cidrs.iter().find(|p| p.contains(&subnet)) else {
         return Err(IpamError::Invalid(format!(
             "subnet {subnet} is not inside any of the site's pod CIDRs ({}); \
@@ -186,6 +191,9 @@ pub fn check_declared_subnet(
     Ok(*pod)
 }
 
+/// The most CIDRs (workload and external) one peer may list.
+pub const MAX_PEER_CIDRS: usize = 32;
+
 /// Picks the local view of each of a peer's CIDRs.
 ///
 /// `in_use` is everything this site already addresses: its own pod,
@@ -195,6 +203,12 @@ pub fn check_declared_subnet(
 /// from `pools`, never colliding with `in_use` or with each other. The same
 /// inputs always give the same answer.
 pub fn plan_views(peer: &[(CidrKind, Ipv4Net)], in_use: &[Ipv4Net], pools: &[Ipv4Net]) -> Result<Vec<View>, IpamError> {
+    if peer.len() > MAX_PEER_CIDRS {
+        return Err(IpamError::Invalid(format!(
+            "the peer lists {} CIDRs; a site may have at most {MAX_PEER_CIDRS} (aggregate them)",
+            peer.len()
+        )));
+    }
     for (i, (ka, a)) in peer.iter().enumerate() {
         if a.network() != a.addr() {
             return Err(IpamError::Invalid(format!(
@@ -202,6 +216,7 @@ pub fn plan_views(peer: &[(CidrKind, Ipv4Net)], in_use: &[Ipv4Net], pools: &[Ipv
                 a.trunc()
             )));
         }
+        check_claimable(*ka, a)?;
         for (kb, b) in &peer[i + 1..] {
             if overlaps(a, b) {
                 return Err(IpamError::Invalid(format!(
@@ -247,6 +262,31 @@ pub fn plan_views(peer: &[(CidrKind, Ipv4Net)], in_use: &[Ipv4Net], pools: &[Ipv
         });
     }
     Ok(views)
+}
+
+/// Space no site can own: "this network", loopback, link-local (weft's
+/// own tunnel and veth addresses live there) and multicast/reserved.
+const UNCLAIMABLE: [&str; 4] = ["0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/3"];
+
+/// Refuses a peer CIDR that no site could own: larger than a /8, or in
+/// special-purpose space. A peer claiming 0.0.0.0/0 would otherwise take
+/// every destination of this site's hosts.
+pub fn check_claimable(kind: CidrKind, c: &Ipv4Net) -> Result<(), IpamError> {
+    if c.prefix_len() < 8 {
+        return Err(IpamError::Invalid(format!(
+            "the peer's {kind} CIDR {c} is larger than a /8; a site claims only networks it routes"
+        )));
+    }
+    if let Some(u) = UNCLAIMABLE
+        .iter()
+        .map(|u| u.parse::<Ipv4Net>().expect("a constant CIDR"))
+        .find(|u| overlaps(u, c))
+    {
+        return Err(IpamError::Invalid(format!(
+            "the peer's {kind} CIDR {c} overlaps {u}, which no site can own (this-network, loopback, link-local or multicast space)"
+        )));
+    }
+    Ok(())
 }
 
 /// Moves `addr` from block `from` to the same host bits in block `to`.

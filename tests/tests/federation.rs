@@ -233,3 +233,21 @@ fn a_failure_after_the_peer_recorded_leaves_no_half_peering() {
     assert!(peer_names(&a).is_empty());
     assert!(peer_names(&b).is_empty(), "site-b kept a half peering");
 }
+
+#[test]
+fn a_peer_claiming_space_no_site_can_own_is_refused_on_both_sides() {
+    let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
+    let a = site(dir.path(), "site-a", &[]);
+    // Site b's workloads in link-local space, where weft's own tunnel ends
+    // live: whatever b's admin meant, a must not route it.
+    let b = Controller::start("site-b", &dir.path().join("site-b"), &["--pod-cidr", "169.254.0.0/16"]);
+    let err = create(&a, &token(&b, "10m")).unwrap_err();
+    assert!(
+        err.contains("INVALID_ARGUMENT") && err.contains("169.254.0.0/16") && err.contains("no site can own"),
+        "{err}"
+    );
+    assert!(peer_names(&a).is_empty(), "a recorded a half peering");
+    weft_tests::eventually("b forgot its side", Duration::from_secs(10), || {
+        peer_names(&b).is_empty().then_some(())
+    });
+}
