@@ -27,7 +27,7 @@ pub struct Linux {
     /// The gateway's WireGuard private key (base64); None on nodes.
     wg_private_key: Option<String>,
     /// Whether this process has written the host NAT table (a resync
-    /// rewrites it otherwise, e.g. after a restart or a hand deletion).
+    /// rewrites it otherwise, e.g. after a restart; and whenever it is gone).
     host_snat_applied: bool,
     /// A health probe per WireGuard link, by link name.
     probes: std::collections::HashMap<String, (crate::probe::Target, crate::probe::Prober)>,
@@ -788,8 +788,21 @@ impl Linux {
             // Applied per namespace as a whole table, in `apply`.
             Some(Kind::NatMap(_)) => Ok(()),
             Some(Kind::HostSnat(h)) => {
+                // Unchanged and still there: nothing to do. (Checked, not
+                // assumed: someone may have deleted the table.)
+                let present = || {
+                    std::process::Command::new("nft")
+                        .args(["list", "table", "ip", "weft"])
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .status()
+                        .is_ok_and(|s| s.success())
+                };
                 if old.is_some_and(|x| x == o) && self.host_snat_applied {
-                    return Ok(());
+                    if present() {
+                        return Ok(());
+                    }
+                    self.writes += 1;
                 }
                 host_snat_table(Some(h))?;
                 self.host_snat_applied = true;

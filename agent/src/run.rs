@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use weft_proto::v1 as pb;
 use weft_proto::v1::agent_service_client::AgentServiceClient;
 
-use crate::apply::{Applier, DryRun, Objects};
+use crate::apply::{Applier, DryRun};
 use crate::config::AgentConfig;
 use crate::desired::{Desired, StateFile};
 use crate::identity::{AgentKind, Credentials, IdentityStore, RenewError};
@@ -416,8 +416,13 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
             objects = desired.objects.len(),
             "applying the stored desired state"
         );
+        // As a resync: what is stored was applied before, so objects that
+        // still exist as stored are kept (a link re-created here would drop
+        // the traffic through it), missing ones are made again.
         let all: Vec<pb::DesiredObject> = desired.objects.values().cloned().collect();
-        applier.apply(&Objects::new(), &all, &[]).await;
+        let started = std::time::Instant::now();
+        let errors = applier.apply(&desired.objects, &all, &[]).await;
+        observe_reconcile("startup", started, &errors);
     }
 
     let (tx, mut rx) = watch::channel(creds);

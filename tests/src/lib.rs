@@ -437,6 +437,27 @@ pub fn dry_run_agent(
     Proc::spawn(&mut cmd, &dir.join(format!("{name}.log")))
 }
 
+/// Times (Unix s) and sequence numbers of the answered pings in a
+/// `ping -D` log.
+pub fn ping_answers(log: &str) -> Vec<(f64, u64)> {
+    log.lines()
+        .filter(|l| l.contains("bytes from"))
+        .filter_map(|l| {
+            let t = l.strip_prefix('[')?.split(']').next()?.parse().ok()?;
+            let seq = l.split("icmp_seq=").nth(1)?.split_whitespace().next()?.parse().ok()?;
+            Some((t, seq))
+        })
+        .collect()
+}
+
+/// Seconds since the Unix epoch, as `ping -D` prints them.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
 /// Any process a test started: killed on drop.
 pub struct Proc {
     pub child: Option<Child>,

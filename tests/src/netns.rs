@@ -42,7 +42,8 @@ pub struct Lab {
     procs: Vec<Proc>,
     /// How each process was started, to start it again.
     commands: Vec<Started>,
-    lan_ports: usize,
+    /// The LAN's port (in the LAN namespace) of each plugged host namespace.
+    lan_ports: Vec<(String, String)>,
 }
 
 /// Returns `o`, or panics with its stderr when the command failed.
@@ -63,7 +64,7 @@ impl Lab {
             namespaces: Vec::new(),
             procs: Vec::new(),
             commands: Vec::new(),
-            lan_ports: 0,
+            lan_ports: Vec::new(),
         }
     }
 
@@ -111,8 +112,8 @@ impl Lab {
     /// Plugs host `ns` into the LAN with `eth0` = `cidr`.
     pub fn plug(&mut self, ns: &str, cidr: &str) {
         let lan = self.ns("lan");
-        let port = format!("p{}", self.lan_ports);
-        self.lan_ports += 1;
+        let port = format!("p{}", self.lan_ports.len());
+        self.lan_ports.push((ns.to_string(), port.clone()));
         must(
             run(Command::new("ip").args([
                 "-n", &lan, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", ns,
@@ -130,6 +131,18 @@ impl Lab {
         must(
             run(Command::new("ip").args(["-n", ns, "link", "set", "eth0", "up"])),
             "eth0 up",
+        );
+    }
+
+    /// Sets host `ns`'s port on the LAN (the switch side of its link) up or
+    /// down: the host's own interface stays as it was, as when a cable or a
+    /// WAN link fails.
+    pub fn lan_link(&self, ns: &str, up: bool) {
+        let port = &self.lan_ports.iter().find(|(n, _)| n == ns).expect("not plugged").1;
+        let lan = self.ns("lan");
+        must(
+            run(Command::new("ip").args(["-n", &lan, "link", "set", port, if up { "up" } else { "down" }])),
+            "LAN port",
         );
     }
 

@@ -35,6 +35,8 @@ pub struct TwoSites {
     pub workloads: Vec<(&'static str, String, String)>,
     /// Site a's second gateway's process index, when asked for.
     pub gateway_a2: Option<usize>,
+    /// Site b's etcd's process index in `lab`.
+    pub etcd_b: Option<usize>,
 }
 
 /// Two sites, each a controller, a gateway and two nodes in namespaces on
@@ -134,7 +136,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
     // Site b keeps its state in etcd, on its controller's host.
     let etcd = crate::require_tool("etcd").map(|etcd| {
         let data = dir.path().join("etcd");
-        lab.spawn(
+        let i = lab.spawn(
             &ns["ctlb"],
             &etcd,
             &[
@@ -164,8 +166,10 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
             .success()
             .then_some(())
         });
-        "http://127.0.0.1:2379".to_string()
+        (i, "http://127.0.0.1:2379".to_string())
     });
+    let etcd_b = etcd.as_ref().map(|e| e.0);
+    let etcd = etcd.map(|e| e.1);
 
     let tunnel_mtu = opts.site_a_tunnel.map(|m| m.to_string());
     let controller = |lab: &mut Lab, host: &str, site: &str, pod: &str, ip: &str, etcd: Option<&str>| {
@@ -388,6 +392,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         wa_from_b,
         workloads,
         gateway_a2,
+        etcd_b,
     }
 }
 

@@ -299,6 +299,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
         wa_from_b,
         workloads,
         gateway_a2: _,
+        etcd_b: _,
     } = sites::up_with(tag, a, b, opts);
     let (site_a, site_b) = (site_a.as_str(), site_b.as_str());
     // Workload to workload, both ways, ICMP and TCP.

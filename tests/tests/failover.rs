@@ -25,18 +25,10 @@ fn active(target: &str) -> String {
 
 /// Times (s) of the answered pings in a `ping -D` log.
 fn answered(log: &str) -> Vec<f64> {
-    log.lines()
-        .filter(|l| l.contains("bytes from"))
-        .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
-        .collect()
+    weft_tests::ping_answers(log).into_iter().map(|(t, _)| t).collect()
 }
 
-fn now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
-}
+use weft_tests::unix_now as now;
 
 /// The last lines of the lab's log file `f`.
 fn tail(s: &TwoSites, f: &str) -> String {
