@@ -155,8 +155,7 @@ fn acked_burst(c: &mut Controller, tag: &str) -> Vec<String> {
             .args(["-KILL", &pid.to_string()])
             .status();
         let _ = tokio::time::timeout(Duration::from_secs(10), burst).await;
-        let v = acked.lock().unwrap().clone();
-        v
+        acked.lock().unwrap().clone()
     });
     // Reap it (it is dead already).
     c.kill();
