@@ -193,7 +193,17 @@ fn leaf_params(
 /// absent, and issues a fresh server certificate for `names`.
 pub fn ensure(dir: &Path, site: &str, names: &[String]) -> anyhow::Result<ServerPki> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    // Only tighten when needed: a read-only data directory that is already
+    // right should get as far as the store, which says what is wrong.
+    let mode = std::fs::metadata(dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .permissions()
+        .mode()
+        & 0o777;
+    if mode != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot make {} private (mode 0700)", dir.display()))?;
+    }
     let (ca_cert, ca_key) = (dir.join(CA_CERT), dir.join(CA_KEY));
     if !ca_cert.exists() || !ca_key.exists() {
         let key = KeyPair::generate()?;

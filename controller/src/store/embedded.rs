@@ -51,7 +51,14 @@ pub struct EmbeddedStore {
 }
 
 struct Inner {
-    db: Database,
+    /// The open database; None while it could not be opened again after
+    /// an I/O error.
+    db: std::sync::RwLock<Option<Arc<Database>>>,
+    path: std::path::PathBuf,
+    /// An I/O error (disk full, read-only) happened: redb refuses every
+    /// later operation of that handle, so the next call opens the file
+    /// anew (committed data is intact: redb commits are atomic).
+    failed_io: std::sync::atomic::AtomicBool,
     /// The current revision, for watchers to wait on.
     revision: watch::Sender<Revision>,
     leases: Mutex<HashMap<LeaseId, LeaseState>>,
@@ -65,7 +72,23 @@ struct LeaseState {
 }
 
 fn backend_err(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(e.to_string())
+    let m = e.to_string();
+    // The disk, not the data: worth retrying once it has room again.
+    const IO: [&str; 5] = [
+        "No space left",
+        "Read-only file system",
+        "Disk quota",
+        "Previous I/O error",
+        "Input/output error",
+    ];
+    if IO.iter().any(|x| m.contains(x)) {
+        StoreError::Unavailable(format!(
+            "the embedded store cannot write its file: {m}; free space on the data directory's disk \
+             (or make it writable again) and retry"
+        ))
+    } else {
+        StoreError::Backend(m)
+    }
 }
 
 impl EmbeddedStore {
@@ -121,7 +144,9 @@ impl EmbeddedStore {
         };
         let (tx, _) = watch::channel(rev);
         let inner = Arc::new(Inner {
-            db,
+            db: std::sync::RwLock::new(Some(Arc::new(db))),
+            path: path.to_path_buf(),
+            failed_io: Default::default(),
             revision: tx,
             leases: Mutex::new(leases),
             history: history.max(1),
@@ -135,9 +160,15 @@ impl EmbeddedStore {
         f: impl FnOnce(&Inner) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || f(&inner))
-            .await
-            .map_err(|e| StoreError::Backend(format!("store worker failed: {e}")))?
+        tokio::task::spawn_blocking(move || {
+            let r = f(&inner);
+            if matches!(&r, Err(StoreError::Unavailable(m)) if m.contains("cannot write its file")) {
+                inner.failed_io.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            r
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("store worker failed: {e}")))?
     }
 }
 
@@ -250,12 +281,50 @@ fn decode_events(mut b: &[u8]) -> Result<Vec<WatchEvent>, StoreError> {
 // --- the synchronous core -------------------------------------------------
 
 impl Inner {
+    /// The database, opened anew first when an I/O error poisoned the
+    /// handle (see `failed_io`).
+    fn db(&self) -> Result<Arc<Database>, StoreError> {
+        use std::sync::atomic::Ordering;
+        if self.failed_io.load(Ordering::SeqCst) {
+            let mut g = self.db.write().unwrap();
+            if self.failed_io.load(Ordering::SeqCst) {
+                // The old handle must be gone before the file is opened
+                // again; an operation still holding it makes us wait for
+                // the next call.
+                if let Some(old) = g.take() {
+                    match Arc::try_unwrap(old) {
+                        Ok(db) => drop(db),
+                        Err(busy) => {
+                            *g = Some(busy);
+                            return Err(StoreError::Unavailable(
+                                "the embedded store is reopening after an I/O error; retry".into(),
+                            ));
+                        }
+                    }
+                }
+                match Database::create(&self.path) {
+                    Ok(db) => {
+                        *g = Some(Arc::new(db));
+                        self.failed_io.store(false, Ordering::SeqCst);
+                        tracing::info!(path = %self.path.display(), "the embedded store is writable again");
+                    }
+                    Err(e) => return Err(backend_err(format!("cannot reopen {}: {e}", self.path.display()))),
+                }
+            }
+        }
+        self.db
+            .read()
+            .unwrap()
+            .clone()
+            .ok_or_else(|| StoreError::Unavailable("the embedded store is closed after an I/O error; retry".into()))
+    }
+
     fn read_meta(&self, t: &impl ReadableTable<&'static str, i64>, k: &str) -> Result<i64, StoreError> {
         Ok(t.get(k).map_err(backend_err)?.map(|v| v.value()).unwrap_or(0))
     }
 
     fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
-        let r = self.db.begin_read().map_err(backend_err)?;
+        let r = self.db()?.begin_read().map_err(backend_err)?;
         let kv = r.open_table(KV).map_err(backend_err)?;
         match kv.get(key).map_err(backend_err)? {
             Some(v) => Ok(Some(decode_kv(key, v.value())?)),
@@ -264,7 +333,7 @@ impl Inner {
     }
 
     fn get_prefix(&self, prefix: &str) -> Result<Range, StoreError> {
-        let r = self.db.begin_read().map_err(backend_err)?;
+        let r = self.db()?.begin_read().map_err(backend_err)?;
         let kv = r.open_table(KV).map_err(backend_err)?;
         let meta = r.open_table(META).map_err(backend_err)?;
         let revision = self.read_meta(&meta, META_REVISION)?;
@@ -280,7 +349,7 @@ impl Inner {
     }
 
     fn txn(&self, txn: &Txn) -> Result<TxnResponse, StoreError> {
-        let w = self.db.begin_write().map_err(backend_err)?;
+        let w = self.db()?.begin_write().map_err(backend_err)?;
         let (resp, changed) = self.apply(&w, txn)?;
         w.commit().map_err(backend_err)?;
         if changed {
@@ -419,7 +488,7 @@ impl Inner {
     /// Ends lease `id` and deletes its keys, in one write. Returns whether
     /// the lease existed.
     fn revoke(&self, id: LeaseId) -> Result<bool, StoreError> {
-        let w = self.db.begin_write().map_err(backend_err)?;
+        let w = self.db()?.begin_write().map_err(backend_err)?;
         let (existed, resp) = {
             let keys: Vec<String> = {
                 let lk = w.open_multimap_table(LEASE_KEYS).map_err(backend_err)?;
@@ -452,7 +521,7 @@ impl Inner {
 
     /// Log entries in `from..=to` whose keys start with `prefix`.
     fn read_log(&self, prefix: &str, from: Revision, to: Revision) -> Result<Vec<WatchBatch>, StoreError> {
-        let r = self.db.begin_read().map_err(backend_err)?;
+        let r = self.db()?.begin_read().map_err(backend_err)?;
         let meta = r.open_table(META).map_err(backend_err)?;
         let compacted = self.read_meta(&meta, META_COMPACT)?;
         if from < compacted {
@@ -578,7 +647,7 @@ impl Store for EmbeddedStore {
     async fn lease_grant(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
         let ttl = Duration::from_secs(super::ttl_secs(ttl) as u64);
         self.blocking(move |i| {
-            let w = i.db.begin_write().map_err(backend_err)?;
+            let w = i.db()?.begin_write().map_err(backend_err)?;
             let id = {
                 let mut meta = w.open_table(META).map_err(backend_err)?;
                 let id = i.read_meta(&meta, META_NEXT_LEASE)?.max(1);
@@ -632,7 +701,7 @@ impl Store for EmbeddedStore {
 
     async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
         self.blocking(move |i| {
-            let w = i.db.begin_write().map_err(backend_err)?;
+            let w = i.db()?.begin_write().map_err(backend_err)?;
             {
                 let mut meta = w.open_table(META).map_err(backend_err)?;
                 let current = i.read_meta(&meta, META_REVISION)?;

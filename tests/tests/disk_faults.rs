@@ -1,0 +1,163 @@
+//! The embedded store's disk fills up or turns read-only under a running
+//! controller: writes are refused with a message that says so, reads keep
+//! working, nothing is corrupted, and writes work again once space (or
+//! write access) returns — without a restart, and across one.
+//!
+//! The data directory is a 4 MiB tmpfs in a mount namespace of the test's
+//! own (held open by a sleeping process), so nothing on the machine fills.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use weft_tests::netns::require_root;
+use weft_tests::{Proc, bin, eventually, free_port, run, stderr, weftctl_json};
+
+fn start_controller(holder: u32, data: &Path, sock: &Path, port: u16, log: &Path) -> Proc {
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--mount=/proc/{holder}/ns/mnt"))
+        .arg(bin("weft-controller"))
+        .args(["--site-id", "site-a", "--pod-cidr", "10.1.0.0/16", "--data-dir"])
+        .arg(data)
+        .arg("--admin-socket")
+        .arg(sock)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env_remove("WEFT_CONTROLLER");
+    let p = Proc::spawn(&mut cmd, log);
+    eventually("the controller", Duration::from_secs(20), || {
+        std::os::unix::net::UnixStream::connect(sock).ok()
+    });
+    p
+}
+
+fn in_mount_ns(holder: u32, args: &[&str]) -> std::process::Output {
+    run(Command::new("nsenter")
+        .arg(format!("--mount=/proc/{holder}/ns/mnt"))
+        .args(args))
+}
+
+#[test]
+fn a_full_or_read_only_data_dir_refuses_writes_clearly_and_recovers() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("weft-disk").tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let sock = dir.path().join("admin.sock");
+    let target = format!("unix:{}", sock.display());
+    // The holder: a mount namespace with a small tmpfs on `data`.
+    let mut holder_cmd = Command::new("unshare");
+    holder_cmd
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs -o size=4m weft-disk-test {} && exec sleep 3600",
+            data.display()
+        ));
+    let holder = Proc::spawn(&mut holder_cmd, &dir.path().join("holder.log"));
+    let hpid = holder.child.as_ref().unwrap().id();
+    eventually("the tmpfs", Duration::from_secs(5), || {
+        let m = std::fs::read_to_string(format!("/proc/{hpid}/mounts")).unwrap_or_default();
+        m.contains("weft-disk-test").then_some(())
+    });
+    let port = free_port();
+    let mut c = start_controller(hpid, &data, &sock, port, &dir.path().join("c1.log"));
+    let add = |name: &str| run(Command::new(bin("weftctl")).args(["--controller", &target, "node", "add", name]));
+    for i in 0..5 {
+        assert!(add(&format!("n{i}")).status.success());
+    }
+
+    // Fill the disk (through the holder's view of it).
+    let filler = format!("/proc/{hpid}/root{}/filler", data.display());
+    let chunk = vec![0u8; 64 * 1024];
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.sync_all();
+    }
+    let t = Instant::now();
+    let mut refused = None;
+    for i in 0..50 {
+        let o = add(&format!("full{i}"));
+        if !o.status.success() {
+            refused = Some(stderr(&o));
+            break;
+        }
+    }
+    let err = refused.expect("writes kept succeeding on a full disk");
+    println!("FAULT data dir full: {err}");
+    assert!(
+        err.contains("UNAVAILABLE") || err.contains("INTERNAL") || err.contains("RESOURCE_EXHAUSTED"),
+        "{err}"
+    );
+    assert!(
+        err.to_lowercase().contains("no space"),
+        "the message says the disk is full: {err}"
+    );
+    // Reads still work.
+    let nodes = weftctl_json(&target, &["nodes"]);
+    assert!(nodes["nodes"].as_array().unwrap().len() >= 5);
+    // Space returns: writes work again, without a restart.
+    std::fs::remove_file(&filler).unwrap();
+    eventually("writes again after space returned", Duration::from_secs(20), || {
+        add("after-full").status.success().then_some(())
+    });
+    println!(
+        "FAULT data dir full: writes refused, then accepted {:.1} s after space returned",
+        t.elapsed().as_secs_f64()
+    );
+
+    // Read-only: a data directory that turned read-only (as the kernel
+    // does to a file system after errors) at the next start. (A running
+    // controller's open file stays writable through a remount, so the
+    // start is where this bites.)
+    let before = weftctl_json(&target, &["nodes"]);
+    c.stop();
+    drop(c);
+    let o = in_mount_ns(hpid, &["mount", "-o", "remount,ro", data.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--mount=/proc/{hpid}/ns/mnt"))
+        .arg(bin("weft-controller"))
+        .args(["--site-id", "site-a", "--pod-cidr", "10.1.0.0/16", "--data-dir"])
+        .arg(&data)
+        .arg("--admin-socket")
+        .arg(&sock)
+        .args(["--listen", &format!("127.0.0.1:{port}")]);
+    let o = run(&mut cmd);
+    let err = stderr(&o);
+    println!(
+        "FAULT data dir read-only at start: exit {:?}: {}",
+        o.status.code(),
+        err.trim()
+    );
+    assert!(!o.status.success(), "started on a read-only data dir");
+    assert!(
+        err.to_lowercase().contains("read-only"),
+        "the message says the disk is read-only: {err}"
+    );
+    let o = in_mount_ns(hpid, &["mount", "-o", "remount,rw", data.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    // Nothing corrupted: a restart reads back everything acknowledged.
+    let _c = start_controller(hpid, &data, &sock, port, &dir.path().join("c2.log"));
+    let after = weftctl_json(&target, &["nodes"]);
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(names(&before), names(&after));
+    for want in ["n0", "n4", "after-full"] {
+        assert!(
+            names(&after).iter().any(|n| n == want),
+            "{want} lost: {:?}",
+            names(&after)
+        );
+    }
+    drop(holder);
+}
