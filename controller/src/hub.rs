@@ -295,6 +295,13 @@ impl Hub {
             return;
         };
         *self.model.write().unwrap() = Arc::new(model);
+        // A removed agent's bookkeeping goes with it (a site where nodes
+        // come and go would otherwise grow by each one).
+        match &mark {
+            Mark::Node { name, removed: true } => self.forget((AgentRole::Node, name.clone())),
+            Mark::Gateway { name, removed: true } => self.forget((AgentRole::Gateway, name.clone())),
+            _ => {}
+        }
         if matches!(mark, Mark::Everyone | Mark::Gateway { .. }) {
             tracing::debug!(revision, "parameters peers see changed");
             self.params_rev.send_replace(revision);
@@ -509,6 +516,23 @@ impl Hub {
             },
         );
         Ok(())
+    }
+
+    /// Drops what this replica keeps about a removed agent; its liveness
+    /// record (on a lease) ends now instead of at the lease's end.
+    fn forget(&self, key: AgentKey) {
+        self.last_seen.lock().unwrap().remove(&key);
+        self.dirty.lock().unwrap().remove(&key);
+        if key.0 == AgentRole::Gateway {
+            self.tunnels.lock().unwrap().remove(&key.1);
+        }
+        let lease = self.live.lock().unwrap().remove(&key).map(|l| l.lease);
+        if let (Some(lease), Ok(rt)) = (lease, tokio::runtime::Handle::try_current()) {
+            let store = self.state.store().clone();
+            rt.spawn(async move {
+                let _ = store.lease_revoke(lease).await;
+            });
+        }
     }
 
     /// When this replica last heard from `key`.

@@ -9,6 +9,7 @@
 
 pub mod inproc;
 pub mod netns;
+pub mod sim;
 pub mod sites;
 
 use std::net::{TcpListener, TcpStream};
