@@ -1013,14 +1013,22 @@ impl Applier for Linux {
         touched.extend(deletes.iter().filter_map(|id| held.get(id)).filter_map(nat_ns));
         touched.sort();
         touched.dedup();
-        for ns in touched {
-            let mut fin: Objects = held.clone();
+        // What the host holds after this batch, for the tables rebuilt from
+        // it as a whole (NAT per namespace; a node's accounting).
+        let node = self.wg_private_key.is_none();
+        let fin: Objects = if touched.is_empty() && !node {
+            Objects::new()
+        } else {
+            let mut fin = held.clone();
             for id in deletes {
                 fin.remove(id);
             }
             for o in upserts {
                 fin.insert(o.id.clone(), o.clone());
             }
+            fin
+        };
+        for ns in touched {
             let maps: Vec<pb::NatMap> = fin
                 .values()
                 .filter_map(|o| match &o.kind {
@@ -1041,23 +1049,18 @@ impl Applier for Linux {
                 errors.extend(ids.into_iter().map(|id| pb::ObjectError { id, message: e.clone() }));
             }
         }
-        if self.wg_private_key.is_none() {
-            let mut fin: Objects = held.clone();
-            for id in deletes {
-                fin.remove(id);
-            }
-            for o in upserts {
-                fin.insert(o.id.clone(), o.clone());
-            }
+        if node {
             let views = peer_views(&fin);
             crate::metrics::get()
                 .node_accounting
                 .store(true, std::sync::atomic::Ordering::Relaxed);
             // Rewritten when the peers changed, or when it is gone (deleted
-            // by hand: a resync puts it back).
-            let missing = !views.is_empty() && acct_counters().is_none();
-            if self.acct.as_ref() != Some(&views) || missing {
-                if missing && self.acct.is_some() {
+            // by hand: a resync puts it back; looked for only when nothing
+            // else asks for a rewrite).
+            let changed = self.acct.as_ref() != Some(&views);
+            let missing = !changed && !views.is_empty() && acct_counters().is_none();
+            if changed || missing {
+                if missing {
                     self.writes += 1;
                 }
                 match acct_table(&views) {

@@ -495,7 +495,7 @@ pub fn main_with(
             return ExitCode::from(2);
         }
     };
-    weft_proto::obs::init_logging(cfg.log_format == weft_proto::obs::LogFormat::Json);
+    weft_proto::obs::init_logging(cfg.log_format);
     let _ = rustls::crypto::ring::default_provider().install_default();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{self, ControllerArgs, LogFormat};
+use crate::config::{self, ControllerArgs};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -31,10 +31,6 @@ pub enum Command {
     Init,
 }
 
-pub fn init_logging(format: LogFormat) {
-    weft_proto::obs::init_logging(format == LogFormat::Json);
-}
-
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -58,7 +54,7 @@ pub fn main() -> ExitCode {
         println!("configuration is valid:\n{cfg:#?}");
         return ExitCode::SUCCESS;
     }
-    init_logging(cfg.log_format);
+    weft_proto::obs::init_logging(cfg.log_format);
     let _ = rustls::crypto::ring::default_provider().install_default();
     if let Some(Command::Init) = cli.command {
         return match crate::server::ensure_pki(&cfg) {

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
@@ -20,13 +20,7 @@ pub const DEFAULT_NODE_PREFIX_LEN: u8 = 24;
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/weft";
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:7443";
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    #[default]
-    Human,
-    Json,
-}
+pub use weft_proto::obs::LogFormat;
 
 /// Flags of `weft-controller`. Each overrides the same field of the file.
 #[derive(Args, Debug, Clone, Default)]

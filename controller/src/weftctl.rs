@@ -348,30 +348,32 @@ fn status_json(s: &Option<pb::AgentStatus>) -> Value {
     json!({"ready": s.ready, "latest_revision": s.latest_revision, "applied_revision": s.applied_revision,
            "last_seen": ts(&s.last_seen), "errors": s.errors})
 }
-/// READY, REVISION (applied/latest), LAST SEEN, ERRORS columns.
-fn status_cols(s: &Option<pb::AgentStatus>, enrolled: bool) -> Vec<String> {
+/// READY cell: Ready, NotReady, or "-" for a name no agent enrolled under.
+fn ready_cell(s: &Option<pb::AgentStatus>, enrolled: bool) -> &'static str {
+    match s {
+        _ if !enrolled => "-",
+        Some(s) if s.ready => "Ready",
+        _ => "NotReady",
+    }
+}
+/// APPLIED/LATEST cell ("-" for a latest revision this replica does not know).
+fn revision_cell(s: &Option<pb::AgentStatus>) -> String {
     let s = s.clone().unwrap_or_default();
-    let ready = if !enrolled {
-        "-"
-    } else if s.ready {
-        "Ready"
-    } else {
-        "NotReady"
-    };
     let latest = if s.latest_revision > 0 {
         s.latest_revision.to_string()
     } else {
         "-".into()
     };
+    format!("{}/{latest}", s.applied_revision)
+}
+/// READY, REVISION (applied/latest), LAST SEEN, ERRORS columns.
+fn status_cols(s: &Option<pb::AgentStatus>, enrolled: bool) -> Vec<String> {
+    let errors = s.as_ref().map(|s| s.errors.join("; ")).unwrap_or_default();
     vec![
-        ready.into(),
-        format!("{}/{latest}", s.applied_revision),
-        ts(&s.last_seen),
-        if s.errors.is_empty() {
-            String::new()
-        } else {
-            s.errors.join("; ")
-        },
+        ready_cell(s, enrolled).into(),
+        revision_cell(s),
+        ts(&s.as_ref().and_then(|s| s.last_seen)),
+        errors,
     ]
 }
 fn node_json(n: &pb::Node) -> Value {

@@ -19,7 +19,8 @@ use prometheus_client::registry::Registry;
 /// Sets up `tracing` on stderr, filtered by `WEFT_LOG` (default `info`):
 /// human lines, or one JSON object per line with every field (ids included)
 /// as its own key.
-pub fn init_logging(json: bool) {
+pub fn init_logging(format: LogFormat) {
+    let json = format == LogFormat::Json;
     let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| "info".into());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -32,8 +33,10 @@ pub fn init_logging(json: bool) {
     }
 }
 
-/// Log line format, as the `--log-format` flag of every binary takes it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+/// Log line format, as the `--log-format` flag (and the controller's
+/// `log_format` field) of every binary takes it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     #[default]
     Human,

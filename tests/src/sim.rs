@@ -179,3 +179,142 @@ pub fn pct(sorted: &[Duration], p: f64) -> Duration {
 pub fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
+
+/// One real controller for a load run (embedded store, or a real etcd),
+/// with the simulated agents' connection context and an admin client.
+pub struct Bench {
+    pub controller: crate::Controller,
+    pub ctx: Arc<Ctx>,
+    pub admin: weft_proto::v1::admin_service_client::AdminServiceClient<Channel>,
+    /// Registrations and connections in flight at once.
+    pub sem: Arc<tokio::sync::Semaphore>,
+    // Dropped after the controller (fields drop in order).
+    _etcd: Option<crate::Etcd>,
+    _dir: tempfile::TempDir,
+}
+
+impl Bench {
+    /// Starts the controller on `store` ("embedded" or "etcd") with room for
+    /// many nodes and a long agent TTL (simulated agents report only when
+    /// they receive something).
+    pub async fn start(store: &str, parallel: usize) -> anyhow::Result<Bench> {
+        let dir = tempfile::Builder::new().prefix("weft-bench").tempdir()?;
+        let etcd = match store {
+            "etcd" => Some(crate::Etcd::start().context("etcd is not installed")?),
+            "embedded" => None,
+            other => anyhow::bail!("--store {other:?}: give embedded or etcd"),
+        };
+        let mut flags: Vec<String> = [
+            "--pod-cidr",
+            "10.0.0.0/8",
+            "--internal-cidr",
+            "100.64.0.0/10",
+            "--external-cidr",
+            "172.16.0.0/16",
+            "--agent-ttl",
+            "600s",
+        ]
+        .map(String::from)
+        .to_vec();
+        if let Some(e) = &etcd {
+            flags.extend(["--etcd-endpoints".into(), e.endpoint()]);
+        }
+        let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let controller = crate::Controller::start("bench", &dir.path().join("data"), &refs);
+        let ctx = Arc::new(Ctx {
+            port: controller.listen_port,
+            ca_pem: std::fs::read_to_string(controller.pki("ca.pem"))?,
+        });
+        let (cert, key) = (
+            std::fs::read_to_string(controller.pki("admin.pem"))?,
+            std::fs::read_to_string(controller.pki("admin.key"))?,
+        );
+        let admin =
+            weft_proto::v1::admin_service_client::AdminServiceClient::new(ctx.channel(Some((&cert, &key))).await?);
+        Ok(Bench {
+            controller,
+            ctx,
+            admin,
+            sem: Arc::new(tokio::sync::Semaphore::new(parallel)),
+            _etcd: etcd,
+            _dir: dir,
+        })
+    }
+
+    /// An enrollment token for `uses` agents of `role`, valid a day.
+    pub async fn token(&self, role: pb::AgentRole, uses: u32) -> anyhow::Result<String> {
+        Ok(self
+            .admin
+            .clone()
+            .create_token(pb::CreateTokenRequest {
+                role: role as i32,
+                name: String::new(),
+                ttl_seconds: 86_400,
+                uses,
+            })
+            .await?
+            .into_inner()
+            .token)
+    }
+
+    /// Enrolls node agents n0..n{count}; their (certificate, key) PEMs.
+    pub async fn enroll(&self, count: usize) -> anyhow::Result<Vec<(String, String)>> {
+        let tok = Arc::new(self.token(pb::AgentRole::Node, count as u32).await?);
+        let mut handles = Vec::new();
+        for i in 0..count {
+            let (ctx, tok, sem) = (self.ctx.clone(), tok.clone(), self.sem.clone());
+            handles.push(tokio::spawn(async move {
+                let _p = sem.acquire().await.unwrap();
+                ctx.register(&tok, &format!("n{i}"), &underlay(i)).await
+            }));
+        }
+        let mut ids = Vec::with_capacity(count);
+        for h in handles {
+            ids.push(h.await??);
+        }
+        Ok(ids)
+    }
+
+    /// Starts a simulated agent for each identity and waits until all are
+    /// connected; their events come on the returned channel.
+    pub async fn connect(
+        &self,
+        ids: Vec<(String, String)>,
+    ) -> anyhow::Result<(mpsc::UnboundedSender<Event>, mpsc::UnboundedReceiver<Event>)> {
+        let n = ids.len();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
+        for (i, (cert, key)) in ids.into_iter().enumerate() {
+            tokio::spawn(simulated_agent(
+                i,
+                self.ctx.clone(),
+                cert,
+                key,
+                tx.clone(),
+                self.sem.clone(),
+            ));
+        }
+        let mut connected = 0;
+        while connected < n {
+            match tokio::time::timeout(Duration::from_secs(300), rx.recv()).await {
+                Ok(Some(Event::Connected)) => connected += 1,
+                Ok(Some(_)) => {}
+                _ => anyhow::bail!("only {connected} of {n} agents connected within 300 s"),
+            }
+        }
+        Ok((tx, rx))
+    }
+}
+
+/// (RSS in MiB, open file descriptors) of a process now.
+pub fn memory_and_fds(pid: u32) -> (f64, usize) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|k| k.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    (rss, fds)
+}

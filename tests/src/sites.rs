@@ -175,6 +175,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
     let controller = |lab: &mut Lab, host: &str, site: &str, pod: &str, ip: &str, etcd: Option<&str>| {
         let data = dir.path().join(site);
         let listen = format!("{ip}:7443");
+        let metrics = format!("0.0.0.0:{CONTROLLER_METRICS_PORT}");
         let mut args = vec![
             "--site-id",
             site,
@@ -185,7 +186,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
             "--listen",
             &listen,
             "--metrics-listen",
-            "0.0.0.0:9100",
+            &metrics,
         ];
         if let Some(e) = etcd {
             args.extend(["--etcd-endpoints", e]);

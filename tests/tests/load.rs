@@ -4,11 +4,10 @@
 //! run (minutes, release build) is `tests/bench-churn.sh`, recorded in
 //! docs/benchmarks.md; this is its short run.
 
-use weft_tests::{bin, require_tool, stdout};
+use weft_tests::{bin, stdout};
 
 #[test]
 fn a_minute_of_churn_against_1000_agents_leaks_neither_memory_nor_descriptors() {
-    require_tool("sh");
     // One TLS connection per agent on each side: more descriptors than a
     // default soft limit.
     let o = weft_tests::run(std::process::Command::new("sh").arg("-c").arg(format!(

@@ -151,7 +151,8 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
         "{ipam:#?}"
     );
     assert_eq!(must(&after[2], "weft_controller_leader", &[]), 1.0);
-    assert!(must(&after[2], "weft_controller_stream_queue_depth", &[("role", "node")]) >= 0.0);
+    // Present (its value is whatever is in flight at the scrape).
+    must(&after[2], "weft_controller_stream_queue_depth", &[("role", "node")]);
 
     // The Grafana dashboard plots only series that exist.
     let dashboard = std::fs::read_to_string(concat!(

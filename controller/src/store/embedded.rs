@@ -162,7 +162,9 @@ impl EmbeddedStore {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
             let r = f(&inner);
-            if matches!(&r, Err(StoreError::Unavailable(m)) if m.contains("cannot write its file")) {
+            // Inside a call, only an I/O failure is Unavailable (see
+            // `backend_err`): the next call opens the file anew.
+            if matches!(&r, Err(StoreError::Unavailable(_))) {
                 inner.failed_io.store(true, std::sync::atomic::Ordering::SeqCst);
             }
             r

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use weft_proto::v1 as pb;
 use weft_proto::v1::admin_service_client::AdminServiceClient;
 
-use super::{Out, bytes, cidr_kind, peering_state};
+use super::{Out, bytes, cidr_kind, peering_state, ready_cell, revision_cell};
 
 type Client = AdminServiceClient<tonic::transport::Channel>;
 
@@ -36,23 +36,6 @@ fn text(lines: String) -> Out {
         header: vec![],
         rows: vec![],
         footer: vec![lines.trim_end().to_string()],
-    }
-}
-
-fn ready(s: &Option<pb::AgentStatus>, enrolled: bool) -> &'static str {
-    match s {
-        _ if !enrolled => "-",
-        Some(s) if s.ready => "Ready",
-        _ => "NotReady",
-    }
-}
-
-fn revision(s: &Option<pb::AgentStatus>) -> String {
-    let s = s.clone().unwrap_or_default();
-    if s.latest_revision > 0 {
-        format!("{}/{}", s.applied_revision, s.latest_revision)
-    } else {
-        s.applied_revision.to_string()
     }
 }
 
@@ -119,13 +102,13 @@ pub async fn status_cmd(c: &mut Client) -> Result<Out, String> {
             vec![
                 g.name.clone(),
                 if g.active { "active" } else { "standby" }.into(),
-                ready(&g.status, g.cert_expires_at.is_some()).into(),
+                ready_cell(&g.status, g.cert_expires_at.is_some()).into(),
                 if g.endpoint.is_empty() {
                     "-".into()
                 } else {
                     g.endpoint.clone()
                 },
-                revision(&g.status),
+                revision_cell(&g.status),
             ]
         })
         .collect();
@@ -138,9 +121,9 @@ pub async fn status_cmd(c: &mut Client) -> Result<Out, String> {
             let errors = n.status.as_ref().map_or(0, |s| s.errors.len());
             vec![
                 n.name.clone(),
-                ready(&n.status, n.cert_expires_at.is_some()).into(),
+                ready_cell(&n.status, n.cert_expires_at.is_some()).into(),
                 n.subnet.clone(),
-                revision(&n.status),
+                revision_cell(&n.status),
                 if errors == 0 {
                     "-".into()
                 } else {
@@ -188,9 +171,9 @@ pub async fn status_cmd(c: &mut Client) -> Result<Out, String> {
     o.json = json!({
         "site": s.site.id, "revision": s.site.revision,
         "gateways": s.gateways.iter().map(|g| json!({"name": g.name, "active": g.active,
-            "ready": g.status.as_ref().is_some_and(|s| s.ready), "endpoint": g.endpoint, "revision": revision(&g.status)})).collect::<Vec<_>>(),
+            "ready": g.status.as_ref().is_some_and(|s| s.ready), "endpoint": g.endpoint, "revision": revision_cell(&g.status)})).collect::<Vec<_>>(),
         "nodes": s.nodes.iter().map(|n| json!({"name": n.name, "subnet": n.subnet,
-            "ready": n.status.as_ref().is_some_and(|s| s.ready), "revision": revision(&n.status),
+            "ready": n.status.as_ref().is_some_and(|s| s.ready), "revision": revision_cell(&n.status),
             "errors": n.status.as_ref().map(|s| s.errors.clone()).unwrap_or_default()})).collect::<Vec<_>>(),
         "peerings": s.peerings.iter().map(|p| json!({"site_id": p.site_id, "state": peering_state(p.state),
             "tunnel": tunnel_state(p.tunnel.as_ref()), "rtt_ms": p.tunnel.as_ref().filter(|t| t.up).map(|t| t.rtt_micros as f64 / 1000.0),

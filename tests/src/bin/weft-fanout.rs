@@ -9,17 +9,13 @@
 //! `weft-fanout --agents 1000 --store embedded` (see docs/benchmarks.md).
 //! Build with `--release` for figures worth recording.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use clap::Parser;
 use tokio::sync::mpsc;
 use weft_proto::v1 as pb;
-use weft_proto::v1::admin_service_client::AdminServiceClient;
 use weft_proto::v1::agent_service_client::AgentServiceClient;
-use weft_tests::sim::{Ctx, Event, ms, pct, proc_stats, simulated_agent, underlay};
-use weft_tests::{Controller, Etcd};
+use weft_tests::sim::{Bench, Event, ms, pct, proc_stats, underlay};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -48,101 +44,25 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let dir = tempfile::Builder::new().prefix("weft-fanout").tempdir()?;
-    let etcd = if args.store == "etcd" {
-        Some(Etcd::start().context("etcd is not installed")?)
-    } else {
-        None
-    };
-    let mut flags = vec![
-        "--pod-cidr".to_string(),
-        "10.0.0.0/8".into(),
-        "--node-prefix-len".into(),
-        "24".into(),
-    ];
-    flags.extend([
-        "--internal-cidr".into(),
-        "100.64.0.0/10".into(),
-        "--external-cidr".into(),
-        "172.16.0.0/16".into(),
-    ]);
-    flags.extend([
-        "--agent-ttl".into(),
-        "600s".into(),
-        "--log-format".into(),
-        "human".into(),
-    ]);
-    if let Some(e) = &etcd {
-        flags.extend(["--etcd-endpoints".into(), e.endpoint()]);
-    }
-    let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let c = Controller::start("bench", &dir.path().join("data"), &refs);
-    let pid = c.pid();
-    let ctx = Arc::new(Ctx {
-        port: c.listen_port,
-        ca_pem: std::fs::read_to_string(c.pki("ca.pem"))?,
-    });
-    let admin_id = (
-        std::fs::read_to_string(c.pki("admin.pem"))?,
-        std::fs::read_to_string(c.pki("admin.key"))?,
-    );
-    let admin = AdminServiceClient::new(ctx.channel(Some((&admin_id.0, &admin_id.1))).await?);
-    let token = |role: pb::AgentRole, uses: u32| {
-        let mut admin = admin.clone();
-        async move {
-            Ok::<_, anyhow::Error>(
-                admin
-                    .create_token(pb::CreateTokenRequest {
-                        role: role as i32,
-                        name: String::new(),
-                        ttl_seconds: 7200,
-                        uses,
-                    })
-                    .await?
-                    .into_inner()
-                    .token,
-            )
-        }
-    };
+    let mut bench = Bench::start(&args.store, args.parallel).await?;
+    let pid = bench.controller.pid();
+    let ctx = bench.ctx.clone();
     let n = args.agents;
     let (cpu0, _) = proc_stats(pid);
 
     // Enroll N node agents.
     let t_enroll = Instant::now();
-    let node_token = Arc::new(token(pb::AgentRole::Node, n as u32).await?);
-    let sem = Arc::new(tokio::sync::Semaphore::new(args.parallel));
-    let mut handles = Vec::new();
-    for i in 0..n {
-        let (ctx, tok, sem) = (ctx.clone(), node_token.clone(), sem.clone());
-        handles.push(tokio::spawn(async move {
-            let _p = sem.acquire().await.unwrap();
-            ctx.register(&tok, &format!("n{i}"), &underlay(i)).await
-        }));
-    }
-    let mut ids = Vec::with_capacity(n);
-    for h in handles {
-        ids.push(h.await??);
-    }
+    let ids = bench.enroll(n).await?;
     let enroll_time = t_enroll.elapsed();
 
     // Connect all N streams.
-    let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
     let t_connect = Instant::now();
-    for (i, (cert, key)) in ids.into_iter().enumerate() {
-        let (ctx, tx, sem) = (ctx.clone(), tx.clone(), sem.clone());
-        tokio::spawn(simulated_agent(i, ctx, cert, key, tx, sem));
-    }
-    let mut connected = 0;
-    while connected < n {
-        if let Some(Event::Connected) = rx.recv().await {
-            connected += 1;
-        }
-    }
+    let (_tx, mut rx) = bench.connect(ids).await?;
     let connect_time = t_connect.elapsed();
     let (_, rss_connected) = proc_stats(pid);
 
     // A change that concerns all N: the first gateway appears.
-    let gw_token = token(pb::AgentRole::Gateway, 2).await?;
+    let gw_token = bench.token(pb::AgentRole::Gateway, 2).await?;
     let t0 = Instant::now();
     let (gcert, gkey) = ctx.register(&gw_token, "gw", "10.255.0.1").await?;
     let mut acked = vec![None::<Duration>; n];
@@ -185,7 +105,7 @@ async fn main() -> anyhow::Result<()> {
     });
     let _ = tokio::time::timeout(Duration::from_secs(60), grx.recv()).await; // its snapshot
     tokio::time::sleep(*args.settle).await;
-    let one_token = token(pb::AgentRole::Node, args.single_changes as u32).await?;
+    let one_token = bench.token(pb::AgentRole::Node, args.single_changes as u32).await?;
     let mut single = Vec::new();
     for k in 0..args.single_changes {
         let name = format!("x{k}");
@@ -207,7 +127,7 @@ async fn main() -> anyhow::Result<()> {
     let (cpu1, rss_peak) = proc_stats(pid);
 
     // Resume after a controller restart: stopped for a while, then back.
-    let mut c = c;
+    let c = &mut bench.controller;
     assert!(c.stop().success(), "the controller did not stop cleanly");
     tokio::time::sleep(*args.restart_pause).await;
     let t_back = Instant::now();
@@ -255,7 +175,5 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("  controller CPU time:                   {:.1} s", cpu1 - cpu0);
     println!("  controller RSS: {rss_connected:.0} MiB with all connected, peak {rss_peak:.0} MiB");
-    drop(c);
-    drop(etcd);
     Ok(())
 }
