@@ -9,7 +9,7 @@ use clap::Args;
 use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
-use crate::domain::{Site, validate_name};
+use crate::domain::{PortRange, Site, validate_name};
 use crate::ipam::overlaps;
 use crate::store::etcd::EtcdTls;
 
@@ -104,6 +104,11 @@ pub struct ControllerArgs {
     /// values wins [default: each gateway's underlay MTU − 80].
     #[arg(global = true, long, env = "WEFT_TUNNEL_MTU")]
     pub tunnel_mtu: Option<u32>,
+    /// UDP ports the gateways listen on, one per peering (FIRST-LAST); open
+    /// them on every gateway. A gateway's --endpoint names where FIRST is
+    /// reached [default: 51820-51919].
+    #[arg(global = true, long, env = "WEFT_WIREGUARD_PORTS")]
+    pub wireguard_ports: Option<String>,
 }
 
 /// The configuration file's shape. Unknown fields are errors.
@@ -134,6 +139,7 @@ pub struct FileConfig {
     pub peer_grace: Option<String>,
     pub overlay_mtu: Option<u32>,
     pub tunnel_mtu: Option<u32>,
+    pub wireguard_ports: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -238,6 +244,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("peer_grace", "--peer-grace", "WEFT_PEER_GRACE"),
     ("overlay_mtu", "--overlay-mtu", "WEFT_OVERLAY_MTU"),
     ("tunnel_mtu", "--tunnel-mtu", "WEFT_TUNNEL_MTU"),
+    ("wireguard_ports", "--wireguard-ports", "WEFT_WIREGUARD_PORTS"),
     ("config", "--config", "WEFT_CONFIG"),
 ];
 
@@ -651,6 +658,19 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
     };
     let overlay_mtu = mtu("overlay_mtu", pick(args.overlay_mtu, file.overlay_mtu), &mut errs);
     let tunnel_mtu = mtu("tunnel_mtu", pick(args.tunnel_mtu, file.tunnel_mtu), &mut errs);
+    let wireguard_ports = match pick(args.wireguard_ports.clone(), file.wireguard_ports) {
+        None => Some(PortRange::default()),
+        Some(text) => match PortRange::parse(&text) {
+            Ok(r) => Some(r),
+            Err(message) => {
+                errs.push(FieldError {
+                    field: "wireguard_ports".into(),
+                    message,
+                });
+                None
+            }
+        },
+    };
     if !errs.is_empty() {
         return Err(ConfigError(errs));
     }
@@ -675,6 +695,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             node_prefix_len: node_len,
             overlay_mtu,
             tunnel_mtu,
+            wireguard_ports: wireguard_ports.unwrap(),
         },
         data_dir,
         store,
@@ -739,6 +760,20 @@ mod tests {
             e.to_string().contains("--overlay-mtu") && e.to_string().contains("1280 to 9000"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn wireguard_ports_default_and_are_checked() {
+        let c = resolve(&args("site-a", &["10.1.0.0/16"]), FileConfig::default()).unwrap();
+        assert_eq!(c.site.wireguard_ports, PortRange::default());
+        let file: FileConfig = toml::from_str("wireguard_ports = \"4000-4009\"\n").unwrap();
+        let c = resolve(&args("site-a", &["10.1.0.0/16"]), file).unwrap();
+        assert_eq!(c.site.wireguard_ports.count(), 10);
+        let mut a = args("site-a", &["10.1.0.0/16"]);
+        a.wireguard_ports = Some("51900-51820".into());
+        let e = resolve(&a, FileConfig::default()).unwrap_err();
+        assert_eq!(fields(e.clone()), ["wireguard_ports"]);
+        assert!(e.to_string().contains("--wireguard-ports"), "{e}");
     }
 
     #[test]

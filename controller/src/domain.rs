@@ -29,9 +29,25 @@ pub struct Site {
     /// it from its underlay interface (its MTU − 80).
     #[serde(default)]
     pub tunnel_mtu: Option<u32>,
+    /// The UDP ports this site's gateways listen on, one per peering.
+    #[serde(default)]
+    pub wireguard_ports: PortRange,
 }
 
 impl Site {
+    /// The endpoint a peer dials for the peering whose tunnel listens on
+    /// `listen_port`, at a gateway whose `--endpoint` is `gateway_endpoint`:
+    /// the endpoint names where the first port of `wireguard_ports` is
+    /// reached, and the k-th port of the range is reached k ports above it
+    /// (a port forward of the whole range keeps working). None when the
+    /// endpoint is not an address and port, or the port would pass 65535.
+    pub fn peering_endpoint(&self, gateway_endpoint: &str, listen_port: u16) -> Option<std::net::SocketAddr> {
+        let mut ep: std::net::SocketAddr = gateway_endpoint.parse().ok()?;
+        let offset = listen_port.checked_sub(self.wireguard_ports.first)?;
+        ep.set_port(ep.port().checked_add(offset)?);
+        Some(ep)
+    }
+
     /// Every block this site addresses itself, which a peer's local view
     /// must avoid.
     pub fn own_blocks(&self) -> Vec<Ipv4Net> {
@@ -166,8 +182,59 @@ pub struct Peering {
     pub listen_port: u16,
 }
 
-/// The first WireGuard port; each peering takes the lowest free one above.
-pub const FIRST_WG_PORT: u16 = 51820;
+/// A range of UDP ports, both ends included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortRange {
+    pub first: u16,
+    pub last: u16,
+}
+
+impl Default for PortRange {
+    /// 51820-51919: WireGuard's customary port and the 99 above it, so a
+    /// site can peer with up to 100 sites.
+    fn default() -> Self {
+        PortRange {
+            first: 51820,
+            last: 51919,
+        }
+    }
+}
+
+impl PortRange {
+    /// How many ports the range holds.
+    pub fn count(&self) -> u32 {
+        u32::from(self.last) - u32::from(self.first) + 1
+    }
+
+    pub fn contains(&self, port: u16) -> bool {
+        (self.first..=self.last).contains(&port)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = u16> {
+        self.first..=self.last
+    }
+
+    /// Parses `FIRST-LAST` (or a single port), or says what is wrong.
+    pub fn parse(text: &str) -> Result<PortRange, String> {
+        let text = text.trim();
+        let (a, b) = text.split_once('-').unwrap_or((text, text));
+        let port = |t: &str| t.trim().parse::<u16>().ok().filter(|p| *p != 0);
+        match (port(a), port(b)) {
+            (Some(first), Some(last)) if first <= last => Ok(PortRange { first, last }),
+            (Some(_), Some(_)) => Err(format!("{} runs backwards; write the lower port first", shown(text))),
+            _ => Err(format!(
+                "{} is not a port range; write FIRST-LAST with ports from 1 to 65535, e.g. 51820-51919",
+                shown(text)
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for PortRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.first, self.last)
+    }
+}
 
 /// A peer site as it described itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -275,6 +342,44 @@ pub fn validate_name(what: &str, name: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn port_ranges_parse_and_refuse_nonsense() {
+        assert_eq!(PortRange::parse("51820-51919"), Ok(PortRange::default()));
+        assert_eq!(PortRange::parse("4000").map(|r| r.count()), Ok(1));
+        for bad in ["", "0-10", "10-5", "1-70000", "a-b", "51820-"] {
+            assert!(PortRange::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_peering_is_advertised_at_its_offset_in_the_range() {
+        let site = Site {
+            id: "a".into(),
+            pod_cidrs: vec![],
+            external_cidr: "10.255.0.0/24".parse().unwrap(),
+            internal_cidr: "10.254.0.0/24".parse().unwrap(),
+            reserved_cidrs: vec![],
+            remap_pools: vec![],
+            node_prefix_len: 24,
+            overlay_mtu: None,
+            tunnel_mtu: None,
+            wireguard_ports: PortRange {
+                first: 51820,
+                last: 51829,
+            },
+        };
+        // The first peering at the endpoint itself, the third two above,
+        // also behind a forward whose outside ports differ.
+        let ep = |e: &str, p| site.peering_endpoint(e, p).map(|a| a.to_string());
+        assert_eq!(ep("192.0.2.1:51820", 51820).as_deref(), Some("192.0.2.1:51820"));
+        assert_eq!(ep("192.0.2.1:51820", 51822).as_deref(), Some("192.0.2.1:51822"));
+        assert_eq!(ep("198.51.100.7:40000", 51822).as_deref(), Some("198.51.100.7:40002"));
+        assert_eq!(ep("[2001:db8::1]:51820", 51821).as_deref(), Some("[2001:db8::1]:51821"));
+        assert_eq!(ep("192.0.2.1:65535", 51821), None, "past 65535");
+        assert_eq!(ep("gw.example:51820", 51820), None, "not an address");
+        assert_eq!(ep("192.0.2.1:51820", 51000), None, "below the range");
+    }
 
     #[test]
     fn names() {

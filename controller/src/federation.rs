@@ -39,6 +39,76 @@ pub fn agreed_mtu(theirs: u32, ours: u32) -> u32 {
         (a, b) => a.min(b).max(1280),
     }
 }
+/// A site's gateways, as each peering's parameters describe them.
+pub struct LocalGateways {
+    gateways: Vec<crate::domain::Gateway>,
+    active: Option<String>,
+}
+
+impl LocalGateways {
+    /// Each gateway with the endpoint a peer dials for the peering whose
+    /// tunnel listens on `port`.
+    pub fn for_port(&self, site: &crate::domain::Site, port: u16) -> Vec<pb::GatewayInfo> {
+        self.gateways
+            .iter()
+            .map(|g| pb::GatewayInfo {
+                name: g.name.clone(),
+                endpoint: g
+                    .endpoint
+                    .as_deref()
+                    .and_then(|e| site.peering_endpoint(e, port))
+                    .map(|e| e.to_string())
+                    .unwrap_or_default(),
+                public_key: g.public_key.clone().unwrap_or_default(),
+                active: self.active.as_ref() == Some(&g.name),
+            })
+            .collect()
+    }
+}
+
+/// The most gateways a peer may list (an active/standby pair needs two).
+const MAX_PEER_GATEWAYS: usize = 16;
+
+/// A peer's gateway as it described it, checked field by field: a valid
+/// name, an endpoint that is an address and a port from 1 to 65535 (or
+/// none: the peer dials out), a 32-byte base64 WireGuard key (or none yet).
+fn remote_gateway(i: usize, g: &pb::GatewayInfo) -> Result<RemoteGateway, String> {
+    crate::domain::validate_name(&format!("gateways[{i}].name"), &g.name)?;
+    let endpoint = match g.endpoint.as_str() {
+        "" => None,
+        e => match e.parse::<std::net::SocketAddr>() {
+            Ok(a) if a.port() != 0 => Some(a.to_string()),
+            _ => {
+                return Err(format!(
+                    "gateways[{i}].endpoint {} is not an address and a port from 1 to 65535 (e.g. 192.0.2.1:51820)",
+                    crate::domain::shown(e)
+                ));
+            }
+        },
+    };
+    let public_key = match g.public_key.as_str() {
+        "" => None,
+        k if base64::engine::general_purpose::STANDARD
+            .decode(k)
+            .is_ok_and(|raw| raw.len() == 32) =>
+        {
+            Some(k.to_string())
+        }
+        k => {
+            return Err(format!(
+                "gateways[{i}].public_key {} is not a 32-byte WireGuard key in base64",
+                crate::domain::shown(k)
+            ));
+        }
+    };
+    Ok(RemoteGateway {
+        name: g.name.clone(),
+        endpoint,
+        public_key,
+        active: g.active,
+    })
+}
+
 /// How long a call to a peer controller may take.
 const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -127,33 +197,36 @@ pub fn tunnel_role(own_id: &str, own_has_endpoint: bool, peer_id: &str, peer_has
 }
 
 impl Federation {
-    /// This site's network parameters as it tells peers.
-    pub async fn params(&self) -> Result<pb::NetworkParams, Error> {
+    /// This site's network parameters as it tells `peer`, and the UDP port
+    /// its gateways listen on for that peering: each gateway's endpoint is
+    /// the one the peer dials for this peering alone (see
+    /// [`crate::domain::Site::peering_endpoint`]).
+    pub async fn params_for(&self, peer: &str) -> Result<(pb::NetworkParams, u16), Error> {
         let (site, _) = self.state.site().await?;
+        let port = self.state.wg_port_for(peer).await?;
         // Which gateway is active: the peer gives only it our CIDRs as
         // allowed IPs, and follows this when we fail over.
-        let (gateways, _) = self.state.list_gateways().await?;
-        let model = self.hub.model();
-        let active = crate::render::active_gateway(&model).map(|g| g.name.clone());
-        Ok(pb::NetworkParams {
+        let gateways = self.local_gateways().await?;
+        let params = pb::NetworkParams {
             site_id: site.id.clone(),
             workload_cidrs: site.pod_cidrs.iter().map(|c| c.to_string()).collect(),
             external_cidr: site.external_cidr.to_string(),
-            gateways: gateways
-                .iter()
-                .map(|g| pb::GatewayInfo {
-                    name: g.name.clone(),
-                    endpoint: g.endpoint.clone().unwrap_or_default(),
-                    public_key: g.public_key.clone().unwrap_or_default(),
-                    active: Some(&g.name) == active.as_ref(),
-                })
-                .collect(),
+            gateways: gateways.for_port(&site, port),
             mtu: site.tunnel_mtu.unwrap_or(0),
             endpoints: self.endpoints.clone(),
-        })
+        };
+        Ok((params, port))
     }
 
-    /// A remote site's record from what it sent.
+    /// This site's gateways and which of them is active.
+    pub async fn local_gateways(&self) -> Result<LocalGateways, Error> {
+        let (gateways, _) = self.state.list_gateways().await?;
+        let active = crate::render::active_gateway(&self.hub.model()).map(|g| g.name.clone());
+        Ok(LocalGateways { gateways, active })
+    }
+
+    /// A remote site's record from what it sent, validated as a whole
+    /// before anything is recorded; an error names the field.
     fn remote(&self, ca_pem: &str, p: &pb::NetworkParams, own: &pb::NetworkParams) -> Result<RemoteSite, Error> {
         use rustls::pki_types::CertificateDer;
         use rustls::pki_types::pem::PemObject;
@@ -167,22 +240,32 @@ impl Federation {
             "" => None,
             c => Some(parse_cidr(c).map_err(|m| Error::InvalidArgument(format!("external_cidr: {m}")))?),
         };
+        let gateways = p
+            .gateways
+            .iter()
+            .enumerate()
+            .map(|(i, g)| remote_gateway(i, g))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(Error::InvalidArgument)?;
+        if gateways.len() > MAX_PEER_GATEWAYS {
+            return Err(Error::InvalidArgument(format!(
+                "gateways: {} listed; a site has at most {MAX_PEER_GATEWAYS}",
+                gateways.len()
+            )));
+        }
+        if p.mtu != 0 && !(1280..=9000).contains(&p.mtu) {
+            return Err(Error::InvalidArgument(format!(
+                "mtu: {} is out of range; a tunnel MTU is 1280 to 9000 (or 0: derived by each gateway)",
+                p.mtu
+            )));
+        }
         let has_endpoint = |ps: &pb::NetworkParams| ps.gateways.iter().any(|g| !g.endpoint.is_empty());
         Ok(RemoteSite {
             ca_pem: ca_pem.to_string(),
             ca_fingerprint: fingerprint(&der),
             workload_cidrs: workload,
             external_cidr: external,
-            gateways: p
-                .gateways
-                .iter()
-                .map(|g| RemoteGateway {
-                    name: g.name.clone(),
-                    endpoint: Some(g.endpoint.clone()).filter(|e| !e.is_empty()),
-                    public_key: Some(g.public_key.clone()).filter(|k| !k.is_empty()),
-                    active: g.active,
-                })
-                .collect(),
+            gateways,
             mtu: agreed_mtu(p.mtu, own.mtu),
             endpoints: p.endpoints.clone(),
             tunnel_role: tunnel_role(&own.site_id, has_endpoint(own), &p.site_id, has_endpoint(p)),
@@ -228,7 +311,7 @@ impl Federation {
                 t.site
             )));
         }
-        let own = self.params().await?;
+        let (own, port) = self.params_for(&t.site).await?;
         let req = pb::JoinRequest {
             token_id: t.id.clone(),
             secret: t.secret.clone(),
@@ -264,20 +347,31 @@ impl Federation {
                     params.site_id, t.site
                 )));
             }
-            let remote = self.remote(&resp.ca_pem, &params, &own)?;
-            if remote.ca_fingerprint != t.fp {
-                return Err(Error::FailedPrecondition(
-                    "the CA the peer sent does not match the token".into(),
-                ));
-            }
-            return match self.state.negotiated(&t.site, remote.clone(), None).await {
+            // The peer has recorded its side by now: whatever is refused
+            // here is undone there too, so no half peering stays behind.
+            let remote = match self.remote(&resp.ca_pem, &params, &own) {
+                Ok(r) if r.ca_fingerprint == t.fp => r,
+                Ok(_) => {
+                    self.leave(&t.site, &t.endpoints, &resp.ca_pem).await;
+                    return Err(Error::FailedPrecondition(
+                        "the CA the peer sent does not match the token".into(),
+                    ));
+                }
+                Err(e) => {
+                    self.leave(&t.site, &t.endpoints, &resp.ca_pem).await;
+                    return Err(Error::FailedPrecondition(format!(
+                        "site {:?} sent parameters this site refuses: {}",
+                        t.site, e
+                    )));
+                }
+            };
+            return match self.state.negotiated(&t.site, remote.clone(), None, port).await {
                 Ok(p) => {
-                    tracing::info!(peer = %t.site, role = ?remote.tunnel_role, "peering negotiated");
+                    tracing::info!(peer = %t.site, role = ?remote.tunnel_role, port = p.listen_port, "peering negotiated");
                     Ok(p)
                 }
                 Err(e) => {
-                    // Undo the other side so no half peering stays behind.
-                    let _ = self.leave(&t.site, &remote).await;
+                    self.leave(&t.site, &remote.endpoints, &remote.ca_pem).await;
                     Err(e)
                 }
             };
@@ -290,9 +384,11 @@ impl Federation {
         )))
     }
 
-    async fn leave(&self, site: &str, remote: &RemoteSite) -> bool {
-        for ep in &remote.endpoints {
-            if let Ok(mut c) = self.client(ep, Trust::CaPem(remote.ca_pem.clone())).await
+    /// Asks the peer (at its controller `endpoints`, trusted by `ca_pem`)
+    /// to remove its side; whether one answered yes.
+    async fn leave(&self, site: &str, endpoints: &[String], ca_pem: &str) -> bool {
+        for ep in endpoints {
+            if let Ok(mut c) = self.client(ep, Trust::CaPem(ca_pem.to_string())).await
                 && tokio::time::timeout(PEER_TIMEOUT, c.leave(pb::LeaveRequest {}))
                     .await
                     .is_ok_and(|r| r.is_ok())
@@ -342,7 +438,7 @@ impl Federation {
             )));
         };
         let notified = match &p.remote {
-            Some(r) => self.leave(site, r).await,
+            Some(r) => self.leave(site, &r.endpoints, &r.ca_pem).await,
             None => false,
         };
         self.state.delete_peering(site).await?;
@@ -411,7 +507,7 @@ impl FederationService for FederationApi {
             let mut closing = fed.hub.closing.subscribe();
             let mut last: Option<pb::NetworkParams> = None;
             loop {
-                match fed.params().await {
+                match fed.params_for(&claimed).await.map(|(p, _)| p) {
                     Ok(p) if last.as_ref() != Some(&p) => {
                         tracing::debug!(peer = %claimed, "sending parameters to the peer");
                         if tx.send(Ok(p.clone())).await.is_err() {
@@ -464,9 +560,9 @@ impl FederationService for FederationApi {
         if self.fed.state.peering(&site).await?.is_none() {
             self.fed.state.check_peer_token(&proof).await?;
         }
-        let own = self.fed.params().await?;
+        let (own, port) = self.fed.params_for(&site).await?;
         let remote = self.fed.remote(&r.ca_pem, &params, &own)?;
-        let p = self.fed.state.negotiated(&site, remote, Some(&proof)).await?;
+        let p = self.fed.state.negotiated(&site, remote, Some(&proof), port).await?;
         tracing::info!(peer = %site, views = p.views.len(), "peering negotiated (joined by the peer)");
         Ok(Response::new(pb::JoinResponse {
             ca_pem: self.fed.ca_pem.clone(),
@@ -547,8 +643,8 @@ async fn follow_peer(fed: Arc<Federation>, site: String) {
                     down_since = None;
                     delays = weft_agent::run::backoff();
                     let mut stream = stream.into_inner();
-                    let own = match fed.params().await {
-                        Ok(o) => o,
+                    let own = match fed.params_for(&site).await {
+                        Ok((o, _)) => o,
                         Err(_) => break,
                     };
                     while let Some(Ok(params)) = stream.next().await {

@@ -95,7 +95,6 @@ pub fn gateway_link_name(node: &str) -> String {
     format!("weft-n{}", short_hash(node, 9))
 }
 
-/// The namespace of the peering with `site`.
 /// The two ends of every tunnel, for its health probe: a fixed pair from
 /// the last /30 of 169.254.0.0/16 (the veths take the blocks before it);
 /// the server end takes the first. Returns (this end, the far end).
@@ -107,8 +106,13 @@ pub fn tunnel_addresses(role: crate::domain::TunnelRole) -> (Ipv4Addr, Ipv4Addr)
     }
 }
 
-pub fn peering_namespace(site: &str) -> String {
-    format!("weft-p-{}", short_hash(site, 8))
+/// The namespace of site `local`'s peering with site `peer`. Namespaces
+/// share one /run/netns per host, so the name depends on both sites: two
+/// gateways of different sites on one host (a lab, a shared hub host) do
+/// not collide. 12 hex digits: 48 bits, no collision in practice among a
+/// host's few peerings.
+pub fn peering_namespace(local: &str, peer: &str) -> String {
+    format!("weft-p-{}", short_hash(&format!("{local}/{peer}"), 12))
 }
 
 fn obj(id: String, kind: Kind) -> (String, pb::DesiredObject) {
@@ -309,7 +313,7 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
         }
         Part::Peer(site_id) => {
             let Some(p) = m.peerings.get(site_id) else { return out };
-            let ns = peering_namespace(site_id);
+            let ns = peering_namespace(m.site.as_ref().map_or("", |s| s.id.as_str()), site_id);
             let base = part.prefix();
             out.extend([obj(
                 format!("{base}netns"),
@@ -334,10 +338,10 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
                 )]);
                 // The path between the gateway and the peering's namespace: a
                 // veth with a /30 from 169.254.0.0/16 chosen by the peering's
-                // WireGuard port, so it is unique per peering on the gateway.
-                let k = u32::from(p.listen_port.saturating_sub(crate::domain::FIRST_WG_PORT));
-                // (16383 blocks: the last /30 is the tunnel's own pair.)
-                let base_ip = u32::from(Ipv4Addr::new(169, 254, 0, 0)) + 4 * (k % 16383);
+                // WireGuard port, so it is unique per peering on the gateway
+                // (the ports of one site are fewer than the 16383 blocks
+                // before the last /30, which is the tunnel's own pair).
+                let base_ip = u32::from(Ipv4Addr::new(169, 254, 0, 0)) + 4 * (u32::from(p.listen_port) % 16383);
                 let (outer_ip, inner_ip) = (Ipv4Addr::from(base_ip + 1), Ipv4Addr::from(base_ip + 2));
                 let (outer, inner) = (
                     format!("weft-v{}", short_hash(site_id, 9)),
@@ -581,6 +585,7 @@ mod tests {
             node_prefix_len: 24,
             overlay_mtu: None,
             tunnel_mtu: None,
+            wireguard_ports: Default::default(),
         };
         let node = |name: &str, i: u8| Node {
             name: name.into(),
@@ -732,8 +737,10 @@ mod tests {
             "{:?}",
             wp.allowed_ips
         );
-        // The veth /30s never take the probe pair's block.
-        for port in [crate::domain::FIRST_WG_PORT, u16::MAX] {
+        // The veth /30s never take the probe pair's block, and the ports of
+        // one range get distinct blocks.
+        let mut seen = std::collections::HashSet::new();
+        for port in [51820, 16382, 16383, 32765, u16::MAX].into_iter().chain(51821..=51919) {
             let mut m2 = m.clone();
             let mut p = (*m2.peerings["b"]).clone();
             p.listen_port = port;
@@ -742,6 +749,9 @@ mod tests {
                 panic!()
             };
             assert!(!a.cidr.starts_with("169.254.255.25"), "{}", a.cidr);
+            if port >= 51820 {
+                assert!(seen.insert(a.cidr.clone()), "{port}: {} twice", a.cidr);
+            }
         }
         assert_eq!(
             tunnel_addresses(TunnelRole::Server).1,

@@ -509,6 +509,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 header: vec![
                     "NAME",
                     "UNDERLAY",
+                    "ENDPOINT",
                     "INTERNAL",
                     "READY",
                     "APPLIED/LATEST",
@@ -519,7 +520,12 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                     .gateways
                     .iter()
                     .map(|g| {
-                        let mut row = vec![g.name.clone(), g.underlay_ip.clone(), g.internal_ip.clone()];
+                        let endpoint = if g.endpoint.is_empty() {
+                            "-".into()
+                        } else {
+                            g.endpoint.clone()
+                        };
+                        let mut row = vec![g.name.clone(), g.underlay_ip.clone(), endpoint, g.internal_ip.clone()];
                         row.extend(status_cols(&g.status, g.cert_expires_at.is_some()));
                         row
                     })
@@ -702,8 +708,19 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
             for p in &r.peerings {
                 // The tunnel's health on the peering's first row only.
                 let mut health = tunnel_cells(p.tunnel.as_ref());
+                // Where the tunnel is reached: this site's UDP port, and the
+                // endpoint this site dials (the peer's active gateway), if any.
+                let dials = p
+                    .remote_gateways
+                    .iter()
+                    .find(|g| g.active && !g.endpoint.is_empty())
+                    .or_else(|| p.remote_gateways.iter().find(|g| !g.endpoint.is_empty()))
+                    .map_or_else(|| "-".to_string(), |g| g.endpoint.clone());
+                let mut reach = vec![p.listen_port.to_string(), dials];
                 for v in &p.views {
                     let mut row = vec![p.site_id.clone(), peering_state(p.state), p.tunnel_role.clone()];
+                    row.append(&mut reach);
+                    reach = vec![String::new(); 2];
                     row.append(&mut health);
                     health = vec![String::new(); 5];
                     row.extend([
@@ -722,6 +739,9 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                     "views": p.views.iter().map(view_json).collect::<Vec<_>>(),
                     "created_at": ts(&p.created_at), "last_error": p.last_error, "tunnel_role": p.tunnel_role,
                     "remote_endpoints": p.remote_endpoints, "remote_ca_fingerprint": p.remote_ca_fingerprint,
+                    "listen_port": p.listen_port,
+                    "local_gateways": p.local_gateways.iter().map(gateway_info_json).collect::<Vec<_>>(),
+                    "remote_gateways": p.remote_gateways.iter().map(gateway_info_json).collect::<Vec<_>>(),
                     "tunnel": p.tunnel.as_ref().map(|t| json!({
                         "up": t.up, "rtt_ms": t.rtt_micros as f64 / 1000.0,
                         "last_handshake": ts(&t.last_handshake), "rx_bytes": t.rx_bytes, "tx_bytes": t.tx_bytes,
@@ -733,6 +753,8 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                     "PEER",
                     "STATE",
                     "ROLE",
+                    "PORT",
+                    "DIALS",
                     "TUNNEL",
                     "RTT",
                     "HANDSHAKE",
@@ -846,6 +868,11 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A gateway as one peering sees it, for `--output json`.
+fn gateway_info_json(g: &pb::GatewayInfo) -> serde_json::Value {
+    json!({"name": g.name, "endpoint": g.endpoint, "public_key": g.public_key, "active": g.active})
 }
 
 #[cfg(test)]

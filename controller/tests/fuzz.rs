@@ -113,6 +113,7 @@ proptest! {
             agent_cert_ttl: ttl.clone(),
             agent_ttl: ttl,
             tunnel_mtu: mtu,
+            wireguard_ports: Default::default(),
             data_dir: Some("/nonexistent/weft-fuzz".into()),
             ..FileConfig::default()
         };
@@ -189,6 +190,7 @@ proptest! {
             node_prefix_len: 24,
             overlay_mtu: mtu,
             tunnel_mtu: mtu,
+            wireguard_ports: Default::default(),
         };
         let mut m = Model { revision: 1, site: Some(Arc::new(site.clone())), ..Default::default() };
         let mut taken: Vec<Ipv4Net> = vec![];

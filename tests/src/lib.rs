@@ -8,6 +8,7 @@
 //! mean the test ran.
 
 pub mod inproc;
+pub mod mesh;
 pub mod netns;
 pub mod sim;
 pub mod sites;

@@ -14,6 +14,16 @@ pub fn exec(ns: &str, args: &[&str]) -> Output {
     run(Command::new("ip").args(["netns", "exec", ns]).args(args))
 }
 
+/// Runs `args` in network namespace `netns` as seen by process `pid`
+/// (one started with [`Lab::spawn_own_host`]): in its mount namespace, so
+/// the names under its private /run/netns resolve.
+pub fn exec_beside(pid: u32, netns: &str, args: &[&str]) -> Output {
+    run(Command::new("nsenter")
+        .arg(format!("--mount=/proc/{pid}/ns/mnt"))
+        .args(["ip", "netns", "exec", netns])
+        .args(args))
+}
+
 /// Whether this process may create namespaces (root). Outside CI a test
 /// without it is skipped with a note; under CI it fails.
 pub fn require_root() -> bool {
@@ -169,6 +179,29 @@ impl Lab {
             log.to_path_buf(),
         ));
         self.procs.len() - 1
+    }
+
+    /// Starts `program` in host `ns` as on a machine of its own: besides
+    /// the network namespace it gets a mount namespace with a private
+    /// /run/netns, so the namespaces it creates (a gateway's peering
+    /// namespaces) are its own, invisible to other hosts, and go away when
+    /// it ends. Reach them with [`exec_beside`].
+    pub fn spawn_own_host(&mut self, ns: &str, program: &Path, args: &[&str], log: &Path) -> usize {
+        let mut wrapped: Vec<String> = [
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -t tmpfs weft /run/netns && exec \"$0\" \"$@\"",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        wrapped.push(program.display().to_string());
+        wrapped.extend(args.iter().map(|a| a.to_string()));
+        let refs: Vec<&str> = wrapped.iter().map(String::as_str).collect();
+        self.spawn(ns, Path::new("/usr/bin/unshare"), &refs, log)
     }
 
     /// Starts process `i` again, as it was started (logging to a new file

@@ -102,8 +102,8 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         }
     }
     // The gateways create these; the lab deletes them at the end whatever happens.
-    lab.adopt(&weft_controller::render::peering_namespace(site_b));
-    lab.adopt(&weft_controller::render::peering_namespace(site_a));
+    lab.adopt(&weft_controller::render::peering_namespace(site_a, site_b));
+    lab.adopt(&weft_controller::render::peering_namespace(site_b, site_a));
     let sh = |host: &str, cmd: &str| crate::netns::must(crate::netns::exec(host, &["sh", "-c", cmd]), cmd);
     // Workloads: a namespace on each node, in the node's subnet (node n of
     // a site declares the n-th /24 of the site's pod CIDR), the node
@@ -250,31 +250,14 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
             args.extend(["--subnet".to_string(), s.to_string()]);
         }
         let program = bin(&format!("weft-{kind}-agent"));
-        if name == "gw2" {
-            // Its own /run/netns, as on its own host.
-            let mut wrapped: Vec<String> = [
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                "mount -t tmpfs weft /run/netns && exec \"$0\" \"$@\"",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            wrapped.push(program.display().to_string());
-            wrapped.extend(args);
-            args = wrapped;
-        }
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let log = dir.path().join(format!("{ctl_ip}-{name}.log"));
-        let program = if name == "gw2" {
-            std::path::PathBuf::from("/usr/bin/unshare")
+        if name == "gw2" {
+            // Its own /run/netns, as on its own host.
+            lab.spawn_own_host(host, &program, &refs, &log)
         } else {
-            program
-        };
-        lab.spawn(host, &program, &refs, &log)
+            lab.spawn(host, &program, &refs, &log)
+        }
     };
     let pa = agent(
         &mut lab,
@@ -348,7 +331,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
 
     // The WireGuard interface lives in the peering's namespace; its UDP
     // socket stayed on the gateway's underlay.
-    let ns_a = weft_controller::render::peering_namespace(site_b);
+    let ns_a = weft_controller::render::peering_namespace(site_a, site_b);
     eventually("site-a's WireGuard interface", Duration::from_secs(20), || {
         let o = stdout(&crate::netns::exec(&ns_a, &["ip", "-br", "link"]));
         o.contains("weft-w").then_some(())

@@ -408,7 +408,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
     }
     assert_eq!(link_mtu(&lab, &ns["gwa"], "weft-n"), expect.vxlan_a, "VXLAN MTU on gwa");
     assert_eq!(link_mtu(&lab, &ns["gwb"], "weft-n"), expect.vxlan_b, "VXLAN MTU on gwb");
-    let ns_b = weft_controller::render::peering_namespace(site_a);
+    let ns_b = weft_controller::render::peering_namespace(site_b, site_a);
     for (pns, gw) in [(&ns_a, "gwa"), (&ns_b, "gwb")] {
         assert_eq!(link_mtu(&lab, pns, "weft-w"), expect.tunnel, "WireGuard MTU in {pns}");
         assert_eq!(

@@ -251,3 +251,82 @@ fn a_peer_claiming_space_no_site_can_own_is_refused_on_both_sides() {
         peer_names(&b).is_empty().then_some(())
     });
 }
+
+/// A hostile peer: a site with a CA of its own (taken from a real
+/// controller's data directory) that joins with a peering token but
+/// announces gateway endpoints, keys or an MTU no gateway could use. Each
+/// is refused at negotiation, naming the field, and nothing is recorded:
+/// the token still works afterwards.
+#[test]
+fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
+    use weft_agent::tls::{Trust, connect};
+    use weft_controller::pki::{SiteCa, identity_uri};
+    use weft_proto::v1 as pb;
+    use weft_proto::v1::federation_service_client::FederationServiceClient;
+
+    let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
+    let b = site(dir.path(), "site-b", &[]);
+    let x = site(dir.path(), "site-x", &[]);
+    let ca = SiteCa::load(&x.pki("")).unwrap();
+    let ca_pem = std::fs::read_to_string(x.pki("ca.pem")).unwrap();
+    let (cert, key) = ca
+        .issue_with_key(&identity_uri("site-x", "site", "site-x"), "site-x", 1)
+        .unwrap();
+    let t = PeeringToken::decode(&token(&b, "10m")).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let join = |endpoint: &str, public_key: &str, mtu: u32| {
+        rt.block_on(async {
+            let ch = connect(
+                &format!("https://{}", t.endpoints[0]),
+                &Trust::FingerprintForSite(t.fp.clone(), t.site.clone()),
+                Some((&cert, &key)),
+            )
+            .await
+            .unwrap();
+            FederationServiceClient::new(ch)
+                .join(pb::JoinRequest {
+                    token_id: t.id.clone(),
+                    secret: t.secret.clone(),
+                    ca_pem: ca_pem.clone(),
+                    params: Some(pb::NetworkParams {
+                        site_id: "site-x".into(),
+                        workload_cidrs: vec!["10.9.0.0/16".into()],
+                        external_cidr: "10.71.0.0/16".into(),
+                        gateways: vec![pb::GatewayInfo {
+                            name: "gw".into(),
+                            endpoint: endpoint.into(),
+                            public_key: public_key.into(),
+                            active: true,
+                        }],
+                        mtu,
+                        endpoints: vec!["127.0.0.1:1".into()],
+                    }),
+                })
+                .await
+        })
+    };
+    let good_key = "hT7XTB7qgr4m+5V8gqhnNtjvNrqSqPFiCjPsXl1Oc0Q=";
+    for (endpoint, public_key, mtu, field) in [
+        ("192.0.2.1:70000", good_key, 0, "gateways[0].endpoint"),
+        ("192.0.2.1:0", good_key, 0, "gateways[0].endpoint"),
+        ("192.0.2.1", good_key, 0, "gateways[0].endpoint"),
+        ("gw.example:51820", good_key, 0, "gateways[0].endpoint"),
+        ("192.0.2.1:51820\nlisten_port=1", good_key, 0, "gateways[0].endpoint"),
+        ("192.0.2.1:51820", "AAAA", 0, "gateways[0].public_key"),
+        ("192.0.2.1:51820", &"A".repeat(56), 0, "gateways[0].public_key"),
+        ("192.0.2.1:51820", good_key, 70000, "mtu"),
+    ] {
+        let before = revision(&b);
+        let err = join(endpoint, public_key, mtu).expect_err(endpoint);
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{endpoint:?}: {err:?}");
+        assert!(err.message().contains(field), "{endpoint:?}: {}", err.message());
+        assert_eq!(revision(&b), before, "{endpoint:?} wrote something");
+        assert!(peer_names(&b).is_empty());
+    }
+    // The token was not consumed: the same peer with a usable gateway joins.
+    join("192.0.2.1:51820", good_key, 0).unwrap();
+    assert_eq!(peer_names(&b), ["site-x"]);
+    let p = &peers(&b)[0];
+    assert_eq!(p["remote_gateways"][0]["endpoint"], "192.0.2.1:51820");
+    assert_eq!(p["listen_port"], 51820);
+}

@@ -30,6 +30,7 @@ fn site() -> Site {
         node_prefix_len: 26,
         overlay_mtu: None,
         tunnel_mtu: None,
+        wireguard_ports: Default::default(),
     }
 }
 

@@ -259,13 +259,28 @@ impl AgentService for AgentApi {
         };
         let endpoint = match r.endpoint.trim() {
             "" => None,
-            e if e
-                .rsplit_once(':')
-                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) =>
-            {
-                Some(e.to_string())
+            e => {
+                let (site, _) = self.state.site().await?;
+                let last = site.wireguard_ports.count() - 1;
+                match e.parse::<std::net::SocketAddr>() {
+                    Ok(a) if a.port() != 0 && u32::from(a.port()) + last <= 65535 => Some(a.to_string()),
+                    Ok(a) if a.port() != 0 => {
+                        return Err(Status::invalid_argument(format!(
+                            "endpoint {a}: peerings are reached at the {} ports from {} up, which pass 65535; \
+                             give a port of at most {}",
+                            site.wireguard_ports.count(),
+                            a.port(),
+                            65535 - last
+                        )));
+                    }
+                    _ => {
+                        return Err(Status::invalid_argument(format!(
+                            "endpoint {} is not an address and a port from 1 to 65535 (e.g. 192.0.2.1:51820)",
+                            crate::domain::shown(e)
+                        )));
+                    }
+                }
             }
-            e => return Err(Status::invalid_argument(format!("endpoint {e:?} is not host:port"))),
         };
         self.state.update_gateway(&id.name, key, endpoint).await?;
         Ok(Response::new(pb::UpdateGatewayResponse {}))

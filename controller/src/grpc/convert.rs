@@ -103,6 +103,19 @@ pub fn peering(p: &Peering) -> pb::Peering {
         remote_endpoints: p.remote.as_ref().map(|r| r.endpoints.clone()).unwrap_or_default(),
         remote_ca_fingerprint: p.remote.as_ref().map(|r| r.ca_fingerprint.clone()).unwrap_or_default(),
         tunnel: None,
+        listen_port: u32::from(p.listen_port),
+        local_gateways: vec![],
+        remote_gateways: p
+            .remote
+            .iter()
+            .flat_map(|r| &r.gateways)
+            .map(|g| pb::GatewayInfo {
+                name: g.name.clone(),
+                endpoint: g.endpoint.clone().unwrap_or_default(),
+                public_key: g.public_key.clone().unwrap_or_default(),
+                active: g.active,
+            })
+            .collect(),
     }
 }
 

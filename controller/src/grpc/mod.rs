@@ -241,6 +241,8 @@ impl AdminService for AdminApi {
         _: Request<pb::ListPeeringsRequest>,
     ) -> Result<Response<pb::ListPeeringsResponse>, Status> {
         let (ps, revision) = self.state.list_peerings().await?;
+        let (site, _) = self.state.site().await?;
+        let gateways = self.fed.local_gateways().await?;
         Ok(Response::new(pb::ListPeeringsResponse {
             peerings: ps
                 .iter()
@@ -250,6 +252,7 @@ impl AdminService for AdminApi {
                         ..p.clone()
                     });
                     out.tunnel = self.hub.tunnel(&p.site_id);
+                    out.local_gateways = gateways.for_port(&site, p.listen_port);
                     out
                 })
                 .collect(),

@@ -71,12 +71,16 @@ impl State {
 
     /// Records a negotiated peering with `peer_site`, planning this site's
     /// local views of its CIDRs. With `proof`, the peering token is checked
-    /// and consumed in the same transaction.
+    /// and consumed in the same transaction. Its tunnel listens on `port`,
+    /// the port this site told the peer, unless another peering took that
+    /// port meanwhile (then the lowest free one, which the peer learns over
+    /// its subscription).
     pub async fn negotiated(
         &self,
         peer_site: &str,
         remote: RemoteSite,
         proof: Option<&TokenProof>,
+        port: u16,
     ) -> Result<Peering, Error> {
         validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
         let key = self.key(&format!("peerings/{peer_site}"));
@@ -135,7 +139,7 @@ impl State {
                 created_at_ms: now_ms(),
                 last_error: None,
                 remote: Some(remote.clone()),
-                listen_port: snap.free_wg_port(peer_site),
+                listen_port: snap.wg_port(peer_site, Some(port))?,
             };
             let txn = self
                 .ipam_guard(snap, txn)

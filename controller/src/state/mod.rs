@@ -149,17 +149,26 @@ impl Snapshot {
         })
     }
 
-    /// The lowest WireGuard port no other peering uses.
-    fn free_wg_port(&self, except: &str) -> u16 {
-        let used: std::collections::HashSet<u16> = self
-            .peerings
-            .iter()
-            .filter(|(p, _)| p.site_id != except)
-            .map(|(p, _)| p.listen_port)
-            .collect();
-        (crate::domain::FIRST_WG_PORT..)
-            .find(|p| !used.contains(p))
-            .unwrap_or(crate::domain::FIRST_WG_PORT)
+    /// The WireGuard port for the peering with `peer`: the one it has, else
+    /// `wanted` when it is in the site's range and free, else the lowest
+    /// free one; an error when every port of the range is taken.
+    fn wg_port(&self, peer: &str, wanted: Option<u16>) -> Result<u16, Error> {
+        if let Some((p, _)) = self.peerings.iter().find(|(p, _)| p.site_id == peer) {
+            return Ok(p.listen_port);
+        }
+        let range = self.site()?.wireguard_ports;
+        let used: std::collections::HashSet<u16> = self.peerings.iter().map(|(p, _)| p.listen_port).collect();
+        wanted
+            .filter(|w| range.contains(*w) && !used.contains(w))
+            .or_else(|| range.iter().find(|p| !used.contains(p)))
+            .ok_or_else(|| {
+                Error::ResourceExhausted(format!(
+                    "all {} WireGuard ports of this site ({range}) are taken by peerings; widen \
+                     --wireguard-ports on this site's controller (and open the new ports on its gateways), \
+                     or delete a peering",
+                    range.count()
+                ))
+            })
     }
 
     /// Overlay addresses held by nodes and gateways.
@@ -412,6 +421,12 @@ impl State {
         .await
     }
 
+    /// The WireGuard port the peering with `peer` has, or would get if it
+    /// were recorded now (it is recorded with [`State::negotiated`]).
+    pub async fn wg_port_for(&self, peer: &str) -> Result<u16, Error> {
+        self.snapshot().await?.wg_port(peer, None)
+    }
+
     pub async fn site(&self) -> Result<(Site, Revision), Error> {
         let kv = self.store.get(&self.key("site")).await?;
         let kv = kv.ok_or_else(|| Error::FailedPrecondition("the site is not initialised in the store yet".into()))?;
@@ -521,7 +536,7 @@ impl State {
                 created_at_ms: existing.map_or_else(now_ms, |(p, _)| p.created_at_ms),
                 last_error: None,
                 remote: existing.and_then(|(p, _)| p.remote.clone()),
-                listen_port: existing.map_or_else(|| snap.free_wg_port(peer_site), |(p, _)| p.listen_port),
+                listen_port: snap.wg_port(peer_site, None)?,
             };
             let guard = Compare::ModRevision(key.clone(), existing.map_or(0, |(_, r)| *r));
             let txn = self
@@ -625,6 +640,12 @@ fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error> {
     }
     let own = new.own_blocks();
     for (p, _) in &snap.peerings {
+        if !new.wireguard_ports.contains(p.listen_port) {
+            problems.push(format!(
+                "the peering with {:?} listens on UDP {}, outside the new WireGuard ports {}",
+                p.site_id, p.listen_port, new.wireguard_ports
+            ));
+        }
         for v in &p.views {
             if let Some(b) = own.iter().find(|b| ipam::overlaps(b, &v.local)) {
                 problems.push(format!(

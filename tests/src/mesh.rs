@@ -1,0 +1,306 @@
+//! N sites in network namespaces, peered along any graph, for tests and
+//! the quickstart's mesh: per site a controller (embedded store), a gateway
+//! on a host of its own (its own network *and* mount namespace, so its
+//! peering namespaces live under a private /run/netns, as on a real
+//! machine), a node and a workload that runs `weft-echo serve`. Every site
+//! may use the same workload CIDR and the same workload address. All hosts
+//! share one WAN. Everything goes away on drop.
+
+use std::time::Duration;
+
+use crate::netns::Lab;
+use crate::{bin, eventually, weftctl_json};
+
+/// The TCP port each workload's `weft-echo serve` listens on.
+pub const ECHO_PORT: u16 = 7000;
+
+/// One site of a [`Mesh`].
+#[derive(Debug)]
+pub struct MeshSite {
+    /// Its site id: `s1`, `s2`, …
+    pub id: String,
+    /// weftctl's target (the controller's admin socket).
+    pub target: String,
+    /// Host namespaces: controller, gateway, node, workload.
+    pub ctl: String,
+    pub gw: String,
+    pub node: String,
+    pub wl: String,
+    /// The gateway agent's process index in the lab.
+    pub gateway: usize,
+    /// The workload's own address.
+    pub workload: String,
+}
+
+pub struct Mesh {
+    pub lab: Lab,
+    pub dir: tempfile::TempDir,
+    pub sites: Vec<MeshSite>,
+    pod: String,
+}
+
+impl Mesh {
+    /// `n` sites, none peered yet, every one on workload CIDR `pod` (a /16)
+    /// with its node on the first /24 and its workload at .10 of it.
+    pub fn up(tag: &str, n: usize, pod: &str) -> Mesh {
+        let dir = tempfile::Builder::new().prefix("weft-mesh").tempdir().unwrap();
+        let mut lab = Lab::new(tag);
+        lab.lan();
+        let mut mesh = Mesh {
+            lab,
+            dir,
+            sites: Vec::new(),
+            pod: pod.to_string(),
+        };
+        for _ in 0..n {
+            mesh.add_site();
+        }
+        mesh
+    }
+
+    /// Starts one more site (not peered); returns its index.
+    pub fn add_site(&mut self) -> usize {
+        let i = self.sites.len();
+        assert!(i < 24, "the WAN plan has room for 24 sites");
+        let id = format!("s{}", i + 1);
+        let ip = |host: u8| format!("192.168.78.{}", 10 * (i + 1) as u8 + host);
+        let (ctl_ip, gw_ip, node_ip) = (ip(1), ip(2), ip(3));
+        let lab = &mut self.lab;
+        let [ctl, gw, node, wl] = ["c", "g", "n", "w"].map(|h| lab.host(&format!("{h}{}", i + 1)));
+        for (ns, addr) in [(&ctl, &ctl_ip), (&gw, &gw_ip), (&node, &node_ip)] {
+            lab.plug(ns, &format!("{addr}/24"));
+        }
+        let data = self.dir.path().join(&id);
+        let listen = format!("{ctl_ip}:7443");
+        lab.spawn(
+            &ctl,
+            &bin("weft-controller"),
+            &[
+                "--site-id",
+                &id,
+                "--pod-cidr",
+                &self.pod,
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--listen",
+                &listen,
+            ],
+            &self.dir.path().join(format!("{id}-controller.log")),
+        );
+        let sock = data.join("admin.sock");
+        eventually("a controller", Duration::from_secs(20), || {
+            std::os::unix::net::UnixStream::connect(&sock).ok()
+        });
+        let target = format!("unix:{}", sock.display());
+
+        // The workload: a namespace behind the node, in its declared subnet.
+        let prefix = self.pod.rsplit_once(".0.0/").expect("a /16 such as 10.1.0.0/16").0;
+        let (subnet, gw_addr, workload) = (
+            format!("{prefix}.0.0/24"),
+            format!("{prefix}.0.1"),
+            format!("{prefix}.0.10"),
+        );
+        let sh = |ns: &str, cmd: &str| crate::netns::must(crate::netns::exec(ns, &["sh", "-c", cmd]), cmd);
+        crate::netns::must(
+            lab.exec(
+                &node,
+                &[
+                    "ip", "link", "add", "wl0", "type", "veth", "peer", "name", "eth0", "netns", &wl,
+                ],
+            ),
+            "workload veth",
+        );
+        sh(
+            &node,
+            &format!("ip addr add {gw_addr}/24 dev wl0 && ip link set wl0 up && sysctl -qw net.ipv4.ip_forward=1"),
+        );
+        sh(
+            &wl,
+            &format!("ip addr add {workload}/24 dev eth0 && ip link set eth0 up && ip route add default via {gw_addr}"),
+        );
+        lab.spawn(
+            &wl,
+            &bin("weft-echo"),
+            &["serve", "--port", &ECHO_PORT.to_string(), "--name", &id],
+            &self.dir.path().join(format!("{id}-echo.log")),
+        );
+
+        let agent = |lab: &mut Lab, kind: &str, name: &str, ns: &str, underlay: &str| {
+            let t = weftctl_json(&target, &["token", "create", "--role", kind, "--name", name]);
+            let state = self.dir.path().join(format!("{id}-{name}"));
+            let mut args: Vec<String> = [
+                "--controller",
+                &format!("https://{ctl_ip}:7443"),
+                "--name",
+                name,
+                "--underlay-ip",
+                underlay,
+                "--token",
+                t["token"].as_str().unwrap(),
+                "--ca-fingerprint",
+                t["ca_fingerprint"].as_str().unwrap(),
+                "--state-dir",
+                state.to_str().unwrap(),
+                "--resync-interval",
+                "1s",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            let log = self.dir.path().join(format!("{id}-{name}.log"));
+            let program = bin(&format!("weft-{kind}-agent"));
+            if kind == "gateway" {
+                args.extend(["--endpoint".into(), format!("{underlay}:51820")]);
+                let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+                lab.spawn_own_host(ns, &program, &refs, &log)
+            } else {
+                args.extend(["--subnet".into(), subnet.clone()]);
+                let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+                lab.spawn(ns, &program, &refs, &log)
+            }
+        };
+        let gateway = agent(lab, "gateway", "gw", &gw, &gw_ip);
+        agent(lab, "node", "node", &node, &node_ip);
+        eventually("the gateway's key", Duration::from_secs(20), || {
+            let g = weftctl_json(&target, &["gateways"]);
+            g["gateways"][0]["public_key"]
+                .as_str()
+                .is_some_and(|k| !k.is_empty())
+                .then_some(())
+        });
+        self.sites.push(MeshSite {
+            id,
+            target,
+            ctl,
+            gw,
+            node,
+            wl,
+            gateway,
+            workload,
+        });
+        i
+    }
+
+    /// Peers sites `a` and `b` (a token from `b`, redeemed at `a`) and
+    /// waits until both gateways report the tunnel up.
+    pub fn peer(&self, a: usize, b: usize) {
+        let (sa, sb) = (&self.sites[a], &self.sites[b]);
+        let token = weftctl_json(&sb.target, &["peering", "token"])["token"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        weftctl_json(&sa.target, &["peering", "create", "--token", &token]);
+        for (s, peer) in [(sa, sb), (sb, sa)] {
+            eventually(
+                &format!("{}'s tunnel to {} up", s.id, peer.id),
+                Duration::from_secs(30),
+                || self.peering(s, &peer.id)?["tunnel"]["up"].as_bool().filter(|up| *up),
+            );
+        }
+    }
+
+    /// Every pair of `sites` peered.
+    pub fn peer_all(&self, sites: &[usize]) {
+        for (k, &a) in sites.iter().enumerate() {
+            for &b in &sites[k + 1..] {
+                self.peer(a, b);
+            }
+        }
+    }
+
+    /// Deletes the peering of `a` with `b` at `a`, and waits until `b` has
+    /// removed its side too.
+    pub fn unpeer(&self, a: usize, b: usize) {
+        let (sa, sb) = (&self.sites[a], &self.sites[b]);
+        let o = crate::run(std::process::Command::new(bin("weftctl")).args([
+            "--controller",
+            &sa.target,
+            "peering",
+            "delete",
+            &sb.id,
+        ]));
+        assert!(o.status.success(), "{}", crate::stderr(&o));
+        eventually(&format!("{} forgets {}", sb.id, sa.id), Duration::from_secs(20), || {
+            self.peering(sb, &sa.id).is_none().then_some(())
+        });
+    }
+
+    /// Site `s`'s peering with `peer` as `weftctl peerings` shows it.
+    pub fn peering(&self, s: &MeshSite, peer: &str) -> Option<serde_json::Value> {
+        weftctl_json(&s.target, &["peerings"])["peerings"]
+            .as_array()?
+            .iter()
+            .find(|p| p["site_id"] == peer)
+            .cloned()
+    }
+
+    /// Site `to`'s workload address as site `from` addresses it (its local
+    /// view), or None while `from` has no view of `to`.
+    pub fn address(&self, from: usize, to: usize) -> Option<String> {
+        let p = self.peering(&self.sites[from], &self.sites[to].id)?;
+        let v = p["views"].as_array()?.iter().find(|v| v["kind"] == "workload")?;
+        let (real, local): (ipnet::Ipv4Net, ipnet::Ipv4Net) = (
+            v["real_cidr"].as_str()?.parse().ok()?,
+            v["local_cidr"].as_str()?.parse().ok()?,
+        );
+        let a = weft_controller::ipam::translate(self.sites[to].workload.parse().ok()?, real, local)?;
+        Some(a.to_string())
+    }
+
+    /// Site `to`'s local view of site `from`'s workload CIDR.
+    pub fn view_of(&self, to: usize, from: usize) -> Option<ipnet::Ipv4Net> {
+        let p = self.peering(&self.sites[to], &self.sites[from].id)?;
+        let v = p["views"].as_array()?.iter().find(|v| v["kind"] == "workload")?;
+        v["local_cidr"].as_str()?.parse().ok()
+    }
+
+    /// Asks, over TCP from site `from`'s workload to `addr`, who answers:
+    /// the answering site's id and the address it saw the client at.
+    pub fn ask_at(&self, from: usize, addr: &str) -> Result<(String, String), String> {
+        let target = format!("{addr}:{ECHO_PORT}");
+        let o = crate::netns::exec(
+            &self.sites[from].wl,
+            &[bin("weft-echo").to_str().unwrap(), "ask", &target, "--timeout", "2s"],
+        );
+        if !o.status.success() {
+            return Err(crate::stderr(&o).trim().to_string());
+        }
+        let line = crate::stdout(&o);
+        match line.split_whitespace().collect::<Vec<_>>()[..] {
+            ["SITE", site, "FROM", seen] => Ok((site.to_string(), seen.to_string())),
+            _ => Err(format!("unexpected answer {line:?}")),
+        }
+    }
+
+    /// Does site `from`'s workload reach site `to`'s workload through
+    /// `from`'s local view, is it really `to` that answers, and does `to`
+    /// see the client inside its own view of `from`? Ok with the address
+    /// the server saw; Err saying what failed.
+    pub fn reaches(&self, from: usize, to: usize) -> Result<String, String> {
+        let (f, t) = (&self.sites[from], &self.sites[to]);
+        let addr = self
+            .address(from, to)
+            .ok_or_else(|| format!("{} has no view of {}", f.id, t.id))?;
+        let (site, seen) = self.ask_at(from, &addr)?;
+        if site != t.id {
+            return Err(format!("{} asked {} at {addr} and {site} answered", f.id, t.id));
+        }
+        let view = self
+            .view_of(to, from)
+            .ok_or_else(|| format!("{} has no view of {}", t.id, f.id))?;
+        match seen.parse::<std::net::Ipv4Addr>() {
+            Ok(ip) if view.contains(&ip) => Ok(seen),
+            _ => Err(format!(
+                "{} saw {}'s client at {seen}, outside its view {view} of {}",
+                t.id, f.id, f.id
+            )),
+        }
+    }
+
+    /// The gateway agent of site `i`'s process id (to enter its namespaces
+    /// with [`crate::netns::exec_beside`]).
+    pub fn gateway_pid(&mut self, i: usize) -> u32 {
+        let g = self.sites[i].gateway;
+        self.lab.proc(g).child.as_ref().expect("the gateway runs").id()
+    }
+}
