@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
 # Quickstart: installs what is missing, builds weft, and brings up a working
-# federation of two sites on this machine, each host a network namespace
-# (weft-qs-*) on one bridge: per site a controller (embedded store, data under
-# ./.weft-quickstart/), a gateway, a node and a workload behind the node. Both
-# sites use the workload CIDR 10.1.0.0/16 — the two workloads even have the
-# same address, 10.1.0.10. The sites peer from a token, each sees the other
-# through a remapped local view, and a workload pings the other site's.
-# Needs root (namespaces, links, nftables — all inside the namespaces).
-#   deploy/quickstart.sh        start (or show, when already running)
-#   deploy/quickstart.sh down   stop everything and remove it
+# federation of two (or more) sites on this machine, each host a network
+# namespace (weft-qs-*) on one bridge: per site a controller (embedded store,
+# data under ./.weft-quickstart/), a gateway, a node and a workload behind the
+# node. Every site uses the workload CIDR 10.1.0.0/16 — the workloads even
+# have the same address, 10.1.0.10. Every pair of sites peers from a token,
+# each sees the others through remapped local views, and a workload pings
+# another site's. Needs root (namespaces, links, nftables — all inside the
+# namespaces).
+#   deploy/quickstart.sh              start two sites (or show, when running)
+#   deploy/quickstart.sh --sites 3    a mesh of three sites (2 to 9)
+#   deploy/quickstart.sh down         stop everything and remove it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD/.weft-quickstart
 P=weft-qs
 LAN=192.168.77
 BIN=$PWD/target/release
+
+N=2
+if [ "${1:-}" = "--sites" ]; then
+  N=${2:-}
+  case "$N" in [2-9]) ;; *) echo "quickstart: --sites takes a number from 2 to 9" >&2; exit 2 ;; esac
+  shift 2
+fi
+LETTERS=(a b c d e f g h i)
+SITES=()
+for ((k = 0; k < N; k++)); do SITES+=("${LETTERS[$k]}"); done
 
 [ "$(id -u)" = 0 ] || { echo "quickstart: run as root (it creates network namespaces): sudo $0 $*" >&2; exit 1; }
 
@@ -33,8 +45,8 @@ down() {
     [ -e "/run/netns/$P-$host" ] && nsenter --net="/run/netns/$P-$host" \
       "$BIN/weft-$kind-agent" --teardown --state-dir "$state" >/dev/null 2>&1 || true
   done
-  for h in lan ctla ctlb gwa gwb na nb wa wb; do
-    [ -e "/run/netns/$P-$h" ] && ip netns del "$P-$h"
+  for h in $(ip netns list | awk '{print $1}' | grep "^$P-"); do
+    ip netns del "$h"
   done
   rm -rf "$ROOT"
 }
@@ -47,15 +59,19 @@ fi
 
 if [ -S "$ROOT/site-a/admin.sock" ] && [ -f "$ROOT/site-a/controller.pid" ] \
   && kill -0 "$(cat "$ROOT/site-a/controller.pid")" 2>/dev/null; then
-  echo "quickstart: already running (deploy/quickstart.sh down removes it)"
+  N=$(cat "$ROOT/sites" 2>/dev/null || echo 2)
+  SITES=("${LETTERS[@]:0:$N}")
+  echo "quickstart: already running with $N sites (deploy/quickstart.sh down removes it)"
 else
   deploy/setup.sh
   cargo build --release --workspace --bins
   down # leftovers of an interrupted run
   mkdir -p "$ROOT"
+  echo "$N" >"$ROOT/sites"
 
   ns() { ip netns add "$P-$1"; ip -n "$P-$1" link set lo up; }
-  for h in lan ctla ctlb gwa gwb na nb wa wb; do ns "$h"; done
+  ns lan
+  for x in "${SITES[@]}"; do for h in ctl gw n w; do ns "$h$x"; done; done
   ip -n "$P-lan" link add br0 type bridge
   ip -n "$P-lan" link set br0 up
   i=0
@@ -66,20 +82,20 @@ else
     ip -n "$P-$1" link set eth0 up
     i=$((i + 1))
   }
-  plug ctla $LAN.1; plug ctlb $LAN.2
-  plug gwa $LAN.10; plug na $LAN.11
-  plug gwb $LAN.20; plug nb $LAN.21
-  # A workload behind each node, in the node's subnet (the first /24 of the
-  # site's workload CIDR — the same on both sites).
-  for pair in na:wa nb:wb; do
-    node=${pair%:*} wl=${pair#*:}
-    ip -n "$P-$node" link add wl0 type veth peer name eth0 netns "$P-$wl"
-    ip -n "$P-$node" addr add 10.1.0.1/24 dev wl0
-    ip -n "$P-$node" link set wl0 up
-    ip netns exec "$P-$node" sysctl -qw net.ipv4.ip_forward=1
-    ip -n "$P-$wl" addr add 10.1.0.10/24 dev eth0
-    ip -n "$P-$wl" link set eth0 up
-    ip -n "$P-$wl" route add default via 10.1.0.1
+  # Site number k (1-based): controller .k, gateway .10k, node .10k+1.
+  k=0
+  for x in "${SITES[@]}"; do
+    k=$((k + 1))
+    plug "ctl$x" "$LAN.$k"; plug "gw$x" "$LAN.$((10 * k))"; plug "n$x" "$LAN.$((10 * k + 1))"
+    # A workload behind the node, in the node's subnet (the first /24 of
+    # the site's workload CIDR — the same on every site).
+    ip -n "$P-n$x" link add wl0 type veth peer name eth0 netns "$P-w$x"
+    ip -n "$P-n$x" addr add 10.1.0.1/24 dev wl0
+    ip -n "$P-n$x" link set wl0 up
+    ip netns exec "$P-n$x" sysctl -qw net.ipv4.ip_forward=1
+    ip -n "$P-w$x" addr add 10.1.0.10/24 dev eth0
+    ip -n "$P-w$x" link set eth0 up
+    ip -n "$P-w$x" route add default via 10.1.0.1
   done
 
   controller() { # site host address
@@ -92,15 +108,14 @@ else
     for _ in $(seq 100); do [ -S "$data/admin.sock" ] && break; sleep 0.1; done
     [ -S "$data/admin.sock" ] || { cat "$data/controller.log"; exit 1; }
   }
-  controller site-a ctla $LAN.1
-  controller site-b ctlb $LAN.2
-
   agent() { # kind site controller-address host address
     local dir=$ROOT/$4 t
     mkdir -p "$dir"
     echo "$1" >"$dir/kind"
     t=$("$BIN/weftctl" --controller "unix:$ROOT/$2/admin.sock" -o json token create --role "$1" --name "$4")
     local extra=()
+    # The first of the site's WireGuard ports (51820-51919 by default);
+    # each peering listens on its own port of that range.
     [ "$1" = gateway ] && extra=(--endpoint "$5:51820")
     nsenter --net="/run/netns/$P-$4" "$BIN/weft-$1-agent" --controller "https://$3:7443" --name "$4" \
       --underlay-ip "$5" --state-dir "$dir/agent" --metrics-listen "$5:9101" "${extra[@]}" \
@@ -109,39 +124,50 @@ else
       >"$dir/agent.log" 2>&1 &
     echo $! >"$dir/agent.pid"
   }
-  agent gateway site-a $LAN.1 gwa $LAN.10
-  agent node site-a $LAN.1 na $LAN.11
-  agent gateway site-b $LAN.2 gwb $LAN.20
-  agent node site-b $LAN.2 nb $LAN.21
+  k=0
+  for x in "${SITES[@]}"; do
+    k=$((k + 1))
+    controller "site-$x" "ctl$x" "$LAN.$k"
+    agent gateway "site-$x" "$LAN.$k" "gw$x" "$LAN.$((10 * k))"
+    agent node "site-$x" "$LAN.$k" "n$x" "$LAN.$((10 * k + 1))"
+  done
 fi
 
-A="$BIN/weftctl --controller unix:$ROOT/site-a/admin.sock"
-B="$BIN/weftctl --controller unix:$ROOT/site-b/admin.sock"
-for _ in $(seq 100); do
-  $A -o json gateways | grep -q '"public_key": "[^"]' && $B -o json gateways | grep -q '"public_key": "[^"]' && break
-  sleep 0.2
+ctl() { echo "$BIN/weftctl --controller unix:$ROOT/site-$1/admin.sock"; }
+for x in "${SITES[@]}"; do
+  for _ in $(seq 100); do
+    $(ctl "$x") -o json gateways | grep -q '"public_key": "[^"]' && break
+    sleep 0.2
+  done
 done
-
+A=$(ctl a)
 set -x
 grpcurl -plaintext -unix "$ROOT/site-a/admin.sock" list
 $A nodes
 $A gateways
 set +x
-if ! $A -o json peerings | grep -q site-b; then
-  token=$($B -o json peering token --ttl 10m | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
-  echo "+ weftctl peering token                        (on site-b; the token is shown once)"
-  echo "+ weftctl peering create --token <that token>  (on site-a)"
-  $A peering create --token "$token"
-fi
-# The gateways build the tunnel and probe through it; wait until both
-# sides see it answer (state "connected").
-for _ in $(seq 100); do
-  $A -o json peerings | grep -q '"state": "connected"' && $B -o json peerings | grep -q '"state": "connected"' && break
-  sleep 0.2
+# Every pair of sites peers: a token from the one, redeemed at the other.
+for ((i = 0; i < N; i++)); do
+  for ((j = i + 1; j < N; j++)); do
+    x=${SITES[$i]} y=${SITES[$j]}
+    $(ctl "$x") -o json peerings | grep -q "\"site-$y\"" && continue
+    token=$($(ctl "$y") -o json peering token --ttl 10m | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
+    echo "+ weftctl peering token                        (on site-$y; the token is shown once)"
+    echo "+ weftctl peering create --token <that token>  (on site-$x)"
+    $(ctl "$x") peering create --token "$token"
+  done
+done
+# The gateways build the tunnels and probe through them; wait until every
+# site sees every peering answer (state "connected").
+for x in "${SITES[@]}"; do
+  for _ in $(seq 150); do
+    [ "$($(ctl "$x") -o json peerings | grep -c '"state": "connected"')" -ge $((N - 1)) ] && break
+    sleep 0.2
+  done
 done
 set -x
 $A peerings
-$B peerings
+$(ctl b) peerings
 set +x
 
 # site-b's workload 10.1.0.10 as site-a sees it: the same host bits in the
@@ -161,19 +187,25 @@ done
 [ -n "$ok" ] || { echo "quickstart: the ping across the sites failed; logs under $ROOT" >&2; exit 1; }
 
 # The operator's view: one screen of the site, and a reachability matrix
-# from node na's host and its workload to site-b's workload (by its own
-# address; weftctl maps it to the local view).
+# from each site's node host and workload to every other site's workload
+# (by its own address; weftctl maps it to the local view).
 set -x
 $A status
-ip netns exec $P-na $A test network --from host --from $P-wa --to site-b=10.1.0.10 --tcp-port 80
 set +x
+for x in "${SITES[@]}"; do
+  to=()
+  for y in "${SITES[@]}"; do [ "$y" = "$x" ] || to+=(--to "site-$y=10.1.0.10"); done
+  echo "+ ip netns exec $P-n$x weftctl test network --from host --from $P-w$x ${to[*]} --tcp-port 80   (site-$x)"
+  ip netns exec "$P-n$x" $(ctl "$x") test network --from host --from "$P-w$x" "${to[@]}" --tcp-port 80
+done
 
 cat <<TXT
 
-Two sites are running and peered, both on 10.1.0.0/16, in namespaces $P-*:
-site-a (controller $LAN.1:7443) and site-b ($LAN.2:7443), each with a
-gateway, a node and a workload. Each reaches the other through its own local
-view (above); the WireGuard tunnel runs between the gateways.
+$N sites are running and every pair is peered, all on 10.1.0.0/16, in
+namespaces $P-*: site-a (controller $LAN.1:7443), site-b ($LAN.2:7443), …,
+each with a gateway, a node and a workload. Each reaches the others through
+its own local views (above); a WireGuard tunnel per peering runs between the
+gateways, each on its own UDP port of 51820-51919.
   export WEFT_CONTROLLER=unix:$ROOT/site-a/admin.sock
   $BIN/weftctl peerings
   sudo ip netns exec $P-wa ping $view

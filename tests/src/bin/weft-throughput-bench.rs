@@ -3,9 +3,12 @@
 //! tunnel of weft's own WireGuard device code (boringtun, one worker, no
 //! overlay, no NAT) and a point-to-point wireguard-go tunnel (if
 //! `wireguard-go` is installed), each over a veth pair.
-//! The weft path is workload → node → VXLAN → gateway → userspace WireGuard
-//! (boringtun) in the peering namespace → the other site's gateway → VXLAN →
-//! node → workload, so it crosses two WireGuard ends and two overlay hops.
+//! The weft path is workload → node → VXLAN → gateway → prefix NAT and
+//! userspace WireGuard (boringtun) in the peering namespace → the other
+//! site's gateway, prefix NAT → VXLAN → node → workload, so it crosses two
+//! WireGuard ends, two overlay hops and NAT on both gateways: both sites
+//! use the same workload CIDR (10.1.0.0/16), so each reaches the other
+//! through a remapped view.
 //! Needs root; everything lives in `weft-tp-*` namespaces that go away at
 //! the end. `sudo weft-throughput-bench --seconds 5` (see docs/benchmarks.md).
 
@@ -234,8 +237,17 @@ fn main() {
     let dir = tempfile::Builder::new().prefix("weft-tp").tempdir().unwrap();
     let log = dir.path().join("iperf3.log");
 
-    let mut s = sites::up("tp", ("site-a", "10.201.0.0/16"), ("site-b", "10.202.0.0/16"));
+    // Both sites on one CIDR: the measured path has prefix NAT in it.
+    let mut s = sites::up("tp", ("site-a", "10.1.0.0/16"), ("site-b", "10.1.0.0/16"));
     let (wa, wb, to_b) = (s.ns["wa"].clone(), s.ns["wb"].clone(), s.wb_from_a.clone());
+    let wb_real = &s.workloads[2].1;
+    assert_ne!(
+        &to_b, wb_real,
+        "the sites overlap, so site-a must reach wb through a remapped view"
+    );
+    println!(
+        "path under test: wa (10.1.0.10) -> wb {wb_real}, seen from site-a at {to_b} (prefix NAT on both gateways)"
+    );
     eventually("wa reaching wb through the peering", Duration::from_secs(30), || {
         s.lab
             .exec(&wa, &["ping", "-c", "1", "-W", "1", &to_b])
@@ -294,6 +306,6 @@ fn main() {
         Some(wg) => println!("wireguard-go point-to-point         {wg:6.2}   {:.3}", wg / veth),
         None => println!("wireguard-go point-to-point         (not installed)"),
     }
-    println!("weft (2 VXLAN hops, NAT, routing)   {weft:6.2}   {:.3}", weft / veth);
+    println!("weft (2 VXLAN hops, prefix NAT)     {weft:6.2}   {:.3}", weft / veth);
     println!("weft / boringtun point-to-point (median of per-run ratios) {ratio:.3}");
 }
