@@ -5,6 +5,7 @@
 //! as it was.
 
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
@@ -152,7 +153,14 @@ impl StateFile {
             objects: d.objects.values().cloned().collect(),
         };
         let tmp = self.path.with_extension("tmp");
-        let mut file = std::fs::File::create(&tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
+        // 0600 from the start: the state names every tunnel, key and peer.
+        let _ = std::fs::remove_file(&tmp);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .with_context(|| format!("cannot write {}", tmp.display()))?;
         file.write_all(&f.encode_to_vec())?;
         file.sync_all()?;
         std::fs::rename(&tmp, &self.path).with_context(|| format!("cannot write {}", self.path.display()))?;

@@ -205,7 +205,25 @@ pub fn ensure(dir: &Path, site: &str, names: &[String]) -> anyhow::Result<Server
             .with_context(|| format!("cannot make {} private (mode 0700)", dir.display()))?;
     }
     let (ca_cert, ca_key) = (dir.join(CA_CERT), dir.join(CA_KEY));
-    if !ca_cert.exists() || !ca_key.exists() {
+    match (ca_cert.exists(), ca_key.exists()) {
+        (true, false) | (false, true) => anyhow::bail!(
+            "{} exists but {} does not; restore the missing file from a backup (or another replica). \
+             A new CA would cut off every enrolled agent and peered site, so weft will not make one over a \
+             half-present CA; delete both to start a new site",
+            if ca_cert.exists() {
+                ca_cert.display()
+            } else {
+                ca_key.display()
+            },
+            if ca_cert.exists() {
+                ca_key.display()
+            } else {
+                ca_cert.display()
+            },
+        ),
+        _ => {}
+    }
+    if !ca_cert.exists() {
         let key = KeyPair::generate()?;
         let mut p = CertificateParams::default();
         let mut dn = DistinguishedName::new();
@@ -292,5 +310,20 @@ mod tests {
         let again = ensure(d.path(), "s1", &[]).unwrap();
         assert_eq!(again.ca.pem, ca1, "the CA survives restarts");
         assert_ne!(again.cert_pem, pki.cert_pem, "the server certificate is reissued");
+    }
+
+    #[test]
+    fn a_half_present_ca_is_never_replaced() {
+        let d = tempfile::tempdir().unwrap();
+        ensure(d.path(), "s1", &[]).unwrap();
+        let key = std::fs::read(d.path().join(CA_KEY)).unwrap();
+        std::fs::remove_file(d.path().join(CA_CERT)).unwrap();
+        let e = ensure(d.path(), "s1", &[]).err().expect("refused").to_string();
+        assert!(e.contains("restore the missing file"), "{e}");
+        assert_eq!(
+            std::fs::read(d.path().join(CA_KEY)).unwrap(),
+            key,
+            "the CA key was overwritten"
+        );
     }
 }

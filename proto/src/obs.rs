@@ -129,8 +129,14 @@ pub async fn serve_metrics(addr: SocketAddr, registry: Arc<Mutex<Registry>>) -> 
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors and the like: wait instead of spinning.
+                    tracing::warn!(error = %e, "metrics listener cannot accept");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
             };
             let registry = registry.clone();
             tokio::spawn(async move {

@@ -20,7 +20,8 @@ impl InProc {
         Self::start_with(&[]).await
     }
 
-    /// Starts with extra flags, e.g. `("agent_ttl", "3s")`.
+    /// Starts with extra flags, e.g. `("agent_ttl", "3s")` or
+    /// `("etcd_endpoints", "http://127.0.0.1:PORT")`.
     pub async fn start_with(extra: &[(&str, &str)]) -> InProc {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::Builder::new().prefix("weft-identity").tempdir().unwrap();
@@ -42,6 +43,11 @@ impl InProc {
                     .map_or("10.1.0.0/16", |e| e.1)
                     .to_string(),
             ],
+            etcd_endpoints: extra
+                .iter()
+                .filter(|e| e.0 == "etcd_endpoints")
+                .map(|e| e.1.to_string())
+                .collect(),
             ..Default::default()
         };
         let cfg = config::resolve(&args, FileConfig::default()).unwrap();

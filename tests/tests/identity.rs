@@ -279,3 +279,67 @@ async fn tokens_are_single_use_expire_and_are_never_stored_in_clear() {
         }
     }
 }
+
+/// A stolen certificate renewed over and over cannot make its agent
+/// unremovable: each renewal replaces (and revokes) the one before, so the
+/// record never holds more than two, and removal revokes them all, on
+/// both stores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_renewals_then_removal_revokes_on_both_stores() {
+    let etcd = weft_tests::Etcd::start();
+    let mut stores = vec![vec![]];
+    if let Some(e) = &etcd {
+        stores.push(vec![("etcd_endpoints", e.endpoint())]);
+    }
+    for extra in stores {
+        let extra: Vec<(&str, &str)> = extra.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let c = InProc::start_with(&extra).await;
+        let t = c.token("n1", 600, 1).await;
+        let (cert, key) = c.register(&t, "n1").await.unwrap();
+        let mut stolen = AgentServiceClient::new(c.channel(Some((&cert, &key))).await);
+        let mut issued = Vec::new();
+        for _ in 0..200 {
+            let (k, csr) = weft_agent::identity::key_and_csr("n1").unwrap();
+            let r = stolen
+                .renew(pb::RenewRequest { csr_pem: csr })
+                .await
+                .unwrap()
+                .into_inner();
+            issued.push((r.certificate_pem, k.serialize_pem()));
+        }
+        let use_of = |(cert, key): (String, String)| {
+            let c = &c;
+            async move {
+                let mut a = AgentServiceClient::new(c.channel(Some((&cert, &key))).await);
+                a.get_assignment(pb::GetAssignmentRequest { name: "n1".into() }).await
+            }
+        };
+        // The first renewal's certificate was replaced, so revoked; the
+        // newest one works.
+        let first = issued[0].clone();
+        let newest = issued[199].clone();
+        for _ in 0..100 {
+            if use_of(first.clone()).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        refused(use_of(first).await, Code::Unauthenticated, "revoked");
+        assert!(use_of(newest.clone()).await.is_ok());
+        c.admin()
+            .await
+            .delete_node(pb::DeleteNodeRequest { name: "n1".into() })
+            .await
+            .expect("removal succeeds after 200 renewals");
+        for creds in [(cert.clone(), key.clone()), newest] {
+            for _ in 0..100 {
+                if use_of(creds.clone()).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            refused(use_of(creds).await, Code::Unauthenticated, "revoked");
+        }
+        c.stop().await;
+    }
+}

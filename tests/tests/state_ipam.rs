@@ -212,3 +212,37 @@ async fn exhausted_remap_pools_are_resource_exhausted() {
     assert_eq!(status.code(), tonic::Code::ResourceExhausted);
     assert_eq!(st.list_peerings().await.unwrap().0.len(), 2, "nothing half-written");
 }
+
+/// A peer's CIDR that covers a host's underlay address is never used as
+/// the local view as it is: a policy rule for it would pull the site's own
+/// VXLAN and controller traffic into the peering. It is remapped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_view_never_covers_a_hosts_underlay_address() {
+    use weft_controller::domain::AgentRole;
+    use weft_controller::pki::Issued;
+    for (stores, _guard) in replicas().await {
+        let backend = stores[0].backend();
+        let st = State::new(stores[0].clone(), "site-a");
+        st.init_site(&site()).await.unwrap();
+        let (token, _) = st
+            .create_token(AgentRole::Node, Some("n1"), std::time::Duration::from_secs(60), 1)
+            .await
+            .unwrap();
+        st.register(&token, "n1", None, Some("10.50.3.7".parse().unwrap()), |_, _| {
+            Ok(Issued {
+                cert_pem: String::new(),
+                serial: "01".into(),
+                not_after_ms: u64::MAX,
+            })
+        })
+        .await
+        .unwrap();
+        let p = st
+            .upsert_peering("site-b", &[(CidrKind::Workload, n("10.50.0.0/16"))])
+            .await
+            .unwrap();
+        let ip: std::net::Ipv4Addr = "10.50.3.7".parse().unwrap();
+        assert!(p.views[0].remapped(), "{backend}: {:?}", p.views);
+        assert!(!p.views[0].local.contains(&ip), "{backend}: {:?}", p.views);
+    }
+}

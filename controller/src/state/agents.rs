@@ -321,23 +321,35 @@ impl State {
                 serial: issued.serial.clone(),
                 not_after_ms: issued.not_after_ms,
             };
+            // The new certificate replaces every older one but the caller's
+            // (which the agent uses until it has the new one: a renewal whose
+            // answer was lost is retried with it). The replaced ones are
+            // revoked in the same transaction, so an agent holds at most two
+            // live certificates however often it renews, and removing it
+            // revokes at most two.
+            let (kept, replaced): (Vec<CertRecord>, Vec<CertRecord>) = known
+                .into_iter()
+                .filter(|c| c.not_after_ms > now)
+                .partition(|c| c.serial == caller_serial);
+            let certs: Vec<CertRecord> = kept.into_iter().chain([rec]).collect();
             let bytes = match role {
                 AgentRole::Node => {
                     let mut n: Node = decode(&kv)?;
-                    n.certs.retain(|c| c.not_after_ms > now);
-                    n.certs.push(rec);
+                    n.certs = certs;
                     encode(&n)
                 }
                 AgentRole::Gateway => {
                     let mut g: Gateway = decode(&kv)?;
-                    g.certs.retain(|c| c.not_after_ms > now);
-                    g.certs.push(rec);
+                    g.certs = certs;
                     encode(&g)
                 }
             };
-            let txn = Txn::new()
+            let mut txn = Txn::new()
                 .when(Compare::ModRevision(key.clone(), kv.mod_revision))
                 .then(Op::put(key.clone(), bytes));
+            for op in self.revoke_ops(role, name, &replaced) {
+                txn = txn.then(op);
+            }
             if self.store.txn(txn).await?.succeeded {
                 tracing::info!(role = role.as_str(), agent = name, serial = %issued.serial, "agent certificate renewed");
                 return Ok(issued);

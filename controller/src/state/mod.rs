@@ -185,6 +185,18 @@ impl Snapshot {
     /// Blocks in use here apart from node subnets: a peer's view must avoid them.
     fn blocks_in_use(&self, site: &Site, except_peer: Option<&str>) -> Vec<Ipv4Net> {
         let mut v = site.own_blocks();
+        // The hosts' own underlay addresses: a local view covering one would
+        // pull the site's VXLAN and controller traffic into a peering (the
+        // peer's CIDR is then remapped away from them).
+        let underlay = self
+            .nodes
+            .iter()
+            .filter_map(|(n, _)| n.underlay_ip)
+            .chain(self.gateways.iter().filter_map(|(g, _)| g.underlay_ip));
+        v.extend(underlay.filter_map(|ip| match ip {
+            std::net::IpAddr::V4(a) => Some(Ipv4Net::from(a)),
+            std::net::IpAddr::V6(_) => None,
+        }));
         for (p, _) in &self.peerings {
             if Some(p.site_id.as_str()) != except_peer {
                 v.extend(p.views.iter().map(|v| v.local));
