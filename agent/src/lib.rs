@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod config;
 pub mod desired;
+pub mod guard;
 pub mod identity;
 pub mod linux;
 pub mod metrics;

@@ -13,6 +13,7 @@ use weft_proto::v1::agent_service_client::AgentServiceClient;
 use crate::apply::{Applier, DryRun};
 use crate::config::AgentConfig;
 use crate::desired::{Desired, StateFile};
+use crate::guard::{Guard, Guarded};
 use crate::identity::{AgentKind, Credentials, IdentityStore, RenewError};
 use crate::tls;
 
@@ -366,10 +367,17 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
             tracing::info!(state_dir = %cfg.state_dir.display(), "nothing stored, nothing to remove");
             return Ok(());
         }
+        let guard = Guard::new(cfg.underlay_ip, &cfg.controllers);
         let mut applier: Box<dyn Applier> = if cfg.dry_run {
-            Box::new(DryRun::default())
+            Box::new(Guarded {
+                inner: DryRun::default(),
+                guard,
+            })
         } else {
-            Box::new(crate::linux::Linux::new(None)?)
+            Box::new(Guarded {
+                inner: crate::linux::Linux::new(None)?,
+                guard,
+            })
         };
         let left = teardown(&mut desired, &file, applier.as_mut()).await;
         if left > 0 {
@@ -398,15 +406,22 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         AgentKind::Node => None,
     };
     let gateway_key = wg_keys.as_ref().map(|k| k.1.clone());
+    // Everything the controller sends, and the stored state, passes the
+    // guard before it reaches the host.
+    let guard = Guard::new(cfg.underlay_ip, &cfg.controllers);
     let mut applier: Box<dyn Applier> = if cfg.dry_run {
         tracing::info!("--dry-run: changes are printed, not made");
-        Box::new(DryRun::default())
+        Box::new(Guarded {
+            inner: DryRun::default(),
+            guard,
+        })
     } else {
-        Box::new(
-            crate::linux::Linux::new(wg_keys.map(|k| k.0))?
+        Box::new(Guarded {
+            inner: crate::linux::Linux::new(wg_keys.map(|k| k.0))?
                 .with_probes(cfg.probe)
                 .with_underlay(cfg.underlay_ip),
-        )
+            guard,
+        })
     };
     let file = StateFile::new(&cfg.state_dir);
     let mut desired = file.load()?.unwrap_or_default();

@@ -24,8 +24,8 @@ use weft_proto::v1::desired_object::Kind;
 use crate::domain::{Gateway, Node, Peering, Site};
 
 /// weft's routing table and the priority of its policy rules.
-pub const TABLE: u32 = 7765;
-pub const RULE_PRIORITY: u32 = 7765;
+pub const TABLE: u32 = weft_proto::HOST_TABLE;
+pub const RULE_PRIORITY: u32 = weft_proto::HOST_RULE_PRIORITY;
 pub const VXLAN_PORT: u32 = 4789;
 pub const GENEVE_PORT: u32 = 6081;
 /// Inside a peering namespace: the table of routes into the tunnel.

@@ -12,6 +12,14 @@ pub mod v1 {
     tonic::include_proto!("weft.v1");
 }
 
+/// The routing table weft owns in a host's own namespace: every route a
+/// controller may send for a host's own namespace lives here (in weft's
+/// peering namespaces, which weft owns whole, any table).
+pub const HOST_TABLE: u32 = 7765;
+
+/// The one policy-rule priority weft owns in a host's own namespace.
+pub const HOST_RULE_PRIORITY: u32 = 7765;
+
 /// Encoded `FileDescriptorSet` of every weft proto, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/weft_descriptor.bin"));
 

@@ -1,0 +1,203 @@
+//! The agent's guard with the real node agent in a network namespace: a
+//! desired state that reaches past what weft owns (a route in table main,
+//! a rule at priority 0, an address on eth0 that the controller then
+//! deletes, a namespace path with "..", SNAT on eth0) is refused, reported,
+//! and leaves the host exactly as it was. The hostile state comes the way a
+//! tampered state file or a compromised controller would hand it over: as
+//! the agent's stored desired state, applied at start, then reconciled
+//! against the controller. Needs root: run under CI=true.
+
+use std::time::Duration;
+
+use weft_agent::desired::StateFile;
+use weft_proto::v1 as pb;
+use weft_proto::v1::desired_object::Kind;
+use weft_tests::netns::{self, Lab};
+use weft_tests::{bin, eventually, weftctl_json};
+
+fn obj(id: &str, kind: Kind) -> pb::DesiredObject {
+    pb::DesiredObject {
+        id: id.into(),
+        kind: Some(kind),
+    }
+}
+
+/// Everything of the host's networking a test can read.
+fn host_state(lab: &Lab, ns: &str) -> String {
+    [
+        // IPv4: the link-local IPv6 address goes tentative → valid on its own.
+        vec!["ip", "-4", "-d", "addr"],
+        vec!["ip", "-4", "rule"],
+        vec!["ip", "-4", "route", "show", "table", "all"],
+        vec!["ip", "-d", "link"],
+        vec!["nft", "list", "ruleset"],
+    ]
+    .iter()
+    .map(|cmd| weft_tests::stdout(&netns::must(lab.exec(ns, cmd), "read the host")))
+    .collect::<Vec<_>>()
+    .join("\n")
+}
+
+#[test]
+fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
+    if !netns::require_root() {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("weft-guard").tempdir().unwrap();
+    let mut lab = Lab::new("guard");
+    lab.lan();
+    let (ctl, node) = (lab.host("ctl"), lab.host("node"));
+    lab.plug(&ctl, "192.168.78.1/24");
+    lab.plug(&node, "192.168.78.11/24");
+    netns::must(
+        lab.exec(&node, &["ip", "route", "add", "default", "via", "192.168.78.1"]),
+        "default route",
+    );
+    let data = dir.path().join("site");
+    lab.spawn(
+        &ctl,
+        &bin("weft-controller"),
+        &[
+            "--site-id",
+            "site-a",
+            "--pod-cidr",
+            "10.1.0.0/16",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            "192.168.78.1:7443",
+        ],
+        &dir.path().join("controller.log"),
+    );
+    let sock = data.join("admin.sock");
+    eventually("the controller", Duration::from_secs(20), || {
+        std::os::unix::net::UnixStream::connect(&sock).ok()
+    });
+    let target = format!("unix:{}", sock.display());
+    let t = weftctl_json(&target, &["token", "create", "--role", "node", "--name", "n1"]);
+    let state = dir.path().join("n1");
+    let agent = lab.spawn(
+        &node,
+        &bin("weft-node-agent"),
+        &[
+            "--controller",
+            "https://192.168.78.1:7443",
+            "--name",
+            "n1",
+            "--underlay-ip",
+            "192.168.78.11",
+            "--token",
+            t["token"].as_str().unwrap(),
+            "--ca-fingerprint",
+            t["ca_fingerprint"].as_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--resync-interval",
+            "1s",
+            "--subnet",
+            "10.1.0.0/24",
+        ],
+        &dir.path().join("agent.log"),
+    );
+    eventually("the node enrolled and watching", Duration::from_secs(20), || {
+        lab.proc(agent).log_text().contains("watching").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    lab.proc(agent).stop();
+    let before = host_state(&lab, &node);
+
+    // The stored state gains what a compromised controller would send.
+    let file = StateFile::new(&state);
+    let mut desired = file.load().unwrap().unwrap_or_default();
+    let hostile = [
+        obj(
+            "hostile/route-main",
+            Kind::Route(pb::Route {
+                namespace: String::new(),
+                table: 254,
+                destination: "10.99.0.0/16".into(),
+                gateway: "192.168.78.1".into(),
+                device: "eth0".into(),
+            }),
+        ),
+        obj(
+            "hostile/rule-0",
+            Kind::Rule(pb::Rule {
+                namespace: String::new(),
+                priority: 0,
+                from: String::new(),
+                to: "10.99.0.0/16".into(),
+                table: 7765,
+                iif: String::new(),
+            }),
+        ),
+        // Held as if applied: the controller's snapshot, which lacks it,
+        // then asks the agent to delete it, i.e. to delete eth0's address.
+        obj(
+            "hostile/eth0-address",
+            Kind::Address(pb::Address {
+                link: "eth0".into(),
+                namespace: String::new(),
+                cidr: "192.168.78.11/24".into(),
+            }),
+        ),
+        obj(
+            "hostile/netns",
+            Kind::Namespace(pb::Namespace {
+                name: "weft-x/../../proc/1/ns/net".into(),
+            }),
+        ),
+        obj(
+            "hostile/snat",
+            Kind::HostSnat(pb::HostSnat {
+                link: "eth0".into(),
+                address: "10.70.0.9".into(),
+                except: vec![],
+            }),
+        ),
+    ];
+    for o in &hostile {
+        desired.objects.insert(o.id.clone(), o.clone());
+    }
+    file.save(&desired).unwrap();
+
+    lab.respawn(agent);
+    let log = eventually("every hostile object refused", Duration::from_secs(20), || {
+        let log = lab.proc(agent).log_text();
+        hostile
+            .iter()
+            .all(|o| {
+                log.lines()
+                    .any(|l| l.contains("refused a desired object") && l.contains(&o.id))
+            })
+            .then_some(log)
+    });
+    for (id, why) in [
+        ("hostile/route-main", "table 254"),
+        ("hostile/rule-0", "priority 0"),
+        ("hostile/eth0-address", "\"eth0\""),
+        ("hostile/netns", "namespaces"),
+        ("hostile/snat", "\"eth0\""),
+    ] {
+        let line = log.lines().find(|l| l.contains("refused") && l.contains(id)).unwrap();
+        assert!(line.contains(why), "{id}: {line}");
+    }
+    // Reconciled against the controller (whose snapshot deletes them all)
+    // and through a few resyncs: the host is as it was.
+    eventually("the agent watching again", Duration::from_secs(20), || {
+        (lab.proc(agent).log_text().matches("watching").count() >= 1).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(host_state(&lab, &node), before, "the host changed");
+    let stored = file.load().unwrap().unwrap_or_default();
+    assert!(
+        stored.objects.keys().all(|k| !k.starts_with("hostile/")),
+        "the controller's snapshot should have replaced them: {:?}",
+        stored.objects.keys().collect::<Vec<_>>()
+    );
+    // A namespace outside weft's was never opened or made.
+    let netns_list = weft_tests::stdout(&weft_tests::run(
+        std::process::Command::new("ip").args(["netns", "list"]),
+    ));
+    assert!(!netns_list.contains("proc"), "{netns_list}");
+}
