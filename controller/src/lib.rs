@@ -8,6 +8,7 @@
 //! between prost and domain types; `server` and `cli` wire it together and
 //! `weftctl` is the admin client. The binaries' `main`s are one line.
 
+pub mod admission;
 pub mod auth;
 pub mod cli;
 pub mod client;

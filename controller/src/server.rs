@@ -12,9 +12,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use futures::StreamExt;
-use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::net::{TcpListener, UnixListener};
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
@@ -22,6 +21,7 @@ use weft_proto::v1::admin_service_server::AdminServiceServer;
 use weft_proto::v1::agent_service_server::AgentServiceServer;
 use weft_proto::v1::federation_service_server::FederationServiceServer;
 
+use crate::admission::{Admission, Conn, Limits};
 use crate::auth::{Authenticator, Role};
 use crate::config::{ControllerConfig, StoreConfig};
 use crate::federation::{Federation, FederationApi};
@@ -119,11 +119,13 @@ fn tls_config(pki: &ServerPki, auth: &Authenticator) -> anyhow::Result<Arc<rustl
 }
 
 /// Accepts TCP connections and runs each TLS handshake in its own task, so
-/// a slow or silent client never holds up the others.
+/// a slow or silent client never holds up the others. Unauthenticated
+/// connections are capped and short-lived (see [`crate::admission`]).
 fn tls_incoming(
     listener: TcpListener,
     acceptor: TlsAcceptor,
-) -> ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>> {
+    admission: Arc<Admission>,
+) -> ReceiverStream<Result<Conn, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
     tokio::spawn(async move {
         loop {
@@ -138,16 +140,31 @@ fn tls_incoming(
                 },
                 _ = tx.closed() => return,
             };
+            let Some(handshake) = admission.handshake(peer.ip()) else {
+                tracing::debug!(%peer, "too many handshakes from this address; closed");
+                continue;
+            };
             let _ = tcp.set_nodelay(true);
-            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            let (acceptor, tx, admission) = (acceptor.clone(), tx.clone(), admission.clone());
             tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => {
-                        let _ = tx.send(Ok(stream)).await;
+                let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+                };
+                drop(handshake);
+                let certified = stream.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
+                let conn = if certified {
+                    Conn::authenticated(stream)
+                } else {
+                    match admission.anonymous(peer.ip()) {
+                        Some(t) => Conn::anonymous(stream, t, admission.limits().anonymous_lifetime),
+                        None => {
+                            return tracing::debug!(%peer, "too many connections without a certificate; closed");
+                        }
                     }
-                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                }
+                };
+                let _ = tx.send(Ok(conn)).await;
             });
         }
     });
@@ -334,7 +351,10 @@ pub async fn run(
         .add_service(health_svc)
         .add_service(refl_v1_tcp)
         .add_service(refl_v1a_tcp)
-        .serve_with_incoming_shutdown(tls_incoming(tcp, acceptor), stopped(stop_rx));
+        .serve_with_incoming_shutdown(
+            tls_incoming(tcp, acceptor, Admission::new(Limits::default())),
+            stopped(stop_rx),
+        );
 
     tracing::info!(
         site = %cfg.site.id,

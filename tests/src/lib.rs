@@ -420,14 +420,32 @@ pub fn dry_run_agent(
     dir: &std::path::Path,
 ) -> Proc {
     let t = weftctl_json(&via.target(), &["token", "create", "--role", kind, "--name", name]);
+    let mut cmd = dry_run_command(kind, name, ip, controllers, dir);
+    cmd.args(["--token", t["token"].as_str().unwrap()])
+        .args(["--ca-fingerprint", t["ca_fingerprint"].as_str().unwrap()]);
+    Proc::spawn(&mut cmd, &dir.join(format!("{name}.log")))
+}
+
+/// A [`dry_run_agent`] started again with what it stored when it enrolled
+/// (no token), logging to a new file.
+pub fn dry_run_agent_again(
+    kind: &str,
+    name: &str,
+    ip: &str,
+    controllers: &[&Controller],
+    dir: &std::path::Path,
+) -> Proc {
+    let mut cmd = dry_run_command(kind, name, ip, controllers, dir);
+    Proc::spawn(&mut cmd, &dir.join(format!("{name}.again.log")))
+}
+
+fn dry_run_command(kind: &str, name: &str, ip: &str, controllers: &[&Controller], dir: &std::path::Path) -> Command {
     let list: Vec<String> = controllers
         .iter()
         .map(|c| format!("https://127.0.0.1:{}", c.listen_port))
         .collect();
     let mut cmd = Command::new(bin(&format!("weft-{kind}-agent")));
     cmd.args(["--controller", &list.join(","), "--name", name, "--underlay-ip", ip])
-        .args(["--token", t["token"].as_str().unwrap()])
-        .args(["--ca-fingerprint", t["ca_fingerprint"].as_str().unwrap()])
         .arg("--state-dir")
         .arg(dir.join(name))
         .arg("--dry-run")
@@ -436,7 +454,7 @@ pub fn dry_run_agent(
     if kind == "gateway" {
         cmd.args(["--endpoint", &format!("{ip}:51820")]);
     }
-    Proc::spawn(&mut cmd, &dir.join(format!("{name}.log")))
+    cmd
 }
 
 /// Times (Unix s) and sequence numbers of the answered pings in a

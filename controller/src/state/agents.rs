@@ -163,13 +163,30 @@ impl State {
         let parsed = ParsedToken::parse(token_text)?;
         let token_key = self.key(&format!("tokens/{}", parsed.id));
         let secret_hash = sha256_hex(&parsed.secret);
+        // Refused cheaply, before the site-wide writer lock and its snapshot:
+        // one read of the token's own record. A flood of wrong tokens then
+        // costs a read each and never stalls enrollment, removal (and so
+        // revocation) or peering. The transaction checks again.
+        let unknown = || {
+            unauthenticated(
+                "the enrollment token is unknown (deleted, used up, or never issued); create one with `weftctl token create`"
+                    .into(),
+            )
+        };
+        match self.store.get(&token_key).await? {
+            None => return Err(unknown()),
+            Some(kv) if decode::<Token>(&kv)?.secret_sha256 != secret_hash => {
+                return Err(unauthenticated(
+                    "the enrollment token is not valid; check that it was copied whole".into(),
+                ));
+            }
+            Some(_) => {}
+        }
         let out = self
             .commit(|snap| {
                 let now = now_ms();
                 let Some((token, token_rev)) = snap.tokens.iter().find(|(t, _)| t.id == parsed.id) else {
-                    return Err(unauthenticated(
-                        "the enrollment token is unknown (deleted, used up, or never issued); create one with `weftctl token create`".into(),
-                    ));
+                    return Err(unknown());
                 };
                 if token.secret_sha256 != secret_hash {
                     return Err(unauthenticated("the enrollment token is not valid; check that it was copied whole".into()));
