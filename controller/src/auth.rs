@@ -210,10 +210,16 @@ impl Authenticator {
             )));
         }
         if self.is_revoked(&id.serial) {
-            return Err(Status::unauthenticated(format!(
-                "the certificate of {id} was revoked (the {} was removed); enroll it again with a new token",
-                id.role.as_str()
-            )));
+            return Err(Status::unauthenticated(match id.role {
+                Role::Admin => format!(
+                    "the certificate of {id} was revoked (the admin bundle was rotated); use the current \
+                     admin.pem and admin.key from the controller's pki directory"
+                ),
+                _ => format!(
+                    "the certificate of {id} was revoked (the {} was removed); enroll it again with a new token",
+                    id.role.as_str()
+                ),
+            }));
         }
         Ok(id)
     }

@@ -29,6 +29,17 @@ pub enum Command {
     /// Create the site PKI (CA, server certificate, admin bundle) under
     /// <data-dir>/pki if absent, print the CA fingerprint, and exit.
     Init,
+    /// The admin client bundle.
+    #[command(subcommand)]
+    AdminCert(AdminCertCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AdminCertCommand {
+    /// Issue a new admin bundle (<data-dir>/pki/admin.pem, admin.key) and
+    /// revoke the old certificate on every replica, through the running
+    /// controller's admin socket.
+    Rotate,
 }
 
 async fn shutdown_signal() {
@@ -71,6 +82,9 @@ pub fn main() -> ExitCode {
             }
         };
     }
+    if let Some(Command::AdminCert(AdminCertCommand::Rotate)) = cli.command {
+        return rotate_admin_cert(&cfg);
+    }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -82,6 +96,39 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("weft-controller: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn rotate_admin_cert(cfg: &config::ControllerConfig) -> ExitCode {
+    let target = format!("unix:{}", cfg.admin_socket.display());
+    let run = async {
+        let ch = crate::client::connect(&target, &crate::client::ClientTls::default()).await?;
+        let r = weft_proto::v1::admin_service_client::AdminServiceClient::new(ch)
+            .rotate_admin_cert(weft_proto::v1::RotateAdminCertRequest {})
+            .await
+            .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+            .into_inner();
+        anyhow::Ok(r)
+    };
+    match tokio::runtime::Runtime::new()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(run))
+    {
+        Ok(r) => {
+            println!("new admin bundle: {}", r.cert_path);
+            println!("                  {}", r.key_path);
+            if !r.revoked_serial.is_empty() {
+                println!(
+                    "revoked:          the previous certificate (serial {})",
+                    r.revoked_serial
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("weft-controller: cannot rotate the admin bundle through {target}: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -151,7 +151,8 @@ pub struct Token {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Revoked {
     pub serial: String,
-    pub role: AgentRole,
+    /// "node", "gateway" or "admin".
+    pub role: String,
     pub name: String,
     pub not_after_ms: u64,
 }

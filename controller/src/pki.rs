@@ -264,6 +264,17 @@ pub fn ensure(dir: &Path, site: &str, names: &[String]) -> anyhow::Result<Server
             all.push(n.clone());
         }
     }
+    // Reused across restarts while it is the CA's, names exactly these and
+    // has more than a third of its life left: a restart must not leave a
+    // trail of valid server certificates (and keys) behind.
+    if let Some((cert_pem, key_pem)) = reusable_server_cert(dir, &ca, &all) {
+        return Ok(ServerPki {
+            dir: dir.to_path_buf(),
+            ca,
+            cert_pem,
+            key_pem,
+        });
+    }
     let key = KeyPair::generate()?;
     let mut p = leaf_params(
         &format!("weft controller of {site}"),
@@ -283,6 +294,78 @@ pub fn ensure(dir: &Path, site: &str, names: &[String]) -> anyhow::Result<Server
         cert_pem,
         key_pem,
     })
+}
+
+/// The stored server certificate and key, if they can serve on: signed by
+/// `ca`, for exactly `names`, with over a third of their validity left.
+fn reusable_server_cert(dir: &Path, ca: &SiteCa, names: &[String]) -> Option<(String, String)> {
+    use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
+    let cert_pem = std::fs::read_to_string(dir.join(SERVER_CERT)).ok()?;
+    let key_pem = std::fs::read_to_string(dir.join(SERVER_KEY)).ok()?;
+    KeyPair::from_pem(&key_pem).ok()?;
+    use rustls_pki_types::pem::PemObject;
+    let der = rustls_pki_types::CertificateDer::from_pem_slice(cert_pem.as_bytes()).ok()?;
+    let (_, cert) = X509Certificate::from_der(&der).ok()?;
+    let (_, ca_cert) = X509Certificate::from_der(&ca.der).ok()?;
+    cert.verify_signature(Some(ca_cert.public_key())).ok()?;
+    let mut has: Vec<String> = cert
+        .subject_alternative_name()
+        .ok()??
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::DNSName(d) => Some(d.to_string()),
+            GeneralName::IPAddress(b) => match b.len() {
+                4 => Some(IpAddr::from(<[u8; 4]>::try_from(*b).ok()?).to_string()),
+                16 => Some(IpAddr::from(<[u8; 16]>::try_from(*b).ok()?).to_string()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    let mut want = names.to_vec();
+    has.sort();
+    want.sort();
+    if has != want {
+        return None;
+    }
+    let (from, to) = (
+        cert.validity().not_before.timestamp(),
+        cert.validity().not_after.timestamp(),
+    );
+    let now = OffsetDateTime::now_utc().unix_timestamp();
+    (to - now > (to - from) / 3).then_some((cert_pem, key_pem))
+}
+
+/// Replaces the admin bundle in `dir` with a new one; returns the new
+/// certificate's serial and the old one's (serial, expiry in ms), which
+/// the caller revokes.
+pub fn rotate_admin(dir: &Path, site: &str) -> anyhow::Result<(String, Option<(String, u64)>)> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let ca = SiteCa::load(dir)?;
+    let old = std::fs::read_to_string(dir.join(ADMIN_CERT)).ok().and_then(|pem| {
+        use rustls_pki_types::pem::PemObject;
+        let der = rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).ok()?;
+        let (_, c) = X509Certificate::from_der(&der).ok()?;
+        let serial = c.raw_serial().iter().map(|b| format!("{b:02x}")).collect::<String>();
+        Some((serial, (c.validity().not_after.timestamp().max(0) as u64) * 1000))
+    });
+    let (cert, key) = ca.issue_with_key(
+        &identity_uri(site, "admin", "admin"),
+        &format!("weft admin of {site}"),
+        365,
+    )?;
+    write_file(&dir.join(ADMIN_KEY), &key, 0o600)?;
+    write_file(&dir.join(ADMIN_CERT), &cert, 0o644)?;
+    let serial = {
+        use rustls_pki_types::pem::PemObject;
+        let der = rustls_pki_types::CertificateDer::from_pem_slice(cert.as_bytes())?;
+        let (_, c) = X509Certificate::from_der(&der).map_err(|e| anyhow::anyhow!("{e}"))?;
+        c.raw_serial().iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    tracing::info!(cert = %dir.join(ADMIN_CERT).display(), serial = %serial, "issued a new admin client bundle");
+    Ok((serial, old))
 }
 
 /// The names a server certificate should carry for a listener on `addr`.
@@ -309,7 +392,16 @@ mod tests {
         }
         let again = ensure(d.path(), "s1", &[]).unwrap();
         assert_eq!(again.ca.pem, ca1, "the CA survives restarts");
-        assert_ne!(again.cert_pem, pki.cert_pem, "the server certificate is reissued");
+        assert_ne!(
+            again.cert_pem, pki.cert_pem,
+            "other names: the server certificate is reissued"
+        );
+        let third = ensure(d.path(), "s1", &[]).unwrap();
+        assert_eq!(
+            third.cert_pem, again.cert_pem,
+            "the same names: the server certificate is reused"
+        );
+        assert_eq!(third.key_pem, again.key_pem);
     }
 
     #[test]

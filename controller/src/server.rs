@@ -296,7 +296,8 @@ pub async fn run(
                 hub.clone(),
                 fed.clone(),
             )
-            .with_ca_expiry(ca_not_after_ms),
+            .with_ca_expiry(ca_not_after_ms)
+            .with_pki(pki.dir.clone(), cfg.site.id.clone()),
         )
         .max_decoding_message_size(MAX_MESSAGE),
         auth.require(&[Role::Admin], "the admin API"),

@@ -30,6 +30,8 @@ pub struct AdminApi {
     fed: Arc<Federation>,
     /// When the site CA expires (for Diagnose).
     ca_not_after_ms: Option<u64>,
+    /// The pki directory and site id (for rotating the admin bundle).
+    pki: Option<(std::path::PathBuf, String)>,
 }
 
 impl AdminApi {
@@ -52,7 +54,13 @@ impl AdminApi {
             hub,
             fed,
             ca_not_after_ms: None,
+            pki: None,
         }
+    }
+
+    pub fn with_pki(mut self, dir: std::path::PathBuf, site: String) -> Self {
+        self.pki = Some((dir, site));
+        self
     }
 
     /// The status of each agent, from the liveness records and this replica's streams.
@@ -96,6 +104,39 @@ fn cidr_field(field: &str, text: &str) -> Result<Ipv4Net, Status> {
 
 #[tonic::async_trait]
 impl AdminService for AdminApi {
+    async fn rotate_admin_cert(
+        &self,
+        req: Request<pb::RotateAdminCertRequest>,
+    ) -> Result<Response<pb::RotateAdminCertResponse>, Status> {
+        if !matches!(self.auth.caller(&req)?, Some(crate::auth::Caller::Local)) {
+            return Err(Status::permission_denied(
+                "rotate the admin bundle on the controller's host, over its admin socket \
+                 (weft-controller admin-cert rotate)",
+            ));
+        }
+        let Some((dir, site)) = self.pki.clone() else {
+            return Err(Status::failed_precondition("this controller has no pki directory"));
+        };
+        let (serial, old) = tokio::task::spawn_blocking({
+            let dir = dir.clone();
+            move || crate::pki::rotate_admin(&dir, &site)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the rotation task failed: {e}")))?
+        .map_err(|e| Status::internal(format!("cannot write the new admin bundle: {e:#}")))?;
+        if let Some((old_serial, not_after_ms)) = &old {
+            self.state.revoke_admin(old_serial, *not_after_ms).await?;
+            self.auth.revoke(old_serial.clone());
+            tracing::info!(revoked = %old_serial, "revoked the previous admin certificate");
+        }
+        Ok(Response::new(pb::RotateAdminCertResponse {
+            cert_path: dir.join(crate::pki::ADMIN_CERT).display().to_string(),
+            key_path: dir.join(crate::pki::ADMIN_KEY).display().to_string(),
+            serial,
+            revoked_serial: old.map(|o| o.0).unwrap_or_default(),
+        }))
+    }
+
     async fn diagnose(&self, req: Request<pb::DiagnoseRequest>) -> Result<Response<pb::DiagnoseResponse>, Status> {
         let ms = req.into_inner().settle_millis;
         if ms > 60_000 {

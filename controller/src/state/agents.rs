@@ -384,13 +384,26 @@ impl State {
             .map(|c| {
                 let r = Revoked {
                     serial: c.serial.clone(),
-                    role,
+                    role: role.as_str().to_string(),
                     name: name.to_string(),
                     not_after_ms: c.not_after_ms,
                 };
                 Op::put(self.key(&format!("revoked/{}", c.serial)), encode(&r))
             })
             .collect()
+    }
+
+    /// Revokes an admin certificate (after the bundle was rotated).
+    pub async fn revoke_admin(&self, serial: &str, not_after_ms: u64) -> Result<(), Error> {
+        let r = Revoked {
+            serial: serial.to_string(),
+            role: "admin".into(),
+            name: "admin".into(),
+            not_after_ms,
+        };
+        let txn = Txn::new().then(Op::put(self.key(&format!("revoked/{serial}")), encode(&r)));
+        self.store.txn(txn).await?;
+        Ok(())
     }
 
     /// The store prefix of revocations, for watching.
