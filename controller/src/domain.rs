@@ -277,6 +277,9 @@ pub struct PeerToken {
     pub secret_sha256: String,
     pub expires_at_ms: u64,
     pub created_at_ms: u64,
+    /// Only this site may redeem it (None: any site holding it).
+    #[serde(default)]
+    pub for_site: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

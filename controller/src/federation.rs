@@ -109,6 +109,49 @@ fn remote_gateway(i: usize, g: &pb::GatewayInfo) -> Result<RemoteGateway, String
     })
 }
 
+/// The most controller endpoints a peer may list.
+const MAX_PEER_ENDPOINTS: usize = 16;
+
+/// Checks a peer's controller endpoint before this controller ever dials
+/// it: `host:port` (a DNS name or an address, port 1–65535), and not an
+/// address on this host or no host at all (loopback, unspecified, link-local,
+/// multicast), so a peer cannot point this controller at its own local
+/// services; loopback is allowed where this site is itself served on
+/// loopback (`lab`: every site on one host).
+fn controller_endpoint(e: &str, lab: bool) -> Result<(), String> {
+    let shown = crate::domain::shown(e);
+    if let Ok(a) = e.parse::<std::net::SocketAddr>() {
+        let ip = a.ip();
+        let local = (ip.is_loopback() && !lab)
+            || ip.is_unspecified()
+            || ip.is_multicast()
+            || matches!(ip, std::net::IpAddr::V4(v4) if v4.is_link_local() || v4.is_broadcast())
+            || matches!(ip, std::net::IpAddr::V6(v6) if v6.is_unicast_link_local());
+        if a.port() == 0 || local {
+            return Err(format!(
+                "{shown} is not an address another site's controller can serve on"
+            ));
+        }
+        return Ok(());
+    }
+    let ok = e.rsplit_once(':').is_some_and(|(host, port)| {
+        port.parse::<u16>().is_ok_and(|p| p != 0)
+            && !host.is_empty()
+            && host.len() <= 253
+            && host != "localhost"
+            && host
+                .split('.')
+                .all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{shown} is not host:port (a DNS name or an address, and a port from 1 to 65535)"
+        ))
+    }
+}
+
 /// How long a call to a peer controller may take.
 const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -258,6 +301,21 @@ impl Federation {
                 "mtu: {} is out of range; a tunnel MTU is 1280 to 9000 (or 0: derived by each gateway)",
                 p.mtu
             )));
+        }
+        if p.endpoints.len() > MAX_PEER_ENDPOINTS {
+            return Err(Error::InvalidArgument(format!(
+                "endpoints: {} listed; a site lists at most {MAX_PEER_ENDPOINTS} controller endpoints",
+                p.endpoints.len()
+            )));
+        }
+        // Loopback only between sites that are both on one host (a lab).
+        let lab = !own.endpoints.is_empty()
+            && own
+                .endpoints
+                .iter()
+                .all(|e| e.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback()));
+        for (i, e) in p.endpoints.iter().enumerate() {
+            controller_endpoint(e, lab).map_err(|m| Error::InvalidArgument(format!("endpoints[{i}]: {m}")))?;
         }
         let has_endpoint = |ps: &pb::NetworkParams| ps.gateways.iter().any(|g| !g.endpoint.is_empty());
         Ok(RemoteSite {
@@ -558,7 +616,7 @@ impl FederationService for FederationApi {
         };
         // Cheap checks first: an unknown caller with a bad token costs one read.
         if self.fed.state.peering(&site).await?.is_none() {
-            self.fed.state.check_peer_token(&proof).await?;
+            self.fed.state.check_peer_token(&proof, &site).await?;
         }
         let (own, port) = self.fed.params_for(&site).await?;
         let remote = self.fed.remote(&r.ca_pem, &params, &own)?;
@@ -700,6 +758,30 @@ async fn follow_peer(fed: Arc<Federation>, site: String) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_peers_controller_endpoints_are_checked_before_they_are_dialled() {
+        use super::controller_endpoint;
+        for good in ["192.0.2.7:7443", "ctl.site-b.example:7443", "[2001:db8::1]:7443"] {
+            assert_eq!(controller_endpoint(good, false), Ok(()), "{good}");
+        }
+        for bad in [
+            "127.0.0.1:2379",
+            "[::1]:7443",
+            "0.0.0.0:7443",
+            "169.254.169.254:80",
+            "224.0.0.1:7443",
+            "localhost:7443",
+            "192.0.2.7",
+            "192.0.2.7:0",
+            "a b:7443",
+            "ctl:7443\nx",
+        ] {
+            assert!(controller_endpoint(bad, false).is_err(), "{bad}");
+        }
+        assert_eq!(controller_endpoint("127.0.0.1:7443", true), Ok(()), "a lab on one host");
+        assert!(controller_endpoint("169.254.169.254:80", true).is_err());
+    }
+
     #[test]
     fn the_lower_configured_tunnel_mtu_wins_and_none_means_derive() {
         use super::agreed_mtu;

@@ -348,8 +348,10 @@ pub fn rotate_admin(dir: &Path, site: &str) -> anyhow::Result<(String, Option<(S
         use rustls_pki_types::pem::PemObject;
         let der = rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).ok()?;
         let (_, c) = X509Certificate::from_der(&der).ok()?;
-        let serial = c.raw_serial().iter().map(|b| format!("{b:02x}")).collect::<String>();
-        Some((serial, (c.validity().not_after.timestamp().max(0) as u64) * 1000))
+        Some((
+            hex_serial(c.raw_serial()),
+            (c.validity().not_after.timestamp().max(0) as u64) * 1000,
+        ))
     });
     let (cert, key) = ca.issue_with_key(
         &identity_uri(site, "admin", "admin"),
@@ -362,10 +364,18 @@ pub fn rotate_admin(dir: &Path, site: &str) -> anyhow::Result<(String, Option<(S
         use rustls_pki_types::pem::PemObject;
         let der = rustls_pki_types::CertificateDer::from_pem_slice(cert.as_bytes())?;
         let (_, c) = X509Certificate::from_der(&der).map_err(|e| anyhow::anyhow!("{e}"))?;
-        c.raw_serial().iter().map(|b| format!("{b:02x}")).collect::<String>()
+        hex_serial(c.raw_serial())
     };
     tracing::info!(cert = %dir.join(ADMIN_CERT).display(), serial = %serial, "issued a new admin client bundle");
     Ok((serial, old))
+}
+
+/// A serial number as the authenticator writes it (crate::auth::identity_of).
+fn hex_serial(raw: &[u8]) -> String {
+    raw.iter()
+        .skip_while(|b| **b == 0)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The names a server certificate should carry for a listener on `addr`.

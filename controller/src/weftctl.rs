@@ -152,6 +152,10 @@ pub enum PeeringCmd {
         /// Lifetime, e.g. 30m, 1h.
         #[arg(long, default_value = "1h")]
         ttl: String,
+        /// Only this site may redeem it (recommended: a leaked token is
+        /// then useless to anyone else).
+        #[arg(long = "for")]
+        for_site: Option<String>,
     },
     /// Peer with the site that made the token.
     Create {
@@ -638,12 +642,13 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 footer: vec![],
             }
         }
-        Cmd::Peering(PeeringCmd::Token { ttl }) => {
+        Cmd::Peering(PeeringCmd::Token { ttl, for_site }) => {
             let ttl =
                 humantime::parse_duration(ttl).map_err(|e| format!("--ttl {ttl:?}: {e}; write e.g. 30m or 1h"))?;
             let r = c
                 .create_peering_token(pb::CreatePeeringTokenRequest {
                     ttl_seconds: ttl.as_secs(),
+                    for_site: for_site.clone().unwrap_or_default(),
                 })
                 .await
                 .map_err(status)?

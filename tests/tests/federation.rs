@@ -330,3 +330,26 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
     assert_eq!(p["remote_gateways"][0]["endpoint"], "192.0.2.1:51820");
     assert_eq!(p["listen_port"], 51820);
 }
+
+/// A token made for one site is useless to any other that gets hold of it.
+#[test]
+fn a_token_for_one_site_cannot_be_redeemed_by_another() {
+    let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
+    let a = site(dir.path(), "site-a", &[]);
+    let b = site(dir.path(), "site-b", &[]);
+    let c = site(dir.path(), "site-c", &[]);
+    let t = weftctl_json(&b.target(), &["peering", "token", "--for", "site-c"])["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let before = (revision(&a), revision(&b));
+    let err = create(&a, &t).unwrap_err();
+    assert!(err.contains("PERMISSION_DENIED") && err.contains("site-c"), "{err}");
+    assert_eq!(
+        (revision(&a), revision(&b)),
+        before,
+        "a refused redemption wrote something"
+    );
+    create(&c, &t).unwrap();
+    assert_eq!(peer_names(&b), ["site-c"]);
+}

@@ -71,7 +71,10 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
     let token = b
         .admin()
         .await
-        .create_peering_token(pb::CreatePeeringTokenRequest { ttl_seconds: 60 })
+        .create_peering_token(pb::CreatePeeringTokenRequest {
+            ttl_seconds: 60,
+            for_site: String::new(),
+        })
         .await
         .unwrap();
     a.admin()

@@ -91,6 +91,24 @@ fn agent<T>(req: &Request<T>) -> Result<(AgentRole, Identity), Status> {
     }
 }
 
+/// The most object errors, host facts or route conflicts a report keeps.
+const MAX_REPORTED: usize = 100;
+/// The most tunnels a gateway's report keeps (one per peering).
+const MAX_REPORTED_TUNNELS: usize = 1024;
+
+/// `text` cut to 512 bytes (on a character boundary), marked when cut.
+fn clip(text: &str) -> String {
+    const MAX: usize = 512;
+    if text.len() <= MAX {
+        return text.to_string();
+    }
+    let mut end = MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &text[..end], text.len())
+}
+
 #[tonic::async_trait]
 impl AgentService for AgentApi {
     async fn register(&self, req: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterResponse>, Status> {
@@ -215,16 +233,34 @@ impl AgentService for AgentApi {
 
     async fn report(&self, req: Request<pb::ReportRequest>) -> Result<Response<pb::ReportResponse>, Status> {
         let (role, id) = agent(&req)?;
-        let r = req.into_inner();
+        let mut r = req.into_inner();
+        // Reports are kept and shown: bounded in count and length, whatever
+        // an agent (or a stolen agent certificate) sends.
         let errors: Vec<String> = r
             .errors
             .iter()
-            .take(100)
-            .map(|e| format!("{}: {}", e.id, e.message))
+            .take(MAX_REPORTED)
+            .map(|e| clip(&format!("{}: {}", e.id, e.message)))
             .collect();
+        if let Some(h) = r.host.as_mut() {
+            h.features.truncate(MAX_REPORTED);
+            h.route_conflicts.truncate(MAX_REPORTED);
+            for t in h.features.iter_mut().chain(h.route_conflicts.iter_mut()) {
+                *t = clip(t);
+            }
+        }
         if role == AgentRole::Gateway {
-            self.hub
-                .report_tunnels(&id.name, r.tunnels.into_iter().take(10_000).collect());
+            let tunnels = r
+                .tunnels
+                .into_iter()
+                .take(MAX_REPORTED_TUNNELS)
+                .map(|mut t| {
+                    t.peer_site = clip(&t.peer_site);
+                    t.link = clip(&t.link);
+                    t
+                })
+                .collect();
+            self.hub.report_tunnels(&id.name, tunnels);
         }
         self.hub
             .report((role, id.name.clone()), r.applied_revision, errors, r.host)

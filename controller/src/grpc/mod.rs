@@ -305,16 +305,18 @@ impl AdminService for AdminApi {
         &self,
         req: Request<pb::CreatePeeringTokenRequest>,
     ) -> Result<Response<pb::CreatePeeringTokenResponse>, Status> {
-        let ttl = match req.into_inner().ttl_seconds {
+        let r = req.into_inner();
+        let ttl = match r.ttl_seconds {
             0 => Duration::from_secs(3600),
             s => Duration::from_secs(s),
         };
+        let for_site = Some(r.for_site.trim()).filter(|s| !s.is_empty());
         if self.fed.endpoints.is_empty() {
             return Err(Status::failed_precondition(
                 "this controller does not know the address peers reach it at: set --advertise (host:port)",
             ));
         }
-        let (id, secret, t) = self.state.create_peer_token(ttl).await?;
+        let (id, secret, t) = self.state.create_peer_token(ttl, for_site).await?;
         let token = PeeringToken {
             site: self.fed.site_id.clone(),
             endpoints: self.fed.endpoints.clone(),

@@ -38,7 +38,14 @@ pub struct TokenProof {
 
 impl State {
     /// A new one-time peering token: (id, secret, record).
-    pub async fn create_peer_token(&self, ttl: Duration) -> Result<(String, String, PeerToken), Error> {
+    pub async fn create_peer_token(
+        &self,
+        ttl: Duration,
+        for_site: Option<&str>,
+    ) -> Result<(String, String, PeerToken), Error> {
+        if let Some(s) = for_site {
+            validate_name("for_site", s).map_err(Error::InvalidArgument)?;
+        }
         if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(30 * 86400) {
             return Err(Error::InvalidArgument(
                 "ttl is out of range: give between 1 second and 30 days".into(),
@@ -51,6 +58,7 @@ impl State {
             secret_sha256: sha256_hex(&secret),
             expires_at_ms: now + ttl.as_millis() as u64,
             created_at_ms: now,
+            for_site: for_site.map(str::to_string),
         };
         let key = self.key(&format!("peer-tokens/{id}"));
         if !self
@@ -126,6 +134,11 @@ impl State {
                         "the peering token has expired; ask the other site for a new one".into(),
                     ));
                 }
+                if let Some(only) = t.for_site.as_deref().filter(|only| *only != peer_site) {
+                    return Err(Error::PermissionDenied(format!(
+                        "this peering token is for site {only:?}, not {peer_site:?}; ask for a token made for your site"
+                    )));
+                }
                 let tkey = self.key(&format!("peer-tokens/{}", t.id));
                 txn = txn
                     .when(Compare::ModRevision(tkey.clone(), *rev))
@@ -152,7 +165,7 @@ impl State {
 
     /// Checks a peering token without consuming it (the transaction that
     /// records the peering checks it again and consumes it).
-    pub async fn check_peer_token(&self, proof: &TokenProof) -> Result<(), Error> {
+    pub async fn check_peer_token(&self, proof: &TokenProof, peer_site: &str) -> Result<(), Error> {
         let bad = || Error::Unauthenticated("the peering token is unknown, used or expired; ask for a new one".into());
         if proof.id.len() > 64 || !proof.id.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(bad());
@@ -163,6 +176,11 @@ impl State {
         let t: PeerToken = super::decode(&kv)?;
         if t.secret_sha256 != sha256_hex(&proof.secret) || t.expires_at_ms <= now_ms() {
             return Err(bad());
+        }
+        if let Some(only) = t.for_site.as_deref().filter(|only| *only != peer_site) {
+            return Err(Error::PermissionDenied(format!(
+                "this peering token is for site {only:?}, not {peer_site:?}; ask for a token made for your site"
+            )));
         }
         Ok(())
     }

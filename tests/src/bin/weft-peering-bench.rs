@@ -40,7 +40,10 @@ async fn main() -> anyhow::Result<()> {
     let mut times = Vec::new();
     for _ in 0..args.rounds {
         let token = cb
-            .create_peering_token(pb::CreatePeeringTokenRequest { ttl_seconds: 600 })
+            .create_peering_token(pb::CreatePeeringTokenRequest {
+                ttl_seconds: 600,
+                for_site: String::new(),
+            })
             .await?
             .into_inner()
             .token;
