@@ -104,6 +104,16 @@ pub struct ControllerArgs {
     /// values wins [default: each gateway's underlay MTU − 80].
     #[arg(global = true, long, env = "WEFT_TUNNEL_MTU")]
     pub tunnel_mtu: Option<u32>,
+    /// A peer's change of its CIDRs is applied at once when every new CIDR
+    /// lies within one of these blocks; otherwise it waits for `weftctl
+    /// peering accept` (repeatable) [default: none, hold every change].
+    #[arg(
+        global = true,
+        long = "peer-cidr-auto-accept",
+        env = "WEFT_PEER_CIDR_AUTO_ACCEPT",
+        value_delimiter = ','
+    )]
+    pub peer_cidr_auto_accept: Vec<String>,
     /// UDP ports the gateways listen on, one per peering (FIRST-LAST); open
     /// them on every gateway. A gateway's --endpoint names where FIRST is
     /// reached [default: 51820-51919].
@@ -140,6 +150,7 @@ pub struct FileConfig {
     pub overlay_mtu: Option<u32>,
     pub tunnel_mtu: Option<u32>,
     pub wireguard_ports: Option<String>,
+    pub peer_cidr_auto_accept: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -245,6 +256,11 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("overlay_mtu", "--overlay-mtu", "WEFT_OVERLAY_MTU"),
     ("tunnel_mtu", "--tunnel-mtu", "WEFT_TUNNEL_MTU"),
     ("wireguard_ports", "--wireguard-ports", "WEFT_WIREGUARD_PORTS"),
+    (
+        "peer_cidr_auto_accept",
+        "--peer-cidr-auto-accept",
+        "WEFT_PEER_CIDR_AUTO_ACCEPT",
+    ),
     ("config", "--config", "WEFT_CONFIG"),
 ];
 
@@ -355,6 +371,11 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         "remap_pools",
         pick_list(&args.remap_pools, file.remap_pools)
             .unwrap_or_else(|| DEFAULT_REMAP_POOLS.iter().map(|s| s.to_string()).collect()),
+        &mut list_errs,
+    );
+    let peer_cidr_auto_accept = cidr_list(
+        "peer_cidr_auto_accept",
+        pick_list(&args.peer_cidr_auto_accept, file.peer_cidr_auto_accept).unwrap_or_default(),
         &mut list_errs,
     );
     for (f, m) in list_errs {
@@ -696,6 +717,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             overlay_mtu,
             tunnel_mtu,
             wireguard_ports: wireguard_ports.unwrap(),
+            peer_cidr_auto_accept,
         },
         data_dir,
         store,

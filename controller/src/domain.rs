@@ -32,6 +32,11 @@ pub struct Site {
     /// The UDP ports this site's gateways listen on, one per peering.
     #[serde(default)]
     pub wireguard_ports: PortRange,
+    /// A peer's change of its CIDRs after negotiation is applied at once
+    /// when every new CIDR lies within one of these blocks; otherwise it is
+    /// held until an admin accepts it. Empty: every change is held.
+    #[serde(default)]
+    pub peer_cidr_auto_accept: Vec<Ipv4Net>,
 }
 
 impl Site {
@@ -181,6 +186,19 @@ pub struct Peering {
     /// The UDP port this site's gateway listens on for this peering's tunnel.
     #[serde(default)]
     pub listen_port: u16,
+    /// CIDRs the peer announced after negotiation that this site does not
+    /// route yet: held until an admin accepts them (or applied at once when
+    /// within the site's `peer_cidr_auto_accept` bounds).
+    #[serde(default)]
+    pub pending: Option<PendingCidrs>,
+}
+
+/// A peer's announced change of its CIDRs, held for review.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingCidrs {
+    pub workload_cidrs: Vec<Ipv4Net>,
+    pub external_cidr: Option<Ipv4Net>,
+    pub received_at_ms: u64,
 }
 
 /// A range of UDP ports, both ends included.
@@ -372,6 +390,7 @@ mod tests {
                 first: 51820,
                 last: 51829,
             },
+            peer_cidr_auto_accept: vec![],
         };
         // The first peering at the endpoint itself, the third two above,
         // also behind a forward whose outside ports differ.

@@ -586,6 +586,7 @@ mod tests {
             overlay_mtu: None,
             tunnel_mtu: None,
             wireguard_ports: Default::default(),
+            peer_cidr_auto_accept: vec![],
         };
         let node = |name: &str, i: u8| Node {
             name: name.into(),
@@ -628,6 +629,7 @@ mod tests {
             last_error: None,
             remote: None,
             listen_port: 51820,
+            pending: None,
         };
         let mut m = Model {
             revision: 7,

@@ -164,6 +164,9 @@ pub enum PeeringCmd {
     },
     /// End the peering with a site, on both sides.
     Delete { site: String },
+    /// Route the CIDRs a peer announced after negotiation (shown as
+    /// pending in `weftctl peerings`).
+    Accept { site: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -703,6 +706,24 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                 footer: vec![],
             }
         }
+        Cmd::Peering(PeeringCmd::Accept { site }) => {
+            let p = c
+                .accept_peering_update(pb::AcceptPeeringUpdateRequest { site_id: site.clone() })
+                .await
+                .map_err(status)?
+                .into_inner();
+            Out {
+                failed: false,
+                json: json!({"site_id": p.site_id, "views": p.views.iter().map(view_json).collect::<Vec<_>>()}),
+                header: vec![],
+                rows: p
+                    .views
+                    .iter()
+                    .map(|v| vec![format!("{site}: routing {} as {}", v.real_cidr, v.local_cidr)])
+                    .collect(),
+                footer: vec![],
+            }
+        }
         Cmd::Peerings => {
             let r = c
                 .list_peerings(pb::ListPeeringsRequest {})
@@ -745,6 +766,10 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                     "created_at": ts(&p.created_at), "last_error": p.last_error, "tunnel_role": p.tunnel_role,
                     "remote_endpoints": p.remote_endpoints, "remote_ca_fingerprint": p.remote_ca_fingerprint,
                     "listen_port": p.listen_port,
+                    "pending": (!p.pending_workload_cidrs.is_empty() || !p.pending_external_cidr.is_empty()).then(|| json!({
+                        "workload_cidrs": p.pending_workload_cidrs, "external_cidr": p.pending_external_cidr,
+                        "since": ts(&p.pending_since),
+                    })),
                     "local_gateways": p.local_gateways.iter().map(gateway_info_json).collect::<Vec<_>>(),
                     "remote_gateways": p.remote_gateways.iter().map(gateway_info_json).collect::<Vec<_>>(),
                     "tunnel": p.tunnel.as_ref().map(|t| json!({
@@ -771,7 +796,21 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
                     "LAST ERROR",
                 ],
                 rows,
-                footer: vec![],
+                footer: r
+                    .peerings
+                    .iter()
+                    .filter(|p| !p.pending_workload_cidrs.is_empty() || !p.pending_external_cidr.is_empty())
+                    .map(|p| {
+                        let mut cidrs = p.pending_workload_cidrs.clone();
+                        cidrs.extend(Some(p.pending_external_cidr.clone()).filter(|c| !c.is_empty()));
+                        format!(
+                            "{} announced {} instead; not routed until `weftctl peering accept {}`",
+                            p.site_id,
+                            cidrs.join(" "),
+                            p.site_id
+                        )
+                    })
+                    .collect(),
             }
         }
         Cmd::Allocations => {

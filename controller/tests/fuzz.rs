@@ -191,6 +191,7 @@ proptest! {
             overlay_mtu: mtu,
             tunnel_mtu: mtu,
             wireguard_ports: Default::default(),
+            peer_cidr_auto_accept: vec![],
         };
         let mut m = Model { revision: 1, site: Some(Arc::new(site.clone())), ..Default::default() };
         let mut taken: Vec<Ipv4Net> = vec![];
@@ -230,6 +231,7 @@ proptest! {
                 state: if connected { PeeringState::Connected } else { PeeringState::Negotiated },
                 views, created_at_ms: 0, last_error: None, remote: None,
                 listen_port: 51820 + i as u16,
+                pending: None,
             }));
         }
         for name in m.nodes.keys() {

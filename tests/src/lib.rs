@@ -337,6 +337,16 @@ impl Controller {
         c.wait().unwrap();
     }
 
+    /// Sets flag `flag`'s value for the next start (after [`Controller::stop`]).
+    pub fn set_flag(&mut self, flag: &str, value: &str) {
+        let i = self
+            .args
+            .iter()
+            .position(|a| a == flag)
+            .unwrap_or_else(|| panic!("{flag} was not given"));
+        self.args[i + 1] = value.to_string();
+    }
+
     /// Starts it again after [`Controller::stop`], with the same flags and data.
     pub fn restart_stopped(&mut self) {
         assert!(self.child.is_none(), "controller is still running");

@@ -195,3 +195,71 @@ fn a_peer_unreachable_past_the_grace_period_is_removed() {
         "removed before the grace period"
     );
 }
+
+/// The workload CIDR a peer routes to, as this site records it.
+fn routed(c: &Controller, peer: &str) -> (String, serde_json::Value) {
+    let v = weftctl_json(&c.target(), &["peerings"]);
+    let p = v["peerings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["site_id"] == peer)
+        .unwrap()
+        .clone();
+    let real = p["views"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["kind"] == "workload")
+        .unwrap()["real_cidr"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (real, p["pending"].clone())
+}
+
+/// A peer that announces other CIDRs after negotiation changes nothing that
+/// this site routes until an admin accepts it, unless the new CIDRs lie
+/// within bounds the admin set (`--peer-cidr-auto-accept`).
+#[test]
+fn a_peers_new_cidrs_are_held_for_review_or_applied_within_bounds() {
+    let dir = tempfile::Builder::new().prefix("weft-fedupd").tempdir().unwrap();
+    let a = Controller::start("site-a", &dir.path().join("a"), &["--pod-cidr", "10.1.0.0/16"]);
+    let c = Controller::start(
+        "site-c",
+        &dir.path().join("c"),
+        &["--pod-cidr", "10.5.0.0/16", "--peer-cidr-auto-accept", "10.128.0.0/9"],
+    );
+    let mut b = Controller::start("site-b", &dir.path().join("b"), &["--pod-cidr", "10.2.0.0/16"]);
+    peer(&a, &b);
+    peer(&c, &b);
+    assert!(b.stop().success());
+    b.set_flag("--pod-cidr", "10.200.0.0/16");
+    b.restart_stopped();
+
+    // a holds it: still routes 10.2.0.0/16, shows 10.200.0.0/16 as pending.
+    let pending = eventually("site-a holds the change", Duration::from_secs(20), || {
+        let (real, pending) = routed(&a, "site-b");
+        (!pending.is_null()).then_some((real, pending))
+    });
+    assert_eq!(pending.0, "10.2.0.0/16");
+    assert_eq!(pending.1["workload_cidrs"][0], "10.200.0.0/16");
+    let o = run(Command::new(bin("weftctl")).args(["--controller", &a.target(), "peerings"]));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("not routed until `weftctl peering accept site-b`"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    // c applied it: 10.200.0.0/16 lies within its bound 10.128.0.0/9.
+    eventually("site-c applies the change", Duration::from_secs(20), || {
+        let (real, pending) = routed(&c, "site-b");
+        (real == "10.200.0.0/16" && pending.is_null()).then_some(())
+    });
+    // The admin of a accepts.
+    weftctl_json(&a.target(), &["peering", "accept", "site-b"]);
+    let (real, pending) = routed(&a, "site-b");
+    assert_eq!((real.as_str(), pending), ("10.200.0.0/16", serde_json::Value::Null));
+    // Nothing left to accept.
+    let o = run(Command::new(bin("weftctl")).args(["--controller", &a.target(), "peering", "accept", "site-b"]));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("FAILED_PRECONDITION"));
+}

@@ -31,6 +31,7 @@ fn site() -> Site {
         overlay_mtu: None,
         tunnel_mtu: None,
         wireguard_ports: Default::default(),
+        peer_cidr_auto_accept: vec![],
     }
 }
 

@@ -104,6 +104,19 @@ pub fn peering(p: &Peering) -> pb::Peering {
         remote_ca_fingerprint: p.remote.as_ref().map(|r| r.ca_fingerprint.clone()).unwrap_or_default(),
         tunnel: None,
         listen_port: u32::from(p.listen_port),
+        pending_workload_cidrs: p
+            .pending
+            .iter()
+            .flat_map(|q| &q.workload_cidrs)
+            .map(|c| c.to_string())
+            .collect(),
+        pending_external_cidr: p
+            .pending
+            .as_ref()
+            .and_then(|q| q.external_cidr)
+            .map(|c| c.to_string())
+            .unwrap_or_default(),
+        pending_since: p.pending.as_ref().and_then(|q| ts(q.received_at_ms)),
         local_gateways: vec![],
         remote_gateways: p
             .remote

@@ -331,6 +331,14 @@ impl AdminService for AdminApi {
         }))
     }
 
+    async fn accept_peering_update(
+        &self,
+        req: Request<pb::AcceptPeeringUpdateRequest>,
+    ) -> Result<Response<pb::Peering>, Status> {
+        let p = self.state.accept_peer_update(&req.into_inner().site_id).await?;
+        Ok(Response::new(convert::peering(&p)))
+    }
+
     async fn create_peering(&self, req: Request<pb::CreatePeeringRequest>) -> Result<Response<pb::Peering>, Status> {
         let p = self.fed.create(&req.into_inner().token).await?;
         Ok(Response::new(convert::peering(&p)))

@@ -11,7 +11,7 @@ use ipnet::Ipv4Net;
 use sha2::Digest;
 
 use super::{State, encode};
-use crate::domain::{PeerToken, Peering, PeeringState, RemoteSite, now_ms, validate_name};
+use crate::domain::{PeerToken, Peering, PeeringState, PendingCidrs, RemoteSite, now_ms, validate_name};
 use crate::error::Error;
 use crate::ipam::{self, CidrKind};
 use crate::store::{Compare, Op, Txn};
@@ -92,11 +92,6 @@ impl State {
     ) -> Result<Peering, Error> {
         validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
         let key = self.key(&format!("peerings/{peer_site}"));
-        let mut peer: Vec<(CidrKind, Ipv4Net)> =
-            remote.workload_cidrs.iter().map(|c| (CidrKind::Workload, *c)).collect();
-        if let Some(e) = remote.external_cidr {
-            peer.push((CidrKind::External, e));
-        }
         if remote.workload_cidrs.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "site {peer_site:?} sent no workload CIDR"
@@ -144,7 +139,7 @@ impl State {
                     .when(Compare::ModRevision(tkey.clone(), *rev))
                     .then(Op::delete(tkey));
             }
-            let views = ipam::plan_views(&peer, &snap.blocks_in_use(site, Some(peer_site)), &site.remap_pools)?;
+            let views = self.plan_peer_views(snap, site, peer_site, &remote)?;
             let peering = Peering {
                 site_id: peer_site.to_string(),
                 state: PeeringState::Negotiated,
@@ -153,6 +148,7 @@ impl State {
                 last_error: None,
                 remote: Some(remote.clone()),
                 listen_port: snap.wg_port(peer_site, Some(port))?,
+                pending: None,
             };
             let txn = self
                 .ipam_guard(snap, txn)
@@ -212,19 +208,47 @@ impl State {
                     "site {peer_site:?} sent parameters under another CA"
                 )));
             }
-            if *old == remote {
+            let mut next = p.clone();
+            let mut remote = remote.clone();
+            let changed = old.workload_cidrs != remote.workload_cidrs || old.external_cidr != remote.external_cidr;
+            // Bounds apply to what is new; CIDRs already routed stay fine.
+            let known: Vec<Ipv4Net> = old.workload_cidrs.iter().copied().chain(old.external_cidr).collect();
+            let acceptable =
+                |c: &Ipv4Net| known.contains(c) || site.peer_cidr_auto_accept.iter().any(|b| b.contains(c));
+            if changed && !(remote.workload_cidrs.iter().all(acceptable) && remote.external_cidr.iter().all(acceptable))
+            {
+                // What this site routes changes only when an admin says so:
+                // keep routing the recorded CIDRs, take in the rest (keys,
+                // endpoints, gateways), and hold the change for review.
+                let held = PendingCidrs {
+                    workload_cidrs: remote.workload_cidrs.clone(),
+                    external_cidr: remote.external_cidr,
+                    received_at_ms: p.pending.as_ref().map_or_else(now_ms, |q| q.received_at_ms),
+                };
+                if p.pending
+                    .as_ref()
+                    .is_none_or(|q| (&q.workload_cidrs, q.external_cidr) != (&held.workload_cidrs, held.external_cidr))
+                {
+                    tracing::warn!(
+                        peer = %peer_site,
+                        cidrs = ?held.workload_cidrs,
+                        external = ?held.external_cidr,
+                        "the peer announced other CIDRs; held until an admin runs `weftctl peering accept {peer_site}`"
+                    );
+                }
+                next.pending = Some(held);
+                remote.workload_cidrs = old.workload_cidrs.clone();
+                remote.external_cidr = old.external_cidr;
+            } else {
+                next.pending = None;
+                if changed {
+                    next.views = self.plan_peer_views(snap, site, peer_site, &remote)?;
+                }
+            }
+            next.remote = Some(remote);
+            if next == *p {
                 return Ok((None, false));
             }
-            let mut next = p.clone();
-            if old.workload_cidrs != remote.workload_cidrs || old.external_cidr != remote.external_cidr {
-                let mut peer: Vec<(CidrKind, Ipv4Net)> =
-                    remote.workload_cidrs.iter().map(|c| (CidrKind::Workload, *c)).collect();
-                if let Some(e) = remote.external_cidr {
-                    peer.push((CidrKind::External, e));
-                }
-                next.views = ipam::plan_views(&peer, &snap.blocks_in_use(site, Some(peer_site)), &site.remap_pools)?;
-            }
-            next.remote = Some(remote.clone());
             let txn = self
                 .ipam_guard(snap, Txn::new())
                 .when(Compare::ModRevision(key.clone(), *rev))
@@ -232,6 +256,60 @@ impl State {
             Ok((Some(txn), true))
         })
         .await
+    }
+
+    /// Routes the CIDRs a peer announced and this site held: plans the
+    /// local views of them and clears the hold. NOT_FOUND without such a
+    /// peering, FAILED_PRECONDITION when nothing is held.
+    pub async fn accept_peer_update(&self, peer_site: &str) -> Result<Peering, Error> {
+        validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
+        let key = self.key(&format!("peerings/{peer_site}"));
+        self.commit(|snap| {
+            let site = snap.site()?;
+            let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
+                return Err(Error::NotFound(format!(
+                    "there is no peering with site {peer_site:?}; list them with `weftctl peerings`"
+                )));
+            };
+            let (Some(held), Some(old)) = (&p.pending, &p.remote) else {
+                return Err(Error::FailedPrecondition(format!(
+                    "site {peer_site:?} has announced no change to accept"
+                )));
+            };
+            let mut remote = old.clone();
+            remote.workload_cidrs = held.workload_cidrs.clone();
+            remote.external_cidr = held.external_cidr;
+            let mut next = p.clone();
+            next.views = self.plan_peer_views(snap, site, peer_site, &remote)?;
+            next.remote = Some(remote);
+            next.pending = None;
+            let txn = self
+                .ipam_guard(snap, Txn::new())
+                .when(Compare::ModRevision(key.clone(), *rev))
+                .then(Op::put(key.clone(), encode(&next)));
+            tracing::info!(peer = %peer_site, "the peer's announced CIDRs were accepted");
+            Ok((Some(txn), next))
+        })
+        .await
+    }
+
+    fn plan_peer_views(
+        &self,
+        snap: &super::Snapshot,
+        site: &crate::domain::Site,
+        peer_site: &str,
+        remote: &RemoteSite,
+    ) -> Result<Vec<crate::ipam::View>, Error> {
+        let mut peer: Vec<(CidrKind, Ipv4Net)> =
+            remote.workload_cidrs.iter().map(|c| (CidrKind::Workload, *c)).collect();
+        if let Some(e) = remote.external_cidr {
+            peer.push((CidrKind::External, e));
+        }
+        Ok(ipam::plan_views(
+            &peer,
+            &snap.blocks_in_use(site, Some(peer_site)),
+            &site.remap_pools,
+        )?)
     }
 
     /// Records a gateway's WireGuard public key and endpoint.

@@ -549,6 +549,7 @@ impl State {
                 last_error: None,
                 remote: existing.and_then(|(p, _)| p.remote.clone()),
                 listen_port: snap.wg_port(peer_site, None)?,
+                pending: existing.and_then(|(p, _)| p.pending.clone()),
             };
             let guard = Compare::ModRevision(key.clone(), existing.map_or(0, |(_, r)| *r));
             let txn = self
