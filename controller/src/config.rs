@@ -695,6 +695,20 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
     if !errs.is_empty() {
         return Err(ConfigError(errs));
     }
+    let controller_ips: Vec<std::net::Ipv4Addr> = listen
+        .iter()
+        .map(|l| l.ip())
+        .chain(
+            advertise
+                .iter()
+                .filter_map(|a| a.parse::<SocketAddr>().ok())
+                .map(|a| a.ip()),
+        )
+        .filter_map(|ip| match ip {
+            std::net::IpAddr::V4(v4) if !v4.is_unspecified() && !v4.is_loopback() => Some(v4),
+            _ => None,
+        })
+        .collect();
     let store = if endpoints.is_empty() {
         StoreConfig::Embedded {
             path: data_dir.join("store.redb"),
@@ -718,6 +732,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             tunnel_mtu,
             wireguard_ports: wireguard_ports.unwrap(),
             peer_cidr_auto_accept,
+            controller_ips,
         },
         data_dir,
         store,
@@ -782,6 +797,17 @@ mod tests {
             e.to_string().contains("--overlay-mtu") && e.to_string().contains("1280 to 9000"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_controllers_addresses_are_kept_out_of_local_views() {
+        let mut a = args("site-a", &["10.1.0.0/16"]);
+        a.listen = Some("192.0.2.5:7443".into());
+        a.advertise = vec!["198.51.100.9:443".into(), "ctl.example:7443".into()];
+        let c = resolve(&a, FileConfig::default()).unwrap();
+        let ips: Vec<String> = c.site.controller_ips.iter().map(|i| i.to_string()).collect();
+        assert_eq!(ips, ["192.0.2.5", "198.51.100.9"]);
+        assert!(c.site.own_blocks().contains(&"198.51.100.9/32".parse().unwrap()));
     }
 
     #[test]

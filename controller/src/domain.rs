@@ -37,6 +37,12 @@ pub struct Site {
     /// held until an admin accepts it. Empty: every change is held.
     #[serde(default)]
     pub peer_cidr_auto_accept: Vec<Ipv4Net>,
+    /// Where this site's controllers are reached (the listen address when
+    /// it names one, and the advertised ones): a local view must never
+    /// cover them, or agents' and peers' control traffic would be routed
+    /// into a peering.
+    #[serde(default)]
+    pub controller_ips: Vec<Ipv4Addr>,
 }
 
 impl Site {
@@ -60,6 +66,7 @@ impl Site {
         v.push(self.external_cidr);
         v.push(self.internal_cidr);
         v.extend(&self.reserved_cidrs);
+        v.extend(self.controller_ips.iter().map(|a| Ipv4Net::from(*a)));
         v
     }
 }
@@ -391,6 +398,7 @@ mod tests {
                 last: 51829,
             },
             peer_cidr_auto_accept: vec![],
+            controller_ips: vec![],
         };
         // The first peering at the endpoint itself, the third two above,
         // also behind a forward whose outside ports differ.

@@ -508,6 +508,39 @@ impl Federation {
 /// `weft.v1.FederationService`.
 pub struct FederationApi {
     pub fed: Arc<Federation>,
+    /// Open Subscribe streams per peer site.
+    subscriptions: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+}
+
+/// Subscribe streams one peer may hold open at once (its leading replica
+/// needs one; a leadership change briefly two).
+const MAX_SUBSCRIPTIONS_PER_PEER: usize = 4;
+
+impl FederationApi {
+    pub fn new(fed: Arc<Federation>) -> Self {
+        FederationApi {
+            fed,
+            subscriptions: Default::default(),
+        }
+    }
+}
+
+/// One open Subscribe stream, counted while it lives.
+struct Subscription {
+    counts: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    site: String,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut c = self.counts.lock().unwrap();
+        if let Some(n) = c.get_mut(&self.site) {
+            *n -= 1;
+            if *n == 0 {
+                c.remove(&self.site);
+            }
+        }
+    }
 }
 
 fn peer_chain(
@@ -558,9 +591,24 @@ impl FederationService for FederationApi {
         };
         verify_site(&chain, &p.remote.as_ref().map(|r| r.ca_pem.clone()).unwrap_or_default())?;
         let fingerprint_now = p.remote.as_ref().map(|r| r.ca_fingerprint.clone()).unwrap_or_default();
+        let held = {
+            let mut c = self.subscriptions.lock().unwrap();
+            let n = c.entry(claimed.clone()).or_default();
+            if *n >= MAX_SUBSCRIPTIONS_PER_PEER {
+                return Err(Status::resource_exhausted(format!(
+                    "site {claimed:?} already holds {MAX_SUBSCRIPTIONS_PER_PEER} subscriptions; close one first"
+                )));
+            }
+            *n += 1;
+            Subscription {
+                counts: self.subscriptions.clone(),
+                site: claimed.clone(),
+            }
+        };
         let fed = self.fed.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         tokio::spawn(async move {
+            let _held = held;
             let mut changes = fed.hub.params_rev.subscribe();
             let mut closing = fed.hub.closing.subscribe();
             let mut last: Option<pb::NetworkParams> = None;

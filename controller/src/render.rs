@@ -587,6 +587,7 @@ mod tests {
             tunnel_mtu: None,
             wireguard_ports: Default::default(),
             peer_cidr_auto_accept: vec![],
+            controller_ips: vec![],
         };
         let node = |name: &str, i: u8| Node {
             name: name.into(),

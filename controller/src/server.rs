@@ -40,6 +40,10 @@ const MAX_MESSAGE: usize = 4 * 1024 * 1024;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// A TLS handshake that takes longer is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 streams one TCP connection may have open at once.
+const MAX_STREAMS_PER_CONNECTION: u32 = 64;
+/// How long a call may take to answer (for streams: to start).
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Accepted TLS connections waiting for the server to pick them up; bounds
 /// memory under a connection burst (the accept loop waits when full).
 const ACCEPT_QUEUE: usize = 128;
@@ -336,7 +340,7 @@ pub async fn run(
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let federation = FederationServiceServer::new(FederationApi { fed }).max_decoding_message_size(MAX_MESSAGE);
+    let federation = FederationServiceServer::new(FederationApi::new(fed)).max_decoding_message_size(MAX_MESSAGE);
     let unix_server = Server::builder()
         .add_service(federation.clone())
         .add_service(admin.clone())
@@ -345,7 +349,12 @@ pub async fn run(
         .add_service(refl_v1)
         .add_service(refl_v1a)
         .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx.clone()));
+    // A connection holds few streams (an agent: its Watch and a Report; a
+    // peer: one Subscribe); a unary call that takes longer than a minute is
+    // stuck (a peering dials each peer endpoint for at most 5 s).
     let tcp_server = Server::builder()
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .timeout(CALL_TIMEOUT)
         .add_service(federation)
         .add_service(admin)
         .add_service(agent)

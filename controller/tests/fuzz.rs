@@ -192,6 +192,7 @@ proptest! {
             tunnel_mtu: mtu,
             wireguard_ports: Default::default(),
             peer_cidr_auto_accept: vec![],
+            controller_ips: vec![],
         };
         let mut m = Model { revision: 1, site: Some(Arc::new(site.clone())), ..Default::default() };
         let mut taken: Vec<Ipv4Net> = vec![];
