@@ -248,14 +248,7 @@ pub fn ensure(dir: &Path, site: &str, names: &[String]) -> anyhow::Result<Server
     let ca = SiteCa::load(dir)?;
 
     if !dir.join(ADMIN_CERT).exists() || !dir.join(ADMIN_KEY).exists() {
-        let (cert, key) = ca.issue_with_key(
-            &identity_uri(site, "admin", "admin"),
-            &format!("weft admin of {site}"),
-            365,
-        )?;
-        write_file(&dir.join(ADMIN_KEY), &key, 0o600)?;
-        write_file(&dir.join(ADMIN_CERT), &cert, 0o644)?;
-        tracing::info!(cert = %dir.join(ADMIN_CERT).display(), "issued the admin client bundle");
+        write_admin_bundle(dir, &ca, site)?;
     }
 
     let mut all = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
@@ -338,21 +331,8 @@ fn reusable_server_cert(dir: &Path, ca: &SiteCa, names: &[String]) -> Option<(St
     (to - now > (to - from) / 3).then_some((cert_pem, key_pem))
 }
 
-/// Replaces the admin bundle in `dir` with a new one; returns the new
-/// certificate's serial and the old one's (serial, expiry in ms), which
-/// the caller revokes.
-pub fn rotate_admin(dir: &Path, site: &str) -> anyhow::Result<(String, Option<(String, u64)>)> {
-    use x509_parser::prelude::{FromDer, X509Certificate};
-    let ca = SiteCa::load(dir)?;
-    let old = std::fs::read_to_string(dir.join(ADMIN_CERT)).ok().and_then(|pem| {
-        use rustls_pki_types::pem::PemObject;
-        let der = rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).ok()?;
-        let (_, c) = X509Certificate::from_der(&der).ok()?;
-        Some((
-            hex_serial(c.raw_serial()),
-            (c.validity().not_after.timestamp().max(0) as u64) * 1000,
-        ))
-    });
+/// Issues an admin bundle (365 days) into `dir`; returns the certificate PEM.
+fn write_admin_bundle(dir: &Path, ca: &SiteCa, site: &str) -> anyhow::Result<String> {
     let (cert, key) = ca.issue_with_key(
         &identity_uri(site, "admin", "admin"),
         &format!("weft admin of {site}"),
@@ -360,13 +340,32 @@ pub fn rotate_admin(dir: &Path, site: &str) -> anyhow::Result<(String, Option<(S
     )?;
     write_file(&dir.join(ADMIN_KEY), &key, 0o600)?;
     write_file(&dir.join(ADMIN_CERT), &cert, 0o644)?;
-    let serial = {
-        use rustls_pki_types::pem::PemObject;
-        let der = rustls_pki_types::CertificateDer::from_pem_slice(cert.as_bytes())?;
-        let (_, c) = X509Certificate::from_der(&der).map_err(|e| anyhow::anyhow!("{e}"))?;
-        hex_serial(c.raw_serial())
-    };
-    tracing::info!(cert = %dir.join(ADMIN_CERT).display(), serial = %serial, "issued a new admin client bundle");
+    tracing::info!(cert = %dir.join(ADMIN_CERT).display(), "issued the admin client bundle");
+    Ok(cert)
+}
+
+/// The serial (hex) and expiry (ms since the epoch) of a PEM certificate.
+fn serial_and_expiry(pem: &str) -> Option<(String, u64)> {
+    use rustls_pki_types::pem::PemObject;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let der = rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).ok()?;
+    let (_, c) = X509Certificate::from_der(&der).ok()?;
+    Some((
+        hex_serial(c.raw_serial()),
+        (c.validity().not_after.timestamp().max(0) as u64) * 1000,
+    ))
+}
+
+/// Replaces the admin bundle in `dir` with a new one; returns the new
+/// certificate's serial and the old one's (serial, expiry in ms), which
+/// the caller revokes.
+pub fn rotate_admin(dir: &Path, site: &str) -> anyhow::Result<(String, Option<(String, u64)>)> {
+    let ca = SiteCa::load(dir)?;
+    let old = std::fs::read_to_string(dir.join(ADMIN_CERT))
+        .ok()
+        .and_then(|pem| serial_and_expiry(&pem));
+    let cert = write_admin_bundle(dir, &ca, site)?;
+    let (serial, _) = serial_and_expiry(&cert).context("the new admin certificate is unreadable")?;
     Ok((serial, old))
 }
 
