@@ -662,9 +662,22 @@ impl FederationService for FederationApi {
             id: r.token_id,
             secret: r.secret,
         };
-        // Cheap checks first: an unknown caller with a bad token costs one read.
-        if self.fed.state.peering(&site).await?.is_none() {
-            self.fed.state.check_peer_token(&proof, &site).await?;
+        // Cheap checks first, before any planning under the writer lock: an
+        // unknown caller with a bad token costs one read, and so does one
+        // that claims an existing peer's id under another CA.
+        match self.fed.state.peering(&site).await? {
+            None => self.fed.state.check_peer_token(&proof, &site).await?,
+            Some(p) => {
+                use rustls::pki_types::pem::PemObject;
+                let presented = rustls::pki_types::CertificateDer::from_pem_slice(r.ca_pem.as_bytes())
+                    .map(|der| fingerprint(der.as_ref()))
+                    .unwrap_or_default();
+                if p.remote.is_some_and(|rem| rem.ca_fingerprint != presented) {
+                    return Err(Status::already_exists(format!(
+                        "a site {site:?} with another CA is already peered; it must delete that peering first"
+                    )));
+                }
+            }
         }
         let (own, port) = self.fed.params_for(&site).await?;
         let remote = self.fed.remote(&r.ca_pem, &params, &own)?;

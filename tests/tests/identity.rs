@@ -343,3 +343,46 @@ async fn two_hundred_renewals_then_removal_revokes_on_both_stores() {
         c.stop().await;
     }
 }
+
+/// A token that does not name its node can only make a new node of a
+/// node's size: it cannot take over an existing node (one whose agent's
+/// certificates expired, say) or reserve a large block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unnamed_token_cannot_take_over_a_node_or_reserve_a_large_block() {
+    let c = InProc::start().await;
+    c.admin()
+        .await
+        .create_node(pb::CreateNodeRequest {
+            name: "n9".into(),
+            subnet: String::new(),
+        })
+        .await
+        .unwrap();
+    let unnamed = c.token("", 600, 5).await;
+    let before = c.revision().await;
+    refused(
+        c.register(&unnamed, "n9").await,
+        Code::AlreadyExists,
+        "token made for it",
+    );
+    let (_, csr) = weft_agent::identity::key_and_csr("big").unwrap();
+    refused(
+        AgentServiceClient::new(c.channel(None).await)
+            .register(pb::RegisterRequest {
+                token: unnamed.clone(),
+                csr_pem: csr,
+                name: "big".into(),
+                subnet: "10.1.0.0/17".into(),
+                underlay_ip: String::new(),
+            })
+            .await,
+        Code::InvalidArgument,
+        "larger than a node's /24",
+    );
+    assert_eq!(c.revision().await, before, "refused enrollments wrote nothing");
+    // A token made for n9 enrolls it; an unnamed one makes a new node.
+    let named = c.token("n9", 600, 1).await;
+    c.register(&named, "n9").await.unwrap();
+    c.register(&unnamed, "n10").await.unwrap();
+    c.stop().await;
+}

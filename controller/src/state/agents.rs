@@ -238,6 +238,26 @@ impl State {
                     AgentRole::Node => {
                         let key = self.key(&format!("nodes/{name}"));
                         let existing = snap.nodes.iter().find(|(n, _)| n.name == name);
+                        // A token that does not name the node may only make a
+                        // new one, of at most the size IPAM would give: taking
+                        // over an existing node, or reserving a large block,
+                        // needs a token made for that node.
+                        if token.name.is_none() {
+                            if let Some((n, _)) = existing {
+                                held(&n.certs, "node")?;
+                                return Err(Error::AlreadyExists(format!(
+                                    "node {name:?} exists; enroll it with a token made for it \
+                                     (`weftctl token create --role node --name {name}`)"
+                                )));
+                            }
+                            if let Some(s) = requested_subnet.filter(|s| s.prefix_len() < site.node_prefix_len) {
+                                return Err(Error::InvalidArgument(format!(
+                                    "subnet {s} is larger than a node's /{} and this token does not name the node; \
+                                     use a token made for it (`weftctl token create --role node --name {name}`)",
+                                    site.node_prefix_len
+                                )));
+                            }
+                        }
                         let (mut node, guard) = match existing {
                             Some((n, rev)) => {
                                 held(&n.certs, "node")?;
@@ -269,6 +289,15 @@ impl State {
                         }
                         let key = self.key(&format!("gateways/{name}"));
                         let existing = snap.gateways.iter().find(|(g, _)| g.name == name);
+                        if token.name.is_none()
+                            && let Some((g, _)) = existing
+                        {
+                            held(&g.certs, "gateway")?;
+                            return Err(Error::AlreadyExists(format!(
+                                "gateway {name:?} exists; enroll it with a token made for it \
+                                 (`weftctl token create --role gateway --name {name}`)"
+                            )));
+                        }
                         let (mut gw, guard) = match existing {
                             Some((g, rev)) => {
                                 held(&g.certs, "gateway")?;
