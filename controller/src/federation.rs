@@ -551,6 +551,14 @@ fn peer_chain(
         .ok_or_else(|| Status::unauthenticated("federation calls need this site's client certificate from its site CA"))
 }
 
+/// When a certificate stops being valid.
+fn cert_not_after(der: &[u8]) -> Option<std::time::SystemTime> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let (_, c) = X509Certificate::from_der(der).ok()?;
+    let secs = u64::try_from(c.validity().not_after.timestamp()).ok()?;
+    Some(std::time::UNIX_EPOCH + Duration::from_secs(secs))
+}
+
 /// Verifies `chain` against `ca_pem`; returns the site it identifies.
 fn verify_site(chain: &[rustls::pki_types::CertificateDer<'static>], ca_pem: &str) -> Result<String, Status> {
     use rustls::pki_types::CertificateDer;
@@ -605,10 +613,16 @@ impl FederationService for FederationApi {
                 site: claimed.clone(),
             }
         };
+        // The stream ends when the certificate it was opened with does: the
+        // peer then subscribes again with its current one.
+        let expires = cert_not_after(&chain[0]).unwrap_or(std::time::SystemTime::now());
         let fed = self.fed.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         tokio::spawn(async move {
             let _held = held;
+            let until_expiry = expires.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+            let expiry = tokio::time::sleep(until_expiry);
+            tokio::pin!(expiry);
             let mut changes = fed.hub.params_rev.subscribe();
             let mut closing = fed.hub.closing.subscribe();
             let mut last: Option<pb::NetworkParams> = None;
@@ -631,6 +645,12 @@ impl FederationService for FederationApi {
                     r = changes.changed() => if r.is_err() { return },
                     _ = async { let _ = closing.wait_for(|c| *c).await; } => return,
                     _ = tx.closed() => return,
+                    _ = &mut expiry => {
+                        let _ = tx.send(Err(Status::unauthenticated(
+                            "the certificate this subscription was opened with has expired; subscribe again",
+                        ))).await;
+                        return;
+                    }
                     _ = tokio::time::sleep(Duration::from_secs(2)) => {
                         // The peering may have been deleted here meanwhile.
                         let still = fed.state.peering(&claimed).await.ok().flatten().and_then(|p| p.remote);

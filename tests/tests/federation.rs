@@ -313,7 +313,13 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         ("gw.example:51820", good_key, 0, "gateways[0].endpoint"),
         ("192.0.2.1:51820\nlisten_port=1", good_key, 0, "gateways[0].endpoint"),
         ("192.0.2.1:51820", "AAAA", 0, "gateways[0].public_key"),
-        ("192.0.2.1:51820", &"A".repeat(56), 0, "gateways[0].public_key"),
+        // 40 bytes
+        (
+            "192.0.2.1:51820",
+            "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA==",
+            0,
+            "gateways[0].public_key",
+        ),
         ("192.0.2.1:51820", good_key, 70000, "mtu"),
     ] {
         let before = revision(&b);
@@ -324,11 +330,26 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         assert!(peer_names(&b).is_empty());
     }
     // The token was not consumed: the same peer with a usable gateway joins.
+    // Its workload CIDR 10.9.0.0/16 covers the underlay address of a node
+    // of b (10.9.0.7): b routes it through a remapped view, never as is,
+    // so b's own traffic to that host cannot be pulled into the peering.
+    let mut node = weft_tests::dry_run_agent("node", "n1", "10.9.0.7", &[&b], &b, dir.path());
+    weft_tests::eventually("b's node enrolled", Duration::from_secs(20), || {
+        node.log_text().contains("watching").then_some(())
+    });
     join("192.0.2.1:51820", good_key, 0).unwrap();
+    node.stop();
     assert_eq!(peer_names(&b), ["site-x"]);
     let p = &peers(&b)[0];
     assert_eq!(p["remote_gateways"][0]["endpoint"], "192.0.2.1:51820");
     assert_eq!(p["listen_port"], 51820);
+    let (real, local) = weft_tests::peer_view(&b.target(), "site-x", "workload");
+    let local: ipnet::Ipv4Net = local.parse().unwrap();
+    assert_eq!(real, "10.9.0.0/16");
+    assert!(
+        !local.contains(&"10.9.0.7".parse::<std::net::Ipv4Addr>().unwrap()),
+        "b's view {local} covers its node's underlay address"
+    );
 }
 
 /// A token made for one site is useless to any other that gets hold of it.
