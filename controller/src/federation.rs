@@ -551,14 +551,6 @@ fn peer_chain(
         .ok_or_else(|| Status::unauthenticated("federation calls need this site's client certificate from its site CA"))
 }
 
-/// When a certificate stops being valid.
-fn cert_not_after(der: &[u8]) -> Option<std::time::SystemTime> {
-    use x509_parser::prelude::{FromDer, X509Certificate};
-    let (_, c) = X509Certificate::from_der(der).ok()?;
-    let secs = u64::try_from(c.validity().not_after.timestamp()).ok()?;
-    Some(std::time::UNIX_EPOCH + Duration::from_secs(secs))
-}
-
 /// Verifies `chain` against `ca_pem`; returns the site it identifies.
 fn verify_site(chain: &[rustls::pki_types::CertificateDer<'static>], ca_pem: &str) -> Result<String, Status> {
     use rustls::pki_types::CertificateDer;
@@ -615,7 +607,7 @@ impl FederationService for FederationApi {
         };
         // The stream ends when the certificate it was opened with does: the
         // peer then subscribes again with its current one.
-        let expires = cert_not_after(&chain[0]).unwrap_or(std::time::SystemTime::now());
+        let expires = crate::pki::not_after(chain[0].as_ref()).unwrap_or(std::time::SystemTime::now());
         let fed = self.fed.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         tokio::spawn(async move {

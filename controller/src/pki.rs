@@ -344,6 +344,14 @@ fn write_admin_bundle(dir: &Path, ca: &SiteCa, site: &str) -> anyhow::Result<Str
     Ok(cert)
 }
 
+/// When a DER certificate stops being valid.
+pub fn not_after(der: &[u8]) -> Option<std::time::SystemTime> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let (_, c) = X509Certificate::from_der(der).ok()?;
+    let secs = u64::try_from(c.validity().not_after.timestamp()).ok()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs))
+}
+
 /// The serial (hex) and expiry (ms since the epoch) of a PEM certificate.
 fn serial_and_expiry(pem: &str) -> Option<(String, u64)> {
     use rustls_pki_types::pem::PemObject;

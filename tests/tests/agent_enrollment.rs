@@ -140,3 +140,41 @@ fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
         assert!(!log.contains(&secret), "a log holds the token secret");
     }
 }
+
+/// A Watch stream ends when the certificate it was opened with expires;
+/// the agent, renewed by then, reconnects and resumes, and a gateway is
+/// not taken for gone on the way (no failover, no teardown).
+#[test]
+fn a_watch_ends_with_its_certificate_and_the_agent_carries_on() {
+    let dir = tempfile::Builder::new().prefix("weft-expiry").tempdir().unwrap();
+    let c = Controller::start(
+        "site-a",
+        &dir.path().join("ctl"),
+        &["--pod-cidr", "10.1.0.0/16", "--agent-cert-ttl", "10s"],
+    );
+    let mut gw = weft_tests::dry_run_agent("gateway", "gw", "127.0.0.1", &[&c], &c, dir.path());
+    eventually("the first watch", Duration::from_secs(20), || {
+        gw.log_text().contains("watching").then_some(())
+    });
+    // The first certificate expires 10 s after enrollment.
+    let log = eventually(
+        "the watch moved to the renewed certificate",
+        Duration::from_secs(25),
+        || {
+            let log = gw.log_text();
+            (log.contains("has expired; reconnect") && log.matches("watching").count() >= 2).then_some(log)
+        },
+    );
+    assert!(
+        gw.wait_exit(Duration::from_secs(2)).is_none(),
+        "the agent stopped:\n{log}"
+    );
+    assert!(!log.contains("refused this agent"), "{log}");
+    let ctl = c.log_text();
+    assert!(
+        !ctl.contains("gateway disconnected; no longer live"),
+        "the gateway was taken for gone:\n{ctl}"
+    );
+    let g = weftctl_json(&c.target(), &["gateways"]);
+    assert_eq!(g["gateways"][0]["status"]["ready"], true, "{g}");
+}

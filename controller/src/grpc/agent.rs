@@ -160,6 +160,13 @@ impl AgentService for AgentApi {
 
     async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let (role, id) = agent(&req)?;
+        // The stream ends when the certificate it was opened with does; the
+        // agent (which renews at two thirds of its life) reconnects with
+        // its current one and resumes from its revision.
+        let expires = req
+            .peer_certs()
+            .and_then(|c| c.first().and_then(|c| crate::pki::not_after(c.as_ref())))
+            .unwrap_or_else(std::time::SystemTime::now);
         let req = req.into_inner();
         if req.known.len() > MAX_KNOWN {
             return Err(Status::invalid_argument(format!(
@@ -227,7 +234,7 @@ impl AgentService for AgentApi {
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
         let _ = tx.send(Ok(first)).await;
         tracing::info!(agent = %id, revision = model.revision, objects = objects.len(), "watch started");
-        tokio::spawn(stream_changes(self.hub.clone(), key, slot, objects, tx));
+        tokio::spawn(stream_changes(self.hub.clone(), key, slot, objects, tx, expires));
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 
@@ -396,12 +403,27 @@ async fn stream_changes(
     slot: Arc<Slot>,
     mut current: Objects,
     tx: tokio::sync::mpsc::Sender<Result<pb::WatchResponse, Status>>,
+    expires: std::time::SystemTime,
 ) {
     use std::sync::atomic::Ordering;
+    let expiry = tokio::time::sleep(expires.duration_since(std::time::SystemTime::now()).unwrap_or_default());
+    tokio::pin!(expiry);
+    let mut expired = false;
     loop {
         tokio::select! {
             _ = slot.notify.notified() => {}
             _ = tx.closed() => break,
+            _ = &mut expiry => {
+                // UNAVAILABLE, not UNAUTHENTICATED: the agent is not refused,
+                // it reconnects with its renewed certificate.
+                let _ = tx
+                    .send(Err(Status::unavailable(
+                        "the certificate this stream was opened with has expired; reconnect with the current one",
+                    )))
+                    .await;
+                expired = true;
+                break;
+            }
         }
         if slot.superseded.load(Ordering::SeqCst) {
             break;
@@ -477,7 +499,9 @@ async fn stream_changes(
         slot.latest.store(model.revision, Ordering::SeqCst);
     }
     hub.unsubscribe(&key, &slot);
-    if key.0 == AgentRole::Gateway && !slot.superseded.load(Ordering::SeqCst) && !*hub.closing.borrow() {
+    // A gateway whose stream ended for its certificate's age is about to
+    // reconnect: it is not gone (if it never comes back, its lease ends).
+    if key.0 == AgentRole::Gateway && !expired && !slot.superseded.load(Ordering::SeqCst) && !*hub.closing.borrow() {
         hub.gone(&key).await;
     }
 }
