@@ -685,6 +685,9 @@ impl FederationService for FederationApi {
                     .map(|der| fingerprint(der.as_ref()))
                     .unwrap_or_default();
                 if p.remote.is_some_and(|rem| rem.ca_fingerprint != presented) {
+                    // Only a holder of a valid token learns that the id is
+                    // taken; anyone else gets what a bad token gets.
+                    self.fed.state.check_peer_token(&proof, &site).await?;
                     return Err(Status::already_exists(format!(
                         "a site {site:?} with another CA is already peered; it must delete that peering first"
                     )));

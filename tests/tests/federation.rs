@@ -350,6 +350,40 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         !local.contains(&"10.9.0.7".parse::<std::net::Ipv4Addr>().unwrap()),
         "b's view {local} covers its node's underlay address"
     );
+
+    // An impostor of site-x (another CA) without a valid token learns
+    // nothing: the answer a bad token gets, not "already peered".
+    std::fs::create_dir_all(dir.path().join("x2")).unwrap();
+    let x2 = site(&dir.path().join("x2"), "site-x", &[]);
+    let ca2 = SiteCa::load(&x2.pki("")).unwrap();
+    let ca2_pem = std::fs::read_to_string(x2.pki("ca.pem")).unwrap();
+    let (cert2, key2) = ca2
+        .issue_with_key(&identity_uri("site-x", "site", "site-x"), "site-x", 1)
+        .unwrap();
+    let err = rt
+        .block_on(async {
+            let ch = connect(
+                &format!("https://{}", t.endpoints[0]),
+                &Trust::FingerprintForSite(t.fp.clone(), t.site.clone()),
+                Some((&cert2, &key2)),
+            )
+            .await
+            .unwrap();
+            FederationServiceClient::new(ch)
+                .join(pb::JoinRequest {
+                    token_id: "0123456789ab".into(),
+                    secret: "00".repeat(16),
+                    ca_pem: ca2_pem,
+                    params: Some(pb::NetworkParams {
+                        site_id: "site-x".into(),
+                        workload_cidrs: vec!["10.9.0.0/16".into()],
+                        ..Default::default()
+                    }),
+                })
+                .await
+        })
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
 }
 
 /// A token made for one site is useless to any other that gets hold of it.
