@@ -114,6 +114,15 @@ pub struct ControllerArgs {
         value_delimiter = ','
     )]
     pub peer_cidr_auto_accept: Vec<String>,
+    /// A peer CIDR that covers one of this site's hosts (underlay or
+    /// controller address): `refuse` it at negotiation, or `remap` it like
+    /// any other overlap [default: refuse].
+    #[arg(
+        global = true,
+        long = "peer-cidr-over-underlay",
+        env = "WEFT_PEER_CIDR_OVER_UNDERLAY"
+    )]
+    pub peer_cidr_over_underlay: Option<crate::domain::UnderlayOverlap>,
     /// UDP ports the gateways listen on, one per peering (FIRST-LAST); open
     /// them on every gateway. A gateway's --endpoint names where FIRST is
     /// reached [default: 51820-51919].
@@ -151,6 +160,7 @@ pub struct FileConfig {
     pub tunnel_mtu: Option<u32>,
     pub wireguard_ports: Option<String>,
     pub peer_cidr_auto_accept: Option<Vec<String>>,
+    pub peer_cidr_over_underlay: Option<crate::domain::UnderlayOverlap>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -733,6 +743,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             wireguard_ports: wireguard_ports.unwrap(),
             peer_cidr_auto_accept,
             controller_ips,
+            underlay_overlap: pick(args.peer_cidr_over_underlay, file.peer_cidr_over_underlay).unwrap_or_default(),
         },
         data_dir,
         store,

@@ -43,6 +43,22 @@ pub struct Site {
     /// into a peering.
     #[serde(default)]
     pub controller_ips: Vec<Ipv4Addr>,
+    /// What to do with a peer CIDR that covers one of this site's hosts
+    /// (a node's or gateway's underlay address, a controller's address).
+    #[serde(default)]
+    pub underlay_overlap: UnderlayOverlap,
+}
+
+/// A peer CIDR over this site's own hosts: refused (the default: a peer
+/// has no business announcing them), or routed through a remapped view
+/// like any other overlap (for sites whose workload CIDRs really overlap
+/// another's LAN).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum UnderlayOverlap {
+    #[default]
+    Refuse,
+    Remap,
 }
 
 impl Site {
@@ -399,6 +415,7 @@ mod tests {
             },
             peer_cidr_auto_accept: vec![],
             controller_ips: vec![],
+            underlay_overlap: UnderlayOverlap::Refuse,
         };
         // The first peering at the endpoint itself, the third two above,
         // also behind a forward whose outside ports differ.

@@ -588,6 +588,7 @@ mod tests {
             wireguard_ports: Default::default(),
             peer_cidr_auto_accept: vec![],
             controller_ips: vec![],
+            underlay_overlap: Default::default(),
         };
         let node = |name: &str, i: u8| Node {
             name: name.into(),

@@ -193,6 +193,7 @@ proptest! {
             wireguard_ports: Default::default(),
             peer_cidr_auto_accept: vec![],
             controller_ips: vec![],
+            underlay_overlap: Default::default(),
         };
         let mut m = Model { revision: 1, site: Some(Arc::new(site.clone())), ..Default::default() };
         let mut taken: Vec<Ipv4Net> = vec![];

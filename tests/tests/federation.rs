@@ -274,7 +274,7 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         .unwrap();
     let t = PeeringToken::decode(&token(&b, "10m")).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let join = |endpoint: &str, public_key: &str, mtu: u32| {
+    let join_with = |endpoint: &str, public_key: &str, mtu: u32, cidr: &str| {
         rt.block_on(async {
             let ch = connect(
                 &format!("https://{}", t.endpoints[0]),
@@ -290,7 +290,7 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
                     ca_pem: ca_pem.clone(),
                     params: Some(pb::NetworkParams {
                         site_id: "site-x".into(),
-                        workload_cidrs: vec!["10.9.0.0/16".into()],
+                        workload_cidrs: vec![cidr.into()],
                         external_cidr: "10.71.0.0/16".into(),
                         gateways: vec![pb::GatewayInfo {
                             name: "gw".into(),
@@ -305,6 +305,7 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
                 .await
         })
     };
+    let join = |endpoint: &str, public_key: &str, mtu: u32| join_with(endpoint, public_key, mtu, "10.8.0.0/16");
     let good_key = "hT7XTB7qgr4m+5V8gqhnNtjvNrqSqPFiCjPsXl1Oc0Q=";
     for (endpoint, public_key, mtu, field) in [
         ("192.0.2.1:70000", good_key, 0, "gateways[0].endpoint"),
@@ -329,27 +330,32 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         assert_eq!(revision(&b), before, "{endpoint:?} wrote something");
         assert!(peer_names(&b).is_empty());
     }
-    // The token was not consumed: the same peer with a usable gateway joins.
-    // Its workload CIDR 10.9.0.0/16 covers the underlay address of a node
-    // of b (10.9.0.7): b routes it through a remapped view, never as is,
-    // so b's own traffic to that host cannot be pulled into the peering.
+    // A workload CIDR over one of b's hosts (10.9.0.0/16 covers its node's
+    // underlay address 10.9.0.7) is refused too, naming the field and the
+    // host: a peer has no business announcing b's own hosts.
     let mut node = weft_tests::dry_run_agent("node", "n1", "10.9.0.7", &[&b], &b, dir.path());
     weft_tests::eventually("b's node enrolled", Duration::from_secs(20), || {
         node.log_text().contains("watching").then_some(())
     });
-    join("192.0.2.1:51820", good_key, 0).unwrap();
     node.stop();
+    let before = revision(&b);
+    let err = join_with("192.0.2.1:51820", good_key, 0, "10.9.0.0/16").unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("workload_cidrs[0]") && err.message().contains("10.9.0.7"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(revision(&b), before, "a CIDR over b's host wrote something");
+    assert!(peer_names(&b).is_empty());
+
+    // The token was not consumed: the same peer with a usable gateway and
+    // CIDR joins.
+    join("192.0.2.1:51820", good_key, 0).unwrap();
     assert_eq!(peer_names(&b), ["site-x"]);
     let p = &peers(&b)[0];
     assert_eq!(p["remote_gateways"][0]["endpoint"], "192.0.2.1:51820");
     assert_eq!(p["listen_port"], 51820);
-    let (real, local) = weft_tests::peer_view(&b.target(), "site-x", "workload");
-    let local: ipnet::Ipv4Net = local.parse().unwrap();
-    assert_eq!(real, "10.9.0.0/16");
-    assert!(
-        !local.contains(&"10.9.0.7".parse::<std::net::Ipv4Addr>().unwrap()),
-        "b's view {local} covers its node's underlay address"
-    );
 
     // An impostor of site-x (another CA) without a valid token learns
     // nothing: the answer a bad token gets, not "already peered".

@@ -33,6 +33,7 @@ fn site() -> Site {
         wireguard_ports: Default::default(),
         peer_cidr_auto_accept: vec![],
         controller_ips: vec![],
+        underlay_overlap: Default::default(),
     }
 }
 

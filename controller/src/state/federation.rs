@@ -215,8 +215,20 @@ impl State {
             let known: Vec<Ipv4Net> = old.workload_cidrs.iter().copied().chain(old.external_cidr).collect();
             let acceptable =
                 |c: &Ipv4Net| known.contains(c) || site.peer_cidr_auto_accept.iter().any(|b| b.contains(c));
-            if changed && !(remote.workload_cidrs.iter().all(acceptable) && remote.external_cidr.iter().all(acceptable))
-            {
+            let auto =
+                changed && remote.workload_cidrs.iter().all(acceptable) && remote.external_cidr.iter().all(acceptable);
+            // Within bounds, but refused as planned (over this site's hosts):
+            // held for the admin like any other change.
+            let planned = if auto {
+                match self.plan_peer_views(snap, site, peer_site, &remote) {
+                    Ok(v) => Some(v),
+                    Err(Error::InvalidArgument(_)) => None,
+                    Err(e) => return Err(e),
+                }
+            } else {
+                None
+            };
+            if changed && planned.is_none() {
                 // What this site routes changes only when an admin says so:
                 // keep routing the recorded CIDRs, take in the rest (keys,
                 // endpoints, gateways), and hold the change for review.
@@ -241,8 +253,8 @@ impl State {
                 remote.external_cidr = old.external_cidr;
             } else {
                 next.pending = None;
-                if changed {
-                    next.views = self.plan_peer_views(snap, site, peer_site, &remote)?;
+                if let Some(views) = planned {
+                    next.views = views;
                 }
             }
             next.remote = Some(remote);
@@ -293,6 +305,9 @@ impl State {
         .await
     }
 
+    /// This site's local views of `remote`'s CIDRs. A CIDR over one of this
+    /// site's hosts is refused, naming the field and the host, unless the
+    /// site routes such CIDRs through remapped views (`underlay_overlap`).
     fn plan_peer_views(
         &self,
         snap: &super::Snapshot,
@@ -304,6 +319,19 @@ impl State {
             remote.workload_cidrs.iter().map(|c| (CidrKind::Workload, *c)).collect();
         if let Some(e) = remote.external_cidr {
             peer.push((CidrKind::External, e));
+        }
+        if site.underlay_overlap == crate::domain::UnderlayOverlap::Refuse {
+            let hosts = snap.host_addresses(site);
+            for (i, c) in remote.workload_cidrs.iter().enumerate() {
+                if let Some((ip, who)) = hosts.iter().find(|(ip, _)| c.contains(ip)) {
+                    return Err(over_host(&format!("workload_cidrs[{i}]"), c, ip, who, &site.id));
+                }
+            }
+            if let Some(c) = remote.external_cidr
+                && let Some((ip, who)) = hosts.iter().find(|(ip, _)| c.contains(ip))
+            {
+                return Err(over_host("external_cidr", &c, ip, who, &site.id));
+            }
         }
         Ok(ipam::plan_views(
             &peer,
@@ -384,4 +412,12 @@ impl State {
         }
         Err(Error::Aborted("the agent's record kept changing; retry".into()))
     }
+}
+
+fn over_host(field: &str, c: &Ipv4Net, ip: &std::net::Ipv4Addr, who: &str, site: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "{field} {c} covers {ip}, the address of {who} of site {site:?}; a peer may not announce that site's own \
+         hosts (if the CIDRs really overlap, that site can route them through a remapped view: \
+         --peer-cidr-over-underlay remap)"
+    ))
 }

@@ -171,6 +171,25 @@ impl Snapshot {
             })
     }
 
+    /// This site's own hosts: each node's and gateway's underlay address
+    /// and the controllers' addresses, with who has it.
+    fn host_addresses(&self, site: &Site) -> Vec<(std::net::Ipv4Addr, String)> {
+        let v4 = |ip: Option<std::net::IpAddr>| match ip {
+            Some(std::net::IpAddr::V4(a)) => Some(a),
+            _ => None,
+        };
+        let nodes = self
+            .nodes
+            .iter()
+            .filter_map(|(n, _)| Some((v4(n.underlay_ip)?, format!("node {:?}", n.name))));
+        let gateways = self
+            .gateways
+            .iter()
+            .filter_map(|(g, _)| Some((v4(g.underlay_ip)?, format!("gateway {:?}", g.name))));
+        let controllers = site.controller_ips.iter().map(|a| (*a, "a controller".to_string()));
+        nodes.chain(gateways).chain(controllers).collect()
+    }
+
     /// Overlay addresses held by nodes and gateways.
     fn internal_ips(&self) -> Vec<std::net::Ipv4Addr> {
         let n = self.nodes.iter().filter_map(|(n, _)| n.internal_ip);
@@ -188,15 +207,7 @@ impl Snapshot {
         // The hosts' own underlay addresses: a local view covering one would
         // pull the site's VXLAN and controller traffic into a peering (the
         // peer's CIDR is then remapped away from them).
-        let underlay = self
-            .nodes
-            .iter()
-            .filter_map(|(n, _)| n.underlay_ip)
-            .chain(self.gateways.iter().filter_map(|(g, _)| g.underlay_ip));
-        v.extend(underlay.filter_map(|ip| match ip {
-            std::net::IpAddr::V4(a) => Some(Ipv4Net::from(a)),
-            std::net::IpAddr::V6(_) => None,
-        }));
+        v.extend(self.host_addresses(site).into_iter().map(|(a, _)| Ipv4Net::from(a)));
         for (p, _) in &self.peerings {
             if Some(p.site_id.as_str()) != except_peer {
                 v.extend(p.views.iter().map(|v| v.local));
