@@ -123,7 +123,14 @@ impl Guard {
                         weft_proto::HOST_TABLE
                     ));
                 }
-                parse::<IpNet>("route destination", &r.destination, "a CIDR")?;
+                let dst = parse::<IpNet>("route destination", &r.destination, "a CIDR")?;
+                if r.namespace.is_empty()
+                    && let Some(ip) = self.protected.iter().find(|ip| dst.contains(*ip))
+                {
+                    return Err(format!(
+                        "a route for {dst} covers {ip}, which this host reaches outside the fabric (its underlay or a controller)"
+                    ));
+                }
                 if !r.gateway.is_empty() {
                     parse::<IpAddr>("route gateway", &r.gateway, "an address")?;
                 }
@@ -387,6 +394,7 @@ mod tests {
             (rule(7765, 7765, "0.0.0.0/1"), "/8 or narrower"),
             (rule(7765, 7765, "192.168.78.0/24"), "192.168.78.11"),
             (rule(7765, 7765, "192.168.78.1/32"), "192.168.78.1"),
+            (route("", 7765, "192.168.78.0/24", "weft-vx0"), "192.168.78.11"),
             (
                 Kind::Address(pb::Address {
                     link: "eth0".into(),

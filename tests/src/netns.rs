@@ -204,6 +204,44 @@ impl Lab {
         self.spawn(ns, Path::new("/usr/bin/unshare"), &refs, log)
     }
 
+    /// Starts a real etcd in host `ns` on its loopback (client port 2379),
+    /// data under `data`, and waits until it is healthy; its process index.
+    /// None when etcd is not installed (outside CI; under CI that fails).
+    pub fn spawn_etcd(&mut self, ns: &str, data: &Path) -> Option<usize> {
+        let etcd = crate::require_tool("etcd")?;
+        let i = self.spawn(
+            ns,
+            &etcd,
+            &[
+                "--name",
+                "e",
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--listen-client-urls",
+                "http://127.0.0.1:2379",
+                "--advertise-client-urls",
+                "http://127.0.0.1:2379",
+                "--listen-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-advertise-peer-urls",
+                "http://127.0.0.1:2380",
+                "--initial-cluster",
+                "e=http://127.0.0.1:2380",
+            ],
+            &data.with_extension("log"),
+        );
+        crate::eventually("etcd", std::time::Duration::from_secs(20), || {
+            self.exec(
+                ns,
+                &["etcdctl", "--endpoints", "http://127.0.0.1:2379", "endpoint", "health"],
+            )
+            .status
+            .success()
+            .then_some(())
+        });
+        Some(i)
+    }
+
     /// Starts process `i` again, as it was started (logging to a new file
     /// beside the old one).
     pub fn respawn(&mut self, i: usize) {

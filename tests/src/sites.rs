@@ -134,40 +134,9 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
     }
 
     // Site b keeps its state in etcd, on its controller's host.
-    let etcd = crate::require_tool("etcd").map(|etcd| {
-        let data = dir.path().join("etcd");
-        let i = lab.spawn(
-            &ns["ctlb"],
-            &etcd,
-            &[
-                "--name",
-                "b",
-                "--data-dir",
-                data.to_str().unwrap(),
-                "--listen-client-urls",
-                "http://127.0.0.1:2379",
-                "--advertise-client-urls",
-                "http://127.0.0.1:2379",
-                "--listen-peer-urls",
-                "http://127.0.0.1:2380",
-                "--initial-advertise-peer-urls",
-                "http://127.0.0.1:2380",
-                "--initial-cluster",
-                "b=http://127.0.0.1:2380",
-            ],
-            &dir.path().join("etcd.log"),
-        );
-        eventually("etcd in site b", Duration::from_secs(20), || {
-            lab.exec(
-                &ns["ctlb"],
-                &["etcdctl", "--endpoints", "http://127.0.0.1:2379", "endpoint", "health"],
-            )
-            .status
-            .success()
-            .then_some(())
-        });
-        (i, "http://127.0.0.1:2379".to_string())
-    });
+    let etcd = lab
+        .spawn_etcd(&ns["ctlb"], &dir.path().join("etcd"))
+        .map(|i| (i, "http://127.0.0.1:2379".to_string()));
     let etcd_b = etcd.as_ref().map(|e| e.0);
     let etcd = etcd.map(|e| e.1);
 

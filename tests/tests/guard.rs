@@ -38,13 +38,21 @@ fn host_state(lab: &Lab, ns: &str) -> String {
     .join("\n")
 }
 
-#[test]
-fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
-    if !netns::require_root() {
-        return;
-    }
+/// A site's controller (on etcd when `etcd`) and one node with the real
+/// node agent, each in its own namespace; the agent enrolled and watching.
+struct Site {
+    lab: Lab,
+    dir: tempfile::TempDir,
+    ctl: String,
+    node: String,
+    agent: usize,
+    target: String,
+    state: std::path::PathBuf,
+}
+
+fn site(tag: &str, etcd: bool) -> Site {
     let dir = tempfile::Builder::new().prefix("weft-guard").tempdir().unwrap();
-    let mut lab = Lab::new("guard");
+    let mut lab = Lab::new(tag);
     lab.lan();
     let (ctl, node) = (lab.host("ctl"), lab.host("node"));
     lab.plug(&ctl, "192.168.78.1/24");
@@ -54,21 +62,23 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
         "default route",
     );
     let data = dir.path().join("site");
-    lab.spawn(
-        &ctl,
-        &bin("weft-controller"),
-        &[
-            "--site-id",
-            "site-a",
-            "--pod-cidr",
-            "10.1.0.0/16",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--listen",
-            "192.168.78.1:7443",
-        ],
-        &dir.path().join("controller.log"),
-    );
+    let mut args = vec![
+        "--site-id".to_string(),
+        "site-a".into(),
+        "--pod-cidr".into(),
+        "10.1.0.0/16".into(),
+        "--data-dir".into(),
+        data.to_str().unwrap().into(),
+        "--listen".into(),
+        "192.168.78.1:7443".into(),
+    ];
+    if etcd {
+        lab.spawn_etcd(&ctl, &dir.path().join("etcd"))
+            .expect("etcd is installed");
+        args.extend(["--etcd-endpoints".into(), "http://127.0.0.1:2379".into()]);
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    lab.spawn(&ctl, &bin("weft-controller"), &refs, &dir.path().join("controller.log"));
     let sock = data.join("admin.sock");
     eventually("the controller", Duration::from_secs(20), || {
         std::os::unix::net::UnixStream::connect(&sock).ok()
@@ -102,6 +112,30 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
     eventually("the node enrolled and watching", Duration::from_secs(20), || {
         lab.proc(agent).log_text().contains("watching").then_some(())
     });
+    Site {
+        lab,
+        dir,
+        ctl,
+        node,
+        agent,
+        target,
+        state,
+    }
+}
+
+#[test]
+fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
+    if !netns::require_root() {
+        return;
+    }
+    let Site {
+        mut lab,
+        dir: _dir,
+        node,
+        agent,
+        state,
+        ..
+    } = site("guard", false);
     std::thread::sleep(Duration::from_secs(1));
     lab.proc(agent).stop();
     let before = host_state(&lab, &node);
@@ -200,4 +234,96 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
         std::process::Command::new("ip").args(["netns", "list"]),
     ));
     assert!(!netns_list.contains("proc"), "{netns_list}");
+}
+
+/// A compromised store: a peering record written straight into etcd whose
+/// local view covers the node's own underlay address. The controller
+/// renders the node a rule for it (it trusts its store); the node's guard
+/// refuses it, reports the refusal (the admin sees it on the node), and the
+/// host keeps its own routing (and so its controller connection).
+#[test]
+fn a_compromised_store_cannot_route_a_hosts_own_traffic() {
+    if !netns::require_root() || weft_tests::require_tool("etcd").is_none() {
+        return;
+    }
+    let mut s = site("guardst", true);
+    // The node's part of the desired state needs an active gateway: a
+    // dry-run one (it changes nothing on its host).
+    let gw_ns = s.lab.host("gw");
+    s.lab.plug(&gw_ns, "192.168.78.10/24");
+    let t = weftctl_json(&s.target, &["token", "create", "--role", "gateway", "--name", "gw"]);
+    let gw_state = s.dir.path().join("gw");
+    let gw = s.lab.spawn(
+        &gw_ns,
+        &bin("weft-gateway-agent"),
+        &[
+            "--controller",
+            "https://192.168.78.1:7443",
+            "--name",
+            "gw",
+            "--underlay-ip",
+            "192.168.78.10",
+            "--endpoint",
+            "192.168.78.10:51820",
+            "--token",
+            t["token"].as_str().unwrap(),
+            "--ca-fingerprint",
+            t["ca_fingerprint"].as_str().unwrap(),
+            "--state-dir",
+            gw_state.to_str().unwrap(),
+            "--dry-run",
+        ],
+        &s.dir.path().join("gw.log"),
+    );
+    eventually("the gateway watching", Duration::from_secs(20), || {
+        s.lab.proc(gw).log_text().contains("watching").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let before = host_state(&s.lab, &s.node);
+
+    let record = serde_json::json!({
+        "site_id": "evil",
+        "state": "negotiated",
+        "views": [{"kind": "workload", "real": "10.9.0.0/16", "local": "192.168.78.0/24", "pool": null}],
+        "created_at_ms": 0,
+        "listen_port": 51821,
+    });
+    netns::must(
+        s.lab.exec(
+            &s.ctl,
+            &[
+                "etcdctl",
+                "--endpoints",
+                "http://127.0.0.1:2379",
+                "put",
+                "/weft/sites/site-a/peerings/evil",
+                &record.to_string(),
+            ],
+        ),
+        "etcdctl put",
+    );
+    // The refusal reaches the admin as the node's object error.
+    let errors = eventually("the node reports the refusal", Duration::from_secs(20), || {
+        let nodes = weftctl_json(&s.target, &["nodes"]);
+        let errs = nodes["nodes"][0]["status"]["errors"].clone();
+        errs.as_array()
+            .is_some_and(|e| {
+                e.iter()
+                    .any(|e| e.as_str().unwrap_or("").contains("refused by the agent"))
+            })
+            .then_some(errs)
+    });
+    assert!(errors.to_string().contains("192.168.78.11"), "{errors}");
+    std::thread::sleep(Duration::from_secs(2));
+    // Rules, routes, links and the NAT table as they were; weft's own
+    // accounting table may count the new peer (it only counts).
+    let without_accounting = |text: &str| text.split("table ip weft_acct").next().unwrap().to_string();
+    assert_eq!(
+        without_accounting(&host_state(&s.lab, &s.node)),
+        without_accounting(&before),
+        "the node's host changed"
+    );
+    // Still connected and reporting.
+    let n = weftctl_json(&s.target, &["nodes"]);
+    assert_eq!(n["nodes"][0]["status"]["ready"], true, "{n}");
 }
