@@ -10,9 +10,9 @@
 //! - in the host's own namespace, routes live only in weft's table
 //!   ([`weft_proto::HOST_TABLE`]) and rules only at weft's priority
 //!   ([`weft_proto::HOST_RULE_PRIORITY`]) pointing at that table, for a
-//!   destination of /8 or narrower that covers neither this host's
-//!   underlay address nor its controllers' (a rule for those would pull
-//!   the agent's own control traffic into the fabric); weft's peering
+//!   destination of /8 or narrower; no rule or route there covers this
+//!   host's underlay address or its controllers' (that would pull the
+//!   agent's own control traffic into the fabric); weft's peering
 //!   namespaces are weft's whole;
 //! - addresses, CIDRs, endpoints and keys parse as what they are, so no
 //!   field can smuggle text into a configuration channel (WireGuard's UAPI
