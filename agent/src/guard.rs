@@ -263,11 +263,19 @@ impl<A: Applier> Applier for Guarded<A> {
     ) -> Vec<pb::ObjectError> {
         // The inner applier sees only what passed: a refused object was
         // never applied, so there is nothing of it to replace or delete.
-        let held_ok: Objects = held
+        // (Copied only when something held was refused, which is rare.)
+        let refused_held: Vec<&String> = held
             .iter()
-            .filter(|(_, o)| self.guard.check(o).is_ok())
-            .map(|(k, o)| (k.clone(), o.clone()))
+            .filter(|(_, o)| self.guard.check(o).is_err())
+            .map(|(k, _)| k)
             .collect();
+        let filtered: Option<Objects> = (!refused_held.is_empty()).then(|| {
+            held.iter()
+                .filter(|(k, _)| !refused_held.contains(k))
+                .map(|(k, o)| (k.clone(), o.clone()))
+                .collect()
+        });
+        let held_ok = filtered.as_ref().unwrap_or(held);
         let mut refused = Vec::new();
         let mut ok = Vec::with_capacity(upserts.len());
         for o in upserts {
@@ -284,10 +292,10 @@ impl<A: Applier> Applier for Guarded<A> {
         }
         let deletes: Vec<String> = deletes
             .iter()
-            .filter(|id| held.get(*id).is_none_or(|o| self.guard.check(o).is_ok()))
+            .filter(|id| !refused_held.contains(id))
             .cloned()
             .collect();
-        let mut errors = self.inner.apply(&held_ok, &ok, &deletes).await;
+        let mut errors = self.inner.apply(held_ok, &ok, &deletes).await;
         errors.extend(refused);
         errors
     }

@@ -467,6 +467,41 @@ fn dry_run_command(kind: &str, name: &str, ip: &str, controllers: &[&Controller]
     cmd
 }
 
+/// The arguments a lab agent starts with: agent `name` of role `kind`
+/// ("node", "gateway"), enrolling with a fresh token made for it by the
+/// controller at `target` (weftctl), dialling `controller_url`, with its
+/// underlay address, its state in `state`, and drift repair every `resync`.
+pub fn enrolling_agent_args(
+    target: &str,
+    kind: &str,
+    name: &str,
+    controller_url: &str,
+    underlay: &str,
+    state: &Path,
+    resync: &str,
+) -> Vec<String> {
+    let t = weftctl_json(target, &["token", "create", "--role", kind, "--name", name]);
+    [
+        "--controller",
+        controller_url,
+        "--name",
+        name,
+        "--underlay-ip",
+        underlay,
+        "--token",
+        t["token"].as_str().unwrap(),
+        "--ca-fingerprint",
+        t["ca_fingerprint"].as_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--resync-interval",
+        resync,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 /// Times (Unix s) and sequence numbers of the answered pings in a
 /// `ping -D` log.
 pub fn ping_answers(log: &str) -> Vec<(f64, u64)> {

@@ -70,28 +70,13 @@ impl Mesh {
         for (ns, addr) in [(&ctl, &ctl_ip), (&gw, &gw_ip), (&node, &node_ip)] {
             lab.plug(ns, &format!("{addr}/24"));
         }
-        let data = self.dir.path().join(&id);
         let listen = format!("{ctl_ip}:7443");
-        lab.spawn(
+        let target = lab.spawn_controller(
             &ctl,
-            &bin("weft-controller"),
-            &[
-                "--site-id",
-                &id,
-                "--pod-cidr",
-                &self.pod,
-                "--data-dir",
-                data.to_str().unwrap(),
-                "--listen",
-                &listen,
-            ],
+            &self.dir.path().join(&id),
+            &["--site-id", &id, "--pod-cidr", &self.pod, "--listen", &listen],
             &self.dir.path().join(format!("{id}-controller.log")),
         );
-        let sock = data.join("admin.sock");
-        eventually("a controller", Duration::from_secs(20), || {
-            std::os::unix::net::UnixStream::connect(&sock).ok()
-        });
-        let target = format!("unix:{}", sock.display());
 
         // The workload: a namespace behind the node, in its declared subnet.
         let prefix = self.pod.rsplit_once(".0.0/").expect("a /16 such as 10.1.0.0/16").0;
@@ -126,27 +111,16 @@ impl Mesh {
         );
 
         let agent = |lab: &mut Lab, kind: &str, name: &str, ns: &str, underlay: &str| {
-            let t = weftctl_json(&target, &["token", "create", "--role", kind, "--name", name]);
             let state = self.dir.path().join(format!("{id}-{name}"));
-            let mut args: Vec<String> = [
-                "--controller",
-                &format!("https://{ctl_ip}:7443"),
-                "--name",
+            let mut args = crate::enrolling_agent_args(
+                &target,
+                kind,
                 name,
-                "--underlay-ip",
+                &format!("https://{ctl_ip}:7443"),
                 underlay,
-                "--token",
-                t["token"].as_str().unwrap(),
-                "--ca-fingerprint",
-                t["ca_fingerprint"].as_str().unwrap(),
-                "--state-dir",
-                state.to_str().unwrap(),
-                "--resync-interval",
+                &state,
                 "1s",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+            );
             let log = self.dir.path().join(format!("{id}-{name}.log"));
             let program = bin(&format!("weft-{kind}-agent"));
             if kind == "gateway" {

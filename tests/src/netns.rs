@@ -204,6 +204,20 @@ impl Lab {
         self.spawn(ns, Path::new("/usr/bin/unshare"), &refs, log)
     }
 
+    /// Starts `weft-controller` in host `ns` with `args` and `--data-dir
+    /// data`, logging to `log`, and waits until its admin socket answers;
+    /// returns weftctl's target for it.
+    pub fn spawn_controller(&mut self, ns: &str, data: &Path, args: &[&str], log: &Path) -> String {
+        let mut all = args.to_vec();
+        all.extend(["--data-dir", data.to_str().unwrap()]);
+        self.spawn(ns, &crate::bin("weft-controller"), &all, log);
+        let sock = data.join("admin.sock");
+        crate::eventually("a controller", std::time::Duration::from_secs(20), || {
+            std::os::unix::net::UnixStream::connect(&sock).ok()
+        });
+        format!("unix:{}", sock.display())
+    }
+
     /// Starts a real etcd in host `ns` on its loopback (client port 2379),
     /// data under `data`, and waits until it is healthy; its process index.
     /// None when etcd is not installed (outside CI; under CI that fails).

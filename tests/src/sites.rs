@@ -142,7 +142,6 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
 
     let tunnel_mtu = opts.site_a_tunnel.map(|m| m.to_string());
     let controller = |lab: &mut Lab, host: &str, site: &str, pod: &str, ip: &str, etcd: Option<&str>| {
-        let data = dir.path().join(site);
         let listen = format!("{ip}:7443");
         let metrics = format!("0.0.0.0:{CONTROLLER_METRICS_PORT}");
         let mut args = vec![
@@ -150,8 +149,6 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
             site,
             "--pod-cidr",
             pod,
-            "--data-dir",
-            data.to_str().unwrap(),
             "--listen",
             &listen,
             "--metrics-listen",
@@ -163,17 +160,12 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         if let Some(m) = tunnel_mtu.as_deref().filter(|_| site == site_a) {
             args.extend(["--tunnel-mtu", m]);
         }
-        lab.spawn(
+        lab.spawn_controller(
             host,
-            &bin("weft-controller"),
+            &dir.path().join(site),
             &args,
             &dir.path().join(format!("{site}.log")),
-        );
-        let sock = data.join("admin.sock");
-        eventually("a controller", Duration::from_secs(20), || {
-            std::os::unix::net::UnixStream::connect(&sock).ok()
-        });
-        format!("unix:{}", sock.display())
+        )
     };
     let ta = controller(&mut lab, &ns["ctla"], site_a, pod_a, "192.168.78.1", None);
     let tb = controller(&mut lab, &ns["ctlb"], site_b, pod_b, "192.168.78.2", etcd.as_deref());
@@ -192,26 +184,17 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
                  ip: &str,
                  name: &str,
                  subnet: Option<&str>| {
-        let t = weftctl_json(target, &["token", "create", "--role", kind, "--name", name]);
         let state = dir.path().join(format!("{ctl_ip}-{name}"));
-        let mut args: Vec<String> = vec![
-            "--controller".into(),
-            format!("https://{ctl_ip}:7443"),
-            "--name".into(),
-            name.into(),
-            "--underlay-ip".into(),
-            ip.into(),
-            "--token".into(),
-            t["token"].as_str().unwrap().into(),
-            "--ca-fingerprint".into(),
-            t["ca_fingerprint"].as_str().unwrap().into(),
-            "--state-dir".into(),
-            state.to_str().unwrap().into(),
-            "--resync-interval".into(),
-            if opts.no_drift_repair { "0s" } else { "1s" }.into(),
-            "--metrics-listen".into(),
-            format!("0.0.0.0:{AGENT_METRICS_PORT}"),
-        ];
+        let mut args = crate::enrolling_agent_args(
+            target,
+            kind,
+            name,
+            &format!("https://{ctl_ip}:7443"),
+            ip,
+            &state,
+            if opts.no_drift_repair { "0s" } else { "1s" },
+        );
+        args.extend(["--metrics-listen".to_string(), format!("0.0.0.0:{AGENT_METRICS_PORT}")]);
         if kind == "gateway" {
             args.extend(["--endpoint".to_string(), format!("{ip}:51820")]);
         }

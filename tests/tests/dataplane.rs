@@ -28,49 +28,25 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
     ] {
         lab.plug(ns, ip);
     }
-    let data = dir.path().join("ctl");
-    let sock = data.join("admin.sock");
-    lab.spawn(
+    let target = lab.spawn_controller(
         &ctl,
-        &bin("weft-controller"),
+        &dir.path().join("ctl"),
         &[
             "--site-id",
             "site-a",
             "--pod-cidr",
             "10.1.0.0/16",
-            "--data-dir",
-            data.to_str().unwrap(),
             "--listen",
             "192.168.77.1:7443",
         ],
         &dir.path().join("ctl.log"),
     );
-    let target = format!("unix:{}", sock.display());
-    eventually("the controller", Duration::from_secs(20), || {
-        std::os::unix::net::UnixStream::connect(&sock).ok()
-    });
 
     let mut agent = |kind: &str, name: &str, ns: &str, underlay: &str, extra: &[&str]| {
-        let t = weftctl_json(&target, &["token", "create", "--role", kind, "--name", name]);
         let state = dir.path().join(name);
-        let mut args = vec![
-            "--controller",
-            "https://192.168.77.1:7443",
-            "--name",
-            name,
-            "--underlay-ip",
-            underlay,
-            "--token",
-            t["token"].as_str().unwrap(),
-            "--ca-fingerprint",
-            t["ca_fingerprint"].as_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--resync-interval",
-            "1s",
-        ];
-        args.extend(extra);
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let mut args =
+            weft_tests::enrolling_agent_args(&target, kind, name, "https://192.168.77.1:7443", underlay, &state, "1s");
+        args.extend(extra.iter().map(|s| s.to_string()));
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         lab.spawn(
             ns,

@@ -61,54 +61,38 @@ fn site(tag: &str, etcd: bool) -> Site {
         lab.exec(&node, &["ip", "route", "add", "default", "via", "192.168.78.1"]),
         "default route",
     );
-    let data = dir.path().join("site");
     let mut args = vec![
-        "--site-id".to_string(),
-        "site-a".into(),
-        "--pod-cidr".into(),
-        "10.1.0.0/16".into(),
-        "--data-dir".into(),
-        data.to_str().unwrap().into(),
-        "--listen".into(),
-        "192.168.78.1:7443".into(),
+        "--site-id",
+        "site-a",
+        "--pod-cidr",
+        "10.1.0.0/16",
+        "--listen",
+        "192.168.78.1:7443",
     ];
     if etcd {
         lab.spawn_etcd(&ctl, &dir.path().join("etcd"))
             .expect("etcd is installed");
-        args.extend(["--etcd-endpoints".into(), "http://127.0.0.1:2379".into()]);
+        args.extend(["--etcd-endpoints", "http://127.0.0.1:2379"]);
     }
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    lab.spawn(&ctl, &bin("weft-controller"), &refs, &dir.path().join("controller.log"));
-    let sock = data.join("admin.sock");
-    eventually("the controller", Duration::from_secs(20), || {
-        std::os::unix::net::UnixStream::connect(&sock).ok()
-    });
-    let target = format!("unix:{}", sock.display());
-    let t = weftctl_json(&target, &["token", "create", "--role", "node", "--name", "n1"]);
-    let state = dir.path().join("n1");
-    let agent = lab.spawn(
-        &node,
-        &bin("weft-node-agent"),
-        &[
-            "--controller",
-            "https://192.168.78.1:7443",
-            "--name",
-            "n1",
-            "--underlay-ip",
-            "192.168.78.11",
-            "--token",
-            t["token"].as_str().unwrap(),
-            "--ca-fingerprint",
-            t["ca_fingerprint"].as_str().unwrap(),
-            "--state-dir",
-            state.to_str().unwrap(),
-            "--resync-interval",
-            "1s",
-            "--subnet",
-            "10.1.0.0/24",
-        ],
-        &dir.path().join("agent.log"),
+    let target = lab.spawn_controller(
+        &ctl,
+        &dir.path().join("site"),
+        &args,
+        &dir.path().join("controller.log"),
     );
+    let state = dir.path().join("n1");
+    let mut args = weft_tests::enrolling_agent_args(
+        &target,
+        "node",
+        "n1",
+        "https://192.168.78.1:7443",
+        "192.168.78.11",
+        &state,
+        "1s",
+    );
+    args.extend(["--subnet".to_string(), "10.1.0.0/24".to_string()]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = lab.spawn(&node, &bin("weft-node-agent"), &refs, &dir.path().join("agent.log"));
     eventually("the node enrolled and watching", Duration::from_secs(20), || {
         lab.proc(agent).log_text().contains("watching").then_some(())
     });
@@ -251,30 +235,20 @@ fn a_compromised_store_cannot_route_a_hosts_own_traffic() {
     // dry-run one (it changes nothing on its host).
     let gw_ns = s.lab.host("gw");
     s.lab.plug(&gw_ns, "192.168.78.10/24");
-    let t = weftctl_json(&s.target, &["token", "create", "--role", "gateway", "--name", "gw"]);
-    let gw_state = s.dir.path().join("gw");
-    let gw = s.lab.spawn(
-        &gw_ns,
-        &bin("weft-gateway-agent"),
-        &[
-            "--controller",
-            "https://192.168.78.1:7443",
-            "--name",
-            "gw",
-            "--underlay-ip",
-            "192.168.78.10",
-            "--endpoint",
-            "192.168.78.10:51820",
-            "--token",
-            t["token"].as_str().unwrap(),
-            "--ca-fingerprint",
-            t["ca_fingerprint"].as_str().unwrap(),
-            "--state-dir",
-            gw_state.to_str().unwrap(),
-            "--dry-run",
-        ],
-        &s.dir.path().join("gw.log"),
+    let mut args = weft_tests::enrolling_agent_args(
+        &s.target,
+        "gateway",
+        "gw",
+        "https://192.168.78.1:7443",
+        "192.168.78.10",
+        &s.dir.path().join("gw"),
+        "1s",
     );
+    args.extend(["--endpoint", "192.168.78.10:51820", "--dry-run"].map(String::from));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let gw = s
+        .lab
+        .spawn(&gw_ns, &bin("weft-gateway-agent"), &refs, &s.dir.path().join("gw.log"));
     eventually("the gateway watching", Duration::from_secs(20), || {
         s.lab.proc(gw).log_text().contains("watching").then_some(())
     });

@@ -41,7 +41,12 @@ fn probes_lost(mesh: &Mesh, sites: &[usize]) -> HashMap<(usize, usize), u64> {
     for &a in sites {
         for &b in sites.iter().filter(|b| **b != a) {
             if let Some(p) = mesh.peering(&mesh.sites[a], &mesh.sites[b].id) {
-                out.insert((a, b), p["tunnel"]["probes_lost"].as_u64().unwrap_or(0));
+                // A tunnel that reports no probe count would make the check
+                // below vacuous: every peering here has a reporting tunnel.
+                let lost = p["tunnel"]["probes_lost"].as_u64();
+                let sent = p["tunnel"]["probes_sent"].as_u64().unwrap_or(0);
+                assert!(lost.is_some() && sent > 0, "{a}->{b} reports no probes: {p}");
+                out.insert((a, b), lost.unwrap());
             }
         }
     }
