@@ -18,9 +18,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(files, ["."])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("weft_descriptor.bin"), prost::Message::encode_to_vec(&fds))?;
+    // Messages alone (prost), and the services on top of them (tonic) in a
+    // file of their own: crates that only need the messages (the
+    // controller's core) build without tonic (feature `grpc` off).
+    let msgs = out.join("msgs");
+    let svc = out.join("svc");
+    std::fs::create_dir_all(&msgs)?;
+    std::fs::create_dir_all(&svc)?;
+    tonic_prost_build::configure()
+        .build_server(false)
+        .build_client(false)
+        .out_dir(&msgs)
+        .compile_fds(fds.clone())?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        .extern_path(".weft.v1", "crate::v1")
+        .out_dir(&svc)
         .compile_fds(fds)?;
     Ok(())
 }

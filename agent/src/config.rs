@@ -49,7 +49,7 @@ pub struct AgentArgs {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Log lines as human-readable text or as JSON objects.
     #[arg(long, env = "WEFT_LOG_FORMAT", value_enum, default_value = "human")]
-    pub log_format: weft_proto::obs::LogFormat,
+    pub log_format: weft_common::obs::LogFormat,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +71,7 @@ pub struct AgentConfig {
     pub teardown: bool,
     pub underlay_ip: Option<std::net::IpAddr>,
     pub metrics_listen: Option<std::net::SocketAddr>,
-    pub log_format: weft_proto::obs::LogFormat,
+    pub log_format: weft_common::obs::LogFormat,
     /// Gateways: the host:port remote gateways dial (set by the gateway agent).
     pub endpoint: Option<String>,
     /// Gateways: how tunnels are probed (set by the gateway agent).

@@ -4,8 +4,6 @@
 //! while its controller is unreachable applies it again and keeps the host
 //! as it was.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
@@ -152,19 +150,8 @@ impl StateFile {
             revision: d.revision,
             objects: d.objects.values().cloned().collect(),
         };
-        let tmp = self.path.with_extension("tmp");
-        // 0600 from the start: the state names every tunnel, key and peer.
-        let _ = std::fs::remove_file(&tmp);
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        file.write_all(&f.encode_to_vec())?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, &self.path).with_context(|| format!("cannot write {}", self.path.display()))?;
-        Ok(())
+        // 0600: the state names every tunnel, key and peer.
+        weft_common::fs::write_file(&self.path, f.encode_to_vec(), 0o600)
     }
 }
 

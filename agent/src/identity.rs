@@ -3,8 +3,6 @@
 //! state directory. Enrollment with a token creates them; renewal replaces
 //! key and certificate well before expiry.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -98,23 +96,7 @@ fn not_after(cert_pem: &str) -> anyhow::Result<SystemTime> {
     Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(cert.validity().not_after.timestamp().max(0) as u64))
 }
 
-/// Writes `data` to `path` with `mode` through a temporary file, fsync and
-/// rename: a crash leaves the old file or the new one, never half of one,
-/// and a key is never readable by others, not even for a moment.
-pub fn write_file(path: &Path, data: &str, mode: u32) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    f.write_all(data.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
-}
+pub use weft_common::fs::write_file;
 
 /// A fresh key and a CSR for it (the controller decides the identity).
 pub fn key_and_csr(name: &str) -> anyhow::Result<(KeyPair, String)> {
@@ -228,7 +210,7 @@ impl IdentityStore {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!(controller = %target, error = %format!("{e:#}"), "controller unreachable");
-                    last = Some(e);
+                    last = Some(anyhow::Error::new(e));
                     continue;
                 }
             };
@@ -281,7 +263,7 @@ impl IdentityStore {
     pub async fn renew(&self, target: &str, name: &str, current: &Credentials) -> Result<Credentials, RenewError> {
         let channel = tls::connect(target, &current.trust(), Some((&current.cert_pem, &current.key_pem)))
             .await
-            .map_err(RenewError::Transient)?;
+            .map_err(|e| RenewError::Transient(e.into()))?;
         let (key, csr) = key_and_csr(name).map_err(RenewError::Transient)?;
         let resp = AgentServiceClient::new(channel)
             .renew(pb::RenewRequest { csr_pem: csr })

@@ -1,8 +1,9 @@
 //! Code both weft agents need, written once: their configuration, their
 //! identity (enrollment with a token, a key that never leaves the host,
-//! renewal), TLS toward the controller, and the main loop. With the agent
-//! protocol, the desired-state session joins it; with the data plane, the
-//! Linux reconciler. Nothing here is specific to nodes or gateways.
+//! renewal), the desired-state session with the controller, the guard that
+//! refuses what reaches past weft, tunnel probes, metrics, and the applier
+//! on top of the data plane (`weft-dataplane`). Nothing here is specific to
+//! nodes or gateways.
 
 pub mod apply;
 pub mod config;
@@ -11,9 +12,9 @@ pub mod guard;
 pub mod identity;
 pub mod linux;
 pub mod metrics;
-pub mod offload;
 pub mod probe;
 pub mod run;
-pub mod tls;
 pub mod wgkey;
-pub mod wireguard;
+
+pub use weft_common::tls;
+pub use weft_dataplane::wireguard;

@@ -14,20 +14,13 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use weft_proto::obs::{Families, Snapshot};
+use weft_common::obs::{Families, Snapshot};
 use weft_proto::v1 as pb;
 
 type Labels = Vec<(String, String)>;
 
 /// Traffic between this node and one peer's CIDRs, from nftables counters.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PeerTraffic {
-    pub peer_site: String,
-    pub tx_bytes: u64,
-    pub tx_packets: u64,
-    pub rx_bytes: u64,
-    pub rx_packets: u64,
-}
+pub use weft_dataplane::nft::PeerTraffic;
 
 pub struct AgentMetrics {
     pub registry: Arc<Mutex<Registry>>,
@@ -43,10 +36,12 @@ pub struct AgentMetrics {
     /// Set on nodes: per-peer traffic is read from the accounting table
     /// at each scrape.
     pub node_accounting: std::sync::atomic::AtomicBool,
+    /// The node's per-peer counters, as last read (see `linux`).
+    pub traffic: Mutex<Vec<PeerTraffic>>,
 }
 
 fn duration_histogram() -> Histogram {
-    Histogram::new(weft_proto::obs::duration_buckets())
+    Histogram::new(weft_common::obs::duration_buckets())
 }
 
 fn rtt_histogram() -> Histogram {
@@ -72,6 +67,7 @@ pub fn get() -> &'static AgentMetrics {
             rtt: Family::new_with_constructor(rtt_histogram),
             tunnels: Mutex::new(Vec::new()),
             node_accounting: Default::default(),
+            traffic: Mutex::new(Vec::new()),
         };
         r.register(
             "weft_agent_reconcile_duration_seconds",
@@ -111,10 +107,10 @@ pub fn get() -> &'static AgentMetrics {
         r.register_collector(Box::new(Snapshot(|f: &mut Families| {
             let m = get();
             for t in m.tunnels.lock().unwrap().iter() {
-                weft_proto::obs::tunnel_series(f, t, &[]);
+                weft_common::obs::tunnel_series(f, t, &[]);
             }
             let traffic = if m.node_accounting.load(std::sync::atomic::Ordering::Relaxed) {
-                crate::linux::acct_counters().unwrap_or_default()
+                m.traffic.lock().unwrap().clone()
             } else {
                 Vec::new()
             };

@@ -17,17 +17,7 @@ use crate::guard::{Guard, Guarded};
 use crate::identity::{AgentKind, Credentials, IdentityStore, RenewError};
 use crate::tls;
 
-/// Retry delays after a failure: exponential from 1 s to 60 s, with jitter
-/// so that many agents do not retry in step, and no limit on attempts.
-pub fn backoff() -> impl Iterator<Item = Duration> {
-    use backon::BackoffBuilder;
-    backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_secs(1))
-        .with_max_delay(Duration::from_secs(60))
-        .with_jitter()
-        .without_max_times()
-        .build()
-}
+pub use weft_common::backoff;
 
 /// How a session ended.
 #[derive(Debug)]
@@ -49,7 +39,7 @@ fn classify(s: tonic::Status) -> End {
 async fn client(target: &str, creds: &Credentials) -> Result<AgentServiceClient<tonic::transport::Channel>, End> {
     let ch = tls::connect(target, &creds.trust(), Some((&creds.cert_pem, &creds.key_pem)))
         .await
-        .map_err(End::Transient)?;
+        .map_err(|e| End::Transient(e.into()))?;
     Ok(AgentServiceClient::new(ch))
 }
 
@@ -388,7 +378,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         return Ok(());
     }
     if let Some(addr) = cfg.metrics_listen {
-        weft_proto::obs::serve_metrics(addr, crate::metrics::get().registry.clone())
+        weft_common::obs::serve_metrics(addr, crate::metrics::get().registry.clone())
             .await
             .map_err(|e| anyhow::anyhow!("--metrics-listen {addr}: {e}"))?;
     }
@@ -510,7 +500,7 @@ pub fn main_with(
             return ExitCode::from(2);
         }
     };
-    weft_proto::obs::init_logging(cfg.log_format);
+    weft_common::obs::init_logging(cfg.log_format);
     let _ = rustls::crypto::ring::default_provider().install_default();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,

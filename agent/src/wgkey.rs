@@ -37,7 +37,7 @@ pub fn keys(dir: &Path) -> anyhow::Result<(String, String)> {
             ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut k)
                 .map_err(|_| anyhow::anyhow!("the system RNG failed"))?;
             std::fs::create_dir_all(dir)?;
-            crate::identity::write_file(&path, &b64.encode(k), 0o600)?;
+            crate::identity::write_file(&path, b64.encode(k), 0o600)?;
             tracing::info!(file = %path.display(), "generated the WireGuard key");
             k
         }

@@ -54,7 +54,7 @@ async fn shutdown_signal() {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let cfg = match config::load(&cli.args) {
+    let cfg = match config::load(&cli.args, &|p| std::fs::read_to_string(p)) {
         Ok(c) => c,
         Err(e) => {
             eprint!("weft-controller: {e}");
@@ -65,7 +65,7 @@ pub fn main() -> ExitCode {
         println!("configuration is valid:\n{cfg:#?}");
         return ExitCode::SUCCESS;
     }
-    weft_proto::obs::init_logging(cfg.log_format);
+    weft_common::obs::init_logging(cfg.log_format);
     let _ = rustls::crypto::ring::default_provider().install_default();
     if let Some(Command::Init) = cli.command {
         return match crate::server::ensure_pki(&cfg) {
@@ -104,7 +104,7 @@ pub fn main() -> ExitCode {
 fn rotate_admin_cert(cfg: &config::ControllerConfig) -> ExitCode {
     let target = format!("unix:{}", cfg.admin_socket.display());
     let run = async {
-        let ch = crate::client::connect(&target, &crate::client::ClientTls::default()).await?;
+        let ch = weft_common::tls::connect(&target, &weft_common::tls::Trust::CaPem(String::new()), None).await?;
         let r = weft_proto::v1::admin_service_client::AdminServiceClient::new(ch)
             .rotate_admin_cert(weft_proto::v1::RotateAdminCertRequest {})
             .await

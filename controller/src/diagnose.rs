@@ -10,7 +10,8 @@ use weft_proto::v1 as pb;
 use crate::domain::{AgentRole, CertRecord, live_until, now_ms};
 use crate::error::Error;
 use crate::federation::Federation;
-use crate::hub::{AliveRecord, Hub};
+use crate::hub::Hub;
+use crate::state::AliveRecord;
 use crate::state::State;
 
 /// Skew above which certificates and tokens may be judged wrongly.

@@ -17,7 +17,7 @@ use std::time::Duration;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 use tonic::{Request, Response, Status};
-use weft_agent::tls::{self, Trust};
+use weft_common::tls::{self, Trust};
 use weft_proto::v1 as pb;
 use weft_proto::v1::federation_service_client::FederationServiceClient;
 use weft_proto::v1::federation_service_server::FederationService;
@@ -759,7 +759,7 @@ pub async fn sync_peers(fed: Arc<Federation>, leader: tokio::sync::watch::Receiv
 async fn follow_peer(fed: Arc<Federation>, site: String) {
     use futures::StreamExt;
     let mut down_since: Option<std::time::Instant> = None;
-    let mut delays = weft_agent::run::backoff();
+    let mut delays = weft_common::backoff();
     loop {
         let Ok(Some(p)) = fed.state.peering(&site).await else {
             return;
@@ -775,7 +775,7 @@ async fn follow_peer(fed: Arc<Federation>, site: String) {
                 Ok(stream) => {
                     reached = true;
                     down_since = None;
-                    delays = weft_agent::run::backoff();
+                    delays = weft_common::backoff();
                     let mut stream = stream.into_inner();
                     let own = match fed.params_for(&site).await {
                         Ok((o, _)) => o,

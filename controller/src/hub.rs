@@ -18,7 +18,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 
 use weft_proto::v1 as pb;
@@ -26,7 +25,7 @@ use weft_proto::v1 as pb;
 use crate::domain::{AgentRole, Gateway, Node, Peering, Site, now_ms};
 use crate::error::Error;
 use crate::render::{Model, Part};
-use crate::state::State;
+use crate::state::{AliveRecord, State};
 use crate::store::{EventKind, LeaseId, Op, StoreError, Txn};
 
 pub type AgentKey = (AgentRole, String);
@@ -60,19 +59,6 @@ impl Slot {
         f(&mut self.pending.lock().unwrap());
         self.notify.notify_one();
     }
-}
-
-/// Liveness and status as stored under `alive/<role>/<name>`, on a lease.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AliveRecord {
-    pub applied_revision: i64,
-    pub errors: Vec<String>,
-    pub since_ms: u64,
-    /// The host facts of its latest host report.
-    #[serde(default)]
-    pub features: Vec<String>,
-    #[serde(default)]
-    pub route_conflicts: Vec<String>,
 }
 
 struct Live {
@@ -380,7 +366,7 @@ impl Hub {
                 ts.iter().filter(|t| t.peer_site == site).map(move |t| {
                     let mut t = t.clone();
                     t.gateway = gw.clone();
-                    t.reported_at = crate::grpc::convert::ts(*at);
+                    t.reported_at = Some(weft_proto::timestamp_ms(*at));
                     (*at, t)
                 })
             })

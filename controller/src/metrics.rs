@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use weft_proto::obs::{Families, Snapshot};
+use weft_common::obs::{Families, Snapshot};
 
 use crate::domain::{AgentRole, now_ms};
 use crate::hub::Hub;
@@ -22,7 +22,7 @@ type OpLabels = Vec<(String, String)>;
 type Latency = Family<OpLabels, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
-    Histogram::new(weft_proto::obs::duration_buckets())
+    Histogram::new(weft_common::obs::duration_buckets())
 }
 
 /// A store that times every call into `weft_controller_store_operation_duration_seconds`.
@@ -180,7 +180,7 @@ fn collect(f: &mut Families, hub: &Hub, leading: bool) {
             continue;
         }
         for t in &tunnels {
-            weft_proto::obs::tunnel_series(f, t, &[("gateway", gateway.as_str())]);
+            weft_common::obs::tunnel_series(f, t, &[("gateway", gateway.as_str())]);
         }
     }
     let pools = model.site.as_ref().map(|site| {

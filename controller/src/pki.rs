@@ -17,7 +17,7 @@ use rcgen::{
     KeyUsagePurpose, SanType, SerialNumber,
 };
 use time::{Duration, OffsetDateTime};
-use weft_agent::identity::write_file;
+use weft_common::fs::write_file;
 
 pub const CA_CERT: &str = "ca.pem";
 pub const CA_KEY: &str = "ca.key";
@@ -71,10 +71,7 @@ pub enum PkiError {
 }
 
 /// SHA-256 of DER bytes, lower-case hex: a certificate fingerprint.
-pub fn fingerprint(der: &[u8]) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(der).iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use weft_common::fingerprint;
 
 fn random_serial() -> (SerialNumber, String) {
     let mut b = [0u8; 16];
@@ -239,8 +236,8 @@ pub fn ensure(dir: &Path, site: &str, names: &[String]) -> anyhow::Result<Server
         p.not_before = now - Duration::minutes(5);
         p.not_after = now + Duration::days(3650);
         let cert = p.self_signed(&key)?;
-        write_file(&ca_key, &key.serialize_pem(), 0o600)?;
-        write_file(&ca_cert, &cert.pem(), 0o644)?;
+        write_file(&ca_key, key.serialize_pem(), 0o600)?;
+        write_file(&ca_cert, cert.pem(), 0o644)?;
         // A new CA invalidates any admin bundle left from an older one.
         let _ = std::fs::remove_file(dir.join(ADMIN_CERT));
         tracing::info!(dir = %dir.display(), "created the site CA");

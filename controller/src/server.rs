@@ -278,7 +278,7 @@ pub async fn run(
     let leader = crate::leader::campaign(store.clone(), state.leader_key(), me);
     metrics.watch(hub.clone(), leader.clone());
     if let Some(addr) = cfg.metrics_listen {
-        weft_proto::obs::serve_metrics(addr, metrics.registry.clone())
+        weft_common::obs::serve_metrics(addr, metrics.registry.clone())
             .await
             .with_context(|| format!("cannot serve metrics on {addr} (--metrics-listen)"))?;
     }

@@ -1,15 +1,16 @@
 //! The `weft.v1` gRPC API: generated prost messages and tonic services.
 //!
-//! This crate holds wire types only. The controller and agents convert them to
+//! This crate holds wire types only (the services behind feature `grpc`,
+//! on by default). The controller and agents convert them to
 //! their own domain types at the edge; nothing here validates or interprets
 //! a field.
 
 #![allow(clippy::all, missing_docs)]
 
-pub mod obs;
-
 pub mod v1 {
-    tonic::include_proto!("weft.v1");
+    include!(concat!(env!("OUT_DIR"), "/msgs/weft.v1.rs"));
+    #[cfg(feature = "grpc")]
+    include!(concat!(env!("OUT_DIR"), "/svc/weft.v1.rs"));
 }
 
 /// The routing table weft owns in a host's own namespace: every route a
@@ -30,4 +31,12 @@ pub fn object_hash(o: &v1::DesiredObject) -> u64 {
     use sha2::Digest;
     let d = sha2::Sha256::digest(prost::Message::encode_to_vec(o));
     u64::from_be_bytes(d[..8].try_into().expect("a SHA-256 digest has 32 bytes"))
+}
+
+/// A protobuf timestamp `ms` milliseconds after the Unix epoch.
+pub fn timestamp_ms(ms: u64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: (ms / 1000) as i64,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
 }

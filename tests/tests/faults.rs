@@ -190,6 +190,20 @@ fn node_agent_crash_drift_and_a_wan_outage_heal_and_cost_others_nothing() {
         .unwrap()
         .to_string();
     let repairs_before = metric(&s.scrape("na"), "weft_agent_drift_repairs_total", &[]).unwrap();
+    let gateway_repairs = metric(&s.scrape("gwa"), "weft_agent_drift_repairs_total", &[]).unwrap();
+    // A resync of a host that did not drift changes nothing (the plan from
+    // what the host holds is empty): two more resyncs, no repair counted.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        metric(&s.scrape("na"), "weft_agent_drift_repairs_total", &[]).unwrap(),
+        repairs_before,
+        "a resync without drift changed the host"
+    );
+    assert_eq!(
+        metric(&s.scrape("gwa"), "weft_agent_drift_repairs_total", &[]).unwrap(),
+        gateway_repairs,
+        "a resync without drift changed the gateway's host"
+    );
     let cases: Vec<(&str, Vec<String>, Vec<String>)> = vec![
         (
             "route",

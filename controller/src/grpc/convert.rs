@@ -11,10 +11,7 @@ use crate::ipam::{CidrKind, View};
 use crate::store::Revision;
 
 pub fn ts(ms: u64) -> Option<Timestamp> {
-    Some(Timestamp {
-        seconds: (ms / 1000) as i64,
-        nanos: ((ms % 1000) * 1_000_000) as i32,
-    })
+    Some(weft_proto::timestamp_ms(ms))
 }
 
 fn strs<T: ToString>(v: &[T]) -> Vec<String> {

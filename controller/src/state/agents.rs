@@ -10,7 +10,6 @@
 use std::time::Duration;
 
 use ipnet::Ipv4Net;
-use sha2::Digest;
 
 use super::{State, decode, encode};
 use crate::domain::{
@@ -65,12 +64,7 @@ fn random_hex(bytes: usize) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn sha256_hex(s: &str) -> String {
-    sha2::Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
+use weft_common::sha256_hex;
 
 /// What a successful registration produced.
 #[derive(Debug, Clone)]

@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use ipnet::Ipv4Net;
-use sha2::Digest;
 
 use super::{State, encode};
 use crate::domain::{PeerToken, Peering, PeeringState, PendingCidrs, RemoteSite, now_ms, validate_name};
@@ -16,12 +15,7 @@ use crate::error::Error;
 use crate::ipam::{self, CidrKind};
 use crate::store::{Compare, Op, Txn};
 
-fn sha256_hex(s: &str) -> String {
-    sha2::Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
+use weft_common::sha256_hex;
 
 fn random_hex(bytes: usize) -> String {
     let mut b = vec![0u8; bytes];

@@ -289,7 +289,7 @@ impl State {
     /// Every live agent's record (agents whose lease has not expired).
     pub async fn alive(
         &self,
-    ) -> Result<std::collections::HashMap<(crate::domain::AgentRole, String), crate::hub::AliveRecord>, Error> {
+    ) -> Result<std::collections::HashMap<(crate::domain::AgentRole, String), AliveRecord>, Error> {
         let prefix = self.key("alive/");
         let r = self.store.get_prefix(&prefix).await?;
         let mut out = std::collections::HashMap::new();
@@ -688,4 +688,17 @@ fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error> {
             problems.join("; ")
         )))
     }
+}
+
+/// Liveness and status as stored under `alive/<role>/<name>`, on a lease.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AliveRecord {
+    pub applied_revision: i64,
+    pub errors: Vec<String>,
+    pub since_ms: u64,
+    /// The host facts of its latest host report.
+    #[serde(default)]
+    pub features: Vec<String>,
+    #[serde(default)]
+    pub route_conflicts: Vec<String>,
 }

@@ -23,6 +23,16 @@ pub struct EtcdTls {
     pub key_file: Option<std::path::PathBuf>,
 }
 
+impl From<&weft_core::config::EtcdTlsFiles> for EtcdTls {
+    fn from(f: &weft_core::config::EtcdTlsFiles) -> Self {
+        EtcdTls {
+            ca_file: f.ca_file.clone(),
+            cert_file: f.cert_file.clone(),
+            key_file: f.key_file.clone(),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct EtcdStore {
     client: Client,

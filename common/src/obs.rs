@@ -96,7 +96,7 @@ impl<F: Fn(&mut Families) + Send + Sync + 'static> Collector for Snapshot<F> {
         let mut all = Families::default();
         (self.0)(&mut all);
         for f in &all.families {
-            let mut m = encoder.encode_descriptor(&f.name, &f.help, None, f.kind.clone())?;
+            let mut m = encoder.encode_descriptor(&f.name, &f.help, None, f.kind)?;
             for (labels, v) in &f.samples {
                 let fam = m.encode_family(labels)?;
                 match f.kind {
@@ -117,6 +117,7 @@ pub fn render(registry: &Mutex<Registry>) -> String {
     out
 }
 
+#[cfg(feature = "net")]
 /// Binds `addr` now (so a taken port is an error at start) and serves
 /// `GET /metrics` from `registry` until the process ends. Other paths
 /// answer 404; `/healthz` answers 200 while the process runs.
@@ -183,7 +184,7 @@ fn unix_now() -> f64 {
 
 /// The series of one tunnel, labelled by peer site (and `extra`, e.g. the
 /// reporting gateway on the controller).
-pub fn tunnel_series(f: &mut Families, t: &crate::v1::TunnelStatus, extra: &[(&str, &str)]) {
+pub fn tunnel_series(f: &mut Families, t: &weft_proto::v1::TunnelStatus, extra: &[(&str, &str)]) {
     let mut l: Vec<(&str, &str)> = vec![("peer_site", t.peer_site.as_str())];
     l.extend_from_slice(extra);
     f.gauge(

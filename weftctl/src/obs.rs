@@ -272,9 +272,9 @@ fn local_view(peerings: &[pb::Peering], site: &str, ip: Ipv4Addr) -> Result<Ipv4
 
 /// One ICMP echo to `to` (root, or CAP_NET_RAW); the round trip, or why not.
 fn icmp_echo(to: Ipv4Addr, id: u16, seq: u16, wait: Duration) -> Result<Duration, String> {
-    let s = weft_agent::probe::raw_icmp_socket()
+    let s = weft_common::icmp::raw_icmp_socket()
         .map_err(|e| format!("cannot open a raw ICMP socket (run as root): {e}"))?;
-    weft_agent::probe::raw_echo(&s, to, id, seq, 64, wait).map_err(|e| format!("cannot send: {e}"))?
+    weft_common::icmp::raw_echo(&s, to, id, seq, 64, wait).map_err(|e| format!("cannot send: {e}"))?
 }
 
 /// What one source saw of one target.

@@ -13,6 +13,8 @@ use weft_proto::v1::admin_service_client::AdminServiceClient;
 
 use crate::client::{ClientTls, connect};
 
+mod client;
+
 mod obs;
 
 #[derive(Parser, Debug)]

@@ -1,6 +1,8 @@
-//! Client TLS for agents: trust the controller by a pinned CA fingerprint
-//! (first contact, before the agent has the CA file) or by the CA file, and
-//! present the agent's certificate once it has one.
+//! The one gRPC connector of weft's clients (agents, controllers dialing
+//! peers, weftctl): `unix:PATH` (a controller's local admin socket), or
+//! `https://HOST:PORT` trusting the server by a pinned CA fingerprint (first
+//! contact, before the client has the CA file) or by a CA file, presenting
+//! the client's certificate when it has one.
 
 use std::sync::Arc;
 
@@ -11,13 +13,9 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
-use sha2::Digest;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-/// SHA-256 of DER bytes, lower-case hex.
-pub fn fingerprint(der: &[u8]) -> String {
-    sha2::Sha256::digest(der).iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use crate::fingerprint;
 
 /// Accepts the server when its chain contains a CA certificate with the
 /// pinned fingerprint and the leaf verifies against that CA (names included).
@@ -110,9 +108,95 @@ pub enum Trust {
     CaPem(String),
 }
 
-/// Connects to `https://host:port` with `trust`, presenting `client`
-/// (cert PEM, key PEM) when given.
-pub async fn connect(target: &str, trust: &Trust, client: Option<(&str, &str)>) -> anyhow::Result<Channel> {
+/// Why a connection could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The address or the TLS material is wrong: retrying will not help.
+    #[error("{0}")]
+    BadTarget(String),
+    /// Nothing answered, or the TLS handshake failed.
+    #[error("cannot connect to {target}: {cause}")]
+    Unreachable { target: String, cause: String },
+}
+
+/// `e` and its sources, joined by ": " (each new text once).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = c.source();
+    }
+    s
+}
+
+/// Connects to `target`: `unix:PATH` (`trust` and `client` unused: the
+/// socket's file mode is the access control), or `https://host:port` with
+/// `trust`, presenting `client` (cert PEM, key PEM) when given.
+pub async fn connect(target: &str, trust: &Trust, client: Option<(&str, &str)>) -> Result<Channel, ConnectError> {
+    let unreachable = |cause: String| ConnectError::Unreachable {
+        target: target.to_string(),
+        cause,
+    };
+    if let Some(path) = target.strip_prefix("unix://").or_else(|| target.strip_prefix("unix:")) {
+        let path = std::path::PathBuf::from(path);
+        if !path.exists() {
+            return Err(unreachable(format!("{} does not exist", path.display())));
+        }
+        // The URI is a placeholder: the connector ignores it.
+        return Endpoint::from_static("http://[::1]:1")
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+            }))
+            .await
+            .map_err(|e| unreachable(error_chain(&e)));
+    }
+    if !target.starts_with("https://") {
+        return Err(ConnectError::BadTarget(format!(
+            "{target:?} is not a controller address; use unix:/path/to/admin.sock or https://host:port"
+        )));
+    }
+    let bad = |e: &dyn std::fmt::Display| ConnectError::BadTarget(e.to_string());
+    let connector = tls_connector(trust, client).map_err(|e| bad(&format!("{e:#}")))?;
+    let uri: Uri = target.parse().map_err(|_| bad(&format!("{target:?} is not a URL")))?;
+    let host = uri
+        .host()
+        .ok_or_else(|| bad(&format!("{target:?} has no host")))?
+        .trim_matches(['[', ']'])
+        .to_string();
+    let port = uri.port_u16().unwrap_or(443);
+    let server_name = ServerName::try_from(host.clone()).map_err(|_| bad(&format!("invalid host name {host:?}")))?;
+    // tonic must not do TLS itself: give it an http URI and a TLS connector.
+    let uri_host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.clone()
+    };
+    let ep = Endpoint::from_shared(format!("http://{uri_host}:{port}"))
+        .map_err(|e| bad(&e))?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .http2_keep_alive_interval(std::time::Duration::from_secs(20))
+        .keep_alive_while_idle(true);
+    ep.connect_with_connector(tower::service_fn(move |_: Uri| {
+        let (connector, host, server_name) = (connector.clone(), host.clone(), server_name.clone());
+        async move {
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+            tcp.set_nodelay(true)?;
+            let tls = connector.connect(server_name, tcp).await?;
+            Ok::<_, std::io::Error>(TokioIo::new(tls))
+        }
+    }))
+    .await
+    .map_err(|e| unreachable(error_chain(&e)))
+}
+
+/// The rustls client side for `trust` and `client`.
+fn tls_connector(trust: &Trust, client: Option<(&str, &str)>) -> anyhow::Result<tokio_rustls::TlsConnector> {
     use anyhow::Context;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder =
@@ -142,52 +226,12 @@ pub async fn connect(target: &str, trust: &Trust, client: Option<(&str, &str)>) 
         Some((cert, key)) => {
             let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
                 .collect::<Result<_, _>>()
-                .context("agent certificate")?;
-            let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).context("agent key")?;
+                .context("the client certificate is not PEM")?;
+            let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).context("the client key is not PEM")?;
             builder.with_client_auth_cert(chain, key)?
         }
         None => builder.with_no_client_auth(),
     };
     cfg.alpn_protocols = vec![b"h2".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-
-    let uri: Uri = target.parse().with_context(|| format!("{target:?} is not a URL"))?;
-    let host = uri
-        .host()
-        .context("the controller address has no host")?
-        .trim_matches(['[', ']'])
-        .to_string();
-    let port = uri.port_u16().unwrap_or(443);
-    let server_name = ServerName::try_from(host.clone()).context("invalid controller host name")?;
-    // tonic must not do TLS itself: give it an http URI and a TLS connector.
-    let uri_host = if host.contains(':') {
-        format!("[{host}]")
-    } else {
-        host.clone()
-    };
-    let ep = Endpoint::from_shared(format!("http://{uri_host}:{port}"))?
-        .connect_timeout(std::time::Duration::from_secs(5))
-        .http2_keep_alive_interval(std::time::Duration::from_secs(20))
-        .keep_alive_while_idle(true);
-    let channel = ep
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let (connector, host, server_name) = (connector.clone(), host.clone(), server_name.clone());
-            async move {
-                let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
-                tcp.set_nodelay(true)?;
-                let tls = connector.connect(server_name, tcp).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(tls))
-            }
-        }))
-        .await
-        .map_err(|e| {
-            let mut msg = e.to_string();
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                msg = format!("{msg}: {s}");
-                src = s.source();
-            }
-            anyhow::anyhow!("cannot connect to {target}: {msg}")
-        })?;
-    Ok(channel)
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
 }

@@ -204,7 +204,7 @@ const TUN_QUEUE: u32 = 2000;
 
 /// Sets the tun device `name`'s queue length (in the handle's namespace).
 pub async fn tun_queue(h: &rtnetlink::Handle, name: &str) -> Result<(), String> {
-    let idx = crate::linux::need_index_in(h, name).await?;
+    let idx = crate::nl::need_index_in(h, name).await?;
     h.link()
         .set(rtnetlink::LinkUnspec::new_with_index(idx).txqueuelen(TUN_QUEUE).build())
         .execute()
@@ -219,7 +219,7 @@ pub async fn tun_queue(h: &rtnetlink::Handle, name: &str) -> Result<(), String> 
 /// is dropped (measured ~20,000 in 4 s of one iperf3 stream), with one it
 /// waits.
 pub async fn queue_on_veth(h: &rtnetlink::Handle, name: &str) -> Result<(), String> {
-    let idx = crate::linux::need_index_in(h, name).await?;
+    let idx = crate::nl::need_index_in(h, name).await?;
     // pfifo takes its limit from the queue length (veth: 1000, which a
     // burst still overflowed now and then); the tun's is the same.
     h.link()

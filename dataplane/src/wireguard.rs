@@ -18,9 +18,10 @@ use defguard_boringtun::device::{DeviceConfig, DeviceHandle};
 use futures::TryStreamExt;
 use rtnetlink::{Handle, LinkUnspec};
 
-type R<T> = Result<T, String>;
+use crate::host::{R, WgDevice, WireGuard};
+use crate::model::{Link, LinkKind, Ns, WgPeer};
 
-fn hex(b64: &str) -> R<String> {
+pub fn key_hex(b64: &str) -> R<String> {
     let raw = base64::engine::general_purpose::STANDARD
         .decode(b64.trim())
         .map_err(|_| "a key is not base64".to_string())?;
@@ -131,31 +132,6 @@ pub struct Stats {
     pub tx_bytes: u64,
 }
 
-/// Runs `f` with a netlink handle inside namespace `ns` (on a thread that
-/// joined it), and waits for it.
-pub fn in_namespace<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce(Handle) -> std::pin::Pin<Box<dyn std::future::Future<Output = R<T>> + Send>> + Send + 'static,
-) -> R<T> {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || -> R<T> {
-        let file = std::fs::File::open(&path).map_err(|e| format!("cannot open {path}: {e}"))?;
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| format!("cannot enter {path}: {e}"))?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
-        rt.block_on(async move {
-            let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
-            tokio::spawn(conn);
-            f(handle).await
-        })
-    })
-    .join()
-    .map_err(|_| "the namespace worker panicked".to_string())?
-}
-
 /// The WireGuard devices this agent runs, by interface name.
 #[derive(Default)]
 pub struct Devices {
@@ -198,7 +174,7 @@ impl Devices {
         };
         dev.uapi(&format!(
             "set=1\nprivate_key={}\nlisten_port={listen_port}\n",
-            hex(private_key)?
+            key_hex(private_key)?
         ))?;
         if let Err(e) = crate::offload::grow_udp_buffers(listen_port as u16) {
             tracing::warn!(
@@ -222,12 +198,13 @@ impl Devices {
             .await
             .map_err(|e| format!("cannot move {name} into {ns}: {e}"))?;
         let n = name.to_string();
-        in_namespace(ns, move |h| {
+        crate::nl::in_namespace(ns, move |h| {
             Box::pin(async move {
-                crate::linux::set_up_named(&h, &n, mtu).await?;
+                crate::nl::set_up_named(&h, &n, mtu).await?;
                 crate::offload::tun_queue(&h, &n).await
             })
-        })?;
+        })
+        .await?;
         self.devices.insert(name.to_string(), dev);
         Ok(())
     }
@@ -244,7 +221,7 @@ impl Devices {
             .devices
             .get_mut(link)
             .ok_or_else(|| format!("no WireGuard device {link} (yet)"))?;
-        let key = hex(public_key)?;
+        let key = key_hex(public_key)?;
         let mut lines = String::new();
         if !endpoint.is_empty() {
             lines.push_str(&format!("endpoint={endpoint}\n"));
@@ -269,11 +246,122 @@ impl Devices {
     }
 
     pub fn remove_peer(&mut self, link: &str, public_key: &str) -> R<()> {
-        let key = hex(public_key)?;
+        let key = key_hex(public_key)?;
         let Some(dev) = self.devices.get_mut(link) else {
             return Ok(());
         };
         dev.peers.remove(&key);
         dev.uapi(&format!("set=1\npublic_key={key}\nremove=true\n")).map(|_| ())
+    }
+}
+
+/// Runs blocking `f` (UAPI requests) without holding up other tasks: on a
+/// multi-threaded runtime the worker hands its tasks to the others first.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+/// Userspace WireGuard (boringtun) devices behind the [`WireGuard`] seam.
+pub struct Userspace {
+    host: Handle,
+    /// The gateway's private key (base64); None on nodes.
+    key: Option<String>,
+    pub devices: Devices,
+    /// Peers as configured, by device.
+    peers: std::collections::BTreeMap<String, std::collections::BTreeMap<String, WgPeer>>,
+}
+
+impl std::fmt::Debug for Userspace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Userspace")
+            .field("devices", &self.devices.devices.len())
+            .finish()
+    }
+}
+
+impl Userspace {
+    pub fn new(host: Handle, key: Option<String>) -> Userspace {
+        Userspace {
+            host,
+            key,
+            devices: Devices::default(),
+            peers: Default::default(),
+        }
+    }
+
+    /// Counters of device `link` (zero when there is none).
+    pub fn stats(&mut self, link: &str) -> Stats {
+        match self.devices.devices.get_mut(link) {
+            Some(d) => blocking(|| d.stats()),
+            None => Stats::default(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl WireGuard for Userspace {
+    async fn devices(&mut self) -> std::collections::BTreeMap<(Ns, String), WgDevice> {
+        self.devices
+            .devices
+            .iter()
+            .map(|(name, d)| {
+                (
+                    (d.namespace.clone(), name.clone()),
+                    WgDevice {
+                        listen_port: d.listen_port as u16,
+                        peers: self.peers.get(name).cloned().unwrap_or_default(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    async fn create(&mut self, link: &Link) -> R<()> {
+        let LinkKind::Wireguard { listen_port } = link.kind else {
+            return Err(format!("{} is not a WireGuard link", link.name));
+        };
+        let key = self
+            .key
+            .clone()
+            .ok_or("this agent has no WireGuard key (only gateways do)")?;
+        self.peers.remove(&link.name);
+        // A stale interface of that name (e.g. the device ended) is in the way.
+        if let Ok(Some(idx)) = crate::nl::index_in(&self.host, &link.name).await {
+            let _ = self.host.link().del(idx).execute().await;
+        }
+        self.devices
+            .create(&self.host, &link.name, &link.ns, u32::from(listen_port), link.mtu, &key)
+            .await
+    }
+
+    async fn remove(&mut self, _ns: &Ns, name: &str) -> R<()> {
+        // Dropping the device ends it and removes its interface.
+        self.peers.remove(name);
+        self.devices.devices.remove(name);
+        Ok(())
+    }
+
+    async fn set_peer(&mut self, _ns: &Ns, link: &str, peer: &WgPeer) -> R<()> {
+        let endpoint = peer.endpoint.map(|e| e.to_string()).unwrap_or_default();
+        let allowed: Vec<String> = peer.allowed_ips.iter().map(|n| n.to_string()).collect();
+        let devices = &mut self.devices;
+        blocking(|| devices.set_peer(link, &peer.public_key, &endpoint, &allowed, u32::from(peer.keepalive)))?;
+        self.peers
+            .entry(link.to_string())
+            .or_default()
+            .insert(peer.public_key.clone(), peer.clone());
+        Ok(())
+    }
+
+    async fn remove_peer(&mut self, _ns: &Ns, link: &str, public_key: &str) -> R<()> {
+        let devices = &mut self.devices;
+        blocking(|| devices.remove_peer(link, public_key))?;
+        if let Some(p) = self.peers.get_mut(link) {
+            p.remove(public_key);
+        }
+        Ok(())
     }
 }

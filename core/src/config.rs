@@ -11,7 +11,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::domain::{PortRange, Site, validate_name};
 use crate::ipam::overlaps;
-use crate::store::etcd::EtcdTls;
 
 pub const DEFAULT_EXTERNAL_CIDR: &str = "10.70.0.0/16";
 pub const DEFAULT_INTERNAL_CIDR: &str = "10.80.0.0/16";
@@ -20,7 +19,7 @@ pub const DEFAULT_NODE_PREFIX_LEN: u8 = 24;
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/weft";
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:7443";
 
-pub use weft_proto::obs::LogFormat;
+pub use weft_common::obs::LogFormat;
 
 /// Flags of `weft-controller`. Each overrides the same field of the file.
 #[derive(Args, Debug, Clone, Default)]
@@ -181,16 +180,6 @@ pub struct EtcdTlsFiles {
     pub key_file: Option<PathBuf>,
 }
 
-impl From<&EtcdTlsFiles> for EtcdTls {
-    fn from(f: &EtcdTlsFiles) -> Self {
-        EtcdTls {
-            ca_file: f.ca_file.clone(),
-            cert_file: f.cert_file.clone(),
-            key_file: f.key_file.clone(),
-        }
-    }
-}
-
 /// A complete, valid controller configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ControllerConfig {
@@ -299,24 +288,28 @@ pub fn parse_cidr(text: &str) -> Result<Ipv4Net, String> {
     }
 }
 
-/// Reads the file (if any), applies the flags over it, fills in defaults and
-/// validates the result as a whole.
-pub fn load(args: &ControllerArgs) -> Result<ControllerConfig, ConfigError> {
+/// Reads the file (if any) with `read` (the caller does the I/O:
+/// `std::fs::read_to_string`), applies the flags over it, fills in defaults
+/// and validates the result as a whole.
+pub fn load(
+    args: &ControllerArgs,
+    read: &dyn Fn(&Path) -> std::io::Result<String>,
+) -> Result<ControllerConfig, ConfigError> {
     let file = match &args.config {
-        Some(path) => read_file(path)?,
+        Some(path) => read_file(path, read)?,
         None => FileConfig::default(),
     };
     resolve(args, file)
 }
 
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+fn read_file(path: &Path, read: &dyn Fn(&Path) -> std::io::Result<String>) -> Result<FileConfig, ConfigError> {
     let one = |m: String| {
         ConfigError(vec![FieldError {
             field: "config".into(),
             message: m,
         }])
     };
-    let text = std::fs::read_to_string(path).map_err(|e| one(format!("cannot read {}: {e}", path.display())))?;
+    let text = read(path).map_err(|e| one(format!("cannot read {}: {e}", path.display())))?;
     toml::from_str(&text).map_err(|e| {
         // toml names unknown fields and type mismatches with their location.
         one(format!(
@@ -904,14 +897,13 @@ mod tests {
 
     #[test]
     fn unknown_file_field_is_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("c.toml");
-        std::fs::write(&p, "site_id = \"a\"\npod_cidr = \"10.0.0.0/8\"\n").unwrap();
         let a = ControllerArgs {
-            config: Some(p),
+            config: Some("c.toml".into()),
             ..Default::default()
         };
-        let e = load(&a).unwrap_err().to_string();
+        let e = load(&a, &|_| Ok("site_id = \"a\"\npod_cidr = \"10.0.0.0/8\"\n".into()))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("pod_cidr"), "{e}");
     }
 }

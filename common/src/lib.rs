@@ -1,0 +1,44 @@
+//! What the controller, the agents and weftctl share, written once: TLS
+//! trust and the one gRPC connector (feature `net`), certificate
+//! fingerprints, files written whole, retry backoff, logging and `/metrics`
+//! serving, raw ICMP echo and supervised background tasks.
+//!
+//! A leaf: it knows the API's messages and nothing else of weft.
+
+pub mod fs;
+pub mod icmp;
+pub mod obs;
+#[cfg(feature = "net")]
+pub mod task;
+#[cfg(feature = "net")]
+pub mod tls;
+
+use std::time::Duration;
+
+use sha2::Digest;
+
+/// SHA-256 of `data`, lower-case hex (a certificate's fingerprint when
+/// `data` is its DER).
+pub fn sha256_hex(data: impl AsRef<[u8]>) -> String {
+    sha2::Sha256::digest(data.as_ref())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The fingerprint weft pins a certificate by: SHA-256 of its DER, hex.
+pub fn fingerprint(der: &[u8]) -> String {
+    sha256_hex(der)
+}
+
+/// Retry delays for reconnecting: 1 s doubling to 60 s, with jitter, never
+/// giving up.
+pub fn backoff() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(Duration::from_secs(60))
+        .with_jitter()
+        .without_max_times()
+        .build()
+}

@@ -1,0 +1,316 @@
+//! From the controller's objects to the desired [`State`]: each object is
+//! validated and translated, or refused with a message naming what is
+//! wrong (it is then reported and the rest applies).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use ipnet::Ipv4Net;
+use weft_proto::v1 as pb;
+use weft_proto::v1::desired_object::Kind;
+
+use crate::model::*;
+
+type R<T> = Result<T, String>;
+
+/// What the translation needs to know of the host: the MTU of the
+/// underlay, which sizes links rendered without one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Facts {
+    /// The MTU of the interface holding each IPv4 address of the host.
+    pub address_mtu: BTreeMap<Ipv4Addr, u32>,
+    /// The MTU of the default route's interface.
+    pub default_mtu: Option<u32>,
+    /// This host's underlay address, if configured.
+    pub underlay: Option<Ipv4Addr>,
+}
+
+impl Facts {
+    /// Reads them from what the host's namespace holds.
+    pub fn from_raw(raw: &RawNs, underlay: Option<Ipv4Addr>) -> Facts {
+        let mtu_of = |name: &str| raw.links.iter().find(|l| l.name == name).map(|l| l.mtu);
+        Facts {
+            address_mtu: raw
+                .addresses
+                .iter()
+                .filter_map(|a| mtu_of(&a.link).map(|m| (a.cidr.addr(), m)))
+                .collect(),
+            default_mtu: raw
+                .routes
+                .iter()
+                .filter(|r| r.route.dst.prefix_len() == 0 && r.route.table == 254)
+                .find_map(|r| r.route.dev.as_deref().and_then(mtu_of)),
+            underlay,
+        }
+    }
+
+    /// The underlay's MTU: of the interface holding `hint` or the underlay
+    /// address, else of the default route's interface, else 1500.
+    pub fn underlay_mtu(&self, hint: Option<Ipv4Addr>) -> u32 {
+        [hint, self.underlay]
+            .into_iter()
+            .flatten()
+            .find_map(|ip| self.address_mtu.get(&ip).copied())
+            .or(self.default_mtu)
+            .unwrap_or(1500)
+    }
+
+    /// The MTU link `l` gets: as rendered, or (rendered 0) derived from the
+    /// underlay: VXLAN and Geneve carry 50 bytes of headers (outer IPv4,
+    /// UDP, their own, inner Ethernet); WireGuard up to 80 (outer IPv6, UDP,
+    /// its own), and the peering's veth matches the WireGuard interface
+    /// behind it.
+    fn link_mtu(&self, l: &pb::Link) -> u32 {
+        if l.mtu > 0 {
+            return l.mtu;
+        }
+        let (hint, overhead) = match &l.kind {
+            Some(pb::link::Kind::Vxlan(v)) => (v.local.parse().ok(), 50),
+            Some(pb::link::Kind::Geneve(_)) => (None, 50),
+            _ => (None, 80),
+        };
+        self.underlay_mtu(hint).saturating_sub(overhead).max(576)
+    }
+}
+
+fn v4(s: &str, what: &str) -> R<Ipv4Addr> {
+    match s.parse::<IpAddr>() {
+        Ok(IpAddr::V4(a)) => Ok(a),
+        _ => Err(format!("{what} {s:?} is not an IPv4 address")),
+    }
+}
+
+fn net(s: &str, what: &str) -> R<Ipv4Net> {
+    s.parse::<Ipv4Net>()
+        .map_err(|_| format!("{what} {s:?} is not an IPv4 CIDR"))
+}
+
+fn opt_net(s: &str, what: &str) -> R<Option<Ipv4Net>> {
+    (!s.is_empty()).then(|| net(s, what)).transpose()
+}
+
+fn opt(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+fn port(p: u32, what: &str) -> R<u16> {
+    u16::try_from(p).map_err(|_| format!("{what} {p} is not a UDP port"))
+}
+
+/// The desired state for `objects`, and an error per object that cannot be
+/// translated. `node`: whether this host is a node (it counts its traffic
+/// per peer site).
+pub fn translate<'a>(
+    objects: impl IntoIterator<Item = &'a pb::DesiredObject>,
+    facts: &Facts,
+    node: bool,
+) -> (Desired, Vec<(String, String)>) {
+    let mut d = Desired::default();
+    let mut errors = Vec::new();
+    for o in objects {
+        if let Err(e) = add(&mut d, o, facts, node) {
+            errors.push((o.id.clone(), e));
+        }
+    }
+    for (ns, spec) in &d.specs {
+        if !spec.is_empty() {
+            d.state.tables.insert(ns.clone(), Some(spec.version()));
+        }
+    }
+    d.specs.retain(|_, s| !s.is_empty());
+    (d, errors)
+}
+
+fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts, node: bool) -> R<()> {
+    let id = o.id.clone();
+    let (s, origins) = (&mut d.state, &mut d.origins);
+    match o.kind.as_ref().ok_or("the object is empty")? {
+        Kind::Namespace(n) => {
+            if !n.name.starts_with(PREFIX) || n.name.contains('/') {
+                return Err(format!("refusing namespace {:?}: weft's names start with weft", n.name));
+            }
+            s.namespaces.insert(n.name.clone());
+            // A peering's namespace and the gateway itself route between
+            // the overlay and the tunnel.
+            s.forwarding.insert(n.name.clone());
+            s.forwarding.insert(String::new());
+            origins.namespaces.insert(n.name.clone(), id);
+        }
+        Kind::Link(l) => {
+            let mtu = facts.link_mtu(l);
+            let link = |kind, mtu| Link {
+                ns: l.namespace.clone(),
+                name: l.name.clone(),
+                kind,
+                mtu,
+                up: true,
+            };
+            let kind = l.kind.as_ref().ok_or("the link has no kind")?;
+            let mut put = |x: Link| {
+                origins.links.insert((x.ns.clone(), x.name.clone()), id.clone());
+                s.links.insert((x.ns.clone(), x.name.clone()), x);
+            };
+            match kind {
+                pb::link::Kind::Vxlan(v) => put(link(
+                    LinkKind::Vxlan {
+                        vni: v.vni,
+                        local: v4(&v.local, "local")?,
+                        remote: v4(&v.remote, "remote")?,
+                        port: port(v.port, "port")?,
+                    },
+                    mtu,
+                )),
+                pb::link::Kind::Geneve(g) => put(link(
+                    LinkKind::Geneve {
+                        vni: g.vni,
+                        remote: v4(&g.remote, "remote")?,
+                        port: port(g.port, "port")?,
+                    },
+                    mtu,
+                )),
+                // Workloads attach their own ports; its MTU is theirs.
+                pb::link::Kind::Bridge(_) => put(link(LinkKind::Bridge, l.mtu)),
+                pb::link::Kind::Veth(v) => {
+                    if !l.namespace.is_empty() {
+                        return Err("a veth pair's outer end lives in the agent's namespace".into());
+                    }
+                    put(link(
+                        LinkKind::Veth {
+                            peer: v.peer_name.clone(),
+                            peer_ns: v.peer_namespace.clone(),
+                        },
+                        mtu,
+                    ));
+                    put(Link {
+                        ns: v.peer_namespace.clone(),
+                        name: v.peer_name.clone(),
+                        kind: LinkKind::VethEnd,
+                        mtu,
+                        up: true,
+                    });
+                }
+                pb::link::Kind::Wireguard(w) => {
+                    if l.namespace.is_empty() {
+                        return Err("a WireGuard link needs its peering namespace".into());
+                    }
+                    let listen_port = port(w.listen_port, "listen port")?;
+                    let probe = if w.address.is_empty() || w.peer_address.is_empty() {
+                        None
+                    } else {
+                        v4(&w.peer_address, "probe peer address")?;
+                        Some(net(&w.address, "probe address")?)
+                    };
+                    put(link(LinkKind::Wireguard { listen_port }, mtu));
+                    // The probe's address on the tunnel (see probe.rs).
+                    if let Some(cidr) = probe {
+                        let a = Address {
+                            ns: l.namespace.clone(),
+                            link: l.name.clone(),
+                            cidr,
+                        };
+                        origins.addresses.insert(a.clone(), id);
+                        s.addresses.insert(a);
+                    }
+                }
+            }
+        }
+        Kind::Address(a) => {
+            let a = Address {
+                ns: a.namespace.clone(),
+                link: a.link.clone(),
+                cidr: net(&a.cidr, "address")?,
+            };
+            origins.addresses.insert(a.clone(), id);
+            s.addresses.insert(a);
+        }
+        Kind::Route(r) => {
+            let r = Route {
+                ns: r.namespace.clone(),
+                table: if r.table == 0 { 254 } else { r.table },
+                dst: net(&r.destination, "destination")?,
+                gateway: (!r.gateway.is_empty()).then(|| v4(&r.gateway, "gateway")).transpose()?,
+                dev: opt(&r.device),
+            };
+            if r.gateway.is_none() && r.dev.is_none() {
+                return Err("a route needs a gateway or a device".into());
+            }
+            origins.routes.insert(r.key(), id);
+            s.routes.insert(r.key(), r);
+        }
+        Kind::Rule(r) => {
+            let r = Rule {
+                ns: r.namespace.clone(),
+                priority: r.priority,
+                table: r.table,
+                from: opt_net(&r.from, "from")?,
+                to: opt_net(&r.to, "to")?,
+                iif: opt(&r.iif),
+            };
+            origins.rules.insert(r.clone(), id);
+            s.rules.insert(r);
+        }
+        Kind::NatMap(m) => {
+            let rule = NatRule {
+                local: net(&m.local_cidr, "local CIDR")?,
+                real: net(&m.real_cidr, "real CIDR")?,
+                tunnel: m.tunnel.clone(),
+            };
+            if rule.tunnel.is_empty() || rule.local.prefix_len() != rule.real.prefix_len() {
+                return Err("a NAT map needs its tunnel and two CIDRs of one length".into());
+            }
+            d.specs.entry(m.namespace.clone()).or_default().nat.push(rule);
+            origins.tables.entry(m.namespace.clone()).or_default().push(id);
+        }
+        Kind::HostSnat(h) => {
+            let snat = HostSnat {
+                link: h.link.clone(),
+                address: v4(&h.address, "address")?,
+                except: h.except.iter().map(|c| net(c, "except")).collect::<R<_>>()?,
+            };
+            d.specs.entry(String::new()).or_default().snat = Some(snat);
+            // Errors of the host's table are this object's.
+            origins.tables.entry(String::new()).or_default().insert(0, id);
+        }
+        Kind::WireguardPeer(p) => {
+            let peer = WgPeer {
+                public_key: p.public_key.clone(),
+                endpoint: (!p.endpoint.is_empty())
+                    .then(|| {
+                        p.endpoint
+                            .parse::<SocketAddr>()
+                            .map_err(|_| format!("endpoint {:?} is not address:port", p.endpoint))
+                    })
+                    .transpose()?,
+                allowed_ips: p.allowed_ips.iter().map(|c| net(c, "allowed IP")).collect::<R<_>>()?,
+                keepalive: u16::try_from(p.persistent_keepalive).map_err(|_| "keepalive too long".to_string())?,
+            };
+            crate::wireguard::key_hex(&peer.public_key)?;
+            origins
+                .peers
+                .insert((p.namespace.clone(), p.link.clone(), peer.public_key.clone()), id);
+            s.peers
+                .entry((p.namespace.clone(), p.link.clone()))
+                .or_default()
+                .insert(peer.public_key.clone(), peer);
+        }
+    }
+    // A node counts its traffic per peer: over the destinations of the
+    // routes rendered for peers in its own namespace (ids peer/<site>/...).
+    if node
+        && let (Some(Kind::Route(r)), Some(rest)) = (&o.kind, o.id.strip_prefix("peer/"))
+        && r.namespace.is_empty()
+        && let (Some(site), Ok(dst)) = (rest.split('/').next(), r.destination.parse::<Ipv4Net>())
+    {
+        let v = d
+            .specs
+            .entry(String::new())
+            .or_default()
+            .accounting
+            .entry(site.to_string())
+            .or_default();
+        if !v.contains(&dst) {
+            v.push(dst);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! The seams below the planner: netlink, the firewall and WireGuard
+//! devices, as traits (Linux implements them in `linux`, `nft` and
+//! `wireguard`; tests use `fake::FakeHost`), and the two generic steps on
+//! top of them: observe a host, execute a plan.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::model::*;
+use crate::plan::Op;
+
+pub type R<T> = Result<T, String>;
+
+/// Links, addresses, routes, rules and sysctls, per namespace.
+#[async_trait::async_trait]
+pub trait Netlink: Send {
+    /// The namespaces under /run/netns (weft's or not).
+    async fn namespaces(&mut self) -> R<BTreeSet<Ns>>;
+    /// Everything IPv4 namespace `ns` holds ("" is the agent's own); the
+    /// `tables` are left empty (the firewall's).
+    async fn read(&mut self, ns: &Ns) -> R<RawNs>;
+    /// Runs `ops`, all of them netlink operations in namespace `ns` (see
+    /// [`Op::ns`]), in order; one result each.
+    async fn apply(&mut self, ns: &Ns, ops: &[Op]) -> Vec<R<()>>;
+}
+
+/// weft's nftables table per namespace.
+#[async_trait::async_trait]
+pub trait Firewall: Send {
+    /// The tables of family ip in `ns` by name, each with weft's version
+    /// when it is known to be exactly what weft wrote.
+    async fn tables(&mut self, ns: &Ns) -> R<BTreeMap<String, Option<u64>>>;
+    /// Replaces weft's table in `ns` with `spec` in one atomic batch.
+    async fn set_table(&mut self, ns: &Ns, spec: &TableSpec) -> R<()>;
+    async fn delete_table(&mut self, ns: &Ns, name: &str) -> R<()>;
+}
+
+/// A WireGuard device as its implementation reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WgDevice {
+    pub listen_port: u16,
+    pub peers: BTreeMap<String, WgPeer>,
+}
+
+/// WireGuard devices and their peers.
+#[async_trait::async_trait]
+pub trait WireGuard: Send {
+    /// The devices by (namespace of their interface, name).
+    async fn devices(&mut self) -> BTreeMap<(Ns, String), WgDevice>;
+    /// Makes device `link` (replacing one of its name), its interface in
+    /// `link.ns`, up, with `link.mtu`.
+    async fn create(&mut self, link: &Link) -> R<()>;
+    async fn remove(&mut self, ns: &Ns, name: &str) -> R<()>;
+    async fn set_peer(&mut self, ns: &Ns, link: &str, peer: &WgPeer) -> R<()>;
+    async fn remove_peer(&mut self, ns: &Ns, link: &str, public_key: &str) -> R<()>;
+}
+
+/// What `observe` read: weft's state within `scopes`, and the raw host
+/// namespace (for the facts the translation needs).
+#[derive(Clone, Debug, Default)]
+pub struct Observation {
+    pub state: State,
+    pub scopes: BTreeSet<Ns>,
+    pub host: RawNs,
+}
+
+/// Reads weft's part of the host: the agent's namespace, and those of
+/// `claimed` (namespaces weft made; the only ones it may remove) that
+/// exist and are in `scopes` (None: all).
+pub async fn observe(
+    net: &mut dyn Netlink,
+    fw: &mut dyn Firewall,
+    wg: &mut dyn WireGuard,
+    claimed: &BTreeSet<Ns>,
+    scopes: Option<&BTreeSet<Ns>>,
+) -> R<Observation> {
+    let mut out = Observation::default();
+    let existing = net.namespaces().await?;
+    out.state.namespaces = claimed
+        .iter()
+        .filter(|n| existing.contains(*n) && n.starts_with(PREFIX))
+        .cloned()
+        .collect();
+    let devices = wg.devices().await;
+    out.scopes.insert(String::new());
+    out.scopes.extend(
+        out.state
+            .namespaces
+            .iter()
+            .filter(|n| scopes.is_none_or(|s| s.contains(*n)))
+            .cloned(),
+    );
+    for ns in out.scopes.clone() {
+        let mut raw = net.read(&ns).await?;
+        raw.tables = fw.tables(&ns).await?;
+        // A WireGuard interface is a device of ours when one backs it.
+        for l in &mut raw.links {
+            if let Some(d) = devices.get(&(ns.clone(), l.name.clone())) {
+                l.kind = LinkKind::Wireguard {
+                    listen_port: d.listen_port,
+                };
+            }
+        }
+        for ((dns, name), d) in &devices {
+            if *dns == ns && raw.links.iter().any(|l| l.name == *name) {
+                out.state.peers.insert((ns.clone(), name.clone()), d.peers.clone());
+            }
+        }
+        if ns.is_empty() {
+            out.host = raw.clone();
+        }
+        owned(&ns, raw, &mut out.state);
+    }
+    Ok(out)
+}
+
+/// Whether `op` is carried out by netlink (else by the firewall or
+/// WireGuard).
+fn is_netlink(op: &Op) -> bool {
+    !matches!(
+        op,
+        Op::AddWireguard(_)
+            | Op::DelWireguard { .. }
+            | Op::SetPeer { .. }
+            | Op::RemovePeer { .. }
+            | Op::SetTable { .. }
+            | Op::DelTable { .. }
+    )
+}
+
+/// Runs `ops` in order (consecutive netlink operations of one namespace as
+/// one batch); one result per operation. A failed operation does not stop
+/// the rest: what depends on it fails with its own message.
+pub async fn execute(net: &mut dyn Netlink, fw: &mut dyn Firewall, wg: &mut dyn WireGuard, ops: &[Op]) -> Vec<R<()>> {
+    let mut results = Vec::with_capacity(ops.len());
+    let mut i = 0;
+    while i < ops.len() {
+        let op = &ops[i];
+        if is_netlink(op) {
+            let ns = op.ns().to_string();
+            let mut j = i + 1;
+            while j < ops.len() && is_netlink(&ops[j]) && ops[j].ns() == ns {
+                j += 1;
+            }
+            results.extend(net.apply(&ns, &ops[i..j]).await);
+            i = j;
+            continue;
+        }
+        results.push(match op {
+            Op::AddWireguard(l) => wg.create(l).await,
+            Op::DelWireguard { ns, name } => wg.remove(ns, name).await,
+            Op::SetPeer { ns, link, peer } => wg.set_peer(ns, link, peer).await,
+            Op::RemovePeer { ns, link, public_key } => wg.remove_peer(ns, link, public_key).await,
+            Op::SetTable { ns, spec } => fw.set_table(ns, spec).await,
+            Op::DelTable { ns, name } => fw.delete_table(ns, name).await,
+            _ => unreachable!("netlink operations are batched above"),
+        });
+        i += 1;
+    }
+    results
+}

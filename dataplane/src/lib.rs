@@ -1,0 +1,146 @@
+//! weft's Linux data plane. It plans from observation, like a
+//! controller's reconcile:
+//!
+//! 1. `observe` reads weft's part of the host (`model` decides what is
+//!    weft's: names, table, priority) through three seams, [`Netlink`],
+//!    [`Firewall`] and [`WireGuard`];
+//! 2. `desired::translate` turns the controller's objects into the same
+//!    model;
+//! 3. `plan::plan(desired, observed)` is a pure function from the two to
+//!    the operations that make them equal;
+//! 4. `execute` carries the operations out through the seams.
+//!
+//! Linux implements the seams in `linux` (rtnetlink), `nft` (nftables)
+//! and `wireguard` (boringtun); `fake` implements all three in memory for
+//! tests of the planner. [`DataPlane::reconcile`] runs the four steps.
+
+pub mod desired;
+pub mod fake;
+pub mod host;
+pub mod linux;
+pub mod model;
+pub mod nft;
+mod nl;
+pub mod offload;
+pub mod plan;
+pub mod wireguard;
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+
+pub use host::{Firewall, Netlink, WireGuard};
+use weft_proto::v1 as pb;
+use weft_proto::v1::desired_object::Kind;
+
+use crate::model::Ns;
+use crate::plan::Op;
+
+/// What one reconcile did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// (object id, why) for each object not (wholly) applied.
+    pub errors: Vec<(String, String)>,
+    /// The whole reconcile failed before planning (the host could not be
+    /// read): every object of the batch is in doubt.
+    pub failed: Option<String>,
+    /// Operations carried out: each one repaired or changed the host.
+    pub done: u64,
+    /// WireGuard links made (anew) in this reconcile.
+    pub fresh_wireguard: BTreeSet<String>,
+    /// WireGuard links whose peers changed.
+    pub peers_changed: BTreeSet<String>,
+    /// The MTU each desired link got (rendered, or from the underlay).
+    pub mtus: std::collections::BTreeMap<String, u32>,
+}
+
+/// A host's data plane behind its three seams.
+#[derive(Debug)]
+pub struct DataPlane<N, F, W> {
+    pub net: N,
+    pub fw: F,
+    pub wg: W,
+    /// Whether this host is a node (it counts its traffic per peer).
+    pub node: bool,
+    /// This host's underlay address (sizes links rendered without an MTU).
+    pub underlay: Option<Ipv4Addr>,
+}
+
+/// The namespaces objects name: those they create and those they live in.
+pub fn namespaces_of<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject>) -> BTreeSet<Ns> {
+    let mut out = BTreeSet::new();
+    for o in objects {
+        let ns = match &o.kind {
+            Some(Kind::Namespace(n)) => n.name.clone(),
+            Some(Kind::Link(l)) => {
+                if let Some(pb::link::Kind::Veth(v)) = &l.kind {
+                    out.insert(v.peer_namespace.clone());
+                }
+                l.namespace.clone()
+            }
+            Some(Kind::Address(a)) => a.namespace.clone(),
+            Some(Kind::Route(r)) => r.namespace.clone(),
+            Some(Kind::Rule(r)) => r.namespace.clone(),
+            Some(Kind::NatMap(m)) => m.namespace.clone(),
+            Some(Kind::WireguardPeer(p)) => p.namespace.clone(),
+            Some(Kind::HostSnat(_)) | None => String::new(),
+        };
+        out.insert(ns);
+    }
+    out.remove("");
+    out
+}
+
+impl<N: Netlink, F: Firewall, W: WireGuard> DataPlane<N, F, W> {
+    /// Makes the host hold `objects` (the whole desired state): observes
+    /// the agent's namespace and those of `claimed` (namespaces weft made:
+    /// the only ones it may remove; those `objects` name are added) within
+    /// `scopes` (None: all of them), plans, and carries the plan out.
+    pub async fn reconcile<'a>(
+        &mut self,
+        objects: impl IntoIterator<Item = &'a pb::DesiredObject>,
+        claimed: &BTreeSet<Ns>,
+        scopes: Option<&BTreeSet<Ns>>,
+    ) -> Outcome {
+        let objects: Vec<&pb::DesiredObject> = objects.into_iter().collect();
+        let mut claimed = claimed.clone();
+        claimed.extend(namespaces_of(objects.iter().copied()));
+        let mut out = Outcome::default();
+        let seen = match host::observe(&mut self.net, &mut self.fw, &mut self.wg, &claimed, scopes).await {
+            Ok(s) => s,
+            Err(e) => {
+                out.failed = Some(format!("cannot read the host's network: {e}"));
+                return out;
+            }
+        };
+        let facts = desired::Facts::from_raw(&seen.host, self.underlay);
+        let (want, bad) = desired::translate(objects, &facts, self.node);
+        out.errors = bad;
+        out.mtus = want.state.links.values().map(|l| (l.name.clone(), l.mtu)).collect();
+        let ops = plan::plan(&want, &seen.state, &seen.scopes);
+        if !ops.is_empty() {
+            tracing::debug!(operations = ops.len(), "applying the plan");
+        }
+        let results = host::execute(&mut self.net, &mut self.fw, &mut self.wg, &ops).await;
+        for (op, r) in ops.iter().zip(results) {
+            match r {
+                Ok(()) => {
+                    out.done += 1;
+                    match op {
+                        Op::AddWireguard(l) => {
+                            out.fresh_wireguard.insert(l.name.clone());
+                        }
+                        Op::SetPeer { link, .. } | Op::RemovePeer { link, .. } => {
+                            out.peers_changed.insert(link.clone());
+                        }
+                        _ => {}
+                    }
+                }
+                Err(e) => match op.origin(&want.origins) {
+                    Some(id) => out.errors.push((id.to_string(), e)),
+                    None => tracing::warn!(operation = ?op, error = %e, "could not remove what weft no longer wants"),
+                },
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,508 @@
+//! [`Netlink`] on Linux with rtnetlink: reads and writes links, addresses,
+//! routes and rules in the agent's namespace on its own connection, and in
+//! another namespace on a thread that joined it (with a connection of its
+//! own), awaited so that no runtime thread blocks.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr};
+
+use futures::TryStreamExt;
+use ipnet::Ipv4Net;
+use rtnetlink::packet_route::address::AddressAttribute;
+use rtnetlink::packet_route::link::{InfoData, InfoGeneve, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo};
+use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType};
+use rtnetlink::packet_route::rule::{RuleAttribute, RuleMessage};
+use rtnetlink::{Handle, LinkUnspec, LinkVxlan, RouteMessageBuilder};
+
+use crate::host::{Netlink, R};
+use crate::model::*;
+use crate::nl::{in_namespace, index_in, is_exists, need_index_in, ok_if_missing, set_up_named};
+use crate::plan::Op;
+
+/// The IPv4 forwarding sysctl of the calling thread's namespace.
+fn forwarding_path() -> &'static str {
+    "/proc/sys/net/ipv4/ip_forward"
+}
+
+fn link_kind(attrs: &[LinkAttribute]) -> LinkKind {
+    let infos = attrs.iter().find_map(|a| match a {
+        LinkAttribute::LinkInfo(i) => Some(i),
+        _ => None,
+    });
+    let Some(infos) = infos else {
+        return LinkKind::Other(String::new());
+    };
+    let kind = infos.iter().find_map(|i| match i {
+        LinkInfo::Kind(k) => Some(k),
+        _ => None,
+    });
+    let data = infos.iter().find_map(|i| match i {
+        LinkInfo::Data(d) => Some(d),
+        _ => None,
+    });
+    match (kind, data) {
+        (Some(InfoKind::Vxlan), Some(InfoData::Vxlan(v))) => {
+            let (mut vni, mut local, mut remote, mut port) = (0, Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, 0);
+            for x in v {
+                match x {
+                    InfoVxlan::Id(i) => vni = *i,
+                    InfoVxlan::Local(a) => local = *a,
+                    InfoVxlan::Group(a) => remote = *a,
+                    InfoVxlan::Port(p) => port = *p,
+                    _ => {}
+                }
+            }
+            LinkKind::Vxlan {
+                vni,
+                local,
+                remote,
+                port,
+            }
+        }
+        (Some(InfoKind::Geneve), Some(InfoData::Geneve(g))) => {
+            let (mut vni, mut remote, mut port) = (0, Ipv4Addr::UNSPECIFIED, 0);
+            for x in g {
+                match x {
+                    InfoGeneve::Id(i) => vni = *i,
+                    InfoGeneve::Remote(a) => remote = *a,
+                    InfoGeneve::Port(p) => port = *p,
+                    _ => {}
+                }
+            }
+            LinkKind::Geneve { vni, remote, port }
+        }
+        (Some(InfoKind::Bridge), _) => LinkKind::Bridge,
+        (Some(InfoKind::Veth), _) => LinkKind::VethEnd,
+        (Some(k), _) => LinkKind::Other(k.to_string()),
+        (None, _) => LinkKind::Other(String::new()),
+    }
+}
+
+fn route_of(ns: &Ns, m: &RouteMessage, names: &BTreeMap<u32, String>) -> Option<RawRoute> {
+    if m.header.address_family != rtnetlink::packet_route::AddressFamily::Inet {
+        return None;
+    }
+    let mut table = u32::from(m.header.table);
+    let (mut dst, mut gateway, mut dev) = (Ipv4Addr::UNSPECIFIED, None, None);
+    for a in &m.attributes {
+        match a {
+            RouteAttribute::Table(t) => table = *t,
+            RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = *d,
+            RouteAttribute::Gateway(RouteAddress::Inet(g)) => gateway = Some(*g),
+            RouteAttribute::Oif(i) => dev = names.get(i).cloned(),
+            _ => {}
+        }
+    }
+    Some(RawRoute {
+        route: Route {
+            ns: ns.clone(),
+            table,
+            dst: Ipv4Net::new(dst, m.header.destination_prefix_length).ok()?,
+            gateway,
+            dev,
+        },
+        kernel: m.header.protocol == RouteProtocol::Kernel,
+        special: m.header.kind != RouteType::Unicast,
+    })
+}
+
+fn rule_of(ns: &Ns, m: &RuleMessage) -> Option<Rule> {
+    if m.header.family != rtnetlink::packet_route::AddressFamily::Inet {
+        return None;
+    }
+    let mut r = Rule {
+        ns: ns.clone(),
+        priority: 0,
+        table: u32::from(m.header.table),
+        from: None,
+        to: None,
+        iif: None,
+    };
+    for a in &m.attributes {
+        match a {
+            RuleAttribute::Priority(p) => r.priority = *p,
+            RuleAttribute::Table(t) => r.table = *t,
+            RuleAttribute::Destination(IpAddr::V4(d)) => r.to = Ipv4Net::new(*d, m.header.dst_len).ok(),
+            RuleAttribute::Source(IpAddr::V4(s)) => r.from = Ipv4Net::new(*s, m.header.src_len).ok(),
+            RuleAttribute::Iifname(i) => r.iif = Some(i.clone()),
+            _ => {}
+        }
+    }
+    Some(r)
+}
+
+/// Everything IPv4 the namespace of `h` holds.
+async fn read_ns(h: &Handle, ns: &Ns) -> R<RawNs> {
+    let e = |what: &str, e: rtnetlink::Error| format!("cannot list {what}: {e}");
+    let mut raw = RawNs::default();
+    let mut names = BTreeMap::new();
+    let mut links = h.link().get().execute();
+    while let Some(l) = links.try_next().await.map_err(|x| e("links", x))? {
+        let name = l.attributes.iter().find_map(|a| match a {
+            LinkAttribute::IfName(n) => Some(n.clone()),
+            _ => None,
+        });
+        let Some(name) = name else { continue };
+        names.insert(l.header.index, name.clone());
+        raw.links.push(Link {
+            ns: ns.clone(),
+            name,
+            kind: link_kind(&l.attributes),
+            mtu: l
+                .attributes
+                .iter()
+                .find_map(|a| match a {
+                    LinkAttribute::Mtu(m) => Some(*m),
+                    _ => None,
+                })
+                .unwrap_or(0),
+            up: l.header.flags.contains(LinkFlags::Up),
+        });
+    }
+    let mut addrs = h.address().get().execute();
+    while let Some(a) = addrs.try_next().await.map_err(|x| e("addresses", x))? {
+        let ip = a.attributes.iter().find_map(|x| match x {
+            AddressAttribute::Address(IpAddr::V4(ip)) => Some(*ip),
+            _ => None,
+        });
+        if let (Some(ip), Some(link)) = (ip, names.get(&a.header.index))
+            && let Ok(cidr) = Ipv4Net::new(ip, a.header.prefix_len)
+        {
+            raw.addresses.push(Address {
+                ns: ns.clone(),
+                link: link.clone(),
+                cidr,
+            });
+        }
+    }
+    let mut routes = h.route().get(RouteMessageBuilder::<Ipv4Addr>::new().build()).execute();
+    while let Some(m) = routes.try_next().await.map_err(|x| e("routes", x))? {
+        raw.routes.extend(route_of(ns, &m, &names));
+    }
+    let mut rules = h.rule().get(rtnetlink::IpVersion::V4).execute();
+    while let Some(m) = rules.try_next().await.map_err(|x| e("rules", x))? {
+        raw.rules.extend(rule_of(ns, &m));
+    }
+    raw.forwarding = std::fs::read_to_string(forwarding_path()).is_ok_and(|s| s.trim() == "1");
+    Ok(raw)
+}
+
+async fn route_message(h: &Handle, r: &Route) -> R<RouteMessage> {
+    let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(r.dst.network(), r.dst.prefix_len())
+        .table_id(r.table);
+    if let Some(g) = r.gateway {
+        b = b.gateway(g).onlink();
+    }
+    if let Some(dev) = &r.dev {
+        b = b.output_interface(need_index_in(h, dev).await?);
+    }
+    Ok(b.build())
+}
+
+async fn add_link(h: &Handle, l: &Link) -> R<()> {
+    let created = |r: Result<(), rtnetlink::Error>| r.map_err(|e| format!("cannot create {}: {e}", l.name));
+    match &l.kind {
+        LinkKind::Vxlan {
+            vni,
+            local,
+            remote,
+            port,
+        } => created(
+            h.link()
+                .add(
+                    LinkVxlan::new(&l.name, *vni)
+                        .local(*local)
+                        .remote(*remote)
+                        .port(*port)
+                        .mtu(l.mtu)
+                        .up()
+                        .build(),
+                )
+                .execute()
+                .await,
+        ),
+        LinkKind::Geneve { vni, remote, port } => created(
+            h.link()
+                .add(
+                    rtnetlink::LinkGeneve::new(&l.name, *vni)
+                        .remote(*remote)
+                        .port(*port)
+                        .mtu(l.mtu)
+                        .up()
+                        .build(),
+                )
+                .execute()
+                .await,
+        ),
+        LinkKind::Bridge => {
+            created(
+                h.link()
+                    .add(rtnetlink::LinkBridge::new(&l.name).up().build())
+                    .execute()
+                    .await,
+            )?;
+            if l.mtu > 0 {
+                set_up_named(h, &l.name, l.mtu).await?;
+            }
+            Ok(())
+        }
+        LinkKind::Veth { peer, peer_ns } => add_veth(h, l, peer, peer_ns).await,
+        k => Err(format!("cannot make a link of kind {k:?} with netlink")),
+    }
+}
+
+/// A veth pair: both ends here, the peer's moved into `peer_ns` and set up
+/// there, with receive offloads for the traffic leaving the tunnel.
+async fn add_veth(h: &Handle, l: &Link, peer: &str, peer_ns: &Ns) -> R<()> {
+    h.link()
+        .add(rtnetlink::LinkVeth::new(&l.name, peer).up().mtu(l.mtu).build())
+        .execute()
+        .await
+        .map_err(|e| format!("cannot create {}: {e}", l.name))?;
+    if peer_ns.is_empty() {
+        return set_up_named(h, peer, l.mtu).await;
+    }
+    // Tuning only, so a failure is logged (see offload.rs).
+    let ours = need_index_in(h, &l.name).await?;
+    if let Err(e) = crate::offload::no_tso(peer).and_then(|()| crate::offload::gro_threaded(&l.name, ours)) {
+        tracing::warn!(link = %l.name, "receive offloads not enabled, forwarding per packet: {e}");
+    }
+    let idx = need_index_in(h, peer).await?;
+    let file = std::fs::File::open(format!("/run/netns/{peer_ns}")).map_err(|e| format!("namespace {peer_ns}: {e}"))?;
+    h.link()
+        .set(
+            LinkUnspec::new_with_index(idx)
+                .setns_by_fd(std::os::fd::AsRawFd::as_raw_fd(&file))
+                .build(),
+        )
+        .execute()
+        .await
+        .map_err(|e| format!("cannot move {peer} into {peer_ns}: {e}"))?;
+    let (name, mtu) = (peer.to_string(), l.mtu);
+    in_namespace(peer_ns, move |h| {
+        Box::pin(async move {
+            set_up_named(&h, &name, mtu).await?;
+            if let Err(e) = crate::offload::queue_on_veth(&h, &name).await {
+                tracing::warn!(link = %name, "no queue on the veth, bursts may drop: {e}");
+            }
+            Ok(())
+        })
+    })
+    .await
+}
+
+/// One netlink operation in the namespace of `h`.
+async fn apply_op(h: &Handle, op: &Op) -> R<()> {
+    match op {
+        Op::CreateNamespace(n) => {
+            if std::path::Path::new(&format!("/run/netns/{n}")).exists() {
+                return Ok(());
+            }
+            rtnetlink::NetworkNamespace::add(n.clone())
+                .await
+                .map_err(|e| format!("cannot create namespace {n}: {e}"))
+        }
+        Op::DeleteNamespace(n) => {
+            if !n.starts_with(PREFIX) || !std::path::Path::new(&format!("/run/netns/{n}")).exists() {
+                return Ok(());
+            }
+            rtnetlink::NetworkNamespace::del(n.clone())
+                .await
+                .map_err(|e| format!("cannot delete namespace {n}: {e}"))
+        }
+        Op::SetForwarding(_) => {
+            std::fs::write(forwarding_path(), "1").map_err(|e| format!("cannot enable forwarding: {e}"))
+        }
+        Op::DelRule(r) => {
+            let mut rules = h.rule().get(rtnetlink::IpVersion::V4).execute();
+            while let Some(m) = rules.try_next().await.map_err(|e| e.to_string())? {
+                if rule_of(&r.ns, &m).as_ref() == Some(r) {
+                    return ok_if_missing(h.rule().del(m).execute().await);
+                }
+            }
+            Ok(())
+        }
+        Op::DelRoute(r) => match route_message(h, r).await {
+            Ok(m) => ok_if_missing(h.route().del(m).execute().await),
+            Err(_) => Ok(()), // its device is gone, and the route with it
+        },
+        Op::DelAddress(a) => {
+            let Some(idx) = index_in(h, &a.link).await? else {
+                return Ok(());
+            };
+            let mut addrs = h.address().get().set_link_index_filter(idx).execute();
+            while let Some(m) = addrs.try_next().await.map_err(|e| e.to_string())? {
+                let has = m
+                    .attributes
+                    .iter()
+                    .any(|x| matches!(x, AddressAttribute::Address(IpAddr::V4(ip)) if *ip == a.cidr.addr()));
+                if has && m.header.prefix_len == a.cidr.prefix_len() {
+                    return ok_if_missing(h.address().del(m).execute().await);
+                }
+            }
+            Ok(())
+        }
+        Op::DelLink { name, .. } => match index_in(h, name).await? {
+            Some(idx) => ok_if_missing(h.link().del(idx).execute().await),
+            None => Ok(()),
+        },
+        Op::AddLink(l) => add_link(h, l).await,
+        Op::SetLink { name, mtu, .. } => set_up_named(h, name, *mtu).await,
+        Op::AddAddress(a) => {
+            let idx = need_index_in(h, &a.link).await?;
+            match h
+                .address()
+                .add(idx, IpAddr::V4(a.cidr.addr()), a.cidr.prefix_len())
+                .execute()
+                .await
+            {
+                Err(e) if !is_exists(&e) => Err(format!("cannot add {}: {e}", a.cidr)),
+                _ => Ok(()),
+            }
+        }
+        Op::SetRoute(r) => {
+            let m = route_message(h, r).await?;
+            h.route()
+                .add(m)
+                .replace()
+                .execute()
+                .await
+                .map_err(|e| format!("cannot add the route to {}: {e}", r.dst))
+        }
+        Op::AddRule(r) => {
+            let mut req = h
+                .rule()
+                .add()
+                .action(rtnetlink::packet_route::rule::RuleAction::ToTable)
+                .v4()
+                .table_id(r.table)
+                .priority(r.priority);
+            if let Some(n) = r.to {
+                req = req.destination_prefix(n.network(), n.prefix_len());
+            }
+            if let Some(n) = r.from {
+                req = req.source_prefix(n.network(), n.prefix_len());
+            }
+            if let Some(i) = &r.iif {
+                req = req.input_interface(i.clone());
+            }
+            match req.execute().await {
+                Err(e) if !is_exists(&e) => Err(format!("cannot add the rule: {e}")),
+                _ => Ok(()),
+            }
+        }
+        other => Err(format!("{other:?} is not a netlink operation")),
+    }
+}
+
+/// Netlink on this host: the agent's namespace on `handle`, others on
+/// threads of their own.
+#[derive(Debug)]
+pub struct LinuxNetlink {
+    handle: Handle,
+}
+
+impl LinuxNetlink {
+    /// Opens a netlink connection in the current namespace. Must run inside
+    /// a tokio runtime.
+    pub fn new() -> std::io::Result<LinuxNetlink> {
+        let (conn, handle, _) = rtnetlink::new_connection()?;
+        tokio::spawn(conn);
+        Ok(LinuxNetlink { handle })
+    }
+
+    pub fn handle(&self) -> &Handle {
+        &self.handle
+    }
+}
+
+#[async_trait::async_trait]
+impl Netlink for LinuxNetlink {
+    async fn namespaces(&mut self) -> R<BTreeSet<Ns>> {
+        let mut out = BTreeSet::new();
+        let mut dir = match tokio::fs::read_dir("/run/netns").await {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(format!("cannot list /run/netns: {e}")),
+        };
+        while let Ok(Some(e)) = dir.next_entry().await {
+            out.extend(e.file_name().to_str().map(str::to_string));
+        }
+        Ok(out)
+    }
+
+    async fn read(&mut self, ns: &Ns) -> R<RawNs> {
+        if ns.is_empty() {
+            return read_ns(&self.handle, ns).await;
+        }
+        let n = ns.clone();
+        in_namespace(ns, move |h| Box::pin(async move { read_ns(&h, &n).await })).await
+    }
+
+    async fn apply(&mut self, ns: &Ns, ops: &[Op]) -> Vec<R<()>> {
+        if ns.is_empty() {
+            let mut out = Vec::with_capacity(ops.len());
+            for op in ops {
+                out.push(apply_op(&self.handle, op).await);
+            }
+            return out;
+        }
+        let batch = ops.to_vec();
+        let n = ops.len();
+        let r = in_namespace(ns, move |h| {
+            Box::pin(async move {
+                let mut out = Vec::with_capacity(batch.len());
+                for op in &batch {
+                    out.push(apply_op(&h, op).await);
+                }
+                Ok(out)
+            })
+        })
+        .await;
+        r.unwrap_or_else(|e| vec![Err(e); n])
+    }
+}
+
+/// Which of the link kinds weft uses this kernel can make ("geneve",
+/// "vxlan", "wireguard"): each tried in a network namespace of a throwaway
+/// thread's own (nothing on the host is touched; the namespace goes with
+/// the thread). Blocking.
+pub fn kernel_link_kinds() -> Vec<String> {
+    std::thread::spawn(|| -> R<Vec<String>> {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("unshare: {e}"))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            let (conn, h, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            let far = Ipv4Addr::new(192, 0, 2, 1);
+            let mut kinds = Vec::new();
+            let tries = [
+                (
+                    "geneve",
+                    rtnetlink::LinkGeneve::new("weftprobe0", 1).remote(far).build(),
+                ),
+                ("vxlan", LinkVxlan::new("weftprobe1", 1).remote(far).build()),
+                ("wireguard", rtnetlink::LinkWireguard::new("weftprobe2").build()),
+            ];
+            for (kind, msg) in tries {
+                if h.link().add(msg).execute().await.is_ok() {
+                    kinds.push(kind.to_string());
+                }
+            }
+            Ok(kinds)
+        })
+    })
+    .join()
+    .ok()
+    .and_then(|r| r.ok())
+    .unwrap_or_default()
+}
+
+/// Whether this kernel can make Geneve links.
+pub fn kernel_has_geneve() -> bool {
+    kernel_link_kinds().iter().any(|k| k == "geneve")
+}

@@ -1,0 +1,276 @@
+//! What a host's network holds, in the terms weft plans in: links,
+//! addresses, routes, rules, one nftables table and the WireGuard peers per
+//! namespace. The same types describe the desired state (translated from the
+//! controller's objects) and the observed one (read from the host), so that
+//! planning is a comparison of two values.
+//!
+//! Ownership: what is weft's on a host is decided here, once, for every
+//! implementation of the host (Linux and the fake one): see [`owns_link`],
+//! [`owns_route`], [`owns_rule`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{Ipv4Addr, SocketAddr};
+
+use ipnet::Ipv4Net;
+
+/// A network namespace: "" for the agent's own (the host's), else a name
+/// under /run/netns.
+pub type Ns = String;
+
+/// The routing table weft owns in the host's namespace.
+pub const HOST_TABLE: u32 = weft_proto::HOST_TABLE;
+/// The rule priority weft owns in the host's namespace.
+pub const HOST_RULE_PRIORITY: u32 = weft_proto::HOST_RULE_PRIORITY;
+/// The nftables table (family ip) weft owns in each namespace.
+pub const NFT_TABLE: &str = "weft";
+/// Names of weft's links and namespaces start with this.
+pub const PREFIX: &str = "weft";
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LinkKind {
+    Vxlan {
+        vni: u32,
+        local: Ipv4Addr,
+        remote: Ipv4Addr,
+        port: u16,
+    },
+    Geneve {
+        vni: u32,
+        remote: Ipv4Addr,
+        port: u16,
+    },
+    Bridge,
+    /// A veth pair, seen from its outer end: the other end, `peer`, lives
+    /// in namespace `peer_ns`. (Observed veth ends are [`LinkKind::VethEnd`]:
+    /// the kernel does not name an end's peer.)
+    Veth {
+        peer: String,
+        peer_ns: Ns,
+    },
+    /// One end of a veth pair, as observed; or the inner end, as desired.
+    VethEnd,
+    Wireguard {
+        listen_port: u16,
+    },
+    /// A kind weft does not make (observed only): always replaced.
+    Other(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Link {
+    pub ns: Ns,
+    pub name: String,
+    pub kind: LinkKind,
+    /// 0: whatever it has (a bridge's MTU is its ports').
+    pub mtu: u32,
+    pub up: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Address {
+    pub ns: Ns,
+    pub link: String,
+    pub cidr: Ipv4Net,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Route {
+    pub ns: Ns,
+    pub table: u32,
+    pub dst: Ipv4Net,
+    pub gateway: Option<Ipv4Addr>,
+    pub dev: Option<String>,
+}
+
+impl Route {
+    /// What the kernel keys a route by (weft sets no metric or TOS).
+    pub fn key(&self) -> (Ns, u32, Ipv4Net) {
+        (self.ns.clone(), self.table, self.dst)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Rule {
+    pub ns: Ns,
+    pub priority: u32,
+    pub table: u32,
+    pub from: Option<Ipv4Net>,
+    pub to: Option<Ipv4Net>,
+    pub iif: Option<String>,
+}
+
+/// One rule of 1:1 prefix NAT in a peering's namespace: toward the tunnel
+/// the local view becomes the real CIDR, from the tunnel the reverse.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NatRule {
+    pub local: Ipv4Net,
+    pub real: Ipv4Net,
+    pub tunnel: String,
+}
+
+/// Source NAT of host-originated traffic into the overlay.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HostSnat {
+    pub link: String,
+    pub address: Ipv4Addr,
+    pub except: Vec<Ipv4Net>,
+}
+
+/// The content of weft's nftables table in one namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TableSpec {
+    /// Prefix NAT (and, with it, the MSS clamp of forwarded SYNs).
+    pub nat: Vec<NatRule>,
+    pub snat: Option<HostSnat>,
+    /// Named counters per peer site over traffic to and from its CIDRs.
+    pub accounting: BTreeMap<String, Vec<Ipv4Net>>,
+}
+
+impl TableSpec {
+    pub fn is_empty(&self) -> bool {
+        self.nat.is_empty() && self.snat.is_none() && self.accounting.is_empty()
+    }
+
+    /// A content hash: equal specs, equal versions.
+    pub fn version(&self) -> u64 {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(format!("{self:?}").as_bytes());
+        u64::from_be_bytes(d[..8].try_into().expect("32 bytes"))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WgPeer {
+    pub public_key: String,
+    pub endpoint: Option<SocketAddr>,
+    pub allowed_ips: Vec<Ipv4Net>,
+    pub keepalive: u16,
+}
+
+/// A host's network, as weft sees it: everything in it is weft's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    /// weft's namespaces (not the host's own "").
+    pub namespaces: BTreeSet<Ns>,
+    /// Namespaces with IPv4 forwarding on ("" included).
+    pub forwarding: BTreeSet<Ns>,
+    pub links: BTreeMap<(Ns, String), Link>,
+    pub addresses: BTreeSet<Address>,
+    pub routes: BTreeMap<(Ns, u32, Ipv4Net), Route>,
+    pub rules: BTreeSet<Rule>,
+    /// weft's table per namespace, by version; observed as None when it is
+    /// there but not known to be what weft wrote.
+    pub tables: BTreeMap<Ns, Option<u64>>,
+    /// Other tables of weft's name (e.g. `weft_acct` of earlier versions),
+    /// by namespace: always removed.
+    pub stray_tables: BTreeSet<(Ns, String)>,
+    /// WireGuard peers by (namespace, link), by public key.
+    pub peers: BTreeMap<(Ns, String), BTreeMap<String, WgPeer>>,
+}
+
+/// The desired state with what planning needs beside it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Desired {
+    pub state: State,
+    /// The table specs behind `state.tables`' versions.
+    pub specs: BTreeMap<Ns, TableSpec>,
+    /// The controller's object each item came from, for error reports.
+    pub origins: Origins,
+}
+
+/// Object ids by the item they produced.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Origins {
+    pub namespaces: BTreeMap<Ns, String>,
+    pub links: BTreeMap<(Ns, String), String>,
+    pub addresses: BTreeMap<Address, String>,
+    pub routes: BTreeMap<(Ns, u32, Ipv4Net), String>,
+    pub rules: BTreeMap<Rule, String>,
+    pub tables: BTreeMap<Ns, Vec<String>>,
+    pub peers: BTreeMap<(Ns, String, String), String>,
+}
+
+/// What a namespace holds, as read from the host: everything, weft's or
+/// not. [`owned`] keeps weft's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RawNs {
+    pub links: Vec<Link>,
+    pub addresses: Vec<Address>,
+    pub routes: Vec<RawRoute>,
+    pub rules: Vec<Rule>,
+    pub forwarding: bool,
+    /// nftables tables of family ip, by name, with weft's version when the
+    /// firewall knows the table is unchanged since weft wrote it.
+    pub tables: BTreeMap<String, Option<u64>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawRoute {
+    pub route: Route,
+    /// Added by the kernel for an address (protocol "kernel").
+    pub kernel: bool,
+    /// Not a unicast route (local, broadcast, ...).
+    pub special: bool,
+}
+
+/// Whether a link is weft's: by name.
+pub fn owns_link(name: &str) -> bool {
+    name.starts_with(PREFIX)
+}
+
+/// Whether a route is weft's: in the host's namespace, those in weft's
+/// table; in weft's own namespaces, every unicast route the kernel did not
+/// add itself, in any table but `local`.
+pub fn owns_route(r: &RawRoute) -> bool {
+    if r.route.ns.is_empty() {
+        return r.route.table == HOST_TABLE;
+    }
+    !r.kernel && !r.special && r.route.table != 255
+}
+
+/// Whether a rule is weft's: in the host's namespace, those at weft's
+/// priority; in weft's own namespaces, all but the kernel's three defaults.
+pub fn owns_rule(r: &Rule) -> bool {
+    if r.ns.is_empty() {
+        return r.priority == HOST_RULE_PRIORITY;
+    }
+    let default = r.from.is_none()
+        && r.to.is_none()
+        && r.iif.is_none()
+        && matches!((r.priority, r.table), (0, 255) | (32766, 254) | (32767, 253));
+    !default
+}
+
+/// weft's part of what namespace `ns` holds, added to `into`.
+pub fn owned(ns: &Ns, raw: RawNs, into: &mut State) {
+    for l in raw.links {
+        if owns_link(&l.name) {
+            into.links.insert((ns.clone(), l.name.clone()), l);
+        }
+    }
+    for a in raw.addresses {
+        if owns_link(&a.link) {
+            into.addresses.insert(a);
+        }
+    }
+    for r in raw.routes {
+        if owns_route(&r) {
+            into.routes.insert(r.route.key(), r.route);
+        }
+    }
+    for r in raw.rules {
+        if owns_rule(&r) {
+            into.rules.insert(r);
+        }
+    }
+    if raw.forwarding {
+        into.forwarding.insert(ns.clone());
+    }
+    for (name, version) in raw.tables {
+        if name == NFT_TABLE {
+            into.tables.insert(ns.clone(), version);
+        } else if name.starts_with(PREFIX) {
+            into.stray_tables.insert((ns.clone(), name));
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! weft's nftables table, `ip weft`, one per namespace: prefix NAT and the
+//! MSS clamp in a peering's namespace; source NAT of host traffic into the
+//! overlay and per-peer counters in a node's own namespace. The table is
+//! rendered whole from a [`TableSpec`] (pure, below) and replaced in one
+//! atomic `nft -f` batch.
+//!
+//! Observation: after writing, the firewall lists the table back and keeps
+//! a hash of the listing (handles and counter values left out). A table
+//! whose listing still has that hash is reported with its version; one
+//! edited by hand, or one this process did not write, without, so the plan
+//! rewrites it.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::host::{Firewall, R};
+use crate::model::*;
+
+fn prefix(n: &ipnet::Ipv4Net) -> Value {
+    json!({"prefix": {"addr": n.network().to_string(), "len": n.prefix_len()}})
+}
+
+fn add(x: Value) -> Value {
+    json!({ "add": x })
+}
+
+fn chain(name: &str, kind: &str, hook: &str, prio: i32) -> Value {
+    add(
+        json!({"chain": {"family": "ip", "table": NFT_TABLE, "name": name, "type": kind, "hook": hook, "prio": prio, "policy": "accept"}}),
+    )
+}
+
+fn rule(chain: &str, expr: Value) -> Value {
+    add(json!({"rule": {"family": "ip", "table": NFT_TABLE, "chain": chain, "expr": expr}}))
+}
+
+fn field(field: &str, op: &str, right: Value) -> Value {
+    json!({"match": {"op": op, "left": {"payload": {"protocol": "ip", "field": field}}, "right": right}})
+}
+
+fn meta(key: &str, op: &str, right: &str) -> Value {
+    json!({"match": {"op": op, "left": {"meta": {"key": key}}, "right": right}})
+}
+
+/// The nft JSON batch that replaces weft's table with `spec` (an empty spec
+/// removes it): add (so that the delete cannot fail), delete, then the new
+/// table, all in one transaction.
+pub fn batch(spec: &TableSpec) -> Value {
+    let table = json!({"table": {"family": "ip", "name": NFT_TABLE}});
+    let mut cmds = vec![add(table.clone()), json!({ "delete": table.clone() })];
+    if spec.is_empty() {
+        return json!({ "nftables": cmds });
+    }
+    cmds.push(add(table));
+    if !spec.nat.is_empty() {
+        cmds.push(chain("pre", "nat", "prerouting", -100));
+        cmds.push(chain("post", "nat", "postrouting", 100));
+        // tcp flags syn / syn,rst tcp option maxseg size set rt mtu: TCP
+        // across the tunnel never depends on PMTU discovery.
+        cmds.push(chain("mss", "filter", "forward", -150));
+        let syn = json!({"match": {"op": "==", "left": {"&": [{"payload": {"protocol": "tcp", "field": "flags"}}, ["syn", "rst"]]}, "right": "syn"}});
+        let clamp = json!({"mangle": {"key": {"tcp option": {"name": "maxseg", "field": "size"}}, "value": {"rt": {"key": "mtu"}}}});
+        cmds.push(rule("mss", json!([syn, clamp])));
+        for m in &spec.nat {
+            // Toward the tunnel: the local view becomes the real CIDR.
+            let dnat = json!({"dnat": {"addr": prefix(&m.real), "flags": "netmap", "type_flags": "prefix"}});
+            let pre = json!([
+                meta("iifname", "!=", &m.tunnel),
+                field("daddr", "==", prefix(&m.local)),
+                dnat
+            ]);
+            cmds.push(rule("pre", pre));
+            // From the tunnel: the real CIDR becomes the local view.
+            let snat = json!({"snat": {"addr": prefix(&m.local), "flags": "netmap", "type_flags": "prefix"}});
+            let post = json!([
+                meta("iifname", "==", &m.tunnel),
+                field("saddr", "==", prefix(&m.real)),
+                snat
+            ]);
+            cmds.push(rule("post", post));
+        }
+    }
+    if let Some(h) = &spec.snat {
+        cmds.push(chain("snat", "nat", "postrouting", 100));
+        let except: Vec<Value> = h.except.iter().map(prefix).collect();
+        let snat = json!({"snat": {"addr": h.address.to_string()}});
+        cmds.push(rule(
+            "snat",
+            json!([
+                meta("oifname", "==", &h.link),
+                field("saddr", "!=", json!({ "set": except })),
+                snat
+            ]),
+        ));
+    }
+    if !spec.accounting.is_empty() {
+        for (hook, name) in [("forward", "acct_fwd"), ("output", "acct_out"), ("input", "acct_in")] {
+            cmds.push(chain(name, "filter", hook, -200));
+        }
+        for (site, nets) in &spec.accounting {
+            for dir in ["tx", "rx"] {
+                cmds.push(add(
+                    json!({"counter": {"family": "ip", "table": NFT_TABLE, "name": format!("{dir}-{site}")}}),
+                ));
+            }
+            for n in nets {
+                for (f, dir, chains) in [
+                    ("daddr", "tx", ["acct_fwd", "acct_out"]),
+                    ("saddr", "rx", ["acct_fwd", "acct_in"]),
+                ] {
+                    for c in chains {
+                        cmds.push(rule(
+                            c,
+                            json!([field(f, "==", prefix(n)), {"counter": format!("{dir}-{site}")}]),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    json!({ "nftables": cmds })
+}
+
+/// A listing with what changes by itself (handles, counter values, the
+/// tool's own metadata) left out, hashed.
+fn listing_hash(listing: &Value) -> u64 {
+    fn strip(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                for k in ["handle", "packets", "bytes"] {
+                    m.remove(k);
+                }
+                m.values_mut().for_each(strip);
+            }
+            Value::Array(a) => {
+                a.retain(|x| x.get("metainfo").is_none());
+                a.iter_mut().for_each(strip);
+            }
+            _ => {}
+        }
+    }
+    let mut v = listing.clone();
+    strip(&mut v);
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(v.to_string().as_bytes());
+    u64::from_be_bytes(d[..8].try_into().expect("32 bytes"))
+}
+
+/// Traffic counted for one peer site.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerTraffic {
+    pub peer_site: String,
+    pub tx_bytes: u64,
+    pub tx_packets: u64,
+    pub rx_bytes: u64,
+    pub rx_packets: u64,
+}
+
+/// The per-peer counters of the table in `listing` (`nft -j list counters
+/// table ip weft`), by peer site.
+pub fn parse_counters(listing: &Value) -> Vec<PeerTraffic> {
+    let mut by_site: BTreeMap<String, PeerTraffic> = BTreeMap::new();
+    for item in listing["nftables"].as_array().into_iter().flatten() {
+        let c = &item["counter"];
+        let (Some(name), Some(bytes), Some(packets)) = (c["name"].as_str(), c["bytes"].as_u64(), c["packets"].as_u64())
+        else {
+            continue;
+        };
+        let Some((dir, site)) = name.split_once('-') else {
+            continue;
+        };
+        let e = by_site.entry(site.to_string()).or_insert_with(|| PeerTraffic {
+            peer_site: site.to_string(),
+            ..Default::default()
+        });
+        match dir {
+            "tx" => (e.tx_bytes, e.tx_packets) = (bytes, packets),
+            _ => (e.rx_bytes, e.rx_packets) = (bytes, packets),
+        }
+    }
+    by_site.into_values().collect()
+}
+
+/// The per-peer counters of the agent's own namespace (None: no table).
+/// Blocking: for a thread of its own, not the async runtime.
+pub fn counters_blocking() -> Option<Vec<PeerTraffic>> {
+    let out = std::process::Command::new("nft")
+        .args(["-j", "list", "counters", "table", "ip", NFT_TABLE])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    Some(parse_counters(&serde_json::from_slice(&out.stdout).ok()?))
+}
+
+/// `nft` in namespace `ns` ("" the agent's own), with `input` on stdin.
+async fn nft(ns: &Ns, args: &[&str], input: Option<String>) -> R<Vec<u8>> {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = if ns.is_empty() {
+        tokio::process::Command::new("nft")
+    } else {
+        let mut c = tokio::process::Command::new("ip");
+        c.args(["netns", "exec", ns, "nft"]);
+        c
+    };
+    cmd.args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|e| format!("cannot run nft: {e}"))?;
+    let mut stdin = child.stdin.take().expect("piped");
+    if let Some(text) = input {
+        stdin
+            .write_all(text.as_bytes())
+            .await
+            .map_err(|e| format!("cannot write to nft: {e}"))?;
+    }
+    drop(stdin);
+    let out = child.wait_with_output().await.map_err(|e| format!("nft failed: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    Ok(out.stdout)
+}
+
+/// nftables through the `nft` tool (its JSON interface), off the async
+/// runtime's threads (a child process, awaited).
+#[derive(Debug, Default)]
+pub struct Nft {
+    /// Per namespace: the version written and the hash of its listing.
+    written: BTreeMap<Ns, (u64, u64)>,
+}
+
+impl Nft {
+    async fn listing(ns: &Ns) -> R<u64> {
+        let out = nft(ns, &["-j", "list", "table", "ip", NFT_TABLE], None).await?;
+        let v: Value = serde_json::from_slice(&out).map_err(|e| format!("nft's listing is not JSON: {e}"))?;
+        Ok(listing_hash(&v))
+    }
+}
+
+#[async_trait::async_trait]
+impl Firewall for Nft {
+    async fn tables(&mut self, ns: &Ns) -> R<BTreeMap<String, Option<u64>>> {
+        let out = nft(ns, &["-j", "list", "tables", "ip"], None).await?;
+        let v: Value = serde_json::from_slice(&out).map_err(|e| format!("nft's listing is not JSON: {e}"))?;
+        let mut tables: BTreeMap<String, Option<u64>> = v["nftables"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x["table"]["name"].as_str().map(|n| (n.to_string(), None)))
+            .collect();
+        if tables.contains_key(NFT_TABLE)
+            && let Some((version, hash)) = self.written.get(ns).copied()
+            && Nft::listing(ns).await? == hash
+        {
+            tables.insert(NFT_TABLE.into(), Some(version));
+        }
+        Ok(tables)
+    }
+
+    async fn set_table(&mut self, ns: &Ns, spec: &TableSpec) -> R<()> {
+        self.written.remove(ns);
+        nft(ns, &["-j", "-f", "-"], Some(batch(spec).to_string()))
+            .await
+            .map_err(|e| format!("cannot write the nftables table in {}: {e}", shown(ns)))?;
+        let hash = Nft::listing(ns).await?;
+        self.written.insert(ns.clone(), (spec.version(), hash));
+        Ok(())
+    }
+
+    async fn delete_table(&mut self, ns: &Ns, name: &str) -> R<()> {
+        if name == NFT_TABLE {
+            self.written.remove(ns);
+        }
+        match nft(ns, &["delete", "table", "ip", name], None).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.contains("No such file") => Ok(()),
+            Err(e) => Err(format!("cannot delete table ip {name} in {}: {e}", shown(ns))),
+        }
+    }
+}
+
+fn shown(ns: &Ns) -> String {
+    if ns.is_empty() {
+        "the host's namespace".into()
+    } else {
+        format!("namespace {ns}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_spec_only_removes_and_a_full_one_has_every_part() {
+        let v = batch(&TableSpec::default());
+        assert_eq!(v["nftables"].as_array().unwrap().len(), 2);
+        let spec = TableSpec {
+            nat: vec![NatRule {
+                local: "10.90.0.0/16".parse().unwrap(),
+                real: "10.1.0.0/16".parse().unwrap(),
+                tunnel: "weft-wabc".into(),
+            }],
+            snat: Some(HostSnat {
+                link: "weft-vx0".into(),
+                address: "10.1.4.1".parse().unwrap(),
+                except: vec!["10.1.0.0/16".parse().unwrap()],
+            }),
+            accounting: [("b".to_string(), vec!["10.90.0.0/16".parse().unwrap()])].into(),
+        };
+        let text = batch(&spec).to_string();
+        for part in [
+            "\"pre\"",
+            "\"post\"",
+            "\"mss\"",
+            "\"snat\"",
+            "\"acct_fwd\"",
+            "tx-b",
+            "rx-b",
+            "netmap",
+        ] {
+            assert!(text.contains(part), "{part} missing from {text}");
+        }
+    }
+
+    #[test]
+    fn the_listing_hash_ignores_handles_and_counter_values_only() {
+        let a: Value = serde_json::from_str(r#"{"nftables":[{"metainfo":{"version":"1"}},{"counter":{"name":"tx-b","handle":3,"packets":1,"bytes":9}}]}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{"nftables":[{"metainfo":{"version":"2"}},{"counter":{"name":"tx-b","handle":7,"packets":5,"bytes":99}}]}"#).unwrap();
+        let c: Value =
+            serde_json::from_str(r#"{"nftables":[{"counter":{"name":"tx-c","handle":7,"packets":5,"bytes":99}}]}"#)
+                .unwrap();
+        assert_eq!(listing_hash(&a), listing_hash(&b));
+        assert_ne!(listing_hash(&a), listing_hash(&c));
+        let t = parse_counters(&b);
+        assert_eq!((t[0].peer_site.as_str(), t[0].tx_bytes, t[0].tx_packets), ("b", 99, 5));
+    }
+}

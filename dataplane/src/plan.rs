@@ -1,0 +1,315 @@
+//! `plan(desired, observed) -> operations`: pure, like a controller's
+//! reconcile. What differs is repaired, what is weft's but not desired is
+//! removed, and nothing outside weft's ownership (see `model`) is ever named
+//! in an operation.
+//!
+//! Order: namespaces first; then removals, innermost first (rules, routes,
+//! addresses, WireGuard peers, links, namespaces, tables); then additions,
+//! outermost first (links, link settings, addresses, routes, rules, peers,
+//! tables). A link that must be replaced (a VXLAN toward another remote,
+//! say) is removed and made anew, and because the kernel took its addresses
+//! and routes with it, those are planned again even where they did not
+//! change.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::model::*;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    CreateNamespace(Ns),
+    SetForwarding(Ns),
+    DelRule(Rule),
+    DelRoute(Route),
+    DelAddress(Address),
+    RemovePeer {
+        ns: Ns,
+        link: String,
+        public_key: String,
+    },
+    /// Removes a link (either end of a veth pair removes both).
+    DelLink {
+        ns: Ns,
+        name: String,
+    },
+    /// Removes a WireGuard device and its interface.
+    DelWireguard {
+        ns: Ns,
+        name: String,
+    },
+    DeleteNamespace(Ns),
+    DelTable {
+        ns: Ns,
+        name: String,
+    },
+    /// Makes a link (a veth pair: both ends, the peer moved into its
+    /// namespace), up, with its MTU.
+    AddLink(Link),
+    /// Makes a WireGuard device (in the agent's namespace, so that its UDP
+    /// socket stays on the underlay) and moves its interface into `ns`.
+    AddWireguard(Link),
+    /// Sets an existing link up, with `mtu` unless 0.
+    SetLink {
+        ns: Ns,
+        name: String,
+        mtu: u32,
+    },
+    AddAddress(Address),
+    /// Adds or replaces the route with its key.
+    SetRoute(Route),
+    AddRule(Rule),
+    SetPeer {
+        ns: Ns,
+        link: String,
+        peer: WgPeer,
+    },
+    /// Replaces weft's table in `ns` with `spec`, atomically.
+    SetTable {
+        ns: Ns,
+        spec: TableSpec,
+    },
+}
+
+impl Op {
+    /// The namespace the operation runs in.
+    pub fn ns(&self) -> &str {
+        match self {
+            Op::CreateNamespace(_) | Op::DeleteNamespace(_) => "",
+            Op::SetForwarding(ns) => ns,
+            Op::DelRule(r) | Op::AddRule(r) => &r.ns,
+            Op::DelRoute(r) | Op::SetRoute(r) => &r.ns,
+            Op::DelAddress(a) | Op::AddAddress(a) => &a.ns,
+            Op::AddLink(l) => &l.ns,
+            Op::AddWireguard(_) => "",
+            Op::RemovePeer { ns, .. }
+            | Op::DelLink { ns, .. }
+            | Op::DelWireguard { ns, .. }
+            | Op::DelTable { ns, .. }
+            | Op::SetLink { ns, .. }
+            | Op::SetPeer { ns, .. }
+            | Op::SetTable { ns, .. } => ns,
+        }
+    }
+
+    /// The controller object the operation serves, if it serves one (a
+    /// removal of something undesired serves none).
+    pub fn origin<'a>(&self, o: &'a Origins) -> Option<&'a str> {
+        let s = match self {
+            Op::CreateNamespace(ns) | Op::SetForwarding(ns) => o.namespaces.get(ns),
+            Op::AddLink(l) | Op::AddWireguard(l) => o.links.get(&(l.ns.clone(), l.name.clone())),
+            Op::SetLink { ns, name, .. } => o.links.get(&(ns.clone(), name.clone())),
+            Op::AddAddress(a) => o.addresses.get(a),
+            Op::SetRoute(r) => o.routes.get(&r.key()),
+            Op::AddRule(r) => o.rules.get(r),
+            Op::SetPeer { ns, link, peer } => o.peers.get(&(ns.clone(), link.clone(), peer.public_key.clone())),
+            Op::SetTable { ns, .. } => o.tables.get(ns).and_then(|v| v.first()),
+            _ => None,
+        };
+        s.map(String::as_str)
+    }
+}
+
+/// Whether observed link `o` is what desired link `d` asks for (its kind
+/// and settings; MTU and state are set in place, see `SetLink`).
+fn same_kind(d: &LinkKind, o: &LinkKind) -> bool {
+    match (d, o) {
+        (LinkKind::Veth { .. } | LinkKind::VethEnd, LinkKind::VethEnd) => true,
+        _ => d == o,
+    }
+}
+
+/// The operations that turn `observed` into `desired` within `scopes`
+/// (the namespaces observed; "" is the agent's own). Objects in other
+/// namespaces are left alone; namespaces to create are planned whole.
+pub fn plan(desired: &Desired, observed: &State, scopes: &BTreeSet<Ns>) -> Vec<Op> {
+    let d = &desired.state;
+    let o = observed;
+    let mut ops = Vec::new();
+
+    let creating: BTreeSet<&Ns> = d.namespaces.difference(&o.namespaces).collect();
+    let deleting: BTreeSet<&Ns> = o.namespaces.difference(&d.namespaces).collect();
+    let live = |ns: &Ns| (ns.is_empty() || scopes.contains(ns) || creating.contains(ns)) && !deleting.contains(ns);
+
+    for ns in &creating {
+        ops.push(Op::CreateNamespace((*ns).clone()));
+    }
+    for ns in d.forwarding.iter().filter(|ns| live(ns)) {
+        if creating.contains(ns) || !o.forwarding.contains(ns) {
+            ops.push(Op::SetForwarding(ns.clone()));
+        }
+    }
+
+    // Links that will be gone after the removals: undesired, or to be
+    // replaced, or inside a namespace that goes.
+    let mut gone: BTreeSet<(Ns, String)> = BTreeSet::new();
+    let mut link_dels = Vec::new();
+    for (k, ol) in o.links.iter().filter(|(k, _)| live(&k.0)) {
+        let replace = match d.links.get(k) {
+            None => true,
+            Some(dl) => !same_kind(&dl.kind, &ol.kind) || !pair_intact(dl, o, d, &live),
+        };
+        if replace {
+            gone.insert(k.clone());
+            link_dels.push(match ol.kind {
+                LinkKind::Wireguard { .. } => Op::DelWireguard {
+                    ns: k.0.clone(),
+                    name: k.1.clone(),
+                },
+                _ => Op::DelLink {
+                    ns: k.0.clone(),
+                    name: k.1.clone(),
+                },
+            });
+        }
+    }
+    // The other end of a removed veth pair goes with it.
+    for dl in d.links.values() {
+        if let LinkKind::Veth { peer, peer_ns } = &dl.kind {
+            let outer = (dl.ns.clone(), dl.name.clone());
+            let inner = (peer_ns.clone(), peer.clone());
+            if gone.contains(&outer) || gone.contains(&inner) || !o.links.contains_key(&outer) {
+                gone.insert(outer);
+                gone.insert(inner);
+            }
+        }
+    }
+    let link_stays = |ns: &Ns, name: &str| !gone.contains(&(ns.clone(), name.to_string()));
+
+    // Removals, innermost first.
+    for r in o.rules.iter().filter(|r| live(&r.ns)) {
+        if !d.rules.contains(r) {
+            ops.push(Op::DelRule(r.clone()));
+        }
+    }
+    for (k, r) in o.routes.iter().filter(|(k, _)| live(&k.0)) {
+        let on_gone = r.dev.as_ref().is_some_and(|dev| !link_stays(&r.ns, dev));
+        if !d.routes.contains_key(k) && !on_gone {
+            ops.push(Op::DelRoute(r.clone()));
+        }
+    }
+    for a in o.addresses.iter().filter(|a| live(&a.ns)) {
+        if !d.addresses.contains(a) && link_stays(&a.ns, &a.link) {
+            ops.push(Op::DelAddress(a.clone()));
+        }
+    }
+    for ((ns, link), peers) in o.peers.iter().filter(|((ns, _), _)| live(ns)) {
+        if !link_stays(ns, link) {
+            continue;
+        }
+        let want = d.peers.get(&(ns.clone(), link.clone()));
+        for key in peers.keys() {
+            if !want.is_some_and(|w| w.contains_key(key)) {
+                ops.push(Op::RemovePeer {
+                    ns: ns.clone(),
+                    link: link.clone(),
+                    public_key: key.clone(),
+                });
+            }
+        }
+    }
+    ops.extend(link_dels);
+    for ns in &deleting {
+        ops.push(Op::DeleteNamespace((*ns).clone()));
+    }
+    for (ns, name) in o.stray_tables.iter().filter(|(ns, _)| live(ns)) {
+        ops.push(Op::DelTable {
+            ns: ns.clone(),
+            name: name.clone(),
+        });
+    }
+    for ns in o.tables.keys().filter(|ns| live(ns)) {
+        if !d.tables.contains_key(ns) {
+            ops.push(Op::DelTable {
+                ns: ns.clone(),
+                name: NFT_TABLE.into(),
+            });
+        }
+    }
+
+    // Additions, outermost first.
+    let exists = |k: &(Ns, String)| o.links.contains_key(k) && !gone.contains(k) && !creating.contains(&k.0);
+    for (k, dl) in d.links.iter().filter(|(k, _)| live(&k.0)) {
+        if exists(k) {
+            let ol = &o.links[k];
+            if !ol.up || (dl.mtu != 0 && dl.mtu != ol.mtu) {
+                ops.push(Op::SetLink {
+                    ns: k.0.clone(),
+                    name: k.1.clone(),
+                    mtu: dl.mtu,
+                });
+            }
+            continue;
+        }
+        match dl.kind {
+            LinkKind::Wireguard { .. } => ops.push(Op::AddWireguard(dl.clone())),
+            // Made with its outer end.
+            LinkKind::VethEnd => {}
+            _ => ops.push(Op::AddLink(dl.clone())),
+        }
+    }
+    // Link settings go right after the links; `SetLink` of existing links
+    // was pushed in the loop above, before the additions of new ones, which
+    // is fine: they do not depend on each other.
+    let fresh = |ns: &Ns, link: &str| {
+        creating.contains(ns) || !link_stays(ns, link) || !o.links.contains_key(&(ns.clone(), link.to_string()))
+    };
+    for a in d.addresses.iter().filter(|a| live(&a.ns)) {
+        if fresh(&a.ns, &a.link) || !o.addresses.contains(a) {
+            ops.push(Op::AddAddress(a.clone()));
+        }
+    }
+    for (k, r) in d.routes.iter().filter(|(k, _)| live(&k.0)) {
+        let on_fresh = r.dev.as_ref().is_some_and(|dev| fresh(&r.ns, dev));
+        if on_fresh || creating.contains(&r.ns) || o.routes.get(k) != Some(r) {
+            ops.push(Op::SetRoute(r.clone()));
+        }
+    }
+    for r in d.rules.iter().filter(|r| live(&r.ns)) {
+        if creating.contains(&r.ns) || !o.rules.contains(r) {
+            ops.push(Op::AddRule(r.clone()));
+        }
+    }
+    let none = BTreeMap::new();
+    for ((ns, link), peers) in d.peers.iter().filter(|((ns, _), _)| live(ns)) {
+        let have = if fresh(ns, link) {
+            &none
+        } else {
+            o.peers.get(&(ns.clone(), link.clone())).unwrap_or(&none)
+        };
+        for (key, p) in peers {
+            if have.get(key) != Some(p) {
+                ops.push(Op::SetPeer {
+                    ns: ns.clone(),
+                    link: link.clone(),
+                    peer: p.clone(),
+                });
+            }
+        }
+    }
+    for (ns, version) in d.tables.iter().filter(|(ns, _)| live(ns)) {
+        let have = if creating.contains(ns) { None } else { o.tables.get(ns) };
+        if have != Some(version) {
+            ops.push(Op::SetTable {
+                ns: ns.clone(),
+                spec: desired.specs.get(ns).cloned().unwrap_or_default(),
+            });
+        }
+    }
+    ops
+}
+
+/// For the outer end of a desired veth pair: whether its inner end is there
+/// too (assumed when its namespace was not observed).
+fn pair_intact(dl: &Link, o: &State, d: &State, live: &dyn Fn(&Ns) -> bool) -> bool {
+    match &dl.kind {
+        LinkKind::Veth { peer, peer_ns } => !live(peer_ns) || o.links.contains_key(&(peer_ns.clone(), peer.clone())),
+        // An inner end without its outer end: made anew with the pair.
+        LinkKind::VethEnd => d.links.values().any(|x| match &x.kind {
+            LinkKind::Veth { peer, peer_ns } if *peer == dl.name && *peer_ns == dl.ns => {
+                o.links.contains_key(&(x.ns.clone(), x.name.clone()))
+            }
+            _ => false,
+        }),
+        _ => true,
+    }
+}

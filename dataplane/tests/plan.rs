@@ -1,0 +1,691 @@
+//! The planner against the fake host (no root needed): drift is repaired,
+//! what is weft's but undesired goes, what is not weft's is never touched,
+//! and a plan carried out leaves nothing to do.
+
+use std::collections::BTreeSet;
+
+use proptest::prelude::*;
+use weft_dataplane::DataPlane;
+use weft_dataplane::fake::{Fake, FakeHost, FakeNs};
+use weft_dataplane::model::*;
+use weft_dataplane::plan::Op;
+use weft_proto::v1 as pb;
+use weft_proto::v1::desired_object::Kind;
+
+const KEY: &str = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+const KEY2: &str = "AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=";
+const NS: &str = "weft-p-a";
+
+fn obj(id: &str, kind: Kind) -> pb::DesiredObject {
+    pb::DesiredObject {
+        id: id.into(),
+        kind: Some(kind),
+    }
+}
+
+fn vxlan(remote: &str) -> pb::DesiredObject {
+    obj(
+        "self/link",
+        Kind::Link(pb::Link {
+            name: "weft-vx0".into(),
+            namespace: String::new(),
+            mtu: 1450,
+            kind: Some(pb::link::Kind::Vxlan(pb::Vxlan {
+                vni: 7,
+                local: "192.168.1.1".into(),
+                remote: remote.into(),
+                port: 4789,
+            })),
+        }),
+    )
+}
+
+fn address(id: &str, ns: &str, link: &str, cidr: &str) -> pb::DesiredObject {
+    obj(
+        id,
+        Kind::Address(pb::Address {
+            link: link.into(),
+            namespace: ns.into(),
+            cidr: cidr.into(),
+        }),
+    )
+}
+
+fn route(id: &str, ns: &str, table: u32, dst: &str, dev: &str) -> pb::DesiredObject {
+    obj(
+        id,
+        Kind::Route(pb::Route {
+            namespace: ns.into(),
+            table,
+            destination: dst.into(),
+            gateway: String::new(),
+            device: dev.into(),
+        }),
+    )
+}
+
+fn rule(id: &str, ns: &str, to: &str) -> pb::DesiredObject {
+    obj(
+        id,
+        Kind::Rule(pb::Rule {
+            namespace: ns.into(),
+            priority: HOST_RULE_PRIORITY,
+            from: String::new(),
+            to: to.into(),
+            table: HOST_TABLE,
+            iif: String::new(),
+        }),
+    )
+}
+
+/// A node: the overlay link, its address, a route and a rule toward a
+/// peer, source NAT into the overlay.
+fn node(remote: &str) -> Vec<pb::DesiredObject> {
+    vec![
+        vxlan(remote),
+        address("self/address", "", "weft-vx0", "10.80.0.1/16"),
+        route("peer/b/route", "", HOST_TABLE, "10.90.0.0/16", "weft-vx0"),
+        rule("peer/b/rule", "", "10.90.0.0/16"),
+        obj(
+            "self/snat",
+            Kind::HostSnat(pb::HostSnat {
+                link: "weft-vx0".into(),
+                address: "10.70.0.1".into(),
+                except: vec!["10.1.0.0/16".into()],
+            }),
+        ),
+    ]
+}
+
+/// A gateway's peering: its namespace, veth pair, WireGuard link and peer,
+/// routes and NAT inside.
+fn peering(port: u32, peer_key: &str) -> Vec<pb::DesiredObject> {
+    vec![
+        obj("peer/b/ns", Kind::Namespace(pb::Namespace { name: NS.into() })),
+        obj(
+            "peer/b/veth",
+            Kind::Link(pb::Link {
+                name: "weft-va".into(),
+                namespace: String::new(),
+                mtu: 1420,
+                kind: Some(pb::link::Kind::Veth(pb::Veth {
+                    peer_name: "weft-ia".into(),
+                    peer_namespace: NS.into(),
+                })),
+            }),
+        ),
+        address("peer/b/veth/outer", "", "weft-va", "169.254.0.1/30"),
+        address("peer/b/veth/inner", NS, "weft-ia", "169.254.0.2/30"),
+        obj(
+            "peer/b/wg",
+            Kind::Link(pb::Link {
+                name: "weft-wa".into(),
+                namespace: NS.into(),
+                mtu: 1420,
+                kind: Some(pb::link::Kind::Wireguard(pb::Wireguard {
+                    listen_port: port,
+                    address: "169.254.100.1/30".into(),
+                    peer_address: "169.254.100.2".into(),
+                    peer_site: "b".into(),
+                })),
+            }),
+        ),
+        route("peer/b/ns/route", NS, 0, "10.1.0.0/16", "weft-ia"),
+        route("peer/b/ns/tunnel", NS, 1, "0.0.0.0/0", "weft-wa"),
+        obj(
+            "peer/b/wgpeer",
+            Kind::WireguardPeer(pb::WireguardPeer {
+                link: "weft-wa".into(),
+                namespace: NS.into(),
+                public_key: peer_key.into(),
+                endpoint: "192.168.2.1:51820".into(),
+                allowed_ips: vec!["0.0.0.0/0".into()],
+                persistent_keepalive: 25,
+            }),
+        ),
+        obj(
+            "peer/b/nat",
+            Kind::NatMap(pb::NatMap {
+                namespace: NS.into(),
+                real_cidr: "10.1.0.0/16".into(),
+                local_cidr: "10.90.0.0/16".into(),
+                tunnel: "weft-wa".into(),
+            }),
+        ),
+    ]
+}
+
+/// What is on the host that is not weft's: never to be touched.
+fn foreign(h: &mut FakeHost) {
+    let host = h.ns.get_mut("").unwrap();
+    host.links.insert(
+        "eth0".into(),
+        Link {
+            ns: String::new(),
+            name: "eth0".into(),
+            kind: LinkKind::Other("veth".into()),
+            mtu: 1500,
+            up: true,
+        },
+    );
+    host.addresses.insert(Address {
+        ns: String::new(),
+        link: "eth0".into(),
+        cidr: "192.168.1.1/24".parse().unwrap(),
+    });
+    for (table, dst) in [(254, "0.0.0.0/0"), (254, "10.90.0.0/16"), (100, "10.1.0.0/16")] {
+        let dst: ipnet::Ipv4Net = dst.parse().unwrap();
+        host.routes.insert(
+            (table, dst),
+            RawRoute {
+                route: Route {
+                    ns: String::new(),
+                    table,
+                    dst,
+                    gateway: Some("192.168.1.254".parse().unwrap()),
+                    dev: Some("eth0".into()),
+                },
+                kernel: false,
+                special: false,
+            },
+        );
+    }
+    for (priority, table) in [(0, 255), (100, 100), (32766, 254), (32767, 253)] {
+        host.rules.insert(Rule {
+            ns: String::new(),
+            priority,
+            table,
+            from: None,
+            to: None,
+            iif: None,
+        });
+    }
+    host.tables.insert("filter".into(), None);
+    h.ns.insert("other".into(), FakeNs::default());
+    h.ns.insert("weft-lab-host".into(), FakeNs::default());
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().build().unwrap()
+}
+
+fn plane(f: &Fake, node: bool) -> DataPlane<Fake, Fake, Fake> {
+    DataPlane {
+        net: f.clone(),
+        fw: f.clone(),
+        wg: f.clone(),
+        node,
+        underlay: None,
+    }
+}
+
+/// Reconciles the fake host to `objects`; the errors.
+fn reconcile(f: &Fake, objects: &[pb::DesiredObject], claimed: &BTreeSet<Ns>) -> Vec<(String, String)> {
+    let out = rt().block_on(plane(f, false).reconcile(objects, claimed, None));
+    assert!(out.failed.is_none(), "{:?}", out.failed);
+    out.errors
+}
+
+/// The plan the fake host would get for `objects` now, without running it.
+fn plan_now(f: &Fake, objects: &[pb::DesiredObject], claimed: &BTreeSet<Ns>) -> Vec<Op> {
+    let mut claimed = claimed.clone();
+    claimed.extend(weft_dataplane::namespaces_of(objects));
+    let mut p = plane(f, false);
+    let seen = rt()
+        .block_on(weft_dataplane::host::observe(
+            &mut p.net, &mut p.fw, &mut p.wg, &claimed, None,
+        ))
+        .unwrap();
+    let facts = weft_dataplane::desired::Facts::from_raw(&seen.host, None);
+    let (want, bad) = weft_dataplane::desired::translate(objects, &facts, false);
+    assert!(bad.is_empty(), "{bad:?}");
+    weft_dataplane::plan::plan(&want, &seen.state, &seen.scopes)
+}
+
+/// Whether the host holds exactly `objects` (weft's part of it): every
+/// desired link there, up, with its MTU; addresses, routes, rules, peers,
+/// tables and namespaces equal.
+fn holds(f: &Fake, objects: &[pb::DesiredObject], claimed: &BTreeSet<Ns>) -> Result<(), String> {
+    let mut claimed = claimed.clone();
+    claimed.extend(weft_dataplane::namespaces_of(objects));
+    let mut p = plane(f, false);
+    let seen = rt()
+        .block_on(weft_dataplane::host::observe(
+            &mut p.net, &mut p.fw, &mut p.wg, &claimed, None,
+        ))
+        .unwrap();
+    let facts = weft_dataplane::desired::Facts::from_raw(&seen.host, None);
+    let (want, _) = weft_dataplane::desired::translate(objects, &facts, false);
+    let (d, o) = (&want.state, &seen.state);
+    for (k, l) in &d.links {
+        let Some(x) = o.links.get(k) else {
+            return Err(format!("link {k:?} missing"));
+        };
+        if !x.up || (l.mtu != 0 && l.mtu != x.mtu) {
+            return Err(format!("link {k:?} is {x:?}, not {l:?}"));
+        }
+    }
+    if d.links.len() != o.links.len() {
+        return Err(format!("links {:?} vs {:?}", d.links.keys(), o.links.keys()));
+    }
+    let eq = |what: &str, a: String, b: String| {
+        if a == b {
+            Ok(())
+        } else {
+            Err(format!("{what}: want {a}, have {b}"))
+        }
+    };
+    eq("addresses", format!("{:?}", d.addresses), format!("{:?}", o.addresses))?;
+    eq("routes", format!("{:?}", d.routes), format!("{:?}", o.routes))?;
+    eq("rules", format!("{:?}", d.rules), format!("{:?}", o.rules))?;
+    eq("peers", format!("{:?}", d.peers), format!("{:?}", o.peers))?;
+    eq("tables", format!("{:?}", d.tables), format!("{:?}", o.tables))?;
+    eq(
+        "namespaces",
+        format!("{:?}", d.namespaces),
+        format!("{:?}", o.namespaces),
+    )?;
+    Ok(())
+}
+
+fn all() -> Vec<pb::DesiredObject> {
+    let mut v = node("192.168.1.2");
+    v.extend(peering(51820, KEY));
+    v
+}
+
+fn fresh() -> Fake {
+    let mut h = FakeHost::default();
+    foreign(&mut h);
+    Fake::new(h)
+}
+
+#[test]
+fn a_hand_changed_vxlan_remote_is_repaired() {
+    let f = fresh();
+    let want = all();
+    assert_eq!(reconcile(&f, &want, &BTreeSet::new()), vec![]);
+    {
+        let mut h = f.host();
+        let l = h.ns.get_mut("").unwrap().links.get_mut("weft-vx0").unwrap();
+        l.kind = LinkKind::Vxlan {
+            vni: 7,
+            local: "192.168.1.1".parse().unwrap(),
+            remote: "192.168.1.99".parse().unwrap(),
+            port: 4789,
+        };
+    }
+    let ops = plan_now(&f, &want, &BTreeSet::new());
+    assert!(ops.contains(&Op::DelLink {
+        ns: String::new(),
+        name: "weft-vx0".into()
+    }));
+    assert!(
+        ops.iter()
+            .any(|o| matches!(o, Op::AddLink(l) if l.name == "weft-vx0" && matches!(l.kind, LinkKind::Vxlan { remote, .. } if remote.to_string() == "192.168.1.2")))
+    );
+    reconcile(&f, &want, &BTreeSet::new());
+    assert_eq!(plan_now(&f, &want, &BTreeSet::new()), vec![]);
+}
+
+#[test]
+fn link_replacement_re_adds_its_unchanged_addresses_and_routes() {
+    let f = fresh();
+    let before = all();
+    reconcile(&f, &before, &BTreeSet::new());
+    // The controller moves the overlay to another gateway: only the link
+    // object changes; its address and the route through it do not.
+    let mut after = all();
+    after[0] = vxlan("192.168.1.3");
+    let ops = plan_now(&f, &after, &BTreeSet::new());
+    let pos = |want: &dyn Fn(&Op) -> bool| ops.iter().position(want).unwrap_or_else(|| panic!("{ops:#?}"));
+    let del = pos(&|o| matches!(o, Op::DelLink { name, .. } if name == "weft-vx0"));
+    let add = pos(&|o| matches!(o, Op::AddLink(l) if l.name == "weft-vx0"));
+    let addr = pos(&|o| matches!(o, Op::AddAddress(a) if a.link == "weft-vx0"));
+    let route = pos(&|o| matches!(o, Op::SetRoute(r) if r.dev.as_deref() == Some("weft-vx0")));
+    assert!(del < add && add < addr && addr < route, "{ops:#?}");
+    assert_eq!(reconcile(&f, &after, &BTreeSet::new()), vec![]);
+    assert_eq!(plan_now(&f, &after, &BTreeSet::new()), vec![]);
+}
+
+#[test]
+fn a_stray_route_in_wefts_table_and_a_stray_rule_at_its_priority_are_removed() {
+    let f = fresh();
+    let want = all();
+    reconcile(&f, &want, &BTreeSet::new());
+    let stray_route = Route {
+        ns: String::new(),
+        table: HOST_TABLE,
+        dst: "10.99.0.0/16".parse().unwrap(),
+        gateway: None,
+        dev: Some("weft-vx0".into()),
+    };
+    let stray_rule = Rule {
+        ns: String::new(),
+        priority: HOST_RULE_PRIORITY,
+        table: HOST_TABLE,
+        from: None,
+        to: Some("10.99.0.0/16".parse().unwrap()),
+        iif: None,
+    };
+    {
+        let mut h = f.host();
+        let host = h.ns.get_mut("").unwrap();
+        host.routes.insert(
+            (HOST_TABLE, stray_route.dst),
+            RawRoute {
+                route: stray_route.clone(),
+                kernel: false,
+                special: false,
+            },
+        );
+        host.rules.insert(stray_rule.clone());
+    }
+    let ops = plan_now(&f, &want, &BTreeSet::new());
+    assert_eq!(ops, vec![Op::DelRule(stray_rule), Op::DelRoute(stray_route)]);
+    reconcile(&f, &want, &BTreeSet::new());
+    assert_eq!(plan_now(&f, &want, &BTreeSet::new()), vec![]);
+}
+
+#[test]
+fn host_objects_that_are_not_wefts_are_never_touched() {
+    let f = fresh();
+    let untouched = |f: &Fake| {
+        let h = f.host();
+        let host = &h.ns[""];
+        (
+            host.links.get("eth0").cloned(),
+            host.addresses
+                .iter()
+                .filter(|a| a.link == "eth0")
+                .cloned()
+                .collect::<Vec<_>>(),
+            host.routes
+                .values()
+                .filter(|r| r.route.table != HOST_TABLE)
+                .cloned()
+                .collect::<Vec<_>>(),
+            host.rules
+                .iter()
+                .filter(|r| r.priority != HOST_RULE_PRIORITY)
+                .cloned()
+                .collect::<Vec<_>>(),
+            host.tables.get("filter").cloned(),
+            h.ns.contains_key("other"),
+            h.ns.contains_key("weft-lab-host"),
+        )
+    };
+    let before = untouched(&f);
+    // Everything, then nothing at all: weft removes all of its own.
+    reconcile(&f, &all(), &BTreeSet::new());
+    let claimed: BTreeSet<Ns> = [NS.to_string()].into();
+    reconcile(&f, &[], &claimed);
+    assert_eq!(untouched(&f), before);
+    let h = f.host();
+    assert!(!h.ns.contains_key(NS));
+    assert!(
+        h.ns[""].links.keys().all(|l| !l.starts_with("weft")),
+        "{:?}",
+        h.ns[""].links
+    );
+    assert!(!h.ns[""].tables.contains_key(NFT_TABLE));
+    // A weft-named namespace weft did not make (a lab's host, say) stays.
+    assert!(h.ns.contains_key("weft-lab-host"));
+}
+
+#[test]
+fn a_changed_peer_key_and_a_deleted_interface_are_repaired() {
+    let f = fresh();
+    reconcile(&f, &all(), &BTreeSet::new());
+    let mut want = node("192.168.1.2");
+    want.extend(peering(51820, KEY2));
+    let ops = plan_now(&f, &want, &BTreeSet::new());
+    assert!(
+        ops.iter()
+            .any(|o| matches!(o, Op::RemovePeer { public_key, .. } if public_key == KEY))
+    );
+    assert!(
+        ops.iter()
+            .any(|o| matches!(o, Op::SetPeer { peer, .. } if peer.public_key == KEY2))
+    );
+    reconcile(&f, &want, &BTreeSet::new());
+    // The WireGuard interface deleted by hand: a new device, its peer and
+    // probe address again.
+    f.host()
+        .carry_out(&Op::DelLink {
+            ns: NS.into(),
+            name: "weft-wa".into(),
+        })
+        .unwrap();
+    let ops = plan_now(&f, &want, &BTreeSet::new());
+    assert!(
+        ops.iter()
+            .any(|o| matches!(o, Op::AddWireguard(l) if l.name == "weft-wa")),
+        "{ops:#?}"
+    );
+    assert!(ops.iter().any(|o| matches!(o, Op::SetPeer { .. })));
+    assert!(
+        ops.iter()
+            .any(|o| matches!(o, Op::AddAddress(a) if a.link == "weft-wa"))
+    );
+    reconcile(&f, &want, &BTreeSet::new());
+    assert_eq!(plan_now(&f, &want, &BTreeSet::new()), vec![]);
+}
+
+#[test]
+fn a_table_edited_by_hand_is_rewritten_and_an_old_accounting_table_removed() {
+    let f = fresh();
+    reconcile(&f, &all(), &BTreeSet::new());
+    {
+        let mut h = f.host();
+        let host = h.ns.get_mut("").unwrap();
+        host.tables.insert(NFT_TABLE.into(), None);
+        host.tables.insert("weft_acct".into(), None);
+    }
+    let ops = plan_now(&f, &all(), &BTreeSet::new());
+    assert!(ops.contains(&Op::DelTable {
+        ns: String::new(),
+        name: "weft_acct".into()
+    }));
+    assert!(
+        ops.iter()
+            .any(|o| matches!(o, Op::SetTable { ns, .. } if ns.is_empty()))
+    );
+    reconcile(&f, &all(), &BTreeSet::new());
+    assert_eq!(plan_now(&f, &all(), &BTreeSet::new()), vec![]);
+}
+
+/// A desired state from a few choices, always self-consistent (what an
+/// object needs is desired with it).
+fn desired_from(c: &Choice) -> Vec<pb::DesiredObject> {
+    let mut v = Vec::new();
+    if c.node {
+        v.extend(node(if c.remote { "192.168.1.2" } else { "192.168.1.3" }));
+        if !c.snat {
+            v.retain(|o| !matches!(o.kind, Some(Kind::HostSnat(_))));
+        }
+        for d in &c.routes {
+            v.push(route(
+                &format!("peer/x{d}/route"),
+                "",
+                HOST_TABLE,
+                &format!("10.{d}.0.0/16"),
+                "weft-vx0",
+            ));
+            v.push(rule(&format!("peer/x{d}/rule"), "", &format!("10.{d}.0.0/16")));
+        }
+    }
+    if c.peering {
+        v.extend(peering(
+            if c.port { 51820 } else { 51821 },
+            if c.key { KEY } else { KEY2 },
+        ));
+        if !c.nat {
+            v.retain(|o| !matches!(o.kind, Some(Kind::NatMap(_))));
+        }
+    }
+    v
+}
+
+#[derive(Clone, Debug)]
+struct Choice {
+    node: bool,
+    remote: bool,
+    snat: bool,
+    routes: Vec<u8>,
+    peering: bool,
+    port: bool,
+    key: bool,
+    nat: bool,
+}
+
+fn choice() -> impl Strategy<Value = Choice> {
+    (
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        proptest::collection::vec(100u8..104, 0..3),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(node, remote, snat, routes, peering, port, key, nat)| Choice {
+            node,
+            remote,
+            snat,
+            routes,
+            peering,
+            port,
+            key,
+            nat,
+        })
+}
+
+/// A hand edit of the host.
+#[derive(Clone, Debug)]
+enum Edit {
+    DelLink(&'static str, &'static str),
+    DelAddresses(&'static str),
+    StrayRoute(u8),
+    StrayRule(u8),
+    HandEditedTable(&'static str),
+    LinkDown(&'static str, &'static str),
+    LinkMtu(&'static str, &'static str),
+    DelNamespace,
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    prop_oneof![
+        prop::sample::select(vec![
+            ("", "weft-vx0"),
+            ("", "weft-va"),
+            (NS, "weft-ia"),
+            (NS, "weft-wa")
+        ])
+        .prop_map(|(ns, l)| Edit::DelLink(ns, l)),
+        prop::sample::select(vec!["", NS]).prop_map(Edit::DelAddresses),
+        (100u8..104).prop_map(Edit::StrayRoute),
+        (100u8..104).prop_map(Edit::StrayRule),
+        prop::sample::select(vec!["", NS]).prop_map(Edit::HandEditedTable),
+        prop::sample::select(vec![("", "weft-vx0"), (NS, "weft-ia")]).prop_map(|(ns, l)| Edit::LinkDown(ns, l)),
+        prop::sample::select(vec![("", "weft-va"), (NS, "weft-wa")]).prop_map(|(ns, l)| Edit::LinkMtu(ns, l)),
+        Just(Edit::DelNamespace),
+    ]
+}
+
+fn apply_edit(f: &Fake, e: &Edit) {
+    let mut h = f.host();
+    match e {
+        Edit::DelLink(ns, l) => {
+            let _ = h.carry_out(&Op::DelLink {
+                ns: ns.to_string(),
+                name: l.to_string(),
+            });
+        }
+        Edit::DelAddresses(ns) => {
+            if let Some(s) = h.ns.get_mut(*ns) {
+                s.addresses.retain(|a| !a.link.starts_with("weft"));
+            }
+        }
+        Edit::StrayRoute(d) => {
+            let dst: ipnet::Ipv4Net = format!("10.{d}.0.0/16").parse().unwrap();
+            h.ns.get_mut("").unwrap().routes.insert(
+                (HOST_TABLE, dst),
+                RawRoute {
+                    route: Route {
+                        ns: String::new(),
+                        table: HOST_TABLE,
+                        dst,
+                        gateway: Some("10.80.0.9".parse().unwrap()),
+                        dev: None,
+                    },
+                    kernel: false,
+                    special: false,
+                },
+            );
+        }
+        Edit::StrayRule(d) => {
+            h.ns.get_mut("").unwrap().rules.insert(Rule {
+                ns: String::new(),
+                priority: HOST_RULE_PRIORITY,
+                table: 9,
+                from: Some(format!("10.{d}.0.0/16").parse().unwrap()),
+                to: None,
+                iif: None,
+            });
+        }
+        Edit::HandEditedTable(ns) => {
+            if let Some(s) = h.ns.get_mut(*ns) {
+                s.tables.insert(NFT_TABLE.into(), None);
+            }
+        }
+        Edit::LinkDown(ns, l) => {
+            if let Some(link) = h.ns.get_mut(*ns).and_then(|s| s.links.get_mut(*l)) {
+                link.up = false;
+            }
+        }
+        Edit::LinkMtu(ns, l) => {
+            if let Some(link) = h.ns.get_mut(*ns).and_then(|s| s.links.get_mut(*l)) {
+                link.mtu = 1280;
+            }
+        }
+        Edit::DelNamespace => {
+            let _ = h.carry_out(&Op::DeleteNamespace(NS.into()));
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// From any earlier state, edited by hand in any way, one reconcile
+    /// reaches the desired state: observing again plans nothing, and what
+    /// is not weft's is as it was.
+    #[test]
+    fn property_a_carried_out_plan_leaves_an_empty_plan(
+        earlier in choice(),
+        now in choice(),
+        edits in proptest::collection::vec(edit(), 0..4),
+    ) {
+        let f = fresh();
+        let foreign_before = {
+            let h = f.host();
+            (h.ns[""].links.get("eth0").cloned(), h.ns[""].rules.iter().filter(|r| r.priority != HOST_RULE_PRIORITY).cloned().collect::<Vec<_>>(), h.ns.contains_key("other"))
+        };
+        let first = desired_from(&earlier);
+        prop_assert_eq!(reconcile(&f, &first, &BTreeSet::new()), vec![]);
+        for e in &edits {
+            apply_edit(&f, e);
+        }
+        let want = desired_from(&now);
+        let claimed = weft_dataplane::namespaces_of(&first);
+        prop_assert_eq!(reconcile(&f, &want, &claimed), vec![]);
+        prop_assert_eq!(plan_now(&f, &want, &claimed), vec![]);
+        prop_assert_eq!(holds(&f, &want, &claimed), Ok(()));
+        let h = f.host();
+        let foreign_after = (h.ns[""].links.get("eth0").cloned(), h.ns[""].rules.iter().filter(|r| r.priority != HOST_RULE_PRIORITY).cloned().collect::<Vec<_>>(), h.ns.contains_key("other"));
+        prop_assert_eq!(foreign_after, foreign_before);
+        prop_assert_eq!(h.ns.contains_key(NS), now.peering);
+    }
+}
