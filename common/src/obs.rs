@@ -128,7 +128,7 @@ pub async fn serve_metrics(addr: SocketAddr, registry: Arc<Mutex<Registry>>) -> 
 
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    tokio::spawn(async move {
+    crate::task::spawn_critical("metrics-listener", async move {
         loop {
             let stream = match listener.accept().await {
                 Ok((stream, _)) => stream,

@@ -50,6 +50,37 @@ where
     })
 }
 
+/// Aborts the task it holds when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Spawns `fut`, a task the process cannot do without and that holds state
+/// no restart could rebuild: if it panics, the process stops with a message
+/// naming it. Aborting the returned handle aborts the task.
+pub fn spawn_critical<F>(name: &'static str, fut: F) -> tokio::task::JoinHandle<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let mut inner = AbortOnDrop(tokio::spawn(fut));
+    tokio::spawn(async move {
+        match (&mut inner.0).await {
+            Ok(()) => tracing::debug!(task = name, "background task finished"),
+            Err(e) if e.is_panic() => {
+                let why = panic_text(e.into_panic());
+                tracing::error!(task = name, error = %why, "background task panicked; stopping");
+                eprintln!("weft: background task {name} panicked: {why}; stopping");
+                std::process::exit(1);
+            }
+            Err(_) => {}
+        }
+    })
+}
+
 fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -84,5 +115,16 @@ mod tests {
             3,
             "ran again after the error and after the panic"
         );
+    }
+
+    #[tokio::test]
+    async fn aborting_a_critical_task_aborts_what_it_runs() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let h = spawn_critical("forever", async move {
+            let _tx = tx; // dropped when the task is
+            std::future::pending::<()>().await
+        });
+        h.abort();
+        assert!(rx.await.is_err(), "the inner task was dropped");
     }
 }

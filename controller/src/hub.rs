@@ -129,8 +129,15 @@ impl Hub {
             tunnels: Mutex::new(HashMap::new()),
             _alive: alive_tx,
         });
-        tokio::spawn(flush_status(Arc::downgrade(&hub)));
-        tokio::spawn(follow(Arc::downgrade(&hub), alive_rx));
+        let weak = Arc::downgrade(&hub);
+        weft_common::task::supervise("status-flush", weft_common::task::OnFailure::Restart, move || {
+            let weak = weak.clone();
+            async move {
+                flush_status(weak).await;
+                Ok(())
+            }
+        });
+        weft_common::task::spawn_critical("model-follow", follow(Arc::downgrade(&hub), alive_rx));
         Ok(hub)
     }
 

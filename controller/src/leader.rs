@@ -24,7 +24,7 @@ pub const LEADER_TTL: Duration = Duration::from_secs(5);
 /// whether this replica leads now.
 pub fn campaign(store: Arc<dyn Store>, key: String, me: String) -> watch::Receiver<bool> {
     let (tx, rx) = watch::channel(false);
-    tokio::spawn(run(store, key, me, tx));
+    weft_common::task::spawn_critical("leader-election", run(store, key, me, tx));
     rx
 }
 

@@ -33,6 +33,7 @@ use crate::state::State;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::etcd::{EtcdStore, EtcdTls};
 use crate::store::{EventKind, Store};
+use weft_common::task::{OnFailure, supervise};
 
 /// Largest request the controller decodes (the gRPC default is 4 MiB).
 const MAX_MESSAGE: usize = 4 * 1024 * 1024;
@@ -131,7 +132,7 @@ fn tls_incoming(
     admission: Arc<Admission>,
 ) -> ReceiverStream<Result<Conn, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
-    tokio::spawn(async move {
+    weft_common::task::spawn_critical("tls-accept", async move {
         loop {
             let (tcp, peer) = tokio::select! {
                 r = listener.accept() => match r {
@@ -232,7 +233,16 @@ pub async fn run(
     let auth = Authenticator::new(&cfg.site.id, &pki.ca.der)?;
     let (revoked, _) = state.revoked().await.context("cannot read the revocation list")?;
     auth.set_revoked(revoked.into_iter().map(|r| r.serial));
-    let revocations = tokio::spawn(follow_revocations(state.clone(), auth.clone()));
+    let revocations = {
+        let (state, auth) = (state.clone(), auth.clone());
+        supervise("revocations", OnFailure::Restart, move || {
+            let (state, auth) = (state.clone(), auth.clone());
+            async move {
+                follow_revocations(state, auth).await;
+                Ok(())
+            }
+        })
+    };
     let acceptor = TlsAcceptor::from(tls_config(&pki, &auth)?);
     let fingerprint = pki.ca.fingerprint.clone();
     let site_cert = pki.ca.issue_with_key(
@@ -288,8 +298,26 @@ pub async fn run(
             .ok()
             .map(|(_, c)| c.validity().not_after.timestamp().max(0) as u64 * 1000)
     };
-    let chooser = tokio::spawn(crate::hub::choose_active_gateway(hub.clone(), leader.clone()));
-    let peer_sync = tokio::spawn(crate::federation::sync_peers(fed.clone(), leader));
+    let chooser = {
+        let (hub, leader) = (hub.clone(), leader.clone());
+        supervise("active-gateway", OnFailure::Restart, move || {
+            let (hub, leader) = (hub.clone(), leader.clone());
+            async move {
+                crate::hub::choose_active_gateway(hub, leader).await;
+                Ok(())
+            }
+        })
+    };
+    let peer_sync = {
+        let fed = fed.clone();
+        supervise("peer-sync", OnFailure::Restart, move || {
+            let (fed, leader) = (fed.clone(), leader.clone());
+            async move {
+                crate::federation::sync_peers(fed, leader).await;
+                Ok(())
+            }
+        })
+    };
 
     let admin = InterceptedService::new(
         AdminServiceServer::new(

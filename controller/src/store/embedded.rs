@@ -151,7 +151,14 @@ impl EmbeddedStore {
             leases: Mutex::new(leases),
             history: history.max(1),
         });
-        tokio::spawn(expire_leases(Arc::downgrade(&inner)));
+        let weak = Arc::downgrade(&inner);
+        weft_common::task::supervise("lease-expiry", weft_common::task::OnFailure::Restart, move || {
+            let weak = weak.clone();
+            async move {
+                expire_leases(weak).await;
+                Ok(())
+            }
+        });
         Ok(Self { inner })
     }
 

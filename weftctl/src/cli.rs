@@ -1,0 +1,193 @@
+//! weftctl's command line: every command and flag.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(name = "weftctl", version, about = "Administer a weft site controller")]
+pub struct Cli {
+    /// Controller address: unix:PATH (local admin socket) or https://HOST:PORT.
+    #[arg(
+        long,
+        env = "WEFT_CONTROLLER",
+        default_value = "unix:/var/lib/weft/admin.sock",
+        global = true
+    )]
+    pub controller: String,
+    /// Output format.
+    #[arg(long, short, env = "WEFT_OUTPUT", value_enum, default_value_t = Output::Table, global = true)]
+    pub output: Output,
+    /// Site CA certificate (PEM), for https:// controllers.
+    #[arg(long, env = "WEFT_CA_FILE", global = true)]
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM), for https:// controllers.
+    #[arg(long, env = "WEFT_CERT", global = true)]
+    pub cert: Option<PathBuf>,
+    /// Client key (PEM), for https:// controllers.
+    #[arg(long, env = "WEFT_KEY", global = true)]
+    pub key: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Show the site's configuration.
+    Site,
+    /// List nodes.
+    Nodes,
+    /// Show, add or remove one node.
+    #[command(subcommand)]
+    Node(NodeCmd),
+    /// List gateways.
+    Gateways,
+    /// Remove a gateway.
+    #[command(subcommand)]
+    Gateway(GatewayCmd),
+    /// Create, list or delete enrollment tokens.
+    #[command(subcommand)]
+    Token(TokenCmd),
+    /// List peerings with their local views.
+    Peerings,
+    /// Create or delete a peering with another site.
+    #[command(subcommand)]
+    Peering(PeeringCmd),
+    /// List IPAM allocations and pool usage.
+    Allocations,
+    /// One screen: the site, gateways (active/standby), nodes, peerings.
+    Status,
+    /// Check what breaks fabrics (certificates, lagging agents, tunnel MTU,
+    /// overlapping routes, kernel features, clock skew); exit 1 on a failure.
+    Diagnose {
+        /// How long to watch agents behind the latest revision before calling them lagging.
+        #[arg(long, default_value = "2s")]
+        settle: humantime::Duration,
+    },
+    /// Test the data path.
+    #[command(subcommand)]
+    Test(TestCmd),
+    /// Draw the federation: sites, gateways, nodes, peerings with state and RTT.
+    Topology {
+        #[arg(long, value_enum, default_value = "dot")]
+        format: TopologyFormat,
+    },
+    /// Show the local view this site would give a peer's CIDRs now (writes nothing).
+    PlanView {
+        /// The peer's workload CIDR; repeatable.
+        #[arg(long = "workload-cidr", required = true, value_delimiter = ',')]
+        workload_cidrs: Vec<String>,
+        /// The peer's external CIDR.
+        #[arg(long)]
+        external_cidr: Option<String>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TopologyFormat {
+    Dot,
+    Svg,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TestCmd {
+    /// From this host or its namespaces, reach peers' workloads through this
+    /// site's local views (ICMP, and TCP with --tcp-port); prints a matrix,
+    /// exits 1 naming each pair that failed. Needs root (raw ICMP, setns).
+    Network {
+        /// Where to probe from: "host" (where weftctl runs), a network
+        /// namespace name, or a path like /proc/PID/ns/net. Repeatable [default: host].
+        #[arg(long, value_delimiter = ',')]
+        from: Vec<String>,
+        /// A peer's workload as SITE=ADDRESS, the address as that site uses
+        /// it (weftctl maps it to the local view). Repeatable.
+        #[arg(long, value_delimiter = ',')]
+        to: Vec<String>,
+        /// Also connect over TCP to this port (a refused connection counts
+        /// as reached: the workload itself answered).
+        #[arg(long)]
+        tcp_port: Option<u16>,
+        /// How long to wait for each answer.
+        #[arg(long, default_value = "2s")]
+        timeout: humantime::Duration,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NodeCmd {
+    /// Show one node.
+    Get { name: String },
+    /// Add a node; it gets the next free subnet unless --subnet declares one.
+    Add {
+        name: String,
+        /// A subnet the node already has (inside a pod CIDR).
+        #[arg(long)]
+        subnet: Option<String>,
+    },
+    /// Remove a node and release its subnet.
+    Remove { name: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PeeringCmd {
+    /// Print a one-time token another site uses to peer with this one.
+    Token {
+        /// Lifetime, e.g. 30m, 1h.
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+        /// Only this site may redeem it (recommended: a leaked token is
+        /// then useless to anyone else).
+        #[arg(long = "for")]
+        for_site: Option<String>,
+    },
+    /// Peer with the site that made the token.
+    Create {
+        #[arg(long)]
+        token: String,
+    },
+    /// End the peering with a site, on both sides.
+    Delete { site: String },
+    /// Route the CIDRs a peer announced after negotiation (shown as
+    /// pending in `weftctl peerings`).
+    Accept { site: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GatewayCmd {
+    /// Remove a gateway and revoke its certificate.
+    Remove { name: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RoleArg {
+    Node,
+    Gateway,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCmd {
+    /// Create a token an agent enrolls with (shown once).
+    Create {
+        #[arg(long, value_enum)]
+        role: RoleArg,
+        /// Fix the agent's name (otherwise the agent's --name or host name).
+        #[arg(long)]
+        name: Option<String>,
+        /// Lifetime, e.g. 30m, 1h, 7d.
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+        /// How many agents may enroll with it.
+        #[arg(long, default_value_t = 1)]
+        uses: u32,
+    },
+    /// List tokens (their secrets are never shown again).
+    List,
+    /// Delete a token.
+    Delete { id: String },
+}

@@ -1,0 +1,50 @@
+//! `weftctl allocations`: IPAM allocations and pool usage.
+
+use serde_json::json;
+use weft_proto::v1 as pb;
+
+use crate::out::*;
+
+/// Lists allocations and pool usage.
+pub async fn run(c: &mut Client) -> Result<Out, String> {
+    Ok({
+        let r = c
+            .list_allocations(pb::ListAllocationsRequest {})
+            .await
+            .map_err(status)?
+            .into_inner();
+        let footer = r
+            .pools
+            .iter()
+            .map(|p| {
+                format!(
+                    "pool {} ({}): {} of {} addresses allocated",
+                    p.pool,
+                    alloc_kind(p.kind),
+                    p.allocated_addresses,
+                    p.total_addresses
+                )
+            })
+            .collect();
+        Out {
+            failed: false,
+            json: json!({
+                "allocations": r.allocations.iter().map(|a| json!({
+                    "cidr": a.cidr, "kind": alloc_kind(a.kind), "owner": a.owner, "pool": a.pool,
+                })).collect::<Vec<_>>(),
+                "pools": r.pools.iter().map(|p| json!({
+                    "pool": p.pool, "kind": alloc_kind(p.kind),
+                    "total_addresses": p.total_addresses, "allocated_addresses": p.allocated_addresses,
+                })).collect::<Vec<_>>(),
+                "revision": r.revision,
+            }),
+            header: vec!["CIDR", "KIND", "OWNER", "POOL"],
+            rows: r
+                .allocations
+                .iter()
+                .map(|a| vec![a.cidr.clone(), alloc_kind(a.kind), a.owner.clone(), a.pool.clone()])
+                .collect(),
+            footer,
+        }
+    })
+}

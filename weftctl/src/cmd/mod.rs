@@ -1,0 +1,12 @@
+//! One module per command.
+
+pub mod allocations;
+pub mod diagnose;
+pub mod gateways;
+pub mod nodes;
+pub mod peerings;
+pub mod site;
+pub mod status;
+pub mod test_network;
+pub mod tokens;
+pub mod topology;

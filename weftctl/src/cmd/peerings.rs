@@ -1,0 +1,222 @@
+//! `weftctl peerings`, `weftctl peering token|create|delete|accept` and
+//! `weftctl plan-view`.
+
+use serde_json::json;
+use weft_proto::v1 as pb;
+
+use crate::cli::PeeringCmd;
+use crate::out::*;
+
+/// Lists peerings with their local views.
+pub async fn list(c: &mut Client) -> Result<Out, String> {
+    Ok({
+        let r = c
+            .list_peerings(pb::ListPeeringsRequest {})
+            .await
+            .map_err(status)?
+            .into_inner();
+        let mut rows = Vec::new();
+        for p in &r.peerings {
+            // The tunnel's health on the peering's first row only.
+            let mut health = tunnel_cells(p.tunnel.as_ref());
+            // Where the tunnel is reached: this site's UDP port, and the
+            // endpoint this site dials (the peer's active gateway), if any.
+            let dials = p
+                .remote_gateways
+                .iter()
+                .find(|g| g.active && !g.endpoint.is_empty())
+                .or_else(|| p.remote_gateways.iter().find(|g| !g.endpoint.is_empty()))
+                .map_or_else(|| "-".to_string(), |g| g.endpoint.clone());
+            let mut reach = vec![p.listen_port.to_string(), dials];
+            for v in &p.views {
+                let mut row = vec![p.site_id.clone(), peering_state(p.state), p.tunnel_role.clone()];
+                row.append(&mut reach);
+                reach = vec![String::new(); 2];
+                row.append(&mut health);
+                health = vec![String::new(); 5];
+                row.extend([
+                    cidr_kind(v.kind),
+                    v.real_cidr.clone(),
+                    v.local_cidr.clone(),
+                    p.last_error.clone(),
+                ]);
+                rows.push(row);
+            }
+        }
+        Out {
+            failed: false,
+            json: json!({"peerings": r.peerings.iter().map(|p| json!({
+            "site_id": p.site_id, "state": peering_state(p.state),
+            "views": p.views.iter().map(view_json).collect::<Vec<_>>(),
+            "created_at": ts(&p.created_at), "last_error": p.last_error, "tunnel_role": p.tunnel_role,
+            "remote_endpoints": p.remote_endpoints, "remote_ca_fingerprint": p.remote_ca_fingerprint,
+            "listen_port": p.listen_port,
+            "pending": (!p.pending_workload_cidrs.is_empty() || !p.pending_external_cidr.is_empty()).then(|| json!({
+                "workload_cidrs": p.pending_workload_cidrs, "external_cidr": p.pending_external_cidr,
+                "since": ts(&p.pending_since),
+            })),
+            "local_gateways": p.local_gateways.iter().map(gateway_info_json).collect::<Vec<_>>(),
+            "remote_gateways": p.remote_gateways.iter().map(gateway_info_json).collect::<Vec<_>>(),
+            "tunnel": p.tunnel.as_ref().map(|t| json!({
+                "up": t.up, "rtt_ms": t.rtt_micros as f64 / 1000.0,
+                "last_handshake": ts(&t.last_handshake), "rx_bytes": t.rx_bytes, "tx_bytes": t.tx_bytes,
+                "probes_sent": t.probes_sent, "probes_lost": t.probes_lost, "link": t.link,
+                "gateway": t.gateway, "reported_at": ts(&t.reported_at),
+            })),
+        })).collect::<Vec<_>>(), "revision": r.revision}),
+            header: vec![
+                "PEER",
+                "STATE",
+                "ROLE",
+                "PORT",
+                "DIALS",
+                "TUNNEL",
+                "RTT",
+                "HANDSHAKE",
+                "RX",
+                "TX",
+                "KIND",
+                "REAL CIDR",
+                "LOCAL VIEW",
+                "LAST ERROR",
+            ],
+            rows,
+            footer: r
+                .peerings
+                .iter()
+                .filter(|p| !p.pending_workload_cidrs.is_empty() || !p.pending_external_cidr.is_empty())
+                .map(|p| {
+                    let mut cidrs = p.pending_workload_cidrs.clone();
+                    cidrs.extend(Some(p.pending_external_cidr.clone()).filter(|c| !c.is_empty()));
+                    format!(
+                        "{} announced {} instead; not routed until `weftctl peering accept {}`",
+                        p.site_id,
+                        cidrs.join(" "),
+                        p.site_id
+                    )
+                })
+                .collect(),
+        }
+    })
+}
+
+/// Peering tokens, peering and unpeering.
+pub async fn run(c: &mut Client, cmd: &PeeringCmd) -> Result<Out, String> {
+    Ok(match cmd {
+        PeeringCmd::Token { ttl, for_site } => {
+            let ttl =
+                humantime::parse_duration(ttl).map_err(|e| format!("--ttl {ttl:?}: {e}; write e.g. 30m or 1h"))?;
+            let r = c
+                .create_peering_token(pb::CreatePeeringTokenRequest {
+                    ttl_seconds: ttl.as_secs(),
+                    for_site: for_site.clone().unwrap_or_default(),
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            Out {
+                failed: false,
+                json: json!({"token": r.token, "expires_at": ts(&r.expires_at)}),
+                header: vec![],
+                rows: vec![vec![r.token.clone()]],
+                footer: vec![
+                    format!("expires {}; shown once. On the other site run:", ts(&r.expires_at)),
+                    format!("  weftctl peering create --token {}", r.token),
+                ],
+            }
+        }
+        PeeringCmd::Create { token } => {
+            let p = c
+                .create_peering(pb::CreatePeeringRequest { token: token.clone() })
+                .await
+                .map_err(status)?
+                .into_inner();
+            Out {
+                failed: false,
+                json: json!({"site_id": p.site_id, "state": peering_state(p.state), "tunnel_role": p.tunnel_role,
+                "views": p.views.iter().map(view_json).collect::<Vec<_>>()}),
+                header: vec![],
+                rows: vec![vec![format!(
+                    "peered with {} ({}), this site is the tunnel {}",
+                    p.site_id,
+                    peering_state(p.state),
+                    p.tunnel_role
+                )]],
+                footer: vec![],
+            }
+        }
+        PeeringCmd::Delete { site } => {
+            let r = c
+                .delete_peering(pb::DeletePeeringRequest { site_id: site.clone() })
+                .await
+                .map_err(status)?
+                .into_inner();
+            let how = if r.remote_notified {
+                "on both sides"
+            } else {
+                "here; the other site was not reachable and learns it later"
+            };
+            Out {
+                failed: false,
+                json: json!({"deleted": site, "remote_notified": r.remote_notified}),
+                header: vec![],
+                rows: vec![vec![format!("deleted the peering with {site} {how}")]],
+                footer: vec![],
+            }
+        }
+        PeeringCmd::Accept { site } => {
+            let p = c
+                .accept_peering_update(pb::AcceptPeeringUpdateRequest { site_id: site.clone() })
+                .await
+                .map_err(status)?
+                .into_inner();
+            Out {
+                failed: false,
+                json: json!({"site_id": p.site_id, "views": p.views.iter().map(view_json).collect::<Vec<_>>()}),
+                header: vec![],
+                rows: p
+                    .views
+                    .iter()
+                    .map(|v| vec![format!("{site}: routing {} as {}", v.real_cidr, v.local_cidr)])
+                    .collect(),
+                footer: vec![],
+            }
+        }
+    })
+}
+
+/// The local view this site would give a peer's CIDRs now.
+pub async fn plan_view(
+    c: &mut Client,
+    workload_cidrs: &[String],
+    external_cidr: &Option<String>,
+) -> Result<Out, String> {
+    Ok({
+        let r = c
+            .plan_local_view(pb::PlanLocalViewRequest {
+                workload_cidrs: workload_cidrs.to_vec(),
+                external_cidr: external_cidr.clone().unwrap_or_default(),
+            })
+            .await
+            .map_err(status)?
+            .into_inner();
+        Out {
+            failed: false,
+            json: json!({"views": r.views.iter().map(view_json).collect::<Vec<_>>()}),
+            header: vec!["KIND", "REAL CIDR", "LOCAL VIEW", "REMAPPED"],
+            rows: r
+                .views
+                .iter()
+                .map(|v| {
+                    vec![
+                        cidr_kind(v.kind),
+                        v.real_cidr.clone(),
+                        v.local_cidr.clone(),
+                        v.remapped.to_string(),
+                    ]
+                })
+                .collect(),
+            footer: vec![],
+        }
+    })
+}

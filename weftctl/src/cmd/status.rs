@@ -1,0 +1,151 @@
+//! `weftctl status`: one screen of the site, its gateways (active and
+//! standby), nodes and peerings.
+
+use serde_json::json;
+use weft_proto::v1 as pb;
+
+use crate::out::*;
+
+pub(crate) fn rtt(t: Option<&pb::TunnelStatus>) -> String {
+    match t {
+        Some(t) if t.up => format!("{:.2}ms", t.rtt_micros as f64 / 1000.0),
+        _ => "-".into(),
+    }
+}
+
+pub(crate) fn tunnel_state(t: Option<&pb::TunnelStatus>) -> &'static str {
+    match t {
+        Some(t) if t.up => "up",
+        Some(_) => "down",
+        None => "unknown",
+    }
+}
+
+/// Everything `status` and `topology` show.
+pub(crate) struct Site {
+    pub(crate) site: pb::Site,
+    pub(crate) gateways: Vec<pb::Gateway>,
+    pub(crate) nodes: Vec<pb::Node>,
+    pub(crate) peerings: Vec<pb::Peering>,
+}
+
+pub(crate) async fn site(c: &mut Client) -> Result<Site, String> {
+    Ok(Site {
+        site: c.get_site(pb::GetSiteRequest {}).await.map_err(status)?.into_inner(),
+        gateways: c
+            .list_gateways(pb::ListGatewaysRequest {})
+            .await
+            .map_err(status)?
+            .into_inner()
+            .gateways,
+        nodes: c
+            .list_nodes(pb::ListNodesRequest {})
+            .await
+            .map_err(status)?
+            .into_inner()
+            .nodes,
+        peerings: c
+            .list_peerings(pb::ListPeeringsRequest {})
+            .await
+            .map_err(status)?
+            .into_inner()
+            .peerings,
+    })
+}
+
+/// `weftctl status`: the site, its gateways, nodes and peerings on one screen.
+pub async fn run(c: &mut Client) -> Result<Out, String> {
+    let s = site(c).await?;
+    let mut out = format!(
+        "Site {}  pods {}  revision {}\n\n",
+        s.site.id,
+        s.site.pod_cidrs.join(","),
+        s.site.revision
+    );
+    let gw_rows: Vec<Vec<String>> = s
+        .gateways
+        .iter()
+        .map(|g| {
+            vec![
+                g.name.clone(),
+                if g.active { "active" } else { "standby" }.into(),
+                ready_cell(&g.status, g.cert_expires_at.is_some()).into(),
+                if g.endpoint.is_empty() {
+                    "-".into()
+                } else {
+                    g.endpoint.clone()
+                },
+                revision_cell(&g.status),
+            ]
+        })
+        .collect();
+    out += &table(&["GATEWAY", "ROLE", "READY", "ENDPOINT", "REVISION"], &gw_rows);
+    out += "\n";
+    let node_rows: Vec<Vec<String>> = s
+        .nodes
+        .iter()
+        .map(|n| {
+            let errors = n.status.as_ref().map_or(0, |s| s.errors.len());
+            vec![
+                n.name.clone(),
+                ready_cell(&n.status, n.cert_expires_at.is_some()).into(),
+                n.subnet.clone(),
+                revision_cell(&n.status),
+                if errors == 0 {
+                    "-".into()
+                } else {
+                    format!("{errors} failed")
+                },
+            ]
+        })
+        .collect();
+    out += &table(&["NODE", "READY", "SUBNET", "REVISION", "ERRORS"], &node_rows);
+    out += "\n";
+    let peer_rows: Vec<Vec<String>> = s
+        .peerings
+        .iter()
+        .map(|p| {
+            let views: Vec<String> = p
+                .views
+                .iter()
+                .map(|v| {
+                    if v.remapped {
+                        format!("{}→{}", v.real_cidr, v.local_cidr)
+                    } else {
+                        v.real_cidr.clone()
+                    }
+                })
+                .collect();
+            vec![
+                p.site_id.clone(),
+                peering_state(p.state),
+                tunnel_state(p.tunnel.as_ref()).into(),
+                rtt(p.tunnel.as_ref()),
+                views.join(" "),
+                if p.last_error.is_empty() {
+                    "-".into()
+                } else {
+                    p.last_error.clone()
+                },
+            ]
+        })
+        .collect();
+    out += &table(
+        &["PEERING", "STATE", "TUNNEL", "RTT", "VIEWS (REAL→LOCAL)", "LAST ERROR"],
+        &peer_rows,
+    );
+    let mut o = text(out);
+    o.json = json!({
+        "site": s.site.id, "revision": s.site.revision,
+        "gateways": s.gateways.iter().map(|g| json!({"name": g.name, "active": g.active,
+            "ready": g.status.as_ref().is_some_and(|s| s.ready), "endpoint": g.endpoint, "revision": revision_cell(&g.status)})).collect::<Vec<_>>(),
+        "nodes": s.nodes.iter().map(|n| json!({"name": n.name, "subnet": n.subnet,
+            "ready": n.status.as_ref().is_some_and(|s| s.ready), "revision": revision_cell(&n.status),
+            "errors": n.status.as_ref().map(|s| s.errors.clone()).unwrap_or_default()})).collect::<Vec<_>>(),
+        "peerings": s.peerings.iter().map(|p| json!({"site_id": p.site_id, "state": peering_state(p.state),
+            "tunnel": tunnel_state(p.tunnel.as_ref()), "rtt_ms": p.tunnel.as_ref().filter(|t| t.up).map(|t| t.rtt_micros as f64 / 1000.0),
+            "views": p.views.iter().map(|v| json!({"kind": cidr_kind(v.kind), "real_cidr": v.real_cidr, "local_cidr": v.local_cidr})).collect::<Vec<_>>(),
+            "last_error": p.last_error})).collect::<Vec<_>>(),
+    });
+    Ok(o)
+}

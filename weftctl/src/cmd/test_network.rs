@@ -1,0 +1,234 @@
+//! `weftctl test network`: reach peers' workloads through this site's
+//! local views, from this host or its namespaces.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+use ipnet::Ipv4Net;
+use serde_json::json;
+use weft_proto::v1 as pb;
+
+use crate::out::*;
+
+/// A target of `test network`: a workload of a peer, by its address in the
+/// peer's own addressing, and the address this site reaches it at.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub site: String,
+    pub real: Ipv4Addr,
+    pub local: Ipv4Addr,
+}
+
+/// The address `ip` of peer `site` has in this site's local view.
+fn local_view(peerings: &[pb::Peering], site: &str, ip: Ipv4Addr) -> Result<Ipv4Addr, String> {
+    let p = peerings
+        .iter()
+        .find(|p| p.site_id == site)
+        .ok_or_else(|| format!("--to {site}={ip}: this site has no peering with {site:?}"))?;
+    for v in &p.views {
+        let (Ok(real), Ok(local)) = (v.real_cidr.parse::<Ipv4Net>(), v.local_cidr.parse::<Ipv4Net>()) else {
+            continue;
+        };
+        if real.contains(&ip) {
+            let offset = u32::from(ip) - u32::from(real.network());
+            return Ok(Ipv4Addr::from(u32::from(local.network()) + offset));
+        }
+    }
+    let cidrs: Vec<&str> = p.views.iter().map(|v| v.real_cidr.as_str()).collect();
+    Err(format!(
+        "--to {site}={ip}: {ip} is in none of {site}'s CIDRs ({}); give the workload's address as {site} itself uses it",
+        cidrs.join(", ")
+    ))
+}
+
+/// One ICMP echo to `to` (root, or CAP_NET_RAW); the round trip, or why not.
+fn icmp_echo(to: Ipv4Addr, id: u16, seq: u16, wait: Duration) -> Result<Duration, String> {
+    let s = weft_common::icmp::raw_icmp_socket()
+        .map_err(|e| format!("cannot open a raw ICMP socket (run as root): {e}"))?;
+    weft_common::icmp::raw_echo(&s, to, id, seq, 64, wait).map_err(|e| format!("cannot send: {e}"))?
+}
+
+/// What one source saw of one target.
+#[derive(Clone, Debug)]
+struct Probe {
+    icmp: Result<Duration, String>,
+    tcp: Option<Result<Duration, String>>,
+}
+
+impl Probe {
+    fn ok(&self) -> bool {
+        self.icmp.is_ok() && self.tcp.as_ref().is_none_or(|t| t.is_ok())
+    }
+}
+
+/// TCP to `to:port`: an accepted or refused connection both prove the path
+/// works both ways (a refusal is the target's own answer).
+fn tcp_probe(to: Ipv4Addr, port: u16, wait: Duration) -> Result<Duration, String> {
+    let start = Instant::now();
+    match std::net::TcpStream::connect_timeout(&SocketAddrV4::new(to, port).into(), wait) {
+        Ok(_) => Ok(start.elapsed()),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(start.elapsed()),
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(format!(
+            "port {port}: no answer within {}",
+            humantime::format_duration(wait)
+        )),
+        Err(e) => Err(format!("port {port}: {e}")),
+    }
+}
+
+/// Probes every target from `source` ("host": where weftctl runs; else a
+/// network namespace name under /run/netns, or a path such as
+/// /proc/PID/ns/net), on a thread that joined it.
+fn probe_from(
+    source: &str,
+    targets: &[Target],
+    tcp_port: Option<u16>,
+    wait: Duration,
+    id: u16,
+) -> Result<Vec<Probe>, String> {
+    let path = match source {
+        "host" => None,
+        s if s.contains('/') => Some(s.to_string()),
+        s => Some(format!("/run/netns/{s}")),
+    };
+    let targets = targets.to_vec();
+    std::thread::spawn(move || -> Result<Vec<Probe>, String> {
+        if let Some(path) = &path {
+            let f = std::fs::File::open(path).map_err(|e| format!("--from: cannot open {path}: {e}"))?;
+            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("--from: cannot enter {path} (run as root): {e}"))?;
+        }
+        Ok(targets
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                // Two tries: the first packet toward a peer may wait for a
+                // WireGuard handshake.
+                let icmp = icmp_echo(t.local, id, 2 * i as u16, wait)
+                    .or_else(|_| icmp_echo(t.local, id, 2 * i as u16 + 1, wait));
+                let tcp = tcp_port.map(|p| tcp_probe(t.local, p, wait));
+                Probe { icmp, tcp }
+            })
+            .collect())
+    })
+    .join()
+    .map_err(|_| "a probe thread panicked".to_string())?
+}
+
+fn cell(p: &Probe) -> String {
+    let part = |name: &str, r: &Result<Duration, String>| match r {
+        Ok(d) => format!("{name} ok {:.1}ms", d.as_secs_f64() * 1000.0),
+        Err(_) => format!("{name} FAIL"),
+    };
+    let mut s = part("icmp", &p.icmp);
+    if let Some(t) = &p.tcp {
+        s += &format!(", {}", part("tcp", t));
+    }
+    s
+}
+
+/// `weftctl test network`: reachability from each source to each target
+/// through this site's local views, as a matrix; exit 1 naming each pair
+/// that failed.
+pub async fn run(
+    c: &mut Client,
+    from: &[String],
+    to: &[String],
+    tcp_port: Option<u16>,
+    wait: Duration,
+) -> Result<Out, String> {
+    if to.is_empty() {
+        return Err(
+            "give the workloads to reach: --to SITE=ADDRESS (repeatable), the address as that site itself uses it; weftctl translates it to this site's local view"
+                .into(),
+        );
+    }
+    let peerings = c
+        .list_peerings(pb::ListPeeringsRequest {})
+        .await
+        .map_err(status)?
+        .into_inner()
+        .peerings;
+    let mut targets = Vec::new();
+    for t in to {
+        let (site, ip) = t
+            .split_once('=')
+            .ok_or_else(|| format!("--to {t:?}: write SITE=ADDRESS, e.g. site-b=10.200.1.10"))?;
+        let real: Ipv4Addr = ip
+            .parse()
+            .map_err(|_| format!("--to {t:?}: {ip:?} is not an IPv4 address"))?;
+        targets.push(Target {
+            site: site.to_string(),
+            real,
+            local: local_view(&peerings, site, real)?,
+        });
+    }
+    let sources: Vec<String> = if from.is_empty() {
+        vec!["host".into()]
+    } else {
+        from.to_vec()
+    };
+    // One thread per source, all at once.
+    let base = (std::process::id() as u16).wrapping_mul(31);
+    let handles: Vec<_> = sources
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let (s, targets) = (s.clone(), targets.clone());
+            tokio::task::spawn_blocking(move || probe_from(&s, &targets, tcp_port, wait, base.wrapping_add(i as u16)))
+        })
+        .collect();
+    let mut results = Vec::new();
+    for h in handles {
+        results.push(h.await.map_err(|e| format!("a probe task failed: {e}"))??);
+    }
+    let label = |t: &Target| {
+        if t.local == t.real {
+            format!("{} {}", t.site, t.real)
+        } else {
+            format!("{} {} (as {})", t.site, t.real, t.local)
+        }
+    };
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    let mut pairs = Vec::new();
+    for (s, probes) in sources.iter().zip(&results) {
+        let mut row = vec![s.clone()];
+        for (t, p) in targets.iter().zip(probes) {
+            row.push(cell(p));
+            if !p.ok() {
+                let mut why = Vec::new();
+                if let Err(e) = &p.icmp {
+                    why.push(format!("ICMP {e}"));
+                }
+                if let Some(Err(e)) = &p.tcp {
+                    why.push(format!("TCP {e}"));
+                }
+                failures.push(format!("FAIL {s} → {}: {}", label(t), why.join("; ")));
+            }
+            pairs.push(json!({"from": s, "site": t.site, "address": t.real.to_string(), "local_address": t.local.to_string(),
+                "ok": p.ok(), "icmp_ms": p.icmp.as_ref().ok().map(|d| d.as_secs_f64() * 1000.0), "icmp_error": p.icmp.as_ref().err(),
+                "tcp_ms": p.tcp.as_ref().and_then(|r| r.as_ref().ok()).map(|d| d.as_secs_f64() * 1000.0),
+                "tcp_error": p.tcp.as_ref().and_then(|r| r.as_ref().err())}));
+        }
+        rows.push(row);
+    }
+    let total = sources.len() * targets.len();
+    let mut footer = vec![String::new()];
+    footer.extend(failures.iter().cloned());
+    footer.push(format!("{} of {total} pairs reachable", total - failures.len()));
+    let header_labels: Vec<String> = targets.iter().map(label).collect();
+    let mut out = Out {
+        failed: !failures.is_empty(),
+        json: json!({"pairs": pairs, "failed": failures.len()}),
+        header: vec![],
+        rows: vec![],
+        footer: vec![],
+    };
+    // The header names are built at run time; print the matrix as text.
+    let mut h: Vec<&str> = vec!["FROM \\ TO"];
+    h.extend(header_labels.iter().map(String::as_str));
+    out.footer.push(table(&h, &rows).trim_end().to_string());
+    out.footer.extend(footer);
+    Ok(out)
+}
