@@ -46,7 +46,7 @@ fn net(max_len: u8) -> impl Strategy<Value = Ipv4Net> {
 
 proptest! {
     #[test]
-    fn enrollment_tokens_parse_or_are_refused_with_the_format(text in tokenish()) {
+    fn property_enrollment_tokens_parse_or_are_refused_with_the_format(text in tokenish()) {
         match ParsedToken::parse(&text) {
             Ok(t) => {
                 prop_assert_eq!(t.id.len(), 12);
@@ -58,7 +58,7 @@ proptest! {
     }
 
     #[test]
-    fn peering_tokens_round_trip_and_garbage_is_refused(
+    fn property_peering_tokens_round_trip_and_garbage_is_refused(
         text in tokenish(),
         site in "[a-z][a-z0-9-]{0,20}",
         endpoints in proptest::collection::vec("[a-z0-9.]{1,20}:[0-9]{1,5}", 1..4),
@@ -82,7 +82,7 @@ proptest! {
     }
 
     #[test]
-    fn cidrs_parse_only_in_canonical_ipv4_form(text in cidrish(), n in net(32)) {
+    fn property_cidrs_parse_only_in_canonical_ipv4_form(text in cidrish(), n in net(32)) {
         if let Ok(c) = parse_cidr(&text) {
             prop_assert_eq!(c.network(), c.addr(), "host bits accepted: {}", text);
             prop_assert_eq!(c.to_string(), text.trim());
@@ -91,7 +91,7 @@ proptest! {
     }
 
     #[test]
-    fn any_configuration_is_accepted_or_refused_field_by_field(
+    fn property_any_configuration_is_accepted_or_refused_field_by_field(
         site_id in prop::option::of("[a-zA-Z0-9._/-]{0,70}"),
         pods in prop::option::of(proptest::collection::vec(cidrish(), 0..3)),
         external in prop::option::of(cidrish()),

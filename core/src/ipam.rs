@@ -446,7 +446,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn node_allocations_never_overlap_and_stay_in_pods(
+        fn property_node_allocations_never_overlap_and_stay_in_pods(
             pods in proptest::collection::vec(arb_net(14), 1..3),
             declared in proptest::collection::vec(arb_net(16), 0..6),
             len in 20u8..=28,
@@ -487,7 +487,7 @@ mod tests {
         }
 
         #[test]
-        fn views_never_collide_and_are_deterministic(
+        fn property_views_never_collide_and_are_deterministic(
             in_use in proptest::collection::vec(arb_net(8), 0..8),
             peer in proptest::collection::vec(arb_net(12), 1..4),
             pools in proptest::collection::vec(arb_net(6), 0..3),
@@ -512,7 +512,7 @@ mod tests {
         }
 
         #[test]
-        fn translation_round_trips(net in arb_net(8), to in arb_net(8), host in any::<u32>()) {
+        fn property_translation_round_trips(net in arb_net(8), to in arb_net(8), host in any::<u32>()) {
             let to = Ipv4Net::new(to.network(), net.prefix_len()).unwrap().trunc();
             let addr = Ipv4Addr::from(u32::from(net.network()) | (host & u32::from(net.hostmask())));
             let there = translate(addr, net, to).unwrap();
@@ -521,7 +521,7 @@ mod tests {
         }
 
         #[test]
-        fn first_free_is_lowest(pool in arb_net(16), used in proptest::collection::vec(arb_net(18), 0..6), len in 18u8..=26) {
+        fn property_first_free_is_lowest(pool in arb_net(16), used in proptest::collection::vec(arb_net(18), 0..6), len in 18u8..=26) {
             if let Some(b) = first_free(pool, len, &used) {
                 prop_assert!(pool.contains(&b));
                 prop_assert!(!used.iter().any(|u| overlaps(u, &b)));

@@ -8,13 +8,24 @@ use weft_tests::netns::{self, Lab, must, require_root};
 use weft_tests::sites::{self, TwoSites};
 use weft_tests::{bin, eventually, stdout, weftctl_json};
 
-#[test]
-fn overlay_between_nodes_and_the_gateway_in_namespaces() {
-    if !require_root() {
-        return;
-    }
+/// A controller, a gateway and two nodes (n1 with a workload bridge) on a
+/// LAN, the agents enrolled and their overlay links up.
+struct Overlay {
+    dir: tempfile::TempDir,
+    lab: Lab,
+    target: String,
+    gw: String,
+    n1: String,
+    n2: String,
+    n1_agent: usize,
+    /// Whether this kernel makes Geneve links (found out the way the agents do).
+    geneve: bool,
+}
+
+fn overlay(tag: &str) -> Overlay {
+    require_root();
     let dir = tempfile::Builder::new().prefix("weft-dp").tempdir().unwrap();
-    let mut lab = Lab::new("dp");
+    let mut lab = Lab::new(tag);
     lab.lan();
     let ctl = lab.host("ctl");
     let gw = lab.host("gw");
@@ -87,11 +98,6 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
         )
         .status
         .success();
-    assert_eq!(
-        weft_agent::linux::kernel_has_geneve(),
-        geneve,
-        "the agents' Geneve detection"
-    );
     let encap = if geneve { "geneve id" } else { "vxlan id" };
     for ns in [&n1, &n2] {
         eventually("the node's overlay link", Duration::from_secs(20), || {
@@ -99,13 +105,38 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
             (o.contains(encap) && o.contains("remote 192.168.77.10") && o.contains("inet 10.80.")).then_some(())
         });
     }
-    for n in weftctl_json(&target, &["nodes"])["nodes"].as_array().unwrap() {
+    Overlay {
+        dir,
+        lab,
+        target,
+        gw,
+        n1,
+        n2,
+        n1_agent,
+        geneve,
+    }
+}
+
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn overlay_between_nodes_and_the_gateway_in_namespaces() {
+    let o = overlay("dpo");
+    assert_eq!(
+        weft_agent::linux::kernel_has_geneve(),
+        o.geneve,
+        "the agents' Geneve detection"
+    );
+    let mut o = o;
+    let (target, gw, n1, n2, geneve) = (o.target.clone(), o.gw.clone(), o.n1.clone(), o.n2.clone(), o.geneve);
+    let (target, gw, n1, n2) = (&target, &gw, &n1, &n2);
+    let lab = &mut o.lab;
+    for n in weftctl_json(target, &["nodes"])["nodes"].as_array().unwrap() {
         assert_eq!(n["geneve"], geneve, "{n}");
     }
-    assert_eq!(weftctl_json(&target, &["gateways"])["gateways"][0]["geneve"], geneve);
+    assert_eq!(weftctl_json(target, &["gateways"])["gateways"][0]["geneve"], geneve);
     // The gateway: one tunnel per node, routes to both node subnets in table 7765, and its rules.
     let gw_routes = eventually("the gateway's routes", Duration::from_secs(20), || {
-        let o = stdout(&lab.exec(&gw, &["ip", "route", "show", "table", "7765"]));
+        let o = stdout(&lab.exec(gw, &["ip", "route", "show", "table", "7765"]));
         (o.contains("10.1.0.0/24") && o.contains("10.1.1.0/24")).then_some(o)
     });
     assert_eq!(
@@ -113,20 +144,20 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
         2,
         "one route per node subnet:\n{gw_routes}"
     );
-    let rules = stdout(&lab.exec(&gw, &["ip", "rule"]));
+    let rules = stdout(&lab.exec(gw, &["ip", "rule"]));
     assert!(
         rules.contains("7765:") && rules.contains("to 10.1.0.0/16 lookup 7765"),
         "{rules}"
     );
-    let links = stdout(&lab.exec(&gw, &["ip", "-br", "link"]));
+    let links = stdout(&lab.exec(gw, &["ip", "-br", "link"]));
     assert_eq!(links.lines().filter(|l| l.starts_with("weft-n")).count(), 2, "{links}");
 
     // Traffic crosses the overlay: each node pings the gateway's overlay address.
-    let gw_ip = weftctl_json(&target, &["gateways"])["gateways"][0]["internal_ip"]
+    let gw_ip = weftctl_json(target, &["gateways"])["gateways"][0]["internal_ip"]
         .as_str()
         .unwrap()
         .to_string();
-    for ns in [&n1, &n2] {
+    for ns in [n1, n2] {
         let o = lab.exec(ns, &["ping", "-c", "3", "-i", "0.2", "-W", "1", &gw_ip]);
         if !o.status.success() {
             let mut diag = String::new();
@@ -149,7 +180,7 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
 
     // n1 manages a bridge on its subnet's first address; a workload
     // attached to it reaches the gateway over the overlay, and back.
-    let n1_subnet: ipnet::Ipv4Net = weftctl_json(&target, &["nodes"])["nodes"]
+    let n1_subnet: ipnet::Ipv4Net = weftctl_json(target, &["nodes"])["nodes"]
         .as_array()
         .unwrap()
         .iter()
@@ -161,7 +192,7 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
         .unwrap();
     let first = n1_subnet.hosts().next().unwrap();
     eventually("n1's workload bridge", Duration::from_secs(20), || {
-        let o = stdout(&lab.exec(&n1, &["ip", "-d", "addr", "show", "weft-br0"]));
+        let o = stdout(&lab.exec(n1, &["ip", "-d", "addr", "show", "weft-br0"]));
         (o.contains("bridge") && o.contains(&format!("inet {first}/{}", n1_subnet.prefix_len()))).then_some(())
     });
     let w1 = lab.host("w1");
@@ -171,7 +202,7 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
         "ip link set w1p master weft-br0 up".to_string(),
         "sysctl -qw net.ipv4.ip_forward=1".to_string(),
     ] {
-        must(lab.exec(&n1, &["sh", "-c", &cmd]), &cmd);
+        must(lab.exec(n1, &["sh", "-c", &cmd]), &cmd);
     }
     for cmd in [
         format!("ip addr add {w1_ip} dev eth0"),
@@ -192,20 +223,34 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
     );
 
     // The agents report the state applied, without errors.
-    let nodes = weftctl_json(&target, &["nodes"]);
+    let nodes = weftctl_json(target, &["nodes"]);
     for n in nodes["nodes"].as_array().unwrap() {
         assert_eq!(n["status"]["ready"], true, "{n}");
         assert!(n["status"]["errors"].as_array().unwrap().is_empty(), "{n}");
     }
+}
 
-    // Drift: a route and a rule deleted by hand come back at the next resync.
-    let o = lab.exec(&gw, &["ip", "route", "del", "10.1.0.0/24", "table", "7765"]);
-    assert!(o.status.success());
-    let o = lab.exec(&gw, &["ip", "rule", "del", "priority", "7765", "to", "10.1.0.0/16"]);
-    assert!(o.status.success());
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn a_route_and_a_rule_deleted_by_hand_on_the_gateway_come_back() {
+    let mut o = overlay("dpd");
+    eventually("the gateway's routes", Duration::from_secs(20), || {
+        let o = stdout(&o.lab.exec(&o.gw, &["ip", "route", "show", "table", "7765"]));
+        (o.contains("10.1.0.0/24") && o.contains("10.1.1.0/24")).then_some(())
+    });
+    must(
+        o.lab
+            .exec(&o.gw, &["ip", "route", "del", "10.1.0.0/24", "table", "7765"]),
+        "delete the route",
+    );
+    must(
+        o.lab
+            .exec(&o.gw, &["ip", "rule", "del", "priority", "7765", "to", "10.1.0.0/16"]),
+        "delete the rule",
+    );
     let repaired = (0..100).any(|_| {
-        let routes = stdout(&lab.exec(&gw, &["ip", "route", "show", "table", "7765"]));
-        let rules = stdout(&lab.exec(&gw, &["ip", "rule"]));
+        let routes = stdout(&o.lab.exec(&o.gw, &["ip", "route", "show", "table", "7765"]));
+        let rules = stdout(&o.lab.exec(&o.gw, &["ip", "rule"]));
         let ok = routes.contains("10.1.0.0/24") && rules.contains("to 10.1.0.0/16 lookup 7765");
         if !ok {
             std::thread::sleep(Duration::from_millis(100));
@@ -215,28 +260,45 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
     assert!(
         repaired,
         "not repaired within 10 s; gateway log:\n{}",
-        lab.proc(1).log_text()
+        o.lab.proc(1).log_text()
     );
+}
 
-    // Removing a node withdraws its tunnel and route from the gateway.
-    weftctl_json(&target, &["node", "remove", "n2"]);
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn removing_a_node_withdraws_its_tunnel_and_route_from_the_gateway() {
+    let o = overlay("dpr");
+    eventually("the gateway's routes", Duration::from_secs(20), || {
+        let o = stdout(&o.lab.exec(&o.gw, &["ip", "route", "show", "table", "7765"]));
+        (o.contains("10.1.0.0/24") && o.contains("10.1.1.0/24")).then_some(())
+    });
+    weftctl_json(&o.target, &["node", "remove", "n2"]);
     eventually("n2's tunnel gone from the gateway", Duration::from_secs(20), || {
-        let links = stdout(&lab.exec(&gw, &["ip", "-br", "link"]));
-        let routes = stdout(&lab.exec(&gw, &["ip", "route", "show", "table", "7765"]));
+        let links = stdout(&o.lab.exec(&o.gw, &["ip", "-br", "link"]));
+        let routes = stdout(&o.lab.exec(&o.gw, &["ip", "route", "show", "table", "7765"]));
         (links.lines().filter(|l| l.starts_with("weft-n")).count() == 1 && !routes.contains("10.1.1.0/24"))
             .then_some(())
     });
+}
 
-    // The bridge is weft's like the rest: --teardown removes it.
-    lab.proc(n1_agent).stop();
-    let o = std::process::Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{n1}"))
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn teardown_removes_what_weft_made_the_workload_bridge_included() {
+    let mut o = overlay("dpt");
+    eventually("n1's workload bridge", Duration::from_secs(20), || {
+        stdout(&o.lab.exec(&o.n1, &["ip", "-br", "link", "show", "weft-br0"]))
+            .contains("weft-br0")
+            .then_some(())
+    });
+    o.lab.proc(o.n1_agent).stop();
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", o.n1))
         .arg(bin("weft-node-agent"))
-        .args(["--teardown", "--state-dir", dir.path().join("n1").to_str().unwrap()])
+        .args(["--teardown", "--state-dir", o.dir.path().join("n1").to_str().unwrap()])
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let links = stdout(&lab.exec(&n1, &["ip", "-br", "link"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let links = stdout(&o.lab.exec(&o.n1, &["ip", "-br", "link"]));
     assert!(!links.contains("weft-"), "left after teardown on n1:\n{links}");
 }
 
@@ -583,6 +645,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
 /// Scenario a: disjoint workload CIDRs; 1500-byte underlays, every MTU
 /// derived.
 #[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
 fn workloads_reach_each_other_across_sites_with_disjoint_cidrs() {
     if require_root() {
         let expect = Expect {
@@ -605,6 +668,7 @@ fn workloads_reach_each_other_across_sites_with_disjoint_cidrs() {
 /// even between two workloads with the very same address; with unequal
 /// underlay MTUs and a configured tunnel MTU.
 #[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
 fn workloads_reach_each_other_across_sites_with_the_same_cidr() {
     if require_root() {
         // Also: site d's underlay carries only 1400 bytes, so its overlay
