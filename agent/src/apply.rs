@@ -1,8 +1,7 @@
 //! Applying desired state to the host, behind one small trait so the
-//! protocol and lifecycle can be tested without a kernel. The real Linux
-//! applier (rtnetlink, WireGuard, nftables) arrives with the data plane;
-//! until then agents run the dry-run applier, which changes nothing and
-//! prints what it would do.
+//! protocol and lifecycle can be tested without a kernel: `linux::Linux`
+//! (the data plane, see `weft-dataplane`) on real hosts, [`DryRun`] (changes
+//! nothing, prints what it would do) with `--dry-run`.
 
 use std::collections::BTreeMap;
 

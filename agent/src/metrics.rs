@@ -33,8 +33,8 @@ pub struct AgentMetrics {
     pub rtt: Family<Labels, Histogram, fn() -> Histogram>,
     /// The gateway's tunnels as last reported.
     pub tunnels: Mutex<Vec<pb::TunnelStatus>>,
-    /// Set on nodes: per-peer traffic is read from the accounting table
-    /// at each scrape.
+    /// Set on nodes: per-peer traffic is counted (in weft's nftables table,
+    /// read once a second on a thread of its own, see `linux`).
     pub node_accounting: std::sync::atomic::AtomicBool,
     /// The node's per-peer counters, as last read (see `linux`).
     pub traffic: Mutex<Vec<PeerTraffic>>,

@@ -6,8 +6,11 @@
 //! collectors, which read state the binary already keeps (tunnel health,
 //! connected agents) at scrape time, so those series are never stale.
 
+#[cfg(feature = "net")]
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+#[cfg(feature = "net")]
+use std::sync::Arc;
+use std::sync::Mutex;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};

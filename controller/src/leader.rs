@@ -2,7 +2,8 @@
 //!
 //! Any number of controllers may share one etcd: each serves agent streams
 //! and admin calls from the shared store. Work that must run once per site
-//! — today the federation sessions that follow each peer — runs only on the
+//! — the federation sessions that follow each peer, and choosing the active
+//! gateway — runs only on the
 //! replica holding the leader key: a key created only if absent, bound to a
 //! lease the holder keeps alive. When the holder dies its lease ends after
 //! at most [`LEADER_TTL`], the key goes with it and another replica's next

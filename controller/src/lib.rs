@@ -6,8 +6,9 @@
 //! a store with transactions; `hub` streams each agent its desired state;
 //! `grpc` and `federation` implement the weft.v1 services and convert
 //! between prost and domain types; `server` and `cli` wire it together. The
-//! binary's `main` is one line. No module imports one from a layer above it
-//! (checked by `tests/tests/layers.rs`).
+//! binary's `main` is one line. No two modules import each other, directly
+//! or around a loop (checked by `tests/tests/layers.rs`, which also checks
+//! what each crate links).
 
 pub mod admission;
 pub mod auth;

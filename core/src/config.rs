@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::Args;
 use ipnet::{IpNet, Ipv4Net};
@@ -328,9 +329,19 @@ fn pick_list(flag: &[String], file: Option<Vec<String>>) -> Option<Vec<String>> 
     if flag.is_empty() { file } else { Some(flag.to_vec()) }
 }
 
-/// Merges flags over the file, then validates. Public for tests.
-pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConfig, ConfigError> {
-    let mut errs: Vec<FieldError> = Vec::new();
+/// The site's networks, each checked, and checked against each other.
+struct Networks {
+    site_id: Option<String>,
+    pod_cidrs: Vec<Ipv4Net>,
+    reserved: Vec<Ipv4Net>,
+    pools: Vec<Ipv4Net>,
+    peer_cidr_auto_accept: Vec<Ipv4Net>,
+    external: Option<Ipv4Net>,
+    internal: Option<Ipv4Net>,
+    node_len: u8,
+}
+
+fn networks(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<FieldError>) -> Networks {
     let mut err = |field: &str, message: String| {
         errs.push(FieldError {
             field: field.into(),
@@ -338,7 +349,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         })
     };
 
-    let site_id = pick(args.site_id.clone(), file.site_id);
+    let site_id = pick(args.site_id.clone(), file.site_id.clone());
     match &site_id {
         None => err(
             "site_id",
@@ -362,23 +373,23 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         out
     };
     let mut list_errs: Vec<(String, String)> = Vec::new();
-    let pod_texts = pick_list(&args.pod_cidrs, file.pod_cidrs).unwrap_or_default();
+    let pod_texts = pick_list(&args.pod_cidrs, file.pod_cidrs.clone()).unwrap_or_default();
     let pod_missing = pod_texts.is_empty();
     let pod_cidrs = cidr_list("pod_cidrs", pod_texts, &mut list_errs);
     let reserved = cidr_list(
         "reserved_cidrs",
-        pick_list(&args.reserved_cidrs, file.reserved_cidrs).unwrap_or_default(),
+        pick_list(&args.reserved_cidrs, file.reserved_cidrs.clone()).unwrap_or_default(),
         &mut list_errs,
     );
     let pools = cidr_list(
         "remap_pools",
-        pick_list(&args.remap_pools, file.remap_pools)
+        pick_list(&args.remap_pools, file.remap_pools.clone())
             .unwrap_or_else(|| DEFAULT_REMAP_POOLS.iter().map(|s| s.to_string()).collect()),
         &mut list_errs,
     );
     let peer_cidr_auto_accept = cidr_list(
         "peer_cidr_auto_accept",
-        pick_list(&args.peer_cidr_auto_accept, file.peer_cidr_auto_accept).unwrap_or_default(),
+        pick_list(&args.peer_cidr_auto_accept, file.peer_cidr_auto_accept.clone()).unwrap_or_default(),
         &mut list_errs,
     );
     for (f, m) in list_errs {
@@ -407,12 +418,12 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
     };
     let external = single(
         "external_cidr",
-        pick(args.external_cidr.clone(), file.external_cidr),
+        pick(args.external_cidr.clone(), file.external_cidr.clone()),
         DEFAULT_EXTERNAL_CIDR,
     );
     let internal = single(
         "internal_cidr",
-        pick(args.internal_cidr.clone(), file.internal_cidr),
+        pick(args.internal_cidr.clone(), file.internal_cidr.clone()),
         DEFAULT_INTERNAL_CIDR,
     );
 
@@ -488,12 +499,39 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         }
     }
 
-    let data_dir = pick(args.data_dir.clone(), file.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+    Networks {
+        site_id,
+        pod_cidrs,
+        reserved,
+        pools,
+        peer_cidr_auto_accept,
+        external,
+        internal,
+        node_len,
+    }
+}
+
+/// Where the controller keeps its data and listens: (data_dir,
+/// admin_socket, listen).
+fn local(
+    args: &ControllerArgs,
+    file: &FileConfig,
+    errs: &mut Vec<FieldError>,
+) -> (PathBuf, PathBuf, Option<SocketAddr>) {
+    let mut err = |field: &str, message: String| {
+        errs.push(FieldError {
+            field: field.into(),
+            message,
+        })
+    };
+
+    let data_dir =
+        pick(args.data_dir.clone(), file.data_dir.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
     if data_dir.as_os_str().is_empty() {
         err("data_dir", "is empty; give a directory the controller may write".into());
     }
     let admin_socket =
-        pick(args.admin_socket.clone(), file.admin_socket).unwrap_or_else(|| data_dir.join("admin.sock"));
+        pick(args.admin_socket.clone(), file.admin_socket.clone()).unwrap_or_else(|| data_dir.join("admin.sock"));
     // sun_path holds 108 bytes including the NUL.
     if admin_socket.as_os_str().len() > 107 {
         err(
@@ -505,7 +543,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         );
     }
 
-    let listen_text = pick(args.listen.clone(), file.listen).unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+    let listen_text = pick(args.listen.clone(), file.listen.clone()).unwrap_or_else(|| DEFAULT_LISTEN.to_string());
     let listen = match listen_text.parse::<SocketAddr>() {
         Ok(a) => Some(a),
         Err(_) => {
@@ -517,16 +555,29 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         }
     };
 
-    let endpoints = pick_list(&args.etcd_endpoints, file.etcd_endpoints).unwrap_or_default();
+    (data_dir, admin_socket, listen)
+}
+
+/// The etcd store, if one is configured: (endpoints, TLS files, whether
+/// TLS is on).
+fn etcd(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<FieldError>) -> (Vec<String>, EtcdTlsFiles, bool) {
+    let mut err = |field: &str, message: String| {
+        errs.push(FieldError {
+            field: field.into(),
+            message,
+        })
+    };
+
+    let endpoints = pick_list(&args.etcd_endpoints, file.etcd_endpoints.clone()).unwrap_or_default();
     let endpoints: Vec<String> = endpoints
         .into_iter()
         .map(|e| e.trim().to_string())
         .filter(|e| !e.is_empty())
         .collect();
     let tls_files = EtcdTlsFiles {
-        ca_file: pick(args.etcd_ca_file.clone(), file.etcd_ca_file),
-        cert_file: pick(args.etcd_cert_file.clone(), file.etcd_cert_file),
-        key_file: pick(args.etcd_key_file.clone(), file.etcd_key_file),
+        ca_file: pick(args.etcd_ca_file.clone(), file.etcd_ca_file.clone()),
+        cert_file: pick(args.etcd_cert_file.clone(), file.etcd_cert_file.clone()),
+        key_file: pick(args.etcd_key_file.clone(), file.etcd_key_file.clone()),
     };
     let wants_tls = tls_files.ca_file.is_some() || tls_files.cert_file.is_some() || tls_files.key_file.is_some();
     for (i, e) in endpoints.iter().enumerate() {
@@ -576,7 +627,26 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         );
     }
 
-    let tls_sans = pick_list(&args.tls_sans, file.tls_sans).unwrap_or_default();
+    (endpoints, tls_files, wants_tls)
+}
+
+/// How the controller is reached and observed.
+struct Serving {
+    tls_sans: Vec<String>,
+    log_format: LogFormat,
+    metrics_listen: Option<SocketAddr>,
+    advertise: Vec<String>,
+}
+
+fn serving(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<FieldError>) -> Serving {
+    let mut err = |field: &str, message: String| {
+        errs.push(FieldError {
+            field: field.into(),
+            message,
+        })
+    };
+
+    let tls_sans = pick_list(&args.tls_sans, file.tls_sans.clone()).unwrap_or_default();
     for (i, s) in tls_sans.iter().enumerate() {
         if s.trim().is_empty() || s.contains(char::is_whitespace) {
             err(
@@ -586,7 +656,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         }
     }
     let log_format = pick(args.log_format, file.log_format).unwrap_or_default();
-    let metrics_listen = match pick(args.metrics_listen.clone(), file.metrics_listen) {
+    let metrics_listen = match pick(args.metrics_listen.clone(), file.metrics_listen.clone()) {
         None => None,
         Some(t) => match t.parse::<SocketAddr>() {
             Ok(a) => Some(a),
@@ -599,8 +669,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             }
         },
     };
-    let ttl_text = pick(args.agent_cert_ttl.clone(), file.agent_cert_ttl).unwrap_or_else(|| "24h".into());
-    let advertise = pick_list(&args.advertise, file.advertise).unwrap_or_default();
+    let advertise = pick_list(&args.advertise, file.advertise.clone()).unwrap_or_default();
     for (i, a) in advertise.iter().enumerate() {
         let ok = a
             .rsplit_once(':')
@@ -612,9 +681,32 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             );
         }
     }
-    let grace_text = pick(args.peer_grace.clone(), file.peer_grace).unwrap_or_else(|| "24h".into());
+    Serving {
+        tls_sans,
+        log_format,
+        metrics_listen,
+        advertise,
+    }
+}
+
+/// Lifetimes: (peer_grace, agent_ttl, agent_cert_ttl).
+#[allow(clippy::type_complexity)]
+fn lifetimes(
+    args: &ControllerArgs,
+    file: &FileConfig,
+    errs: &mut Vec<FieldError>,
+) -> (Option<Duration>, Option<Duration>, Option<Duration>) {
+    let mut err = |field: &str, message: String| {
+        errs.push(FieldError {
+            field: field.into(),
+            message,
+        })
+    };
+
+    let ttl_text = pick(args.agent_cert_ttl.clone(), file.agent_cert_ttl.clone()).unwrap_or_else(|| "24h".into());
+    let grace_text = pick(args.peer_grace.clone(), file.peer_grace.clone()).unwrap_or_else(|| "24h".into());
     let peer_grace = match humantime::parse_duration(&grace_text) {
-        Ok(d) if d >= std::time::Duration::from_secs(1) => Some(d),
+        Ok(d) if d >= Duration::from_secs(1) => Some(d),
         _ => {
             err(
                 "peer_grace",
@@ -623,9 +715,9 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             None
         }
     };
-    let live_text = pick(args.agent_ttl.clone(), file.agent_ttl).unwrap_or_else(|| "15s".into());
+    let live_text = pick(args.agent_ttl.clone(), file.agent_ttl.clone()).unwrap_or_else(|| "15s".into());
     let agent_ttl = match humantime::parse_duration(&live_text) {
-        Ok(d) if d >= std::time::Duration::from_secs(1) && d <= std::time::Duration::from_secs(3600) => Some(d),
+        Ok(d) if d >= Duration::from_secs(1) && d <= Duration::from_secs(3600) => Some(d),
         Ok(_) => {
             err(
                 "agent_ttl",
@@ -639,7 +731,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         }
     };
     let agent_cert_ttl = match humantime::parse_duration(&ttl_text) {
-        Ok(d) if d >= std::time::Duration::from_secs(10) && d <= std::time::Duration::from_secs(365 * 86400) => Some(d),
+        Ok(d) if d >= Duration::from_secs(10) && d <= Duration::from_secs(365 * 86400) => Some(d),
         Ok(_) => {
             err(
                 "agent_cert_ttl",
@@ -656,9 +748,20 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         }
     };
 
-    let gw_text = pick(args.gateway_ttl.clone(), file.gateway_ttl).unwrap_or_else(|| "800ms".into());
+    (peer_grace, agent_ttl, agent_cert_ttl)
+}
+
+/// The data path's settings: (gateway_ttl, overlay_mtu, tunnel_mtu,
+/// wireguard_ports).
+#[allow(clippy::type_complexity)]
+fn data_path(
+    args: &ControllerArgs,
+    file: &FileConfig,
+    errs: &mut Vec<FieldError>,
+) -> (Option<Duration>, Option<u32>, Option<u32>, Option<PortRange>) {
+    let gw_text = pick(args.gateway_ttl.clone(), file.gateway_ttl.clone()).unwrap_or_else(|| "800ms".into());
     let gateway_ttl = match humantime::parse_duration(&gw_text) {
-        Ok(d) if d >= std::time::Duration::from_millis(300) && d <= std::time::Duration::from_secs(3600) => Some(d),
+        Ok(d) if d >= Duration::from_millis(300) && d <= Duration::from_secs(3600) => Some(d),
         _ => {
             errs.push(FieldError {
                 field: "gateway_ttl".into(),
@@ -680,9 +783,9 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         }
         v => v,
     };
-    let overlay_mtu = mtu("overlay_mtu", pick(args.overlay_mtu, file.overlay_mtu), &mut errs);
-    let tunnel_mtu = mtu("tunnel_mtu", pick(args.tunnel_mtu, file.tunnel_mtu), &mut errs);
-    let wireguard_ports = match pick(args.wireguard_ports.clone(), file.wireguard_ports) {
+    let overlay_mtu = mtu("overlay_mtu", pick(args.overlay_mtu, file.overlay_mtu), errs);
+    let tunnel_mtu = mtu("tunnel_mtu", pick(args.tunnel_mtu, file.tunnel_mtu), errs);
+    let wireguard_ports = match pick(args.wireguard_ports.clone(), file.wireguard_ports.clone()) {
         None => Some(PortRange::default()),
         Some(text) => match PortRange::parse(&text) {
             Ok(r) => Some(r),
@@ -695,6 +798,33 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             }
         },
     };
+    (gateway_ttl, overlay_mtu, tunnel_mtu, wireguard_ports)
+}
+
+/// Merges flags over the file, then validates. Public for tests.
+pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConfig, ConfigError> {
+    let mut errs: Vec<FieldError> = Vec::new();
+    let file = &file;
+    let Networks {
+        site_id,
+        pod_cidrs,
+        reserved,
+        pools,
+        peer_cidr_auto_accept,
+        external,
+        internal,
+        node_len,
+    } = networks(args, file, &mut errs);
+    let (data_dir, admin_socket, listen) = local(args, file, &mut errs);
+    let (endpoints, tls_files, wants_tls) = etcd(args, file, &mut errs);
+    let Serving {
+        tls_sans,
+        log_format,
+        metrics_listen,
+        advertise,
+    } = serving(args, file, &mut errs);
+    let (peer_grace, agent_ttl, agent_cert_ttl) = lifetimes(args, file, &mut errs);
+    let (gateway_ttl, overlay_mtu, tunnel_mtu, wireguard_ports) = data_path(args, file, &mut errs);
     if !errs.is_empty() {
         return Err(ConfigError(errs));
     }

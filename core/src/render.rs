@@ -6,11 +6,11 @@
 //! `node/<name>/…` (a node, on a gateway), `peer/<site>/…` (a peering). A
 //! change to one record therefore re-renders only the ids under its prefix.
 //!
-//! What is rendered now is the overlay between nodes and the active gateway
-//! (VXLAN, addresses, routes to node subnets and to peers' local views, the
-//! policy rules that select weft's table) and each peering's namespace and
-//! prefix NAT maps. The data-plane issue extends it (WireGuard, SNAT of host
-//! traffic) without changing the protocol.
+//! Rendered: the overlay between nodes and the active gateway (VXLAN or
+//! Geneve, addresses, routes to node subnets and to peers' local views, the
+//! policy rules that select weft's table, source NAT of host traffic), and
+//! on gateways each peering's namespace, veth pair, WireGuard link and
+//! peers, routes and prefix NAT maps.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};

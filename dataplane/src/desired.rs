@@ -130,6 +130,8 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts, node: bool) -> R<(
                 return Err(format!("refusing namespace {:?}: weft's names start with weft", n.name));
             }
             s.namespaces.insert(n.name.clone());
+            // Every peering clamps the MSS of TCP through its tunnel.
+            d.specs.entry(n.name.clone()).or_default().mss_clamp = true;
             // A peering's namespace and the gateway itself route between
             // the overlay and the tunnel.
             s.forwarding.insert(n.name.clone());

@@ -119,7 +119,10 @@ pub struct HostSnat {
 /// The content of weft's nftables table in one namespace.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TableSpec {
-    /// Prefix NAT (and, with it, the MSS clamp of forwarded SYNs).
+    /// Clamp the MSS of forwarded TCP SYNs to the route's MTU (in every
+    /// peering's namespace, remapped or not).
+    pub mss_clamp: bool,
+    /// Prefix NAT.
     pub nat: Vec<NatRule>,
     pub snat: Option<HostSnat>,
     /// Named counters per peer site over traffic to and from its CIDRs.
@@ -128,7 +131,7 @@ pub struct TableSpec {
 
 impl TableSpec {
     pub fn is_empty(&self) -> bool {
-        self.nat.is_empty() && self.snat.is_none() && self.accounting.is_empty()
+        !self.mss_clamp && self.nat.is_empty() && self.snat.is_none() && self.accounting.is_empty()
     }
 
     /// A content hash: equal specs, equal versions.

@@ -53,15 +53,18 @@ pub fn batch(spec: &TableSpec) -> Value {
         return json!({ "nftables": cmds });
     }
     cmds.push(add(table));
-    if !spec.nat.is_empty() {
-        cmds.push(chain("pre", "nat", "prerouting", -100));
-        cmds.push(chain("post", "nat", "postrouting", 100));
+    if spec.mss_clamp {
         // tcp flags syn / syn,rst tcp option maxseg size set rt mtu: TCP
-        // across the tunnel never depends on PMTU discovery.
+        // across the tunnel never depends on PMTU discovery (ICMP that NAT
+        // or a firewall on the way may eat).
         cmds.push(chain("mss", "filter", "forward", -150));
         let syn = json!({"match": {"op": "==", "left": {"&": [{"payload": {"protocol": "tcp", "field": "flags"}}, ["syn", "rst"]]}, "right": "syn"}});
         let clamp = json!({"mangle": {"key": {"tcp option": {"name": "maxseg", "field": "size"}}, "value": {"rt": {"key": "mtu"}}}});
         cmds.push(rule("mss", json!([syn, clamp])));
+    }
+    if !spec.nat.is_empty() {
+        cmds.push(chain("pre", "nat", "prerouting", -100));
+        cmds.push(chain("post", "nat", "postrouting", 100));
         for m in &spec.nat {
             // Toward the tunnel: the local view becomes the real CIDR.
             let dnat = json!({"dnat": {"addr": prefix(&m.real), "flags": "netmap", "type_flags": "prefix"}});
@@ -301,6 +304,7 @@ mod tests {
         let v = batch(&TableSpec::default());
         assert_eq!(v["nftables"].as_array().unwrap().len(), 2);
         let spec = TableSpec {
+            mss_clamp: true,
             nat: vec![NatRule {
                 local: "10.90.0.0/16".parse().unwrap(),
                 real: "10.1.0.0/16".parse().unwrap(),
@@ -326,6 +330,17 @@ mod tests {
         ] {
             assert!(text.contains(part), "{part} missing from {text}");
         }
+    }
+
+    #[test]
+    fn a_peering_without_remapping_still_clamps_the_mss() {
+        let text = batch(&TableSpec {
+            mss_clamp: true,
+            ..Default::default()
+        })
+        .to_string();
+        assert!(text.contains("\"mss\"") && text.contains("maxseg"), "{text}");
+        assert!(!text.contains("\"pre\""), "{text}");
     }
 
     #[test]
