@@ -104,18 +104,16 @@ fn ready(target: &str, node: &str) -> bool {
     weftctl_json(target, &["node", "get", node])["status"]["ready"] == true
 }
 
-#[test]
-#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
-fn node_agent_crash_drift_and_a_wan_outage_heal_and_cost_others_nothing() {
-    if !require_root() {
-        return;
-    }
-    let mut s = sites::up_with(
-        "flt",
-        ("flt-a", "10.1.0.0/16"),
-        ("flt-b", "10.2.0.0/16"),
-        Opts::default(),
-    );
+/// Two sites (see `weft_tests::sites`) with traffic from both of site a's
+/// workloads to site b's, each watched by a pinger: (sites, site b's
+/// workload as site a sees it, pinger from na's workload, from na2's).
+/// One at a time: each scenario measures loss and timing, which a second
+/// two-site lab on the same two cores would distort.
+fn two_sites_with_traffic(tag: &str) -> (std::sync::MutexGuard<'static, ()>, TwoSites, String, Pinger, Pinger) {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    require_root();
+    let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut s = sites::up_with(tag, ("flt-a", "10.1.0.0/16"), ("flt-b", "10.2.0.0/16"), Opts::default());
     let to_b = s.wb_from_a.clone();
     for from in ["wa", "wa2"] {
         traffic_across(&s, from, &to_b);
@@ -124,7 +122,15 @@ fn node_agent_crash_drift_and_a_wan_outage_heal_and_cost_others_nothing() {
     let on_na2 = pinger(&mut s, "wa2", &to_b, "na2");
     std::thread::sleep(Duration::from_secs(1));
 
-    // 1. The node agent on na dies (SIGKILL) and comes back 3 s later.
+    (turn, s, to_b, on_na, on_na2)
+}
+
+/// The node agent on na dies (SIGKILL) and comes back 3 s later.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn a_killed_node_agent_costs_no_traffic_and_its_restart_changes_nothing() {
+    let (_turn, mut s, _to_b, on_na, on_na2) = two_sites_with_traffic("fkill");
+    // The node agent on na dies (SIGKILL) and comes back 3 s later.
     // Meanwhile someone adds a host route into site b's view (the main
     // table; weft's rule takes precedence): the restarted agent's first
     // report names it and diagnose warns.
@@ -176,7 +182,16 @@ fn node_agent_crash_drift_and_a_wan_outage_heal_and_cost_others_nothing() {
         "the restarted agent left duplicates or changes"
     );
 
-    // 2. Drift: an operator deletes weft's objects by hand; the resync
+    s.lab.proc(on_na.idx).stop();
+    s.lab.proc(on_na2.idx).stop();
+}
+
+/// Drift: an operator deletes weft's objects on a node by hand.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn objects_deleted_by_hand_on_a_node_come_back_within_3s() {
+    let (_turn, mut s, _to_b, on_na, on_na2) = two_sites_with_traffic("fdrift");
+    // An operator deletes weft's objects by hand; the resync
     // (1 s here) puts each back.
     let ns = s.ns["na"].clone();
     let table = weft_controller::render::TABLE.to_string();
@@ -317,7 +332,16 @@ fn node_agent_crash_drift_and_a_wan_outage_heal_and_cost_others_nothing() {
         "drift repairs counted: {repairs_before} → {repairs}"
     );
 
-    // 3. The WAN link under site b's gateway fails for 20 s (its port on
+    s.lab.proc(on_na.idx).stop();
+    s.lab.proc(on_na2.idx).stop();
+}
+
+/// The WAN link under site b's gateway fails for 20 s.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn a_20s_wan_outage_is_reported_down_and_heals() {
+    let (_turn, mut s, _to_b, on_na, on_na2) = two_sites_with_traffic("fwan");
+    // The WAN link under site b's gateway fails for 20 s (its port on
     // the WAN switch goes down).
     let down_at = unix_now();
     let t = Instant::now();
