@@ -16,7 +16,8 @@ pub enum OnFailure {
 }
 
 /// Spawns `make()` on the runtime under a supervisor. A task that returns
-/// `Ok(())` has finished its work and is not restarted.
+/// `Ok(())` has finished its work and is not restarted. Aborting the
+/// returned handle aborts the task too.
 pub fn supervise<F, Fut>(name: &'static str, on_failure: OnFailure, make: F) -> tokio::task::JoinHandle<()>
 where
     F: Fn() -> Fut + Send + 'static,
@@ -25,7 +26,9 @@ where
     tokio::spawn(async move {
         let mut delays = crate::backoff();
         loop {
-            let why = match tokio::spawn(make()).await {
+            // Aborting the supervisor aborts the task it runs.
+            let mut run = AbortOnDrop(tokio::spawn(make()));
+            let why = match (&mut run.0).await {
                 Ok(Ok(())) => {
                     tracing::debug!(task = name, "background task finished");
                     return;
@@ -51,9 +54,9 @@ where
 }
 
 /// Aborts the task it holds when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 
-impl Drop for AbortOnDrop {
+impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
     }
@@ -126,5 +129,22 @@ mod tests {
         });
         h.abort();
         assert!(rx.await.is_err(), "the inner task was dropped");
+    }
+
+    #[tokio::test]
+    async fn aborting_a_supervisor_aborts_the_task_it_runs() {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let tx = std::sync::Mutex::new(Some(tx));
+        let h = supervise("forever", OnFailure::Restart, move || {
+            let held = tx.lock().unwrap().take();
+            async move {
+                let _held = held; // dropped when the task is
+                std::future::pending::<anyhow::Result<()>>().await
+            }
+        });
+        tokio::task::yield_now().await;
+        h.abort();
+        let dropped = tokio::time::timeout(std::time::Duration::from_secs(5), rx).await;
+        assert!(matches!(dropped, Ok(Err(_))), "the supervised task was dropped");
     }
 }

@@ -209,6 +209,70 @@ pub struct Bound {
     pub listen: std::net::SocketAddr,
 }
 
+/// When a certificate (DER) expires, in ms since the Unix epoch.
+fn not_after_ms(der: &[u8]) -> Option<u64> {
+    use x509_parser::prelude::FromDer;
+    x509_parser::certificate::X509Certificate::from_der(der)
+        .ok()
+        .map(|(_, c)| c.validity().not_after.timestamp().max(0) as u64 * 1000)
+}
+
+/// The controller's background work, each task supervised (restarted
+/// after a failure, with the reason logged).
+struct Background {
+    revocations: tokio::task::JoinHandle<()>,
+    chooser: tokio::task::JoinHandle<()>,
+    peer_sync: tokio::task::JoinHandle<()>,
+}
+
+impl Background {
+    fn start(
+        state: &State,
+        auth: &Arc<Authenticator>,
+        hub: &Arc<Hub>,
+        fed: &Arc<Federation>,
+        leader: tokio::sync::watch::Receiver<bool>,
+    ) -> Background {
+        let (state, auth) = (state.clone(), auth.clone());
+        let revocations = supervise("revocations", OnFailure::Restart, move || {
+            let (state, auth) = (state.clone(), auth.clone());
+            async move {
+                follow_revocations(state, auth).await;
+                Ok(())
+            }
+        });
+        let (hub, lead) = (hub.clone(), leader.clone());
+        let chooser = supervise("active-gateway", OnFailure::Restart, move || {
+            let (hub, leader) = (hub.clone(), lead.clone());
+            async move {
+                crate::hub::choose_active_gateway(hub, leader).await;
+                Ok(())
+            }
+        });
+        let fed = fed.clone();
+        let peer_sync = supervise("peer-sync", OnFailure::Restart, move || {
+            let (fed, leader) = (fed.clone(), leader.clone());
+            async move {
+                crate::federation::sync_peers(fed, leader).await;
+                Ok(())
+            }
+        });
+        Background {
+            revocations,
+            chooser,
+            peer_sync,
+        }
+    }
+
+    fn stop(self) {
+        self.revocations.abort();
+        self.peer_sync.abort();
+        // Ends the campaign too (it stops once nobody listens), which gives
+        // up the leadership at once instead of at the end of its lease.
+        self.chooser.abort();
+    }
+}
+
 /// Runs the controller until `shutdown` resolves. `on_bound` is told the
 /// actual addresses once both listeners accept connections.
 pub async fn run(
@@ -233,16 +297,6 @@ pub async fn run(
     let auth = Authenticator::new(&cfg.site.id, &pki.ca.der)?;
     let (revoked, _) = state.revoked().await.context("cannot read the revocation list")?;
     auth.set_revoked(revoked.into_iter().map(|r| r.serial));
-    let revocations = {
-        let (state, auth) = (state.clone(), auth.clone());
-        supervise("revocations", OnFailure::Restart, move || {
-            let (state, auth) = (state.clone(), auth.clone());
-            async move {
-                follow_revocations(state, auth).await;
-                Ok(())
-            }
-        })
-    };
     let acceptor = TlsAcceptor::from(tls_config(&pki, &auth)?);
     let fingerprint = pki.ca.fingerprint.clone();
     let site_cert = pki.ca.issue_with_key(
@@ -292,32 +346,8 @@ pub async fn run(
             .await
             .with_context(|| format!("cannot serve metrics on {addr} (--metrics-listen)"))?;
     }
-    let ca_not_after_ms = {
-        use x509_parser::prelude::FromDer;
-        x509_parser::certificate::X509Certificate::from_der(&ca.der)
-            .ok()
-            .map(|(_, c)| c.validity().not_after.timestamp().max(0) as u64 * 1000)
-    };
-    let chooser = {
-        let (hub, leader) = (hub.clone(), leader.clone());
-        supervise("active-gateway", OnFailure::Restart, move || {
-            let (hub, leader) = (hub.clone(), leader.clone());
-            async move {
-                crate::hub::choose_active_gateway(hub, leader).await;
-                Ok(())
-            }
-        })
-    };
-    let peer_sync = {
-        let fed = fed.clone();
-        supervise("peer-sync", OnFailure::Restart, move || {
-            let (fed, leader) = (fed.clone(), leader.clone());
-            async move {
-                crate::federation::sync_peers(fed, leader).await;
-                Ok(())
-            }
-        })
-    };
+    let ca_not_after_ms = not_after_ms(&ca.der);
+    let background = Background::start(&state, &auth, &hub, &fed, leader);
 
     let admin = InterceptedService::new(
         AdminServiceServer::new(
@@ -423,11 +453,7 @@ pub async fn run(
             Ok(((), ()))
         }
     };
-    revocations.abort();
-    peer_sync.abort();
-    // Ends the campaign too (it stops once nobody listens), which gives
-    // up the leadership at once instead of at the end of its lease.
-    chooser.abort();
+    background.stop();
     let _ = std::fs::remove_file(&cfg.admin_socket);
     result.context("a gRPC listener failed")?;
     tracing::info!("controller stopped");

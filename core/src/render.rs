@@ -21,7 +21,7 @@ use sha2::Digest;
 use weft_proto::v1 as pb;
 use weft_proto::v1::desired_object::Kind;
 
-use crate::domain::{Gateway, Node, Peering, Site};
+use crate::domain::{Gateway, Node, Peering, RemoteSite, Site};
 
 /// weft's routing table and the priority of its policy rules.
 pub const TABLE: u32 = weft_proto::HOST_TABLE;
@@ -248,232 +248,298 @@ pub fn node(m: &Model, name: &str) -> Objects {
 
 /// The part of gateway `g`'s state that `part` determines.
 pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
-    let mut out = Objects::new();
     match part {
-        Part::Node(name) => {
-            let Some(n) = m.nodes.get(name) else { return out };
-            let (Some(gw_ip), Some(gw_underlay), Some(ip), Some(underlay)) =
-                (g.internal_ip, g.underlay_ip, n.internal_ip, n.underlay_ip)
-            else {
-                return out;
-            };
-            let link = gateway_link_name(name);
-            let base = part.prefix();
-            out.extend([
-                // The node's overlay address, reached through its tunnel.
-                obj(
-                    format!("{base}overlay"),
-                    Kind::Route(pb::Route {
-                        namespace: String::new(),
-                        table: TABLE,
-                        destination: format!("{ip}/32"),
-                        gateway: String::new(),
-                        device: link.clone(),
-                    }),
-                ),
-                // Replies to the node's host traffic (its "unknown source"
-                // address) go back through its tunnel.
-                obj(
-                    format!("{base}external"),
-                    Kind::Route(pb::Route {
-                        namespace: String::new(),
-                        table: TABLE,
-                        destination: m
-                            .site
-                            .as_ref()
-                            .and_then(|site| external_address(site, ip))
-                            .map_or_else(|| format!("{ip}/32"), |e| format!("{e}/32")),
-                        gateway: ip.to_string(),
-                        device: link.clone(),
-                    }),
-                ),
-                obj(
-                    format!("{base}link"),
-                    overlay(m, link.clone(), vni(ip), gw_underlay, underlay, n.geneve && g.geneve),
-                ),
-                obj(
-                    format!("{base}addr"),
-                    Kind::Address(pb::Address {
-                        link: link.clone(),
-                        namespace: String::new(),
-                        cidr: format!("{gw_ip}/32"),
-                    }),
-                ),
-                obj(
-                    format!("{base}route"),
-                    Kind::Route(pb::Route {
-                        namespace: String::new(),
-                        table: TABLE,
-                        destination: n.subnet.to_string(),
-                        gateway: ip.to_string(),
-                        device: link,
-                    }),
-                ),
-            ]);
-        }
-        Part::Peer(site_id) => {
-            let Some(p) = m.peerings.get(site_id) else { return out };
-            let ns = peering_namespace(m.site.as_ref().map_or("", |s| s.id.as_str()), site_id);
-            let base = part.prefix();
+        Part::Node(name) => node_tunnel(m, g, name, &part.prefix()),
+        Part::Peer(site_id) => peering(m, site_id, &part.prefix()),
+    }
+}
+
+/// A gateway's tunnel to node `name`: the overlay link, the gateway's
+/// address on it, and the routes to the node, its host traffic's replies
+/// and its subnet.
+fn node_tunnel(m: &Model, g: &Gateway, name: &str, base: &str) -> Objects {
+    let mut out = Objects::new();
+    let Some(n) = m.nodes.get(name) else {
+        return Objects::new();
+    };
+    let (Some(gw_ip), Some(gw_underlay), Some(ip), Some(underlay)) =
+        (g.internal_ip, g.underlay_ip, n.internal_ip, n.underlay_ip)
+    else {
+        return Objects::new();
+    };
+    let link = gateway_link_name(name);
+    out.extend([
+        // The node's overlay address, reached through its tunnel.
+        obj(
+            format!("{base}overlay"),
+            Kind::Route(pb::Route {
+                namespace: String::new(),
+                table: TABLE,
+                destination: format!("{ip}/32"),
+                gateway: String::new(),
+                device: link.clone(),
+            }),
+        ),
+        // Replies to the node's host traffic (its "unknown source"
+        // address) go back through its tunnel.
+        obj(
+            format!("{base}external"),
+            Kind::Route(pb::Route {
+                namespace: String::new(),
+                table: TABLE,
+                destination: m
+                    .site
+                    .as_ref()
+                    .and_then(|site| external_address(site, ip))
+                    .map_or_else(|| format!("{ip}/32"), |e| format!("{e}/32")),
+                gateway: ip.to_string(),
+                device: link.clone(),
+            }),
+        ),
+        obj(
+            format!("{base}link"),
+            overlay(m, link.clone(), vni(ip), gw_underlay, underlay, n.geneve && g.geneve),
+        ),
+        obj(
+            format!("{base}addr"),
+            Kind::Address(pb::Address {
+                link: link.clone(),
+                namespace: String::new(),
+                cidr: format!("{gw_ip}/32"),
+            }),
+        ),
+        obj(
+            format!("{base}route"),
+            Kind::Route(pb::Route {
+                namespace: String::new(),
+                table: TABLE,
+                destination: n.subnet.to_string(),
+                gateway: ip.to_string(),
+                device: link,
+            }),
+        ),
+    ]);
+    out
+}
+
+/// The names and addresses one peering uses on a gateway.
+struct PeeringIds {
+    ns: String,
+    /// The WireGuard link, inside `ns`.
+    link: String,
+    /// The veth pair's ends: in the gateway's namespace and in `ns`.
+    outer: String,
+    inner: String,
+    outer_ip: Ipv4Addr,
+    inner_ip: Ipv4Addr,
+}
+
+fn route(namespace: &str, table: u32, destination: String, gateway: String, device: &str) -> Kind {
+    Kind::Route(pb::Route {
+        namespace: namespace.into(),
+        table,
+        destination,
+        gateway,
+        device: device.into(),
+    })
+}
+
+/// A gateway's part for the peering with `site_id`: its namespace, and once
+/// the peer is known the tunnel, the veth to it, the routing both ways, the
+/// peer's gateways and the NAT of remapped views.
+fn peering(m: &Model, site_id: &str, base: &str) -> Objects {
+    let mut out = Objects::new();
+    let Some(p) = m.peerings.get(site_id) else {
+        return Objects::new();
+    };
+    let ns = peering_namespace(m.site.as_ref().map_or("", |s| s.id.as_str()), site_id);
+    out.extend([obj(
+        format!("{base}netns"),
+        Kind::Namespace(pb::Namespace { name: ns.clone() }),
+    )]);
+    if let Some(r) = &p.remote {
+        let ids = peering_ids(site_id, ns.clone(), p.listen_port);
+        out.extend(tunnel_and_veth(base, site_id, p, r, &ids));
+        out.extend(view_routes(base, p, &ids));
+        out.extend(routes_back(m, base, &ids));
+        out.extend(wireguard_peers(base, r, &ids));
+    }
+    for v in p.views.iter().filter(|v| v.remapped()) {
+        out.extend([obj(
+            format!("{base}{}/nat", v.kind),
+            Kind::NatMap(pb::NatMap {
+                namespace: ns.clone(),
+                real_cidr: v.real.to_string(),
+                local_cidr: v.local.to_string(),
+                tunnel: format!("weft-w{}", short_hash(site_id, 9)),
+            }),
+        )]);
+    }
+    out
+}
+
+fn peering_ids(site_id: &str, ns: String, listen_port: u16) -> PeeringIds {
+    // The path between the gateway and the peering's namespace: a veth with
+    // a /30 from 169.254.0.0/16 chosen by the peering's WireGuard port, so
+    // it is unique per peering on the gateway (the ports of one site are
+    // fewer than the 16383 blocks before the last /30, which is the
+    // tunnel's own pair).
+    let base_ip = u32::from(Ipv4Addr::new(169, 254, 0, 0)) + 4 * (u32::from(listen_port) % 16383);
+    PeeringIds {
+        ns,
+        link: format!("weft-w{}", short_hash(site_id, 9)),
+        outer: format!("weft-v{}", short_hash(site_id, 9)),
+        inner: format!("weft-i{}", short_hash(site_id, 9)),
+        outer_ip: Ipv4Addr::from(base_ip + 1),
+        inner_ip: Ipv4Addr::from(base_ip + 2),
+    }
+}
+
+/// The WireGuard link (with the probe's address pair) and the veth pair
+/// between the gateway and the peering's namespace.
+fn tunnel_and_veth(base: &str, site_id: &str, p: &Peering, r: &RemoteSite, ids: &PeeringIds) -> Objects {
+    let mut out = Objects::new();
+    let (here, there) = tunnel_addresses(r.tunnel_role);
+    out.extend([obj(
+        format!("{base}wg"),
+        Kind::Link(pb::Link {
+            name: ids.link.clone(),
+            namespace: ids.ns.clone(),
+            mtu: r.mtu,
+            kind: Some(pb::link::Kind::Wireguard(pb::Wireguard {
+                listen_port: u32::from(p.listen_port),
+                address: format!("{here}/30"),
+                peer_address: there.to_string(),
+                peer_site: site_id.to_string(),
+            })),
+        }),
+    )]);
+    out.extend([
+        obj(
+            format!("{base}veth"),
+            Kind::Link(pb::Link {
+                name: ids.outer.clone(),
+                namespace: String::new(),
+                mtu: r.mtu,
+                kind: Some(pb::link::Kind::Veth(pb::Veth {
+                    peer_name: ids.inner.clone(),
+                    peer_namespace: ids.ns.clone(),
+                })),
+            }),
+        ),
+        obj(
+            format!("{base}veth/outer"),
+            Kind::Address(pb::Address {
+                link: ids.outer.clone(),
+                namespace: String::new(),
+                cidr: format!("{}/30", ids.outer_ip),
+            }),
+        ),
+        obj(
+            format!("{base}veth/inner"),
+            Kind::Address(pb::Address {
+                link: ids.inner.clone(),
+                namespace: ids.ns.clone(),
+                cidr: format!("{}/30", ids.inner_ip),
+            }),
+        ),
+    ]);
+    out
+}
+
+/// The peer's local views: routed from the gateway into the peering's
+/// namespace (table 7765, selected by weft's rule), and from there into
+/// the tunnel (table 1, selected by the arriving interface, so a peer CIDR
+/// equal to our own still goes the right way).
+fn view_routes(base: &str, p: &Peering, ids: &PeeringIds) -> Objects {
+    let mut out = Objects::new();
+    for v in &p.views {
+        out.extend([
+            obj(
+                format!("{base}{}/via", v.kind),
+                route("", TABLE, v.local.to_string(), ids.inner_ip.to_string(), &ids.outer),
+            ),
+            obj(
+                format!("{base}{}/rule", v.kind),
+                Kind::Rule(pb::Rule {
+                    namespace: String::new(),
+                    priority: RULE_PRIORITY,
+                    from: String::new(),
+                    to: v.local.to_string(),
+                    table: TABLE,
+                    iif: String::new(),
+                }),
+            ),
+            // Peering namespace: what comes from the gateway goes into
+            // the tunnel (table 1, chosen by the arriving interface, so
+            // a peer CIDR equal to our own still goes the right way).
+            obj(
+                format!("{base}{}/tunnel", v.kind),
+                route(&ids.ns, NS_TUNNEL_TABLE, v.real.to_string(), String::new(), &ids.link),
+            ),
+        ]);
+    }
+    out.extend([obj(
+        format!("{base}tunnel-rule"),
+        Kind::Rule(pb::Rule {
+            namespace: ids.ns.clone(),
+            priority: RULE_PRIORITY,
+            from: String::new(),
+            to: String::new(),
+            table: NS_TUNNEL_TABLE,
+            iif: ids.inner.clone(),
+        }),
+    )]);
+    out
+}
+
+/// This site's own networks, from the peering's namespace back to the
+/// gateway.
+fn routes_back(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
+    let mut out = Objects::new();
+    if let Some(site) = &m.site {
+        let mut own: Vec<String> = site.pod_cidrs.iter().map(|c| c.to_string()).collect();
+        own.push(site.external_cidr.to_string());
+        for (i, c) in own.into_iter().enumerate() {
             out.extend([obj(
-                format!("{base}netns"),
-                Kind::Namespace(pb::Namespace { name: ns.clone() }),
+                format!("{base}back/{i}"),
+                route(&ids.ns, 0, c, ids.outer_ip.to_string(), &ids.inner),
             )]);
-            if let Some(r) = &p.remote {
-                let link = format!("weft-w{}", short_hash(site_id, 9));
-                let (here, there) = tunnel_addresses(r.tunnel_role);
-                out.extend([obj(
-                    format!("{base}wg"),
-                    Kind::Link(pb::Link {
-                        name: link.clone(),
-                        namespace: ns.clone(),
-                        mtu: r.mtu,
-                        kind: Some(pb::link::Kind::Wireguard(pb::Wireguard {
-                            listen_port: u32::from(p.listen_port),
-                            address: format!("{here}/30"),
-                            peer_address: there.to_string(),
-                            peer_site: site_id.clone(),
-                        })),
-                    }),
-                )]);
-                // The path between the gateway and the peering's namespace: a
-                // veth with a /30 from 169.254.0.0/16 chosen by the peering's
-                // WireGuard port, so it is unique per peering on the gateway
-                // (the ports of one site are fewer than the 16383 blocks
-                // before the last /30, which is the tunnel's own pair).
-                let base_ip = u32::from(Ipv4Addr::new(169, 254, 0, 0)) + 4 * (u32::from(p.listen_port) % 16383);
-                let (outer_ip, inner_ip) = (Ipv4Addr::from(base_ip + 1), Ipv4Addr::from(base_ip + 2));
-                let (outer, inner) = (
-                    format!("weft-v{}", short_hash(site_id, 9)),
-                    format!("weft-i{}", short_hash(site_id, 9)),
-                );
-                let route = |namespace: &str, table: u32, destination: String, gateway: String, device: &str| {
-                    Kind::Route(pb::Route {
-                        namespace: namespace.into(),
-                        table,
-                        destination,
-                        gateway,
-                        device: device.into(),
-                    })
-                };
-                out.extend([
-                    obj(
-                        format!("{base}veth"),
-                        Kind::Link(pb::Link {
-                            name: outer.clone(),
-                            namespace: String::new(),
-                            mtu: r.mtu,
-                            kind: Some(pb::link::Kind::Veth(pb::Veth {
-                                peer_name: inner.clone(),
-                                peer_namespace: ns.clone(),
-                            })),
-                        }),
-                    ),
-                    obj(
-                        format!("{base}veth/outer"),
-                        Kind::Address(pb::Address {
-                            link: outer.clone(),
-                            namespace: String::new(),
-                            cidr: format!("{outer_ip}/30"),
-                        }),
-                    ),
-                    obj(
-                        format!("{base}veth/inner"),
-                        Kind::Address(pb::Address {
-                            link: inner.clone(),
-                            namespace: ns.clone(),
-                            cidr: format!("{inner_ip}/30"),
-                        }),
-                    ),
-                ]);
-                // Gateway: the peer's local views go into the peering's namespace.
-                for v in &p.views {
-                    out.extend([
-                        obj(
-                            format!("{base}{}/via", v.kind),
-                            route("", TABLE, v.local.to_string(), inner_ip.to_string(), &outer),
-                        ),
-                        obj(
-                            format!("{base}{}/rule", v.kind),
-                            Kind::Rule(pb::Rule {
-                                namespace: String::new(),
-                                priority: RULE_PRIORITY,
-                                from: String::new(),
-                                to: v.local.to_string(),
-                                table: TABLE,
-                                iif: String::new(),
-                            }),
-                        ),
-                        // Peering namespace: what comes from the gateway goes into
-                        // the tunnel (table 1, chosen by the arriving interface, so
-                        // a peer CIDR equal to our own still goes the right way).
-                        obj(
-                            format!("{base}{}/tunnel", v.kind),
-                            route(&ns, NS_TUNNEL_TABLE, v.real.to_string(), String::new(), &link),
-                        ),
-                    ]);
-                }
-                out.extend([obj(
-                    format!("{base}tunnel-rule"),
-                    Kind::Rule(pb::Rule {
-                        namespace: ns.clone(),
-                        priority: RULE_PRIORITY,
-                        from: String::new(),
-                        to: String::new(),
-                        table: NS_TUNNEL_TABLE,
-                        iif: inner.clone(),
-                    }),
-                )]);
-                // Peering namespace: this site's own networks back to the gateway.
-                if let Some(site) = &m.site {
-                    let mut own: Vec<String> = site.pod_cidrs.iter().map(|c| c.to_string()).collect();
-                    own.push(site.external_cidr.to_string());
-                    for (i, c) in own.into_iter().enumerate() {
-                        out.extend([obj(
-                            format!("{base}back/{i}"),
-                            route(&ns, 0, c, outer_ip.to_string(), &inner),
-                        )]);
-                    }
-                }
-                // Inside the tunnel both ends use real addresses.
-                let mut allowed: Vec<String> = r.workload_cidrs.iter().map(|c| c.to_string()).collect();
-                allowed.extend(r.external_cidr.map(|c| c.to_string()));
-                allowed.push(format!("{there}/32"));
-                // Only the active gateway gets the peer's CIDRs; standbys are
-                // peers without allowed IPs, their sessions ready for a
-                // failover. (A peer that flags none: all, as before.)
-                let none_flagged = !r.gateways.iter().any(|g| g.active);
-                for g in r.gateways.iter().filter(|g| g.public_key.is_some()) {
-                    let allowed = if g.active || none_flagged {
-                        allowed.clone()
-                    } else {
-                        vec![]
-                    };
-                    out.extend([obj(
-                        format!("{base}wgpeer/{}", g.name),
-                        Kind::WireguardPeer(pb::WireguardPeer {
-                            link: link.clone(),
-                            namespace: ns.clone(),
-                            public_key: g.public_key.clone().unwrap_or_default(),
-                            endpoint: g.endpoint.clone().unwrap_or_default(),
-                            allowed_ips: allowed,
-                            persistent_keepalive: 25,
-                        }),
-                    )]);
-                }
-            }
-            for v in p.views.iter().filter(|v| v.remapped()) {
-                out.extend([obj(
-                    format!("{base}{}/nat", v.kind),
-                    Kind::NatMap(pb::NatMap {
-                        namespace: ns.clone(),
-                        real_cidr: v.real.to_string(),
-                        local_cidr: v.local.to_string(),
-                        tunnel: format!("weft-w{}", short_hash(site_id, 9)),
-                    }),
-                )]);
-            }
         }
+    }
+    out
+}
+
+/// The peer's gateways as WireGuard peers: the active one with the peer's
+/// CIDRs, standbys without (their sessions ready for a failover).
+fn wireguard_peers(base: &str, r: &RemoteSite, ids: &PeeringIds) -> Objects {
+    let mut out = Objects::new();
+    let (_, there) = tunnel_addresses(r.tunnel_role);
+    // Inside the tunnel both ends use real addresses.
+    let mut allowed: Vec<String> = r.workload_cidrs.iter().map(|c| c.to_string()).collect();
+    allowed.extend(r.external_cidr.map(|c| c.to_string()));
+    allowed.push(format!("{there}/32"));
+    // Only the active gateway gets the peer's CIDRs; standbys are
+    // peers without allowed IPs, their sessions ready for a
+    // failover. (A peer that flags none: all, as before.)
+    let none_flagged = !r.gateways.iter().any(|g| g.active);
+    for g in r.gateways.iter().filter(|g| g.public_key.is_some()) {
+        let allowed = if g.active || none_flagged {
+            allowed.clone()
+        } else {
+            vec![]
+        };
+        out.extend([obj(
+            format!("{base}wgpeer/{}", g.name),
+            Kind::WireguardPeer(pb::WireguardPeer {
+                link: ids.link.clone(),
+                namespace: ids.ns.clone(),
+                public_key: g.public_key.clone().unwrap_or_default(),
+                endpoint: g.endpoint.clone().unwrap_or_default(),
+                allowed_ips: allowed,
+                persistent_keepalive: 25,
+            }),
+        )]);
     }
     out
 }
