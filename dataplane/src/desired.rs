@@ -138,84 +138,7 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts, node: bool) -> R<(
             s.forwarding.insert(String::new());
             origins.namespaces.insert(n.name.clone(), id);
         }
-        Kind::Link(l) => {
-            let mtu = facts.link_mtu(l);
-            let link = |kind, mtu| Link {
-                ns: l.namespace.clone(),
-                name: l.name.clone(),
-                kind,
-                mtu,
-                up: true,
-            };
-            let kind = l.kind.as_ref().ok_or("the link has no kind")?;
-            let mut put = |x: Link| {
-                origins.links.insert((x.ns.clone(), x.name.clone()), id.clone());
-                s.links.insert((x.ns.clone(), x.name.clone()), x);
-            };
-            match kind {
-                pb::link::Kind::Vxlan(v) => put(link(
-                    LinkKind::Vxlan {
-                        vni: v.vni,
-                        local: v4(&v.local, "local")?,
-                        remote: v4(&v.remote, "remote")?,
-                        port: port(v.port, "port")?,
-                    },
-                    mtu,
-                )),
-                pb::link::Kind::Geneve(g) => put(link(
-                    LinkKind::Geneve {
-                        vni: g.vni,
-                        remote: v4(&g.remote, "remote")?,
-                        port: port(g.port, "port")?,
-                    },
-                    mtu,
-                )),
-                // Workloads attach their own ports; its MTU is theirs.
-                pb::link::Kind::Bridge(_) => put(link(LinkKind::Bridge, l.mtu)),
-                pb::link::Kind::Veth(v) => {
-                    if !l.namespace.is_empty() {
-                        return Err("a veth pair's outer end lives in the agent's namespace".into());
-                    }
-                    put(link(
-                        LinkKind::Veth {
-                            peer: v.peer_name.clone(),
-                            peer_ns: v.peer_namespace.clone(),
-                        },
-                        mtu,
-                    ));
-                    put(Link {
-                        ns: v.peer_namespace.clone(),
-                        name: v.peer_name.clone(),
-                        kind: LinkKind::VethEnd,
-                        mtu,
-                        up: true,
-                    });
-                }
-                pb::link::Kind::Wireguard(w) => {
-                    if l.namespace.is_empty() {
-                        return Err("a WireGuard link needs its peering namespace".into());
-                    }
-                    let listen_port = port(w.listen_port, "listen port")?;
-                    let probe = if w.address.is_empty() || w.peer_address.is_empty() {
-                        None
-                    } else {
-                        v4(&w.peer_address, "probe peer address")?;
-                        Some(net(&w.address, "probe address")?)
-                    };
-                    put(link(LinkKind::Wireguard { listen_port }, mtu));
-                    // The probe's address on the tunnel (see probe.rs).
-                    if let Some(cidr) = probe {
-                        let a = Address {
-                            ns: l.namespace.clone(),
-                            link: l.name.clone(),
-                            cidr,
-                        };
-                        origins.addresses.insert(a.clone(), id);
-                        s.addresses.insert(a);
-                    }
-                }
-            }
-        }
+        Kind::Link(l) => add_link(d, id, l, facts)?,
         Kind::Address(a) => {
             let a = Address {
                 ns: a.namespace.clone(),
@@ -273,28 +196,7 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts, node: bool) -> R<(
             // Errors of the host's table are this object's.
             origins.tables.entry(String::new()).or_default().insert(0, id);
         }
-        Kind::WireguardPeer(p) => {
-            let peer = WgPeer {
-                public_key: p.public_key.clone(),
-                endpoint: (!p.endpoint.is_empty())
-                    .then(|| {
-                        p.endpoint
-                            .parse::<SocketAddr>()
-                            .map_err(|_| format!("endpoint {:?} is not address:port", p.endpoint))
-                    })
-                    .transpose()?,
-                allowed_ips: p.allowed_ips.iter().map(|c| net(c, "allowed IP")).collect::<R<_>>()?,
-                keepalive: u16::try_from(p.persistent_keepalive).map_err(|_| "keepalive too long".to_string())?,
-            };
-            crate::wireguard::key_hex(&peer.public_key)?;
-            origins
-                .peers
-                .insert((p.namespace.clone(), p.link.clone(), peer.public_key.clone()), id);
-            s.peers
-                .entry((p.namespace.clone(), p.link.clone()))
-                .or_default()
-                .insert(peer.public_key.clone(), peer);
-        }
+        Kind::WireguardPeer(p) => add_peer(d, id, p)?,
     }
     // A node counts its traffic per peer: over the destinations of the
     // routes rendered for peers in its own namespace (ids peer/<site>/...).
@@ -314,5 +216,113 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts, node: bool) -> R<(
             v.push(dst);
         }
     }
+    Ok(())
+}
+
+/// A link: VXLAN, Geneve, bridge, a veth pair (both ends) or a WireGuard
+/// device (with the probe's address on it).
+fn add_link(d: &mut Desired, id: String, l: &pb::Link, facts: &Facts) -> R<()> {
+    let (s, origins) = (&mut d.state, &mut d.origins);
+    let mtu = facts.link_mtu(l);
+    let link = |kind, mtu| Link {
+        ns: l.namespace.clone(),
+        name: l.name.clone(),
+        kind,
+        mtu,
+        up: true,
+    };
+    let kind = l.kind.as_ref().ok_or("the link has no kind")?;
+    let mut put = |x: Link| {
+        origins.links.insert((x.ns.clone(), x.name.clone()), id.clone());
+        s.links.insert((x.ns.clone(), x.name.clone()), x);
+    };
+    match kind {
+        pb::link::Kind::Vxlan(v) => put(link(
+            LinkKind::Vxlan {
+                vni: v.vni,
+                local: v4(&v.local, "local")?,
+                remote: v4(&v.remote, "remote")?,
+                port: port(v.port, "port")?,
+            },
+            mtu,
+        )),
+        pb::link::Kind::Geneve(g) => put(link(
+            LinkKind::Geneve {
+                vni: g.vni,
+                remote: v4(&g.remote, "remote")?,
+                port: port(g.port, "port")?,
+            },
+            mtu,
+        )),
+        // Workloads attach their own ports; its MTU is theirs.
+        pb::link::Kind::Bridge(_) => put(link(LinkKind::Bridge, l.mtu)),
+        pb::link::Kind::Veth(v) => {
+            if !l.namespace.is_empty() {
+                return Err("a veth pair's outer end lives in the agent's namespace".into());
+            }
+            put(link(
+                LinkKind::Veth {
+                    peer: v.peer_name.clone(),
+                    peer_ns: v.peer_namespace.clone(),
+                },
+                mtu,
+            ));
+            put(Link {
+                ns: v.peer_namespace.clone(),
+                name: v.peer_name.clone(),
+                kind: LinkKind::VethEnd,
+                mtu,
+                up: true,
+            });
+        }
+        pb::link::Kind::Wireguard(w) => {
+            if l.namespace.is_empty() {
+                return Err("a WireGuard link needs its peering namespace".into());
+            }
+            let listen_port = port(w.listen_port, "listen port")?;
+            let probe = if w.address.is_empty() || w.peer_address.is_empty() {
+                None
+            } else {
+                v4(&w.peer_address, "probe peer address")?;
+                Some(net(&w.address, "probe address")?)
+            };
+            put(link(LinkKind::Wireguard { listen_port }, mtu));
+            // The probe's address on the tunnel (see probe.rs).
+            if let Some(cidr) = probe {
+                let a = Address {
+                    ns: l.namespace.clone(),
+                    link: l.name.clone(),
+                    cidr,
+                };
+                origins.addresses.insert(a.clone(), id);
+                s.addresses.insert(a);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn add_peer(d: &mut Desired, id: String, p: &pb::WireguardPeer) -> R<()> {
+    let (s, origins) = (&mut d.state, &mut d.origins);
+    let peer = WgPeer {
+        public_key: p.public_key.clone(),
+        endpoint: (!p.endpoint.is_empty())
+            .then(|| {
+                p.endpoint
+                    .parse::<SocketAddr>()
+                    .map_err(|_| format!("endpoint {:?} is not address:port", p.endpoint))
+            })
+            .transpose()?,
+        allowed_ips: p.allowed_ips.iter().map(|c| net(c, "allowed IP")).collect::<R<_>>()?,
+        keepalive: u16::try_from(p.persistent_keepalive).map_err(|_| "keepalive too long".to_string())?,
+    };
+    crate::wireguard::key_hex(&peer.public_key)?;
+    origins
+        .peers
+        .insert((p.namespace.clone(), p.link.clone(), peer.public_key.clone()), id);
+    s.peers
+        .entry((p.namespace.clone(), p.link.clone()))
+        .or_default()
+        .insert(peer.public_key.clone(), peer);
     Ok(())
 }

@@ -124,81 +124,129 @@ fn same_kind(d: &LinkKind, o: &LinkKind) -> bool {
 pub fn plan(desired: &Desired, observed: &State, scopes: &BTreeSet<Ns>) -> Vec<Op> {
     let d = &desired.state;
     let o = observed;
-    let mut ops = Vec::new();
+    let creating: BTreeSet<Ns> = d.namespaces.difference(&o.namespaces).cloned().collect();
+    let deleting: BTreeSet<Ns> = o.namespaces.difference(&d.namespaces).cloned().collect();
+    let mut p = Planner {
+        desired,
+        d,
+        o,
+        scopes,
+        creating,
+        deleting,
+        gone: BTreeSet::new(),
+        ops: Vec::new(),
+    };
+    p.namespaces();
+    let link_dels = p.links_to_remove();
+    p.removals(link_dels);
+    p.additions();
+    p.ops
+}
 
-    let creating: BTreeSet<&Ns> = d.namespaces.difference(&o.namespaces).collect();
-    let deleting: BTreeSet<&Ns> = o.namespaces.difference(&d.namespaces).collect();
-    let live = |ns: &Ns| (ns.is_empty() || scopes.contains(ns) || creating.contains(ns)) && !deleting.contains(ns);
+/// One planning: what both states hold, and what is planned so far.
+struct Planner<'a> {
+    desired: &'a Desired,
+    d: &'a State,
+    o: &'a State,
+    scopes: &'a BTreeSet<Ns>,
+    creating: BTreeSet<Ns>,
+    deleting: BTreeSet<Ns>,
+    /// Links that will be gone after the removals: undesired, to be
+    /// replaced, or the other end of such a veth pair.
+    gone: BTreeSet<(Ns, String)>,
+    ops: Vec<Op>,
+}
 
-    for ns in &creating {
-        ops.push(Op::CreateNamespace((*ns).clone()));
-    }
-    for ns in d.forwarding.iter().filter(|ns| live(ns)) {
-        if creating.contains(ns) || !o.forwarding.contains(ns) {
-            ops.push(Op::SetForwarding(ns.clone()));
-        }
+impl Planner<'_> {
+    /// Whether namespace `ns` is planned in: observed or made now, and not
+    /// to be removed.
+    fn live(&self, ns: &Ns) -> bool {
+        (ns.is_empty() || self.scopes.contains(ns) || self.creating.contains(ns)) && !self.deleting.contains(ns)
     }
 
-    // Links that will be gone after the removals: undesired, or to be
-    // replaced, or inside a namespace that goes.
-    let mut gone: BTreeSet<(Ns, String)> = BTreeSet::new();
-    let mut link_dels = Vec::new();
-    for (k, ol) in o.links.iter().filter(|(k, _)| live(&k.0)) {
-        let replace = match d.links.get(k) {
-            None => true,
-            Some(dl) => !same_kind(&dl.kind, &ol.kind) || !pair_intact(dl, o, d, &live),
-        };
-        if replace {
-            gone.insert(k.clone());
-            link_dels.push(match ol.kind {
-                LinkKind::Wireguard { .. } => Op::DelWireguard {
-                    ns: k.0.clone(),
-                    name: k.1.clone(),
-                },
-                _ => Op::DelLink {
-                    ns: k.0.clone(),
-                    name: k.1.clone(),
-                },
-            });
-        }
+    fn link_stays(&self, ns: &Ns, name: &str) -> bool {
+        !self.gone.contains(&(ns.clone(), name.to_string()))
     }
-    // The other end of a removed veth pair goes with it.
-    for dl in d.links.values() {
-        if let LinkKind::Veth { peer, peer_ns } = &dl.kind {
-            let outer = (dl.ns.clone(), dl.name.clone());
-            let inner = (peer_ns.clone(), peer.clone());
-            if gone.contains(&outer) || gone.contains(&inner) || !o.links.contains_key(&outer) {
-                gone.insert(outer);
-                gone.insert(inner);
+
+    /// Whether link `link` of `ns` will be new (so all on it is to add).
+    fn fresh(&self, ns: &Ns, link: &str) -> bool {
+        self.creating.contains(ns)
+            || !self.link_stays(ns, link)
+            || !self.o.links.contains_key(&(ns.clone(), link.to_string()))
+    }
+
+    fn namespaces(&mut self) {
+        let mut ops: Vec<Op> = self.creating.iter().map(|ns| Op::CreateNamespace(ns.clone())).collect();
+        for ns in self.d.forwarding.iter().filter(|ns| self.live(ns)) {
+            if self.creating.contains(ns) || !self.o.forwarding.contains(ns) {
+                ops.push(Op::SetForwarding(ns.clone()));
             }
         }
+        self.ops.extend(ops);
     }
-    let link_stays = |ns: &Ns, name: &str| !gone.contains(&(ns.clone(), name.to_string()));
 
-    // Removals, innermost first.
-    for r in o.rules.iter().filter(|r| live(&r.ns)) {
-        if !d.rules.contains(r) {
-            ops.push(Op::DelRule(r.clone()));
+    /// Fills `gone` and returns the link removals.
+    fn links_to_remove(&mut self) -> Vec<Op> {
+        let (d, o) = (self.d, self.o);
+        let mut dels = Vec::new();
+        let mut gone = BTreeSet::new();
+        for (k, ol) in o.links.iter().filter(|(k, _)| self.live(&k.0)) {
+            let replace = match d.links.get(k) {
+                None => true,
+                Some(dl) => !same_kind(&dl.kind, &ol.kind) || !pair_intact(dl, o, d, &|ns| self.live(ns)),
+            };
+            if replace {
+                gone.insert(k.clone());
+                let (ns, name) = (k.0.clone(), k.1.clone());
+                dels.push(match ol.kind {
+                    LinkKind::Wireguard { .. } => Op::DelWireguard { ns, name },
+                    _ => Op::DelLink { ns, name },
+                });
+            }
         }
+        self.gone = gone;
+        // The other end of a removed veth pair goes with it.
+        for dl in d.links.values() {
+            if let LinkKind::Veth { peer, peer_ns } = &dl.kind {
+                let outer = (dl.ns.clone(), dl.name.clone());
+                let inner = (peer_ns.clone(), peer.clone());
+                if self.gone.contains(&outer) || self.gone.contains(&inner) || !o.links.contains_key(&outer) {
+                    self.gone.insert(outer);
+                    self.gone.insert(inner);
+                }
+            }
+        }
+        dels
     }
-    for (k, r) in o.routes.iter().filter(|(k, _)| live(&k.0)) {
-        let on_gone = r.dev.as_ref().is_some_and(|dev| !link_stays(&r.ns, dev));
-        if !d.routes.contains_key(k) && !on_gone {
-            ops.push(Op::DelRoute(r.clone()));
+
+    /// Removals, innermost first: rules, routes, addresses, peers, links,
+    /// namespaces, tables. What goes with a link or a namespace anyway is
+    /// not removed on its own.
+    fn removals(&mut self, link_dels: Vec<Op>) {
+        let (d, o) = (self.d, self.o);
+        let mut ops = Vec::new();
+        for r in o.rules.iter().filter(|r| self.live(&r.ns)) {
+            if !d.rules.contains(r) {
+                ops.push(Op::DelRule(r.clone()));
+            }
         }
-    }
-    for a in o.addresses.iter().filter(|a| live(&a.ns)) {
-        if !d.addresses.contains(a) && link_stays(&a.ns, &a.link) {
-            ops.push(Op::DelAddress(a.clone()));
+        for (k, r) in o.routes.iter().filter(|(k, _)| self.live(&k.0)) {
+            let on_gone = r.dev.as_ref().is_some_and(|dev| !self.link_stays(&r.ns, dev));
+            if !d.routes.contains_key(k) && !on_gone {
+                ops.push(Op::DelRoute(r.clone()));
+            }
         }
-    }
-    for ((ns, link), peers) in o.peers.iter().filter(|((ns, _), _)| live(ns)) {
-        if !link_stays(ns, link) {
-            continue;
+        for a in o.addresses.iter().filter(|a| self.live(&a.ns)) {
+            if !d.addresses.contains(a) && self.link_stays(&a.ns, &a.link) {
+                ops.push(Op::DelAddress(a.clone()));
+            }
         }
-        let want = d.peers.get(&(ns.clone(), link.clone()));
-        for key in peers.keys() {
-            if !want.is_some_and(|w| w.contains_key(key)) {
+        for ((ns, link), peers) in o.peers.iter().filter(|((ns, _), _)| self.live(ns)) {
+            if !self.link_stays(ns, link) {
+                continue;
+            }
+            let want = d.peers.get(&(ns.clone(), link.clone()));
+            for key in peers.keys().filter(|k| !want.is_some_and(|w| w.contains_key(*k))) {
                 ops.push(Op::RemovePeer {
                     ns: ns.clone(),
                     link: link.clone(),
@@ -206,78 +254,76 @@ pub fn plan(desired: &Desired, observed: &State, scopes: &BTreeSet<Ns>) -> Vec<O
                 });
             }
         }
-    }
-    ops.extend(link_dels);
-    for ns in &deleting {
-        ops.push(Op::DeleteNamespace((*ns).clone()));
-    }
-    for (ns, name) in o.stray_tables.iter().filter(|(ns, _)| live(ns)) {
-        ops.push(Op::DelTable {
-            ns: ns.clone(),
-            name: name.clone(),
-        });
-    }
-    for ns in o.tables.keys().filter(|ns| live(ns)) {
-        if !d.tables.contains_key(ns) {
+        ops.extend(link_dels);
+        ops.extend(self.deleting.iter().map(|ns| Op::DeleteNamespace(ns.clone())));
+        for (ns, name) in o.stray_tables.iter().filter(|(ns, _)| self.live(ns)) {
+            ops.push(Op::DelTable {
+                ns: ns.clone(),
+                name: name.clone(),
+            });
+        }
+        for ns in o
+            .tables
+            .keys()
+            .filter(|ns| self.live(ns) && !d.tables.contains_key(*ns))
+        {
             ops.push(Op::DelTable {
                 ns: ns.clone(),
                 name: NFT_TABLE.into(),
             });
         }
+        self.ops.extend(ops);
     }
 
-    // Additions, outermost first.
-    let exists = |k: &(Ns, String)| o.links.contains_key(k) && !gone.contains(k) && !creating.contains(&k.0);
-    for (k, dl) in d.links.iter().filter(|(k, _)| live(&k.0)) {
-        if exists(k) {
-            let ol = &o.links[k];
-            if !ol.up || (dl.mtu != 0 && dl.mtu != ol.mtu) {
-                ops.push(Op::SetLink {
-                    ns: k.0.clone(),
-                    name: k.1.clone(),
-                    mtu: dl.mtu,
-                });
+    /// Additions, outermost first: links (and settings of existing ones),
+    /// addresses, routes, rules, peers, tables.
+    fn additions(&mut self) {
+        let (d, o) = (self.d, self.o);
+        let mut ops = Vec::new();
+        for (k, dl) in d.links.iter().filter(|(k, _)| self.live(&k.0)) {
+            let exists = o.links.contains_key(k) && !self.gone.contains(k) && !self.creating.contains(&k.0);
+            if exists {
+                let ol = &o.links[k];
+                if !ol.up || (dl.mtu != 0 && dl.mtu != ol.mtu) {
+                    ops.push(Op::SetLink {
+                        ns: k.0.clone(),
+                        name: k.1.clone(),
+                        mtu: dl.mtu,
+                    });
+                }
+                continue;
             }
-            continue;
+            match dl.kind {
+                LinkKind::Wireguard { .. } => ops.push(Op::AddWireguard(dl.clone())),
+                // Made with its outer end.
+                LinkKind::VethEnd => {}
+                _ => ops.push(Op::AddLink(dl.clone())),
+            }
         }
-        match dl.kind {
-            LinkKind::Wireguard { .. } => ops.push(Op::AddWireguard(dl.clone())),
-            // Made with its outer end.
-            LinkKind::VethEnd => {}
-            _ => ops.push(Op::AddLink(dl.clone())),
+        for a in d.addresses.iter().filter(|a| self.live(&a.ns)) {
+            if self.fresh(&a.ns, &a.link) || !o.addresses.contains(a) {
+                ops.push(Op::AddAddress(a.clone()));
+            }
         }
-    }
-    // Link settings go right after the links; `SetLink` of existing links
-    // was pushed in the loop above, before the additions of new ones, which
-    // is fine: they do not depend on each other.
-    let fresh = |ns: &Ns, link: &str| {
-        creating.contains(ns) || !link_stays(ns, link) || !o.links.contains_key(&(ns.clone(), link.to_string()))
-    };
-    for a in d.addresses.iter().filter(|a| live(&a.ns)) {
-        if fresh(&a.ns, &a.link) || !o.addresses.contains(a) {
-            ops.push(Op::AddAddress(a.clone()));
+        for (k, r) in d.routes.iter().filter(|(k, _)| self.live(&k.0)) {
+            let on_fresh = r.dev.as_ref().is_some_and(|dev| self.fresh(&r.ns, dev));
+            if on_fresh || self.creating.contains(&r.ns) || o.routes.get(k) != Some(r) {
+                ops.push(Op::SetRoute(r.clone()));
+            }
         }
-    }
-    for (k, r) in d.routes.iter().filter(|(k, _)| live(&k.0)) {
-        let on_fresh = r.dev.as_ref().is_some_and(|dev| fresh(&r.ns, dev));
-        if on_fresh || creating.contains(&r.ns) || o.routes.get(k) != Some(r) {
-            ops.push(Op::SetRoute(r.clone()));
+        for r in d.rules.iter().filter(|r| self.live(&r.ns)) {
+            if self.creating.contains(&r.ns) || !o.rules.contains(r) {
+                ops.push(Op::AddRule(r.clone()));
+            }
         }
-    }
-    for r in d.rules.iter().filter(|r| live(&r.ns)) {
-        if creating.contains(&r.ns) || !o.rules.contains(r) {
-            ops.push(Op::AddRule(r.clone()));
-        }
-    }
-    let none = BTreeMap::new();
-    for ((ns, link), peers) in d.peers.iter().filter(|((ns, _), _)| live(ns)) {
-        let have = if fresh(ns, link) {
-            &none
-        } else {
-            o.peers.get(&(ns.clone(), link.clone())).unwrap_or(&none)
-        };
-        for (key, p) in peers {
-            if have.get(key) != Some(p) {
+        let none = BTreeMap::new();
+        for ((ns, link), peers) in d.peers.iter().filter(|((ns, _), _)| self.live(ns)) {
+            let have = if self.fresh(ns, link) {
+                &none
+            } else {
+                o.peers.get(&(ns.clone(), link.clone())).unwrap_or(&none)
+            };
+            for (_, p) in peers.iter().filter(|(key, p)| have.get(*key) != Some(*p)) {
                 ops.push(Op::SetPeer {
                     ns: ns.clone(),
                     link: link.clone(),
@@ -285,17 +331,21 @@ pub fn plan(desired: &Desired, observed: &State, scopes: &BTreeSet<Ns>) -> Vec<O
                 });
             }
         }
-    }
-    for (ns, version) in d.tables.iter().filter(|(ns, _)| live(ns)) {
-        let have = if creating.contains(ns) { None } else { o.tables.get(ns) };
-        if have != Some(version) {
-            ops.push(Op::SetTable {
-                ns: ns.clone(),
-                spec: desired.specs.get(ns).cloned().unwrap_or_default(),
-            });
+        for (ns, version) in d.tables.iter().filter(|(ns, _)| self.live(ns)) {
+            let have = if self.creating.contains(ns) {
+                None
+            } else {
+                o.tables.get(ns)
+            };
+            if have != Some(version) {
+                ops.push(Op::SetTable {
+                    ns: ns.clone(),
+                    spec: self.desired.specs.get(ns).cloned().unwrap_or_default(),
+                });
+            }
         }
+        self.ops.extend(ops);
     }
-    ops
 }
 
 /// For the outer end of a desired veth pair: whether its inner end is there
