@@ -135,38 +135,80 @@ async fn sync_local(
 
 /// One connection's worth of watching.
 #[allow(clippy::too_many_arguments)]
-async fn session(
-    target: &str,
-    gateway_key: Option<&str>,
-    endpoint: Option<&str>,
+/// What one session with a controller works with.
+struct Session<'a> {
+    target: &'a str,
+    cfg: &'a AgentConfig,
+    /// The gateway's WireGuard public key (None on nodes).
+    gateway_key: Option<&'a str>,
+    creds: &'a mut watch::Receiver<Credentials>,
+    desired: &'a mut Desired,
+    file: &'a StateFile,
+    applier: &'a mut dyn Applier,
+}
+
+/// The agent's own objects: the workload bridge on the node's subnet
+/// (asked for anew each session, so a moved subnet moves the bridge), or
+/// nothing (which removes a bridge an earlier run made).
+async fn local_objects(
+    c: &mut AgentServiceClient<tonic::transport::Channel>,
     bridge: Option<&str>,
-    resync_every: Duration,
-    creds: &mut watch::Receiver<Credentials>,
-    desired: &mut Desired,
-    file: &StateFile,
-    applier: &mut dyn Applier,
-) -> End {
+) -> Result<Vec<pb::DesiredObject>, End> {
+    let Some(bridge) = bridge else {
+        return Ok(Vec::new());
+    };
+    // (No name: the controller answers for the certificate's.)
+    let a = c
+        .get_assignment(pb::GetAssignmentRequest::default())
+        .await
+        .map_err(classify)?
+        .into_inner();
+    crate::desired::bridge_objects(bridge, &a.subnet).map_err(End::Refused)
+}
+
+/// Logs each tunnel that went up or down since `up` was last updated.
+fn log_tunnel_changes(tunnels: &[pb::TunnelStatus], up: &mut std::collections::HashSet<String>) {
+    for t in tunnels {
+        if t.up != up.contains(&t.peer_site) {
+            if t.up {
+                tracing::info!(peer = %t.peer_site, link = %t.link, rtt_us = t.rtt_micros, "tunnel up");
+                up.insert(t.peer_site.clone());
+            } else {
+                tracing::warn!(peer = %t.peer_site, link = %t.link, lost = t.probes_lost, "tunnel down: probes unanswered");
+                up.remove(&t.peer_site);
+            }
+        }
+    }
+    up.retain(|site| tunnels.iter().any(|t| t.peer_site == *site));
+}
+
+/// How often the controller wants a report.
+fn heartbeat_period(r: &pb::ReportResponse) -> Duration {
+    if r.heartbeat_millis > 0 {
+        Duration::from_millis(u64::from(r.heartbeat_millis.max(50)))
+    } else {
+        Duration::from_secs(u64::from(r.heartbeat_seconds.max(1)))
+    }
+}
+
+async fn session(s: Session<'_>) -> End {
+    let Session {
+        target,
+        cfg,
+        gateway_key,
+        creds,
+        desired,
+        file,
+        applier,
+    } = s;
     let current = creds.borrow_and_update().clone();
     let mut c = match client(target, &current).await {
         Ok(c) => c,
         Err(e) => return e,
     };
-    // The agent's own objects: the workload bridge on the node's subnet
-    // (asked for anew each session, so a moved subnet moves the bridge), or
-    // nothing (which removes a bridge an earlier run made).
-    let local = match bridge {
-        Some(bridge) => {
-            // (No name: the controller answers for the certificate's.)
-            let a = match c.get_assignment(pb::GetAssignmentRequest::default()).await {
-                Ok(a) => a.into_inner(),
-                Err(s) => return classify(s),
-            };
-            match crate::desired::bridge_objects(bridge, &a.subnet) {
-                Ok(objs) => objs,
-                Err(e) => return End::Refused(e),
-            }
-        }
-        None => Vec::new(),
+    let local = match local_objects(&mut c, cfg.workload_bridge.as_deref()).await {
+        Ok(l) => l,
+        Err(e) => return e,
     };
     if let Err(e) = sync_local(local, desired, file, applier).await {
         return End::Refused(e.context("cannot keep the desired state on disk"));
@@ -184,7 +226,7 @@ async fn session(
     if let Some(public_key) = gateway_key {
         let req = pb::UpdateGatewayRequest {
             public_key: public_key.to_string(),
-            endpoint: endpoint.unwrap_or_default().to_string(),
+            endpoint: cfg.endpoint.clone().unwrap_or_default(),
         };
         if let Err(s) = c.update_gateway(req).await {
             return classify(s);
@@ -194,10 +236,10 @@ async fn session(
     let mut heartbeat = tokio::time::interval(Duration::from_secs(5));
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // A zero interval turns drift repair off (the timer then never fires).
-    let period = if resync_every.is_zero() {
+    let period = if cfg.resync_interval.is_zero() {
         Duration::from_secs(100 * 365 * 86_400)
     } else {
-        resync_every
+        cfg.resync_interval
     };
     let mut resync_timer = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     let mut tunnels_up: std::collections::HashSet<String> = std::collections::HashSet::new();
@@ -236,18 +278,7 @@ async fn session(
             }
         }
         let tunnels = applier.tunnels();
-        for t in &tunnels {
-            if t.up != tunnels_up.contains(&t.peer_site) {
-                if t.up {
-                    tracing::info!(peer = %t.peer_site, link = %t.link, rtt_us = t.rtt_micros, "tunnel up");
-                    tunnels_up.insert(t.peer_site.clone());
-                } else {
-                    tracing::warn!(peer = %t.peer_site, link = %t.link, lost = t.probes_lost, "tunnel down: probes unanswered");
-                    tunnels_up.remove(&t.peer_site);
-                }
-            }
-        }
-        tunnels_up.retain(|site| tunnels.iter().any(|t| t.peer_site == *site));
+        log_tunnel_changes(&tunnels, &mut tunnels_up);
         *metrics.tunnels.lock().unwrap() = tunnels.clone();
         let host = if host_reported.is_none_or(|at| at.elapsed() >= HOST_REPORT_EVERY) {
             host_reported = Some(std::time::Instant::now());
@@ -267,12 +298,7 @@ async fn session(
         };
         match c.report(report).await {
             Ok(r) => {
-                let r = r.into_inner();
-                let every = if r.heartbeat_millis > 0 {
-                    Duration::from_millis(u64::from(r.heartbeat_millis.max(50)))
-                } else {
-                    Duration::from_secs(u64::from(r.heartbeat_seconds.max(1)))
-                };
+                let every = heartbeat_period(&r.into_inner());
                 if every != heartbeat.period() {
                     heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
                 }
@@ -442,7 +468,15 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         let target = cfg.controllers[controller].clone();
         let started = std::time::Instant::now();
         let end = tokio::select! {
-            end = session(&target, gateway_key.as_deref(), cfg.endpoint.as_deref(), cfg.workload_bridge.as_deref(), cfg.resync_interval, &mut rx, &mut desired, &file, applier.as_mut()) => end,
+            end = session(Session {
+                target: &target,
+                cfg: &cfg,
+                gateway_key: gateway_key.as_deref(),
+                creds: &mut rx,
+                desired: &mut desired,
+                file: &file,
+                applier: applier.as_mut(),
+            }) => end,
             r = &mut renewal => return match r {
                 Ok(Err(e)) => Err(e),
                 Ok(Ok(())) => Ok(()),
