@@ -264,7 +264,16 @@ impl Applier for Linux {
     }
 
     fn features(&mut self) -> Vec<String> {
-        let kinds = self.kinds.get_or_insert_with(kernel_link_kinds);
+        // Found out once, on a thread of its own (see kernel_link_kinds); the
+        // worker hands its other tasks on while it waits.
+        let kinds = self
+            .kinds
+            .get_or_insert_with(|| match tokio::runtime::Handle::try_current() {
+                Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                    tokio::task::block_in_place(kernel_link_kinds)
+                }
+                _ => kernel_link_kinds(),
+            });
         kinds.iter().filter(|k| *k == "geneve").cloned().collect()
     }
 

@@ -226,8 +226,12 @@ fn reconcile(f: &Fake, objects: &[pb::DesiredObject], claimed: &BTreeSet<Ns>) ->
     out.errors
 }
 
-/// The plan the fake host would get for `objects` now, without running it.
-fn plan_now(f: &Fake, objects: &[pb::DesiredObject], claimed: &BTreeSet<Ns>) -> Vec<Op> {
+/// What the fake host holds of weft's now, and what `objects` want of it.
+fn observe_and_want(
+    f: &Fake,
+    objects: &[pb::DesiredObject],
+    claimed: &BTreeSet<Ns>,
+) -> (weft_dataplane::host::Observation, Desired) {
     let mut claimed = claimed.clone();
     claimed.extend(weft_dataplane::namespaces_of(objects));
     let mut p = plane(f, false);
@@ -239,6 +243,12 @@ fn plan_now(f: &Fake, objects: &[pb::DesiredObject], claimed: &BTreeSet<Ns>) -> 
     let facts = weft_dataplane::desired::Facts::from_raw(&seen.host, None);
     let (want, bad) = weft_dataplane::desired::translate(objects, &facts, false);
     assert!(bad.is_empty(), "{bad:?}");
+    (seen, want)
+}
+
+/// The plan the fake host would get for `objects` now, without running it.
+fn plan_now(f: &Fake, objects: &[pb::DesiredObject], claimed: &BTreeSet<Ns>) -> Vec<Op> {
+    let (seen, want) = observe_and_want(f, objects, claimed);
     weft_dataplane::plan::plan(&want, &seen.state, &seen.scopes)
 }
 
@@ -246,16 +256,7 @@ fn plan_now(f: &Fake, objects: &[pb::DesiredObject], claimed: &BTreeSet<Ns>) -> 
 /// desired link there, up, with its MTU; addresses, routes, rules, peers,
 /// tables and namespaces equal.
 fn holds(f: &Fake, objects: &[pb::DesiredObject], claimed: &BTreeSet<Ns>) -> Result<(), String> {
-    let mut claimed = claimed.clone();
-    claimed.extend(weft_dataplane::namespaces_of(objects));
-    let mut p = plane(f, false);
-    let seen = rt()
-        .block_on(weft_dataplane::host::observe(
-            &mut p.net, &mut p.fw, &mut p.wg, &claimed, None,
-        ))
-        .unwrap();
-    let facts = weft_dataplane::desired::Facts::from_raw(&seen.host, None);
-    let (want, _) = weft_dataplane::desired::translate(objects, &facts, false);
+    let (seen, want) = observe_and_want(f, objects, claimed);
     let (d, o) = (&want.state, &seen.state);
     for (k, l) in &d.links {
         let Some(x) = o.links.get(k) else {
