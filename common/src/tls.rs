@@ -108,6 +108,47 @@ pub enum Trust {
     CaPem(String),
 }
 
+/// How long a TCP and TLS handshake may take.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// How often each side of a connection pings the other (HTTP/2 PING, also
+/// while no call is open), and how long it waits for the answer before it
+/// closes the connection: a peer that stops answering (its host lost power,
+/// its process stopped, a link in between dropped) is found within the sum
+/// of the two, [`LIVENESS`] (2 s) by default, and every stream and call on
+/// the connection fails at once, so the caller reconnects (an agent to the
+/// next controller replica). A TCP connection only finds out after minutes
+/// of retransmissions.
+/// `WEFT_LIVENESS=DURATION` (e.g. `4s`, at least 200ms) sets the bound for a
+/// slower network; both halves are half of it.
+pub fn keepalive() -> (std::time::Duration, std::time::Duration) {
+    static K: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    let total = *K.get_or_init(|| {
+        std::env::var("WEFT_LIVENESS")
+            .ok()
+            .and_then(|v| humantime_duration(&v))
+            .filter(|d| *d >= std::time::Duration::from_millis(200))
+            .unwrap_or(LIVENESS)
+    });
+    (total / 2, total / 2)
+}
+
+/// The default bound within which a silent peer is found dead.
+pub const LIVENESS: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// "1500ms", "2s", "1m": what `WEFT_LIVENESS` takes.
+fn humantime_duration(v: &str) -> Option<std::time::Duration> {
+    let v = v.trim();
+    let (num, unit) = v.split_at(v.find(|c: char| !c.is_ascii_digit())?);
+    let n: u64 = num.parse().ok()?;
+    match unit {
+        "ms" => Some(std::time::Duration::from_millis(n)),
+        "s" => Some(std::time::Duration::from_secs(n)),
+        "m" => Some(std::time::Duration::from_secs(n * 60)),
+        _ => None,
+    }
+}
+
 /// Why a connection could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -179,8 +220,9 @@ pub async fn connect(target: &str, trust: &Trust, client: Option<(&str, &str)>) 
     };
     let ep = Endpoint::from_shared(format!("http://{uri_host}:{port}"))
         .map_err(|e| bad(&e))?
-        .connect_timeout(std::time::Duration::from_secs(5))
-        .http2_keep_alive_interval(std::time::Duration::from_secs(20))
+        .connect_timeout(CONNECT_TIMEOUT)
+        .http2_keep_alive_interval(keepalive().0)
+        .keep_alive_timeout(keepalive().1)
         .keep_alive_while_idle(true);
     ep.connect_with_connector(tower::service_fn(move |_: Uri| {
         let (connector, host, server_name) = (connector.clone(), host.clone(), server_name.clone());
@@ -234,4 +276,21 @@ fn tls_connector(trust: &Trust, client: Option<(&str, &str)>) -> anyhow::Result<
     };
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn liveness_durations_parse_and_garbage_is_refused() {
+        assert_eq!(super::humantime_duration("1500ms"), Some(Duration::from_millis(1500)));
+        assert_eq!(super::humantime_duration("4s"), Some(Duration::from_secs(4)));
+        assert_eq!(super::humantime_duration("1m"), Some(Duration::from_secs(60)));
+        for bad in ["", "s", "2", "2h", "-1s", "1.5s"] {
+            assert_eq!(super::humantime_duration(bad), None, "{bad:?}");
+        }
+        let (ping, wait) = super::keepalive();
+        assert_eq!(ping + wait, super::LIVENESS);
+    }
 }

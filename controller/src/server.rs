@@ -411,6 +411,8 @@ pub async fn run(
     // peer: one Subscribe); a unary call that takes longer than a minute is
     // stuck (a peering dials each peer endpoint for at most 5 s).
     let tcp_server = Server::builder()
+        .http2_keepalive_interval(Some(weft_common::tls::keepalive().0))
+        .http2_keepalive_timeout(Some(weft_common::tls::keepalive().1))
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .timeout(CALL_TIMEOUT)
         .add_service(federation)

@@ -109,3 +109,73 @@ fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
         });
     }
 }
+
+/// Sends SIGCONT to a process it stopped, also when the test fails (a
+/// stopped process would not act on the SIGTERM that ends it).
+struct Stopped(u32);
+
+impl Stopped {
+    fn stop(pid: u32) -> Stopped {
+        signal("-STOP", pid);
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal("-CONT", self.0);
+    }
+}
+
+fn signal(sig: &str, pid: u32) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// A replica that goes silent — its process stopped, so its connections stay
+/// open but nothing answers, as when its host loses power or its link drops —
+/// is left within 3 s: the HTTP/2 keep-alive finds it dead and the agents
+/// move to the next replica at once.
+#[test]
+fn agents_leave_a_silenced_replica_within_3_seconds() {
+    let Some(etcd) = Etcd::start() else { return };
+    let dir = tempfile::Builder::new().prefix("weft-silent").tempdir().unwrap();
+    let ep = etcd.endpoint();
+    let flags = ["--pod-cidr", "10.1.0.0/16", "--etcd-endpoints", ep.as_str()];
+    let a = Controller::start("site-a", &dir.path().join("a"), &flags);
+    let pki = dir.path().join("b").join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    for f in ["ca.pem", "ca.key"] {
+        std::fs::copy(a.pki(f), pki.join(f)).unwrap();
+    }
+    let b = Controller::start("site-a", &dir.path().join("b"), &flags);
+    let gw = agent("gateway", "gw", "192.0.2.10", &[&a, &b], &a, dir.path());
+    let n1 = agent("node", "n1", "192.0.2.11", &[&a, &b], &a, dir.path());
+    for p in [&gw, &n1] {
+        eventually("the agent watching replica a", Duration::from_secs(20), || {
+            (watching(p) == Some(a.listen_port)).then_some(())
+        });
+    }
+    // Let the first heartbeats pass: the connections are established and idle.
+    std::thread::sleep(Duration::from_secs(2));
+
+    let silenced = Instant::now();
+    let _stopped = Stopped::stop(a.pid());
+    for p in [&gw, &n1] {
+        eventually("the agent watching replica b", Duration::from_secs(10), || {
+            (watching(p) == Some(b.listen_port)).then_some(())
+        });
+    }
+    let moved = silenced.elapsed();
+    eprintln!("agents left the silenced replica {moved:?} after it went silent");
+    assert!(moved < Duration::from_secs(3), "{moved:?}");
+    // And they are served there: b sees both agents ready.
+    eventually("both agents ready on b", Duration::from_secs(10), || {
+        let nodes = weftctl_json(&b.target(), &["nodes"]);
+        (nodes["nodes"][0]["status"]["ready"] == true).then_some(())
+    });
+}
