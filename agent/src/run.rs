@@ -19,10 +19,19 @@ use crate::tls;
 
 pub use weft_common::backoff;
 
+/// How soon an agent that lost its controllers (no answer, as opposed to
+/// an error answer) tries them again.
+const RETRY_LOST: Duration = Duration::from_secs(1);
+
 /// How a session ended.
 #[derive(Debug)]
 enum End {
-    /// Worth reconnecting.
+    /// No answer: the controller could not be reached, or the connection
+    /// to it broke (found dead by the keep-alive). Worth reconnecting at
+    /// once and then every second: nothing is refusing us.
+    Lost(anyhow::Error),
+    /// The controller answered with an error: worth reconnecting, after a
+    /// back-off that grows while it keeps answering so.
     Transient(anyhow::Error),
     /// The controller refuses this agent (removed, revoked).
     Refused(anyhow::Error),
@@ -32,6 +41,9 @@ fn classify(s: tonic::Status) -> End {
     let e = anyhow::anyhow!("{:?}: {}", s.code(), s.message());
     match s.code() {
         tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => End::Refused(e),
+        // A status the transport made up (it carries the connection's
+        // error as its source), not one the controller sent.
+        _ if std::error::Error::source(&s).is_some() => End::Lost(e),
         _ => End::Transient(e),
     }
 }
@@ -39,7 +51,10 @@ fn classify(s: tonic::Status) -> End {
 async fn client(target: &str, creds: &Credentials) -> Result<AgentServiceClient<tonic::transport::Channel>, End> {
     let ch = tls::connect(target, &creds.trust(), Some((&creds.cert_pem, &creds.key_pem)))
         .await
-        .map_err(|e| End::Transient(e.into()))?;
+        .map_err(|e| match e {
+            tls::ConnectError::Unreachable { .. } => End::Lost(e.into()),
+            tls::ConnectError::BadTarget(_) => End::Transient(e.into()),
+        })?;
     Ok(AgentServiceClient::new(ch))
 }
 
@@ -485,13 +500,14 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
             _ = tokio::signal::ctrl_c() => break,
             _ = term.recv() => break,
         };
+        let lost = matches!(end, End::Lost(_));
         match end {
             End::Refused(e) => {
                 // Removed or revoked: leave the host as it was before weft.
                 teardown(&mut desired, &file, applier.as_mut()).await;
                 anyhow::bail!("the controller refused this agent: {e:#}")
             }
-            End::Transient(e) => {
+            End::Transient(e) | End::Lost(e) => {
                 if started.elapsed() > Duration::from_secs(10) {
                     // The session was up: start over with short delays.
                     delays = backoff();
@@ -500,6 +516,11 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
                 tried += 1;
                 let delay = if tried < cfg.controllers.len() {
                     Duration::from_millis(100)
+                } else if lost {
+                    // Nobody refused: try again soon, so that the agent is
+                    // back within about a second of its controller.
+                    tried = 0;
+                    RETRY_LOST
                 } else {
                     tried = 0;
                     delays.next().unwrap_or(Duration::from_secs(60))
