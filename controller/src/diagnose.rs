@@ -169,6 +169,19 @@ fn agent_checks(
                 "the agent is stuck or overloaded: check its log and host (a frozen process, a full disk); restarting it resumes from its stored state",
             ));
         }
+        // It reports to this replica but has no stream here: its connection
+        // was found dead (it stopped answering) and it has not come back.
+        (_, None) if rec.replica == hub.replica() => out.push(check(
+            "agent",
+            a.subject(),
+            pb::CheckResult::Fail,
+            format!(
+                "lagging: it stopped answering this controller (its connection was found dead) and has not come \
+                 back; revision {} applied",
+                rec.applied_revision
+            ),
+            "the agent's process or host is frozen or cut off: check it; restarting it resumes from its stored state",
+        )),
         _ => out.push(pass(
             "agent",
             a.subject(),

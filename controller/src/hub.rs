@@ -69,6 +69,9 @@ struct Live {
 }
 
 pub struct Hub {
+    /// This replica's id, random per start, written into the liveness
+    /// records of the agents that report here.
+    replica: String,
     state: State,
     model: RwLock<Arc<Model>>,
     slots: Mutex<HashMap<AgentKey, Arc<Slot>>>,
@@ -116,6 +119,11 @@ impl Hub {
         let model = state.model().await?;
         let (alive_tx, alive_rx) = tokio::sync::oneshot::channel();
         let hub = Arc::new(Hub {
+            replica: {
+                let mut b = [0u8; 6];
+                ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).expect("the system RNG works");
+                b.iter().map(|x| format!("{x:02x}")).collect()
+            },
             state,
             model: RwLock::new(Arc::new(model)),
             slots: Mutex::new(HashMap::new()),
@@ -434,6 +442,7 @@ impl Hub {
             since_ms: now,
             features: Vec::new(),
             route_conflicts: Vec::new(),
+            replica: self.replica.clone(),
         };
         match host {
             Some(h) => {
@@ -526,6 +535,11 @@ impl Hub {
                 let _ = store.lease_revoke(lease).await;
             });
         }
+    }
+
+    /// This replica's id (see [`AliveRecord::replica`]).
+    pub fn replica(&self) -> &str {
+        &self.replica
     }
 
     /// When this replica last heard from `key`.

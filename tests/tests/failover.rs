@@ -23,6 +23,13 @@ fn active(target: &str) -> String {
         .unwrap_or_default()
 }
 
+/// One failover lab at a time: each measures outages that a second lab on
+/// the same two cores would distort (and the labs share /run/netns).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Times (s) of the answered pings in a `ping -D` log.
 fn answered(log: &str) -> Vec<f64> {
     weft_tests::ping_answers(log).into_iter().map(|(t, _)| t).collect()
@@ -167,6 +174,7 @@ fn the_standby_gateway_takes_over_within_a_second() {
         second_gateway_a: true,
         ..Default::default()
     };
+    let _turn = one_at_a_time();
     let mut s = sites::up_with("ha", ("site-a", "10.1.0.0/16"), ("site-b", "10.2.0.0/16"), opts);
     let (wa, wb, to_b) = (s.ns["wa"].clone(), s.ns["wb"].clone(), s.wb_from_a.clone());
     let procs = [("gw", s.gateways.0), ("gw2", s.gateway_a2.unwrap())];
@@ -309,7 +317,8 @@ fn a_failover_3_seconds_after_a_controller_restart_is_under_a_second() {
         second_gateway_a: true,
         ..Default::default()
     };
-    let mut s = sites::up_with("hr", ("site-a", "10.1.0.0/16"), ("site-b", "10.2.0.0/16"), opts);
+    let _turn = one_at_a_time();
+    let mut s = sites::up_with("hr", ("hr-a", "10.1.0.0/16"), ("hr-b", "10.2.0.0/16"), opts);
     let (wa, to_b) = (s.ns["wa"].clone(), s.wb_from_a.clone());
     let procs = [("gw", s.gateways.0), ("gw2", s.gateway_a2.unwrap())];
     eventually("wa reaching wb", Duration::from_secs(30), || {

@@ -701,4 +701,8 @@ pub struct AliveRecord {
     pub features: Vec<String>,
     #[serde(default)]
     pub route_conflicts: Vec<String>,
+    /// The controller replica the agent reports to (its hub's id; empty in
+    /// records of earlier versions).
+    #[serde(default)]
+    pub replica: String,
 }
