@@ -88,10 +88,8 @@ fn a_full_or_read_only_data_dir_refuses_writes_clearly_and_recovers() {
     }
     let err = refused.expect("writes kept succeeding on a full disk");
     println!("FAULT data dir full: {err}");
-    assert!(
-        err.contains("UNAVAILABLE") || err.contains("INTERNAL") || err.contains("RESOURCE_EXHAUSTED"),
-        "{err}"
-    );
+    // The documented code (docs/reliability.md): retry once space is back.
+    assert!(err.contains("UNAVAILABLE"), "a full disk is UNAVAILABLE: {err}");
     assert!(
         err.to_lowercase().contains("no space"),
         "the message says the disk is full: {err}"
