@@ -30,6 +30,26 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// SIGKILLs site a's active gateway (of `procs`: name, lab index) and
+/// measures the outage: (victim, survivor, victim's index, outage, when).
+fn kill_active(
+    s: &mut TwoSites,
+    procs: &[(&'static str, usize)],
+    what: &str,
+) -> (String, &'static str, usize, f64, f64) {
+    let victim = active(&s.ta);
+    let survivor = if victim == "gw" { "gw2" } else { "gw" };
+    let (_, vi) = procs.iter().find(|(n, _)| *n == victim).copied().unwrap();
+    let (gap, at) = outage(s, what, &victim, survivor, |s| {
+        s.lab.proc(vi).child.as_mut().unwrap().kill().unwrap();
+        s.lab
+            .proc(vi)
+            .wait_exit(Duration::from_secs(5))
+            .expect("the gateway died");
+    });
+    (victim, survivor, vi, gap, at)
+}
+
 /// Times (s) of the answered pings in a `ping -D` log.
 fn answered(log: &str) -> Vec<f64> {
     weft_tests::ping_answers(log).into_iter().map(|(t, _)| t).collect()
@@ -220,16 +240,7 @@ fn the_standby_gateway_takes_over_within_a_second() {
     let dumps = start_dumps(&mut s);
     let mut outages = Vec::new();
     for run in 0..5 {
-        let victim = active(&s.ta);
-        let survivor = if victim == "gw" { "gw2" } else { "gw" };
-        let (_, vi) = procs.iter().find(|(n, _)| *n == victim).copied().unwrap();
-        let (gap, killed_at) = outage(&mut s, &format!("run {}", run + 1), &victim, survivor, |s| {
-            s.lab.proc(vi).child.as_mut().unwrap().kill().unwrap();
-            s.lab
-                .proc(vi)
-                .wait_exit(Duration::from_secs(5))
-                .expect("the gateway died");
-        });
+        let (victim, survivor, vi, gap, killed_at) = kill_active(&mut s, &procs, &format!("run {}", run + 1));
         if run == 0 && !dumps.is_empty() {
             print_dumps(&s, &dumps, killed_at);
         }
@@ -341,16 +352,7 @@ fn a_failover_3_seconds_after_a_controller_restart_is_under_a_second() {
             .expect("the controller died");
         s.lab.respawn(ctl);
         std::thread::sleep(Duration::from_secs(3));
-        let victim = active(&s.ta);
-        let survivor = if victim == "gw" { "gw2" } else { "gw" };
-        let (_, vi) = procs.iter().find(|(n, _)| *n == victim).copied().unwrap();
-        let (gap, _) = outage(&mut s, &format!("restart {}", run + 1), &victim, survivor, |s| {
-            s.lab.proc(vi).child.as_mut().unwrap().kill().unwrap();
-            s.lab
-                .proc(vi)
-                .wait_exit(Duration::from_secs(5))
-                .expect("the gateway died");
-        });
+        let (_, _, vi, gap, _) = kill_active(&mut s, &procs, &format!("restart {}", run + 1));
         outages.push(gap);
         s.lab.respawn(vi);
         std::thread::sleep(Duration::from_secs(2));
