@@ -3,14 +3,13 @@
 //! per-peer traffic counters for the metrics, and the facts about the host
 //! it reports to its controller.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use ipnet::Ipv4Net;
 use weft_dataplane::DataPlane;
 use weft_dataplane::linux::LinuxNetlink;
-use weft_dataplane::model::Ns;
 use weft_dataplane::nft::Nft;
 use weft_dataplane::wireguard::Userspace;
 use weft_proto::v1 as pb;
@@ -116,11 +115,6 @@ impl Linux {
     }
 }
 
-/// The namespaces touched by a batch: those its objects name.
-fn touched<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject>) -> BTreeSet<Ns> {
-    weft_dataplane::namespaces_of(objects)
-}
-
 /// Reads the node's per-peer counters on a thread of its own, every second
 /// (the metrics serve the latest; never `nft` per scrape).
 fn start_counting() {
@@ -157,9 +151,9 @@ impl Applier for Linux {
             deletes.is_empty() && upserts.len() == held.len() && upserts.iter().all(|o| held.contains_key(&o.id));
         let scopes = (!resync).then(|| {
             let gone = deletes.iter().filter_map(|id| held.get(id));
-            touched(upserts.iter().chain(gone))
+            weft_dataplane::namespaces_of(upserts.iter().chain(gone))
         });
-        let claimed = touched(held.values());
+        let claimed = weft_dataplane::namespaces_of(held.values());
         let out = self.plane.reconcile(fin.values(), &claimed, scopes.as_ref()).await;
         self.writes += out.done;
         if let Some(e) = out.failed {
@@ -268,12 +262,7 @@ impl Applier for Linux {
         // worker hands its other tasks on while it waits.
         let kinds = self
             .kinds
-            .get_or_insert_with(|| match tokio::runtime::Handle::try_current() {
-                Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-                    tokio::task::block_in_place(kernel_link_kinds)
-                }
-                _ => kernel_link_kinds(),
-            });
+            .get_or_insert_with(|| weft_dataplane::blocking(kernel_link_kinds));
         kinds.iter().filter(|k| *k == "geneve").cloned().collect()
     }
 
@@ -287,7 +276,7 @@ impl Applier for Linux {
             self.kinds = Some(tokio::task::spawn_blocking(kernel_link_kinds).await.unwrap_or_default());
         }
         let features = self.kinds.clone().unwrap_or_default();
-        let views = peer_views(held);
+        let views = weft_dataplane::desired::peer_views(held.values());
         let mut conflicts = Vec::new();
         let raw = self.plane.net.read(&String::new()).await.unwrap_or_default();
         for r in raw.routes.iter().map(|r| &r.route) {
@@ -311,27 +300,4 @@ impl Applier for Linux {
             route_conflicts: conflicts,
         }
     }
-}
-
-/// The CIDRs of peers as this site sees them, by peer site: the
-/// destinations of the host's routes rendered for peers (ids
-/// `peer/<site>/...`).
-fn peer_views(objects: &Objects) -> BTreeMap<String, Vec<Ipv4Net>> {
-    let mut out: BTreeMap<String, Vec<Ipv4Net>> = BTreeMap::new();
-    for o in objects.values() {
-        let (Some(Kind::Route(r)), Some(rest)) = (&o.kind, o.id.strip_prefix("peer/")) else {
-            continue;
-        };
-        if !r.namespace.is_empty() {
-            continue; // inside a peering's namespace: real CIDRs, not views
-        }
-        let (Some(site), Ok(dst)) = (rest.split('/').next(), r.destination.parse::<Ipv4Net>()) else {
-            continue;
-        };
-        let v = out.entry(site.to_string()).or_default();
-        if !v.contains(&dst) {
-            v.push(dst);
-        }
-    }
-    out
 }

@@ -107,9 +107,17 @@ pub fn translate<'a>(
 ) -> (Desired, Vec<(String, String)>) {
     let mut d = Desired::default();
     let mut errors = Vec::new();
-    for o in objects {
-        if let Err(e) = add(&mut d, o, facts, node) {
+    let objects: Vec<&pb::DesiredObject> = objects.into_iter().collect();
+    for o in &objects {
+        if let Err(e) = add(&mut d, o, facts) {
             errors.push((o.id.clone(), e));
+        }
+    }
+    // A node counts its traffic per peer, over the peers' views.
+    if node {
+        let views = peer_views(objects.iter().copied());
+        if !views.is_empty() {
+            d.specs.entry(String::new()).or_default().accounting = views;
         }
     }
     for (ns, spec) in &d.specs {
@@ -121,7 +129,7 @@ pub fn translate<'a>(
     (d, errors)
 }
 
-fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts, node: bool) -> R<()> {
+fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
     let id = o.id.clone();
     let (s, origins) = (&mut d.state, &mut d.origins);
     match o.kind.as_ref().ok_or("the object is empty")? {
@@ -198,25 +206,27 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts, node: bool) -> R<(
         }
         Kind::WireguardPeer(p) => add_peer(d, id, p)?,
     }
-    // A node counts its traffic per peer: over the destinations of the
-    // routes rendered for peers in its own namespace (ids peer/<site>/...).
-    if node
-        && let (Some(Kind::Route(r)), Some(rest)) = (&o.kind, o.id.strip_prefix("peer/"))
-        && r.namespace.is_empty()
-        && let (Some(site), Ok(dst)) = (rest.split('/').next(), r.destination.parse::<Ipv4Net>())
-    {
-        let v = d
-            .specs
-            .entry(String::new())
-            .or_default()
-            .accounting
-            .entry(site.to_string())
-            .or_default();
-        if !v.contains(&dst) {
-            v.push(dst);
+    Ok(())
+}
+
+/// The CIDRs of peers as this site sees them, by peer site: the
+/// destinations of the routes rendered for peers in the host's own
+/// namespace (ids `peer/<site>/...`; inside a peering's namespace they are
+/// real CIDRs, not views).
+pub fn peer_views<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject>) -> BTreeMap<String, Vec<Ipv4Net>> {
+    let mut out: BTreeMap<String, Vec<Ipv4Net>> = BTreeMap::new();
+    for o in objects {
+        if let (Some(Kind::Route(r)), Some(rest)) = (&o.kind, o.id.strip_prefix("peer/"))
+            && r.namespace.is_empty()
+            && let (Some(site), Ok(dst)) = (rest.split('/').next(), r.destination.parse::<Ipv4Net>())
+        {
+            let v = out.entry(site.to_string()).or_default();
+            if !v.contains(&dst) {
+                v.push(dst);
+            }
         }
     }
-    Ok(())
+    out
 }
 
 /// A link: VXLAN, Geneve, bridge, a veth pair (both ends) or a WireGuard

@@ -35,6 +35,16 @@ use weft_proto::v1::desired_object::Kind;
 use crate::model::Ns;
 use crate::plan::Op;
 
+/// Runs blocking `f` (a UAPI request, a probe of the kernel) without
+/// holding up other tasks: on a multi-threaded runtime the worker hands its
+/// tasks to the others first.
+pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// What one reconcile did.
 #[derive(Debug, Default)]
 pub struct Outcome {

@@ -255,15 +255,6 @@ impl Devices {
     }
 }
 
-/// Runs blocking `f` (UAPI requests) without holding up other tasks: on a
-/// multi-threaded runtime the worker hands its tasks to the others first.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
-        _ => f(),
-    }
-}
-
 /// Userspace WireGuard (boringtun) devices behind the [`WireGuard`] seam.
 pub struct Userspace {
     host: Handle,
@@ -295,7 +286,7 @@ impl Userspace {
     /// Counters of device `link` (zero when there is none).
     pub fn stats(&mut self, link: &str) -> Stats {
         match self.devices.devices.get_mut(link) {
-            Some(d) => blocking(|| d.stats()),
+            Some(d) => crate::blocking(|| d.stats()),
             None => Stats::default(),
         }
     }
@@ -348,7 +339,7 @@ impl WireGuard for Userspace {
         let endpoint = peer.endpoint.map(|e| e.to_string()).unwrap_or_default();
         let allowed: Vec<String> = peer.allowed_ips.iter().map(|n| n.to_string()).collect();
         let devices = &mut self.devices;
-        blocking(|| devices.set_peer(link, &peer.public_key, &endpoint, &allowed, u32::from(peer.keepalive)))?;
+        crate::blocking(|| devices.set_peer(link, &peer.public_key, &endpoint, &allowed, u32::from(peer.keepalive)))?;
         self.peers
             .entry(link.to_string())
             .or_default()
@@ -358,7 +349,7 @@ impl WireGuard for Userspace {
 
     async fn remove_peer(&mut self, _ns: &Ns, link: &str, public_key: &str) -> R<()> {
         let devices = &mut self.devices;
-        blocking(|| devices.remove_peer(link, public_key))?;
+        crate::blocking(|| devices.remove_peer(link, public_key))?;
         if let Some(p) = self.peers.get_mut(link) {
             p.remove(public_key);
         }

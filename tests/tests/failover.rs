@@ -50,6 +50,18 @@ fn kill_active(
     (victim, survivor, vi, gap, at)
 }
 
+/// Waits until site a's workload reaches site b's.
+fn until_wa_reaches_wb(s: &TwoSites) {
+    let (wa, to_b) = (&s.ns["wa"], &s.wb_from_a);
+    eventually("wa reaching wb", Duration::from_secs(30), || {
+        s.lab
+            .exec(wa, &["ping", "-c", "1", "-W", "1", to_b])
+            .status
+            .success()
+            .then_some(())
+    });
+}
+
 /// Times (s) of the answered pings in a `ping -D` log.
 fn answered(log: &str) -> Vec<f64> {
     weft_tests::ping_answers(log).into_iter().map(|(t, _)| t).collect()
@@ -198,13 +210,7 @@ fn the_standby_gateway_takes_over_within_a_second() {
     let mut s = sites::up_with("ha", ("site-a", "10.1.0.0/16"), ("site-b", "10.2.0.0/16"), opts);
     let (wa, wb, to_b) = (s.ns["wa"].clone(), s.ns["wb"].clone(), s.wb_from_a.clone());
     let procs = [("gw", s.gateways.0), ("gw2", s.gateway_a2.unwrap())];
-    eventually("wa reaching wb", Duration::from_secs(30), || {
-        s.lab
-            .exec(&wa, &["ping", "-c", "1", "-W", "1", &to_b])
-            .status
-            .success()
-            .then_some(())
-    });
+    until_wa_reaches_wb(&s);
     let ok = (0..100).any(|_| {
         active(&s.ta) == "gw" || {
             std::thread::sleep(Duration::from_millis(200));
@@ -330,15 +336,8 @@ fn a_failover_3_seconds_after_a_controller_restart_is_under_a_second() {
     };
     let _turn = one_at_a_time();
     let mut s = sites::up_with("hr", ("hr-a", "10.1.0.0/16"), ("hr-b", "10.2.0.0/16"), opts);
-    let (wa, to_b) = (s.ns["wa"].clone(), s.wb_from_a.clone());
     let procs = [("gw", s.gateways.0), ("gw2", s.gateway_a2.unwrap())];
-    eventually("wa reaching wb", Duration::from_secs(30), || {
-        s.lab
-            .exec(&wa, &["ping", "-c", "1", "-W", "1", &to_b])
-            .status
-            .success()
-            .then_some(())
-    });
+    until_wa_reaches_wb(&s);
     eventually("an active gateway", Duration::from_secs(20), || {
         (!active(&s.ta).is_empty()).then_some(())
     });
