@@ -64,7 +64,9 @@ impl Slot {
 struct Live {
     lease: LeaseId,
     last: AliveRecord,
-    last_seen_ms: u64,
+    /// When this replica last heard the agent (monotonic: a wall-clock
+    /// step must not end anyone's liveness).
+    heard: std::time::Instant,
     last_keepalive_ms: u64,
 }
 
@@ -82,6 +84,9 @@ pub struct Hub {
     pub params_rev: tokio::sync::watch::Sender<i64>,
     /// Set at shutdown; long-lived streams end when they see it.
     pub closing: tokio::sync::watch::Sender<bool>,
+    /// Woken when a gateway's liveness record comes or goes, so the
+    /// active gateway is chosen again at once.
+    live_changed: Notify,
     /// Status records waiting for the next batched write.
     dirty: Mutex<HashMap<AgentKey, (LeaseId, AliveRecord)>>,
     pub agent_ttl: Duration,
@@ -132,6 +137,7 @@ impl Hub {
             dirty: Mutex::new(HashMap::new()),
             params_rev: tokio::sync::watch::Sender::new(0),
             closing: tokio::sync::watch::Sender::new(false),
+            live_changed: Notify::new(),
             agent_ttl,
             gateway_ttl,
             tunnels: Mutex::new(HashMap::new()),
@@ -142,6 +148,14 @@ impl Hub {
             let weak = weak.clone();
             async move {
                 flush_status(weak).await;
+                Ok(())
+            }
+        });
+        let weak = Arc::downgrade(&hub);
+        weft_common::task::supervise("liveness", weft_common::task::OnFailure::Restart, move || {
+            let weak = weak.clone();
+            async move {
+                expire_silent(weak).await;
                 Ok(())
             }
         });
@@ -296,6 +310,9 @@ impl Hub {
             return;
         };
         *self.model.write().unwrap() = Arc::new(model);
+        if rest.starts_with("alive/gateway/") {
+            self.live_changed.notify_one();
+        }
         // A removed agent's bookkeeping goes with it (a site where nodes
         // come and go would otherwise grow by each one).
         match &mark {
@@ -418,9 +435,57 @@ impl Hub {
         let lease = self.live.lock().unwrap().remove(key).map(|l| l.lease);
         if let Some(lease) = lease {
             tracing::info!(agent = %key.1, "gateway disconnected; no longer live");
-            if let Err(e) = self.state.store().lease_revoke(lease).await {
-                tracing::warn!(agent = %key.1, error = %e, "cannot end its liveness record; it ends with its lease");
+            self.end_liveness(key, lease).await;
+        }
+    }
+
+    /// Ends `key`'s liveness record now (revoking its lease deletes it).
+    async fn end_liveness(&self, key: &AgentKey, lease: LeaseId) {
+        self.dirty.lock().unwrap().remove(key);
+        if let Err(e) = self.state.store().lease_revoke(lease).await {
+            tracing::warn!(agent = %key.1, error = %e, "cannot end its liveness record; it ends with its lease");
+        }
+    }
+
+    /// The agents this replica heard from last more than their TTL ago:
+    /// their records end now, whatever the store's lease granularity
+    /// (etcd's leases are whole seconds, at least about two). `stalled`:
+    /// this replica itself did not run for a while, so the silence may be
+    /// its own; everyone gets a TTL from now instead.
+    fn expire_silent_once(self: &Arc<Self>, stalled: bool) {
+        let now = std::time::Instant::now();
+        let silent: Vec<(AgentKey, LeaseId, Duration)> = {
+            let mut live = self.live.lock().unwrap();
+            if stalled {
+                for l in live.values_mut() {
+                    l.heard = now;
+                }
+                return;
             }
+            let keys: Vec<AgentKey> = live
+                .iter()
+                .filter(|(k, l)| now.duration_since(l.heard) > self.ttl(k.0))
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| {
+                    let l = live.remove(&k)?;
+                    Some((k, l.lease, now.duration_since(l.heard)))
+                })
+                .collect()
+        };
+        for (key, lease, quiet) in silent {
+            tracing::warn!(
+                agent = %key.1,
+                role = ?key.0,
+                silent_ms = quiet.as_millis() as u64,
+                ttl_ms = self.ttl(key.0).as_millis() as u64,
+                "no report within the TTL; no longer live"
+            );
+            // Not awaited: a slow store must not hold up the sweep (nor
+            // make it look like this replica stalled).
+            let hub = self.clone();
+            tokio::spawn(async move { hub.end_liveness(&key, lease).await });
         }
     }
 
@@ -464,7 +529,7 @@ impl Hub {
             let mut live = self.live.lock().unwrap();
             match live.get_mut(&key) {
                 Some(l) => {
-                    l.last_seen_ms = now;
+                    l.heard = std::time::Instant::now();
                     if (AliveRecord {
                         since_ms: 0,
                         ..l.last.clone()
@@ -513,7 +578,7 @@ impl Hub {
             Live {
                 lease,
                 last: record,
-                last_seen_ms: now,
+                heard: std::time::Instant::now(),
                 last_keepalive_ms: now,
             },
         );
@@ -545,6 +610,25 @@ impl Hub {
     /// When this replica last heard from `key`.
     pub fn last_seen(&self, key: &AgentKey) -> Option<u64> {
         self.last_seen.lock().unwrap().get(key).copied()
+    }
+}
+
+/// How often each replica looks for agents that fell silent: the TTL
+/// holds to within this.
+const SWEEP: Duration = Duration::from_millis(25);
+
+/// Ends the liveness of agents not heard within their TTL (see
+/// [`Hub::expire_silent_once`]).
+async fn expire_silent(hub: std::sync::Weak<Hub>) {
+    let mut tick = tokio::time::interval(SWEEP);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let due = tick.tick().await;
+        let Some(h) = hub.upgrade() else { return };
+        // A tick that came far too late: this process was stopped or
+        // starved, and the agents' reports may be waiting unread.
+        let stalled = due.elapsed() > h.gateway_ttl.min(h.agent_ttl) / 4;
+        h.expire_silent_once(stalled);
     }
 }
 
@@ -646,7 +730,12 @@ pub async fn choose_active_gateway(hub: Arc<Hub>, leader: tokio::sync::watch::Re
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        // A liveness change wakes it at once; the tick catches the rest
+        // (a gateway record changed, leadership gained).
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = hub.live_changed.notified() => {}
+        }
         if !*leader.borrow() || *hub.closing.borrow() {
             continue;
         }
@@ -672,5 +761,79 @@ pub async fn choose_active_gateway(hub: Arc<Hub>, leader: tokio::sync::watch::Re
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "cannot record the active gateway"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn hub(gateway_ttl: Duration) -> (Arc<Hub>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::embedded::EmbeddedStore::open(&dir.path().join("db")).unwrap();
+        let state = State::new(Arc::new(store), "s");
+        (
+            Hub::start(state, Duration::from_secs(30), gateway_ttl).await.unwrap(),
+            dir,
+        )
+    }
+
+    async fn live(h: &Hub, name: &str) -> bool {
+        h.state
+            .alive()
+            .await
+            .unwrap()
+            .contains_key(&(AgentRole::Gateway, name.to_string()))
+    }
+
+    /// A sub-second TTL holds although the store's leases last whole
+    /// seconds: a gateway heard within its TTL stays live, one not heard
+    /// for longer loses its record within the TTL and a sweep, and its next
+    /// report makes it live again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gateway_not_heard_for_its_ttl_is_no_longer_live() {
+        let ttl = Duration::from_millis(300);
+        let (h, _dir) = hub(ttl).await;
+        let key = (AgentRole::Gateway, "gw".to_string());
+        for _ in 0..10 {
+            h.report(key.clone(), 1, vec![], None).await.unwrap();
+            tokio::time::sleep(ttl / 3).await;
+            assert!(live(&h, "gw").await, "a gateway reporting every TTL/3 stays live");
+        }
+        h.report(key.clone(), 1, vec![], None).await.unwrap();
+        let quiet = std::time::Instant::now();
+        while live(&h, "gw").await {
+            assert!(
+                quiet.elapsed() < Duration::from_secs(1),
+                "still live 1 s after its last report"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let after = quiet.elapsed();
+        assert!(
+            after >= ttl - Duration::from_millis(20) && after < ttl + Duration::from_millis(150),
+            "liveness ended {after:?} after the last report (TTL {ttl:?})"
+        );
+        h.report(key.clone(), 1, vec![], None).await.unwrap();
+        assert!(live(&h, "gw").await, "a report makes it live again");
+    }
+
+    /// A replica that did not run for a while (stopped, starved) has not
+    /// read the reports meanwhile: it gives everyone a TTL from when it runs
+    /// again instead of ending them all.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_replica_does_not_end_everyone() {
+        let (h, _dir) = hub(Duration::from_millis(300)).await;
+        let key = (AgentRole::Gateway, "gw".to_string());
+        h.report(key.clone(), 1, vec![], None).await.unwrap();
+        for l in h.live.lock().unwrap().values_mut() {
+            l.heard -= Duration::from_secs(5);
+        }
+        h.expire_silent_once(true);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(live(&h, "gw").await, "ended although the silence was the replica's own");
+        h.expire_silent_once(false);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(live(&h, "gw").await, "a stall restarts the TTL from now");
     }
 }

@@ -62,6 +62,9 @@ pub struct Opts {
     pub second_gateway_a: bool,
     /// Agents run with `--resync-interval 0`: nothing repairs drift.
     pub no_drift_repair: bool,
+    /// Site a keeps its state in etcd too (on its controller's host), not
+    /// in the embedded store.
+    pub site_a_etcd: bool,
 }
 
 /// Where every controller (9100) and agent (9101) of a lab serves
@@ -139,6 +142,11 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         .map(|i| (i, "http://127.0.0.1:2379".to_string()));
     let etcd_b = etcd.as_ref().map(|e| e.0);
     let etcd = etcd.map(|e| e.1);
+    let etcd_a = opts.site_a_etcd.then(|| {
+        lab.spawn_etcd(&ns["ctla"], &dir.path().join("etcd-a"))
+            .expect("etcd for site a");
+        "http://127.0.0.1:2379".to_string()
+    });
 
     let tunnel_mtu = opts.site_a_tunnel.map(|m| m.to_string());
     let controller = |lab: &mut Lab, host: &str, site: &str, pod: &str, ip: &str, etcd: Option<&str>| {
@@ -167,11 +175,14 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
             &dir.path().join(format!("{site}.log")),
         )
     };
-    let ta = controller(&mut lab, &ns["ctla"], site_a, pod_a, "192.168.78.1", None);
+    let ta = controller(&mut lab, &ns["ctla"], site_a, pod_a, "192.168.78.1", etcd_a.as_deref());
     let tb = controller(&mut lab, &ns["ctlb"], site_b, pod_b, "192.168.78.2", etcd.as_deref());
-    if etcd.is_some() {
-        eventually("site b's controller serving from etcd", Duration::from_secs(10), || {
-            let log = std::fs::read_to_string(dir.path().join(format!("{site_b}.log"))).unwrap_or_default();
+    for (site, on_etcd) in [(site_a, etcd_a.is_some()), (site_b, etcd.is_some())] {
+        if !on_etcd {
+            continue;
+        }
+        eventually("the controller serving from etcd", Duration::from_secs(10), || {
+            let log = std::fs::read_to_string(dir.path().join(format!("{site}.log"))).unwrap_or_default();
             (log.contains("store=\"etcd\"") || log.contains("store=etcd")).then_some(())
         });
     }
