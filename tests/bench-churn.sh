@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Reproduces the churn figures in docs/benchmarks.md: a release build, then
-# weft-churn for each store — 1,000 connected simulated agents while nodes
-# join and leave at 10/s for 5 minutes; memory and descriptors sampled.
-# Usage: tests/bench-churn.sh [DURATION]
+# weft-churn for each store — 1,000 connected simulated agents (heartbeats at
+# the default 15 s agent TTL) while nodes join and leave at 10/s: a warm-up,
+# then the measured churn; memory and descriptors sampled.
+# Usage: tests/bench-churn.sh [MEASURED [WARMUP]]   (default 300s 300s)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/setup.sh
 cargo build --release --workspace --bins
 ulimit -n "$(ulimit -Hn)"
 for store in embedded etcd; do
-  ./target/release/weft-churn --agents 1000 --duration "${1:-300s}" --rate 10 --store "$store"
+  ./target/release/weft-churn --agents 1000 --duration "${1:-300s}" --warmup "${2:-300s}" --rate 10 --store "$store"
 done

@@ -52,8 +52,9 @@ const ALL_ROLES: &[Role] = &[Role::Admin, Role::Node, Role::Gateway, Role::Site,
 
 pub async fn open_store(cfg: &ControllerConfig) -> anyhow::Result<Arc<dyn Store>> {
     Ok(match &cfg.store {
-        StoreConfig::Embedded { path } => Arc::new(
-            EmbeddedStore::open(path).with_context(|| format!("cannot open the embedded store {}", path.display()))?,
+        StoreConfig::Embedded { path, history } => Arc::new(
+            EmbeddedStore::open_with_history(path, *history)
+                .with_context(|| format!("cannot open the embedded store {}", path.display()))?,
         ),
         StoreConfig::Etcd { endpoints, tls } => {
             let tls: Option<EtcdTls> = tls.as_ref().map(Into::into);

@@ -17,6 +17,8 @@ pub const DEFAULT_EXTERNAL_CIDR: &str = "10.70.0.0/16";
 pub const DEFAULT_INTERNAL_CIDR: &str = "10.80.0.0/16";
 pub const DEFAULT_REMAP_POOLS: [&str; 3] = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"];
 pub const DEFAULT_NODE_PREFIX_LEN: u8 = 24;
+/// Revisions of history the embedded store keeps for watches.
+pub const DEFAULT_STORE_HISTORY: i64 = 10_000;
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/weft";
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:7443";
 
@@ -56,6 +58,10 @@ pub struct ControllerArgs {
     /// etcd endpoints (comma-separated http:// or https:// URLs); selects the etcd store.
     #[arg(global = true, long, env = "WEFT_ETCD_ENDPOINTS", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
+    /// Revisions of history the embedded store keeps for watches to resume
+    /// from (100 to 1,000,000; etcd compacts by its own settings) [default: 10000].
+    #[arg(global = true, long, env = "WEFT_STORE_HISTORY")]
+    pub store_history: Option<i64>,
     /// CA certificate (PEM) that signs etcd's server certificate.
     #[arg(global = true, long, env = "WEFT_ETCD_CA_FILE")]
     pub etcd_ca_file: Option<PathBuf>,
@@ -143,6 +149,7 @@ pub struct FileConfig {
     pub node_prefix_len: Option<u8>,
     pub data_dir: Option<PathBuf>,
     pub etcd_endpoints: Option<Vec<String>>,
+    pub store_history: Option<i64>,
     pub etcd_ca_file: Option<PathBuf>,
     pub etcd_cert_file: Option<PathBuf>,
     pub etcd_key_file: Option<PathBuf>,
@@ -167,6 +174,8 @@ pub struct FileConfig {
 pub enum StoreConfig {
     Embedded {
         path: PathBuf,
+        /// Revisions kept for watches.
+        history: i64,
     },
     Etcd {
         endpoints: Vec<String>,
@@ -241,6 +250,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("node_prefix_len", "--node-prefix-len", "WEFT_NODE_PREFIX_LEN"),
     ("data_dir", "--data-dir", "WEFT_DATA_DIR"),
     ("etcd_endpoints", "--etcd-endpoints", "WEFT_ETCD_ENDPOINTS"),
+    ("store_history", "--store-history", "WEFT_STORE_HISTORY"),
     ("etcd_ca_file", "--etcd-ca-file", "WEFT_ETCD_CA_FILE"),
     ("etcd_cert_file", "--etcd-cert-file", "WEFT_ETCD_CERT_FILE"),
     ("etcd_key_file", "--etcd-key-file", "WEFT_ETCD_KEY_FILE"),
@@ -630,6 +640,28 @@ fn etcd(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<FieldError>) ->
     (endpoints, tls_files, wants_tls)
 }
 
+/// Revisions of history the embedded store keeps (refused with etcd,
+/// which compacts by its own settings).
+fn store_history(args: &ControllerArgs, file: &FileConfig, on_etcd: bool, errs: &mut Vec<FieldError>) -> i64 {
+    let history = pick(args.store_history, file.store_history);
+    let mut err = |message: String| {
+        errs.push(FieldError {
+            field: "store_history".into(),
+            message,
+        })
+    };
+    match history {
+        Some(_) if on_etcd => {
+            err("applies to the embedded store only; etcd keeps history by its own --auto-compaction settings".into())
+        }
+        Some(h) if !(100..=1_000_000).contains(&h) => err(format!(
+            "{h} revisions: give 100 to 1000000 (default {DEFAULT_STORE_HISTORY})"
+        )),
+        _ => {}
+    }
+    history.unwrap_or(DEFAULT_STORE_HISTORY)
+}
+
 /// How the controller is reached and observed.
 struct Serving {
     tls_sans: Vec<String>,
@@ -817,6 +849,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
     } = networks(args, file, &mut errs);
     let (data_dir, admin_socket, listen) = local(args, file, &mut errs);
     let (endpoints, tls_files, wants_tls) = etcd(args, file, &mut errs);
+    let history = store_history(args, file, !endpoints.is_empty(), &mut errs);
     let Serving {
         tls_sans,
         log_format,
@@ -845,6 +878,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
     let store = if endpoints.is_empty() {
         StoreConfig::Embedded {
             path: data_dir.join("store.redb"),
+            history,
         }
     } else {
         StoreConfig::Etcd {
@@ -901,6 +935,24 @@ mod tests {
     }
 
     #[test]
+    fn store_history_is_bounded_and_for_the_embedded_store_only() {
+        let mut a = args("site-a", &["10.1.0.0/16"]);
+        a.store_history = Some(1000);
+        let c = resolve(&a, FileConfig::default()).unwrap();
+        assert!(matches!(c.store, StoreConfig::Embedded { history: 1000, .. }));
+        a.store_history = Some(10);
+        assert_eq!(
+            fields(resolve(&a, FileConfig::default()).unwrap_err()),
+            ["store_history"]
+        );
+        a.store_history = Some(1000);
+        a.etcd_endpoints = vec!["http://127.0.0.1:2379".into()];
+        let e = resolve(&a, FileConfig::default()).unwrap_err();
+        assert!(e.to_string().contains("embedded store only"), "{e}");
+        assert_eq!(fields(e), ["store_history"]);
+    }
+
+    #[test]
     fn minimal_flags_get_defaults() {
         let c = resolve(&args("site-a", &["10.1.0.0/16"]), FileConfig::default()).unwrap();
         assert_eq!(c.site.external_cidr.to_string(), DEFAULT_EXTERNAL_CIDR);
@@ -910,7 +962,8 @@ mod tests {
         assert_eq!(
             c.store,
             StoreConfig::Embedded {
-                path: "/tmp/x/store.redb".into()
+                path: "/tmp/x/store.redb".into(),
+                history: DEFAULT_STORE_HISTORY,
             }
         );
     }

@@ -61,7 +61,10 @@ pub enum Event {
     Removed(usize),
 }
 
-/// One simulated node agent: watch, acknowledge every message, keep the
+/// Heartbeat reports the simulated agents sent (and the controller answered).
+pub static HEARTBEATS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// One simulated node agent: watch, send heartbeats, acknowledge every message, keep the
 /// object hashes it holds, and on a broken stream reconnect and resume with
 /// its revision and hashes (as the real agent does).
 pub async fn simulated_agent(
@@ -108,7 +111,34 @@ pub async fn simulated_agent(
             }
         };
         let mut first = true;
-        while let Ok(Some(m)) = s.message().await {
+        // Heartbeats as a real agent sends them: a Report every period the
+        // controller names (a third of the agent TTL).
+        let mut every = Duration::from_secs(5);
+        let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            let m = tokio::select! {
+                m = s.message() => match m {
+                    Ok(Some(m)) => m,
+                    _ => break,
+                },
+                _ = beat.tick() => {
+                    let r = c
+                        .report(pb::ReportRequest {
+                            applied_revision: revision,
+                            ..Default::default()
+                        })
+                        .await;
+                    if let Ok(r) = r {
+                        HEARTBEATS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let p = Duration::from_millis(u64::from(r.into_inner().heartbeat_millis.max(50)));
+                        if p != every {
+                            every = p;
+                            beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                        }
+                    }
+                    continue;
+                }
+            };
             let is_snapshot = matches!(m.kind, Some(pb::watch_response::Kind::Snapshot(_)));
             match m.kind {
                 Some(pb::watch_response::Kind::Snapshot(snap)) => {
@@ -152,21 +182,36 @@ pub fn underlay(i: usize) -> String {
     format!("10.{}.{}.{}", 100 + (i >> 16), (i >> 8) & 255, i & 255)
 }
 
-/// /proc/<pid>: (cpu seconds, peak RSS in MiB).
-pub fn proc_stats(pid: u32) -> (f64, f64) {
+/// A process's CPU seconds and memory, from /proc/<pid>.
+pub struct ProcStats {
+    pub cpu_secs: f64,
+    /// Resident now (`VmRSS`), MiB.
+    pub rss: f64,
+    /// The most it was ever resident (`VmHWM`), MiB.
+    pub peak: f64,
+}
+
+/// /proc/<pid>: CPU seconds, current and peak RSS.
+pub fn proc_stats(pid: u32) -> ProcStats {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
     let ticks = 100.0; // USER_HZ on Linux
     let cpu = fields.get(11).and_then(|u| u.parse::<f64>().ok()).unwrap_or(0.0)
         + fields.get(12).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let hwm = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|k| k.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    (cpu / ticks, hwm / 1024.0)
+    let kib = |field: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(field))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|k| k.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    ProcStats {
+        cpu_secs: cpu / ticks,
+        rss: kib("VmRSS:") / 1024.0,
+        peak: kib("VmHWM:") / 1024.0,
+    }
 }
 
 pub fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -195,9 +240,14 @@ pub struct Bench {
 
 impl Bench {
     /// Starts the controller on `store` ("embedded" or "etcd") with room for
-    /// many nodes and a long agent TTL (simulated agents report only when
-    /// they receive something).
+    /// many nodes and the default agent TTL (15 s; the simulated agents
+    /// send heartbeats as real ones do).
     pub async fn start(store: &str, parallel: usize) -> anyhow::Result<Bench> {
+        Self::start_with(store, parallel, &[]).await
+    }
+
+    /// [`Bench::start`] with more controller flags.
+    pub async fn start_with(store: &str, parallel: usize, extra: &[String]) -> anyhow::Result<Bench> {
         let dir = tempfile::Builder::new().prefix("weft-bench").tempdir()?;
         let etcd = match store {
             "etcd" => Some(crate::Etcd::start().context("etcd is not installed")?),
@@ -211,14 +261,13 @@ impl Bench {
             "100.64.0.0/10",
             "--external-cidr",
             "172.16.0.0/16",
-            "--agent-ttl",
-            "600s",
         ]
         .map(String::from)
         .to_vec();
         if let Some(e) = &etcd {
             flags.extend(["--etcd-endpoints".into(), e.endpoint()]);
         }
+        flags.extend(extra.iter().cloned());
         let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
         let controller = crate::Controller::start("bench", &dir.path().join("data"), &refs);
         let ctx = Arc::new(Ctx {
@@ -307,14 +356,6 @@ impl Bench {
 
 /// (RSS in MiB, open file descriptors) of a process now.
 pub fn memory_and_fds(pid: u32) -> (f64, usize) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|k| k.parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0;
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
-    (rss, fds)
+    (proc_stats(pid).rss, fds)
 }

@@ -110,14 +110,23 @@ fn acked_burst(c: &mut Controller, tag: &str) -> Vec<String> {
         let agent = AgentServiceClient::new(agent_ch);
         let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink = acked.clone();
+        // Calls sent and not yet answered.
+        let in_flight = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let flying = in_flight.clone();
         let tag = tag.to_string();
         let burst = tokio::spawn(async move {
             futures::stream::iter(0..120)
                 .for_each_concurrent(24, |i| {
-                    let (mut admin, mut agent, token, sink) =
-                        (admin.clone(), agent.clone(), token.clone(), sink.clone());
+                    let (mut admin, mut agent, token, sink, flying) = (
+                        admin.clone(),
+                        agent.clone(),
+                        token.clone(),
+                        sink.clone(),
+                        flying.clone(),
+                    );
                     let name = format!("{tag}{i}");
                     async move {
+                        flying.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         let ok = if i % 2 == 0 {
                             admin
                                 .create_node(pb::CreateNodeRequest {
@@ -142,6 +151,7 @@ fn acked_burst(c: &mut Controller, tag: &str) -> Vec<String> {
                         if ok {
                             sink.lock().unwrap().push(name);
                         }
+                        flying.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                     }
                 })
                 .await
@@ -154,11 +164,24 @@ fn acked_burst(c: &mut Controller, tag: &str) -> Vec<String> {
         let _ = std::process::Command::new("kill")
             .args(["-KILL", &pid.to_string()])
             .status();
+        let at_kill = (
+            in_flight.load(std::sync::atomic::Ordering::SeqCst),
+            acked.lock().unwrap().len(),
+        );
         let _ = tokio::time::timeout(Duration::from_secs(10), burst).await;
-        acked.lock().unwrap().clone()
+        (acked.lock().unwrap().clone(), at_kill)
     });
     // Reap it (it is dead already).
     c.kill();
+    let (acked, (in_flight, acked_at_kill)) = acked;
+    // The kill hit the window: calls were in flight (sent, their
+    // transactions possibly half done) and the burst was cut short.
+    println!("FAULT {tag}: killed with {in_flight} calls in flight, {acked_at_kill} acknowledged");
+    assert!(
+        in_flight > 0 && acked.len() < 120,
+        "the kill missed the burst: {in_flight} calls in flight, {} of 120 acknowledged",
+        acked.len()
+    );
     acked
 }
 
@@ -195,8 +218,18 @@ fn a_crash_mid_negotiation_leaves_a_peering_on_both_sides_or_on_neither() {
             .collect()
     };
     let mut outcomes = Vec::new();
-    // Kill a at different moments of its CreatePeering call.
-    for delay_ms in [0u64, 5, 10, 20, 40, 80] {
+    // Freeze a (SIGSTOP) at different moments of its CreatePeering call,
+    // give b time to finish a Join it got, look at both sides, then kill a
+    // and start it again. The window that matters: b recorded the peering
+    // and a had not yet — one-sided, which b must repair. The coarse
+    // moments first; then, until that window was hit, 1 ms steps.
+    let coarse = [0u64, 5, 10, 20, 40, 80];
+    let fine = 1u64..=60;
+    let mut one_sided_seen = 0;
+    for delay_ms in coarse.into_iter().chain(fine) {
+        if delay_ms > 80 || (outcomes.len() >= coarse.len() && one_sided_seen > 0) {
+            break;
+        }
         let token = weftctl_json(&b.target(), &["peering", "token", "--ttl", "10m"])["token"]
             .as_str()
             .unwrap()
@@ -208,9 +241,20 @@ fn a_crash_mid_negotiation_leaves_a_peering_on_both_sides_or_on_neither() {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = std::process::Command::new("kill")
+            .args(["-STOP", &a.pid().to_string()])
+            .status();
+        std::thread::sleep(Duration::from_millis(500));
+        let b_has = peers(&b) == vec!["site-a".to_string()];
         a.kill();
         let _ = call.wait();
         a.restart_stopped();
+        let a_has = peers(&a) == vec!["site-b".to_string()];
+        assert!(
+            b_has || !a_has,
+            "a recorded a peering b never did (delay {delay_ms} ms)"
+        );
+        let one_sided = b_has && !a_has;
         // Converged: both sides agree (b learns from a that a has none, or
         // a finishes what it recorded).
         let agreed = eventually("both sides agree", Duration::from_secs(30), || {
@@ -219,7 +263,14 @@ fn a_crash_mid_negotiation_leaves_a_peering_on_both_sides_or_on_neither() {
             let neither = pa.is_empty() && pb.is_empty();
             (both || neither).then_some(if both { "both" } else { "neither" })
         });
-        outcomes.push((delay_ms, agreed));
+        if one_sided {
+            one_sided_seen += 1;
+            assert_eq!(
+                agreed, "neither",
+                "a one-sided peering (only b had it) must be removed from b"
+            );
+        }
+        outcomes.push((delay_ms, if one_sided { "one-sided, repaired" } else { agreed }));
         if agreed == "both" {
             // Start over for the next moment.
             let o = weft_tests::run(std::process::Command::new(weft_tests::bin("weftctl")).args([
@@ -235,7 +286,11 @@ fn a_crash_mid_negotiation_leaves_a_peering_on_both_sides_or_on_neither() {
             });
         }
     }
-    println!("FAULT controller SIGKILL mid-negotiation, by delay: {outcomes:?}");
+    assert!(
+        one_sided_seen > 0,
+        "no moment hit the window where only b had the peering: {outcomes:?}"
+    );
+    println!("FAULT controller frozen then SIGKILLed mid-negotiation, by delay (ms): {outcomes:?}");
     // And a peering still works afterwards.
     let token = weftctl_json(&b.target(), &["peering", "token"])["token"]
         .as_str()

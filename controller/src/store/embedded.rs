@@ -38,7 +38,17 @@ const META_COMPACT: &str = "compact_revision";
 const META_NEXT_LEASE: &str = "next_lease";
 
 /// Revisions of history kept for watches by default.
-pub const DEFAULT_HISTORY: i64 = 10_000;
+pub const DEFAULT_HISTORY: i64 = weft_core::config::DEFAULT_STORE_HISTORY;
+/// The most redb caches of the file in memory. redb's default (1 GiB)
+/// made the controller's RSS follow the file as it grew, which looked like
+/// a leak; the hot pages of a large site fit in this.
+const CACHE_BYTES: usize = 64 << 20;
+
+/// Opens (or creates) the database file with the bounded cache.
+fn open_db(path: &Path) -> Result<Database, redb::DatabaseError> {
+    redb::Builder::new().set_cache_size(CACHE_BYTES).create(path)
+}
+
 /// How often expired leases are looked for.
 const LEASE_TICK: Duration = Duration::from_millis(100);
 /// Batches a watcher may have queued before the reader waits for it. Small:
@@ -99,7 +109,7 @@ impl EmbeddedStore {
     }
 
     pub fn open_with_history(path: &Path, history: i64) -> Result<Self, StoreError> {
-        let db = Database::create(path).map_err(|e| match e {
+        let db = open_db(path).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => StoreError::Unavailable(format!(
                 "{} is already open in another process (is another controller using this data directory?)",
                 path.display()
@@ -311,7 +321,7 @@ impl Inner {
                         }
                     }
                 }
-                match Database::create(&self.path) {
+                match open_db(&self.path) {
                     Ok(db) => {
                         *g = Some(Arc::new(db));
                         self.failed_io.store(false, Ordering::SeqCst);
