@@ -33,6 +33,10 @@ struct Args {
     /// measure steady state rather than the tail of the previous burst.
     #[arg(long, default_value = "2s")]
     settle: humantime::Duration,
+    /// How long all N stay connected, sending heartbeats, before the
+    /// changes (a full default agent TTL: each agent heartbeats 3 times).
+    #[arg(long, default_value = "15s")]
+    hold: humantime::Duration,
     /// How long the controller stays down in the restart phase.
     #[arg(long, default_value = "10s")]
     restart_pause: humantime::Duration,
@@ -63,6 +67,10 @@ async fn main() -> anyhow::Result<()> {
     let connected = proc_stats(pid);
     let beats0 = weft_tests::sim::HEARTBEATS.load(std::sync::atomic::Ordering::Relaxed);
     let t_beats = Instant::now();
+    // Steady state with heartbeats: what it costs the controller.
+    tokio::time::sleep(*args.hold).await;
+    let held = proc_stats(pid);
+    let hold_cpu = held.cpu_secs - connected.cpu_secs;
 
     // A change that concerns all N: the first gateway appears.
     let gw_token = bench.token(pb::AgentRole::Gateway, 2).await?;
@@ -178,14 +186,19 @@ async fn main() -> anyhow::Result<()> {
         args.restart_pause,
         resume_time.as_secs_f64()
     );
-    println!("  heartbeats (default agent TTL):        {beat_rate:.0}/s while connected");
+    println!(
+        "  heartbeats (default agent TTL):        {beat_rate:.0}/s while connected; over the {} hold \
+         the controller used {:.0} % of a core",
+        args.hold,
+        100.0 * hold_cpu / args.hold.as_secs_f64()
+    );
     println!(
         "  controller CPU time:                   {:.1} s",
         after.cpu_secs - cpu0
     );
     println!(
-        "  controller RSS: {:.0} MiB with all connected, {:.0} MiB after the changes, peak {:.0} MiB",
-        connected.rss, after.rss, after.peak
+        "  controller RSS: {:.0} MiB with all connected, {:.0} MiB after the hold, {:.0} MiB after the changes, peak {:.0} MiB",
+        connected.rss, held.rss, after.rss, after.peak
     );
     Ok(())
 }
