@@ -53,6 +53,22 @@ fn map_err(e: etcd_client::Error) -> StoreError {
     }
 }
 
+/// Keys per page of a prefix read (a node record is ~500 bytes).
+const GET_PAGE: i64 = 1000;
+
+/// The end of the key range holding every key that starts with `prefix`
+/// (etcd's convention: the prefix with its last byte below 0xff raised).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0] // every key
+}
+
 fn kv_from(kv: &etcd_client::KeyValue) -> Result<KeyValue, StoreError> {
     Ok(KeyValue {
         key: kv
@@ -113,14 +129,37 @@ impl Store for EtcdStore {
     }
 
     async fn get_prefix(&self, prefix: &str) -> Result<Range, StoreError> {
-        let resp = self
-            .client
-            .kv_client()
-            .get(prefix, Some(GetOptions::new().with_prefix()))
-            .await
-            .map_err(map_err)?;
-        let revision = resp.header().map_or(0, |h| h.revision());
-        let kvs = resp.kvs().iter().map(kv_from).collect::<Result<_, _>>()?;
+        // In pages, all at the first page's revision: one answer for a
+        // 10,000-node site is over the 4 MiB a gRPC message may carry.
+        let end = prefix_end(prefix.as_bytes());
+        let mut from = prefix.as_bytes().to_vec();
+        let mut revision = 0;
+        let mut kvs = Vec::new();
+        loop {
+            let mut opts = GetOptions::new().with_range(end.clone()).with_limit(GET_PAGE);
+            if revision > 0 {
+                opts = opts.with_revision(revision);
+            }
+            let resp = self
+                .client
+                .kv_client()
+                .get(from.clone(), Some(opts))
+                .await
+                .map_err(map_err)?;
+            if revision == 0 {
+                revision = resp.header().map_or(0, |h| h.revision());
+            }
+            for kv in resp.kvs() {
+                kvs.push(kv_from(kv)?);
+            }
+            match resp.kvs().last() {
+                Some(last) if resp.more() => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => break,
+            }
+        }
         Ok(Range { kvs, revision })
     }
 
