@@ -43,6 +43,14 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP/2 streams one TCP connection may have open at once.
 const MAX_STREAMS_PER_CONNECTION: u32 = 64;
+/// How often the controller pings a client connection that has been quiet,
+/// and how long it waits for the answer: only to free what a dead client's
+/// connection holds. Liveness is not decided here: an agent is live while
+/// its reports come within its TTL (`hub::expire_silent`), and clients find
+/// a dead controller with their own 1 s + 1 s pings. Pinging 10,000 agents
+/// every second from here too cost CPU and, under load, dropped slow but
+/// live agents.
+const CLIENT_PING: Duration = Duration::from_secs(10);
 /// How long a call may take to answer (for streams: to start).
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Accepted TLS connections waiting for the server to pick them up; bounds
@@ -412,8 +420,8 @@ pub async fn run(
     // peer: one Subscribe); a unary call that takes longer than a minute is
     // stuck (a peering dials each peer endpoint for at most 5 s).
     let tcp_server = Server::builder()
-        .http2_keepalive_interval(Some(weft_common::tls::keepalive().0))
-        .http2_keepalive_timeout(Some(weft_common::tls::keepalive().1))
+        .http2_keepalive_interval(Some(CLIENT_PING))
+        .http2_keepalive_timeout(Some(CLIENT_PING))
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .timeout(CALL_TIMEOUT)
         .add_service(federation)
