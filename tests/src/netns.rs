@@ -223,7 +223,14 @@ impl Lab {
     /// data under `data`, and waits until it is healthy; its process index.
     /// None when etcd is not installed (outside CI; under CI that fails).
     pub fn spawn_etcd(&mut self, ns: &str, data: &Path) -> Option<usize> {
+        self.spawn_etcd_at(ns, data, "127.0.0.1")
+    }
+
+    /// [`Lab::spawn_etcd`] serving clients on `ip` (an address of host `ns`),
+    /// for controllers on other hosts.
+    pub fn spawn_etcd_at(&mut self, ns: &str, data: &Path, ip: &str) -> Option<usize> {
         let etcd = crate::require_tool("etcd")?;
+        let client = format!("http://{ip}:2379");
         let i = self.spawn(
             ns,
             &etcd,
@@ -233,9 +240,9 @@ impl Lab {
                 "--data-dir",
                 data.to_str().unwrap(),
                 "--listen-client-urls",
-                "http://127.0.0.1:2379",
+                &client,
                 "--advertise-client-urls",
-                "http://127.0.0.1:2379",
+                &client,
                 "--listen-peer-urls",
                 "http://127.0.0.1:2380",
                 "--initial-advertise-peer-urls",
@@ -246,13 +253,10 @@ impl Lab {
             &data.with_extension("log"),
         );
         crate::eventually("etcd", std::time::Duration::from_secs(20), || {
-            self.exec(
-                ns,
-                &["etcdctl", "--endpoints", "http://127.0.0.1:2379", "endpoint", "health"],
-            )
-            .status
-            .success()
-            .then_some(())
+            self.exec(ns, &["etcdctl", "--endpoints", &client, "endpoint", "health"])
+                .status
+                .success()
+                .then_some(())
         });
         Some(i)
     }

@@ -2,7 +2,9 @@
 //! binaries): any replica serves agents and admin calls, exactly one leads
 //! the singleton work, a replica holding another CA is refused, and when
 //! the replica the agents watch is SIGKILLed they move to another one at
-//! once and changes made after the kill still reach them.
+//! once and changes made after the kill still reach them. A replica whose
+//! host goes silent (its process stopped; or, in namespaces, its link down)
+//! is left within 3 s.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -177,5 +179,110 @@ fn agents_leave_a_silenced_replica_within_3_seconds() {
     eventually("both agents ready on b", Duration::from_secs(10), || {
         let nodes = weftctl_json(&b.target(), &["nodes"]);
         (nodes["nodes"][0]["status"]["ready"] == true).then_some(())
+    });
+}
+
+/// The replica's address an agent's log says it watches last.
+fn watching_address(p: &std::path::Path) -> Option<String> {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .rev()
+        .find(|l| l.contains("watching"))
+        .and_then(|l| l.split("controller=https://").nth(1))
+        .and_then(|r| r.split(':').next())
+        .map(str::to_string)
+}
+
+/// As on real hosts, each in its own network namespace: two replicas of a
+/// site on one etcd (on a host of its own), a gateway and a node agent
+/// given both replicas. The host of the replica they watch loses its link
+/// (its interface down: nothing is sent, refused or reset; its process
+/// runs on): both agents are on the other replica within 3 s, and served
+/// there.
+#[test]
+#[ignore = "needs root (network namespaces) and etcd: tests/run.sh runs it as root"]
+fn agents_leave_a_replica_whose_host_lost_its_link_within_3_seconds() {
+    weft_tests::netns::require_root();
+    let dir = tempfile::Builder::new().prefix("weft-rlink").tempdir().unwrap();
+    let mut lab = weft_tests::netns::Lab::new("rl");
+    lab.lan();
+    let mut ns = std::collections::HashMap::new();
+    for (h, ip) in [
+        ("db", "192.168.78.5/24"),
+        ("ctl1", "192.168.78.1/24"),
+        ("ctl2", "192.168.78.2/24"),
+        ("gw", "192.168.78.10/24"),
+        ("n1", "192.168.78.11/24"),
+    ] {
+        let n = lab.host(h);
+        lab.plug(&n, ip);
+        ns.insert(h, n);
+    }
+    lab.spawn_etcd_at(&ns["db"], &dir.path().join("etcd"), "192.168.78.5")
+        .expect("etcd");
+    let replica = |lab: &mut weft_tests::netns::Lab, host: &str, ip: &str, data: &str| {
+        let listen = format!("{ip}:7443");
+        lab.spawn_controller(
+            &ns[host],
+            &dir.path().join(data),
+            &[
+                "--site-id",
+                "site-a",
+                "--pod-cidr",
+                "10.1.0.0/16",
+                "--listen",
+                &listen,
+                "--etcd-endpoints",
+                "http://192.168.78.5:2379",
+            ],
+            &dir.path().join(format!("{data}.log")),
+        )
+    };
+    let t1 = replica(&mut lab, "ctl1", "192.168.78.1", "r1");
+    // The second replica shares the site CA: copied, as an operator would.
+    let pki = dir.path().join("r2").join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    for f in ["ca.pem", "ca.key"] {
+        std::fs::copy(dir.path().join("r1").join("pki").join(f), pki.join(f)).unwrap();
+    }
+    let t2 = replica(&mut lab, "ctl2", "192.168.78.2", "r2");
+    let urls = "https://192.168.78.1:7443,https://192.168.78.2:7443";
+    let mut logs = Vec::new();
+    for (kind, name, ip) in [("gateway", "gw", "192.168.78.10"), ("node", "n1", "192.168.78.11")] {
+        let mut args = weft_tests::enrolling_agent_args(&t1, kind, name, urls, ip, &dir.path().join(name), "30s");
+        if kind == "gateway" {
+            args.extend(["--endpoint".to_string(), format!("{ip}:51820")]);
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let log = dir.path().join(format!("{name}.log"));
+        lab.spawn(&ns[name], &bin(&format!("weft-{kind}-agent")), &refs, &log);
+        logs.push(log);
+    }
+    for log in &logs {
+        eventually("the agent watching replica 1", Duration::from_secs(20), || {
+            (watching_address(log).as_deref() == Some("192.168.78.1")).then_some(())
+        });
+    }
+    // Let the first heartbeats pass: the connections are established and idle.
+    std::thread::sleep(Duration::from_secs(2));
+
+    let cut = Instant::now();
+    weft_tests::netns::must(
+        lab.exec(&ns["ctl1"], &["ip", "link", "set", "eth0", "down"]),
+        "replica 1's link down",
+    );
+    for log in &logs {
+        eventually("the agent watching replica 2", Duration::from_secs(10), || {
+            (watching_address(log).as_deref() == Some("192.168.78.2")).then_some(())
+        });
+    }
+    let moved = cut.elapsed();
+    eprintln!("agents left the replica whose host lost its link {moved:?} after the cut");
+    assert!(moved < Duration::from_secs(3), "{moved:?}");
+    eventually("both agents ready on replica 2", Duration::from_secs(10), || {
+        let nodes = weftctl_json(&t2, &["nodes"]);
+        let gws = weftctl_json(&t2, &["gateways"]);
+        (nodes["nodes"][0]["status"]["ready"] == true && gws["gateways"][0]["status"]["ready"] == true).then_some(())
     });
 }
