@@ -86,6 +86,56 @@ fn ready(target: &str, name: &str) -> bool {
         .any(|g| g["name"] == name && g["status"]["ready"] == true)
 }
 
+/// Site a's two gateways: (agent name, process index in the lab).
+type Gateways = [(&'static str, usize); 2];
+
+/// A lab with two gateways in site a (on etcd when `site_a_etcd`), its
+/// workloads reaching each other and a gateway active; held one at a time.
+fn two_gateway_lab(
+    tag: &str,
+    sites_ab: ((&str, &str), (&str, &str)),
+    site_a_etcd: bool,
+) -> (std::sync::MutexGuard<'static, ()>, TwoSites, Gateways) {
+    let opts = sites::Opts {
+        second_gateway_a: true,
+        site_a_etcd,
+        ..Default::default()
+    };
+    let turn = one_at_a_time();
+    let s = sites::up_with(tag, sites_ab.0, sites_ab.1, opts);
+    let procs = [("gw", s.gateways.0), ("gw2", s.gateway_a2.unwrap())];
+    until_wa_reaches_wb(&s);
+    eventually("an active gateway", Duration::from_secs(20), || {
+        (!active(&s.ta).is_empty()).then_some(())
+    });
+    (turn, s, procs)
+}
+
+/// Starts pinging wb from wa every 20 ms (`ping -D` into the lab's file
+/// `name`) and lets it run a second: the process index and the log.
+fn ping_wa_to_wb(s: &mut TwoSites, name: &str) -> (usize, std::path::PathBuf) {
+    let (wa, to_b) = (s.ns["wa"].clone(), s.wb_from_a.clone());
+    let log = s.dir.path().join(name);
+    let ping = s.lab.spawn(
+        &wa,
+        std::path::Path::new("/usr/bin/ping"),
+        &["-D", "-i", "0.02", "-W", "1", &to_b],
+        &log,
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    (ping, log)
+}
+
+/// The longest silence between answered pings in `log` from `from` on,
+/// and the answers' times.
+fn longest_gap(log: &std::path::Path, from: f64) -> (f64, Vec<f64>) {
+    let times: Vec<f64> = answered(&std::fs::read_to_string(log).unwrap())
+        .into_iter()
+        .filter(|t| *t >= from)
+        .collect();
+    (times.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max), times)
+}
+
 /// Waits until site a's workload reaches site b's.
 fn until_wa_reaches_wb(s: &TwoSites) {
     let (wa, to_b) = (&s.ns["wa"], &s.wb_from_a);
@@ -124,15 +174,7 @@ fn outage(
     survivor: &str,
     disrupt: impl FnOnce(&mut TwoSites),
 ) -> (f64, f64) {
-    let (wa, to_b) = (s.ns["wa"].clone(), s.wb_from_a.clone());
-    let log = s.dir.path().join(format!("ha-ping-{what}.log"));
-    let ping = s.lab.spawn(
-        &wa,
-        std::path::Path::new("/usr/bin/ping"),
-        &["-D", "-i", "0.02", "-W", "1", &to_b],
-        &log,
-    );
-    std::thread::sleep(Duration::from_secs(1));
+    let (ping, log) = ping_wa_to_wb(s, &format!("ha-ping-{what}.log"));
     let at = now();
     disrupt(s);
     eventually("the survivor active", Duration::from_secs(10), || {
@@ -162,11 +204,7 @@ fn outage(
         panic!("{what}: no answer within 10 s after {victim} failed\n{diag}");
     }
     s.lab.proc(ping).stop();
-    let times: Vec<f64> = answered(&std::fs::read_to_string(&log).unwrap())
-        .into_iter()
-        .filter(|t| *t >= at - 0.2)
-        .collect();
-    let gap = times.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+    let (gap, _) = longest_gap(&log, at - 0.2);
     eprintln!(
         "{what}: {victim} failed, {survivor} took over, outage {:.0} ms",
         gap * 1000.0
@@ -350,17 +388,7 @@ fn the_standby_gateway_takes_over_within_a_second() {
 #[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
 fn a_failover_3_seconds_after_a_controller_restart_is_under_a_second() {
     require_root();
-    let opts = sites::Opts {
-        second_gateway_a: true,
-        ..Default::default()
-    };
-    let _turn = one_at_a_time();
-    let mut s = sites::up_with("hr", ("hr-a", "10.1.0.0/16"), ("hr-b", "10.2.0.0/16"), opts);
-    let procs = [("gw", s.gateways.0), ("gw2", s.gateway_a2.unwrap())];
-    until_wa_reaches_wb(&s);
-    eventually("an active gateway", Duration::from_secs(20), || {
-        (!active(&s.ta).is_empty()).then_some(())
-    });
+    let (_turn, mut s, procs) = two_gateway_lab("hr", (("hr-a", "10.1.0.0/16"), ("hr-b", "10.2.0.0/16")), false);
     let ctl = s.lab.controller_index(0);
     let mut outages = Vec::new();
     for run in 0..10 {
@@ -395,30 +423,12 @@ fn a_failover_3_seconds_after_a_controller_restart_is_under_a_second() {
 #[ignore = "needs root (network namespaces) and etcd: tests/run.sh runs it as root"]
 fn on_etcd_a_silent_gateway_is_marked_within_its_ttl() {
     require_root();
-    let opts = sites::Opts {
-        second_gateway_a: true,
-        site_a_etcd: true,
-        ..Default::default()
-    };
-    let _turn = one_at_a_time();
-    let mut s = sites::up_with("he", ("he-a", "10.1.0.0/16"), ("he-b", "10.2.0.0/16"), opts);
-    let procs = [("gw", s.gateways.0), ("gw2", s.gateway_a2.unwrap())];
-    until_wa_reaches_wb(&s);
-    eventually("an active gateway", Duration::from_secs(20), || {
-        (!active(&s.ta).is_empty()).then_some(())
-    });
+    let (_turn, mut s, procs) = two_gateway_lab("he", (("he-a", "10.1.0.0/16"), ("he-b", "10.2.0.0/16")), true);
     assert!(ready(&s.tb, "gw"), "site b's gateway is not live to begin with");
 
     // Site b's only gateway loses its controller; its tunnel stays.
-    let (wa, to_b, gwb) = (s.ns["wa"].clone(), s.wb_from_a.clone(), s.ns["gwb"].clone());
-    let log = s.dir.path().join("cut-ping.log");
-    let ping = s.lab.spawn(
-        &wa,
-        std::path::Path::new("/usr/bin/ping"),
-        &["-D", "-i", "0.02", "-W", "1", &to_b],
-        &log,
-    );
-    std::thread::sleep(Duration::from_secs(1));
+    let gwb = s.ns["gwb"].clone();
+    let (ping, log) = ping_wa_to_wb(&mut s, "cut-ping.log");
     let cut = "add table inet weftlabcut
         add chain inet weftlabcut out { type filter hook output priority 0; ip daddr 192.168.78.2 tcp dport 7443 drop; }
         add chain inet weftlabcut in { type filter hook input priority 0; ip saddr 192.168.78.2 tcp sport 7443 drop; }";
@@ -444,11 +454,7 @@ fn on_etcd_a_silent_gateway_is_marked_within_its_ttl() {
     let back = now() - healed_at;
     std::thread::sleep(Duration::from_millis(500));
     s.lab.proc(ping).stop();
-    let times: Vec<f64> = answered(&std::fs::read_to_string(&log).unwrap())
-        .into_iter()
-        .filter(|t| *t >= cut_at - 0.2)
-        .collect();
-    let gap = times.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+    let (gap, times) = longest_gap(&log, cut_at - 0.2);
     eprintln!(
         "controller link cut: marked not live after {:.0} ms, live again {:.0} ms after the link returned; \
          longest ping gap {:.0} ms over {} answers",
