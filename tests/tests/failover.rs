@@ -273,18 +273,9 @@ fn print_dumps(s: &TwoSites, hosts: &[String], at: f64) {
 #[test]
 #[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
 fn the_standby_gateway_takes_over_within_a_second() {
-    if !require_root() {
-        return;
-    }
-    let opts = sites::Opts {
-        second_gateway_a: true,
-        ..Default::default()
-    };
-    let _turn = one_at_a_time();
-    let mut s = sites::up_with("ha", ("site-a", "10.1.0.0/16"), ("site-b", "10.2.0.0/16"), opts);
+    require_root();
+    let (_turn, mut s, procs) = two_gateway_lab("ha", (("site-a", "10.1.0.0/16"), ("site-b", "10.2.0.0/16")), false);
     let (wa, wb, to_b) = (s.ns["wa"].clone(), s.ns["wb"].clone(), s.wb_from_a.clone());
-    let procs = [("gw", s.gateways.0), ("gw2", s.gateway_a2.unwrap())];
-    until_wa_reaches_wb(&s);
     let ok = (0..100).any(|_| {
         active(&s.ta) == "gw" || {
             std::thread::sleep(Duration::from_millis(200));
