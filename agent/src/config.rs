@@ -78,6 +78,69 @@ pub struct AgentConfig {
     pub probe: crate::probe::ProbeConfig,
     /// Nodes: the bridge for workloads, if the agent manages one.
     pub workload_bridge: Option<String>,
+    /// Gateways: the WireGuard chosen at start (see [`choose_wireguard`]).
+    pub wireguard: Option<WireguardChoice>,
+}
+
+/// Which WireGuard a gateway runs (`--wireguard`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum WireguardMode {
+    /// The kernel module when the kernel can make a WireGuard link, else userspace.
+    #[default]
+    Auto,
+    /// The kernel module; the agent does not start without it.
+    Kernel,
+    /// boringtun in userspace, whatever the kernel has.
+    Userspace,
+}
+
+/// The WireGuard a gateway runs, and why (shown by `weftctl gateways` and
+/// `diagnose`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WireguardChoice {
+    pub kernel: bool,
+    pub reason: String,
+}
+
+impl WireguardChoice {
+    pub fn mode(&self) -> &'static str {
+        if self.kernel { "kernel" } else { "userspace" }
+    }
+}
+
+/// Decides a gateway's WireGuard from what was asked and what the kernel
+/// probe found (`probe`: Err says what the kernel lacks). Err: the agent
+/// must not start (`--wireguard kernel` on a kernel without the module).
+pub fn choose_wireguard(
+    asked: WireguardMode,
+    probe: impl FnOnce() -> Result<(), String>,
+) -> Result<WireguardChoice, String> {
+    match asked {
+        WireguardMode::Userspace => Ok(WireguardChoice {
+            kernel: false,
+            reason: "--wireguard userspace".into(),
+        }),
+        WireguardMode::Kernel => match probe() {
+            Ok(()) => Ok(WireguardChoice {
+                kernel: true,
+                reason: "--wireguard kernel".into(),
+            }),
+            Err(e) => Err(format!(
+                "--wireguard kernel: {e}. Load it (`modprobe wireguard`; in Linux since 5.6), \
+                 or start with --wireguard auto (kernel when it can, else userspace) or --wireguard userspace"
+            )),
+        },
+        WireguardMode::Auto => Ok(match probe() {
+            Ok(()) => WireguardChoice {
+                kernel: true,
+                reason: "the kernel has WireGuard (--wireguard auto)".into(),
+            },
+            Err(e) => WireguardChoice {
+                kernel: false,
+                reason: e,
+            },
+        }),
+    }
 }
 
 fn host_name() -> Option<String> {
@@ -161,6 +224,7 @@ impl AgentArgs {
             endpoint: None,
             probe: Default::default(),
             workload_bridge: None,
+            wireguard: None,
         })
     }
 }
@@ -203,5 +267,35 @@ mod tests {
         let mut a = args();
         a.ca_fingerprint = None;
         assert!(a.validate().unwrap_err().to_string().contains("--token needs"));
+    }
+
+    fn no_module() -> Result<(), String> {
+        Err("the kernel cannot make wireguard links: no wireguard module".into())
+    }
+
+    #[test]
+    fn auto_takes_the_kernel_when_it_can_and_says_why_when_not() {
+        let c = choose_wireguard(WireguardMode::Auto, || Ok(())).unwrap();
+        assert!(c.kernel);
+        let c = choose_wireguard(WireguardMode::Auto, no_module).unwrap();
+        assert!(!c.kernel);
+        assert!(c.reason.contains("no wireguard module"), "{}", c.reason);
+    }
+
+    #[test]
+    fn kernel_without_the_module_is_refused_with_what_to_do() {
+        let e = choose_wireguard(WireguardMode::Kernel, no_module).unwrap_err();
+        assert!(e.starts_with("--wireguard kernel: "), "{e}");
+        assert!(
+            e.contains("modprobe wireguard") && e.contains("--wireguard auto"),
+            "{e}"
+        );
+        assert!(choose_wireguard(WireguardMode::Kernel, || Ok(())).unwrap().kernel);
+    }
+
+    #[test]
+    fn userspace_does_not_probe() {
+        let c = choose_wireguard(WireguardMode::Userspace, || panic!("probed")).unwrap();
+        assert_eq!(c.mode(), "userspace");
     }
 }

@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use ipnet::Ipv4Net;
 use weft_dataplane::DataPlane;
+use weft_dataplane::driver::Driver;
+use weft_dataplane::kernel::Kernel;
 use weft_dataplane::linux::LinuxNetlink;
 use weft_dataplane::nft::Nft;
 use weft_dataplane::wireguard::Userspace;
@@ -17,9 +19,12 @@ use weft_proto::v1::desired_object::Kind;
 
 use crate::apply::{Applier, Objects};
 
+pub use weft_dataplane::kernel::probe as kernel_wireguard_probe;
 pub use weft_dataplane::linux::{kernel_has_geneve, kernel_link_kinds};
 
-type Plane = DataPlane<LinuxNetlink, Nft, Userspace>;
+use crate::config::WireguardChoice;
+
+type Plane = DataPlane<LinuxNetlink, Nft, Driver>;
 
 pub struct Linux {
     plane: Plane,
@@ -35,6 +40,8 @@ pub struct Linux {
     writes: u64,
     /// Whether the per-peer counters are being read (nodes, once they count).
     counting: bool,
+    /// Gateways: the WireGuard chosen at start, and why.
+    wireguard: Option<WireguardChoice>,
 }
 
 impl std::fmt::Debug for Linux {
@@ -45,11 +52,21 @@ impl std::fmt::Debug for Linux {
 
 impl Linux {
     /// Opens a netlink connection in the current namespace. Must run inside
-    /// a tokio runtime. `wg_private_key`: the gateway's (None on nodes).
-    pub fn new(wg_private_key: Option<String>) -> std::io::Result<Linux> {
+    /// a tokio runtime. `wg_private_key`: the gateway's (None on nodes);
+    /// `wireguard`: the gateway's choice (None: userspace, which on nodes
+    /// and in a teardown runs no device).
+    pub fn new(wg_private_key: Option<String>, wireguard: Option<WireguardChoice>) -> std::io::Result<Linux> {
         let net = LinuxNetlink::new()?;
         let node = wg_private_key.is_none();
-        let wg = Userspace::new(net.handle().clone(), wg_private_key);
+        let wg = if wireguard.as_ref().is_some_and(|c| c.kernel) {
+            Driver::Kernel(
+                Kernel::new(net.handle().clone(), wg_private_key.as_deref()).map_err(|e| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("the WireGuard key: {e}"))
+                })?,
+            )
+        } else {
+            Driver::Userspace(Userspace::new(net.handle().clone(), wg_private_key))
+        };
         Ok(Linux {
             plane: DataPlane {
                 net,
@@ -64,6 +81,7 @@ impl Linux {
             kinds: None,
             writes: 0,
             counting: false,
+            wireguard,
         })
     }
 
@@ -187,7 +205,7 @@ impl Applier for Linux {
             .collect();
         self.probes.retain(|name, _| links.contains_key(name));
         for (name, (l, w)) in &links {
-            let present = self.plane.wg.devices.devices.contains_key(name);
+            let present = self.plane.wg.has(name);
             if !present {
                 continue;
             }
@@ -295,9 +313,15 @@ impl Applier for Linux {
                 }
             }
         }
+        let (wireguard, wireguard_reason) = match &self.wireguard {
+            Some(c) => (c.mode().to_string(), c.reason.clone()),
+            None => Default::default(),
+        };
         pb::HostReport {
             features,
             route_conflicts: conflicts,
+            wireguard,
+            wireguard_reason,
         }
     }
 }

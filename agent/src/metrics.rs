@@ -2,7 +2,7 @@
 //!
 //! Per agent: applied revision, reconcile duration and failed objects,
 //! drift repairs, controller connection, certificate expiry. Per peering on
-//! a gateway: up, RTT histogram, bytes and packets each way, handshake age,
+//! a gateway: its WireGuard mode; up, RTT histogram, bytes and packets each way, handshake age,
 //! probe counts, MTU and the path-MTU check. Per peering on a node: bytes
 //! and packets to and from the peer's CIDRs (nftables counters).
 
@@ -31,6 +31,8 @@ pub struct AgentMetrics {
     pub connected: Gauge,
     pub cert_expiry: Gauge<f64, AtomicU64>,
     pub rtt: Family<Labels, Histogram, fn() -> Histogram>,
+    /// Gateways: 1, labelled with the WireGuard mode ("kernel", "userspace").
+    pub wireguard: Family<Labels, Gauge>,
     /// The gateway's tunnels as last reported.
     pub tunnels: Mutex<Vec<pb::TunnelStatus>>,
     /// Set on nodes: per-peer traffic is counted (in weft's nftables table,
@@ -65,6 +67,7 @@ pub fn get() -> &'static AgentMetrics {
             connected: Gauge::default(),
             cert_expiry: Gauge::default(),
             rtt: Family::new_with_constructor(rtt_histogram),
+            wireguard: Family::default(),
             tunnels: Mutex::new(Vec::new()),
             node_accounting: Default::default(),
             traffic: Mutex::new(Vec::new()),
@@ -103,6 +106,11 @@ pub fn get() -> &'static AgentMetrics {
             "weft_peering_rtt_seconds",
             "Round-trip time of answered tunnel probes",
             m.rtt.clone(),
+        );
+        r.register(
+            "weft_gateway_wireguard_info",
+            "The WireGuard carrying this gateway's tunnels (label mode: kernel or userspace); always 1",
+            m.wireguard.clone(),
         );
         r.register_collector(Box::new(Snapshot(|f: &mut Families| {
             let m = get();

@@ -206,6 +206,49 @@ fn heartbeat_period(r: &pb::ReportResponse) -> Duration {
     }
 }
 
+/// What the session's last report said, for [`keep_reporting`].
+struct LastReport {
+    at: std::time::Instant,
+    report: pb::ReportRequest,
+    every: Duration,
+    client: AgentServiceClient<tonic::transport::Channel>,
+}
+
+/// Reports again what the session last reported whenever the session's
+/// loop has not reported for a heartbeat period: the loop reports after
+/// each change, but while it is busy (a reconcile that takes long on a
+/// loaded host, a slow `nft`) its heartbeats would stop, and a gateway
+/// not heard for its TTL (800 ms by default) is failed over although it
+/// works. Liveness must not depend on how long a reconcile takes.
+async fn keep_reporting(last: std::sync::Arc<std::sync::Mutex<LastReport>>) {
+    loop {
+        let (wait, due) = {
+            let l = last.lock().unwrap();
+            let since = l.at.elapsed();
+            if since >= l.every {
+                (l.every, Some((l.report.clone(), l.client.clone())))
+            } else {
+                (l.every - since, None)
+            }
+        };
+        if let Some((report, mut client)) = due
+            && client.report(report).await.is_ok()
+        {
+            last.lock().unwrap().at = std::time::Instant::now();
+        }
+        tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
+    }
+}
+
+/// Aborts a task when dropped (when the session ends, however it ends).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 async fn session(s: Session<'_>) -> End {
     let Session {
         target,
@@ -265,6 +308,16 @@ async fn session(s: Session<'_>) -> End {
     metrics.cert_expiry.set(unix_secs(current.not_after));
     let _disconnected = Disconnected;
     let mut host_reported: Option<std::time::Instant> = None;
+    let last = std::sync::Arc::new(std::sync::Mutex::new(LastReport {
+        at: std::time::Instant::now(),
+        report: pb::ReportRequest {
+            applied_revision: desired.revision,
+            ..Default::default()
+        },
+        every: heartbeat.period(),
+        client: c.clone(),
+    }));
+    let _keeper = AbortOnDrop(tokio::spawn(keep_reporting(last.clone())));
     loop {
         tokio::select! {
             _ = resync_timer.tick() => {
@@ -311,9 +364,19 @@ async fn session(s: Session<'_>) -> End {
             tunnels,
             host,
         };
+        {
+            let mut l = last.lock().unwrap();
+            l.at = std::time::Instant::now();
+            l.report = pb::ReportRequest {
+                host: None,
+                ..report.clone()
+            };
+            l.client = c.clone();
+        }
         match c.report(report).await {
             Ok(r) => {
                 let every = heartbeat_period(&r.into_inner());
+                last.lock().unwrap().every = every;
                 if every != heartbeat.period() {
                     heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
                 }
@@ -406,7 +469,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
             })
         } else {
             Box::new(Guarded {
-                inner: crate::linux::Linux::new(None)?,
+                inner: crate::linux::Linux::new(None, None)?,
                 guard,
             })
         };
@@ -437,6 +500,13 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         AgentKind::Node => None,
     };
     let gateway_key = wg_keys.as_ref().map(|k| k.1.clone());
+    if let Some(c) = &cfg.wireguard {
+        tracing::info!(wireguard = c.mode(), reason = %c.reason, "WireGuard chosen");
+        crate::metrics::get()
+            .wireguard
+            .get_or_create(&vec![("mode".to_string(), c.mode().to_string())])
+            .set(1);
+    }
     // Everything the controller sends, and the stored state, passes the
     // guard before it reaches the host.
     let guard = Guard::new(cfg.underlay_ip, &cfg.controllers);
@@ -448,7 +518,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         })
     } else {
         Box::new(Guarded {
-            inner: crate::linux::Linux::new(wg_keys.map(|k| k.0))?
+            inner: crate::linux::Linux::new(wg_keys.map(|k| k.0), cfg.wireguard.clone())?
                 .with_probes(cfg.probe)
                 .with_underlay(cfg.underlay_ip),
             guard,

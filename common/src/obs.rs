@@ -25,6 +25,13 @@ use prometheus_client::registry::Registry;
 pub fn init_logging(format: LogFormat) {
     let json = format == LogFormat::Json;
     let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| "info".into());
+    // defguard_wireguard_rs logs every netlink reply at trace level, the
+    // private key of a device read included: never below info, whatever
+    // WEFT_LOG asks.
+    let filter = match "defguard_wireguard_rs=info".parse() {
+        Ok(d) => filter.add_directive(d),
+        Err(_) => filter,
+    };
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

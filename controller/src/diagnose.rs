@@ -213,26 +213,53 @@ fn agent_checks(
                 "the kernel cannot make VXLAN links: no overlay to the gateway".into(),
                 "load the vxlan module (`modprobe vxlan`) or use a kernel built with it",
             ));
-        } else if a.role == AgentRole::Gateway && !has("wireguard") {
-            out.push(check(
-                "kernel",
-                a.subject(),
-                pb::CheckResult::Warn,
-                "no WireGuard kernel module: userspace WireGuard (boringtun) carries the tunnels, at a fraction of kernel speed".into(),
-                "`modprobe wireguard` (kernel 5.6 or later) and restart the gateway agent",
-            ));
         } else {
             let overlay = if has("geneve") {
                 "Geneve or VXLAN"
             } else {
                 "VXLAN (no Geneve)"
             };
-            let wg = if has("wireguard") { "kernel" } else { "userspace" };
-            out.push(pass(
-                "kernel",
-                a.subject(),
-                format!("overlay: {overlay}; WireGuard: {wg}"),
-            ));
+            // What the gateway runs (agents before it was reported: what
+            // its kernel could run).
+            let wg = match (rec.wireguard.as_str(), has("wireguard")) {
+                ("", true) => "kernel",
+                ("", false) => "userspace",
+                (m, _) => m,
+            };
+            let reason = if rec.wireguard_reason.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", rec.wireguard_reason)
+            };
+            if a.role != AgentRole::Gateway || wg == "kernel" {
+                let wg = if a.role == AgentRole::Gateway {
+                    format!("; WireGuard: kernel{reason}")
+                } else {
+                    String::new()
+                };
+                out.push(pass("kernel", a.subject(), format!("overlay: {overlay}{wg}")));
+            } else if has("wireguard") {
+                out.push(check(
+                    "kernel",
+                    a.subject(),
+                    pb::CheckResult::Warn,
+                    format!(
+                        "overlay: {overlay}; WireGuard: userspace (boringtun){reason}, though the kernel has WireGuard: a fraction of its speed"
+                    ),
+                    "restart the gateway agent with --wireguard auto (or kernel)",
+                ));
+            } else {
+                out.push(check(
+                    "kernel",
+                    a.subject(),
+                    pb::CheckResult::Warn,
+                    format!(
+                        "overlay: {overlay}; WireGuard: userspace (boringtun){reason}: a fraction of kernel speed"
+                    ),
+                    "run the gateway on a kernel with WireGuard (Linux 5.6 or later, CONFIG_WIREGUARD) and restart its agent: \
+                     with --wireguard auto it takes the kernel's",
+                ));
+            }
         }
     }
     for c in &rec.route_conflicts {

@@ -79,6 +79,10 @@ pub struct Hub {
     slots: Mutex<HashMap<AgentKey, Arc<Slot>>>,
     live: Mutex<HashMap<AgentKey, Live>>,
     last_seen: Mutex<HashMap<AgentKey, u64>>,
+    /// Each agent's latest host facts (they come every 30 s, heartbeats
+    /// between carry none): kept across a lapse of its liveness, so a
+    /// record made anew after one still has them.
+    facts: Mutex<HashMap<AgentKey, pb::HostReport>>,
     /// Bumped (to the store revision) when something peers see changed:
     /// the site or a gateway.
     pub params_rev: tokio::sync::watch::Sender<i64>,
@@ -134,6 +138,7 @@ impl Hub {
             slots: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
             last_seen: Mutex::new(HashMap::new()),
+            facts: Mutex::new(HashMap::new()),
             dirty: Mutex::new(HashMap::new()),
             params_rev: tokio::sync::watch::Sender::new(0),
             closing: tokio::sync::watch::Sender::new(false),
@@ -507,20 +512,25 @@ impl Hub {
             since_ms: now,
             features: Vec::new(),
             route_conflicts: Vec::new(),
+            wireguard: String::new(),
+            wireguard_reason: String::new(),
             replica: self.replica.clone(),
         };
-        match host {
-            Some(h) => {
-                record.features = h.features.into_iter().take(32).collect();
-                record.route_conflicts = h.route_conflicts.into_iter().take(100).collect();
+        // Host facts come now and then; the last ones hold meanwhile.
+        let h = match host {
+            Some(mut h) => {
+                h.features.truncate(32);
+                h.route_conflicts.truncate(100);
+                self.facts.lock().unwrap().insert(key.clone(), h.clone());
+                Some(h)
             }
-            // Host facts come now and then; keep the last ones meanwhile.
-            None => {
-                if let Some(l) = self.live.lock().unwrap().get(&key) {
-                    record.features = l.last.features.clone();
-                    record.route_conflicts = l.last.route_conflicts.clone();
-                }
-            }
+            None => self.facts.lock().unwrap().get(&key).cloned(),
+        };
+        if let Some(h) = h {
+            record.features = h.features;
+            record.route_conflicts = h.route_conflicts;
+            record.wireguard = h.wireguard;
+            record.wireguard_reason = h.wireguard_reason;
         }
         // Decide under the lock, talk to the store outside it: reports of
         // different agents never wait for each other's store round trips.
@@ -589,6 +599,7 @@ impl Hub {
     /// record (on a lease) ends now instead of at the lease's end.
     fn forget(&self, key: AgentKey) {
         self.last_seen.lock().unwrap().remove(&key);
+        self.facts.lock().unwrap().remove(&key);
         self.dirty.lock().unwrap().remove(&key);
         if key.0 == AgentRole::Gateway {
             self.tunnels.lock().unwrap().remove(&key.1);
@@ -816,6 +827,31 @@ mod tests {
         );
         h.report(key.clone(), 1, vec![], None).await.unwrap();
         assert!(live(&h, "gw").await, "a report makes it live again");
+    }
+
+    /// Host facts come every 30 s; a gateway whose liveness lapsed between
+    /// two of them keeps its facts (its WireGuard mode among them) in the
+    /// record its next heartbeat makes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn host_facts_survive_a_lapse_of_liveness() {
+        let ttl = Duration::from_millis(300);
+        let (h, _dir) = hub(ttl).await;
+        let key = (AgentRole::Gateway, "gw".to_string());
+        let facts = pb::HostReport {
+            features: vec!["wireguard".into()],
+            wireguard: "kernel".into(),
+            wireguard_reason: "--wireguard kernel".into(),
+            ..Default::default()
+        };
+        h.report(key.clone(), 1, vec![], Some(facts)).await.unwrap();
+        let quiet = std::time::Instant::now();
+        while live(&h, "gw").await {
+            assert!(quiet.elapsed() < Duration::from_secs(2), "never lapsed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        h.report(key.clone(), 2, vec![], None).await.unwrap();
+        let rec = h.state.alive().await.unwrap()[&key].clone();
+        assert_eq!((rec.wireguard.as_str(), rec.features.len()), ("kernel", 1), "{rec:?}");
     }
 
     /// A replica that did not run for a while (stopped, starved) has not

@@ -323,7 +323,13 @@ fn add_peer(d: &mut Desired, id: String, p: &pb::WireguardPeer) -> R<()> {
                     .map_err(|_| format!("endpoint {:?} is not address:port", p.endpoint))
             })
             .transpose()?,
-        allowed_ips: p.allowed_ips.iter().map(|c| net(c, "allowed IP")).collect::<R<_>>()?,
+        // A set (as the kernel keeps it): sorted, each once.
+        allowed_ips: {
+            let mut v: Vec<Ipv4Net> = p.allowed_ips.iter().map(|c| net(c, "allowed IP")).collect::<R<_>>()?;
+            v.sort();
+            v.dedup();
+            v
+        },
         keepalive: u16::try_from(p.persistent_keepalive).map_err(|_| "keepalive too long".to_string())?,
     };
     crate::wireguard::key_hex(&peer.public_key)?;

@@ -271,8 +271,10 @@ impl Firewall for Fake {
 
 #[async_trait::async_trait]
 impl WireGuard for Fake {
-    async fn devices(&mut self) -> BTreeMap<(Ns, String), WgDevice> {
-        self.host().devices.clone()
+    async fn devices(&mut self, scopes: &BTreeSet<Ns>) -> BTreeMap<(Ns, String), WgDevice> {
+        let mut d = self.host().devices.clone();
+        d.retain(|(ns, _), _| scopes.contains(ns));
+        d
     }
 
     async fn create(&mut self, link: &Link) -> R<()> {

@@ -41,11 +41,22 @@ pub struct WgDevice {
     pub peers: BTreeMap<String, WgPeer>,
 }
 
+/// Counters of one WireGuard device (from boringtun's UAPI or the kernel).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    pub last_handshake_unix: Option<u64>,
+    /// Where the peer with the newest handshake was last seen.
+    pub endpoint: Option<std::net::SocketAddr>,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+}
+
 /// WireGuard devices and their peers.
 #[async_trait::async_trait]
 pub trait WireGuard: Send {
-    /// The devices by (namespace of their interface, name).
-    async fn devices(&mut self) -> BTreeMap<(Ns, String), WgDevice>;
+    /// The devices whose interface is in one of `scopes`, by (namespace,
+    /// name).
+    async fn devices(&mut self, scopes: &BTreeSet<Ns>) -> BTreeMap<(Ns, String), WgDevice>;
     /// Makes device `link` (replacing one of its name), its interface in
     /// `link.ns`, up, with `link.mtu`.
     async fn create(&mut self, link: &Link) -> R<()>;
@@ -80,7 +91,6 @@ pub async fn observe(
         .filter(|n| existing.contains(*n) && n.starts_with(PREFIX))
         .cloned()
         .collect();
-    let devices = wg.devices().await;
     out.scopes.insert(String::new());
     out.scopes.extend(
         out.state
@@ -89,6 +99,7 @@ pub async fn observe(
             .filter(|n| scopes.is_none_or(|s| s.contains(*n)))
             .cloned(),
     );
+    let devices = wg.devices(&out.scopes).await;
     for ns in out.scopes.clone() {
         let mut raw = net.read(&ns).await?;
         raw.tables = fw.tables(&ns).await?;

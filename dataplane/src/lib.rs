@@ -11,12 +11,16 @@
 //! 4. `execute` carries the operations out through the seams.
 //!
 //! Linux implements the seams in `linux` (rtnetlink), `nft` (nftables)
-//! and `wireguard` (boringtun); `fake` implements all three in memory for
+//! and, for WireGuard, `kernel` (the kernel module, over netlink) or
+//! `wireguard` (boringtun in userspace), chosen per gateway
+//! ([`driver::Driver`]); `fake` implements all three in memory for
 //! tests of the planner. [`DataPlane::reconcile`] runs the four steps.
 
 pub mod desired;
+pub mod driver;
 pub mod fake;
 pub mod host;
+pub mod kernel;
 pub mod linux;
 pub mod model;
 pub mod nft;
@@ -128,7 +132,7 @@ impl<N: Netlink, F: Firewall, W: WireGuard> DataPlane<N, F, W> {
         out.mtus = want.state.links.values().map(|l| (l.name.clone(), l.mtu)).collect();
         let ops = plan::plan(&want, &seen.state, &seen.scopes);
         if !ops.is_empty() {
-            tracing::debug!(operations = ops.len(), "applying the plan");
+            tracing::debug!(operations = ops.len(), plan = ?ops, "applying the plan");
         }
         let results = host::execute(&mut self.net, &mut self.fw, &mut self.wg, &ops).await;
         for (op, r) in ops.iter().zip(results) {

@@ -464,13 +464,16 @@ impl Netlink for LinuxNetlink {
     }
 }
 
-/// Which of the link kinds weft uses this kernel can make ("geneve",
-/// "vxlan", "wireguard"): each tried in a network namespace of a throwaway
-/// thread's own (nothing on the host is touched; the namespace goes with
-/// the thread). Blocking.
-pub fn kernel_link_kinds() -> Vec<String> {
-    std::thread::spawn(|| -> R<Vec<String>> {
-        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| format!("unshare: {e}"))?;
+/// Whether this kernel can make links of `kind` ("geneve", "vxlan",
+/// "wireguard"): one is made in a network namespace of a throwaway thread's
+/// own (nothing on the host is touched; the namespace goes with the
+/// thread). Err says why not, in words an operator can act on. Blocking.
+pub fn probe_link_kind(kind: &str) -> R<()> {
+    let kind = kind.to_string();
+    std::thread::spawn(move || -> R<()> {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
+            format!("cannot make a throwaway network namespace to try a {kind} link: {e} (run as root)")
+        })?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -479,30 +482,39 @@ pub fn kernel_link_kinds() -> Vec<String> {
             let (conn, h, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
             tokio::spawn(conn);
             let far = Ipv4Addr::new(192, 0, 2, 1);
-            let mut kinds = Vec::new();
-            let tries = [
-                (
-                    "geneve",
-                    rtnetlink::LinkGeneve::new("weftprobe0", 1).remote(far).build(),
-                ),
-                ("vxlan", LinkVxlan::new("weftprobe1", 1).remote(far).build()),
-                ("wireguard", rtnetlink::LinkWireguard::new("weftprobe2").build()),
-            ];
-            for (kind, msg) in tries {
-                if h.link().add(msg).execute().await.is_ok() {
-                    kinds.push(kind.to_string());
-                }
+            let msg = match kind.as_str() {
+                "geneve" => rtnetlink::LinkGeneve::new("weftprobe", 1).remote(far).build(),
+                "vxlan" => LinkVxlan::new("weftprobe", 1).remote(far).build(),
+                "wireguard" => rtnetlink::LinkWireguard::new("weftprobe").build(),
+                _ => return Err(format!("no probe for link kind {kind}")),
+            };
+            match h.link().add(msg).execute().await {
+                Ok(()) => Ok(()),
+                Err(rtnetlink::Error::NetlinkError(m)) if m.raw_code() == -libc::EOPNOTSUPP => Err(format!(
+                    "the kernel cannot make {kind} links: no {kind} module (not built for this kernel, or not loadable)"
+                )),
+                Err(rtnetlink::Error::NetlinkError(m)) if m.raw_code() == -libc::EPERM => Err(format!(
+                    "not permitted to make a {kind} link (run as root, or with CAP_NET_ADMIN)"
+                )),
+                Err(e) => Err(format!("the kernel refused a {kind} link: {e}")),
             }
-            Ok(kinds)
         })
     })
     .join()
-    .ok()
-    .and_then(|r| r.ok())
-    .unwrap_or_default()
+    .map_err(|_| "the kernel probe panicked".to_string())?
+}
+
+/// Which of the link kinds weft uses this kernel can make ("geneve",
+/// "vxlan", "wireguard"); see [`probe_link_kind`]. Blocking.
+pub fn kernel_link_kinds() -> Vec<String> {
+    ["geneve", "vxlan", "wireguard"]
+        .into_iter()
+        .filter(|k| probe_link_kind(k).is_ok())
+        .map(String::from)
+        .collect()
 }
 
 /// Whether this kernel can make Geneve links.
 pub fn kernel_has_geneve() -> bool {
-    kernel_link_kinds().iter().any(|k| k == "geneve")
+    probe_link_kind("geneve").is_ok()
 }

@@ -52,6 +52,20 @@ pub async fn in_namespace<T: Send + 'static>(
     rx.await.map_err(|_| "the namespace worker panicked".to_string())?
 }
 
+/// [`in_namespace`], or `f` with `host` (the agent's own connection) when
+/// `ns` is the agent's namespace ("").
+pub async fn in_namespace_or_here<T: Send + 'static>(
+    host: &Handle,
+    ns: &str,
+    f: impl FnOnce(Handle) -> std::pin::Pin<Box<dyn std::future::Future<Output = R<T>> + Send>> + Send + 'static,
+) -> R<T> {
+    if ns.is_empty() {
+        f(host.clone()).await
+    } else {
+        in_namespace(ns, f).await
+    }
+}
+
 pub async fn index_in(h: &Handle, name: &str) -> R<Option<u32>> {
     let mut links = h.link().get().match_name(name.to_string()).execute();
     match links.try_next().await {

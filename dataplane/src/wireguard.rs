@@ -18,6 +18,7 @@ use defguard_boringtun::device::{DeviceConfig, DeviceHandle};
 use futures::TryStreamExt;
 use rtnetlink::{Handle, LinkUnspec};
 
+pub use crate::host::Stats;
 use crate::host::{R, WgDevice, WireGuard};
 use crate::model::{Link, LinkKind, Ns, WgPeer};
 
@@ -120,16 +121,6 @@ impl Device {
         }
         st
     }
-}
-
-/// Counters of one device, from its UAPI.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Stats {
-    pub last_handshake_unix: Option<u64>,
-    /// Where the peer with the newest handshake was last seen.
-    pub endpoint: Option<std::net::SocketAddr>,
-    pub rx_bytes: u64,
-    pub tx_bytes: u64,
 }
 
 /// The WireGuard devices this agent runs, by interface name.
@@ -294,10 +285,14 @@ impl Userspace {
 
 #[async_trait::async_trait]
 impl WireGuard for Userspace {
-    async fn devices(&mut self) -> std::collections::BTreeMap<(Ns, String), WgDevice> {
+    async fn devices(
+        &mut self,
+        scopes: &std::collections::BTreeSet<Ns>,
+    ) -> std::collections::BTreeMap<(Ns, String), WgDevice> {
         self.devices
             .devices
             .iter()
+            .filter(|(_, d)| scopes.contains(&d.namespace))
             .map(|(name, d)| {
                 (
                     (d.namespace.clone(), name.clone()),

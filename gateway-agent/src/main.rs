@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 
 use clap::Parser;
-use weft_agent::config::AgentArgs;
+use weft_agent::config::{AgentArgs, AgentConfigError, WireguardMode, choose_wireguard};
 use weft_agent::identity::AgentKind;
 
 #[derive(Parser, Debug)]
@@ -27,6 +27,9 @@ struct Cli {
     /// Unanswered probes in a row after which a tunnel is reported down.
     #[arg(long, env = "WEFT_PROBE_MISSES", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
     probe_misses: u32,
+    /// Which WireGuard carries the tunnels: the kernel module, boringtun in userspace, or auto (the kernel when it has WireGuard).
+    #[arg(long, env = "WEFT_WIREGUARD", value_enum, default_value = "auto")]
+    wireguard: WireguardMode,
 }
 
 fn main() -> std::process::ExitCode {
@@ -34,7 +37,7 @@ fn main() -> std::process::ExitCode {
     let interval = *cli.probe_interval;
     let cfg = cli.agent.validate().and_then(|mut c| {
         if interval < std::time::Duration::from_millis(50) || interval > std::time::Duration::from_secs(3600) {
-            return Err(weft_agent::config::AgentConfigError(vec![format!(
+            return Err(AgentConfigError(vec![format!(
                 "--probe-interval {}: use 50ms to 1h",
                 cli.probe_interval
             )]));
@@ -44,6 +47,11 @@ fn main() -> std::process::ExitCode {
             interval,
             misses: cli.probe_misses,
         };
+        if !c.teardown {
+            let choice = choose_wireguard(cli.wireguard, weft_agent::linux::kernel_wireguard_probe)
+                .map_err(|e| AgentConfigError(vec![e]))?;
+            c.wireguard = Some(choice);
+        }
         Ok(c)
     });
     weft_agent::run::main_with(cfg, AgentKind::Gateway, None)

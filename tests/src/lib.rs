@@ -12,6 +12,7 @@ pub mod mesh;
 pub mod netns;
 pub mod sim;
 pub mod sites;
+pub mod vm;
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -273,6 +273,16 @@ impl Lab {
         self.procs[i] = Proc::spawn(&mut cmd, &log.with_extension("restarted.log"));
     }
 
+    /// Sets `flag`'s value in process `i`'s arguments (appending the flag
+    /// when it has none), for its next [`Lab::respawn`].
+    pub fn set_arg(&mut self, i: usize, flag: &str, value: &str) {
+        let args = &mut self.commands[i].2;
+        match args.iter().position(|a| a == flag) {
+            Some(p) if p + 1 < args.len() => args[p + 1] = value.to_string(),
+            _ => args.extend([flag.to_string(), value.to_string()]),
+        }
+    }
+
     /// The index of the `n`-th process whose program is weft-controller.
     pub fn controller_index(&self, n: usize) -> usize {
         let mut it = self

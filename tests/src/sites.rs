@@ -65,6 +65,15 @@ pub struct Opts {
     /// Site a keeps its state in etcd too (on its controller's host), not
     /// in the embedded store.
     pub site_a_etcd: bool,
+    /// `--wireguard` of site a's gateways and of site b's (default: the
+    /// agents' own, auto).
+    pub wireguard_a: Option<&'static str>,
+    pub wireguard_b: Option<&'static str>,
+    /// Both controllers' `--gateway-ttl` (default: theirs, 800 ms).
+    pub gateway_ttl: Option<&'static str>,
+    /// Every agent's `--resync-interval` (default 1 s; `no_drift_repair`
+    /// makes it 0).
+    pub resync: Option<&'static str>,
 }
 
 /// Where every controller (9100) and agent (9101) of a lab serves
@@ -165,6 +174,9 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         if let Some(e) = etcd {
             args.extend(["--etcd-endpoints", e]);
         }
+        if let Some(t) = opts.gateway_ttl {
+            args.extend(["--gateway-ttl", t]);
+        }
         if let Some(m) = tunnel_mtu.as_deref().filter(|_| site == site_a) {
             args.extend(["--tunnel-mtu", m]);
         }
@@ -203,11 +215,23 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
             &format!("https://{ctl_ip}:7443"),
             ip,
             &state,
-            if opts.no_drift_repair { "0s" } else { "1s" },
+            if opts.no_drift_repair {
+                "0s"
+            } else {
+                opts.resync.unwrap_or("1s")
+            },
         );
         args.extend(["--metrics-listen".to_string(), format!("0.0.0.0:{AGENT_METRICS_PORT}")]);
         if kind == "gateway" {
             args.extend(["--endpoint".to_string(), format!("{ip}:51820")]);
+            let mode = if ctl_ip == "192.168.78.1" {
+                opts.wireguard_a
+            } else {
+                opts.wireguard_b
+            };
+            if let Some(m) = mode {
+                args.extend(["--wireguard".to_string(), m.to_string()]);
+            }
         }
         if let Some(s) = subnet {
             args.extend(["--subnet".to_string(), s.to_string()]);
@@ -376,4 +400,112 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
             .all(|(k, v)| label_part.contains(&format!("{k}=\"{v}\"")))
             .then(|| value.split_whitespace().next()?.parse().ok())?
     })
+}
+
+/// The active gateway of the site at `target`.
+pub fn active(target: &str) -> String {
+    let g = weftctl_json(target, &["gateways"]);
+    g["gateways"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["active"] == true)
+        .map(|g| g["name"].as_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+/// Starts pinging wb from wa every 20 ms (`ping -D` into the lab's file
+/// `name`) and lets it run a second: the process index and the log.
+pub fn ping_wa_to_wb(s: &mut TwoSites, name: &str) -> (usize, std::path::PathBuf) {
+    let (wa, to_b) = (s.ns["wa"].clone(), s.wb_from_a.clone());
+    let log = s.dir.path().join(name);
+    let ping = s.lab.spawn(
+        &wa,
+        std::path::Path::new("/usr/bin/ping"),
+        &["-D", "-i", "0.02", "-W", "1", &to_b],
+        &log,
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    (ping, log)
+}
+
+/// The longest silence between answered pings in `log` from `from` on,
+/// and the answers' times.
+pub fn longest_gap(log: &std::path::Path, from: f64) -> (f64, Vec<f64>) {
+    let times: Vec<f64> = answered(&std::fs::read_to_string(log).unwrap())
+        .into_iter()
+        .filter(|t| *t >= from)
+        .collect();
+    (times.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max), times)
+}
+
+/// Waits until site a's workload reaches site b's.
+pub fn until_wa_reaches_wb(s: &TwoSites) {
+    let (wa, to_b) = (&s.ns["wa"], &s.wb_from_a);
+    eventually("wa reaching wb", Duration::from_secs(30), || {
+        s.lab
+            .exec(wa, &["ping", "-c", "1", "-W", "1", to_b])
+            .status
+            .success()
+            .then_some(())
+    });
+}
+
+/// Times (s) of the answered pings in a `ping -D` log.
+pub fn answered(log: &str) -> Vec<f64> {
+    crate::ping_answers(log).into_iter().map(|(t, _)| t).collect()
+}
+
+impl TwoSites {
+    /// Stops every agent and runs `--teardown` on each host, then asserts
+    /// that no host keeps a link, rule, route or nftables table of weft's
+    /// and that the peering namespaces are gone.
+    pub fn teardown_all(&mut self) {
+        let ns_b = weft_controller::render::peering_namespace(&self.site_b, &self.site_a);
+        teardown_hosts(&mut self.lab, &self.ns, &self.agents, &[&self.ns_a, &ns_b]);
+    }
+}
+
+/// Stops `agents` (those still running) and runs `--teardown` on each
+/// host, then asserts that no host keeps a link, rule, route or nftables
+/// table of weft's and that none of `peering_ns` is left.
+pub fn teardown_hosts(
+    lab: &mut Lab,
+    ns: &HashMap<&'static str, String>,
+    agents: &[(usize, &'static str, &'static str, std::path::PathBuf)],
+    peering_ns: &[&str],
+) {
+    for (i, host, kind, state) in agents {
+        if lab.proc(*i).child.is_some() {
+            lab.proc(*i).stop();
+        }
+        let o = std::process::Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", ns[host]))
+            .arg(bin(&format!("weft-{kind}-agent")))
+            .args(["--teardown", "--state-dir", state.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "teardown on {host}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        for (cmd, what) in [
+            ("ip -br link", "weft-"),
+            ("ip rule", "7765"),
+            ("ip route show table all", "7765"),
+            ("ip route show table all", "weft-"),
+            ("nft list ruleset", "weft"),
+        ] {
+            let out = stdout(&lab.exec(&ns[host], &["sh", "-c", cmd]));
+            assert!(
+                !out.contains(what),
+                "after teardown `{cmd}` on {host} still shows {what}:\n{out}"
+            );
+        }
+    }
+    let netns = stdout(&crate::run(std::process::Command::new("ip").args(["netns", "list"])));
+    for p in peering_ns {
+        assert!(!netns.contains(p), "peering namespace {p} left: {netns}");
+    }
 }

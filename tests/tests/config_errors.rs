@@ -100,3 +100,37 @@ fn flags_override_the_file_and_check_config_validates() {
         stdout(&o)
     );
 }
+
+/// `--wireguard kernel` where the kernel has no WireGuard (this machine's
+/// kernel; the VM lane runs one that has it): the gateway agent exits 2
+/// before it does anything, saying what the kernel lacks and what to do.
+#[test]
+#[ignore = "needs root (the kernel probe makes a throwaway network namespace): tests/run.sh runs it as root"]
+fn a_gateway_asked_for_kernel_wireguard_without_the_module_exits_2() {
+    assert!(weft_tests::netns::require_root());
+    if std::env::var_os("WEFT_IN_VM").is_some() || weft_agent::linux::kernel_wireguard_probe().is_ok() {
+        panic!("this kernel has WireGuard: the test needs one without it (this machine's)");
+    }
+    let dir = tempfile::Builder::new().prefix("weft-wgmode").tempdir().unwrap();
+    let o = run(Command::new(bin("weft-gateway-agent"))
+        .args([
+            "--controller",
+            "https://127.0.0.1:1",
+            "--name",
+            "gw",
+            "--wireguard",
+            "kernel",
+        ])
+        .arg("--state-dir")
+        .arg(dir.path().join("state")));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    for needle in [
+        "--wireguard kernel: the kernel cannot make wireguard links: no wireguard module",
+        "modprobe wireguard",
+        "--wireguard auto",
+    ] {
+        assert!(err.contains(needle), "expected {needle:?} in:\n{err}");
+    }
+    assert!(!dir.path().join("state").exists(), "nothing may be written");
+}

@@ -603,43 +603,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
     );
 
     // `--teardown` (agents stopped): every host is as it was before weft.
-    for (i, host, kind, state) in agents {
-        lab.proc(i).stop();
-        let o = std::process::Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", ns[host]))
-            .arg(weft_tests::bin(&format!("weft-{kind}-agent")))
-            .args(["--teardown", "--state-dir", state.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "teardown on {host}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        for (cmd, what) in [
-            ("ip -br link", "weft-"),
-            ("ip rule", "7765"),
-            ("ip route show table all", "7765"),
-            ("ip route show table all", "weft-"),
-            ("nft list ruleset", "weft"),
-        ] {
-            let out = stdout(&lab.exec(&ns[host], &["sh", "-c", cmd]));
-            assert!(
-                !out.contains(what),
-                "after teardown `{cmd}` on {host} still shows {what}:\n{out}"
-            );
-        }
-    }
-    let netns = stdout(
-        &std::process::Command::new("ip")
-            .args(["netns", "list"])
-            .output()
-            .unwrap(),
-    );
-    assert!(
-        !netns.contains(&ns_a) && !netns.contains(&ns_b),
-        "peering namespaces left: {netns}"
-    );
+    sites::teardown_hosts(&mut lab, &ns, &agents, &[&ns_a, &ns_b]);
 }
 
 /// Scenario a: disjoint workload CIDRs; 1500-byte underlays, every MTU

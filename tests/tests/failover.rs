@@ -8,20 +8,8 @@
 use std::time::Duration;
 
 use weft_tests::netns::require_root;
-use weft_tests::sites::{self, TwoSites};
+use weft_tests::sites::{self, TwoSites, active, answered, longest_gap, ping_wa_to_wb, until_wa_reaches_wb};
 use weft_tests::{eventually, weftctl_json};
-
-/// The active gateway of the site at `target`.
-fn active(target: &str) -> String {
-    let g = weftctl_json(target, &["gateways"]);
-    g["gateways"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["active"] == true)
-        .map(|g| g["name"].as_str().unwrap().to_string())
-        .unwrap_or_default()
-}
 
 /// One failover lab at a time: each measures outages that a second lab on
 /// the same two cores would distort (and the labs share /run/netns).
@@ -109,48 +97,6 @@ fn two_gateway_lab(
         (!active(&s.ta).is_empty()).then_some(())
     });
     (turn, s, procs)
-}
-
-/// Starts pinging wb from wa every 20 ms (`ping -D` into the lab's file
-/// `name`) and lets it run a second: the process index and the log.
-fn ping_wa_to_wb(s: &mut TwoSites, name: &str) -> (usize, std::path::PathBuf) {
-    let (wa, to_b) = (s.ns["wa"].clone(), s.wb_from_a.clone());
-    let log = s.dir.path().join(name);
-    let ping = s.lab.spawn(
-        &wa,
-        std::path::Path::new("/usr/bin/ping"),
-        &["-D", "-i", "0.02", "-W", "1", &to_b],
-        &log,
-    );
-    std::thread::sleep(Duration::from_secs(1));
-    (ping, log)
-}
-
-/// The longest silence between answered pings in `log` from `from` on,
-/// and the answers' times.
-fn longest_gap(log: &std::path::Path, from: f64) -> (f64, Vec<f64>) {
-    let times: Vec<f64> = answered(&std::fs::read_to_string(log).unwrap())
-        .into_iter()
-        .filter(|t| *t >= from)
-        .collect();
-    (times.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max), times)
-}
-
-/// Waits until site a's workload reaches site b's.
-fn until_wa_reaches_wb(s: &TwoSites) {
-    let (wa, to_b) = (&s.ns["wa"], &s.wb_from_a);
-    eventually("wa reaching wb", Duration::from_secs(30), || {
-        s.lab
-            .exec(wa, &["ping", "-c", "1", "-W", "1", to_b])
-            .status
-            .success()
-            .then_some(())
-    });
-}
-
-/// Times (s) of the answered pings in a `ping -D` log.
-fn answered(log: &str) -> Vec<f64> {
-    weft_tests::ping_answers(log).into_iter().map(|(t, _)| t).collect()
 }
 
 use weft_tests::unix_now as now;

@@ -145,6 +145,7 @@ fn weftctl_links_only_the_api_and_the_shared_crate() {
         "nftables",
         "defguard_boringtun",
         "boringtun",
+        "defguard_wireguard_rs",
     ] {
         assert!(!links.contains(banned), "weftctl links {banned}");
     }
@@ -153,7 +154,11 @@ fn weftctl_links_only_the_api_and_the_shared_crate() {
     assert!(controller.contains("etcd-client") && controller.contains("redb"));
     let agent = m.links("weft-agent");
     assert!(agent.contains("rtnetlink") && agent.contains("nftables") && agent.contains("defguard_boringtun"));
-    assert!(!controller.contains("rtnetlink"), "the controller links the data plane");
+    assert!(agent.contains("defguard_wireguard_rs"));
+    assert!(
+        !controller.contains("rtnetlink") && !controller.contains("defguard_wireguard_rs"),
+        "the controller links the data plane"
+    );
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use weft_tests::netns::require_root;
 use weft_tests::sites::{self, Opts, TwoSites, metric};
-use weft_tests::{bin, eventually, stdout};
+use weft_tests::{bin, eventually, stdout, weftctl_json};
 
 /// weftctl run inside `host`'s namespace (test network probes from there).
 fn weftctl_in(s: &TwoSites, host: &str, target: &str, args: &[&str]) -> std::process::Output {
@@ -238,6 +238,30 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
             "no {kind} check: {checks:#?}"
         );
     }
+    // This machine's kernel has no WireGuard: the gateway runs userspace
+    // WireGuard, and diagnose says so and why (the VM lane shows the
+    // kernel's, tests/tests/vm.rs).
+    let gw = checks
+        .iter()
+        .find(|c| c["check"] == "kernel" && c["subject"].as_str().unwrap_or_default().starts_with("gateway"))
+        .expect("a kernel check of the gateway");
+    let detail = gw["detail"].as_str().unwrap();
+    assert_eq!(gw["result"], "WARN", "{gw}");
+    assert!(
+        detail.contains("WireGuard: userspace") && detail.contains("no wireguard module"),
+        "{detail}"
+    );
+    assert!(gw["hint"].as_str().unwrap().contains("CONFIG_WIREGUARD"), "{gw}");
+    let g = weftctl_json(&s.ta, &["gateways"]);
+    assert_eq!(g["gateways"][0]["wireguard"], "userspace", "{g}");
+    assert_eq!(
+        metric(
+            &s.scrape("gwa"),
+            "weft_gateway_wireguard_info",
+            &[("mode", "userspace")]
+        ),
+        Some(1.0)
+    );
 
     // test network: from node na's host and its workload to both of site b's
     // workloads, by their own addresses, ICMP and TCP.

@@ -255,6 +255,10 @@ impl AgentService for AgentApi {
             for t in h.features.iter_mut().chain(h.route_conflicts.iter_mut()) {
                 *t = clip(t);
             }
+            if !matches!(h.wireguard.as_str(), "" | "kernel" | "userspace") {
+                h.wireguard = "unknown".into();
+            }
+            h.wireguard_reason = clip(&h.wireguard_reason);
         }
         if role == AgentRole::Gateway {
             let tunnels = r

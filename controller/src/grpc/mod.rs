@@ -82,6 +82,8 @@ impl AdminApi {
                 host: rec.map(|r| pb::HostReport {
                     features: r.features.clone(),
                     route_conflicts: r.route_conflicts.clone(),
+                    wireguard: r.wireguard.clone(),
+                    wireguard_reason: r.wireguard_reason.clone(),
                 }),
             }
         })

@@ -701,6 +701,11 @@ pub struct AliveRecord {
     pub features: Vec<String>,
     #[serde(default)]
     pub route_conflicts: Vec<String>,
+    /// Gateways: "kernel" or "userspace" WireGuard, and why.
+    #[serde(default)]
+    pub wireguard: String,
+    #[serde(default)]
+    pub wireguard_reason: String,
     /// The controller replica the agent reports to (its hub's id; empty in
     /// records of earlier versions).
     #[serde(default)]

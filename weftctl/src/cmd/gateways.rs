@@ -19,6 +19,7 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
             json: json!({"gateways": r.gateways.iter().map(|g| json!({
             "name": g.name, "endpoint": g.endpoint, "public_key": g.public_key, "created_at": ts(&g.created_at),
             "cert_expires_at": ts(&g.cert_expires_at), "internal_ip": g.internal_ip, "underlay_ip": g.underlay_ip, "geneve": g.geneve, "active": g.active,
+            "wireguard": g.status.as_ref().and_then(|s| s.host.as_ref()).map(|h| h.wireguard.clone()).unwrap_or_default(),
             "status": status_json(&g.status),
         })).collect::<Vec<_>>(), "revision": r.revision}),
             header: vec![
@@ -26,6 +27,7 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                 "UNDERLAY",
                 "ENDPOINT",
                 "INTERNAL",
+                "WIREGUARD",
                 "READY",
                 "APPLIED/LATEST",
                 "LAST SEEN",
@@ -40,7 +42,17 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                     } else {
                         g.endpoint.clone()
                     };
-                    let mut row = vec![g.name.clone(), g.underlay_ip.clone(), endpoint, g.internal_ip.clone()];
+                    let wireguard = match g.status.as_ref().and_then(|s| s.host.as_ref()) {
+                        Some(h) if !h.wireguard.is_empty() => h.wireguard.clone(),
+                        _ => "-".into(),
+                    };
+                    let mut row = vec![
+                        g.name.clone(),
+                        g.underlay_ip.clone(),
+                        endpoint,
+                        g.internal_ip.clone(),
+                        wireguard,
+                    ];
                     row.extend(status_cols(&g.status, g.cert_expires_at.is_some()));
                     row
                 })

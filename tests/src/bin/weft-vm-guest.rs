@@ -1,0 +1,483 @@
+//! `weft-vm-guest SCENARIO`: the scenarios of the VM lane, run inside the
+//! guest (Debian's stock kernel, see `weft_tests::vm` and tests/tests/vm.rs)
+//! as root, from the host's build. Each builds a two-site lab in network
+//! namespaces (both sites on the same CIDR, so the views are remapped),
+//! asserts, and exits 0; a failed assertion panics (exit 101).
+//!
+//! - `kernel`: every gateway on kernel WireGuard (two in site a), the
+//!   Geneve overlay between nodes and gateways, the mode shown, the
+//!   kernel's statistics, drift repaired, the link kept across an agent
+//!   restart; site a's active gateway SIGKILLed and the standby taking over
+//!   (the outage printed as `outage_ms=N`); `--teardown` leaving nothing.
+//! - `driver`: the kernel WireGuard driver alone, in a namespace: a link
+//!   made and moved, seen as the gateway's, peers set and read back, a
+//!   roamed endpoint not drift, a link with another key not adopted.
+//! - `mixed`: one gateway kernel, one userspace, then each switched to the
+//!   other kind across a restart; traffic both ways each time.
+//!
+//! Emulation makes the guest several times slower than a host, so the
+//! controllers run with a gateway TTL of 3 s (800 ms by default), the
+//! agents resync every 5 s (the lab's 1 s, on nine agents, keeps the
+//! emulated CPUs busy), and connections allow 6 s for a keep-alive answer
+//! (`WEFT_LIVENESS`, 2 s by default; set by tests/tests/vm.rs): a busy
+//! emulated CPU must not end a gateway or a connection.
+
+use std::time::Duration;
+
+use weft_tests::sites::{self, TwoSites};
+use weft_tests::{eventually, stdout, weftctl_json};
+
+const A: (&str, &str) = ("vm-a", "10.1.0.0/16");
+const B: (&str, &str) = ("vm-b", "10.1.0.0/16");
+
+/// The lab's folder, for the logs a failure leaves (see `main`).
+static LAB_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Where the VM lane collects what the guest leaves (its second share).
+const OUT: &str = "/tmp/weftio/logs";
+
+fn main() {
+    let scenario = std::env::args().nth(1).unwrap_or_default();
+    // On a failure, the lab's logs go to the host (the lab lives in the
+    // guest's tmpfs, gone with the guest).
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default(info);
+        if let Some(dir) = LAB_DIR.get() {
+            let _ = std::fs::create_dir_all(OUT);
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.extension().is_some_and(|x| x == "log") {
+                    let _ = std::fs::copy(&p, std::path::Path::new(OUT).join(e.file_name()));
+                }
+            }
+        }
+    }));
+    assert!(
+        std::env::var_os("WEFT_IN_VM").is_some(),
+        "weft-vm-guest runs inside the VM lane's guest (tests/tests/vm.rs), not on a host"
+    );
+    match scenario.as_str() {
+        "kernel" => kernel(),
+        "mixed" => mixed(),
+        "driver" => driver(),
+        s => panic!("unknown scenario {s:?}: driver, kernel or mixed"),
+    }
+    println!("weft-vm-guest: {scenario} passed");
+}
+
+/// The kind of site's WireGuard link in its peering namespace: "wireguard"
+/// (the kernel's) or "tun" (boringtun's).
+fn wg_kind(ns: &str) -> String {
+    let out = stdout(&weft_tests::netns::exec(ns, &["ip", "-d", "-o", "link", "show"]));
+    let line = out
+        .lines()
+        .find(|l| l.contains(": weft-w"))
+        .unwrap_or_else(|| panic!("no WireGuard link in {ns}:\n{out}"));
+    if line.contains(" wireguard ") {
+        "wireguard".into()
+    } else if line.contains(" tun ") {
+        "tun".into()
+    } else {
+        panic!("a WireGuard link of another kind in {ns}: {line}")
+    }
+}
+
+fn wg_link(ns: &str) -> String {
+    let out = stdout(&weft_tests::netns::exec(ns, &["ip", "-br", "link"]));
+    out.split_whitespace()
+        .find(|w| w.starts_with("weft-w"))
+        .map(|w| w.split('@').next().unwrap().to_string())
+        .unwrap_or_else(|| panic!("no WireGuard link in {ns}:\n{out}"))
+}
+
+fn ns_b(s: &TwoSites) -> String {
+    weft_controller::render::peering_namespace(&s.site_b, &s.site_a)
+}
+
+/// Both ways: wa reaches wb (by site a's view of it) and wb reaches wa.
+fn both_ways(s: &TwoSites, what: &str) {
+    for (from, to) in [("wa", &s.wb_from_a), ("wb", &s.wa_from_b)] {
+        eventually(
+            &format!("{what}: {from} reaching {to}"),
+            Duration::from_secs(60),
+            || {
+                s.lab
+                    .exec(&s.ns[from], &["ping", "-c", "1", "-W", "1", to])
+                    .status
+                    .success()
+                    .then_some(())
+            },
+        );
+    }
+}
+
+/// The gateways' WireGuard modes as `weftctl gateways` lists them.
+fn modes(target: &str) -> Vec<String> {
+    weftctl_json(target, &["gateways"])["gateways"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["wireguard"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// Waits until site a's and site b's gateways are listed with modes `a`
+/// and `b`; on timeout says what was listed.
+fn until_modes(s: &TwoSites, a: &[&str], b: &[&str]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = (modes(&s.ta), modes(&s.tb));
+        if seen.0 == a && seen.1 == b {
+            return;
+        }
+        if std::time::Instant::now() > deadline {
+            panic!(
+                "gateways listed as {seen:?}, not {a:?} and {b:?}:\n{:#}",
+                weftctl_json(&s.ta, &["gateways"])
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Prints a step with the time since the scenario started.
+fn step(t0: std::time::Instant, what: &str) {
+    println!("[{:6.1} s] {what}", t0.elapsed().as_secs_f64());
+}
+
+fn kernel() {
+    let opts = sites::Opts {
+        second_gateway_a: true,
+        wireguard_a: Some("kernel"),
+        wireguard_b: Some("kernel"),
+        gateway_ttl: Some("3s"),
+        resync: Some("5s"),
+        ..Default::default()
+    };
+    let t0 = std::time::Instant::now();
+    let mut s = sites::up_with("vk", A, B, opts);
+    let _ = LAB_DIR.set(s.dir.path().to_path_buf());
+    step(t0, "lab up");
+    let nsb = ns_b(&s);
+    assert_eq!(wg_kind(&s.ns_a), "wireguard");
+    assert_eq!(wg_kind(&nsb), "wireguard");
+    both_ways(&s, "kernel WireGuard");
+    step(t0, "both ways");
+
+    // The overlay between nodes and gateways is Geneve: both kernels have it.
+    for host in ["na", "gwa", "nb", "gwb"] {
+        let g = stdout(&s.lab.exec(&s.ns[host], &["ip", "-o", "link", "show", "type", "geneve"]));
+        let v = stdout(&s.lab.exec(&s.ns[host], &["ip", "-o", "link", "show", "type", "vxlan"]));
+        assert!(g.contains("weft-"), "no Geneve link on {host}:\n{g}");
+        assert!(!v.contains("weft-"), "a VXLAN link on {host}:\n{v}");
+    }
+
+    step(t0, "geneve");
+    // The mode is visible: gateways, diagnose, the metric.
+    until_modes(&s, &["kernel", "kernel"], &["kernel"]);
+    let d = weftctl_json(&s.ta, &["diagnose"]);
+    let kernel_check = d["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "kernel" && c["subject"] == "gateway/gw")
+        .unwrap_or_else(|| panic!("no kernel check of the gateway: {d:#}"))
+        .clone();
+    assert_eq!(kernel_check["result"], "PASS", "{kernel_check}");
+    let detail = kernel_check["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("WireGuard: kernel") && detail.contains("Geneve"),
+        "{detail}"
+    );
+    println!("diagnose: {detail}");
+    let m = s.scrape("gwa");
+    assert_eq!(
+        sites::metric(&m, "weft_gateway_wireguard_info", &[("mode", "kernel")]),
+        Some(1.0)
+    );
+
+    // Probes and the kernel's statistics: handshake and bytes.
+    eventually(
+        "a handshake and bytes in the tunnel status",
+        Duration::from_secs(30),
+        || {
+            let p = weftctl_json(&s.ta, &["peerings"]);
+            let t = &p["peerings"][0]["tunnel"];
+            (t["up"] == true && t["last_handshake"].is_string() && t["rx_bytes"].as_u64().unwrap_or(0) > 0)
+                .then_some(())
+        },
+    );
+
+    // Gateways whose liveness lapsed so far (each lapse of the active one
+    // is a failover): a slow reconcile must not cause them.
+    let lapses: usize = [&s.site_a, &s.site_b]
+        .iter()
+        .map(|site| {
+            std::fs::read_to_string(s.dir.path().join(format!("{site}.log")))
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("no report within the TTL") && l.contains("role=Gateway"))
+                .count()
+        })
+        .sum();
+    println!("gateway liveness lapses before the faults: lapses={lapses}");
+    step(t0, "stats");
+    // Drift: a peer removed and the link deleted by hand come back.
+    let link = wg_link(&s.ns_a);
+    let peers = stdout(&s.lab.exec(&s.ns_a, &["wg", "show", &link, "peers"]));
+    let peer = peers.lines().next().expect("a peer").to_string();
+    weft_tests::netns::must(
+        s.lab.exec(&s.ns_a, &["wg", "set", &link, "peer", &peer, "remove"]),
+        "wg set remove",
+    );
+    eventually("the removed peer back", Duration::from_secs(60), || {
+        stdout(&s.lab.exec(&s.ns_a, &["wg", "show", &link, "peers"]))
+            .contains(&peer)
+            .then_some(())
+    });
+    both_ways(&s, "after the peer came back");
+    weft_tests::netns::must(s.lab.exec(&s.ns_a, &["ip", "link", "del", &link]), "ip link del");
+    eventually("the deleted link back", Duration::from_secs(60), || {
+        stdout(&s.lab.exec(&s.ns_a, &["ip", "-br", "link"]))
+            .contains(&link)
+            .then_some(())
+    });
+    assert_eq!(wg_kind(&s.ns_a), "wireguard");
+    both_ways(&s, "after the link came back");
+
+    step(t0, "drift repaired");
+    // An agent restart keeps the kernel link (same interface index): the
+    // tunnel does not depend on the agent's process.
+    let index = |s: &TwoSites| stdout(&s.lab.exec(&s.ns_a, &["cat", &format!("/sys/class/net/{link}/ifindex")]));
+    let before = index(&s);
+    let gw = s.gateways.0;
+    s.lab.proc(gw).stop();
+    both_ways(&s, "with site a's gateway agent stopped");
+    s.lab.respawn(gw);
+    eventually("the gateway back", Duration::from_secs(30), || {
+        weftctl_json(&s.ta, &["gateways"])["gateways"][0]["status"]["ready"]
+            .as_bool()
+            .filter(|r| *r)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(index(&s), before, "the kernel link was made anew across the restart");
+    both_ways(&s, "after the agent restart");
+
+    step(t0, "restart");
+    failover(&mut s);
+    step(t0, "failover");
+    s.teardown_all();
+    step(t0, "teardown");
+}
+
+fn mixed() {
+    let opts = sites::Opts {
+        wireguard_a: Some("kernel"),
+        wireguard_b: Some("userspace"),
+        gateway_ttl: Some("3s"),
+        resync: Some("5s"),
+        ..Default::default()
+    };
+    let mut s = sites::up_with("vm", A, B, opts);
+    let _ = LAB_DIR.set(s.dir.path().to_path_buf());
+    let nsb = ns_b(&s);
+    assert_eq!((wg_kind(&s.ns_a), wg_kind(&nsb)), ("wireguard".into(), "tun".into()));
+    both_ways(&s, "kernel a, userspace b");
+    until_modes(&s, &["kernel"], &["userspace"]);
+
+    // Each gateway switches to the other kind across a restart: the old
+    // kind's link is removed and the new one carries the traffic.
+    let (ga, gb) = s.gateways;
+    for (gw, mode, ns, host) in [(ga, "userspace", s.ns_a.clone(), "a"), (gb, "kernel", nsb.clone(), "b")] {
+        s.lab.proc(gw).stop();
+        s.lab.set_arg(gw, "--wireguard", mode);
+        s.lab.respawn(gw);
+        let want = if mode == "kernel" { "wireguard" } else { "tun" };
+        eventually(
+            &format!("site {host}'s link made {mode}"),
+            Duration::from_secs(30),
+            || {
+                let out = stdout(&weft_tests::netns::exec(&ns, &["ip", "-d", "-o", "link", "show"]));
+                out.lines()
+                    .filter(|l| l.contains(": weft-w"))
+                    .all(|l| l.contains(&format!(" {want} ")))
+                    .then_some(())
+                    .filter(|_| out.contains(": weft-w"))
+            },
+        );
+        let links = stdout(&weft_tests::netns::exec(&ns, &["ip", "-o", "link", "show"]));
+        assert_eq!(
+            links.lines().filter(|l| l.contains(": weft-w")).count(),
+            1,
+            "the other kind's link was left:\n{links}"
+        );
+        both_ways(&s, &format!("after site {host} switched to {mode}"));
+    }
+    assert_eq!((wg_kind(&s.ns_a), wg_kind(&nsb)), ("tun".into(), "wireguard".into()));
+    until_modes(&s, &["userspace"], &["kernel"]);
+}
+
+/// SIGKILLs site a's active gateway while wa pings wb every 20 ms; the
+/// standby takes over. Prints the outage.
+fn failover(s: &mut TwoSites) {
+    sites::until_wa_reaches_wb(s);
+    eventually("an active gateway", Duration::from_secs(30), || {
+        (!sites::active(&s.ta).is_empty()).then_some(())
+    });
+    let victim = sites::active(&s.ta);
+    let survivor = if victim == "gw" { "gw2" } else { "gw" };
+    let vi = if victim == "gw" {
+        s.gateways.0
+    } else {
+        s.gateway_a2.unwrap()
+    };
+    let (ping, log) = sites::ping_wa_to_wb(s, "vm-failover-ping.log");
+    let at = weft_tests::unix_now();
+    s.lab.proc(vi).child.as_mut().unwrap().kill().unwrap();
+    s.lab
+        .proc(vi)
+        .wait_exit(Duration::from_secs(5))
+        .expect("the gateway died");
+    eventually("the survivor active", Duration::from_secs(30), || {
+        (sites::active(&s.ta) == survivor).then_some(())
+    });
+    eventually("answers again", Duration::from_secs(30), || {
+        sites::answered(&std::fs::read_to_string(&log).unwrap_or_default())
+            .iter()
+            .any(|t| *t > at + 0.5)
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    s.lab.proc(ping).stop();
+    let (gap, times) = sites::longest_gap(&log, at - 0.2);
+    println!(
+        "failover: {victim} SIGKILLed, {survivor} took over, outage_ms={:.0} ({} answers)",
+        gap * 1000.0,
+        times.len()
+    );
+    assert!(times.len() > 20, "too few answers to measure: {}", times.len());
+}
+
+/// The kernel driver on its own, from a thread inside a namespace that
+/// plays the gateway's host ("weftt-drv-gw"), its link moved into
+/// "weftt-drv-p".
+fn driver() {
+    use weft_dataplane::WireGuard;
+    use weft_dataplane::model::{Link, LinkKind, WgPeer};
+    for ns in ["weftt-drv-gw", "weftt-drv-p"] {
+        weft_tests::netns::must(
+            weft_tests::run(std::process::Command::new("ip").args(["netns", "add", ns])),
+            ns,
+        );
+    }
+    // An unclamped private key, as a gateway's key file may hold (the
+    // kernel keeps it clamped): the driver must still know its link.
+    let key = {
+        use base64::Engine;
+        let e = base64::engine::general_purpose::STANDARD;
+        let mut raw = e
+            .decode(stdout(&weft_tests::run(std::process::Command::new("wg").arg("genkey"))).trim())
+            .unwrap();
+        raw[0] |= 7;
+        raw[31] |= 128;
+        e.encode(raw)
+    };
+    let peer_key = stdout(&weft_tests::run(std::process::Command::new("wg").arg("genkey")))
+        .trim()
+        .to_string();
+    let peer_pub = {
+        use std::io::Write;
+        let mut c = std::process::Command::new("wg")
+            .arg("pubkey")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(peer_key.as_bytes()).unwrap();
+        stdout(&c.wait_with_output().unwrap()).trim().to_string()
+    };
+    let result = std::thread::spawn(move || {
+        let f = std::fs::File::open("/run/netns/weftt-drv-gw").unwrap();
+        nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let (conn, h, _) = rtnetlink::new_connection().unwrap();
+            tokio::spawn(conn);
+            let mut k = weft_dataplane::kernel::Kernel::new(h, Some(&key)).unwrap();
+            let link = Link {
+                ns: "weftt-drv-p".into(),
+                name: "weft-wtest".into(),
+                kind: LinkKind::Wireguard { listen_port: 51999 },
+                mtu: 1400,
+                up: true,
+            };
+            k.create(&link).await.expect("create");
+            let scopes = ["".to_string(), "weftt-drv-p".to_string()].into();
+            let seen = k.devices(&scopes).await;
+            let dev = seen
+                .get(&("weftt-drv-p".to_string(), "weft-wtest".to_string()))
+                .unwrap_or_else(|| panic!("the link is not seen as the gateway's: {seen:?}"));
+            assert_eq!(dev.listen_port, 51999);
+            let peer = WgPeer {
+                public_key: peer_pub.clone(),
+                endpoint: Some("192.0.2.7:51820".parse().unwrap()),
+                allowed_ips: vec!["10.9.0.0/16".parse().unwrap()],
+                keepalive: 25,
+            };
+            k.set_peer(&link.ns, &link.name, &peer).await.expect("set peer");
+            let seen = k.devices(&scopes).await;
+            let got = &seen[&("weftt-drv-p".to_string(), "weft-wtest".to_string())].peers[&peer_pub];
+            assert_eq!(*got, peer, "the peer reads back as set");
+            // A standby: no allowed IPs, keepalive off.
+            let standby = WgPeer {
+                allowed_ips: vec![],
+                keepalive: 0,
+                ..peer.clone()
+            };
+            k.set_peer(&link.ns, &link.name, &standby).await.expect("set standby");
+            let seen = k.devices(&scopes).await;
+            assert_eq!(
+                seen[&("weftt-drv-p".to_string(), "weft-wtest".to_string())].peers[&peer_pub],
+                standby
+            );
+            let st = k.stats("weft-wtest");
+            assert_eq!(st.last_handshake_unix, None);
+            k.remove_peer(&link.ns, &link.name, &peer_pub)
+                .await
+                .expect("remove peer");
+            let seen = k.devices(&scopes).await;
+            assert!(
+                seen[&("weftt-drv-p".to_string(), "weft-wtest".to_string())]
+                    .peers
+                    .is_empty()
+            );
+            // Another gateway's key: not adopted.
+            let mut other = weft_dataplane::kernel::Kernel::new(k_handle(), Some(&peer_key)).unwrap();
+            assert!(
+                other.devices(&scopes).await.is_empty(),
+                "a link with another key was adopted"
+            );
+            k.remove(&link.ns, &link.name).await.expect("remove");
+            assert!(k.devices(&scopes).await.is_empty());
+        });
+    })
+    .join();
+    for ns in ["weftt-drv-gw", "weftt-drv-p"] {
+        let _ = weft_tests::run(std::process::Command::new("ip").args(["netns", "del", ns]));
+    }
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// A netlink handle in the calling thread's namespace (on the runtime).
+fn k_handle() -> rtnetlink::Handle {
+    let (conn, h, _) = rtnetlink::new_connection().unwrap();
+    tokio::spawn(conn);
+    h
+}
