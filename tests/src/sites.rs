@@ -71,6 +71,8 @@ pub struct Opts {
     pub wireguard_b: Option<&'static str>,
     /// Both controllers' `--gateway-ttl` (default: theirs, 800 ms).
     pub gateway_ttl: Option<&'static str>,
+    /// Site b keeps its state in the embedded store, not in etcd.
+    pub site_b_embedded: bool,
     /// Every agent's `--resync-interval` (default 1 s; `no_drift_repair`
     /// makes it 0).
     pub resync: Option<&'static str>,
@@ -146,9 +148,12 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
     }
 
     // Site b keeps its state in etcd, on its controller's host.
-    let etcd = lab
-        .spawn_etcd(&ns["ctlb"], &dir.path().join("etcd"))
-        .map(|i| (i, "http://127.0.0.1:2379".to_string()));
+    let etcd = if opts.site_b_embedded {
+        None
+    } else {
+        lab.spawn_etcd(&ns["ctlb"], &dir.path().join("etcd"))
+            .map(|i| (i, "http://127.0.0.1:2379".to_string()))
+    };
     let etcd_b = etcd.as_ref().map(|e| e.0);
     let etcd = etcd.map(|e| e.1);
     let etcd_a = opts.site_a_etcd.then(|| {

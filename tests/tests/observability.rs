@@ -252,8 +252,11 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
         "{detail}"
     );
     assert!(gw["hint"].as_str().unwrap().contains("CONFIG_WIREGUARD"), "{gw}");
-    let g = weftctl_json(&s.ta, &["gateways"]);
-    assert_eq!(g["gateways"][0]["wireguard"], "userspace", "{g}");
+    // Both sites: a on the embedded store, b on etcd.
+    for t in [&s.ta, &s.tb] {
+        let g = weftctl_json(t, &["gateways"]);
+        assert_eq!(g["gateways"][0]["wireguard"], "userspace", "{g}");
+    }
     assert_eq!(
         metric(
             &s.scrape("gwa"),
