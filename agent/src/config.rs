@@ -125,9 +125,13 @@ pub fn choose_wireguard(
                 kernel: true,
                 reason: "--wireguard kernel".into(),
             }),
-            Err(e) => Err(format!(
+            Err(e) if e.contains("module") => Err(format!(
                 "--wireguard kernel: {e}. Load it (`modprobe wireguard`; in Linux since 5.6), \
                  or start with --wireguard auto (kernel when it can, else userspace) or --wireguard userspace"
+            )),
+            Err(e) => Err(format!(
+                "--wireguard kernel: cannot tell whether the kernel has WireGuard: {e}; \
+                 or start with --wireguard userspace"
             )),
         },
         WireguardMode::Auto => Ok(match probe() {
@@ -291,6 +295,16 @@ mod tests {
             "{e}"
         );
         assert!(choose_wireguard(WireguardMode::Kernel, || Ok(())).unwrap().kernel);
+    }
+
+    #[test]
+    fn a_probe_that_could_not_run_is_not_called_a_missing_module() {
+        let e = choose_wireguard(WireguardMode::Kernel, || {
+            Err("cannot make a throwaway network namespace to try a wireguard link: EPERM (run as root)".into())
+        })
+        .unwrap_err();
+        assert!(e.contains("cannot tell") && e.contains("run as root"), "{e}");
+        assert!(!e.contains("modprobe"), "{e}");
     }
 
     #[test]

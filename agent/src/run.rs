@@ -215,7 +215,8 @@ struct LastReport {
 }
 
 /// Reports again what the session last reported whenever the session's
-/// loop has not reported for a heartbeat period: the loop reports after
+/// loop has not reported for one and a half heartbeat periods (half a TTL;
+/// the margin keeps it from racing the loop's own heartbeat): the loop reports after
 /// each change, but while it is busy (a reconcile that takes long on a
 /// loaded host, a slow `nft`) its heartbeats would stop, and a gateway
 /// not heard for its TTL (800 ms by default) is failed over although it
@@ -225,10 +226,11 @@ async fn keep_reporting(last: std::sync::Arc<std::sync::Mutex<LastReport>>) {
         let (wait, due) = {
             let l = last.lock().unwrap();
             let since = l.at.elapsed();
-            if since >= l.every {
+            let late = l.every + l.every / 2;
+            if since >= late {
                 (l.every, Some((l.report.clone(), l.client.clone())))
             } else {
-                (l.every - since, None)
+                (late - since, None)
             }
         };
         if let Some((report, mut client)) = due

@@ -24,10 +24,17 @@ use prometheus_client::registry::Registry;
 /// as its own key.
 pub fn init_logging(format: LogFormat) {
     let json = format == LogFormat::Json;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG").unwrap_or_else(|_| "info".into());
     // defguard_wireguard_rs logs every netlink reply at trace level, the
     // private key of a device read included: never below info, whatever
-    // WEFT_LOG asks.
+    // WEFT_LOG asks (its directives for that crate, or any of its modules,
+    // are dropped; the global level does not reach past the one added).
+    let asked = std::env::var("WEFT_LOG").unwrap_or_else(|_| "info".into());
+    let kept: Vec<&str> = asked
+        .split(',')
+        .filter(|d| !d.trim().starts_with("defguard_wireguard_rs"))
+        .collect();
+    let filter = tracing_subscriber::EnvFilter::try_new(kept.join(","))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let filter = match "defguard_wireguard_rs=info".parse() {
         Ok(d) => filter.add_directive(d),
         Err(_) => filter,

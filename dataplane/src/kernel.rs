@@ -111,25 +111,17 @@ pub fn create_ops(link: &Link, stale_here: bool) -> R<Vec<KernelOp>> {
     Ok(ops)
 }
 
-/// The operations that make peer `want` of link `name` what weft wants,
-/// given what the kernel has of it (`have`). The kernel cannot clear a
-/// peer's endpoint, so a peer that must lose its endpoint is removed and
-/// added again.
-pub fn peer_ops(ns: &Ns, name: &str, have: Option<&WgPeer>, want: &WgPeer) -> Vec<KernelOp> {
-    let mut ops = Vec::new();
-    if have.is_some_and(|h| h.endpoint.is_some() && want.endpoint.is_none()) {
-        ops.push(KernelOp::RemovePeer {
-            ns: ns.clone(),
-            name: name.to_string(),
-            public_key: want.public_key.clone(),
-        });
-    }
-    ops.push(KernelOp::SetPeer {
+/// The operations that make peer `want` of link `name` what weft wants:
+/// one set, whatever the kernel has. A peer without an endpoint (a far
+/// gateway that only dials out) keeps the one the kernel learned from its
+/// packets: removing the peer to clear it would drop its session at every
+/// change.
+pub fn peer_ops(ns: &Ns, name: &str, want: &WgPeer) -> Vec<KernelOp> {
+    vec![KernelOp::SetPeer {
         ns: ns.clone(),
         name: name.to_string(),
         peer: want.clone(),
-    });
-    ops
+    }]
 }
 
 /// A kernel WireGuard device as read (keys in base64).
@@ -159,10 +151,11 @@ pub struct ReadPeer {
 /// not this gateway's (another key: replaced, never adopted).
 ///
 /// The kernel moves a peer's endpoint to wherever its authenticated
-/// packets come from (roaming, NAT). An endpoint that differs from the
-/// one weft set in this process is that, not drift: the peer is reported
-/// with the endpoint weft set. Without such a record (after a restart) a
-/// differing endpoint is set once more.
+/// packets come from (roaming, NAT), and learns one for a peer weft set
+/// without. An endpoint that differs from what weft set in this process is
+/// that, not drift: the peer is reported with what weft set (an endpoint
+/// or none). Without such a record (after a restart) a differing endpoint
+/// is set once more.
 ///
 /// Allowed IPs other than IPv4 are not weft's: they make the peer differ
 /// (it is set again, which replaces them).
@@ -189,8 +182,8 @@ pub fn observe_device(read: &ReadDevice, configured: Option<&BTreeMap<String, Wg
         }
         let set = configured.and_then(|c| c.get(&p.public_key));
         let endpoint = match set {
-            Some(s) if s.endpoint.is_some() => s.endpoint,
-            _ => p.endpoint,
+            Some(s) => s.endpoint,
+            None => p.endpoint,
         };
         peers.insert(
             p.public_key.clone(),
@@ -357,6 +350,10 @@ pub struct Kernel {
     peers: BTreeMap<String, BTreeMap<String, WgPeer>>,
     /// Peers as weft set them in this process, by device.
     configured: BTreeMap<String, BTreeMap<String, WgPeer>>,
+    /// Each device as last read: what a failed read reports instead (a
+    /// netlink hiccup must not make a working link look foreign, which
+    /// would replace it).
+    last: BTreeMap<String, (Ns, WgDevice)>,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -376,6 +373,7 @@ impl Kernel {
             at: BTreeMap::new(),
             peers: BTreeMap::new(),
             configured: BTreeMap::new(),
+            last: BTreeMap::new(),
         })
     }
 
@@ -510,7 +508,12 @@ impl WireGuard for Kernel {
             let names = match read {
                 Ok(n) => n,
                 Err(e) => {
-                    tracing::warn!(namespace = %ns, error = %e, "cannot list WireGuard links");
+                    tracing::warn!(namespace = %ns, error = %e, "cannot list WireGuard links; reporting them as last read");
+                    for (name, (lns, d)) in &self.last {
+                        if lns == ns {
+                            out.insert((ns.clone(), name.clone()), d.clone());
+                        }
+                    }
                     continue;
                 }
             };
@@ -519,7 +522,12 @@ impl WireGuard for Kernel {
                 let dev = match run_async(ns, move || read_here(&n, public.as_ref())).await {
                     Ok(d) => d,
                     Err(e) => {
-                        tracing::warn!(namespace = %ns, link = %name, error = %e, "cannot read a WireGuard link");
+                        tracing::warn!(namespace = %ns, link = %name, error = %e, "cannot read a WireGuard link; reporting it as last read");
+                        if let Some((lns, d)) = self.last.get(&name)
+                            && lns == ns
+                        {
+                            out.insert((ns.clone(), name.clone()), d.clone());
+                        }
                         continue;
                     }
                 };
@@ -527,11 +535,13 @@ impl WireGuard for Kernel {
                     Some(d) => {
                         self.at.insert(name.clone(), ns.clone());
                         self.peers.insert(name.clone(), d.peers.clone());
+                        self.last.insert(name.clone(), (ns.clone(), d.clone()));
                         out.insert((ns.clone(), name), d);
                     }
                     None => {
                         if self.at.get(&name) == Some(ns) {
                             self.at.remove(&name);
+                            self.last.remove(&name);
                         }
                     }
                 }
@@ -545,6 +555,7 @@ impl WireGuard for Kernel {
         let ops = create_ops(link, stale)?;
         self.peers.remove(&link.name);
         self.configured.remove(&link.name);
+        self.last.remove(&link.name);
         if let Err(e) = self.run(&ops).await {
             // Nothing half-made stays: the link goes, wherever it got to.
             for ns in [String::new(), link.ns.clone()] {
@@ -570,13 +581,12 @@ impl WireGuard for Kernel {
         self.at.remove(name);
         self.peers.remove(name);
         self.configured.remove(name);
+        self.last.remove(name);
         Ok(())
     }
 
     async fn set_peer(&mut self, ns: &Ns, link: &str, peer: &WgPeer) -> R<()> {
-        let have = self.peers.get(link).and_then(|p| p.get(&peer.public_key)).cloned();
-        let ops = peer_ops(ns, link, have.as_ref(), peer);
-        self.run(&ops).await
+        self.run(&peer_ops(ns, link, peer)).await
     }
 
     async fn remove_peer(&mut self, ns: &Ns, link: &str, public_key: &str) -> R<()> {
@@ -676,7 +686,7 @@ mod tests {
     fn a_new_or_changed_peer_is_one_set_that_replaces_allowed_ips() {
         let want = peer("A", Some("192.0.2.1:51820"), &["10.1.0.0/16"], 25);
         assert_eq!(
-            peer_ops(&"weftp-b".into(), "weftwg-b", None, &want),
+            peer_ops(&"weftp-b".into(), "weftwg-b", &want),
             vec![KernelOp::SetPeer {
                 ns: "weftp-b".into(),
                 name: "weftwg-b".into(),
@@ -684,26 +694,28 @@ mod tests {
             }]
         );
         // A standby peer loses its allowed IPs: still one set.
-        let have = want.clone();
         let standby = peer("A", Some("192.0.2.1:51820"), &[], 25);
-        assert_eq!(peer_ops(&"n".into(), "l", Some(&have), &standby).len(), 1);
+        assert_eq!(peer_ops(&"n".into(), "l", &standby).len(), 1);
         // The keepalive turned off is sent as 0, not left out.
         let off = peer("A", Some("192.0.2.1:51820"), &["10.1.0.0/16"], 0);
-        let ops = peer_ops(&"n".into(), "l", Some(&have), &off);
+        let ops = peer_ops(&"n".into(), "l", &off);
         assert!(matches!(&ops[..], [KernelOp::SetPeer { peer, .. }] if peer.keepalive == 0));
         let sent = peer_of(&peer(&b64(&[7; 32]), None, &[], 0)).unwrap();
         assert_eq!(sent.persistent_keepalive_interval, Some(0));
     }
 
     #[test]
-    fn an_endpoint_is_cleared_by_removing_and_adding_the_peer() {
-        let have = peer("A", Some("192.0.2.1:51820"), &["10.1.0.0/16"], 0);
-        let want = peer("A", None, &["10.1.0.0/16"], 0);
-        let ops = peer_ops(&"n".into(), "l", Some(&have), &want);
-        assert!(matches!(
-            &ops[..],
-            [KernelOp::RemovePeer { .. }, KernelOp::SetPeer { .. }]
-        ));
+    fn a_peer_without_an_endpoint_keeps_the_learned_one_and_its_session() {
+        // Set without an endpoint: one set, no removal (which would drop
+        // the session), and the message carries no endpoint.
+        let want = peer(&b64(&[9; 32]), None, &["10.1.0.0/16"], 0);
+        let ops = peer_ops(&"n".into(), "l", &want);
+        assert!(matches!(&ops[..], [KernelOp::SetPeer { .. }]));
+        assert_eq!(peer_of(&want).unwrap().endpoint, None);
+        // The kernel learned one from the far gateway's packets: not drift.
+        let set: BTreeMap<String, WgPeer> = [("A".to_string(), peer("A", None, &["10.1.0.0/16"], 25))].into();
+        let learned = read(true, "198.51.100.7:40000", &[("10.1.0.0", 16)]);
+        assert_eq!(observe_device(&learned, Some(&set)).unwrap().peers["A"], set["A"]);
     }
 
     fn read(ours: bool, endpoint: &str, allowed: &[(&str, u8)]) -> ReadDevice {

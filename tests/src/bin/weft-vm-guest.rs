@@ -7,8 +7,9 @@
 //! - `kernel`: every gateway on kernel WireGuard (two in site a), the
 //!   Geneve overlay between nodes and gateways, the mode shown, the
 //!   kernel's statistics, drift repaired, the link kept across an agent
-//!   restart; site a's active gateway SIGKILLed and the standby taking over
-//!   (the outage printed as `outage_ms=N`); `--teardown` leaving nothing.
+//!   restart; site a's active gateway dead (agent SIGKILLed, host link
+//!   down) and the standby taking over (the outage printed as
+//!   `outage_ms=N`); `--teardown` leaving nothing.
 //! - `driver`: the kernel WireGuard driver alone, in a namespace: a link
 //!   made and moved, seen as the gateway's, peers set and read back, a
 //!   roamed endpoint not drift, a link with another key not adopted.
@@ -169,6 +170,15 @@ fn kernel() {
     assert_eq!(wg_kind(&nsb), "wireguard");
     both_ways(&s, "kernel WireGuard");
     step(t0, "both ways");
+    // The kernel link as configured: the rendered MTU (1500-byte underlay
+    // − 80), the peering's port, the far gateway's endpoint.
+    let link = wg_link(&s.ns_a);
+    let shown = stdout(&s.lab.exec(&s.ns_a, &["ip", "-o", "link", "show", &link]));
+    assert!(shown.contains(" mtu 1420 "), "{shown}");
+    let port = stdout(&s.lab.exec(&s.ns_a, &["wg", "show", &link, "listen-port"]));
+    assert_eq!(port.trim(), "51820");
+    let endpoints = stdout(&s.lab.exec(&s.ns_a, &["wg", "show", &link, "endpoints"]));
+    assert!(endpoints.contains("192.168.78.20:51820"), "{endpoints}");
 
     // The overlay between nodes and gateways is Geneve: both kernels have it.
     for host in ["na", "gwa", "nb", "gwb"] {
@@ -227,9 +237,11 @@ fn kernel() {
         })
         .sum();
     println!("gateway liveness lapses before the faults: lapses={lapses}");
+    // Before gateways reported from a task of their own while their
+    // reconcile ran, they lapsed every few seconds here.
+    assert!(lapses <= 2, "gateways lapsed {lapses} times with nothing wrong");
     step(t0, "stats");
     // Drift: a peer removed and the link deleted by hand come back.
-    let link = wg_link(&s.ns_a);
     let peers = stdout(&s.lab.exec(&s.ns_a, &["wg", "show", &link, "peers"]));
     let peer = peers.lines().next().expect("a peer").to_string();
     weft_tests::netns::must(
@@ -324,8 +336,12 @@ fn mixed() {
     until_modes(&s, &["userspace"], &["kernel"]);
 }
 
-/// SIGKILLs site a's active gateway while wa pings wb every 20 ms; the
-/// standby takes over. Prints the outage.
+/// Site a's active gateway dies while wa pings wb every 20 ms: its agent
+/// SIGKILLed and its host's link down at once. (With kernel WireGuard a
+/// killed agent alone leaves its tunnel forwarding: the link, peers,
+/// routes and nft stay in the kernel. Taking the link down makes it a
+/// dead gateway, not a switch between two working paths.) The standby
+/// takes over. Prints the outage.
 fn failover(s: &mut TwoSites) {
     sites::until_wa_reaches_wb(s);
     eventually("an active gateway", Duration::from_secs(30), || {
@@ -333,14 +349,15 @@ fn failover(s: &mut TwoSites) {
     });
     let victim = sites::active(&s.ta);
     let survivor = if victim == "gw" { "gw2" } else { "gw" };
-    let vi = if victim == "gw" {
-        s.gateways.0
+    let (vi, host) = if victim == "gw" {
+        (s.gateways.0, "gwa")
     } else {
-        s.gateway_a2.unwrap()
+        (s.gateway_a2.unwrap(), "gwa2")
     };
     let (ping, log) = sites::ping_wa_to_wb(s, "vm-failover-ping.log");
     let at = weft_tests::unix_now();
     s.lab.proc(vi).child.as_mut().unwrap().kill().unwrap();
+    s.lab.lan_link(&s.ns[host], false);
     s.lab
         .proc(vi)
         .wait_exit(Duration::from_secs(5))
@@ -357,8 +374,9 @@ fn failover(s: &mut TwoSites) {
     std::thread::sleep(Duration::from_secs(1));
     s.lab.proc(ping).stop();
     let (gap, times) = sites::longest_gap(&log, at - 0.2);
+    s.lab.lan_link(&s.ns[host], true);
     println!(
-        "failover: {victim} SIGKILLed, {survivor} took over, outage_ms={:.0} ({} answers)",
+        "failover: {victim} SIGKILLed and its link down, {survivor} took over, outage_ms={:.0} ({} answers)",
         gap * 1000.0,
         times.len()
     );
@@ -439,6 +457,12 @@ fn driver() {
             let seen = k.devices(&scopes).await;
             let got = &seen[&("weftt-drv-p".to_string(), "weft-wtest".to_string())].peers[&peer_pub];
             assert_eq!(*got, peer, "the peer reads back as set");
+            // Read by a driver with no record of what it set: the kernel's
+            // own values, the endpoint included.
+            let mut fresh = weft_dataplane::kernel::Kernel::new(k_handle(), Some(&key)).unwrap();
+            let seen = fresh.devices(&scopes).await;
+            let got = &seen[&("weftt-drv-p".to_string(), "weft-wtest".to_string())].peers[&peer_pub];
+            assert_eq!(*got, peer, "the kernel holds the peer as set");
             // A standby: no allowed IPs, keepalive off.
             let standby = WgPeer {
                 allowed_ips: vec![],
@@ -451,8 +475,6 @@ fn driver() {
                 seen[&("weftt-drv-p".to_string(), "weft-wtest".to_string())].peers[&peer_pub],
                 standby
             );
-            let st = k.stats("weft-wtest");
-            assert_eq!(st.last_handshake_unix, None);
             k.remove_peer(&link.ns, &link.name, &peer_pub)
                 .await
                 .expect("remove peer");
@@ -462,7 +484,14 @@ fn driver() {
                     .peers
                     .is_empty()
             );
-            // Another gateway's key: not adopted.
+            // Another gateway's key: not adopted (the link is there).
+            let links = stdout(&weft_tests::run(std::process::Command::new("ip").args([
+                "-n",
+                "weftt-drv-p",
+                "-br",
+                "link",
+            ])));
+            assert!(links.contains("weft-wtest"), "{links}");
             let mut other = weft_dataplane::kernel::Kernel::new(k_handle(), Some(&peer_key)).unwrap();
             assert!(
                 other.devices(&scopes).await.is_empty(),
