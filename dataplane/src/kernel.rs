@@ -230,13 +230,7 @@ fn b64(k: &[u8]) -> String {
 }
 
 fn key_of(b64_key: &str) -> R<defguard_wireguard_rs::key::Key> {
-    let raw = base64::engine::general_purpose::STANDARD
-        .decode(b64_key.trim())
-        .map_err(|_| "a key is not base64".to_string())?;
-    let arr: [u8; 32] = raw
-        .try_into()
-        .map_err(|_| "a WireGuard key must be 32 bytes".to_string())?;
-    Ok(defguard_wireguard_rs::key::Key::new(arr))
+    crate::wireguard::key_bytes(b64_key).map(defguard_wireguard_rs::key::Key::new)
 }
 
 fn wg_err(what: &str, name: &str, e: impl std::fmt::Display) -> String {
@@ -346,8 +340,6 @@ pub struct Kernel {
     public: Option<[u8; 32]>,
     /// The namespace of each device, as last made or seen.
     at: BTreeMap<String, Ns>,
-    /// Peers as last read or set, by device.
-    peers: BTreeMap<String, BTreeMap<String, WgPeer>>,
     /// Peers as weft set them in this process, by device.
     configured: BTreeMap<String, BTreeMap<String, WgPeer>>,
     /// Each device as last read: what a failed read reports instead (a
@@ -371,7 +363,6 @@ impl Kernel {
             public: key.as_ref().map(|k| k.public_key().as_array()),
             key: key.map(|k| k.as_array()),
             at: BTreeMap::new(),
-            peers: BTreeMap::new(),
             configured: BTreeMap::new(),
             last: BTreeMap::new(),
         })
@@ -458,10 +449,6 @@ impl Kernel {
                     api.configure_peer(&p).map_err(|e| wg_err("set a peer of", &n, e))
                 })
                 .await?;
-                self.peers
-                    .entry(name.clone())
-                    .or_default()
-                    .insert(peer.public_key.clone(), peer.clone());
                 self.configured
                     .entry(name)
                     .or_default()
@@ -476,10 +463,8 @@ impl Kernel {
                     api.remove_peer(&k).map_err(|e| wg_err("remove a peer of", &n, e))
                 })
                 .await?;
-                for m in [&mut self.peers, &mut self.configured] {
-                    if let Some(p) = m.get_mut(&name) {
-                        p.remove(&public_key);
-                    }
+                if let Some(p) = self.configured.get_mut(&name) {
+                    p.remove(&public_key);
                 }
                 Ok(())
             }
@@ -534,7 +519,6 @@ impl WireGuard for Kernel {
                 match observe_device(&dev, self.configured.get(&name)) {
                     Some(d) => {
                         self.at.insert(name.clone(), ns.clone());
-                        self.peers.insert(name.clone(), d.peers.clone());
                         self.last.insert(name.clone(), (ns.clone(), d.clone()));
                         out.insert((ns.clone(), name), d);
                     }
@@ -553,7 +537,6 @@ impl WireGuard for Kernel {
     async fn create(&mut self, link: &Link) -> R<()> {
         let stale = crate::nl::index_in(&self.host, &link.name).await?.is_some();
         let ops = create_ops(link, stale)?;
-        self.peers.remove(&link.name);
         self.configured.remove(&link.name);
         self.last.remove(&link.name);
         if let Err(e) = self.run(&ops).await {
@@ -579,7 +562,6 @@ impl WireGuard for Kernel {
         })
         .await?;
         self.at.remove(name);
-        self.peers.remove(name);
         self.configured.remove(name);
         self.last.remove(name);
         Ok(())

@@ -22,14 +22,18 @@ pub use crate::host::Stats;
 use crate::host::{R, WgDevice, WireGuard};
 use crate::model::{Link, LinkKind, Ns, WgPeer};
 
-pub fn key_hex(b64: &str) -> R<String> {
+/// A WireGuard key (base64) as its 32 bytes.
+pub fn key_bytes(b64: &str) -> R<[u8; 32]> {
     let raw = base64::engine::general_purpose::STANDARD
         .decode(b64.trim())
         .map_err(|_| "a key is not base64".to_string())?;
-    if raw.len() != 32 {
-        return Err("a WireGuard key must be 32 bytes".into());
-    }
-    Ok(raw.iter().map(|b| format!("{b:02x}")).collect())
+    raw.try_into()
+        .map_err(|_| "a WireGuard key must be 32 bytes".to_string())
+}
+
+/// A WireGuard key (base64) in hex, as boringtun's UAPI takes it.
+pub fn key_hex(b64: &str) -> R<String> {
+    Ok(key_bytes(b64)?.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 pub struct Device {

@@ -82,7 +82,9 @@ fn kernel_wireguard_gateways_geneve_overlay_failover_and_teardown() {
         .expect("the guest printed the outage");
     // The VM is emulated (TCG, several times slower than the host): a
     // generous bound; docs/reliability.md records the figures.
-    assert!(ms < 5000.0, "outage {ms} ms with kernel WireGuard in the VM");
+    // A silent death is found by the gateway TTL (3 s in the lane), then
+    // both sites move their peers.
+    assert!(ms < 15000.0, "outage {ms} ms with kernel WireGuard in the VM");
 }
 
 #[test]

@@ -356,8 +356,10 @@ fn failover(s: &mut TwoSites) {
     };
     let (ping, log) = sites::ping_wa_to_wb(s, "vm-failover-ping.log");
     let at = weft_tests::unix_now();
-    s.lab.proc(vi).child.as_mut().unwrap().kill().unwrap();
+    // Link first: the death is silent (no FIN reaches the controller), as
+    // a host that lost power; the controller finds it by its TTL.
     s.lab.lan_link(&s.ns[host], false);
+    s.lab.proc(vi).child.as_mut().unwrap().kill().unwrap();
     s.lab
         .proc(vi)
         .wait_exit(Duration::from_secs(5))
