@@ -109,6 +109,11 @@ pub fn describe(o: &pb::DesiredObject) -> String {
                 h.except.join(", ")
             )
         }
+        Some(Kind::DnsRecord(r)) => format!("DNS name {}.{} -> {}", r.name, r.site, r.address),
+        Some(Kind::ExportMap(x)) => format!(
+            "export in {}: {} from {} -> {}",
+            x.namespace, x.external_address, x.tunnel, x.host_address
+        ),
         None => "(empty object)".into(),
     }
 }

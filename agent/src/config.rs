@@ -80,6 +80,8 @@ pub struct AgentConfig {
     pub workload_bridge: Option<String>,
     /// Gateways: the WireGuard chosen at start (see [`choose_wireguard`]).
     pub wireguard: Option<WireguardChoice>,
+    /// Nodes: the DNS responder for peers' names (None: off).
+    pub dns: Option<crate::dns::Config>,
 }
 
 /// Which WireGuard a gateway runs (`--wireguard`).
@@ -228,6 +230,7 @@ impl AgentArgs {
             endpoint: None,
             probe: Default::default(),
             workload_bridge: None,
+            dns: None,
             wireguard: None,
         })
     }

@@ -169,6 +169,34 @@ impl Guard {
                 }
                 Ok(())
             }
+            Some(Kind::DnsRecord(r)) => crate::dns::check_record(r).map(|_| ()),
+            Some(Kind::ExportMap(x)) => {
+                if x.namespace.is_empty() {
+                    return Err(
+                        "an export in the host's namespace; weft maps exports only in its peering namespaces".into(),
+                    );
+                }
+                namespace("namespace", &x.namespace)?;
+                link_name("tunnel", &x.tunnel)?;
+                parse::<std::net::Ipv4Addr>("export's external address", &x.external_address, "an IPv4 address")?;
+                let host: std::net::Ipv4Addr = parse("exported host", &x.host_address, "an IPv4 address")?;
+                if host.is_unspecified()
+                    || host.is_loopback()
+                    || host.is_multicast()
+                    || host.is_broadcast()
+                    || host.is_link_local()
+                {
+                    return Err(format!(
+                        "exported host {host} is not a unicast address on the site's LAN"
+                    ));
+                }
+                if self.protected.contains(&IpAddr::V4(host)) {
+                    return Err(format!(
+                        "exported host {host} is this host's underlay or a controller: peers would reach it through the tunnel"
+                    ));
+                }
+                Ok(())
+            }
             Some(Kind::HostSnat(s)) => {
                 link_name("SNAT on link", &s.link)?;
                 parse::<IpAddr>("SNAT address", &s.address, "an address")?;

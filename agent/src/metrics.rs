@@ -40,6 +40,22 @@ pub struct AgentMetrics {
     pub node_accounting: std::sync::atomic::AtomicBool,
     /// The node's per-peer counters, as last read (see `linux`).
     pub traffic: Mutex<Vec<PeerTraffic>>,
+    /// Nodes: DNS queries by outcome (answered, dropped: not a query,
+    /// limited: over the rate limits).
+    pub dns_queries: Family<Labels, Counter>,
+}
+
+impl AgentMetrics {
+    pub fn dns(&self, outcome: crate::dns::Outcome) {
+        let o = match outcome {
+            crate::dns::Outcome::Answered => "answered",
+            crate::dns::Outcome::Dropped => "dropped",
+            crate::dns::Outcome::Limited => "limited",
+        };
+        self.dns_queries
+            .get_or_create(&vec![("outcome".to_string(), o.to_string())])
+            .inc();
+    }
 }
 
 fn duration_histogram() -> Histogram {
@@ -71,6 +87,7 @@ pub fn get() -> &'static AgentMetrics {
             tunnels: Mutex::new(Vec::new()),
             node_accounting: Default::default(),
             traffic: Mutex::new(Vec::new()),
+            dns_queries: Family::default(),
         };
         r.register(
             "weft_agent_reconcile_duration_seconds",
@@ -111,6 +128,11 @@ pub fn get() -> &'static AgentMetrics {
             "weft_gateway_wireguard_info",
             "The WireGuard carrying this gateway's tunnels (label mode: kernel or userspace); always 1",
             m.wireguard.clone(),
+        );
+        r.register(
+            "weft_node_dns_queries",
+            "Datagrams to the node's DNS responder by outcome (answered, dropped: not a query, limited: over the rate limits)",
+            m.dns_queries.clone(),
         );
         r.register_collector(Box::new(Snapshot(|f: &mut Families| {
             let m = get();

@@ -148,8 +148,50 @@ async fn sync_local(
     file.save(desired)
 }
 
-/// One connection's worth of watching.
-#[allow(clippy::too_many_arguments)]
+/// The node's DNS responder: its records (kept equal to the desired
+/// state's `DnsRecord` objects) and the socket it serves on.
+struct Dns {
+    cfg: crate::dns::Config,
+    table: crate::dns::Table,
+    running: Option<(std::net::SocketAddr, AbortOnDrop)>,
+}
+
+impl Dns {
+    /// Serves on `addr` (moving there if it served elsewhere).
+    fn listen(&mut self, addr: std::net::SocketAddr) -> std::io::Result<()> {
+        if self.running.as_ref().is_some_and(|(a, _)| *a == addr) {
+            return Ok(());
+        }
+        self.running = None;
+        let sock = crate::dns::bind(addr)?;
+        tracing::info!(listen = %addr, zone = %self.cfg.zone, "DNS responder listening");
+        let task = tokio::spawn(crate::dns::serve(sock, self.cfg.zone.clone(), self.table.clone()));
+        self.running = Some((addr, AbortOnDrop(task)));
+        Ok(())
+    }
+
+    /// With `--dns-listen subnet`: the first address of the node's subnet.
+    async fn follow_subnet(&mut self, c: &mut AgentServiceClient<tonic::transport::Channel>) -> Result<(), End> {
+        if self.cfg.listen != crate::dns::Listen::Subnet {
+            return Ok(());
+        }
+        let a = c
+            .get_assignment(pb::GetAssignmentRequest::default())
+            .await
+            .map_err(classify)?
+            .into_inner();
+        let Ok(net) = a.subnet.parse::<ipnet::Ipv4Net>() else {
+            tracing::warn!(subnet = %a.subnet, "the node's subnet does not parse; the DNS responder waits");
+            return Ok(());
+        };
+        let Some(first) = net.hosts().next() else { return Ok(()) };
+        if let Err(e) = self.listen(std::net::SocketAddr::new(first.into(), 53)) {
+            tracing::error!(address = %first, error = %e, "the DNS responder cannot listen on the subnet's first address, port 53");
+        }
+        Ok(())
+    }
+}
+
 /// What one session with a controller works with.
 struct Session<'a> {
     target: &'a str,
@@ -160,6 +202,7 @@ struct Session<'a> {
     desired: &'a mut Desired,
     file: &'a StateFile,
     applier: &'a mut dyn Applier,
+    dns: Option<&'a mut Dns>,
 }
 
 /// The agent's own objects: the workload bridge on the node's subnet
@@ -260,12 +303,18 @@ async fn session(s: Session<'_>) -> End {
         desired,
         file,
         applier,
+        mut dns,
     } = s;
     let current = creds.borrow_and_update().clone();
     let mut c = match client(target, &current).await {
         Ok(c) => c,
         Err(e) => return e,
     };
+    if let Some(d) = dns.as_deref_mut()
+        && let Err(e) = d.follow_subnet(&mut c).await
+    {
+        return e;
+    }
     let local = match local_objects(&mut c, cfg.workload_bridge.as_deref()).await {
         Ok(l) => l,
         Err(e) => return e,
@@ -336,6 +385,9 @@ async fn session(s: Session<'_>) -> End {
                 Err(s) => return classify(s),
             },
             _ = heartbeat.tick() => {}
+        }
+        if let Some(d) = dns.as_deref() {
+            d.table.set(desired.objects.values());
         }
         // Reports (the heartbeat too) go on a connection with the newest
         // certificate; the watch stream stays on the one it started on.
@@ -543,6 +595,23 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         observe_reconcile("startup", started, &errors);
     }
 
+    let mut dns = match (&cfg.dns, kind) {
+        (Some(c), AgentKind::Node) => {
+            let mut d = Dns {
+                cfg: c.clone(),
+                table: Default::default(),
+                running: None,
+            };
+            // What was stored resolves before any controller answers.
+            d.table.set(desired.objects.values());
+            if let crate::dns::Listen::At(addr) = c.listen {
+                d.listen(addr)
+                    .map_err(|e| anyhow::anyhow!("--dns-listen {addr}: cannot listen: {e}"))?;
+            }
+            Some(d)
+        }
+        _ => None,
+    };
     let (tx, mut rx) = watch::channel(creds);
     let mut renewal = tokio::spawn(renew_forever(IdentityStore::new(&cfg.state_dir), cfg.clone(), tx));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -563,6 +632,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
                 desired: &mut desired,
                 file: &file,
                 applier: applier.as_mut(),
+                dns: dns.as_mut(),
             }) => end,
             r = &mut renewal => return match r {
                 Ok(Err(e)) => Err(e),

@@ -257,6 +257,17 @@ impl Federation {
             gateways: gateways.for_port(&site, port),
             mtu: site.tunnel_mtu.unwrap_or(0),
             endpoints: self.endpoints.clone(),
+            names: self
+                .state
+                .list_names()
+                .await?
+                .iter()
+                .map(|n| pb::PublishedName {
+                    name: n.name.clone(),
+                    kind: crate::grpc::convert::name_kind(n.kind) as i32,
+                    address: n.published().to_string(),
+                })
+                .collect(),
         };
         Ok((params, port))
     }
@@ -317,6 +328,19 @@ impl Federation {
         for (i, e) in p.endpoints.iter().enumerate() {
             controller_endpoint(e, lab).map_err(|m| Error::InvalidArgument(format!("endpoints[{i}]: {m}")))?;
         }
+        let names: Vec<_> = p
+            .names
+            .iter()
+            .map(|n| {
+                let kind = match pb::NameKind::try_from(n.kind) {
+                    Ok(pb::NameKind::Workload) => Some(crate::names::NameKind::Workload),
+                    Ok(pb::NameKind::ExportedHost) => Some(crate::names::NameKind::ExportedHost),
+                    _ => None,
+                };
+                (n.name.clone(), kind, n.address.clone())
+            })
+            .collect();
+        let names = crate::names::check_remote(&names, &workload, external).map_err(Error::InvalidArgument)?;
         let has_endpoint = |ps: &pb::NetworkParams| ps.gateways.iter().any(|g| !g.endpoint.is_empty());
         Ok(RemoteSite {
             ca_pem: ca_pem.to_string(),
@@ -327,6 +351,7 @@ impl Federation {
             mtu: agreed_mtu(p.mtu, own.mtu),
             endpoints: p.endpoints.clone(),
             tunnel_role: tunnel_role(&own.site_id, has_endpoint(own), &p.site_id, has_endpoint(p)),
+            names,
         })
     }
 

@@ -248,9 +248,17 @@ impl Hub {
         enum Mark {
             Everyone,
             Nothing,
-            Node { name: String, removed: bool },
-            Gateway { name: String, removed: bool },
+            Node {
+                name: String,
+                removed: bool,
+            },
+            Gateway {
+                name: String,
+                removed: bool,
+            },
             Peering(String),
+            /// A published name: gateways (exports) and peers' parameters.
+            Names,
         }
         let mark = if rest == "gateway-active" {
             model.active_gateway = put.then(|| String::from_utf8_lossy(value).into_owned());
@@ -305,6 +313,15 @@ impl Hub {
                     removed: new.is_none(),
                 }
             }
+        } else if let Some(name) = rest.strip_prefix("names/") {
+            match put
+                .then(|| serde_json::from_slice::<crate::names::NameRecord>(value).ok())
+                .flatten()
+            {
+                Some(n) => model.names.insert(name.to_string(), Arc::new(n)),
+                None => model.names.remove(name),
+            };
+            Mark::Names
         } else if let Some(name) = rest.strip_prefix("peerings/") {
             match put.then(|| serde_json::from_slice::<Peering>(value).ok()).flatten() {
                 Some(p) => model.peerings.insert(name.to_string(), Arc::new(p)),
@@ -325,7 +342,7 @@ impl Hub {
             Mark::Gateway { name, removed: true } => self.forget((AgentRole::Gateway, name.clone())),
             _ => {}
         }
-        if matches!(mark, Mark::Everyone | Mark::Gateway { .. }) {
+        if matches!(mark, Mark::Everyone | Mark::Gateway { .. } | Mark::Names) {
             tracing::debug!(revision, "parameters peers see changed");
             self.params_rev.send_replace(revision);
         }
@@ -361,6 +378,7 @@ impl Hub {
                 }
                 each(AgentRole::Node, &|s| s.mark(|p| p.full = true));
             }
+            Mark::Names => each(AgentRole::Gateway, &|s| s.mark(|p| p.full = true)),
             Mark::Peering(name) => {
                 each(AgentRole::Node, &|s| s.mark(|p| p.full = true));
                 each(AgentRole::Gateway, &|s| {

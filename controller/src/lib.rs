@@ -25,4 +25,4 @@ pub mod server;
 pub mod state;
 pub mod store;
 
-pub use weft_core::{config, domain, ipam, render};
+pub use weft_core::{config, domain, ipam, names, render};

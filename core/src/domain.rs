@@ -290,6 +290,10 @@ pub struct RemoteSite {
     pub endpoints: Vec<String>,
     /// This site's side of the tunnel.
     pub tunnel_role: TunnelRole,
+    /// The names it publishes (checked: its own addresses, at most
+    /// [`crate::names::MAX_NAMES`]).
+    #[serde(default)]
+    pub names: Vec<crate::names::RemoteName>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,4 +6,5 @@
 pub mod config;
 pub mod domain;
 pub mod ipam;
+pub mod names;
 pub mod render;

@@ -47,6 +47,9 @@ pub struct Model {
     pub active_gateway: Option<String>,
     /// Gateways whose liveness record exists (their agent is connected).
     pub live_gateways: std::collections::BTreeSet<String>,
+    /// The names this site publishes (exported hosts are mapped on
+    /// gateways).
+    pub names: OrdMap<String, Arc<crate::names::NameRecord>>,
 }
 
 pub type Objects = BTreeMap<String, pb::DesiredObject>;
@@ -243,6 +246,20 @@ pub fn node(m: &Model, name: &str) -> Objects {
             ]);
         }
     }
+    // Names peers published, in this site's view: the node's DNS
+    // responder answers them.
+    for p in m.peerings.values() {
+        for (n, local) in crate::names::learned(p) {
+            out.extend([obj(
+                format!("peer/{}/name/{}", p.site_id, n.name),
+                Kind::DnsRecord(pb::DnsRecord {
+                    site: p.site_id.clone(),
+                    name: n.name.clone(),
+                    address: local.to_string(),
+                }),
+            )]);
+        }
+    }
     out
 }
 
@@ -363,6 +380,7 @@ fn peering(m: &Model, site_id: &str, base: &str) -> Objects {
         out.extend(view_routes(base, p, &ids));
         out.extend(routes_back(m, base, &ids));
         out.extend(wireguard_peers(base, r, &ids));
+        out.extend(exports(m, base, &ids));
     }
     for v in p.views.iter().filter(|v| v.remapped()) {
         out.extend([obj(
@@ -506,6 +524,39 @@ fn routes_back(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
                 route(&ids.ns, 0, c, ids.outer_ip.to_string(), &ids.inner),
             )]);
         }
+    }
+    out
+}
+
+/// This site's exported hosts, as the peer reaches them: what comes out of
+/// the tunnel for an export's external address goes to the host (DNAT in
+/// the peering's namespace), routed back to the gateway, whose own routes
+/// reach the host's LAN.
+fn exports(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
+    let mut out = Objects::new();
+    for n in m.names.values() {
+        let Some(external) = n.external else { continue };
+        out.extend([
+            obj(
+                format!("{base}export/{}", n.name),
+                Kind::ExportMap(pb::ExportMap {
+                    namespace: ids.ns.clone(),
+                    tunnel: ids.link.clone(),
+                    external_address: external.to_string(),
+                    host_address: n.address.to_string(),
+                }),
+            ),
+            obj(
+                format!("{base}export/{}/route", n.name),
+                route(
+                    &ids.ns,
+                    0,
+                    format!("{}/32", n.address),
+                    ids.outer_ip.to_string(),
+                    &ids.inner,
+                ),
+            ),
+        ]);
     }
     out
 }
@@ -785,6 +836,7 @@ mod tests {
             mtu: 1420,
             endpoints: vec![],
             tunnel_role: TunnelRole::Client,
+            names: vec![],
         });
         m.peerings.insert("b".into(), Arc::new(p));
         let objs = gateway(&m, "gw1");
@@ -827,6 +879,76 @@ mod tests {
             tunnel_addresses(TunnelRole::Server).1,
             tunnel_addresses(TunnelRole::Client).0
         );
+    }
+
+    #[test]
+    fn peers_names_reach_nodes_in_the_local_view_and_exports_reach_gateways() {
+        use crate::domain::{RemoteSite, TunnelRole};
+        use crate::names::{NameKind, NameRecord, RemoteName};
+        let mut m = model();
+        let mut p = (*m.peerings["b"]).clone();
+        let view = p
+            .views
+            .iter()
+            .find(|v| v.kind == crate::ipam::CidrKind::Workload)
+            .unwrap()
+            .clone();
+        let real = |host: u32| std::net::Ipv4Addr::from(u32::from(view.real.network()) + host);
+        p.remote = Some(RemoteSite {
+            ca_pem: String::new(),
+            ca_fingerprint: String::new(),
+            workload_cidrs: vec![view.real],
+            external_cidr: None,
+            gateways: vec![],
+            mtu: 0,
+            endpoints: vec![],
+            tunnel_role: TunnelRole::Client,
+            names: vec![RemoteName {
+                name: "web".into(),
+                kind: NameKind::Workload,
+                address: real(10),
+            }],
+        });
+        m.peerings.insert("b".into(), Arc::new(p));
+        let Some(Kind::DnsRecord(r)) = &node(&m, "n1")["peer/b/name/web"].kind else {
+            panic!("no record")
+        };
+        let local = std::net::Ipv4Addr::from(u32::from(view.local.network()) + 10);
+        assert_eq!(
+            (r.site.as_str(), r.name.as_str(), r.address.clone()),
+            ("b", "web", local.to_string())
+        );
+        // Gateways do not resolve names; nodes do not map exports.
+        assert!(!gateway(&m, "gw1").keys().any(|k| k.contains("/name/")));
+        m.names.insert(
+            "db".into(),
+            Arc::new(NameRecord {
+                name: "db".into(),
+                kind: NameKind::ExportedHost,
+                address: "192.168.7.5".parse().unwrap(),
+                external: Some("10.70.255.254".parse().unwrap()),
+                created_at_ms: 0,
+            }),
+        );
+        let gw = gateway(&m, "gw1");
+        let Some(Kind::ExportMap(x)) = &gw["peer/b/export/db"].kind else {
+            panic!("no export map")
+        };
+        assert_eq!(
+            (x.external_address.as_str(), x.host_address.as_str()),
+            ("10.70.255.254", "192.168.7.5")
+        );
+        let Some(Kind::Route(back)) = &gw["peer/b/export/db/route"].kind else {
+            panic!("no route")
+        };
+        assert_eq!(
+            (back.namespace.as_str(), back.destination.as_str()),
+            (x.namespace.as_str(), "192.168.7.5/32")
+        );
+        assert!(!node(&m, "n1").keys().any(|k| k.contains("/export/")));
+        // The peering gone, its names go with it.
+        m.peerings.remove("b");
+        assert!(!node(&m, "n1").keys().any(|k| k.contains("/name/")));
     }
 
     #[test]

@@ -205,6 +205,20 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
             origins.tables.entry(String::new()).or_default().insert(0, id);
         }
         Kind::WireguardPeer(p) => add_peer(d, id, p)?,
+        Kind::ExportMap(x) => {
+            let export = Export {
+                external: v4(&x.external_address, "external address")?,
+                host: v4(&x.host_address, "host address")?,
+                tunnel: x.tunnel.clone(),
+            };
+            if export.tunnel.is_empty() {
+                return Err("an export map needs its tunnel".into());
+            }
+            d.specs.entry(x.namespace.clone()).or_default().exports.push(export);
+            origins.tables.entry(x.namespace.clone()).or_default().push(id);
+        }
+        // The node agent's DNS responder answers these; nothing on the host.
+        Kind::DnsRecord(_) => {}
     }
     Ok(())
 }

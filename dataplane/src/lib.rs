@@ -96,7 +96,8 @@ pub fn namespaces_of<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject
             Some(Kind::Rule(r)) => r.namespace.clone(),
             Some(Kind::NatMap(m)) => m.namespace.clone(),
             Some(Kind::WireguardPeer(p)) => p.namespace.clone(),
-            Some(Kind::HostSnat(_)) | None => String::new(),
+            Some(Kind::ExportMap(x)) => x.namespace.clone(),
+            Some(Kind::HostSnat(_) | Kind::DnsRecord(_)) | None => String::new(),
         };
         out.insert(ns);
     }

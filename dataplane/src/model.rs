@@ -108,6 +108,15 @@ pub struct NatRule {
     pub tunnel: String,
 }
 
+/// A host of the site exported to a peer: what comes in through `tunnel`
+/// for `external` goes to `host`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Export {
+    pub external: Ipv4Addr,
+    pub host: Ipv4Addr,
+    pub tunnel: String,
+}
+
 /// Source NAT of host-originated traffic into the overlay.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct HostSnat {
@@ -124,6 +133,8 @@ pub struct TableSpec {
     pub mss_clamp: bool,
     /// Prefix NAT.
     pub nat: Vec<NatRule>,
+    /// Exported hosts (destination NAT from the tunnel).
+    pub exports: Vec<Export>,
     pub snat: Option<HostSnat>,
     /// Named counters per peer site over traffic to and from its CIDRs.
     pub accounting: BTreeMap<String, Vec<Ipv4Net>>,
@@ -131,7 +142,11 @@ pub struct TableSpec {
 
 impl TableSpec {
     pub fn is_empty(&self) -> bool {
-        !self.mss_clamp && self.nat.is_empty() && self.snat.is_none() && self.accounting.is_empty()
+        !self.mss_clamp
+            && self.nat.is_empty()
+            && self.exports.is_empty()
+            && self.snat.is_none()
+            && self.accounting.is_empty()
     }
 
     /// A content hash: equal specs, equal versions.

@@ -84,6 +84,21 @@ pub fn batch(spec: &TableSpec) -> Value {
             cmds.push(rule("post", post));
         }
     }
+    if !spec.exports.is_empty() {
+        // Exported hosts: from the tunnel, an export's external address
+        // becomes the host's (the peer's real CIDRs were mapped above).
+        cmds.push(chain("export", "nat", "prerouting", -100));
+        for x in &spec.exports {
+            cmds.push(rule(
+                "export",
+                json!([
+                    meta("iifname", "==", &x.tunnel),
+                    field("daddr", "==", json!(x.external.to_string())),
+                    {"dnat": {"addr": x.host.to_string()}}
+                ]),
+            ));
+        }
+    }
     if let Some(h) = &spec.snat {
         cmds.push(chain("snat", "nat", "postrouting", 100));
         let except: Vec<Value> = h.except.iter().map(prefix).collect();
@@ -316,9 +331,16 @@ mod tests {
                 except: vec!["10.1.0.0/16".parse().unwrap()],
             }),
             accounting: [("b".to_string(), vec!["10.90.0.0/16".parse().unwrap()])].into(),
+            exports: vec![Export {
+                external: "10.70.255.254".parse().unwrap(),
+                host: "192.168.7.5".parse().unwrap(),
+                tunnel: "weft-wabc".into(),
+            }],
         };
         let text = batch(&spec).to_string();
         for part in [
+            "\"export\"",
+            "192.168.7.5",
             "\"pre\"",
             "\"post\"",
             "\"mss\"",

@@ -25,6 +25,15 @@ struct Cli {
     /// namespaces to attach to; removed with the agent's other objects.
     #[arg(long, env = "WEFT_WORKLOAD_BRIDGE")]
     workload_bridge: Option<String>,
+    /// Where the DNS responder for peers' published names listens (UDP):
+    /// "subnet" (the first address of the node's workload subnet, port 53,
+    /// the address its workloads route through), ADDRESS:PORT, or "off".
+    #[arg(long, env = "WEFT_DNS_LISTEN", default_value = "subnet")]
+    dns_listen: String,
+    /// The zone it answers: NAME.SITE.<zone>; every other name is refused
+    /// (left to the host's resolver).
+    #[arg(long, env = "WEFT_DNS_ZONE", default_value = "weft.internal")]
+    dns_zone: String,
 }
 
 fn main() -> std::process::ExitCode {
@@ -39,6 +48,20 @@ fn main() -> std::process::ExitCode {
             )]));
         }
         c.workload_bridge = bridge;
+        let listen = cli
+            .dns_listen
+            .parse::<weft_agent::dns::Listen>()
+            .map_err(|m| format!("--dns-listen {m}"));
+        let zone = weft_agent::dns::parse_zone(&cli.dns_zone);
+        match (listen, zone) {
+            (Ok(weft_agent::dns::Listen::Off), Ok(_)) => c.dns = None,
+            (Ok(listen), Ok(zone)) => c.dns = Some(weft_agent::dns::Config { listen, zone }),
+            (l, z) => {
+                return Err(weft_agent::config::AgentConfigError(
+                    [l.err(), z.err()].into_iter().flatten().collect(),
+                ));
+            }
+        }
         Ok(c)
     });
     weft_agent::run::main_with(cfg, AgentKind::Node, cli.subnet.map(|s| s.to_string()))

@@ -274,7 +274,7 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         .unwrap();
     let t = PeeringToken::decode(&token(&b, "10m")).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let join_with = |endpoint: &str, public_key: &str, mtu: u32, cidr: &str| {
+    let join_named = |endpoint: &str, public_key: &str, mtu: u32, cidr: &str, names: Vec<pb::PublishedName>| {
         rt.block_on(async {
             let ch = connect(
                 &format!("https://{}", t.endpoints[0]),
@@ -300,11 +300,14 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
                         }],
                         mtu,
                         endpoints: vec!["127.0.0.1:1".into()],
+                        names,
                     }),
                 })
                 .await
         })
     };
+    let join_with =
+        |endpoint: &str, public_key: &str, mtu: u32, cidr: &str| join_named(endpoint, public_key, mtu, cidr, vec![]);
     let join = |endpoint: &str, public_key: &str, mtu: u32| join_with(endpoint, public_key, mtu, "10.8.0.0/16");
     let good_key = "hT7XTB7qgr4m+5V8gqhnNtjvNrqSqPFiCjPsXl1Oc0Q=";
     for (endpoint, public_key, mtu, field) in [
@@ -349,10 +352,64 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
     assert_eq!(revision(&b), before, "a CIDR over b's host wrote something");
     assert!(peer_names(&b).is_empty());
 
+    // Names: a peer may name only its own addresses, as DNS labels, and
+    // at most 1000 of them; each refusal names the field and writes nothing.
+    let name = |n: &str, kind: pb::NameKind, a: &str| pb::PublishedName {
+        name: n.into(),
+        kind: kind as i32,
+        address: a.into(),
+    };
+    let flood: Vec<pb::PublishedName> = (0..10_000)
+        .map(|i| name(&format!("n{i}"), pb::NameKind::Workload, "10.8.0.10"))
+        .collect();
+    for (names, field) in [
+        (flood, "names: 10000 listed"),
+        (
+            vec![name("web", pb::NameKind::Workload, "10.1.0.10")],
+            "names[0].address",
+        ),
+        (
+            vec![name("db", pb::NameKind::ExportedHost, "10.8.0.10")],
+            "names[0].address",
+        ),
+        (
+            vec![name("web.x", pb::NameKind::Workload, "10.8.0.10")],
+            "names[0].name",
+        ),
+    ] {
+        let before = revision(&b);
+        let err = join_named("192.0.2.1:51820", good_key, 0, "10.8.0.0/16", names).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{field}: {err:?}");
+        assert!(err.message().contains(field), "{field}: {}", err.message());
+        assert_eq!(revision(&b), before, "{field}: wrote something");
+        assert!(peer_names(&b).is_empty());
+    }
+
     // The token was not consumed: the same peer with a usable gateway and
-    // CIDR joins.
-    join("192.0.2.1:51820", good_key, 0).unwrap();
+    // CIDR joins, and b learns its names in b's view.
+    join_named(
+        "192.0.2.1:51820",
+        good_key,
+        0,
+        "10.8.0.0/16",
+        vec![name("web", pb::NameKind::Workload, "10.8.0.10")],
+    )
+    .unwrap();
     assert_eq!(peer_names(&b), ["site-x"]);
+    let names = weft_tests::weftctl_json(&b.target(), &["names"]);
+    let learned = &names["learned"][0];
+    assert_eq!(
+        (learned["site"].as_str(), learned["name"].as_str()),
+        (Some("site-x"), Some("web"))
+    );
+    let (_, view) = weft_tests::peer_view(&b.target(), "site-x", "workload");
+    let want = weft_controller::ipam::translate(
+        "10.8.0.10".parse().unwrap(),
+        "10.8.0.0/16".parse().unwrap(),
+        view.parse().unwrap(),
+    )
+    .unwrap();
+    assert_eq!(learned["local_address"], want.to_string());
     let p = &peers(&b)[0];
     assert_eq!(p["remote_gateways"][0]["endpoint"], "192.0.2.1:51820");
     assert_eq!(p["listen_port"], 51820);

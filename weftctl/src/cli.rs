@@ -78,6 +78,21 @@ pub enum Cmd {
         #[arg(long, value_enum, default_value = "dot")]
         format: TopologyFormat,
     },
+    /// Translate an address: `translate SITE ADDRESS` gives the address this
+    /// site reaches a peer's ADDRESS (as that site uses it) at;
+    /// `translate ADDRESS` gives the peer and real address behind an
+    /// address of a local view.
+    Translate {
+        #[arg(num_args = 1..=2, value_names = ["SITE", "ADDRESS"])]
+        args: Vec<String>,
+    },
+    /// List the names this site publishes and those peers published, with
+    /// the address each resolves to here (NAME.SITE.<zone> on every node's
+    /// DNS responder).
+    Names,
+    /// Publish or unpublish a name.
+    #[command(subcommand)]
+    Name(NameCmd),
     /// Show the local view this site would give a peer's CIDRs now (writes nothing).
     PlanView {
         /// The peer's workload CIDR; repeatable.
@@ -156,6 +171,21 @@ pub enum PeeringCmd {
     /// Route the CIDRs a peer announced after negotiation (shown as
     /// pending in `weftctl peerings`).
     Accept { site: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NameCmd {
+    /// Publish NAME for a workload's ADDRESS (in the pod CIDRs), or with
+    /// --export for a host outside them (on the site's LAN, reached from the
+    /// gateways): peers reach it through an address of the external CIDR.
+    Add {
+        name: String,
+        address: String,
+        #[arg(long)]
+        export: bool,
+    },
+    /// Unpublish a name.
+    Delete { name: String },
 }
 
 #[derive(Subcommand, Debug)]

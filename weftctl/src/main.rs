@@ -38,6 +38,9 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
             external_cidr,
         } => cmd::peerings::plan_view(c, workload_cidrs, external_cidr).await,
         Cmd::Allocations => cmd::allocations::run(c).await,
+        Cmd::Translate { args } => cmd::names::translate(c, args).await,
+        Cmd::Names => cmd::names::list(c).await,
+        Cmd::Name(n) => cmd::names::run(c, n).await,
         Cmd::Status => cmd::status::run(c).await,
         Cmd::Diagnose { settle } => cmd::diagnose::run(c, **settle).await,
         Cmd::Test(TestCmd::Network {

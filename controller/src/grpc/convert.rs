@@ -171,3 +171,32 @@ pub fn token(t: &Token) -> pb::Token {
         created_at: ts(t.created_at_ms),
     }
 }
+
+pub fn name_kind(k: crate::names::NameKind) -> pb::NameKind {
+    match k {
+        crate::names::NameKind::Workload => pb::NameKind::Workload,
+        crate::names::NameKind::ExportedHost => pb::NameKind::ExportedHost,
+    }
+}
+
+pub fn name(n: &crate::names::NameRecord) -> pb::Name {
+    pb::Name {
+        name: n.name.clone(),
+        kind: name_kind(n.kind) as i32,
+        address: n.address.to_string(),
+        external_address: n.external.map(|e| e.to_string()).unwrap_or_default(),
+        created_at: ts(n.created_at_ms),
+    }
+}
+
+pub fn translation(t: &crate::names::Translation) -> pb::Translation {
+    pb::Translation {
+        site: t.site.clone(),
+        real_address: t.real.to_string(),
+        local_address: t.local.to_string(),
+        kind: cidr_kind(t.view.kind) as i32,
+        real_cidr: t.view.real.to_string(),
+        local_cidr: t.view.local.to_string(),
+        remapped: t.view.remapped(),
+    }
+}

@@ -100,6 +100,17 @@ pub fn agent_role(v: i32, field: &str) -> Result<AgentRole, Status> {
     }
 }
 
+fn address_field(field: &str, text: &str) -> Result<std::net::Ipv4Addr, Status> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "{field} is empty; give an IPv4 address such as 10.1.0.10"
+        )));
+    }
+    t.parse()
+        .map_err(|_| Status::invalid_argument(format!("{field}: {t:?} is not an IPv4 address; write it as 10.1.0.10")))
+}
+
 fn cidr_field(field: &str, text: &str) -> Result<Ipv4Net, Status> {
     parse_cidr(text).map_err(|m| Status::invalid_argument(format!("{field}: {m}")))
 }
@@ -366,6 +377,64 @@ impl AdminService for AdminApi {
             pools: pools.iter().map(convert::pool_usage).collect(),
             revision,
         }))
+    }
+
+    async fn translate(&self, req: Request<pb::TranslateRequest>) -> Result<Response<pb::Translation>, Status> {
+        use crate::names::Untranslatable;
+        let req = req.into_inner();
+        let address = address_field("address", &req.address)?;
+        let site = req.site.trim();
+        if !site.is_empty() {
+            crate::domain::validate_name("site", site).map_err(Status::invalid_argument)?;
+        }
+        let model = self.hub.model();
+        let peerings: Vec<&Peering> = model.peerings.values().map(|p| p.as_ref()).collect();
+        let t = if site.is_empty() {
+            crate::names::to_peer(&peerings, address)
+        } else {
+            crate::names::to_local(&peerings, site, address)
+        };
+        match t {
+            Ok(t) => Ok(Response::new(convert::translation(&t))),
+            Err(Untranslatable::NotFound(m)) => Err(Status::not_found(m)),
+            Err(Untranslatable::Precondition(m)) => Err(Status::failed_precondition(m)),
+        }
+    }
+
+    async fn create_name(&self, req: Request<pb::CreateNameRequest>) -> Result<Response<pb::Name>, Status> {
+        let req = req.into_inner();
+        crate::names::check_label("name", &req.name).map_err(Status::invalid_argument)?;
+        let address = address_field("address", &req.address)?;
+        let n = self.state.create_name(&req.name, address, req.export).await?;
+        tracing::info!(name = %n.name, address = %n.address, external = ?n.external, "name published");
+        Ok(Response::new(convert::name(&n)))
+    }
+
+    async fn delete_name(
+        &self,
+        req: Request<pb::DeleteNameRequest>,
+    ) -> Result<Response<pb::DeleteNameResponse>, Status> {
+        let n = self.state.delete_name(&req.into_inner().name).await?;
+        tracing::info!(name = %n.name, "name unpublished");
+        Ok(Response::new(pb::DeleteNameResponse {}))
+    }
+
+    async fn list_names(&self, _: Request<pb::ListNamesRequest>) -> Result<Response<pb::ListNamesResponse>, Status> {
+        let published = self.state.list_names().await?.iter().map(convert::name).collect();
+        let (peerings, _) = self.state.list_peerings().await?;
+        let mut learned = Vec::new();
+        for p in &peerings {
+            for (n, local) in crate::names::learned(p) {
+                learned.push(pb::LearnedName {
+                    site: p.site_id.clone(),
+                    name: n.name.clone(),
+                    kind: convert::name_kind(n.kind) as i32,
+                    address: n.address.to_string(),
+                    local_address: local.to_string(),
+                });
+            }
+        }
+        Ok(Response::new(pb::ListNamesResponse { published, learned }))
     }
 
     async fn plan_local_view(

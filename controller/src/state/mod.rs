@@ -6,6 +6,7 @@
 //! - `nodes/<name>`, `gateways/<name>`, `peerings/<site-id>`: one JSON record each;
 //! - `ipam/seq`: a counter every IPAM change bumps in the same transaction;
 //! - `tokens/<id>`: enrollment tokens (only a hash of the secret);
+//! - `names/<name>`: names the site publishes ([`crate::names::NameRecord`]);
 //! - `revoked/<serial>`: revoked agent certificates until they expire.
 //!
 //! IPAM has no separate allocation table: what is allocated is exactly the
@@ -25,6 +26,7 @@ use serde::de::DeserializeOwned;
 
 mod agents;
 pub mod federation;
+mod names;
 
 pub use agents::{Enrollment, ParsedToken};
 
@@ -57,6 +59,7 @@ struct Snapshot {
     peerings: Vec<(Peering, Revision)>,
     tokens: Vec<(Token, Revision)>,
     peer_tokens: Vec<(crate::domain::PeerToken, Revision)>,
+    names: Vec<(crate::names::NameRecord, Revision)>,
     /// mod_revision of `ipam/seq` (0 when never written) and its value.
     seq: (Revision, u64),
 }
@@ -122,6 +125,16 @@ impl Snapshot {
                                 |x: &crate::domain::PeerToken| x.id == n,
                             ),
                             None => self.peer_tokens.retain(|(x, _)| x.id != n),
+                        }
+                    } else if let Some(n) = name("names/") {
+                        match value {
+                            Some(v) => upsert(
+                                &mut self.names,
+                                serde_json::from_slice(v).ok()?,
+                                revision,
+                                |x: &crate::names::NameRecord| x.name == n,
+                            ),
+                            None => self.names.retain(|(x, _)| x.name != n),
                         }
                     } else if let Some(n) = name("tokens/") {
                         match value {
@@ -190,10 +203,18 @@ impl Snapshot {
         nodes.chain(gateways).chain(controllers).collect()
     }
 
-    /// Overlay addresses held by nodes and gateways.
+    /// Overlay addresses held by nodes and gateways, and those whose
+    /// "unknown source" address an export took.
     fn internal_ips(&self) -> Vec<std::net::Ipv4Addr> {
         let n = self.nodes.iter().filter_map(|(n, _)| n.internal_ip);
+        let twins = self.site.as_ref().map_or_else(Vec::new, |site| {
+            self.names
+                .iter()
+                .filter_map(|(r, _)| crate::names::internal_twin(site, r.external?))
+                .collect()
+        });
         n.chain(self.gateways.iter().filter_map(|(g, _)| g.internal_ip))
+            .chain(twins)
             .collect()
     }
 
@@ -208,6 +229,13 @@ impl Snapshot {
         // pull the site's VXLAN and controller traffic into a peering (the
         // peer's CIDR is then remapped away from them).
         v.extend(self.host_addresses(site).into_iter().map(|(a, _)| Ipv4Net::from(a)));
+        // Exported hosts: the gateways route them on the site's LAN.
+        v.extend(
+            self.names
+                .iter()
+                .filter(|(r, _)| r.external.is_some())
+                .map(|(r, _)| Ipv4Net::from(r.address)),
+        );
         for (p, _) in &self.peerings {
             if Some(p.site_id.as_str()) != except_peer {
                 v.extend(p.views.iter().map(|v| v.local));
@@ -260,6 +288,9 @@ impl State {
         }
         for (p, _) in s.peerings {
             m.peerings.insert(p.site_id.clone(), Arc::new(p));
+        }
+        for (n, _) in s.names {
+            m.names.insert(n.name.clone(), Arc::new(n));
         }
         m.active_gateway = self
             .store
@@ -363,6 +394,8 @@ impl State {
                 s.tokens.push((decode(kv)?, kv.mod_revision));
             } else if rest.starts_with("peerings/") {
                 s.peerings.push((decode(kv)?, kv.mod_revision));
+            } else if rest.starts_with("names/") {
+                s.names.push((decode(kv)?, kv.mod_revision));
             }
         }
         Ok(s)

@@ -3,6 +3,7 @@
 pub mod allocations;
 pub mod diagnose;
 pub mod gateways;
+pub mod names;
 pub mod nodes;
 pub mod peerings;
 pub mod site;

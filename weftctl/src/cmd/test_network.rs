@@ -4,7 +4,6 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
-use ipnet::Ipv4Net;
 use serde_json::json;
 use weft_proto::v1 as pb;
 
@@ -17,28 +16,6 @@ pub struct Target {
     pub site: String,
     pub real: Ipv4Addr,
     pub local: Ipv4Addr,
-}
-
-/// The address `ip` of peer `site` has in this site's local view.
-fn local_view(peerings: &[pb::Peering], site: &str, ip: Ipv4Addr) -> Result<Ipv4Addr, String> {
-    let p = peerings
-        .iter()
-        .find(|p| p.site_id == site)
-        .ok_or_else(|| format!("--to {site}={ip}: this site has no peering with {site:?}"))?;
-    for v in &p.views {
-        let (Ok(real), Ok(local)) = (v.real_cidr.parse::<Ipv4Net>(), v.local_cidr.parse::<Ipv4Net>()) else {
-            continue;
-        };
-        if real.contains(&ip) {
-            let offset = u32::from(ip) - u32::from(real.network());
-            return Ok(Ipv4Addr::from(u32::from(local.network()) + offset));
-        }
-    }
-    let cidrs: Vec<&str> = p.views.iter().map(|v| v.real_cidr.as_str()).collect();
-    Err(format!(
-        "--to {site}={ip}: {ip} is in none of {site}'s CIDRs ({}); give the workload's address as {site} itself uses it",
-        cidrs.join(", ")
-    ))
 }
 
 /// One ICMP echo to `to` (root, or CAP_NET_RAW); the round trip, or why not.
@@ -143,12 +120,6 @@ pub async fn run(
                 .into(),
         );
     }
-    let peerings = c
-        .list_peerings(pb::ListPeeringsRequest {})
-        .await
-        .map_err(status)?
-        .into_inner()
-        .peerings;
     let mut targets = Vec::new();
     for t in to {
         let (site, ip) = t
@@ -157,10 +128,23 @@ pub async fn run(
         let real: Ipv4Addr = ip
             .parse()
             .map_err(|_| format!("--to {t:?}: {ip:?} is not an IPv4 address"))?;
+        // The controller translates (`weftctl translate`).
+        let tr = c
+            .translate(pb::TranslateRequest {
+                site: site.to_string(),
+                address: real.to_string(),
+            })
+            .await
+            .map_err(|s| format!("--to {t}: {}", status(s)))?
+            .into_inner();
+        let local = tr
+            .local_address
+            .parse()
+            .map_err(|_| format!("--to {t}: the controller answered {:?}", tr.local_address))?;
         targets.push(Target {
             site: site.to_string(),
             real,
-            local: local_view(&peerings, site, real)?,
+            local,
         });
     }
     let sources: Vec<String> = if from.is_empty() {

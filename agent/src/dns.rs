@@ -1,0 +1,510 @@
+//! The node's DNS responder: answers `NAME.SITE.<zone>` with the address
+//! of a peer's published name in this site's local view (the controller
+//! renders them as `DnsRecord` objects, following view changes and peering
+//! removal). Authoritative for the zone only: any other name is REFUSED, so
+//! a resolver configured with it beside the host's (or a split-DNS route
+//! for the zone) leaves every other name to the host's resolver. The wire
+//! format is hickory-proto's; queries are rate-limited per source.
+//!
+//! [`answer`] is a pure function from a datagram to the reply (or none);
+//! the property test feeds it random bytes.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::num::NonZeroU32;
+use std::sync::{Arc, RwLock};
+
+use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
+use hickory_proto::rr::rdata::{A, SOA};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use weft_proto::v1 as pb;
+use weft_proto::v1::desired_object::Kind;
+
+/// Answers live this long in caches (views change; a removed peering's
+/// names must vanish within seconds), and so do negative answers.
+pub const TTL: u32 = 1;
+/// Queries per second one source may send (and its burst).
+pub const PER_SOURCE_QPS: u32 = 200;
+/// Queries per second the responder answers in all.
+pub const TOTAL_QPS: u32 = 5000;
+
+/// The responder's configuration (node agents).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    pub listen: Listen,
+    pub zone: Name,
+}
+
+/// Where the responder listens (`--dns-listen`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Listen {
+    Off,
+    /// The first address of the node's workload subnet (the address a
+    /// workload bridge or the host's workload interface holds), port 53.
+    Subnet,
+    At(SocketAddr),
+}
+
+impl std::str::FromStr for Listen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "off" => Ok(Listen::Off),
+            "subnet" => Ok(Listen::Subnet),
+            t => t.parse().map(Listen::At).map_err(|_| {
+                format!(
+                    "{t:?}: give ADDRESS:PORT (e.g. 10.1.0.1:53), \"subnet\" (its first address, port 53) or \"off\""
+                )
+            }),
+        }
+    }
+}
+
+/// Checks a `--dns-zone`: a domain name of DNS labels.
+pub fn parse_zone(zone: &str) -> Result<Name, String> {
+    let z = zone.trim().trim_end_matches('.');
+    let ok = !z.is_empty()
+        && z.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        });
+    if !ok {
+        return Err(format!(
+            "--dns-zone {zone:?} is not a domain name: give labels of letters, digits and '-' joined by dots, e.g. weft.internal"
+        ));
+    }
+    let mut n = Name::from_ascii(z.to_ascii_lowercase()).map_err(|e| format!("--dns-zone {zone:?}: {e}"))?;
+    n.set_fqdn(true);
+    Ok(n)
+}
+
+/// Checks a record before it is served (also the guard's check).
+pub fn check_record(r: &pb::DnsRecord) -> Result<Ipv4Addr, String> {
+    let label = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if !label(&r.name) {
+        return Err(format!("DNS name {:?} is not a DNS label", r.name));
+    }
+    if r.site.len() > 63 || !r.site.split('.').all(label) {
+        return Err(format!("DNS record site {:?} is not a site id", r.site));
+    }
+    let a: Ipv4Addr = r
+        .address
+        .parse()
+        .map_err(|_| format!("DNS record address {:?} is not an IPv4 address", r.address))?;
+    if a.is_unspecified() || a.is_loopback() || a.is_multicast() || a.is_broadcast() {
+        return Err(format!("DNS record address {a} is not a unicast address"));
+    }
+    Ok(a)
+}
+
+/// What the responder serves: "name.site" → address, and the sites.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Records {
+    pub names: HashMap<String, Ipv4Addr>,
+    pub sites: HashSet<String>,
+}
+
+impl Records {
+    /// The records among `objects` (the agent's whole desired state);
+    /// those that fail [`check_record`] are left out.
+    pub fn of<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject>) -> Records {
+        let mut r = Records::default();
+        for o in objects {
+            if let Some(Kind::DnsRecord(d)) = &o.kind
+                && let Ok(a) = check_record(d)
+            {
+                r.names.insert(format!("{}.{}", d.name, d.site), a);
+                r.sites.insert(d.site.clone());
+            }
+        }
+        r
+    }
+}
+
+/// The records the responder serves now, swapped whole on each change.
+#[derive(Clone, Debug, Default)]
+pub struct Table(Arc<RwLock<Arc<Records>>>);
+
+impl Table {
+    pub fn set<'a>(&self, objects: impl IntoIterator<Item = &'a pb::DesiredObject>) {
+        let new = Records::of(objects);
+        let mut cur = self.0.write().unwrap();
+        if **cur != new {
+            tracing::debug!(names = new.names.len(), "DNS records changed");
+            *cur = Arc::new(new);
+        }
+    }
+
+    pub fn get(&self) -> Arc<Records> {
+        self.0.read().unwrap().clone()
+    }
+}
+
+fn soa(zone: &Name) -> Record {
+    let ns = Name::from_ascii("ns")
+        .and_then(|n| n.append_name(zone))
+        .unwrap_or_else(|_| zone.clone());
+    let mbox = Name::from_ascii("hostmaster")
+        .and_then(|n| n.append_name(zone))
+        .unwrap_or_else(|_| zone.clone());
+    Record::from_rdata(zone.clone(), TTL, RData::SOA(SOA::new(ns, mbox, 1, 60, 60, 600, TTL)))
+}
+
+/// The reply to one datagram, or None when it gets none (not a DNS query:
+/// garbage, or a response, which is never answered so that two responders
+/// cannot loop).
+pub fn answer(query: &[u8], zone: &Name, records: &Records) -> Option<Vec<u8>> {
+    let msg = match Message::from_vec(query) {
+        Ok(m) => m,
+        // A header we can read: tell the sender its message is malformed.
+        Err(_) if query.len() >= 12 && query[2] & 0x80 == 0 => {
+            let id = u16::from_be_bytes([query[0], query[1]]);
+            return Message::error_msg(id, OpCode::Query, ResponseCode::FormErr)
+                .to_vec()
+                .ok();
+        }
+        Err(_) => return None,
+    };
+    if msg.metadata.message_type != MessageType::Query {
+        return None;
+    }
+    let mut out = Message::response(msg.metadata.id, msg.metadata.op_code);
+    out.metadata.recursion_desired = msg.metadata.recursion_desired;
+    if msg.metadata.op_code != OpCode::Query {
+        out.metadata.response_code = ResponseCode::NotImp;
+        return out.to_vec().ok();
+    }
+    let [q] = msg.queries.as_slice() else {
+        out.metadata.response_code = ResponseCode::FormErr;
+        return out.to_vec().ok();
+    };
+    out.add_query(q.clone());
+    if msg.edns.is_some() {
+        let mut e = hickory_proto::op::Edns::new();
+        e.set_max_payload(1232);
+        out.set_edns(e);
+    }
+    let qname = q.name().to_lowercase();
+    if !zone.zone_of(&qname) || q.query_class() != DNSClass::IN {
+        // Not ours: the host's resolver answers it.
+        out.metadata.response_code = ResponseCode::Refused;
+        return out.to_vec().ok();
+    }
+    out.metadata.authoritative = true;
+    let labels: Vec<&[u8]> = qname.iter().collect();
+    let relative = &labels[..labels.len().saturating_sub(usize::from(zone.num_labels()))];
+    let key = relative
+        .iter()
+        .map(|l| String::from_utf8_lossy(l))
+        .collect::<Vec<_>>()
+        .join(".");
+    let qtype = q.query_type();
+    if key.is_empty() {
+        // The zone's apex.
+        if matches!(qtype, RecordType::SOA | RecordType::ANY) {
+            out.add_answer(soa(zone));
+        } else {
+            out.add_authority(soa(zone));
+        }
+        return out.to_vec().ok();
+    }
+    match records.names.get(&key) {
+        Some(a) if matches!(qtype, RecordType::A | RecordType::ANY) => {
+            out.add_answer(Record::from_rdata(q.name().clone(), TTL, RData::A(A(*a))));
+        }
+        // The name exists, without data of that type (AAAA: no IPv6 views yet).
+        Some(_) => {
+            out.add_authority(soa(zone));
+        }
+        // SITE.<zone> exists as the parent of its names.
+        None if records.sites.contains(&key) => {
+            out.add_authority(soa(zone));
+        }
+        None => {
+            out.metadata.response_code = ResponseCode::NXDomain;
+            out.add_authority(soa(zone));
+        }
+    }
+    out.to_vec().ok()
+}
+
+/// Counts of what the responder did, for its metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Answered,
+    Dropped,
+    Limited,
+}
+
+type Limiter = governor::RateLimiter<
+    IpAddr,
+    governor::state::keyed::DefaultKeyedStateStore<IpAddr>,
+    governor::clock::DefaultClock,
+>;
+
+/// Per-source and total rate limits: a flood from one source (or many)
+/// is dropped, never answered, so the responder cannot be used to reflect.
+pub struct Limits {
+    per_source: Limiter,
+    total: governor::DefaultDirectRateLimiter,
+}
+
+impl std::fmt::Debug for Limits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Limits")
+    }
+}
+
+impl Limits {
+    pub fn new(per_source: u32, total: u32) -> Limits {
+        let q = |n: u32| governor::Quota::per_second(NonZeroU32::new(n.max(1)).unwrap());
+        Limits {
+            per_source: governor::RateLimiter::keyed(q(per_source)),
+            total: governor::RateLimiter::direct(q(total)),
+        }
+    }
+
+    pub fn allow(&self, from: IpAddr) -> bool {
+        self.per_source.check_key(&from).is_ok() && self.total.check().is_ok()
+    }
+
+    /// Forgets sources not heard from lately (the keyed state is bounded
+    /// by the sources of the last few seconds).
+    pub fn prune(&self) {
+        self.per_source.retain_recent();
+        self.per_source.shrink_to_fit();
+    }
+}
+
+/// One datagram through the limits and [`answer`].
+pub fn handle(
+    datagram: &[u8],
+    from: IpAddr,
+    zone: &Name,
+    table: &Table,
+    limits: &Limits,
+) -> (Outcome, Option<Vec<u8>>) {
+    if !limits.allow(from) {
+        return (Outcome::Limited, None);
+    }
+    match answer(datagram, zone, &table.get()) {
+        Some(r) => (Outcome::Answered, Some(r)),
+        None => (Outcome::Dropped, None),
+    }
+}
+
+/// A UDP socket on `addr` that binds even before the address is on the
+/// host (IP_FREEBIND): the workload subnet's address may come later.
+pub fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::UdpSocket> {
+    let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::DGRAM, None)?;
+    if addr.is_ipv4() {
+        s.set_freebind_v4(true)?;
+    }
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    tokio::net::UdpSocket::from_std(s.into())
+}
+
+/// Serves `table` on `sock` (from [`bind`]) until the task is dropped.
+pub async fn serve(sock: tokio::net::UdpSocket, zone: Name, table: Table) {
+    let limits = Limits::new(PER_SOURCE_QPS, TOTAL_QPS);
+    let metrics = crate::metrics::get();
+    let mut buf = vec![0u8; 4096];
+    let mut pruned = std::time::Instant::now();
+    loop {
+        let (n, from) = match sock.recv_from(&mut buf).await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::debug!(error = %e, "DNS receive failed");
+                continue;
+            }
+        };
+        let (outcome, reply) = handle(&buf[..n], from.ip(), &zone, &table, &limits);
+        metrics.dns(outcome);
+        if let Some(r) = reply
+            && let Err(e) = sock.send_to(&r, from).await
+        {
+            tracing::debug!(error = %e, to = %from, "DNS reply not sent");
+        }
+        if pruned.elapsed() > std::time::Duration::from_secs(10) {
+            limits.prune();
+            pruned = std::time::Instant::now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::Query;
+
+    fn zone() -> Name {
+        parse_zone("weft.internal").unwrap()
+    }
+
+    fn table() -> Records {
+        let o = |site: &str, name: &str, a: &str| pb::DesiredObject {
+            id: format!("peer/{site}/name/{name}"),
+            kind: Some(Kind::DnsRecord(pb::DnsRecord {
+                site: site.into(),
+                name: name.into(),
+                address: a.into(),
+            })),
+        };
+        Records::of(&[
+            o("site-b", "web", "10.200.0.10"),
+            o("site-b", "db", "10.201.255.254"),
+            o("site-c", "web", "10.202.0.10"),
+            o("site-c", "Bad_Name", "10.202.0.11"),
+            o("site-c", "lo", "127.0.0.1"),
+        ])
+    }
+
+    fn ask(name: &str, t: RecordType) -> Message {
+        let mut m = Message::query();
+        m.metadata.recursion_desired = true;
+        m.add_query(Query::query(Name::from_ascii(name).unwrap(), t));
+        let reply = answer(&m.to_vec().unwrap(), &zone(), &table()).expect("an answer");
+        let r = Message::from_vec(&reply).unwrap();
+        assert_eq!(r.metadata.id, m.metadata.id);
+        assert_eq!(r.metadata.message_type, MessageType::Response);
+        r
+    }
+
+    fn a_of(r: &Message) -> Vec<Ipv4Addr> {
+        r.answers
+            .iter()
+            .filter_map(|x| match x.data {
+                RData::A(a) => Some(a.0),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn names_of_the_zone_resolve_case_blind_to_the_local_view() {
+        let r = ask("web.site-b.weft.internal.", RecordType::A);
+        assert_eq!(
+            (r.metadata.response_code, a_of(&r)),
+            (ResponseCode::NoError, vec!["10.200.0.10".parse().unwrap()])
+        );
+        assert!(r.metadata.authoritative);
+        let r = ask("WEB.Site-C.Weft.Internal.", RecordType::A);
+        assert_eq!(a_of(&r), vec!["10.202.0.10".parse::<Ipv4Addr>().unwrap()]);
+        assert_eq!(r.answers[0].ttl, TTL);
+    }
+
+    #[test]
+    fn absent_names_are_nxdomain_and_other_types_nodata() {
+        let r = ask("nope.site-b.weft.internal.", RecordType::A);
+        assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
+        assert!(matches!(r.authorities[0].data, RData::SOA(_)));
+        let r = ask("web.site-x.weft.internal.", RecordType::A);
+        assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
+        let r = ask("web.site-b.weft.internal.", RecordType::AAAA);
+        assert_eq!((r.metadata.response_code, r.answers.len()), (ResponseCode::NoError, 0));
+        let r = ask("site-b.weft.internal.", RecordType::A);
+        assert_eq!((r.metadata.response_code, r.answers.len()), (ResponseCode::NoError, 0));
+        let r = ask("weft.internal.", RecordType::SOA);
+        assert!(matches!(r.answers[0].data, RData::SOA(_)));
+        // Records that fail the check are not served.
+        assert_eq!(
+            ask("lo.site-c.weft.internal.", RecordType::A).metadata.response_code,
+            ResponseCode::NXDomain
+        );
+    }
+
+    #[test]
+    fn other_names_are_left_to_the_hosts_resolver() {
+        for n in ["example.com.", "internal.", "weft.internal.example."] {
+            assert_eq!(
+                ask(n, RecordType::A).metadata.response_code,
+                ResponseCode::Refused,
+                "{n}"
+            );
+        }
+    }
+
+    #[test]
+    fn responses_and_garbage_get_no_reply_and_a_readable_header_gets_formerr() {
+        let mut m = Message::response(7, OpCode::Query);
+        m.add_query(Query::query(
+            Name::from_ascii("web.site-b.weft.internal.").unwrap(),
+            RecordType::A,
+        ));
+        assert!(answer(&m.to_vec().unwrap(), &zone(), &table()).is_none());
+        assert!(answer(&[1, 2, 3], &zone(), &table()).is_none());
+        let mut bad = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+        bad.extend([0xc0, 0xff]); // a pointer past the end
+        let r = Message::from_vec(&answer(&bad, &zone(), &table()).unwrap()).unwrap();
+        assert_eq!(
+            (r.metadata.id, r.metadata.response_code),
+            (0x1234, ResponseCode::FormErr)
+        );
+    }
+
+    #[test]
+    fn a_flooding_source_is_limited_and_others_still_answered() {
+        let limits = Limits::new(10, 1000);
+        let (a, b): (IpAddr, IpAddr) = ("10.1.0.10".parse().unwrap(), "10.1.0.11".parse().unwrap());
+        let allowed = (0..100).filter(|_| limits.allow(a)).count();
+        assert!((10..=12).contains(&allowed), "{allowed}");
+        assert!(limits.allow(b));
+    }
+
+    #[test]
+    fn listen_and_zone_flags_parse_or_say_what_to_give() {
+        assert_eq!("off".parse::<Listen>(), Ok(Listen::Off));
+        assert_eq!("subnet".parse::<Listen>(), Ok(Listen::Subnet));
+        assert_eq!(
+            "10.1.0.1:53".parse::<Listen>(),
+            Ok(Listen::At("10.1.0.1:53".parse().unwrap()))
+        );
+        assert!("10.1.0.1".parse::<Listen>().unwrap_err().contains("ADDRESS:PORT"));
+        assert_eq!(parse_zone("Weft.Internal.").unwrap().to_ascii(), "weft.internal.");
+        for bad in ["", ".", "a..b", "-a.b", "a_b.c"] {
+            assert!(parse_zone(bad).is_err(), "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4000))]
+        /// Any datagram: no panic; a reply, if any, is a well-formed
+        /// response with the query's id, no larger than a UDP DNS message.
+        #[test]
+        fn property_random_datagrams_never_break_the_responder(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
+            if let Some(reply) = answer(&data, &zone(), &table()) {
+                let m = Message::from_vec(&reply).expect("the reply parses");
+                proptest::prop_assert_eq!(m.metadata.message_type, MessageType::Response);
+                proptest::prop_assert_eq!(m.metadata.id, u16::from_be_bytes([data[0], data[1]]));
+                proptest::prop_assert!(reply.len() <= 4096);
+            }
+        }
+
+        /// Mutated real queries (the parser's deep paths): same promise.
+        #[test]
+        fn property_mutated_queries_never_break_the_responder(flips in proptest::collection::vec((0usize..64, proptest::prelude::any::<u8>()), 1..6)) {
+            let mut m = Message::query();
+            m.add_query(Query::query(Name::from_ascii("web.site-b.weft.internal.").unwrap(), RecordType::A));
+            let mut data = m.to_vec().unwrap();
+            for (i, b) in flips {
+                let n = data.len();
+                data[i % n] ^= b;
+            }
+            if let Some(reply) = answer(&data, &zone(), &table()) {
+                let r = Message::from_vec(&reply).expect("the reply parses");
+                proptest::prop_assert_eq!(r.metadata.message_type, MessageType::Response);
+            }
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Names the site publishes: workloads' and exported hosts'. An export's
+//! external address is an IPAM decision (it must not take a node's
+//! "unknown source" address, nor they its), so it commits under the IPAM
+//! guard like node subnets.
+
+use std::net::Ipv4Addr;
+
+use super::{State, encode};
+use crate::domain::now_ms;
+use crate::error::Error;
+use crate::names::{self, MAX_NAMES, NameKind, NameRecord};
+use crate::store::{Compare, Op, Txn};
+
+impl State {
+    pub async fn create_name(&self, name: &str, address: Ipv4Addr, export: bool) -> Result<NameRecord, Error> {
+        names::check_label("name", name).map_err(Error::InvalidArgument)?;
+        let kind = if export {
+            NameKind::ExportedHost
+        } else {
+            NameKind::Workload
+        };
+        let key = self.key(&format!("names/{name}"));
+        self.commit(|snap| {
+            let site = snap.site()?;
+            if let Some((n, _)) = snap.names.iter().find(|(n, _)| n.name == name) {
+                return Err(Error::AlreadyExists(format!(
+                    "name {name:?} is already published for {}; delete it first (`weftctl name delete {name}`)",
+                    n.address
+                )));
+            }
+            if snap.names.len() >= MAX_NAMES {
+                return Err(Error::ResourceExhausted(format!(
+                    "the site already publishes {MAX_NAMES} names, the most it may; delete some first"
+                )));
+            }
+            let peerings: Vec<_> = snap.peerings.iter().map(|(p, _)| p).collect();
+            names::check_own_address(site, &peerings, kind, address)
+                .map_err(|m| Error::InvalidArgument(format!("address: {m}")))?;
+            let mut rec = NameRecord {
+                name: name.to_string(),
+                kind,
+                address,
+                external: None,
+                created_at_ms: now_ms(),
+            };
+            let mut txn = Txn::new();
+            if export {
+                if let Some((n, _)) = snap
+                    .names
+                    .iter()
+                    .find(|(n, _)| n.external.is_some() && n.address == address)
+                {
+                    return Err(Error::AlreadyExists(format!(
+                        "address: {address} is already exported as {:?}; use that name",
+                        n.name
+                    )));
+                }
+                let mut taken: Vec<Ipv4Addr> = snap.names.iter().filter_map(|(n, _)| n.external).collect();
+                taken.extend(
+                    snap.internal_ips()
+                        .into_iter()
+                        .filter_map(|ip| crate::render::external_address(site, ip)),
+                );
+                rec.external = Some(names::allocate_external(site, &taken).map_err(Error::ResourceExhausted)?);
+                txn = self.ipam_guard(snap, txn);
+            }
+            let txn = txn
+                .when(Compare::Version(key.clone(), 0))
+                .then(Op::put(key.clone(), encode(&rec)));
+            Ok((Some(txn), rec))
+        })
+        .await
+    }
+
+    pub async fn delete_name(&self, name: &str) -> Result<NameRecord, Error> {
+        names::check_label("name", name).map_err(Error::InvalidArgument)?;
+        let key = self.key(&format!("names/{name}"));
+        self.commit(|snap| {
+            let Some((rec, rev)) = snap.names.iter().find(|(n, _)| n.name == name) else {
+                return Err(Error::NotFound(format!(
+                    "name {name:?} is not published; list them with `weftctl names`"
+                )));
+            };
+            let mut txn = Txn::new();
+            if rec.external.is_some() {
+                txn = self.ipam_guard(snap, txn);
+            }
+            let txn = txn
+                .when(Compare::ModRevision(key.clone(), *rev))
+                .then(Op::delete(key.clone()));
+            Ok((Some(txn), rec.clone()))
+        })
+        .await
+    }
+
+    /// The names this site publishes, by name.
+    pub async fn list_names(&self) -> Result<Vec<NameRecord>, Error> {
+        let mut v: Vec<NameRecord> = self.snapshot().await?.names.into_iter().map(|n| n.0).collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(v)
+    }
+}

@@ -1,0 +1,538 @@
+//! Cross-site addressing: the names a site publishes for its workloads and
+//! exported hosts, what a peer may publish, and translation between a
+//! peer's own addresses and this site's local views of them. Pure.
+//!
+//! A workload's name carries its address in the site's pod CIDRs. An
+//! exported host (a database on the site's LAN, not a workload) gets an
+//! address of the site's external CIDR, which its gateways map 1:1 to the
+//! host; peers see only that external address. Peers resolve either through
+//! their own local view of the CIDR it lies in.
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+use crate::domain::{Peering, PeeringState, Site};
+use crate::ipam::{CidrKind, View};
+
+/// The most names one site publishes (and accepts from one peer).
+pub const MAX_NAMES: usize = 1000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NameKind {
+    /// An address in the site's pod CIDRs.
+    Workload,
+    /// A host outside them, reached through an external address.
+    ExportedHost,
+}
+
+/// A name this site publishes (stored under `names/<name>`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NameRecord {
+    pub name: String,
+    pub kind: NameKind,
+    /// The workload's address, or the exported host's own address (which
+    /// never leaves the site).
+    pub address: Ipv4Addr,
+    /// Exported host: its address in the site's external CIDR.
+    #[serde(default)]
+    pub external: Option<Ipv4Addr>,
+    pub created_at_ms: u64,
+}
+
+impl NameRecord {
+    /// The address peers are told: the workload's, or the external one.
+    pub fn published(&self) -> Ipv4Addr {
+        self.external.unwrap_or(self.address)
+    }
+}
+
+/// A name a peer published, as recorded with the peering.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteName {
+    pub name: String,
+    pub kind: NameKind,
+    /// In the peer's workload CIDRs (workload) or external CIDR (exported).
+    pub address: Ipv4Addr,
+}
+
+/// Checks a DNS label: 1 to 63 lower-case letters, digits or '-', not
+/// starting or ending with '-'.
+pub fn check_label(field: &str, name: &str) -> Result<(), String> {
+    let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    if name.is_empty() {
+        return Err(format!("{field} is empty; give a DNS label such as \"db\""));
+    }
+    if name.len() > 63 || !name.chars().all(ok) || name.starts_with('-') || name.ends_with('-') {
+        return Err(format!(
+            "{field} {name:?} is not a DNS label: use 1 to 63 lower-case letters, digits or '-', \
+             not starting or ending with '-' (no dots: peers resolve it as NAME.SITE.<zone>)"
+        ));
+    }
+    Ok(())
+}
+
+fn in_any(nets: &[Ipv4Net], a: Ipv4Addr) -> Option<&Ipv4Net> {
+    nets.iter().find(|n| n.contains(&a))
+}
+
+/// Whether `address` may be published as `kind` by `site`, given its
+/// peerings (whose local views it must not be in): the message names what
+/// to change.
+pub fn check_own_address(site: &Site, peerings: &[&Peering], kind: NameKind, address: Ipv4Addr) -> Result<(), String> {
+    let pods = || {
+        site.pod_cidrs
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match kind {
+        NameKind::Workload => {
+            if in_any(&site.pod_cidrs, address).is_none() {
+                return Err(format!(
+                    "address {address} is not in the site's pod CIDRs ({}); name a workload by its address there, \
+                     or export a host outside them with --export",
+                    pods()
+                ));
+            }
+            Ok(())
+        }
+        NameKind::ExportedHost => {
+            if let Some(p) = in_any(&site.pod_cidrs, address) {
+                return Err(format!(
+                    "address {address} is inside the site's pod CIDR {p}: it is a workload; name it without --export"
+                ));
+            }
+            if address.is_unspecified()
+                || address.is_loopback()
+                || address.is_multicast()
+                || address.is_broadcast()
+                || address.is_link_local()
+            {
+                return Err(format!(
+                    "address {address} cannot be exported: give a unicast address of a host on the site's LAN \
+                     (169.254.0.0/16 is weft's tunnel and veth links)"
+                ));
+            }
+            for (what, net) in [
+                ("internal CIDR (weft's overlay links)", site.internal_cidr),
+                ("external CIDR (exports are reached through it)", site.external_cidr),
+            ] {
+                if net.contains(&address) {
+                    return Err(format!(
+                        "address {address} is on a weft link: it is in the site's {what} {net}; \
+                         give the host's address on the site's LAN"
+                    ));
+                }
+            }
+            for p in peerings {
+                if let Some(v) = p.views.iter().find(|v| v.local.contains(&address)) {
+                    return Err(format!(
+                        "address {address} is in {}, this site's view of {}'s {} CIDR {}: it is routed to that peer; \
+                         give the host's address on the site's LAN",
+                        v.local, p.site_id, v.kind, v.real
+                    ));
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The external address for a new export: the highest free host address of
+/// the external CIDR, never one that a node's or gateway's "unknown source"
+/// address takes (`taken`) nor another export's.
+pub fn allocate_external(site: &Site, taken: &[Ipv4Addr]) -> Result<Ipv4Addr, String> {
+    let net = site.external_cidr;
+    let (first, last) = (u32::from(net.network()), u32::from(net.broadcast()));
+    // A /31 or /32 has no network and broadcast to skip.
+    let (lo, hi) = if net.prefix_len() >= 31 {
+        (first, last)
+    } else {
+        (first + 1, last - 1)
+    };
+    (lo..=hi)
+        .rev()
+        .map(Ipv4Addr::from)
+        .find(|a| !taken.contains(a))
+        .ok_or_else(|| {
+            format!(
+                "the external CIDR {net} has no free address left for an export; delete an exported name \
+                 or give the site a larger --external-cidr"
+            )
+        })
+}
+
+/// The overlay address whose "unknown source" address an export takes,
+/// which the internal IPAM must then skip.
+pub fn internal_twin(site: &Site, external: Ipv4Addr) -> Option<Ipv4Addr> {
+    let host = u32::from(external).checked_sub(u32::from(site.external_cidr.network()))?;
+    (u64::from(host) < crate::ipam::size(&site.internal_cidr))
+        .then(|| Ipv4Addr::from(u32::from(site.internal_cidr.network()) + host))
+}
+
+/// Checks what a peer publishes against the CIDRs it announced: at most
+/// [`MAX_NAMES`], each a DNS label once, each address its own (a workload's
+/// in its workload CIDRs, an export's in its external CIDR). The error
+/// names the field.
+pub fn check_remote(
+    names: &[(String, Option<NameKind>, String)],
+    workload: &[Ipv4Net],
+    external: Option<Ipv4Net>,
+) -> Result<Vec<RemoteName>, String> {
+    if names.len() > MAX_NAMES {
+        return Err(format!(
+            "names: {} listed; a site publishes at most {MAX_NAMES}",
+            names.len()
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(names.len());
+    for (i, (name, kind, address)) in names.iter().enumerate() {
+        check_label(&format!("names[{i}].name"), name)?;
+        if !seen.insert(name.as_str()) {
+            return Err(format!("names[{i}].name: {name:?} is listed twice"));
+        }
+        let kind =
+            kind.ok_or_else(|| format!("names[{i}].kind: give NAME_KIND_WORKLOAD or NAME_KIND_EXPORTED_HOST"))?;
+        let address: Ipv4Addr = address
+            .parse()
+            .map_err(|_| format!("names[{i}].address: {address:?} is not an IPv4 address"))?;
+        let owned = match kind {
+            NameKind::Workload => in_any(workload, address).is_some(),
+            NameKind::ExportedHost => external.is_some_and(|e| e.contains(&address)),
+        };
+        if !owned {
+            let whose = match kind {
+                NameKind::Workload => "workload CIDRs",
+                NameKind::ExportedHost => "external CIDR",
+            };
+            return Err(format!(
+                "names[{i}].address: {address} ({name:?}) is not in the site's own {whose}; \
+                 a site names only addresses it owns"
+            ));
+        }
+        out.push(RemoteName {
+            name: name.clone(),
+            kind,
+            address,
+        });
+    }
+    Ok(out)
+}
+
+/// Keeps host bits: the address `a` of `from` in `to` (`a` is in `from`).
+fn map(a: Ipv4Addr, from: Ipv4Net, to: Ipv4Net) -> Ipv4Addr {
+    crate::ipam::translate(a, from, to).unwrap_or(a)
+}
+
+/// An address translated between a peer's addressing and this site's view.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Translation {
+    pub site: String,
+    pub real: Ipv4Addr,
+    pub local: Ipv4Addr,
+    pub view: View,
+}
+
+/// Why an address does not translate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Untranslatable {
+    /// No peering, or no view covers the address.
+    NotFound(String),
+    /// The peering is not negotiated, or the address's CIDR is held for review.
+    Precondition(String),
+}
+
+fn negotiated(p: &Peering) -> Result<(), Untranslatable> {
+    if matches!(p.state, PeeringState::Pending | PeeringState::Deleting) || p.views.is_empty() {
+        return Err(Untranslatable::Precondition(format!(
+            "the peering with {} is not negotiated (state {:?}); wait for it, or see `weftctl peerings`",
+            p.site_id, p.state
+        )));
+    }
+    Ok(())
+}
+
+/// Peer `site`'s address `real` (as that site uses it) → this site's view.
+pub fn to_local(peerings: &[&Peering], site: &str, real: Ipv4Addr) -> Result<Translation, Untranslatable> {
+    let p = peerings.iter().find(|p| p.site_id == site).ok_or_else(|| {
+        Untranslatable::NotFound(format!(
+            "this site has no peering with {site:?}; list them with `weftctl peerings`"
+        ))
+    })?;
+    negotiated(p)?;
+    if let Some(v) = p.views.iter().find(|v| v.real.contains(&real)) {
+        return Ok(Translation {
+            site: site.to_string(),
+            real,
+            local: map(real, v.real, v.local),
+            view: v.clone(),
+        });
+    }
+    if let Some(pending) = &p.pending
+        && (pending.workload_cidrs.iter().any(|c| c.contains(&real))
+            || pending.external_cidr.is_some_and(|c| c.contains(&real)))
+    {
+        return Err(Untranslatable::Precondition(format!(
+            "{real} is in CIDRs {site} announced that this site holds for review; \
+             accept them with `weftctl peering accept {site}`"
+        )));
+    }
+    let cidrs: Vec<String> = p.views.iter().map(|v| format!("{} {}", v.kind, v.real)).collect();
+    Err(Untranslatable::NotFound(format!(
+        "{real} is in none of {site}'s CIDRs ({}); give the address as {site} itself uses it",
+        cidrs.join(", ")
+    )))
+}
+
+/// An address of this site's local views → the peer and its real address.
+pub fn to_peer(peerings: &[&Peering], local: Ipv4Addr) -> Result<Translation, Untranslatable> {
+    for p in peerings {
+        if let Some(v) = p.views.iter().find(|v| v.local.contains(&local)) {
+            negotiated(p)?;
+            return Ok(Translation {
+                site: p.site_id.clone(),
+                real: map(local, v.local, v.real),
+                local,
+                view: v.clone(),
+            });
+        }
+    }
+    Err(Untranslatable::NotFound(format!(
+        "{local} is in no local view of a peer; list the views with `weftctl peerings`, \
+         or give the peer's site to translate its address into this site's view"
+    )))
+}
+
+/// A peer's published names with the address each has in this site's
+/// local view (names whose CIDR is not routed here, e.g. held for review,
+/// are left out).
+pub fn learned(p: &Peering) -> Vec<(&RemoteName, Ipv4Addr)> {
+    let Some(r) = &p.remote else { return Vec::new() };
+    r.names
+        .iter()
+        .filter_map(|n| {
+            let want = match n.kind {
+                NameKind::Workload => CidrKind::Workload,
+                NameKind::ExportedHost => CidrKind::External,
+            };
+            let v = p.views.iter().find(|v| v.kind == want && v.real.contains(&n.address))?;
+            Some((n, map(n.address, v.real, v.local)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{RemoteSite, TunnelRole};
+
+    fn n(s: &str) -> Ipv4Net {
+        s.parse().unwrap()
+    }
+    fn a(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    fn site() -> Site {
+        Site {
+            id: "site-a".into(),
+            pod_cidrs: vec![n("10.1.0.0/16")],
+            external_cidr: n("10.70.0.0/16"),
+            internal_cidr: n("10.80.0.0/16"),
+            reserved_cidrs: vec![],
+            remap_pools: vec![n("10.200.0.0/13")],
+            node_prefix_len: 24,
+            overlay_mtu: None,
+            tunnel_mtu: None,
+            wireguard_ports: Default::default(),
+            peer_cidr_auto_accept: vec![],
+            controller_ips: vec![],
+            underlay_overlap: Default::default(),
+        }
+    }
+
+    fn peering(state: PeeringState) -> Peering {
+        Peering {
+            site_id: "site-b".into(),
+            state,
+            views: vec![
+                View {
+                    kind: CidrKind::Workload,
+                    real: n("10.1.0.0/16"),
+                    local: n("10.200.0.0/16"),
+                    pool: Some(n("10.200.0.0/13")),
+                },
+                View {
+                    kind: CidrKind::External,
+                    real: n("10.70.0.0/16"),
+                    local: n("10.201.0.0/16"),
+                    pool: Some(n("10.200.0.0/13")),
+                },
+            ],
+            created_at_ms: 0,
+            last_error: None,
+            remote: Some(RemoteSite {
+                ca_pem: String::new(),
+                ca_fingerprint: String::new(),
+                workload_cidrs: vec![n("10.1.0.0/16")],
+                external_cidr: Some(n("10.70.0.0/16")),
+                gateways: vec![],
+                mtu: 0,
+                endpoints: vec![],
+                tunnel_role: TunnelRole::Server,
+                names: vec![
+                    RemoteName {
+                        name: "web".into(),
+                        kind: NameKind::Workload,
+                        address: a("10.1.0.10"),
+                    },
+                    RemoteName {
+                        name: "db".into(),
+                        kind: NameKind::ExportedHost,
+                        address: a("10.70.255.254"),
+                    },
+                ],
+            }),
+            listen_port: 51820,
+            pending: None,
+        }
+    }
+
+    #[test]
+    fn labels_are_dns_labels() {
+        for good in ["db", "web-1", "a", &"x".repeat(63)] {
+            assert!(check_label("name", good).is_ok(), "{good}");
+        }
+        for bad in ["", "-db", "db-", "Db", "web.site", "a_b", &"x".repeat(64), "dé"] {
+            let e = check_label("name", bad).unwrap_err();
+            assert!(e.starts_with("name"), "{e}");
+        }
+    }
+
+    #[test]
+    fn translation_goes_both_ways_and_keeps_host_bits() {
+        let p = peering(PeeringState::Negotiated);
+        let t = to_local(&[&p], "site-b", a("10.1.0.10")).unwrap();
+        assert_eq!(t.local, a("10.200.0.10"));
+        assert_eq!(t.view.kind, CidrKind::Workload);
+        let back = to_peer(&[&p], t.local).unwrap();
+        assert_eq!((back.site.as_str(), back.real), ("site-b", a("10.1.0.10")));
+        let ext = to_local(&[&p], "site-b", a("10.70.255.254")).unwrap();
+        assert_eq!((ext.local, ext.view.kind), (a("10.201.255.254"), CidrKind::External));
+    }
+
+    #[test]
+    fn untranslatable_addresses_say_why() {
+        let p = peering(PeeringState::Negotiated);
+        assert!(
+            matches!(to_local(&[&p], "site-c", a("10.1.0.10")), Err(Untranslatable::NotFound(m)) if m.contains("no peering"))
+        );
+        assert!(
+            matches!(to_local(&[&p], "site-b", a("10.9.0.1")), Err(Untranslatable::NotFound(m)) if m.contains("none of"))
+        );
+        assert!(matches!(
+            to_peer(&[&p], a("10.1.0.10")),
+            Err(Untranslatable::NotFound(_))
+        ));
+        let pending = peering(PeeringState::Pending);
+        assert!(matches!(
+            to_local(&[&pending], "site-b", a("10.1.0.10")),
+            Err(Untranslatable::Precondition(_))
+        ));
+        let mut held = peering(PeeringState::Negotiated);
+        held.pending = Some(crate::domain::PendingCidrs {
+            workload_cidrs: vec![n("10.9.0.0/16")],
+            external_cidr: None,
+            received_at_ms: 0,
+        });
+        assert!(matches!(
+            to_local(&[&held], "site-b", a("10.9.0.1")),
+            Err(Untranslatable::Precondition(m)) if m.contains("peering accept")
+        ));
+    }
+
+    #[test]
+    fn learned_names_resolve_to_the_local_view() {
+        let p = peering(PeeringState::Negotiated);
+        let got: Vec<(String, Ipv4Addr)> = learned(&p).into_iter().map(|(n, a)| (n.name.clone(), a)).collect();
+        assert_eq!(
+            got,
+            [("web".into(), a("10.200.0.10")), ("db".into(), a("10.201.255.254"))]
+        );
+    }
+
+    #[test]
+    fn exported_addresses_stay_off_weft_links_and_workloads() {
+        let s = site();
+        let p = peering(PeeringState::Negotiated);
+        let ok = |x: &str| check_own_address(&s, &[&p], NameKind::ExportedHost, a(x));
+        assert!(ok("192.168.1.10").is_ok());
+        for (bad, says) in [
+            ("10.1.0.10", "pod CIDR"),
+            ("10.80.0.3", "internal CIDR"),
+            ("10.70.0.3", "external CIDR"),
+            ("169.254.0.2", "169.254"),
+            ("127.0.0.1", "unicast"),
+            ("10.200.0.7", "view of site-b"),
+        ] {
+            let e = ok(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        assert!(check_own_address(&s, &[], NameKind::Workload, a("10.1.0.10")).is_ok());
+        assert!(
+            check_own_address(&s, &[], NameKind::Workload, a("192.168.1.10"))
+                .unwrap_err()
+                .contains("--export")
+        );
+    }
+
+    #[test]
+    fn exports_take_the_top_of_the_external_cidr_and_the_ipam_skips_their_twins() {
+        let s = site();
+        let x = allocate_external(&s, &[]).unwrap();
+        assert_eq!(x, a("10.70.255.254"));
+        assert_eq!(allocate_external(&s, &[x]).unwrap(), a("10.70.255.253"));
+        assert_eq!(internal_twin(&s, x), Some(a("10.80.255.254")));
+        let mut tiny = site();
+        tiny.external_cidr = n("10.70.0.0/30");
+        assert!(
+            allocate_external(&tiny, &[a("10.70.0.1"), a("10.70.0.2")])
+                .unwrap_err()
+                .contains("no free address")
+        );
+    }
+
+    #[test]
+    fn a_peer_names_only_its_own_addresses_and_not_too_many() {
+        let w = [n("10.1.0.0/16")];
+        let e = Some(n("10.70.0.0/16"));
+        let one = |name: &str, k: Option<NameKind>, addr: &str| vec![(name.to_string(), k, addr.to_string())];
+        assert!(check_remote(&one("web", Some(NameKind::Workload), "10.1.0.10"), &w, e).is_ok());
+        for (names, field) in [
+            (one("web", Some(NameKind::Workload), "10.2.0.10"), "names[0].address"),
+            (one("db", Some(NameKind::ExportedHost), "10.1.0.10"), "names[0].address"),
+            (one("Web", Some(NameKind::Workload), "10.1.0.10"), "names[0].name"),
+            (one("web", None, "10.1.0.10"), "names[0].kind"),
+            (one("web", Some(NameKind::Workload), "x"), "names[0].address"),
+        ] {
+            let m = check_remote(&names, &w, e).unwrap_err();
+            assert!(m.starts_with(field), "{m}");
+        }
+        let mut twice = one("web", Some(NameKind::Workload), "10.1.0.10");
+        twice.extend(one("web", Some(NameKind::Workload), "10.1.0.11"));
+        assert!(check_remote(&twice, &w, e).unwrap_err().contains("twice"));
+        let many: Vec<_> = (0..10_000)
+            .map(|i| (format!("n{i}"), Some(NameKind::Workload), "10.1.0.1".to_string()))
+            .collect();
+        assert!(
+            check_remote(&many, &w, e)
+                .unwrap_err()
+                .starts_with("names: 10000 listed")
+        );
+    }
+}
