@@ -170,14 +170,25 @@ $A peerings
 $(ctl b) peerings
 set +x
 
-# site-b's workload 10.1.0.10 as site-a sees it: the same host bits in the
-# local view site-a negotiated for site-b's workload CIDR.
-view=$($A -o json peerings | python3 -c '
-import ipaddress, json, sys
-p = [p for p in json.load(sys.stdin)["peerings"] if p["site_id"] == "site-b"][0]
-v = [v for v in p["views"] if v["kind"] == "workload"][0]
-real, local = ipaddress.ip_network(v["real_cidr"]), ipaddress.ip_network(v["local_cidr"])
-print(local.network_address + (int(ipaddress.ip_address("10.1.0.10")) - int(real.network_address)))')
+# Each site names its workload; the controllers send the names to their
+# peers, and every node's DNS responder answers NAME.SITE.weft.internal
+# with the address in its own site's view.
+for x in "${SITES[@]}"; do
+  $(ctl "$x") names -o json | grep -q '"web"' || $(ctl "$x") name add web 10.1.0.10
+done
+# site-b's workload 10.1.0.10 as site-a sees it: the controller translates.
+set -x
+$A translate site-b 10.1.0.10
+set +x
+view=$($A -o json translate site-b 10.1.0.10 | python3 -c 'import json,sys; print(json.load(sys.stdin)["local_address"])')
+if command -v dig >/dev/null; then
+  for _ in $(seq 50); do
+    [ "$(ip netns exec $P-wa dig @10.1.0.1 +short web.site-b.weft.internal)" = "$view" ] && break
+    sleep 0.2
+  done
+  echo "+ ip netns exec $P-wa dig @10.1.0.1 +short web.site-b.weft.internal   (site-a's node answers)"
+  ip netns exec $P-wa dig @10.1.0.1 +short web.site-b.weft.internal
+fi
 echo "+ ping from site-a's workload (10.1.0.10) to site-b's workload (10.1.0.10, seen from site-a as $view)"
 ok=
 for _ in $(seq 30); do

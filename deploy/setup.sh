@@ -20,6 +20,7 @@ command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 command -v python3 >/dev/null || need_apt+=(python3)
 command -v dot >/dev/null || need_apt+=(graphviz)             # weftctl topology --format svg
 command -v curl >/dev/null || need_apt+=(curl)                # tests scrape /metrics
+command -v dig >/dev/null || need_apt+=(bind9-dnsutils)       # tests ask nodes' DNS responders
 command -v iperf3 >/dev/null || need_apt+=(iperf3)            # the throughput bench
 command -v wg >/dev/null || need_apt+=(wireguard-tools)      # the throughput bench: keys
 command -v wireguard-go >/dev/null || need_apt+=(wireguard-go) # the throughput bench: reference tunnel

@@ -238,12 +238,22 @@ pub fn answer(query: &[u8], zone: &Name, records: &Records) -> Option<Vec<u8>> {
     out.to_vec().ok()
 }
 
-/// Counts of what the responder did, for its metrics.
+/// What the responder did with a datagram (its metric's label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Answered,
     Dropped,
     Limited,
+}
+
+impl Outcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Answered => "answered",
+            Outcome::Dropped => "dropped",
+            Outcome::Limited => "limited",
+        }
+    }
 }
 
 type Limiter = governor::RateLimiter<
@@ -330,7 +340,7 @@ pub async fn serve(sock: tokio::net::UdpSocket, zone: Name, table: Table) {
             }
         };
         let (outcome, reply) = handle(&buf[..n], from.ip(), &zone, &table, &limits);
-        metrics.dns(outcome);
+        metrics.dns(outcome.label());
         if let Some(r) = reply
             && let Err(e) = sock.send_to(&r, from).await
         {

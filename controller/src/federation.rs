@@ -264,7 +264,7 @@ impl Federation {
                 .iter()
                 .map(|n| pb::PublishedName {
                     name: n.name.clone(),
-                    kind: crate::grpc::convert::name_kind(n.kind) as i32,
+                    kind: n.kind.to_pb() as i32,
                     address: n.published().to_string(),
                 })
                 .collect(),
@@ -332,12 +332,11 @@ impl Federation {
             .names
             .iter()
             .map(|n| {
-                let kind = match pb::NameKind::try_from(n.kind) {
-                    Ok(pb::NameKind::Workload) => Some(crate::names::NameKind::Workload),
-                    Ok(pb::NameKind::ExportedHost) => Some(crate::names::NameKind::ExportedHost),
-                    _ => None,
-                };
-                (n.name.clone(), kind, n.address.clone())
+                (
+                    n.name.clone(),
+                    crate::names::NameKind::from_pb(n.kind),
+                    n.address.clone(),
+                )
             })
             .collect();
         let names = crate::names::check_remote(&names, &workload, external).map_err(Error::InvalidArgument)?;

@@ -11,7 +11,6 @@
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
-use serde::{Deserialize, Serialize};
 
 use crate::domain::{Peering, PeeringState, Site};
 use crate::ipam::{CidrKind, View};
@@ -19,44 +18,7 @@ use crate::ipam::{CidrKind, View};
 /// The most names one site publishes (and accepts from one peer).
 pub const MAX_NAMES: usize = 1000;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NameKind {
-    /// An address in the site's pod CIDRs.
-    Workload,
-    /// A host outside them, reached through an external address.
-    ExportedHost,
-}
-
-/// A name this site publishes (stored under `names/<name>`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NameRecord {
-    pub name: String,
-    pub kind: NameKind,
-    /// The workload's address, or the exported host's own address (which
-    /// never leaves the site).
-    pub address: Ipv4Addr,
-    /// Exported host: its address in the site's external CIDR.
-    #[serde(default)]
-    pub external: Option<Ipv4Addr>,
-    pub created_at_ms: u64,
-}
-
-impl NameRecord {
-    /// The address peers are told: the workload's, or the external one.
-    pub fn published(&self) -> Ipv4Addr {
-        self.external.unwrap_or(self.address)
-    }
-}
-
-/// A name a peer published, as recorded with the peering.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RemoteName {
-    pub name: String,
-    pub kind: NameKind,
-    /// In the peer's workload CIDRs (workload) or external CIDR (exported).
-    pub address: Ipv4Addr,
-}
+pub use crate::domain::{NameKind, NameRecord, RemoteName};
 
 /// Checks a DNS label: 1 to 63 lower-case letters, digits or '-', not
 /// starting or ending with '-'.

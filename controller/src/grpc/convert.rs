@@ -172,17 +172,10 @@ pub fn token(t: &Token) -> pb::Token {
     }
 }
 
-pub fn name_kind(k: crate::names::NameKind) -> pb::NameKind {
-    match k {
-        crate::names::NameKind::Workload => pb::NameKind::Workload,
-        crate::names::NameKind::ExportedHost => pb::NameKind::ExportedHost,
-    }
-}
-
 pub fn name(n: &crate::names::NameRecord) -> pb::Name {
     pb::Name {
         name: n.name.clone(),
-        kind: name_kind(n.kind) as i32,
+        kind: n.kind.to_pb() as i32,
         address: n.address.to_string(),
         external_address: n.external.map(|e| e.to_string()).unwrap_or_default(),
         created_at: ts(n.created_at_ms),

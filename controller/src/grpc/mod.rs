@@ -428,7 +428,7 @@ impl AdminService for AdminApi {
                 learned.push(pb::LearnedName {
                     site: p.site_id.clone(),
                     name: n.name.clone(),
-                    kind: convert::name_kind(n.kind) as i32,
+                    kind: n.kind.to_pb() as i32,
                     address: n.address.to_string(),
                     local_address: local.to_string(),
                 });
