@@ -107,27 +107,59 @@ pub fn check_record(r: &pb::DnsRecord) -> Result<Ipv4Addr, String> {
     Ok(a)
 }
 
-/// What the responder serves: "name.site" → address, and the sites.
+/// What the responder serves: "name.site" → address; the names above
+/// them that exist without data ("site", and its parents for a dotted
+/// site id); and the peers' views, from which queries are not answered.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Records {
     pub names: HashMap<String, Ipv4Addr>,
-    pub sites: HashSet<String>,
+    pub parents: HashSet<String>,
+    pub views: Vec<(String, ipnet::Ipv4Net)>,
 }
 
 impl Records {
-    /// The records among `objects` (the agent's whole desired state);
-    /// those that fail [`check_record`] are left out.
-    pub fn of<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject>) -> Records {
+    /// The records among `objects` (the agent's whole desired state): those
+    /// that pass [`check_record`] and whose address lies in a view of the
+    /// same peer that this node routes (its `peer/<site>/…/route` objects),
+    /// so a name can only ever send a workload into that peer.
+    pub fn of<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject> + Clone) -> Records {
         let mut r = Records::default();
+        for o in objects.clone() {
+            if let Some(Kind::Route(route)) = &o.kind
+                && route.namespace.is_empty()
+                && let Some(rest) = o.id.strip_prefix("peer/")
+                && let Some((site, _)) = rest.split_once('/')
+                && let Ok(net) = route.destination.parse::<ipnet::Ipv4Net>()
+            {
+                r.views.push((site.to_string(), net));
+            }
+        }
         for o in objects {
             if let Some(Kind::DnsRecord(d)) = &o.kind
                 && let Ok(a) = check_record(d)
+                && r.views.iter().any(|(site, net)| *site == d.site && net.contains(&a))
             {
                 r.names.insert(format!("{}.{}", d.name, d.site), a);
-                r.sites.insert(d.site.clone());
+                let mut parent = d.site.as_str();
+                loop {
+                    r.parents.insert(parent.to_string());
+                    match parent.split_once('.') {
+                        Some((_, up)) => parent = up,
+                        None => break,
+                    }
+                }
             }
         }
         r
+    }
+
+    /// Whether `from` is in a peer's view: a peer's workload or host, which
+    /// the responder does not serve (it would tell one peer about another).
+    pub fn from_peer(&self, from: IpAddr) -> bool {
+        match from {
+            IpAddr::V4(a) => self.views.iter().any(|(_, n)| n.contains(&a)),
+            IpAddr::V6(_) => false,
+        }
     }
 }
 
@@ -136,7 +168,7 @@ impl Records {
 pub struct Table(Arc<RwLock<Arc<Records>>>);
 
 impl Table {
-    pub fn set<'a>(&self, objects: impl IntoIterator<Item = &'a pb::DesiredObject>) {
+    pub fn set<'a>(&self, objects: impl IntoIterator<Item = &'a pb::DesiredObject> + Clone) {
         let new = Records::of(objects);
         let mut cur = self.0.write().unwrap();
         if **cur != new {
@@ -189,10 +221,14 @@ pub fn answer(query: &[u8], zone: &Name, records: &Records) -> Option<Vec<u8>> {
         return out.to_vec().ok();
     };
     out.add_query(q.clone());
-    if msg.edns.is_some() {
+    if let Some(theirs) = &msg.edns {
         let mut e = hickory_proto::op::Edns::new();
         e.set_max_payload(1232);
         out.set_edns(e);
+        if theirs.version() > 0 {
+            out.metadata.response_code = ResponseCode::BADVERS;
+            return out.to_vec().ok();
+        }
     }
     let qname = q.name().to_lowercase();
     if !zone.zone_of(&qname) || q.query_class() != DNSClass::IN {
@@ -203,11 +239,16 @@ pub fn answer(query: &[u8], zone: &Name, records: &Records) -> Option<Vec<u8>> {
     out.metadata.authoritative = true;
     let labels: Vec<&[u8]> = qname.iter().collect();
     let relative = &labels[..labels.len().saturating_sub(usize::from(zone.num_labels()))];
-    let key = relative
-        .iter()
-        .map(|l| String::from_utf8_lossy(l))
-        .collect::<Vec<_>>()
-        .join(".");
+    // A label with a dot in it (escaped) is no name of ours.
+    let key = if relative.iter().any(|l| l.contains(&b'.')) {
+        "\0".to_string()
+    } else {
+        relative
+            .iter()
+            .map(|l| String::from_utf8_lossy(l))
+            .collect::<Vec<_>>()
+            .join(".")
+    };
     let qtype = q.query_type();
     if key.is_empty() {
         // The zone's apex.
@@ -226,8 +267,8 @@ pub fn answer(query: &[u8], zone: &Name, records: &Records) -> Option<Vec<u8>> {
         Some(_) => {
             out.add_authority(soa(zone));
         }
-        // SITE.<zone> exists as the parent of its names.
-        None if records.sites.contains(&key) => {
+        // SITE.<zone> (and its parents) exist above their names.
+        None if records.parents.contains(&key) => {
             out.add_authority(soa(zone));
         }
         None => {
@@ -242,8 +283,12 @@ pub fn answer(query: &[u8], zone: &Name, records: &Records) -> Option<Vec<u8>> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Answered,
+    /// Not a query (garbage, a response).
     Dropped,
+    /// Over the rate limits (every second one gets a bare REFUSED).
     Limited,
+    /// From a peer's view: not served.
+    FromPeer,
 }
 
 impl Outcome {
@@ -252,9 +297,27 @@ impl Outcome {
             Outcome::Answered => "answered",
             Outcome::Dropped => "dropped",
             Outcome::Limited => "limited",
+            Outcome::FromPeer => "from_peer",
         }
     }
 }
+
+/// A bare REFUSED (header and question: never larger than the query) for a
+/// query over the limits, so a resolver moves on to its next server at
+/// once instead of waiting out its timeout.
+fn refused(query: &[u8]) -> Option<Vec<u8>> {
+    let msg = Message::from_vec(query).ok()?;
+    if msg.metadata.message_type != MessageType::Query {
+        return None;
+    }
+    let mut out = Message::error_msg(msg.metadata.id, msg.metadata.op_code, ResponseCode::Refused);
+    out.add_queries(msg.queries);
+    out.to_vec().ok().filter(|r| r.len() <= query.len())
+}
+
+/// Sources the per-source limiter tracks before it is pruned at once (each
+/// is a few dozen bytes).
+const MAX_SOURCES: usize = 50_000;
 
 type Limiter = governor::RateLimiter<
     IpAddr,
@@ -267,6 +330,7 @@ type Limiter = governor::RateLimiter<
 pub struct Limits {
     per_source: Limiter,
     total: governor::DefaultDirectRateLimiter,
+    limited: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Limits {
@@ -281,11 +345,29 @@ impl Limits {
         Limits {
             per_source: governor::RateLimiter::keyed(q(per_source)),
             total: governor::RateLimiter::direct(q(total)),
+            limited: Default::default(),
         }
     }
 
+    /// Whether a datagram from `from` is served. The per-source state is
+    /// bounded: past [`MAX_SOURCES`] it is pruned, and while it stays that
+    /// large (spoofed sources) the total limit is checked first, so no more
+    /// than the total rate of new sources gets in.
     pub fn allow(&self, from: IpAddr) -> bool {
+        if self.per_source.len() > MAX_SOURCES {
+            self.per_source.retain_recent();
+            if self.per_source.len() > MAX_SOURCES {
+                return self.total.check().is_ok() && self.per_source.check_key(&from).is_ok();
+            }
+        }
         self.per_source.check_key(&from).is_ok() && self.total.check().is_ok()
+    }
+
+    /// Whether this limited datagram gets a bare REFUSED (every second).
+    fn slip(&self) -> bool {
+        self.limited
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .is_multiple_of(2)
     }
 
     /// Forgets sources not heard from lately (the keyed state is bounded
@@ -304,10 +386,14 @@ pub fn handle(
     table: &Table,
     limits: &Limits,
 ) -> (Outcome, Option<Vec<u8>>) {
-    if !limits.allow(from) {
-        return (Outcome::Limited, None);
+    let records = table.get();
+    if records.from_peer(from) {
+        return (Outcome::FromPeer, None);
     }
-    match answer(datagram, zone, &table.get()) {
+    if !limits.allow(from) {
+        return (Outcome::Limited, limits.slip().then(|| refused(datagram)).flatten());
+    }
+    match answer(datagram, zone, &records) {
         Some(r) => (Outcome::Answered, Some(r)),
         None => (Outcome::Dropped, None),
     }
@@ -371,12 +457,29 @@ mod tests {
                 address: a.into(),
             })),
         };
+        let route = |site: &str, kind: &str, dst: &str| pb::DesiredObject {
+            id: format!("peer/{site}/{kind}/route"),
+            kind: Some(Kind::Route(pb::Route {
+                namespace: String::new(),
+                table: 7765,
+                destination: dst.into(),
+                gateway: "10.80.0.1".into(),
+                device: "weft-vx0".into(),
+            })),
+        };
         Records::of(&[
+            route("site-b", "workload", "10.200.0.0/16"),
+            route("site-b", "external", "10.201.0.0/16"),
+            route("site-c", "workload", "10.202.0.0/16"),
+            route("b.c", "workload", "10.203.0.0/16"),
             o("site-b", "web", "10.200.0.10"),
             o("site-b", "db", "10.201.255.254"),
             o("site-c", "web", "10.202.0.10"),
             o("site-c", "Bad_Name", "10.202.0.11"),
             o("site-c", "lo", "127.0.0.1"),
+            // In site-c's view, not site-b's: never served.
+            o("site-b", "stray", "10.202.0.5"),
+            o("b.c", "web", "10.203.0.10"),
         ])
     }
 
@@ -427,11 +530,72 @@ mod tests {
         assert_eq!((r.metadata.response_code, r.answers.len()), (ResponseCode::NoError, 0));
         let r = ask("weft.internal.", RecordType::SOA);
         assert!(matches!(r.answers[0].data, RData::SOA(_)));
-        // Records that fail the check are not served.
+        // Records that fail the check, or point outside their peer's
+        // views, are not served.
+        for n in ["lo.site-c.weft.internal.", "stray.site-b.weft.internal."] {
+            assert_eq!(
+                ask(n, RecordType::A).metadata.response_code,
+                ResponseCode::NXDomain,
+                "{n}"
+            );
+        }
+        // A dotted site id: its parents exist (no data), its names resolve.
         assert_eq!(
-            ask("lo.site-c.weft.internal.", RecordType::A).metadata.response_code,
-            ResponseCode::NXDomain
+            a_of(&ask("web.b.c.weft.internal.", RecordType::A)),
+            vec!["10.203.0.10".parse::<Ipv4Addr>().unwrap()]
         );
+        let r = ask("c.weft.internal.", RecordType::A);
+        assert_eq!((r.metadata.response_code, r.answers.len()), (ResponseCode::NoError, 0));
+        // An escaped dot inside a label is no name of ours.
+        let r = ask("web\\.site-b.weft.internal.", RecordType::A);
+        assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
+    }
+
+    #[test]
+    fn an_unknown_edns_version_gets_badvers() {
+        let mut m = Message::query();
+        m.add_query(Query::query(
+            Name::from_ascii("web.site-b.weft.internal.").unwrap(),
+            RecordType::A,
+        ));
+        let mut e = hickory_proto::op::Edns::new();
+        e.set_version(1);
+        m.set_edns(e);
+        let r = Message::from_vec(&answer(&m.to_vec().unwrap(), &zone(), &table()).unwrap()).unwrap();
+        // 16 is BADVERS with an OPT record (hickory names it BADSIG).
+        assert_eq!(u16::from(r.metadata.response_code), 16);
+        assert!(r.edns.is_some());
+        assert!(r.answers.is_empty());
+    }
+
+    #[test]
+    fn peers_are_not_served_and_a_limited_source_gets_a_bare_refused_every_second_query() {
+        let records = table();
+        assert!(records.from_peer("10.200.3.4".parse().unwrap()));
+        assert!(records.from_peer("10.201.0.1".parse().unwrap()));
+        assert!(!records.from_peer("10.1.0.10".parse().unwrap()));
+        let t = Table::default();
+        *t.0.write().unwrap() = Arc::new(records);
+        let mut m = Message::query();
+        m.add_query(Query::query(
+            Name::from_ascii("web.site-b.weft.internal.").unwrap(),
+            RecordType::A,
+        ));
+        let q = m.to_vec().unwrap();
+        let limits = Limits::new(1, 1000);
+        let peer: IpAddr = "10.200.0.7".parse().unwrap();
+        assert_eq!(handle(&q, peer, &zone(), &t, &limits), (Outcome::FromPeer, None));
+        let me: IpAddr = "10.1.0.10".parse().unwrap();
+        assert_eq!(handle(&q, me, &zone(), &t, &limits).0, Outcome::Answered);
+        let limited: Vec<_> = (0..4).map(|_| handle(&q, me, &zone(), &t, &limits)).collect();
+        assert!(limited.iter().all(|(o, _)| *o == Outcome::Limited));
+        let replies: Vec<&Vec<u8>> = limited.iter().filter_map(|(_, r)| r.as_ref()).collect();
+        assert_eq!(replies.len(), 2, "every second limited query gets a reply");
+        for r in replies {
+            assert!(r.len() <= q.len(), "never larger than the query");
+            let r = Message::from_vec(r).unwrap();
+            assert_eq!((r.metadata.response_code, r.answers.len()), (ResponseCode::Refused, 0));
+        }
     }
 
     #[test]
@@ -493,11 +657,15 @@ mod tests {
         /// response with the query's id, no larger than a UDP DNS message.
         #[test]
         fn property_random_datagrams_never_break_the_responder(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
-            if let Some(reply) = answer(&data, &zone(), &table()) {
+            let reply = answer(&data, &zone(), &table());
+            if data.len() >= 3 && data[2] & 0x80 != 0 {
+                // A response is never answered (two responders cannot loop).
+                proptest::prop_assert!(reply.is_none());
+            }
+            if let Some(reply) = reply {
                 let m = Message::from_vec(&reply).expect("the reply parses");
                 proptest::prop_assert_eq!(m.metadata.message_type, MessageType::Response);
                 proptest::prop_assert_eq!(m.metadata.id, u16::from_be_bytes([data[0], data[1]]));
-                proptest::prop_assert!(reply.len() <= 4096);
             }
         }
 

@@ -262,6 +262,9 @@ impl Federation {
                 .list_names()
                 .await?
                 .iter()
+                // Never more than a peer accepts (the store could hold more
+                // only through a write that bypassed the API).
+                .take(crate::names::MAX_NAMES)
                 .map(|n| pb::PublishedName {
                     name: n.name.clone(),
                     kind: n.kind.to_pb() as i32,

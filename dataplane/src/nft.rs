@@ -352,6 +352,23 @@ mod tests {
         ] {
             assert!(text.contains(part), "{part} missing from {text}");
         }
+        // The export: only what comes out of the tunnel, for the external
+        // address, goes to the host.
+        let v = batch(&spec);
+        let export = v["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find_map(|c| c["add"]["rule"].as_object().filter(|r| r["chain"] == "export"))
+            .expect("an export rule");
+        assert_eq!(
+            export["expr"],
+            json!([
+                {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "weft-wabc"}},
+                {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "10.70.255.254"}},
+                {"dnat": {"addr": "192.168.7.5"}}
+            ])
+        );
     }
 
     #[test]

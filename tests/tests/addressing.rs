@@ -73,18 +73,18 @@ fn serve(s: &mut TwoSites, ns: &str, who: &str) {
 }
 
 /// Points `ip netns exec NS` processes' resolver at the node's responder
-/// first (then the host's), as an operator would for workloads; removed on
-/// drop.
+/// first, then at `fallback` (the host's resolver), as an operator would
+/// for workloads; removed on drop.
 struct Resolv(std::path::PathBuf, bool);
 
 impl Resolv {
-    fn new(ns: &str, server: &str) -> Resolv {
+    fn new(ns: &str, server: &str, fallback: &str) -> Resolv {
         let made_parent = !std::path::Path::new("/etc/netns").exists();
         let dir = std::path::PathBuf::from(format!("/etc/netns/{ns}"));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
             dir.join("resolv.conf"),
-            format!("nameserver {server}\noptions timeout:1 attempts:1\n"),
+            format!("nameserver {server}\nnameserver {fallback}\noptions timeout:1 attempts:1\n"),
         )
         .unwrap();
         Resolv(dir, made_parent)
@@ -168,11 +168,47 @@ fn names_resolve_to_local_views_follow_changes_and_reach_exported_lan_hosts() {
     assert_eq!(got, [s.wb_from_a.clone()], "dig answered the local view");
     let said = connect(lab, &wa, &got[0]).expect("wa connects to the answer");
     assert!(said.starts_with("site-b sees"), "{said}");
-    // getent (the host's resolver library) resolves it too.
-    let resolv = Resolv::new(&wa, responder);
+    // getent (the host's resolver library) resolves it too; a name outside
+    // the zone is refused by the responder and answered by the next
+    // nameserver, standing in for the host's resolver (on wa's loopback:
+    // it answers every A query with 192.0.2.7).
+    let host_resolver = r#"
+import socket
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(('127.0.0.1', 53))
+while True:
+    d, a = s.recvfrom(512)
+    i = 12
+    while d[i]:
+        i += d[i] + 1
+    q = d[12:i + 5]
+    if d[i + 1:i + 3] == b'\0\1':
+        r = d[:2] + bytes.fromhex('81800001000100000000') + q + bytes.fromhex('c00c00010001000000050004c0000207')
+    else:
+        r = d[:2] + bytes.fromhex('81800001000000000000') + q
+    s.sendto(r, a)
+"#;
+    let log = s.dir.path().join("host-resolver.log");
+    s.lab.spawn(
+        &wa,
+        std::path::Path::new("/usr/bin/env"),
+        &["python3", "-c", host_resolver],
+        &log,
+    );
+    let lab = &s.lab;
+    let resolv = Resolv::new(&wa, responder, "127.0.0.1");
     let o = lab.exec(&wa, &["getent", "hosts", &web]);
     assert!(o.status.success(), "getent: {o:?}");
     assert!(stdout(&o).starts_with(&s.wb_from_a), "{}", stdout(&o));
+    let other = eventually(
+        "getent falling through to the host's resolver",
+        Duration::from_secs(10),
+        || {
+            let o = lab.exec(&wa, &["getent", "hosts", "other.example"]);
+            o.status.success().then(|| stdout(&o))
+        },
+    );
+    assert!(other.starts_with("192.0.2.7"), "{other}");
     // Names outside the zone are refused (left to the host's resolver),
     // absent ones are NXDOMAIN.
     assert_eq!(dig(lab, &wa, responder, "example.com").0, "REFUSED");
@@ -218,6 +254,17 @@ for i in range(5000):
         count("answered"),
         count("dropped")
     );
+    // A peer's workload gets nothing from the responder (it would learn
+    // site a's other peers): wb asks na's responder through b's view.
+    let na_from_b = translate(&tb, &["site-a", responder])["local_address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (st, _) = dig(lab, &wb, &na_from_b, &web);
+    assert!(st.starts_with("no answer"), "a peer was answered: {st}");
+    let metrics = s.scrape("na");
+    let from_peer = weft_tests::sites::metric(&metrics, "weft_node_dns_queries_total", &[("outcome", "from_peer")]);
+    assert!(from_peer.unwrap_or(0.0) >= 1.0, "{metrics}");
     // weftctl shows what b publishes and what a learned.
     let learned = weftctl_json(&ta, &["names"])["learned"].clone();
     assert_eq!(learned[0]["local_address"], s.wb_from_a.as_str(), "{learned}");
@@ -236,6 +283,13 @@ for i in range(5000):
         "the LAN host's route back",
     );
     serve(&mut s, &lanb, "lan-host");
+    // Not the gateway's own address (nor a controller's).
+    let o = weftctl(&tb, &["name", "add", "gw", "192.168.78.20", "--export"]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && e.contains("address: 192.168.78.20 is the address of gateway"),
+        "{e}"
+    );
     let o = weftctl(&tb, &["name", "add", "db", "192.168.78.30", "--export"]);
     assert!(o.status.success(), "{o:?}");
     let db = format!("db.site-b.{ZONE}");

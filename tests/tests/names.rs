@@ -1,7 +1,7 @@
 //! Names and translation through the admin API: the real controller, the
 //! real grpcurl on its socket, weftctl. Bad input is refused with the field
 //! named and writes nothing. (The data path of names, DNS and exports runs
-//! in namespaces: `dataplane.rs`.)
+//! in namespaces: `addressing.rs`.)
 
 use std::process::Command;
 
@@ -170,4 +170,31 @@ fn names_are_published_checked_and_limited() {
     });
     let names: Value = weftctl_json(&t, &["names"]);
     assert_eq!(names["published"].as_array().unwrap().len(), 1000);
+
+    // A configuration that would strand a name is refused at start: the
+    // export's address left outside a new external CIDR, a workload's
+    // outside new pod CIDRs.
+    let mut c = c;
+    c.stop();
+    let data = dir.path().join("data").display().to_string();
+    for (flags, says) in [
+        (
+            vec!["--pod-cidr", "10.1.0.0/16", "--external-cidr", "10.71.0.0/16"],
+            "name \"db\" is exported at 10.70.255.254",
+        ),
+        (vec!["--pod-cidr", "10.2.0.0/16"], "name \"w0\""),
+    ] {
+        let listen = format!("127.0.0.1:{}", weft_tests::free_port());
+        let o = run(Command::new("timeout")
+            .arg("20")
+            .arg(weft_tests::bin("weft-controller"))
+            .args(["--site-id", "site-a", "--data-dir", &data, "--listen", &listen])
+            .args(&flags));
+        assert!(
+            !o.status.success() && o.status.code() != Some(124),
+            "{flags:?}: the controller started: {}",
+            stderr(&o)
+        );
+        assert!(stderr(&o).contains(says), "{}", stderr(&o));
+    }
 }

@@ -712,12 +712,32 @@ fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error> {
             }
         }
     }
+    // Published names: a workload's address stays in the pod CIDRs, an
+    // export's host stays off them and weft's links, and its address in
+    // the external CIDR.
+    let peerings: Vec<&Peering> = snap.peerings.iter().map(|(p, _)| p).collect();
+    for (n, _) in &snap.names {
+        if let Err(m) = crate::names::check_own_address(new, &peerings, n.kind, n.address) {
+            problems.push(format!("name {:?}: {m}", n.name));
+        }
+        if let Some(x) = n.external.filter(|x| !new.external_cidr.contains(x)) {
+            problems.push(format!(
+                "name {:?} is exported at {x}, outside the new external CIDR {}",
+                n.name, new.external_cidr
+            ));
+        }
+    }
+    if problems.len() > 10 {
+        let more = problems.len() - 10;
+        problems.truncate(10);
+        problems.push(format!("and {more} more"));
+    }
     if problems.is_empty() {
         Ok(())
     } else {
         Err(Error::FailedPrecondition(format!(
             "the configuration changed in a way the stored state does not allow: {}; \
-             restore the old values, or remove those nodes or peerings first",
+             restore the old values, or remove those nodes, peerings or names first",
             problems.join("; ")
         )))
     }

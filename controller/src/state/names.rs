@@ -43,8 +43,17 @@ impl State {
                 external: None,
                 created_at_ms: now_ms(),
             };
-            let mut txn = Txn::new();
+            // Every create is guarded like an IPAM change, so that two
+            // replicas cannot both add the last allowed name.
+            let txn = self.ipam_guard(snap, Txn::new());
             if export {
+                // weft's own hosts are not for peers to reach through a
+                // tunnel: a node's address would hand them its overlay port.
+                if let Some((_, who)) = snap.host_addresses(site).into_iter().find(|(a, _)| *a == address) {
+                    return Err(Error::InvalidArgument(format!(
+                        "address: {address} is the address of {who}; export a host on the site's LAN, not weft's own"
+                    )));
+                }
                 if let Some((n, _)) = snap
                     .names
                     .iter()
@@ -62,7 +71,6 @@ impl State {
                         .filter_map(|ip| crate::render::external_address(site, ip)),
                 );
                 rec.external = Some(names::allocate_external(site, &taken).map_err(Error::ResourceExhausted)?);
-                txn = self.ipam_guard(snap, txn);
             }
             let txn = txn
                 .when(Compare::Version(key.clone(), 0))
