@@ -238,8 +238,11 @@ fn kernel() {
         .sum();
     println!("gateway liveness lapses before the faults: lapses={lapses}");
     // Before gateways reported from a task of their own while their
-    // reconcile ran, they lapsed every few seconds here.
-    assert!(lapses <= 2, "gateways lapsed {lapses} times with nothing wrong");
+    // reconcile ran, they lapsed every few seconds here (dozens per run).
+    // The emulated guest itself stalls now and then for over a second (a
+    // whole-guest stall shows as two gateways lapsing within a second of
+    // each other): 0 to 3 in runs since, so up to 4 is no regression.
+    assert!(lapses <= 4, "gateways lapsed {lapses} times with nothing wrong");
     step(t0, "stats");
     // Drift: a peer removed and the link deleted by hand come back.
     let peers = stdout(&s.lab.exec(&s.ns_a, &["wg", "show", &link, "peers"]));
