@@ -174,7 +174,8 @@ set +x
 # peers, and every node's DNS responder answers NAME.SITE.weft.internal
 # with the address in its own site's view.
 for x in "${SITES[@]}"; do
-  $(ctl "$x") names -o json | grep -q '"web"' || $(ctl "$x") name add web 10.1.0.10
+  $(ctl "$x") -o json names | python3 -c 'import json,sys; sys.exit(any(n["name"] == "web" for n in json.load(sys.stdin)["published"]))' \
+    && $(ctl "$x") name add web 10.1.0.10
 done
 # site-b's workload 10.1.0.10 as site-a sees it: the controller translates.
 set -x
@@ -182,12 +183,14 @@ $A translate site-b 10.1.0.10
 set +x
 view=$($A -o json translate site-b 10.1.0.10 | python3 -c 'import json,sys; print(json.load(sys.stdin)["local_address"])')
 if command -v dig >/dev/null; then
-  for _ in $(seq 50); do
-    [ "$(ip netns exec $P-wa dig @10.1.0.1 +short web.site-b.weft.internal)" = "$view" ] && break
+  # The name reaches site-a's nodes once site-b's controller sends it over
+  # the peering's subscription (at once when that stream is up).
+  for _ in $(seq 150); do
+    [ "$(ip netns exec $P-wa dig @10.1.0.1 +short +time=1 +tries=1 web.site-b.weft.internal)" = "$view" ] && break
     sleep 0.2
   done
   echo "+ ip netns exec $P-wa dig @10.1.0.1 +short web.site-b.weft.internal   (site-a's node answers)"
-  ip netns exec $P-wa dig @10.1.0.1 +short web.site-b.weft.internal
+  ip netns exec $P-wa dig @10.1.0.1 +time=1 +tries=1 web.site-b.weft.internal | grep -E 'status:|IN[[:space:]]+A[[:space:]]'
 fi
 echo "+ ping from site-a's workload (10.1.0.10) to site-b's workload (10.1.0.10, seen from site-a as $view)"
 ok=
