@@ -434,13 +434,20 @@ pub fn ping_wa_to_wb(s: &mut TwoSites, name: &str) -> (usize, std::path::PathBuf
     (ping, log)
 }
 
-/// The longest silence between answered pings in `log` from `from` on,
-/// and the answers' times.
-pub fn longest_gap(log: &std::path::Path, from: f64) -> (f64, Vec<f64>) {
-    let times: Vec<f64> = answered(&std::fs::read_to_string(log).unwrap())
-        .into_iter()
-        .filter(|t| *t >= from)
-        .collect();
+/// The longest silence between answered pings in `log` from the last
+/// answer before `at` (the fault) on, and those answers' times. Panics when
+/// nothing was answered in the second before `at`: the path was not
+/// working, so an outage could not be measured (a first answer after the
+/// fault would otherwise start the series and hide it).
+pub fn longest_gap(log: &std::path::Path, at: f64) -> (f64, Vec<f64>) {
+    let all = answered(&std::fs::read_to_string(log).unwrap());
+    let start = all.iter().rposition(|t| *t < at).filter(|&i| all[i] >= at - 1.0).unwrap_or_else(|| {
+        panic!(
+            "no ping was answered in the second before the fault ({} answers in all): nothing to measure an outage from",
+            all.len()
+        )
+    });
+    let times = all[start..].to_vec();
     (times.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max), times)
 }
 

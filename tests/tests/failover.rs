@@ -150,7 +150,7 @@ fn outage(
         panic!("{what}: no answer within 10 s after {victim} failed\n{diag}");
     }
     s.lab.proc(ping).stop();
-    let (gap, _) = longest_gap(&log, at - 0.2);
+    let (gap, _) = longest_gap(&log, at);
     eprintln!(
         "{what}: {victim} failed, {survivor} took over, outage {:.0} ms",
         gap * 1000.0
@@ -391,7 +391,7 @@ fn on_etcd_a_silent_gateway_is_marked_within_its_ttl() {
     let back = now() - healed_at;
     std::thread::sleep(Duration::from_millis(500));
     s.lab.proc(ping).stop();
-    let (gap, times) = longest_gap(&log, cut_at - 0.2);
+    let (gap, times) = longest_gap(&log, cut_at);
     eprintln!(
         "controller link cut: marked not live after {:.0} ms, live again {:.0} ms after the link returned; \
          longest ping gap {:.0} ms over {} answers",
