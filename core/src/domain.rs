@@ -444,6 +444,28 @@ pub fn validate_name(what: &str, name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A site for unit tests: pod 10.1.0.0/16, external 10.70.0.0/16,
+/// internal 10.80.0.0/16, remapping from `pool`.
+#[cfg(test)]
+pub(crate) fn test_site(id: &str, pool: &str) -> Site {
+    let n = |s: &str| s.parse::<Ipv4Net>().unwrap();
+    Site {
+        id: id.into(),
+        pod_cidrs: vec![n("10.1.0.0/16")],
+        external_cidr: n("10.70.0.0/16"),
+        internal_cidr: n("10.80.0.0/16"),
+        reserved_cidrs: vec![],
+        remap_pools: vec![n(pool)],
+        node_prefix_len: 24,
+        overlay_mtu: None,
+        tunnel_mtu: None,
+        wireguard_ports: Default::default(),
+        peer_cidr_auto_accept: vec![],
+        controller_ips: vec![],
+        underlay_overlap: Default::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -301,21 +301,7 @@ mod tests {
     }
 
     fn site() -> Site {
-        Site {
-            id: "site-a".into(),
-            pod_cidrs: vec![n("10.1.0.0/16")],
-            external_cidr: n("10.70.0.0/16"),
-            internal_cidr: n("10.80.0.0/16"),
-            reserved_cidrs: vec![],
-            remap_pools: vec![n("10.200.0.0/13")],
-            node_prefix_len: 24,
-            overlay_mtu: None,
-            tunnel_mtu: None,
-            wireguard_ports: Default::default(),
-            peer_cidr_auto_accept: vec![],
-            controller_ips: vec![],
-            underlay_overlap: Default::default(),
-        }
+        crate::domain::test_site("site-a", "10.200.0.0/13")
     }
 
     fn peering(state: PeeringState) -> Peering {

@@ -692,21 +692,7 @@ mod tests {
     }
 
     fn model() -> Model {
-        let site = Site {
-            id: "a".into(),
-            pod_cidrs: vec![n("10.1.0.0/16")],
-            external_cidr: n("10.70.0.0/16"),
-            internal_cidr: n("10.80.0.0/16"),
-            reserved_cidrs: vec![],
-            remap_pools: vec![n("10.0.0.0/8")],
-            node_prefix_len: 24,
-            overlay_mtu: None,
-            tunnel_mtu: None,
-            wireguard_ports: Default::default(),
-            peer_cidr_auto_accept: vec![],
-            controller_ips: vec![],
-            underlay_overlap: Default::default(),
-        };
+        let site = crate::domain::test_site("a", "10.0.0.0/8");
         let node = |name: &str, i: u8| Node {
             name: name.into(),
             subnet: n(&format!("10.1.{i}.0/24")),
