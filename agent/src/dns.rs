@@ -9,7 +9,7 @@
 //! [`answer`] is a pure function from a datagram to the reply (or none);
 //! the property test feeds it random bytes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::{Arc, RwLock};
@@ -62,35 +62,20 @@ impl std::str::FromStr for Listen {
 
 /// Checks a `--dns-zone`: a domain name of DNS labels.
 pub fn parse_zone(zone: &str) -> Result<Name, String> {
-    let z = zone.trim().trim_end_matches('.');
-    let ok = !z.is_empty()
-        && z.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-        });
-    if !ok {
+    let z = zone.trim().trim_end_matches('.').to_ascii_lowercase();
+    if z.is_empty() || !z.split('.').all(weft_common::is_dns_label) {
         return Err(format!(
             "--dns-zone {zone:?} is not a domain name: give labels of letters, digits and '-' joined by dots, e.g. weft.internal"
         ));
     }
-    let mut n = Name::from_ascii(z.to_ascii_lowercase()).map_err(|e| format!("--dns-zone {zone:?}: {e}"))?;
+    let mut n = Name::from_ascii(&z).map_err(|e| format!("--dns-zone {zone:?}: {e}"))?;
     n.set_fqdn(true);
     Ok(n)
 }
 
 /// Checks a record before it is served (also the guard's check).
 pub fn check_record(r: &pb::DnsRecord) -> Result<Ipv4Addr, String> {
-    let label = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
+    let label = weft_common::is_dns_label;
     if !label(&r.name) {
         return Err(format!("DNS name {:?} is not a DNS label", r.name));
     }
@@ -114,30 +99,25 @@ pub fn check_record(r: &pb::DnsRecord) -> Result<Ipv4Addr, String> {
 pub struct Records {
     pub names: HashMap<String, Ipv4Addr>,
     pub parents: HashSet<String>,
-    pub views: Vec<(String, ipnet::Ipv4Net)>,
+    pub views: BTreeMap<String, Vec<ipnet::Ipv4Net>>,
 }
 
 impl Records {
     /// The records among `objects` (the agent's whole desired state): those
     /// that pass [`check_record`] and whose address lies in a view of the
-    /// same peer that this node routes (its `peer/<site>/…/route` objects),
-    /// so a name can only ever send a workload into that peer.
+    /// same peer that this node routes (`desired::peer_views`), so a name
+    /// can only ever send a workload into that peer.
     pub fn of<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject> + Clone) -> Records {
-        let mut r = Records::default();
-        for o in objects.clone() {
-            if let Some(Kind::Route(route)) = &o.kind
-                && route.namespace.is_empty()
-                && let Some(rest) = o.id.strip_prefix("peer/")
-                && let Some((site, _)) = rest.split_once('/')
-                && let Ok(net) = route.destination.parse::<ipnet::Ipv4Net>()
-            {
-                r.views.push((site.to_string(), net));
-            }
-        }
+        let mut r = Records {
+            views: weft_dataplane::desired::peer_views(objects.clone()),
+            ..Default::default()
+        };
         for o in objects {
             if let Some(Kind::DnsRecord(d)) = &o.kind
                 && let Ok(a) = check_record(d)
-                && r.views.iter().any(|(site, net)| *site == d.site && net.contains(&a))
+                && r.views
+                    .get(&d.site)
+                    .is_some_and(|v| v.iter().any(|net| net.contains(&a)))
             {
                 r.names.insert(format!("{}.{}", d.name, d.site), a);
                 let mut parent = d.site.as_str();
@@ -157,7 +137,7 @@ impl Records {
     /// the responder does not serve (it would tell one peer about another).
     pub fn from_peer(&self, from: IpAddr) -> bool {
         match from {
-            IpAddr::V4(a) => self.views.iter().any(|(_, n)| n.contains(&a)),
+            IpAddr::V4(a) => self.views.values().flatten().any(|n| n.contains(&a)),
             IpAddr::V6(_) => false,
         }
     }
@@ -239,18 +219,16 @@ pub fn answer(query: &[u8], zone: &Name, records: &Records) -> Option<Vec<u8>> {
     out.metadata.authoritative = true;
     let labels: Vec<&[u8]> = qname.iter().collect();
     let relative = &labels[..labels.len().saturating_sub(usize::from(zone.num_labels()))];
-    // A label with a dot in it (escaped) is no name of ours.
-    let key = if relative.iter().any(|l| l.contains(&b'.')) {
-        "\0".to_string()
-    } else {
+    // A label with a dot in it (escaped) is no name of ours: None.
+    let key = (!relative.iter().any(|l| l.contains(&b'.'))).then(|| {
         relative
             .iter()
             .map(|l| String::from_utf8_lossy(l))
             .collect::<Vec<_>>()
             .join(".")
-    };
+    });
     let qtype = q.query_type();
-    if key.is_empty() {
+    if relative.is_empty() {
         // The zone's apex.
         if matches!(qtype, RecordType::SOA | RecordType::ANY) {
             out.add_answer(soa(zone));
@@ -259,7 +237,8 @@ pub fn answer(query: &[u8], zone: &Name, records: &Records) -> Option<Vec<u8>> {
         }
         return out.to_vec().ok();
     }
-    match records.names.get(&key) {
+    let key = key.as_deref().unwrap_or_default();
+    match records.names.get(key) {
         Some(a) if matches!(qtype, RecordType::A | RecordType::ANY) => {
             out.add_answer(Record::from_rdata(q.name().clone(), TTL, RData::A(A(*a))));
         }
@@ -268,7 +247,7 @@ pub fn answer(query: &[u8], zone: &Name, records: &Records) -> Option<Vec<u8>> {
             out.add_authority(soa(zone));
         }
         // SITE.<zone> (and its parents) exist above their names.
-        None if records.parents.contains(&key) => {
+        None if !key.is_empty() && records.parents.contains(key) => {
             out.add_authority(soa(zone));
         }
         None => {

@@ -170,25 +170,26 @@ impl Dns {
         Ok(())
     }
 
-    /// With `--dns-listen subnet`: the first address of the node's subnet.
-    async fn follow_subnet(&mut self, c: &mut AgentServiceClient<tonic::transport::Channel>) -> Result<(), End> {
-        if self.cfg.listen != crate::dns::Listen::Subnet {
-            return Ok(());
+    /// Whether it listens on the first address of the node's subnet
+    /// (`--dns-listen subnet`), which each session asks the controller for.
+    fn wants_subnet(&self) -> bool {
+        self.cfg.listen == crate::dns::Listen::Subnet
+    }
+
+    /// With `--dns-listen subnet`: serves on the first address of the
+    /// node's subnet, port 53.
+    fn follow_subnet(&mut self, subnet: &str) {
+        if !self.wants_subnet() {
+            return;
         }
-        let a = c
-            .get_assignment(pb::GetAssignmentRequest::default())
-            .await
-            .map_err(classify)?
-            .into_inner();
-        let Ok(net) = a.subnet.parse::<ipnet::Ipv4Net>() else {
-            tracing::warn!(subnet = %a.subnet, "the node's subnet does not parse; the DNS responder waits");
-            return Ok(());
+        let Ok(net) = subnet.parse::<ipnet::Ipv4Net>() else {
+            tracing::warn!(%subnet, "the node's subnet does not parse; the DNS responder waits");
+            return;
         };
-        let Some(first) = net.hosts().next() else { return Ok(()) };
+        let Some(first) = net.hosts().next() else { return };
         if let Err(e) = self.listen(std::net::SocketAddr::new(first.into(), 53)) {
             tracing::error!(address = %first, error = %e, "the DNS responder cannot listen on the subnet's first address, port 53");
         }
-        Ok(())
     }
 }
 
@@ -205,23 +206,32 @@ struct Session<'a> {
     dns: Option<&'a mut Dns>,
 }
 
-/// The agent's own objects: the workload bridge on the node's subnet
-/// (asked for anew each session, so a moved subnet moves the bridge), or
-/// nothing (which removes a bridge an earlier run made).
-async fn local_objects(
+/// The node's subnet, asked for anew each session (so a moved subnet moves
+/// what follows it: the workload bridge, the DNS responder), when anything
+/// follows it.
+async fn node_subnet(
     c: &mut AgentServiceClient<tonic::transport::Channel>,
-    bridge: Option<&str>,
-) -> Result<Vec<pb::DesiredObject>, End> {
-    let Some(bridge) = bridge else {
-        return Ok(Vec::new());
-    };
+    wanted: bool,
+) -> Result<Option<String>, End> {
+    if !wanted {
+        return Ok(None);
+    }
     // (No name: the controller answers for the certificate's.)
     let a = c
         .get_assignment(pb::GetAssignmentRequest::default())
         .await
         .map_err(classify)?
         .into_inner();
-    crate::desired::bridge_objects(bridge, &a.subnet).map_err(End::Refused)
+    Ok(Some(a.subnet))
+}
+
+/// The agent's own objects: the workload bridge on the node's subnet, or
+/// nothing (which removes a bridge an earlier run made).
+fn local_objects(bridge: Option<&str>, subnet: Option<&str>) -> Result<Vec<pb::DesiredObject>, End> {
+    match (bridge, subnet) {
+        (Some(bridge), Some(subnet)) => crate::desired::bridge_objects(bridge, subnet).map_err(End::Refused),
+        _ => Ok(Vec::new()),
+    }
 }
 
 /// Logs each tunnel that went up or down since `up` was last updated.
@@ -310,12 +320,15 @@ async fn session(s: Session<'_>) -> End {
         Ok(c) => c,
         Err(e) => return e,
     };
-    if let Some(d) = dns.as_deref_mut()
-        && let Err(e) = d.follow_subnet(&mut c).await
-    {
-        return e;
+    let wants_subnet = cfg.workload_bridge.is_some() || dns.as_deref().is_some_and(Dns::wants_subnet);
+    let subnet = match node_subnet(&mut c, wants_subnet).await {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    if let (Some(d), Some(subnet)) = (dns.as_deref_mut(), subnet.as_deref()) {
+        d.follow_subnet(subnet);
     }
-    let local = match local_objects(&mut c, cfg.workload_bridge.as_deref()).await {
+    let local = match local_objects(cfg.workload_bridge.as_deref(), subnet.as_deref()) {
         Ok(l) => l,
         Err(e) => return e,
     };
@@ -378,16 +391,19 @@ async fn session(s: Session<'_>) -> End {
             _ = changes.notified() => {}
             msg = stream.message() => match msg {
                 Ok(Some(m)) => match receive(&m, desired, file, applier).await {
-                    Ok(e) => errors = e,
+                    Ok(e) => {
+                        errors = e;
+                        // The desired state changed: so may the names served.
+                        if let Some(d) = dns.as_deref() {
+                            d.table.set(desired.objects.values());
+                        }
+                    }
                     Err(e) => return End::Refused(e.context("cannot keep the desired state on disk")),
                 },
                 Ok(None) => return End::Transient(anyhow::anyhow!("the controller ended the stream")),
                 Err(s) => return classify(s),
             },
             _ = heartbeat.tick() => {}
-        }
-        if let Some(d) = dns.as_deref() {
-            d.table.set(desired.objects.values());
         }
         // Reports (the heartbeat too) go on a connection with the newest
         // certificate; the watch stream stays on the one it started on.

@@ -257,11 +257,13 @@ impl Federation {
             gateways: gateways.for_port(&site, port),
             mtu: site.tunnel_mtu.unwrap_or(0),
             endpoints: self.endpoints.clone(),
+            // From the hub's model (it follows the store): computed again
+            // at every change a subscription sends, so no store read here.
             names: self
-                .state
-                .list_names()
-                .await?
-                .iter()
+                .hub
+                .model()
+                .names
+                .values()
                 // Never more than a peer accepts (the store could hold more
                 // only through a write that bypassed the API).
                 .take(crate::names::MAX_NAMES)

@@ -23,11 +23,10 @@ pub use crate::domain::{NameKind, NameRecord, RemoteName};
 /// Checks a DNS label: 1 to 63 lower-case letters, digits or '-', not
 /// starting or ending with '-'.
 pub fn check_label(field: &str, name: &str) -> Result<(), String> {
-    let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
     if name.is_empty() {
         return Err(format!("{field} is empty; give a DNS label such as \"db\""));
     }
-    if name.len() > 63 || !name.chars().all(ok) || name.starts_with('-') || name.ends_with('-') {
+    if !weft_common::is_dns_label(name) {
         return Err(format!(
             "{field} {name:?} is not a DNS label: use 1 to 63 lower-case letters, digits or '-', \
              not starting or ending with '-' (no dots: peers resolve it as NAME.SITE.<zone>)"

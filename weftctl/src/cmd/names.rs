@@ -123,13 +123,14 @@ pub async fn run(c: &mut Client, cmd: &NameCmd) -> Result<Out, String> {
                 .await
                 .map_err(status)?
                 .into_inner();
-            let mut out = text(format!("published {} for {}", n.name, n.address));
-            if !n.external_address.is_empty() {
-                out = text(format!(
+            let mut out = text(if n.external_address.is_empty() {
+                format!("published {} for {}", n.name, n.address)
+            } else {
+                format!(
                     "exported {} ({}) to peers at {} of the external CIDR",
                     n.name, n.address, n.external_address
-                ));
-            }
+                )
+            });
             out.json = json!({"name": n.name, "kind": name_kind(n.kind), "address": n.address,
                               "external_address": n.external_address});
             Ok(out)
