@@ -33,6 +33,12 @@ pub struct Limits {
     pub anonymous_per_ip: usize,
     pub anonymous_total: usize,
     pub anonymous_lifetime: Duration,
+    /// How long calls in flight may still take once an anonymous
+    /// connection's lifetime is over; then it is closed.
+    pub anonymous_grace: Duration,
+    /// Shed connections held at once (each for at most `shed_grace`).
+    pub shed_total: usize,
+    pub shed_grace: Duration,
 }
 
 impl Default for Limits {
@@ -43,6 +49,13 @@ impl Default for Limits {
             anonymous_per_ip: 128,
             anonymous_total: 1024,
             anonymous_lifetime: Duration::from_secs(10),
+            // A slow link's enrollment (a CSR signed, a store write) fits;
+            // an idle connection is gone 20 s after its handshake.
+            anonymous_grace: Duration::from_secs(10),
+            // Enough to answer an overload's burst; few enough that an idle
+            // flood holds few descriptors.
+            shed_total: 64,
+            shed_grace: Duration::from_secs(2),
         }
     }
 }
@@ -59,6 +72,7 @@ struct Counts {
     handshakes: HashMap<IpAddr, usize>,
     anonymous: HashMap<IpAddr, usize>,
     anonymous_total: usize,
+    shed: usize,
 }
 
 /// What a held slot counts as.
@@ -66,6 +80,7 @@ struct Counts {
 enum Slot {
     Handshake,
     Anonymous,
+    Shed,
 }
 
 /// A held slot; released on drop.
@@ -82,6 +97,10 @@ impl Drop for Ticket {
         let map = match self.slot {
             Slot::Handshake => &mut c.handshakes,
             Slot::Anonymous => &mut c.anonymous,
+            Slot::Shed => {
+                c.shed -= 1;
+                return;
+            }
         };
         if let Some(n) = map.get_mut(&self.ip) {
             *n -= 1;
@@ -140,42 +159,46 @@ impl Admission {
             slot: Slot::Anonymous,
         })
     }
+
+    /// A slot for a shed connection (one over the anonymous caps), or None.
+    pub fn shed(self: &Arc<Self>, ip: IpAddr) -> Option<Ticket> {
+        let mut c = self.counts.lock().unwrap();
+        if c.shed >= self.limits.shed_total {
+            return None;
+        }
+        c.shed += 1;
+        Some(Ticket {
+            admission: self.clone(),
+            ip,
+            slot: Slot::Shed,
+        })
+    }
+
+    /// What a shed connection's calls are told.
+    pub fn shed_message(&self) -> String {
+        format!(
+            "the controller holds as many connections without a client certificate as it allows ({} per address, \
+             {} in all); retry in a few seconds",
+            self.limits.anonymous_per_ip, self.limits.anonymous_total
+        )
+    }
 }
 
-/// A connection of the mTLS listener: an anonymous one reads end-of-stream
-/// once its lifetime is over (so the HTTP/2 server closes it) and gives its
-/// slot back when it goes.
+/// A connection of the mTLS listener; gives its admission slot back when
+/// it goes. (How long it may live is its server's business: `server.rs`.)
 pub struct Conn {
     inner: TlsStream<TcpStream>,
-    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     _ticket: Option<Ticket>,
 }
 
 impl Conn {
-    pub fn authenticated(inner: TlsStream<TcpStream>) -> Conn {
-        Conn {
-            inner,
-            deadline: None,
-            _ticket: None,
-        }
-    }
-
-    pub fn anonymous(inner: TlsStream<TcpStream>, ticket: Ticket, lifetime: Duration) -> Conn {
-        Conn {
-            inner,
-            deadline: Some(Box::pin(tokio::time::sleep(lifetime))),
-            _ticket: Some(ticket),
-        }
+    pub fn new(inner: TlsStream<TcpStream>, ticket: Option<Ticket>) -> Conn {
+        Conn { inner, _ticket: ticket }
     }
 }
 
 impl AsyncRead for Conn {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        if let Some(d) = self.deadline.as_mut()
-            && d.as_mut().poll(cx).is_ready()
-        {
-            return Poll::Ready(Ok(())); // end of stream
-        }
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
@@ -214,6 +237,39 @@ impl Connected for Conn {
     }
 }
 
+/// The service of shed connections: every call gets `RESOURCE_EXHAUSTED`
+/// with [`Admission::shed_message`] (its server closes the connection with
+/// a GOAWAY at once, so the client retries over a new one).
+#[derive(Clone, Debug)]
+pub struct Shed {
+    message: Arc<str>,
+}
+
+impl Shed {
+    pub fn layer(admission: &Admission) -> impl tower::Layer<tonic::service::Routes, Service = Shed> + Clone + use<> {
+        let message: Arc<str> = admission.shed_message().into();
+        tower::layer::layer_fn(move |_routes| Shed {
+            message: message.clone(),
+        })
+    }
+}
+
+impl<B> tower::Service<tonic::codegen::http::Request<B>> for Shed {
+    type Response = tonic::codegen::http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: tonic::codegen::http::Request<B>) -> Self::Future {
+        std::future::ready(Ok(
+            tonic::Status::resource_exhausted(self.message.to_string()).into_http()
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,6 +281,9 @@ mod tests {
             anonymous_per_ip: 2,
             anonymous_total: 3,
             anonymous_lifetime: Duration::from_secs(1),
+            anonymous_grace: Duration::from_secs(1),
+            shed_total: 1,
+            shed_grace: Duration::from_secs(1),
         });
         let (x, y): (IpAddr, IpAddr) = ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());
         let h = [a.handshake(x), a.handshake(x)];
@@ -240,5 +299,9 @@ mod tests {
         assert!(a.anonymous(y).is_some(), "a slot given back is free again");
         drop(h);
         assert!(a.handshake(x).is_some());
+        let s = a.shed(x).unwrap();
+        assert!(a.shed(y).is_none(), "shed connections are capped in all");
+        drop(s);
+        assert!(a.shed(y).is_some());
     }
 }

@@ -132,15 +132,24 @@ fn tls_config(pki: &ServerPki, auth: &Authenticator) -> anyhow::Result<Arc<rustl
     Ok(Arc::new(cfg))
 }
 
+/// The mTLS listener's connections, by kind: each kind has its own HTTP/2
+/// server (and so its own connection lifetime).
+struct Incoming {
+    /// With a client certificate of the site (checked again per call).
+    certified: ReceiverStream<Result<Conn, std::io::Error>>,
+    /// Without one, within the caps: served for a lifetime, then a GOAWAY.
+    anonymous: ReceiverStream<Result<Conn, std::io::Error>>,
+    /// Without one, over the caps: every call refused, a GOAWAY at once.
+    shed: ReceiverStream<Result<Conn, std::io::Error>>,
+}
+
 /// Accepts TCP connections and runs each TLS handshake in its own task, so
 /// a slow or silent client never holds up the others. Unauthenticated
 /// connections are capped and short-lived (see [`crate::admission`]).
-fn tls_incoming(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    admission: Arc<Admission>,
-) -> ReceiverStream<Result<Conn, std::io::Error>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
+fn tls_incoming(listener: TcpListener, acceptor: TlsAcceptor, admission: Arc<Admission>) -> Incoming {
+    let (tx, certified) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
+    let (tx_anon, anonymous) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
+    let (tx_shed, shed) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
     weft_common::task::spawn_critical("tls-accept", async move {
         loop {
             let (tcp, peer) = tokio::select! {
@@ -159,7 +168,8 @@ fn tls_incoming(
                 continue;
             };
             let _ = tcp.set_nodelay(true);
-            let (acceptor, tx, admission) = (acceptor.clone(), tx.clone(), admission.clone());
+            let (acceptor, admission) = (acceptor.clone(), admission.clone());
+            let (tx, tx_anon, tx_shed) = (tx.clone(), tx_anon.clone(), tx_shed.clone());
             tokio::spawn(async move {
                 let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => stream,
@@ -168,21 +178,24 @@ fn tls_incoming(
                 };
                 drop(handshake);
                 let certified = stream.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
-                let conn = if certified {
-                    Conn::authenticated(stream)
+                let _ = if certified {
+                    tx.send(Ok(Conn::new(stream, None))).await
+                } else if let Some(t) = admission.anonymous(peer.ip()) {
+                    tx_anon.send(Ok(Conn::new(stream, Some(t)))).await
+                } else if let Some(t) = admission.shed(peer.ip()) {
+                    tracing::debug!(%peer, "too many connections without a certificate; shedding this one");
+                    tx_shed.send(Ok(Conn::new(stream, Some(t)))).await
                 } else {
-                    match admission.anonymous(peer.ip()) {
-                        Some(t) => Conn::anonymous(stream, t, admission.limits().anonymous_lifetime),
-                        None => {
-                            return tracing::debug!(%peer, "too many connections without a certificate; closed");
-                        }
-                    }
+                    return tracing::debug!(%peer, "too many connections without a certificate; closed");
                 };
-                let _ = tx.send(Ok(conn)).await;
             });
         }
     });
-    ReceiverStream::new(rx)
+    Incoming {
+        certified: ReceiverStream::new(certified),
+        anonymous: ReceiverStream::new(anonymous),
+        shed: ReceiverStream::new(shed),
+    }
 }
 
 /// Keeps the authenticator's revocation set equal to the store's, so a
@@ -400,41 +413,55 @@ pub async fn run(
             InterceptedService::new(b().build_v1alpha()?, guard),
         ))
     };
-    let (refl_v1, refl_v1a) = reflection()?;
-    let (refl_v1_tcp, refl_v1a_tcp) = reflection()?;
-
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
     let federation = FederationServiceServer::new(FederationApi::new(fed)).max_decoding_message_size(MAX_MESSAGE);
-    let unix_server = Server::builder()
-        .add_service(federation.clone())
-        .add_service(admin.clone())
-        .add_service(agent.clone())
-        .add_service(health_svc.clone())
-        .add_service(refl_v1)
-        .add_service(refl_v1a)
+    // Every listener serves the same services; each call is authorized by
+    // its interceptor.
+    let routes = |mut server: Server| -> anyhow::Result<_> {
+        let (refl_v1, refl_v1a) = reflection()?;
+        Ok(server
+            .add_service(federation.clone())
+            .add_service(admin.clone())
+            .add_service(agent.clone())
+            .add_service(health_svc.clone())
+            .add_service(refl_v1)
+            .add_service(refl_v1a))
+    };
+    let unix_server = routes(Server::builder())?
         .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx.clone()));
     // A connection holds few streams (an agent: its Watch and a Report; a
     // peer: one Subscribe); a unary call that takes longer than a minute is
-    // stuck (a peering dials each peer endpoint for at most 5 s).
-    let tcp_server = Server::builder()
-        .http2_keepalive_interval(Some(CLIENT_PING))
-        .http2_keepalive_timeout(Some(CLIENT_PING))
-        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-        .timeout(CALL_TIMEOUT)
-        .add_service(federation)
-        .add_service(admin)
-        .add_service(agent)
+    // stuck (a peering dials each peer endpoint for at most its deadline).
+    let tcp_server = || {
+        Server::builder()
+            .http2_keepalive_interval(Some(CLIENT_PING))
+            .http2_keepalive_timeout(Some(CLIENT_PING))
+            .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+            .timeout(CALL_TIMEOUT)
+    };
+    let limits = Limits::default();
+    let admission = Admission::new(limits);
+    let shed_layer = crate::admission::Shed::layer(&admission);
+    let incoming = tls_incoming(tcp, acceptor, admission);
+    let certified_server =
+        routes(tcp_server())?.serve_with_incoming_shutdown(incoming.certified, stopped(stop_rx.clone()));
+    // Without a certificate: a GOAWAY when the lifetime is over (calls in
+    // flight finish), closed after the grace.
+    let anonymous_server = routes(
+        tcp_server()
+            .max_connection_age(limits.anonymous_lifetime)
+            .max_connection_age_grace(limits.anonymous_grace),
+    )?
+    .serve_with_incoming_shutdown(incoming.anonymous, stopped(stop_rx.clone()));
+    let shed_server = Server::builder()
+        .max_connection_age(Duration::ZERO)
+        .max_connection_age_grace(limits.shed_grace)
+        .layer(shed_layer)
         .add_service(health_svc)
-        .add_service(refl_v1_tcp)
-        .add_service(refl_v1a_tcp)
-        .serve_with_incoming_shutdown(
-            tls_incoming(tcp, acceptor, Admission::new(Limits::default())),
-            stopped(stop_rx),
-        );
-
+        .serve_with_incoming_shutdown(incoming.shed, stopped(stop_rx));
     tracing::info!(
         site = %cfg.site.id,
         store = store.backend(),
@@ -452,7 +479,10 @@ pub async fn run(
         let _ = stop_tx.send(true);
         let _ = stopping_tx.send(());
     });
-    let serve = async { tokio::try_join!(unix_server, tcp_server) };
+    let serve = async {
+        tokio::try_join!(unix_server, certified_server, anonymous_server, shed_server)?;
+        Ok::<_, tonic::transport::Error>(())
+    };
     tokio::pin!(serve);
     let result = tokio::select! {
         r = &mut serve => r,
@@ -461,7 +491,7 @@ pub async fn run(
             tokio::time::sleep(DRAIN_TIMEOUT).await;
         } => {
             tracing::warn!("open calls did not finish within {DRAIN_TIMEOUT:?}; closing them");
-            Ok(((), ()))
+            Ok(())
         }
     };
     background.stop();
