@@ -152,8 +152,16 @@ fn controller_endpoint(e: &str, lab: bool) -> Result<(), String> {
     }
 }
 
-/// How long a call to a peer controller may take.
+/// How long a call to a peer controller may take (and a connection to it).
 const PEER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a peering's negotiation may take when its caller set no
+/// deadline: the connection and the peer's Join (a store write there, over
+/// a link that may be slow). A caller's shorter deadline wins.
+pub const JOIN_BUDGET: Duration = Duration::from_secs(15);
+/// Joins a site serves at once; more are told to retry. A Join is finished
+/// even when its caller gives up (see `join`), so this bounds what callers
+/// that give up can leave running.
+const JOINS_AT_ONCE: usize = 16;
 
 /// What a peering token holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -213,16 +221,30 @@ pub struct Federation {
     pub grace: Duration,
 }
 
+/// What the admin gets for a status a peer answered a Join with: refusals
+/// keep their meaning; a peer that is busy, cut off or slow is worth a
+/// retry, and says so.
 fn status_of(site: &str, s: Status) -> Error {
+    use tonic::Code;
     let m = format!("site {site:?} refused: {}", s.message());
+    let retry = || {
+        format!(
+            "site {site:?} could not answer ({:?}: {}); retry (`weftctl peering create` with the same token is \
+             safe to repeat)",
+            s.code(),
+            s.message()
+        )
+    };
     match s.code() {
         // The admin's own credentials are fine; the peer refused the token.
-        tonic::Code::Unauthenticated => Error::FailedPrecondition(m),
-        tonic::Code::AlreadyExists => Error::AlreadyExists(m),
-        tonic::Code::InvalidArgument => Error::InvalidArgument(m),
-        tonic::Code::ResourceExhausted => Error::ResourceExhausted(m),
-        tonic::Code::PermissionDenied => Error::PermissionDenied(m),
-        tonic::Code::NotFound => Error::NotFound(m),
+        Code::Unauthenticated => Error::FailedPrecondition(m),
+        Code::AlreadyExists => Error::AlreadyExists(m),
+        Code::InvalidArgument => Error::InvalidArgument(m),
+        Code::ResourceExhausted => Error::ResourceExhausted(m),
+        Code::PermissionDenied => Error::PermissionDenied(m),
+        Code::NotFound => Error::NotFound(m),
+        Code::DeadlineExceeded | Code::Cancelled => Error::DeadlineExceeded(retry()),
+        Code::Unavailable | Code::Unknown | Code::Aborted => Error::Unavailable(retry()),
         _ => Error::FailedPrecondition(m),
     }
 }
@@ -364,21 +386,34 @@ impl Federation {
         endpoint: &str,
         trust: Trust,
     ) -> Result<FederationServiceClient<tonic::transport::Channel>, String> {
+        self.client_within(endpoint, trust, PEER_TIMEOUT).await
+    }
+
+    async fn client_within(
+        &self,
+        endpoint: &str,
+        trust: Trust,
+        limit: Duration,
+    ) -> Result<FederationServiceClient<tonic::transport::Channel>, String> {
         let target = format!("https://{endpoint}");
         let ch = tokio::time::timeout(
-            PEER_TIMEOUT,
+            limit,
             tls::connect(&target, &trust, Some((&self.site_cert.0, &self.site_cert.1))),
         )
         .await
-        .map_err(|_| format!("{endpoint}: timed out"))?
+        .map_err(|_| format!("{endpoint}: no connection within {:.1} s", limit.as_secs_f64()))?
         .map_err(|e| format!("{e:#}"))?;
         Ok(FederationServiceClient::new(ch))
     }
 
     /// Dials the site in `token` and negotiates; records the peering here
     /// once the other side has. Repeating it for a peering that exists
-    /// returns that peering.
-    pub async fn create(&self, token_text: &str) -> Result<Peering, Error> {
+    /// returns that peering; so does repeating it after a Join the peer
+    /// answered too late (the peer kept its side, or gave the token back
+    /// when this side never recorded one). Gives up at `deadline`:
+    /// DEADLINE_EXCEEDED when the peer did not answer in time, UNAVAILABLE
+    /// when it could not be reached, both saying to retry.
+    pub async fn create(&self, token_text: &str, deadline: tokio::time::Instant) -> Result<Peering, Error> {
         let t = PeeringToken::decode(token_text)?;
         if t.site == self.site_id {
             return Err(Error::InvalidArgument(format!(
@@ -406,9 +441,19 @@ impl Federation {
             params: Some(own.clone()),
         };
         let mut failures = Vec::new();
+        let started = tokio::time::Instant::now();
         for ep in &t.endpoints {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                failures.push(format!("{ep}: not tried, the time was up"));
+                continue;
+            }
             let mut c = match self
-                .client(ep, Trust::FingerprintForSite(t.fp.clone(), t.site.clone()))
+                .client_within(
+                    ep,
+                    Trust::FingerprintForSite(t.fp.clone(), t.site.clone()),
+                    left.min(PEER_TIMEOUT),
+                )
                 .await
             {
                 Ok(c) => c,
@@ -422,9 +467,17 @@ impl Federation {
                     continue;
                 }
             };
-            let resp = tokio::time::timeout(PEER_TIMEOUT, c.join(req.clone()))
+            let resp = tokio::time::timeout_at(deadline, c.join(req.clone()))
                 .await
-                .map_err(|_| Error::FailedPrecondition(format!("site {:?} did not answer in time", t.site)))?
+                .map_err(|_| {
+                    Error::DeadlineExceeded(format!(
+                        "site {:?} did not answer the join within {:.1} s (it may be slow or busy, and may still \
+                         record the peering); retry: `weftctl peering create` with the same token is safe to \
+                         repeat, and waits for the peer up to its --timeout",
+                        t.site,
+                        started.elapsed().as_secs_f64()
+                    ))
+                })?
                 .map_err(|s| status_of(&t.site, s))?
                 .into_inner();
             let params = resp.params.unwrap_or_default();
@@ -463,8 +516,9 @@ impl Federation {
                 }
             };
         }
-        Err(Error::FailedPrecondition(format!(
-            "cannot reach site {:?} at {}: {}",
+        Err(Error::Unavailable(format!(
+            "cannot reach site {:?} at {}: {}; retry when it is reachable (`weftctl peering create` with the same \
+             token waits for it up to its --timeout)",
             t.site,
             t.endpoints.join(", "),
             failures.join("; ")
@@ -539,6 +593,8 @@ pub struct FederationApi {
     pub fed: Arc<Federation>,
     /// Open Subscribe streams per peer site.
     subscriptions: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    /// Joins in progress (see [`JOINS_AT_ONCE`]).
+    joins: Arc<tokio::sync::Semaphore>,
 }
 
 /// Subscribe streams one peer may hold open at once (its leading replica
@@ -550,6 +606,7 @@ impl FederationApi {
         FederationApi {
             fed,
             subscriptions: Default::default(),
+            joins: Arc::new(tokio::sync::Semaphore::new(JOINS_AT_ONCE)),
         }
     }
 }
@@ -691,7 +748,10 @@ impl FederationService for FederationApi {
     async fn join(&self, req: Request<pb::JoinRequest>) -> Result<Response<pb::JoinResponse>, Status> {
         let chain = peer_chain(req.peer_certs())?;
         let r = req.into_inner();
-        let params = r.params.ok_or_else(|| Status::invalid_argument("params is missing"))?;
+        let params = r
+            .params
+            .clone()
+            .ok_or_else(|| Status::invalid_argument("params is missing"))?;
         let site = verify_site(&chain, &r.ca_pem)?;
         if site != params.site_id {
             return Err(Status::unauthenticated(format!(
@@ -699,38 +759,22 @@ impl FederationService for FederationApi {
                 params.site_id
             )));
         }
-        let proof = TokenProof {
-            id: r.token_id,
-            secret: r.secret,
+        let Ok(permit) = self.joins.clone().try_acquire_owned() else {
+            return Err(Status::unavailable(format!(
+                "site {:?} is negotiating {JOINS_AT_ONCE} peerings already; retry in a few seconds",
+                self.fed.site_id
+            )));
         };
-        // Cheap checks first, before any planning under the writer lock: an
-        // unknown caller with a bad token costs one read, and so does one
-        // that claims an existing peer's id under another CA.
-        match self.fed.state.peering(&site).await? {
-            None => self.fed.state.check_peer_token(&proof, &site).await?,
-            Some(p) => {
-                use rustls::pki_types::pem::PemObject;
-                let presented = rustls::pki_types::CertificateDer::from_pem_slice(r.ca_pem.as_bytes())
-                    .map(|der| fingerprint(der.as_ref()))
-                    .unwrap_or_default();
-                if p.remote.is_some_and(|rem| rem.ca_fingerprint != presented) {
-                    // Only a holder of a valid token learns that the id is
-                    // taken; anyone else gets what a bad token gets.
-                    self.fed.state.check_peer_token(&proof, &site).await?;
-                    return Err(Status::already_exists(format!(
-                        "a site {site:?} with another CA is already peered; it must delete that peering first"
-                    )));
-                }
-            }
-        }
-        let (own, port) = self.fed.params_for(&site).await?;
-        let remote = self.fed.remote(&r.ca_pem, &params, &own)?;
-        let p = self.fed.state.negotiated(&site, remote, Some(&proof), port).await?;
-        tracing::info!(peer = %site, views = p.views.len(), "peering negotiated (joined by the peer)");
-        Ok(Response::new(pb::JoinResponse {
-            ca_pem: self.fed.ca_pem.clone(),
-            params: Some(own),
-        }))
+        // Finished even if the caller gives up waiting (a slow or busy
+        // site): what is recorded is then whole, and the caller's retry
+        // finds it (or the token back, see `follow_peer`).
+        let fed = self.fed.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            joined(&fed, site, r, params).await
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the join failed: {e}")))?
     }
 
     async fn leave(&self, req: Request<pb::LeaveRequest>) -> Result<Response<pb::LeaveResponse>, Status> {
@@ -757,6 +801,49 @@ impl FederationService for FederationApi {
             now: Some(prost_types::Timestamp::from(std::time::SystemTime::now())),
         }))
     }
+}
+
+/// The peer `site` (authenticated) joins with `r`: checks its token,
+/// validates its parameters and records the peering, or finds the one it
+/// recorded before.
+async fn joined(
+    fed: &Federation,
+    site: String,
+    r: pb::JoinRequest,
+    params: pb::NetworkParams,
+) -> Result<Response<pb::JoinResponse>, Status> {
+    let proof = TokenProof {
+        id: r.token_id,
+        secret: r.secret,
+    };
+    // Cheap checks first, before any planning under the writer lock: an
+    // unknown caller with a bad token costs one read, and so does one
+    // that claims an existing peer's id under another CA.
+    match fed.state.peering(&site).await? {
+        None => fed.state.check_peer_token(&proof, &site).await?,
+        Some(p) => {
+            use rustls::pki_types::pem::PemObject;
+            let presented = rustls::pki_types::CertificateDer::from_pem_slice(r.ca_pem.as_bytes())
+                .map(|der| fingerprint(der.as_ref()))
+                .unwrap_or_default();
+            if p.remote.is_some_and(|rem| rem.ca_fingerprint != presented) {
+                // Only a holder of a valid token learns that the id is
+                // taken; anyone else gets what a bad token gets.
+                fed.state.check_peer_token(&proof, &site).await?;
+                return Err(Status::already_exists(format!(
+                    "a site {site:?} with another CA is already peered; it must delete that peering first"
+                )));
+            }
+        }
+    }
+    let (own, port) = fed.params_for(&site).await?;
+    let remote = fed.remote(&r.ca_pem, &params, &own)?;
+    let p = fed.state.negotiated(&site, remote, Some(&proof), port).await?;
+    tracing::info!(peer = %site, views = p.views.len(), "peering negotiated (joined by the peer)");
+    Ok(Response::new(pb::JoinResponse {
+        ca_pem: fed.ca_pem.clone(),
+        params: Some(own),
+    }))
 }
 
 /// Keeps one subscription per peering: takes in the peer's parameter
@@ -805,6 +892,12 @@ async fn follow_peer(fed: Arc<Federation>, site: String) {
                     reached = true;
                     down_since = None;
                     delays = weft_common::backoff();
+                    // The peer holds its side: the token is spent for good.
+                    if p.joined_with.is_some()
+                        && let Err(e) = fed.state.peering_confirmed(&site).await
+                    {
+                        tracing::warn!(peer = %site, error = %e, "cannot record that the peer holds the peering");
+                    }
                     let mut stream = stream.into_inner();
                     let own = match fed.params_for(&site).await {
                         Ok((o, _)) => o,
@@ -828,11 +921,21 @@ async fn follow_peer(fed: Arc<Federation>, site: String) {
                     }
                     break;
                 }
-                // Right after negotiation the peer may not have recorded its
-                // side yet: only a NotFound on an established peering counts.
-                Err(s) if s.code() == tonic::Code::NotFound && now_ms().saturating_sub(p.created_at_ms) > 5_000 => {
-                    tracing::info!(peer = %site, "the peer deleted the peering; removing it here");
-                    let _ = fed.state.delete_peering(&site).await;
+                // Right after negotiation (or a Join again) the peer may not
+                // have recorded its side yet: only a NotFound on an older
+                // peering counts. One the peer never held gives its token
+                // back: the peer gave up on its Join and may retry.
+                Err(s)
+                    if s.code() == tonic::Code::NotFound
+                        && now_ms().saturating_sub(p.created_at_ms.max(p.joined_at_ms)) > 5_000 =>
+                {
+                    if p.joined_with.is_some() {
+                        tracing::info!(peer = %site, "the peer never recorded the peering; removing it here and \
+                            giving its token back for a retry");
+                    } else {
+                        tracing::info!(peer = %site, "the peer deleted the peering; removing it here");
+                    }
+                    let _ = fed.state.drop_unheld_peering(&site).await;
                     return;
                 }
                 // Too young to trust: ask again soon rather than backing off,
@@ -845,7 +948,7 @@ async fn follow_peer(fed: Arc<Federation>, site: String) {
             let since = *down_since.get_or_insert_with(std::time::Instant::now);
             if since.elapsed() >= fed.grace {
                 tracing::warn!(peer = %site, grace = ?fed.grace, "the peer stayed unreachable past the grace period; removing the peering here");
-                let _ = fed.state.delete_peering(&site).await;
+                let _ = fed.state.drop_unheld_peering(&site).await;
                 return;
             }
         }

@@ -234,6 +234,8 @@ proptest! {
                 views, created_at_ms: 0, last_error: None, remote: None,
                 listen_port: 51820 + i as u16,
                 pending: None,
+                joined_with: None,
+                joined_at_ms: 0,
             }));
         }
         for name in m.nodes.keys() {

@@ -214,6 +214,17 @@ pub struct Peering {
     /// within the site's `peer_cidr_auto_accept` bounds).
     #[serde(default)]
     pub pending: Option<PendingCidrs>,
+    /// On the site that issued the peering token: that token, kept until
+    /// the peer shows it holds its side too (its subscription answers). A
+    /// peering removed before then gives it back, so a peer that gave up
+    /// waiting for its Join's answer can still retry with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joined_with: Option<PeerToken>,
+    /// When the peer last joined (ms since the epoch; 0: at creation). It
+    /// records its side just after, so its "no such peering" is not
+    /// believed for a few seconds after this.
+    #[serde(default)]
+    pub joined_at_ms: u64,
 }
 
 /// A peer's announced change of its CIDRs, held for review.

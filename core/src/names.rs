@@ -347,6 +347,8 @@ mod tests {
             }),
             listen_port: 51820,
             pending: None,
+            joined_with: None,
+            joined_at_ms: 0,
         }
     }
 

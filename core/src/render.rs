@@ -735,6 +735,8 @@ mod tests {
             remote: None,
             listen_port: 51820,
             pending: None,
+            joined_with: None,
+            joined_at_ms: 0,
         };
         let mut m = Model {
             revision: 7,

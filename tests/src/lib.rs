@@ -10,6 +10,7 @@
 pub mod inproc;
 pub mod mesh;
 pub mod netns;
+pub mod pace;
 pub mod sim;
 pub mod sites;
 pub mod vm;
@@ -199,6 +200,11 @@ impl Etcd {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The etcd server's process id (0 when stopped).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.id())
     }
 
     /// Stops etcd (SIGTERM) keeping its data.
@@ -396,8 +402,49 @@ pub fn weftctl_json(target: &str, args: &[&str]) -> serde_json::Value {
     let o = run(Command::new(bin("weftctl"))
         .args(["--controller", target, "--output", "json"])
         .args(args));
-    assert!(o.status.success(), "weftctl {args:?} failed: {}", stderr(&o));
+    assert!(
+        o.status.success(),
+        "weftctl {args:?} failed ({}): stderr: {} stdout: {}",
+        o.status,
+        stderr(&o),
+        stdout(&o)
+    );
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("weftctl printed no JSON ({e}): {}", stdout(&o)))
+}
+
+/// `weftctl diagnose --output json` (with `extra` flags): its report
+/// whatever the checks say (it exits 1 when one FAILs; a test asserts on
+/// the checks it is about). The failed checks, if any, go to the test's
+/// stderr with their details, so a later failure shows what diagnose saw.
+/// Panics when there is no report (exit 2: the controller was not asked).
+pub fn weftctl_diagnose(target: &str, extra: &[&str]) -> serde_json::Value {
+    let o = run(Command::new(bin("weftctl"))
+        .args(["--controller", target, "--output", "json", "diagnose"])
+        .args(extra));
+    let report: serde_json::Value = match o.status.code() {
+        Some(0 | 1) => serde_json::from_slice(&o.stdout)
+            .unwrap_or_else(|e| panic!("weftctl diagnose printed no JSON ({e}): {}{}", stdout(&o), stderr(&o))),
+        _ => panic!("weftctl diagnose gave no report ({}): {}", o.status, stderr(&o)),
+    };
+    let failed: Vec<&serde_json::Value> = report["checks"]
+        .as_array()
+        .map(|c| c.iter().filter(|c| c["result"] == "FAIL").collect())
+        .unwrap_or_default();
+    assert_eq!(
+        o.status.code() == Some(1),
+        !failed.is_empty(),
+        "diagnose exits 1 exactly when a check fails: {report:#}"
+    );
+    for c in failed {
+        eprintln!(
+            "diagnose: FAIL {} {}: {} ({})",
+            c["check"].as_str().unwrap_or_default(),
+            c["subject"].as_str().unwrap_or_default(),
+            c["detail"].as_str().unwrap_or_default(),
+            c["hint"].as_str().unwrap_or_default()
+        );
+    }
+    report
 }
 
 /// Site `peer`'s view of `kind` ("workload", "external") in the peerings
@@ -576,14 +623,23 @@ impl Drop for Proc {
     }
 }
 
-/// Polls `f` every 50 ms until it returns `Some`, or panics after `timeout`.
+/// Polls `f` every 50 ms until it returns `Some`, or panics after `timeout`
+/// stretched by this process's [`pace`] (1 on the host; the VM lane's
+/// guest measures its own), saying the pace.
 pub fn eventually<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
+    let limit = pace::scaled(timeout);
     loop {
         if let Some(v) = f() {
             return v;
         }
-        assert!(start.elapsed() < timeout, "{what} did not happen within {timeout:?}");
+        if start.elapsed() >= limit {
+            let pace = pace::describe();
+            if pace.is_empty() {
+                panic!("{what} did not happen within {limit:?}");
+            }
+            panic!("{what} did not happen within {limit:?} ({timeout:?} at the host's speed; {pace})");
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -311,11 +311,16 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         .as_str()
         .unwrap()
         .to_string();
+    // A peer slow to answer (the VM lane's emulated guest) is asked again
+    // by weftctl until its --timeout.
+    let timeout = format!("{}s", crate::pace::scaled(Duration::from_secs(60)).as_secs());
     let o = crate::run(std::process::Command::new(bin("weftctl")).args([
         "--controller",
         &ta,
         "peering",
         "create",
+        "--timeout",
+        &timeout,
         "--token",
         &token,
     ]));

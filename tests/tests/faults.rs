@@ -163,7 +163,7 @@ fn a_killed_node_agent_costs_no_traffic_and_its_restart_changes_nothing() {
     assert!(gap_other < 0.5);
     assert_eq!(lost_own, 0, "the host keeps forwarding while its agent is down");
     let warned = eventually("diagnose names the overlapping route", Duration::from_secs(20), || {
-        let d = weftctl_json(&s.ta, &["diagnose", "--settle", "100ms"]);
+        let d = weft_tests::weftctl_diagnose(&s.ta, &["--settle", "100ms"]);
         d["checks"]
             .as_array()?
             .iter()

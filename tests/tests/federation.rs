@@ -471,3 +471,188 @@ fn a_token_for_one_site_cannot_be_redeemed_by_another() {
     create(&c, &t).unwrap();
     assert_eq!(peer_names(&b), ["site-c"]);
 }
+
+fn signal(pid: u32, sig: &str) {
+    assert!(pid != 0, "no process to signal");
+    let st = Command::new("kill").args([sig, &pid.to_string()]).status().unwrap();
+    assert!(st.success(), "kill {sig} {pid}");
+}
+
+/// The IPAM blocks the controller at `c` holds for views of `peer`.
+fn views_held(c: &Controller, peer: &str) -> usize {
+    weftctl_json(&c.target(), &["allocations"])["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["owner"].as_str().unwrap_or_default().starts_with(peer))
+        .count()
+}
+
+/// Both sides hold exactly one peering with each other, with one set of
+/// views each (the workload and the external CIDR).
+fn peered_once(a: &Controller, b: &Controller) {
+    assert_eq!(peer_names(a), ["site-b"]);
+    assert_eq!(peer_names(b), ["site-a"]);
+    assert_eq!(
+        views_held(a, "site-b"),
+        2,
+        "{:#}",
+        weftctl_json(&a.target(), &["allocations"])
+    );
+    assert_eq!(
+        views_held(b, "site-a"),
+        2,
+        "{:#}",
+        weftctl_json(&b.target(), &["allocations"])
+    );
+}
+
+/// A peer busy past the caller's deadline: site b's store (etcd) stalls
+/// while a's CreatePeering (grpcurl, with a deadline) waits on b's Join.
+/// The caller gets DEADLINE_EXCEEDED saying to retry, not
+/// FAILED_PRECONDITION; b still records the peering when its store is back
+/// (after the caller gave up). The same token again converges: once while b
+/// holds the one-sided peering, and once after b dropped such a peering
+/// (a never held it) and gave the token back.
+#[test]
+fn a_join_answered_after_the_callers_deadline_is_retryable_and_a_retry_converges_once() {
+    let Some(etcd) = Etcd::start() else { return };
+    let Some(grpcurl) = weft_tests::require_tool("grpcurl") else {
+        return;
+    };
+    let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
+    let a = site(dir.path(), "site-a", &[]);
+    let b = site(dir.path(), "site-b", &["--etcd-endpoints", &etcd.endpoint()]);
+    let late_join = |t: &str| {
+        // etcd stops answering b; a's caller allows 1.5 s; etcd comes back
+        // after 3 s (within etcd-client's keep-alive, so b's calls wait).
+        signal(etcd.pid(), "-STOP");
+        let began = std::time::Instant::now();
+        let o = run(Command::new(&grpcurl)
+            .args(["-plaintext", "-unix", "-max-time", "1.5", "-d"])
+            .arg(serde_json::json!({ "token": t }).to_string())
+            .arg(a.socket.display().to_string())
+            .arg("weft.v1.AdminService/CreatePeering"));
+        let waited = began.elapsed();
+        std::thread::sleep(Duration::from_secs(3).saturating_sub(waited));
+        signal(etcd.pid(), "-CONT");
+        let err = stderr(&o);
+        println!(
+            "a Join that b answers late, after {:.1} s: {}",
+            waited.as_secs_f64(),
+            err.trim()
+        );
+        assert!(
+            !o.status.success(),
+            "the call should have failed: {}",
+            weft_tests::stdout(&o)
+        );
+        assert!(
+            err.contains("DeadlineExceeded") && err.contains("retry") && err.contains("site-b"),
+            "not a retryable deadline from the controller: {err}"
+        );
+        assert!(peer_names(&a).is_empty(), "a recorded a peering b never answered");
+        // b finishes the Join it got once its store answers again: the
+        // peering is on its side only.
+        weft_tests::eventually("b recording the late join", Duration::from_secs(30), || {
+            (peer_names(&b) == ["site-a"]).then_some(())
+        });
+    };
+
+    // 1. Retried at once: b still holds it, and answers the same Join.
+    let t = token(&b, "10m");
+    late_join(&t);
+    create(&a, &t).unwrap_or_else(|e| panic!("the retry failed: {e}"));
+    peered_once(&a, &b);
+    // b learns that a holds it: b's record stops keeping the token.
+    std::thread::sleep(Duration::from_secs(7));
+    peered_once(&a, &b);
+    weftctl_json(&a.target(), &["peering", "delete", "site-b"]);
+    assert!(peer_names(&a).is_empty() && peer_names(&b).is_empty());
+
+    // 2. Retried only after b gave up on a: b dropped the one-sided peering
+    // (a said it holds none) and gave the token back; the retry redeems it.
+    let t = token(&b, "10m");
+    late_join(&t);
+    weft_tests::eventually(
+        "b dropping the peering a never recorded",
+        Duration::from_secs(60),
+        || peer_names(&b).is_empty().then_some(()),
+    );
+    assert!(
+        b.log_text().contains("giving its token back"),
+        "b did not say it gave the token back:\n{}",
+        b.log_text()
+    );
+    create(&a, &t).unwrap_or_else(|e| panic!("the retry after b gave the token back failed: {e}"));
+    peered_once(&a, &b);
+    std::thread::sleep(Duration::from_secs(7));
+    peered_once(&a, &b);
+    // Held by both, the token is spent: another site cannot redeem it.
+    let c = site(dir.path(), "site-c", &[]);
+    let err = create(&c, &t).unwrap_err();
+    assert!(err.contains("used"), "{err}");
+}
+
+/// A peer that is not up yet: `weftctl peering create` says what it waits
+/// for (UNAVAILABLE, retry) and asks again with backoff until the peer
+/// answers; then both sides hold the peering once.
+#[test]
+fn peering_create_waits_for_a_peer_that_is_not_up_yet() {
+    let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
+    let a = site(dir.path(), "site-a", &[]);
+    let mut b = site(dir.path(), "site-b", &[]);
+    let t = token(&b, "10m");
+    b.stop();
+    let began = std::time::Instant::now();
+    let call = Command::new(bin("weftctl"))
+        .args([
+            "--controller",
+            &a.target(),
+            "-o",
+            "json",
+            "peering",
+            "create",
+            "--timeout",
+            "2m",
+            "--token",
+            &t,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    b.restart_stopped();
+    let o = call.wait_with_output().unwrap();
+    let err = stderr(&o);
+    println!("weftctl waited {:.1} s; it said:\n{err}", began.elapsed().as_secs_f64());
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("UNAVAILABLE") && err.contains("cannot reach site \"site-b\"") && err.contains("asking again"),
+        "weftctl did not say what it waits for: {err}"
+    );
+    peered_once(&a, &b);
+
+    // With --timeout 0s it tries once and says to retry.
+    let c = site(dir.path(), "site-c", &[]);
+    let t = token(&c, "10m");
+    let mut c = c;
+    c.stop();
+    let o = run(Command::new(bin("weftctl")).args([
+        "--controller",
+        &a.target(),
+        "peering",
+        "create",
+        "--timeout",
+        "0s",
+        "--token",
+        &t,
+    ]));
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("UNAVAILABLE") && err.contains("retry") && !err.contains("asking again"),
+        "{err}"
+    );
+}

@@ -64,7 +64,10 @@ pub enum Cmd {
     /// One screen: the site, gateways (active/standby), nodes, peerings.
     Status,
     /// Check what breaks fabrics (certificates, lagging agents, tunnel MTU,
-    /// overlapping routes, kernel features, clock skew); exit 1 on a failure.
+    /// overlapping routes, kernel features, clock skew). Exit status: 0 when
+    /// no check FAILs (WARNs allowed), 1 when one does (the report is
+    /// printed whole either way, and the failed checks are named on
+    /// stderr), 2 when the controller could not be asked (no report).
     Diagnose {
         /// How long to watch agents behind the latest revision before calling them lagging.
         #[arg(long, default_value = "2s")]
@@ -161,10 +164,16 @@ pub enum PeeringCmd {
         #[arg(long = "for")]
         for_site: Option<String>,
     },
-    /// Peer with the site that made the token.
+    /// Peer with the site that made the token. A peer that is slow to
+    /// answer or cannot be reached yet is asked again, with backoff, until
+    /// --timeout: repeating a peering with the same token is safe.
     Create {
         #[arg(long)]
         token: String,
+        /// How long to keep trying while the peer is slow or unreachable
+        /// (DEADLINE_EXCEEDED, UNAVAILABLE); 0s: try once.
+        #[arg(long, default_value = "60s")]
+        timeout: humantime::Duration,
     },
     /// End the peering with a site, on both sides.
     Delete { site: String },

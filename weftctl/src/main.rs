@@ -75,7 +75,13 @@ pub fn main() -> ExitCode {
         },
         Err(msg) => {
             eprintln!("weftctl: {msg}");
-            ExitCode::FAILURE
+            // diagnose: 1 means a check failed (its report printed); 2
+            // that there is no report.
+            if matches!(cli.command, Cmd::Diagnose { .. }) {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -353,7 +353,8 @@ impl AdminService for AdminApi {
     }
 
     async fn create_peering(&self, req: Request<pb::CreatePeeringRequest>) -> Result<Response<pb::Peering>, Status> {
-        let p = self.fed.create(&req.into_inner().token).await?;
+        let deadline = answer_by(&req, crate::federation::JOIN_BUDGET);
+        let p = self.fed.create(&req.into_inner().token, deadline).await?;
         Ok(Response::new(convert::peering(&p)))
     }
 
@@ -458,5 +459,64 @@ impl AdminService for AdminApi {
         Ok(Response::new(pb::PlanLocalViewResponse {
             views: views.iter().map(convert::view).collect(),
         }))
+    }
+}
+
+/// When a call must have its answer: `cap` from now, or earlier when the
+/// caller's own deadline (its `grpc-timeout`) is nearer, less a margin for
+/// the answer to reach it. (A caller that waited longer than its deadline
+/// would get a bare DEADLINE_EXCEEDED of its own instead of this one's
+/// answer, which says what happened.)
+pub fn answer_by<T>(req: &Request<T>, cap: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    let caller = req
+        .metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(grpc_timeout)
+        .map(|t| t.saturating_sub((t / 10).max(Duration::from_millis(100))));
+    now + caller.map_or(cap, |t| t.min(cap))
+}
+
+/// A `grpc-timeout` header's value: up to 8 digits and a unit (H, M, S,
+/// m, u, n), as the gRPC HTTP/2 protocol defines it.
+fn grpc_timeout(v: &str) -> Option<Duration> {
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_callers_grpc_timeout_is_read_and_leaves_a_margin() {
+        assert_eq!(grpc_timeout("2999m"), Some(Duration::from_millis(2999)));
+        assert_eq!(grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        for bad in ["", "S", "123456789S", "5s", "-5S", "5 S"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad:?}");
+        }
+        let mut req = Request::new(());
+        req.metadata_mut().insert("grpc-timeout", "3S".parse().unwrap());
+        let left = answer_by(&req, Duration::from_secs(15)) - tokio::time::Instant::now();
+        assert!(
+            left <= Duration::from_millis(2700) && left > Duration::from_millis(2500),
+            "{left:?}"
+        );
+        let left = answer_by(&Request::new(()), Duration::from_secs(15)) - tokio::time::Instant::now();
+        assert!(left > Duration::from_secs(14), "no deadline: the cap");
     }
 }

@@ -98,8 +98,19 @@ impl State {
                     "{peer_site:?} is this site's own id; a site cannot peer with itself"
                 )));
             }
-            if let Some((p, _)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) {
+            if let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) {
                 return match &p.remote {
+                    // The same peer joining again: it did not get (or wait
+                    // for) the first answer. It records its side once it
+                    // has this one: give it the few seconds again.
+                    Some(r) if r.ca_fingerprint == remote.ca_fingerprint && proof.is_some() => {
+                        let mut again = p.clone();
+                        again.joined_at_ms = now_ms();
+                        let txn = Txn::new()
+                            .when(Compare::ModRevision(key.clone(), *rev))
+                            .then(Op::put(key.clone(), encode(&again)));
+                        Ok((Some(txn), again))
+                    }
                     Some(r) if r.ca_fingerprint == remote.ca_fingerprint => Ok((None, p.clone())),
                     _ => Err(Error::AlreadyExists(format!(
                         "a site {peer_site:?} with another CA is already peered; delete that peering first \
@@ -108,6 +119,7 @@ impl State {
                 };
             }
             let mut txn = Txn::new();
+            let mut joined_with = None;
             if let Some(proof) = proof {
                 let now = now_ms();
                 let Some((t, rev)) = snap.peer_tokens.iter().find(|(t, _)| t.id == proof.id) else {
@@ -132,6 +144,7 @@ impl State {
                 txn = txn
                     .when(Compare::ModRevision(tkey.clone(), *rev))
                     .then(Op::delete(tkey));
+                joined_with = Some(t.clone());
             }
             let views = self.plan_peer_views(snap, site, peer_site, &remote)?;
             let peering = Peering {
@@ -143,6 +156,8 @@ impl State {
                 remote: Some(remote.clone()),
                 listen_port: snap.wg_port(peer_site, Some(port))?,
                 pending: None,
+                joined_at_ms: if joined_with.is_some() { now_ms() } else { 0 },
+                joined_with,
             };
             let txn = self
                 .ipam_guard(snap, txn)
@@ -173,6 +188,27 @@ impl State {
             )));
         }
         Ok(())
+    }
+
+    /// The peer showed it holds its side of the peering (its subscription
+    /// answered): the token it joined with is spent for good.
+    pub async fn peering_confirmed(&self, peer_site: &str) -> Result<(), Error> {
+        let key = self.key(&format!("peerings/{peer_site}"));
+        self.commit(|snap| {
+            let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
+                return Ok((None, ()));
+            };
+            if p.joined_with.is_none() {
+                return Ok((None, ()));
+            }
+            let mut next = p.clone();
+            next.joined_with = None;
+            let txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), *rev))
+                .then(Op::put(key.clone(), encode(&next)));
+            Ok((Some(txn), ()))
+        })
+        .await
     }
 
     /// The peering with `site`, if any.

@@ -16,12 +16,16 @@
 //! - `mixed`: one gateway kernel, one userspace, then each switched to the
 //!   other kind across a restart; traffic both ways each time.
 //!
-//! Emulation makes the guest several times slower than a host, so the
+//! Emulation makes the guest some 25 times slower than a host, so the
 //! controllers run with a gateway TTL of 3 s (800 ms by default), the
 //! agents resync every 5 s (the lab's 1 s, on nine agents, keeps the
 //! emulated CPUs busy), and connections allow 6 s for a keep-alive answer
-//! (`WEFT_LIVENESS`, 2 s by default; set by tests/tests/vm.rs): a busy
-//! emulated CPU must not end a gateway or a connection. Both sites keep
+//! (`WEFT_LIVENESS`, 2 s by default): a busy emulated CPU must not end a
+//! gateway or a connection. Those, and every wait of the scenarios, are
+//! set for a guest of the reference speed and stretched by the speed the
+//! guest measures at boot (`weft-vm-guest pace`, `weft_tests::pace`);
+//! the stretch is printed first, and is in every failed wait's message and
+//! in the panic hook's last line. Both sites keep
 //! their state in the embedded store (etcd is the host suite's: in one
 //! run of four, in the guest, site b's gateway on etcd was not listed
 //! with its mode for a minute; not yet understood).
@@ -32,6 +36,10 @@ use weft_tests::sites::{self, TwoSites};
 use weft_tests::{eventually, stdout, weftctl_json};
 
 const A: (&str, &str) = ("vm-a", "10.1.0.0/16");
+/// The controllers' gateway TTL in the lane (800 ms on a host) and the
+/// agents' resync interval (1 s in the host's labs), before the stretch.
+const GATEWAY_TTL: Duration = Duration::from_secs(3);
+const RESYNC: Duration = Duration::from_secs(5);
 const B: (&str, &str) = ("vm-b", "10.1.0.0/16");
 
 /// The lab's folder, for the logs a failure leaves (see `main`).
@@ -47,6 +55,10 @@ fn main() {
     let default = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         default(info);
+        let pace = weft_tests::pace::describe();
+        if !pace.is_empty() {
+            eprintln!("weft-vm-guest: failed with the {pace}");
+        }
         if let Some(dir) = LAB_DIR.get() {
             let _ = std::fs::create_dir_all(OUT);
             for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -62,12 +74,52 @@ fn main() {
         "weft-vm-guest runs inside the VM lane's guest (tests/tests/vm.rs), not on a host"
     );
     match scenario.as_str() {
+        "pace" => return pace(),
         "kernel" => kernel(),
         "mixed" => mixed(),
         "driver" => driver(),
         s => panic!("unknown scenario {s:?}: driver, kernel or mixed"),
     }
     println!("weft-vm-guest: {scenario} passed");
+}
+
+/// `weft-vm-guest pace`: times the calibration in the guest and prints,
+/// for the script to `eval`, the stretch of the scenario's waits and what
+/// follows from it for the lab's processes (see `weft_tests::pace`):
+/// - `WEFT_PACE`, `WEFT_PACE_NOTE`: the stretch (at least 1) and how it
+///   was measured, with the host's time (`WEFT_HOST_CALIBRATION_US`, taken
+///   just before the guest booted) for comparison;
+/// - `WEFT_LIVENESS`: how long a connection waits for a keep-alive answer,
+///   6 s stretched (2 s on a host): a busy emulated CPU must not end a
+///   connection.
+///
+/// It also leaves the stretch in /tmp/weftio/pace: the host stretches its
+/// time limit for the guest by it.
+fn pace() {
+    let host = std::env::var("WEFT_HOST_CALIBRATION_US")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_micros)
+        .unwrap_or_default();
+    let guest = weft_tests::pace::calibrate();
+    let stretch = weft_tests::pace::stretch(guest);
+    let note = format!(
+        "the guest ran the calibration in {:.0} ms, set for {:.0} ms; the host in {:.0} ms ({:.1} times faster)",
+        guest.as_secs_f64() * 1000.0,
+        weft_tests::pace::GUEST_REFERENCE.as_secs_f64() * 1000.0,
+        host.as_secs_f64() * 1000.0,
+        guest.as_secs_f64() / host.as_secs_f64().max(1e-6)
+    );
+    eprintln!("weft-vm-guest: waits stretched {stretch:.2}x ({note})");
+    let _ = std::fs::write("/tmp/weftio/pace", format!("{stretch:.3}\n"));
+    let liveness = (6.0 * stretch).ceil();
+    println!("export WEFT_PACE={stretch:.3} WEFT_PACE_NOTE='{note}' WEFT_LIVENESS={liveness}s");
+}
+
+/// A lab timing, `d` stretched by the pace, as a flag value ("3600ms").
+fn stretched(d: Duration) -> &'static str {
+    let s = format!("{}ms", weft_tests::pace::scaled(d).as_millis());
+    Box::leak(s.into_boxed_str())
 }
 
 /// The kind of site's WireGuard link in its peering namespace: "wireguard"
@@ -129,7 +181,7 @@ fn modes(target: &str) -> Vec<String> {
 /// Waits until site a's and site b's gateways are listed with modes `a`
 /// and `b`; on timeout says what was listed.
 fn until_modes(s: &TwoSites, a: &[&str], b: &[&str]) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + weft_tests::pace::scaled(Duration::from_secs(60));
     loop {
         let seen = (modes(&s.ta), modes(&s.tb));
         if seen.0 == a && seen.1 == b {
@@ -137,7 +189,8 @@ fn until_modes(s: &TwoSites, a: &[&str], b: &[&str]) {
         }
         if std::time::Instant::now() > deadline {
             panic!(
-                "gateways listed as {seen:?}, not {a:?} and {b:?}:\nsite a: {:#}\nsite b: {:#}",
+                "gateways listed as {seen:?}, not {a:?} and {b:?} ({}):\nsite a: {:#}\nsite b: {:#}",
+                weft_tests::pace::describe(),
                 weftctl_json(&s.ta, &["gateways"]),
                 weftctl_json(&s.tb, &["gateways"])
             );
@@ -156,8 +209,8 @@ fn kernel() {
         second_gateway_a: true,
         wireguard_a: Some("kernel"),
         wireguard_b: Some("kernel"),
-        gateway_ttl: Some("3s"),
-        resync: Some("5s"),
+        gateway_ttl: Some(stretched(GATEWAY_TTL)),
+        resync: Some(stretched(RESYNC)),
         site_b_embedded: true,
         ..Default::default()
     };
@@ -191,7 +244,7 @@ fn kernel() {
     step(t0, "geneve");
     // The mode is visible: gateways, diagnose, the metric.
     until_modes(&s, &["kernel", "kernel"], &["kernel"]);
-    let d = weftctl_json(&s.ta, &["diagnose"]);
+    let d = weft_tests::weftctl_diagnose(&s.ta, &[]);
     let kernel_check = d["checks"]
         .as_array()
         .unwrap()
@@ -295,8 +348,8 @@ fn mixed() {
     let opts = sites::Opts {
         wireguard_a: Some("kernel"),
         wireguard_b: Some("userspace"),
-        gateway_ttl: Some("3s"),
-        resync: Some("5s"),
+        gateway_ttl: Some(stretched(GATEWAY_TTL)),
+        resync: Some(stretched(RESYNC)),
         site_b_embedded: true,
         ..Default::default()
     };
@@ -397,7 +450,7 @@ fn failover(s: &mut TwoSites) {
     s.lab.proc(vi).child.as_mut().unwrap().kill().unwrap();
     s.lab
         .proc(vi)
-        .wait_exit(Duration::from_secs(5))
+        .wait_exit(weft_tests::pace::scaled(Duration::from_secs(5)))
         .expect("the gateway died");
     eventually("the survivor active", Duration::from_secs(30), || {
         (sites::active(&s.ta) == survivor).then_some(())

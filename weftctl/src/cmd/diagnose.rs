@@ -16,8 +16,12 @@ fn result_name(v: i32) -> &'static str {
     }
 }
 
-/// `weftctl diagnose`: every check, what failed and what to do; exit 1 on
-/// a failure.
+/// `weftctl diagnose`: every check, what failed and what to do. The report
+/// is printed whole whatever the results; the exit status is 1 when a
+/// check FAILs (WARNs do not count), and the failed checks are then also
+/// named on stderr, so a script that keeps only stderr still sees why.
+/// (When the controller cannot be asked, nothing is printed and the exit
+/// status is 2: see `main`.)
 pub async fn run(c: &mut Client, settle: Duration) -> Result<Out, String> {
     let r = c
         .diagnose(pb::DiagnoseRequest {
@@ -49,6 +53,19 @@ pub async fn run(c: &mut Client, settle: Duration) -> Result<Out, String> {
         count(pb::CheckResult::Warn),
         count(pb::CheckResult::Fail),
     );
+    if fail > 0 {
+        let failed: Vec<String> = r
+            .checks
+            .iter()
+            .filter(|c| c.result == pb::CheckResult::Fail as i32)
+            .map(|c| format!("{} {}: {}", c.check, c.subject, c.detail))
+            .collect();
+        eprintln!(
+            "weftctl: diagnose: {fail} of {} checks failed: {}",
+            r.checks.len(),
+            failed.join("; ")
+        );
+    }
     Ok(Out {
         failed: fail > 0,
         json: json!({"checks": r.checks.iter().map(|c| json!({"result": result_name(c.result), "check": c.check,

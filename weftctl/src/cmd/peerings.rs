@@ -125,12 +125,8 @@ pub async fn run(c: &mut Client, cmd: &PeeringCmd) -> Result<Out, String> {
                 ],
             }
         }
-        PeeringCmd::Create { token } => {
-            let p = c
-                .create_peering(pb::CreatePeeringRequest { token: token.clone() })
-                .await
-                .map_err(status)?
-                .into_inner();
+        PeeringCmd::Create { token, timeout } => {
+            let p = create_with_retries(c, token, **timeout).await?;
             Out {
                 failed: false,
                 json: json!({"site_id": p.site_id, "state": peering_state(p.state), "tunnel_role": p.tunnel_role,
@@ -219,4 +215,56 @@ pub async fn plan_view(
             footer: vec![],
         }
     })
+}
+
+/// CreatePeering, asked again with backoff while the answer is "the peer
+/// was slow" or "the peer cannot be reached" (DEADLINE_EXCEEDED,
+/// UNAVAILABLE, ABORTED), until `timeout`; each wait is said on stderr.
+/// Each attempt's deadline is what is left, so the controller answers
+/// within it (it caps one attempt's wait for the peer itself).
+async fn create_with_retries(c: &mut Client, token: &str, timeout: std::time::Duration) -> Result<pb::Peering, String> {
+    use tonic::Code;
+    let until = tokio::time::Instant::now() + timeout;
+    let mut delays = weft_common::backoff().map(|d| d.min(std::time::Duration::from_secs(10)));
+    let started = tokio::time::Instant::now();
+    for attempt in 1.. {
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        let mut req = tonic::Request::new(pb::CreatePeeringRequest {
+            token: token.to_string(),
+        });
+        if !left.is_zero() {
+            req.set_timeout(left.max(std::time::Duration::from_secs(1)));
+        }
+        let s = match c.create_peering(req).await {
+            Ok(p) => return Ok(p.into_inner()),
+            Err(s) => s,
+        };
+        // Only what the controller said may be asked again (it marks it):
+        // not a failure of weftctl's own connection to it.
+        let retryable = matches!(s.code(), Code::DeadlineExceeded | Code::Unavailable | Code::Aborted)
+            && s.metadata().contains_key("weft-retryable");
+        let delay = delays.next().unwrap_or(std::time::Duration::from_secs(10));
+        let now = tokio::time::Instant::now();
+        if !retryable || now + delay >= until {
+            let waited = if attempt > 1 {
+                format!(
+                    " (gave up after {attempt} attempts in {:.0} s; --timeout {})",
+                    started.elapsed().as_secs_f64(),
+                    humantime::format_duration(timeout)
+                )
+            } else {
+                String::new()
+            };
+            return Err(format!("{}{waited}", status(s)));
+        }
+        eprintln!(
+            "weftctl: attempt {attempt}: {}; asking again in {:.1} s ({:.0} s of {} left)",
+            status(s),
+            delay.as_secs_f64(),
+            until.saturating_duration_since(now).as_secs_f64(),
+            humantime::format_duration(timeout)
+        );
+        tokio::time::sleep(delay).await;
+    }
+    unreachable!("the loop returns")
 }
