@@ -2,9 +2,10 @@
 # The whole test suite: installs what is missing, then format check, clippy
 # with warnings as errors, the build, and every test (unit, property, store
 # conformance on the embedded store and a real etcd, end-to-end with the real
-# binaries, grpcurl and etcd). Needs root: the end-to-end tests build
-# network namespaces (they are #[ignore]d for a plain `cargo test`, and run
-# here with --include-ignored).
+# binaries, grpcurl and etcd, and the VM lane). Needs root: the end-to-end
+# tests build network namespaces (they are #[ignore]d for a plain
+# `cargo test`, and run here with --include-ignored). At the end it prints
+# where the time went: each phase, and each test binary's own time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,9 +14,33 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
-deploy/setup.sh
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets -- -D warnings
+started=$SECONDS
+phases=()
+phase() {
+    local name=$1 t0=$SECONDS
+    shift
+    "$@"
+    phases+=("$(printf '%5d s  %s' $((SECONDS - t0)) "$name")")
+}
+log=$(mktemp -t weft-tests.XXXXXX)
+report() {
+    local rc=$?
+    echo
+    echo "tests/run.sh: where the time went ($((SECONDS - started)) s in all):"
+    printf '  %s\n' "${phases[@]}"
+    # Each test binary's own time, slowest first (cargo test prints it).
+    awk '/^ +Running /{name=$2} /^test result:/{match($0, /finished in [0-9.]+s/);
+         t = substr($0, RSTART + 12, RLENGTH - 13); if (t + 0 >= 1) printf "  %7.1f s  %s\n", t, name}' "$log" |
+        sort -rn
+    rm -f "$log"
+    exit $rc
+}
+trap report EXIT
+
+phase "setup (deploy/setup.sh)" deploy/setup.sh
+phase "cargo fmt --check" cargo fmt --all -- --check
+phase "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 # The end-to-end tests run the workspace's binaries: build them first.
-cargo build --workspace --all-targets
-cargo test --workspace --no-fail-fast -- --include-ignored
+phase "cargo build" cargo build --workspace --all-targets
+run_tests() { cargo test --workspace --no-fail-fast -- --include-ignored 2>&1 | tee "$log"; }
+phase "cargo test" run_tests

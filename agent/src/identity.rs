@@ -183,7 +183,8 @@ impl IdentityStore {
     }
 
     /// Enrolls with the token in `cfg` against the first controller that
-    /// answers.
+    /// answers; while none can (unreachable, unavailable, shedding load),
+    /// asks again with backoff (at most 30 s apart). A refusal ends it.
     pub async fn enroll(
         &self,
         cfg: &AgentConfig,
@@ -203,59 +204,85 @@ impl IdentityStore {
             }
             (None, None) => bail!("enrollment needs --ca-fingerprint or --ca-file"),
         };
-        let (key, csr) = key_and_csr(&cfg.name)?;
-        let mut last = None;
-        for target in &cfg.controllers {
-            let channel = match tls::connect(target, &trust, None).await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(controller = %target, error = %format!("{e:#}"), "controller unreachable");
-                    last = Some(anyhow::Error::new(e));
-                    continue;
-                }
-            };
-            let answer = AgentServiceClient::new(channel)
-                .register(pb::RegisterRequest {
-                    token: token.clone(),
-                    csr_pem: csr.clone(),
-                    name: cfg.name.clone(),
-                    subnet: subnet.clone().unwrap_or_default(),
-                    underlay_ip: cfg.underlay_ip.map(|i| i.to_string()).unwrap_or_default(),
-                })
-                .await;
-            let resp = match answer {
-                Ok(r) => r.into_inner(),
-                // This controller cannot answer now: try the next one.
-                Err(s) if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded) => {
-                    tracing::warn!(controller = %target, error = %s.message(), "controller unavailable");
-                    last = Some(anyhow::anyhow!("{target}: {}", s.message()));
-                    continue;
-                }
-                Err(s) => anyhow::bail!("enrollment refused ({:?}): {}", s.code(), s.message()),
-            };
-            if let Trust::Fingerprint(fp) = &trust {
-                use rustls::pki_types::CertificateDer;
-                use rustls::pki_types::pem::PemObject;
-                let der =
-                    CertificateDer::from_pem_slice(resp.ca_pem.as_bytes()).context("the controller sent no CA")?;
-                if tls::fingerprint(&der) != *fp {
-                    bail!("the CA the controller sent does not match --ca-fingerprint");
-                }
-            }
-            if resp.name != cfg.name {
-                tracing::info!(name = %resp.name, "the token fixed this agent's name");
-            }
-            let creds = self.save(&key.serialize_pem(), &resp.certificate_pem, &resp.ca_pem)?;
-            tracing::info!(
-                role = kind.as_str(),
-                name = %resp.name,
-                site = %resp.site_id,
-                controller = %target,
-                "enrolled"
-            );
-            return Ok(creds);
+        if cfg.controllers.is_empty() {
+            bail!("no controller address given");
         }
-        Err(last.unwrap_or_else(|| anyhow::anyhow!("no controller address given")))
+        let (key, csr) = key_and_csr(&cfg.name)?;
+        // No controller able to answer yet (down, unreachable, or shedding
+        // load): ask them all again, with backoff, until one answers. A
+        // refusal (a bad token, say) ends it at once.
+        let mut delays = weft_common::backoff().map(|d| d.min(std::time::Duration::from_secs(30)));
+        loop {
+            let mut last = None;
+            for target in &cfg.controllers {
+                let channel = match tls::connect(target, &trust, None).await {
+                    Ok(c) => c,
+                    // A controller that is not the one pinned or trusted
+                    // (its certificate refused): no retry helps.
+                    Err(e)
+                        if ["pinned fingerprint", "invalid peer certificate"]
+                            .iter()
+                            .any(|m| e.to_string().contains(m)) =>
+                    {
+                        bail!("{e}")
+                    }
+                    Err(e) => {
+                        tracing::warn!(controller = %target, error = %format!("{e:#}"), "controller unreachable");
+                        last = Some(anyhow::Error::new(e));
+                        continue;
+                    }
+                };
+                let answer = AgentServiceClient::new(channel)
+                    .register(pb::RegisterRequest {
+                        token: token.clone(),
+                        csr_pem: csr.clone(),
+                        name: cfg.name.clone(),
+                        subnet: subnet.clone().unwrap_or_default(),
+                        underlay_ip: cfg.underlay_ip.map(|i| i.to_string()).unwrap_or_default(),
+                    })
+                    .await;
+                let resp = match answer {
+                    Ok(r) => r.into_inner(),
+                    // This controller cannot answer now: try the next one.
+                    Err(s)
+                        if matches!(
+                            s.code(),
+                            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::ResourceExhausted
+                        ) =>
+                    {
+                        tracing::warn!(controller = %target, error = %s.message(), "controller unavailable");
+                        last = Some(anyhow::anyhow!("{target}: {}", s.message()));
+                        continue;
+                    }
+                    Err(s) => anyhow::bail!("enrollment refused ({:?}): {}", s.code(), s.message()),
+                };
+                if let Trust::Fingerprint(fp) = &trust {
+                    use rustls::pki_types::CertificateDer;
+                    use rustls::pki_types::pem::PemObject;
+                    let der =
+                        CertificateDer::from_pem_slice(resp.ca_pem.as_bytes()).context("the controller sent no CA")?;
+                    if tls::fingerprint(&der) != *fp {
+                        bail!("the CA the controller sent does not match --ca-fingerprint");
+                    }
+                }
+                if resp.name != cfg.name {
+                    tracing::info!(name = %resp.name, "the token fixed this agent's name");
+                }
+                let creds = self.save(&key.serialize_pem(), &resp.certificate_pem, &resp.ca_pem)?;
+                tracing::info!(
+                    role = kind.as_str(),
+                    name = %resp.name,
+                    site = %resp.site_id,
+                    controller = %target,
+                    "enrolled"
+                );
+                return Ok(creds);
+            }
+            let why = last.unwrap_or_else(|| anyhow::anyhow!("no controller answered"));
+            let delay = delays.next().unwrap_or(std::time::Duration::from_secs(30));
+            tracing::warn!(error = %format!("{why:#}"), retry_in = ?delay, "no controller could enroll this agent yet; asking again");
+            tokio::time::sleep(delay).await;
+        }
     }
 
     /// Replaces key and certificate through `Renew`, authenticated by the

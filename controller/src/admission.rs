@@ -185,20 +185,32 @@ impl Admission {
 }
 
 /// A connection of the mTLS listener; gives its admission slot back when
-/// it goes. (How long it may live is its server's business: `server.rs`.)
+/// it goes. Its server says goodbye (a GOAWAY at the end of its lifetime,
+/// `server.rs`); `hard_stop`, if any, is when it is closed whatever is
+/// still open on it: it then reads end-of-stream.
 pub struct Conn {
     inner: TlsStream<TcpStream>,
+    hard_stop: Option<Pin<Box<tokio::time::Sleep>>>,
     _ticket: Option<Ticket>,
 }
 
 impl Conn {
-    pub fn new(inner: TlsStream<TcpStream>, ticket: Option<Ticket>) -> Conn {
-        Conn { inner, _ticket: ticket }
+    pub fn new(inner: TlsStream<TcpStream>, ticket: Option<Ticket>, hard_stop: Option<Duration>) -> Conn {
+        Conn {
+            inner,
+            hard_stop: hard_stop.map(|d| Box::pin(tokio::time::sleep(d))),
+            _ticket: ticket,
+        }
     }
 }
 
 impl AsyncRead for Conn {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        if let Some(d) = self.hard_stop.as_mut()
+            && d.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Ok(())); // end of stream
+        }
         Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }

@@ -158,9 +158,13 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(5);
 /// deadline: the connection and the peer's Join (a store write there, over
 /// a link that may be slow). A caller's shorter deadline wins.
 pub const JOIN_BUDGET: Duration = Duration::from_secs(15);
-/// Joins a site serves at once; more are told to retry. A Join is finished
-/// even when its caller gives up (see `join`), so this bounds what callers
-/// that give up can leave running.
+/// Joins a site checks at once (a token or an existing peer's CA: a store
+/// read or two each), and Joins it negotiates at once once checked (the
+/// planning and the write); more are told to retry. A Join is finished
+/// even when its caller gives up (see `join`), so these bound what callers
+/// that give up can leave running, and the first bound keeps callers with
+/// bad tokens from holding the negotiations' places.
+const JOINS_CHECKED_AT_ONCE: usize = 64;
 const JOINS_AT_ONCE: usize = 16;
 
 /// What a peering token holds.
@@ -593,7 +597,8 @@ pub struct FederationApi {
     pub fed: Arc<Federation>,
     /// Open Subscribe streams per peer site.
     subscriptions: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
-    /// Joins in progress (see [`JOINS_AT_ONCE`]).
+    /// Joins being checked, and being negotiated (see [`JOINS_AT_ONCE`]).
+    checking: Arc<tokio::sync::Semaphore>,
     joins: Arc<tokio::sync::Semaphore>,
 }
 
@@ -606,6 +611,7 @@ impl FederationApi {
         FederationApi {
             fed,
             subscriptions: Default::default(),
+            checking: Arc::new(tokio::sync::Semaphore::new(JOINS_CHECKED_AT_ONCE)),
             joins: Arc::new(tokio::sync::Semaphore::new(JOINS_AT_ONCE)),
         }
     }
@@ -759,19 +765,26 @@ impl FederationService for FederationApi {
                 params.site_id
             )));
         }
-        let Ok(permit) = self.joins.clone().try_acquire_owned() else {
-            return Err(Status::unavailable(format!(
-                "site {:?} is negotiating {JOINS_AT_ONCE} peerings already; retry in a few seconds",
-                self.fed.site_id
-            )));
+        let me = self.fed.site_id.clone();
+        let busy = move |what: &str, n: usize| {
+            Status::unavailable(format!(
+                "site {me:?} is {what} {n} peerings already; retry in a few seconds"
+            ))
+        };
+        let Ok(checking) = self.checking.clone().try_acquire_owned() else {
+            return Err(busy("checking", JOINS_CHECKED_AT_ONCE));
         };
         // Finished even if the caller gives up waiting (a slow or busy
         // site): what is recorded is then whole, and the caller's retry
         // finds it (or the token back, see `follow_peer`).
-        let fed = self.fed.clone();
+        let (fed, joins) = (self.fed.clone(), self.joins.clone());
         tokio::spawn(async move {
-            let _permit = permit;
-            joined(&fed, site, r, params).await
+            let proof = checked(&fed, &site, &r).await?;
+            drop(checking);
+            let Ok(_negotiating) = joins.try_acquire_owned() else {
+                return Err(busy("negotiating", JOINS_AT_ONCE));
+            };
+            joined(&fed, site, r, params, proof).await
         })
         .await
         .map_err(|e| Status::internal(format!("the join failed: {e}")))?
@@ -803,24 +816,17 @@ impl FederationService for FederationApi {
     }
 }
 
-/// The peer `site` (authenticated) joins with `r`: checks its token,
-/// validates its parameters and records the peering, or finds the one it
-/// recorded before.
-async fn joined(
-    fed: &Federation,
-    site: String,
-    r: pb::JoinRequest,
-    params: pb::NetworkParams,
-) -> Result<Response<pb::JoinResponse>, Status> {
+/// The cheap checks of a Join by the peer `site` (authenticated by the CA
+/// it sent), before any planning under the writer lock: an unknown caller
+/// with a bad token costs one read, and so does one that claims an
+/// existing peer's id under another CA. The token's proof, to consume.
+async fn checked(fed: &Federation, site: &str, r: &pb::JoinRequest) -> Result<TokenProof, Status> {
     let proof = TokenProof {
-        id: r.token_id,
-        secret: r.secret,
+        id: r.token_id.clone(),
+        secret: r.secret.clone(),
     };
-    // Cheap checks first, before any planning under the writer lock: an
-    // unknown caller with a bad token costs one read, and so does one
-    // that claims an existing peer's id under another CA.
-    match fed.state.peering(&site).await? {
-        None => fed.state.check_peer_token(&proof, &site).await?,
+    match fed.state.peering(site).await? {
+        None => fed.state.check_peer_token(&proof, site).await?,
         Some(p) => {
             use rustls::pki_types::pem::PemObject;
             let presented = rustls::pki_types::CertificateDer::from_pem_slice(r.ca_pem.as_bytes())
@@ -829,13 +835,26 @@ async fn joined(
             if p.remote.is_some_and(|rem| rem.ca_fingerprint != presented) {
                 // Only a holder of a valid token learns that the id is
                 // taken; anyone else gets what a bad token gets.
-                fed.state.check_peer_token(&proof, &site).await?;
+                fed.state.check_peer_token(&proof, site).await?;
                 return Err(Status::already_exists(format!(
                     "a site {site:?} with another CA is already peered; it must delete that peering first"
                 )));
             }
         }
     }
+    Ok(proof)
+}
+
+/// The checked peer `site` joins with `r`: validates its parameters and
+/// records the peering (consuming the token), or finds the one it recorded
+/// before.
+async fn joined(
+    fed: &Federation,
+    site: String,
+    r: pb::JoinRequest,
+    params: pb::NetworkParams,
+    proof: TokenProof,
+) -> Result<Response<pb::JoinResponse>, Status> {
     let (own, port) = fed.params_for(&site).await?;
     let remote = fed.remote(&r.ca_pem, &params, &own)?;
     let p = fed.state.negotiated(&site, remote, Some(&proof), port).await?;
@@ -893,10 +912,15 @@ async fn follow_peer(fed: Arc<Federation>, site: String) {
                     down_since = None;
                     delays = weft_common::backoff();
                     // The peer holds its side: the token is spent for good.
-                    if p.joined_with.is_some()
-                        && let Err(e) = fed.state.peering_confirmed(&site).await
-                    {
-                        tracing::warn!(peer = %site, error = %e, "cannot record that the peer holds the peering");
+                    if p.joined_with.is_some() {
+                        match fed.state.peering_confirmed(&site).await {
+                            Ok(()) => {
+                                tracing::info!(peer = %site, "the peer holds its side of the peering; its token is spent")
+                            }
+                            Err(e) => {
+                                tracing::warn!(peer = %site, error = %e, "cannot record that the peer holds the peering")
+                            }
+                        }
                     }
                     let mut stream = stream.into_inner();
                     let own = match fed.params_for(&site).await {
@@ -923,20 +947,30 @@ async fn follow_peer(fed: Arc<Federation>, site: String) {
                 }
                 // Right after negotiation (or a Join again) the peer may not
                 // have recorded its side yet: only a NotFound on an older
-                // peering counts. One the peer never held gives its token
-                // back: the peer gave up on its Join and may retry.
+                // peering counts (checked again as the peering is removed:
+                // a Join may have come meanwhile). One the peer never held
+                // gives its token back: the peer gave up on its Join and
+                // may retry.
                 Err(s)
                     if s.code() == tonic::Code::NotFound
-                        && now_ms().saturating_sub(p.created_at_ms.max(p.joined_at_ms)) > 5_000 =>
+                        && now_ms().saturating_sub(p.created_at_ms.max(p.joined_at_ms))
+                            > crate::state::federation::RECORD_WINDOW_MS =>
                 {
-                    if p.joined_with.is_some() {
-                        tracing::info!(peer = %site, "the peer never recorded the peering; removing it here and \
-                            giving its token back for a retry");
-                    } else {
-                        tracing::info!(peer = %site, "the peer deleted the peering; removing it here");
+                    match fed.state.drop_unheld_peering(&site).await {
+                        Ok(Some(gone)) if gone.joined_with.is_some() => {
+                            tracing::info!(peer = %site, "the peer never recorded the peering; removed it here and \
+                                gave its token back for a retry");
+                            return;
+                        }
+                        Ok(Some(_)) => {
+                            tracing::info!(peer = %site, "the peer deleted the peering; removed it here");
+                            return;
+                        }
+                        Ok(None) => young_not_found = true,
+                        Err(e) => {
+                            tracing::warn!(peer = %site, error = %e, "cannot remove the peering the peer does not hold")
+                        }
                     }
-                    let _ = fed.state.drop_unheld_peering(&site).await;
-                    return;
                 }
                 // Too young to trust: ask again soon rather than backing off,
                 // so a deletion made while this site was away lands promptly.
@@ -946,9 +980,10 @@ async fn follow_peer(fed: Arc<Federation>, site: String) {
         }
         if !reached {
             let since = *down_since.get_or_insert_with(std::time::Instant::now);
-            if since.elapsed() >= fed.grace {
-                tracing::warn!(peer = %site, grace = ?fed.grace, "the peer stayed unreachable past the grace period; removing the peering here");
-                let _ = fed.state.drop_unheld_peering(&site).await;
+            if since.elapsed() >= fed.grace
+                && let Ok(Some(_)) = fed.state.drop_unheld_peering(&site).await
+            {
+                tracing::warn!(peer = %site, grace = ?fed.grace, "the peer stayed unreachable past the grace period; removed the peering here");
                 return;
             }
         }

@@ -178,13 +178,17 @@ fn tls_incoming(listener: TcpListener, acceptor: TlsAcceptor, admission: Arc<Adm
                 };
                 drop(handshake);
                 let certified = stream.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
+                let limits = admission.limits();
                 let _ = if certified {
-                    tx.send(Ok(Conn::new(stream, None))).await
+                    tx.send(Ok(Conn::new(stream, None, None))).await
                 } else if let Some(t) = admission.anonymous(peer.ip()) {
-                    tx_anon.send(Ok(Conn::new(stream, Some(t)))).await
+                    let hard_stop = limits.anonymous_lifetime + limits.anonymous_grace;
+                    tx_anon.send(Ok(Conn::new(stream, Some(t), Some(hard_stop)))).await
                 } else if let Some(t) = admission.shed(peer.ip()) {
                     tracing::debug!(%peer, "too many connections without a certificate; shedding this one");
-                    tx_shed.send(Ok(Conn::new(stream, Some(t)))).await
+                    tx_shed
+                        .send(Ok(Conn::new(stream, Some(t), Some(limits.shed_grace))))
+                        .await
                 } else {
                     return tracing::debug!(%peer, "too many connections without a certificate; closed");
                 };
@@ -449,16 +453,14 @@ pub async fn run(
     let certified_server =
         routes(tcp_server())?.serve_with_incoming_shutdown(incoming.certified, stopped(stop_rx.clone()));
     // Without a certificate: a GOAWAY when the lifetime is over (calls in
-    // flight finish), closed after the grace.
-    let anonymous_server = routes(
-        tcp_server()
-            .max_connection_age(limits.anonymous_lifetime)
-            .max_connection_age_grace(limits.anonymous_grace),
-    )?
-    .serve_with_incoming_shutdown(incoming.anonymous, stopped(stop_rx.clone()));
+    // flight finish; the connection itself reads end-of-stream after the
+    // grace, see `Conn`). (tonic's own max_connection_age_grace is not
+    // used: with it, tonic waits out age and grace and then closes, with
+    // no GOAWAY at all.)
+    let anonymous_server = routes(tcp_server().max_connection_age(limits.anonymous_lifetime))?
+        .serve_with_incoming_shutdown(incoming.anonymous, stopped(stop_rx.clone()));
     let shed_server = Server::builder()
         .max_connection_age(Duration::ZERO)
-        .max_connection_age_grace(limits.shed_grace)
         .layer(shed_layer)
         .add_service(health_svc)
         .serve_with_incoming_shutdown(incoming.shed, stopped(stop_rx));

@@ -28,7 +28,7 @@ pub fn factor() -> f64 {
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
         .filter(|f| f.is_finite() && *f >= 1.0)
-        .unwrap_or(1.0)
+        .map_or(1.0, |f| f.min(MAX_STRETCH))
 }
 
 /// `d` stretched by [`factor`].
@@ -72,7 +72,14 @@ pub fn calibrate() -> Duration {
         .unwrap()
 }
 
-/// The stretch for a guest whose calibration took `guest`.
+/// The most the waits stretch: a guest slower than that is not a slow
+/// guest but a broken run (or a disturbed calibration), and a stretch
+/// without bound would let a real regression (a failover that takes
+/// minutes) pass.
+pub const MAX_STRETCH: f64 = 4.0;
+
+/// The stretch for a guest whose calibration took `guest`: from 1 to
+/// [`MAX_STRETCH`].
 pub fn stretch(guest: Duration) -> f64 {
-    (guest.as_secs_f64() / GUEST_REFERENCE.as_secs_f64()).max(1.0)
+    (guest.as_secs_f64() / GUEST_REFERENCE.as_secs_f64()).clamp(1.0, MAX_STRETCH)
 }

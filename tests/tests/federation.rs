@@ -507,6 +507,46 @@ fn peered_once(a: &Controller, b: &Controller) {
     );
 }
 
+/// a's CreatePeering with token `t` (grpcurl, a 1.5 s deadline) while b's
+/// etcd does not answer: the caller gets a retryable DEADLINE_EXCEEDED from
+/// a's controller, and b records the peering once etcd answers again.
+fn late_join(a: &Controller, b: &Controller, etcd: &Etcd, grpcurl: &std::path::Path, t: &str) {
+    // etcd stops answering b; a's caller allows 1.5 s; etcd comes back
+    // after 2.5 s: within etcd-client's 3 s keep-alive timeout, so b's
+    // calls to it wait instead of failing.
+    signal(etcd.pid(), "-STOP");
+    let began = std::time::Instant::now();
+    let o = run(Command::new(grpcurl)
+        .args(["-plaintext", "-unix", "-max-time", "1.5", "-d"])
+        .arg(serde_json::json!({ "token": t }).to_string())
+        .arg(a.socket.display().to_string())
+        .arg("weft.v1.AdminService/CreatePeering"));
+    let waited = began.elapsed();
+    std::thread::sleep(Duration::from_millis(2500).saturating_sub(waited));
+    signal(etcd.pid(), "-CONT");
+    let err = stderr(&o);
+    println!(
+        "a Join that b answers late, after {:.1} s: {}",
+        waited.as_secs_f64(),
+        err.trim()
+    );
+    assert!(
+        !o.status.success(),
+        "the call should have failed: {}",
+        weft_tests::stdout(&o)
+    );
+    assert!(
+        err.contains("DeadlineExceeded") && err.contains("retry") && err.contains("site-b"),
+        "not a retryable deadline from the controller: {err}"
+    );
+    assert!(peer_names(a).is_empty(), "a recorded a peering b never answered");
+    // b finishes the Join it got once its store answers again: the
+    // peering is on its side only.
+    weft_tests::eventually("b recording the late join", Duration::from_secs(30), || {
+        (peer_names(b) == ["site-a"]).then_some(())
+    });
+}
+
 /// A peer busy past the caller's deadline: site b's store (etcd) stalls
 /// while a's CreatePeering (grpcurl, with a deadline) waits on b's Join.
 /// The caller gets DEADLINE_EXCEEDED saying to retry, not
@@ -522,65 +562,42 @@ fn a_join_answered_after_the_callers_deadline_is_retryable_and_a_retry_converges
     };
     let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
     let a = site(dir.path(), "site-a", &[]);
-    let b = site(dir.path(), "site-b", &["--etcd-endpoints", &etcd.endpoint()]);
-    let late_join = |t: &str| {
-        // etcd stops answering b; a's caller allows 1.5 s; etcd comes back
-        // after 3 s (within etcd-client's keep-alive, so b's calls wait).
-        signal(etcd.pid(), "-STOP");
-        let began = std::time::Instant::now();
-        let o = run(Command::new(&grpcurl)
-            .args(["-plaintext", "-unix", "-max-time", "1.5", "-d"])
-            .arg(serde_json::json!({ "token": t }).to_string())
-            .arg(a.socket.display().to_string())
-            .arg("weft.v1.AdminService/CreatePeering"));
-        let waited = began.elapsed();
-        std::thread::sleep(Duration::from_secs(3).saturating_sub(waited));
-        signal(etcd.pid(), "-CONT");
-        let err = stderr(&o);
-        println!(
-            "a Join that b answers late, after {:.1} s: {}",
-            waited.as_secs_f64(),
-            err.trim()
-        );
-        assert!(
-            !o.status.success(),
-            "the call should have failed: {}",
-            weft_tests::stdout(&o)
-        );
-        assert!(
-            err.contains("DeadlineExceeded") && err.contains("retry") && err.contains("site-b"),
-            "not a retryable deadline from the controller: {err}"
-        );
-        assert!(peer_names(&a).is_empty(), "a recorded a peering b never answered");
-        // b finishes the Join it got once its store answers again: the
-        // peering is on its side only.
-        weft_tests::eventually("b recording the late join", Duration::from_secs(30), || {
-            (peer_names(&b) == ["site-a"]).then_some(())
-        });
-    };
-
+    let mut b = site(dir.path(), "site-b", &["--etcd-endpoints", &etcd.endpoint()]);
     // 1. Retried at once: b still holds it, and answers the same Join.
     let t = token(&b, "10m");
-    late_join(&t);
+    late_join(&a, &b, &etcd, &grpcurl, &t);
     create(&a, &t).unwrap_or_else(|e| panic!("the retry failed: {e}"));
     peered_once(&a, &b);
-    // b learns that a holds it: b's record stops keeping the token.
-    std::thread::sleep(Duration::from_secs(7));
+    // b learns that a holds it: the token is spent for good.
+    weft_tests::eventually("b seeing a hold the peering", Duration::from_secs(30), || {
+        b.log_text().contains("its token is spent").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(6));
     peered_once(&a, &b);
-    weftctl_json(&a.target(), &["peering", "delete", "site-b"]);
-    assert!(peer_names(&a).is_empty() && peer_names(&b).is_empty());
+    // So a peering a held, dropped by b later (a deleted it while b was
+    // away), gives nothing back: another site cannot redeem the token.
+    b.stop();
+    let d = weftctl_json(&a.target(), &["peering", "delete", "site-b"]);
+    assert_eq!(d["remote_notified"], false);
+    b.restart_stopped();
+    weft_tests::eventually("b dropping the peering a deleted", Duration::from_secs(60), || {
+        peer_names(&b).is_empty().then_some(())
+    });
+    let c = site(dir.path(), "site-c", &[]);
+    let err = create(&c, &t).unwrap_err();
+    assert!(err.contains("used"), "a spent token came back: {err}");
 
     // 2. Retried only after b gave up on a: b dropped the one-sided peering
     // (a said it holds none) and gave the token back; the retry redeems it.
     let t = token(&b, "10m");
-    late_join(&t);
+    late_join(&a, &b, &etcd, &grpcurl, &t);
     weft_tests::eventually(
         "b dropping the peering a never recorded",
         Duration::from_secs(60),
         || peer_names(&b).is_empty().then_some(()),
     );
     assert!(
-        b.log_text().contains("giving its token back"),
+        b.log_text().contains("gave its token back"),
         "b did not say it gave the token back:\n{}",
         b.log_text()
     );
@@ -589,7 +606,6 @@ fn a_join_answered_after_the_callers_deadline_is_retryable_and_a_retry_converges
     std::thread::sleep(Duration::from_secs(7));
     peered_once(&a, &b);
     // Held by both, the token is spent: another site cannot redeem it.
-    let c = site(dir.path(), "site-c", &[]);
     let err = create(&c, &t).unwrap_err();
     assert!(err.contains("used"), "{err}");
 }

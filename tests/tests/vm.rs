@@ -51,7 +51,7 @@ fn scenario(name: &str, limit: Duration) -> String {
     // allowance stretch by it.
     let out = guest(
         &format!(
-            "eval \"$({bin} pace)\" || exit 97\nWEFT_LOG=info,weft_dataplane=debug exec {bin} {name}",
+            "pace=$({bin} pace) || exit 97\neval \"$pace\"\nWEFT_LOG=info,weft_dataplane=debug exec {bin} {name}",
             bin = bin.display()
         ),
         limit,

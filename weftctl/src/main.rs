@@ -56,32 +56,35 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // An error that leaves no answer: 1, except for diagnose, whose 1 means
+    // "a check failed" (its report printed) and 2 "there is no report".
+    let no_answer = if matches!(cli.command, Cmd::Diagnose { .. }) {
+        ExitCode::from(2)
+    } else {
+        ExitCode::FAILURE
+    };
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("weftctl: cannot start: {e}");
-            return ExitCode::FAILURE;
+            return no_answer;
         }
     };
     match rt.block_on(run_cmd(&cli)) {
         Ok(out) => match out.print(cli.output) {
             Ok(()) if out.failed => ExitCode::FAILURE,
             Ok(()) => ExitCode::SUCCESS,
+            // Whoever read the output stopped early; the answer stands.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe && out.failed => ExitCode::FAILURE,
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("weftctl: cannot write output: {e}");
-                ExitCode::FAILURE
+                no_answer
             }
         },
         Err(msg) => {
             eprintln!("weftctl: {msg}");
-            // diagnose: 1 means a check failed (its report printed); 2
-            // that there is no report.
-            if matches!(cli.command, Cmd::Diagnose { .. }) {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            }
+            no_answer
         }
     }
 }

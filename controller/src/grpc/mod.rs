@@ -474,7 +474,7 @@ pub fn answer_by<T>(req: &Request<T>, cap: Duration) -> tokio::time::Instant {
         .get("grpc-timeout")
         .and_then(|v| v.to_str().ok())
         .and_then(grpc_timeout)
-        .map(|t| t.saturating_sub((t / 10).max(Duration::from_millis(100))));
+        .map(|t| t.saturating_sub((t / 5).clamp(Duration::from_millis(250), Duration::from_secs(2))));
     now + caller.map_or(cap, |t| t.min(cap))
 }
 
@@ -513,7 +513,7 @@ mod tests {
         req.metadata_mut().insert("grpc-timeout", "3S".parse().unwrap());
         let left = answer_by(&req, Duration::from_secs(15)) - tokio::time::Instant::now();
         assert!(
-            left <= Duration::from_millis(2700) && left > Duration::from_millis(2500),
+            left <= Duration::from_millis(2400) && left > Duration::from_millis(2200),
             "{left:?}"
         );
         let left = answer_by(&Request::new(()), Duration::from_secs(15)) - tokio::time::Instant::now();

@@ -23,6 +23,11 @@ fn random_hex(bytes: usize) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// How long after a peering is made (or joined again) the peer's "no such
+/// peering" is not believed: it records its side just after it has the
+/// answer to its Join.
+pub const RECORD_WINDOW_MS: u64 = 5_000;
+
 /// The secret half of a peering token the other side proves.
 #[derive(Debug, Clone)]
 pub struct TokenProof {
@@ -100,10 +105,13 @@ impl State {
             }
             if let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) {
                 return match &p.remote {
-                    // The same peer joining again: it did not get (or wait
-                    // for) the first answer. It records its side once it
-                    // has this one: give it the few seconds again.
-                    Some(r) if r.ca_fingerprint == remote.ca_fingerprint && proof.is_some() => {
+                    // The same peer joining again before it confirmed the
+                    // peering: it did not get (or wait for) the first
+                    // answer. It records its side once it has this one:
+                    // give it the few seconds again.
+                    Some(r)
+                        if r.ca_fingerprint == remote.ca_fingerprint && proof.is_some() && p.joined_with.is_some() =>
+                    {
                         let mut again = p.clone();
                         again.joined_at_ms = now_ms();
                         let txn = Txn::new()

@@ -609,40 +609,42 @@ impl State {
 
     /// Removes a peering and releases its views.
     pub async fn delete_peering(&self, peer_site: &str) -> Result<Peering, Error> {
-        self.remove_peering(peer_site, false).await
+        let removed = self.remove_peering(peer_site, false).await?;
+        Ok(removed.expect("a deletion that is not of an unheld peering always removes"))
     }
 
     /// Removes the peering with `peer_site` because the peer does not hold
-    /// it (or stayed away too long). One the peer never confirmed gives
-    /// back, in the same transaction, the token it was joined with (unless
-    /// that has expired): the peer gave up before it recorded its side, and
-    /// may retry with the same token.
-    pub async fn drop_unheld_peering(&self, peer_site: &str) -> Result<Peering, Error> {
+    /// it (or stayed away too long), unless it was made or joined again in
+    /// the last [`federation::RECORD_WINDOW_MS`] (the peer may be recording
+    /// its side right now; then Ok(None)). One the peer never confirmed
+    /// gives back, in the same transaction, the token it was joined with
+    /// (unless that has expired): the peer gave up before it recorded its
+    /// side, and may retry with the same token.
+    pub async fn drop_unheld_peering(&self, peer_site: &str) -> Result<Option<Peering>, Error> {
         self.remove_peering(peer_site, true).await
     }
 
-    async fn remove_peering(&self, peer_site: &str, give_back: bool) -> Result<Peering, Error> {
+    async fn remove_peering(&self, peer_site: &str, unheld: bool) -> Result<Option<Peering>, Error> {
         validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
         let key = self.key(&format!("peerings/{peer_site}"));
         self.commit(|snap| {
             let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
                 return Err(Error::NotFound(format!("there is no peering with site {peer_site:?}")));
             };
+            if unheld && now_ms().saturating_sub(p.created_at_ms.max(p.joined_at_ms)) <= federation::RECORD_WINDOW_MS {
+                return Ok((None, None));
+            }
             let mut txn = self
                 .ipam_guard(snap, Txn::new())
                 .when(Compare::ModRevision(key.clone(), *rev))
                 .then(Op::delete(key.clone()));
-            if let Some(t) = p
-                .joined_with
-                .as_ref()
-                .filter(|t| give_back && t.expires_at_ms > now_ms())
-            {
+            if let Some(t) = p.joined_with.as_ref().filter(|t| unheld && t.expires_at_ms > now_ms()) {
                 let tkey = self.key(&format!("peer-tokens/{}", t.id));
                 txn = txn
                     .when(Compare::Version(tkey.clone(), 0))
                     .then(Op::put(tkey, encode(t)));
             }
-            Ok((Some(txn), p.clone()))
+            Ok((Some(txn), Some(p.clone())))
         })
         .await
     }
