@@ -36,8 +36,10 @@ pub struct Limits {
     /// How long calls in flight may still take once an anonymous
     /// connection's lifetime is over; then it is closed.
     pub anonymous_grace: Duration,
-    /// Shed connections held at once (each for at most `shed_grace`).
+    /// Shed connections held at once; each gets its GOAWAY after
+    /// `shed_lifetime` and is closed `shed_grace` later.
     pub shed_total: usize,
+    pub shed_lifetime: Duration,
     pub shed_grace: Duration,
 }
 
@@ -55,7 +57,11 @@ impl Default for Limits {
             // Enough to answer an overload's burst; few enough that an idle
             // flood holds few descriptors.
             shed_total: 64,
-            shed_grace: Duration::from_secs(2),
+            // Long enough for its client's first call to arrive and be
+            // answered (a GOAWAY before it would make the client fail the
+            // call itself, unsent: tonic does not retry such a call).
+            shed_lifetime: Duration::from_secs(1),
+            shed_grace: Duration::from_secs(1),
         }
     }
 }
@@ -250,8 +256,8 @@ impl Connected for Conn {
 }
 
 /// The service of shed connections: every call gets `RESOURCE_EXHAUSTED`
-/// with [`Admission::shed_message`] (its server closes the connection with
-/// a GOAWAY at once, so the client retries over a new one).
+/// with [`Admission::shed_message`] (its server soon closes the connection
+/// with a GOAWAY, so the client retries over a new one).
 #[derive(Clone, Debug)]
 pub struct Shed {
     message: Arc<str>,
@@ -295,6 +301,7 @@ mod tests {
             anonymous_lifetime: Duration::from_secs(1),
             anonymous_grace: Duration::from_secs(1),
             shed_total: 1,
+            shed_lifetime: Duration::from_secs(1),
             shed_grace: Duration::from_secs(1),
         });
         let (x, y): (IpAddr, IpAddr) = ("192.0.2.1".parse().unwrap(), "192.0.2.2".parse().unwrap());

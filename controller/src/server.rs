@@ -187,7 +187,11 @@ fn tls_incoming(listener: TcpListener, acceptor: TlsAcceptor, admission: Arc<Adm
                 } else if let Some(t) = admission.shed(peer.ip()) {
                     tracing::debug!(%peer, "too many connections without a certificate; shedding this one");
                     tx_shed
-                        .send(Ok(Conn::new(stream, Some(t), Some(limits.shed_grace))))
+                        .send(Ok(Conn::new(
+                            stream,
+                            Some(t),
+                            Some(limits.shed_lifetime + limits.shed_grace),
+                        )))
                         .await
                 } else {
                     return tracing::debug!(%peer, "too many connections without a certificate; closed");
@@ -460,7 +464,7 @@ pub async fn run(
     let anonymous_server = routes(tcp_server().max_connection_age(limits.anonymous_lifetime))?
         .serve_with_incoming_shutdown(incoming.anonymous, stopped(stop_rx.clone()));
     let shed_server = Server::builder()
-        .max_connection_age(Duration::ZERO)
+        .max_connection_age(limits.shed_lifetime)
         .layer(shed_layer)
         .add_service(health_svc)
         .serve_with_incoming_shutdown(incoming.shed, stopped(stop_rx));

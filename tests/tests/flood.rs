@@ -272,7 +272,7 @@ async fn connections_over_the_cap_get_resource_exhausted_and_retry_later() {
     );
     eprintln!("over the cap: {:?}", shed.first());
     for (code, message) in &shed {
-        assert_eq!(*code, Code::ResourceExhausted, "{message}");
+        assert_eq!(*code, Code::ResourceExhausted, "{message} (of {shed:?})");
         assert!(message.contains("retry"), "{message}");
     }
     drop(held);
