@@ -128,7 +128,11 @@ fn module_files(k: &Kernel) -> Result<Vec<String>, String> {
     Ok(files.into_iter().collect())
 }
 
-fn init_script() -> String {
+/// The guest's /init. The workspace's binaries (`bin`) come over a share
+/// of their own, mounted at their own path: the host's tree is shared too,
+/// but the guest puts tmpfs over /tmp and /run, where a checkout (and its
+/// target dir) may well live.
+fn init_script(bin: &Path) -> String {
     format!(
         r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -148,6 +152,8 @@ mount -t devpts devpts /host/dev/pts
 mount -t tmpfs tmpfs /host/dev/shm
 mount -t tmpfs tmpfs /host/tmp
 mount -t tmpfs tmpfs /host/run
+mkdir -p '/host{bin}'
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144,cache=loose weftbin '/host{bin}' || echo "weft-vm: no binaries"
 ln -sf /proc/self/fd /host/dev/fd
 ln -sf /proc/self/fd/0 /host/dev/stdin
 ln -sf /proc/self/fd/1 /host/dev/stdout
@@ -161,7 +167,8 @@ echo $? > /host/tmp/weftio/status
 sync
 poweroff -f
 "#,
-        preload = PRELOAD.join(" ")
+        preload = PRELOAD.join(" "),
+        bin = bin.display()
     )
 }
 
@@ -171,7 +178,7 @@ pub fn initramfs(k: &Kernel) -> Result<PathBuf, String> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _held = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let files = module_files(k)?;
-    let init = init_script();
+    let init = init_script(&crate::bin_dir());
     let tag = {
         use sha2::Digest;
         let mut h = sha2::Sha256::new();
@@ -301,6 +308,11 @@ pub fn run(script: &str, limit: Duration) -> Result<Outcome, String> {
         .arg(format!(
             "local,path={},mount_tag=weftio,security_model=none",
             io.path().display()
+        ))
+        .arg("-virtfs")
+        .arg(format!(
+            "local,path={},mount_tag=weftbin,security_model=none,readonly=on",
+            crate::bin_dir().display()
         ))
         .stdin(Stdio::null())
         .stdout(console.try_clone().map_err(|e| e.to_string())?)
