@@ -194,6 +194,14 @@ fn refused_peerings_write_nothing() {
         "site-b",
         "a repeated create is idempotent"
     );
+    // b marks the token spent once it sees a holding the peering (its own
+    // write, which may land a moment later): wait for it before counting.
+    weft_tests::eventually("b sees a holding the peering", Duration::from_secs(20), || {
+        peers(&b)
+            .iter()
+            .any(|p| p["site_id"] == "site-a" && p["held_by_peer"] == true)
+            .then_some(())
+    });
     unchanged(
         &[&b, &c],
         &|| create(&c, &t).unwrap_err(),
@@ -265,7 +273,8 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
     use weft_proto::v1::federation_service_client::FederationServiceClient;
 
     let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
-    let b = site(dir.path(), "site-b", &[]);
+    // A short agent TTL: b's node, once stopped, is let go soon (below).
+    let b = site(dir.path(), "site-b", &["--agent-ttl", "5s"]);
     let x = site(dir.path(), "site-x", &[]);
     let ca = SiteCa::load(&x.pki("")).unwrap();
     let ca_pem = std::fs::read_to_string(x.pki("ca.pem")).unwrap();
@@ -341,6 +350,11 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         node.log_text().contains("watching").then_some(())
     });
     node.stop();
+    // Its liveness record goes when its lease ends: a write of b's own,
+    // which must not land inside the check below.
+    weft_tests::eventually("b saw its node go", Duration::from_secs(60), || {
+        (weftctl_json(&b.target(), &["node", "get", "n1"])["status"]["ready"] != true).then_some(())
+    });
     let before = revision(&b);
     let err = join_with("192.0.2.1:51820", good_key, 0, "10.9.0.0/16").unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");

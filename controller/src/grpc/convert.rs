@@ -101,6 +101,7 @@ pub fn peering(p: &Peering) -> pb::Peering {
         remote_ca_fingerprint: p.remote.as_ref().map(|r| r.ca_fingerprint.clone()).unwrap_or_default(),
         tunnel: None,
         listen_port: u32::from(p.listen_port),
+        held_by_peer: p.joined_with.is_none(),
         pending_workload_cidrs: p
             .pending
             .iter()

@@ -50,7 +50,7 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
             "views": p.views.iter().map(view_json).collect::<Vec<_>>(),
             "created_at": ts(&p.created_at), "last_error": p.last_error, "tunnel_role": p.tunnel_role,
             "remote_endpoints": p.remote_endpoints, "remote_ca_fingerprint": p.remote_ca_fingerprint,
-            "listen_port": p.listen_port,
+            "listen_port": p.listen_port, "held_by_peer": p.held_by_peer,
             "pending": (!p.pending_workload_cidrs.is_empty() || !p.pending_external_cidr.is_empty()).then(|| json!({
                 "workload_cidrs": p.pending_workload_cidrs, "external_cidr": p.pending_external_cidr,
                 "since": ts(&p.pending_since),
