@@ -12,8 +12,11 @@
 //!   and live at most [`Limits::anonymous_lifetime`] (an enrollment takes
 //!   well under a second); beyond the cap one is closed after its handshake.
 //!
-//! Connections with a certificate of the site (agents, admins, peers) are
-//! not capped here: they are authenticated, and each call is authorized.
+//! Known connections (a certificate of the site's CA, or of a recorded
+//! peer's CA: agents, admins, peers; see `auth::Authenticator::is_known`)
+//! are not capped here: each call is authorized. A certificate no trusted
+//! CA signed counts as none: a Join from a new peer, too, comes in under
+//! the caps above.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -56,7 +59,7 @@ impl Default for Limits {
             anonymous_grace: Duration::from_secs(10),
             // Enough to answer an overload's burst; few enough that an idle
             // flood holds few descriptors.
-            shed_total: 64,
+            shed_total: 16,
             // Long enough for its client's first call to arrive and be
             // answered (a GOAWAY before it would make the client fail the
             // call itself, unsent: tonic does not retry such a call).

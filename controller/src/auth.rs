@@ -11,11 +11,18 @@
 //! reached with no certificate at all, and lets a revocation take effect on
 //! the next call of an open connection.
 //!
+//! The handshake's certificate still decides how the connection is held
+//! ([`Authenticator::is_known`]): only a chain that verifies against the
+//! site CA (and is not revoked) or against the CA of a recorded peering
+//! makes it a *known* connection, exempt from the caps for connections
+//! without a certificate (`admission.rs`). Any other certificate (self-
+//! signed, a foreign CA, expired, revoked) counts as none at all.
+//!
 //! Identities are URI SANs `weft://<site>/<role>/<name>`. Calls on the local
 //! admin socket (mode 0600) are the local administrator.
 
-use std::collections::HashSet;
-use std::sync::{Arc, RwLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
 
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::{CertificateDer, UnixTime};
@@ -139,7 +146,14 @@ pub struct Authenticator {
     site: String,
     verifier: Arc<dyn ClientCertVerifier>,
     revoked: RwLock<HashSet<String>>,
+    /// Verifiers for recorded peers' CAs, by CA fingerprint (built once
+    /// each; see [`Authenticator::is_known`]).
+    peer_verifiers: Mutex<HashMap<String, Arc<dyn ClientCertVerifier>>>,
 }
+
+/// How many peer CA verifiers are kept before the cache is emptied (peers'
+/// CAs change rarely; a site has far fewer peerings).
+const PEER_VERIFIERS_KEPT: usize = 1024;
 
 fn describe(e: &rustls::Error) -> String {
     use rustls::CertificateError as C;
@@ -168,6 +182,7 @@ impl Authenticator {
             site: site.to_string(),
             verifier,
             revoked: RwLock::new(HashSet::new()),
+            peer_verifiers: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -192,6 +207,57 @@ impl Authenticator {
 
     pub fn is_revoked(&self, serial: &str) -> bool {
         self.revoked.read().unwrap().contains(serial)
+    }
+
+    /// Whether a connection that presented `chain` in its handshake is
+    /// known: the chain verifies against the site CA and is not revoked,
+    /// or it names another site and verifies against the CA of this
+    /// site's recorded peering with it (`peer_ca(site)`: that CA's
+    /// fingerprint and PEM). Anything else, including no chain, is not.
+    pub fn is_known(
+        &self,
+        chain: &[CertificateDer<'static>],
+        peer_ca: impl Fn(&str) -> Option<(String, String)>,
+    ) -> bool {
+        use rustls::pki_types::pem::PemObject;
+        let Some((leaf, rest)) = chain.split_first() else {
+            return false;
+        };
+        let Ok(id) = identity_of(leaf) else { return false };
+        if id.site == self.site {
+            return self.verifier.verify_client_cert(leaf, rest, UnixTime::now()).is_ok()
+                && !self.is_revoked(&id.serial);
+        }
+        if id.role != Role::Site || id.name != id.site {
+            return false;
+        }
+        let Some((fp, pem)) = peer_ca(&id.site) else {
+            return false;
+        };
+        let cached = self.peer_verifiers.lock().unwrap().get(&fp).cloned();
+        let verifier = match cached {
+            Some(v) => v,
+            None => {
+                let Ok(der) = CertificateDer::from_pem_slice(pem.as_bytes()) else {
+                    return false;
+                };
+                let mut roots = rustls::RootCertStore::empty();
+                if roots.add(der).is_err() {
+                    return false;
+                }
+                let provider = Arc::new(rustls::crypto::ring::default_provider());
+                let Ok(v) = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build() else {
+                    return false;
+                };
+                let mut cache = self.peer_verifiers.lock().unwrap();
+                if cache.len() >= PEER_VERIFIERS_KEPT {
+                    cache.clear();
+                }
+                cache.insert(fp, v.clone());
+                v
+            }
+        };
+        verifier.verify_client_cert(leaf, rest, UnixTime::now()).is_ok()
     }
 
     /// Verifies a presented chain and extracts its identity.

@@ -165,6 +165,11 @@ pub const JOIN_BUDGET: Duration = Duration::from_secs(15);
 /// that give up can leave running, and the first bound keeps callers with
 /// bad tokens from holding the negotiations' places.
 const JOINS_CHECKED_AT_ONCE: usize = 64;
+/// A peer's parameter updates are taken in at once up to a burst, then at
+/// most one per period (those that come meanwhile are folded into the
+/// newest): a peer cannot make this site write and render without end.
+const PEER_UPDATE_EVERY: Duration = Duration::from_millis(500);
+const PEER_UPDATE_BURST: std::num::NonZeroU32 = std::num::NonZeroU32::new(5).unwrap();
 const JOINS_AT_ONCE: usize = 16;
 
 /// What a peering token holds.
@@ -927,20 +932,71 @@ async fn follow_peer(fed: Arc<Federation>, site: String) {
                         Ok((o, _)) => o,
                         Err(_) => break,
                     };
-                    while let Some(Ok(params)) = stream.next().await {
+                    // Each update costs a store write and a render for every
+                    // agent: one identical to the last taken in is dropped
+                    // before any of that, and past a burst only one per
+                    // PEER_UPDATE_EVERY is taken in, the newest of those that
+                    // came meanwhile.
+                    let limiter = governor::RateLimiter::direct(
+                        governor::Quota::with_period(PEER_UPDATE_EVERY)
+                            .expect("a nonzero period")
+                            .allow_burst(PEER_UPDATE_BURST),
+                    );
+                    let mut last: Option<pb::NetworkParams> = None;
+                    let mut ended = false;
+                    while !ended {
+                        let Some(Ok(mut params)) = stream.next().await else {
+                            break;
+                        };
+                        if last.as_ref() == Some(&params) {
+                            continue;
+                        }
+                        if limiter.check().is_err() {
+                            let mut folded = 0u64;
+                            let ready = limiter.until_ready();
+                            tokio::pin!(ready);
+                            loop {
+                                tokio::select! {
+                                    _ = &mut ready => break,
+                                    next = stream.next() => match next {
+                                        Some(Ok(newer)) => {
+                                            params = newer;
+                                            folded += 1;
+                                        }
+                                        _ => {
+                                            ended = true;
+                                            break;
+                                        }
+                                    },
+                                }
+                            }
+                            tracing::debug!(peer = %site, folded, "the peer sends updates faster than this site takes them in; took in the newest");
+                            if last.as_ref() == Some(&params) {
+                                continue;
+                            }
+                        }
                         if params.site_id != site {
                             tracing::warn!(peer = %site, "the peer sent parameters for another site; ignored");
+                            last = Some(params);
                             continue;
                         }
                         match fed.remote(&remote.ca_pem, &params, &own) {
                             Ok(r) => match fed.state.update_remote(&site, r).await {
-                                Ok(true) => tracing::info!(peer = %site, "the peer's parameters changed"),
-                                Ok(false) => {}
+                                Ok(changed) => {
+                                    if changed {
+                                        tracing::info!(peer = %site, "the peer's parameters changed");
+                                    }
+                                    last = Some(params);
+                                }
+                                // Not recorded (the store): taken in again if sent again.
                                 Err(e) => {
                                     tracing::warn!(peer = %site, error = %e, "cannot take in the peer's parameters")
                                 }
                             },
-                            Err(e) => tracing::warn!(peer = %site, error = %e, "the peer sent invalid parameters"),
+                            Err(e) => {
+                                tracing::warn!(peer = %site, error = %e, "the peer sent invalid parameters");
+                                last = Some(params);
+                            }
                         }
                     }
                     break;

@@ -132,12 +132,18 @@ fn tls_config(pki: &ServerPki, auth: &Authenticator) -> anyhow::Result<Arc<rustl
     Ok(Arc::new(cfg))
 }
 
+/// Whether a handshake's client chain makes a known connection (see
+/// [`Authenticator::is_known`]).
+type Known = Arc<dyn Fn(&[rustls::pki_types::CertificateDer<'static>]) -> bool + Send + Sync>;
+
 /// The mTLS listener's connections, by kind: each kind has its own HTTP/2
 /// server (and so its own connection lifetime).
 struct Incoming {
-    /// With a client certificate of the site (checked again per call).
+    /// Known: a certificate of the site's CA or a recorded peer's
+    /// (checked again per call).
     certified: ReceiverStream<Result<Conn, std::io::Error>>,
-    /// Without one, within the caps: served for a lifetime, then a GOAWAY.
+    /// Without one (or with one no trusted CA signed), within the caps:
+    /// served for a lifetime, then a GOAWAY.
     anonymous: ReceiverStream<Result<Conn, std::io::Error>>,
     /// Without one, over the caps: every call refused, a GOAWAY at once.
     shed: ReceiverStream<Result<Conn, std::io::Error>>,
@@ -146,7 +152,7 @@ struct Incoming {
 /// Accepts TCP connections and runs each TLS handshake in its own task, so
 /// a slow or silent client never holds up the others. Unauthenticated
 /// connections are capped and short-lived (see [`crate::admission`]).
-fn tls_incoming(listener: TcpListener, acceptor: TlsAcceptor, admission: Arc<Admission>) -> Incoming {
+fn tls_incoming(listener: TcpListener, acceptor: TlsAcceptor, admission: Arc<Admission>, known: Known) -> Incoming {
     let (tx, certified) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
     let (tx_anon, anonymous) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
     let (tx_shed, shed) = tokio::sync::mpsc::channel(ACCEPT_QUEUE);
@@ -168,7 +174,7 @@ fn tls_incoming(listener: TcpListener, acceptor: TlsAcceptor, admission: Arc<Adm
                 continue;
             };
             let _ = tcp.set_nodelay(true);
-            let (acceptor, admission) = (acceptor.clone(), admission.clone());
+            let (acceptor, admission, known) = (acceptor.clone(), admission.clone(), known.clone());
             let (tx, tx_anon, tx_shed) = (tx.clone(), tx_anon.clone(), tx_shed.clone());
             tokio::spawn(async move {
                 let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -177,7 +183,8 @@ fn tls_incoming(listener: TcpListener, acceptor: TlsAcceptor, admission: Arc<Adm
                     Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
                 };
                 drop(handshake);
-                let certified = stream.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
+                // A certificate no trusted CA signed counts as none.
+                let certified = stream.get_ref().1.peer_certificates().is_some_and(|c| known(c));
                 let limits = admission.limits();
                 let _ = if certified {
                     tx.send(Ok(Conn::new(stream, None, None))).await
@@ -453,7 +460,17 @@ pub async fn run(
     let limits = Limits::default();
     let admission = Admission::new(limits);
     let shed_layer = crate::admission::Shed::layer(&admission);
-    let incoming = tls_incoming(tcp, acceptor, admission);
+    let known: Known = {
+        let (auth, hub) = (auth.clone(), hub.clone());
+        Arc::new(move |chain| {
+            auth.is_known(chain, |site| {
+                let model = hub.model();
+                let remote = model.peerings.get(site)?.remote.as_ref()?;
+                Some((remote.ca_fingerprint.clone(), remote.ca_pem.clone()))
+            })
+        })
+    };
+    let incoming = tls_incoming(tcp, acceptor, admission, known);
     let certified_server =
         routes(tcp_server())?.serve_with_incoming_shutdown(incoming.certified, stopped(stop_rx.clone()));
     // Without a certificate: a GOAWAY when the lifetime is over (calls in

@@ -20,14 +20,26 @@ impl InProc {
         Self::start_with(&[]).await
     }
 
-    /// Starts with extra flags, e.g. `("agent_ttl", "3s")` or
-    /// `("etcd_endpoints", "http://127.0.0.1:PORT")`.
+    /// Starts with extra flags, e.g. `("agent_ttl", "3s")`,
+    /// `("etcd_endpoints", "http://127.0.0.1:PORT")`, or `("listen",
+    /// "127.0.0.1:PORT")` (also advertised: peers can be given tokens).
     pub async fn start_with(extra: &[(&str, &str)]) -> InProc {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let dir = tempfile::Builder::new().prefix("weft-identity").tempdir().unwrap();
         let args = ControllerArgs {
             data_dir: Some(dir.path().join("data")),
-            listen: Some("127.0.0.1:0".into()),
+            listen: Some(
+                extra
+                    .iter()
+                    .find(|e| e.0 == "listen")
+                    .map_or("127.0.0.1:0", |e| e.1)
+                    .to_string(),
+            ),
+            advertise: extra
+                .iter()
+                .filter(|e| e.0 == "listen")
+                .map(|e| e.1.to_string())
+                .collect(),
             agent_ttl: extra.iter().find(|e| e.0 == "agent_ttl").map(|e| e.1.to_string()),
             site_id: Some(
                 extra

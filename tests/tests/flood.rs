@@ -292,12 +292,40 @@ async fn connections_over_the_cap_get_resource_exhausted_and_retry_later() {
     c.stop().await;
 }
 
+/// What an idle flood's connections present in their handshakes.
+enum Presenting {
+    Nothing,
+    /// A throwaway self-signed certificate.
+    SelfSigned,
+    /// An admin certificate naming this very site, from a CA of the same
+    /// name that is not the site's.
+    ForeignCa,
+}
+
 /// 5,000 TLS connections without a certificate that then say nothing: the
 /// controller keeps only a few (per address, for seconds), its descriptors
 /// stay bounded, and an enrolled agent still connects and watches.
 #[test]
 fn five_thousand_idle_tls_connections_do_not_keep_an_agent_out() {
-    use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+    idle_flood(Presenting::Nothing);
+}
+
+/// A certificate that no trusted CA signed counts as none: the same flood
+/// with self-signed certificates is held under the same caps.
+#[test]
+fn five_thousand_idle_self_signed_connections_get_no_more_than_none() {
+    idle_flood(Presenting::SelfSigned);
+}
+
+/// Nor does a certificate that claims the site's own admin identity from
+/// another CA of the site's name.
+#[test]
+fn five_thousand_idle_connections_from_a_foreign_ca_get_no_more_than_none() {
+    idle_flood(Presenting::ForeignCa);
+}
+
+fn idle_flood(presenting: Presenting) {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::Builder::new().prefix("weft-idle").tempdir().unwrap();
     let c = weft_tests::Controller::start("site-a", &dir.path().join("ctl"), &["--pod-cidr", "10.1.0.0/16"]);
@@ -311,9 +339,31 @@ fn five_thousand_idle_tls_connections_do_not_keep_an_agent_out() {
     let ca = std::fs::read(c.pki("ca.pem")).unwrap();
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from_pem_slice(&ca).unwrap()).unwrap();
-    let mut cfg = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let client = rustls::ClientConfig::builder().with_root_certificates(roots);
+    let (cert_pem, key_pem) = match presenting {
+        Presenting::Nothing => (None, None),
+        Presenting::SelfSigned => {
+            let k = rcgen::generate_simple_self_signed(vec!["weft://site-a/admin/admin".to_string()]).unwrap();
+            (Some(k.cert.pem()), Some(k.signing_key.serialize_pem()))
+        }
+        Presenting::ForeignCa => {
+            let foreign = dir.path().join("foreign");
+            weft_controller::pki::ensure(&foreign, "site-a", &[]).unwrap();
+            (
+                Some(std::fs::read_to_string(foreign.join("admin.pem")).unwrap()),
+                Some(std::fs::read_to_string(foreign.join("admin.key")).unwrap()),
+            )
+        }
+    };
+    let mut cfg = match (&cert_pem, &key_pem) {
+        (Some(cert), Some(key)) => client
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        _ => client.with_no_client_auth(),
+    };
     cfg.alpn_protocols = vec![b"h2".to_vec()];
     let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -348,9 +398,9 @@ fn five_thousand_idle_tls_connections_do_not_keep_an_agent_out() {
     let (_, fds) = weft_tests::sim::memory_and_fds(c.pid());
     eprintln!("{handshaken} idle TLS connections made; the controller holds {fds} descriptors");
     assert!(handshaken >= 5_000, "only {handshaken} handshakes completed");
-    // 128 certificate-less connections from one address, 64 shed ones,
-    // and the controller's own.
-    assert!(fds < 300, "the controller keeps {fds} descriptors for idle connections");
+    // 128 connections without a known certificate from one address, 16
+    // shed ones, and the controller's own.
+    assert!(fds < 200, "the controller keeps {fds} descriptors for idle connections");
 
     // With all of them still open on this side, the agent comes back.
     agent = weft_tests::dry_run_agent_again("node", "n1", "127.0.0.1", &[&c], dir.path());
@@ -358,4 +408,183 @@ fn five_thousand_idle_tls_connections_do_not_keep_an_agent_out() {
         agent.log_text().contains("watching").then_some(())
     });
     drop(held);
+}
+
+/// A hostile peer: answers `Subscribe` with parameter updates as fast as
+/// the site reads them, alternating between two MTUs (so each differs
+/// from the last), or repeating one.
+struct UpdateFlood {
+    params: Vec<pb::NetworkParams>,
+    sent: Arc<AtomicU64>,
+}
+
+#[tonic::async_trait]
+impl weft_proto::v1::federation_service_server::FederationService for UpdateFlood {
+    type SubscribeStream = tokio_stream::wrappers::ReceiverStream<Result<pb::NetworkParams, tonic::Status>>;
+
+    async fn subscribe(
+        &self,
+        _: tonic::Request<pb::SubscribeRequest>,
+    ) -> Result<tonic::Response<Self::SubscribeStream>, tonic::Status> {
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let (params, sent) = (self.params.clone(), self.sent.clone());
+        tokio::spawn(async move {
+            for p in params.iter().cycle() {
+                if tx.send(Ok(p.clone())).await.is_err() {
+                    return;
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        Ok(tonic::Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
+    async fn join(
+        &self,
+        _: tonic::Request<pb::JoinRequest>,
+    ) -> Result<tonic::Response<pb::JoinResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not here"))
+    }
+    async fn leave(
+        &self,
+        _: tonic::Request<pb::LeaveRequest>,
+    ) -> Result<tonic::Response<pb::LeaveResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not here"))
+    }
+    async fn clock(
+        &self,
+        _: tonic::Request<pb::ClockRequest>,
+    ) -> Result<tonic::Response<pb::ClockResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not here"))
+    }
+}
+
+/// A peer that pours parameter updates down its `Subscribe` stream costs
+/// the site a bounded number of writes (each is a store write and a render
+/// for every agent), and enrollment and admin calls meanwhile stay within
+/// a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_pouring_parameter_updates_is_rate_limited_and_stalls_nothing() {
+    use weft_controller::federation::PeeringToken;
+    use weft_controller::pki::identity_uri;
+    use weft_proto::v1::federation_service_client::FederationServiceClient;
+    let listen = format!("127.0.0.1:{}", weft_tests::free_port());
+    let c = InProc::start_with(&[("listen", &listen)]).await;
+
+    // The peer: a CA of its own, a server on loopback.
+    let xdir = tempfile::Builder::new().prefix("weft-peer").tempdir().unwrap();
+    let x = weft_controller::pki::ensure(&xdir.path().join("pki"), "site-x", &["127.0.0.1".into()]).unwrap();
+    let x_ca = std::fs::read_to_string(xdir.path().join("pki/ca.pem")).unwrap();
+    let (site_cert, site_key) =
+        x.ca.issue_with_key(&identity_uri("site-x", "site", "site-x"), "site-x", 1)
+            .unwrap();
+    let x_addr = format!("127.0.0.1:{}", weft_tests::free_port());
+    let params = |mtu: u32| pb::NetworkParams {
+        site_id: "site-x".into(),
+        workload_cidrs: vec!["10.8.0.0/16".into()],
+        external_cidr: "10.71.0.0/16".into(),
+        gateways: vec![pb::GatewayInfo {
+            name: "gw".into(),
+            endpoint: "192.0.2.1:51820".into(),
+            public_key: "hT7XTB7qgr4m+5V8gqhnNtjvNrqSqPFiCjPsXl1Oc0Q=".into(),
+            active: true,
+        }],
+        mtu,
+        endpoints: vec![x_addr.clone()],
+        names: vec![],
+    };
+    let sent = Arc::new(AtomicU64::new(0));
+    let flood = UpdateFlood {
+        params: vec![params(1400), params(1420)],
+        sent: sent.clone(),
+    };
+    let tls = tonic::transport::ServerTlsConfig::new()
+        .identity(tonic::transport::Identity::from_pem(&x.cert_pem, &x.key_pem));
+    let server = tonic::transport::Server::builder()
+        .tls_config(tls)
+        .unwrap()
+        .add_service(weft_proto::v1::federation_service_server::FederationServiceServer::new(
+            flood,
+        ))
+        .serve(x_addr.parse().unwrap());
+    let server = tokio::spawn(server);
+
+    // It joins the site with a peering token, as a peer does.
+    let t = c
+        .admin()
+        .await
+        .create_peering_token(pb::CreatePeeringTokenRequest {
+            ttl_seconds: 600,
+            for_site: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .token;
+    let t = PeeringToken::decode(&t).unwrap();
+    let ch = weft_agent::tls::connect(
+        &format!("https://{}", t.endpoints[0]),
+        &weft_agent::tls::Trust::FingerprintForSite(t.fp.clone(), t.site.clone()),
+        Some((&site_cert, &site_key)),
+    )
+    .await
+    .unwrap();
+    FederationServiceClient::new(ch)
+        .join(pb::JoinRequest {
+            token_id: t.id.clone(),
+            secret: t.secret.clone(),
+            ca_pem: x_ca,
+            params: Some(params(1400)),
+        })
+        .await
+        .unwrap();
+
+    // The site follows the peer and the flood is on.
+    let began = Instant::now();
+    while sent.load(Ordering::Relaxed) < 200 {
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "the site never subscribed to the peer"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Writes over a quiet stretch: only the peer's updates.
+    let (r0, s0, t0) = (c.revision().await, sent.load(Ordering::Relaxed), Instant::now());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (writes, updates, secs) = (
+        c.revision().await - r0,
+        sent.load(Ordering::Relaxed) - s0,
+        t0.elapsed().as_secs_f64(),
+    );
+    eprintln!("{updates} updates in {secs:.1} s cost {writes} writes");
+    assert!(updates > 100, "the peer sent only {updates} updates: no flood");
+    // At most a burst of 5, then one per 0.5 s (and one spare).
+    let bound = 5 + (secs / 0.5).ceil() as i64 + 1;
+    assert!(
+        writes <= bound,
+        "{writes} writes for {updates} updates in {secs:.1} s (bound {bound})"
+    );
+
+    // Meanwhile an admin change and an enrollment each take under 1 s.
+    let mut worst = Duration::ZERO;
+    for i in 0..5 {
+        let at = Instant::now();
+        c.admin()
+            .await
+            .create_node(pb::CreateNodeRequest {
+                name: format!("m{i}"),
+                subnet: String::new(),
+            })
+            .await
+            .unwrap();
+        let token = c.token(&format!("e{i}"), 600, 1).await;
+        c.register(&token, &format!("e{i}")).await.unwrap();
+        worst = worst.max(at.elapsed());
+    }
+    eprintln!("worst admin change + enrollment during the flood: {worst:?}");
+    assert!(
+        worst < Duration::from_secs(1),
+        "an admin change and enrollment took {worst:?}"
+    );
+    server.abort();
+    c.stop().await;
 }
