@@ -149,7 +149,7 @@ proptest! {
         let kinds = [CidrKind::Workload, CidrKind::External, CidrKind::Workload, CidrKind::External];
         let peer: Vec<(CidrKind, Ipv4Net)> = peer.into_iter().zip(kinds).map(|(n, k)| (k, n)).collect();
         let pools = ["10.0.0.0/8", "172.16.0.0/12"].map(|p| p.parse::<Ipv4Net>().unwrap());
-        match ipam::plan_views(&peer, &in_use, &pools) {
+        match ipam::plan_views(&peer, &in_use, &pools, &["0.0.0.0/0".parse().unwrap()]) {
             Ok(views) => {
                 prop_assert_eq!(views.len(), peer.len());
                 for (i, v) in views.iter().enumerate() {
@@ -192,6 +192,7 @@ proptest! {
             tunnel_mtu: mtu,
             wireguard_ports: Default::default(),
             peer_cidr_auto_accept: vec![],
+            peer_public_cidrs: vec![],
             controller_ips: vec![],
             underlay_overlap: Default::default(),
         };
@@ -226,7 +227,7 @@ proptest! {
             if let Some(e) = ext.filter(|e| !ipam::overlaps(e, &work)) {
                 want.push((CidrKind::External, e));
             }
-            let Ok(views) = ipam::plan_views(&want, &in_use, &site.remap_pools) else { continue };
+            let Ok(views) = ipam::plan_views(&want, &in_use, &site.remap_pools, &site.peer_public_cidrs) else { continue };
             in_use.extend(views.iter().map(|v| v.local));
             m.peerings.insert(format!("p{i}"), Arc::new(Peering {
                 site_id: format!("p{i}"),

@@ -120,6 +120,16 @@ pub struct ControllerArgs {
         value_delimiter = ','
     )]
     pub peer_cidr_auto_accept: Vec<String>,
+    /// A public block a peer may announce CIDRs in; such a CIDR is routed
+    /// only through a remapped view. Repeatable. Without it, a peer may
+    /// announce only private space (10/8, 172.16/12, 192.168/16, 100.64/10).
+    #[arg(
+        global = true,
+        long = "peer-public-cidr",
+        env = "WEFT_PEER_PUBLIC_CIDR",
+        value_delimiter = ','
+    )]
+    pub peer_public_cidrs: Vec<String>,
     /// A peer CIDR that covers one of this site's hosts (underlay or
     /// controller address): `refuse` it at negotiation, or `remap` it like
     /// any other overlap [default: refuse].
@@ -167,6 +177,7 @@ pub struct FileConfig {
     pub tunnel_mtu: Option<u32>,
     pub wireguard_ports: Option<String>,
     pub peer_cidr_auto_accept: Option<Vec<String>>,
+    pub peer_public_cidrs: Option<Vec<String>>,
     pub peer_cidr_over_underlay: Option<crate::domain::UnderlayOverlap>,
 }
 
@@ -271,6 +282,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
         "--peer-cidr-auto-accept",
         "WEFT_PEER_CIDR_AUTO_ACCEPT",
     ),
+    ("peer_public_cidrs", "--peer-public-cidr", "WEFT_PEER_PUBLIC_CIDR"),
     ("config", "--config", "WEFT_CONFIG"),
 ];
 
@@ -346,6 +358,7 @@ struct Networks {
     reserved: Vec<Ipv4Net>,
     pools: Vec<Ipv4Net>,
     peer_cidr_auto_accept: Vec<Ipv4Net>,
+    peer_public_cidrs: Vec<Ipv4Net>,
     external: Option<Ipv4Net>,
     internal: Option<Ipv4Net>,
     node_len: u8,
@@ -400,6 +413,11 @@ fn networks(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<FieldError>
     let peer_cidr_auto_accept = cidr_list(
         "peer_cidr_auto_accept",
         pick_list(&args.peer_cidr_auto_accept, file.peer_cidr_auto_accept.clone()).unwrap_or_default(),
+        &mut list_errs,
+    );
+    let peer_public_cidrs = cidr_list(
+        "peer_public_cidrs",
+        pick_list(&args.peer_public_cidrs, file.peer_public_cidrs.clone()).unwrap_or_default(),
         &mut list_errs,
     );
     for (f, m) in list_errs {
@@ -515,6 +533,7 @@ fn networks(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<FieldError>
         reserved,
         pools,
         peer_cidr_auto_accept,
+        peer_public_cidrs,
         external,
         internal,
         node_len,
@@ -843,6 +862,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         reserved,
         pools,
         peer_cidr_auto_accept,
+        peer_public_cidrs,
         external,
         internal,
         node_len,
@@ -899,6 +919,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             tunnel_mtu,
             wireguard_ports: wireguard_ports.unwrap(),
             peer_cidr_auto_accept,
+            peer_public_cidrs,
             controller_ips,
             underlay_overlap: pick(args.peer_cidr_over_underlay, file.peer_cidr_over_underlay).unwrap_or_default(),
         },

@@ -37,6 +37,10 @@ pub struct Site {
     /// held until an admin accepts it. Empty: every change is held.
     #[serde(default)]
     pub peer_cidr_auto_accept: Vec<Ipv4Net>,
+    /// Public blocks a peer may announce CIDRs in (each such CIDR is routed
+    /// only through a remapped view); outside them only private space.
+    #[serde(default)]
+    pub peer_public_cidrs: Vec<Ipv4Net>,
     /// Where this site's controllers are reached (the listen address when
     /// it names one, and the advertised ones): a local view must never
     /// cover them, or agents' and peers' control traffic would be routed
@@ -472,6 +476,7 @@ pub(crate) fn test_site(id: &str, pool: &str) -> Site {
         tunnel_mtu: None,
         wireguard_ports: Default::default(),
         peer_cidr_auto_accept: vec![],
+        peer_public_cidrs: vec![],
         controller_ips: vec![],
         underlay_overlap: Default::default(),
     }
@@ -507,6 +512,7 @@ mod tests {
                 last: 51829,
             },
             peer_cidr_auto_accept: vec![],
+            peer_public_cidrs: vec![],
             controller_ips: vec![],
             underlay_overlap: UnderlayOverlap::Refuse,
         };

@@ -202,7 +202,17 @@ pub const MAX_PEER_CIDRS: usize = 32;
 /// value. The rest get, in order, the lowest free block of the same length
 /// from `pools`, never colliding with `in_use` or with each other. The same
 /// inputs always give the same answer.
-pub fn plan_views(peer: &[(CidrKind, Ipv4Net)], in_use: &[Ipv4Net], pools: &[Ipv4Net]) -> Result<Vec<View>, IpamError> {
+///
+/// A peer CIDR outside private space ([`PRIVATE`]) is refused unless it
+/// lies in one of `public_ok` (the site's `--peer-public-cidr` blocks), and
+/// then it is always remapped: a peer never captures a public destination
+/// of this site's hosts under its real address.
+pub fn plan_views(
+    peer: &[(CidrKind, Ipv4Net)],
+    in_use: &[Ipv4Net],
+    pools: &[Ipv4Net],
+    public_ok: &[Ipv4Net],
+) -> Result<Vec<View>, IpamError> {
     if peer.len() > MAX_PEER_CIDRS {
         return Err(IpamError::Invalid(format!(
             "the peer lists {} CIDRs; a site may have at most {MAX_PEER_CIDRS} (aggregate them)",
@@ -217,6 +227,7 @@ pub fn plan_views(peer: &[(CidrKind, Ipv4Net)], in_use: &[Ipv4Net], pools: &[Ipv
             )));
         }
         check_claimable(*ka, a)?;
+        check_private(*ka, a, public_ok)?;
         for (kb, b) in &peer[i + 1..] {
             if overlaps(a, b) {
                 return Err(IpamError::Invalid(format!(
@@ -228,7 +239,7 @@ pub fn plan_views(peer: &[(CidrKind, Ipv4Net)], in_use: &[Ipv4Net], pools: &[Ipv
     let mut used: Vec<Ipv4Net> = in_use.to_vec();
     let keep: Vec<bool> = peer
         .iter()
-        .map(|(_, c)| !in_use.iter().any(|u| overlaps(u, c)))
+        .map(|(_, c)| is_private(c) && !in_use.iter().any(|u| overlaps(u, c)))
         .collect();
     used.extend(peer.iter().zip(&keep).filter(|(_, k)| **k).map(|((_, c), _)| *c));
     let mut views = Vec::with_capacity(peer.len());
@@ -287,6 +298,31 @@ pub fn check_claimable(kind: CidrKind, c: &Ipv4Net) -> Result<(), IpamError> {
         )));
     }
     Ok(())
+}
+
+/// Private space a peer may announce by default: RFC 1918 and RFC 6598's
+/// shared address space.
+pub const PRIVATE: [&str; 4] = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"];
+
+/// Whether `c` lies wholly in one block of [`PRIVATE`].
+pub fn is_private(c: &Ipv4Net) -> bool {
+    PRIVATE
+        .iter()
+        .map(|p| p.parse::<Ipv4Net>().expect("a constant CIDR"))
+        .any(|p| p.contains(c))
+}
+
+/// Refuses a peer CIDR outside private space unless it lies wholly in one
+/// of `public_ok` (where it is taken only through a remapped view).
+pub fn check_private(kind: CidrKind, c: &Ipv4Net, public_ok: &[Ipv4Net]) -> Result<(), IpamError> {
+    if is_private(c) || public_ok.iter().any(|b| b.contains(c)) {
+        return Ok(());
+    }
+    Err(IpamError::Invalid(format!(
+        "the peer's {kind} CIDR {c} is not private address space; a peer may announce only {} unless this site \
+         allows the block with --peer-public-cidr (and then it is routed only through a remapped view)",
+        PRIVATE.join(", ")
+    )))
 }
 
 /// Moves `addr` from block `from` to the same host bits in block `to`.
@@ -366,7 +402,7 @@ mod tests {
             n("192.168.1.0/24"),
         ];
         let pools = [n("10.0.0.0/8"), n("172.16.0.0/12")];
-        let v = plan_views(&[(CidrKind::Workload, n("10.2.0.0/16"))], &in_use, &pools).unwrap();
+        let v = plan_views(&[(CidrKind::Workload, n("10.2.0.0/16"))], &in_use, &pools, &[]).unwrap();
         assert_eq!(v[0].local, n("10.2.0.0/16"));
         assert!(!v[0].remapped());
         let v = plan_views(
@@ -376,6 +412,7 @@ mod tests {
             ],
             &in_use,
             &pools,
+            &[],
         )
         .unwrap();
         assert_eq!(v[0].local, n("10.0.0.0/16"));
@@ -389,6 +426,7 @@ mod tests {
             ],
             &in_use,
             &pools,
+            &[],
         )
         .unwrap();
         assert_eq!(v[1].local, n("10.0.0.0/16"));
@@ -404,6 +442,7 @@ mod tests {
             ],
             &[],
             &[],
+            &[],
         )
         .unwrap_err();
         assert!(matches!(e, IpamError::Invalid(_)));
@@ -411,9 +450,45 @@ mod tests {
             &[(CidrKind::Workload, n("10.0.0.0/8"))],
             &[n("10.0.0.0/8")],
             &[n("172.16.0.0/12")],
+            &[],
         )
         .unwrap_err();
         assert!(matches!(e, IpamError::Exhausted(ref m) if m.contains("/8")), "{e}");
+    }
+
+    #[test]
+    fn public_peer_cidrs_are_refused_or_only_remapped() {
+        let pools = [n("10.0.0.0/8")];
+        for public in [
+            "8.0.0.0/8",
+            "1.1.1.0/24",
+            "100.128.0.0/16",
+            "172.32.0.0/16",
+            "192.0.2.0/24",
+        ] {
+            let e = plan_views(&[(CidrKind::Workload, n(public))], &[], &pools, &[]).unwrap_err();
+            assert!(
+                matches!(e, IpamError::Invalid(ref m) if m.contains("not private") && m.contains(public)),
+                "{e}"
+            );
+        }
+        // RFC 1918 and RFC 6598 keep their real address when free.
+        for private in ["10.7.0.0/16", "172.20.0.0/16", "192.168.4.0/24", "100.64.0.0/16"] {
+            let v = plan_views(&[(CidrKind::Workload, n(private))], &[], &pools, &[]).unwrap();
+            assert!(!v[0].remapped(), "{private}");
+        }
+        // Allowed: taken, but only through a remapped view.
+        let v = plan_views(
+            &[(CidrKind::External, n("1.1.1.0/24"))],
+            &[],
+            &pools,
+            &[n("1.1.0.0/16")],
+        )
+        .unwrap();
+        assert!(v[0].remapped());
+        assert_eq!(v[0].local, n("10.0.0.0/24"));
+        // A block only partly allowed is refused.
+        assert!(plan_views(&[(CidrKind::External, n("1.0.0.0/8"))], &[], &pools, &[n("1.1.0.0/16")]).is_err());
     }
 
     #[test]
@@ -493,8 +568,10 @@ mod tests {
             pools in proptest::collection::vec(arb_net(6), 0..3),
         ) {
             let kinds: Vec<(CidrKind, Ipv4Net)> = peer.iter().map(|p| (CidrKind::Workload, *p)).collect();
-            let first_try = plan_views(&kinds, &in_use, &pools);
-            prop_assert_eq!(&first_try, &plan_views(&kinds, &in_use, &pools));
+            // Every public block allowed: public CIDRs are then remapped.
+            let anywhere = [n("0.0.0.0/0")];
+            let first_try = plan_views(&kinds, &in_use, &pools, &anywhere);
+            prop_assert_eq!(&first_try, &plan_views(&kinds, &in_use, &pools, &anywhere));
             if let Ok(views) = first_try {
                 for (i, v) in views.iter().enumerate() {
                     prop_assert_eq!(v.local.prefix_len(), v.real.prefix_len());
@@ -503,6 +580,7 @@ mod tests {
                         prop_assert!(v.pool.unwrap().contains(&v.local));
                     } else {
                         prop_assert!(!in_use.iter().any(|u| overlaps(u, &v.real)));
+                        prop_assert!(is_private(&v.real), "{} kept its public address", v.real);
                     }
                     for w in &views[i + 1..] {
                         prop_assert!(!overlaps(&v.local, &w.local), "{} and {}", v.local, w.local);

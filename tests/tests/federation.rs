@@ -225,6 +225,46 @@ fn refused_peerings_write_nothing() {
     assert!(peer_names(&c).is_empty());
 }
 
+/// A site whose workloads live in public space peers only with sites that
+/// allow that block, and they route it only through a remapped view; one
+/// that does not allow it refuses, naming the field.
+#[test]
+fn a_peer_in_public_space_is_refused_unless_allowed_and_then_only_remapped() {
+    let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
+    let public = Controller::start("site-p", &dir.path().join("site-p"), &["--pod-cidr", "1.1.1.0/24"]);
+    let strict = site(dir.path(), "site-a", &[]);
+    let before = revision(&strict);
+    let err = create(&strict, &token(&public, "10m")).unwrap_err();
+    assert!(
+        err.contains("INVALID_ARGUMENT")
+            && err.contains("workload_cidrs[0]")
+            && err.contains("1.1.1.0/24")
+            && err.contains("--peer-public-cidr"),
+        "{err}"
+    );
+    assert_eq!(revision(&strict), before, "a refused peering wrote something");
+    assert!(peer_names(&strict).is_empty());
+    weft_tests::eventually("p forgot its side", Duration::from_secs(10), || {
+        peer_names(&public).is_empty().then_some(())
+    });
+
+    let open = site(dir.path(), "site-b", &["--peer-public-cidr", "1.1.0.0/16"]);
+    create(&open, &token(&public, "10m")).unwrap();
+    let (real, local) = weft_tests::peer_view(&open.target(), "site-p", "workload");
+    assert_eq!(real, "1.1.1.0/24");
+    assert_ne!(
+        local, real,
+        "an allowed public block is routed only through a remapped view"
+    );
+    let local: ipnet::Ipv4Net = local.parse().unwrap();
+    assert!(
+        ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+            .iter()
+            .any(|p| p.parse::<ipnet::Ipv4Net>().unwrap().contains(&local)),
+        "{local} is not from a remap pool"
+    );
+}
+
 /// When the dialing side cannot record its side (here: no room in its remap
 /// pools for the peer's CIDR), it undoes the other side: no half peering.
 #[test]
@@ -340,6 +380,20 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{endpoint:?}: {err:?}");
         assert!(err.message().contains(field), "{endpoint:?}: {}", err.message());
         assert_eq!(revision(&b), before, "{endpoint:?} wrote something");
+        assert!(peer_names(&b).is_empty());
+    }
+    // Public space: a peer announcing 8.0.0.0/8 or 1.1.1.0/24 would take
+    // those destinations of b's hosts (and answer b's DNS for them).
+    for cidr in ["8.0.0.0/8", "1.1.1.0/24", "100.128.0.0/16"] {
+        let before = revision(&b);
+        let err = join_with("192.0.2.1:51820", good_key, 0, cidr).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{cidr}: {err:?}");
+        assert!(
+            err.message().contains("workload_cidrs[0]") && err.message().contains("not private"),
+            "{cidr}: {}",
+            err.message()
+        );
+        assert_eq!(revision(&b), before, "{cidr}: wrote something");
         assert!(peer_names(&b).is_empty());
     }
     // A workload CIDR over one of b's hosts (10.9.0.0/16 covers its node's

@@ -32,6 +32,7 @@ fn site() -> Site {
         tunnel_mtu: None,
         wireguard_ports: Default::default(),
         peer_cidr_auto_accept: vec![],
+        peer_public_cidrs: vec![],
         controller_ips: vec![],
         underlay_overlap: Default::default(),
     }

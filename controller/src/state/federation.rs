@@ -358,6 +358,19 @@ impl State {
         if let Some(e) = remote.external_cidr {
             peer.push((CidrKind::External, e));
         }
+        // Space no site can own, and public space the site does not allow:
+        // refused naming the field (ipam::plan_views refuses them too, and
+        // remaps an allowed public CIDR).
+        for (i, c) in remote.workload_cidrs.iter().enumerate() {
+            ipam::check_claimable(CidrKind::Workload, c)
+                .and_then(|()| ipam::check_private(CidrKind::Workload, c, &site.peer_public_cidrs))
+                .map_err(|e| Error::InvalidArgument(format!("workload_cidrs[{i}]: {e}")))?;
+        }
+        if let Some(c) = remote.external_cidr {
+            ipam::check_claimable(CidrKind::External, &c)
+                .and_then(|()| ipam::check_private(CidrKind::External, &c, &site.peer_public_cidrs))
+                .map_err(|e| Error::InvalidArgument(format!("external_cidr: {e}")))?;
+        }
         if site.underlay_overlap == crate::domain::UnderlayOverlap::Refuse {
             let hosts = snap.host_addresses(site);
             for (i, c) in remote.workload_cidrs.iter().enumerate() {
@@ -375,6 +388,7 @@ impl State {
             &peer,
             &snap.blocks_in_use(site, Some(peer_site)),
             &site.remap_pools,
+            &site.peer_public_cidrs,
         )?)
     }
 

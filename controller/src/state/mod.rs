@@ -567,6 +567,7 @@ impl State {
             peer,
             &snap.blocks_in_use(site, None),
             &site.remap_pools,
+            &site.peer_public_cidrs,
         )?)
     }
 
@@ -584,7 +585,12 @@ impl State {
                 )));
             }
             let existing = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site);
-            let views = ipam::plan_views(peer, &snap.blocks_in_use(site, Some(peer_site)), &site.remap_pools)?;
+            let views = ipam::plan_views(
+                peer,
+                &snap.blocks_in_use(site, Some(peer_site)),
+                &site.remap_pools,
+                &site.peer_public_cidrs,
+            )?;
             let peering = Peering {
                 site_id: peer_site.to_string(),
                 state: existing.map_or(PeeringState::Pending, |(p, _)| p.state),
