@@ -108,13 +108,64 @@ pub fn bridge_objects(bridge: &str, subnet: &str) -> anyhow::Result<Vec<pb::Desi
 
 pub struct StateFile {
     path: PathBuf,
+    /// Why the last save failed, while it does (see [`StateFile::keep`]).
+    failing: std::sync::Mutex<Option<String>>,
 }
+
+/// The id an unsaved state is reported under, among the object errors.
+pub const STATE_FILE_ERROR_ID: &str = "state-file";
 
 impl StateFile {
     pub fn new(dir: &Path) -> Self {
         Self {
             path: dir.join(STATE_FILE),
+            failing: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Saves `d`; a failure (a full disk, say) is held, not fatal: the
+    /// state applied to the host and held in memory is what counts, the
+    /// file only lets a restarted agent start from it. The failure is
+    /// logged once, reported (see [`StateFile::failure`]) and retried by
+    /// the next save or [`StateFile::retry`].
+    pub fn keep(&self, d: &Desired) {
+        let result = self.save(d);
+        let mut failing = self.failing.lock().unwrap();
+        match result {
+            Ok(()) => {
+                if failing.take().is_some() {
+                    tracing::info!(path = %self.path.display(), revision = d.revision, "the desired state is on disk again");
+                }
+            }
+            Err(e) => {
+                let why = format!(
+                    "cannot keep the desired state on disk: {e:#}; the host keeps what was applied and the save is \
+                     retried (free space in {})",
+                    self.path
+                        .parent()
+                        .map_or_else(|| ".".into(), |p| p.display().to_string())
+                );
+                if failing.as_deref() != Some(why.as_str()) {
+                    tracing::error!(error = %why, "state file not saved");
+                }
+                *failing = Some(why);
+            }
+        }
+    }
+
+    /// Saves again if the last save failed.
+    pub fn retry(&self, d: &Desired) {
+        if self.failing.lock().unwrap().is_some() {
+            self.keep(d);
+        }
+    }
+
+    /// The last save's failure, as an object error to report.
+    pub fn failure(&self) -> Option<pb::ObjectError> {
+        self.failing.lock().unwrap().clone().map(|message| pb::ObjectError {
+            id: STATE_FILE_ERROR_ID.into(),
+            message,
+        })
     }
 
     pub fn load(&self) -> anyhow::Result<Option<Desired>> {

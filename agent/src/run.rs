@@ -64,7 +64,7 @@ async fn receive(
     desired: &mut Desired,
     file: &StateFile,
     applier: &mut dyn Applier,
-) -> anyhow::Result<Vec<pb::ObjectError>> {
+) -> Vec<pb::ObjectError> {
     let (upserts, deletes) = desired.changes(msg);
     let kind = if matches!(msg.kind, Some(pb::watch_response::Kind::Snapshot(_))) {
         "snapshot"
@@ -76,7 +76,7 @@ async fn receive(
     observe_reconcile(kind, started, &errors);
     let (n_up, n_del) = (upserts.len(), deletes.len());
     desired.commit(msg.revision, upserts, &deletes);
-    file.save(desired)?;
+    file.keep(desired);
     crate::metrics::get().applied_revision.set(msg.revision);
     tracing::info!(
         revision = msg.revision,
@@ -86,7 +86,7 @@ async fn receive(
         errors = errors.len(),
         "applied"
     );
-    Ok(errors)
+    errors
 }
 
 /// Records one reconcile's duration and failed objects.
@@ -122,12 +122,7 @@ async fn resync(desired: &Desired, applier: &mut dyn Applier) -> Vec<pb::ObjectE
 const HOST_REPORT_EVERY: Duration = Duration::from_secs(30);
 
 /// Makes the agent's own objects (ids under `local/`) what `want` says.
-async fn sync_local(
-    want: Vec<pb::DesiredObject>,
-    desired: &mut Desired,
-    file: &StateFile,
-    applier: &mut dyn Applier,
-) -> anyhow::Result<()> {
+async fn sync_local(want: Vec<pb::DesiredObject>, desired: &mut Desired, file: &StateFile, applier: &mut dyn Applier) {
     let gone: Vec<String> = desired
         .objects
         .keys()
@@ -139,13 +134,13 @@ async fn sync_local(
         .filter(|w| desired.objects.get(&w.id) != Some(w))
         .collect();
     if gone.is_empty() && changed.is_empty() {
-        return Ok(());
+        return;
     }
     for e in applier.apply(&desired.objects, &changed, &gone).await {
         tracing::warn!(object = %e.id, error = %e.message, "not applied");
     }
     desired.commit(desired.revision, changed, &gone);
-    file.save(desired)
+    file.keep(desired);
 }
 
 /// The node's DNS responder: its records (kept equal to the desired
@@ -332,9 +327,7 @@ async fn session(s: Session<'_>) -> End {
         Ok(l) => l,
         Err(e) => return e,
     };
-    if let Err(e) = sync_local(local, desired, file, applier).await {
-        return End::Refused(e.context("cannot keep the desired state on disk"));
-    }
+    sync_local(local, desired, file, applier).await;
     let req = pb::WatchRequest {
         last_revision: desired.revision,
         known: desired.known(),
@@ -390,16 +383,13 @@ async fn session(s: Session<'_>) -> End {
             // A tunnel went up or down: report now, not at the next heartbeat.
             _ = changes.notified() => {}
             msg = stream.message() => match msg {
-                Ok(Some(m)) => match receive(&m, desired, file, applier).await {
-                    Ok(e) => {
-                        errors = e;
-                        // The desired state changed: so may the names served.
-                        if let Some(d) = dns.as_deref() {
-                            d.table.set(desired.objects.values());
-                        }
+                Ok(Some(m)) => {
+                    errors = receive(&m, desired, file, applier).await;
+                    // The desired state changed: so may the names served.
+                    if let Some(d) = dns.as_deref() {
+                        d.table.set(desired.objects.values());
                     }
-                    Err(e) => return End::Refused(e.context("cannot keep the desired state on disk")),
-                },
+                }
                 Ok(None) => return End::Transient(anyhow::anyhow!("the controller ended the stream")),
                 Err(s) => return classify(s),
             },
@@ -428,9 +418,12 @@ async fn session(s: Session<'_>) -> End {
         } else {
             None
         };
+        // A state file that could not be saved: tried again at every
+        // report, and reported until it is saved.
+        file.retry(desired);
         let report = pb::ReportRequest {
             applied_revision: desired.revision,
-            errors: errors.clone(),
+            errors: errors.iter().cloned().chain(file.failure()).collect(),
             tunnels,
             host,
         };

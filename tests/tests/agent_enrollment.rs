@@ -178,3 +178,68 @@ fn a_watch_ends_with_its_certificate_and_the_agent_carries_on() {
     let g = weftctl_json(&c.target(), &["gateways"]);
     assert_eq!(g["gateways"][0]["status"]["ready"], true, "{g}");
 }
+
+/// A state file that cannot be saved (here something stands where its
+/// temporary file goes; a full disk fails the same write) never stops the
+/// agent: it takes in new desired state, keeps what it applied, reports
+/// the failure and saves again once it can.
+#[test]
+fn a_state_file_that_cannot_be_saved_is_reported_and_retried_and_never_stops_the_agent() {
+    let dir = tempfile::Builder::new().prefix("weft-enroll").tempdir().unwrap();
+    let c = Controller::start("site-a", &dir.path().join("ctl"), &["--pod-cidr", "10.1.0.0/16"]);
+    let mut n1 = weft_tests::dry_run_agent("node", "n1", "127.0.0.1", &[&c], &c, dir.path());
+    eventually("n1 watching", Duration::from_secs(20), || {
+        n1.log_text().contains("watching").then_some(())
+    });
+    let state = dir.path().join("n1");
+    let saved = || std::fs::read(state.join("desired-state.pb")).unwrap();
+    let before = saved();
+    // The agent's "applied" log line, one per change taken in.
+    let applied = |p: &Proc| p.log_text().matches("applied revision=").count();
+    let applied_before = applied(&n1);
+    let obstacle = state.join("desired-state.tmp");
+    std::fs::create_dir(&obstacle).unwrap();
+    std::fs::write(obstacle.join("x"), b"in the way").unwrap();
+
+    // A gateway arrives: n1's desired state changes.
+    let _gw = weft_tests::dry_run_agent("gateway", "gw", "127.0.0.2", &[&c], &c, dir.path());
+    let errors = |c: &Controller| weftctl_json(&c.target(), &["node", "get", "n1"])["status"]["errors"].clone();
+    let reported = eventually("n1 reports its state file", Duration::from_secs(30), || {
+        let e = errors(&c);
+        e.as_array()?
+            .iter()
+            .any(|x| {
+                x.as_str()
+                    .is_some_and(|s| s.contains("cannot keep the desired state on disk"))
+            })
+            .then_some(e)
+    });
+    eprintln!("reported: {reported}");
+    assert!(
+        applied(&n1) > applied_before,
+        "n1 did not take in the new state:\n{}",
+        n1.log_text()
+    );
+    assert!(
+        n1.wait_exit(Duration::from_secs(2)).is_none(),
+        "n1 stopped:\n{}",
+        n1.log_text()
+    );
+    assert!(!n1.log_text().contains("removed weft's objects"), "{}", n1.log_text());
+    assert_eq!(
+        saved(),
+        before,
+        "the state file changed although it could not be written"
+    );
+    assert_eq!(
+        weftctl_json(&c.target(), &["node", "get", "n1"])["status"]["ready"],
+        true
+    );
+
+    // Room again: the next report saves it, and the error goes.
+    std::fs::remove_dir_all(&obstacle).unwrap();
+    eventually("n1 saved its state again", Duration::from_secs(30), || {
+        (saved() != before && errors(&c).as_array().is_some_and(|e| e.is_empty())).then_some(())
+    });
+    assert!(n1.log_text().contains("on disk again"), "{}", n1.log_text());
+}

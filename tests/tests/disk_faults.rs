@@ -30,6 +30,24 @@ fn start_controller(holder: u32, data: &Path, sock: &Path, port: u16, log: &Path
     p
 }
 
+/// The holder: a process in a mount namespace of its own with a tmpfs of
+/// `size` on `at`, and its PID (see the files through /proc/PID/root).
+fn tmpfs_holder(at: &Path, size: &str, log: &Path) -> (Proc, u32) {
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount -t tmpfs -o size={size} weft-disk-test {} && exec sleep 3600",
+            at.display()
+        ));
+    let holder = Proc::spawn(&mut cmd, log);
+    let hpid = holder.child.as_ref().unwrap().id();
+    eventually("the tmpfs", Duration::from_secs(5), || {
+        let m = std::fs::read_to_string(format!("/proc/{hpid}/mounts")).unwrap_or_default();
+        m.contains("weft-disk-test").then_some(())
+    });
+    (holder, hpid)
+}
+
 fn in_mount_ns(holder: u32, args: &[&str]) -> std::process::Output {
     run(Command::new("nsenter")
         .arg(format!("--mount=/proc/{holder}/ns/mnt"))
@@ -47,20 +65,7 @@ fn a_full_or_read_only_data_dir_refuses_writes_clearly_and_recovers() {
     std::fs::create_dir_all(&data).unwrap();
     let sock = dir.path().join("admin.sock");
     let target = format!("unix:{}", sock.display());
-    // The holder: a mount namespace with a small tmpfs on `data`.
-    let mut holder_cmd = Command::new("unshare");
-    holder_cmd
-        .args(["--mount", "--propagation", "private", "sh", "-c"])
-        .arg(format!(
-            "mount -t tmpfs -o size=4m weft-disk-test {} && exec sleep 3600",
-            data.display()
-        ));
-    let holder = Proc::spawn(&mut holder_cmd, &dir.path().join("holder.log"));
-    let hpid = holder.child.as_ref().unwrap().id();
-    eventually("the tmpfs", Duration::from_secs(5), || {
-        let m = std::fs::read_to_string(format!("/proc/{hpid}/mounts")).unwrap_or_default();
-        m.contains("weft-disk-test").then_some(())
-    });
+    let (holder, hpid) = tmpfs_holder(&data, "4m", &dir.path().join("holder.log"));
     let port = free_port();
     let mut c = start_controller(hpid, &data, &sock, port, &dir.path().join("c1.log"));
     let add = |name: &str| run(Command::new(bin("weftctl")).args(["--controller", &target, "node", "add", name]));
@@ -158,5 +163,94 @@ fn a_full_or_read_only_data_dir_refuses_writes_clearly_and_recovers() {
             names(&after)
         );
     }
+    drop(holder);
+}
+
+/// A node agent whose state directory's disk fills up keeps the data plane
+/// it applied and takes in new desired state (a gateway arriving changes
+/// it): it reports that it cannot save, never tears down or exits, and
+/// saves once space returns.
+#[test]
+#[ignore = "needs root (mount namespaces): tests/run.sh runs it as root"]
+fn a_full_disk_under_a_node_agent_never_tears_it_down() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("weft-disk").tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let (holder, hpid) = tmpfs_holder(&state, "1m", &dir.path().join("holder.log"));
+    let c = weft_tests::Controller::start("site-a", &dir.path().join("ctl"), &["--pod-cidr", "10.1.0.0/16"]);
+    let args = weft_tests::enrolling_agent_args(
+        &c.target(),
+        "node",
+        "n1",
+        &format!("https://127.0.0.1:{}", c.listen_port),
+        "127.0.0.1",
+        &state,
+        "30s",
+    );
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--mount=/proc/{hpid}/ns/mnt"))
+        .arg(bin("weft-node-agent"))
+        .args(&args)
+        .arg("--dry-run")
+        .env_remove("WEFT_CONTROLLER")
+        .env_remove("WEFT_TOKEN");
+    let mut n1 = Proc::spawn(&mut cmd, &dir.path().join("n1.log"));
+    eventually("n1 watching", Duration::from_secs(20), || {
+        n1.log_text().contains("watching").then_some(())
+    });
+    // The holder's view of the tmpfs.
+    let inside = |f: &str| format!("/proc/{hpid}/root{}/{f}", state.display());
+    let saved = || std::fs::read(inside("desired-state.pb")).unwrap();
+    let before = saved();
+    let applied = |p: &Proc| p.log_text().matches("applied revision=").count();
+    let applied_before = applied(&n1);
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(inside("filler")).unwrap();
+        let chunk = vec![0u8; 16 * 1024];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.sync_all();
+    }
+
+    // A gateway arrives: n1's desired state changes while the disk is full.
+    let _gw = weft_tests::dry_run_agent("gateway", "gw", "127.0.0.2", &[&c], &c, dir.path());
+    let errors = || weftctl_json(&c.target(), &["node", "get", "n1"])["status"]["errors"].clone();
+    let reported = eventually("n1 reports the full disk", Duration::from_secs(30), || {
+        let e = errors();
+        e.as_array()?
+            .iter()
+            .filter_map(|x| x.as_str())
+            .find(|s| s.contains("cannot keep the desired state on disk"))
+            .map(str::to_string)
+    });
+    println!("FAULT node state dir full: reported {reported:?}");
+    assert!(reported.to_lowercase().contains("no space"), "{reported}");
+    assert!(
+        applied(&n1) > applied_before,
+        "n1 did not take in the new state:\n{}",
+        n1.log_text()
+    );
+    assert!(
+        n1.wait_exit(Duration::from_secs(2)).is_none(),
+        "n1 stopped:\n{}",
+        n1.log_text()
+    );
+    assert!(!n1.log_text().contains("removed weft's objects"), "{}", n1.log_text());
+    assert_eq!(saved(), before, "the state file is intact: the old state, whole");
+
+    // Space returns: the next report saves, and the error goes.
+    std::fs::remove_file(inside("filler")).unwrap();
+    let t = Instant::now();
+    eventually("n1 saved its state again", Duration::from_secs(30), || {
+        (saved() != before && errors().as_array().is_some_and(|e| e.is_empty())).then_some(())
+    });
+    println!(
+        "FAULT node state dir full: saved {:.1} s after space returned",
+        t.elapsed().as_secs_f64()
+    );
+    drop(n1);
     drop(holder);
 }
