@@ -93,9 +93,18 @@ pub fn external_address(site: &Site, internal_ip: Ipv4Addr) -> Option<Ipv4Addr> 
         .then(|| Ipv4Addr::from(u32::from(site.external_cidr.network()) + host))
 }
 
-/// The gateway's interface toward node `name` (15 bytes at most).
+/// The gateway's interface toward node `name` (15 bytes at most). Two
+/// nodes whose names give one link name would share it: the second is
+/// refused when it is created.
 pub fn gateway_link_name(node: &str) -> String {
     format!("weft-n{}", short_hash(node, 9))
+}
+
+/// The tag in the names of a peering's links on a gateway (its WireGuard
+/// link `weft-w…` and veth ends `weft-v…`, `weft-i…`): two peers whose
+/// tags are equal would share links, so the second is refused.
+pub fn peer_link_tag(site_id: &str) -> String {
+    short_hash(site_id, 9)
 }
 
 /// The two ends of every tunnel, for its health probe: a fixed pair from
@@ -389,7 +398,7 @@ fn peering(m: &Model, site_id: &str, base: &str) -> Objects {
                 namespace: ns.clone(),
                 real_cidr: v.real.to_string(),
                 local_cidr: v.local.to_string(),
-                tunnel: format!("weft-w{}", short_hash(site_id, 9)),
+                tunnel: format!("weft-w{}", peer_link_tag(site_id)),
             }),
         )]);
     }
@@ -405,9 +414,9 @@ fn peering_ids(site_id: &str, ns: String, listen_port: u16) -> PeeringIds {
     let base_ip = u32::from(Ipv4Addr::new(169, 254, 0, 0)) + 4 * (u32::from(listen_port) % 16383);
     PeeringIds {
         ns,
-        link: format!("weft-w{}", short_hash(site_id, 9)),
-        outer: format!("weft-v{}", short_hash(site_id, 9)),
-        inner: format!("weft-i{}", short_hash(site_id, 9)),
+        link: format!("weft-w{}", peer_link_tag(site_id)),
+        outer: format!("weft-v{}", peer_link_tag(site_id)),
+        inner: format!("weft-i{}", peer_link_tag(site_id)),
         outer_ip: Ipv4Addr::from(base_ip + 1),
         inner_ip: Ipv4Addr::from(base_ip + 2),
     }

@@ -265,6 +265,27 @@ fn a_peer_in_public_space_is_refused_unless_allowed_and_then_only_remapped() {
     );
 }
 
+/// Two peers whose site ids hash alike would share the links of their
+/// peerings on this site's gateways: the second is refused, naming the
+/// field, and nothing is written. (These two ids were found by a birthday
+/// search over the 36-bit link tag.)
+#[test]
+fn a_peer_whose_id_hashes_like_a_peers_is_refused() {
+    let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
+    let a = site(dir.path(), "site-a", &[]);
+    let first = Controller::start("site-34359", &dir.path().join("p1"), &["--pod-cidr", "10.2.0.0/16"]);
+    let second = Controller::start("site-74386", &dir.path().join("p2"), &["--pod-cidr", "10.3.0.0/16"]);
+    create(&a, &token(&first, "10m")).unwrap();
+    let before = revision(&a);
+    let err = create(&a, &token(&second, "10m")).unwrap_err();
+    assert!(
+        err.contains("INVALID_ARGUMENT") && err.contains("site_id") && err.contains("site-34359"),
+        "{err}"
+    );
+    assert_eq!(revision(&a), before, "a refused peering wrote something");
+    assert_eq!(peer_names(&a), ["site-34359"]);
+}
+
 /// When the dialing side cannot record its side (here: no room in its remap
 /// pools for the peer's CIDR), it undoes the other side: no half peering.
 #[test]

@@ -386,3 +386,49 @@ async fn an_unnamed_token_cannot_take_over_a_node_or_reserve_a_large_block() {
     c.register(&unnamed, "n10").await.unwrap();
     c.stop().await;
 }
+
+/// Two node names that hash alike would share one link on every gateway:
+/// whoever holds a token that does not fix the name could pick one to take
+/// another node's link and its traffic. The second is refused, naming the
+/// field, both through the admin API and at enrollment. (The names were
+/// found by a birthday search over the 36-bit link tag.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_name_that_hashes_like_another_nodes_is_refused() {
+    let c = InProc::start().await;
+    c.admin()
+        .await
+        .create_node(pb::CreateNodeRequest {
+            name: "n143693".into(),
+            subnet: String::new(),
+        })
+        .await
+        .unwrap();
+    let before = c.revision().await;
+    refused(
+        c.admin()
+            .await
+            .create_node(pb::CreateNodeRequest {
+                name: "n492983".into(),
+                subnet: String::new(),
+            })
+            .await,
+        Code::InvalidArgument,
+        "name: node \"n492983\" would use the gateways' link",
+    );
+    let unnamed = c.token("", 600, 1).await;
+    let before_register = c.revision().await;
+    refused(
+        c.register(&unnamed, "n492983").await,
+        Code::InvalidArgument,
+        "which node \"n143693\" uses",
+    );
+    assert_eq!(
+        c.revision().await,
+        before_register,
+        "a refused enrollment wrote something"
+    );
+    assert!(before_register > before, "the token was made");
+    // The token was not spent: another name enrolls with it.
+    c.register(&unnamed, "n3").await.unwrap();
+    c.stop().await;
+}

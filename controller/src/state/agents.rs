@@ -488,6 +488,21 @@ pub(super) fn new_node(
     name: &str,
     declared: Option<Ipv4Net>,
 ) -> Result<Node, Error> {
+    // Node names are chosen by whoever holds a token that does not fix
+    // one: a name picked to hash like another node's would take over that
+    // node's link on every gateway, and its traffic.
+    let link = crate::render::gateway_link_name(name);
+    if let Some((other, _)) = snap
+        .nodes
+        .iter()
+        .find(|(n, _)| n.name != name && crate::render::gateway_link_name(&n.name) == link)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "name: node {name:?} would use the gateways' link {link}, which node {:?} uses (the names hash \
+             alike); choose another name",
+            other.name
+        )));
+    }
     let taken = snap.node_subnets();
     let (subnet, source) = match declared {
         Some(d) => {

@@ -126,6 +126,20 @@ impl State {
                     ))),
                 };
             }
+            // A site id picked to hash like a peer's would share that
+            // peering's links (or namespace) on the gateways.
+            let tag = crate::render::peer_link_tag(peer_site);
+            let ns = crate::render::peering_namespace(&site.id, peer_site);
+            if let Some((other, _)) = snap.peerings.iter().find(|(p, _)| {
+                crate::render::peer_link_tag(&p.site_id) == tag
+                    || crate::render::peering_namespace(&site.id, &p.site_id) == ns
+            }) {
+                return Err(Error::InvalidArgument(format!(
+                    "site_id: {peer_site:?} would share the gateways' links or namespace with the peering with \
+                     {:?} (the ids hash alike); this site cannot peer with both",
+                    other.site_id
+                )));
+            }
             let mut txn = Txn::new();
             let mut joined_with = None;
             if let Some(proof) = proof {
