@@ -114,6 +114,12 @@ pub fn describe(o: &pb::DesiredObject) -> String {
             "export in {}: {} from {} -> {}",
             x.namespace, x.external_address, x.tunnel, x.host_address
         ),
+        Some(Kind::TunnelFilter(f)) => format!(
+            "filter in {}: from {} forward only to {}",
+            f.namespace,
+            f.tunnel,
+            f.allowed.join(", ")
+        ),
         None => "(empty object)".into(),
     }
 }

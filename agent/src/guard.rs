@@ -170,6 +170,19 @@ impl Guard {
                 Ok(())
             }
             Some(Kind::DnsRecord(r)) => crate::dns::check_record(r).map(|_| ()),
+            Some(Kind::TunnelFilter(f)) => {
+                if f.namespace.is_empty() {
+                    return Err(
+                        "a tunnel filter in the host's namespace; weft filters only in its peering namespaces".into(),
+                    );
+                }
+                namespace("namespace", &f.namespace)?;
+                link_name("tunnel", &f.tunnel)?;
+                for a in &f.allowed {
+                    parse::<ipnet::Ipv4Net>("allowed destination", a, "an IPv4 CIDR")?;
+                }
+                Ok(())
+            }
             Some(Kind::ExportMap(x)) => {
                 if x.namespace.is_empty() {
                     return Err(

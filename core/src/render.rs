@@ -390,6 +390,7 @@ fn peering(m: &Model, site_id: &str, base: &str) -> Objects {
         out.extend(routes_back(m, base, &ids));
         out.extend(wireguard_peers(base, r, &ids));
         out.extend(exports(m, base, &ids));
+        out.extend(tunnel_filter(m, base, &ids));
     }
     for v in p.views.iter().filter(|v| v.remapped()) {
         out.extend([obj(
@@ -535,6 +536,30 @@ fn routes_back(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
         }
     }
     out
+}
+
+/// What the peering's namespace forwards from the tunnel: this site's
+/// workload and external CIDRs (the peer's traffic and the replies to the
+/// nodes' own traffic) and the exported hosts (after their DNAT); nothing
+/// else, so a peer never reaches the gateway host or the overlay.
+fn tunnel_filter(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
+    let Some(site) = &m.site else { return Objects::new() };
+    let mut allowed: Vec<String> = site.pod_cidrs.iter().map(|c| c.to_string()).collect();
+    allowed.push(site.external_cidr.to_string());
+    allowed.extend(
+        m.names
+            .values()
+            .filter(|n| n.external.is_some())
+            .map(|n| format!("{}/32", n.address)),
+    );
+    Objects::from([obj(
+        format!("{base}filter"),
+        Kind::TunnelFilter(pb::TunnelFilter {
+            namespace: ids.ns.clone(),
+            tunnel: ids.link.clone(),
+            allowed,
+        }),
+    )])
 }
 
 /// This site's exported hosts, as the peer reaches them: what comes out of

@@ -217,6 +217,17 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
             d.specs.entry(x.namespace.clone()).or_default().exports.push(export);
             origins.tables.entry(x.namespace.clone()).or_default().push(id);
         }
+        Kind::TunnelFilter(f) => {
+            if f.tunnel.is_empty() || f.namespace.is_empty() {
+                return Err("a tunnel filter needs its peering namespace and tunnel".into());
+            }
+            let filter = TunnelFilter {
+                tunnel: f.tunnel.clone(),
+                allowed: f.allowed.iter().map(|c| net(c, "allowed")).collect::<R<_>>()?,
+            };
+            d.specs.entry(f.namespace.clone()).or_default().filter = Some(filter);
+            origins.tables.entry(f.namespace.clone()).or_default().push(id);
+        }
         // The node agent's DNS responder answers these; nothing on the host.
         Kind::DnsRecord(_) => {}
     }

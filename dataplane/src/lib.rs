@@ -97,6 +97,7 @@ pub fn namespaces_of<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject
             Some(Kind::NatMap(m)) => m.namespace.clone(),
             Some(Kind::WireguardPeer(p)) => p.namespace.clone(),
             Some(Kind::ExportMap(x)) => x.namespace.clone(),
+            Some(Kind::TunnelFilter(f)) => f.namespace.clone(),
             Some(Kind::HostSnat(_) | Kind::DnsRecord(_)) | None => String::new(),
         };
         out.insert(ns);

@@ -138,6 +138,15 @@ pub struct TableSpec {
     pub snat: Option<HostSnat>,
     /// Named counters per peer site over traffic to and from its CIDRs.
     pub accounting: BTreeMap<String, Vec<Ipv4Net>>,
+    /// What a peering's namespace forwards from its tunnel.
+    pub filter: Option<TunnelFilter>,
+}
+
+/// Forward from `tunnel` only to `allowed`; count and drop the rest.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TunnelFilter {
+    pub tunnel: String,
+    pub allowed: Vec<Ipv4Net>,
 }
 
 impl TableSpec {
@@ -147,6 +156,7 @@ impl TableSpec {
             && self.exports.is_empty()
             && self.snat.is_none()
             && self.accounting.is_empty()
+            && self.filter.is_none()
     }
 
     /// A content hash: equal specs, equal versions.

@@ -17,6 +17,9 @@ use serde_json::{Value, json};
 use crate::host::{Firewall, R};
 use crate::model::*;
 
+/// The counter of packets a peering's namespace dropped from its tunnel.
+pub const DROPPED_COUNTER: &str = "dropped";
+
 fn prefix(n: &ipnet::Ipv4Net) -> Value {
     json!({"prefix": {"addr": n.network().to_string(), "len": n.prefix_len()}})
 }
@@ -109,6 +112,26 @@ pub fn batch(spec: &TableSpec) -> Value {
                 meta("oifname", "==", &h.link),
                 field("saddr", "!=", json!({ "set": except })),
                 snat
+            ]),
+        ));
+    }
+    if let Some(f) = &spec.filter {
+        // From the tunnel, forward only to what the peering allows; the
+        // rest (the gateway host's addresses, the overlay) is counted and
+        // dropped. After the exports' DNAT (prerouting), so an export's
+        // host is what is checked.
+        cmds.push(chain("from_tunnel", "filter", "forward", 0));
+        cmds.push(add(
+            json!({"counter": {"family": "ip", "table": NFT_TABLE, "name": DROPPED_COUNTER}}),
+        ));
+        let allowed: Vec<Value> = f.allowed.iter().map(prefix).collect();
+        cmds.push(rule(
+            "from_tunnel",
+            json!([
+                meta("iifname", "==", &f.tunnel),
+                field("daddr", "!=", json!({ "set": allowed })),
+                {"counter": DROPPED_COUNTER},
+                {"drop": null}
             ]),
         ));
     }
@@ -336,9 +359,15 @@ mod tests {
                 host: "192.168.7.5".parse().unwrap(),
                 tunnel: "weft-wabc".into(),
             }],
+            filter: Some(TunnelFilter {
+                tunnel: "weft-wabc".into(),
+                allowed: vec!["10.1.0.0/16".parse().unwrap(), "192.168.7.5/32".parse().unwrap()],
+            }),
         };
         let text = batch(&spec).to_string();
         for part in [
+            "\"from_tunnel\"",
+            "\"dropped\"",
             "\"export\"",
             "192.168.7.5",
             "\"pre\"",

@@ -657,3 +657,218 @@ fn workloads_reach_each_other_across_sites_with_the_same_cidr() {
         );
     }
 }
+
+fn signal(pid: u32, sig: &str) {
+    let st = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill {sig} {pid}");
+}
+
+/// Lets a stopped process go on when dropped (before the lab ends it).
+struct Resume(u32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// A hostile peer: site b's gateway is replaced by a plain wireguard-go
+/// holding b's own key, which routes into the tunnel whatever it likes.
+/// Through the tunnel it reaches site a's workloads (what the peering is
+/// for) and nothing else: not the gateway host's addresses (the peering
+/// veth's outer end, its overlay address), whatever listens there; and
+/// site a's gateway counts what it dropped.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn a_peer_reaches_only_the_sites_workloads_through_its_tunnel() {
+    if !require_root() || weft_tests::require_tool("wireguard-go").is_none() {
+        return;
+    }
+    let mut s = sites::up("wgf", ("wgf-a", "10.1.0.0/16"), ("wgf-b", "10.2.0.0/16"));
+    sites::until_wa_reaches_wb(&s);
+    let (gwb_ns, ns_a) = (s.ns["gwb"].clone(), s.ns_a.clone());
+    // Something listening on every address of a's gateway host, and on wa.
+    // (UDP: what arrives is logged, no reply needed.)
+    let listener = "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('0.0.0.0',7777))\nwhile True:\n    d,a=s.recvfrom(100)\n    print('from',a[0],d.decode(),flush=True)";
+    let env = std::path::Path::new("/usr/bin/env");
+    let on_gw = s.lab.spawn(
+        &s.ns["gwa"],
+        env,
+        &["python3", "-c", listener],
+        &s.dir.path().join("listen-gwa.log"),
+    );
+    let on_wa = s.lab.spawn(
+        &s.ns["wa"],
+        env,
+        &["python3", "-c", listener],
+        &s.dir.path().join("listen-wa.log"),
+    );
+    // a's gateway host's own addresses on weft's links: the peering veth's
+    // outer end (169.254.x.1) and its overlay address toward the nodes.
+    let addrs: serde_json::Value =
+        serde_json::from_str(&stdout(&s.lab.exec(&s.ns["gwa"], &["ip", "-j", "-4", "addr"]))).unwrap();
+    let on_link = |prefix: &str| -> String {
+        addrs
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["ifname"].as_str().is_some_and(|n| n.starts_with(prefix)))
+            .and_then(|l| l["addr_info"][0]["local"].as_str())
+            .unwrap_or_else(|| panic!("no address on {prefix}…: {addrs}"))
+            .to_string()
+    };
+    let (veth_outer, overlay) = (on_link("weft-v"), on_link("weft-n"));
+    let wa = s.workloads.iter().find(|w| w.0 == "wa").unwrap().1.clone();
+
+    // Site b's gateway turns hostile: its agent dies (its userspace tunnel
+    // with it) and wireguard-go takes its key and dials a's gateway.
+    let b_state = &s.agents.iter().find(|a| a.1 == "gwb").unwrap().3;
+    let key_file = b_state.join("wireguard.key");
+    let peering = weftctl_json(&s.tb, &["peerings"])["peerings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["site_id"] == s.site_a.as_str())
+        .cloned()
+        .unwrap();
+    let a_gw = peering["remote_gateways"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["active"] == true && g["endpoint"] != "")
+        .cloned()
+        .unwrap_or_else(|| panic!("a's gateway has no endpoint: {peering}"));
+    let b_port = weftctl_json(&s.ta, &["peerings"])["peerings"][0]["remote_gateways"][0]["endpoint"]
+        .as_str()
+        .and_then(|e| e.rsplit_once(':'))
+        .map(|(_, p)| p.to_string())
+        .expect("b's gateway's endpoint");
+    // b's controller holds still (so a keeps b's gateway as b last
+    // announced it, as a lying peer would have it), then b's gateway dies.
+    let ctl_b = s.lab.controller_index(1);
+    let ctl_b_pid = s.lab.proc(ctl_b).child.as_ref().unwrap().id();
+    signal(ctl_b_pid, "-STOP");
+    let _resume = Resume(ctl_b_pid);
+    let gwb = s.gateways.1;
+    s.lab.proc(gwb).child.as_mut().unwrap().kill().unwrap();
+    s.lab
+        .proc(gwb)
+        .wait_exit(Duration::from_secs(5))
+        .expect("b's gateway agent ended");
+    let evil_src = "10.2.255.250";
+    let routes: String = [&wa, &veth_outer, &overlay]
+        .iter()
+        .map(|t| format!("ip route add {t}/32 dev weft-evil src {evil_src} table 4242\n"))
+        .collect();
+    // Its UAPI socket goes under a /run of its own (a mount namespace);
+    // its routes win over weft's rules on that host, and b's own peering
+    // veth goes (its outer end has the very address a's has).
+    let script = format!(
+        "set -e\nmount -t tmpfs weft-evil /run\nwireguard-go -f weft-evil & WG=$!\ntrap 'kill $WG' EXIT TERM\n\
+         for i in $(seq 100); do [ -S /run/wireguard/weft-evil.sock ] && break; sleep 0.1; done\n\
+         wg set weft-evil private-key {} listen-port {} peer {} endpoint {} allowed-ips 0.0.0.0/0 persistent-keepalive 1\n\
+         ip addr add {evil_src}/32 dev weft-evil\nip link set weft-evil up\n\
+         for l in $(ip -o link show | sed -n 's/^[0-9]*: \\(weft-v[0-9a-f]*\\)@.*/\\1/p'); do ip link del $l; done\n\
+         {routes}ip rule add from {evil_src} lookup 4242 priority 100\necho ready\nwait $WG\n",
+        key_file.display(),
+        // Where a's gateway sends to: b's gateway's port.
+        b_port,
+        a_gw["public_key"].as_str().unwrap(),
+        a_gw["endpoint"].as_str().unwrap(),
+    );
+    let evil = s.lab.spawn(
+        &s.ns["gwb"],
+        std::path::Path::new("/usr/bin/unshare"),
+        &["--mount", "--propagation", "private", "sh", "-c", &script],
+        &s.dir.path().join("evil.log"),
+    );
+    eventually("the hostile tunnel set up", Duration::from_secs(20), || {
+        s.lab.proc(evil).log_text().contains("ready").then_some(())
+    });
+    let send = |lab: &weft_tests::netns::Lab, to: &str, what: &str| {
+        let py = format!(
+            "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('{evil_src}',0))\ns.sendto(b'{what}',('{to}',7777))"
+        );
+        must(lab.exec(&gwb_ns, &["python3", "-c", &py]), "a datagram into the tunnel");
+    };
+    // The peering's purpose still works through the hostile tunnel: the
+    // check below is not vacuous.
+    // (wireguard-go's handshake timestamps run 27 s behind boringtun's, so
+    // a takes the hostile peer's handshake only once the real gateway's
+    // last one is that far in the past.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut n = 0;
+    let reached = loop {
+        n += 1;
+        send(&s.lab, &wa, &format!("probe{n}"));
+        std::thread::sleep(Duration::from_millis(500));
+        if s.lab.proc(on_wa).log_text().contains("from 10.2.255.250") {
+            break true;
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+    };
+    assert!(
+        reached,
+        "the hostile peer never reached wa ({wa}) through the tunnel:\n{}\n{}\n{}",
+        s.lab.proc(evil).log_text(),
+        weftctl_json(&s.ta, &["peerings"]),
+        stdout(
+            &s.lab
+                .exec(&ns_a, &["sh", "-c", "ip -br addr; ip route; nft list ruleset"])
+        )
+    );
+    let dropped = |lab: &weft_tests::netns::Lab| -> u64 {
+        let o = lab.exec(&ns_a, &["nft", "-j", "list", "counter", "ip", "weft", "dropped"]);
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap_or_default();
+        v["nftables"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|x| x["counter"]["packets"].as_u64())
+            .unwrap_or(0)
+    };
+    let before = dropped(&s.lab);
+    for target in [&veth_outer, &overlay] {
+        for _ in 0..3 {
+            send(&s.lab, target, "intruder");
+        }
+    }
+    // And the overlay's UDP ports (VXLAN, Geneve), which the gateway host
+    // serves on all its addresses.
+    let udp = format!(
+        "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('{evil_src}',0))\nfor p in (4789,6081):\n    s.sendto(b'x'*64,('{veth_outer}',p))"
+    );
+    must(
+        s.lab.exec(&gwb_ns, &["python3", "-c", &udp]),
+        "UDP to the overlay ports",
+    );
+    // Anything that got through would have arrived by now.
+    std::thread::sleep(Duration::from_millis(500));
+    let heard = s.lab.proc(on_gw).log_text();
+    assert!(!heard.contains("intruder"), "a's gateway host heard the peer: {heard}");
+    // Three datagrams and two overlay packets for the veth's outer end;
+    // the overlay address has no route in the peering's namespace at all.
+    let counted = std::time::Instant::now();
+    let after = loop {
+        let n = dropped(&s.lab);
+        if n >= before + 5 {
+            break n;
+        }
+        assert!(
+            counted.elapsed() < Duration::from_secs(5),
+            "a's gateway counted {} drops from the tunnel, not 5:\n{}\n{}",
+            n - before,
+            stdout(&s.lab.exec(&ns_a, &["nft", "list", "ruleset"])),
+            s.lab.proc(on_gw).log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("dropped from the tunnel: {} packets", after - before);
+}
