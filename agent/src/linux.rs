@@ -248,6 +248,7 @@ impl Applier for Linux {
             }
             out.push(pb::TunnelStatus {
                 rx_packets: h.packets.0,
+                dropped_from_tunnel: h.dropped,
                 tx_packets: h.packets.1,
                 mtu: target.mtu,
                 path_mtu: h.path_mtu.clone(),

@@ -53,7 +53,14 @@ pub struct Health {
     pub lost: u64,
     /// Unanswered probes since the last answer.
     pub misses_in_row: u32,
+    /// Packets from the tunnel the peering's namespace dropped (its nft
+    /// counter, read every [`DROPS_EVERY`] probes).
+    pub dropped: u64,
 }
+
+/// How many probes go between two readings of the drop counter (each runs
+/// `nft` in the peering's namespace).
+const DROPS_EVERY: u64 = 5;
 
 impl Health {
     /// Records one probe's outcome; returns whether up/down changed.
@@ -348,10 +355,17 @@ fn run(
             rtt_series.observe(r.as_secs_f64());
         }
         let packets = link_packets(&t.link);
+        // (This thread lives in the peering's namespace: so does nft here.)
+        let dropped = (u64::from(seq) % DROPS_EVERY == 0)
+            .then(weft_dataplane::nft::dropped_blocking)
+            .flatten();
         let flipped = {
             let mut h = health.lock().unwrap();
             if let Some(p) = packets {
                 h.packets = p;
+            }
+            if let Some(d) = dropped {
+                h.dropped = d;
             }
             h.record(rtt, config.misses)
         };

@@ -223,6 +223,12 @@ pub fn tunnel_series(f: &mut Families, t: &weft_proto::v1::TunnelStatus, extra: 
         t.tx_bytes,
     );
     f.counter(
+        "weft_peering_dropped_packets",
+        "Packets from the peer dropped at the peering's namespace: addressed to anything but this site's networks",
+        &l,
+        t.dropped_from_tunnel,
+    );
+    f.counter(
         "weft_peering_receive_packets",
         "Packets received through the tunnel",
         &l,

@@ -236,6 +236,23 @@ pub fn counters_blocking() -> Option<Vec<PeerTraffic>> {
     Some(parse_counters(&serde_json::from_slice(&out.stdout).ok()?))
 }
 
+/// Packets counted by [`DROPPED_COUNTER`] in the calling thread's network
+/// namespace (a peering's); None when there is no such counter.
+pub fn dropped_blocking() -> Option<u64> {
+    let out = std::process::Command::new("nft")
+        .args(["-j", "list", "counter", "ip", NFT_TABLE, DROPPED_COUNTER])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    v["nftables"]
+        .as_array()?
+        .iter()
+        .find_map(|x| x["counter"]["packets"].as_u64())
+}
+
 /// `nft` in namespace `ns` ("" the agent's own), with `input` on stdin.
 async fn nft(ns: &Ns, args: &[&str], input: Option<String>) -> R<Vec<u8>> {
     use tokio::io::AsyncWriteExt;

@@ -871,4 +871,19 @@ fn a_peer_reaches_only_the_sites_workloads_through_its_tunnel() {
         std::thread::sleep(Duration::from_millis(100));
     };
     eprintln!("dropped from the tunnel: {} packets", after - before);
+    // The admin sees it: the gateway reports the drops with the tunnel.
+    let shown = eventually("a's admin sees the drops", Duration::from_secs(30), || {
+        let all = weftctl_json(&s.ta, &["peerings"]);
+        let n = all["peerings"][0]["tunnel"]["dropped_from_tunnel"].as_u64()?;
+        (n >= after).then_some(n)
+    });
+    let table = stdout(&weft_tests::run(std::process::Command::new(bin("weftctl")).args([
+        "--controller",
+        &s.ta,
+        "peerings",
+    ])));
+    assert!(
+        table.contains("packets from the tunnel dropped"),
+        "{shown} drops, but the table does not say so:\n{table}"
+    );
 }

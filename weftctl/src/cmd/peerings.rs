@@ -62,6 +62,7 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                 "last_handshake": ts(&t.last_handshake), "rx_bytes": t.rx_bytes, "tx_bytes": t.tx_bytes,
                 "probes_sent": t.probes_sent, "probes_lost": t.probes_lost, "link": t.link,
                 "gateway": t.gateway, "reported_at": ts(&t.reported_at),
+                "dropped_from_tunnel": t.dropped_from_tunnel,
             })),
         })).collect::<Vec<_>>(), "revision": r.revision}),
             header: vec![
@@ -84,17 +85,29 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
             footer: r
                 .peerings
                 .iter()
-                .filter(|p| !p.pending_workload_cidrs.is_empty() || !p.pending_external_cidr.is_empty())
-                .map(|p| {
-                    let mut cidrs = p.pending_workload_cidrs.clone();
-                    cidrs.extend(Some(p.pending_external_cidr.clone()).filter(|c| !c.is_empty()));
+                .filter_map(|p| p.tunnel.as_ref().map(|t| (p, t.dropped_from_tunnel)))
+                .filter(|(_, n)| *n > 0)
+                .map(|(p, n)| {
                     format!(
-                        "{} announced {} instead; not routed until `weftctl peering accept {}`",
-                        p.site_id,
-                        cidrs.join(" "),
+                        "{}: {n} packets from the tunnel dropped (addressed outside this site's networks)",
                         p.site_id
                     )
                 })
+                .chain(
+                    r.peerings
+                        .iter()
+                        .filter(|p| !p.pending_workload_cidrs.is_empty() || !p.pending_external_cidr.is_empty())
+                        .map(|p| {
+                            let mut cidrs = p.pending_workload_cidrs.clone();
+                            cidrs.extend(Some(p.pending_external_cidr.clone()).filter(|c| !c.is_empty()));
+                            format!(
+                                "{} announced {} instead; not routed until `weftctl peering accept {}`",
+                                p.site_id,
+                                cidrs.join(" "),
+                                p.site_id
+                            )
+                        }),
+                )
                 .collect(),
         }
     })
