@@ -59,8 +59,9 @@ pub struct Health {
 }
 
 /// How many probes go between two readings of the drop counter (each runs
-/// `nft` in the peering's namespace).
-const DROPS_EVERY: u64 = 5;
+/// `nft` in the peering's namespace: not cheap on a slow host, and the
+/// count is for the admin, not for failover).
+const DROPS_EVERY: u64 = 30;
 
 impl Health {
     /// Records one probe's outcome; returns whether up/down changed.

@@ -824,9 +824,14 @@ mod tests {
         let ttl = Duration::from_millis(300);
         let (h, _dir) = hub(ttl).await;
         let key = (AgentRole::Gateway, "gw".to_string());
+        // How late this machine's timers run now (a loaded machine wakes
+        // the sweep late too): the bound below allows for it.
+        let mut lag = Duration::ZERO;
         for _ in 0..10 {
             h.report(key.clone(), 1, vec![], None).await.unwrap();
+            let slept = std::time::Instant::now();
             tokio::time::sleep(ttl / 3).await;
+            lag = lag.max(slept.elapsed().saturating_sub(ttl / 3));
             assert!(live(&h, "gw").await, "a gateway reporting every TTL/3 stays live");
         }
         h.report(key.clone(), 1, vec![], None).await.unwrap();
@@ -840,8 +845,8 @@ mod tests {
         }
         let after = quiet.elapsed();
         assert!(
-            after >= ttl - Duration::from_millis(20) && after < ttl + Duration::from_millis(150),
-            "liveness ended {after:?} after the last report (TTL {ttl:?})"
+            after >= ttl - Duration::from_millis(20) && after < ttl + Duration::from_millis(150) + 4 * lag,
+            "liveness ended {after:?} after the last report (TTL {ttl:?}, timers late by up to {lag:?})"
         );
         h.report(key.clone(), 1, vec![], None).await.unwrap();
         assert!(live(&h, "gw").await, "a report makes it live again");

@@ -32,9 +32,14 @@ impl Statuses {
         // the GOAWAY's NO_ERROR ("h2 protocol error", INTERNAL, no response
         // headers) instead of sending it over a new connection, as gRPC's
         // transparent retry would. Counted apart; the caller retries it.
+        // Likewise a call still queued in the client when that connection
+        // then closes (the server closes it once its last stream is done):
+        // hyper cancels it unsent (CANCELLED, "operation was canceled").
         let from_server = s.metadata().get("content-type").is_some();
         let key = if !from_server && code == Code::Internal && message.starts_with("h2 protocol error") {
             "not sent: the connection had the server's GOAWAY".to_string()
+        } else if !from_server && code == Code::Cancelled {
+            "not sent: the connection closed before the call left".to_string()
         } else {
             assert!(
                 matches!(
