@@ -204,8 +204,13 @@ fn a_full_disk_under_a_node_agent_never_tears_it_down() {
     // The holder's view of the tmpfs.
     let inside = |f: &str| format!("/proc/{hpid}/root{}/{f}", state.display());
     let saved = || std::fs::read(inside("desired-state.pb")).unwrap();
-    let before = saved();
     let applied = |p: &Proc| p.log_text().matches("applied revision=").count();
+    // "watching" comes before the first desired state is saved and applied:
+    // wait for both rather than assume them.
+    let before = eventually("n1 saved and applied its desired state", Duration::from_secs(20), || {
+        let b = std::fs::read(inside("desired-state.pb")).ok().filter(|b| !b.is_empty())?;
+        (applied(&n1) > 0).then_some(b)
+    });
     let applied_before = applied(&n1);
     {
         use std::io::Write;
