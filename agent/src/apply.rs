@@ -48,6 +48,12 @@ pub trait Applier: Send {
     async fn host_report(&mut self, _held: &Objects) -> pb::HostReport {
         pb::HostReport::default()
     }
+
+    /// The host's own networking, for the guard (None: not known, as with
+    /// --dry-run, which changes nothing).
+    async fn host_nets(&mut self) -> Option<crate::guard::HostNets> {
+        None
+    }
 }
 
 /// One line describing an object, as an operator reads it.

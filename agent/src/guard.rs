@@ -14,17 +14,33 @@
 //!   host's underlay address or its controllers' (that would pull the
 //!   agent's own control traffic into the fabric); weft's peering
 //!   namespaces are weft's whole;
+//! - what the host reaches outside the fabric stays outside it. The agent
+//!   reads its own namespace before each apply ([`HostNets`]): the
+//!   networks of links that are not weft's, the gateways of its main table
+//!   and its resolvers. No route in weft's table overlaps one of those
+//!   networks, and no route or rule there covers one of those addresses,
+//!   the underlay or a controller;
+//! - an address fits its link's role: a link-local /30 (169.254.0.0/16) on
+//!   a veth or WireGuard link; on an overlay link or workload bridge a /32,
+//!   or a network whose prefix route passes the checks a route in the
+//!   host's namespace passes (/8 or narrower, over nothing the host
+//!   reaches outside the fabric). Never one of the protected addresses
+//!   above, which would turn it local and cut the host off from it; never
+//!   on a link that the desired state does not make;
 //! - addresses, CIDRs, endpoints and keys parse as what they are, so no
 //!   field can smuggle text into a configuration channel (WireGuard's UAPI
 //!   is line-based).
 //!
 //! A refused object is reported as an object error and never applied; the
-//! rest still applies. Deleting an object that was refused touches nothing.
+//! rest still applies. Deleting an object that was refused touches nothing
+//! outside weft's own: a route refused because the host's networks changed
+//! under it is withdrawn from weft's table, since weft no longer wants it.
 
-use std::net::{IpAddr, SocketAddr};
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use base64::Engine;
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net};
 use weft_proto::v1 as pb;
 use weft_proto::v1::desired_object::Kind;
 
@@ -33,7 +49,84 @@ use crate::apply::{Applier, Objects};
 /// What this host must keep reaching outside the fabric.
 #[derive(Clone, Debug, Default)]
 pub struct Guard {
-    protected: Vec<IpAddr>,
+    /// Given at start: the underlay address and the controllers', each
+    /// with what it is.
+    protected: Vec<(IpAddr, String)>,
+    /// Read off the host before each apply.
+    host: HostNets,
+}
+
+/// The host's own networking, as read from the agent's namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostNets {
+    /// Addresses (with their prefix) on links that are not weft's, and the
+    /// link: the host is attached to each one's network.
+    pub connected: Vec<(Ipv4Net, String)>,
+    /// Addresses the host reaches outside the fabric, each with what it is:
+    /// the gateways of its main table, its resolvers.
+    pub reached: Vec<(IpAddr, String)>,
+}
+
+impl HostNets {
+    /// Reads the resolvers of a resolv.conf text.
+    pub fn resolvers(resolv_conf: &str) -> Vec<(IpAddr, String)> {
+        resolv_conf
+            .lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                (w.next() == Some("nameserver")).then(|| w.next()).flatten()
+            })
+            .filter_map(|a| a.parse::<IpAddr>().ok())
+            .map(|a| (a, "a resolver of the host (/etc/resolv.conf)".to_string()))
+            .collect()
+    }
+}
+
+/// What role a link has, from the object that makes it: it bounds the
+/// addresses the link may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkRole {
+    /// A veth end or a WireGuard link: a link-local /30.
+    PointToPoint,
+    /// VXLAN or Geneve, or a workload bridge.
+    Network,
+}
+
+/// The links the desired state makes, by (namespace, name).
+pub type Links = HashMap<(String, String), LinkRole>;
+
+/// The links `objects` make (a veth makes both its ends).
+pub fn links<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject>) -> Links {
+    let mut out = Links::new();
+    for o in objects {
+        let Some(Kind::Link(l)) = &o.kind else { continue };
+        let role = match &l.kind {
+            Some(pb::link::Kind::Veth(v)) => {
+                out.insert((v.peer_namespace.clone(), v.peer_name.clone()), LinkRole::PointToPoint);
+                LinkRole::PointToPoint
+            }
+            Some(pb::link::Kind::Wireguard(_)) => LinkRole::PointToPoint,
+            Some(pb::link::Kind::Vxlan(_) | pb::link::Kind::Geneve(_) | pb::link::Kind::Bridge(_)) => LinkRole::Network,
+            None => continue,
+        };
+        out.insert((l.namespace.clone(), l.name.clone()), role);
+    }
+    out
+}
+
+/// 169.254.0.0/16: where weft's veths and tunnel probes take their /30s.
+const LINK_LOCAL: Ipv4Net = match Ipv4Net::new(Ipv4Addr::new(169, 254, 0, 0), 16) {
+    Ok(n) => n,
+    Err(_) => panic!("169.254.0.0/16"),
+};
+
+fn point_to_point(what: &str, net: IpNet) -> R {
+    match net {
+        IpNet::V4(n) if n.prefix_len() == 30 && LINK_LOCAL.contains(&n) => Ok(()),
+        _ => Err(format!(
+            "{what} {net} is not a link-local /30 (in 169.254.0.0/16), which is all a veth or WireGuard link of weft's takes"
+        )),
+    }
 }
 
 type R = Result<(), String>;
@@ -85,35 +178,84 @@ impl Guard {
     /// controllers are `controllers` (URLs; those naming an address are
     /// protected).
     pub fn new(underlay: Option<IpAddr>, controllers: &[String]) -> Guard {
-        let mut protected: Vec<IpAddr> = underlay.into_iter().collect();
+        let mut protected: Vec<(IpAddr, String)> = underlay
+            .into_iter()
+            .map(|a| (a, "this host's underlay address".to_string()))
+            .collect();
         for c in controllers {
             let rest = c.split_once("://").map_or(c.as_str(), |(_, r)| r);
             let host = rest.split('/').next().unwrap_or_default();
-            if let Ok(a) = host.parse::<SocketAddr>() {
-                protected.push(a.ip());
+            let addr = if let Ok(a) = host.parse::<SocketAddr>() {
+                Some(a.ip())
             } else if let Ok(a) = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
-                protected.push(a);
+                Some(a)
             } else if let Some((h, _)) = host.rsplit_once(':')
                 && let Ok(a) = h.parse::<IpAddr>()
             {
-                protected.push(a);
-            }
+                Some(a)
+            } else {
+                None
+            };
+            protected.extend(addr.map(|a| (a, format!("a controller of this agent ({c})"))));
         }
-        Guard { protected }
+        Guard {
+            protected,
+            host: HostNets::default(),
+        }
     }
 
-    /// Ok when `o` stays within what weft owns; else why not.
-    pub fn check(&self, o: &pb::DesiredObject) -> R {
+    /// Takes the host's networking as last read.
+    pub fn set_host(&mut self, host: HostNets) {
+        self.host = host;
+    }
+
+    /// Every address this host reaches outside the fabric, with what it is.
+    fn reached(&self) -> impl Iterator<Item = (IpAddr, &str)> {
+        let own = self
+            .host
+            .connected
+            .iter()
+            .map(|(n, link)| (IpAddr::V4(n.addr()), link.as_str()));
+        self.protected
+            .iter()
+            .map(|(a, what)| (*a, what.as_str()))
+            .chain(self.host.reached.iter().map(|(a, what)| (*a, what.as_str())))
+            .chain(own.map(|(a, _)| (a, "an address of this host")))
+    }
+
+    /// What of the host's own a destination in its namespace would take
+    /// into weft's table, if anything: the protected addresses it covers
+    /// and the host's networks it overlaps.
+    fn takes_over(&self, dst: IpNet) -> R {
+        if let Some((ip, what)) = self.reached().find(|(ip, _)| dst.contains(ip)) {
+            return Err(format!(
+                "covers {ip}, {what}, which this host reaches outside the fabric"
+            ));
+        }
+        if let IpNet::V4(d) = dst
+            && let Some((n, link)) = self
+                .host
+                .connected
+                .iter()
+                .find(|(n, _)| n.trunc().contains(&d.network()) || d.contains(&n.network()))
+        {
+            return Err(format!(
+                "overlaps {}, the network of {link}, which this host is attached to outside the fabric",
+                n.trunc()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Ok when `o` stays within what weft owns, given the links the desired
+    /// state makes; else why not.
+    pub fn check(&self, o: &pb::DesiredObject, links: &Links) -> R {
         match &o.kind {
             None => Err("the object has no kind".into()),
             Some(Kind::Namespace(n)) if n.name.is_empty() => Err("a namespace without a name".into()),
             Some(Kind::Namespace(n)) => namespace("namespace", &n.name),
             Some(Kind::Link(l)) => self.link(l),
-            Some(Kind::Address(a)) => {
-                link_name("address on link", &a.link)?;
-                namespace("namespace", &a.namespace)?;
-                parse::<IpNet>("address", &a.cidr, "an address with a prefix length").map(|_| ())
-            }
+            Some(Kind::Address(a)) => self.address(a, links),
             Some(Kind::Route(r)) => {
                 namespace("namespace", &r.namespace)?;
                 if r.namespace.is_empty() && r.table != weft_proto::HOST_TABLE {
@@ -124,12 +266,8 @@ impl Guard {
                     ));
                 }
                 let dst = parse::<IpNet>("route destination", &r.destination, "a CIDR")?;
-                if r.namespace.is_empty()
-                    && let Some(ip) = self.protected.iter().find(|ip| dst.contains(*ip))
-                {
-                    return Err(format!(
-                        "a route for {dst} covers {ip}, which this host reaches outside the fabric (its underlay or a controller)"
-                    ));
+                if r.namespace.is_empty() {
+                    self.takes_over(dst).map_err(|why| format!("a route for {dst} {why}"))?;
                 }
                 if !r.gateway.is_empty() {
                     parse::<IpAddr>("route gateway", &r.gateway, "an address")?;
@@ -203,9 +341,15 @@ impl Guard {
                         "exported host {host} is not a unicast address on the site's LAN"
                     ));
                 }
-                if self.protected.contains(&IpAddr::V4(host)) {
+                let own = self.protected.iter().map(|(a, what)| (*a, what.as_str())).chain(
+                    self.host
+                        .connected
+                        .iter()
+                        .map(|(n, _)| (IpAddr::V4(n.addr()), "an address of this host")),
+                );
+                if let Some((_, what)) = own.into_iter().find(|(a, _)| *a == IpAddr::V4(host)) {
                     return Err(format!(
-                        "exported host {host} is this host's underlay or a controller: peers would reach it through the tunnel"
+                        "exported host {host} is {what}: peers would reach this host through the tunnel"
                     ));
                 }
                 Ok(())
@@ -238,7 +382,8 @@ impl Guard {
                 if !(1..=65535).contains(&w.listen_port) {
                     return Err(format!("listen port {} is not 1 to 65535", w.listen_port));
                 }
-                parse::<IpNet>("tunnel address", &w.address, "an address with a prefix length")?;
+                let a = parse::<IpNet>("tunnel address", &w.address, "an address with a prefix length")?;
+                point_to_point("tunnel address", a)?;
                 parse::<IpAddr>("tunnel peer address", &w.peer_address, "an address").map(|_| ())
             }
             Some(pb::link::Kind::Veth(v)) => {
@@ -246,6 +391,40 @@ impl Guard {
                 namespace("veth peer namespace", &v.peer_namespace)
             }
             Some(pb::link::Kind::Bridge(_)) => Ok(()),
+        }
+    }
+
+    fn address(&self, a: &pb::Address, links: &Links) -> R {
+        link_name("address on link", &a.link)?;
+        namespace("namespace", &a.namespace)?;
+        let net = parse::<IpNet>("address", &a.cidr, "an address with a prefix length")?;
+        if let Some((_, what)) = self.reached().find(|(ip, _)| *ip == net.addr()) {
+            return Err(format!(
+                "address {net} is {what}: made local on {}, the host would no longer reach it",
+                a.link
+            ));
+        }
+        match links.get(&(a.namespace.clone(), a.link.clone())) {
+            None => Err(format!(
+                "address {net} on {}, a link that weft's desired state does not make",
+                a.link
+            )),
+            Some(LinkRole::PointToPoint) => point_to_point("address", net),
+            Some(LinkRole::Network) if net.prefix_len() == net.max_prefix_len() => Ok(()),
+            // Weft's own namespaces are weft's whole.
+            Some(LinkRole::Network) if !a.namespace.is_empty() => Ok(()),
+            Some(LinkRole::Network) => {
+                // The address routes its network on the link (in table
+                // main): that route passes what a route of weft's would.
+                if net.prefix_len() < 8 {
+                    return Err(format!(
+                        "address {net} routes {} in the host's namespace; weft's links take /8 or narrower, or a /32",
+                        net.trunc()
+                    ));
+                }
+                self.takes_over(net.trunc())
+                    .map_err(|why| format!("address {net}: its route for {} {why}", net.trunc()))
+            }
         }
     }
 
@@ -279,9 +458,9 @@ impl Guard {
                 "a rule for {to} in the host's namespace; weft's rules are /8 or narrower"
             ));
         }
-        if let Some(ip) = self.protected.iter().find(|ip| to.contains(*ip)) {
+        if let Some((ip, what)) = self.reached().find(|(ip, _)| to.contains(ip)) {
             return Err(format!(
-                "a rule for {to} covers {ip}, which this host reaches outside the fabric (its underlay or a controller)"
+                "a rule for {to} covers {ip}, {what}, which this host reaches outside the fabric"
             ));
         }
         Ok(())
@@ -302,25 +481,47 @@ impl<A: Applier> Applier for Guarded<A> {
         upserts: &[pb::DesiredObject],
         deletes: &[String],
     ) -> Vec<pb::ObjectError> {
-        // The inner applier sees only what passed: a refused object was
+        // The host as it is now: a network attached since the last apply
+        // turns away the routes over it.
+        if let Some(host) = self.inner.host_nets().await {
+            self.guard.set_host(host);
+        }
+        // The links as they will be: what is held and stays, and the
+        // upserts over it.
+        let links = links(
+            held.iter()
+                .filter(|(k, _)| !deletes.contains(k))
+                .map(|(_, o)| o)
+                .chain(upserts),
+        );
+        // The inner applier sees only what passes: a refused object was
         // never applied, so there is nothing of it to replace or delete.
         // (Copied only when something held was refused, which is rare.)
-        let refused_held: Vec<&String> = held
+        let refused_held: Vec<(&String, String)> = held
             .iter()
-            .filter(|(_, o)| self.guard.check(o).is_err())
-            .map(|(k, _)| k)
+            .filter_map(|(k, o)| self.guard.check(o, &links).err().map(|why| (k, why)))
             .collect();
+        let is_refused = |id: &String| refused_held.iter().any(|(k, _)| *k == id);
         let filtered: Option<Objects> = (!refused_held.is_empty()).then(|| {
             held.iter()
-                .filter(|(k, _)| !refused_held.contains(k))
+                .filter(|(k, _)| !is_refused(k))
                 .map(|(k, o)| (k.clone(), o.clone()))
                 .collect()
         });
         let held_ok = filtered.as_ref().unwrap_or(held);
-        let mut refused = Vec::new();
+        // Refused objects held and neither replaced nor deleted stay
+        // refused: reported again, so the report lists them all.
+        let mut refused: Vec<pb::ObjectError> = refused_held
+            .iter()
+            .filter(|(k, _)| !deletes.contains(k) && !upserts.iter().any(|o| o.id == **k))
+            .map(|(k, why)| pb::ObjectError {
+                id: (*k).clone(),
+                message: format!("refused by the agent: {why}"),
+            })
+            .collect();
         let mut ok = Vec::with_capacity(upserts.len());
         for o in upserts {
-            match self.guard.check(o) {
+            match self.guard.check(o, &links) {
                 Ok(()) => ok.push(o.clone()),
                 Err(why) => {
                     tracing::warn!(id = %o.id, reason = %why, "refused a desired object: it reaches past what weft owns");
@@ -331,11 +532,7 @@ impl<A: Applier> Applier for Guarded<A> {
                 }
             }
         }
-        let deletes: Vec<String> = deletes
-            .iter()
-            .filter(|id| !refused_held.contains(id))
-            .cloned()
-            .collect();
+        let deletes: Vec<String> = deletes.iter().filter(|id| !is_refused(id)).cloned().collect();
         let mut errors = self.inner.apply(held_ok, &ok, &deletes).await;
         errors.extend(refused);
         errors
@@ -359,6 +556,10 @@ impl<A: Applier> Applier for Guarded<A> {
 
     async fn host_report(&mut self, held: &Objects) -> pb::HostReport {
         self.inner.host_report(held).await
+    }
+
+    async fn host_nets(&mut self) -> Option<HostNets> {
+        self.inner.host_nets().await
     }
 }
 
@@ -426,7 +627,7 @@ mod tests {
                 persistent_keepalive: 25,
             }),
         ] {
-            assert_eq!(g.check(&obj(k.clone())), Ok(()), "{k:?}");
+            assert_eq!(g.check(&obj(k.clone()), &Links::new()), Ok(()), "{k:?}");
         }
     }
 
@@ -509,9 +710,140 @@ mod tests {
             ),
         ];
         for (k, needle) in refused {
-            let e = g.check(&obj(k.clone())).expect_err(&format!("{k:?}"));
+            let e = g.check(&obj(k.clone()), &Links::new()).expect_err(&format!("{k:?}"));
             assert!(e.contains(needle), "{k:?}: {e}");
         }
+    }
+
+    fn address(link: &str, ns: &str, cidr: &str) -> Kind {
+        Kind::Address(pb::Address {
+            link: link.into(),
+            namespace: ns.into(),
+            cidr: cidr.into(),
+        })
+    }
+
+    fn link(name: &str, ns: &str, kind: pb::link::Kind) -> pb::DesiredObject {
+        obj(Kind::Link(pb::Link {
+            name: name.into(),
+            namespace: ns.into(),
+            mtu: 0,
+            kind: Some(kind),
+        }))
+    }
+
+    /// A host on 192.168.78.0/24 (eth0) with a second LAN on eth1, a
+    /// default gateway and a resolver beyond it.
+    fn host_guard() -> Guard {
+        let mut g = guard();
+        g.set_host(HostNets {
+            connected: vec![
+                ("192.168.78.11/24".parse().unwrap(), "eth0".into()),
+                ("172.20.5.7/24".parse().unwrap(), "eth1".into()),
+                ("127.0.0.1/8".parse().unwrap(), "lo".into()),
+            ],
+            reached: [
+                ("192.168.78.254", "a gateway of the host's main table"),
+                ("10.53.0.2", "a resolver of the host (/etc/resolv.conf)"),
+            ]
+            .map(|(a, w)| (a.parse().unwrap(), w.to_string()))
+            .to_vec(),
+        });
+        g
+    }
+
+    fn weft_links() -> Links {
+        links(&[
+            link(
+                "weft-vx0",
+                "",
+                pb::link::Kind::Vxlan(pb::Vxlan {
+                    vni: 1,
+                    local: "192.168.78.11".into(),
+                    remote: "192.168.78.10".into(),
+                    port: 4789,
+                }),
+            ),
+            link(
+                "weft-vabc",
+                "",
+                pb::link::Kind::Veth(pb::Veth {
+                    peer_name: "weft-iabc".into(),
+                    peer_namespace: "weft-p-0123456789ab".into(),
+                }),
+            ),
+            link("weft-br", "", pb::link::Kind::Bridge(pb::Bridge {})),
+        ])
+    }
+
+    #[test]
+    fn addresses_fit_their_links_role_and_routes_keep_off_the_hosts_networks() {
+        let g = host_guard();
+        let l = weft_links();
+        for k in [
+            address("weft-vx0", "", "10.80.0.3/16"),
+            address("weft-vx0", "", "10.80.0.3/32"),
+            address("weft-vabc", "", "169.254.0.5/30"),
+            address("weft-iabc", "weft-p-0123456789ab", "169.254.0.6/30"),
+            address("weft-br", "", "10.1.3.1/24"),
+            route("", 7765, "10.2.0.0/16", "weft-vx0"),
+            rule(7765, 7765, "10.2.0.0/16"),
+        ] {
+            assert_eq!(g.check(&obj(k.clone()), &l), Ok(()), "{k:?}");
+        }
+        let refused = [
+            (address("weft-vx0", "", "0.0.0.1/1"), "/8 or narrower"),
+            (address("weft-vx0", "", "192.168.78.1/32"), "a controller"),
+            (
+                address("weft-vx0", "", "192.168.78.254/32"),
+                "a gateway of the host's main table",
+            ),
+            (address("weft-vx0", "", "10.53.0.2/32"), "a resolver"),
+            (address("weft-vx0", "", "172.20.5.7/32"), "an address of this host"),
+            (
+                address("weft-vx0", "", "172.20.9.1/16"),
+                "172.20.5.7, an address of this host",
+            ),
+            (address("weft-vx0", "", "172.20.5.200/25"), "the network of eth1"),
+            (address("weft-vx0", "", "10.53.9.1/16"), "10.53.0.2"),
+            (address("weft-vabc", "", "10.9.0.1/30"), "link-local /30"),
+            (address("weft-vabc", "", "169.254.0.5/16"), "link-local /30"),
+            (address("weft-other", "", "10.9.0.1/32"), "does not make"),
+            (route("", 7765, "172.20.0.0/16", "weft-vx0"), "172.20.5.7"),
+            (route("", 7765, "172.20.5.128/25", "weft-vx0"), "the network of eth1"),
+            (route("", 7765, "10.53.0.0/16", "weft-vx0"), "a resolver"),
+            (route("", 7765, "127.0.0.0/8", "weft-vx0"), "127.0.0.1"),
+            (rule(7765, 7765, "192.168.0.0/16"), "192.168.78."),
+            (rule(7765, 7765, "10.53.0.0/16"), "a resolver"),
+        ];
+        for (k, needle) in refused {
+            let e = g.check(&obj(k.clone()), &l).expect_err(&format!("{k:?}"));
+            assert!(e.contains(needle), "{k:?}: {e}");
+        }
+        // A tunnel's own address is a link-local /30 too.
+        let wg = |address: &str| {
+            Kind::Link(pb::Link {
+                name: "weft-wabc".into(),
+                namespace: "weft-p-0123456789ab".into(),
+                mtu: 1420,
+                kind: Some(pb::link::Kind::Wireguard(pb::Wireguard {
+                    listen_port: 51821,
+                    address: address.into(),
+                    peer_address: "169.254.255.254".into(),
+                    peer_site: "b".into(),
+                })),
+            })
+        };
+        assert_eq!(g.check(&obj(wg("169.254.255.253/30")), &l), Ok(()));
+        let e = g.check(&obj(wg("192.168.78.1/1")), &l).unwrap_err();
+        assert!(e.contains("link-local /30"), "{e}");
+    }
+
+    #[test]
+    fn resolvers_are_read_from_resolv_conf() {
+        let r = HostNets::resolvers("# x\nnameserver 10.53.0.2\nsearch lan\nnameserver fd00::53\nnameserver bogus\n");
+        let got: Vec<String> = r.iter().map(|(a, _)| a.to_string()).collect();
+        assert_eq!(got, ["10.53.0.2", "fd00::53"]);
     }
 
     /// An applier that records what reached it.

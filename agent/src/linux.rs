@@ -289,6 +289,42 @@ impl Applier for Linux {
         self.writes
     }
 
+    async fn host_nets(&mut self) -> Option<crate::guard::HostNets> {
+        use weft_dataplane::Netlink;
+        let raw = match self.plane.net.read(&String::new()).await {
+            Ok(raw) => raw,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the host's networks; the guard keeps what it last read");
+                return None;
+            }
+        };
+        let theirs = |link: &str| !weft_dataplane::model::owns_link(link);
+        let mut host = crate::guard::HostNets {
+            connected: raw
+                .addresses
+                .iter()
+                .filter(|a| theirs(&a.link))
+                .map(|a| (a.cidr, a.link.clone()))
+                .collect(),
+            reached: Vec::new(),
+        };
+        for r in raw.routes.iter().filter(|r| !r.special).map(|r| &r.route) {
+            if let Some(g) = r.gateway
+                && r.table == 254
+                && r.dev.as_deref().is_none_or(theirs)
+            {
+                host.reached.push((
+                    std::net::IpAddr::V4(g),
+                    format!("a gateway of the host's main table ({} via {g})", r.dst),
+                ));
+            }
+        }
+        if let Ok(text) = std::fs::read_to_string("/etc/resolv.conf") {
+            host.reached.extend(crate::guard::HostNets::resolvers(&text));
+        }
+        Some(host)
+    }
+
     async fn host_report(&mut self, held: &Objects) -> pb::HostReport {
         use weft_dataplane::Netlink;
         if self.kinds.is_none() {

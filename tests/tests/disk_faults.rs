@@ -207,10 +207,16 @@ fn a_full_disk_under_a_node_agent_never_tears_it_down() {
     let applied = |p: &Proc| p.log_text().matches("applied revision=").count();
     // "watching" comes before the first desired state is saved and applied:
     // wait for both rather than assume them.
-    let before = eventually("n1 saved and applied its desired state", Duration::from_secs(20), || {
-        let b = std::fs::read(inside("desired-state.pb")).ok().filter(|b| !b.is_empty())?;
-        (applied(&n1) > 0).then_some(b)
-    });
+    let before = eventually(
+        "n1 saved and applied its desired state",
+        Duration::from_secs(20),
+        || {
+            let b = std::fs::read(inside("desired-state.pb"))
+                .ok()
+                .filter(|b| !b.is_empty())?;
+            (applied(&n1) > 0).then_some(b)
+        },
+    );
     let applied_before = applied(&n1);
     {
         use std::io::Write;

@@ -1,8 +1,11 @@
 //! The agent's guard with the real node agent in a network namespace: a
 //! desired state that reaches past what weft owns (a route in table main,
 //! a rule at priority 0, an address on eth0 that the controller then
-//! deletes, a namespace path with "..", SNAT on eth0) is refused, reported,
-//! and leaves the host exactly as it was. The hostile state comes the way a
+//! deletes, a namespace path with "..", SNAT on eth0; on a link of weft's,
+//! an address whose prefix route covers half the Internet and addresses
+//! that are the controller's or a LAN router's; a route over a LAN the host
+//! is attached to, a rule over its resolver) is refused, reported, and
+//! leaves the host exactly as it was. The hostile state comes the way a
 //! tampered state file or a compromised controller would hand it over: as
 //! the agent's stored desired state, applied at start, then reconciled
 //! against the controller. Needs root: run under CI=true.
@@ -121,6 +124,17 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
         state,
         ..
     } = site("guard", false);
+    // A second LAN the host is attached to outside the fabric, with a
+    // router on it.
+    for cmd in [
+        &["ip", "link", "add", "lan2", "type", "veth", "peer", "name", "lan2p"][..],
+        &["ip", "link", "set", "lan2p", "up"],
+        &["ip", "addr", "add", "172.20.5.7/24", "dev", "lan2"],
+        &["ip", "link", "set", "lan2", "up"],
+        &["ip", "route", "add", "10.66.0.0/16", "via", "172.20.5.1"],
+    ] {
+        netns::must(lab.exec(&node, cmd), "the second LAN");
+    }
     std::thread::sleep(Duration::from_secs(1));
     lab.proc(agent).stop();
     let before = host_state(&lab, &node);
@@ -175,6 +189,78 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
             }),
         ),
     ];
+    // A link of weft's (allowed), and what must not go on it or through it:
+    // an address whose prefix route covers half the Internet, the
+    // controller's and a LAN router's addresses (made local, the host
+    // would lose them), a route over the second LAN, and a rule over the
+    // host's resolver (the one the agent reads in /etc/resolv.conf).
+    let evil_addr = |id: &str, cidr: &str| {
+        obj(
+            id,
+            Kind::Address(pb::Address {
+                link: "weft-evil".into(),
+                namespace: String::new(),
+                cidr: cidr.into(),
+            }),
+        )
+    };
+    let mut hostile = hostile.to_vec();
+    let mut expected = vec![
+        ("hostile/route-main", "table 254"),
+        ("hostile/rule-0", "priority 0"),
+        ("hostile/eth0-address", "\"eth0\""),
+        ("hostile/netns", "namespaces"),
+        ("hostile/snat", "\"eth0\""),
+        ("hostile/address-half", "/8 or narrower"),
+        ("hostile/address-controller", "a controller"),
+        ("hostile/address-router", "a gateway of the host's main table"),
+        ("hostile/route-lan2", "the network of lan2"),
+    ];
+    hostile.extend([
+        obj(
+            "hostile/link",
+            Kind::Link(pb::Link {
+                name: "weft-evil".into(),
+                namespace: String::new(),
+                mtu: 0,
+                kind: Some(pb::link::Kind::Bridge(pb::Bridge {})),
+            }),
+        ),
+        evil_addr("hostile/address-half", "0.0.0.1/1"),
+        evil_addr("hostile/address-controller", "192.168.78.1/32"),
+        evil_addr("hostile/address-router", "172.20.5.1/32"),
+        obj(
+            "hostile/route-lan2",
+            Kind::Route(pb::Route {
+                namespace: String::new(),
+                table: 7765,
+                destination: "172.20.5.128/25".into(),
+                gateway: String::new(),
+                device: "weft-evil".into(),
+            }),
+        ),
+    ]);
+    let resolver = std::fs::read_to_string("/etc/resolv.conf")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("nameserver"))
+        .find_map(|a| a.trim().parse::<std::net::Ipv4Addr>().ok());
+    if let Some(r) = resolver {
+        hostile.push(obj(
+            "hostile/rule-resolver",
+            Kind::Rule(pb::Rule {
+                namespace: String::new(),
+                priority: 7765,
+                from: String::new(),
+                to: format!("{r}/32"),
+                table: 7765,
+                iif: String::new(),
+            }),
+        ));
+        expected.push(("hostile/rule-resolver", "a resolver of the host"));
+    } else {
+        println!("NOT RUN: the rule over the host's resolver (no IPv4 nameserver in /etc/resolv.conf)");
+    }
     for o in &hostile {
         desired.objects.insert(o.id.clone(), o.clone());
     }
@@ -183,21 +269,15 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
     lab.respawn(agent);
     let log = eventually("every hostile object refused", Duration::from_secs(20), || {
         let log = lab.proc(agent).log_text();
-        hostile
+        expected
             .iter()
-            .all(|o| {
+            .all(|(id, _)| {
                 log.lines()
-                    .any(|l| l.contains("refused a desired object") && l.contains(&o.id))
+                    .any(|l| l.contains("refused a desired object") && l.contains(id))
             })
             .then_some(log)
     });
-    for (id, why) in [
-        ("hostile/route-main", "table 254"),
-        ("hostile/rule-0", "priority 0"),
-        ("hostile/eth0-address", "\"eth0\""),
-        ("hostile/netns", "namespaces"),
-        ("hostile/snat", "\"eth0\""),
-    ] {
+    for (id, why) in &expected {
         let line = log.lines().find(|l| l.contains("refused") && l.contains(id)).unwrap();
         assert!(line.contains(why), "{id}: {line}");
     }
