@@ -286,6 +286,42 @@ fn a_peer_whose_id_hashes_like_a_peers_is_refused() {
     assert_eq!(peer_names(&a), ["site-34359"]);
 }
 
+/// A host enrolled after a peering whose underlay address lies in that
+/// peer's view would have its overlay routed into the peer: the real agent
+/// is refused at once, naming the peering, and nothing is recorded. Outside
+/// the views, the same site enrolls hosts as before.
+#[test]
+fn a_host_enrolled_inside_a_peers_view_is_refused_naming_the_peering() {
+    let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
+    let a = site(dir.path(), "site-a", &[]);
+    let b = Controller::start("site-b", &dir.path().join("site-b"), &["--pod-cidr", "10.2.0.0/16"]);
+    create(&a, &token(&b, "10m")).unwrap();
+    let (_, local) = weft_tests::peer_view(&a.target(), "site-b", "workload");
+    assert_eq!(local, "10.2.0.0/16");
+    for (kind, name) in [("node", "late"), ("gateway", "late-gw")] {
+        let mut agent = weft_tests::dry_run_agent(kind, name, "10.2.0.9", &[&a], &a, dir.path());
+        let status = agent
+            .wait_exit(Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("the {kind} was not refused:\n{}", agent.log_text()));
+        assert!(!status.success());
+        let log = agent.log_text();
+        assert!(
+            log.contains("underlay")
+                && log.contains("10.2.0.9")
+                && log.contains("\"site-b\"")
+                && log.contains("weftctl peering delete site-b"),
+            "{log}"
+        );
+        let list = weftctl_json(&a.target(), &[&format!("{kind}s")]);
+        assert!(!list.to_string().contains(name), "a refused {kind} was recorded: {list}");
+    }
+    let mut ok = weft_tests::dry_run_agent("node", "lan", "127.0.0.1", &[&a], &a, dir.path());
+    weft_tests::eventually("a node outside the views enrolls", Duration::from_secs(20), || {
+        ok.log_text().contains("watching").then_some(())
+    });
+    assert!(ok.wait_exit(Duration::from_millis(100)).is_none());
+}
+
 /// When the dialing side cannot record its side (here: no room in its remap
 /// pools for the peer's CIDR), it undoes the other side: no half peering.
 #[test]

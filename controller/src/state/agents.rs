@@ -209,6 +209,24 @@ impl State {
                 };
                 validate_name("the agent name", &name).map_err(Error::InvalidArgument)?;
                 let site = snap.site()?;
+                // A host inside a peer's view would have its overlay (and
+                // its controller traffic) routed into that peering.
+                if let Some(std::net::IpAddr::V4(ip)) = underlay
+                    && let Some((p, v)) = snap
+                        .peerings
+                        .iter()
+                        .find_map(|(p, _)| p.views.iter().find(|v| v.local.contains(&ip)).map(|v| (p, v)))
+                {
+                    return Err(Error::FailedPrecondition(format!(
+                        "underlay: {ip} is in {}, this site's view of peering {:?}'s {} CIDR {}: the {} {name:?} would                          have its overlay routed into that peer; give it an address on the site's LAN outside the                          peers' views, or delete the peering first (`weftctl peering delete {}`)",
+                        v.local,
+                        p.site_id,
+                        v.kind,
+                        v.real,
+                        token.role.as_str(),
+                        p.site_id
+                    )));
+                }
 
                 let mut txn = Txn::new().when(Compare::ModRevision(token_key.clone(), *token_rev));
                 txn = if token.uses_left <= 1 {
