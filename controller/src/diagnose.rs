@@ -461,5 +461,37 @@ pub async fn run(
             ),
         });
     }
+    // Joins refused here lately: the peer's admin was told why; this
+    // site's admin learns it here.
+    for r in fed.refused.list() {
+        let age = std::time::SystemTime::now()
+            .duration_since(r.last_at)
+            .unwrap_or_default();
+        if age > REFUSAL_SHOWN {
+            continue;
+        }
+        let times = if r.count > 1 {
+            format!(" {} times,", r.count)
+        } else {
+            String::new()
+        };
+        out.push(check(
+            "join",
+            format!("peer/{}", r.site_id),
+            pb::CheckResult::Warn,
+            format!(
+                "refused site {:?}'s join{times} last {} ago: {}: {}",
+                r.site_id,
+                humantime::format_duration(Duration::from_secs(age.as_secs())),
+                crate::refused::code_name(r.code),
+                r.message
+            ),
+            "nothing to do if the refusal is right; otherwise change what it names on this site \
+             (--peer-public-cidr, --remap-pool, ...) and have the peer run `weftctl peering create` again",
+        ));
+    }
     Ok(out)
 }
+
+/// How long `diagnose` shows a refused join.
+const REFUSAL_SHOWN: Duration = Duration::from_secs(24 * 3600);

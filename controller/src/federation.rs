@@ -228,6 +228,8 @@ pub struct Federation {
     pub hub: Arc<crate::hub::Hub>,
     /// How long a peer may stay unreachable before its peering is removed here.
     pub grace: Duration,
+    /// Joins refused here, for the admin.
+    pub refused: crate::refused::RefusedJoins,
 }
 
 /// What the admin gets for a status a peer answered a Join with: refusals
@@ -789,7 +791,12 @@ impl FederationService for FederationApi {
             let Ok(_negotiating) = joins.try_acquire_owned() else {
                 return Err(busy("negotiating", JOINS_AT_ONCE));
             };
-            joined(&fed, site, r, params, proof).await
+            // The caller proved a valid token: a refusal from here on is
+            // the admin's business.
+            let refused = site.clone();
+            joined(&fed, site, r, params, proof)
+                .await
+                .inspect_err(|s| fed.refused.record(&refused, s))
         })
         .await
         .map_err(|e| Status::internal(format!("the join failed: {e}")))?
@@ -841,9 +848,11 @@ async fn checked(fed: &Federation, site: &str, r: &pb::JoinRequest) -> Result<To
                 // Only a holder of a valid token learns that the id is
                 // taken; anyone else gets what a bad token gets.
                 fed.state.check_peer_token(&proof, site).await?;
-                return Err(Status::already_exists(format!(
+                let refusal = Status::already_exists(format!(
                     "a site {site:?} with another CA is already peered; it must delete that peering first"
-                )));
+                ));
+                fed.refused.record(site, &refusal);
+                return Err(refusal);
             }
         }
     }

@@ -21,6 +21,7 @@ pub mod hub;
 pub mod leader;
 pub mod metrics;
 pub mod pki;
+pub mod refused;
 pub mod server;
 pub mod state;
 pub mod store;

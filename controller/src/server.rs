@@ -368,6 +368,7 @@ pub async fn run(
         endpoints,
         hub: hub.clone(),
         grace: cfg.peer_grace,
+        refused: Default::default(),
     });
     let me = format!(
         "{}@{}",

@@ -247,6 +247,42 @@ fn a_peer_in_public_space_is_refused_unless_allowed_and_then_only_remapped() {
     weft_tests::eventually("p forgot its side", Duration::from_secs(10), || {
         peer_names(&public).is_empty().then_some(())
     });
+    // The other way round, the strict site refuses the Join itself: its
+    // admin sees what was refused and why, in peerings and diagnose.
+    let err = create(&public, &token(&strict, "10m")).unwrap_err();
+    assert!(err.contains("INVALID_ARGUMENT") && err.contains("1.1.1.0/24"), "{err}");
+    assert!(peer_names(&strict).is_empty());
+    let listed = weftctl_json(&strict.target(), &["peerings"]);
+    let refused = &listed["refused_joins"][0];
+    assert_eq!(refused["site_id"], "site-p", "{listed}");
+    assert_eq!(refused["code"], "INVALID_ARGUMENT", "{listed}");
+    assert!(
+        refused["message"].as_str().unwrap().contains("workload_cidrs[0]")
+            && refused["message"].as_str().unwrap().contains("1.1.1.0/24"),
+        "{listed}"
+    );
+    let table = weft_tests::stdout(&run(Command::new(bin("weftctl")).args([
+        "--controller",
+        &strict.target(),
+        "peerings",
+    ])));
+    assert!(table.contains("refused site-p's join"), "{table}");
+    let status = weft_tests::stdout(&run(Command::new(bin("weftctl")).args([
+        "--controller",
+        &strict.target(),
+        "status",
+    ])));
+    assert!(
+        status.contains("refused site-p's join") && status.contains("1.1.1.0/24"),
+        "{status}"
+    );
+    let o = run(Command::new(bin("weftctl")).args(["--controller", &strict.target(), "-o", "json", "diagnose"]));
+    let d: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        d.to_string().contains("refused site \\\"site-p\\\"'s join"),
+        "diagnose does not show the refusal: {d}"
+    );
+    assert_eq!(o.status.code(), Some(0), "a warning, not a failure: {d}");
 
     let open = site(dir.path(), "site-b", &["--peer-public-cidr", "1.1.0.0/16"]);
     create(&open, &token(&public, "10m")).unwrap();
@@ -313,7 +349,10 @@ fn a_host_enrolled_inside_a_peers_view_is_refused_naming_the_peering() {
             "{log}"
         );
         let list = weftctl_json(&a.target(), &[&format!("{kind}s")]);
-        assert!(!list.to_string().contains(name), "a refused {kind} was recorded: {list}");
+        assert!(
+            !list.to_string().contains(name),
+            "a refused {kind} was recorded: {list}"
+        );
     }
     let mut ok = weft_tests::dry_run_agent("node", "lan", "127.0.0.1", &[&a], &a, dir.path());
     weft_tests::eventually("a node outside the views enrolls", Duration::from_secs(20), || {

@@ -311,6 +311,7 @@ impl AdminService for AdminApi {
                 })
                 .collect(),
             revision,
+            refused_joins: self.fed.refused.to_proto(),
         }))
     }
 

@@ -46,25 +46,27 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
         Out {
             failed: false,
             json: json!({"peerings": r.peerings.iter().map(|p| json!({
-            "site_id": p.site_id, "state": peering_state(p.state),
-            "views": p.views.iter().map(view_json).collect::<Vec<_>>(),
-            "created_at": ts(&p.created_at), "last_error": p.last_error, "tunnel_role": p.tunnel_role,
-            "remote_endpoints": p.remote_endpoints, "remote_ca_fingerprint": p.remote_ca_fingerprint,
-            "listen_port": p.listen_port, "held_by_peer": p.held_by_peer,
-            "pending": (!p.pending_workload_cidrs.is_empty() || !p.pending_external_cidr.is_empty()).then(|| json!({
-                "workload_cidrs": p.pending_workload_cidrs, "external_cidr": p.pending_external_cidr,
-                "since": ts(&p.pending_since),
-            })),
-            "local_gateways": p.local_gateways.iter().map(gateway_info_json).collect::<Vec<_>>(),
-            "remote_gateways": p.remote_gateways.iter().map(gateway_info_json).collect::<Vec<_>>(),
-            "tunnel": p.tunnel.as_ref().map(|t| json!({
-                "up": t.up, "rtt_ms": t.rtt_micros as f64 / 1000.0,
-                "last_handshake": ts(&t.last_handshake), "rx_bytes": t.rx_bytes, "tx_bytes": t.tx_bytes,
-                "probes_sent": t.probes_sent, "probes_lost": t.probes_lost, "link": t.link,
-                "gateway": t.gateway, "reported_at": ts(&t.reported_at),
-                "dropped_from_tunnel": t.dropped_from_tunnel,
-            })),
-        })).collect::<Vec<_>>(), "revision": r.revision}),
+                "site_id": p.site_id, "state": peering_state(p.state),
+                "views": p.views.iter().map(view_json).collect::<Vec<_>>(),
+                "created_at": ts(&p.created_at), "last_error": p.last_error, "tunnel_role": p.tunnel_role,
+                "remote_endpoints": p.remote_endpoints, "remote_ca_fingerprint": p.remote_ca_fingerprint,
+                "listen_port": p.listen_port, "held_by_peer": p.held_by_peer,
+                "pending": (!p.pending_workload_cidrs.is_empty() || !p.pending_external_cidr.is_empty()).then(|| json!({
+                    "workload_cidrs": p.pending_workload_cidrs, "external_cidr": p.pending_external_cidr,
+                    "since": ts(&p.pending_since),
+                })),
+                "local_gateways": p.local_gateways.iter().map(gateway_info_json).collect::<Vec<_>>(),
+                "remote_gateways": p.remote_gateways.iter().map(gateway_info_json).collect::<Vec<_>>(),
+                "tunnel": p.tunnel.as_ref().map(|t| json!({
+                    "up": t.up, "rtt_ms": t.rtt_micros as f64 / 1000.0,
+                    "last_handshake": ts(&t.last_handshake), "rx_bytes": t.rx_bytes, "tx_bytes": t.tx_bytes,
+                    "probes_sent": t.probes_sent, "probes_lost": t.probes_lost, "link": t.link,
+                    "gateway": t.gateway, "reported_at": ts(&t.reported_at),
+                    "dropped_from_tunnel": t.dropped_from_tunnel,
+                })),
+            })).collect::<Vec<_>>(), "revision": r.revision,
+                "refused_joins": r.refused_joins.iter().map(refused_json).collect::<Vec<_>>(),
+            }),
             header: vec![
                 "PEER",
                 "STATE",
@@ -108,9 +110,30 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                             )
                         }),
                 )
+                .chain(r.refused_joins.iter().map(refused_line))
                 .collect(),
         }
     })
+}
+
+/// A join this site refused, on one line.
+pub(crate) fn refused_line(r: &pb::RefusedJoin) -> String {
+    let times = if r.count > 1 {
+        format!(" ({} times)", r.count)
+    } else {
+        String::new()
+    };
+    format!(
+        "refused {}'s join{times}, last at {}: {}: {}",
+        r.site_id,
+        ts(&r.last_at),
+        r.code,
+        r.message
+    )
+}
+
+pub(crate) fn refused_json(r: &pb::RefusedJoin) -> serde_json::Value {
+    json!({"site_id": r.site_id, "code": r.code, "message": r.message, "last_at": ts(&r.last_at), "count": r.count})
 }
 
 /// Peering tokens, peering and unpeering.

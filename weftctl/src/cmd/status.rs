@@ -27,9 +27,16 @@ pub(crate) struct Site {
     pub(crate) gateways: Vec<pb::Gateway>,
     pub(crate) nodes: Vec<pb::Node>,
     pub(crate) peerings: Vec<pb::Peering>,
+    /// Joins this controller refused lately, newest first.
+    pub(crate) refused_joins: Vec<pb::RefusedJoin>,
 }
 
 pub(crate) async fn site(c: &mut Client) -> Result<Site, String> {
+    let peerings = c
+        .list_peerings(pb::ListPeeringsRequest {})
+        .await
+        .map_err(status)?
+        .into_inner();
     Ok(Site {
         site: c.get_site(pb::GetSiteRequest {}).await.map_err(status)?.into_inner(),
         gateways: c
@@ -44,12 +51,8 @@ pub(crate) async fn site(c: &mut Client) -> Result<Site, String> {
             .map_err(status)?
             .into_inner()
             .nodes,
-        peerings: c
-            .list_peerings(pb::ListPeeringsRequest {})
-            .await
-            .map_err(status)?
-            .into_inner()
-            .peerings,
+        peerings: peerings.peerings,
+        refused_joins: peerings.refused_joins,
     })
 }
 
@@ -134,8 +137,13 @@ pub async fn run(c: &mut Client) -> Result<Out, String> {
         &["PEERING", "STATE", "TUNNEL", "RTT", "VIEWS (REAL→LOCAL)", "LAST ERROR"],
         &peer_rows,
     );
+    for r in &s.refused_joins {
+        out += &super::peerings::refused_line(r);
+        out += "\n";
+    }
     let mut o = text(out);
     o.json = json!({
+        "refused_joins": s.refused_joins.iter().map(super::peerings::refused_json).collect::<Vec<_>>(),
         "site": s.site.id, "revision": s.site.revision,
         "gateways": s.gateways.iter().map(|g| json!({"name": g.name, "active": g.active,
             "ready": g.status.as_ref().is_some_and(|s| s.ready), "endpoint": g.endpoint, "revision": revision_cell(&g.status)})).collect::<Vec<_>>(),
