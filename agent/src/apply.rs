@@ -4,7 +4,9 @@
 //! nothing, prints what it would do) with `--dry-run`.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
+use ipnet::Ipv4Net;
 use weft_proto::v1 as pb;
 use weft_proto::v1::desired_object::Kind;
 
@@ -51,8 +53,34 @@ pub trait Applier: Send {
 
     /// The host's own networking, for the guard (None: not known, as with
     /// --dry-run, which changes nothing).
-    async fn host_nets(&mut self) -> Option<crate::guard::HostNets> {
+    async fn host_nets(&mut self) -> Option<HostNets> {
         None
+    }
+}
+
+/// The host's own networking, as read from the agent's namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostNets {
+    /// Addresses (with their prefix) on links that are not weft's, and the
+    /// link: the host is attached to each one's network.
+    pub connected: Vec<(Ipv4Net, String)>,
+    /// Addresses the host reaches outside the fabric, each with what it is:
+    /// the gateways of its main table, its resolvers.
+    pub reached: Vec<(IpAddr, String)>,
+}
+
+impl HostNets {
+    /// Reads the resolvers of a resolv.conf text.
+    pub fn resolvers(resolv_conf: &str) -> Vec<(IpAddr, String)> {
+        resolv_conf
+            .lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                (w.next() == Some("nameserver")).then(|| w.next()).flatten()
+            })
+            .filter_map(|a| a.parse::<IpAddr>().ok())
+            .map(|a| (a, "a resolver of the host (/etc/resolv.conf)".to_string()))
+            .collect()
     }
 }
 

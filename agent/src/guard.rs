@@ -44,7 +44,7 @@ use ipnet::{IpNet, Ipv4Net};
 use weft_proto::v1 as pb;
 use weft_proto::v1::desired_object::Kind;
 
-use crate::apply::{Applier, Objects};
+use crate::apply::{Applier, HostNets, Objects};
 
 /// What this host must keep reaching outside the fabric.
 #[derive(Clone, Debug, Default)]
@@ -54,32 +54,6 @@ pub struct Guard {
     protected: Vec<(IpAddr, String)>,
     /// Read off the host before each apply.
     host: HostNets,
-}
-
-/// The host's own networking, as read from the agent's namespace.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct HostNets {
-    /// Addresses (with their prefix) on links that are not weft's, and the
-    /// link: the host is attached to each one's network.
-    pub connected: Vec<(Ipv4Net, String)>,
-    /// Addresses the host reaches outside the fabric, each with what it is:
-    /// the gateways of its main table, its resolvers.
-    pub reached: Vec<(IpAddr, String)>,
-}
-
-impl HostNets {
-    /// Reads the resolvers of a resolv.conf text.
-    pub fn resolvers(resolv_conf: &str) -> Vec<(IpAddr, String)> {
-        resolv_conf
-            .lines()
-            .filter_map(|l| {
-                let mut w = l.split_whitespace();
-                (w.next() == Some("nameserver")).then(|| w.next()).flatten()
-            })
-            .filter_map(|a| a.parse::<IpAddr>().ok())
-            .map(|a| (a, "a resolver of the host (/etc/resolv.conf)".to_string()))
-            .collect()
-    }
 }
 
 /// What role a link has, from the object that makes it: it bounds the

@@ -289,7 +289,7 @@ impl Applier for Linux {
         self.writes
     }
 
-    async fn host_nets(&mut self) -> Option<crate::guard::HostNets> {
+    async fn host_nets(&mut self) -> Option<crate::apply::HostNets> {
         use weft_dataplane::Netlink;
         let raw = match self.plane.net.read(&String::new()).await {
             Ok(raw) => raw,
@@ -299,7 +299,7 @@ impl Applier for Linux {
             }
         };
         let theirs = |link: &str| !weft_dataplane::model::owns_link(link);
-        let mut host = crate::guard::HostNets {
+        let mut host = crate::apply::HostNets {
             connected: raw
                 .addresses
                 .iter()
@@ -320,7 +320,7 @@ impl Applier for Linux {
             }
         }
         if let Ok(text) = std::fs::read_to_string("/etc/resolv.conf") {
-            host.reached.extend(crate::guard::HostNets::resolvers(&text));
+            host.reached.extend(crate::apply::HostNets::resolvers(&text));
         }
         Some(host)
     }
