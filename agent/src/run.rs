@@ -23,6 +23,9 @@ pub use weft_common::backoff;
 /// an error answer) tries them again.
 const RETRY_LOST: Duration = Duration::from_secs(1);
 
+/// How often an agent the controller refuses (not removed) asks again.
+const REFUSED_RETRY: Duration = Duration::from_secs(30);
+
 /// How a session ended.
 #[derive(Debug)]
 enum End {
@@ -33,13 +36,19 @@ enum End {
     /// The controller answered with an error: worth reconnecting, after a
     /// back-off that grows while it keeps answering so.
     Transient(anyhow::Error),
-    /// The controller refuses this agent (removed, revoked).
+    /// The admin removed this agent (the controller says so, see
+    /// [`weft_proto::REMOVED`]): what it applied goes.
+    Removed(anyhow::Error),
+    /// The controller refuses this agent otherwise (a revoked, unknown or
+    /// expired certificate, which a thief's renewal can cause too): the
+    /// host keeps forwarding what it has, and the agent keeps asking.
     Refused(anyhow::Error),
 }
 
 fn classify(s: tonic::Status) -> End {
     let e = anyhow::anyhow!("{:?}: {}", s.code(), s.message());
     match s.code() {
+        tonic::Code::Unauthenticated if s.metadata().contains_key(weft_proto::REMOVED) => End::Removed(e),
         tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => End::Refused(e),
         // A status the transport made up (it carries the connection's
         // error as its source), not one the controller sent.
@@ -500,11 +509,29 @@ async fn renew_forever(ids: IdentityStore, cfg: AgentConfig, tx: watch::Sender<C
                 tx.send_replace(c);
                 delays = backoff();
             }
-            Err(RenewError::Refused(e)) => anyhow::bail!("the controller refused to renew this agent: {e:#}"),
+            // Refused, or expired before it could be renewed: the agent
+            // cannot fix that itself, but stopping would stop the host's
+            // forwarding (a userspace gateway's tunnels live in this
+            // process). It says so and keeps asking, slowly.
+            Err(RenewError::Refused(e)) => {
+                tracing::error!(
+                    error = %format!("{e:#}"),
+                    retry_in = ?REFUSED_RETRY,
+                    "the controller refused to renew this agent; the host keeps forwarding what it has. \
+                     Enroll it again with a new token (or remove it with --teardown)"
+                );
+                tokio::time::sleep(REFUSED_RETRY).await;
+            }
+            Err(RenewError::Transient(e)) if creds.not_after <= SystemTime::now() => {
+                tracing::error!(
+                    error = %e,
+                    retry_in = ?REFUSED_RETRY,
+                    "the certificate expired before it could be renewed; the host keeps forwarding what it has. \
+                     Enroll it again with a new token"
+                );
+                tokio::time::sleep(REFUSED_RETRY).await;
+            }
             Err(RenewError::Transient(e)) => {
-                if creds.not_after <= SystemTime::now() {
-                    anyhow::bail!("the certificate expired before it could be renewed: {e:#}");
-                }
                 let delay = delays.next().unwrap_or(Duration::from_secs(60));
                 controller = (controller + 1) % cfg.controllers.len();
                 tracing::warn!(error = %e, retry_in = ?delay, "renewal failed");
@@ -653,10 +680,29 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         };
         let lost = matches!(end, End::Lost(_));
         match end {
-            End::Refused(e) => {
-                // Removed or revoked: leave the host as it was before weft.
+            End::Removed(e) => {
+                // Removed by the admin: leave the host as it was before weft.
                 teardown(&mut desired, &file, applier.as_mut()).await;
                 anyhow::bail!("the controller refused this agent: {e:#}")
+            }
+            End::Refused(e) => {
+                // Not a removal: whoever caused it (a revoked certificate,
+                // a thief's renewal), the host keeps forwarding what it
+                // has; the agent keeps asking, slowly, for the admin to
+                // enroll it again.
+                tracing::error!(
+                    controller = %target,
+                    error = %format!("{e:#}"),
+                    retry_in = ?REFUSED_RETRY,
+                    "the controller refused this agent; the host keeps forwarding what it has. \
+                     Enroll it again with a new token (or remove weft's objects with --teardown)"
+                );
+                controller = (controller + 1) % cfg.controllers.len();
+                tokio::select! {
+                    _ = tokio::time::sleep(REFUSED_RETRY) => {}
+                    _ = tokio::signal::ctrl_c() => break,
+                    _ = term.recv() => break,
+                }
             }
             End::Transient(e) | End::Lost(e) => {
                 if started.elapsed() > Duration::from_secs(10) {

@@ -282,7 +282,8 @@ impl Authenticator {
                      admin.pem and admin.key from the controller's pki directory"
                 ),
                 _ => format!(
-                    "the certificate of {id} was revoked (the {} was removed); enroll it again with a new token",
+                    "the certificate of {id} was revoked (the {} was removed, or its identity was renewed from \
+                     a superseded certificate); enroll it again with a new token",
                     id.role.as_str()
                 ),
             }));

@@ -45,6 +45,7 @@ struct Agent {
     role: AgentRole,
     name: String,
     certs: Vec<CertRecord>,
+    conflict: Option<crate::domain::IdentityConflict>,
 }
 
 impl Agent {
@@ -58,6 +59,19 @@ impl Agent {
 }
 
 fn certificate(a: &Agent, live: bool, now: u64) -> pb::Check {
+    if let Some(c) = &a.conflict {
+        return check(
+            "certificate",
+            a.subject(),
+            pb::CheckResult::Fail,
+            crate::grpc::convert::conflict(c),
+            &format!(
+                "a second host has this agent's key and certificate: find it; then run `{}` and enroll the real \
+                 host again with a new token (its data plane keeps forwarding meanwhile)",
+                a.delete_cmd()
+            ),
+        );
+    }
     let latest = a.certs.iter().map(|c| c.not_after_ms).max();
     match latest {
         None => check(
@@ -404,13 +418,31 @@ pub async fn run(
             role: AgentRole::Node,
             name: n.name.clone(),
             certs: n.certs.clone(),
+            conflict: n.identity_conflict.clone(),
         })
         .chain(gateways.iter().map(|g| Agent {
             role: AgentRole::Gateway,
             name: g.name.clone(),
             certs: g.certs.clone(),
+            conflict: g.identity_conflict.clone(),
         }))
         .collect();
+    for g in gateways.iter().filter(|g| g.pending_public_key.is_some()) {
+        out.push(check(
+            "gateway-key",
+            format!("gateway/{}", g.name),
+            pb::CheckResult::Warn,
+            format!(
+                "gateway {:?} asks to change its WireGuard key; peers keep the current one",
+                g.name
+            ),
+            &format!(
+                "if its host really made a new key (its wireguard.key was lost), run `weftctl gateway accept-key {}`; \
+                 otherwise its certificate may be stolen: remove it and enroll it again",
+                g.name
+            ),
+        ));
+    }
     // Lag: two looks at each agent's progress, `settle` apart.
     let first = progress(hub, &state.alive().await?);
     tokio::time::sleep(settle).await;

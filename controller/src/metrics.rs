@@ -158,6 +158,27 @@ fn collect(f: &mut Families, hub: &Hub, leading: bool) {
     );
     f.gauge("weft_controller_nodes", "Nodes recorded", &[], model.nodes.len() as f64);
     f.gauge(
+        "weft_controller_identity_conflicts",
+        "Agents whose identity two hosts held (every certificate of it revoked; see weftctl diagnose)",
+        &[],
+        (model.nodes.values().filter(|n| n.identity_conflict.is_some()).count()
+            + model
+                .gateways
+                .values()
+                .filter(|g| g.identity_conflict.is_some())
+                .count()) as f64,
+    );
+    f.gauge(
+        "weft_controller_gateway_keys_held",
+        "Gateways whose new WireGuard key waits for `weftctl gateway accept-key`",
+        &[],
+        model
+            .gateways
+            .values()
+            .filter(|g| g.pending_public_key.is_some())
+            .count() as f64,
+    );
+    f.gauge(
         "weft_controller_gateways",
         "Gateways recorded",
         &[],

@@ -118,6 +118,22 @@ pub struct Node {
     /// Its kernel can make Geneve links (as its agent last reported).
     #[serde(default)]
     pub geneve: bool,
+    /// Set when two holders of this identity showed up (see
+    /// [`IdentityConflict`]); cleared by enrolling again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity_conflict: Option<IdentityConflict>,
+}
+
+/// A renewal came from a certificate older than the newest one issued
+/// under the name, after the newest was in use: two hosts hold the
+/// identity (a copied key and certificate). Every certificate of the
+/// name was revoked; the admin must find out which host is the real one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdentityConflict {
+    pub at_ms: u64,
+    /// The certificate that asked to renew, and the newest one.
+    pub caller_serial: String,
+    pub newest_serial: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,6 +151,18 @@ pub struct Gateway {
     /// Its kernel can make Geneve links (as its agent last reported).
     #[serde(default)]
     pub geneve: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity_conflict: Option<IdentityConflict>,
+    /// A new WireGuard key the gateway asked for while it had one: held
+    /// until the admin accepts it (`weftctl gateway accept-key`), since a
+    /// stolen certificate must not redirect the site's tunnels. Peers keep
+    /// the current key meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_public_key: Option<String>,
+    /// Enrolled (with a token) since its key was last set: the next key
+    /// it sends is taken as is.
+    #[serde(default)]
+    pub key_from_enrollment: bool,
 }
 
 /// One certificate issued to an agent.
@@ -143,6 +171,9 @@ pub struct CertRecord {
     /// Serial number, lower-case hex.
     pub serial: String,
     pub not_after_ms: u64,
+    /// When it was issued (0: before weft recorded it).
+    #[serde(default)]
+    pub issued_at_ms: u64,
 }
 
 /// The latest expiry among `certs` that are still valid at `now_ms`.

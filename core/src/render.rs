@@ -736,6 +736,7 @@ mod tests {
             internal_ip: Some(Ipv4Addr::new(10, 80, 0, i)),
             underlay_ip: Some(IpAddr::V4(Ipv4Addr::new(192, 168, 1, i))),
             geneve: false,
+            identity_conflict: None,
         };
         let gw = Gateway {
             name: "gw1".into(),
@@ -746,6 +747,9 @@ mod tests {
             internal_ip: Some(Ipv4Addr::new(10, 80, 0, 100)),
             underlay_ip: Some(IpAddr::V4(Ipv4Addr::new(192, 168, 1, 100))),
             geneve: false,
+            identity_conflict: None,
+            pending_public_key: None,
+            key_from_enrollment: false,
         };
         let peering = Peering {
             site_id: "b".into(),

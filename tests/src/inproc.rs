@@ -41,6 +41,7 @@ impl InProc {
                 .map(|e| e.1.to_string())
                 .collect(),
             agent_ttl: extra.iter().find(|e| e.0 == "agent_ttl").map(|e| e.1.to_string()),
+            agent_cert_ttl: extra.iter().find(|e| e.0 == "agent_cert_ttl").map(|e| e.1.to_string()),
             site_id: Some(
                 extra
                     .iter()

@@ -243,3 +243,74 @@ fn a_state_file_that_cannot_be_saved_is_reported_and_retried_and_never_stops_the
     });
     assert!(n1.log_text().contains("on disk again"), "{}", n1.log_text());
 }
+
+/// A gateway agent refused for anything but its removal keeps what it
+/// applied and keeps running, asking again now and then: a thief's doing
+/// must not take the site's tunnels down. Here its key and certificate are
+/// copied and the copy renews (grpcurl); when the real agent renews next,
+/// from its now superseded certificate, every certificate of the name is
+/// revoked (two holders). The agent keeps its stored state (a teardown
+/// would empty it) and keeps running; the admin sees the conflict.
+#[test]
+fn a_gateway_refused_but_not_removed_keeps_its_state_and_keeps_running() {
+    let Some(grpcurl) = weft_tests::require_tool("grpcurl") else {
+        return;
+    };
+    let dir = tempfile::Builder::new().prefix("weft-refused").tempdir().unwrap();
+    let c = Controller::start(
+        "site-a",
+        &dir.path().join("ctl"),
+        &["--pod-cidr", "10.1.0.0/16", "--agent-cert-ttl", "12s"],
+    );
+    let mut gw = weft_tests::dry_run_agent("gateway", "gw", "127.0.0.1", &[&c], &c, dir.path());
+    let _n1 = weft_tests::dry_run_agent("node", "n1", "127.0.0.2", &[&c], &c, dir.path());
+    eventually("the gateway applied its state", Duration::from_secs(20), || {
+        gw.log_text().contains("applied revision=").then_some(())
+    });
+    let state = dir.path().join("gw");
+    let stored = || {
+        weft_agent::desired::StateFile::new(&state)
+            .load()
+            .unwrap()
+            .map_or(0, |d| d.objects.len())
+    };
+    let held = eventually("the gateway stored its state", Duration::from_secs(20), || {
+        Some(stored()).filter(|n| *n > 0)
+    });
+    // The copy renews at once (the real agent renews at two thirds of the
+    // certificate's 12 s, past the 1.2 s retry window).
+    let (_key, csr) = weft_agent::identity::key_and_csr("gw").unwrap();
+    let o = weft_tests::run(
+        Command::new(&grpcurl)
+            .arg("-cacert")
+            .arg(state.join(weft_agent::identity::CA_FILE))
+            .arg("-cert")
+            .arg(state.join(weft_agent::identity::CERT_FILE))
+            .arg("-key")
+            .arg(state.join(weft_agent::identity::KEY_FILE))
+            .args(["-d", &serde_json::json!({ "csr_pem": csr }).to_string()])
+            .arg(format!("127.0.0.1:{}", c.listen_port))
+            .arg("weft.v1.AgentService/Renew"),
+    );
+    assert!(o.status.success(), "{}", weft_tests::stderr(&o));
+    let log = eventually("the real agent refused", Duration::from_secs(30), || {
+        let log = gw.log_text();
+        log.contains("keeps forwarding what it has").then_some(log)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        gw.wait_exit(Duration::from_millis(100)).is_none(),
+        "the agent stopped:\n{}",
+        gw.log_text()
+    );
+    assert!(!log.contains("removed weft's objects"), "{log}");
+    assert_eq!(stored(), held, "the stored state was torn down");
+    let g = weftctl_json(&c.target(), &["gateways"]);
+    assert!(
+        g["gateways"][0]["identity_conflict"]
+            .as_str()
+            .unwrap()
+            .contains("two hosts hold this identity"),
+        "{g}"
+    );
+}

@@ -113,27 +113,73 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
         p.allowed_ips
     );
 
-    // The subscriptions between the controllers start within a moment of
-    // the peering; a first rotation shows site-a is following site-b.
+    // A gateway that has a key asks for another: held for site-b's admin
+    // (a stolen gateway certificate must not redirect the tunnels), the
+    // peers keep the current one; the admin's accept takes it.
+    let b_gateway = |what: &'static str| {
+        let b = &b;
+        async move {
+            let gws = b
+                .admin()
+                .await
+                .list_gateways(pb::ListGatewaysRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .gateways;
+            let g = gws.into_iter().find(|g| g.name == "gw").expect(what);
+            (g.public_key, g.pending_public_key)
+        }
+    };
+    let accept = || async {
+        b.admin()
+            .await
+            .accept_gateway_key(pb::AcceptGatewayKeyRequest { name: "gw".into() })
+            .await
+    };
     gwb.update_gateway(pb::UpdateGatewayRequest {
         public_key: key(2),
         endpoint: "192.168.2.1:51820".into(),
     })
     .await
     .unwrap();
+    assert_eq!(b_gateway("gw").await, (key(1), key(2)), "the new key is held");
+    // Sending the current key again takes nothing back.
+    gwb.update_gateway(pb::UpdateGatewayRequest {
+        public_key: key(1),
+        endpoint: "192.168.2.1:51820".into(),
+    })
+    .await
+    .unwrap();
+    assert_eq!(b_gateway("gw").await, (key(1), key(2)), "still held");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    while let Ok(m) = tokio::time::timeout(Duration::from_millis(200), s.message()).await {
+        let m = m.unwrap().unwrap();
+        let (upserts, deletes) = held.changes(&m);
+        held.commit(m.revision, upserts, &deletes);
+    }
+    assert_eq!(peer_keys(&held), [key(1)], "a held key reached the peer");
+    // The subscriptions between the controllers start within a moment of
+    // the peering; a first accepted rotation shows site-a is following
+    // site-b.
+    accept().await.unwrap();
     until_peer_key(&mut s, &mut held, &key(2), Duration::from_secs(5), "the rotation").await;
-    // Rotate again and time it: site-a's gateway has it within a second.
-    let t = Instant::now();
+    let e = accept().await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    // Rotate again and time it from the admin's accept: site-a's gateway
+    // has it within a second.
     gwb.update_gateway(pb::UpdateGatewayRequest {
         public_key: key(3),
         endpoint: "192.168.2.1:51820".into(),
     })
     .await
     .unwrap();
+    let t = Instant::now();
+    accept().await.unwrap();
     until_peer_key(&mut s, &mut held, &key(3), Duration::from_secs(5), "the rotation").await;
     let took = t.elapsed();
     assert!(took < Duration::from_secs(1), "the key change took {took:?}");
-    println!("gateway key change reached the peer site's gateway in {took:?}");
+    println!("gateway key change reached the peer site's gateway in {took:?} after the admin accepted it");
     drop(s);
     a.stop().await;
     b.stop().await;

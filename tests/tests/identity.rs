@@ -432,3 +432,88 @@ async fn a_node_name_that_hashes_like_another_nodes_is_refused() {
     c.register(&unnamed, "n3").await.unwrap();
     c.stop().await;
 }
+
+/// Renews with `creds`; the new certificate and its key.
+async fn renew(c: &InProc, creds: &(String, String), name: &str) -> Result<(String, String), Status> {
+    let (k, csr) = weft_agent::identity::key_and_csr(name).unwrap();
+    let mut a = AgentServiceClient::new(c.channel(Some((&creds.0, &creds.1))).await);
+    a.renew(pb::RenewRequest { csr_pem: csr })
+        .await
+        .map(|r| (r.into_inner().certificate_pem, k.serialize_pem()))
+}
+
+/// A gateway's key and certificate copied to a second host: neither holder
+/// quietly evicts the other. A renewal retried at once from the old
+/// certificate (its answer was lost) still works; but once the newest
+/// certificate is older than the retry window (a tenth of a certificate's
+/// life, 1 s here), a renewal from a superseded one means two holders:
+/// every certificate of the name is revoked, the conflict is recorded, and
+/// the admin sees it in `gateways` and `diagnose`. A new token clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copied_identity_is_revoked_whole_once_both_holders_renew_and_the_admin_is_told() {
+    let c = InProc::start_with(&[("agent_cert_ttl", "10s")]).await;
+    let t = c.token_for(pb::AgentRole::Gateway, "gw", 600, 1).await;
+    let first = c.register(&t, "gw").await.unwrap();
+    // The answer to a renewal is lost; the agent retries with the same
+    // certificate at once, and goes on with the second answer.
+    let _lost = renew(&c, &first, "gw").await.unwrap();
+    let real = renew(&c, &first, "gw").await.expect("an immediate retry is a retry");
+    // A thief has copied the current key and certificate, and renews.
+    let thief = renew(&c, &real, "gw").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The real host renews from what it holds, now superseded.
+    refused(
+        renew(&c, &real, "gw").await,
+        Code::Unauthenticated,
+        "another host holds this identity",
+    );
+    let use_of = |creds: (String, String)| {
+        let c = &c;
+        async move {
+            let mut a = AgentServiceClient::new(c.channel(Some((&creds.0, &creds.1))).await);
+            a.update_gateway(pb::UpdateGatewayRequest {
+                public_key: String::new(),
+                endpoint: "192.0.2.1:51820".into(),
+            })
+            .await
+        }
+    };
+    for creds in [thief, real] {
+        for _ in 0..100 {
+            if use_of(creds.clone()).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        refused(use_of(creds).await, Code::Unauthenticated, "revoked");
+    }
+    let gateways = || async {
+        c.admin()
+            .await
+            .list_gateways(pb::ListGatewaysRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .gateways
+    };
+    let g = gateways().await;
+    assert!(g[0].identity_conflict.contains("two hosts hold this identity"), "{g:?}");
+    let d = c
+        .admin()
+        .await
+        .diagnose(pb::DiagnoseRequest { settle_millis: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        d.checks.iter().any(|k| k.subject == "gateway/gw"
+            && k.result == pb::CheckResult::Fail as i32
+            && k.detail.contains("two hosts")),
+        "{d:?}"
+    );
+    // The admin enrolls the real host again: the identity is whole.
+    let t = c.token_for(pb::AgentRole::Gateway, "gw", 600, 1).await;
+    let again = c.register(&t, "gw").await.unwrap();
+    assert!(gateways().await[0].identity_conflict.is_empty());
+    assert!(use_of(again).await.is_ok());
+}

@@ -201,6 +201,9 @@ pub enum NameCmd {
 pub enum GatewayCmd {
     /// Remove a gateway and revoke its certificate.
     Remove { name: String },
+    /// Take the new WireGuard key a gateway asked for (held until then,
+    /// so that a stolen gateway certificate cannot redirect the tunnels).
+    AcceptKey { name: String },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

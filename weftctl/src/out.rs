@@ -200,7 +200,7 @@ pub fn status_cols(s: &Option<pb::AgentStatus>, enrolled: bool) -> Vec<String> {
 pub fn node_json(n: &pb::Node) -> Value {
     json!({"name": n.name, "subnet": n.subnet, "subnet_source": source(n.subnet_source), "created_at": ts(&n.created_at),
            "cert_expires_at": ts(&n.cert_expires_at), "internal_ip": n.internal_ip, "underlay_ip": n.underlay_ip, "geneve": n.geneve,
-           "status": status_json(&n.status)})
+           "identity_conflict": n.identity_conflict, "status": status_json(&n.status)})
 }
 pub fn node_row(n: &pb::Node) -> Vec<String> {
     let mut row = vec![n.name.clone(), n.subnet.clone(), n.underlay_ip.clone()];

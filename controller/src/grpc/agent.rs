@@ -224,7 +224,7 @@ impl AgentService for AgentApi {
                     "the controller is catching up with its store; retry",
                 ));
             }
-            return Err(Status::unauthenticated(format!(
+            return Err(removed(format!(
                 "{id} has been removed; enroll it again with a new token"
             )));
         }
@@ -435,7 +435,7 @@ async fn stream_changes(
         let pending = slot.take();
         if pending.removed {
             let _ = tx
-                .send(Err(Status::unauthenticated(format!(
+                .send(Err(removed(format!(
                     "{} {:?} has been removed; enroll it again with a new token",
                     key.0.as_str(),
                     key.1
@@ -508,4 +508,13 @@ async fn stream_changes(
     if key.0 == AgentRole::Gateway && !expired && !slot.superseded.load(Ordering::SeqCst) && !*hub.closing.borrow() {
         hub.gone(&key).await;
     }
+}
+
+/// The status that tells an agent the admin removed it (see
+/// [`weft_proto::REMOVED`]): it then removes what it applied.
+fn removed(message: String) -> Status {
+    let mut s = Status::unauthenticated(message);
+    s.metadata_mut()
+        .insert(weft_proto::REMOVED, tonic::metadata::MetadataValue::from_static("1"));
+    s
 }

@@ -248,6 +248,16 @@ impl AdminService for AdminApi {
         Ok(Response::new(pb::DeleteGatewayResponse {}))
     }
 
+    async fn accept_gateway_key(
+        &self,
+        req: Request<pb::AcceptGatewayKeyRequest>,
+    ) -> Result<Response<pb::Gateway>, Status> {
+        let name = req.into_inner().name;
+        crate::domain::validate_name("name", &name).map_err(Status::invalid_argument)?;
+        let g = self.state.accept_gateway_key(&name).await?;
+        Ok(Response::new(convert::gateway(&g)))
+    }
+
     async fn create_token(
         &self,
         req: Request<pb::CreateTokenRequest>,

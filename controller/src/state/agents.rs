@@ -13,7 +13,8 @@ use ipnet::Ipv4Net;
 
 use super::{State, decode, encode};
 use crate::domain::{
-    AgentRole, CertRecord, Gateway, Node, Revoked, Site, SubnetSource, Token, live_until, now_ms, validate_name,
+    AgentRole, CertRecord, Gateway, IdentityConflict, Node, Revoked, Site, SubnetSource, Token, live_until, now_ms,
+    validate_name,
 };
 use crate::error::Error;
 use crate::ipam;
@@ -24,6 +25,21 @@ use crate::store::{Compare, Op, Txn};
 pub const MAX_TOKEN_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Most agents one token may enroll.
 pub const MAX_TOKEN_USES: u32 = 10_000;
+
+/// How long after a renewal a renewal from the certificate before it is
+/// taken for the agent's retry (its answer was lost): longer than an
+/// agent's retries take (they back off to 60 s), and at most a tenth of
+/// the certificate's life (an agent renews at two thirds of it). Past
+/// that, the older certificate's holder is a second host holding the
+/// identity.
+pub const RENEWAL_RETRY_MS: u64 = 5 * 60 * 1000;
+
+fn retry_window(newest: &CertRecord) -> u64 {
+    if newest.issued_at_ms == 0 {
+        return 0; // issued before weft recorded when: no retry is that late
+    }
+    RENEWAL_RETRY_MS.min(newest.not_after_ms.saturating_sub(newest.issued_at_ms) / 10)
+}
 
 /// A token split into its parts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -291,7 +307,9 @@ impl State {
                         node.underlay_ip = underlay.or(node.underlay_ip);
                         let issued = issue(AgentRole::Node, &name)?;
                         node.certs.retain(|c| c.not_after_ms > now);
-                        node.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms });
+                        node.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms, issued_at_ms: now });
+                        // A token is the admin's word: the identity is whole again.
+                        node.identity_conflict = None;
                         let e = Enrollment { role: AgentRole::Node, name: name.clone(), issued, subnet: Some(node.subnet) };
                         (e, self.ipam_guard(snap, txn).when(guard).then(Op::put(key, encode(&node))))
                     }
@@ -325,6 +343,9 @@ impl State {
                                     internal_ip: None,
                                     underlay_ip: None,
                                     geneve: false,
+                                    identity_conflict: None,
+                                    pending_public_key: None,
+                                    key_from_enrollment: true,
                                 },
                                 Compare::Version(key.clone(), 0),
                             ),
@@ -335,7 +356,13 @@ impl State {
                         gw.underlay_ip = underlay.or(gw.underlay_ip);
                         let issued = issue(AgentRole::Gateway, &name)?;
                         gw.certs.retain(|c| c.not_after_ms > now);
-                        gw.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms });
+                        gw.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms, issued_at_ms: now });
+                        // A token is the admin's word: the identity is whole
+                        // again, and the key the agent sends next is taken
+                        // (a host enrolled anew may have made a new one).
+                        gw.identity_conflict = None;
+                        gw.pending_public_key = None;
+                        gw.key_from_enrollment = true;
                         let e = Enrollment { role: AgentRole::Gateway, name: name.clone(), issued, subnet: None };
                         (e, self.ipam_guard(snap, txn).when(guard).then(Op::put(key, encode(&gw))))
                     }
@@ -347,7 +374,9 @@ impl State {
         Ok(out)
     }
 
-    /// A new certificate for an enrolled, unrevoked agent.
+    /// A new certificate for an enrolled, unrevoked agent. See
+    /// [`RENEWAL_RETRY_MS`] for a renewal from a certificate that is not
+    /// the newest.
     pub async fn renew(
         &self,
         role: AgentRole,
@@ -374,21 +403,83 @@ impl State {
                     role.as_str()
                 )));
             }
+            let live: Vec<CertRecord> = known.into_iter().filter(|c| c.not_after_ms > now).collect();
+            let newest = live
+                .iter()
+                .max_by_key(|c| (c.issued_at_ms, c.not_after_ms))
+                .filter(|n| n.serial != caller_serial)
+                .cloned();
+            // A renewal from a certificate older than the newest: either the
+            // agent's retry of a renewal whose answer it never got (the
+            // newest is then moments old), or a second holder of the
+            // identity (a copied key and certificate) after the other one
+            // renewed. The second kind revokes every certificate of the
+            // name: evicting either holder quietly would hand the identity
+            // to whichever of them renews first.
+            if let Some(newest) = newest
+                .clone()
+                .filter(|n| now.saturating_sub(n.issued_at_ms) > retry_window(n))
+            {
+                let conflict = IdentityConflict {
+                    at_ms: now,
+                    caller_serial: caller_serial.to_string(),
+                    newest_serial: newest.serial.clone(),
+                };
+                let bytes = match role {
+                    AgentRole::Node => {
+                        let mut n: Node = decode(&kv)?;
+                        n.certs.clear();
+                        n.identity_conflict = Some(conflict);
+                        encode(&n)
+                    }
+                    AgentRole::Gateway => {
+                        let mut g: Gateway = decode(&kv)?;
+                        g.certs.clear();
+                        g.identity_conflict = Some(conflict);
+                        encode(&g)
+                    }
+                };
+                let mut txn = Txn::new()
+                    .when(Compare::ModRevision(key.clone(), kv.mod_revision))
+                    .then(Op::put(key.clone(), bytes));
+                for op in self.revoke_ops(role, name, &live) {
+                    txn = txn.then(op);
+                }
+                if !self.store.txn(txn).await?.succeeded {
+                    continue;
+                }
+                tracing::error!(
+                    role = role.as_str(),
+                    agent = name,
+                    caller = caller_serial,
+                    newest = %newest.serial,
+                    "two holders of one agent identity: a renewal came from a certificate older than the newest; \
+                     every certificate of the name is revoked"
+                );
+                return Err(Error::Unauthenticated(format!(
+                    "this certificate of the {} {name:?} is not its newest: another host holds this identity (a \
+                     copied key and certificate). Every certificate of the name is revoked; the admin must enroll \
+                     the real host again with a new token",
+                    role.as_str()
+                )));
+            }
             let issued = issue()?;
             let rec = CertRecord {
                 serial: issued.serial.clone(),
                 not_after_ms: issued.not_after_ms,
+                issued_at_ms: now,
             };
             // The new certificate replaces every older one but the caller's
             // (which the agent uses until it has the new one: a renewal whose
-            // answer was lost is retried with it). The replaced ones are
-            // revoked in the same transaction, so an agent holds at most two
-            // live certificates however often it renews, and removing it
-            // revokes at most two.
-            let (kept, replaced): (Vec<CertRecord>, Vec<CertRecord>) = known
+            // answer was lost is retried with it) and, on such a retry, the
+            // newest (never received, or the retry is not one: then its
+            // holder's next renewal finds the conflict above). The replaced
+            // ones are revoked in the same transaction, so an agent holds at
+            // most two live certificates however often it renews (three
+            // around a retry), and removing it revokes them all.
+            let (kept, replaced): (Vec<CertRecord>, Vec<CertRecord>) = live
                 .into_iter()
-                .filter(|c| c.not_after_ms > now)
-                .partition(|c| c.serial == caller_serial);
+                .partition(|c| c.serial == caller_serial || newest.as_ref().is_some_and(|n| n.serial == c.serial));
             let certs: Vec<CertRecord> = kept.into_iter().chain([rec]).collect();
             let bytes = match role {
                 AgentRole::Node => {
@@ -544,6 +635,7 @@ pub(super) fn new_node(
         internal_ip: None,
         underlay_ip: None,
         geneve: false,
+        identity_conflict: None,
     })
 }
 

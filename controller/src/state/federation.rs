@@ -421,17 +421,73 @@ impl State {
                 )));
             };
             let mut g: crate::domain::Gateway = super::decode(&kv)?;
-            if g.public_key == public_key && g.endpoint == endpoint {
+            let before = g.clone();
+            g.endpoint = endpoint.clone();
+            // The first key after an enrollment is taken; a change of a key
+            // the gateway already has is held for the admin: a stolen
+            // certificate must not point every peer's tunnel at a key of
+            // the thief's. Sending the current key again drops nothing
+            // held: only the admin decides.
+            let held = match (&g.public_key, &public_key) {
+                (_, None) => false,
+                (Some(cur), Some(new)) if cur == new => false,
+                (Some(_), Some(new)) if !g.key_from_enrollment => {
+                    g.pending_public_key = Some(new.clone());
+                    true
+                }
+                (_, Some(new)) => {
+                    g.public_key = Some(new.clone());
+                    g.pending_public_key = None;
+                    g.key_from_enrollment = false;
+                    false
+                }
+            };
+            if g == before {
                 return Ok(());
             }
-            g.public_key = public_key.clone();
-            g.endpoint = endpoint.clone();
             let txn = Txn::new()
                 .when(Compare::ModRevision(key.clone(), kv.mod_revision))
                 .then(Op::put(key.clone(), encode(&g)));
             if self.store.txn(txn).await?.succeeded {
-                tracing::info!(gateway = name, "gateway key or endpoint changed");
+                if held {
+                    tracing::warn!(
+                        gateway = name,
+                        "the gateway asks to change its WireGuard key; held until the admin runs `weftctl gateway \
+                         accept-key {name}` (peers keep the current key)"
+                    );
+                } else {
+                    tracing::info!(gateway = name, "gateway key or endpoint changed");
+                }
                 return Ok(());
+            }
+        }
+        Err(Error::Aborted("the gateway's record kept changing; retry".into()))
+    }
+
+    /// Takes the WireGuard key gateway `name` asked for (held by
+    /// [`State::update_gateway`]): peers get it at once.
+    pub async fn accept_gateway_key(&self, name: &str) -> Result<crate::domain::Gateway, Error> {
+        let key = self.key(&format!("gateways/{name}"));
+        for _ in 0..super::MAX_ATTEMPTS {
+            let Some(kv) = self.store.get(&key).await? else {
+                return Err(Error::NotFound(format!(
+                    "there is no gateway {name:?}; list them with `weftctl gateways`"
+                )));
+            };
+            let mut g: crate::domain::Gateway = super::decode(&kv)?;
+            let Some(new) = g.pending_public_key.take() else {
+                return Err(Error::FailedPrecondition(format!(
+                    "gateway {name:?} has asked for no new key; its key is {}",
+                    g.public_key.as_deref().unwrap_or("not set yet")
+                )));
+            };
+            g.public_key = Some(new);
+            let txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), kv.mod_revision))
+                .then(Op::put(key.clone(), encode(&g)));
+            if self.store.txn(txn).await?.succeeded {
+                tracing::info!(gateway = name, "the admin accepted the gateway's new WireGuard key");
+                return Ok(g);
             }
         }
         Err(Error::Aborted("the gateway's record kept changing; retry".into()))

@@ -1,4 +1,4 @@
-//! `weftctl gateways` and `weftctl gateway remove`.
+//! `weftctl gateways`, `weftctl gateway remove` and `weftctl gateway accept-key`.
 
 use serde_json::json;
 use weft_proto::v1 as pb;
@@ -19,6 +19,7 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
             json: json!({"gateways": r.gateways.iter().map(|g| json!({
             "name": g.name, "endpoint": g.endpoint, "public_key": g.public_key, "created_at": ts(&g.created_at),
             "cert_expires_at": ts(&g.cert_expires_at), "internal_ip": g.internal_ip, "underlay_ip": g.underlay_ip, "geneve": g.geneve, "active": g.active,
+            "pending_public_key": g.pending_public_key, "identity_conflict": g.identity_conflict,
             "wireguard": g.status.as_ref().and_then(|s| s.host.as_ref()).map(|h| h.wireguard.clone()).unwrap_or_default(),
             "status": status_json(&g.status),
         })).collect::<Vec<_>>(), "revision": r.revision}),
@@ -57,12 +58,29 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                     row
                 })
                 .collect(),
-            footer: vec![],
+            footer: r
+                .gateways
+                .iter()
+                .filter(|g| !g.pending_public_key.is_empty())
+                .map(|g| {
+                    format!(
+                        "{} asks to change its WireGuard key to {}; peers keep the current one until \
+                         `weftctl gateway accept-key {}`",
+                        g.name, g.pending_public_key, g.name
+                    )
+                })
+                .chain(
+                    r.gateways
+                        .iter()
+                        .filter(|g| !g.identity_conflict.is_empty())
+                        .map(|g| format!("{}: {}", g.name, g.identity_conflict)),
+                )
+                .collect(),
         }
     })
 }
 
-/// Removes a gateway.
+/// Removes a gateway, or accepts the new key it asked for.
 pub async fn run(c: &mut Client, cmd: &GatewayCmd) -> Result<Out, String> {
     Ok(match cmd {
         GatewayCmd::Remove { name } => {
@@ -74,6 +92,23 @@ pub async fn run(c: &mut Client, cmd: &GatewayCmd) -> Result<Out, String> {
                 json: json!({"removed": name}),
                 header: vec![],
                 rows: vec![vec![format!("removed gateway {name}; its certificate is revoked")]],
+                footer: vec![],
+            }
+        }
+        GatewayCmd::AcceptKey { name } => {
+            let g = c
+                .accept_gateway_key(pb::AcceptGatewayKeyRequest { name: name.clone() })
+                .await
+                .map_err(status)?
+                .into_inner();
+            Out {
+                failed: false,
+                json: json!({"name": g.name, "public_key": g.public_key}),
+                header: vec![],
+                rows: vec![vec![format!(
+                    "gateway {name} now uses WireGuard key {}; peers get it at once",
+                    g.public_key
+                )]],
                 footer: vec![],
             }
         }

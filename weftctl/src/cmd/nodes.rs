@@ -19,7 +19,12 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
             json: json!({"nodes": r.nodes.iter().map(node_json).collect::<Vec<_>>(), "revision": r.revision}),
             header: NODE_HEADER.to_vec(),
             rows: r.nodes.iter().map(node_row).collect(),
-            footer: vec![],
+            footer: r
+                .nodes
+                .iter()
+                .filter(|n| !n.identity_conflict.is_empty())
+                .map(|n| format!("{}: {}", n.name, n.identity_conflict))
+                .collect(),
         }
     })
 }
