@@ -51,9 +51,10 @@ pub trait Applier: Send {
         pb::HostReport::default()
     }
 
-    /// The host's own networking, for the guard (None: not known, as with
-    /// --dry-run, which changes nothing).
-    async fn host_nets(&mut self) -> Option<HostNets> {
+    /// The host's own networking, for the guard (None: this applier has
+    /// no host, as with --dry-run, which changes nothing; Some(Err): it
+    /// could not be read, and why).
+    async fn host_nets(&mut self) -> Option<Result<HostNets, String>> {
         None
     }
 }

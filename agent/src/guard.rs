@@ -54,6 +54,10 @@ pub struct Guard {
     protected: Vec<(IpAddr, String)>,
     /// Read off the host before each apply.
     host: HostNets,
+    /// Set while the host's networks were never read (the first read
+    /// failed): nothing goes into the host's namespace until they are,
+    /// since nothing could be checked against them.
+    unread: Option<String>,
 }
 
 /// What role a link has, from the object that makes it: it bounds the
@@ -87,6 +91,9 @@ pub fn links<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject>) -> Li
     }
     out
 }
+
+/// Where clouds serve instance metadata (and credentials): never weft's.
+const METADATA: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 
 /// 169.254.0.0/16: where weft's veths and tunnel probes take their /30s.
 const LINK_LOCAL: Ipv4Net = match Ipv4Net::new(Ipv4Addr::new(169, 254, 0, 0), 16) {
@@ -172,29 +179,69 @@ impl Guard {
             };
             protected.extend(addr.map(|a| (a, format!("a controller of this agent ({c})"))));
         }
+        protected.push((
+            IpAddr::V4(METADATA),
+            "the link-local metadata service address (clouds serve instance data there)".to_string(),
+        ));
         Guard {
             protected,
             host: HostNets::default(),
+            unread: None,
         }
     }
 
     /// Takes the host's networking as last read.
     pub fn set_host(&mut self, host: HostNets) {
         self.host = host;
+        self.unread = None;
+    }
+
+    /// The host's networking could not be read (`why`): what was last read
+    /// stays; if nothing was, the host's namespace stays closed.
+    pub fn host_unread(&mut self, why: String) {
+        tracing::warn!(error = %why, "cannot read the host's networks; the guard keeps what it last read");
+        if self.host == HostNets::default() {
+            self.unread = Some(why);
+        }
+    }
+
+    /// Refuses anything in the host's namespace while its networks are
+    /// unknown, and IPv6 there (weft routes no IPv6 yet, so an IPv6
+    /// object there could only take over the host's own).
+    fn host_namespace(&self, what: &str, net: IpNet) -> R {
+        if let Some(why) = &self.unread {
+            return Err(format!(
+                "{what} {net} in the host's namespace, whose networks could not be read ({why}); \
+                 it waits until they can be checked"
+            ));
+        }
+        if let IpNet::V6(_) = net {
+            return Err(format!(
+                "{what} {net} in the host's namespace is IPv6; weft's fabric is IPv4 only"
+            ));
+        }
+        Ok(())
     }
 
     /// Every address this host reaches outside the fabric, with what it is.
-    fn reached(&self) -> impl Iterator<Item = (IpAddr, &str)> {
-        let own = self
-            .host
-            .connected
-            .iter()
-            .map(|(n, link)| (IpAddr::V4(n.addr()), link.as_str()));
+    fn reached(&self) -> impl Iterator<Item = (IpAddr, std::borrow::Cow<'_, str>)> {
+        use std::borrow::Cow;
+        let own = self.host.connected.iter().map(|(n, link)| {
+            (
+                IpAddr::V4(n.addr()),
+                Cow::Owned(format!("an address of this host (on {link})")),
+            )
+        });
         self.protected
             .iter()
-            .map(|(a, what)| (*a, what.as_str()))
-            .chain(self.host.reached.iter().map(|(a, what)| (*a, what.as_str())))
-            .chain(own.map(|(a, _)| (a, "an address of this host")))
+            .map(|(a, what)| (*a, Cow::Borrowed(what.as_str())))
+            .chain(
+                self.host
+                    .reached
+                    .iter()
+                    .map(|(a, what)| (*a, Cow::Borrowed(what.as_str()))),
+            )
+            .chain(own)
     }
 
     /// What of the host's own a destination in its namespace would take
@@ -241,6 +288,7 @@ impl Guard {
                 }
                 let dst = parse::<IpNet>("route destination", &r.destination, "a CIDR")?;
                 if r.namespace.is_empty() {
+                    self.host_namespace("a route for", dst)?;
                     self.takes_over(dst).map_err(|why| format!("a route for {dst} {why}"))?;
                 }
                 if !r.gateway.is_empty() {
@@ -378,28 +426,35 @@ impl Guard {
                 a.link
             ));
         }
-        match links.get(&(a.namespace.clone(), a.link.clone())) {
-            None => Err(format!(
-                "address {net} on {}, a link that weft's desired state does not make",
-                a.link
-            )),
-            Some(LinkRole::PointToPoint) => point_to_point("address", net),
-            Some(LinkRole::Network) if net.prefix_len() == net.max_prefix_len() => Ok(()),
-            // Weft's own namespaces are weft's whole.
-            Some(LinkRole::Network) if !a.namespace.is_empty() => Ok(()),
-            Some(LinkRole::Network) => {
-                // The address routes its network on the link (in table
-                // main): that route passes what a route of weft's would.
-                if net.prefix_len() < 8 {
-                    return Err(format!(
-                        "address {net} routes {} in the host's namespace; weft's links take /8 or narrower, or a /32",
-                        net.trunc()
-                    ));
-                }
-                self.takes_over(net.trunc())
-                    .map_err(|why| format!("address {net}: its route for {} {why}", net.trunc()))
+        let role = links.get(&(a.namespace.clone(), a.link.clone()));
+        match role {
+            None => {
+                return Err(format!(
+                    "address {net} on {}, a link that weft's desired state does not make",
+                    a.link
+                ));
             }
+            Some(LinkRole::PointToPoint) => point_to_point("address", net)?,
+            Some(LinkRole::Network) if net.prefix_len() == net.max_prefix_len() => {}
+            Some(LinkRole::Network) if a.namespace.is_empty() && net.prefix_len() < 8 => {
+                return Err(format!(
+                    "address {net} routes {} in the host's namespace; weft's links take /8 or narrower, or a /32",
+                    net.trunc()
+                ));
+            }
+            Some(LinkRole::Network) => {}
         }
+        // Weft's own namespaces are weft's whole.
+        if !a.namespace.is_empty() {
+            return Ok(());
+        }
+        self.host_namespace("address", net)?;
+        // In the host's namespace an address makes its network local
+        // there (a /32 its one address): that network passes what a route
+        // of weft's would, so a LAN neighbour's address or a network the
+        // host reaches cannot be taken over.
+        self.takes_over(net.trunc())
+            .map_err(|why| format!("address {net} on {}: its network {} {why}", a.link, net.trunc()))
     }
 
     fn rule(&self, r: &pb::Rule) -> R {
@@ -414,6 +469,9 @@ impl Guard {
         opt_link("rule input interface", &r.iif)?;
         if !r.namespace.is_empty() {
             return Ok(()); // weft's own namespace
+        }
+        if let Some(to) = to {
+            self.host_namespace("a rule for", to)?;
         }
         if r.priority != weft_proto::HOST_RULE_PRIORITY || r.table != weft_proto::HOST_TABLE {
             return Err(format!(
@@ -457,8 +515,10 @@ impl<A: Applier> Applier for Guarded<A> {
     ) -> Vec<pb::ObjectError> {
         // The host as it is now: a network attached since the last apply
         // turns away the routes over it.
-        if let Some(host) = self.inner.host_nets().await {
-            self.guard.set_host(host);
+        match self.inner.host_nets().await {
+            None => {}
+            Some(Ok(host)) => self.guard.set_host(host),
+            Some(Err(e)) => self.guard.host_unread(e),
         }
         // The links as they will be: what is held and stays, and the
         // upserts over it.
@@ -532,7 +592,7 @@ impl<A: Applier> Applier for Guarded<A> {
         self.inner.host_report(held).await
     }
 
-    async fn host_nets(&mut self) -> Option<HostNets> {
+    async fn host_nets(&mut self) -> Option<Result<HostNets, String>> {
         self.inner.host_nets().await
     }
 }
@@ -811,6 +871,49 @@ mod tests {
         assert_eq!(g.check(&obj(wg("169.254.255.253/30")), &l), Ok(()));
         let e = g.check(&obj(wg("192.168.78.1/1")), &l).unwrap_err();
         assert!(e.contains("link-local /30"), "{e}");
+    }
+
+    #[test]
+    fn in_the_hosts_namespace_no_address_takes_a_neighbour_the_metadata_service_or_ipv6() {
+        let g = host_guard();
+        let l = weft_links();
+        let refused = [
+            // A LAN neighbour's address, as a /32 or as a veth's /30.
+            (address("weft-vx0", "", "192.168.78.77/32"), "the network of eth0"),
+            (address("weft-vabc", "", "169.254.169.253/30"), "metadata"),
+            (route("", 7765, "169.254.169.254/32", "weft-vx0"), "metadata"),
+            (address("weft-vx0", "", "fd00::1/128"), "IPv6"),
+            (route("", 7765, "fd00::/64", "weft-vx0"), "IPv6"),
+            (rule(7765, 7765, "fd00::/64"), "IPv6"),
+        ];
+        for (k, needle) in refused {
+            let e = g.check(&obj(k.clone()), &l).expect_err(&format!("{k:?}"));
+            assert!(e.contains(needle), "{k:?}: {e}");
+        }
+        // Weft's own namespaces are weft's.
+        assert_eq!(
+            g.check(&obj(address("weft-iabc", "weft-p-0123456789ab", "169.254.0.6/30")), &l),
+            Ok(())
+        );
+        // Host networks never read: nothing goes into the host's
+        // namespace; a later read opens it.
+        let mut g = guard();
+        g.host_unread("netlink: permission denied".into());
+        let e = g
+            .check(&obj(route("", 7765, "10.2.0.0/16", "weft-vx0")), &l)
+            .unwrap_err();
+        assert!(e.contains("could not be read"), "{e}");
+        let e = g.check(&obj(address("weft-vx0", "", "10.80.0.3/32")), &l).unwrap_err();
+        assert!(e.contains("could not be read"), "{e}");
+        assert_eq!(
+            g.check(&obj(route("weft-p-0123456789ab", 0, "10.1.0.0/16", "weft-iabc")), &l),
+            Ok(())
+        );
+        g.set_host(host_guard().host);
+        assert_eq!(g.check(&obj(route("", 7765, "10.2.0.0/16", "weft-vx0")), &l), Ok(()));
+        // A failed read after a good one keeps what was read.
+        g.host_unread("again".into());
+        assert_eq!(g.check(&obj(route("", 7765, "10.2.0.0/16", "weft-vx0")), &l), Ok(()));
     }
 
     #[test]

@@ -289,14 +289,11 @@ impl Applier for Linux {
         self.writes
     }
 
-    async fn host_nets(&mut self) -> Option<crate::apply::HostNets> {
+    async fn host_nets(&mut self) -> Option<Result<crate::apply::HostNets, String>> {
         use weft_dataplane::Netlink;
         let raw = match self.plane.net.read(&String::new()).await {
             Ok(raw) => raw,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the host's networks; the guard keeps what it last read");
-                return None;
-            }
+            Err(e) => return Some(Err(format!("{e:#}"))),
         };
         let theirs = |link: &str| !weft_dataplane::model::owns_link(link);
         let mut host = crate::apply::HostNets {
@@ -308,21 +305,32 @@ impl Applier for Linux {
                 .collect(),
             reached: Vec::new(),
         };
+        // Gateways of every table but weft's own (policy routing sends
+        // traffic through tables other than main too).
         for r in raw.routes.iter().filter(|r| !r.special).map(|r| &r.route) {
             if let Some(g) = r.gateway
-                && r.table == 254
+                && r.table != weft_proto::HOST_TABLE
                 && r.dev.as_deref().is_none_or(theirs)
             {
+                let table = if r.table == 254 {
+                    "main".to_string()
+                } else {
+                    r.table.to_string()
+                };
                 host.reached.push((
                     std::net::IpAddr::V4(g),
-                    format!("a gateway of the host's main table ({} via {g})", r.dst),
+                    format!("a gateway of the host's table {table} ({} via {g})", r.dst),
                 ));
             }
         }
-        if let Ok(text) = std::fs::read_to_string("/etc/resolv.conf") {
-            host.reached.extend(crate::apply::HostNets::resolvers(&text));
+        // With systemd-resolved, /etc/resolv.conf names its stub and the
+        // upstream resolvers are in the second file.
+        for f in ["/etc/resolv.conf", "/run/systemd/resolve/resolv.conf"] {
+            if let Ok(text) = std::fs::read_to_string(f) {
+                host.reached.extend(crate::apply::HostNets::resolvers(&text));
+            }
         }
-        Some(host)
+        Some(Ok(host))
     }
 
     async fn host_report(&mut self, held: &Objects) -> pb::HostReport {

@@ -348,6 +348,10 @@ async fn session(s: Session<'_>) -> End {
     };
     tracing::info!(controller = %target, from_revision = desired.revision, "watching");
     if let Some(public_key) = gateway_key {
+        tracing::info!(
+            public_key,
+            "this gateway's WireGuard public key (a change of it waits for `weftctl gateway accept-key` with it)"
+        );
         let req = pb::UpdateGatewayRequest {
             public_key: public_key.to_string(),
             endpoint: cfg.endpoint.clone().unwrap_or_default(),
@@ -683,7 +687,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
             End::Removed(e) => {
                 // Removed by the admin: leave the host as it was before weft.
                 teardown(&mut desired, &file, applier.as_mut()).await;
-                anyhow::bail!("the controller refused this agent: {e:#}")
+                anyhow::bail!("the admin removed this agent; weft's objects are removed from the host: {e:#}")
             }
             End::Refused(e) => {
                 // Not a removal: whoever caused it (a revoked certificate,

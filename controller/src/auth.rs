@@ -21,7 +21,7 @@
 //! Identities are URI SANs `weft://<site>/<role>/<name>`. Calls on the local
 //! admin socket (mode 0600) are the local administrator.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 
 use rustls::client::danger::HandshakeSignatureValid;
@@ -141,11 +141,38 @@ impl ClientCertVerifier for DeferredClientVerifier {
     }
 }
 
+/// Why a certificate was revoked, as far as a caller holding it is told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RevokedAs {
+    /// The admin removed its agent: the agent removes what it applied.
+    Removed,
+    /// A renewal replaced it: a call from it is a second holder's.
+    Superseded,
+    /// Anything else (an identity conflict, a rotated admin bundle).
+    Other,
+}
+
+impl RevokedAs {
+    pub fn of(r: &crate::domain::Revoked) -> RevokedAs {
+        if r.removed {
+            RevokedAs::Removed
+        } else if r.superseded {
+            RevokedAs::Superseded
+        } else {
+            RevokedAs::Other
+        }
+    }
+}
+
 /// Verifies callers against the site CA and the revocation list.
 pub struct Authenticator {
     site: String,
     verifier: Arc<dyn ClientCertVerifier>,
-    revoked: RwLock<HashSet<String>>,
+    /// Revoked serials, each with why.
+    revoked: RwLock<HashMap<String, RevokedAs>>,
+    /// Where calls from superseded certificates are told (see
+    /// [`Authenticator::on_superseded`]).
+    superseded: Mutex<Option<tokio::sync::mpsc::Sender<Identity>>>,
     /// Verifiers for recorded peers' CAs, by CA fingerprint (built once
     /// each; see [`Authenticator::is_known`]).
     peer_verifiers: Mutex<HashMap<String, Arc<dyn ClientCertVerifier>>>,
@@ -181,7 +208,8 @@ impl Authenticator {
         Ok(Arc::new(Self {
             site: site.to_string(),
             verifier,
-            revoked: RwLock::new(HashSet::new()),
+            revoked: RwLock::new(HashMap::new()),
+            superseded: Mutex::new(None),
             peer_verifiers: Mutex::new(HashMap::new()),
         }))
     }
@@ -196,17 +224,25 @@ impl Authenticator {
         Arc::new(DeferredClientVerifier::new(self.verifier.clone()))
     }
 
-    /// Replaces the revoked set (from the store).
-    pub fn set_revoked(&self, serials: impl IntoIterator<Item = String>) {
+    /// Replaces the revoked set (from the store): serials, each with why.
+    pub fn set_revoked(&self, serials: impl IntoIterator<Item = (String, RevokedAs)>) {
         *self.revoked.write().unwrap() = serials.into_iter().collect();
     }
 
-    pub fn revoke(&self, serial: String) {
-        self.revoked.write().unwrap().insert(serial);
+    /// Revokes `serial`, saying why.
+    pub fn revoke(&self, serial: String, why: RevokedAs) {
+        self.revoked.write().unwrap().insert(serial, why);
     }
 
     pub fn is_revoked(&self, serial: &str) -> bool {
-        self.revoked.read().unwrap().contains(serial)
+        self.revoked.read().unwrap().contains_key(serial)
+    }
+
+    /// Calls made with a certificate that a renewal replaced go to `tx`:
+    /// its holder moved on to the newer one, so such a call is a second
+    /// holder's (the controller then revokes the whole identity).
+    pub fn on_superseded(&self, tx: tokio::sync::mpsc::Sender<Identity>) {
+        *self.superseded.lock().unwrap() = Some(tx);
     }
 
     /// Whether a connection that presented `chain` in its handshake is
@@ -274,6 +310,29 @@ impl Authenticator {
                 "the client certificate is for site {:?}, this is {:?}",
                 id.site, self.site
             )));
+        }
+        let why = self.revoked.read().unwrap().get(&id.serial).copied();
+        match why {
+            // An agent that was away when the admin removed it learns it
+            // here, on its first call back.
+            Some(RevokedAs::Removed) => {
+                return Err(removed(format!(
+                    "{id} has been removed by the admin and its certificate revoked; enroll it again with a new token"
+                )));
+            }
+            Some(RevokedAs::Superseded) => {
+                if let Some(tx) = self.superseded.lock().unwrap().as_ref() {
+                    // Full: the controller is already revoking this (or
+                    // another) identity; the next call tells it again.
+                    let _ = tx.try_send(id.clone());
+                }
+                return Err(Status::unauthenticated(format!(
+                    "the certificate of {id} was replaced by a renewal that its holder did not make: another host \
+                     holds this identity (a copied key and certificate). Every certificate of the name is revoked; \
+                     the admin must enroll the real host again with a new token"
+                )));
+            }
+            _ => {}
         }
         if self.is_revoked(&id.serial) {
             return Err(Status::unauthenticated(match id.role {
@@ -380,4 +439,13 @@ pub fn identity_of(der: &[u8]) -> Result<Identity, String> {
 /// The caller an interceptor stored; `None` when the call came without one.
 pub fn caller_of<T>(req: &Request<T>) -> Option<&Caller> {
     req.extensions().get::<Caller>()
+}
+
+/// The status that tells an agent the admin removed it (see
+/// [`weft_proto::REMOVED`]): it then removes what it applied.
+pub fn removed(message: String) -> Status {
+    let mut s = Status::unauthenticated(message);
+    s.metadata_mut()
+        .insert(weft_proto::REMOVED, tonic::metadata::MetadataValue::from_static("1"));
+    s
 }

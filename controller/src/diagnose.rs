@@ -64,7 +64,7 @@ fn certificate(a: &Agent, live: bool, now: u64) -> pb::Check {
             "certificate",
             a.subject(),
             pb::CheckResult::Fail,
-            crate::grpc::convert::conflict(c),
+            c.to_string(),
             &format!(
                 "a second host has this agent's key and certificate: find it; then run `{}` and enroll the real \
                  host again with a new token (its data plane keeps forwarding meanwhile)",
@@ -437,9 +437,11 @@ pub async fn run(
                 g.name
             ),
             &format!(
-                "if its host really made a new key (its wireguard.key was lost), run `weftctl gateway accept-key {}`; \
-                 otherwise its certificate may be stolen: remove it and enroll it again",
-                g.name
+                "if its host really made a new key (its wireguard.key was lost) and logged {}, run `weftctl gateway \
+                 accept-key {} {}`; otherwise its certificate may be stolen: remove it and enroll it again",
+                g.pending_public_key.as_deref().unwrap_or_default(),
+                g.name,
+                g.pending_public_key.as_deref().unwrap_or_default()
             ),
         ));
     }

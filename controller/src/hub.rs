@@ -37,6 +37,9 @@ pub struct Pending {
     pub parts: BTreeSet<Part>,
     /// The agent's record was deleted: end the stream.
     pub removed: bool,
+    /// Every certificate of the agent was revoked (two holders of its
+    /// identity): end the stream, without telling it it was removed.
+    pub revoked: bool,
 }
 
 /// One connected stream.
@@ -102,23 +105,72 @@ pub struct Hub {
     _alive: tokio::sync::oneshot::Sender<()>,
 }
 
-fn same_but_certs_node(a: &Node, b: &Node) -> bool {
-    Node {
-        certs: vec![],
-        ..a.clone()
-    } == Node {
-        certs: vec![],
-        ..b.clone()
+/// An agent record as the hub compares it.
+trait AgentRecord: serde::de::DeserializeOwned + Clone + PartialEq {
+    /// The record without its certificates (which render nothing).
+    fn without_certs(&self) -> Self;
+    fn in_conflict(&self) -> bool;
+}
+
+impl AgentRecord for Node {
+    fn without_certs(&self) -> Self {
+        Node {
+            certs: vec![],
+            ..self.clone()
+        }
+    }
+    fn in_conflict(&self) -> bool {
+        self.identity_conflict.is_some()
     }
 }
 
-fn same_but_certs_gateway(a: &Gateway, b: &Gateway) -> bool {
-    Gateway {
-        certs: vec![],
-        ..a.clone()
-    } == Gateway {
-        certs: vec![],
-        ..b.clone()
+impl AgentRecord for Gateway {
+    fn without_certs(&self) -> Self {
+        Gateway {
+            certs: vec![],
+            ..self.clone()
+        }
+    }
+    fn in_conflict(&self) -> bool {
+        self.identity_conflict.is_some()
+    }
+}
+
+/// What a store event did to an agent's record in the model.
+enum AgentChange {
+    /// Only its certificates changed, or it could not be read (kept).
+    Nothing,
+    /// Every certificate of it was revoked (two holders).
+    Revoked,
+    Changed {
+        removed: bool,
+    },
+}
+
+/// Applies a put (`value`) or a delete (None) of agent record `name` to
+/// `records`. An unreadable record is not a removed one: the last one
+/// read stays.
+fn apply_agent<T: AgentRecord>(
+    records: &mut imbl::OrdMap<String, Arc<T>>,
+    name: &str,
+    value: Option<&[u8]>,
+) -> AgentChange {
+    let new = match value.map(serde_json::from_slice::<T>) {
+        None => None,
+        Some(Ok(r)) => Some(Arc::new(r)),
+        Some(Err(e)) => {
+            tracing::error!(agent = name, error = %e, "cannot read an agent's record; keeping the last one");
+            return AgentChange::Nothing;
+        }
+    };
+    let old = match &new {
+        Some(r) => records.insert(name.to_string(), r.clone()),
+        None => records.remove(name),
+    };
+    match (&old, &new) {
+        (Some(a), Some(b)) if !a.in_conflict() && b.in_conflict() => AgentChange::Revoked,
+        (Some(a), Some(b)) if a.without_certs() == b.without_certs() => AgentChange::Nothing,
+        _ => AgentChange::Changed { removed: new.is_none() },
     }
 }
 
@@ -257,6 +309,8 @@ impl Hub {
                 removed: bool,
             },
             Peering(String),
+            /// Every certificate of this agent was revoked.
+            Revoked((AgentRole, String)),
             /// A published name: gateways (exports) and peers' parameters.
             Names,
         }
@@ -276,42 +330,22 @@ impl Hub {
             }
             Mark::Everyone
         } else if let Some(name) = rest.strip_prefix("nodes/") {
-            let old = model.nodes.get(name).cloned();
-            let new = if put {
-                serde_json::from_slice::<Node>(value).ok().map(Arc::new)
-            } else {
-                None
-            };
-            match &new {
-                Some(n) => model.nodes.insert(name.to_string(), n.clone()),
-                None => model.nodes.remove(name),
-            };
-            if matches!((&old, &new), (Some(a), Some(b)) if same_but_certs_node(a, b)) {
-                Mark::Nothing
-            } else {
-                Mark::Node {
+            match apply_agent(&mut model.nodes, name, put.then_some(value)) {
+                AgentChange::Nothing => Mark::Nothing,
+                AgentChange::Revoked => Mark::Revoked((AgentRole::Node, name.to_string())),
+                AgentChange::Changed { removed } => Mark::Node {
                     name: name.to_string(),
-                    removed: new.is_none(),
-                }
+                    removed,
+                },
             }
         } else if let Some(name) = rest.strip_prefix("gateways/") {
-            let old = model.gateways.get(name).cloned();
-            let new = if put {
-                serde_json::from_slice::<Gateway>(value).ok().map(Arc::new)
-            } else {
-                None
-            };
-            match &new {
-                Some(g) => model.gateways.insert(name.to_string(), g.clone()),
-                None => model.gateways.remove(name),
-            };
-            if matches!((&old, &new), (Some(a), Some(b)) if same_but_certs_gateway(a, b)) {
-                Mark::Nothing
-            } else {
-                Mark::Gateway {
+            match apply_agent(&mut model.gateways, name, put.then_some(value)) {
+                AgentChange::Nothing => Mark::Nothing,
+                AgentChange::Revoked => Mark::Revoked((AgentRole::Gateway, name.to_string())),
+                AgentChange::Changed { removed } => Mark::Gateway {
                     name: name.to_string(),
-                    removed: new.is_none(),
-                }
+                    removed,
+                },
             }
         } else if let Some(name) = rest.strip_prefix("names/") {
             match put
@@ -357,6 +391,11 @@ impl Hub {
         };
         match mark {
             Mark::Nothing => {}
+            Mark::Revoked(key) => {
+                if let Some(s) = slots.get(&key) {
+                    s.mark(|p| p.revoked = true);
+                }
+            }
             Mark::Everyone => {
                 for s in slots.values() {
                     s.mark(|p| p.full = true);

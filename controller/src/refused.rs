@@ -29,12 +29,21 @@ pub struct RefusedJoins {
 
 impl RefusedJoins {
     /// Records that `site`'s Join was answered with `status`, unless that
-    /// is a transient answer (busy, cut off, slow), which is no refusal.
+    /// is a transient answer (busy, cut off, slow, a lost race) or this
+    /// site's own fault (an internal error): neither is a refusal of the
+    /// peer.
     pub fn record(&self, site: &str, status: &tonic::Status) {
         use tonic::Code;
         if matches!(
             status.code(),
-            Code::Ok | Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled
+            Code::Ok
+                | Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Cancelled
+                | Code::Aborted
+                | Code::Internal
+                | Code::Unknown
+                | Code::DataLoss
         ) {
             return;
         }

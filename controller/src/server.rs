@@ -219,13 +219,18 @@ async fn follow_revocations(state: State, auth: Arc<Authenticator>) {
     loop {
         let res: Result<(), crate::error::Error> = async {
             let (list, rev) = state.revoked().await?;
-            auth.set_revoked(list.into_iter().map(|r| r.serial));
+            auth.set_revoked(
+                list.into_iter()
+                    .map(|r| (r.serial.clone(), crate::auth::RevokedAs::of(&r))),
+            );
             let prefix = state.revoked_prefix();
             let mut watch = state.store().watch_prefix(&prefix, rev + 1).await?;
             while let Some(batch) = watch.next().await {
                 for ev in batch?.events {
                     if ev.kind == EventKind::Put {
-                        auth.revoke(ev.kv.key[prefix.len()..].to_string());
+                        let why = serde_json::from_slice::<crate::domain::Revoked>(&ev.kv.value)
+                            .map_or(crate::auth::RevokedAs::Other, |r| crate::auth::RevokedAs::of(&r));
+                        auth.revoke(ev.kv.key[prefix.len()..].to_string(), why);
                     }
                 }
             }
@@ -236,6 +241,24 @@ async fn follow_revocations(state: State, auth: Arc<Authenticator>) {
             tracing::warn!(error = %e, "revocation watch interrupted; resuming");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Revokes the whole identity of each agent a call came from with a
+/// certificate a renewal replaced (told by the authenticator): two hosts
+/// hold it.
+async fn record_conflicts(state: State, auth: Arc<Authenticator>) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    auth.on_superseded(tx);
+    while let Some(id) = rx.recv().await {
+        let role = match id.role {
+            crate::auth::Role::Node => crate::domain::AgentRole::Node,
+            crate::auth::Role::Gateway => crate::domain::AgentRole::Gateway,
+            _ => continue,
+        };
+        if let Err(e) = state.record_conflict(role, &id.name, &id.serial).await {
+            tracing::error!(agent = %id, error = %e, "cannot record an identity conflict; the next call from the copy tries again");
+        }
     }
 }
 
@@ -258,6 +281,7 @@ fn not_after_ms(der: &[u8]) -> Option<u64> {
 /// after a failure, with the reason logged).
 struct Background {
     revocations: tokio::task::JoinHandle<()>,
+    conflicts: tokio::task::JoinHandle<()>,
     chooser: tokio::task::JoinHandle<()>,
     peer_sync: tokio::task::JoinHandle<()>,
 }
@@ -270,6 +294,7 @@ impl Background {
         fed: &Arc<Federation>,
         leader: tokio::sync::watch::Receiver<bool>,
     ) -> Background {
+        let conflicts = tokio::spawn(record_conflicts(state.clone(), auth.clone()));
         let (state, auth) = (state.clone(), auth.clone());
         let revocations = supervise("revocations", OnFailure::Restart, move || {
             let (state, auth) = (state.clone(), auth.clone());
@@ -296,6 +321,7 @@ impl Background {
         });
         Background {
             revocations,
+            conflicts,
             chooser,
             peer_sync,
         }
@@ -303,6 +329,7 @@ impl Background {
 
     fn stop(self) {
         self.revocations.abort();
+        self.conflicts.abort();
         self.peer_sync.abort();
         // Ends the campaign too (it stops once nobody listens), which gives
         // up the leadership at once instead of at the end of its lease.
@@ -333,7 +360,11 @@ pub async fn run(
 
     let auth = Authenticator::new(&cfg.site.id, &pki.ca.der)?;
     let (revoked, _) = state.revoked().await.context("cannot read the revocation list")?;
-    auth.set_revoked(revoked.into_iter().map(|r| r.serial));
+    auth.set_revoked(
+        revoked
+            .into_iter()
+            .map(|r| (r.serial.clone(), crate::auth::RevokedAs::of(&r))),
+    );
     let acceptor = TlsAcceptor::from(tls_config(&pki, &auth)?);
     let fingerprint = pki.ca.fingerprint.clone();
     let site_cert = pki.ca.issue_with_key(

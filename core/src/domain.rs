@@ -136,6 +136,20 @@ pub struct IdentityConflict {
     pub newest_serial: String,
 }
 
+impl std::fmt::Display for IdentityConflict {
+    /// As the admin reads it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "at {}, a call came from certificate {} while {} was newer and in use: two hosts hold this \
+             identity; every certificate of it was revoked",
+            humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(self.at_ms)),
+            self.caller_serial,
+            self.newest_serial
+        )
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Gateway {
     pub name: String,
@@ -174,6 +188,9 @@ pub struct CertRecord {
     /// When it was issued (0: before weft recorded it).
     #[serde(default)]
     pub issued_at_ms: u64,
+    /// A call came with it (see the renewal's conflict check).
+    #[serde(default)]
+    pub used: bool,
 }
 
 /// The latest expiry among `certs` that are still valid at `now_ms`.
@@ -218,6 +235,15 @@ pub struct Revoked {
     pub role: String,
     pub name: String,
     pub not_after_ms: u64,
+    /// Revoked because the admin removed the agent: an agent presenting it
+    /// is told it was removed (and removes what it applied), where any
+    /// other revocation leaves its data plane as it is.
+    #[serde(default)]
+    pub removed: bool,
+    /// Revoked because a renewal replaced it: a call from it is a second
+    /// holder's (its own holder moved on to the newer one).
+    #[serde(default)]
+    pub superseded: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -406,13 +406,31 @@ fn peering(m: &Model, site_id: &str, base: &str) -> Objects {
     out
 }
 
+/// The /30 of 169.254.0.0/16 that the veth of the peering listening on
+/// `listen_port` takes, by index: one of the 16383 blocks before the last
+/// /30 (the tunnel's own pair).
+fn veth_block(listen_port: u16) -> u32 {
+    u32::from(listen_port) % 16383
+}
+
+/// The block of 169.254.169.252/30, which holds the clouds' metadata
+/// address 169.254.169.254: no veth takes it.
+const METADATA_BLOCK: u32 = (169 * 256 + 252) / 4;
+
+/// Whether a peering may listen on `port` given the ports the site's
+/// other peerings listen on: its veth's /30 must be its own on the
+/// gateway, and not the metadata service's.
+pub fn veth_block_free(port: u16, used: impl IntoIterator<Item = u16>) -> bool {
+    let b = veth_block(port);
+    b != METADATA_BLOCK && used.into_iter().all(|u| veth_block(u) != b)
+}
+
 fn peering_ids(site_id: &str, ns: String, listen_port: u16) -> PeeringIds {
     // The path between the gateway and the peering's namespace: a veth with
     // a /30 from 169.254.0.0/16 chosen by the peering's WireGuard port, so
-    // it is unique per peering on the gateway (the ports of one site are
-    // fewer than the 16383 blocks before the last /30, which is the
-    // tunnel's own pair).
-    let base_ip = u32::from(Ipv4Addr::new(169, 254, 0, 0)) + 4 * (u32::from(listen_port) % 16383);
+    // it is unique per peering on the gateway (the controller gives no two
+    // peerings ports with the same block; see `veth_block_free`).
+    let base_ip = u32::from(Ipv4Addr::new(169, 254, 0, 0)) + 4 * veth_block(listen_port);
     PeeringIds {
         ns,
         link: format!("weft-w{}", peer_link_tag(site_id)),
@@ -1042,5 +1060,16 @@ mod tests {
         assert_eq!((up.len(), del.len()), (5, 0));
         assert_eq!(hash(&a["self/rule/0"]), hash(&a["self/rule/0"].clone()));
         assert_ne!(hash(&a["node/n1/link"]), hash(&a["node/n2/link"]));
+    }
+
+    #[test]
+    fn no_veth_takes_the_metadata_block_or_another_peerings_block() {
+        // 60028 % 16383 is the block of 169.254.169.252/30.
+        assert!(!veth_block_free(60028, []));
+        let ids = peering_ids("b", "weft-p-x".into(), 60027);
+        assert_eq!(ids.outer_ip, Ipv4Addr::new(169, 254, 169, 249));
+        assert!(veth_block_free(51820, [51821, 51822]));
+        // Ports 16383 apart share a block.
+        assert!(!veth_block_free(51820 - 16383, [51820]));
     }
 }

@@ -21,13 +21,13 @@ pub const HOST_TABLE: u32 = 7765;
 /// The one policy-rule priority weft owns in a host's own namespace.
 pub const HOST_RULE_PRIORITY: u32 = 7765;
 
-/// Encoded `FileDescriptorSet` of every weft proto, for server reflection.
 /// Metadata on the status a controller ends an agent's Watch with when the
 /// admin removed that agent (its record is gone): the agent then removes
 /// what it applied and stops. Any other refusal (a revoked or unknown
 /// certificate) leaves the host's data plane as it is.
 pub const REMOVED: &str = "weft-removed";
 
+/// Encoded `FileDescriptorSet` of every weft proto, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/weft_descriptor.bin"));
 
 /// The content hash of a desired-state object that agents send on resume

@@ -126,10 +126,7 @@ fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
     let st = a.wait_exit(Duration::from_secs(20)).expect("a revoked agent stops");
     assert!(!st.success());
     let text = a.log_text();
-    assert!(
-        text.contains("refused") && (text.contains("revoked") || text.contains("removed")),
-        "{text}"
-    );
+    assert!(text.contains("the admin removed this agent"), "{text}");
 
     // The token's secret never reached a log.
     for log in [
@@ -139,6 +136,31 @@ fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
     ] {
         assert!(!log.contains(&secret), "a log holds the token secret");
     }
+}
+
+/// An agent that was down when the admin removed it learns it at its first
+/// call back (its certificate was revoked as removed): it removes what it
+/// applied and stops, rather than asking forever.
+#[test]
+fn an_agent_away_at_its_removal_removes_its_objects_when_it_is_back() {
+    let dir = tempfile::Builder::new().prefix("weft-agent").tempdir().unwrap();
+    let c = Controller::start("site-a", &dir.path().join("data"), &["--pod-cidr", "10.1.0.0/16"]);
+    let tok: Value = weftctl_json(&c.target(), &["token", "create", "--role", "node", "--name", "n1"]);
+    let (token, fp) = (tok["token"].as_str().unwrap(), tok["ca_fingerprint"].as_str().unwrap());
+    let mut a = agent(&c, dir.path(), &["--token", token, "--ca-fingerprint", fp], "agent.log");
+    eventually("applied", Duration::from_secs(20), || {
+        a.log_text().contains("applied revision=").then_some(())
+    });
+    assert!(a.stop().success());
+    weftctl_json(&c.target(), &["node", "remove", "n1"]);
+    let mut a = agent(&c, dir.path(), &[], "agent2.log");
+    let st = a
+        .wait_exit(Duration::from_secs(20))
+        .expect("a removed agent stops when it is back");
+    assert!(!st.success());
+    let text = a.log_text();
+    assert!(text.contains("the admin removed this agent"), "{text}");
+    assert!(text.contains("removed weft's objects"), "{text}");
 }
 
 /// A Watch stream ends when the certificate it was opened with expires;
@@ -193,9 +215,20 @@ fn a_state_file_that_cannot_be_saved_is_reported_and_retried_and_never_stops_the
     });
     let state = dir.path().join("n1");
     let saved = || std::fs::read(state.join("desired-state.pb")).unwrap();
-    let before = saved();
     // The agent's "applied" log line, one per change taken in.
     let applied = |p: &Proc| p.log_text().matches("applied revision=").count();
+    // "watching" comes before the first desired state is saved and
+    // applied: wait for both rather than assume them.
+    let before = eventually(
+        "n1 saved and applied its desired state",
+        Duration::from_secs(20),
+        || {
+            let b = std::fs::read(state.join("desired-state.pb"))
+                .ok()
+                .filter(|b| !b.is_empty())?;
+            (applied(&n1) > 0).then_some(b)
+        },
+    );
     let applied_before = applied(&n1);
     let obstacle = state.join("desired-state.tmp");
     std::fs::create_dir(&obstacle).unwrap();
@@ -278,20 +311,35 @@ fn a_gateway_refused_but_not_removed_keeps_its_state_and_keeps_running() {
         Some(stored()).filter(|n| *n > 0)
     });
     // The copy renews at once (the real agent renews at two thirds of the
-    // certificate's 12 s, past the 1.2 s retry window).
-    let (_key, csr) = weft_agent::identity::key_and_csr("gw").unwrap();
-    let o = weft_tests::run(
-        Command::new(&grpcurl)
-            .arg("-cacert")
-            .arg(state.join(weft_agent::identity::CA_FILE))
-            .arg("-cert")
-            .arg(state.join(weft_agent::identity::CERT_FILE))
-            .arg("-key")
-            .arg(state.join(weft_agent::identity::KEY_FILE))
-            .args(["-d", &serde_json::json!({ "csr_pem": csr }).to_string()])
-            .arg(format!("127.0.0.1:{}", c.listen_port))
-            .arg("weft.v1.AgentService/Renew"),
+    // certificate's 12 s) and uses its new certificate: the real agent's
+    // renewal then comes from a certificate older than one in use.
+    let (key, csr) = weft_agent::identity::key_and_csr("gw").unwrap();
+    let grpcurl_as = |cert: &std::path::Path, key: &std::path::Path, body: String, method: &str| {
+        weft_tests::run(
+            Command::new(&grpcurl)
+                .arg("-cacert")
+                .arg(state.join(weft_agent::identity::CA_FILE))
+                .arg("-cert")
+                .arg(cert)
+                .arg("-key")
+                .arg(key)
+                .args(["-d", &body])
+                .arg(format!("127.0.0.1:{}", c.listen_port))
+                .arg(format!("weft.v1.AgentService/{method}")),
+        )
+    };
+    let o = grpcurl_as(
+        &state.join(weft_agent::identity::CERT_FILE),
+        &state.join(weft_agent::identity::KEY_FILE),
+        serde_json::json!({ "csr_pem": csr }).to_string(),
+        "Renew",
     );
+    assert!(o.status.success(), "{}", weft_tests::stderr(&o));
+    let renewed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let (copy_cert, copy_key) = (dir.path().join("copy.pem"), dir.path().join("copy.key"));
+    std::fs::write(&copy_cert, renewed["certificatePem"].as_str().unwrap()).unwrap();
+    std::fs::write(&copy_key, key.serialize_pem()).unwrap();
+    let o = grpcurl_as(&copy_cert, &copy_key, "{}".into(), "Report");
     assert!(o.status.success(), "{}", weft_tests::stderr(&o));
     let log = eventually("the real agent refused", Duration::from_secs(30), || {
         let log = gw.log_text();

@@ -131,11 +131,17 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
             (g.public_key, g.pending_public_key)
         }
     };
-    let accept = || async {
-        b.admin()
-            .await
-            .accept_gateway_key(pb::AcceptGatewayKeyRequest { name: "gw".into() })
-            .await
+    let accept = |k: String| {
+        let b = &b;
+        async move {
+            b.admin()
+                .await
+                .accept_gateway_key(pb::AcceptGatewayKeyRequest {
+                    name: "gw".into(),
+                    public_key: k,
+                })
+                .await
+        }
     };
     gwb.update_gateway(pb::UpdateGatewayRequest {
         public_key: key(2),
@@ -162,9 +168,22 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
     // The subscriptions between the controllers start within a moment of
     // the peering; a first accepted rotation shows site-a is following
     // site-b.
-    accept().await.unwrap();
+    // Accepting a key other than the one held (the admin checked another
+    // host's) takes nothing; nor does accepting without a key.
+    let e = accept(key(9)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("Nothing changed"), "{e:?}");
+    let e = accept(String::new()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().starts_with("public_key"), "{e:?}");
+    assert_eq!(
+        b_gateway("gw").await,
+        (key(1), key(2)),
+        "still held after wrong accepts"
+    );
+    accept(key(2)).await.unwrap();
     until_peer_key(&mut s, &mut held, &key(2), Duration::from_secs(5), "the rotation").await;
-    let e = accept().await.unwrap_err();
+    let e = accept(key(2)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
     // Rotate again and time it from the admin's accept: site-a's gateway
     // has it within a second.
@@ -175,7 +194,7 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
     .await
     .unwrap();
     let t = Instant::now();
-    accept().await.unwrap();
+    accept(key(3)).await.unwrap();
     until_peer_key(&mut s, &mut held, &key(3), Duration::from_secs(5), "the rotation").await;
     let took = t.elapsed();
     assert!(took < Duration::from_secs(1), "the key change took {took:?}");

@@ -213,8 +213,10 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
         ("hostile/snat", "\"eth0\""),
         ("hostile/address-half", "/8 or narrower"),
         ("hostile/address-controller", "a controller"),
-        ("hostile/address-router", "a gateway of the host's main table"),
+        ("hostile/address-router", "a gateway of the host's table main"),
         ("hostile/route-lan2", "the network of lan2"),
+        ("hostile/address-neighbour", "the network of lan2"),
+        ("hostile/address-ipv6", "IPv6"),
     ];
     hostile.extend([
         obj(
@@ -229,6 +231,10 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
         evil_addr("hostile/address-half", "0.0.0.1/1"),
         evil_addr("hostile/address-controller", "192.168.78.1/32"),
         evil_addr("hostile/address-router", "172.20.5.1/32"),
+        // A LAN neighbour's address, made local, would cut the host off
+        // from it; IPv6 in the host's namespace is never weft's.
+        evil_addr("hostile/address-neighbour", "172.20.5.77/32"),
+        evil_addr("hostile/address-ipv6", "fd00:77::1/128"),
         obj(
             "hostile/route-lan2",
             Kind::Route(pb::Route {

@@ -314,24 +314,19 @@ async fn two_hundred_renewals_then_removal_revokes_on_both_stores() {
                 a.get_assignment(pb::GetAssignmentRequest { name: "n1".into() }).await
             }
         };
-        // The first renewal's certificate was replaced, so revoked; the
-        // newest one works.
+        // The newest one works. (The first renewal's certificate was
+        // replaced, so revoked: a call from it now would be a second
+        // holder's, which revokes the whole identity; it is tried after
+        // the removal.)
         let first = issued[0].clone();
         let newest = issued[199].clone();
-        for _ in 0..100 {
-            if use_of(first.clone()).await.is_err() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        refused(use_of(first).await, Code::Unauthenticated, "revoked");
         assert!(use_of(newest.clone()).await.is_ok());
         c.admin()
             .await
             .delete_node(pb::DeleteNodeRequest { name: "n1".into() })
             .await
             .expect("removal succeeds after 200 renewals");
-        for creds in [(cert.clone(), key.clone()), newest] {
+        for creds in [(cert.clone(), key.clone()), newest, first] {
             for _ in 0..100 {
                 if use_of(creds.clone()).await.is_err() {
                     break;
@@ -443,30 +438,22 @@ async fn renew(c: &InProc, creds: &(String, String), name: &str) -> Result<(Stri
 }
 
 /// A gateway's key and certificate copied to a second host: neither holder
-/// quietly evicts the other. A renewal retried at once from the old
-/// certificate (its answer was lost) still works; but once the newest
-/// certificate is older than the retry window (a tenth of a certificate's
-/// life, 1 s here), a renewal from a superseded one means two holders:
-/// every certificate of the name is revoked, the conflict is recorded, and
-/// the admin sees it in `gateways` and `diagnose`. A new token clears it.
+/// quietly evicts the other. A renewal retried from the old certificate
+/// (its answer was lost) still works, however late, since the certificate
+/// it missed was never used; but a renewal from an older certificate after
+/// a newer one was used means two holders: every certificate of the name
+/// is revoked, the conflict is recorded, and the admin sees it in
+/// `gateways` and `diagnose`. A new token clears it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copied_identity_is_revoked_whole_once_both_holders_renew_and_the_admin_is_told() {
     let c = InProc::start_with(&[("agent_cert_ttl", "10s")]).await;
     let t = c.token_for(pb::AgentRole::Gateway, "gw", 600, 1).await;
     let first = c.register(&t, "gw").await.unwrap();
     // The answer to a renewal is lost; the agent retries with the same
-    // certificate at once, and goes on with the second answer.
+    // certificate, late, and goes on with the second answer.
     let _lost = renew(&c, &first, "gw").await.unwrap();
-    let real = renew(&c, &first, "gw").await.expect("an immediate retry is a retry");
-    // A thief has copied the current key and certificate, and renews.
-    let thief = renew(&c, &real, "gw").await.unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    // The real host renews from what it holds, now superseded.
-    refused(
-        renew(&c, &real, "gw").await,
-        Code::Unauthenticated,
-        "another host holds this identity",
-    );
+    let real = renew(&c, &first, "gw").await.expect("a retry is a retry");
     let use_of = |creds: (String, String)| {
         let c = &c;
         async move {
@@ -478,6 +465,17 @@ async fn a_copied_identity_is_revoked_whole_once_both_holders_renew_and_the_admi
             .await
         }
     };
+    use_of(real.clone()).await.unwrap();
+    // A thief has copied the current key and certificate, renews, and
+    // uses its new certificate.
+    let thief = renew(&c, &real, "gw").await.unwrap();
+    use_of(thief.clone()).await.unwrap();
+    // The real host renews from what it holds, now older than one in use.
+    refused(
+        renew(&c, &real, "gw").await,
+        Code::Unauthenticated,
+        "another host holds this identity",
+    );
     for creds in [thief, real] {
         for _ in 0..100 {
             if use_of(creds.clone()).await.is_err() {
@@ -516,4 +514,75 @@ async fn a_copied_identity_is_revoked_whole_once_both_holders_renew_and_the_admi
     let again = c.register(&t, "gw").await.unwrap();
     assert!(gateways().await[0].identity_conflict.is_empty());
     assert!(use_of(again).await.is_ok());
+}
+
+/// A thief who copied the current certificate renews twice, quietly, so
+/// that the second renewal replaces (and revokes) the real agent's: the
+/// real agent's next call, from a certificate a renewal replaced without
+/// it, revokes the whole identity and tells the admin, and ends the
+/// thief's open Watch stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thief_renewing_twice_from_a_copy_is_found_at_the_real_agents_next_call() {
+    let c = InProc::start_with(&[("agent_cert_ttl", "60s")]).await;
+    let t = c.token_for(pb::AgentRole::Node, "n1", 600, 1).await;
+    let real = c.register(&t, "n1").await.unwrap();
+    let client = |creds: &(String, String)| {
+        let c = &c;
+        let creds = creds.clone();
+        async move { AgentServiceClient::new(c.channel(Some((&creds.0, &creds.1))).await) }
+    };
+    let report = |creds: (String, String)| {
+        let client = &client;
+        async move { client(&creds).await.report(pb::ReportRequest::default()).await }
+    };
+    report(real.clone()).await.unwrap();
+    let once = renew(&c, &real, "n1").await.unwrap();
+    let twice = renew(&c, &once, "n1").await.unwrap();
+    let mut stream = client(&twice)
+        .await
+        .watch(pb::WatchRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    stream.message().await.unwrap().expect("the thief's first state");
+    // The real agent's next heartbeat.
+    refused(
+        report(real).await,
+        Code::Unauthenticated,
+        "another host holds this identity",
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => return None,
+                Err(s) => return Some(s),
+            }
+        }
+    })
+    .await
+    .expect("the thief's stream ended");
+    let s = ended.expect("ended with a status");
+    assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+    assert!(!s.metadata().contains_key(weft_proto::REMOVED), "{s:?}");
+    // (Each replica's revocation list follows the store.)
+    for _ in 0..100 {
+        if report(twice.clone()).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    refused(report(twice).await, Code::Unauthenticated, "revoked");
+    let nodes = c
+        .admin()
+        .await
+        .list_nodes(pb::ListNodesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .nodes;
+    assert!(
+        nodes[0].identity_conflict.contains("two hosts hold this identity"),
+        "{nodes:?}"
+    );
 }

@@ -203,7 +203,9 @@ pub enum GatewayCmd {
     Remove { name: String },
     /// Take the new WireGuard key a gateway asked for (held until then,
     /// so that a stolen gateway certificate cannot redirect the tunnels).
-    AcceptKey { name: String },
+    /// KEY is the key the gateway's host logged ("this gateway's
+    /// WireGuard public key"): a key asked for from elsewhere is refused.
+    AcceptKey { name: String, key: String },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

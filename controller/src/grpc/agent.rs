@@ -9,7 +9,7 @@ use weft_proto::v1 as pb;
 use weft_proto::v1::agent_service_server::AgentService;
 
 use super::convert;
-use crate::auth::{Caller, Identity, Role, caller_of};
+use crate::auth::{Caller, Identity, Role, caller_of, removed};
 use crate::config::parse_cidr;
 use crate::domain::AgentRole;
 use crate::error::Error;
@@ -37,6 +37,24 @@ pub struct AgentApi {
 }
 
 impl AgentApi {
+    /// The agent behind a call ([`agent`]), its certificate marked as used
+    /// the first time it is (a renewal from an older certificate after
+    /// that is a second holder's, not a retry).
+    async fn agent<T>(&self, req: &Request<T>) -> Result<(AgentRole, Identity), Status> {
+        let (role, id) = agent(req)?;
+        let model = self.hub.model();
+        let certs = match role {
+            AgentRole::Node => model.nodes.get(&id.name).map(|n| &n.certs),
+            AgentRole::Gateway => model.gateways.get(&id.name).map(|g| &g.certs),
+        };
+        // Not in the hub's model yet (just enrolled): the store decides.
+        let unmarked = certs.is_none_or(|c| c.iter().any(|c| c.serial == id.serial && !c.used));
+        if unmarked && let Err(e) = self.state.mark_cert_used(role, &id.name, &id.serial).await {
+            tracing::warn!(agent = %id, error = %e, "cannot mark the certificate as used");
+        }
+        Ok((role, id))
+    }
+
     pub fn new(state: State, ca: Arc<SiteCa>, site_id: String, cert_ttl: Duration, hub: Arc<Hub>) -> Self {
         Self {
             state,
@@ -159,7 +177,7 @@ impl AgentService for AgentApi {
     type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<pb::WatchResponse, Status>>;
 
     async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        let (role, id) = agent(&req)?;
+        let (role, id) = self.agent(&req).await?;
         // The stream ends when the certificate it was opened with does; the
         // agent (which renews at two thirds of its life) reconnects with
         // its current one and resumes from its revision.
@@ -218,11 +236,25 @@ impl AgentService for AgentApi {
         }
         if !in_model(&model) {
             self.hub.unsubscribe(&key, &slot);
-            if self.state.store().revision().await.is_ok_and(|r| model.revision < r) {
-                // The hub is behind the store: not a verdict on this agent.
-                return Err(Status::unavailable(
-                    "the controller is catching up with its store; retry",
-                ));
+            // Only the store's word removes an agent: a hub that is behind
+            // (or could not read the record) or a store that does not
+            // answer is no verdict on it.
+            let in_store = match role {
+                AgentRole::Node => self.state.get_node(&id.name).await.map(|_| ()),
+                AgentRole::Gateway => self.state.get_gateway(&id.name).await.map(|_| ()),
+            };
+            match in_store {
+                Err(Error::NotFound(_)) => {}
+                Ok(()) => {
+                    return Err(Status::unavailable(
+                        "the controller is catching up with its store; retry",
+                    ));
+                }
+                Err(e) => {
+                    return Err(Status::unavailable(format!(
+                        "the controller cannot read this agent's record ({e}); retry"
+                    )));
+                }
             }
             return Err(removed(format!(
                 "{id} has been removed; enroll it again with a new token"
@@ -239,7 +271,7 @@ impl AgentService for AgentApi {
     }
 
     async fn report(&self, req: Request<pb::ReportRequest>) -> Result<Response<pb::ReportResponse>, Status> {
-        let (role, id) = agent(&req)?;
+        let (role, id) = self.agent(&req).await?;
         let mut r = req.into_inner();
         // Reports are kept and shown: bounded in count and length, whatever
         // an agent (or a stolen agent certificate) sends.
@@ -287,7 +319,7 @@ impl AgentService for AgentApi {
         req: Request<pb::UpdateGatewayRequest>,
     ) -> Result<Response<pb::UpdateGatewayResponse>, Status> {
         use base64::Engine;
-        let (role, id) = agent(&req)?;
+        let (role, id) = self.agent(&req).await?;
         if role != AgentRole::Gateway {
             return Err(Status::permission_denied(format!("{id} is not a gateway")));
         }
@@ -334,7 +366,7 @@ impl AgentService for AgentApi {
     }
 
     async fn get_assignment(&self, req: Request<pb::GetAssignmentRequest>) -> Result<Response<pb::Assignment>, Status> {
-        let (role, id) = agent(&req)?;
+        let (role, id) = self.agent(&req).await?;
         // Empty: the caller's own.
         let name = Some(req.into_inner().name)
             .filter(|n| !n.is_empty())
@@ -433,6 +465,17 @@ async fn stream_changes(
             break;
         }
         let pending = slot.take();
+        if pending.revoked {
+            let _ = tx
+                .send(Err(Status::unauthenticated(format!(
+                    "every certificate of {} {:?} was revoked: two hosts hold its identity. The admin must enroll \
+                     the real host again with a new token",
+                    key.0.as_str(),
+                    key.1
+                ))))
+                .await;
+            break;
+        }
         if pending.removed {
             let _ = tx
                 .send(Err(removed(format!(
@@ -508,13 +551,4 @@ async fn stream_changes(
     if key.0 == AgentRole::Gateway && !expired && !slot.superseded.load(Ordering::SeqCst) && !*hub.closing.borrow() {
         hub.gone(&key).await;
     }
-}
-
-/// The status that tells an agent the admin removed it (see
-/// [`weft_proto::REMOVED`]): it then removes what it applied.
-fn removed(message: String) -> Status {
-    let mut s = Status::unauthenticated(message);
-    s.metadata_mut()
-        .insert(weft_proto::REMOVED, tonic::metadata::MetadataValue::from_static("1"));
-    s
 }

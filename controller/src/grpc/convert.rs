@@ -46,19 +46,8 @@ pub fn node(n: &Node) -> pb::Node {
         internal_ip: n.internal_ip.map(|i| i.to_string()).unwrap_or_default(),
         underlay_ip: n.underlay_ip.map(|i| i.to_string()).unwrap_or_default(),
         geneve: n.geneve,
-        identity_conflict: n.identity_conflict.as_ref().map(conflict).unwrap_or_default(),
+        identity_conflict: n.identity_conflict.as_ref().map(|c| c.to_string()).unwrap_or_default(),
     }
-}
-
-/// An identity conflict, as the admin reads it.
-pub fn conflict(c: &crate::domain::IdentityConflict) -> String {
-    format!(
-        "at {}, a renewal came from certificate {} while {} was newer: two hosts hold this identity; \
-         every certificate of it was revoked",
-        humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(c.at_ms)),
-        c.caller_serial,
-        c.newest_serial
-    )
 }
 
 pub fn gateway(g: &Gateway) -> pb::Gateway {
@@ -74,7 +63,7 @@ pub fn gateway(g: &Gateway) -> pb::Gateway {
         geneve: g.geneve,
         active: false,
         pending_public_key: g.pending_public_key.clone().unwrap_or_default(),
-        identity_conflict: g.identity_conflict.as_ref().map(conflict).unwrap_or_default(),
+        identity_conflict: g.identity_conflict.as_ref().map(|c| c.to_string()).unwrap_or_default(),
     }
 }
 

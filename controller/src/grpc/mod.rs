@@ -139,7 +139,7 @@ impl AdminService for AdminApi {
         .map_err(|e| Status::internal(format!("cannot write the new admin bundle: {e:#}")))?;
         if let Some((old_serial, not_after_ms)) = &old {
             self.state.revoke_admin(old_serial, *not_after_ms).await?;
-            self.auth.revoke(old_serial.clone());
+            self.auth.revoke(old_serial.clone(), crate::auth::RevokedAs::Other);
             tracing::info!(revoked = %old_serial, "revoked the previous admin certificate");
         }
         Ok(Response::new(pb::RotateAdminCertResponse {
@@ -209,7 +209,7 @@ impl AdminService for AdminApi {
         let node = self.state.delete_node(&req.into_inner().name).await?;
         // Take effect on this replica at once; the store watch tells the others.
         for c in &node.certs {
-            self.auth.revoke(c.serial.clone());
+            self.auth.revoke(c.serial.clone(), crate::auth::RevokedAs::Removed);
         }
         tracing::info!(node = %node.name, subnet = %node.subnet, revoked = node.certs.len(), "node deleted, subnet released");
         Ok(Response::new(pb::DeleteNodeResponse {
@@ -242,7 +242,7 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::DeleteGatewayResponse>, Status> {
         let gw = self.state.delete_gateway(&req.into_inner().name).await?;
         for c in &gw.certs {
-            self.auth.revoke(c.serial.clone());
+            self.auth.revoke(c.serial.clone(), crate::auth::RevokedAs::Removed);
         }
         tracing::info!(gateway = %gw.name, revoked = gw.certs.len(), "gateway deleted");
         Ok(Response::new(pb::DeleteGatewayResponse {}))
@@ -252,9 +252,15 @@ impl AdminService for AdminApi {
         &self,
         req: Request<pb::AcceptGatewayKeyRequest>,
     ) -> Result<Response<pb::Gateway>, Status> {
-        let name = req.into_inner().name;
-        crate::domain::validate_name("name", &name).map_err(Status::invalid_argument)?;
-        let g = self.state.accept_gateway_key(&name).await?;
+        let req = req.into_inner();
+        crate::domain::validate_name("name", &req.name).map_err(Status::invalid_argument)?;
+        if req.public_key.is_empty() {
+            return Err(Status::invalid_argument(
+                "public_key: give the key the gateway's host logged (\"this gateway's WireGuard public key\"), so \
+                 that the key taken is the one you checked there",
+            ));
+        }
+        let g = self.state.accept_gateway_key(&req.name, &req.public_key).await?;
         Ok(Response::new(convert::gateway(&g)))
     }
 

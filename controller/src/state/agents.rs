@@ -26,19 +26,25 @@ pub const MAX_TOKEN_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Most agents one token may enroll.
 pub const MAX_TOKEN_USES: u32 = 10_000;
 
-/// How long after a renewal a renewal from the certificate before it is
-/// taken for the agent's retry (its answer was lost): longer than an
-/// agent's retries take (they back off to 60 s), and at most a tenth of
-/// the certificate's life (an agent renews at two thirds of it). Past
-/// that, the older certificate's holder is a second host holding the
-/// identity.
-pub const RENEWAL_RETRY_MS: u64 = 5 * 60 * 1000;
-
-fn retry_window(newest: &CertRecord) -> u64 {
-    if newest.issued_at_ms == 0 {
-        return 0; // issued before weft recorded when: no retry is that late
-    }
-    RENEWAL_RETRY_MS.min(newest.not_after_ms.saturating_sub(newest.issued_at_ms) / 10)
+/// Edits the certificates and the conflict mark of the agent record in
+/// `kv` (a node's or a gateway's), giving the new record's bytes.
+fn edit_agent(
+    role: AgentRole,
+    kv: &crate::store::KeyValue,
+    f: impl FnOnce(&mut Vec<CertRecord>, &mut Option<IdentityConflict>),
+) -> Result<Vec<u8>, Error> {
+    Ok(match role {
+        AgentRole::Node => {
+            let mut n: Node = decode(kv)?;
+            f(&mut n.certs, &mut n.identity_conflict);
+            encode(&n)
+        }
+        AgentRole::Gateway => {
+            let mut g: Gateway = decode(kv)?;
+            f(&mut g.certs, &mut g.identity_conflict);
+            encode(&g)
+        }
+    })
 }
 
 /// A token split into its parts.
@@ -234,7 +240,9 @@ impl State {
                         .find_map(|(p, _)| p.views.iter().find(|v| v.local.contains(&ip)).map(|v| (p, v)))
                 {
                     return Err(Error::FailedPrecondition(format!(
-                        "underlay: {ip} is in {}, this site's view of peering {:?}'s {} CIDR {}: the {} {name:?} would                          have its overlay routed into that peer; give it an address on the site's LAN outside the                          peers' views, or delete the peering first (`weftctl peering delete {}`)",
+                        "underlay: {ip} is in {}, this site's view of peering {:?}'s {} CIDR {}: the {} {name:?} would \
+                         have its overlay routed into that peer; give it an address on the site's LAN outside the \
+                         peers' views, or delete the peering first (`weftctl peering delete {}`)",
                         v.local,
                         p.site_id,
                         v.kind,
@@ -307,7 +315,7 @@ impl State {
                         node.underlay_ip = underlay.or(node.underlay_ip);
                         let issued = issue(AgentRole::Node, &name)?;
                         node.certs.retain(|c| c.not_after_ms > now);
-                        node.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms, issued_at_ms: now });
+                        node.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms, issued_at_ms: now, used: false });
                         // A token is the admin's word: the identity is whole again.
                         node.identity_conflict = None;
                         let e = Enrollment { role: AgentRole::Node, name: name.clone(), issued, subnet: Some(node.subnet) };
@@ -356,7 +364,7 @@ impl State {
                         gw.underlay_ip = underlay.or(gw.underlay_ip);
                         let issued = issue(AgentRole::Gateway, &name)?;
                         gw.certs.retain(|c| c.not_after_ms > now);
-                        gw.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms, issued_at_ms: now });
+                        gw.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms, issued_at_ms: now, used: false });
                         // A token is the admin's word: the identity is whole
                         // again, and the key the agent sends next is taken
                         // (a host enrolled anew may have made a new one).
@@ -374,9 +382,17 @@ impl State {
         Ok(out)
     }
 
-    /// A new certificate for an enrolled, unrevoked agent. See
-    /// [`RENEWAL_RETRY_MS`] for a renewal from a certificate that is not
-    /// the newest.
+    /// A new certificate for an enrolled, unrevoked agent.
+    ///
+    /// A renewal from a certificate older than the newest is either the
+    /// agent's retry of a renewal whose answer it never got (the newest
+    /// was then never used: the agent never had it), or a second holder
+    /// of the identity (a copied key and certificate) after the other one
+    /// renewed and used the newer certificate. The second kind revokes
+    /// every certificate of the name and records the conflict: evicting
+    /// either holder quietly would hand the identity to whichever of them
+    /// renews first. (A call from a certificate a renewal replaced is the
+    /// same sign; see [`State::record_conflict`].)
     pub async fn renew(
         &self,
         role: AgentRole,
@@ -404,58 +420,16 @@ impl State {
                 )));
             }
             let live: Vec<CertRecord> = known.into_iter().filter(|c| c.not_after_ms > now).collect();
-            let newest = live
-                .iter()
-                .max_by_key(|c| (c.issued_at_ms, c.not_after_ms))
-                .filter(|n| n.serial != caller_serial)
-                .cloned();
-            // A renewal from a certificate older than the newest: either the
-            // agent's retry of a renewal whose answer it never got (the
-            // newest is then moments old), or a second holder of the
-            // identity (a copied key and certificate) after the other one
-            // renewed. The second kind revokes every certificate of the
-            // name: evicting either holder quietly would hand the identity
-            // to whichever of them renews first.
-            if let Some(newest) = newest
-                .clone()
-                .filter(|n| now.saturating_sub(n.issued_at_ms) > retry_window(n))
-            {
+            let newest = newest(&live).filter(|n| n.serial != caller_serial).cloned();
+            if let Some(newest) = newest.as_ref().filter(|n| n.used) {
                 let conflict = IdentityConflict {
                     at_ms: now,
                     caller_serial: caller_serial.to_string(),
                     newest_serial: newest.serial.clone(),
                 };
-                let bytes = match role {
-                    AgentRole::Node => {
-                        let mut n: Node = decode(&kv)?;
-                        n.certs.clear();
-                        n.identity_conflict = Some(conflict);
-                        encode(&n)
-                    }
-                    AgentRole::Gateway => {
-                        let mut g: Gateway = decode(&kv)?;
-                        g.certs.clear();
-                        g.identity_conflict = Some(conflict);
-                        encode(&g)
-                    }
-                };
-                let mut txn = Txn::new()
-                    .when(Compare::ModRevision(key.clone(), kv.mod_revision))
-                    .then(Op::put(key.clone(), bytes));
-                for op in self.revoke_ops(role, name, &live) {
-                    txn = txn.then(op);
-                }
-                if !self.store.txn(txn).await?.succeeded {
+                if !self.conflict_txn(role, name, &key, &kv, &live, conflict).await? {
                     continue;
                 }
-                tracing::error!(
-                    role = role.as_str(),
-                    agent = name,
-                    caller = caller_serial,
-                    newest = %newest.serial,
-                    "two holders of one agent identity: a renewal came from a certificate older than the newest; \
-                     every certificate of the name is revoked"
-                );
                 return Err(Error::Unauthenticated(format!(
                     "this certificate of the {} {name:?} is not its newest: another host holds this identity (a \
                      copied key and certificate). Every certificate of the name is revoked; the admin must enroll \
@@ -468,47 +442,146 @@ impl State {
                 serial: issued.serial.clone(),
                 not_after_ms: issued.not_after_ms,
                 issued_at_ms: now,
+                used: false,
             };
             // The new certificate replaces every older one but the caller's
             // (which the agent uses until it has the new one: a renewal whose
             // answer was lost is retried with it) and, on such a retry, the
-            // newest (never received, or the retry is not one: then its
-            // holder's next renewal finds the conflict above). The replaced
-            // ones are revoked in the same transaction, so an agent holds at
-            // most two live certificates however often it renews (three
-            // around a retry), and removing it revokes them all.
+            // newest (never used: the agent never received it). The replaced
+            // ones are revoked as superseded in the same transaction, so an
+            // agent holds at most two live certificates however often it
+            // renews (three around a retry), removing it revokes them all,
+            // and a later call from a replaced one is a second holder's.
             let (kept, replaced): (Vec<CertRecord>, Vec<CertRecord>) = live
                 .into_iter()
                 .partition(|c| c.serial == caller_serial || newest.as_ref().is_some_and(|n| n.serial == c.serial));
-            let certs: Vec<CertRecord> = kept.into_iter().chain([rec]).collect();
-            let bytes = match role {
-                AgentRole::Node => {
-                    let mut n: Node = decode(&kv)?;
-                    n.certs = certs;
-                    encode(&n)
-                }
-                AgentRole::Gateway => {
-                    let mut g: Gateway = decode(&kv)?;
-                    g.certs = certs;
-                    encode(&g)
-                }
-            };
+            let bytes = edit_agent(role, &kv, |certs, _| {
+                *certs = kept
+                    .into_iter()
+                    .map(|mut c| {
+                        c.used |= c.serial == caller_serial;
+                        c
+                    })
+                    .chain([rec])
+                    .collect();
+            })?;
             let mut txn = Txn::new()
                 .when(Compare::ModRevision(key.clone(), kv.mod_revision))
                 .then(Op::put(key.clone(), bytes));
-            for op in self.revoke_ops(role, name, &replaced) {
+            for op in self.revoke_ops(role, name, &replaced, Revocation::Superseded) {
                 txn = txn.then(op);
             }
             if self.store.txn(txn).await?.succeeded {
-                tracing::info!(role = role.as_str(), agent = name, serial = %issued.serial, "agent certificate renewed");
                 return Ok(issued);
             }
         }
         Err(Error::Aborted("the agent's record kept changing; retry".into()))
     }
 
-    /// The ops that revoke `certs` (put under `revoked/`).
-    pub(super) fn revoke_ops(&self, role: AgentRole, name: &str, certs: &[CertRecord]) -> Vec<Op> {
+    /// Clears every certificate of agent `name` (its record `kv` at
+    /// `key`), revokes the live ones and records `conflict`, in one
+    /// transaction; false when the record changed meanwhile.
+    async fn conflict_txn(
+        &self,
+        role: AgentRole,
+        name: &str,
+        key: &str,
+        kv: &crate::store::KeyValue,
+        live: &[CertRecord],
+        conflict: IdentityConflict,
+    ) -> Result<bool, Error> {
+        let (caller, newest) = (conflict.caller_serial.clone(), conflict.newest_serial.clone());
+        let bytes = edit_agent(role, kv, |certs, mark| {
+            certs.clear();
+            *mark = Some(conflict);
+        })?;
+        let mut txn = Txn::new()
+            .when(Compare::ModRevision(key.to_string(), kv.mod_revision))
+            .then(Op::put(key.to_string(), bytes));
+        for op in self.revoke_ops(role, name, live, Revocation::Conflict) {
+            txn = txn.then(op);
+        }
+        if !self.store.txn(txn).await?.succeeded {
+            return Ok(false);
+        }
+        tracing::error!(
+            role = role.as_str(),
+            agent = name,
+            caller = %caller,
+            newest = %newest,
+            "two holders of one agent identity: every certificate of the name is revoked"
+        );
+        Ok(true)
+    }
+
+    /// A call came from `serial`, a certificate of agent `name` that a
+    /// renewal replaced: its holder did not renew, someone else did from
+    /// a copy. Revokes every certificate of the name and records the
+    /// conflict (once: a name already in conflict is left as it is).
+    pub async fn record_conflict(&self, role: AgentRole, name: &str, serial: &str) -> Result<(), Error> {
+        let key = self.key(&format!("{}s/{name}", role.as_str()));
+        for _ in 0..super::MAX_ATTEMPTS {
+            let Some(kv) = self.store.get(&key).await? else {
+                return Ok(()); // removed meanwhile
+            };
+            let (certs, marked) = match role {
+                AgentRole::Node => {
+                    let n: Node = decode(&kv)?;
+                    (n.certs, n.identity_conflict.is_some())
+                }
+                AgentRole::Gateway => {
+                    let g: Gateway = decode(&kv)?;
+                    (g.certs, g.identity_conflict.is_some())
+                }
+            };
+            if marked && certs.is_empty() {
+                return Ok(());
+            }
+            let now = now_ms();
+            let live: Vec<CertRecord> = certs.into_iter().filter(|c| c.not_after_ms > now).collect();
+            let conflict = IdentityConflict {
+                at_ms: now,
+                caller_serial: serial.to_string(),
+                newest_serial: newest(&live).map(|c| c.serial.clone()).unwrap_or_default(),
+            };
+            if self.conflict_txn(role, name, &key, &kv, &live, conflict).await? {
+                return Ok(());
+            }
+        }
+        Err(Error::Aborted("the agent's record kept changing; retry".into()))
+    }
+
+    /// Marks certificate `serial` of agent `name` as used (a call came
+    /// with it), once: a renewal from an older certificate after this one
+    /// was used is a second holder's, not a retry.
+    pub async fn mark_cert_used(&self, role: AgentRole, name: &str, serial: &str) -> Result<(), Error> {
+        let key = self.key(&format!("{}s/{name}", role.as_str()));
+        for _ in 0..super::MAX_ATTEMPTS {
+            let Some(kv) = self.store.get(&key).await? else {
+                return Ok(());
+            };
+            let mut changed = false;
+            let bytes = edit_agent(role, &kv, |certs, _| {
+                for c in certs.iter_mut().filter(|c| c.serial == serial && !c.used) {
+                    c.used = true;
+                    changed = true;
+                }
+            })?;
+            if !changed {
+                return Ok(());
+            }
+            let txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), kv.mod_revision))
+                .then(Op::put(key.clone(), bytes));
+            if self.store.txn(txn).await?.succeeded {
+                return Ok(());
+            }
+        }
+        Err(Error::Aborted("the agent's record kept changing; retry".into()))
+    }
+
+    /// Revokes `certs` of agent `name`, saying why.
+    pub(super) fn revoke_ops(&self, role: AgentRole, name: &str, certs: &[CertRecord], why: Revocation) -> Vec<Op> {
         let now = now_ms();
         certs
             .iter()
@@ -519,6 +592,8 @@ impl State {
                     role: role.as_str().to_string(),
                     name: name.to_string(),
                     not_after_ms: c.not_after_ms,
+                    removed: why == Revocation::Removed,
+                    superseded: why == Revocation::Superseded,
                 };
                 Op::put(self.key(&format!("revoked/{}", c.serial)), encode(&r))
             })
@@ -532,6 +607,8 @@ impl State {
             role: "admin".into(),
             name: "admin".into(),
             not_after_ms,
+            removed: false,
+            superseded: false,
         };
         let txn = Txn::new().then(Op::put(self.key(&format!("revoked/{serial}")), encode(&r)));
         self.store.txn(txn).await?;
@@ -575,7 +652,7 @@ impl State {
             let mut txn = Txn::new()
                 .when(Compare::ModRevision(key.clone(), *rev))
                 .then(Op::delete(key.clone()));
-            for op in self.revoke_ops(AgentRole::Gateway, name, &gw.certs) {
+            for op in self.revoke_ops(AgentRole::Gateway, name, &gw.certs, Revocation::Removed) {
                 txn = txn.then(op);
             }
             Ok((Some(txn), gw.clone()))
@@ -661,4 +738,20 @@ mod tests {
             );
         }
     }
+}
+
+/// Why agent certificates are revoked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Revocation {
+    /// The admin removed the agent.
+    Removed,
+    /// A renewal replaced them.
+    Superseded,
+    /// Two holders of the identity showed up.
+    Conflict,
+}
+
+/// The newest of `certs`, by issue time.
+fn newest(certs: &[CertRecord]) -> Option<&CertRecord> {
+    certs.iter().max_by_key(|c| (c.issued_at_ms, c.not_after_ms))
 }

@@ -430,7 +430,12 @@ impl State {
             // held: only the admin decides.
             let held = match (&g.public_key, &public_key) {
                 (_, None) => false,
-                (Some(cur), Some(new)) if cur == new => false,
+                // The first key after an enrollment is taken even when it
+                // is the one already recorded: from then on a change waits.
+                (Some(cur), Some(new)) if cur == new => {
+                    g.key_from_enrollment = false;
+                    false
+                }
                 (Some(_), Some(new)) if !g.key_from_enrollment => {
                     g.pending_public_key = Some(new.clone());
                     true
@@ -453,7 +458,7 @@ impl State {
                     tracing::warn!(
                         gateway = name,
                         "the gateway asks to change its WireGuard key; held until the admin runs `weftctl gateway \
-                         accept-key {name}` (peers keep the current key)"
+                         accept-key {name} KEY` with the key its host logged (peers keep the current key)"
                     );
                 } else {
                     tracing::info!(gateway = name, "gateway key or endpoint changed");
@@ -465,8 +470,9 @@ impl State {
     }
 
     /// Takes the WireGuard key gateway `name` asked for (held by
-    /// [`State::update_gateway`]): peers get it at once.
-    pub async fn accept_gateway_key(&self, name: &str) -> Result<crate::domain::Gateway, Error> {
+    /// [`State::update_gateway`]) if it is `expected`: peers get it at
+    /// once.
+    pub async fn accept_gateway_key(&self, name: &str, expected: &str) -> Result<crate::domain::Gateway, Error> {
         let key = self.key(&format!("gateways/{name}"));
         for _ in 0..super::MAX_ATTEMPTS {
             let Some(kv) = self.store.get(&key).await? else {
@@ -481,6 +487,13 @@ impl State {
                     g.public_key.as_deref().unwrap_or("not set yet")
                 )));
             };
+            if new != expected {
+                return Err(Error::FailedPrecondition(format!(
+                    "gateway {name:?} asked for key {new}, not {expected}: whoever asked is not the host you \
+                     checked. Nothing changed; if its certificate may be stolen, remove the gateway and enroll \
+                     it again"
+                )));
+            }
             g.public_key = Some(new);
             let txn = Txn::new()
                 .when(Compare::ModRevision(key.clone(), kv.mod_revision))

@@ -170,10 +170,13 @@ impl Snapshot {
             return Ok(p.listen_port);
         }
         let range = self.site()?.wireguard_ports;
-        let used: std::collections::HashSet<u16> = self.peerings.iter().map(|(p, _)| p.listen_port).collect();
+        let used: Vec<u16> = self.peerings.iter().map(|(p, _)| p.listen_port).collect();
+        // Ports whose veth block another peering's port has (a range wider
+        // than 16383) or that is the metadata service's are skipped.
+        let free = |p: &u16| crate::render::veth_block_free(*p, used.iter().copied());
         wanted
-            .filter(|w| range.contains(*w) && !used.contains(w))
-            .or_else(|| range.iter().find(|p| !used.contains(p)))
+            .filter(|w| range.contains(*w) && free(w))
+            .or_else(|| range.iter().find(free))
             .ok_or_else(|| {
                 Error::ResourceExhausted(format!(
                     "all {} WireGuard ports of this site ({range}) are taken by peerings; widen \
@@ -504,6 +507,16 @@ impl State {
         }
     }
 
+    pub async fn get_gateway(&self, name: &str) -> Result<crate::domain::Gateway, Error> {
+        validate_name("the gateway name", name).map_err(Error::InvalidArgument)?;
+        match self.store.get(&self.key(&format!("gateways/{name}"))).await? {
+            Some(kv) => decode(&kv),
+            None => Err(Error::NotFound(format!(
+                "gateway {name:?} does not exist; list gateways with `weftctl gateways`"
+            ))),
+        }
+    }
+
     /// Adds a node with an allocated subnet, or with `declared` after
     /// checking it.
     pub async fn create_node(&self, name: &str, declared: Option<Ipv4Net>) -> Result<Node, Error> {
@@ -541,7 +554,12 @@ impl State {
                 .ipam_guard(snap, Txn::new())
                 .when(Compare::ModRevision(key.clone(), *rev))
                 .then(Op::delete(key.clone()));
-            for op in self.revoke_ops(crate::domain::AgentRole::Node, name, &node.certs) {
+            for op in self.revoke_ops(
+                crate::domain::AgentRole::Node,
+                name,
+                &node.certs,
+                agents::Revocation::Removed,
+            ) {
                 txn = txn.then(op);
             }
             Ok((Some(txn), node.clone()))

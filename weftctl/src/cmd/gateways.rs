@@ -65,8 +65,8 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                 .map(|g| {
                     format!(
                         "{} asks to change its WireGuard key to {}; peers keep the current one until \
-                         `weftctl gateway accept-key {}`",
-                        g.name, g.pending_public_key, g.name
+                         `weftctl gateway accept-key {} {}` (if its host logged that key)",
+                        g.name, g.pending_public_key, g.name, g.pending_public_key
                     )
                 })
                 .chain(
@@ -95,9 +95,12 @@ pub async fn run(c: &mut Client, cmd: &GatewayCmd) -> Result<Out, String> {
                 footer: vec![],
             }
         }
-        GatewayCmd::AcceptKey { name } => {
+        GatewayCmd::AcceptKey { name, key } => {
             let g = c
-                .accept_gateway_key(pb::AcceptGatewayKeyRequest { name: name.clone() })
+                .accept_gateway_key(pb::AcceptGatewayKeyRequest {
+                    name: name.clone(),
+                    public_key: key.clone(),
+                })
                 .await
                 .map_err(status)?
                 .into_inner();
