@@ -47,8 +47,10 @@ impl AgentApi {
             AgentRole::Node => model.nodes.get(&id.name).map(|n| &n.certs),
             AgentRole::Gateway => model.gateways.get(&id.name).map(|g| &g.certs),
         };
-        // Not in the hub's model yet (just enrolled): the store decides.
-        let unmarked = certs.is_none_or(|c| c.iter().any(|c| c.serial == id.serial && !c.used));
+        // The enrollment's certificate is recorded as used; a renewed one
+        // is marked at its first call (the store decides when the hub's
+        // model has not caught up with the renewal yet).
+        let unmarked = certs.is_some_and(|c| c.iter().all(|c| c.serial != id.serial || !c.used));
         if unmarked && let Err(e) = self.state.mark_cert_used(role, &id.name, &id.serial).await {
             tracing::warn!(agent = %id, error = %e, "cannot mark the certificate as used");
         }

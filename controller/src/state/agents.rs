@@ -315,7 +315,9 @@ impl State {
                         node.underlay_ip = underlay.or(node.underlay_ip);
                         let issued = issue(AgentRole::Node, &name)?;
                         node.certs.retain(|c| c.not_after_ms > now);
-                        node.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms, issued_at_ms: now, used: false });
+                        // Used from the start: the enrolling agent holds
+                        // it now (and so no write for its first call).
+                        node.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms, issued_at_ms: now, used: true });
                         // A token is the admin's word: the identity is whole again.
                         node.identity_conflict = None;
                         let e = Enrollment { role: AgentRole::Node, name: name.clone(), issued, subnet: Some(node.subnet) };
@@ -364,7 +366,7 @@ impl State {
                         gw.underlay_ip = underlay.or(gw.underlay_ip);
                         let issued = issue(AgentRole::Gateway, &name)?;
                         gw.certs.retain(|c| c.not_after_ms > now);
-                        gw.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms, issued_at_ms: now, used: false });
+                        gw.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms, issued_at_ms: now, used: true });
                         // A token is the admin's word: the identity is whole
                         // again, and the key the agent sends next is taken
                         // (a host enrolled anew may have made a new one).
