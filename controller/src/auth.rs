@@ -147,7 +147,7 @@ pub enum RevokedAs {
     /// The admin removed its agent: the agent removes what it applied.
     Removed,
     /// A renewal replaced it: a call from it is a second holder's.
-    Superseded,
+    Superseded { issued_at_ms: u64 },
     /// Anything else (an identity conflict, a rotated admin bundle).
     Other,
 }
@@ -157,7 +157,9 @@ impl RevokedAs {
         if r.removed {
             RevokedAs::Removed
         } else if r.superseded {
-            RevokedAs::Superseded
+            RevokedAs::Superseded {
+                issued_at_ms: r.issued_at_ms,
+            }
         } else {
             RevokedAs::Other
         }
@@ -172,7 +174,7 @@ pub struct Authenticator {
     revoked: RwLock<HashMap<String, RevokedAs>>,
     /// Where calls from superseded certificates are told (see
     /// [`Authenticator::on_superseded`]).
-    superseded: Mutex<Option<tokio::sync::mpsc::Sender<Identity>>>,
+    superseded: Mutex<Option<tokio::sync::mpsc::Sender<(Identity, u64)>>>,
     /// Verifiers for recorded peers' CAs, by CA fingerprint (built once
     /// each; see [`Authenticator::is_known`]).
     peer_verifiers: Mutex<HashMap<String, Arc<dyn ClientCertVerifier>>>,
@@ -241,7 +243,8 @@ impl Authenticator {
     /// Calls made with a certificate that a renewal replaced go to `tx`:
     /// its holder moved on to the newer one, so such a call is a second
     /// holder's (the controller then revokes the whole identity).
-    pub fn on_superseded(&self, tx: tokio::sync::mpsc::Sender<Identity>) {
+    /// (The identity, and when its certificate was issued.)
+    pub fn on_superseded(&self, tx: tokio::sync::mpsc::Sender<(Identity, u64)>) {
         *self.superseded.lock().unwrap() = Some(tx);
     }
 
@@ -320,11 +323,11 @@ impl Authenticator {
                     "{id} has been removed by the admin and its certificate revoked; enroll it again with a new token"
                 )));
             }
-            Some(RevokedAs::Superseded) => {
+            Some(RevokedAs::Superseded { issued_at_ms }) => {
                 if let Some(tx) = self.superseded.lock().unwrap().as_ref() {
                     // Full: the controller is already revoking this (or
                     // another) identity; the next call tells it again.
-                    let _ = tx.try_send(id.clone());
+                    let _ = tx.try_send((id.clone(), issued_at_ms));
                 }
                 return Err(Status::unauthenticated(format!(
                     "the certificate of {id} was replaced by a renewal that its holder did not make: another host \

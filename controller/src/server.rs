@@ -250,13 +250,13 @@ async fn follow_revocations(state: State, auth: Arc<Authenticator>) {
 async fn record_conflicts(state: State, auth: Arc<Authenticator>) {
     let (tx, mut rx) = tokio::sync::mpsc::channel(64);
     auth.on_superseded(tx);
-    while let Some(id) = rx.recv().await {
+    while let Some((id, issued_at_ms)) = rx.recv().await {
         let role = match id.role {
             crate::auth::Role::Node => crate::domain::AgentRole::Node,
             crate::auth::Role::Gateway => crate::domain::AgentRole::Gateway,
             _ => continue,
         };
-        if let Err(e) = state.record_conflict(role, &id.name, &id.serial).await {
+        if let Err(e) = state.record_conflict(role, &id.name, &id.serial, issued_at_ms).await {
             tracing::error!(agent = %id, error = %e, "cannot record an identity conflict; the next call from the copy tries again");
         }
     }

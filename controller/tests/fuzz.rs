@@ -207,7 +207,7 @@ proptest! {
             m.nodes.insert(format!("n{i}"), Arc::new(Node {
                 name: format!("n{i}"), subnet, source: SubnetSource::Allocated, created_at_ms: 0, certs: vec![],
                 internal_ip: Some(ip), underlay_ip: Some(IpAddr::V4(Ipv4Addr::new(192, 168, 1, i as u8))),
-                geneve: geneve & (1 << i) != 0, identity_conflict: None,
+                geneve: geneve & (1 << i) != 0, identity_conflict: None, enrolled_at_ms: 0,
             }));
         }
         for i in 0..gateways {
@@ -217,7 +217,7 @@ proptest! {
                 name: format!("gw{i}"), endpoint: Some(format!("192.168.2.{i}:51820")), public_key: None,
                 created_at_ms: 0, certs: vec![], internal_ip: Some(ip),
                 underlay_ip: Some(IpAddr::V4(Ipv4Addr::new(192, 168, 2, i as u8))), geneve: geneve & (1 << (10 + i)) != 0,
-                identity_conflict: None, pending_public_key: None, key_from_enrollment: false,
+                identity_conflict: None, enrolled_at_ms: 0, pending_public_key: None, key_from_enrollment: false,
             }));
             m.live_gateways.insert(format!("gw{i}"));
         }

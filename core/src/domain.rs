@@ -122,6 +122,10 @@ pub struct Node {
     /// [`IdentityConflict`]); cleared by enrolling again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity_conflict: Option<IdentityConflict>,
+    /// When it was last enrolled with a token (0: before weft recorded
+    /// it): certificates issued before are another generation's.
+    #[serde(default)]
+    pub enrolled_at_ms: u64,
 }
 
 /// A renewal came from a certificate older than the newest one issued
@@ -167,6 +171,10 @@ pub struct Gateway {
     pub geneve: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity_conflict: Option<IdentityConflict>,
+    /// When it was last enrolled with a token (0: before weft recorded
+    /// it): certificates issued before are another generation's.
+    #[serde(default)]
+    pub enrolled_at_ms: u64,
     /// A new WireGuard key the gateway asked for while it had one: held
     /// until the admin accepts it (`weftctl gateway accept-key`), since a
     /// stolen certificate must not redirect the site's tunnels. Peers keep
@@ -244,6 +252,9 @@ pub struct Revoked {
     /// holder's (its own holder moved on to the newer one).
     #[serde(default)]
     pub superseded: bool,
+    /// When the certificate was issued (0: not recorded).
+    #[serde(default)]
+    pub issued_at_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -755,6 +755,7 @@ mod tests {
             underlay_ip: Some(IpAddr::V4(Ipv4Addr::new(192, 168, 1, i))),
             geneve: false,
             identity_conflict: None,
+            enrolled_at_ms: 0,
         };
         let gw = Gateway {
             name: "gw1".into(),
@@ -766,6 +767,7 @@ mod tests {
             underlay_ip: Some(IpAddr::V4(Ipv4Addr::new(192, 168, 1, 100))),
             geneve: false,
             identity_conflict: None,
+            enrolled_at_ms: 0,
             pending_public_key: None,
             key_from_enrollment: false,
         };

@@ -547,7 +547,7 @@ async fn a_thief_renewing_twice_from_a_copy_is_found_at_the_real_agents_next_cal
     stream.message().await.unwrap().expect("the thief's first state");
     // The real agent's next heartbeat.
     refused(
-        report(real).await,
+        report(real.clone()).await,
         Code::Unauthenticated,
         "another host holds this identity",
     );
@@ -585,4 +585,12 @@ async fn a_thief_renewing_twice_from_a_copy_is_found_at_the_real_agents_next_cal
         nodes[0].identity_conflict.contains("two hosts hold this identity"),
         "{nodes:?}"
     );
+    // The admin enrolls the real host again. A copy of a certificate from
+    // before that enrollment is refused, and is no verdict on the new one
+    // (else an old copy could revoke the re-enrolled agent at will).
+    let t = c.token_for(pb::AgentRole::Node, "n1", 600, 1).await;
+    let again = c.register(&t, "n1").await.unwrap();
+    refused(report(real).await, Code::Unauthenticated, "revoked");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    report(again).await.expect("the re-enrolled agent is untouched");
 }

@@ -320,6 +320,7 @@ impl State {
                         node.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms, issued_at_ms: now, used: true });
                         // A token is the admin's word: the identity is whole again.
                         node.identity_conflict = None;
+                        node.enrolled_at_ms = now;
                         let e = Enrollment { role: AgentRole::Node, name: name.clone(), issued, subnet: Some(node.subnet) };
                         (e, self.ipam_guard(snap, txn).when(guard).then(Op::put(key, encode(&node))))
                     }
@@ -354,6 +355,7 @@ impl State {
                                     underlay_ip: None,
                                     geneve: false,
                                     identity_conflict: None,
+                                    enrolled_at_ms: 0,
                                     pending_public_key: None,
                                     key_from_enrollment: true,
                                 },
@@ -371,6 +373,7 @@ impl State {
                         // again, and the key the agent sends next is taken
                         // (a host enrolled anew may have made a new one).
                         gw.identity_conflict = None;
+                        gw.enrolled_at_ms = now;
                         gw.pending_public_key = None;
                         gw.key_from_enrollment = true;
                         let e = Enrollment { role: AgentRole::Gateway, name: name.clone(), issued, subnet: None };
@@ -516,27 +519,37 @@ impl State {
         Ok(true)
     }
 
-    /// A call came from `serial`, a certificate of agent `name` that a
-    /// renewal replaced: its holder did not renew, someone else did from
-    /// a copy. Revokes every certificate of the name and records the
-    /// conflict (once: a name already in conflict is left as it is).
-    pub async fn record_conflict(&self, role: AgentRole, name: &str, serial: &str) -> Result<(), Error> {
+    /// A call came from `serial` (issued at `issued_at_ms`), a certificate
+    /// of agent `name` that a renewal replaced: its holder did not renew,
+    /// someone else did from a copy. Revokes every certificate of the name
+    /// and records the conflict (once: a name already in conflict is left
+    /// as it is). A certificate from before the agent's latest enrollment
+    /// is another generation's: refused, but no verdict on the new one
+    /// (else whoever kept an old copy could revoke the re-enrolled agent
+    /// at will).
+    pub async fn record_conflict(
+        &self,
+        role: AgentRole,
+        name: &str,
+        serial: &str,
+        issued_at_ms: u64,
+    ) -> Result<(), Error> {
         let key = self.key(&format!("{}s/{name}", role.as_str()));
         for _ in 0..super::MAX_ATTEMPTS {
             let Some(kv) = self.store.get(&key).await? else {
                 return Ok(()); // removed meanwhile
             };
-            let (certs, marked) = match role {
+            let (certs, marked, enrolled_at) = match role {
                 AgentRole::Node => {
                     let n: Node = decode(&kv)?;
-                    (n.certs, n.identity_conflict.is_some())
+                    (n.certs, n.identity_conflict.is_some(), n.enrolled_at_ms)
                 }
                 AgentRole::Gateway => {
                     let g: Gateway = decode(&kv)?;
-                    (g.certs, g.identity_conflict.is_some())
+                    (g.certs, g.identity_conflict.is_some(), g.enrolled_at_ms)
                 }
             };
-            if marked && certs.is_empty() {
+            if (marked && certs.is_empty()) || issued_at_ms < enrolled_at {
                 return Ok(());
             }
             let now = now_ms();
@@ -596,6 +609,7 @@ impl State {
                     not_after_ms: c.not_after_ms,
                     removed: why == Revocation::Removed,
                     superseded: why == Revocation::Superseded,
+                    issued_at_ms: c.issued_at_ms,
                 };
                 Op::put(self.key(&format!("revoked/{}", c.serial)), encode(&r))
             })
@@ -611,6 +625,7 @@ impl State {
             not_after_ms,
             removed: false,
             superseded: false,
+            issued_at_ms: 0,
         };
         let txn = Txn::new().then(Op::put(self.key(&format!("revoked/{serial}")), encode(&r)));
         self.store.txn(txn).await?;
@@ -715,6 +730,7 @@ pub(super) fn new_node(
         underlay_ip: None,
         geneve: false,
         identity_conflict: None,
+        enrolled_at_ms: 0,
     })
 }
 
