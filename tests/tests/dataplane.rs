@@ -765,11 +765,13 @@ fn a_peer_reaches_only_the_sites_workloads_through_its_tunnel() {
         .iter()
         .map(|t| format!("ip route add {t}/32 dev weft-evil src {evil_src} table 4242\n"))
         .collect();
-    // Its UAPI socket goes under a /run of its own (a mount namespace);
+    // Its UAPI socket goes under a /run of its own (a mount namespace).
+    // The lab ends the shell with SIGKILL, which runs no trap: wireguard-go
+    // dies with its parent (--pdeathsig), so no test leaves it behind.
     // its routes win over weft's rules on that host, and b's own peering
     // veth goes (its outer end has the very address a's has).
     let script = format!(
-        "set -e\nmount -t tmpfs weft-evil /run\nwireguard-go -f weft-evil & WG=$!\ntrap 'kill $WG' EXIT TERM\n\
+        "set -e\nmount -t tmpfs weft-evil /run\nsetpriv --pdeathsig KILL wireguard-go -f weft-evil & WG=$!\ntrap 'kill $WG' EXIT TERM\n\
          for i in $(seq 100); do [ -S /run/wireguard/weft-evil.sock ] && break; sleep 0.1; done\n\
          wg set weft-evil private-key {} listen-port {} peer {} endpoint {} allowed-ips 0.0.0.0/0 persistent-keepalive 1\n\
          ip addr add {evil_src}/32 dev weft-evil\nip link set weft-evil up\n\
