@@ -25,6 +25,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 mod agents;
+mod certs;
 pub mod federation;
 mod names;
 
@@ -558,7 +559,7 @@ impl State {
                 crate::domain::AgentRole::Node,
                 name,
                 &node.certs,
-                agents::Revocation::Removed,
+                certs::Revocation::Removed,
             ) {
                 txn = txn.then(op);
             }

@@ -1,0 +1,320 @@
+//! An agent's certificates after enrollment: renewal, the marks that
+//! tell a retry from a second holder of the identity (used, superseded),
+//! the conflict that revokes the whole identity, and revocation records.
+
+use super::{State, decode, encode};
+use crate::domain::{AgentRole, CertRecord, Gateway, IdentityConflict, Node, Revoked, now_ms};
+use crate::error::Error;
+use crate::pki::Issued;
+use crate::store::{Compare, Op, Txn};
+
+/// Edits the certificates and the conflict mark of the agent record in
+/// `kv` (a node's or a gateway's), giving the new record's bytes.
+fn edit_agent(
+    role: AgentRole,
+    kv: &crate::store::KeyValue,
+    f: impl FnOnce(&mut Vec<CertRecord>, &mut Option<IdentityConflict>),
+) -> Result<Vec<u8>, Error> {
+    Ok(match role {
+        AgentRole::Node => {
+            let mut n: Node = decode(kv)?;
+            f(&mut n.certs, &mut n.identity_conflict);
+            encode(&n)
+        }
+        AgentRole::Gateway => {
+            let mut g: Gateway = decode(kv)?;
+            f(&mut g.certs, &mut g.identity_conflict);
+            encode(&g)
+        }
+    })
+}
+
+/// An agent record's certificates, whether it is marked in conflict, and
+/// when it was last enrolled.
+fn read_agent(role: AgentRole, kv: &crate::store::KeyValue) -> Result<(Vec<CertRecord>, bool, u64), Error> {
+    Ok(match role {
+        AgentRole::Node => {
+            let n: Node = decode(kv)?;
+            (n.certs, n.identity_conflict.is_some(), n.enrolled_at_ms)
+        }
+        AgentRole::Gateway => {
+            let g: Gateway = decode(kv)?;
+            (g.certs, g.identity_conflict.is_some(), g.enrolled_at_ms)
+        }
+    })
+}
+
+impl State {
+    /// A new certificate for an enrolled, unrevoked agent.
+    ///
+    /// A renewal from a certificate older than the newest is either the
+    /// agent's retry of a renewal whose answer it never got (the newest
+    /// was then never used: the agent never had it), or a second holder
+    /// of the identity (a copied key and certificate) after the other one
+    /// renewed and used the newer certificate. The second kind revokes
+    /// every certificate of the name and records the conflict: evicting
+    /// either holder quietly would hand the identity to whichever of them
+    /// renews first. (A call from a certificate a renewal replaced is the
+    /// same sign; see [`State::record_conflict`].)
+    pub async fn renew(
+        &self,
+        role: AgentRole,
+        name: &str,
+        caller_serial: &str,
+        mut issue: impl FnMut() -> Result<Issued, Error>,
+    ) -> Result<Issued, Error> {
+        let key = self.key(&format!("{}s/{name}", role.as_str()));
+        for _ in 0..super::MAX_ATTEMPTS {
+            let Some(kv) = self.store.get(&key).await? else {
+                return Err(Error::Unauthenticated(format!(
+                    "{} {name:?} has been removed; enroll again with a new token",
+                    role.as_str()
+                )));
+            };
+            let now = now_ms();
+            let (known, _, _) = read_agent(role, &kv)?;
+            if !known.iter().any(|c| c.serial == caller_serial) {
+                return Err(Error::Unauthenticated(format!(
+                    "this certificate does not belong to the current {} {name:?}; enroll again with a new token",
+                    role.as_str()
+                )));
+            }
+            let live: Vec<CertRecord> = known.into_iter().filter(|c| c.not_after_ms > now).collect();
+            let newest = newest(&live).filter(|n| n.serial != caller_serial).cloned();
+            if let Some(newest) = newest.as_ref().filter(|n| n.used) {
+                let conflict = IdentityConflict {
+                    at_ms: now,
+                    caller_serial: caller_serial.to_string(),
+                    newest_serial: newest.serial.clone(),
+                };
+                if !self.conflict_txn(role, name, &key, &kv, &live, conflict).await? {
+                    continue;
+                }
+                return Err(Error::Unauthenticated(format!(
+                    "this certificate of the {} {name:?} is not its newest: another host holds this identity (a \
+                     copied key and certificate). Every certificate of the name is revoked; the admin must enroll \
+                     the real host again with a new token",
+                    role.as_str()
+                )));
+            }
+            let issued = issue()?;
+            let rec = CertRecord {
+                serial: issued.serial.clone(),
+                not_after_ms: issued.not_after_ms,
+                issued_at_ms: now,
+                used: false,
+            };
+            // The new certificate replaces every older one but the caller's
+            // (which the agent uses until it has the new one: a renewal whose
+            // answer was lost is retried with it) and, on such a retry, the
+            // newest (never used: the agent never received it). The replaced
+            // ones are revoked as superseded in the same transaction, so an
+            // agent holds at most two live certificates however often it
+            // renews (three around a retry), removing it revokes them all,
+            // and a later call from a replaced one is a second holder's.
+            let (kept, replaced): (Vec<CertRecord>, Vec<CertRecord>) = live
+                .into_iter()
+                .partition(|c| c.serial == caller_serial || newest.as_ref().is_some_and(|n| n.serial == c.serial));
+            let bytes = edit_agent(role, &kv, |certs, _| {
+                *certs = kept
+                    .into_iter()
+                    .map(|mut c| {
+                        c.used |= c.serial == caller_serial;
+                        c
+                    })
+                    .chain([rec])
+                    .collect();
+            })?;
+            let mut txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), kv.mod_revision))
+                .then(Op::put(key.clone(), bytes));
+            for op in self.revoke_ops(role, name, &replaced, Revocation::Superseded) {
+                txn = txn.then(op);
+            }
+            if self.store.txn(txn).await?.succeeded {
+                return Ok(issued);
+            }
+        }
+        Err(Error::Aborted("the agent's record kept changing; retry".into()))
+    }
+
+    /// Clears every certificate of agent `name` (its record `kv` at
+    /// `key`), revokes the live ones and records `conflict`, in one
+    /// transaction; false when the record changed meanwhile.
+    async fn conflict_txn(
+        &self,
+        role: AgentRole,
+        name: &str,
+        key: &str,
+        kv: &crate::store::KeyValue,
+        live: &[CertRecord],
+        conflict: IdentityConflict,
+    ) -> Result<bool, Error> {
+        let (caller, newest) = (conflict.caller_serial.clone(), conflict.newest_serial.clone());
+        let bytes = edit_agent(role, kv, |certs, mark| {
+            certs.clear();
+            *mark = Some(conflict);
+        })?;
+        let mut txn = Txn::new()
+            .when(Compare::ModRevision(key.to_string(), kv.mod_revision))
+            .then(Op::put(key.to_string(), bytes));
+        for op in self.revoke_ops(role, name, live, Revocation::Conflict) {
+            txn = txn.then(op);
+        }
+        if !self.store.txn(txn).await?.succeeded {
+            return Ok(false);
+        }
+        tracing::error!(
+            role = role.as_str(),
+            agent = name,
+            caller = %caller,
+            newest = %newest,
+            "two holders of one agent identity: every certificate of the name is revoked"
+        );
+        Ok(true)
+    }
+
+    /// A call came from `serial` (issued at `issued_at_ms`), a certificate
+    /// of agent `name` that a renewal replaced: its holder did not renew,
+    /// someone else did from a copy. Revokes every certificate of the name
+    /// and records the conflict (once: a name already in conflict is left
+    /// as it is). A certificate from before the agent's latest enrollment
+    /// is another generation's: refused, but no verdict on the new one
+    /// (else whoever kept an old copy could revoke the re-enrolled agent
+    /// at will).
+    pub async fn record_conflict(
+        &self,
+        role: AgentRole,
+        name: &str,
+        serial: &str,
+        issued_at_ms: u64,
+    ) -> Result<(), Error> {
+        let key = self.key(&format!("{}s/{name}", role.as_str()));
+        for _ in 0..super::MAX_ATTEMPTS {
+            let Some(kv) = self.store.get(&key).await? else {
+                return Ok(()); // removed meanwhile
+            };
+            let (certs, marked, enrolled_at) = read_agent(role, &kv)?;
+            if (marked && certs.is_empty()) || issued_at_ms < enrolled_at {
+                return Ok(());
+            }
+            let now = now_ms();
+            let live: Vec<CertRecord> = certs.into_iter().filter(|c| c.not_after_ms > now).collect();
+            let conflict = IdentityConflict {
+                at_ms: now,
+                caller_serial: serial.to_string(),
+                newest_serial: newest(&live).map(|c| c.serial.clone()).unwrap_or_default(),
+            };
+            if self.conflict_txn(role, name, &key, &kv, &live, conflict).await? {
+                return Ok(());
+            }
+        }
+        Err(Error::Aborted("the agent's record kept changing; retry".into()))
+    }
+
+    /// Marks certificate `serial` of agent `name` as used (a call came
+    /// with it), once: a renewal from an older certificate after this one
+    /// was used is a second holder's, not a retry.
+    pub async fn mark_cert_used(&self, role: AgentRole, name: &str, serial: &str) -> Result<(), Error> {
+        let key = self.key(&format!("{}s/{name}", role.as_str()));
+        for _ in 0..super::MAX_ATTEMPTS {
+            let Some(kv) = self.store.get(&key).await? else {
+                return Ok(());
+            };
+            let mut changed = false;
+            let bytes = edit_agent(role, &kv, |certs, _| {
+                for c in certs.iter_mut().filter(|c| c.serial == serial && !c.used) {
+                    c.used = true;
+                    changed = true;
+                }
+            })?;
+            if !changed {
+                return Ok(());
+            }
+            let txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), kv.mod_revision))
+                .then(Op::put(key.clone(), bytes));
+            if self.store.txn(txn).await?.succeeded {
+                return Ok(());
+            }
+        }
+        Err(Error::Aborted("the agent's record kept changing; retry".into()))
+    }
+
+    /// Revokes `certs` of agent `name`, saying why.
+    pub(super) fn revoke_ops(&self, role: AgentRole, name: &str, certs: &[CertRecord], why: Revocation) -> Vec<Op> {
+        let now = now_ms();
+        certs
+            .iter()
+            .filter(|c| c.not_after_ms > now)
+            .map(|c| {
+                let r = Revoked {
+                    serial: c.serial.clone(),
+                    role: role.as_str().to_string(),
+                    name: name.to_string(),
+                    not_after_ms: c.not_after_ms,
+                    removed: why == Revocation::Removed,
+                    superseded: why == Revocation::Superseded,
+                    issued_at_ms: c.issued_at_ms,
+                };
+                Op::put(self.key(&format!("revoked/{}", c.serial)), encode(&r))
+            })
+            .collect()
+    }
+
+    /// Revokes an admin certificate (after the bundle was rotated).
+    pub async fn revoke_admin(&self, serial: &str, not_after_ms: u64) -> Result<(), Error> {
+        let r = Revoked {
+            serial: serial.to_string(),
+            role: "admin".into(),
+            name: "admin".into(),
+            not_after_ms,
+            removed: false,
+            superseded: false,
+            issued_at_ms: 0,
+        };
+        let txn = Txn::new().then(Op::put(self.key(&format!("revoked/{serial}")), encode(&r)));
+        self.store.txn(txn).await?;
+        Ok(())
+    }
+
+    /// The store prefix of revocations, for watching.
+    pub fn revoked_prefix(&self) -> String {
+        self.key("revoked/")
+    }
+
+    /// Revoked serials not yet expired; removes entries that have expired.
+    pub async fn revoked(&self) -> Result<(Vec<Revoked>, crate::store::Revision), Error> {
+        let range = self.store.get_prefix(&self.revoked_prefix()).await?;
+        let now = now_ms();
+        let mut live = Vec::new();
+        for kv in &range.kvs {
+            let r: Revoked = decode(kv)?;
+            if r.not_after_ms <= now {
+                let t = Txn::new()
+                    .when(Compare::ModRevision(kv.key.clone(), kv.mod_revision))
+                    .then(Op::delete(kv.key.clone()));
+                self.store.txn(t).await?;
+            } else {
+                live.push(r);
+            }
+        }
+        Ok((live, range.revision))
+    }
+}
+
+/// Why agent certificates are revoked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Revocation {
+    /// The admin removed the agent.
+    Removed,
+    /// A renewal replaced them.
+    Superseded,
+    /// Two holders of the identity showed up.
+    Conflict,
+}
+
+/// The newest of `certs`, by issue time.
+fn newest(certs: &[CertRecord]) -> Option<&CertRecord> {
+    certs.iter().max_by_key(|c| (c.issued_at_ms, c.not_after_ms))
+}
