@@ -101,6 +101,8 @@ pub fn bridge_objects(bridge: &str, subnet: &str) -> anyhow::Result<Vec<pb::Desi
                 link: bridge.to_string(),
                 namespace: String::new(),
                 cidr: format!("{first}/{}", net.prefix_len()),
+                // The workloads are reached by this prefix route.
+                no_prefix_route: false,
             })),
         },
     ])

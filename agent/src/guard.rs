@@ -684,6 +684,7 @@ mod tests {
                     link: "eth0".into(),
                     namespace: String::new(),
                     cidr: "192.168.78.11/24".into(),
+                    no_prefix_route: false,
                 }),
                 "\"eth0\"",
             ),
@@ -754,6 +755,7 @@ mod tests {
             link: link.into(),
             namespace: ns.into(),
             cidr: cidr.into(),
+            no_prefix_route: false,
         })
     }
 

@@ -445,6 +445,7 @@ pub async fn run(
             ),
         ));
     }
+    out.extend(collision_checks(&hub.model()));
     // Lag: two looks at each agent's progress, `settle` apart.
     let first = progress(hub, &state.alive().await?);
     tokio::time::sleep(settle).await;
@@ -525,6 +526,44 @@ pub async fn run(
         ));
     }
     Ok(out)
+}
+
+/// Records that are not rendered because a name derived from theirs (a
+/// gateway link, a peering's links or namespace) is an older record's.
+fn collision_checks(m: &crate::render::Model) -> Vec<pb::Check> {
+    let what = |record: &str| match record.split_once('/') {
+        Some(("node", n)) => format!("node {n:?}"),
+        Some(("peer", p)) => format!("the peering with {p:?}"),
+        _ => record.to_string(),
+    };
+    let mut out = Vec::new();
+    for c in m.collisions() {
+        let first = &c.holders[0].record;
+        for h in &c.holders[1..] {
+            let hint = match h.record.split_once('/') {
+                Some(("node", n)) => format!(
+                    "remove it (`weftctl node remove {n}`) and enroll its host under another name; the names                      hash alike, which enrollment refuses, so it was written past that check (two replicas at                      once, a restored backup)"
+                ),
+                Some(("peer", p)) => format!(
+                    "delete it (`weftctl peering delete {p}`): this site cannot peer with both; the ids hash                      alike, which Join refuses, so it was written past that check"
+                ),
+                _ => String::new(),
+            };
+            out.push(check(
+                "name-collision",
+                h.record.replacen("peer/", "peering/", 1),
+                pb::CheckResult::Fail,
+                format!(
+                    "{} is not rendered: {} would be its name on the gateways, and {} holds it",
+                    what(&h.record),
+                    c.name,
+                    what(first)
+                ),
+                &hint,
+            ));
+        }
+    }
+    out
 }
 
 /// How long `diagnose` shows a refused join.

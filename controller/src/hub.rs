@@ -303,12 +303,16 @@ impl Hub {
             Node {
                 name: String,
                 removed: bool,
+                /// Nodes whose names hash alike: whether they are rendered
+                /// may have changed with this one.
+                sharing: Vec<String>,
             },
             Gateway {
                 name: String,
                 removed: bool,
             },
-            Peering(String),
+            /// A peering, and the peerings whose ids hash alike.
+            Peering(String, Vec<String>),
             /// Every certificate of this agent was revoked.
             Revoked((AgentRole, String)),
             /// A published name: gateways (exports) and peers' parameters.
@@ -330,12 +334,15 @@ impl Hub {
             }
             Mark::Everyone
         } else if let Some(name) = rest.strip_prefix("nodes/") {
-            match apply_agent(&mut model.nodes, name, put.then_some(value)) {
+            let change = apply_agent(&mut model.nodes, name, put.then_some(value));
+            let sharing = model.index_node(name);
+            match change {
                 AgentChange::Nothing => Mark::Nothing,
                 AgentChange::Revoked => Mark::Revoked((AgentRole::Node, name.to_string())),
                 AgentChange::Changed { removed } => Mark::Node {
                     name: name.to_string(),
                     removed,
+                    sharing,
                 },
             }
         } else if let Some(name) = rest.strip_prefix("gateways/") {
@@ -361,7 +368,8 @@ impl Hub {
                 Some(p) => model.peerings.insert(name.to_string(), Arc::new(p)),
                 None => model.peerings.remove(name),
             };
-            Mark::Peering(name.to_string())
+            let sharing = model.index_peering(name);
+            Mark::Peering(name.to_string(), sharing)
         } else {
             return;
         };
@@ -372,7 +380,9 @@ impl Hub {
         // A removed agent's bookkeeping goes with it (a site where nodes
         // come and go would otherwise grow by each one).
         match &mark {
-            Mark::Node { name, removed: true } => self.forget((AgentRole::Node, name.clone())),
+            Mark::Node {
+                name, removed: true, ..
+            } => self.forget((AgentRole::Node, name.clone())),
             Mark::Gateway { name, removed: true } => self.forget((AgentRole::Gateway, name.clone())),
             _ => {}
         }
@@ -401,13 +411,19 @@ impl Hub {
                     s.mark(|p| p.full = true);
                 }
             }
-            Mark::Node { name, removed } => {
+            Mark::Node { name, removed, sharing } => {
                 if let Some(s) = slots.get(&(AgentRole::Node, name.clone())) {
                     s.mark(|p| if removed { p.removed = true } else { p.full = true });
+                }
+                for other in &sharing {
+                    if let Some(s) = slots.get(&(AgentRole::Node, other.clone())) {
+                        s.mark(|p| p.full = true);
+                    }
                 }
                 each(AgentRole::Gateway, &|s| {
                     s.mark(|p| {
                         p.parts.insert(Part::Node(name.clone()));
+                        p.parts.extend(sharing.iter().cloned().map(Part::Node));
                     })
                 });
             }
@@ -418,11 +434,12 @@ impl Hub {
                 each(AgentRole::Node, &|s| s.mark(|p| p.full = true));
             }
             Mark::Names => each(AgentRole::Gateway, &|s| s.mark(|p| p.full = true)),
-            Mark::Peering(name) => {
+            Mark::Peering(name, sharing) => {
                 each(AgentRole::Node, &|s| s.mark(|p| p.full = true));
                 each(AgentRole::Gateway, &|s| {
                     s.mark(|p| {
                         p.parts.insert(Part::Peer(name.clone()));
+                        p.parts.extend(sharing.iter().cloned().map(Part::Peer));
                     })
                 });
             }

@@ -50,6 +50,128 @@ pub struct Model {
     /// The names this site publishes (exported hosts are mapped on
     /// gateways).
     pub names: OrdMap<String, Arc<crate::names::NameRecord>>,
+    /// Who holds each name derived from a record's name by hashing (a
+    /// gateway's link to a node; a peering's links and namespace), oldest
+    /// record first. Only the first holder is rendered: a later record
+    /// whose name hashes alike would take the first one's link and its
+    /// traffic. Enrollment and Join refuse such a newcomer; this catches
+    /// one that got past them (two replicas racing, a restored backup).
+    /// Kept by `index_node` and `index_peering`.
+    pub holders: OrdMap<String, Vec<Holder>>,
+}
+
+/// A record holding a derived name: its creation time, then its key.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Holder {
+    pub created_at_ms: u64,
+    /// `node/NAME` or `peer/SITE`.
+    pub record: String,
+}
+
+/// A derived name that more than one record holds: `holders[0]` is
+/// rendered, the others are not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Collision {
+    pub name: String,
+    pub holders: Vec<Holder>,
+}
+
+impl Model {
+    /// The derived names node `name` holds.
+    fn node_names(name: &str) -> Vec<String> {
+        vec![gateway_link_name(name)]
+    }
+
+    /// The derived names the peering with `site_id` holds.
+    fn peering_names(&self, site_id: &str) -> Vec<String> {
+        let mut out = vec![format!("weft-w{}", peer_link_tag(site_id))];
+        if let Some(site) = &self.site {
+            out.push(peering_namespace(&site.id, site_id));
+        }
+        out
+    }
+
+    fn hold(&mut self, names: Vec<String>, record: String, created_at_ms: Option<u64>) {
+        for name in names {
+            let mut list = self.holders.get(&name).cloned().unwrap_or_default();
+            list.retain(|h| h.record != record);
+            if let Some(created_at_ms) = created_at_ms {
+                list.push(Holder {
+                    created_at_ms,
+                    record: record.clone(),
+                });
+                list.sort();
+            }
+            if list.is_empty() {
+                self.holders.remove(&name);
+            } else {
+                self.holders.insert(name, list);
+            }
+        }
+    }
+
+    /// Brings `holders` up to date with node `name`'s record (present or
+    /// gone). Returns the other nodes sharing its link: whether they are
+    /// rendered may have changed.
+    pub fn index_node(&mut self, name: &str) -> Vec<String> {
+        let created = self.nodes.get(name).map(|n| n.created_at_ms);
+        self.hold(Self::node_names(name), format!("node/{name}"), created);
+        self.sharing(&Self::node_names(name), &format!("node/{name}"), "node/")
+    }
+
+    /// Brings `holders` up to date with the peering with `site_id`.
+    /// Returns the other peerings sharing a name with it.
+    pub fn index_peering(&mut self, site_id: &str) -> Vec<String> {
+        let created = self.peerings.get(site_id).map(|p| p.created_at_ms);
+        let names = self.peering_names(site_id);
+        self.hold(names.clone(), format!("peer/{site_id}"), created);
+        self.sharing(&names, &format!("peer/{site_id}"), "peer/")
+    }
+
+    fn sharing(&self, names: &[String], record: &str, prefix: &str) -> Vec<String> {
+        let mut out: Vec<String> = names
+            .iter()
+            .filter_map(|n| self.holders.get(n))
+            .flatten()
+            .filter(|h| h.record != record)
+            .filter_map(|h| h.record.strip_prefix(prefix).map(str::to_string))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    fn first_holder(&self, names: &[String], record: &str) -> bool {
+        names.iter().all(|n| {
+            self.holders
+                .get(n)
+                .and_then(|l| l.first())
+                .is_none_or(|h| h.record == record)
+        })
+    }
+
+    /// Whether node `name` is rendered: it holds its gateway link first.
+    pub fn renders_node(&self, name: &str) -> bool {
+        self.first_holder(&Self::node_names(name), &format!("node/{name}"))
+    }
+
+    /// Whether the peering with `site_id` is rendered: it holds its links
+    /// and namespace first.
+    pub fn renders_peering(&self, site_id: &str) -> bool {
+        self.first_holder(&self.peering_names(site_id), &format!("peer/{site_id}"))
+    }
+
+    /// Every derived name held by more than one record.
+    pub fn collisions(&self) -> Vec<Collision> {
+        self.holders
+            .iter()
+            .filter(|(_, l)| l.len() > 1)
+            .map(|(name, l)| Collision {
+                name: name.clone(),
+                holders: l.clone(),
+            })
+            .collect()
+    }
 }
 
 pub type Objects = BTreeMap<String, pb::DesiredObject>;
@@ -192,6 +314,9 @@ pub fn node(m: &Model, name: &str) -> Objects {
     let (Some(site), Some(n), Some(g)) = (&m.site, m.nodes.get(name), active_gateway(m)) else {
         return out;
     };
+    if !m.renders_node(name) {
+        return out;
+    }
     let (Some(ip), Some(underlay)) = (n.internal_ip, n.underlay_ip) else {
         return out;
     };
@@ -214,6 +339,30 @@ pub fn node(m: &Model, name: &str) -> Objects {
                 link: NODE_LINK.into(),
                 namespace: String::new(),
                 cidr: format!("{ip}/{}", site.internal_cidr.prefix_len()),
+                no_prefix_route: true,
+            }),
+        ),
+        // The overlay's network, in weft's table rather than the host's
+        // main one (the address above comes without its prefix route).
+        obj(
+            "self/route/internal".into(),
+            Kind::Route(pb::Route {
+                namespace: String::new(),
+                table: TABLE,
+                destination: site.internal_cidr.to_string(),
+                gateway: String::new(),
+                device: NODE_LINK.into(),
+            }),
+        ),
+        obj(
+            "self/rule/internal".into(),
+            Kind::Rule(pb::Rule {
+                namespace: String::new(),
+                priority: RULE_PRIORITY,
+                from: String::new(),
+                to: site.internal_cidr.to_string(),
+                table: TABLE,
+                iif: String::new(),
             }),
         ),
     ]);
@@ -227,7 +376,7 @@ pub fn node(m: &Model, name: &str) -> Objects {
             }),
         )]);
     }
-    for p in m.peerings.values() {
+    for p in m.peerings.values().filter(|p| m.renders_peering(&p.site_id)) {
         for v in &p.views {
             let base = format!("peer/{}/{}", p.site_id, v.kind);
             out.extend([
@@ -257,7 +406,7 @@ pub fn node(m: &Model, name: &str) -> Objects {
     }
     // Names peers published, in this site's view: the node's DNS
     // responder answers them.
-    for p in m.peerings.values() {
+    for p in m.peerings.values().filter(|p| m.renders_peering(&p.site_id)) {
         for (n, local) in crate::names::learned(p) {
             out.extend([obj(
                 format!("peer/{}/name/{}", p.site_id, n.name),
@@ -285,7 +434,7 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
 /// and its subnet.
 fn node_tunnel(m: &Model, g: &Gateway, name: &str, base: &str) -> Objects {
     let mut out = Objects::new();
-    let Some(n) = m.nodes.get(name) else {
+    let Some(n) = m.nodes.get(name).filter(|_| m.renders_node(name)) else {
         return Objects::new();
     };
     let (Some(gw_ip), Some(gw_underlay), Some(ip), Some(underlay)) =
@@ -332,6 +481,7 @@ fn node_tunnel(m: &Model, g: &Gateway, name: &str, base: &str) -> Objects {
                 link: link.clone(),
                 namespace: String::new(),
                 cidr: format!("{gw_ip}/32"),
+                no_prefix_route: false,
             }),
         ),
         obj(
@@ -375,7 +525,7 @@ fn route(namespace: &str, table: u32, destination: String, gateway: String, devi
 /// peer's gateways and the NAT of remapped views.
 fn peering(m: &Model, site_id: &str, base: &str) -> Objects {
     let mut out = Objects::new();
-    let Some(p) = m.peerings.get(site_id) else {
+    let Some(p) = m.peerings.get(site_id).filter(|_| m.renders_peering(site_id)) else {
         return Objects::new();
     };
     let ns = peering_namespace(m.site.as_ref().map_or("", |s| s.id.as_str()), site_id);
@@ -479,7 +629,14 @@ fn tunnel_and_veth(base: &str, site_id: &str, p: &Peering, r: &RemoteSite, ids: 
                 link: ids.outer.clone(),
                 namespace: String::new(),
                 cidr: format!("{}/30", ids.outer_ip),
+                no_prefix_route: true,
             }),
+        ),
+        // The namespace's end, in weft's table: the gateway host's main
+        // table gets no route into the peering.
+        obj(
+            format!("{base}veth/route"),
+            route("", TABLE, format!("{}/32", ids.inner_ip), String::new(), &ids.outer),
         ),
         obj(
             format!("{base}veth/inner"),
@@ -487,6 +644,7 @@ fn tunnel_and_veth(base: &str, site_id: &str, p: &Peering, r: &RemoteSite, ids: 
                 link: ids.inner.clone(),
                 namespace: ids.ns.clone(),
                 cidr: format!("{}/30", ids.inner_ip),
+                no_prefix_route: false,
             }),
         ),
     ]);
@@ -821,8 +979,23 @@ mod tests {
                 "peer/b/workload/rule",
                 "self/addr",
                 "self/host-snat",
-                "self/link"
+                "self/link",
+                "self/route/internal",
+                "self/rule/internal"
             ]
+        );
+        // The overlay address comes without a prefix route in the host's
+        // main table; its network is routed in weft's table instead.
+        let Some(Kind::Address(a)) = &objs["self/addr"].kind else {
+            panic!()
+        };
+        assert!(a.no_prefix_route);
+        let Some(Kind::Route(r)) = &objs["self/route/internal"].kind else {
+            panic!()
+        };
+        assert_eq!(
+            (r.destination.as_str(), r.device.as_str(), r.table),
+            ("10.80.0.0/16", NODE_LINK, TABLE)
         );
         let Some(Kind::Link(l)) = &objs["self/link"].kind else {
             panic!()
@@ -1073,5 +1246,67 @@ mod tests {
         assert!(veth_block_free(51820, [51821, 51822]));
         // Ports 16383 apart share a block.
         assert!(!veth_block_free(51820 - 16383, [51820]));
+    }
+
+    /// Two records whose names hash alike (a birthday pair over the 36-bit
+    /// tag, as enrollment and Join would refuse): the older holds the
+    /// derived name and is rendered; the newer renders nothing, on either
+    /// side, until the older is gone.
+    #[test]
+    fn of_two_records_whose_names_hash_alike_only_the_older_is_rendered() {
+        assert_eq!(gateway_link_name("n143693"), gateway_link_name("n492983"));
+        let mut m = model();
+        let mut late = (*m.nodes["n2"]).clone();
+        late.name = "n492983".into();
+        late.created_at_ms = 20;
+        late.internal_ip = Some(Ipv4Addr::new(10, 80, 0, 9));
+        let mut early = (*m.nodes["n1"]).clone();
+        early.name = "n143693".into();
+        early.created_at_ms = 10;
+        // Inserted newest first: order of arrival does not matter.
+        for n in [late, early] {
+            let name = n.name.clone();
+            m.nodes.insert(name.clone(), Arc::new(n));
+            m.index_node(&name);
+        }
+        m.index_node("n1");
+        m.index_peering("b");
+        assert!(m.renders_node("n143693") && !m.renders_node("n492983") && m.renders_node("n1"));
+        let gw = gateway(&m, "gw1");
+        assert!(gw.keys().any(|k| k.starts_with("node/n143693/")));
+        assert!(!gw.keys().any(|k| k.starts_with("node/n492983/")), "{:?}", gw.keys());
+        assert!(node(&m, "n492983").is_empty());
+        assert!(!node(&m, "n143693").is_empty());
+        let c = m.collisions();
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].name, gateway_link_name("n143693"));
+        assert_eq!(
+            c[0].holders.iter().map(|h| h.record.as_str()).collect::<Vec<_>>(),
+            ["node/n143693", "node/n492983"]
+        );
+        // The older one goes: the other takes the link.
+        m.nodes.remove("n143693");
+        assert_eq!(m.index_node("n143693"), ["n492983"]);
+        assert!(m.renders_node("n492983") && m.collisions().is_empty());
+        assert!(gateway(&m, "gw1").keys().any(|k| k.starts_with("node/n492983/")));
+
+        // Peers: the same, and nodes stop routing to the newer one.
+        assert_eq!(peer_link_tag("site-34359"), peer_link_tag("site-74386"));
+        for (id, at) in [("site-74386", 9), ("site-34359", 5)] {
+            let mut p = (*m.peerings["b"]).clone();
+            p.site_id = id.into();
+            p.created_at_ms = at;
+            p.listen_port = 51830 + at as u16;
+            m.peerings.insert(id.into(), Arc::new(p));
+            m.index_peering(id);
+        }
+        assert!(m.renders_peering("site-34359") && !m.renders_peering("site-74386"));
+        let gw = gateway(&m, "gw1");
+        assert!(gw.keys().any(|k| k.starts_with("peer/site-34359/")));
+        assert!(!gw.keys().any(|k| k.starts_with("peer/site-74386/")));
+        let n = node(&m, "n1");
+        assert!(n.keys().any(|k| k.starts_with("peer/site-34359/")));
+        assert!(!n.keys().any(|k| k.starts_with("peer/site-74386/")));
+        assert_eq!(m.collisions()[0].holders[1].record, "peer/site-74386");
     }
 }

@@ -152,6 +152,7 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
                 ns: a.namespace.clone(),
                 link: a.link.clone(),
                 cidr: net(&a.cidr, "address")?,
+                no_prefix_route: a.no_prefix_route,
             };
             origins.addresses.insert(a.clone(), id);
             s.addresses.insert(a);
@@ -328,6 +329,7 @@ fn add_link(d: &mut Desired, id: String, l: &pb::Link, facts: &Facts) -> R<()> {
                     ns: l.namespace.clone(),
                     link: l.name.clone(),
                     cidr,
+                    no_prefix_route: false,
                 };
                 origins.addresses.insert(a.clone(), id);
                 s.addresses.insert(a);

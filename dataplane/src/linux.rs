@@ -165,6 +165,9 @@ async fn read_ns(h: &Handle, ns: &Ns) -> R<RawNs> {
             AddressAttribute::Address(IpAddr::V4(ip)) => Some(*ip),
             _ => None,
         });
+        let no_prefix_route = a.attributes.iter().any(|x| {
+            matches!(x, AddressAttribute::Flags(f) if f.contains(rtnetlink::packet_route::address::AddressFlags::Noprefixroute))
+        });
         if let (Some(ip), Some(link)) = (ip, names.get(&a.header.index))
             && let Ok(cidr) = Ipv4Net::new(ip, a.header.prefix_len)
         {
@@ -172,6 +175,7 @@ async fn read_ns(h: &Handle, ns: &Ns) -> R<RawNs> {
                 ns: ns.clone(),
                 link: link.clone(),
                 cidr,
+                no_prefix_route,
             });
         }
     }
@@ -351,12 +355,13 @@ async fn apply_op(h: &Handle, op: &Op) -> R<()> {
         Op::SetLink { name, mtu, .. } => set_up_named(h, name, *mtu).await,
         Op::AddAddress(a) => {
             let idx = need_index_in(h, &a.link).await?;
-            match h
-                .address()
-                .add(idx, IpAddr::V4(a.cidr.addr()), a.cidr.prefix_len())
-                .execute()
-                .await
-            {
+            let mut req = h.address().add(idx, IpAddr::V4(a.cidr.addr()), a.cidr.prefix_len());
+            if a.no_prefix_route {
+                req.message_mut().attributes.push(AddressAttribute::Flags(
+                    rtnetlink::packet_route::address::AddressFlags::Noprefixroute,
+                ));
+            }
+            match req.execute().await {
                 Err(e) if !is_exists(&e) => Err(format!("cannot add {}: {e}", a.cidr)),
                 _ => Ok(()),
             }

@@ -71,6 +71,10 @@ pub struct Address {
     pub ns: Ns,
     pub link: String,
     pub cidr: Ipv4Net,
+    /// Added without the kernel's prefix route (IFA_F_NOPREFIXROUTE).
+    /// Part of its identity: one added with the other setting is removed
+    /// and added again.
+    pub no_prefix_route: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

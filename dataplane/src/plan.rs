@@ -305,7 +305,11 @@ impl Planner<'_> {
                 ops.push(Op::AddAddress(a.clone()));
             }
         }
-        for (k, r) in d.routes.iter().filter(|(k, _)| self.live(&k.0)) {
+        // Routes to a link first: a route through a gateway is refused
+        // until the kernel can reach that gateway, which may be by one of
+        // them (an address added without its prefix route).
+        let (on_link, via): (Vec<_>, Vec<_>) = d.routes.iter().partition(|(_, r)| r.gateway.is_none());
+        for (k, r) in on_link.into_iter().chain(via).filter(|(k, _)| self.live(&k.0)) {
             let on_fresh = r.dev.as_ref().is_some_and(|dev| self.fresh(&r.ns, dev));
             if on_fresh || self.creating.contains(&r.ns) || o.routes.get(k) != Some(r) {
                 ops.push(Op::SetRoute(r.clone()));

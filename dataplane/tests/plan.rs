@@ -47,6 +47,7 @@ fn address(id: &str, ns: &str, link: &str, cidr: &str) -> pb::DesiredObject {
             link: link.into(),
             namespace: ns.into(),
             cidr: cidr.into(),
+            no_prefix_route: false,
         }),
     )
 }
@@ -172,6 +173,7 @@ fn foreign(h: &mut FakeHost) {
         ns: String::new(),
         link: "eth0".into(),
         cidr: "192.168.1.1/24".parse().unwrap(),
+        no_prefix_route: false,
     });
     for (table, dst) in [(254, "0.0.0.0/0"), (254, "10.90.0.0/16"), (100, "10.1.0.0/16")] {
         let dst: ipnet::Ipv4Net = dst.parse().unwrap();

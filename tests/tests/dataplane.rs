@@ -152,6 +152,17 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
     let links = stdout(&lab.exec(gw, &["ip", "-br", "link"]));
     assert_eq!(links.lines().filter(|l| l.starts_with("weft-n")).count(), 2, "{links}");
 
+    // The node's overlay address has no prefix route in the host's main
+    // table; the overlay's network is in weft's table, selected by a rule.
+    for ns in [n1, n2] {
+        let main = stdout(&lab.exec(ns, &["ip", "route", "show", "table", "main"]));
+        assert!(!main.contains("weft-vx0"), "{ns}'s main table:\n{main}");
+        let addr = stdout(&lab.exec(ns, &["ip", "-4", "addr", "show", "weft-vx0"]));
+        assert!(addr.contains("noprefixroute"), "{addr}");
+        let weft = stdout(&lab.exec(ns, &["ip", "route", "show", "table", "7765"]));
+        assert!(weft.contains("10.80.0.0/16 dev weft-vx0"), "{weft}");
+        assert!(stdout(&lab.exec(ns, &["ip", "rule"])).contains("to 10.80.0.0/16 lookup 7765"));
+    }
     // Traffic crosses the overlay: each node pings the gateway's overlay address.
     let gw_ip = weftctl_json(target, &["gateways"])["gateways"][0]["internal_ip"]
         .as_str()
@@ -368,6 +379,24 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
         panic!("wa cannot reach wb ({wb_from_a}) across the sites:\n{diag}");
     }
     assert!(ping("wb", &wa_from_b), "wb cannot reach wa ({wa_from_b})");
+    // weft's addresses in the hosts' own namespaces come without prefix
+    // routes: the main tables route nothing into weft's links (the
+    // overlay's network and the peering veths are in weft's table).
+    for (host, h) in ns.iter().filter(|(h, _)| h.starts_with("gw") || h.starts_with('n')) {
+        let main = stdout(&netns::exec(h, &["ip", "route", "show", "table", "main"]));
+        // (A node's workload bridge keeps its prefix route: it is how the
+        // host reaches its workloads.)
+        assert!(
+            !main
+                .lines()
+                .any(|l| l.contains("dev weft-") && !l.contains("dev weft-br0")),
+            "{host}'s main table routes into weft's links:\n{main}"
+        );
+        let weft = stdout(&netns::exec(h, &["ip", "-4", "addr", "show"]));
+        for line in weft.lines().filter(|l| l.contains("inet ") && l.contains(" weft-v")) {
+            assert!(line.contains("noprefixroute"), "{host}: {line}");
+        }
+    }
     // Every workload reaches every workload of the other site (two nodes
     // per site, each node its own overlay tunnel to the gateway), by ICMP
     // and by TCP, and the far end sees the caller at its own view of it.

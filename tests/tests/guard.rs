@@ -172,6 +172,7 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
                 link: "eth0".into(),
                 namespace: String::new(),
                 cidr: "192.168.78.11/24".into(),
+                no_prefix_route: false,
             }),
         ),
         obj(
@@ -201,6 +202,7 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
                 link: "weft-evil".into(),
                 namespace: String::new(),
                 cidr: cidr.into(),
+                no_prefix_route: false,
             }),
         )
     };

@@ -428,6 +428,167 @@ async fn a_node_name_that_hashes_like_another_nodes_is_refused() {
     c.stop().await;
 }
 
+/// A record whose name hashes like an older one's, written past the checks
+/// of enrollment and Join (two replicas at once, a restored backup), is not
+/// rendered: the gateway keeps the older node's link and the older
+/// peering's namespace, the newer node gets nothing, and `diagnose` names
+/// each with the command that ends it. Once the older node is gone, the
+/// newer one takes the link. (Both pairs are the birthday pairs of the
+/// tests above; the records go straight into etcd, as a racing replica's
+/// would.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_whose_name_hashes_like_an_older_ones_is_not_rendered_and_diagnose_names_it() {
+    use weft_proto::v1::watch_response::Kind;
+    let Some(etcd) = weft_tests::Etcd::start() else { return };
+    let endpoint = etcd.endpoint();
+    let c = InProc::start_with(&[("etcd_endpoints", &endpoint)]).await;
+    let etcdctl = |args: &[&str]| {
+        let out = std::process::Command::new("etcdctl")
+            .args(["--endpoints", &endpoint])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let t = c.token_for(pb::AgentRole::Gateway, "gw", 600, 1).await;
+    let (gc, gk) = c.register_at(&t, "gw", "192.168.1.100").await.unwrap();
+    let t = c.token_for(pb::AgentRole::Node, "n143693", 600, 1).await;
+    let (nc, nk) = c.register_at(&t, "n143693", "192.168.1.1").await.unwrap();
+    let older: serde_json::Value = serde_json::from_str(&etcdctl(&[
+        "get",
+        "--print-value-only",
+        "/weft/sites/site-a/nodes/n143693",
+    ]))
+    .unwrap();
+    let mut newer = older.clone();
+    let ip: std::net::Ipv4Addr = older["internal_ip"].as_str().unwrap().parse().unwrap();
+    newer["name"] = "n492983".into();
+    newer["subnet"] = "10.1.77.0/24".into();
+    newer["internal_ip"] = std::net::Ipv4Addr::from(u32::from(ip) + 50).to_string().into();
+    newer["underlay_ip"] = "192.168.1.2".into();
+    newer["created_at_ms"] = (older["created_at_ms"].as_u64().unwrap() + 1).into();
+    newer["certs"] = serde_json::json!([]);
+    etcdctl(&["put", "/weft/sites/site-a/nodes/n492983", &newer.to_string()]);
+    // Two peerings, the newer one written first.
+    for (id, at, cidr, port) in [
+        ("site-74386", 2_000, "10.51.0.0/16", 51830),
+        ("site-34359", 1_000, "10.50.0.0/16", 51831),
+    ] {
+        let record = serde_json::json!({
+            "site_id": id,
+            "state": "negotiated",
+            "views": [{"kind": "workload", "real": cidr, "local": cidr, "pool": null}],
+            "created_at_ms": at,
+            "listen_port": port,
+        });
+        etcdctl(&["put", &format!("/weft/sites/site-a/peerings/{id}"), &record.to_string()]);
+    }
+
+    // What each agent is sent: a fresh Watch's snapshot.
+    let desired = |creds: (String, String)| {
+        let c = &c;
+        async move {
+            let mut a = AgentServiceClient::new(c.channel(Some((&creds.0, &creds.1))).await);
+            let mut s = a.watch(pb::WatchRequest::default()).await.unwrap().into_inner();
+            let m = tokio::time::timeout(Duration::from_secs(5), s.message())
+                .await
+                .expect("no snapshot within 5 s")
+                .unwrap()
+                .unwrap();
+            let Some(Kind::Snapshot(snap)) = m.kind else {
+                panic!("{m:?}")
+            };
+            snap.objects.into_iter().map(|o| o.id).collect::<Vec<String>>()
+        }
+    };
+    let has = |ids: &[String], prefix: &str| ids.iter().any(|i| i.starts_with(prefix));
+    let mut gw = Vec::new();
+    for _ in 0..50 {
+        gw = desired((gc.clone(), gk.clone())).await;
+        if has(&gw, "peer/site-34359/") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(has(&gw, "node/n143693/") && has(&gw, "peer/site-34359/"), "{gw:?}");
+    assert!(
+        !has(&gw, "node/n492983/"),
+        "the newer node took the older one's link: {gw:?}"
+    );
+    assert!(!has(&gw, "peer/site-74386/"), "the newer peering was rendered: {gw:?}");
+    let node = desired((nc.clone(), nk.clone())).await;
+    assert!(
+        has(&node, "peer/site-34359/") && !has(&node, "peer/site-74386/"),
+        "{node:?}"
+    );
+
+    let checks = c
+        .admin()
+        .await
+        .diagnose(pb::DiagnoseRequest { settle_millis: 1 })
+        .await
+        .unwrap()
+        .into_inner()
+        .checks;
+    let found = |subject: &str, needles: &[&str]| {
+        let check = checks
+            .iter()
+            .find(|k| k.check == "name-collision" && k.subject == subject)
+            .unwrap_or_else(|| panic!("no name-collision check on {subject}: {checks:?}"));
+        assert_eq!(check.result, pb::CheckResult::Fail as i32);
+        let text = format!("{} {}", check.detail, check.hint);
+        for n in needles {
+            assert!(text.contains(n), "{n:?} not in {text:?}");
+        }
+    };
+    let link = weft_controller::render::gateway_link_name("n143693");
+    found(
+        "node/n492983",
+        &[
+            "node \"n492983\" is not rendered",
+            &link,
+            "node \"n143693\"",
+            "weftctl node remove n492983",
+        ],
+    );
+    found(
+        "peering/site-74386",
+        &[
+            "the peering with \"site-74386\"",
+            "\"site-34359\"",
+            "weftctl peering delete site-74386",
+        ],
+    );
+    assert!(
+        !checks
+            .iter()
+            .any(|k| k.check == "name-collision" && (k.subject == "node/n143693" || k.subject == "peering/site-34359")),
+        "{checks:?}"
+    );
+
+    // The older node goes: the newer takes the link.
+    c.admin()
+        .await
+        .delete_node(pb::DeleteNodeRequest { name: "n143693".into() })
+        .await
+        .unwrap();
+    let mut gw = Vec::new();
+    for _ in 0..50 {
+        gw = desired((gc.clone(), gk.clone())).await;
+        if has(&gw, "node/n492983/") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(has(&gw, "node/n492983/") && !has(&gw, "node/n143693/"), "{gw:?}");
+    c.stop().await;
+}
+
 /// Renews with `creds`; the new certificate and its key.
 async fn renew(c: &InProc, creds: &(String, String), name: &str) -> Result<(String, String), Status> {
     let (k, csr) = weft_agent::identity::key_and_csr(name).unwrap();

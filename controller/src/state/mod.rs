@@ -296,6 +296,14 @@ impl State {
         for (n, _) in s.names {
             m.names.insert(n.name.clone(), Arc::new(n));
         }
+        let (nodes, peerings): (Vec<String>, Vec<String>) =
+            (m.nodes.keys().cloned().collect(), m.peerings.keys().cloned().collect());
+        for n in nodes {
+            m.index_node(&n);
+        }
+        for p in peerings {
+            m.index_peering(&p);
+        }
         m.active_gateway = self
             .store
             .get(&self.active_gateway_key())
