@@ -25,7 +25,7 @@ command -v iperf3 >/dev/null || need_apt+=(iperf3)            # the throughput b
 command -v wg >/dev/null || need_apt+=(wireguard-tools)      # the throughput bench: keys
 command -v wireguard-go >/dev/null || need_apt+=(wireguard-go) # the throughput bench: reference tunnel
 python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
-# The VM lane (tests/tests/vm.rs): Debian's stock kernel, which has the
+# The VM lane (tests/e2e/vm.rs): Debian's stock kernel, which has the
 # WireGuard and Geneve modules this machine's kernel may lack, booted under
 # QEMU with a busybox initramfs (tests/src/vm.rs).
 command -v qemu-system-x86_64 >/dev/null || need_apt+=(qemu-system-x86)

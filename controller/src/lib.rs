@@ -7,7 +7,7 @@
 //! `grpc` and `federation` implement the weft.v1 services and convert
 //! between prost and domain types; `server` and `cli` wire it together. The
 //! binary's `main` is one line. No two modules import each other, directly
-//! or around a loop (checked by `tests/tests/layers.rs`, which also checks
+//! or around a loop (checked by `tests/e2e/layers.rs`, which also checks
 //! what each crate links).
 
 pub mod admission;

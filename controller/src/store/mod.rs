@@ -5,7 +5,7 @@
 //! a prefix from a revision, and leases with a TTL. Two backends implement it:
 //! [`etcd::EtcdStore`] (several controller replicas may share one etcd) and
 //! [`embedded::EmbeddedStore`] (a redb file, for a single host). Both obey the
-//! same conformance suite (`tests/tests/store_conformance.rs`).
+//! same conformance suite (`tests/e2e/store_conformance.rs`).
 //!
 //! Semantics follow etcd's so that code written against one backend behaves
 //! the same on the other: every successful write transaction advances the

@@ -1,5 +1,5 @@
 //! `weft-vm-guest SCENARIO`: the scenarios of the VM lane, run inside the
-//! guest (Debian's stock kernel, see `weft_tests::vm` and tests/tests/vm.rs)
+//! guest (Debian's stock kernel, see `weft_tests::vm` and tests/e2e/vm.rs)
 //! as root, from the host's build. Each builds a two-site lab in network
 //! namespaces (both sites on the same CIDR, so the views are remapped),
 //! asserts, and exits 0; a failed assertion panics (exit 101).
@@ -71,7 +71,7 @@ fn main() {
     }));
     assert!(
         std::env::var_os("WEFT_IN_VM").is_some(),
-        "weft-vm-guest runs inside the VM lane's guest (tests/tests/vm.rs), not on a host"
+        "weft-vm-guest runs inside the VM lane's guest (tests/e2e/vm.rs), not on a host"
     );
     match scenario.as_str() {
         "pace" => return pace(),

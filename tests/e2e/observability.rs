@@ -240,7 +240,7 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
     }
     // This machine's kernel has no WireGuard: the gateway runs userspace
     // WireGuard, and diagnose says so and why (the VM lane shows the
-    // kernel's, tests/tests/vm.rs).
+    // kernel's, tests/e2e/vm.rs).
     let gw = checks
         .iter()
         .find(|c| c["check"] == "kernel" && c["subject"].as_str().unwrap_or_default().starts_with("gateway"))

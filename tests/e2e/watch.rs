@@ -100,7 +100,16 @@ async fn snapshot_then_deltas_then_resume_with_the_difference() {
     };
     assert!(d.revision > first.revision);
     let ids: Vec<&str> = delta.upserts.iter().map(|o| o.id.as_str()).collect();
-    assert_eq!(ids, ["self/addr", "self/host-snat", "self/link"]);
+    assert_eq!(
+        ids,
+        [
+            "self/addr",
+            "self/host-snat",
+            "self/link",
+            "self/route/internal",
+            "self/rule/internal"
+        ]
+    );
     apply(&mut held, &d);
     assert_eq!(remote_of(&held), "192.168.1.100");
     let r1 = d.revision;
@@ -170,7 +179,11 @@ async fn snapshot_fallback_when_a_delta_is_impossible_or_pointless() {
     let Some(Kind::Snapshot(snap)) = next(&mut s).await.kind else {
         panic!("expected a snapshot")
     };
-    assert_eq!(snap.objects.len(), 3, "overlay link, address and host NAT");
+    assert_eq!(
+        snap.objects.len(),
+        5,
+        "overlay link, address, host NAT, and the overlay's route and rule"
+    );
     drop(s);
     // a revision in reach but nothing in common: the snapshot is no larger
     let stale = vec![

@@ -1,0 +1,30 @@
+//! The end-to-end suite: one test binary, a module per area. The tests that
+//! need root are #[ignore]d for a plain `cargo test`; tests/run.sh runs them.
+
+mod addressing;
+mod admin_api;
+mod agent_enrollment;
+mod bad_input;
+mod config_errors;
+mod crash_consistency;
+mod dataplane;
+mod diagnose;
+mod disk_faults;
+mod failover;
+mod faults;
+mod federation;
+mod federation_updates;
+mod flood;
+mod guard;
+mod identity;
+mod layers;
+mod load;
+mod mesh;
+mod names;
+mod observability;
+mod replicas;
+mod restart;
+mod state_ipam;
+mod store_conformance;
+mod vm;
+mod watch;
