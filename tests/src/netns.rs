@@ -69,7 +69,19 @@ pub fn must(o: Output, what: &str) -> Output {
 
 impl Lab {
     pub fn new(tag: &str) -> Lab {
-        let prefix = format!("weft-{tag}-{}", std::process::id() % 100_000);
+        // The tests of one binary share a process id: a count per tag keeps
+        // two labs of one tag (a test run twice, two tests on one helper)
+        // apart.
+        static USED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+        let mut used = USED.lock().unwrap_or_else(|e| e.into_inner());
+        let n = used.iter().filter(|t| *t == tag).count();
+        used.push(tag.to_string());
+        let pid = std::process::id() % 100_000;
+        let prefix = if n == 0 {
+            format!("weft-{tag}-{pid}")
+        } else {
+            format!("weft-{tag}-{pid}-{n}")
+        };
         Lab {
             prefix,
             namespaces: Vec::new(),
