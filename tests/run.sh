@@ -65,7 +65,7 @@ phase "cargo test: side by side" run_pass "side by side" \
     cargo test --workspace --no-fail-fast -- --include-ignored "${skip[@]}"
 for a in "${alone[@]}"; do
     phase "cargo test: ${a%::} alone" run_pass "${a%::}" \
-        cargo test -p weft-tests --test e2e --no-fail-fast -- --include-ignored "$a"
+        cargo test --workspace --test e2e --no-fail-fast -- --include-ignored "$a"
 done
 if [ ${#failed[@]} -gt 0 ]; then
     echo "tests/run.sh: failed: ${failed[*]}" >&2

@@ -217,65 +217,7 @@ fn agent_checks(
             "read the agent's log for the failing object; fix the host (a name or address already taken, a missing kernel module)",
         ));
     }
-    if !rec.features.is_empty() {
-        let has = |f: &str| rec.features.iter().any(|x| x == f);
-        if !has("vxlan") {
-            out.push(check(
-                "kernel",
-                a.subject(),
-                pb::CheckResult::Fail,
-                "the kernel cannot make VXLAN links: no overlay to the gateway".into(),
-                "load the vxlan module (`modprobe vxlan`) or use a kernel built with it",
-            ));
-        } else {
-            let overlay = if has("geneve") {
-                "Geneve or VXLAN"
-            } else {
-                "VXLAN (no Geneve)"
-            };
-            // What the gateway runs (agents before it was reported: what
-            // its kernel could run).
-            let wg = match (rec.wireguard.as_str(), has("wireguard")) {
-                ("", true) => "kernel",
-                ("", false) => "userspace",
-                (m, _) => m,
-            };
-            let reason = if rec.wireguard_reason.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", rec.wireguard_reason)
-            };
-            if a.role != AgentRole::Gateway || wg == "kernel" {
-                let wg = if a.role == AgentRole::Gateway {
-                    format!("; WireGuard: kernel{reason}")
-                } else {
-                    String::new()
-                };
-                out.push(pass("kernel", a.subject(), format!("overlay: {overlay}{wg}")));
-            } else if has("wireguard") {
-                out.push(check(
-                    "kernel",
-                    a.subject(),
-                    pb::CheckResult::Warn,
-                    format!(
-                        "overlay: {overlay}; WireGuard: userspace (boringtun){reason}, though the kernel has WireGuard: a fraction of its speed"
-                    ),
-                    "restart the gateway agent with --wireguard auto (or kernel)",
-                ));
-            } else {
-                out.push(check(
-                    "kernel",
-                    a.subject(),
-                    pb::CheckResult::Warn,
-                    format!(
-                        "overlay: {overlay}; WireGuard: userspace (boringtun){reason}: a fraction of kernel speed"
-                    ),
-                    "run the gateway on a kernel with WireGuard (Linux 5.6 or later, CONFIG_WIREGUARD) and restart its agent: \
-                     with --wireguard auto it takes the kernel's",
-                ));
-            }
-        }
-    }
+    kernel_checks(a, rec, out);
     for c in &rec.route_conflicts {
         out.push(check(
             "route",
@@ -284,6 +226,71 @@ fn agent_checks(
             format!("host route {c}: weft's policy rule (priority {}) sends that traffic to the peer instead", crate::render::RULE_PRIORITY),
             "if the host needs the route, reserve its CIDR (--reserved-cidr) so peers' views are remapped away from it, and re-peer",
         ));
+    }
+}
+
+/// What the agent's kernel can run: the overlay, and on a gateway which
+/// WireGuard.
+fn kernel_checks(a: &Agent, rec: &AliveRecord, out: &mut Vec<pb::Check>) {
+    if rec.features.is_empty() {
+        return;
+    }
+    let has = |f: &str| rec.features.iter().any(|x| x == f);
+    if !has("vxlan") {
+        out.push(check(
+            "kernel",
+            a.subject(),
+            pb::CheckResult::Fail,
+            "the kernel cannot make VXLAN links: no overlay to the gateway".into(),
+            "load the vxlan module (`modprobe vxlan`) or use a kernel built with it",
+        ));
+    } else {
+        let overlay = if has("geneve") {
+            "Geneve or VXLAN"
+        } else {
+            "VXLAN (no Geneve)"
+        };
+        // What the gateway runs (agents before it was reported: what
+        // its kernel could run).
+        let wg = match (rec.wireguard.as_str(), has("wireguard")) {
+            ("", true) => "kernel",
+            ("", false) => "userspace",
+            (m, _) => m,
+        };
+        let reason = if rec.wireguard_reason.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", rec.wireguard_reason)
+        };
+        if a.role != AgentRole::Gateway || wg == "kernel" {
+            let wg = if a.role == AgentRole::Gateway {
+                format!("; WireGuard: kernel{reason}")
+            } else {
+                String::new()
+            };
+            out.push(pass("kernel", a.subject(), format!("overlay: {overlay}{wg}")));
+        } else if has("wireguard") {
+            out.push(check(
+                "kernel",
+                a.subject(),
+                pb::CheckResult::Warn,
+                format!(
+                    "overlay: {overlay}; WireGuard: userspace (boringtun){reason}, though the kernel has WireGuard: a fraction of its speed"
+                ),
+                "restart the gateway agent with --wireguard auto (or kernel)",
+            ));
+        } else {
+            out.push(check(
+                "kernel",
+                a.subject(),
+                pb::CheckResult::Warn,
+                format!(
+                    "overlay: {overlay}; WireGuard: userspace (boringtun){reason}: a fraction of kernel speed"
+                ),
+                "run the gateway on a kernel with WireGuard (Linux 5.6 or later, CONFIG_WIREGUARD) and restart its agent: \
+                 with --wireguard auto it takes the kernel's",
+            ));
+        }
     }
 }
 
@@ -386,28 +393,7 @@ pub async fn run(
 ) -> Result<Vec<pb::Check>, Error> {
     let mut out = Vec::new();
     let now = now_ms();
-    if let Some(t) = ca_not_after_ms {
-        let days_left = t.saturating_sub(now) / 86_400_000;
-        out.push(if t <= now {
-            check(
-                "certificate",
-                "site-ca".into(),
-                pb::CheckResult::Fail,
-                format!("the site CA expired at {}", when(t)),
-                "the site must be set up again with a new CA; every agent and peer re-enrolls",
-            )
-        } else if days_left < 90 {
-            check(
-                "certificate",
-                "site-ca".into(),
-                pb::CheckResult::Warn,
-                format!("the site CA expires at {} ({days_left} days)", when(t)),
-                "plan a CA rotation before then",
-            )
-        } else {
-            pass("certificate", "site-ca".into(), format!("valid until {}", when(t)))
-        });
-    }
+    out.extend(ca_not_after_ms.map(|t| ca_check(t, now)));
     let (site, _) = state.site().await?;
     let (nodes, _) = state.list_nodes().await?;
     let (gateways, _) = state.list_gateways().await?;
@@ -427,24 +413,7 @@ pub async fn run(
             conflict: g.identity_conflict.clone(),
         }))
         .collect();
-    for g in gateways.iter().filter(|g| g.pending_public_key.is_some()) {
-        out.push(check(
-            "gateway-key",
-            format!("gateway/{}", g.name),
-            pb::CheckResult::Warn,
-            format!(
-                "gateway {:?} asks to change its WireGuard key; peers keep the current one",
-                g.name
-            ),
-            &format!(
-                "if its host really made a new key (its wireguard.key was lost) and logged {}, run `weftctl gateway \
-                 accept-key {} {}`; otherwise its certificate may be stolen: remove it and enroll it again",
-                g.pending_public_key.as_deref().unwrap_or_default(),
-                g.name,
-                g.pending_public_key.as_deref().unwrap_or_default()
-            ),
-        ));
-    }
+    out.extend(gateways.iter().filter_map(gateway_key_check));
     out.extend(collision_checks(&hub.model()));
     // Lag: two looks at each agent's progress, `settle` apart.
     let first = progress(hub, &state.alive().await?);
@@ -471,60 +440,11 @@ pub async fn run(
         tunnel_checks(&site, p, hub.tunnel(&p.site_id), &mut out);
         let subject = format!("peering/{}", p.site_id);
         let Some(remote) = &p.remote else { continue };
-        out.push(match fed.clock_skew(remote).await {
-            Ok((skew, rtt)) => {
-                let detail = format!(
-                    "the peer's controller clock is {:+.3} s from this one's (measured over a {:.1} ms round trip)",
-                    skew,
-                    rtt.as_secs_f64() * 1000.0
-                );
-                let hint = "run NTP (chrony, systemd-timesyncd) on both controllers' hosts";
-                if skew.abs() > SKEW_FAIL {
-                    check("clock", subject, pb::CheckResult::Fail, detail, hint)
-                } else if skew.abs() > SKEW_WARN {
-                    check("clock", subject, pb::CheckResult::Warn, detail, hint)
-                } else {
-                    pass("clock", subject, detail)
-                }
-            }
-            Err(e) => check(
-                "clock",
-                subject,
-                pb::CheckResult::Warn,
-                format!("the peer's controller did not answer: {e}"),
-                "check that this controller reaches the peer's advertised endpoints (--advertise) over TCP",
-            ),
-        });
+        out.push(clock_check(subject, fed.clock_skew(remote).await));
     }
     // Joins refused here lately: the peer's admin was told why; this
     // site's admin learns it here.
-    for r in fed.refused.list() {
-        let age = std::time::SystemTime::now()
-            .duration_since(r.last_at)
-            .unwrap_or_default();
-        if age > REFUSAL_SHOWN {
-            continue;
-        }
-        let times = if r.count > 1 {
-            format!(" {} times,", r.count)
-        } else {
-            String::new()
-        };
-        out.push(check(
-            "join",
-            format!("peer/{}", r.site_id),
-            pb::CheckResult::Warn,
-            format!(
-                "refused site {:?}'s join{times} last {} ago: {}: {}",
-                r.site_id,
-                humantime::format_duration(Duration::from_secs(age.as_secs())),
-                crate::refused::code_name(r.code),
-                r.message
-            ),
-            "nothing to do if the refusal is right; otherwise change what it names on this site \
-             (--peer-public-cidr, --remap-pool, ...) and have the peer run `weftctl peering create` again",
-        ));
-    }
+    out.extend(fed.refused.list().iter().filter_map(refusal_check));
     Ok(out)
 }
 
@@ -564,6 +484,106 @@ fn collision_checks(m: &crate::render::Model) -> Vec<pb::Check> {
         }
     }
     out
+}
+
+/// The peer's controller clock against this one's.
+fn clock_check(subject: String, measured: Result<(f64, Duration), String>) -> pb::Check {
+    match measured {
+        Ok((skew, rtt)) => {
+            let detail = format!(
+                "the peer's controller clock is {:+.3} s from this one's (measured over a {:.1} ms round trip)",
+                skew,
+                rtt.as_secs_f64() * 1000.0
+            );
+            let hint = "run NTP (chrony, systemd-timesyncd) on both controllers' hosts";
+            if skew.abs() > SKEW_FAIL {
+                check("clock", subject, pb::CheckResult::Fail, detail, hint)
+            } else if skew.abs() > SKEW_WARN {
+                check("clock", subject, pb::CheckResult::Warn, detail, hint)
+            } else {
+                pass("clock", subject, detail)
+            }
+        }
+        Err(e) => check(
+            "clock",
+            subject,
+            pb::CheckResult::Warn,
+            format!("the peer's controller did not answer: {e}"),
+            "check that this controller reaches the peer's advertised endpoints (--advertise) over TCP",
+        ),
+    }
+}
+
+/// The site CA's expiry.
+fn ca_check(t: u64, now: u64) -> pb::Check {
+    let days_left = t.saturating_sub(now) / 86_400_000;
+    if t <= now {
+        check(
+            "certificate",
+            "site-ca".into(),
+            pb::CheckResult::Fail,
+            format!("the site CA expired at {}", when(t)),
+            "the site must be set up again with a new CA; every agent and peer re-enrolls",
+        )
+    } else if days_left < 90 {
+        check(
+            "certificate",
+            "site-ca".into(),
+            pb::CheckResult::Warn,
+            format!("the site CA expires at {} ({days_left} days)", when(t)),
+            "plan a CA rotation before then",
+        )
+    } else {
+        pass("certificate", "site-ca".into(), format!("valid until {}", when(t)))
+    }
+}
+
+/// A gateway asking to change its WireGuard key.
+fn gateway_key_check(g: &crate::domain::Gateway) -> Option<pb::Check> {
+    let key = g.pending_public_key.as_deref()?;
+    Some(check(
+        "gateway-key",
+        format!("gateway/{}", g.name),
+        pb::CheckResult::Warn,
+        format!(
+            "gateway {:?} asks to change its WireGuard key; peers keep the current one",
+            g.name
+        ),
+        &format!(
+            "if its host really made a new key (its wireguard.key was lost) and logged {}, run `weftctl gateway \
+             accept-key {} {}`; otherwise its certificate may be stolen: remove it and enroll it again",
+            key, g.name, key
+        ),
+    ))
+}
+
+/// A Join refused here within the last day.
+fn refusal_check(r: &crate::refused::Refusal) -> Option<pb::Check> {
+    let age = std::time::SystemTime::now()
+        .duration_since(r.last_at)
+        .unwrap_or_default();
+    if age > REFUSAL_SHOWN {
+        return None;
+    }
+    let times = if r.count > 1 {
+        format!(" {} times,", r.count)
+    } else {
+        String::new()
+    };
+    Some(check(
+        "join",
+        format!("peer/{}", r.site_id),
+        pb::CheckResult::Warn,
+        format!(
+            "refused site {:?}'s join{times} last {} ago: {}: {}",
+            r.site_id,
+            humantime::format_duration(Duration::from_secs(age.as_secs())),
+            crate::refused::code_name(r.code),
+            r.message
+        ),
+        "nothing to do if the refusal is right; otherwise change what it names on this site \
+         (--peer-public-cidr, --remap-pool, ...) and have the peer run `weftctl peering create` again",
+    ))
 }
 
 /// How long `diagnose` shows a refused join.

@@ -13,6 +13,7 @@
 pub mod admission;
 pub mod auth;
 pub mod cli;
+pub mod config;
 pub mod diagnose;
 pub mod error;
 pub mod federation;
@@ -26,4 +27,4 @@ pub mod server;
 pub mod state;
 pub mod store;
 
-pub use weft_core::{config, domain, ipam, names, render};
+pub use weft_core::{domain, ipam, names, render};

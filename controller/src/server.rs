@@ -227,10 +227,12 @@ async fn follow_revocations(state: State, auth: Arc<Authenticator>) {
             let mut watch = state.store().watch_prefix(&prefix, rev + 1).await?;
             while let Some(batch) = watch.next().await {
                 for ev in batch?.events {
-                    if ev.kind == EventKind::Put {
+                    if ev.kind == EventKind::Put
+                        && let Some(crate::state::Key::Revoked(serial)) = state.parse(&ev.kv.key)
+                    {
                         let why = serde_json::from_slice::<crate::domain::Revoked>(&ev.kv.value)
                             .map_or(crate::auth::RevokedAs::Other, |r| crate::auth::RevokedAs::of(&r));
-                        auth.revoke(ev.kv.key[prefix.len()..].to_string(), why);
+                        auth.revoke(serial.to_string(), why);
                     }
                 }
             }

@@ -57,7 +57,7 @@ pub struct Site {
 /// has no business announcing them), or routed through a remapped view
 /// like any other overlap (for sites whose workload CIDRs really overlap
 /// another's LAN).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum UnderlayOverlap {
     #[default]

@@ -1,9 +1,8 @@
 //! The controller's pure core: the domain (sites, agents, peerings), IPAM,
-//! the configuration's validation and the render from records to each
-//! agent's desired objects. No store, no tonic, no I/O: everything here is
+//! names and the render from records to each agent's desired objects (the
+//! controller's configuration, flags and file, is the controller's). No store, no tonic, no I/O: everything here is
 //! a function of its inputs and is tested as such.
 
-pub mod config;
 pub mod domain;
 pub mod ipam;
 pub mod names;

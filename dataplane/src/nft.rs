@@ -4,6 +4,12 @@
 //! rendered whole from a [`TableSpec`] (pure, below) and replaced in one
 //! atomic `nft -f` batch.
 //!
+//! The batch is nft's JSON, built here by hand: the `nftables` crate's
+//! typed schema (0.6.3, the newest) has no `netmap` NAT flag and no prefix
+//! type flag, so it cannot say `dnat ip prefix to … netmap`, the 1:1
+//! prefix translation weft is built on. nft itself parses every batch
+//! before applying any of it, and the end-to-end tests apply each kind.
+//!
 //! Observation: after writing, the firewall lists the table back and keeps
 //! a hash of the listing (handles and counter values left out). A table
 //! whose listing still has that hash is reported with its version; one

@@ -312,7 +312,7 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::ListPeeringsResponse>, Status> {
         let (ps, revision) = self.state.list_peerings().await?;
         let (site, _) = self.state.site().await?;
-        let gateways = self.fed.local_gateways().await?;
+        let gateways = self.fed.local_gateways();
         Ok(Response::new(pb::ListPeeringsResponse {
             peerings: ps
                 .iter()

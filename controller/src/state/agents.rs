@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use ipnet::Ipv4Net;
 
-use super::{State, decode, encode};
+use super::{Key, State, decode, encode};
 use crate::domain::{
     AgentRole, CertRecord, Gateway, Node, Site, SubnetSource, Token, live_until, now_ms, validate_name,
 };
@@ -115,7 +115,7 @@ impl State {
             uses_left: uses,
             created_at_ms: now,
         };
-        let key = self.key(&format!("tokens/{id}"));
+        let key = self.at(Key::Token(&id));
         let txn = Txn::new()
             .when(Compare::Version(key.clone(), 0))
             .then(Op::put(key, encode(&token)));
@@ -132,7 +132,7 @@ impl State {
     }
 
     pub async fn delete_token(&self, id: &str) -> Result<(), Error> {
-        let key = self.key(&format!("tokens/{id}"));
+        let key = self.at(Key::Token(id));
         let txn = Txn::new().when(Compare::Version(key.clone(), 0));
         // Deleting an absent key would succeed silently; check first.
         if self.store.txn(txn).await?.succeeded {
@@ -156,7 +156,7 @@ impl State {
         mut issue: impl FnMut(AgentRole, &str) -> Result<Issued, Error>,
     ) -> Result<Enrollment, Error> {
         let parsed = ParsedToken::parse(token_text)?;
-        let token_key = self.key(&format!("tokens/{}", parsed.id));
+        let token_key = self.at(Key::Token(&parsed.id));
         let secret_hash = sha256_hex(&parsed.secret);
         // Refused cheaply, before the site-wide writer lock and its snapshot:
         // one read of the token's own record. A flood of wrong tokens then
@@ -251,7 +251,7 @@ impl State {
                 };
                 let (enrollment, record_txn) = match token.role {
                     AgentRole::Node => {
-                        let key = self.key(&format!("nodes/{name}"));
+                        let key = self.at(Key::Node(&name));
                         let existing = snap.nodes.iter().find(|(n, _)| n.name == name);
                         // A token that does not name the node may only make a
                         // new one, of at most the size IPAM would give: taking
@@ -307,7 +307,7 @@ impl State {
                         if requested_subnet.is_some() {
                             return Err(Error::InvalidArgument("a gateway has no workload subnet; drop --subnet".into()));
                         }
-                        let key = self.key(&format!("gateways/{name}"));
+                        let key = self.at(Key::Gateway(&name));
                         let existing = snap.gateways.iter().find(|(g, _)| g.name == name);
                         if token.name.is_none()
                             && let Some((g, _)) = existing
@@ -369,7 +369,7 @@ impl State {
     /// Removes a gateway and revokes its certificates.
     pub async fn delete_gateway(&self, name: &str) -> Result<Gateway, Error> {
         validate_name("the gateway name", name).map_err(Error::InvalidArgument)?;
-        let key = self.key(&format!("gateways/{name}"));
+        let key = self.at(Key::Gateway(name));
         self.commit(|snap| {
             let Some((gw, rev)) = snap.gateways.iter().find(|(g, _)| g.name == name) else {
                 return Err(Error::NotFound(format!(

@@ -2,7 +2,7 @@
 //! tell a retry from a second holder of the identity (used, superseded),
 //! the conflict that revokes the whole identity, and revocation records.
 
-use super::{State, decode, encode};
+use super::{Key, Prefix, State, decode, encode};
 use crate::domain::{AgentRole, CertRecord, Gateway, IdentityConflict, Node, Revoked, now_ms};
 use crate::error::Error;
 use crate::pki::Issued;
@@ -63,7 +63,7 @@ impl State {
         caller_serial: &str,
         mut issue: impl FnMut() -> Result<Issued, Error>,
     ) -> Result<Issued, Error> {
-        let key = self.key(&format!("{}s/{name}", role.as_str()));
+        let key = self.at(Key::agent(role, name));
         for _ in 0..super::MAX_ATTEMPTS {
             let Some(kv) = self.store.get(&key).await? else {
                 return Err(Error::Unauthenticated(format!(
@@ -189,7 +189,7 @@ impl State {
         serial: &str,
         issued_at_ms: u64,
     ) -> Result<(), Error> {
-        let key = self.key(&format!("{}s/{name}", role.as_str()));
+        let key = self.at(Key::agent(role, name));
         for _ in 0..super::MAX_ATTEMPTS {
             let Some(kv) = self.store.get(&key).await? else {
                 return Ok(()); // removed meanwhile
@@ -216,7 +216,7 @@ impl State {
     /// with it), once: a renewal from an older certificate after this one
     /// was used is a second holder's, not a retry.
     pub async fn mark_cert_used(&self, role: AgentRole, name: &str, serial: &str) -> Result<(), Error> {
-        let key = self.key(&format!("{}s/{name}", role.as_str()));
+        let key = self.at(Key::agent(role, name));
         for _ in 0..super::MAX_ATTEMPTS {
             let Some(kv) = self.store.get(&key).await? else {
                 return Ok(());
@@ -257,7 +257,7 @@ impl State {
                     superseded: why == Revocation::Superseded,
                     issued_at_ms: c.issued_at_ms,
                 };
-                Op::put(self.key(&format!("revoked/{}", c.serial)), encode(&r))
+                Op::put(self.at(Key::Revoked(&c.serial)), encode(&r))
             })
             .collect()
     }
@@ -273,14 +273,14 @@ impl State {
             superseded: false,
             issued_at_ms: 0,
         };
-        let txn = Txn::new().then(Op::put(self.key(&format!("revoked/{serial}")), encode(&r)));
+        let txn = Txn::new().then(Op::put(self.at(Key::Revoked(serial)), encode(&r)));
         self.store.txn(txn).await?;
         Ok(())
     }
 
     /// The store prefix of revocations, for watching.
     pub fn revoked_prefix(&self) -> String {
-        self.key("revoked/")
+        self.under(Prefix::Revoked)
     }
 
     /// Revoked serials not yet expired; removes entries that have expired.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ipnet::Ipv4Net;
 
-use super::{State, encode};
+use super::{Key, State, encode};
 use crate::domain::{PeerToken, Peering, PeeringState, PendingCidrs, RemoteSite, now_ms, validate_name};
 use crate::error::Error;
 use crate::ipam::{self, CidrKind};
@@ -59,7 +59,7 @@ impl State {
             created_at_ms: now,
             for_site: for_site.map(str::to_string),
         };
-        let key = self.key(&format!("peer-tokens/{id}"));
+        let key = self.at(Key::PeerToken(&id));
         if !self
             .store
             .txn(
@@ -90,7 +90,7 @@ impl State {
         port: u16,
     ) -> Result<Peering, Error> {
         validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
-        let key = self.key(&format!("peerings/{peer_site}"));
+        let key = self.at(Key::Peering(peer_site));
         if remote.workload_cidrs.is_empty() {
             return Err(Error::InvalidArgument(format!(
                 "site {peer_site:?} sent no workload CIDR"
@@ -162,7 +162,7 @@ impl State {
                         "this peering token is for site {only:?}, not {peer_site:?}; ask for a token made for your site"
                     )));
                 }
-                let tkey = self.key(&format!("peer-tokens/{}", t.id));
+                let tkey = self.at(Key::PeerToken(&t.id));
                 txn = txn
                     .when(Compare::ModRevision(tkey.clone(), *rev))
                     .then(Op::delete(tkey));
@@ -197,7 +197,7 @@ impl State {
         if proof.id.len() > 64 || !proof.id.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(bad());
         }
-        let Some(kv) = self.store.get(&self.key(&format!("peer-tokens/{}", proof.id))).await? else {
+        let Some(kv) = self.store.get(&self.at(Key::PeerToken(&proof.id))).await? else {
             return Err(bad());
         };
         let t: PeerToken = super::decode(&kv)?;
@@ -215,7 +215,7 @@ impl State {
     /// The peer showed it holds its side of the peering (its subscription
     /// answered): the token it joined with is spent for good.
     pub async fn peering_confirmed(&self, peer_site: &str) -> Result<(), Error> {
-        let key = self.key(&format!("peerings/{peer_site}"));
+        let key = self.at(Key::Peering(peer_site));
         self.commit(|snap| {
             let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
                 return Ok((None, ()));
@@ -236,7 +236,7 @@ impl State {
     /// The peering with `site`, if any.
     pub async fn peering(&self, site: &str) -> Result<Option<Peering>, Error> {
         validate_name("the peer site id", site).map_err(Error::InvalidArgument)?;
-        match self.store.get(&self.key(&format!("peerings/{site}"))).await? {
+        match self.store.get(&self.at(Key::Peering(site))).await? {
             Some(kv) => Ok(Some(super::decode(&kv)?)),
             None => Ok(None),
         }
@@ -248,7 +248,7 @@ impl State {
     /// peer said, and re-plans the local views only if its CIDRs changed.
     /// Returns whether anything changed.
     pub async fn update_remote(&self, peer_site: &str, remote: RemoteSite) -> Result<bool, Error> {
-        let key = self.key(&format!("peerings/{peer_site}"));
+        let key = self.at(Key::Peering(peer_site));
         self.commit(|snap| {
             let site = snap.site()?;
             let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
@@ -327,7 +327,7 @@ impl State {
     /// peering, FAILED_PRECONDITION when nothing is held.
     pub async fn accept_peer_update(&self, peer_site: &str) -> Result<Peering, Error> {
         validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
-        let key = self.key(&format!("peerings/{peer_site}"));
+        let key = self.at(Key::Peering(peer_site));
         self.commit(|snap| {
             let site = snap.site()?;
             let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
@@ -413,7 +413,7 @@ impl State {
         public_key: Option<String>,
         endpoint: Option<String>,
     ) -> Result<(), Error> {
-        let key = self.key(&format!("gateways/{name}"));
+        let key = self.at(Key::Gateway(name));
         for _ in 0..super::MAX_ATTEMPTS {
             let Some(kv) = self.store.get(&key).await? else {
                 return Err(Error::Unauthenticated(format!(
@@ -473,7 +473,7 @@ impl State {
     /// [`State::update_gateway`]) if it is `expected`: peers get it at
     /// once.
     pub async fn accept_gateway_key(&self, name: &str, expected: &str) -> Result<crate::domain::Gateway, Error> {
-        let key = self.key(&format!("gateways/{name}"));
+        let key = self.at(Key::Gateway(name));
         for _ in 0..super::MAX_ATTEMPTS {
             let Some(kv) = self.store.get(&key).await? else {
                 return Err(Error::NotFound(format!(
@@ -523,8 +523,8 @@ impl State {
             Ok(Some(encode(&rec)))
         }
         let key = match role {
-            AgentRole::Node => self.key(&format!("nodes/{name}")),
-            AgentRole::Gateway => self.key(&format!("gateways/{name}")),
+            AgentRole::Node => self.at(Key::Node(name)),
+            AgentRole::Gateway => self.at(Key::Gateway(name)),
         };
         for _ in 0..super::MAX_ATTEMPTS {
             let Some(kv) = self.store.get(&key).await? else {

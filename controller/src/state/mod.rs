@@ -27,7 +27,10 @@ use serde::de::DeserializeOwned;
 mod agents;
 mod certs;
 pub mod federation;
+pub mod layout;
 mod names;
+
+pub use layout::{Key, Prefix};
 
 pub use agents::{Enrollment, ParsedToken};
 
@@ -69,11 +72,23 @@ impl Snapshot {
     /// Brings the snapshot up to date with a committed transaction's ops.
     /// `None` when an op cannot be folded in (the caller then re-reads).
     fn apply_ops(mut self, root: &str, ops: &[Op], revision: Revision) -> Option<Snapshot> {
-        fn upsert<T>(v: &mut Vec<(T, Revision)>, item: T, rev: Revision, same: impl Fn(&T) -> bool) {
+        /// Puts (or, without a value, removes) the record `same` picks.
+        fn fold<T: DeserializeOwned>(
+            v: &mut Vec<(T, Revision)>,
+            value: Option<&Vec<u8>>,
+            rev: Revision,
+            same: impl Fn(&T) -> bool,
+        ) -> Option<()> {
+            let Some(value) = value else {
+                v.retain(|(x, _)| !same(x));
+                return Some(());
+            };
+            let item = serde_json::from_slice(value).ok()?;
             match v.iter_mut().find(|(x, _)| same(x)) {
                 Some(slot) => *slot = (item, rev),
                 None => v.push((item, rev)),
             }
+            Some(())
         }
         for op in ops {
             let (key, value) = match op {
@@ -81,74 +96,22 @@ impl Snapshot {
                 Op::Delete { key } => (key, None),
                 Op::DeletePrefix { .. } => return None,
             };
-            let rest = key.strip_prefix(root)?;
-            let name = |p: &str| rest.strip_prefix(p).map(str::to_string);
-            match (rest, value) {
-                ("site", Some(v)) => self.site = Some(serde_json::from_slice(v).ok()?),
-                ("ipam/seq", Some(v)) => self.seq = (revision, serde_json::from_slice(v).ok()?),
-                _ => {
-                    if let Some(n) = name("nodes/") {
-                        match value {
-                            Some(v) => upsert(
-                                &mut self.nodes,
-                                serde_json::from_slice(v).ok()?,
-                                revision,
-                                |x: &Node| x.name == n,
-                            ),
-                            None => self.nodes.retain(|(x, _)| x.name != n),
-                        }
-                    } else if let Some(n) = name("gateways/") {
-                        match value {
-                            Some(v) => upsert(
-                                &mut self.gateways,
-                                serde_json::from_slice(v).ok()?,
-                                revision,
-                                |x: &Gateway| x.name == n,
-                            ),
-                            None => self.gateways.retain(|(x, _)| x.name != n),
-                        }
-                    } else if let Some(n) = name("peerings/") {
-                        match value {
-                            Some(v) => upsert(
-                                &mut self.peerings,
-                                serde_json::from_slice(v).ok()?,
-                                revision,
-                                |x: &Peering| x.site_id == n,
-                            ),
-                            None => self.peerings.retain(|(x, _)| x.site_id != n),
-                        }
-                    } else if let Some(n) = name("peer-tokens/") {
-                        match value {
-                            Some(v) => upsert(
-                                &mut self.peer_tokens,
-                                serde_json::from_slice(v).ok()?,
-                                revision,
-                                |x: &crate::domain::PeerToken| x.id == n,
-                            ),
-                            None => self.peer_tokens.retain(|(x, _)| x.id != n),
-                        }
-                    } else if let Some(n) = name("names/") {
-                        match value {
-                            Some(v) => upsert(
-                                &mut self.names,
-                                serde_json::from_slice(v).ok()?,
-                                revision,
-                                |x: &crate::names::NameRecord| x.name == n,
-                            ),
-                            None => self.names.retain(|(x, _)| x.name != n),
-                        }
-                    } else if let Some(n) = name("tokens/") {
-                        match value {
-                            Some(v) => upsert(
-                                &mut self.tokens,
-                                serde_json::from_slice(v).ok()?,
-                                revision,
-                                |x: &Token| x.id == n,
-                            ),
-                            None => self.tokens.retain(|(x, _)| x.id != n),
-                        }
-                    }
-                }
+            let Some(key) = Key::parse(key.strip_prefix(root)?) else {
+                continue;
+            };
+            // A record that does not read: the caller re-reads the store.
+            match (key, value) {
+                (Key::Site, Some(v)) => self.site = Some(serde_json::from_slice(v).ok()?),
+                (Key::IpamSeq, Some(v)) => self.seq = (revision, serde_json::from_slice(v).ok()?),
+                (Key::Node(n), v) => fold(&mut self.nodes, v, revision, |x: &Node| x.name == n)?,
+                (Key::Gateway(n), v) => fold(&mut self.gateways, v, revision, |x: &Gateway| x.name == n)?,
+                (Key::Peering(n), v) => fold(&mut self.peerings, v, revision, |x: &Peering| x.site_id == n)?,
+                (Key::PeerToken(n), v) => fold(&mut self.peer_tokens, v, revision, |x: &crate::domain::PeerToken| {
+                    x.id == n
+                })?,
+                (Key::Name(n), v) => fold(&mut self.names, v, revision, |x: &crate::names::NameRecord| x.name == n)?,
+                (Key::Token(n), v) => fold(&mut self.tokens, v, revision, |x: &Token| x.id == n)?,
+                _ => {}
             }
         }
         self.revision = revision;
@@ -321,48 +284,54 @@ impl State {
 
     /// Where the name of the active gateway is recorded.
     pub fn active_gateway_key(&self) -> String {
-        self.key("gateway-active")
+        self.at(Key::GatewayActive)
     }
 
     /// Where an agent's liveness record lives.
     pub fn alive_key(&self, role: crate::domain::AgentRole, name: &str) -> String {
-        self.key(&format!("alive/{}/{name}", role.as_str()))
+        self.at(Key::Alive(role, name))
     }
 
     /// Every live agent's record (agents whose lease has not expired).
     pub async fn alive(
         &self,
     ) -> Result<std::collections::HashMap<(crate::domain::AgentRole, String), AliveRecord>, Error> {
-        let prefix = self.key("alive/");
-        let r = self.store.get_prefix(&prefix).await?;
+        let r = self.store.get_prefix(&self.under(Prefix::Alive)).await?;
         let mut out = std::collections::HashMap::new();
         for kv in &r.kvs {
-            let rest = &kv.key[prefix.len()..];
-            let role = match rest.split('/').next() {
-                Some("node") => crate::domain::AgentRole::Node,
-                Some("gateway") => crate::domain::AgentRole::Gateway,
-                _ => continue,
-            };
-            let name = rest.split_once('/').map(|x| x.1).unwrap_or_default().to_string();
-            out.insert((role, name), decode(kv)?);
+            if let Some(Key::Alive(role, name)) = self.parse(&kv.key) {
+                out.insert((role, name.to_string()), decode(kv)?);
+            }
         }
         Ok(out)
     }
 
-    fn key(&self, rest: &str) -> String {
-        format!("{}{rest}", self.root)
+    /// The store key of `key`.
+    pub fn at(&self, key: Key) -> String {
+        format!("{}{}", self.root, key.path())
+    }
+
+    /// The store prefix of a family of keys.
+    pub fn under(&self, prefix: Prefix) -> String {
+        format!("{}{}", self.root, prefix.path())
+    }
+
+    /// What store key `key` holds; `None` outside this site or for a key
+    /// weft does not keep.
+    pub fn parse<'k>(&self, key: &'k str) -> Option<Key<'k>> {
+        Key::parse(key.strip_prefix(self.root.as_str())?)
     }
 
     /// The key the replicas campaign on for singleton work.
     pub fn leader_key(&self) -> String {
-        self.key("leader")
+        self.at(Key::Leader)
     }
 
     /// Records the site CA's fingerprint on first start; on later starts
     /// (and on every replica) refuses a controller holding another CA,
     /// whose certificates the agents and peers would not trust.
     pub async fn check_ca(&self, fingerprint: &str) -> Result<(), Error> {
-        let key = self.key("ca-fingerprint");
+        let key = self.at(Key::CaFingerprint);
         let txn = Txn::new()
             .when(Compare::Version(key.clone(), 0))
             .then(Op::put(key.clone(), fingerprint.as_bytes().to_vec()));
@@ -391,23 +360,17 @@ impl State {
             ..Default::default()
         };
         for kv in &range.kvs {
-            let rest = &kv.key[self.root.len()..];
-            if rest == "site" {
-                s.site = Some(decode(kv)?);
-            } else if rest == "ipam/seq" {
-                s.seq = (kv.mod_revision, decode(kv)?);
-            } else if rest.starts_with("nodes/") {
-                s.nodes.push((decode(kv)?, kv.mod_revision));
-            } else if rest.starts_with("gateways/") {
-                s.gateways.push((decode(kv)?, kv.mod_revision));
-            } else if rest.starts_with("peer-tokens/") {
-                s.peer_tokens.push((decode(kv)?, kv.mod_revision));
-            } else if rest.starts_with("tokens/") {
-                s.tokens.push((decode(kv)?, kv.mod_revision));
-            } else if rest.starts_with("peerings/") {
-                s.peerings.push((decode(kv)?, kv.mod_revision));
-            } else if rest.starts_with("names/") {
-                s.names.push((decode(kv)?, kv.mod_revision));
+            let rev = kv.mod_revision;
+            match self.parse(&kv.key) {
+                Some(Key::Site) => s.site = Some(decode(kv)?),
+                Some(Key::IpamSeq) => s.seq = (rev, decode(kv)?),
+                Some(Key::Node(_)) => s.nodes.push((decode(kv)?, rev)),
+                Some(Key::Gateway(_)) => s.gateways.push((decode(kv)?, rev)),
+                Some(Key::PeerToken(_)) => s.peer_tokens.push((decode(kv)?, rev)),
+                Some(Key::Token(_)) => s.tokens.push((decode(kv)?, rev)),
+                Some(Key::Peering(_)) => s.peerings.push((decode(kv)?, rev)),
+                Some(Key::Name(_)) => s.names.push((decode(kv)?, rev)),
+                _ => {}
             }
         }
         Ok(s)
@@ -415,8 +378,8 @@ impl State {
 
     /// The compare and the put that make a transaction an IPAM change.
     fn ipam_guard(&self, snap: &Snapshot, txn: Txn) -> Txn {
-        txn.when(Compare::ModRevision(self.key("ipam/seq"), snap.seq.0))
-            .then(Op::put(self.key("ipam/seq"), encode(&(snap.seq.1 + 1))))
+        txn.when(Compare::ModRevision(self.at(Key::IpamSeq), snap.seq.0))
+            .then(Op::put(self.at(Key::IpamSeq), encode(&(snap.seq.1 + 1))))
     }
 
     /// Runs `attempt` until its transaction commits.
@@ -483,7 +446,7 @@ impl State {
             }
             let txn = self
                 .ipam_guard(snap, Txn::new())
-                .then(Op::put(self.key("site"), encode(site)));
+                .then(Op::put(self.at(Key::Site), encode(site)));
             Ok((Some(txn), site.clone()))
         })
         .await
@@ -496,7 +459,7 @@ impl State {
     }
 
     pub async fn site(&self) -> Result<(Site, Revision), Error> {
-        let kv = self.store.get(&self.key("site")).await?;
+        let kv = self.store.get(&self.at(Key::Site)).await?;
         let kv = kv.ok_or_else(|| Error::FailedPrecondition("the site is not initialised in the store yet".into()))?;
         Ok((decode(&kv)?, self.store.revision().await?))
     }
@@ -508,7 +471,7 @@ impl State {
 
     pub async fn get_node(&self, name: &str) -> Result<Node, Error> {
         validate_name("the node name", name).map_err(Error::InvalidArgument)?;
-        match self.store.get(&self.key(&format!("nodes/{name}"))).await? {
+        match self.store.get(&self.at(Key::Node(name))).await? {
             Some(kv) => decode(&kv),
             None => Err(Error::NotFound(format!(
                 "node {name:?} does not exist; list nodes with `weftctl nodes`"
@@ -518,7 +481,7 @@ impl State {
 
     pub async fn get_gateway(&self, name: &str) -> Result<crate::domain::Gateway, Error> {
         validate_name("the gateway name", name).map_err(Error::InvalidArgument)?;
-        match self.store.get(&self.key(&format!("gateways/{name}"))).await? {
+        match self.store.get(&self.at(Key::Gateway(name))).await? {
             Some(kv) => decode(&kv),
             None => Err(Error::NotFound(format!(
                 "gateway {name:?} does not exist; list gateways with `weftctl gateways`"
@@ -530,7 +493,7 @@ impl State {
     /// checking it.
     pub async fn create_node(&self, name: &str, declared: Option<Ipv4Net>) -> Result<Node, Error> {
         validate_name("the node name", name).map_err(Error::InvalidArgument)?;
-        let key = self.key(&format!("nodes/{name}"));
+        let key = self.at(Key::Node(name));
         self.commit(|snap| {
             let site = snap.site()?;
             if snap.nodes.iter().any(|(n, _)| n.name == name) {
@@ -552,7 +515,7 @@ impl State {
     /// Removes a node and releases its subnet.
     pub async fn delete_node(&self, name: &str) -> Result<Node, Error> {
         validate_name("the node name", name).map_err(Error::InvalidArgument)?;
-        let key = self.key(&format!("nodes/{name}"));
+        let key = self.at(Key::Node(name));
         self.commit(|snap| {
             let Some((node, rev)) = snap.nodes.iter().find(|(n, _)| n.name == name) else {
                 return Err(Error::NotFound(format!(
@@ -603,7 +566,7 @@ impl State {
     /// still fits (its own old views do not count as in use).
     pub async fn upsert_peering(&self, peer_site: &str, peer: &[(CidrKind, Ipv4Net)]) -> Result<Peering, Error> {
         validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
-        let key = self.key(&format!("peerings/{peer_site}"));
+        let key = self.at(Key::Peering(peer_site));
         self.commit(|snap| {
             let site = snap.site()?;
             if site.id == peer_site {
@@ -659,7 +622,7 @@ impl State {
 
     async fn remove_peering(&self, peer_site: &str, unheld: bool) -> Result<Option<Peering>, Error> {
         validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
-        let key = self.key(&format!("peerings/{peer_site}"));
+        let key = self.at(Key::Peering(peer_site));
         self.commit(|snap| {
             let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
                 return Err(Error::NotFound(format!("there is no peering with site {peer_site:?}")));
@@ -672,7 +635,7 @@ impl State {
                 .when(Compare::ModRevision(key.clone(), *rev))
                 .then(Op::delete(key.clone()));
             if let Some(t) = p.joined_with.as_ref().filter(|t| unheld && t.expires_at_ms > now_ms()) {
-                let tkey = self.key(&format!("peer-tokens/{}", t.id));
+                let tkey = self.at(Key::PeerToken(&t.id));
                 txn = txn
                     .when(Compare::Version(tkey.clone(), 0))
                     .then(Op::put(tkey, encode(t)));

@@ -5,7 +5,7 @@
 
 use std::net::Ipv4Addr;
 
-use super::{State, encode};
+use super::{Key, State, encode};
 use crate::domain::now_ms;
 use crate::error::Error;
 use crate::names::{self, MAX_NAMES, NameKind, NameRecord};
@@ -19,7 +19,7 @@ impl State {
         } else {
             NameKind::Workload
         };
-        let key = self.key(&format!("names/{name}"));
+        let key = self.at(Key::Name(name));
         self.commit(|snap| {
             let site = snap.site()?;
             if let Some((n, _)) = snap.names.iter().find(|(n, _)| n.name == name) {
@@ -82,7 +82,7 @@ impl State {
 
     pub async fn delete_name(&self, name: &str) -> Result<NameRecord, Error> {
         names::check_label("name", name).map_err(Error::InvalidArgument)?;
-        let key = self.key(&format!("names/{name}"));
+        let key = self.at(Key::Name(name));
         self.commit(|snap| {
             let Some((rec, rev)) = snap.names.iter().find(|(n, _)| n.name == name) else {
                 return Err(Error::NotFound(format!(

@@ -38,7 +38,7 @@ const META_COMPACT: &str = "compact_revision";
 const META_NEXT_LEASE: &str = "next_lease";
 
 /// Revisions of history kept for watches by default.
-pub const DEFAULT_HISTORY: i64 = weft_core::config::DEFAULT_STORE_HISTORY;
+pub const DEFAULT_HISTORY: i64 = crate::config::DEFAULT_STORE_HISTORY;
 /// The most redb caches of the file in memory. redb's default (1 GiB)
 /// made the controller's RSS follow the file as it grew, which looked like
 /// a leak; the hot pages of a large site fit in this.

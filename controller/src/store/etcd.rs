@@ -23,8 +23,8 @@ pub struct EtcdTls {
     pub key_file: Option<std::path::PathBuf>,
 }
 
-impl From<&weft_core::config::EtcdTlsFiles> for EtcdTls {
-    fn from(f: &weft_core::config::EtcdTlsFiles) -> Self {
+impl From<&crate::config::EtcdTlsFiles> for EtcdTls {
+    fn from(f: &crate::config::EtcdTlsFiles) -> Self {
         EtcdTls {
             ca_file: f.ca_file.clone(),
             cert_file: f.cert_file.clone(),

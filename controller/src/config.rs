@@ -136,7 +136,8 @@ pub struct ControllerArgs {
     #[arg(
         global = true,
         long = "peer-cidr-over-underlay",
-        env = "WEFT_PEER_CIDR_OVER_UNDERLAY"
+        env = "WEFT_PEER_CIDR_OVER_UNDERLAY",
+        value_parser = underlay_overlap
     )]
     pub peer_cidr_over_underlay: Option<crate::domain::UnderlayOverlap>,
     /// UDP ports the gateways listen on, one per peering (FIRST-LAST); open
@@ -287,6 +288,16 @@ const FLAGS: &[(&str, &str, &str)] = &[
 ];
 
 /// Parses an IPv4 CIDR in canonical form, or says what is wrong with it.
+/// `--peer-cidr-over-underlay`'s value.
+fn underlay_overlap(text: &str) -> Result<crate::domain::UnderlayOverlap, String> {
+    use crate::domain::UnderlayOverlap;
+    match text {
+        "refuse" => Ok(UnderlayOverlap::Refuse),
+        "remap" => Ok(UnderlayOverlap::Remap),
+        _ => Err(format!("{text:?}: expected refuse or remap")),
+    }
+}
+
 pub fn parse_cidr(text: &str) -> Result<Ipv4Net, String> {
     let text = text.trim();
     let q = crate::domain::shown(text);

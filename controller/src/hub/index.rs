@@ -1,0 +1,161 @@
+//! A store record into the hub's model, and whom the change concerns.
+
+use std::sync::Arc;
+
+use crate::domain::{AgentRole, Gateway, Node, Peering, Site};
+use crate::render::Model;
+use crate::state::Key;
+
+/// An agent record as the hub compares it.
+trait AgentRecord: serde::de::DeserializeOwned + Clone + PartialEq {
+    /// The record without its certificates (which render nothing).
+    fn without_certs(&self) -> Self;
+    fn in_conflict(&self) -> bool;
+}
+
+impl AgentRecord for Node {
+    fn without_certs(&self) -> Self {
+        Node {
+            certs: vec![],
+            ..self.clone()
+        }
+    }
+    fn in_conflict(&self) -> bool {
+        self.identity_conflict.is_some()
+    }
+}
+
+impl AgentRecord for Gateway {
+    fn without_certs(&self) -> Self {
+        Gateway {
+            certs: vec![],
+            ..self.clone()
+        }
+    }
+    fn in_conflict(&self) -> bool {
+        self.identity_conflict.is_some()
+    }
+}
+
+/// What a store event did to an agent's record in the model.
+enum AgentChange {
+    /// Only its certificates changed, or it could not be read (kept).
+    Nothing,
+    /// Every certificate of it was revoked (two holders).
+    Revoked,
+    Changed {
+        removed: bool,
+    },
+}
+
+/// Applies a put (`value`) or a delete (None) of agent record `name` to
+/// `records`. An unreadable record is not a removed one: the last one
+/// read stays.
+fn apply_agent<T: AgentRecord>(
+    records: &mut imbl::OrdMap<String, Arc<T>>,
+    name: &str,
+    value: Option<&[u8]>,
+) -> AgentChange {
+    let new = match value.map(serde_json::from_slice::<T>) {
+        None => None,
+        Some(Ok(r)) => Some(Arc::new(r)),
+        Some(Err(e)) => {
+            tracing::error!(agent = name, error = %e, "cannot read an agent's record; keeping the last one");
+            return AgentChange::Nothing;
+        }
+    };
+    let old = match &new {
+        Some(r) => records.insert(name.to_string(), r.clone()),
+        None => records.remove(name),
+    };
+    match (&old, &new) {
+        (Some(a), Some(b)) if !a.in_conflict() && b.in_conflict() => AgentChange::Revoked,
+        (Some(a), Some(b)) if a.without_certs() == b.without_certs() => AgentChange::Nothing,
+        _ => AgentChange::Changed { removed: new.is_none() },
+    }
+}
+
+/// Who to tell about a change, decided while updating the model.
+pub(super) enum Mark {
+    Everyone,
+    Nothing,
+    Node {
+        name: String,
+        removed: bool,
+        /// Nodes whose names hash alike: whether they are rendered may
+        /// have changed with this one.
+        sharing: Vec<String>,
+    },
+    Gateway {
+        name: String,
+        removed: bool,
+    },
+    /// A peering, and the peerings whose ids hash alike.
+    Peering(String, Vec<String>),
+    /// Every certificate of this agent was revoked.
+    Revoked((AgentRole, String)),
+    /// A published name: gateways (exports) and peers' parameters.
+    Names,
+}
+
+/// Brings `model` up to date with record `key` (`value` None: deleted).
+/// `None` for a record the model does not hold.
+pub(super) fn update(model: &mut Model, key: Key, value: Option<&[u8]>) -> Option<Mark> {
+    Some(match key {
+        Key::GatewayActive => {
+            model.active_gateway = value.map(|v| String::from_utf8_lossy(v).into_owned());
+            Mark::Everyone
+        }
+        Key::Alive(AgentRole::Gateway, name) => {
+            if value.is_some() {
+                model.live_gateways.insert(name.to_string());
+            } else {
+                model.live_gateways.remove(name);
+            }
+            Mark::Nothing
+        }
+        Key::Site => {
+            if let Some(s) = value.and_then(|v| serde_json::from_slice::<Site>(v).ok()) {
+                model.site = Some(Arc::new(s));
+            }
+            Mark::Everyone
+        }
+        Key::Node(name) => {
+            let change = apply_agent(&mut model.nodes, name, value);
+            let sharing = model.index_node(name);
+            match change {
+                AgentChange::Nothing => Mark::Nothing,
+                AgentChange::Revoked => Mark::Revoked((AgentRole::Node, name.to_string())),
+                AgentChange::Changed { removed } => Mark::Node {
+                    name: name.to_string(),
+                    removed,
+                    sharing,
+                },
+            }
+        }
+        Key::Gateway(name) => match apply_agent(&mut model.gateways, name, value) {
+            AgentChange::Nothing => Mark::Nothing,
+            AgentChange::Revoked => Mark::Revoked((AgentRole::Gateway, name.to_string())),
+            AgentChange::Changed { removed } => Mark::Gateway {
+                name: name.to_string(),
+                removed,
+            },
+        },
+        Key::Name(name) => {
+            match value.and_then(|v| serde_json::from_slice::<crate::names::NameRecord>(v).ok()) {
+                Some(n) => model.names.insert(name.to_string(), Arc::new(n)),
+                None => model.names.remove(name),
+            };
+            Mark::Names
+        }
+        Key::Peering(name) => {
+            match value.and_then(|v| serde_json::from_slice::<Peering>(v).ok()) {
+                Some(p) => model.peerings.insert(name.to_string(), Arc::new(p)),
+                None => model.peerings.remove(name),
+            };
+            let sharing = model.index_peering(name);
+            Mark::Peering(name.to_string(), sharing)
+        }
+        _ => return None,
+    })
+}

@@ -1,0 +1,390 @@
+//! Liveness: each agent's reports, its record on a lease, and the end of
+//! that record when the agent falls silent, disconnects or is removed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use weft_proto::v1 as pb;
+
+use super::{AgentKey, Hub};
+use crate::domain::{AgentRole, now_ms};
+use crate::error::Error;
+use crate::state::AliveRecord;
+use crate::store::{LeaseId, Op, StoreError, Txn};
+
+pub(super) struct Live {
+    lease: LeaseId,
+    last: AliveRecord,
+    /// When this replica last heard the agent (monotonic: a wall-clock
+    /// step must not end anyone's liveness).
+    heard: std::time::Instant,
+    last_keepalive_ms: u64,
+}
+
+impl Hub {
+    /// How long an agent of `role` stays live without a report: gateways
+    /// have their own, short TTL (their liveness decides failover).
+    pub fn ttl(&self, role: AgentRole) -> Duration {
+        match role {
+            AgentRole::Gateway => self.gateway_ttl,
+            AgentRole::Node => self.agent_ttl,
+        }
+    }
+
+    /// A gateway's stream to this replica ended without a shutdown or a
+    /// replacement: its agent (or host) is gone. Its liveness record goes at
+    /// once, so that the leading replica fails over now, not at the end of
+    /// its lease.
+    pub async fn gone(&self, key: &AgentKey) {
+        let lease = self.live.lock().unwrap().remove(key).map(|l| l.lease);
+        if let Some(lease) = lease {
+            tracing::info!(agent = %key.1, "gateway disconnected; no longer live");
+            self.end_liveness(key, lease).await;
+        }
+    }
+
+    /// Ends `key`'s liveness record now (revoking its lease deletes it).
+    async fn end_liveness(&self, key: &AgentKey, lease: LeaseId) {
+        self.dirty.lock().unwrap().remove(key);
+        if let Err(e) = self.state.store().lease_revoke(lease).await {
+            tracing::warn!(agent = %key.1, error = %e, "cannot end its liveness record; it ends with its lease");
+        }
+    }
+
+    /// The agents this replica heard from last more than their TTL ago:
+    /// their records end now, whatever the store's lease granularity
+    /// (etcd's leases are whole seconds, at least about two). `stalled`:
+    /// this replica itself did not run for a while, so the silence may be
+    /// its own; everyone gets a TTL from now instead.
+    fn expire_silent_once(self: &Arc<Self>, stalled: bool) {
+        let now = std::time::Instant::now();
+        let silent: Vec<(AgentKey, LeaseId, Duration)> = {
+            let mut live = self.live.lock().unwrap();
+            if stalled {
+                for l in live.values_mut() {
+                    l.heard = now;
+                }
+                return;
+            }
+            let keys: Vec<AgentKey> = live
+                .iter()
+                .filter(|(k, l)| now.duration_since(l.heard) > self.ttl(k.0))
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| {
+                    let l = live.remove(&k)?;
+                    Some((k, l.lease, now.duration_since(l.heard)))
+                })
+                .collect()
+        };
+        for (key, lease, quiet) in silent {
+            tracing::warn!(
+                agent = %key.1,
+                role = ?key.0,
+                silent_ms = quiet.as_millis() as u64,
+                ttl_ms = self.ttl(key.0).as_millis() as u64,
+                "no report within the TTL; no longer live"
+            );
+            // Not awaited: a slow store must not hold up the sweep (nor
+            // make it look like this replica stalled).
+            let hub = self.clone();
+            tokio::spawn(async move { hub.end_liveness(&key, lease).await });
+        }
+    }
+
+    /// An agent's report: its heartbeat, applied revision and errors. The
+    /// record under `alive/` lives on a lease with the agent's TTL; it is
+    /// rewritten only when what it says changes.
+    pub async fn report(
+        &self,
+        key: AgentKey,
+        applied: i64,
+        errors: Vec<String>,
+        host: Option<pb::HostReport>,
+    ) -> Result<(), Error> {
+        let now = now_ms();
+        self.last_seen.lock().unwrap().insert(key.clone(), now);
+        let mut record = AliveRecord {
+            applied_revision: applied,
+            errors,
+            since_ms: now,
+            features: Vec::new(),
+            route_conflicts: Vec::new(),
+            wireguard: String::new(),
+            wireguard_reason: String::new(),
+            replica: self.replica.clone(),
+        };
+        // Host facts come now and then; the last ones hold meanwhile.
+        let h = match host {
+            Some(mut h) => {
+                h.features.truncate(32);
+                h.route_conflicts.truncate(100);
+                self.facts.lock().unwrap().insert(key.clone(), h.clone());
+                Some(h)
+            }
+            None => self.facts.lock().unwrap().get(&key).cloned(),
+        };
+        if let Some(h) = h {
+            record.features = h.features;
+            record.route_conflicts = h.route_conflicts;
+            record.wireguard = h.wireguard;
+            record.wireguard_reason = h.wireguard_reason;
+        }
+        // Decide under the lock, talk to the store outside it: reports of
+        // different agents never wait for each other's store round trips.
+        let keepalive_every = (self.ttl(key.0).as_millis() as u64 / 4).max(1);
+        let lease = {
+            let mut live = self.live.lock().unwrap();
+            match live.get_mut(&key) {
+                Some(l) => {
+                    l.heard = std::time::Instant::now();
+                    if (AliveRecord {
+                        since_ms: 0,
+                        ..l.last.clone()
+                    }) != (AliveRecord {
+                        since_ms: 0,
+                        ..record.clone()
+                    }) {
+                        // Written with the others in the next batch: after a
+                        // change for all agents that is one transaction per
+                        // 128 agents, not one write per agent.
+                        self.dirty
+                            .lock()
+                            .unwrap()
+                            .insert(key.clone(), (l.lease, record.clone()));
+                        l.last = record.clone();
+                    }
+                    // The lease needs renewing only a few times per TTL.
+                    if now.saturating_sub(l.last_keepalive_ms) < keepalive_every {
+                        return Ok(());
+                    }
+                    l.last_keepalive_ms = now;
+                    Some(l.lease)
+                }
+                None => None,
+            }
+        };
+        let store = self.state.store();
+        if let Some(lease) = lease {
+            match store.lease_keep_alive(lease).await {
+                Ok(_) => return Ok(()),
+                Err(StoreError::LeaseNotFound(_)) => {
+                    self.live.lock().unwrap().remove(&key);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let lease = store.lease_grant(self.ttl(key.0)).await?;
+        let put = Op::Put {
+            key: self.state.alive_key(key.0, &key.1),
+            value: serde_json::to_vec(&record).unwrap(),
+            lease: Some(lease),
+        };
+        store.txn(Txn::new().then(put)).await?;
+        self.live.lock().unwrap().insert(
+            key,
+            Live {
+                lease,
+                last: record,
+                heard: std::time::Instant::now(),
+                last_keepalive_ms: now,
+            },
+        );
+        Ok(())
+    }
+
+    /// Drops what this replica keeps about a removed agent; its liveness
+    /// record (on a lease) ends now instead of at the lease's end.
+    pub(super) fn forget(&self, key: AgentKey) {
+        self.last_seen.lock().unwrap().remove(&key);
+        self.facts.lock().unwrap().remove(&key);
+        self.dirty.lock().unwrap().remove(&key);
+        if key.0 == AgentRole::Gateway {
+            self.tunnels.lock().unwrap().remove(&key.1);
+        }
+        let lease = self.live.lock().unwrap().remove(&key).map(|l| l.lease);
+        if let (Some(lease), Ok(rt)) = (lease, tokio::runtime::Handle::try_current()) {
+            let store = self.state.store().clone();
+            rt.spawn(async move {
+                let _ = store.lease_revoke(lease).await;
+            });
+        }
+    }
+
+    /// This replica's id (see [`AliveRecord::replica`]).
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// When this replica last heard from `key`.
+    pub fn last_seen(&self, key: &AgentKey) -> Option<u64> {
+        self.last_seen.lock().unwrap().get(key).copied()
+    }
+}
+
+/// How often each replica looks for agents that fell silent: the TTL
+/// holds to within this.
+const SWEEP: Duration = Duration::from_millis(25);
+
+/// Ends the liveness of agents not heard within their TTL (see
+/// [`Hub::expire_silent_once`]).
+pub(super) async fn expire_silent(hub: std::sync::Weak<Hub>) {
+    let mut tick = tokio::time::interval(SWEEP);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let due = tick.tick().await;
+        let Some(h) = hub.upgrade() else { return };
+        // A tick that came far too late: this process was stopped or
+        // starved, and the agents' reports may be waiting unread.
+        let stalled = due.elapsed() > h.gateway_ttl.min(h.agent_ttl) / 4;
+        h.expire_silent_once(stalled);
+    }
+}
+
+/// How often batched status records are written, and how many go in one
+/// transaction (etcd allows 128 operations per transaction by default).
+const STATUS_FLUSH: Duration = Duration::from_millis(200);
+const STATUS_BATCH: usize = 128;
+
+/// Writes the status records that changed since the last flush.
+pub(super) async fn flush_status(hub: std::sync::Weak<Hub>) {
+    let mut tick = tokio::time::interval(STATUS_FLUSH);
+    loop {
+        tick.tick().await;
+        let Some(h) = hub.upgrade() else { return };
+        let batch: Vec<(AgentKey, (LeaseId, AliveRecord))> = h.dirty.lock().unwrap().drain().collect();
+        let put = |(role, name): &AgentKey, lease: LeaseId, rec: &AliveRecord| Op::Put {
+            key: h.state.alive_key(*role, name),
+            value: serde_json::to_vec(rec).unwrap(),
+            lease: Some(lease),
+        };
+        for chunk in batch.chunks(STATUS_BATCH) {
+            let mut txn = Txn::new();
+            for (key, (lease, rec)) in chunk {
+                txn = txn.then(put(key, *lease, rec));
+            }
+            if let Err(e) = h.state.store().txn(txn).await {
+                // One lease that expired meanwhile fails the batch: go one by one.
+                tracing::debug!(error = %e, "status batch failed; writing records singly");
+                for (key, (lease, rec)) in chunk {
+                    if let Err(e) = h.state.store().txn(Txn::new().then(put(key, *lease, rec))).await {
+                        tracing::debug!(agent = %key.1, error = %e, "status not written; kept for the next flush");
+                        if !matches!(e, StoreError::LeaseNotFound(_)) {
+                            h.dirty
+                                .lock()
+                                .unwrap()
+                                .entry(key.clone())
+                                .or_insert((*lease, rec.clone()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::State;
+
+    async fn hub(gateway_ttl: Duration) -> (Arc<Hub>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::embedded::EmbeddedStore::open(&dir.path().join("db")).unwrap();
+        let state = State::new(Arc::new(store), "s");
+        (
+            Hub::start(state, Duration::from_secs(30), gateway_ttl).await.unwrap(),
+            dir,
+        )
+    }
+
+    async fn live(h: &Hub, name: &str) -> bool {
+        h.state
+            .alive()
+            .await
+            .unwrap()
+            .contains_key(&(AgentRole::Gateway, name.to_string()))
+    }
+
+    /// A sub-second TTL holds although the store's leases last whole
+    /// seconds: a gateway heard within its TTL stays live, one not heard
+    /// for longer loses its record within the TTL and a sweep, and its next
+    /// report makes it live again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gateway_not_heard_for_its_ttl_is_no_longer_live() {
+        let ttl = Duration::from_millis(300);
+        let (h, _dir) = hub(ttl).await;
+        let key = (AgentRole::Gateway, "gw".to_string());
+        // How late this machine's timers run now (a loaded machine wakes
+        // the sweep late too): the bound below allows for it.
+        let mut lag = Duration::ZERO;
+        for _ in 0..10 {
+            h.report(key.clone(), 1, vec![], None).await.unwrap();
+            let slept = std::time::Instant::now();
+            tokio::time::sleep(ttl / 3).await;
+            lag = lag.max(slept.elapsed().saturating_sub(ttl / 3));
+            assert!(live(&h, "gw").await, "a gateway reporting every TTL/3 stays live");
+        }
+        h.report(key.clone(), 1, vec![], None).await.unwrap();
+        let quiet = std::time::Instant::now();
+        while live(&h, "gw").await {
+            assert!(
+                quiet.elapsed() < Duration::from_secs(1),
+                "still live 1 s after its last report"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let after = quiet.elapsed();
+        assert!(
+            after >= ttl - Duration::from_millis(20) && after < ttl + Duration::from_millis(150) + 4 * lag,
+            "liveness ended {after:?} after the last report (TTL {ttl:?}, timers late by up to {lag:?})"
+        );
+        h.report(key.clone(), 1, vec![], None).await.unwrap();
+        assert!(live(&h, "gw").await, "a report makes it live again");
+    }
+
+    /// Host facts come every 30 s; a gateway whose liveness lapsed between
+    /// two of them keeps its facts (its WireGuard mode among them) in the
+    /// record its next heartbeat makes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn host_facts_survive_a_lapse_of_liveness() {
+        let ttl = Duration::from_millis(300);
+        let (h, _dir) = hub(ttl).await;
+        let key = (AgentRole::Gateway, "gw".to_string());
+        let facts = pb::HostReport {
+            features: vec!["wireguard".into()],
+            wireguard: "kernel".into(),
+            wireguard_reason: "--wireguard kernel".into(),
+            ..Default::default()
+        };
+        h.report(key.clone(), 1, vec![], Some(facts)).await.unwrap();
+        let quiet = std::time::Instant::now();
+        while live(&h, "gw").await {
+            assert!(quiet.elapsed() < Duration::from_secs(2), "never lapsed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        h.report(key.clone(), 2, vec![], None).await.unwrap();
+        let rec = h.state.alive().await.unwrap()[&key].clone();
+        assert_eq!((rec.wireguard.as_str(), rec.features.len()), ("kernel", 1), "{rec:?}");
+    }
+
+    /// A replica that did not run for a while (stopped, starved) has not
+    /// read the reports meanwhile: it gives everyone a TTL from when it runs
+    /// again instead of ending them all.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_replica_does_not_end_everyone() {
+        let (h, _dir) = hub(Duration::from_millis(300)).await;
+        let key = (AgentRole::Gateway, "gw".to_string());
+        h.report(key.clone(), 1, vec![], None).await.unwrap();
+        for l in h.live.lock().unwrap().values_mut() {
+            l.heard -= Duration::from_secs(5);
+        }
+        h.expire_silent_once(true);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(live(&h, "gw").await, "ended although the silence was the replica's own");
+        h.expire_silent_once(false);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(live(&h, "gw").await, "a stall restarts the TTL from now");
+    }
+}

@@ -1,0 +1,410 @@
+//! The desired-state hub: keeps the site model in memory, follows the store,
+//! and tells each connected agent's stream when something that concerns it
+//! changed.
+//!
+//! The hub never renders or sends itself and never waits for a stream: it
+//! only marks a stream's pending work (a full re-render, or the parts of a
+//! gateway's state that changed) and wakes it. Each stream task renders and
+//! sends at its own pace, so a slow agent receives the changes coalesced into
+//! one delta and never holds up the others.
+//!
+//! Concerns: a node record → that node and every gateway (one part each);
+//! a gateway record → every node (the overlay's far end) and that gateway;
+//! a peering → every agent; the site → every agent.
+//!
+//! By job: `index` (a store record into the model, and whom it concerns),
+//! this module (the streams' slots and the store follower), `liveness`
+//! (reports, leases, silent agents) and `election` (the active gateway).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::Notify;
+
+use weft_proto::v1 as pb;
+
+use crate::domain::{AgentRole, Peering, now_ms};
+use crate::error::Error;
+use crate::render::{Model, Part};
+use crate::state::{AliveRecord, Key, State};
+use crate::store::{EventKind, LeaseId};
+
+mod election;
+mod index;
+mod liveness;
+
+pub use election::choose_active_gateway;
+use index::{Mark, update};
+use liveness::{Live, expire_silent, flush_status};
+
+pub type AgentKey = (AgentRole, String);
+
+/// Work waiting for one stream.
+#[derive(Debug, Default)]
+pub struct Pending {
+    pub full: bool,
+    pub parts: BTreeSet<Part>,
+    /// The agent's record was deleted: end the stream.
+    pub removed: bool,
+    /// Every certificate of the agent was revoked (two holders of its
+    /// identity): end the stream, without telling it it was removed.
+    pub revoked: bool,
+}
+
+/// One connected stream.
+#[derive(Debug, Default)]
+pub struct Slot {
+    pending: Mutex<Pending>,
+    pub notify: Notify,
+    /// Revision of the last state sent on this stream.
+    pub latest: AtomicI64,
+    /// A newer stream of the same agent replaced this one.
+    pub superseded: AtomicBool,
+}
+
+impl Slot {
+    pub fn take(&self) -> Pending {
+        std::mem::take(&mut *self.pending.lock().unwrap())
+    }
+
+    fn mark(&self, f: impl FnOnce(&mut Pending)) {
+        f(&mut self.pending.lock().unwrap());
+        self.notify.notify_one();
+    }
+}
+
+pub struct Hub {
+    /// This replica's id, random per start, written into the liveness
+    /// records of the agents that report here.
+    replica: String,
+    state: State,
+    model: RwLock<Arc<Model>>,
+    slots: Mutex<HashMap<AgentKey, Arc<Slot>>>,
+    live: Mutex<HashMap<AgentKey, Live>>,
+    last_seen: Mutex<HashMap<AgentKey, u64>>,
+    /// Each agent's latest host facts (they come every 30 s, heartbeats
+    /// between carry none): kept across a lapse of its liveness, so a
+    /// record made anew after one still has them.
+    facts: Mutex<HashMap<AgentKey, pb::HostReport>>,
+    /// Bumped (to the store revision) when something peers see changed:
+    /// the site or a gateway.
+    pub params_rev: tokio::sync::watch::Sender<i64>,
+    /// Set at shutdown; long-lived streams end when they see it.
+    pub closing: tokio::sync::watch::Sender<bool>,
+    /// Woken when a gateway's liveness record comes or goes, so the
+    /// active gateway is chosen again at once.
+    live_changed: Notify,
+    /// Status records waiting for the next batched write.
+    dirty: Mutex<HashMap<AgentKey, (LeaseId, AliveRecord)>>,
+    pub agent_ttl: Duration,
+    pub gateway_ttl: Duration,
+    /// Each gateway's latest tunnel report (when, what). Kept in memory:
+    /// it changes with every report and is worth nothing once stale.
+    tunnels: Mutex<HashMap<String, (u64, Vec<pb::TunnelStatus>)>>,
+    /// Dropped with the hub, which ends the store follower.
+    _alive: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Hub {
+    /// Loads the model and starts following the store.
+    pub async fn start(state: State, agent_ttl: Duration, gateway_ttl: Duration) -> Result<Arc<Hub>, Error> {
+        let model = state.model().await?;
+        let (alive_tx, alive_rx) = tokio::sync::oneshot::channel();
+        let hub = Arc::new(Hub {
+            replica: {
+                let mut b = [0u8; 6];
+                ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).expect("the system RNG works");
+                b.iter().map(|x| format!("{x:02x}")).collect()
+            },
+            state,
+            model: RwLock::new(Arc::new(model)),
+            slots: Mutex::new(HashMap::new()),
+            live: Mutex::new(HashMap::new()),
+            last_seen: Mutex::new(HashMap::new()),
+            facts: Mutex::new(HashMap::new()),
+            dirty: Mutex::new(HashMap::new()),
+            params_rev: tokio::sync::watch::Sender::new(0),
+            closing: tokio::sync::watch::Sender::new(false),
+            live_changed: Notify::new(),
+            agent_ttl,
+            gateway_ttl,
+            tunnels: Mutex::new(HashMap::new()),
+            _alive: alive_tx,
+        });
+        let weak = Arc::downgrade(&hub);
+        weft_common::task::supervise("status-flush", weft_common::task::OnFailure::Restart, move || {
+            let weak = weak.clone();
+            async move {
+                flush_status(weak).await;
+                Ok(())
+            }
+        });
+        let weak = Arc::downgrade(&hub);
+        weft_common::task::supervise("liveness", weft_common::task::OnFailure::Restart, move || {
+            let weak = weak.clone();
+            async move {
+                expire_silent(weak).await;
+                Ok(())
+            }
+        });
+        weft_common::task::spawn_critical("model-follow", follow(Arc::downgrade(&hub), alive_rx));
+        Ok(hub)
+    }
+
+    pub fn model(&self) -> Arc<Model> {
+        self.model.read().unwrap().clone()
+    }
+
+    /// Registers a stream for `key`, replacing (and ending) an older one.
+    pub fn subscribe(&self, key: AgentKey) -> Arc<Slot> {
+        let slot = Arc::new(Slot::default());
+        if let Some(old) = self.slots.lock().unwrap().insert(key, slot.clone()) {
+            old.superseded.store(true, Ordering::SeqCst);
+            old.notify.notify_one();
+        }
+        slot
+    }
+
+    pub fn unsubscribe(&self, key: &AgentKey, slot: &Arc<Slot>) {
+        let mut slots = self.slots.lock().unwrap();
+        if slots.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            slots.remove(key);
+        }
+    }
+
+    /// The revision of the last state sent to `key`, if it is connected here.
+    pub fn latest(&self, key: &AgentKey) -> Option<i64> {
+        self.slots
+            .lock()
+            .unwrap()
+            .get(key)
+            .map(|s| s.latest.load(Ordering::SeqCst))
+    }
+
+    /// Ends every stream (at shutdown), so agents reconnect elsewhere at once
+    /// instead of holding the server's drain open.
+    pub fn close_all(&self) {
+        self.closing.send_replace(true);
+        for s in self.slots.lock().unwrap().values() {
+            s.superseded.store(true, Ordering::SeqCst);
+            s.notify.notify_one();
+        }
+    }
+
+    pub fn connected(&self) -> usize {
+        self.slots.lock().unwrap().len()
+    }
+
+    /// Per connected stream: its agent and how many updates wait for it (a
+    /// pending full render counts as one, plus each pending part).
+    pub fn stream_backlog(&self) -> Vec<(AgentKey, usize)> {
+        self.slots
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(key, s)| {
+                let p = s.pending.lock().unwrap();
+                (key.clone(), usize::from(p.full) + p.parts.len())
+            })
+            .collect()
+    }
+
+    /// Every gateway's latest tunnel report, with when it came.
+    pub fn tunnel_reports(&self) -> Vec<(String, u64, Vec<pb::TunnelStatus>)> {
+        self.tunnels
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(gw, (at, ts))| (gw.clone(), *at, ts.clone()))
+            .collect()
+    }
+
+    /// Applies one store event: updates the model first, then marks the
+    /// streams it concerns, so a woken stream always renders the new model.
+    fn apply(&self, key: &str, kind: EventKind, value: &[u8], revision: i64) {
+        let Some(key) = self.state.parse(key) else { return };
+        let mut model = (*self.model()).clone();
+        model.revision = revision;
+        let Some(mark) = update(&mut model, key, (kind == EventKind::Put).then_some(value)) else {
+            return;
+        };
+        *self.model.write().unwrap() = Arc::new(model);
+        if matches!(key, Key::Alive(AgentRole::Gateway, _)) {
+            self.live_changed.notify_one();
+        }
+        // A removed agent's bookkeeping goes with it (a site where nodes
+        // come and go would otherwise grow by each one).
+        match &mark {
+            Mark::Node {
+                name, removed: true, ..
+            } => self.forget((AgentRole::Node, name.clone())),
+            Mark::Gateway { name, removed: true } => self.forget((AgentRole::Gateway, name.clone())),
+            _ => {}
+        }
+        if matches!(mark, Mark::Everyone | Mark::Gateway { .. } | Mark::Names) {
+            tracing::debug!(revision, "parameters peers see changed");
+            self.params_rev.send_replace(revision);
+        }
+        self.mark(mark);
+    }
+
+    /// Marks the streams `mark` concerns.
+    fn mark(&self, mark: Mark) {
+        let slots = self.slots.lock().unwrap();
+        let each = |role: AgentRole, f: &dyn Fn(&Slot)| {
+            for ((r, _), s) in slots.iter() {
+                if *r == role {
+                    f(s);
+                }
+            }
+        };
+        match mark {
+            Mark::Nothing => {}
+            Mark::Revoked(key) => {
+                if let Some(s) = slots.get(&key) {
+                    s.mark(|p| p.revoked = true);
+                }
+            }
+            Mark::Everyone => {
+                for s in slots.values() {
+                    s.mark(|p| p.full = true);
+                }
+            }
+            Mark::Node { name, removed, sharing } => {
+                if let Some(s) = slots.get(&(AgentRole::Node, name.clone())) {
+                    s.mark(|p| if removed { p.removed = true } else { p.full = true });
+                }
+                for other in &sharing {
+                    if let Some(s) = slots.get(&(AgentRole::Node, other.clone())) {
+                        s.mark(|p| p.full = true);
+                    }
+                }
+                each(AgentRole::Gateway, &|s| {
+                    s.mark(|p| {
+                        p.parts.insert(Part::Node(name.clone()));
+                        p.parts.extend(sharing.iter().cloned().map(Part::Node));
+                    })
+                });
+            }
+            Mark::Gateway { name, removed } => {
+                if let Some(s) = slots.get(&(AgentRole::Gateway, name)) {
+                    s.mark(|p| if removed { p.removed = true } else { p.full = true });
+                }
+                each(AgentRole::Node, &|s| s.mark(|p| p.full = true));
+            }
+            Mark::Names => each(AgentRole::Gateway, &|s| s.mark(|p| p.full = true)),
+            Mark::Peering(name, sharing) => {
+                each(AgentRole::Node, &|s| s.mark(|p| p.full = true));
+                each(AgentRole::Gateway, &|s| {
+                    s.mark(|p| {
+                        p.parts.insert(Part::Peer(name.clone()));
+                        p.parts.extend(sharing.iter().cloned().map(Part::Peer));
+                    })
+                });
+            }
+        }
+    }
+
+    /// Reloads everything (after a broken watch) and re-renders every stream.
+    async fn reload(&self) -> Result<i64, Error> {
+        let model = self.state.model().await?;
+        let rev = model.revision;
+        *self.model.write().unwrap() = Arc::new(model);
+        for s in self.slots.lock().unwrap().values() {
+            s.mark(|p| p.full = true);
+        }
+        Ok(rev)
+    }
+
+    /// Keeps gateway `name`'s tunnel report.
+    pub fn report_tunnels(&self, name: &str, tunnels: Vec<pb::TunnelStatus>) {
+        self.tunnels
+            .lock()
+            .unwrap()
+            .insert(name.to_string(), (now_ms(), tunnels));
+    }
+
+    /// The tunnel to peer `site` as the gateways reported it within the
+    /// agent TTL: an up one if any gateway has it up, else the newest.
+    pub fn tunnel(&self, site: &str) -> Option<pb::TunnelStatus> {
+        let fresh_after = now_ms().saturating_sub(self.agent_ttl.as_millis() as u64);
+        let all = self.tunnels.lock().unwrap();
+        let mut seen: Vec<(u64, pb::TunnelStatus)> = all
+            .iter()
+            .filter(|(_, (at, _))| *at >= fresh_after)
+            .flat_map(|(gw, (at, ts))| {
+                ts.iter().filter(|t| t.peer_site == site).map(move |t| {
+                    let mut t = t.clone();
+                    t.gateway = gw.clone();
+                    t.reported_at = Some(weft_proto::timestamp_ms(*at));
+                    (*at, t)
+                })
+            })
+            .collect();
+        seen.sort_by_key(|(at, t)| (t.up, *at));
+        seen.pop().map(|(_, t)| t)
+    }
+
+    /// A peering's state as users see it: Negotiated becomes Connected
+    /// while a probe through its tunnel is answered.
+    pub fn peering_state(&self, p: &Peering) -> crate::domain::PeeringState {
+        use crate::domain::PeeringState;
+        if p.state == PeeringState::Negotiated && self.tunnel(&p.site_id).is_some_and(|t| t.up) {
+            PeeringState::Connected
+        } else {
+            p.state
+        }
+    }
+}
+
+/// Follows the store under the site's root and feeds the hub; on any break
+/// (compaction, store outage) reloads and resumes.
+async fn follow(hub: std::sync::Weak<Hub>, mut gone: tokio::sync::oneshot::Receiver<()>) {
+    let mut from = match hub.upgrade() {
+        Some(h) => h.model().revision + 1,
+        None => return,
+    };
+    loop {
+        let Some(h) = hub.upgrade() else { return };
+        let root = h.state.root().to_string();
+        let store = h.state.store().clone();
+        drop(h);
+        match store.watch_prefix(&root, from).await {
+            Ok(mut w) => loop {
+                let batch = tokio::select! {
+                    b = w.next() => match b {
+                        Some(b) => b,
+                        None => break,
+                    },
+                    _ = &mut gone => return,
+                };
+                let Some(h) = hub.upgrade() else { return };
+                match batch {
+                    Ok(b) => {
+                        for ev in &b.events {
+                            h.apply(&ev.kv.key, ev.kind, &ev.kv.value, b.revision);
+                        }
+                        from = b.revision + 1;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "desired-state watch broke; reloading");
+                        break;
+                    }
+                }
+            },
+            Err(e) => tracing::warn!(error = %e, "cannot watch the store; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = &mut gone => return,
+        }
+        let Some(h) = hub.upgrade() else { return };
+        match h.reload().await {
+            Ok(rev) => from = rev + 1,
+            Err(e) => tracing::warn!(error = %e, "cannot reload the site model"),
+        }
+    }
+}
