@@ -308,33 +308,41 @@ impl Drop for AbortOnDrop {
     }
 }
 
-async fn session(s: Session<'_>) -> End {
-    let Session {
-        target,
-        cfg,
-        gateway_key,
-        creds,
-        desired,
-        file,
-        applier,
-        mut dns,
-    } = s;
-    let current = creds.borrow_and_update().clone();
-    let mut c = match client(target, &current).await {
+/// Opens a session: connects, makes the agent's own objects, starts the
+/// Watch stream from what the agent holds and, on a gateway, sends its key
+/// and endpoint.
+#[allow(clippy::too_many_arguments)]
+async fn open(
+    target: &str,
+    cfg: &AgentConfig,
+    gateway_key: Option<&str>,
+    current: &Credentials,
+    desired: &mut Desired,
+    file: &StateFile,
+    applier: &mut dyn Applier,
+    dns: Option<&mut Dns>,
+) -> Result<
+    (
+        AgentServiceClient<tonic::transport::Channel>,
+        tonic::Streaming<pb::WatchResponse>,
+    ),
+    End,
+> {
+    let mut c = match client(target, current).await {
         Ok(c) => c,
-        Err(e) => return e,
+        Err(e) => return Err(e),
     };
     let wants_subnet = cfg.workload_bridge.is_some() || dns.as_deref().is_some_and(Dns::wants_subnet);
     let subnet = match node_subnet(&mut c, wants_subnet).await {
         Ok(s) => s,
-        Err(e) => return e,
+        Err(e) => return Err(e),
     };
-    if let (Some(d), Some(subnet)) = (dns.as_deref_mut(), subnet.as_deref()) {
+    if let (Some(d), Some(subnet)) = (dns, subnet.as_deref()) {
         d.follow_subnet(subnet);
     }
     let local = match local_objects(cfg.workload_bridge.as_deref(), subnet.as_deref()) {
         Ok(l) => l,
-        Err(e) => return e,
+        Err(e) => return Err(e),
     };
     sync_local(local, desired, file, applier).await;
     let req = pb::WatchRequest {
@@ -342,9 +350,9 @@ async fn session(s: Session<'_>) -> End {
         known: desired.known(),
         features: applier.features(),
     };
-    let mut stream = match c.watch(req).await {
+    let stream = match c.watch(req).await {
         Ok(s) => s.into_inner(),
-        Err(s) => return classify(s),
+        Err(s) => return Err(classify(s)),
     };
     tracing::info!(controller = %target, from_revision = desired.revision, "watching");
     if let Some(public_key) = gateway_key {
@@ -357,21 +365,74 @@ async fn session(s: Session<'_>) -> End {
             endpoint: cfg.endpoint.clone().unwrap_or_default(),
         };
         if let Err(s) = c.update_gateway(req).await {
-            return classify(s);
+            return Err(classify(s));
         }
     }
+    Ok((c, stream))
+}
+
+/// The host's facts, sent every `HOST_REPORT_EVERY` (None between).
+async fn host_facts(
+    reported: &mut Option<std::time::Instant>,
+    applier: &mut dyn Applier,
+    desired: &Desired,
+) -> Option<pb::HostReport> {
+    if reported.is_some_and(|at| at.elapsed() < HOST_REPORT_EVERY) {
+        return None;
+    }
+    *reported = Some(std::time::Instant::now());
+    let h = applier.host_report(&desired.objects).await;
+    for c in &h.route_conflicts {
+        tracing::warn!(conflict = %c, "a host route overlaps a peer's CIDR");
+    }
+    Some(h)
+}
+
+/// When the agent applies everything it holds again; a zero interval
+/// turns drift repair off (the timer then never fires).
+fn resync_timer(every: Duration) -> tokio::time::Interval {
+    let period = if every.is_zero() {
+        Duration::from_secs(100 * 365 * 86_400)
+    } else {
+        every
+    };
+    let mut t = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
+}
+
+async fn session(s: Session<'_>) -> End {
+    let Session {
+        target,
+        cfg,
+        gateway_key,
+        creds,
+        desired,
+        file,
+        applier,
+        mut dns,
+    } = s;
+    let current = creds.borrow_and_update().clone();
+    let (mut c, mut stream) = match open(
+        target,
+        cfg,
+        gateway_key,
+        &current,
+        desired,
+        file,
+        applier,
+        dns.as_deref_mut(),
+    )
+    .await
+    {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
     let mut errors: Vec<pb::ObjectError> = Vec::new();
     let mut heartbeat = tokio::time::interval(Duration::from_secs(5));
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // A zero interval turns drift repair off (the timer then never fires).
-    let period = if cfg.resync_interval.is_zero() {
-        Duration::from_secs(100 * 365 * 86_400)
-    } else {
-        cfg.resync_interval
-    };
-    let mut resync_timer = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    let mut resync_timer = resync_timer(cfg.resync_interval);
     let mut tunnels_up: std::collections::HashSet<String> = std::collections::HashSet::new();
-    resync_timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let changes = applier.tunnel_changes().unwrap_or_default();
     let metrics = crate::metrics::get();
     metrics.connected.set(1);
@@ -421,16 +482,7 @@ async fn session(s: Session<'_>) -> End {
         let tunnels = applier.tunnels();
         log_tunnel_changes(&tunnels, &mut tunnels_up);
         *metrics.tunnels.lock().unwrap() = tunnels.clone();
-        let host = if host_reported.is_none_or(|at| at.elapsed() >= HOST_REPORT_EVERY) {
-            host_reported = Some(std::time::Instant::now());
-            let h = applier.host_report(&desired.objects).await;
-            for c in &h.route_conflicts {
-                tracing::warn!(conflict = %c, "a host route overlaps a peer's CIDR");
-            }
-            Some(h)
-        } else {
-            None
-        };
+        let host = host_facts(&mut host_reported, applier, desired).await;
         // A state file that could not be saved: tried again at every
         // report, and reported until it is saved.
         file.retry(desired);
@@ -545,35 +597,144 @@ async fn renew_forever(ids: IdentityStore, cfg: AgentConfig, tx: watch::Sender<C
     }
 }
 
+/// `--teardown`: removes what the stored state says was applied. No
+/// controller needed.
+async fn teardown_only(cfg: &AgentConfig) -> anyhow::Result<()> {
+    // No controller needed: what was applied is in the stored state.
+    let file = StateFile::new(&cfg.state_dir);
+    let mut desired = file.load()?.unwrap_or_default();
+    if desired.objects.is_empty() {
+        tracing::info!(state_dir = %cfg.state_dir.display(), "nothing stored, nothing to remove");
+        return Ok(());
+    }
+    let guard = Guard::new(cfg.underlay_ip, &cfg.controllers);
+    let mut applier: Box<dyn Applier> = if cfg.dry_run {
+        Box::new(Guarded {
+            inner: DryRun::default(),
+            guard,
+        })
+    } else {
+        Box::new(Guarded {
+            inner: crate::linux::Linux::new(None, None)?,
+            guard,
+        })
+    };
+    let left = teardown(&mut desired, &file, applier.as_mut()).await;
+    if left > 0 {
+        anyhow::bail!(
+            "{left} objects could not be removed (see above); they stay in the stored state, run --teardown again"
+        );
+    }
+    Ok(())
+}
+
+/// The host's applier (or, with --dry-run, one that only prints), behind
+/// the guard.
+fn applier_for(cfg: &AgentConfig, wg_key: Option<String>) -> anyhow::Result<Box<dyn Applier>> {
+    // Everything the controller sends, and the stored state, passes the
+    // guard before it reaches the host.
+    let guard = Guard::new(cfg.underlay_ip, &cfg.controllers);
+    Ok(if cfg.dry_run {
+        tracing::info!("--dry-run: changes are printed, not made");
+        Box::new(Guarded {
+            inner: DryRun::default(),
+            guard,
+        })
+    } else {
+        Box::new(Guarded {
+            inner: crate::linux::Linux::new(wg_key, cfg.wireguard.clone())?
+                .with_probes(cfg.probe)
+                .with_underlay(cfg.underlay_ip),
+            guard,
+        })
+    })
+}
+
+/// The node's DNS responder, serving what is stored until a controller
+/// answers.
+fn dns_for(cfg: &AgentConfig, kind: AgentKind, desired: &Desired) -> anyhow::Result<Option<Dns>> {
+    Ok(match (&cfg.dns, kind) {
+        (Some(c), AgentKind::Node) => {
+            let mut d = Dns {
+                cfg: c.clone(),
+                table: Default::default(),
+                running: None,
+            };
+            // What was stored resolves before any controller answers.
+            d.table.set(desired.objects.values());
+            if let crate::dns::Listen::At(addr) = c.listen {
+                d.listen(addr)
+                    .map_err(|e| anyhow::anyhow!("--dns-listen {addr}: cannot listen: {e}"))?;
+            }
+            Some(d)
+        }
+        _ => None,
+    })
+}
+
+/// Which controller an agent tries next, and after how long.
+struct Retry {
+    /// Index of the controller to try.
+    controller: usize,
+    controllers: usize,
+    /// Controllers tried since the last good session: the next replica is
+    /// tried at once, the back-off applies only after a whole round failed.
+    tried: usize,
+    delays: Box<dyn Iterator<Item = Duration> + Send>,
+    fresh: fn() -> Box<dyn Iterator<Item = Duration> + Send>,
+}
+
+impl Retry {
+    fn new(controllers: usize, fresh: fn() -> Box<dyn Iterator<Item = Duration> + Send>) -> Retry {
+        Retry {
+            controller: 0,
+            controllers: controllers.max(1),
+            tried: 0,
+            delays: fresh(),
+            fresh,
+        }
+    }
+
+    fn next_controller(&mut self) {
+        self.controller = (self.controller + 1) % self.controllers;
+    }
+
+    /// The controller refused the agent: the next one, after
+    /// `REFUSED_RETRY`.
+    fn refused(&mut self) {
+        self.next_controller();
+    }
+
+    /// A session ended without a refusal (`lost`: nobody answered at all;
+    /// `was_up`: it had lasted a while). The delay before the next
+    /// controller: short within a round, then the back-off, or
+    /// `RETRY_LOST` when nobody refused (so the agent is back within about
+    /// a second of its controller).
+    fn disconnected(&mut self, was_up: bool, lost: bool) -> Duration {
+        if was_up {
+            // The session was up: start over with short delays.
+            self.delays = (self.fresh)();
+            self.tried = 0;
+        }
+        self.tried += 1;
+        let delay = if self.tried < self.controllers {
+            Duration::from_millis(100)
+        } else if lost {
+            self.tried = 0;
+            RETRY_LOST
+        } else {
+            self.tried = 0;
+            self.delays.next().unwrap_or(Duration::from_secs(60))
+        };
+        self.next_controller();
+        delay
+    }
+}
+
 /// Runs the agent until SIGTERM or SIGINT. Errors end the process loudly.
 pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> anyhow::Result<()> {
     if cfg.teardown {
-        // No controller needed: what was applied is in the stored state.
-        let file = StateFile::new(&cfg.state_dir);
-        let mut desired = file.load()?.unwrap_or_default();
-        if desired.objects.is_empty() {
-            tracing::info!(state_dir = %cfg.state_dir.display(), "nothing stored, nothing to remove");
-            return Ok(());
-        }
-        let guard = Guard::new(cfg.underlay_ip, &cfg.controllers);
-        let mut applier: Box<dyn Applier> = if cfg.dry_run {
-            Box::new(Guarded {
-                inner: DryRun::default(),
-                guard,
-            })
-        } else {
-            Box::new(Guarded {
-                inner: crate::linux::Linux::new(None, None)?,
-                guard,
-            })
-        };
-        let left = teardown(&mut desired, &file, applier.as_mut()).await;
-        if left > 0 {
-            anyhow::bail!(
-                "{left} objects could not be removed (see above); they stay in the stored state, run --teardown again"
-            );
-        }
-        return Ok(());
+        return teardown_only(&cfg).await;
     }
     if let Some(addr) = cfg.metrics_listen {
         weft_common::obs::serve_metrics(addr, crate::metrics::get().registry.clone())
@@ -601,23 +762,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
             .get_or_create(&vec![("mode".to_string(), c.mode().to_string())])
             .set(1);
     }
-    // Everything the controller sends, and the stored state, passes the
-    // guard before it reaches the host.
-    let guard = Guard::new(cfg.underlay_ip, &cfg.controllers);
-    let mut applier: Box<dyn Applier> = if cfg.dry_run {
-        tracing::info!("--dry-run: changes are printed, not made");
-        Box::new(Guarded {
-            inner: DryRun::default(),
-            guard,
-        })
-    } else {
-        Box::new(Guarded {
-            inner: crate::linux::Linux::new(wg_keys.map(|k| k.0), cfg.wireguard.clone())?
-                .with_probes(cfg.probe)
-                .with_underlay(cfg.underlay_ip),
-            guard,
-        })
-    };
+    let mut applier = applier_for(&cfg, wg_keys.map(|k| k.0))?;
     let file = StateFile::new(&cfg.state_dir);
     let mut desired = file.load()?.unwrap_or_default();
     if !desired.objects.is_empty() {
@@ -635,33 +780,13 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         observe_reconcile("startup", started, &errors);
     }
 
-    let mut dns = match (&cfg.dns, kind) {
-        (Some(c), AgentKind::Node) => {
-            let mut d = Dns {
-                cfg: c.clone(),
-                table: Default::default(),
-                running: None,
-            };
-            // What was stored resolves before any controller answers.
-            d.table.set(desired.objects.values());
-            if let crate::dns::Listen::At(addr) = c.listen {
-                d.listen(addr)
-                    .map_err(|e| anyhow::anyhow!("--dns-listen {addr}: cannot listen: {e}"))?;
-            }
-            Some(d)
-        }
-        _ => None,
-    };
+    let mut dns = dns_for(&cfg, kind, &desired)?;
     let (tx, mut rx) = watch::channel(creds);
     let mut renewal = tokio::spawn(renew_forever(IdentityStore::new(&cfg.state_dir), cfg.clone(), tx));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut delays = backoff();
-    let mut controller = 0usize;
-    // Controllers tried since the last good session: the next replica is
-    // tried at once, the back-off applies only after a whole round failed.
-    let mut tried = 0usize;
+    let mut retry = Retry::new(cfg.controllers.len(), || Box::new(backoff()));
     loop {
-        let target = cfg.controllers[controller].clone();
+        let target = cfg.controllers[retry.controller].clone();
         let started = std::time::Instant::now();
         let end = tokio::select! {
             end = session(Session {
@@ -683,6 +808,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
             _ = term.recv() => break,
         };
         let lost = matches!(end, End::Lost(_));
+        let was_up = started.elapsed() > Duration::from_secs(10);
         match end {
             End::Removed(e) => {
                 // Removed by the admin: leave the host as it was before weft.
@@ -701,7 +827,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
                     "the controller refused this agent; the host keeps forwarding what it has. \
                      Enroll it again with a new token (or remove weft's objects with --teardown)"
                 );
-                controller = (controller + 1) % cfg.controllers.len();
+                retry.refused();
                 tokio::select! {
                     _ = tokio::time::sleep(REFUSED_RETRY) => {}
                     _ = tokio::signal::ctrl_c() => break,
@@ -709,25 +835,8 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
                 }
             }
             End::Transient(e) | End::Lost(e) => {
-                if started.elapsed() > Duration::from_secs(10) {
-                    // The session was up: start over with short delays.
-                    delays = backoff();
-                    tried = 0;
-                }
-                tried += 1;
-                let delay = if tried < cfg.controllers.len() {
-                    Duration::from_millis(100)
-                } else if lost {
-                    // Nobody refused: try again soon, so that the agent is
-                    // back within about a second of its controller.
-                    tried = 0;
-                    RETRY_LOST
-                } else {
-                    tried = 0;
-                    delays.next().unwrap_or(Duration::from_secs(60))
-                };
+                let delay = retry.disconnected(was_up, lost);
                 tracing::warn!(controller = %target, error = %format!("{e:#}"), retry_in = ?delay, "disconnected; keeping the last state");
-                controller = (controller + 1) % cfg.controllers.len();
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = tokio::signal::ctrl_c() => break,
@@ -773,5 +882,60 @@ pub fn main_with(
             eprintln!("{prog}: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counting() -> Box<dyn Iterator<Item = Duration> + Send> {
+        Box::new((1..).map(Duration::from_secs))
+    }
+
+    #[test]
+    fn each_replica_is_tried_at_once_then_the_round_backs_off() {
+        let mut r = Retry::new(3, counting);
+        let mut seen = vec![];
+        for _ in 0..6 {
+            let at = r.controller;
+            seen.push((at, r.disconnected(false, false)));
+        }
+        let ms = Duration::from_millis;
+        assert_eq!(
+            seen,
+            [
+                (0, ms(100)),
+                (1, ms(100)),
+                (2, Duration::from_secs(1)),
+                (0, ms(100)),
+                (1, ms(100)),
+                (2, Duration::from_secs(2))
+            ]
+        );
+    }
+
+    #[test]
+    fn a_lost_controller_is_retried_within_a_second_and_a_good_session_resets_the_back_off() {
+        let mut r = Retry::new(1, counting);
+        assert_eq!(r.disconnected(false, false), Duration::from_secs(1));
+        assert_eq!(r.disconnected(false, false), Duration::from_secs(2));
+        // Nobody answered: no back-off, a second.
+        assert_eq!(r.disconnected(false, true), RETRY_LOST);
+        // A session that was up starts the back-off over.
+        assert_eq!(r.disconnected(true, false), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_refusal_moves_to_the_next_controller() {
+        let mut r = Retry::new(2, counting);
+        r.refused();
+        assert_eq!(r.controller, 1);
+        r.refused();
+        assert_eq!(r.controller, 0);
+        // One controller: always it.
+        let mut one = Retry::new(1, counting);
+        one.refused();
+        assert_eq!(one.controller, 0);
     }
 }

@@ -384,16 +384,12 @@ fn networks(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<FieldError>
     };
 
     let site_id = pick(args.site_id.clone(), file.site_id.clone());
-    match &site_id {
-        None => err(
-            "site_id",
-            "is required; set it to this site's name, e.g. \"site-a\"".into(),
-        ),
-        Some(id) => {
-            if let Err(m) = validate_name("the site id", id) {
-                err("site_id", m)
-            }
-        }
+    if let Err(m) = site_id
+        .as_deref()
+        .ok_or_else(|| "is required; set it to this site's name, e.g. \"site-a\"".to_string())
+        .and_then(|id| validate_name("the site id", id))
+    {
+        err("site_id", m);
     }
 
     let cidr_list = |field: &str, values: Vec<String>, errs: &mut Vec<(String, String)>| -> Vec<Ipv4Net> {
@@ -467,6 +463,24 @@ fn networks(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<FieldError>
     );
 
     let node_len = pick(args.node_prefix_len, file.node_prefix_len).unwrap_or(DEFAULT_NODE_PREFIX_LEN);
+    node_len_fits(node_len, &pod_cidrs, &mut err);
+    disjoint(&pod_cidrs, external, internal, &reserved, &pools, &mut err);
+
+    Networks {
+        site_id,
+        pod_cidrs,
+        reserved,
+        pools,
+        peer_cidr_auto_accept,
+        peer_public_cidrs,
+        external,
+        internal,
+        node_len,
+    }
+}
+
+/// A node's subnet leaves room for workloads and fits in every pod CIDR.
+fn node_len_fits(node_len: u8, pod_cidrs: &[Ipv4Net], err: &mut impl FnMut(&str, String)) {
     if node_len > 30 {
         err(
             "node_prefix_len",
@@ -485,7 +499,18 @@ fn networks(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<FieldError>
             );
         }
     }
+}
 
+/// The site's own networks must be disjoint, and each remap pool listed
+/// once: an overlap is named by its field.
+fn disjoint(
+    pod_cidrs: &[Ipv4Net],
+    external: Option<Ipv4Net>,
+    internal: Option<Ipv4Net>,
+    reserved: &[Ipv4Net],
+    pools: &[Ipv4Net],
+    err: &mut impl FnMut(&str, String),
+) {
     // The site's own networks must be disjoint.
     let mut named: Vec<(String, Ipv4Net)> = Vec::new();
     named.extend(
@@ -536,18 +561,6 @@ fn networks(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<FieldError>
                 );
             }
         }
-    }
-
-    Networks {
-        site_id,
-        pod_cidrs,
-        reserved,
-        pools,
-        peer_cidr_auto_accept,
-        peer_public_cidrs,
-        external,
-        internal,
-        node_len,
     }
 }
 

@@ -341,15 +341,14 @@ impl Background {
 
 /// Runs the controller until `shutdown` resolves. `on_bound` is told the
 /// actual addresses once both listeners accept connections.
-pub async fn run(
-    cfg: ControllerConfig,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-    on_bound: impl FnOnce(&Bound),
-) -> anyhow::Result<()> {
-    let pki = ensure_pki(&cfg)?;
-    let metrics = crate::metrics::ControllerMetrics::new();
-    let store = metrics.timed(open_store(&cfg).await?);
-    let state = State::new(store.clone(), &cfg.site.id);
+/// The site's state on `store`, checked against this controller's CA and
+/// configuration, and the authenticator with the revocation list loaded.
+async fn open_site(
+    cfg: &ControllerConfig,
+    pki: &ServerPki,
+    store: Arc<dyn Store>,
+) -> anyhow::Result<(State, Arc<Authenticator>)> {
+    let state = State::new(store, &cfg.site.id);
     // Replicas on one etcd must hold the same site CA.
     state
         .check_ca(&pki.ca.fingerprint)
@@ -359,7 +358,6 @@ pub async fn run(
         .init_site(&cfg.site)
         .await
         .context("cannot initialise the site in the store")?;
-
     let auth = Authenticator::new(&cfg.site.id, &pki.ca.der)?;
     let (revoked, _) = state.revoked().await.context("cannot read the revocation list")?;
     auth.set_revoked(
@@ -367,6 +365,91 @@ pub async fn run(
             .into_iter()
             .map(|r| (r.serial.clone(), crate::auth::RevokedAs::of(&r))),
     );
+    Ok((state, auth))
+}
+
+/// Whether a client's chain verifies against the site CA or a recorded
+/// peer's: only those connections escape the anonymous caps.
+fn known_by(auth: &Arc<Authenticator>, hub: &Arc<Hub>) -> Known {
+    let (auth, hub) = (auth.clone(), hub.clone());
+    Arc::new(move |chain| {
+        auth.is_known(chain, |site| {
+            let model = hub.model();
+            let remote = model.peerings.get(site)?.remote.as_ref()?;
+            Some((remote.ca_fingerprint.clone(), remote.ca_pem.clone()))
+        })
+    })
+}
+
+/// A TCP listener's server: a connection holds few streams (an agent: its
+/// Watch and a Report; a peer: one Subscribe); a unary call that takes
+/// longer than a minute is stuck (a peering dials each peer endpoint for at
+/// most its deadline).
+fn tcp_server() -> Server {
+    Server::builder()
+        .http2_keepalive_interval(Some(CLIENT_PING))
+        .http2_keepalive_timeout(Some(CLIENT_PING))
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .timeout(CALL_TIMEOUT)
+}
+
+/// Resolves once `rx` says stop.
+async fn stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// Serves until `shutdown`; then closes the agents' streams, stops the
+/// listeners and gives open calls `DRAIN_TIMEOUT` to finish.
+async fn serve_until(
+    serve: impl Future<Output = Result<(), tonic::transport::Error>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    hub: Arc<Hub>,
+    stop_tx: tokio::sync::watch::Sender<bool>,
+) -> Result<(), tonic::transport::Error> {
+    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        shutdown.await;
+        hub.close_all();
+        let _ = stop_tx.send(true);
+        let _ = stopping_tx.send(());
+    });
+    tokio::pin!(serve);
+    tokio::select! {
+        r = &mut serve => r,
+        _ = async {
+            let _ = stopping_rx.await;
+            tokio::time::sleep(DRAIN_TIMEOUT).await;
+        } => {
+            tracing::warn!("open calls did not finish within {DRAIN_TIMEOUT:?}; closing them");
+            Ok(())
+        }
+    }
+}
+
+/// What a controller serves from: its site's state and PKI, the hub,
+/// federation, the bound listeners and the background tasks.
+struct Prepared {
+    state: State,
+    auth: Arc<Authenticator>,
+    hub: Arc<Hub>,
+    fed: Arc<Federation>,
+    ca: Arc<pki::SiteCa>,
+    fingerprint: String,
+    acceptor: TlsAcceptor,
+    unix: UnixListener,
+    tcp: TcpListener,
+    bound: Bound,
+    ca_not_after_ms: Option<u64>,
+    background: Background,
+    pki_dir: PathBuf,
+    store_backend: &'static str,
+}
+
+async fn prepare(cfg: &ControllerConfig) -> anyhow::Result<Prepared> {
+    let pki = ensure_pki(cfg)?;
+    let metrics = crate::metrics::ControllerMetrics::new();
+    let store = metrics.timed(open_store(cfg).await?);
+    let (state, auth) = open_site(cfg, &pki, store.clone()).await?;
     let acceptor = TlsAcceptor::from(tls_config(&pki, &auth)?);
     let fingerprint = pki.ca.fingerprint.clone();
     let site_cert = pki.ca.issue_with_key(
@@ -395,7 +478,7 @@ pub async fn run(
     let fed = Arc::new(Federation {
         state: state.clone(),
         site_id: cfg.site.id.clone(),
-        ca_pem: ca_pem.clone(),
+        ca_pem,
         ca_fingerprint: fingerprint.clone(),
         site_cert,
         endpoints,
@@ -419,6 +502,45 @@ pub async fn run(
     }
     let ca_not_after_ms = not_after_ms(&ca.der);
     let background = Background::start(&state, &auth, &hub, &fed, leader);
+    Ok(Prepared {
+        state,
+        auth,
+        hub,
+        fed,
+        ca,
+        fingerprint,
+        acceptor,
+        unix,
+        tcp,
+        bound,
+        ca_not_after_ms,
+        background,
+        pki_dir: pki.dir.clone(),
+        store_backend: store.backend(),
+    })
+}
+
+pub async fn run(
+    cfg: ControllerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    on_bound: impl FnOnce(&Bound),
+) -> anyhow::Result<()> {
+    let Prepared {
+        state,
+        auth,
+        hub,
+        fed,
+        ca,
+        fingerprint,
+        acceptor,
+        unix,
+        tcp,
+        bound,
+        ca_not_after_ms,
+        background,
+        pki_dir,
+        store_backend,
+    } = prepare(&cfg).await?;
 
     let admin = InterceptedService::new(
         AdminServiceServer::new(
@@ -430,7 +552,7 @@ pub async fn run(
                 fed.clone(),
             )
             .with_ca_expiry(ca_not_after_ms)
-            .with_pki(pki.dir.clone(), cfg.site.id.clone()),
+            .with_pki(pki_dir, cfg.site.id.clone()),
         )
         .max_decoding_message_size(MAX_MESSAGE),
         auth.require(&[Role::Admin], "the admin API"),
@@ -463,9 +585,6 @@ pub async fn run(
         ))
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
     let federation = FederationServiceServer::new(FederationApi::new(fed)).max_decoding_message_size(MAX_MESSAGE);
     // Every listener serves the same services; each call is authorized by
     // its interceptor.
@@ -481,30 +600,10 @@ pub async fn run(
     };
     let unix_server = routes(Server::builder())?
         .serve_with_incoming_shutdown(UnixListenerStream::new(unix), stopped(stop_rx.clone()));
-    // A connection holds few streams (an agent: its Watch and a Report; a
-    // peer: one Subscribe); a unary call that takes longer than a minute is
-    // stuck (a peering dials each peer endpoint for at most its deadline).
-    let tcp_server = || {
-        Server::builder()
-            .http2_keepalive_interval(Some(CLIENT_PING))
-            .http2_keepalive_timeout(Some(CLIENT_PING))
-            .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-            .timeout(CALL_TIMEOUT)
-    };
     let limits = Limits::default();
     let admission = Admission::new(limits);
     let shed_layer = crate::admission::Shed::layer(&admission);
-    let known: Known = {
-        let (auth, hub) = (auth.clone(), hub.clone());
-        Arc::new(move |chain| {
-            auth.is_known(chain, |site| {
-                let model = hub.model();
-                let remote = model.peerings.get(site)?.remote.as_ref()?;
-                Some((remote.ca_fingerprint.clone(), remote.ca_pem.clone()))
-            })
-        })
-    };
-    let incoming = tls_incoming(tcp, acceptor, admission, known);
+    let incoming = tls_incoming(tcp, acceptor, admission, known_by(&auth, &hub));
     let certified_server =
         routes(tcp_server())?.serve_with_incoming_shutdown(incoming.certified, stopped(stop_rx.clone()));
     // Without a certificate: a GOAWAY when the lifetime is over (calls in
@@ -521,36 +620,18 @@ pub async fn run(
         .serve_with_incoming_shutdown(incoming.shed, stopped(stop_rx));
     tracing::info!(
         site = %cfg.site.id,
-        store = store.backend(),
+        store = store_backend,
         admin_socket = %bound.admin_socket.display(),
         listen = %bound.listen,
         ca_fingerprint = %fingerprint,
         "controller serving"
     );
     on_bound(&bound);
-    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-    let closing = hub.clone();
-    tokio::spawn(async move {
-        shutdown.await;
-        closing.close_all();
-        let _ = stop_tx.send(true);
-        let _ = stopping_tx.send(());
-    });
     let serve = async {
         tokio::try_join!(unix_server, certified_server, anonymous_server, shed_server)?;
         Ok::<_, tonic::transport::Error>(())
     };
-    tokio::pin!(serve);
-    let result = tokio::select! {
-        r = &mut serve => r,
-        _ = async {
-            let _ = stopping_rx.await;
-            tokio::time::sleep(DRAIN_TIMEOUT).await;
-        } => {
-            tracing::warn!("open calls did not finish within {DRAIN_TIMEOUT:?}; closing them");
-            Ok(())
-        }
-    };
+    let result = serve_until(serve, shutdown, hub, stop_tx).await;
     background.stop();
     let _ = std::fs::remove_file(&cfg.admin_socket);
     result.context("a gRPC listener failed")?;

@@ -137,6 +137,7 @@ fn names_resolve_to_local_views_follow_changes_and_reach_exported_lan_hosts() {
     serve(&mut s, &wb, "site-b");
     let (_, old_b_view) = weft_tests::peer_view(&ta, "site-b", "workload");
 
+    weft_tests::step("translation both ways");
     // Translation, both ways.
     let t = translate(&ta, &["site-b", &wb_real]);
     assert_eq!(t["local_address"], s.wb_from_a.as_str(), "{t}");
@@ -146,6 +147,7 @@ fn names_resolve_to_local_views_follow_changes_and_reach_exported_lan_hosts() {
         (back["site"].as_str(), back["real_address"].as_str()),
         (Some("site-b"), Some(wb_real.as_str()))
     );
+    weft_tests::step("clear errors outside the views");
     // Outside every view, and for a site that is not a peer: clear errors.
     let o = weftctl(&ta, &["translate", "site-b", "10.9.0.1"]);
     assert!(
@@ -155,6 +157,7 @@ fn names_resolve_to_local_views_follow_changes_and_reach_exported_lan_hosts() {
     let o = weftctl(&ta, &["translate", "site-z", "10.1.0.10"]);
     assert!(String::from_utf8_lossy(&o.stderr).contains("NOT_FOUND"), "{o:?}");
 
+    weft_tests::step("a published name resolves on the peer");
     // Site b publishes wb as "web"; wa resolves it against its node and
     // connects to the answer; site b answers.
     let o = weftctl(&tb, &["name", "add", "web", &wb_real]);
@@ -209,10 +212,12 @@ while True:
         },
     );
     assert!(other.starts_with("192.0.2.7"), "{other}");
+    weft_tests::step("names outside the zone");
     // Names outside the zone are refused (left to the host's resolver),
     // absent ones are NXDOMAIN.
     assert_eq!(dig(lab, &wa, responder, "example.com").0, "REFUSED");
     assert_eq!(dig(lab, &wa, responder, &format!("nope.site-b.{ZONE}")).0, "NXDOMAIN");
+    weft_tests::step("hostile datagrams");
     // Hostile datagrams: random bytes, truncated and mangled queries, a
     // response; then a flood from one workload. The responder answers
     // every well-formed query after them and counts the flood as limited.
@@ -254,6 +259,7 @@ for i in range(5000):
         count("answered"),
         count("dropped")
     );
+    weft_tests::step("a peer's workload gets no answers");
     // A peer's workload gets nothing from the responder (it would learn
     // site a's other peers): wb asks na's responder through b's view.
     let na_from_b = translate(&tb, &["site-a", responder])["local_address"]
@@ -270,6 +276,7 @@ for i in range(5000):
     assert_eq!(learned[0]["local_address"], s.wb_from_a.as_str(), "{learned}");
     assert_eq!(weftctl_json(&tb, &["names"])["published"][0]["name"], "web");
 
+    weft_tests::step("an exported LAN host");
     // A LAN host of site b (a namespace on b's underlay, not a workload),
     // exported as "db": reached from wa by name, and it sees the client at
     // an address inside b's view of a.
@@ -319,6 +326,7 @@ for i in range(5000):
         "the LAN host saw {seen}, not inside b's view of a ({b_view_of_a})"
     );
 
+    weft_tests::step("names gone after the peering is deleted");
     // The peering deleted: the names stop resolving within 2 s.
     let o = weftctl(&ta, &["peering", "delete", "site-b"]);
     assert!(o.status.success(), "{o:?}");
@@ -330,6 +338,7 @@ for i in range(5000):
     println!("NXDOMAIN {gone_after:?} after the peering was deleted");
     assert!(gone_after < Duration::from_secs(2), "{gone_after:?}");
 
+    weft_tests::step("a view change moves the name");
     // A view change: site c (same CIDR) peers first and takes the remap
     // block b had; b peered again gets a new view, and web follows it.
     let ctlc = s.lab.host("ctlc");

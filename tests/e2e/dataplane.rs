@@ -134,6 +134,7 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
         assert_eq!(n["geneve"], geneve, "{n}");
     }
     assert_eq!(weftctl_json(target, &["gateways"])["gateways"][0]["geneve"], geneve);
+    weft_tests::step("the gateway: a tunnel per node, routes, rules");
     // The gateway: one tunnel per node, routes to both node subnets in table 7765, and its rules.
     let gw_routes = eventually("the gateway's routes", Duration::from_secs(20), || {
         let o = stdout(&lab.exec(gw, &["ip", "route", "show", "table", "7765"]));
@@ -152,6 +153,7 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
     let links = stdout(&lab.exec(gw, &["ip", "-br", "link"]));
     assert_eq!(links.lines().filter(|l| l.starts_with("weft-n")).count(), 2, "{links}");
 
+    weft_tests::step("no prefix route in the main tables");
     // The node's overlay address has no prefix route in the host's main
     // table; the overlay's network is in weft's table, selected by a rule.
     for ns in [n1, n2] {
@@ -163,6 +165,7 @@ fn overlay_between_nodes_and_the_gateway_in_namespaces() {
         assert!(weft.contains("10.80.0.0/16 dev weft-vx0"), "{weft}");
         assert!(stdout(&lab.exec(ns, &["ip", "rule"])).contains("to 10.80.0.0/16 lookup 7765"));
     }
+    weft_tests::step("nodes reach the gateway over the overlay");
     // Traffic crosses the overlay: each node pings the gateway's overlay address.
     let gw_ip = weftctl_json(target, &["gateways"])["gateways"][0]["internal_ip"]
         .as_str()
@@ -351,6 +354,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
         etcd_b: _,
     } = sites::up_with(tag, a, b, opts);
     let (site_a, site_b) = (site_a.as_str(), site_b.as_str());
+    weft_tests::step("workload to workload, both ways");
     // Workload to workload, both ways, ICMP and TCP.
     let ping = |from: &str, to: &str| {
         netns::exec(&ns[from], &["ping", "-c", "1", "-W", "1", to])
@@ -397,6 +401,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
             assert!(line.contains("noprefixroute"), "{host}: {line}");
         }
     }
+    weft_tests::step("every workload reaches every workload");
     // Every workload reaches every workload of the other site (two nodes
     // per site, each node its own overlay tunnel to the gateway), by ICMP
     // and by TCP, and the far end sees the caller at its own view of it.
@@ -455,6 +460,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
         let t = lab.proc(server).log_text();
         t.contains("across").then_some(t)
     });
+    weft_tests::step("the gateways clamp the MSS");
     // Both workloads sit at MTU 1500 (MSS 1460); the gateways clamp the SYN
     // to the tunnel's route MTU (e.g. 1420 → MSS 1380, less TCP options).
     let mss: u32 = got.split_whitespace().last().unwrap().parse().unwrap();
@@ -462,6 +468,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
         mss <= expect.tunnel - 40,
         "the MSS across the tunnel was not clamped: {got}"
     );
+    weft_tests::step("MTUs derived and agreed");
     // MTUs: derived from each host's underlay (VXLAN: − 50, WireGuard and
     // the peering veth: − 80) unless configured; a configured tunnel MTU
     // is agreed with the peer (the lower wins).
@@ -489,6 +496,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
             "peering veth MTU on {gw}"
         );
     }
+    weft_tests::step("tunnel health on both sides");
     // Health: each gateway probes its tunnel; both controllers show the
     // peering connected, with an RTT, a handshake and bytes both ways.
     let tunnel = |target: &str, peer: &str| -> serde_json::Value {
@@ -524,6 +532,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
             "{table}"
         );
     }
+    weft_tests::step("a WAN outage is reported");
     // The WAN between the gateways fails: site a's gateway reports the
     // tunnel down within the probe interval × misses (1 s × 3), the peering
     // stops being connected, and both recover by themselves.
@@ -550,6 +559,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
     });
     eprintln!("tunnel down detected after {detected:?}");
 
+    weft_tests::step("scenario c: host traffic to a remote workload");
     // Scenario c: a node's host reaches a remote workload (its traffic
     // leaves with the node's "unknown source" address from the external CIDR).
     let host_ping = || ping("na", &wb_from_a);
@@ -567,6 +577,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
         );
     }
 
+    weft_tests::step("scenario e: the controller killed under a TCP stream");
     // Scenario e: the controller dies (SIGKILL) and comes back while a TCP
     // stream runs across the sites; the data plane does not depend on it.
     let stream_server = "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',5202))\ns.listen(1)\nc,_=s.accept()\nn=0\nwhile True:\n    d=c.recv(4096)\n    if not d: break\n    n+=len(d)\nprint('received',n,flush=True)";
@@ -606,6 +617,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
         std::os::unix::net::UnixStream::connect(dir.path().join(site_a).join("admin.sock")).ok()
     });
 
+    weft_tests::step("scenario d: the peering deleted");
     // Scenario d: deleting the peering removes every peering object on both
     // gateways, and traffic stops.
     let d = weftctl_json(&ta, &["peering", "delete", site_b]);
@@ -721,6 +733,7 @@ fn a_peer_reaches_only_the_sites_workloads_through_its_tunnel() {
     let mut s = sites::up("wgf", ("wgf-a", "10.1.0.0/16"), ("wgf-b", "10.2.0.0/16"));
     sites::until_wa_reaches_wb(&s);
     let (gwb_ns, ns_a) = (s.ns["gwb"].clone(), s.ns_a.clone());
+    weft_tests::step("listeners on the gateway host and a workload");
     // Something listening on every address of a's gateway host, and on wa.
     // (UDP: what arrives is logged, no reply needed.)
     let listener = "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.bind(('0.0.0.0',7777))\nwhile True:\n    d,a=s.recvfrom(100)\n    print('from',a[0],d.decode(),flush=True)";
@@ -754,6 +767,7 @@ fn a_peer_reaches_only_the_sites_workloads_through_its_tunnel() {
     let (veth_outer, overlay) = (on_link("weft-v"), on_link("weft-n"));
     let wa = s.workloads.iter().find(|w| w.0 == "wa").unwrap().1.clone();
 
+    weft_tests::step("site b's gateway turns hostile");
     // Site b's gateway turns hostile: its agent dies (its userspace tunnel
     // with it) and wireguard-go takes its key and dials a's gateway.
     let b_state = &s.agents.iter().find(|a| a.1 == "gwb").unwrap().3;
@@ -827,6 +841,7 @@ fn a_peer_reaches_only_the_sites_workloads_through_its_tunnel() {
         );
         must(lab.exec(&gwb_ns, &["python3", "-c", &py]), "a datagram into the tunnel");
     };
+    weft_tests::step("workloads still reached through the hostile tunnel");
     // The peering's purpose still works through the hostile tunnel: the
     // check below is not vacuous.
     // (wireguard-go's handshake timestamps run 27 s behind boringtun's, so
@@ -871,6 +886,7 @@ fn a_peer_reaches_only_the_sites_workloads_through_its_tunnel() {
             send(&s.lab, target, "intruder");
         }
     }
+    weft_tests::step("the overlay's UDP ports from the tunnel");
     // And the overlay's UDP ports (VXLAN, Geneve), which the gateway host
     // serves on all its addresses.
     let udp = format!(
@@ -902,6 +918,7 @@ fn a_peer_reaches_only_the_sites_workloads_through_its_tunnel() {
         std::thread::sleep(Duration::from_millis(100));
     };
     eprintln!("dropped from the tunnel: {} packets", after - before);
+    weft_tests::step("the admin sees the drops");
     // The admin sees it: the gateway reports the drops with the tunnel.
     // (The gateway reads the counter every 30th probe.)
     let shown = eventually("a's admin sees the drops", Duration::from_secs(60), || {

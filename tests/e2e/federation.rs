@@ -90,6 +90,7 @@ fn three_sites_peer_pairwise_with_distinct_views_and_delete_on_both_sides() {
     for p in peers(&b) {
         assert_eq!(p["state"], "negotiated");
     }
+    weft_tests::step("three sites on one CIDR, distinct views");
     // All three use 10.1.0.0/16: each site remaps both peers, to distinct views.
     for (s, x, y) in [
         (&a, "site-b", "site-c"),
@@ -101,11 +102,13 @@ fn three_sites_peer_pairwise_with_distinct_views_and_delete_on_both_sides() {
         assert_ne!(vy, "10.1.0.0/16");
         assert_ne!(vx, vy, "two peers with the same CIDR share a view");
     }
+    weft_tests::step("tunnel roles agree");
     // Tunnel roles agree: exactly one server per pair.
     let role =
         |s: &Controller, p: &str| peers(s).into_iter().find(|x| x["site_id"] == p).unwrap()["tunnel_role"].clone();
     assert_ne!(role(&a, "site-b"), role(&b, "site-a"));
 
+    weft_tests::step("a deletion on one side ends both");
     // Deleting on one side removes the peering on both and releases the views.
     let d = weftctl_json(&b.target(), &["peering", "delete", "site-a"]);
     assert_eq!(d["remote_notified"], true);
@@ -478,6 +481,7 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         assert_eq!(revision(&b), before, "{endpoint:?} wrote something");
         assert!(peer_names(&b).is_empty());
     }
+    weft_tests::step("public space refused");
     // Public space: a peer announcing 8.0.0.0/8 or 1.1.1.0/24 would take
     // those destinations of b's hosts (and answer b's DNS for them).
     for cidr in ["8.0.0.0/8", "1.1.1.0/24", "100.128.0.0/16"] {
@@ -492,6 +496,7 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         assert_eq!(revision(&b), before, "{cidr}: wrote something");
         assert!(peer_names(&b).is_empty());
     }
+    weft_tests::step("a CIDR over the site's hosts refused");
     // A workload CIDR over one of b's hosts (10.9.0.0/16 covers its node's
     // underlay address 10.9.0.7) is refused too, naming the field and the
     // host: a peer has no business announcing b's own hosts.
@@ -516,6 +521,7 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
     assert_eq!(revision(&b), before, "a CIDR over b's host wrote something");
     assert!(peer_names(&b).is_empty());
 
+    weft_tests::step("names checked");
     // Names: a peer may name only its own addresses, as DNS labels, and
     // at most 1000 of them; each refusal names the field and writes nothing.
     let name = |n: &str, kind: pb::NameKind, a: &str| pb::PublishedName {
@@ -549,6 +555,7 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         assert!(peer_names(&b).is_empty());
     }
 
+    weft_tests::step("the token still works for a good Join");
     // The token was not consumed: the same peer with a usable gateway and
     // CIDR joins, and b learns its names in b's view.
     join_named(
@@ -578,6 +585,7 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
     assert_eq!(p["remote_gateways"][0]["endpoint"], "192.0.2.1:51820");
     assert_eq!(p["listen_port"], 51820);
 
+    weft_tests::step("an impostor learns nothing");
     // An impostor of site-x (another CA) without a valid token learns
     // nothing: the answer a bad token gets, not "already peered".
     std::fs::create_dir_all(dir.path().join("x2")).unwrap();

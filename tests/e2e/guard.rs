@@ -124,6 +124,7 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
         state,
         ..
     } = site("guard", false);
+    weft_tests::step("a second LAN outside the fabric");
     // A second LAN the host is attached to outside the fabric, with a
     // router on it.
     for cmd in [
@@ -139,6 +140,7 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
     lab.proc(agent).stop();
     let before = host_state(&lab, &node);
 
+    weft_tests::step("the stored state turned hostile");
     // The stored state gains what a compromised controller would send.
     let file = StateFile::new(&state);
     let mut desired = file.load().unwrap().unwrap_or_default();
@@ -190,6 +192,7 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
             }),
         ),
     ];
+    weft_tests::step("a weft link and what must not go on it");
     // A link of weft's (allowed), and what must not go on it or through it:
     // an address whose prefix route covers half the Internet, the
     // controller's and a LAN router's addresses (made local, the host
@@ -289,6 +292,7 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
         let line = log.lines().find(|l| l.contains("refused") && l.contains(id)).unwrap();
         assert!(line.contains(why), "{id}: {line}");
     }
+    weft_tests::step("reconciled against the controller");
     // Reconciled against the controller (whose snapshot deletes them all)
     // and through a few resyncs: the host is as it was.
     eventually("the agent watching again", Duration::from_secs(20), || {
@@ -302,6 +306,7 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
         "the controller's snapshot should have replaced them: {:?}",
         stored.objects.keys().collect::<Vec<_>>()
     );
+    weft_tests::step("no foreign namespace opened");
     // A namespace outside weft's was never opened or made.
     let netns_list = weft_tests::stdout(&weft_tests::run(
         std::process::Command::new("ip").args(["netns", "list"]),
@@ -321,6 +326,7 @@ fn a_compromised_store_cannot_route_a_hosts_own_traffic() {
         return;
     }
     let mut s = site("guardst", true);
+    weft_tests::step("a dry-run gateway");
     // The node's part of the desired state needs an active gateway: a
     // dry-run one (it changes nothing on its host).
     let gw_ns = s.lab.host("gw");
@@ -366,6 +372,7 @@ fn a_compromised_store_cannot_route_a_hosts_own_traffic() {
         ),
         "etcdctl put",
     );
+    weft_tests::step("the refusal reaches the admin");
     // The refusal reaches the admin as the node's object error.
     let errors = eventually("the node reports the refusal", Duration::from_secs(20), || {
         let nodes = weftctl_json(&s.target, &["nodes"]);
@@ -379,6 +386,7 @@ fn a_compromised_store_cannot_route_a_hosts_own_traffic() {
     });
     assert!(errors.to_string().contains("192.168.78.11"), "{errors}");
     std::thread::sleep(Duration::from_secs(2));
+    weft_tests::step("the host's state unchanged");
     // Rules, routes, links and the NAT table as they were; weft's own
     // accounting table may count the new peer (it only counts).
     // (The counters and their chains live in weft's one table, `ip weft`:
@@ -400,6 +408,7 @@ fn a_compromised_store_cannot_route_a_hosts_own_traffic() {
         without_accounting(&before),
         "the node's host changed"
     );
+    weft_tests::step("still connected");
     // Still connected and reporting.
     let n = weftctl_json(&s.target, &["nodes"]);
     assert_eq!(n["nodes"][0]["status"]["ready"], true, "{n}");

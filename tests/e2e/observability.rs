@@ -39,6 +39,7 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
     if !require_root() {
         return;
     }
+    weft_tests::step("two sites on one CIDR");
     // Both sites on one CIDR, so the views are remapped; nothing repairs
     // drift, so a route deleted by hand stays deleted.
     let s = sites::up_with(
@@ -57,6 +58,7 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
         || (metric(&s.scrape("gwa"), "weft_peering_up", &peer) == Some(1.0)).then_some(()),
     );
 
+    weft_tests::step("traffic while scraping");
     // Traffic flows (5 s of 1000-byte pings, wa → wb) while we scrape twice.
     let (_, _, wb_view) = s.workloads.iter().find(|w| w.0 == "wb").unwrap().clone();
     let flow = {
@@ -76,6 +78,7 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
         let (a, b) = (must(&before[i], name, labels), must(&after[i], name, labels));
         assert!(b > a, "{name} {labels:?} did not move while traffic flowed: {a} → {b}");
     };
+    weft_tests::step("the gateway's tunnel metrics");
     // Gateway: the tunnel's counters and probes.
     for name in [
         "weft_peering_transmit_bytes_total",
@@ -90,6 +93,7 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
     assert_eq!(must(&after[0], "weft_peering_up", &peer), 1.0);
     assert!(must(&after[0], "weft_peering_handshake_age_seconds", &peer) < 180.0);
     assert!(must(&after[0], "weft_agent_applied_revision", &[]) > 0.0);
+    weft_tests::step("the node's traffic counters");
     // Node: its traffic toward and from the peer's CIDRs.
     grew(
         1,
@@ -115,6 +119,7 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
         ) >= 1.0
     );
     assert!(must(&after[1], "weft_agent_certificate_expiry_timestamp_seconds", &[]) > 1.7e9);
+    weft_tests::step("the controller's peering and own metrics");
     // Controller: the same peering as its gateway reports it, and its own state.
     let gw = [("peer_site", "obs-b"), ("gateway", "gw")];
     grew(2, "weft_peering_transmit_bytes_total", &gw);
@@ -155,6 +160,7 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
     // Present (its value is whatever is in flight at the scrape).
     must(&after[2], "weft_controller_stream_queue_depth", &[("role", "node")]);
 
+    weft_tests::step("the dashboard plots only served series");
     // The Grafana dashboard plots only series that exist.
     let dashboard = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -238,6 +244,7 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
             "no {kind} check: {checks:#?}"
         );
     }
+    weft_tests::step("diagnose says which WireGuard and why");
     // This machine's kernel has no WireGuard: the gateway runs userspace
     // WireGuard, and diagnose says so and why (the VM lane shows the
     // kernel's, tests/e2e/vm.rs).
@@ -252,6 +259,7 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
         "{detail}"
     );
     assert!(gw["hint"].as_str().unwrap().contains("CONFIG_WIREGUARD"), "{gw}");
+    weft_tests::step("two sites on two stores");
     // Both sites: a on the embedded store, b on etcd.
     for t in [&s.ta, &s.tb] {
         let g = weftctl_json(t, &["gateways"]);
@@ -297,6 +305,7 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
     assert!(out.contains("4 of 4 pairs reachable"), "{out}");
     println!("weftctl test network:\n{out}");
 
+    weft_tests::step("a route deleted by hand, found by diagnose");
     // Delete na's route to site b's workloads by hand (drift repair is off):
     // test network fails and names the pairs.
     let routes = stdout(&weft_tests::netns::exec(
@@ -357,6 +366,7 @@ fn diagnose_finds_a_tunnel_mtu_set_too_high_on_one_side() {
     if !require_root() {
         return;
     }
+    weft_tests::step("a tunnel MTU set on one side");
     // Site a sets --tunnel-mtu 1480 (the lower configured value of the two
     // sites wins, so both tunnels use it) on a 1500-byte underlay: full
     // tunnel packets need 1540 bytes. Traffic still passes, fragmented.

@@ -623,6 +623,32 @@ impl Drop for Proc {
     }
 }
 
+thread_local! {
+    static STEP: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Names the step a test is at: a failure from here on says "failed in
+/// step: NAME" before its panic message (libtest runs each test on its own
+/// thread, so the step is the thread's). Also printed, so `--nocapture`
+/// shows a test's progress.
+pub fn step(name: &str) {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            STEP.with(|s| {
+                let s = s.borrow();
+                if !s.is_empty() {
+                    eprintln!("failed in step: {s}");
+                }
+            });
+            previous(info)
+        }));
+    });
+    eprintln!("step: {name}");
+    STEP.with(|s| *s.borrow_mut() = name.to_string());
+}
+
 /// Polls `f` every 50 ms until it returns `Some`, or panics after `timeout`
 /// stretched by this process's [`pace`] (1 on the host; the VM lane's
 /// guest measures its own), saying the pace.

@@ -28,8 +28,87 @@ pub async fn sync_peers(fed: Arc<Federation>, leader: tokio::sync::watch::Receiv
     }
 }
 
-pub(super) async fn follow_peer(fed: Arc<Federation>, site: String) {
+/// Takes in a peer's parameters from its Subscribe stream until it ends:
+/// each one checked whole, unchanged ones dropped, and past a burst at most
+/// one per `PEER_UPDATE_EVERY`, the newest.
+async fn take_in(
+    fed: &Federation,
+    site: &str,
+    ca_pem: &str,
+    own: &pb::NetworkParams,
+    mut stream: tonic::Streaming<pb::NetworkParams>,
+) {
     use futures::StreamExt;
+    // Each update costs a store write and a render for every
+    // agent: one identical to the last taken in is dropped
+    // before any of that, and past a burst only one per
+    // PEER_UPDATE_EVERY is taken in, the newest of those that
+    // came meanwhile.
+    let limiter = governor::RateLimiter::direct(
+        governor::Quota::with_period(PEER_UPDATE_EVERY)
+            .expect("a nonzero period")
+            .allow_burst(PEER_UPDATE_BURST),
+    );
+    let mut last: Option<pb::NetworkParams> = None;
+    let mut ended = false;
+    while !ended {
+        let Some(Ok(mut params)) = stream.next().await else {
+            break;
+        };
+        if last.as_ref() == Some(&params) {
+            continue;
+        }
+        if limiter.check().is_err() {
+            let mut folded = 0u64;
+            let ready = limiter.until_ready();
+            tokio::pin!(ready);
+            loop {
+                tokio::select! {
+                    _ = &mut ready => break,
+                    next = stream.next() => match next {
+                        Some(Ok(newer)) => {
+                            params = newer;
+                            folded += 1;
+                        }
+                        _ => {
+                            ended = true;
+                            break;
+                        }
+                    },
+                }
+            }
+            tracing::debug!(peer = %site, folded, "the peer sends updates faster than this site takes them in; took in the newest");
+            if last.as_ref() == Some(&params) {
+                continue;
+            }
+        }
+        if params.site_id != site {
+            tracing::warn!(peer = %site, "the peer sent parameters for another site; ignored");
+            last = Some(params);
+            continue;
+        }
+        match fed.remote(ca_pem, &params, own) {
+            Ok(r) => match fed.state.update_remote(site, r).await {
+                Ok(changed) => {
+                    if changed {
+                        tracing::info!(peer = %site, "the peer's parameters changed");
+                    }
+                    last = Some(params);
+                }
+                // Not recorded (the store): taken in again if sent again.
+                Err(e) => {
+                    tracing::warn!(peer = %site, error = %e, "cannot take in the peer's parameters")
+                }
+            },
+            Err(e) => {
+                tracing::warn!(peer = %site, error = %e, "the peer sent invalid parameters");
+                last = Some(params);
+            }
+        }
+    }
+}
+
+pub(super) async fn follow_peer(fed: Arc<Federation>, site: String) {
     let mut down_since: Option<std::time::Instant> = None;
     let mut delays = weft_common::backoff();
     loop {
@@ -59,78 +138,12 @@ pub(super) async fn follow_peer(fed: Arc<Federation>, site: String) {
                             }
                         }
                     }
-                    let mut stream = stream.into_inner();
+                    let stream = stream.into_inner();
                     let own = match fed.params_for(&site).await {
                         Ok((o, _)) => o,
                         Err(_) => break,
                     };
-                    // Each update costs a store write and a render for every
-                    // agent: one identical to the last taken in is dropped
-                    // before any of that, and past a burst only one per
-                    // PEER_UPDATE_EVERY is taken in, the newest of those that
-                    // came meanwhile.
-                    let limiter = governor::RateLimiter::direct(
-                        governor::Quota::with_period(PEER_UPDATE_EVERY)
-                            .expect("a nonzero period")
-                            .allow_burst(PEER_UPDATE_BURST),
-                    );
-                    let mut last: Option<pb::NetworkParams> = None;
-                    let mut ended = false;
-                    while !ended {
-                        let Some(Ok(mut params)) = stream.next().await else {
-                            break;
-                        };
-                        if last.as_ref() == Some(&params) {
-                            continue;
-                        }
-                        if limiter.check().is_err() {
-                            let mut folded = 0u64;
-                            let ready = limiter.until_ready();
-                            tokio::pin!(ready);
-                            loop {
-                                tokio::select! {
-                                    _ = &mut ready => break,
-                                    next = stream.next() => match next {
-                                        Some(Ok(newer)) => {
-                                            params = newer;
-                                            folded += 1;
-                                        }
-                                        _ => {
-                                            ended = true;
-                                            break;
-                                        }
-                                    },
-                                }
-                            }
-                            tracing::debug!(peer = %site, folded, "the peer sends updates faster than this site takes them in; took in the newest");
-                            if last.as_ref() == Some(&params) {
-                                continue;
-                            }
-                        }
-                        if params.site_id != site {
-                            tracing::warn!(peer = %site, "the peer sent parameters for another site; ignored");
-                            last = Some(params);
-                            continue;
-                        }
-                        match fed.remote(&remote.ca_pem, &params, &own) {
-                            Ok(r) => match fed.state.update_remote(&site, r).await {
-                                Ok(changed) => {
-                                    if changed {
-                                        tracing::info!(peer = %site, "the peer's parameters changed");
-                                    }
-                                    last = Some(params);
-                                }
-                                // Not recorded (the store): taken in again if sent again.
-                                Err(e) => {
-                                    tracing::warn!(peer = %site, error = %e, "cannot take in the peer's parameters")
-                                }
-                            },
-                            Err(e) => {
-                                tracing::warn!(peer = %site, error = %e, "the peer sent invalid parameters");
-                                last = Some(params);
-                            }
-                        }
-                    }
+                    take_in(&fed, &site, &remote.ca_pem, &own, stream).await;
                     break;
                 }
                 // Right after negotiation (or a Join again) the peer may not

@@ -81,6 +81,98 @@ fn unauthenticated(m: String) -> Error {
     Error::Unauthenticated(m)
 }
 
+fn unknown_token() -> Error {
+    unauthenticated(
+        "the enrollment token is unknown (deleted, used up, or never issued); create one with `weftctl token create`"
+            .into(),
+    )
+}
+
+fn invalid_token() -> Error {
+    unauthenticated("the enrollment token is not valid; check that it was copied whole".into())
+}
+
+/// What an enrolling agent asked for.
+struct Asked<'a> {
+    name: &'a str,
+    subnet: Option<Ipv4Net>,
+    underlay: Option<std::net::IpAddr>,
+}
+
+/// The name `token` enrolls, given the secret's hash and the name the
+/// agent asked for: the token's own if it fixes one (the agent may ask for
+/// that one or none), else the agent's. Refused: another secret, an
+/// expired token, a name other than the token's, no name at all.
+pub(super) fn usable_token(token: &Token, secret_hash: &str, now: u64, requested: &str) -> Result<String, Error> {
+    if token.secret_sha256 != secret_hash {
+        return Err(invalid_token());
+    }
+    if token.expires_at_ms <= now {
+        return Err(unauthenticated(format!(
+            "the enrollment token {} expired {} ago; create a new one with `weftctl token create`",
+            token.id,
+            humantime::format_duration(Duration::from_secs((now - token.expires_at_ms) / 1000))
+        )));
+    }
+    let name = match (&token.name, requested.trim()) {
+        (Some(fixed), r) if !r.is_empty() && r != fixed => {
+            return Err(Error::InvalidArgument(format!(
+                "this token enrolls the {} {fixed:?}, not {r:?}; start the agent with --name {fixed} or use another token",
+                token.role.as_str()
+            )));
+        }
+        (Some(fixed), _) => fixed.clone(),
+        (None, "") => {
+            return Err(Error::InvalidArgument(
+                "the agent sent no name and the token does not fix one; pass --name".into(),
+            ));
+        }
+        (None, r) => r.to_string(),
+    };
+    validate_name("the agent name", &name).map_err(Error::InvalidArgument)?;
+    Ok(name)
+}
+
+/// A host inside a peer's view would have its overlay (and its controller
+/// traffic) routed into that peering: refused, naming the peering.
+fn underlay_outside_views(
+    snap: &super::Snapshot,
+    ip: std::net::Ipv4Addr,
+    role: AgentRole,
+    name: &str,
+) -> Result<(), Error> {
+    let Some((p, v)) = snap
+        .peerings
+        .iter()
+        .find_map(|(p, _)| p.views.iter().find(|v| v.local.contains(&ip)).map(|v| (p, v)))
+    else {
+        return Ok(());
+    };
+    Err(Error::FailedPrecondition(format!(
+        "underlay: {ip} is in {}, this site's view of peering {:?}'s {} CIDR {}: the {} {name:?} would have its \
+         overlay routed into that peer; give it an address on the site's LAN outside the peers' views, or delete \
+         the peering first (`weftctl peering delete {}`)",
+        v.local,
+        p.site_id,
+        v.kind,
+        v.real,
+        role.as_str(),
+        p.site_id
+    )))
+}
+
+/// An enrolled agent holds `name` while one of its certificates is valid.
+fn held(certs: &[CertRecord], what: &str, name: &str, now: u64) -> Result<(), Error> {
+    match live_until(certs, now) {
+        Some(until) => Err(Error::AlreadyExists(format!(
+            "the {what} name {name:?} is held by an enrolled agent whose certificate is valid for {} more; \
+             remove it with `weftctl {what} remove {name}` first, or choose another name",
+            humantime::format_duration(Duration::from_secs((until - now) / 1000))
+        ))),
+        None => Ok(()),
+    }
+}
+
 impl State {
     /// Creates a token; returns the full token text (shown once) and its record.
     pub async fn create_token(
@@ -156,207 +248,47 @@ impl State {
         mut issue: impl FnMut(AgentRole, &str) -> Result<Issued, Error>,
     ) -> Result<Enrollment, Error> {
         let parsed = ParsedToken::parse(token_text)?;
-        let token_key = self.at(Key::Token(&parsed.id));
         let secret_hash = sha256_hex(&parsed.secret);
         // Refused cheaply, before the site-wide writer lock and its snapshot:
         // one read of the token's own record. A flood of wrong tokens then
         // costs a read each and never stalls enrollment, removal (and so
         // revocation) or peering. The transaction checks again.
-        let unknown = || {
-            unauthenticated(
-                "the enrollment token is unknown (deleted, used up, or never issued); create one with `weftctl token create`"
-                    .into(),
-            )
-        };
-        match self.store.get(&token_key).await? {
-            None => return Err(unknown()),
-            Some(kv) if decode::<Token>(&kv)?.secret_sha256 != secret_hash => {
-                return Err(unauthenticated(
-                    "the enrollment token is not valid; check that it was copied whole".into(),
-                ));
-            }
+        match self.store.get(&self.at(Key::Token(&parsed.id))).await? {
+            None => return Err(unknown_token()),
+            Some(kv) if decode::<Token>(&kv)?.secret_sha256 != secret_hash => return Err(invalid_token()),
             Some(_) => {}
         }
+        let asked = Asked {
+            name: requested_name,
+            subnet: requested_subnet,
+            underlay,
+        };
         let out = self
             .commit(|snap| {
                 let now = now_ms();
                 let Some((token, token_rev)) = snap.tokens.iter().find(|(t, _)| t.id == parsed.id) else {
-                    return Err(unknown());
+                    return Err(unknown_token());
                 };
-                if token.secret_sha256 != secret_hash {
-                    return Err(unauthenticated("the enrollment token is not valid; check that it was copied whole".into()));
-                }
-                if token.expires_at_ms <= now {
-                    return Err(unauthenticated(format!(
-                        "the enrollment token {} expired {} ago; create a new one with `weftctl token create`",
-                        token.id,
-                        humantime::format_duration(Duration::from_secs((now - token.expires_at_ms) / 1000))
-                    )));
-                }
-                let name = match (&token.name, requested_name.trim()) {
-                    (Some(fixed), r) if !r.is_empty() && r != fixed => {
-                        return Err(Error::InvalidArgument(format!(
-                            "this token enrolls the {} {fixed:?}, not {r:?}; start the agent with --name {fixed} or use another token",
-                            token.role.as_str()
-                        )));
-                    }
-                    (Some(fixed), _) => fixed.clone(),
-                    (None, "") => {
-                        return Err(Error::InvalidArgument(
-                            "the agent sent no name and the token does not fix one; pass --name".into(),
-                        ));
-                    }
-                    (None, r) => r.to_string(),
-                };
-                validate_name("the agent name", &name).map_err(Error::InvalidArgument)?;
+                let name = usable_token(token, &secret_hash, now, asked.name)?;
                 let site = snap.site()?;
-                // A host inside a peer's view would have its overlay (and
-                // its controller traffic) routed into that peering.
-                if let Some(std::net::IpAddr::V4(ip)) = underlay
-                    && let Some((p, v)) = snap
-                        .peerings
-                        .iter()
-                        .find_map(|(p, _)| p.views.iter().find(|v| v.local.contains(&ip)).map(|v| (p, v)))
-                {
-                    return Err(Error::FailedPrecondition(format!(
-                        "underlay: {ip} is in {}, this site's view of peering {:?}'s {} CIDR {}: the {} {name:?} would \
-                         have its overlay routed into that peer; give it an address on the site's LAN outside the \
-                         peers' views, or delete the peering first (`weftctl peering delete {}`)",
-                        v.local,
-                        p.site_id,
-                        v.kind,
-                        v.real,
-                        token.role.as_str(),
-                        p.site_id
-                    )));
+                if let Some(std::net::IpAddr::V4(ip)) = underlay {
+                    underlay_outside_views(snap, ip, token.role, &name)?;
                 }
-
+                // One use of the token, in the same transaction as the record.
+                let token_key = self.at(Key::Token(&token.id));
                 let mut txn = Txn::new().when(Compare::ModRevision(token_key.clone(), *token_rev));
                 txn = if token.uses_left <= 1 {
-                    txn.then(Op::delete(token_key.clone()))
+                    txn.then(Op::delete(token_key))
                 } else {
                     let mut t = token.clone();
                     t.uses_left -= 1;
-                    txn.then(Op::put(token_key.clone(), encode(&t)))
+                    txn.then(Op::put(token_key, encode(&t)))
                 };
-                let held = |certs: &[CertRecord], what: &str| -> Result<(), Error> {
-                    match live_until(certs, now) {
-                        Some(until) => Err(Error::AlreadyExists(format!(
-                            "the {what} name {name:?} is held by an enrolled agent whose certificate is valid for {} more; \
-                             remove it with `weftctl {what} remove {name}` first, or choose another name",
-                            humantime::format_duration(Duration::from_secs((until - now) / 1000))
-                        ))),
-                        None => Ok(()),
-                    }
-                };
+                let txn = self.ipam_guard(snap, txn);
                 let (enrollment, record_txn) = match token.role {
-                    AgentRole::Node => {
-                        let key = self.at(Key::Node(&name));
-                        let existing = snap.nodes.iter().find(|(n, _)| n.name == name);
-                        // A token that does not name the node may only make a
-                        // new one, of at most the size IPAM would give: taking
-                        // over an existing node, or reserving a large block,
-                        // needs a token made for that node.
-                        if token.name.is_none() {
-                            if let Some((n, _)) = existing {
-                                held(&n.certs, "node")?;
-                                return Err(Error::AlreadyExists(format!(
-                                    "node {name:?} exists; enroll it with a token made for it \
-                                     (`weftctl token create --role node --name {name}`)"
-                                )));
-                            }
-                            if let Some(s) = requested_subnet.filter(|s| s.prefix_len() < site.node_prefix_len) {
-                                return Err(Error::InvalidArgument(format!(
-                                    "subnet {s} is larger than a node's /{} and this token does not name the node; \
-                                     use a token made for it (`weftctl token create --role node --name {name}`)",
-                                    site.node_prefix_len
-                                )));
-                            }
-                        }
-                        let (mut node, guard) = match existing {
-                            Some((n, rev)) => {
-                                held(&n.certs, "node")?;
-                                if let Some(s) = requested_subnet
-                                    && s != n.subnet
-                                {
-                                    return Err(Error::InvalidArgument(format!(
-                                        "node {name:?} already has subnet {}, not {s}; drop --subnet or remove the node first",
-                                        n.subnet
-                                    )));
-                                }
-                                (n.clone(), Compare::ModRevision(key.clone(), *rev))
-                            }
-                            None => (new_node(snap, site, &name, requested_subnet)?, Compare::Version(key.clone(), 0)),
-                        };
-                        if node.internal_ip.is_none() {
-                            node.internal_ip = Some(ipam::allocate_internal_ip(site.internal_cidr, &snap.internal_ips())?);
-                        }
-                        node.underlay_ip = underlay.or(node.underlay_ip);
-                        let issued = issue(AgentRole::Node, &name)?;
-                        node.certs.retain(|c| c.not_after_ms > now);
-                        // Used from the start: the enrolling agent holds
-                        // it now (and so no write for its first call).
-                        node.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms, issued_at_ms: now, used: true });
-                        // A token is the admin's word: the identity is whole again.
-                        node.identity_conflict = None;
-                        node.enrolled_at_ms = now;
-                        let e = Enrollment { role: AgentRole::Node, name: name.clone(), issued, subnet: Some(node.subnet) };
-                        (e, self.ipam_guard(snap, txn).when(guard).then(Op::put(key, encode(&node))))
-                    }
+                    AgentRole::Node => self.enroll_node(snap, site, token, &name, &asked, now, txn, &mut issue)?,
                     AgentRole::Gateway => {
-                        if requested_subnet.is_some() {
-                            return Err(Error::InvalidArgument("a gateway has no workload subnet; drop --subnet".into()));
-                        }
-                        let key = self.at(Key::Gateway(&name));
-                        let existing = snap.gateways.iter().find(|(g, _)| g.name == name);
-                        if token.name.is_none()
-                            && let Some((g, _)) = existing
-                        {
-                            held(&g.certs, "gateway")?;
-                            return Err(Error::AlreadyExists(format!(
-                                "gateway {name:?} exists; enroll it with a token made for it \
-                                 (`weftctl token create --role gateway --name {name}`)"
-                            )));
-                        }
-                        let (mut gw, guard) = match existing {
-                            Some((g, rev)) => {
-                                held(&g.certs, "gateway")?;
-                                (g.clone(), Compare::ModRevision(key.clone(), *rev))
-                            }
-                            None => (
-                                Gateway {
-                                    name: name.clone(),
-                                    endpoint: None,
-                                    public_key: None,
-                                    created_at_ms: now,
-                                    certs: vec![],
-                                    internal_ip: None,
-                                    underlay_ip: None,
-                                    geneve: false,
-                                    identity_conflict: None,
-                                    enrolled_at_ms: 0,
-                                    pending_public_key: None,
-                                    key_from_enrollment: true,
-                                },
-                                Compare::Version(key.clone(), 0),
-                            ),
-                        };
-                        if gw.internal_ip.is_none() {
-                            gw.internal_ip = Some(ipam::allocate_internal_ip(site.internal_cidr, &snap.internal_ips())?);
-                        }
-                        gw.underlay_ip = underlay.or(gw.underlay_ip);
-                        let issued = issue(AgentRole::Gateway, &name)?;
-                        gw.certs.retain(|c| c.not_after_ms > now);
-                        gw.certs.push(CertRecord { serial: issued.serial.clone(), not_after_ms: issued.not_after_ms, issued_at_ms: now, used: true });
-                        // A token is the admin's word: the identity is whole
-                        // again, and the key the agent sends next is taken
-                        // (a host enrolled anew may have made a new one).
-                        gw.identity_conflict = None;
-                        gw.enrolled_at_ms = now;
-                        gw.pending_public_key = None;
-                        gw.key_from_enrollment = true;
-                        let e = Enrollment { role: AgentRole::Gateway, name: name.clone(), issued, subnet: None };
-                        (e, self.ipam_guard(snap, txn).when(guard).then(Op::put(key, encode(&gw))))
+                        self.enroll_gateway(snap, site, token, &name, &asked, now, txn, &mut issue)?
                     }
                 };
                 Ok((Some(record_txn), enrollment))
@@ -364,6 +296,166 @@ impl State {
             .await?;
         tracing::info!(token = %parsed.id, role = out.role.as_str(), agent = %out.name, serial = %out.issued.serial, "agent enrolled");
         Ok(out)
+    }
+
+    /// A node's record after enrollment (new, or claimed with a token made
+    /// for it), and the transaction that writes it.
+    #[allow(clippy::too_many_arguments)]
+    fn enroll_node(
+        &self,
+        snap: &super::Snapshot,
+        site: &Site,
+        token: &Token,
+        name: &str,
+        asked: &Asked,
+        now: u64,
+        txn: Txn,
+        issue: &mut impl FnMut(AgentRole, &str) -> Result<Issued, Error>,
+    ) -> Result<(Enrollment, Txn), Error> {
+        let key = self.at(Key::Node(name));
+        let existing = snap.nodes.iter().find(|(n, _)| n.name == name);
+        // A token that does not name the node may only make a new one, of
+        // at most the size IPAM would give: taking over an existing node,
+        // or reserving a large block, needs a token made for that node.
+        if token.name.is_none() {
+            if let Some((n, _)) = existing {
+                held(&n.certs, "node", name, now)?;
+                return Err(Error::AlreadyExists(format!(
+                    "node {name:?} exists; enroll it with a token made for it \
+                     (`weftctl token create --role node --name {name}`)"
+                )));
+            }
+            if let Some(s) = asked.subnet.filter(|s| s.prefix_len() < site.node_prefix_len) {
+                return Err(Error::InvalidArgument(format!(
+                    "subnet {s} is larger than a node's /{} and this token does not name the node; \
+                     use a token made for it (`weftctl token create --role node --name {name}`)",
+                    site.node_prefix_len
+                )));
+            }
+        }
+        let (mut node, guard) = match existing {
+            Some((n, rev)) => {
+                held(&n.certs, "node", name, now)?;
+                if let Some(s) = asked.subnet
+                    && s != n.subnet
+                {
+                    return Err(Error::InvalidArgument(format!(
+                        "node {name:?} already has subnet {}, not {s}; drop --subnet or remove the node first",
+                        n.subnet
+                    )));
+                }
+                (n.clone(), Compare::ModRevision(key.clone(), *rev))
+            }
+            None => (
+                new_node(snap, site, name, asked.subnet)?,
+                Compare::Version(key.clone(), 0),
+            ),
+        };
+        if node.internal_ip.is_none() {
+            node.internal_ip = Some(ipam::allocate_internal_ip(site.internal_cidr, &snap.internal_ips())?);
+        }
+        node.underlay_ip = asked.underlay.or(node.underlay_ip);
+        let issued = issue(AgentRole::Node, name)?;
+        node.certs.retain(|c| c.not_after_ms > now);
+        // Used from the start: the enrolling agent holds it now (and so no
+        // write for its first call).
+        node.certs.push(CertRecord {
+            serial: issued.serial.clone(),
+            not_after_ms: issued.not_after_ms,
+            issued_at_ms: now,
+            used: true,
+        });
+        // A token is the admin's word: the identity is whole again.
+        node.identity_conflict = None;
+        node.enrolled_at_ms = now;
+        let e = Enrollment {
+            role: AgentRole::Node,
+            name: name.to_string(),
+            issued,
+            subnet: Some(node.subnet),
+        };
+        Ok((e, txn.when(guard).then(Op::put(key, encode(&node)))))
+    }
+
+    /// A gateway's record after enrollment, and the transaction that
+    /// writes it.
+    #[allow(clippy::too_many_arguments)]
+    fn enroll_gateway(
+        &self,
+        snap: &super::Snapshot,
+        site: &Site,
+        token: &Token,
+        name: &str,
+        asked: &Asked,
+        now: u64,
+        txn: Txn,
+        issue: &mut impl FnMut(AgentRole, &str) -> Result<Issued, Error>,
+    ) -> Result<(Enrollment, Txn), Error> {
+        if asked.subnet.is_some() {
+            return Err(Error::InvalidArgument(
+                "a gateway has no workload subnet; drop --subnet".into(),
+            ));
+        }
+        let key = self.at(Key::Gateway(name));
+        let existing = snap.gateways.iter().find(|(g, _)| g.name == name);
+        if token.name.is_none()
+            && let Some((g, _)) = existing
+        {
+            held(&g.certs, "gateway", name, now)?;
+            return Err(Error::AlreadyExists(format!(
+                "gateway {name:?} exists; enroll it with a token made for it \
+                 (`weftctl token create --role gateway --name {name}`)"
+            )));
+        }
+        let (mut gw, guard) = match existing {
+            Some((g, rev)) => {
+                held(&g.certs, "gateway", name, now)?;
+                (g.clone(), Compare::ModRevision(key.clone(), *rev))
+            }
+            None => (
+                Gateway {
+                    name: name.to_string(),
+                    endpoint: None,
+                    public_key: None,
+                    created_at_ms: now,
+                    certs: vec![],
+                    internal_ip: None,
+                    underlay_ip: None,
+                    geneve: false,
+                    identity_conflict: None,
+                    enrolled_at_ms: 0,
+                    pending_public_key: None,
+                    key_from_enrollment: true,
+                },
+                Compare::Version(key.clone(), 0),
+            ),
+        };
+        if gw.internal_ip.is_none() {
+            gw.internal_ip = Some(ipam::allocate_internal_ip(site.internal_cidr, &snap.internal_ips())?);
+        }
+        gw.underlay_ip = asked.underlay.or(gw.underlay_ip);
+        let issued = issue(AgentRole::Gateway, name)?;
+        gw.certs.retain(|c| c.not_after_ms > now);
+        gw.certs.push(CertRecord {
+            serial: issued.serial.clone(),
+            not_after_ms: issued.not_after_ms,
+            issued_at_ms: now,
+            used: true,
+        });
+        // A token is the admin's word: the identity is whole again, and the
+        // key the agent sends next is taken (a host enrolled anew may have
+        // made a new one).
+        gw.identity_conflict = None;
+        gw.enrolled_at_ms = now;
+        gw.pending_public_key = None;
+        gw.key_from_enrollment = true;
+        let e = Enrollment {
+            role: AgentRole::Gateway,
+            name: name.to_string(),
+            issued,
+            subnet: None,
+        };
+        Ok((e, txn.when(guard).then(Op::put(key, encode(&gw)))))
     }
 
     /// Removes a gateway and revokes its certificates.
