@@ -287,7 +287,6 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("config", "--config", "WEFT_CONFIG"),
 ];
 
-/// Parses an IPv4 CIDR in canonical form, or says what is wrong with it.
 /// `--peer-cidr-over-underlay`'s value.
 fn underlay_overlap(text: &str) -> Result<crate::domain::UnderlayOverlap, String> {
     use crate::domain::UnderlayOverlap;
@@ -298,6 +297,7 @@ fn underlay_overlap(text: &str) -> Result<crate::domain::UnderlayOverlap, String
     }
 }
 
+/// Parses an IPv4 CIDR in canonical form, or says what is wrong with it.
 pub fn parse_cidr(text: &str) -> Result<Ipv4Net, String> {
     let text = text.trim();
     let q = crate::domain::shown(text);

@@ -462,10 +462,13 @@ fn collision_checks(m: &crate::render::Model) -> Vec<pb::Check> {
         for h in &c.holders[1..] {
             let hint = match h.record.split_once('/') {
                 Some(("node", n)) => format!(
-                    "remove it (`weftctl node remove {n}`) and enroll its host under another name; the names                      hash alike, which enrollment refuses, so it was written past that check (two replicas at                      once, a restored backup)"
+                    "remove it (`weftctl node remove {n}`) and enroll its host under another name; the names \
+                     hash alike, which enrollment refuses, so it was written past that check (two replicas at \
+                     once, a restored backup)"
                 ),
                 Some(("peer", p)) => format!(
-                    "delete it (`weftctl peering delete {p}`): this site cannot peer with both; the ids hash                      alike, which Join refuses, so it was written past that check"
+                    "delete it (`weftctl peering delete {p}`): this site cannot peer with both; the ids hash \
+                     alike, which Join refuses, so it was written past that check"
                 ),
                 _ => String::new(),
             };

@@ -134,6 +134,7 @@ pub fn plan(desired: &Desired, observed: &State, scopes: &BTreeSet<Ns>) -> Vec<O
         creating,
         deleting,
         gone: BTreeSet::new(),
+        readdressed: BTreeSet::new(),
         ops: Vec::new(),
     };
     p.namespaces();
@@ -154,6 +155,10 @@ struct Planner<'a> {
     /// Links that will be gone after the removals: undesired, to be
     /// replaced, or the other end of such a veth pair.
     gone: BTreeSet<(Ns, String)>,
+    /// Links that stay but lose an address (one replaced by its other
+    /// form, say): the kernel drops the routes through a link that loses
+    /// its last address, so those are set again.
+    readdressed: BTreeSet<(Ns, String)>,
     ops: Vec<Op>,
 }
 
@@ -236,11 +241,14 @@ impl Planner<'_> {
                 ops.push(Op::DelRoute(r.clone()));
             }
         }
+        let mut readdressed = BTreeSet::new();
         for a in o.addresses.iter().filter(|a| self.live(&a.ns)) {
             if !d.addresses.contains(a) && self.link_stays(&a.ns, &a.link) {
                 ops.push(Op::DelAddress(a.clone()));
+                readdressed.insert((a.ns.clone(), a.link.clone()));
             }
         }
+        self.readdressed = readdressed;
         for ((ns, link), peers) in o.peers.iter().filter(|((ns, _), _)| self.live(ns)) {
             if !self.link_stays(ns, link) {
                 continue;
@@ -310,7 +318,10 @@ impl Planner<'_> {
         // them (an address added without its prefix route).
         let (on_link, via): (Vec<_>, Vec<_>) = d.routes.iter().partition(|(_, r)| r.gateway.is_none());
         for (k, r) in on_link.into_iter().chain(via).filter(|(k, _)| self.live(&k.0)) {
-            let on_fresh = r.dev.as_ref().is_some_and(|dev| self.fresh(&r.ns, dev));
+            let on_fresh = r
+                .dev
+                .as_ref()
+                .is_some_and(|dev| self.fresh(&r.ns, dev) || self.readdressed.contains(&(r.ns.clone(), dev.clone())));
             if on_fresh || self.creating.contains(&r.ns) || o.routes.get(k) != Some(r) {
                 ops.push(Op::SetRoute(r.clone()));
             }

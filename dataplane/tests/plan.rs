@@ -351,6 +351,34 @@ fn link_replacement_re_adds_its_unchanged_addresses_and_routes() {
     assert_eq!(plan_now(&f, &after, &BTreeSet::new()), vec![]);
 }
 
+/// An address applied in its old form (with the kernel's prefix route) is
+/// removed and added anew without it; the kernel drops the routes through
+/// a link that loses its last address, so the routes through it are set
+/// again in the same plan, after the address.
+#[test]
+fn an_address_changed_to_no_prefix_route_sets_the_routes_through_its_link_again() {
+    let f = fresh();
+    let before = all();
+    reconcile(&f, &before, &BTreeSet::new());
+    let mut after = all();
+    let i = after.iter().position(|o| o.id == "self/address").unwrap();
+    if let Some(Kind::Address(a)) = &mut after[i].kind {
+        a.no_prefix_route = true;
+    }
+    let ops = plan_now(&f, &after, &BTreeSet::new());
+    let pos = |want: &dyn Fn(&Op) -> bool| ops.iter().position(want).unwrap_or_else(|| panic!("{ops:#?}"));
+    let del = pos(&|o| matches!(o, Op::DelAddress(a) if a.link == "weft-vx0" && !a.no_prefix_route));
+    let add = pos(&|o| matches!(o, Op::AddAddress(a) if a.link == "weft-vx0" && a.no_prefix_route));
+    let route = pos(&|o| matches!(o, Op::SetRoute(r) if r.dev.as_deref() == Some("weft-vx0")));
+    assert!(del < add && add < route, "{ops:#?}");
+    assert!(
+        !ops.iter().any(|o| matches!(o, Op::DelLink { .. } | Op::AddLink(_))),
+        "the link itself stays: {ops:#?}"
+    );
+    assert_eq!(reconcile(&f, &after, &BTreeSet::new()), vec![]);
+    assert_eq!(plan_now(&f, &after, &BTreeSet::new()), vec![]);
+}
+
 #[test]
 fn a_stray_route_in_wefts_table_and_a_stray_rule_at_its_priority_are_removed() {
     let f = fresh();

@@ -636,9 +636,12 @@ pub fn step(name: &str) {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            STEP.with(|s| {
-                let s = s.borrow();
-                if !s.is_empty() {
+            // try_with: a panic while the thread's locals are torn down
+            // must not panic again here.
+            let _ = STEP.try_with(|s| {
+                if let Ok(s) = s.try_borrow()
+                    && !s.is_empty()
+                {
                     eprintln!("failed in step: {s}");
                 }
             });

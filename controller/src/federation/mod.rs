@@ -114,22 +114,35 @@ impl Federation {
     /// its gateways listen on for that peering: each gateway's endpoint is
     /// the one the peer dials for this peering alone (see
     /// [`crate::domain::Site::peering_endpoint`]).
+    ///
+    /// From the hub's model, which follows the store: a subscription asks
+    /// after every change and every 2 s, so no store read here unless the
+    /// peering is not in the model yet.
     pub async fn params_for(&self, peer: &str) -> Result<(pb::NetworkParams, u16), Error> {
-        // From the hub's model, which follows the store: a subscription
-        // asks after every change and every 2 s, so no store read here
-        // unless the peering is not recorded yet (its port is chosen then).
         let model = self.hub.model();
-        let site = model
-            .site
-            .clone()
-            .ok_or_else(|| Error::FailedPrecondition("the site is not initialised in the store yet".into()))?;
         let port = match model.peerings.get(peer) {
             Some(p) => p.listen_port,
             None => self.state.wg_port_for(peer).await?,
         };
+        Ok((self.params_at(&model, port)?, port))
+    }
+
+    /// [`Self::params_for`] for a negotiation, which records the port: the
+    /// port as the store has it (the model may lag behind a peering just
+    /// deleted and made again).
+    pub async fn params_for_negotiation(&self, peer: &str) -> Result<(pb::NetworkParams, u16), Error> {
+        let port = self.state.wg_port_for(peer).await?;
+        Ok((self.params_at(&self.hub.model(), port)?, port))
+    }
+
+    fn params_at(&self, model: &crate::render::Model, port: u16) -> Result<pb::NetworkParams, Error> {
+        let site = model
+            .site
+            .clone()
+            .ok_or_else(|| Error::FailedPrecondition("the site is not initialised in the store yet".into()))?;
         // Which gateway is active: the peer gives only it our CIDRs as
         // allowed IPs, and follows this when we fail over.
-        let gateways = LocalGateways::of(&model);
+        let gateways = LocalGateways::of(model);
         let params = pb::NetworkParams {
             site_id: site.id.clone(),
             workload_cidrs: site.pod_cidrs.iter().map(|c| c.to_string()).collect(),
@@ -150,7 +163,7 @@ impl Federation {
                 })
                 .collect(),
         };
-        Ok((params, port))
+        Ok(params)
     }
 
     /// This site's gateways and which of them is active.
@@ -210,7 +223,7 @@ impl Federation {
                 t.site
             )));
         }
-        let (own, port) = self.params_for(&t.site).await?;
+        let (own, port) = self.params_for_negotiation(&t.site).await?;
         let req = pb::JoinRequest {
             token_id: t.id.clone(),
             secret: t.secret.clone(),

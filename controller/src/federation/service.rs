@@ -275,7 +275,7 @@ pub(super) async fn joined(
     params: pb::NetworkParams,
     proof: TokenProof,
 ) -> Result<Response<pb::JoinResponse>, Status> {
-    let (own, port) = fed.params_for(&site).await?;
+    let (own, port) = fed.params_for_negotiation(&site).await?;
     let remote = fed.remote(&r.ca_pem, &params, &own)?;
     let p = fed.state.negotiated(&site, remote, Some(&proof), port).await?;
     tracing::info!(peer = %site, views = p.views.len(), "peering negotiated (joined by the peer)");

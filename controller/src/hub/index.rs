@@ -116,7 +116,15 @@ pub(super) fn update(model: &mut Model, key: Key, value: Option<&[u8]>) -> Optio
         }
         Key::Site => {
             if let Some(s) = value.and_then(|v| serde_json::from_slice::<Site>(v).ok()) {
+                let new_id = model.site.as_ref().is_none_or(|old| old.id != s.id);
                 model.site = Some(Arc::new(s));
+                // A peering's namespace name depends on the site's id.
+                if new_id {
+                    let peerings: Vec<String> = model.peerings.keys().cloned().collect();
+                    for p in peerings {
+                        model.index_peering(&p);
+                    }
+                }
             }
             Mark::Everyone
         }
