@@ -13,16 +13,40 @@ use weft_proto::v1::desired_object::Kind;
 /// The objects an agent holds, by id.
 pub type Objects = BTreeMap<String, pb::DesiredObject>;
 
+/// Where an apply looks on the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Where the desired state changed (the namespaces of what changed, and
+    /// the agent's own): a change from the controller.
+    Changed,
+    /// Everywhere either state has something: a resync, or the stored
+    /// state applied at start, which repair drift anywhere.
+    Everything,
+}
+
+/// What differs between `applied` and `desired`: the objects new or
+/// changed, and the ids no longer desired.
+pub fn diff(applied: &Objects, desired: &Objects) -> (Vec<pb::DesiredObject>, Vec<String>) {
+    let changed = desired
+        .values()
+        .filter(|o| applied.get(&o.id) != Some(*o))
+        .cloned()
+        .collect();
+    let gone = applied
+        .keys()
+        .filter(|id| !desired.contains_key(*id))
+        .cloned()
+        .collect();
+    (changed, gone)
+}
+
 #[async_trait::async_trait]
 pub trait Applier: Send {
-    /// Makes the host have `upserts` (each replacing what `held` has under
-    /// its id) and no longer have `deletes`. Returns the objects that failed.
-    async fn apply(
-        &mut self,
-        held: &Objects,
-        upserts: &[pb::DesiredObject],
-        deletes: &[String],
-    ) -> Vec<pb::ObjectError>;
+    /// Makes the host hold `desired`, the whole desired state, where this
+    /// agent had applied `applied` (which says what it claimed: another
+    /// agent's namespaces on the same host are not its own). Returns the
+    /// objects that failed.
+    async fn apply(&mut self, applied: &Objects, desired: &Objects, scope: Scope) -> Vec<pb::ObjectError>;
 
     /// Each tunnel's health, as its probe and WireGuard see it.
     fn tunnels(&mut self) -> Vec<pb::TunnelStatus> {
@@ -168,22 +192,18 @@ pub struct DryRun {
 
 #[async_trait::async_trait]
 impl Applier for DryRun {
-    async fn apply(
-        &mut self,
-        held: &Objects,
-        upserts: &[pb::DesiredObject],
-        deletes: &[String],
-    ) -> Vec<pb::ObjectError> {
-        for o in upserts {
-            let verb = match held.get(&o.id) {
-                None => "create",
-                Some(old) if old == o => continue,
-                Some(_) => "update",
+    async fn apply(&mut self, applied: &Objects, desired: &Objects, _: Scope) -> Vec<pb::ObjectError> {
+        let (changed, gone) = diff(applied, desired);
+        for o in &changed {
+            let verb = if applied.contains_key(&o.id) {
+                "update"
+            } else {
+                "create"
             };
             self.log.push(format!("would {verb} {} [{}]", describe(o), o.id));
         }
-        for id in deletes {
-            if let Some(o) = held.get(id) {
+        for id in &gone {
+            if let Some(o) = applied.get(id) {
                 self.log.push(format!("would delete {} [{id}]", describe(o)));
             }
         }

@@ -44,7 +44,7 @@ use ipnet::{IpNet, Ipv4Net};
 use weft_proto::v1 as pb;
 use weft_proto::v1::desired_object::Kind;
 
-use crate::apply::{Applier, HostNets, Objects};
+use crate::apply::{Applier, HostNets, Objects, Scope};
 
 /// What this host must keep reaching outside the fabric.
 #[derive(Clone, Debug, Default)]
@@ -503,16 +503,24 @@ impl Guard {
 pub struct Guarded<A> {
     pub inner: A,
     pub guard: Guard,
+    /// The ids refused at the last apply: a refusal is logged when it
+    /// starts, and reported at every apply.
+    refused: std::collections::BTreeSet<String>,
+}
+
+impl<A> Guarded<A> {
+    pub fn new(inner: A, guard: Guard) -> Self {
+        Guarded {
+            inner,
+            guard,
+            refused: Default::default(),
+        }
+    }
 }
 
 #[async_trait::async_trait]
 impl<A: Applier> Applier for Guarded<A> {
-    async fn apply(
-        &mut self,
-        held: &Objects,
-        upserts: &[pb::DesiredObject],
-        deletes: &[String],
-    ) -> Vec<pb::ObjectError> {
+    async fn apply(&mut self, applied: &Objects, desired: &Objects, scope: Scope) -> Vec<pb::ObjectError> {
         // The host as it is now: a network attached since the last apply
         // turns away the routes over it.
         match self.inner.host_nets().await {
@@ -520,54 +528,43 @@ impl<A: Applier> Applier for Guarded<A> {
             Some(Ok(host)) => self.guard.set_host(host),
             Some(Err(e)) => self.guard.host_unread(e),
         }
-        // The links as they will be: what is held and stays, and the
-        // upserts over it.
-        let links = links(
-            held.iter()
-                .filter(|(k, _)| !deletes.contains(k))
-                .map(|(_, o)| o)
-                .chain(upserts),
-        );
+        // The links as they will be.
+        let links = links(desired.values());
         // The inner applier sees only what passes: a refused object was
         // never applied, so there is nothing of it to replace or delete.
-        // (Copied only when something held was refused, which is rare.)
-        let refused_held: Vec<(&String, String)> = held
-            .iter()
-            .filter_map(|(k, o)| self.guard.check(o, &links).err().map(|why| (k, why)))
-            .collect();
-        let is_refused = |id: &String| refused_held.iter().any(|(k, _)| *k == id);
-        let filtered: Option<Objects> = (!refused_held.is_empty()).then(|| {
-            held.iter()
-                .filter(|(k, _)| !is_refused(k))
+        // (Copied only when something applied was refused, which is rare.)
+        let applied_refused = applied.values().any(|o| self.guard.check(o, &links).is_err());
+        let applied_ok: Option<Objects> = applied_refused.then(|| {
+            applied
+                .iter()
+                .filter(|(_, o)| self.guard.check(o, &links).is_ok())
                 .map(|(k, o)| (k.clone(), o.clone()))
                 .collect()
         });
-        let held_ok = filtered.as_ref().unwrap_or(held);
-        // Refused objects held and neither replaced nor deleted stay
-        // refused: reported again, so the report lists them all.
-        let mut refused: Vec<pb::ObjectError> = refused_held
-            .iter()
-            .filter(|(k, _)| !deletes.contains(k) && !upserts.iter().any(|o| o.id == **k))
-            .map(|(k, why)| pb::ObjectError {
-                id: (*k).clone(),
-                message: format!("refused by the agent: {why}"),
-            })
-            .collect();
-        let mut ok = Vec::with_capacity(upserts.len());
-        for o in upserts {
+        let mut refused = Vec::new();
+        let mut ok = Objects::new();
+        for (id, o) in desired {
             match self.guard.check(o, &links) {
-                Ok(()) => ok.push(o.clone()),
+                Ok(()) => {
+                    ok.insert(id.clone(), o.clone());
+                }
                 Err(why) => {
-                    tracing::warn!(id = %o.id, reason = %why, "refused a desired object: it reaches past what weft owns");
+                    // Logged once, when it starts; reported at every apply.
+                    if !self.refused.contains(id) {
+                        tracing::warn!(id = %id, reason = %why, "refused a desired object: it reaches past what weft owns");
+                    }
                     refused.push(pb::ObjectError {
-                        id: o.id.clone(),
+                        id: id.clone(),
                         message: format!("refused by the agent: {why}"),
                     });
                 }
             }
         }
-        let deletes: Vec<String> = deletes.iter().filter(|id| !is_refused(id)).cloned().collect();
-        let mut errors = self.inner.apply(held_ok, &ok, &deletes).await;
+        self.refused = refused.iter().map(|e| e.id.clone()).collect();
+        let mut errors = self
+            .inner
+            .apply(applied_ok.as_ref().unwrap_or(applied), &ok, scope)
+            .await;
         errors.extend(refused);
         errors
     }
@@ -935,25 +932,18 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Applier for Recorder {
-        async fn apply(
-            &mut self,
-            held: &Objects,
-            upserts: &[pb::DesiredObject],
-            deletes: &[String],
-        ) -> Vec<pb::ObjectError> {
-            self.held = held.keys().cloned().collect();
-            self.upserts.extend(upserts.iter().map(|o| o.id.clone()));
-            self.deletes.extend(deletes.iter().cloned());
+        async fn apply(&mut self, applied: &Objects, desired: &Objects, _: Scope) -> Vec<pb::ObjectError> {
+            let (changed, gone) = crate::apply::diff(applied, desired);
+            self.held = applied.keys().cloned().collect();
+            self.upserts.extend(changed.iter().map(|o| o.id.clone()));
+            self.deletes.extend(gone);
             vec![]
         }
     }
 
     #[tokio::test]
     async fn refused_objects_are_reported_and_never_reach_the_host() {
-        let mut a = Guarded {
-            inner: Recorder::default(),
-            guard: guard(),
-        };
+        let mut a = Guarded::new(Recorder::default(), guard());
         let good = pb::DesiredObject {
             id: "good".into(),
             kind: Some(rule(7765, 7765, "10.1.0.0/16")),
@@ -962,7 +952,8 @@ mod tests {
             id: "bad".into(),
             kind: Some(rule(0, 254, "0.0.0.0/0")),
         };
-        let errors = a.apply(&Objects::new(), &[good.clone(), bad.clone()], &[]).await;
+        let both: Objects = [("good".to_string(), good.clone()), ("bad".to_string(), bad.clone())].into();
+        let errors = a.apply(&Objects::new(), &both, Scope::Changed).await;
         assert_eq!(errors.len(), 1);
         assert_eq!(errors[0].id, "bad");
         assert!(
@@ -973,8 +964,7 @@ mod tests {
         assert_eq!(a.inner.upserts, ["good"]);
         // Deleting the refused object (held since) touches nothing; the
         // inner applier never sees it as held either.
-        let held: Objects = [("good".to_string(), good), ("bad".to_string(), bad)].into();
-        a.apply(&held, &[], &["bad".into(), "good".into()]).await;
+        a.apply(&both, &Objects::new(), Scope::Changed).await;
         assert_eq!(a.inner.deletes, ["good"]);
         assert_eq!(a.inner.held, ["good"]);
     }

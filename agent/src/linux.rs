@@ -17,7 +17,7 @@ use weft_dataplane::wireguard::Userspace;
 use weft_proto::v1 as pb;
 use weft_proto::v1::desired_object::Kind;
 
-use crate::apply::{Applier, Objects};
+use crate::apply::{Applier, Objects, Scope};
 
 pub use weft_dataplane::kernel::probe as kernel_wireguard_probe;
 pub use weft_dataplane::linux::{kernel_has_geneve, kernel_link_kinds};
@@ -150,38 +150,28 @@ fn start_counting() {
 
 #[async_trait::async_trait]
 impl Applier for Linux {
-    async fn apply(
-        &mut self,
-        held: &Objects,
-        upserts: &[pb::DesiredObject],
-        deletes: &[String],
-    ) -> Vec<pb::ObjectError> {
-        let mut fin = held.clone();
-        for id in deletes {
-            fin.remove(id);
-        }
-        for o in upserts {
-            fin.insert(o.id.clone(), o.clone());
-        }
-        // A resync (everything held, again) looks at every namespace; a
-        // change at those it touches, and always at the agent's own.
-        let resync =
-            deletes.is_empty() && upserts.len() == held.len() && upserts.iter().all(|o| held.contains_key(&o.id));
-        let scopes = (!resync).then(|| {
-            let gone = deletes.iter().filter_map(|id| held.get(id));
-            weft_dataplane::namespaces_of(upserts.iter().chain(gone))
+    async fn apply(&mut self, applied: &Objects, desired: &Objects, scope: Scope) -> Vec<pb::ObjectError> {
+        let fin = desired;
+        let (changed, gone) = crate::apply::diff(applied, desired);
+        // A change looks at the namespaces it touches, and always at the
+        // agent's own; a resync at every namespace either state has.
+        let scopes = (scope == Scope::Changed).then(|| {
+            let gone = gone.iter().filter_map(|id| applied.get(id));
+            weft_dataplane::namespaces_of(changed.iter().chain(gone))
         });
-        let claimed = weft_dataplane::namespaces_of(held.values());
+        let claimed = weft_dataplane::namespaces_of(applied.values());
         let out = self.plane.reconcile(fin.values(), &claimed, scopes.as_ref()).await;
         self.writes += out.done;
         if let Some(e) = out.failed {
             tracing::warn!(error = %e, "nothing applied");
-            return upserts
-                .iter()
-                .map(|o| pb::ObjectError {
-                    id: o.id.clone(),
-                    message: e.clone(),
-                })
+            // Everything this apply was to change failed (a resync: all).
+            let ids = match scope {
+                Scope::Changed => changed.iter().map(|o| o.id.clone()).chain(gone).collect::<Vec<_>>(),
+                Scope::Everything => desired.keys().cloned().collect(),
+            };
+            return ids
+                .into_iter()
+                .map(|id| pb::ObjectError { id, message: e.clone() })
                 .collect();
         }
         let mut errors: Vec<pb::ObjectError> = out

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use weft_proto::v1 as pb;
 use weft_proto::v1::agent_service_client::AgentServiceClient;
 
-use crate::apply::{Applier, DryRun};
+use crate::apply::{Applier, DryRun, Scope};
 use crate::config::AgentConfig;
 use crate::desired::{Desired, StateFile};
 use crate::guard::{Guard, Guarded};
@@ -81,10 +81,12 @@ async fn receive(
         "delta"
     };
     let started = std::time::Instant::now();
-    let errors = applier.apply(&desired.objects, &upserts, &deletes).await;
-    observe_reconcile(kind, started, &errors);
     let (n_up, n_del) = (upserts.len(), deletes.len());
-    desired.commit(msg.revision, upserts, &deletes);
+    let mut next = desired.clone();
+    next.commit(msg.revision, upserts, &deletes);
+    let errors = applier.apply(&desired.objects, &next.objects, Scope::Changed).await;
+    observe_reconcile(kind, started, &errors);
+    *desired = next;
     file.keep(desired);
     crate::metrics::get().applied_revision.set(msg.revision);
     tracing::info!(
@@ -110,10 +112,11 @@ fn observe_reconcile(trigger: &str, started: std::time::Instant, errors: &[pb::O
 /// Applies everything held again (level-triggered: a no-op unless something
 /// drifted); counts and logs what had to be put back.
 async fn resync(desired: &Desired, applier: &mut dyn Applier) -> Vec<pb::ObjectError> {
-    let all: Vec<pb::DesiredObject> = desired.objects.values().cloned().collect();
     let before = applier.writes();
     let started = std::time::Instant::now();
-    let errors = applier.apply(&desired.objects, &all, &[]).await;
+    let errors = applier
+        .apply(&desired.objects, &desired.objects, Scope::Everything)
+        .await;
     observe_reconcile("resync", started, &errors);
     let repaired = applier.writes().saturating_sub(before);
     if repaired > 0 {
@@ -145,10 +148,12 @@ async fn sync_local(want: Vec<pb::DesiredObject>, desired: &mut Desired, file: &
     if gone.is_empty() && changed.is_empty() {
         return;
     }
-    for e in applier.apply(&desired.objects, &changed, &gone).await {
+    let mut next = desired.clone();
+    next.commit(desired.revision, changed, &gone);
+    for e in applier.apply(&desired.objects, &next.objects, Scope::Changed).await {
         tracing::warn!(object = %e.id, error = %e.message, "not applied");
     }
-    desired.commit(desired.revision, changed, &gone);
+    *desired = next;
     file.keep(desired);
 }
 
@@ -534,7 +539,9 @@ impl Drop for Disconnected {
 /// them; returns how many.
 async fn teardown(desired: &mut Desired, file: &StateFile, applier: &mut dyn Applier) -> usize {
     let ids: Vec<String> = desired.objects.keys().cloned().collect();
-    let errors = applier.apply(&desired.objects, &[], &ids).await;
+    let errors = applier
+        .apply(&desired.objects, &crate::apply::Objects::new(), Scope::Changed)
+        .await;
     for e in &errors {
         tracing::warn!(object = %e.id, error = %e.message, "not removed");
     }
@@ -609,15 +616,9 @@ async fn teardown_only(cfg: &AgentConfig) -> anyhow::Result<()> {
     }
     let guard = Guard::new(cfg.underlay_ip, &cfg.controllers);
     let mut applier: Box<dyn Applier> = if cfg.dry_run {
-        Box::new(Guarded {
-            inner: DryRun::default(),
-            guard,
-        })
+        Box::new(Guarded::new(DryRun::default(), guard))
     } else {
-        Box::new(Guarded {
-            inner: crate::linux::Linux::new(None, None)?,
-            guard,
-        })
+        Box::new(Guarded::new(crate::linux::Linux::new(None, None)?, guard))
     };
     let left = teardown(&mut desired, &file, applier.as_mut()).await;
     if left > 0 {
@@ -636,17 +637,14 @@ fn applier_for(cfg: &AgentConfig, wg_key: Option<String>) -> anyhow::Result<Box<
     let guard = Guard::new(cfg.underlay_ip, &cfg.controllers);
     Ok(if cfg.dry_run {
         tracing::info!("--dry-run: changes are printed, not made");
-        Box::new(Guarded {
-            inner: DryRun::default(),
-            guard,
-        })
+        Box::new(Guarded::new(DryRun::default(), guard))
     } else {
-        Box::new(Guarded {
-            inner: crate::linux::Linux::new(wg_key, cfg.wireguard.clone())?
+        Box::new(Guarded::new(
+            crate::linux::Linux::new(wg_key, cfg.wireguard.clone())?
                 .with_probes(cfg.probe)
                 .with_underlay(cfg.underlay_ip),
             guard,
-        })
+        ))
     })
 }
 
@@ -774,9 +772,10 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         // As a resync: what is stored was applied before, so objects that
         // still exist as stored are kept (a link re-created here would drop
         // the traffic through it), missing ones are made again.
-        let all: Vec<pb::DesiredObject> = desired.objects.values().cloned().collect();
         let started = std::time::Instant::now();
-        let errors = applier.apply(&desired.objects, &all, &[]).await;
+        let errors = applier
+            .apply(&desired.objects, &desired.objects, Scope::Everything)
+            .await;
         observe_reconcile("startup", started, &errors);
     }
 
@@ -924,6 +923,74 @@ mod tests {
         assert_eq!(r.disconnected(false, true), RETRY_LOST);
         // A session that was up starts the back-off over.
         assert_eq!(r.disconnected(true, false), Duration::from_secs(1));
+    }
+
+    /// What reached an applier: (what it had applied, what is desired,
+    /// where to look), by id.
+    #[derive(Default)]
+    struct Seen(Vec<(Vec<String>, Vec<String>, Scope)>);
+
+    #[async_trait::async_trait]
+    impl Applier for Seen {
+        async fn apply(
+            &mut self,
+            applied: &crate::apply::Objects,
+            desired: &crate::apply::Objects,
+            scope: Scope,
+        ) -> Vec<pb::ObjectError> {
+            self.0.push((
+                applied.keys().cloned().collect(),
+                desired.keys().cloned().collect(),
+                scope,
+            ));
+            vec![]
+        }
+    }
+
+    fn object(id: &str) -> pb::DesiredObject {
+        pb::DesiredObject {
+            id: id.into(),
+            kind: None,
+        }
+    }
+
+    /// The applier is given the whole desired state each time (never a
+    /// delta), with what it had applied; a resync says so, and the state
+    /// is kept on disk at the revision received.
+    #[tokio::test]
+    async fn each_message_reaches_the_applier_as_the_whole_state_and_is_kept() {
+        use pb::watch_response::Kind;
+        let dir = tempfile::tempdir().unwrap();
+        let file = StateFile::new(dir.path());
+        let mut desired = Desired::default();
+        let mut seen = Seen::default();
+        let snapshot = pb::WatchResponse {
+            revision: 3,
+            kind: Some(Kind::Snapshot(pb::Snapshot {
+                objects: vec![object("a"), object("b")],
+            })),
+        };
+        receive(&snapshot, &mut desired, &file, &mut seen).await;
+        let delta = pb::WatchResponse {
+            revision: 4,
+            kind: Some(Kind::Delta(pb::Delta {
+                upserts: vec![object("c")],
+                deletes: vec!["a".into()],
+            })),
+        };
+        receive(&delta, &mut desired, &file, &mut seen).await;
+        resync(&desired, &mut seen).await;
+        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            seen.0,
+            [
+                (ids(&[]), ids(&["a", "b"]), Scope::Changed),
+                (ids(&["a", "b"]), ids(&["b", "c"]), Scope::Changed),
+                (ids(&["b", "c"]), ids(&["b", "c"]), Scope::Everything),
+            ]
+        );
+        assert_eq!(desired.revision, 4);
+        assert_eq!(file.load().unwrap(), Some(desired));
     }
 
     #[test]
