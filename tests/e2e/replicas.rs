@@ -99,10 +99,13 @@ fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
     eventually("the gateway given n2's tunnel", Duration::from_secs(10), || {
         gw.log_text().contains("remote 192.0.2.12").then_some(())
     });
-    let nodes = weftctl_json(&b.target(), &["nodes"]);
-    for n in nodes["nodes"].as_array().unwrap() {
-        assert_eq!(n["status"]["ready"], true, "{n}");
-    }
+    // Both nodes ready (n2's first report may come a moment after the
+    // gateway got its tunnel).
+    eventually("every node ready", Duration::from_secs(10), || {
+        let nodes = weftctl_json(&b.target(), &["nodes"]);
+        let all = nodes["nodes"].as_array().unwrap();
+        (all.len() == 2 && all.iter().all(|n| n["status"]["ready"] == true)).then_some(())
+    });
 
     // If the dead replica led, another takes over within the leader TTL.
     if a_led {
