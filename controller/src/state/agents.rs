@@ -161,6 +161,19 @@ fn underlay_outside_views(
     )))
 }
 
+/// An enrollment's certificate among the agent's: expired ones pruned, the
+/// new one recorded as used from the start (the enrolling agent holds it
+/// now, and so no write for its first call).
+fn enrolled_cert(certs: &mut Vec<CertRecord>, issued: &Issued, now: u64) {
+    certs.retain(|c| c.not_after_ms > now);
+    certs.push(CertRecord {
+        serial: issued.serial.clone(),
+        not_after_ms: issued.not_after_ms,
+        issued_at_ms: now,
+        used: true,
+    });
+}
+
 /// An enrolled agent holds `name` while one of its certificates is valid.
 fn held(certs: &[CertRecord], what: &str, name: &str, now: u64) -> Result<(), Error> {
     match live_until(certs, now) {
@@ -356,15 +369,7 @@ impl State {
         }
         node.underlay_ip = asked.underlay.or(node.underlay_ip);
         let issued = issue(AgentRole::Node, name)?;
-        node.certs.retain(|c| c.not_after_ms > now);
-        // Used from the start: the enrolling agent holds it now (and so no
-        // write for its first call).
-        node.certs.push(CertRecord {
-            serial: issued.serial.clone(),
-            not_after_ms: issued.not_after_ms,
-            issued_at_ms: now,
-            used: true,
-        });
+        enrolled_cert(&mut node.certs, &issued, now);
         // A token is the admin's word: the identity is whole again.
         node.identity_conflict = None;
         node.enrolled_at_ms = now;
@@ -435,13 +440,7 @@ impl State {
         }
         gw.underlay_ip = asked.underlay.or(gw.underlay_ip);
         let issued = issue(AgentRole::Gateway, name)?;
-        gw.certs.retain(|c| c.not_after_ms > now);
-        gw.certs.push(CertRecord {
-            serial: issued.serial.clone(),
-            not_after_ms: issued.not_after_ms,
-            issued_at_ms: now,
-            used: true,
-        });
+        enrolled_cert(&mut gw.certs, &issued, now);
         // A token is the admin's word: the identity is whole again, and the
         // key the agent sends next is taken (a host enrolled anew may have
         // made a new one).
