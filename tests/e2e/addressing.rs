@@ -345,18 +345,12 @@ for i in range(5000):
     s.lab.plug(&ctlc, "192.168.78.3/24");
     s.lab
         .adopt(&weft_controller::render::peering_namespace("site-a", "site-c"));
-    let tc = s.lab.spawn_controller(
+    let tc = s.lab.controller(
         &ctlc,
-        &s.dir.path().join("site-c"),
-        &[
-            "--site-id",
-            "site-c",
-            "--pod-cidr",
-            pod,
-            "--listen",
-            "192.168.78.3:7443",
-        ],
-        &s.dir.path().join("site-c.log"),
+        weft_tests::ControllerSpec::new("site-c")
+            .data_dir(&s.dir.path().join("site-c"))
+            .pod(pod)
+            .listen("192.168.78.3:7443"),
     );
     let peer = |a: &str, b: &str| {
         let token = weftctl_json(b, &["peering", "token"])["token"]

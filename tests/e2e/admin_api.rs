@@ -4,7 +4,7 @@
 use std::process::Command;
 
 use serde_json::Value;
-use weft_tests::{Controller, bin, require_tool, run, stderr, stdout, weftctl_json};
+use weft_tests::{Controller, ControllerSpec, bin, require_tool, run, stderr, stdout, weftctl_json};
 
 fn controller(site: &str, pods: &[&str], extra: &[&str]) -> (tempfile::TempDir, Controller) {
     let dir = tempfile::Builder::new().prefix("weft-admin").tempdir().unwrap();
@@ -13,7 +13,10 @@ fn controller(site: &str, pods: &[&str], extra: &[&str]) -> (tempfile::TempDir, 
         args.extend(["--pod-cidr", p]);
     }
     args.extend(extra);
-    let c = Controller::start(site, &dir.path().join("data"), &args);
+    let c = ControllerSpec::new(site)
+        .data_dir(&dir.path().join("data"))
+        .flags(&args)
+        .start();
     (dir, c)
 }
 

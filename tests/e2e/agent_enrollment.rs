@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use weft_tests::{Controller, Proc, bin, eventually, weftctl_json};
+use weft_tests::{Controller, ControllerSpec, Proc, bin, eventually, weftctl_json};
 
 fn node_cert_expiry(c: &Controller, name: &str) -> Option<String> {
     let nodes = weftctl_json(&c.target(), &["nodes"]);
@@ -40,11 +40,10 @@ fn agent(c: &Controller, dir: &std::path::Path, extra: &[&str], log: &str) -> Pr
 #[test]
 fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
     let dir = tempfile::Builder::new().prefix("weft-agent").tempdir().unwrap();
-    let c = Controller::start(
-        "site-a",
-        &dir.path().join("data"),
-        &["--pod-cidr", "10.1.0.0/16", "--agent-cert-ttl", "10s"],
-    );
+    let c = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("data"))
+        .flags(&["--pod-cidr", "10.1.0.0/16", "--agent-cert-ttl", "10s"])
+        .start();
     let tok: Value = weftctl_json(&c.target(), &["token", "create", "--role", "node", "--name", "n1"]);
     let (token, fp) = (
         tok["token"].as_str().unwrap().to_string(),
@@ -144,7 +143,10 @@ fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
 #[test]
 fn an_agent_away_at_its_removal_removes_its_objects_when_it_is_back() {
     let dir = tempfile::Builder::new().prefix("weft-agent").tempdir().unwrap();
-    let c = Controller::start("site-a", &dir.path().join("data"), &["--pod-cidr", "10.1.0.0/16"]);
+    let c = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("data"))
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
     let tok: Value = weftctl_json(&c.target(), &["token", "create", "--role", "node", "--name", "n1"]);
     let (token, fp) = (tok["token"].as_str().unwrap(), tok["ca_fingerprint"].as_str().unwrap());
     let mut a = agent(&c, dir.path(), &["--token", token, "--ca-fingerprint", fp], "agent.log");
@@ -169,11 +171,10 @@ fn an_agent_away_at_its_removal_removes_its_objects_when_it_is_back() {
 #[test]
 fn a_watch_ends_with_its_certificate_and_the_agent_carries_on() {
     let dir = tempfile::Builder::new().prefix("weft-expiry").tempdir().unwrap();
-    let c = Controller::start(
-        "site-a",
-        &dir.path().join("ctl"),
-        &["--pod-cidr", "10.1.0.0/16", "--agent-cert-ttl", "10s"],
-    );
+    let c = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("ctl"))
+        .flags(&["--pod-cidr", "10.1.0.0/16", "--agent-cert-ttl", "10s"])
+        .start();
     let mut gw = weft_tests::dry_run_agent("gateway", "gw", "127.0.0.1", &[&c], &c, dir.path());
     eventually("the first watch", Duration::from_secs(20), || {
         gw.log_text().contains("watching").then_some(())
@@ -208,7 +209,10 @@ fn a_watch_ends_with_its_certificate_and_the_agent_carries_on() {
 #[test]
 fn a_state_file_that_cannot_be_saved_is_reported_and_retried_and_never_stops_the_agent() {
     let dir = tempfile::Builder::new().prefix("weft-enroll").tempdir().unwrap();
-    let c = Controller::start("site-a", &dir.path().join("ctl"), &["--pod-cidr", "10.1.0.0/16"]);
+    let c = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("ctl"))
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
     let mut n1 = weft_tests::dry_run_agent("node", "n1", "127.0.0.1", &[&c], &c, dir.path());
     eventually("n1 watching", Duration::from_secs(20), || {
         n1.log_text().contains("watching").then_some(())
@@ -290,11 +294,10 @@ fn a_gateway_refused_but_not_removed_keeps_its_state_and_keeps_running() {
         return;
     };
     let dir = tempfile::Builder::new().prefix("weft-refused").tempdir().unwrap();
-    let c = Controller::start(
-        "site-a",
-        &dir.path().join("ctl"),
-        &["--pod-cidr", "10.1.0.0/16", "--agent-cert-ttl", "12s"],
-    );
+    let c = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("ctl"))
+        .flags(&["--pod-cidr", "10.1.0.0/16", "--agent-cert-ttl", "12s"])
+        .start();
     let mut gw = weft_tests::dry_run_agent("gateway", "gw", "127.0.0.1", &[&c], &c, dir.path());
     let _n1 = weft_tests::dry_run_agent("node", "n1", "127.0.0.2", &[&c], &c, dir.path());
     eventually("the gateway applied its state", Duration::from_secs(20), || {

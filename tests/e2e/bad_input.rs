@@ -13,7 +13,7 @@ use tonic::Code;
 use weft_proto::v1 as pb;
 use weft_proto::v1::admin_service_client::AdminServiceClient;
 use weft_tests::sim::memory_and_fds;
-use weft_tests::{Controller, require_tool, run, stderr, weftctl_json};
+use weft_tests::{Controller, ControllerSpec, require_tool, run, stderr, weftctl_json};
 
 type Admin = AdminServiceClient<tonic::transport::Channel>;
 
@@ -55,7 +55,10 @@ fn each_bad_request_gets_its_code_and_a_fix_and_writes_nothing() {
         return;
     }
     let dir = tempfile::Builder::new().prefix("weft-bad").tempdir().unwrap();
-    let c = Controller::start("site-a", &dir.path().join("data"), &["--pod-cidr", "10.1.0.0/16"]);
+    let c = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("data"))
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
     let before = state(&c);
     // (method, body, code, a words of the message)
     let long = "a".repeat(100);

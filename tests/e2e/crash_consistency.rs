@@ -13,7 +13,7 @@ use ipnet::Ipv4Net;
 use weft_proto::v1 as pb;
 use weft_proto::v1::admin_service_client::AdminServiceClient;
 use weft_proto::v1::agent_service_client::AgentServiceClient;
-use weft_tests::{Controller, Etcd, eventually, weftctl_json};
+use weft_tests::{Controller, ControllerSpec, Etcd, eventually, weftctl_json};
 
 /// Every node, its subnet and its allocations, checked for consistency.
 fn check_allocations(c: &Controller) -> BTreeSet<String> {
@@ -188,7 +188,10 @@ fn acked_burst(c: &mut Controller, tag: &str) -> Vec<String> {
 #[test]
 fn a_crash_mid_burst_on_the_embedded_store_leaks_and_duplicates_nothing() {
     let dir = tempfile::Builder::new().prefix("weft-crash").tempdir().unwrap();
-    let mut c = Controller::start("site-a", &dir.path().join("data"), &["--pod-cidr", "10.1.0.0/16"]);
+    let mut c = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("data"))
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
     registrations(&mut c);
 }
 
@@ -196,19 +199,24 @@ fn a_crash_mid_burst_on_the_embedded_store_leaks_and_duplicates_nothing() {
 fn a_crash_mid_burst_on_etcd_leaks_and_duplicates_nothing() {
     let Some(etcd) = Etcd::start() else { return };
     let dir = tempfile::Builder::new().prefix("weft-crash").tempdir().unwrap();
-    let mut c = Controller::start(
-        "site-a",
-        &dir.path().join("data"),
-        &["--pod-cidr", "10.1.0.0/16", "--etcd-endpoints", &etcd.endpoint()],
-    );
+    let mut c = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("data"))
+        .flags(&["--pod-cidr", "10.1.0.0/16", "--etcd-endpoints", &etcd.endpoint()])
+        .start();
     registrations(&mut c);
 }
 
 #[test]
 fn a_crash_mid_negotiation_leaves_a_peering_on_both_sides_or_on_neither() {
     let dir = tempfile::Builder::new().prefix("weft-crash").tempdir().unwrap();
-    let mut a = Controller::start("site-a", &dir.path().join("a"), &["--pod-cidr", "10.1.0.0/16"]);
-    let b = Controller::start("site-b", &dir.path().join("b"), &["--pod-cidr", "10.1.0.0/16"]);
+    let mut a = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("a"))
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
+    let b = ControllerSpec::new("site-b")
+        .data_dir(&dir.path().join("b"))
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
     let peers = |c: &Controller| -> Vec<String> {
         weftctl_json(&c.target(), &["peerings"])["peerings"]
             .as_array()

@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
+use weft_tests::lab::{AgentSpec, SiteSpec};
 use weft_tests::netns::{self, Lab, must, require_root};
 use weft_tests::sites::{self, TwoSites};
-use weft_tests::{bin, eventually, stdout, weftctl_json};
+use weft_tests::{ControllerSpec, bin, eventually, stdout, weftctl_json};
 
 /// A controller, a gateway and two nodes (n1 with a workload bridge) on a
 /// LAN, the agents enrolled and their overlay links up.
@@ -17,6 +18,7 @@ struct Overlay {
     gw: String,
     n1: String,
     n2: String,
+    gw_agent: usize,
     n1_agent: usize,
     /// Whether this kernel makes Geneve links (found out the way the agents do).
     geneve: bool,
@@ -39,42 +41,25 @@ fn overlay(tag: &str) -> Overlay {
     ] {
         lab.plug(ns, ip);
     }
-    let target = lab.spawn_controller(
-        &ctl,
-        &dir.path().join("ctl"),
-        &[
-            "--site-id",
-            "site-a",
-            "--pod-cidr",
-            "10.1.0.0/16",
-            "--listen",
-            "192.168.77.1:7443",
-        ],
-        &dir.path().join("ctl.log"),
-    );
-
-    let mut agent = |kind: &str, name: &str, ns: &str, underlay: &str, extra: &[&str]| {
-        let state = dir.path().join(name);
-        let mut args =
-            weft_tests::enrolling_agent_args(&target, kind, name, "https://192.168.77.1:7443", underlay, &state, "1s");
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        lab.spawn(
-            ns,
-            &bin(&format!("weft-{kind}-agent")),
-            &refs,
-            &dir.path().join(format!("{name}.log")),
-        )
-    };
-    agent(
-        "gateway",
-        "gw",
-        &gw,
-        "192.168.77.10",
-        &["--endpoint", "192.168.77.10:51820"],
-    );
-    let n1_agent = agent("node", "n1", &n1, "192.168.77.11", &["--workload-bridge", "weft-br0"]);
-    agent("node", "n2", &n2, "192.168.77.12", &[]);
+    let gateway = AgentSpec::gateway("gw", &gw, "192.168.77.10");
+    let mut node1 = AgentSpec::gateway("n1", &n1, "192.168.77.11");
+    node1.kind = "node";
+    node1.flags = vec!["--workload-bridge".into(), "weft-br0".into()];
+    let mut node2 = AgentSpec::gateway("n2", &n2, "192.168.77.12");
+    node2.kind = "node";
+    let site = lab.site(&SiteSpec {
+        controller: ControllerSpec::new("site-a")
+            .data_dir(&dir.path().join("ctl"))
+            .pod("10.1.0.0/16"),
+        ctl: ctl.clone(),
+        ctl_ip: "192.168.77.1".into(),
+        agents: vec![gateway, node1, node2],
+        dir: dir.path().to_path_buf(),
+        prefix: String::new(),
+        resync: "1s".into(),
+        agent_metrics: false,
+    });
+    let (target, gw_agent, n1_agent) = (site.target, site.agents[0], site.agents[1]);
 
     // The agents report whether their kernel has Geneve (found out here the
     // same way: a Geneve link in a scratch namespace); the overlay is
@@ -112,6 +97,7 @@ fn overlay(tag: &str) -> Overlay {
         gw,
         n1,
         n2,
+        gw_agent,
         n1_agent,
         geneve,
     }
@@ -274,7 +260,7 @@ fn a_route_and_a_rule_deleted_by_hand_on_the_gateway_come_back() {
     assert!(
         repaired,
         "not repaired within 10 s; gateway log:\n{}",
-        o.lab.proc(1).log_text()
+        o.lab.proc(o.gw_agent).log_text()
     );
 }
 
@@ -598,13 +584,9 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
         &dir.path().join("client.log"),
     );
     std::thread::sleep(Duration::from_secs(1));
-    let ctl_a = lab.controller_index(0);
-    lab.proc(ctl_a).child.as_mut().unwrap().kill().unwrap();
-    lab.proc(ctl_a)
-        .wait_exit(Duration::from_secs(5))
-        .expect("the controller died");
+    lab.ctl(0).kill();
     std::thread::sleep(Duration::from_secs(2));
-    lab.respawn(ctl_a);
+    lab.ctl(0).restart_stopped();
     let st = lab
         .proc(cli)
         .wait_exit(Duration::from_secs(20))
@@ -793,8 +775,7 @@ fn a_peer_reaches_only_the_sites_workloads_through_its_tunnel() {
         .expect("b's gateway's endpoint");
     // b's controller holds still (so a keeps b's gateway as b last
     // announced it, as a lying peer would have it), then b's gateway dies.
-    let ctl_b = s.lab.controller_index(1);
-    let ctl_b_pid = s.lab.proc(ctl_b).child.as_ref().unwrap().id();
+    let ctl_b_pid = s.lab.ctl(1).pid();
     signal(ctl_b_pid, "-STOP");
     let _resume = Resume(ctl_b_pid);
     let gwb = s.gateways.1;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use weft_tests::{Controller, bin, dry_run_agent, eventually, weftctl_json};
+use weft_tests::{Controller, ControllerSpec, bin, dry_run_agent, eventually, weftctl_json};
 
 /// diagnose's checks of `subject`, as JSON, and its exit code.
 fn diagnose(c: &Controller) -> (Vec<serde_json::Value>, Option<i32>) {
@@ -42,18 +42,17 @@ fn diagnose_finds_a_lagging_agent_and_an_expired_certificate() {
     let dir = tempfile::Builder::new().prefix("weft-diag").tempdir().unwrap();
     // Certificates live 10 s (agents renew at two thirds); an agent stays
     // ready for 20 s without reporting, so the frozen one lags while ready.
-    let c = Controller::start(
-        "site-a",
-        &dir.path().join("data"),
-        &[
+    let c = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("data"))
+        .flags(&[
             "--pod-cidr",
             "10.1.0.0/16",
             "--agent-cert-ttl",
             "10s",
             "--agent-ttl",
             "20s",
-        ],
-    );
+        ])
+        .start();
     let n1 = dry_run_agent("node", "n1", "192.168.1.1", &[&c], &c, dir.path());
     let mut n2 = dry_run_agent("node", "n2", "192.168.1.2", &[&c], &c, dir.path());
     eventually("both nodes ready and in sync", Duration::from_secs(20), || {
@@ -127,11 +126,10 @@ fn diagnose_finds_a_lagging_agent_and_an_expired_certificate() {
 #[test]
 fn logs_are_json_lines_that_carry_the_ids_they_are_about() {
     let dir = tempfile::Builder::new().prefix("weft-logs").tempdir().unwrap();
-    let c = Controller::start(
-        "site-a",
-        &dir.path().join("data"),
-        &["--pod-cidr", "10.1.0.0/16", "--log-format", "json"],
-    );
+    let c = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("data"))
+        .flags(&["--pod-cidr", "10.1.0.0/16", "--log-format", "json"])
+        .start();
     let t = weftctl_json(&c.target(), &["token", "create", "--role", "node", "--name", "n1"]);
     let mut cmd = std::process::Command::new(bin("weft-node-agent"));
     cmd.args(["--controller", &format!("https://127.0.0.1:{}", c.listen_port)])

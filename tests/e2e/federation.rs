@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use serde_json::Value;
 use weft_controller::federation::PeeringToken;
-use weft_tests::{Controller, Etcd, bin, run, stderr, weftctl_json};
+use weft_tests::{Controller, ControllerSpec, Etcd, bin, run, stderr, weftctl_json};
 
 fn site(dir: &std::path::Path, id: &str, extra: &[&str]) -> Controller {
     let mut args = vec!["--pod-cidr", "10.1.0.0/16"];
     args.extend(extra);
-    Controller::start(id, &dir.join(id), &args)
+    ControllerSpec::new(id).data_dir(&dir.join(id)).flags(&args).start()
 }
 
 fn token(c: &Controller, ttl: &str) -> String {
@@ -234,7 +234,10 @@ fn refused_peerings_write_nothing() {
 #[test]
 fn a_peer_in_public_space_is_refused_unless_allowed_and_then_only_remapped() {
     let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
-    let public = Controller::start("site-p", &dir.path().join("site-p"), &["--pod-cidr", "1.1.1.0/24"]);
+    let public = ControllerSpec::new("site-p")
+        .data_dir(&dir.path().join("site-p"))
+        .flags(&["--pod-cidr", "1.1.1.0/24"])
+        .start();
     let strict = site(dir.path(), "site-a", &[]);
     let before = revision(&strict);
     let err = create(&strict, &token(&public, "10m")).unwrap_err();
@@ -312,8 +315,14 @@ fn a_peer_in_public_space_is_refused_unless_allowed_and_then_only_remapped() {
 fn a_peer_whose_id_hashes_like_a_peers_is_refused() {
     let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
     let a = site(dir.path(), "site-a", &[]);
-    let first = Controller::start("site-34359", &dir.path().join("p1"), &["--pod-cidr", "10.2.0.0/16"]);
-    let second = Controller::start("site-74386", &dir.path().join("p2"), &["--pod-cidr", "10.3.0.0/16"]);
+    let first = ControllerSpec::new("site-34359")
+        .data_dir(&dir.path().join("p1"))
+        .flags(&["--pod-cidr", "10.2.0.0/16"])
+        .start();
+    let second = ControllerSpec::new("site-74386")
+        .data_dir(&dir.path().join("p2"))
+        .flags(&["--pod-cidr", "10.3.0.0/16"])
+        .start();
     create(&a, &token(&first, "10m")).unwrap();
     let before = revision(&a);
     let err = create(&a, &token(&second, "10m")).unwrap_err();
@@ -333,7 +342,10 @@ fn a_peer_whose_id_hashes_like_a_peers_is_refused() {
 fn a_host_enrolled_inside_a_peers_view_is_refused_naming_the_peering() {
     let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
     let a = site(dir.path(), "site-a", &[]);
-    let b = Controller::start("site-b", &dir.path().join("site-b"), &["--pod-cidr", "10.2.0.0/16"]);
+    let b = ControllerSpec::new("site-b")
+        .data_dir(&dir.path().join("site-b"))
+        .flags(&["--pod-cidr", "10.2.0.0/16"])
+        .start();
     create(&a, &token(&b, "10m")).unwrap();
     let (_, local) = weft_tests::peer_view(&a.target(), "site-b", "workload");
     assert_eq!(local, "10.2.0.0/16");
@@ -387,7 +399,10 @@ fn a_peer_claiming_space_no_site_can_own_is_refused_on_both_sides() {
     let a = site(dir.path(), "site-a", &[]);
     // Site b's workloads in link-local space, where weft's own tunnel ends
     // live: whatever b's admin meant, a must not route it.
-    let b = Controller::start("site-b", &dir.path().join("site-b"), &["--pod-cidr", "169.254.0.0/16"]);
+    let b = ControllerSpec::new("site-b")
+        .data_dir(&dir.path().join("site-b"))
+        .flags(&["--pod-cidr", "169.254.0.0/16"])
+        .start();
     let err = create(&a, &token(&b, "10m")).unwrap_err();
     assert!(
         err.contains("INVALID_ARGUMENT") && err.contains("169.254.0.0/16") && err.contains("no site can own"),

@@ -10,10 +10,10 @@ use base64::Engine;
 use weft_agent::desired::Desired;
 use weft_proto::v1 as pb;
 use weft_proto::v1::agent_service_client::AgentServiceClient;
-use weft_tests::inproc::InProc;
-use weft_tests::{Controller, bin, eventually, run, weftctl_json};
 
-async fn gateway(c: &InProc, underlay: &str) -> AgentServiceClient<tonic::transport::Channel> {
+use weft_tests::{Controller, ControllerSpec, bin, eventually, run, weftctl_json};
+
+async fn gateway(c: &Controller, underlay: &str) -> AgentServiceClient<tonic::transport::Channel> {
     let token = c.token_for(pb::AgentRole::Gateway, "gw", 600, 1).await;
     let (cert, key) = c.register_at(&token, "gw", underlay).await.unwrap();
     AgentServiceClient::new(c.channel(Some((&cert, &key))).await)
@@ -57,8 +57,8 @@ async fn until_peer_key(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
-    let a = InProc::start_with(&[("site_id", "site-a"), ("pod_cidr", "10.1.0.0/16")]).await;
-    let b = InProc::start_with(&[("site_id", "site-b"), ("pod_cidr", "10.2.0.0/16")]).await;
+    let a = ControllerSpec::new("site-a").pod("10.1.0.0/16").start();
+    let b = ControllerSpec::new("site-b").pod("10.2.0.0/16").start();
     let mut gwa = gateway(&a, "192.168.1.1").await;
     let mut gwb = gateway(&b, "192.168.2.1").await;
     gwb.update_gateway(pb::UpdateGatewayRequest {
@@ -200,8 +200,8 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
     assert!(took < Duration::from_secs(1), "the key change took {took:?}");
     println!("gateway key change reached the peer site's gateway in {took:?} after the admin accepted it");
     drop(s);
-    a.stop().await;
-    b.stop().await;
+    a.shut_down();
+    b.shut_down();
 }
 
 fn peer_names(c: &Controller) -> Vec<String> {
@@ -226,8 +226,14 @@ fn peer(a: &Controller, b: &Controller) {
 #[test]
 fn a_deletion_made_while_the_peer_was_away_reaches_it_when_it_is_back() {
     let dir = tempfile::Builder::new().prefix("weft-fedupd").tempdir().unwrap();
-    let a = Controller::start("site-a", &dir.path().join("a"), &["--pod-cidr", "10.1.0.0/16"]);
-    let mut b = Controller::start("site-b", &dir.path().join("b"), &["--pod-cidr", "10.2.0.0/16"]);
+    let a = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("a"))
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
+    let mut b = ControllerSpec::new("site-b")
+        .data_dir(&dir.path().join("b"))
+        .flags(&["--pod-cidr", "10.2.0.0/16"])
+        .start();
     peer(&a, &b);
     assert!(b.stop().success());
     let d = weftctl_json(&a.target(), &["peering", "delete", "site-b"]);
@@ -242,12 +248,14 @@ fn a_deletion_made_while_the_peer_was_away_reaches_it_when_it_is_back() {
 #[test]
 fn a_peer_unreachable_past_the_grace_period_is_removed() {
     let dir = tempfile::Builder::new().prefix("weft-fedupd").tempdir().unwrap();
-    let mut a = Controller::start("site-a", &dir.path().join("a"), &["--pod-cidr", "10.1.0.0/16"]);
-    let b = Controller::start(
-        "site-b",
-        &dir.path().join("b"),
-        &["--pod-cidr", "10.2.0.0/16", "--peer-grace", "2s"],
-    );
+    let mut a = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("a"))
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
+    let b = ControllerSpec::new("site-b")
+        .data_dir(&dir.path().join("b"))
+        .flags(&["--pod-cidr", "10.2.0.0/16", "--peer-grace", "2s"])
+        .start();
     peer(&a, &b);
     assert_eq!(peer_names(&b), ["site-a"]);
     assert!(a.stop().success());
@@ -289,13 +297,18 @@ fn routed(c: &Controller, peer: &str) -> (String, serde_json::Value) {
 #[test]
 fn a_peers_new_cidrs_are_held_for_review_or_applied_within_bounds() {
     let dir = tempfile::Builder::new().prefix("weft-fedupd").tempdir().unwrap();
-    let a = Controller::start("site-a", &dir.path().join("a"), &["--pod-cidr", "10.1.0.0/16"]);
-    let c = Controller::start(
-        "site-c",
-        &dir.path().join("c"),
-        &["--pod-cidr", "10.5.0.0/16", "--peer-cidr-auto-accept", "10.128.0.0/9"],
-    );
-    let mut b = Controller::start("site-b", &dir.path().join("b"), &["--pod-cidr", "10.2.0.0/16"]);
+    let a = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("a"))
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
+    let c = ControllerSpec::new("site-c")
+        .data_dir(&dir.path().join("c"))
+        .flags(&["--pod-cidr", "10.5.0.0/16", "--peer-cidr-auto-accept", "10.128.0.0/9"])
+        .start();
+    let mut b = ControllerSpec::new("site-b")
+        .data_dir(&dir.path().join("b"))
+        .flags(&["--pod-cidr", "10.2.0.0/16"])
+        .start();
     peer(&a, &b);
     peer(&c, &b);
     assert!(b.stop().success());

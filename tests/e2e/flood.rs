@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tonic::Code;
 use weft_proto::v1 as pb;
 use weft_proto::v1::agent_service_client::AgentServiceClient;
-use weft_tests::inproc::InProc;
+use weft_tests::ControllerSpec;
 
 /// The statuses a flood's calls came back with, by code.
 #[derive(Default)]
@@ -88,7 +88,7 @@ async fn quiet_admin_change(
 /// way, so this also shows that a lifetime's end cuts no call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_bad_tokens_in_ten_seconds_do_not_stall_an_admin_change() {
-    let c = Arc::new(InProc::start().await);
+    let c = Arc::new(ControllerSpec::new("site-a").pod("10.1.0.0/16").start());
     let (_, csr) = weft_agent::identity::key_and_csr("x").unwrap();
     let mut admin = c.admin().await;
     let quiet = quiet_admin_change(&mut admin).await;
@@ -173,7 +173,7 @@ async fn ten_thousand_bad_tokens_in_ten_seconds_do_not_stall_an_admin_change() {
         "an admin change took {worst:?} during the flood (bound {bound:?}: 50 times its quiet {quiet:?}, at least 2 s)"
     );
     if let Ok(c) = Arc::try_unwrap(c) {
-        c.stop().await;
+        c.shut_down();
     }
 }
 
@@ -184,7 +184,7 @@ async fn ten_thousand_bad_tokens_in_ten_seconds_do_not_stall_an_admin_change() {
 /// connection (UNKNOWN), which is what an enrolling agent would see.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_in_flight_when_a_connections_lifetime_ends_are_answered() {
-    let c = Arc::new(InProc::start().await);
+    let c = Arc::new(ControllerSpec::new("site-a").pod("10.1.0.0/16").start());
     let (_, csr) = weft_agent::identity::key_and_csr("x").unwrap();
     let statuses = Arc::new(Statuses::default());
     let start = Instant::now();
@@ -230,7 +230,7 @@ async fn calls_in_flight_when_a_connections_lifetime_ends_are_answered() {
         .sum();
     assert!(not_sent <= 8, "{not_sent} calls met a GOAWAY unsent: {counted:?}");
     if let Ok(c) = Arc::try_unwrap(c) {
-        c.stop().await;
+        c.shut_down();
     }
 }
 
@@ -239,7 +239,7 @@ async fn calls_in_flight_when_a_connections_lifetime_ends_are_answered() {
 /// retry, never a cut connection; once the others go, a new one is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_the_cap_get_resource_exhausted_and_retry_later() {
-    let c = InProc::start().await;
+    let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").start();
     let (_, csr) = weft_agent::identity::key_and_csr("x").unwrap();
     let register = |mut a: AgentServiceClient<tonic::transport::Channel>| {
         let csr = csr.clone();
@@ -294,7 +294,7 @@ async fn connections_over_the_cap_get_resource_exhausted_and_retry_later() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    c.stop().await;
+    c.shut_down();
 }
 
 /// What an idle flood's connections present in their handshakes.
@@ -333,7 +333,10 @@ fn idle_flood(presenting: Presenting) {
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::Builder::new().prefix("weft-idle").tempdir().unwrap();
-    let c = weft_tests::Controller::start("site-a", &dir.path().join("ctl"), &["--pod-cidr", "10.1.0.0/16"]);
+    let c = weft_tests::ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("ctl"))
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
     // An agent enrolled before the flood, then stopped.
     let mut agent = weft_tests::dry_run_agent("node", "n1", "127.0.0.1", &[&c], &c, dir.path());
     weft_tests::eventually("the agent watching", Duration::from_secs(20), || {
@@ -473,7 +476,7 @@ async fn a_peer_pouring_parameter_updates_is_rate_limited_and_stalls_nothing() {
     use weft_controller::pki::identity_uri;
     use weft_proto::v1::federation_service_client::FederationServiceClient;
     let listen = format!("127.0.0.1:{}", weft_tests::free_port());
-    let c = InProc::start_with(&[("listen", &listen)]).await;
+    let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").listen(&listen).start();
 
     // The peer: a CA of its own, a server on loopback.
     let xdir = tempfile::Builder::new().prefix("weft-peer").tempdir().unwrap();
@@ -591,5 +594,5 @@ async fn a_peer_pouring_parameter_updates_is_rate_limited_and_stalls_nothing() {
         "an admin change and enrollment took {worst:?}"
     );
     server.abort();
-    c.stop().await;
+    c.shut_down();
 }

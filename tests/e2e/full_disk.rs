@@ -11,23 +11,21 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use weft_tests::netns::require_root;
-use weft_tests::{Proc, bin, eventually, free_port, run, stderr, weftctl_json};
+use weft_tests::{Controller, ControllerSpec, Proc, bin, eventually, free_port, run, stderr, weftctl_json};
 
-fn start_controller(holder: u32, data: &Path, sock: &Path, port: u16, log: &Path) -> Proc {
-    let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--mount=/proc/{holder}/ns/mnt"))
-        .arg(bin("weft-controller"))
-        .args(["--site-id", "site-a", "--pod-cidr", "10.1.0.0/16", "--data-dir"])
-        .arg(data)
-        .arg("--admin-socket")
-        .arg(sock)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .env_remove("WEFT_CONTROLLER");
-    let p = Proc::spawn(&mut cmd, log);
-    eventually("the controller", Duration::from_secs(20), || {
-        std::os::unix::net::UnixStream::connect(sock).ok()
-    });
-    p
+fn start_controller(holder: u32, data: &Path, sock: &Path, port: u16, log: &Path) -> Controller {
+    controller(holder, data, sock, port).log(log).start()
+}
+
+/// A controller of site-a in `holder`'s mount namespace, its data in
+/// `data`, its admin socket at `sock`, listening on loopback `port`.
+fn controller(holder: u32, data: &Path, sock: &Path, port: u16) -> ControllerSpec {
+    ControllerSpec::new("site-a")
+        .data_dir(data)
+        .pod("10.1.0.0/16")
+        .admin_socket(sock)
+        .listen(&format!("127.0.0.1:{port}"))
+        .mount_of(holder)
 }
 
 /// The holder: a process in a mount namespace of its own with a tmpfs of
@@ -121,15 +119,7 @@ fn a_full_or_read_only_data_dir_refuses_writes_clearly_and_recovers() {
     drop(c);
     let o = in_mount_ns(hpid, &["mount", "-o", "remount,ro", data.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--mount=/proc/{hpid}/ns/mnt"))
-        .arg(bin("weft-controller"))
-        .args(["--site-id", "site-a", "--pod-cidr", "10.1.0.0/16", "--data-dir"])
-        .arg(&data)
-        .arg("--admin-socket")
-        .arg(&sock)
-        .args(["--listen", &format!("127.0.0.1:{port}")]);
-    let o = run(&mut cmd);
+    let o = controller(hpid, &data, &sock, port).refused();
     let err = stderr(&o);
     println!(
         "FAULT data dir read-only at start: exit {:?}: {}",
@@ -180,7 +170,10 @@ fn a_full_disk_under_a_node_agent_never_tears_it_down() {
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
     let (holder, hpid) = tmpfs_holder(&state, "1m", &dir.path().join("holder.log"));
-    let c = weft_tests::Controller::start("site-a", &dir.path().join("ctl"), &["--pod-cidr", "10.1.0.0/16"]);
+    let c = weft_tests::ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("ctl"))
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
     let args = weft_tests::enrolling_agent_args(
         &c.target(),
         "node",

@@ -16,7 +16,7 @@ use weft_agent::desired::StateFile;
 use weft_proto::v1 as pb;
 use weft_proto::v1::desired_object::Kind;
 use weft_tests::netns::{self, Lab};
-use weft_tests::{bin, eventually, weftctl_json};
+use weft_tests::{ControllerSpec, bin, eventually, weftctl_json};
 
 fn obj(id: &str, kind: Kind) -> pb::DesiredObject {
     pb::DesiredObject {
@@ -64,25 +64,17 @@ fn site(tag: &str, etcd: bool) -> Site {
         lab.exec(&node, &["ip", "route", "add", "default", "via", "192.168.78.1"]),
         "default route",
     );
-    let mut args = vec![
-        "--site-id",
-        "site-a",
-        "--pod-cidr",
-        "10.1.0.0/16",
-        "--listen",
-        "192.168.78.1:7443",
-    ];
+    let mut spec = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("site"))
+        .log(&dir.path().join("controller.log"))
+        .pod("10.1.0.0/16")
+        .listen("192.168.78.1:7443");
     if etcd {
         lab.spawn_etcd(&ctl, &dir.path().join("etcd"))
             .expect("etcd is installed");
-        args.extend(["--etcd-endpoints", "http://127.0.0.1:2379"]);
+        spec = spec.etcd("http://127.0.0.1:2379");
     }
-    let target = lab.spawn_controller(
-        &ctl,
-        &dir.path().join("site"),
-        &args,
-        &dir.path().join("controller.log"),
-    );
+    let target = lab.controller(&ctl, spec);
     let state = dir.path().join("n1");
     let mut args = weft_tests::enrolling_agent_args(
         &target,

@@ -1,6 +1,5 @@
-//! Identity and trust, in process: the controller's server runs in this
-//! test's runtime and every client is a real mutual-TLS gRPC client with a
-//! different certificate. Each refusal must carry the right code and
+//! Identity and trust: a controller on loopback, and every client a real
+//! mutual-TLS gRPC client with a different certificate. Each refusal must carry the right code and
 //! message and write nothing.
 
 use std::time::Duration;
@@ -12,8 +11,7 @@ use weft_controller::pki::SiteCa;
 use weft_proto::v1 as pb;
 use weft_proto::v1::admin_service_client::AdminServiceClient;
 use weft_proto::v1::agent_service_client::AgentServiceClient;
-
-use weft_tests::inproc::InProc;
+use weft_tests::{Controller, ControllerSpec};
 
 fn refused<T: std::fmt::Debug>(r: Result<T, Status>, code: Code, needle: &str) {
     let s = r.expect_err("the call must be refused");
@@ -36,14 +34,17 @@ fn foreign_admin() -> (String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mtls_matrix() {
-    let c = InProc::start().await;
+    let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").start();
     let list = |ch: Channel| async move { AdminServiceClient::new(ch).list_nodes(pb::ListNodesRequest {}).await };
 
     // valid admin certificate
     assert!(
-        list(c.channel(Some((&c.pki("admin.pem"), &c.pki("admin.key")))).await)
-            .await
-            .is_ok()
+        list(
+            c.channel(Some((&c.pki_pem("admin.pem"), &c.pki_pem("admin.key"))))
+                .await
+        )
+        .await
+        .is_ok()
     );
 
     // two enrolled nodes
@@ -82,7 +83,7 @@ async fn mtls_matrix() {
         Code::Unauthenticated,
         "not issued by this site's CA",
     );
-    let ca = SiteCa::load(&c.dir.path().join("data/pki")).unwrap();
+    let ca = SiteCa::load(&c.data_dir.join("pki")).unwrap();
     let (ec, ek) = ca
         .issue_with_key("weft://site-a/admin/old", "expired admin", -1)
         .unwrap();
@@ -133,7 +134,10 @@ async fn mtls_matrix() {
         "own",
     );
     // an admin is not an agent
-    let mut admin_as_agent = AgentServiceClient::new(c.channel(Some((&c.pki("admin.pem"), &c.pki("admin.key")))).await);
+    let mut admin_as_agent = AgentServiceClient::new(
+        c.channel(Some((&c.pki_pem("admin.pem"), &c.pki_pem("admin.key"))))
+            .await,
+    );
     refused(
         admin_as_agent
             .get_assignment(pb::GetAssignmentRequest { name: "n1".into() })
@@ -169,12 +173,12 @@ async fn mtls_matrix() {
             .await
             .is_ok()
     );
-    c.stop().await;
+    c.shut_down();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_are_single_use_expire_and_are_never_stored_in_clear() {
-    let c = InProc::start().await;
+    let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").start();
     let mut secrets = Vec::new();
 
     let one = c.token("", 600, 1).await;
@@ -248,9 +252,9 @@ async fn tokens_are_single_use_expire_and_are_never_stored_in_clear() {
     assert_eq!(m.uses_left, 2);
 
     // nothing in the store holds a token secret
-    let dir = c.stop().await;
-    // Connection tasks let go of the store shortly after the server stops.
-    let path = dir.path().join("data/store.redb");
+    let path = c.data_dir.join("store.redb");
+    let _data = c.shut_down();
+    // The store is free once the controller has ended.
     let mut tries = 0;
     let store = loop {
         match weft_controller::store::embedded::EmbeddedStore::open(&path) {
@@ -292,8 +296,11 @@ async fn two_hundred_renewals_then_removal_revokes_on_both_stores() {
         stores.push(vec![("etcd_endpoints", e.endpoint())]);
     }
     for extra in stores {
-        let extra: Vec<(&str, &str)> = extra.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let c = InProc::start_with(&extra).await;
+        let mut spec = ControllerSpec::new("site-a").pod("10.1.0.0/16");
+        if let Some((_, endpoint)) = extra.first() {
+            spec = spec.etcd(endpoint);
+        }
+        let c = spec.start();
         let t = c.token("n1", 600, 1).await;
         let (cert, key) = c.register(&t, "n1").await.unwrap();
         let mut stolen = AgentServiceClient::new(c.channel(Some((&cert, &key))).await);
@@ -335,7 +342,7 @@ async fn two_hundred_renewals_then_removal_revokes_on_both_stores() {
             }
             refused(use_of(creds).await, Code::Unauthenticated, "revoked");
         }
-        c.stop().await;
+        c.shut_down();
     }
 }
 
@@ -344,7 +351,7 @@ async fn two_hundred_renewals_then_removal_revokes_on_both_stores() {
 /// certificates expired, say) or reserve a large block.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unnamed_token_cannot_take_over_a_node_or_reserve_a_large_block() {
-    let c = InProc::start().await;
+    let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").start();
     c.admin()
         .await
         .create_node(pb::CreateNodeRequest {
@@ -379,7 +386,7 @@ async fn an_unnamed_token_cannot_take_over_a_node_or_reserve_a_large_block() {
     let named = c.token("n9", 600, 1).await;
     c.register(&named, "n9").await.unwrap();
     c.register(&unnamed, "n10").await.unwrap();
-    c.stop().await;
+    c.shut_down();
 }
 
 /// Two node names that hash alike would share one link on every gateway:
@@ -389,7 +396,7 @@ async fn an_unnamed_token_cannot_take_over_a_node_or_reserve_a_large_block() {
 /// found by a birthday search over the 36-bit link tag.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_name_that_hashes_like_another_nodes_is_refused() {
-    let c = InProc::start().await;
+    let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").start();
     c.admin()
         .await
         .create_node(pb::CreateNodeRequest {
@@ -425,7 +432,7 @@ async fn a_node_name_that_hashes_like_another_nodes_is_refused() {
     assert!(before_register > before, "the token was made");
     // The token was not spent: another name enrolls with it.
     c.register(&unnamed, "n3").await.unwrap();
-    c.stop().await;
+    c.shut_down();
 }
 
 /// A record whose name hashes like an older one's, written past the checks
@@ -441,7 +448,7 @@ async fn a_record_whose_name_hashes_like_an_older_ones_is_not_rendered_and_diagn
     use weft_proto::v1::watch_response::Kind;
     let Some(etcd) = weft_tests::Etcd::start() else { return };
     let endpoint = etcd.endpoint();
-    let c = InProc::start_with(&[("etcd_endpoints", &endpoint)]).await;
+    let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").etcd(&endpoint).start();
     let etcdctl = |args: &[&str]| {
         let out = std::process::Command::new("etcdctl")
             .args(["--endpoints", &endpoint])
@@ -586,11 +593,11 @@ async fn a_record_whose_name_hashes_like_an_older_ones_is_not_rendered_and_diagn
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(has(&gw, "node/n492983/") && !has(&gw, "node/n143693/"), "{gw:?}");
-    c.stop().await;
+    c.shut_down();
 }
 
 /// Renews with `creds`; the new certificate and its key.
-async fn renew(c: &InProc, creds: &(String, String), name: &str) -> Result<(String, String), Status> {
+async fn renew(c: &Controller, creds: &(String, String), name: &str) -> Result<(String, String), Status> {
     let (k, csr) = weft_agent::identity::key_and_csr(name).unwrap();
     let mut a = AgentServiceClient::new(c.channel(Some((&creds.0, &creds.1))).await);
     a.renew(pb::RenewRequest { csr_pem: csr })
@@ -607,7 +614,10 @@ async fn renew(c: &InProc, creds: &(String, String), name: &str) -> Result<(Stri
 /// `gateways` and `diagnose`. A new token clears it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copied_identity_is_revoked_whole_once_both_holders_renew_and_the_admin_is_told() {
-    let c = InProc::start_with(&[("agent_cert_ttl", "10s")]).await;
+    let c = ControllerSpec::new("site-a")
+        .pod("10.1.0.0/16")
+        .flag("--agent-cert-ttl", "10s")
+        .start();
     let t = c.token_for(pb::AgentRole::Gateway, "gw", 600, 1).await;
     let first = c.register(&t, "gw").await.unwrap();
     // The answer to a renewal is lost; the agent retries with the same
@@ -684,7 +694,10 @@ async fn a_copied_identity_is_revoked_whole_once_both_holders_renew_and_the_admi
 /// thief's open Watch stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thief_renewing_twice_from_a_copy_is_found_at_the_real_agents_next_call() {
-    let c = InProc::start_with(&[("agent_cert_ttl", "60s")]).await;
+    let c = ControllerSpec::new("site-a")
+        .pod("10.1.0.0/16")
+        .flag("--agent-cert-ttl", "60s")
+        .start();
     let t = c.token_for(pb::AgentRole::Node, "n1", 600, 1).await;
     let real = c.register(&t, "n1").await.unwrap();
     let client = |creds: &(String, String)| {

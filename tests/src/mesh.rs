@@ -8,6 +8,8 @@
 
 use std::time::Duration;
 
+use crate::ControllerSpec;
+use crate::lab::{AgentSpec, SiteSpec};
 use crate::netns::Lab;
 use crate::{bin, eventually, weftctl_json};
 
@@ -70,78 +72,32 @@ impl Mesh {
         for (ns, addr) in [(&ctl, &ctl_ip), (&gw, &gw_ip), (&node, &node_ip)] {
             lab.plug(ns, &format!("{addr}/24"));
         }
-        let listen = format!("{ctl_ip}:7443");
-        let target = lab.spawn_controller(
-            &ctl,
-            &self.dir.path().join(&id),
-            &["--site-id", &id, "--pod-cidr", &self.pod, "--listen", &listen],
-            &self.dir.path().join(format!("{id}-controller.log")),
-        );
-
         // The workload: a namespace behind the node, in its declared subnet.
         let prefix = self.pod.rsplit_once(".0.0/").expect("a /16 such as 10.1.0.0/16").0;
-        let (subnet, gw_addr, workload) = (
-            format!("{prefix}.0.0/24"),
-            format!("{prefix}.0.1"),
-            format!("{prefix}.0.10"),
-        );
-        let sh = |ns: &str, cmd: &str| crate::netns::must(crate::netns::exec(ns, &["sh", "-c", cmd]), cmd);
-        crate::netns::must(
-            lab.exec(
-                &node,
-                &[
-                    "ip", "link", "add", "wl0", "type", "veth", "peer", "name", "eth0", "netns", &wl,
-                ],
-            ),
-            "workload veth",
-        );
-        sh(
-            &node,
-            &format!("ip addr add {gw_addr}/24 dev wl0 && ip link set wl0 up && sysctl -qw net.ipv4.ip_forward=1"),
-        );
-        sh(
-            &wl,
-            &format!("ip addr add {workload}/24 dev eth0 && ip link set eth0 up && ip route add default via {gw_addr}"),
-        );
+        let (subnet, workload) = (format!("{prefix}.0.0/24"), format!("{prefix}.0.10"));
+        lab.workload(&node, &wl, &format!("{prefix}.0"));
         lab.spawn(
             &wl,
             &bin("weft-echo"),
             &["serve", "--port", &ECHO_PORT.to_string(), "--name", &id],
             &self.dir.path().join(format!("{id}-echo.log")),
         );
-
-        let agent = |lab: &mut Lab, kind: &str, name: &str, ns: &str, underlay: &str| {
-            let state = self.dir.path().join(format!("{id}-{name}"));
-            let mut args = crate::enrolling_agent_args(
-                &target,
-                kind,
-                name,
-                &format!("https://{ctl_ip}:7443"),
-                underlay,
-                &state,
-                "1s",
-            );
-            let log = self.dir.path().join(format!("{id}-{name}.log"));
-            let program = bin(&format!("weft-{kind}-agent"));
-            if kind == "gateway" {
-                args.extend(["--endpoint".into(), format!("{underlay}:51820")]);
-                let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-                lab.spawn_own_host(ns, &program, &refs, &log)
-            } else {
-                args.extend(["--subnet".into(), subnet.clone()]);
-                let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-                lab.spawn(ns, &program, &refs, &log)
-            }
-        };
-        let gateway = agent(lab, "gateway", "gw", &gw, &gw_ip);
-        agent(lab, "node", "node", &node, &node_ip);
-        eventually("the gateway's key", Duration::from_secs(20), || {
-            let g = weftctl_json(&target, &["gateways"]);
-            g["gateways"][0]["public_key"]
-                .as_str()
-                .is_some_and(|k| !k.is_empty())
-                .then_some(())
+        let mut gateway = AgentSpec::gateway("gw", &gw, &gw_ip);
+        gateway.own_host = true;
+        let site = lab.site(&SiteSpec {
+            controller: ControllerSpec::new(&id)
+                .data_dir(&self.dir.path().join(&id))
+                .log(&self.dir.path().join(format!("{id}-controller.log")))
+                .pod(&self.pod),
+            ctl: ctl.clone(),
+            ctl_ip,
+            agents: vec![gateway, AgentSpec::node("node", &node, &node_ip, &subnet)],
+            dir: self.dir.path().to_path_buf(),
+            prefix: id.clone(),
+            resync: "1s".to_string(),
+            agent_metrics: false,
         });
+        let (target, gateway) = (site.target, site.agents[0]);
         self.sites.push(MeshSite {
             id,
             target,

@@ -51,6 +51,8 @@ pub struct Lab {
     prefix: String,
     namespaces: Vec<String>,
     procs: Vec<Proc>,
+    /// Its controllers ([`Lab::controller`]), in order of start.
+    pub(crate) controllers: Vec<crate::controller::Controller>,
     /// How each process was started, to start it again.
     commands: Vec<Started>,
     /// The LAN's port (in the LAN namespace) of each plugged host namespace.
@@ -86,6 +88,7 @@ impl Lab {
             prefix,
             namespaces: Vec::new(),
             procs: Vec::new(),
+            controllers: Vec::new(),
             commands: Vec::new(),
             lan_ports: Vec::new(),
         }
@@ -217,20 +220,6 @@ impl Lab {
         self.spawn(ns, Path::new("/usr/bin/unshare"), &refs, log)
     }
 
-    /// Starts `weft-controller` in host `ns` with `args` and `--data-dir
-    /// data`, logging to `log`, and waits until its admin socket answers;
-    /// returns weftctl's target for it.
-    pub fn spawn_controller(&mut self, ns: &str, data: &Path, args: &[&str], log: &Path) -> String {
-        let mut all = args.to_vec();
-        all.extend(["--data-dir", data.to_str().unwrap()]);
-        self.spawn(ns, &crate::bin("weft-controller"), &all, log);
-        let sock = data.join("admin.sock");
-        crate::eventually("a controller", std::time::Duration::from_secs(20), || {
-            std::os::unix::net::UnixStream::connect(&sock).ok()
-        });
-        format!("unix:{}", sock.display())
-    }
-
     /// Starts a real etcd in host `ns` on its loopback (client port 2379),
     /// data under `data`, and waits until it is healthy; its process index.
     /// None when etcd is not installed (outside CI; under CI that fails).
@@ -295,16 +284,6 @@ impl Lab {
         }
     }
 
-    /// The index of the `n`-th process whose program is weft-controller.
-    pub fn controller_index(&self, n: usize) -> usize {
-        let mut it = self
-            .commands
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.1.ends_with("weft-controller"));
-        it.nth(n).map(|(i, _)| i).expect("no such controller")
-    }
-
     /// Takes responsibility for a namespace something else in the test
     /// creates (e.g. a gateway agent's peering namespace): deleted on drop.
     pub fn adopt(&mut self, ns: &str) {
@@ -319,6 +298,7 @@ impl Lab {
 impl Drop for Lab {
     fn drop(&mut self) {
         self.procs.clear(); // kills them
+        self.controllers.clear();
         for ns in self.namespaces.drain(..).rev() {
             let _ = Command::new("ip")
                 .args(["netns", "del", &ns])

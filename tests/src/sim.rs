@@ -269,7 +269,10 @@ impl Bench {
         }
         flags.extend(extra.iter().cloned());
         let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
-        let controller = crate::Controller::start("bench", &dir.path().join("data"), &refs);
+        let controller = crate::ControllerSpec::new("bench")
+            .data_dir(&dir.path().join("data"))
+            .flags(&refs)
+            .start();
         let ctx = Arc::new(Ctx {
             port: controller.listen_port,
             ca_pem: std::fs::read_to_string(controller.pki("ca.pem"))?,

@@ -7,6 +7,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::ControllerSpec;
+use crate::lab::{AgentSpec, SiteSpec};
 use crate::netns::Lab;
 use crate::{bin, eventually, stdout, weftctl_json};
 
@@ -78,50 +80,49 @@ pub struct Opts {
     pub resync: Option<&'static str>,
 }
 
-/// Where every controller (9100) and agent (9101) of a lab serves
-/// Prometheus metrics, on all addresses of its own namespace.
-pub const CONTROLLER_METRICS_PORT: u16 = 9100;
-pub const AGENT_METRICS_PORT: u16 = 9101;
+pub use crate::lab::{AGENT_METRICS_PORT, CONTROLLER_METRICS_PORT};
+
+/// Site a's and site b's hosts on the WAN, and their agents: (host,
+/// address, agent name). The first host is the controller's.
+const SITE_A: [(&str, &str, &str); 4] = [
+    ("ctla", "192.168.78.1", ""),
+    ("gwa", "192.168.78.10", "gw"),
+    ("na", "192.168.78.11", "na"),
+    ("na2", "192.168.78.12", "na2"),
+];
+const SITE_B: [(&str, &str, &str); 4] = [
+    ("ctlb", "192.168.78.2", ""),
+    ("gwb", "192.168.78.20", "gw"),
+    ("nb", "192.168.78.21", "nb"),
+    ("nb2", "192.168.78.22", "nb2"),
+];
 
 /// [`up`] with options (MTUs, a second gateway).
 pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str), opts: Opts) -> TwoSites {
     let dir = tempfile::Builder::new().prefix("weft-dp").tempdir().unwrap();
     let mut lab = Lab::new(tag);
     lab.lan();
-    let names = [
-        "ctla", "ctlb", "gwa", "gwb", "na", "na2", "nb", "nb2", "wa", "wa2", "wb", "wb2",
-    ];
-    let mut ns: std::collections::HashMap<&str, String> = names.iter().map(|n| (*n, lab.host(n))).collect();
-    if opts.second_gateway_a {
-        ns.insert("gwa2", lab.host("gwa2"));
-        lab.plug(&ns["gwa2"], "192.168.78.13/24");
-    }
-    let wan = [
-        ("ctla", "192.168.78.1/24"),
-        ("ctlb", "192.168.78.2/24"),
-        ("gwa", "192.168.78.10/24"),
-        ("gwb", "192.168.78.20/24"),
-        ("na", "192.168.78.11/24"),
-        ("na2", "192.168.78.12/24"),
-        ("nb", "192.168.78.21/24"),
-        ("nb2", "192.168.78.22/24"),
-    ];
-    for (h, ip) in wan {
-        lab.plug(&ns[h], ip);
-        if let Some(m) = opts.site_b_underlay.filter(|_| h.ends_with('b') || h.ends_with("b2")) {
+    let names = ["wa", "wa2", "wb", "wb2"];
+    let mut ns: HashMap<&str, String> = names.iter().map(|n| (*n, lab.host(n))).collect();
+    for (h, ip, _) in SITE_A.iter().chain(&SITE_B) {
+        ns.insert(h, lab.host(h));
+        lab.plug(&ns[h], &format!("{ip}/24"));
+        if let Some(m) = opts.site_b_underlay.filter(|_| SITE_B.iter().any(|b| b.0 == *h)) {
             crate::netns::must(
                 lab.exec(&ns[h], &["ip", "link", "set", "eth0", "mtu", &m.to_string()]),
                 "mtu",
             );
         }
     }
+    if opts.second_gateway_a {
+        ns.insert("gwa2", lab.host("gwa2"));
+        lab.plug(&ns["gwa2"], "192.168.78.13/24");
+    }
     // The gateways create these; the lab deletes them at the end whatever happens.
     lab.adopt(&weft_controller::render::peering_namespace(site_a, site_b));
     lab.adopt(&weft_controller::render::peering_namespace(site_b, site_a));
-    let sh = |host: &str, cmd: &str| crate::netns::must(crate::netns::exec(host, &["sh", "-c", cmd]), cmd);
     // Workloads: a namespace on each node, in the node's subnet (node n of
-    // a site declares the n-th /24 of the site's pod CIDR), the node
-    // routing for it.
+    // a site declares the n-th /24 of the site's pod CIDR).
     let nth = |pod: &str, n: u8| format!("{}.{n}", pod.rsplit_once(".0.0/").unwrap().0);
     let placement = [
         ("na", "wa", nth(pod_a, 0)),
@@ -130,212 +131,94 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         ("nb2", "wb2", nth(pod_b, 1)),
     ];
     for (node, wl, sub) in &placement {
-        let o = std::process::Command::new("ip")
-            .args([
-                "-n", &ns[node], "link", "add", "wl0", "type", "veth", "peer", "name", "eth0", "netns", &ns[wl],
-            ])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        sh(
-            &ns[node],
-            &format!("ip addr add {sub}.1/24 dev wl0 && ip link set wl0 up && sysctl -qw net.ipv4.ip_forward=1"),
-        );
-        sh(
-            &ns[wl],
-            &format!("ip addr add {sub}.10/24 dev eth0 && ip link set eth0 up && ip route add default via {sub}.1"),
-        );
+        lab.workload(&ns[node], &ns[wl], sub);
     }
 
-    // Site b keeps its state in etcd, on its controller's host.
-    let etcd = if opts.site_b_embedded {
-        None
-    } else {
-        lab.spawn_etcd(&ns["ctlb"], &dir.path().join("etcd"))
-            .map(|i| (i, "http://127.0.0.1:2379".to_string()))
-    };
-    let etcd_b = etcd.as_ref().map(|e| e.0);
-    let etcd = etcd.map(|e| e.1);
-    let etcd_a = opts.site_a_etcd.then(|| {
+    // Site b keeps its state in etcd, on its controller's host; site a
+    // too when asked.
+    let etcd_b = (!opts.site_b_embedded)
+        .then(|| lab.spawn_etcd(&ns["ctlb"], &dir.path().join("etcd")))
+        .flatten();
+    if opts.site_a_etcd {
         lab.spawn_etcd(&ns["ctla"], &dir.path().join("etcd-a"))
             .expect("etcd for site a");
-        "http://127.0.0.1:2379".to_string()
-    });
-
-    let tunnel_mtu = opts.site_a_tunnel.map(|m| m.to_string());
-    let controller = |lab: &mut Lab, host: &str, site: &str, pod: &str, ip: &str, etcd: Option<&str>| {
-        let listen = format!("{ip}:7443");
-        let metrics = format!("0.0.0.0:{CONTROLLER_METRICS_PORT}");
-        let mut args = vec![
-            "--site-id",
-            site,
-            "--pod-cidr",
-            pod,
-            "--listen",
-            &listen,
-            "--metrics-listen",
-            &metrics,
-        ];
-        if let Some(e) = etcd {
-            args.extend(["--etcd-endpoints", e]);
+    }
+    let spec = |site: &str, pod: &str, hosts: &[(&str, &str, &str)], on_etcd: bool, wireguard: Option<&str>| {
+        let mut c = ControllerSpec::new(site)
+            .data_dir(&dir.path().join(site))
+            .pod(pod)
+            .flag("--metrics-listen", &format!("0.0.0.0:{CONTROLLER_METRICS_PORT}"));
+        if on_etcd {
+            c = c.etcd("http://127.0.0.1:2379");
         }
         if let Some(t) = opts.gateway_ttl {
-            args.extend(["--gateway-ttl", t]);
+            c = c.flag("--gateway-ttl", t);
         }
-        if let Some(m) = tunnel_mtu.as_deref().filter(|_| site == site_a) {
-            args.extend(["--tunnel-mtu", m]);
+        if let Some(m) = opts.site_a_tunnel.filter(|_| site == site_a) {
+            c = c.flag("--tunnel-mtu", &m.to_string());
         }
-        lab.spawn_controller(
-            host,
-            &dir.path().join(site),
-            &args,
-            &dir.path().join(format!("{site}.log")),
-        )
-    };
-    let ta = controller(&mut lab, &ns["ctla"], site_a, pod_a, "192.168.78.1", etcd_a.as_deref());
-    let tb = controller(&mut lab, &ns["ctlb"], site_b, pod_b, "192.168.78.2", etcd.as_deref());
-    for (site, on_etcd) in [(site_a, etcd_a.is_some()), (site_b, etcd.is_some())] {
-        if !on_etcd {
-            continue;
+        let mut agents: Vec<AgentSpec> = hosts[1..]
+            .iter()
+            .zip([None, Some(0), Some(1)])
+            .map(|((h, ip, name), n)| match n {
+                None => AgentSpec::gateway(name, &ns[h], ip),
+                Some(n) => AgentSpec::node(name, &ns[h], ip, &format!("{}.0/24", nth(pod, n))),
+            })
+            .collect();
+        if site == site_a && opts.second_gateway_a {
+            // Its own /run/netns, as on its own host.
+            let mut g = AgentSpec::gateway("gw2", &ns["gwa2"], "192.168.78.13");
+            g.own_host = true;
+            agents.insert(1, g);
         }
-        eventually("the controller serving from etcd", Duration::from_secs(10), || {
-            let log = std::fs::read_to_string(dir.path().join(format!("{site}.log"))).unwrap_or_default();
-            (log.contains("store=\"etcd\"") || log.contains("store=etcd")).then_some(())
-        });
-    }
-
-    let agent = |lab: &mut Lab,
-                 kind: &str,
-                 target: &str,
-                 ctl_ip: &str,
-                 host: &str,
-                 ip: &str,
-                 name: &str,
-                 subnet: Option<&str>| {
-        let state = dir.path().join(format!("{ctl_ip}-{name}"));
-        let mut args = crate::enrolling_agent_args(
-            target,
-            kind,
-            name,
-            &format!("https://{ctl_ip}:7443"),
-            ip,
-            &state,
-            if opts.no_drift_repair {
-                "0s"
-            } else {
-                opts.resync.unwrap_or("1s")
-            },
-        );
-        args.extend(["--metrics-listen".to_string(), format!("0.0.0.0:{AGENT_METRICS_PORT}")]);
-        if kind == "gateway" {
-            args.extend(["--endpoint".to_string(), format!("{ip}:51820")]);
-            let mode = if ctl_ip == "192.168.78.1" {
-                opts.wireguard_a
-            } else {
-                opts.wireguard_b
-            };
-            if let Some(m) = mode {
-                args.extend(["--wireguard".to_string(), m.to_string()]);
+        for a in agents.iter_mut().filter(|a| a.kind == "gateway") {
+            if let Some(m) = wireguard {
+                a.flags.extend(["--wireguard".to_string(), m.to_string()]);
             }
         }
-        if let Some(s) = subnet {
-            args.extend(["--subnet".to_string(), s.to_string()]);
-        }
-        let program = bin(&format!("weft-{kind}-agent"));
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let log = dir.path().join(format!("{ctl_ip}-{name}.log"));
-        if name == "gw2" {
-            // Its own /run/netns, as on its own host.
-            lab.spawn_own_host(host, &program, &refs, &log)
-        } else {
-            lab.spawn(host, &program, &refs, &log)
+        SiteSpec {
+            controller: c,
+            ctl: ns[hosts[0].0].clone(),
+            ctl_ip: hosts[0].1.to_string(),
+            agents,
+            dir: dir.path().to_path_buf(),
+            prefix: hosts[0].1.to_string(),
+            resync: if opts.no_drift_repair {
+                "0s".to_string()
+            } else {
+                opts.resync.unwrap_or("1s").to_string()
+            },
+            agent_metrics: true,
         }
     };
-    let pa = agent(
-        &mut lab,
-        "gateway",
-        &ta,
-        "192.168.78.1",
-        &ns["gwa"],
-        "192.168.78.10",
-        "gw",
-        None,
-    );
-    let pb = agent(
-        &mut lab,
-        "gateway",
-        &tb,
-        "192.168.78.2",
-        &ns["gwb"],
-        "192.168.78.20",
-        "gw",
-        None,
-    );
-    let state = |ctl_ip: &str, name: &str| dir.path().join(format!("{ctl_ip}-{name}"));
-    let mut agents = vec![
-        (pa, "gwa", "gateway", state("192.168.78.1", "gw")),
-        (pb, "gwb", "gateway", state("192.168.78.2", "gw")),
-    ];
-    let gateway_a2 = opts.second_gateway_a.then(|| {
-        agent(
-            &mut lab,
-            "gateway",
-            &ta,
-            "192.168.78.1",
-            &ns["gwa2"],
-            "192.168.78.13",
-            "gw2",
-            None,
-        )
-    });
-    for ((node, _, sub), (target, ctl_ip, ip)) in placement.iter().zip([
-        (&ta, "192.168.78.1", "192.168.78.11"),
-        (&ta, "192.168.78.1", "192.168.78.12"),
-        (&tb, "192.168.78.2", "192.168.78.21"),
-        (&tb, "192.168.78.2", "192.168.78.22"),
-    ]) {
-        let subnet = format!("{sub}.0/24");
-        let i = agent(&mut lab, "node", target, ctl_ip, &ns[node], ip, node, Some(&subnet));
-        agents.push((i, *node, "node", state(ctl_ip, node)));
+    let spec_a = spec(site_a, pod_a, &SITE_A, opts.site_a_etcd, opts.wireguard_a);
+    let spec_b = spec(site_b, pod_b, &SITE_B, etcd_b.is_some(), opts.wireguard_b);
+    let a = lab.site(&spec_a);
+    let b = lab.site(&spec_b);
+    for (site, on_etcd) in [(site_a, opts.site_a_etcd), (site_b, etcd_b.is_some())] {
+        if on_etcd {
+            eventually("the controller serving from etcd", Duration::from_secs(10), || {
+                let log = std::fs::read_to_string(dir.path().join(format!("{site}.log"))).unwrap_or_default();
+                (log.contains("store=\"etcd\"") || log.contains("store=etcd")).then_some(())
+            });
+        }
     }
-    for t in [&ta, &tb] {
-        eventually("the gateway's key", Duration::from_secs(20), || {
-            let g = weftctl_json(t, &["gateways"]);
-            g["gateways"][0]["public_key"]
-                .as_str()
-                .is_some_and(|k| !k.is_empty())
-                .then_some(())
-        });
+    let (ta, tb) = (a.target, b.target);
+    let gateway_a2 = opts.second_gateway_a.then(|| a.agents[1]);
+    let mut agents = Vec::new();
+    for (spec, site) in [(&spec_a, &a.agents), (&spec_b, &b.agents)] {
+        for (a, i) in spec.agents.iter().zip(site) {
+            if a.name == "gw2" {
+                continue;
+            }
+            let host = *ns.iter().find(|(_, n)| **n == a.host).unwrap().0;
+            agents.push((*i, host, a.kind, spec.state(&a.name)));
+        }
     }
-    let token = weftctl_json(&tb, &["peering", "token"])["token"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    // A peer slow to answer (the VM lane's emulated guest) is asked again
-    // by weftctl until its --timeout.
-    let timeout = format!("{}s", crate::pace::scaled(Duration::from_secs(60)).as_secs());
-    let o = crate::run(std::process::Command::new(bin("weftctl")).args([
-        "--controller",
-        &ta,
-        "peering",
-        "create",
-        "--timeout",
-        &timeout,
-        "--token",
-        &token,
-    ]));
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    agents.sort_by_key(|a| (a.2 != "gateway", a.0));
+    let (pa, pb) = (agents[0].0, agents[1].0);
 
-    // The WireGuard interface lives in the peering's namespace; its UDP
-    // socket stayed on the gateway's underlay.
-    let ns_a = weft_controller::render::peering_namespace(site_a, site_b);
-    eventually("site-a's WireGuard interface", Duration::from_secs(20), || {
-        let o = stdout(&crate::netns::exec(&ns_a, &["ip", "-br", "link"]));
-        o.contains("weft-w").then_some(())
-    });
-    let socks = stdout(&lab.exec(&ns["gwa"], &["ss", "-uln"]));
-    assert!(socks.contains(":51820"), "{socks}");
-
+    let ns_a = peer(&lab, &ns, &ta, &tb, site_a, site_b);
     // Each site addresses the other's workload through its local view of it.
     let view_of = |target: &str, peer: &str, addr: &str| -> String {
         let (real, local) = crate::peer_view(target, peer, "workload");
@@ -375,6 +258,40 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         gateway_a2,
         etcd_b,
     }
+}
+
+/// Peers site a (at `ta`) with site b (at `tb`) from a token of b's, and
+/// waits for a's WireGuard link in its peering namespace; that namespace.
+fn peer(lab: &Lab, ns: &HashMap<&str, String>, ta: &str, tb: &str, site_a: &str, site_b: &str) -> String {
+    let token = weftctl_json(tb, &["peering", "token"])["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A peer slow to answer (the VM lane's emulated guest) is asked again
+    // by weftctl until its --timeout.
+    let timeout = format!("{}s", crate::pace::scaled(Duration::from_secs(60)).as_secs());
+    let o = crate::run(std::process::Command::new(bin("weftctl")).args([
+        "--controller",
+        ta,
+        "peering",
+        "create",
+        "--timeout",
+        &timeout,
+        "--token",
+        &token,
+    ]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    // The WireGuard interface lives in the peering's namespace; its UDP
+    // socket stayed on the gateway's underlay.
+    let ns_a = weft_controller::render::peering_namespace(site_a, site_b);
+    eventually("site-a's WireGuard interface", Duration::from_secs(20), || {
+        let o = stdout(&crate::netns::exec(&ns_a, &["ip", "-br", "link"]));
+        o.contains("weft-w").then_some(())
+    });
+    let socks = stdout(&lab.exec(&ns["gwa"], &["ss", "-uln"]));
+    assert!(socks.contains(":51820"), "{socks}");
+    ns_a
 }
 
 impl TwoSites {

@@ -9,7 +9,7 @@ use clap::Parser;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use weft_proto::v1 as pb;
 use weft_proto::v1::admin_service_client::AdminServiceClient;
-use weft_tests::Controller;
+use weft_tests::{Controller, ControllerSpec};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -34,8 +34,14 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::Builder::new().prefix("weft-peering-bench").tempdir()?;
-    let a = Controller::start("site-a", &dir.path().join("a"), &["--pod-cidr", "10.1.0.0/16"]);
-    let b = Controller::start("site-b", &dir.path().join("b"), &["--pod-cidr", "10.1.0.0/16"]);
+    let a = ControllerSpec::new("site-a")
+        .data_dir(&dir.path().join("a"))
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
+    let b = ControllerSpec::new("site-b")
+        .data_dir(&dir.path().join("b"))
+        .flags(&["--pod-cidr", "10.1.0.0/16"])
+        .start();
     let (mut ca, mut cb) = (admin(&a).await?, admin(&b).await?);
     let mut times = Vec::new();
     for _ in 0..args.rounds {
