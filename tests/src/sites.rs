@@ -97,13 +97,32 @@ const SITE_B: [(&str, &str, &str); 4] = [
     ("nb2", "192.168.78.22", "nb2"),
 ];
 
-/// [`up`] with options (MTUs, a second gateway).
-pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str), opts: Opts) -> TwoSites {
-    let dir = tempfile::Builder::new().prefix("weft-dp").tempdir().unwrap();
-    let mut lab = Lab::new(tag);
+/// The n-th /24 of a /16 such as 10.1.0.0/16, without its last octet
+/// ("10.1.{n}").
+fn nth(pod: &str, n: u8) -> String {
+    format!("{}.{n}", pod.rsplit_once(".0.0/").unwrap().0)
+}
+
+/// The workload hosts and the nodes they sit behind: node n of a site
+/// declares the n-th /24 of the site's pod CIDR.
+fn placement(pod_a: &str, pod_b: &str) -> [(&'static str, &'static str, String); 4] {
+    [
+        ("na", "wa", nth(pod_a, 0)),
+        ("na2", "wa2", nth(pod_a, 1)),
+        ("nb", "wb", nth(pod_b, 0)),
+        ("nb2", "wb2", nth(pod_b, 1)),
+    ]
+}
+
+/// Every host of a two-site lab, plugged into the WAN, with the workloads
+/// behind their nodes; host name → namespace.
+fn hosts(
+    lab: &mut Lab,
+    opts: &Opts,
+    placement: &[(&'static str, &'static str, String)],
+) -> HashMap<&'static str, String> {
     lab.lan();
-    let names = ["wa", "wa2", "wb", "wb2"];
-    let mut ns: HashMap<&str, String> = names.iter().map(|n| (*n, lab.host(n))).collect();
+    let mut ns: HashMap<&'static str, String> = placement.iter().map(|p| (p.1, lab.host(p.1))).collect();
     for (h, ip, _) in SITE_A.iter().chain(&SITE_B) {
         ns.insert(h, lab.host(h));
         lab.plug(&ns[h], &format!("{ip}/24"));
@@ -118,21 +137,82 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         ns.insert("gwa2", lab.host("gwa2"));
         lab.plug(&ns["gwa2"], "192.168.78.13/24");
     }
+    for (node, wl, sub) in placement {
+        lab.workload(&ns[node], &ns[wl], sub);
+    }
+    ns
+}
+
+/// What one site of a two-site lab is: its controller (on etcd or not),
+/// its gateway (site a's second one when asked), its two nodes.
+struct Plan<'a> {
+    site: &'a str,
+    pod: &'a str,
+    hosts: &'a [(&'static str, &'static str, &'static str)],
+    on_etcd: bool,
+    wireguard: Option<&'a str>,
+    second_gateway: bool,
+    tunnel_mtu: Option<u32>,
+}
+
+fn site_spec(plan: Plan, opts: &Opts, ns: &HashMap<&'static str, String>, dir: &std::path::Path) -> SiteSpec {
+    let mut c = ControllerSpec::new(plan.site)
+        .data_dir(&dir.join(plan.site))
+        .pod(plan.pod)
+        .flag("--metrics-listen", &format!("0.0.0.0:{CONTROLLER_METRICS_PORT}"));
+    if plan.on_etcd {
+        c = c.etcd("http://127.0.0.1:2379");
+    }
+    if let Some(t) = opts.gateway_ttl {
+        c = c.flag("--gateway-ttl", t);
+    }
+    if let Some(m) = plan.tunnel_mtu {
+        c = c.flag("--tunnel-mtu", &m.to_string());
+    }
+    let mut agents: Vec<AgentSpec> = plan.hosts[1..]
+        .iter()
+        .zip([None, Some(0), Some(1)])
+        .map(|((h, ip, name), n)| match n {
+            None => AgentSpec::gateway(name, &ns[h], ip),
+            Some(n) => AgentSpec::node(name, &ns[h], ip, &format!("{}.0/24", nth(plan.pod, n))),
+        })
+        .collect();
+    if plan.second_gateway {
+        // Its own /run/netns, as on its own host.
+        let mut g = AgentSpec::gateway("gw2", &ns["gwa2"], "192.168.78.13");
+        g.own_host = true;
+        agents.insert(1, g);
+    }
+    for a in agents.iter_mut().filter(|a| a.kind == "gateway") {
+        if let Some(m) = plan.wireguard {
+            a.flags.extend(["--wireguard".to_string(), m.to_string()]);
+        }
+    }
+    SiteSpec {
+        controller: c,
+        ctl: ns[plan.hosts[0].0].clone(),
+        ctl_ip: plan.hosts[0].1.to_string(),
+        agents,
+        dir: dir.to_path_buf(),
+        prefix: plan.hosts[0].1.to_string(),
+        resync: if opts.no_drift_repair {
+            "0s".to_string()
+        } else {
+            opts.resync.unwrap_or("1s").to_string()
+        },
+        agent_metrics: true,
+    }
+}
+
+/// [`up`] with options (MTUs, a second gateway).
+pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str, &str), opts: Opts) -> TwoSites {
+    let dir = tempfile::Builder::new().prefix("weft-dp").tempdir().unwrap();
+    let mut lab = Lab::new(tag);
+    let placement = placement(pod_a, pod_b);
+    let ns = hosts(&mut lab, &opts, &placement);
     // The gateways create these; the lab deletes them at the end whatever happens.
     lab.adopt(&weft_controller::render::peering_namespace(site_a, site_b));
     lab.adopt(&weft_controller::render::peering_namespace(site_b, site_a));
-    // Workloads: a namespace on each node, in the node's subnet (node n of
-    // a site declares the n-th /24 of the site's pod CIDR).
-    let nth = |pod: &str, n: u8| format!("{}.{n}", pod.rsplit_once(".0.0/").unwrap().0);
-    let placement = [
-        ("na", "wa", nth(pod_a, 0)),
-        ("na2", "wa2", nth(pod_a, 1)),
-        ("nb", "wb", nth(pod_b, 0)),
-        ("nb2", "wb2", nth(pod_b, 1)),
-    ];
-    for (node, wl, sub) in &placement {
-        lab.workload(&ns[node], &ns[wl], sub);
-    }
 
     // Site b keeps its state in etcd, on its controller's host; site a
     // too when asked.
@@ -143,56 +223,26 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         lab.spawn_etcd(&ns["ctla"], &dir.path().join("etcd-a"))
             .expect("etcd for site a");
     }
-    let spec = |site: &str, pod: &str, hosts: &[(&str, &str, &str)], on_etcd: bool, wireguard: Option<&str>| {
-        let mut c = ControllerSpec::new(site)
-            .data_dir(&dir.path().join(site))
-            .pod(pod)
-            .flag("--metrics-listen", &format!("0.0.0.0:{CONTROLLER_METRICS_PORT}"));
-        if on_etcd {
-            c = c.etcd("http://127.0.0.1:2379");
-        }
-        if let Some(t) = opts.gateway_ttl {
-            c = c.flag("--gateway-ttl", t);
-        }
-        if let Some(m) = opts.site_a_tunnel.filter(|_| site == site_a) {
-            c = c.flag("--tunnel-mtu", &m.to_string());
-        }
-        let mut agents: Vec<AgentSpec> = hosts[1..]
-            .iter()
-            .zip([None, Some(0), Some(1)])
-            .map(|((h, ip, name), n)| match n {
-                None => AgentSpec::gateway(name, &ns[h], ip),
-                Some(n) => AgentSpec::node(name, &ns[h], ip, &format!("{}.0/24", nth(pod, n))),
-            })
-            .collect();
-        if site == site_a && opts.second_gateway_a {
-            // Its own /run/netns, as on its own host.
-            let mut g = AgentSpec::gateway("gw2", &ns["gwa2"], "192.168.78.13");
-            g.own_host = true;
-            agents.insert(1, g);
-        }
-        for a in agents.iter_mut().filter(|a| a.kind == "gateway") {
-            if let Some(m) = wireguard {
-                a.flags.extend(["--wireguard".to_string(), m.to_string()]);
-            }
-        }
-        SiteSpec {
-            controller: c,
-            ctl: ns[hosts[0].0].clone(),
-            ctl_ip: hosts[0].1.to_string(),
-            agents,
-            dir: dir.path().to_path_buf(),
-            prefix: hosts[0].1.to_string(),
-            resync: if opts.no_drift_repair {
-                "0s".to_string()
-            } else {
-                opts.resync.unwrap_or("1s").to_string()
-            },
-            agent_metrics: true,
-        }
+    let plan_a = Plan {
+        site: site_a,
+        pod: pod_a,
+        hosts: &SITE_A,
+        on_etcd: opts.site_a_etcd,
+        wireguard: opts.wireguard_a,
+        second_gateway: opts.second_gateway_a,
+        tunnel_mtu: opts.site_a_tunnel,
     };
-    let spec_a = spec(site_a, pod_a, &SITE_A, opts.site_a_etcd, opts.wireguard_a);
-    let spec_b = spec(site_b, pod_b, &SITE_B, etcd_b.is_some(), opts.wireguard_b);
+    let plan_b = Plan {
+        site: site_b,
+        pod: pod_b,
+        hosts: &SITE_B,
+        on_etcd: etcd_b.is_some(),
+        wireguard: opts.wireguard_b,
+        second_gateway: false,
+        tunnel_mtu: None,
+    };
+    let spec_a = site_spec(plan_a, &opts, &ns, dir.path());
+    let spec_b = site_spec(plan_b, &opts, &ns, dir.path());
     let a = lab.site(&spec_a);
     let b = lab.site(&spec_b);
     for (site, on_etcd) in [(site_a, opts.site_a_etcd), (site_b, etcd_b.is_some())] {
@@ -219,27 +269,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
     let (pa, pb) = (agents[0].0, agents[1].0);
 
     let ns_a = peer(&lab, &ns, &ta, &tb, site_a, site_b);
-    // Each site addresses the other's workload through its local view of it.
-    let view_of = |target: &str, peer: &str, addr: &str| -> String {
-        let (real, local) = crate::peer_view(target, peer, "workload");
-        let real: ipnet::Ipv4Net = real.parse().unwrap();
-        let local: ipnet::Ipv4Net = local.parse().unwrap();
-        weft_controller::ipam::translate(addr.parse().unwrap(), real, local)
-            .unwrap()
-            .to_string()
-    };
-    let workloads: Vec<(&'static str, String, String)> = placement
-        .iter()
-        .map(|(node, wl, sub)| {
-            let addr = format!("{sub}.10");
-            let seen = if node.starts_with("na") {
-                view_of(&tb, site_a, &addr)
-            } else {
-                view_of(&ta, site_b, &addr)
-            };
-            (*wl, addr, seen)
-        })
-        .collect();
+    let workloads = views(&placement, (&ta, site_a), (&tb, site_b));
     let (wb_from_a, wa_from_b) = (workloads[2].2.clone(), workloads[0].2.clone());
     TwoSites {
         lab,
@@ -258,6 +288,35 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         gateway_a2,
         etcd_b,
     }
+}
+
+/// Every workload's own address and the one the other site reaches it at,
+/// through its local view of it: (host, real address, address seen).
+fn views(
+    placement: &[(&'static str, &'static str, String)],
+    (ta, site_a): (&str, &str),
+    (tb, site_b): (&str, &str),
+) -> Vec<(&'static str, String, String)> {
+    let view_of = |target: &str, peer: &str, addr: &str| -> String {
+        let (real, local) = crate::peer_view(target, peer, "workload");
+        let real: ipnet::Ipv4Net = real.parse().unwrap();
+        let local: ipnet::Ipv4Net = local.parse().unwrap();
+        weft_controller::ipam::translate(addr.parse().unwrap(), real, local)
+            .unwrap()
+            .to_string()
+    };
+    placement
+        .iter()
+        .map(|(node, wl, sub)| {
+            let addr = format!("{sub}.10");
+            let seen = if node.starts_with("na") {
+                view_of(tb, site_a, &addr)
+            } else {
+                view_of(ta, site_b, &addr)
+            };
+            (*wl, addr, seen)
+        })
+        .collect()
 }
 
 /// Peers site a (at `ta`) with site b (at `tb`) from a token of b's, and
