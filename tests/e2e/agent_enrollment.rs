@@ -39,6 +39,7 @@ fn agent(c: &Controller, dir: &std::path::Path, extra: &[&str], log: &str) -> Pr
 
 #[test]
 fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
+    weft_tests::step("a controller with 10 s agent certificates");
     let dir = tempfile::Builder::new().prefix("weft-agent").tempdir().unwrap();
     let c = ControllerSpec::new("site-a")
         .data_dir(&dir.path().join("data"))
@@ -51,6 +52,7 @@ fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
     );
     let secret = token.rsplit('.').next().unwrap().to_string();
 
+    weft_tests::step("a wrong fingerprint is refused and the token survives");
     // A wrong fingerprint: refused before the token is sent, and the token survives.
     let mut wrong = agent(
         &c,
@@ -71,6 +73,7 @@ fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
         1
     );
 
+    weft_tests::step("the agent enrolls and uses up the token");
     let mut a = agent(
         &c,
         dir.path(),
@@ -89,6 +92,7 @@ fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
         "token used up"
     );
 
+    weft_tests::step("renewal at two thirds of 10 s, with no restart");
     // Renewal at two thirds of 10 s, with no restart.
     let renewed = eventually("renewal", Duration::from_secs(20), || {
         node_cert_expiry(&c, "n1").filter(|e| *e != first)
@@ -98,6 +102,7 @@ fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
         a.child.is_some() && a.wait_exit(Duration::from_millis(10)).is_none(),
         "the agent kept running"
     );
+    weft_tests::step("the watch stream survives the renewal");
     // ... and kept its watch stream: one "watching", no reconnect, and the
     // controller still streams to it (its latest revision is known).
     // (The controller records the new certificate before the agent has
@@ -112,6 +117,7 @@ fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
     assert_eq!(st["ready"], true, "{st}");
     assert!(st["latest_revision"].as_i64() > Some(0), "no live stream: {st}");
 
+    weft_tests::step("a restart from the stored identity");
     // Restart from the stored identity, without a token.
     assert!(a.stop().success());
     let mut a = agent(&c, dir.path(), &[], "agent2.log");
@@ -120,6 +126,7 @@ fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
     });
     assert!(!a.log_text().contains("enrolled"), "a restart does not enroll again");
 
+    weft_tests::step("a revoked agent stops, saying why");
     // Revocation: the agent's next renewal is refused and it stops, saying why.
     weftctl_json(&c.target(), &["node", "remove", "n1"]);
     let st = a.wait_exit(Duration::from_secs(20)).expect("a revoked agent stops");
@@ -127,6 +134,7 @@ fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
     let text = a.log_text();
     assert!(text.contains("the admin removed this agent"), "{text}");
 
+    weft_tests::step("the token's secret never reached a log");
     // The token's secret never reached a log.
     for log in [
         c.log_text(),

@@ -54,12 +54,14 @@ fn each_bad_request_gets_its_code_and_a_fix_and_writes_nothing() {
     if require_tool("grpcurl").is_none() {
         return;
     }
+    weft_tests::step("a controller with an empty data dir");
     let dir = tempfile::Builder::new().prefix("weft-bad").tempdir().unwrap();
     let c = ControllerSpec::new("site-a")
         .data_dir(&dir.path().join("data"))
         .flags(&["--pod-cidr", "10.1.0.0/16"])
         .start();
     let before = state(&c);
+    weft_tests::step("each bad request gets its code and a fix");
     // (method, body, code, a words of the message)
     let long = "a".repeat(100);
     let huge_list: String = (0..300)
@@ -263,8 +265,10 @@ fn each_bad_request_gets_its_code_and_a_fix_and_writes_nothing() {
         );
         assert!(err.contains(needle), "{method} {body}: expected {needle:?} in {err}");
     }
+    weft_tests::step("the refused calls wrote nothing");
     assert_eq!(state(&c), before, "a refused call wrote something");
 
+    weft_tests::step("oversized messages and 10,000 bogus peerings are refused");
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut a = admin(&c).await;
@@ -368,6 +372,7 @@ fn each_bad_request_gets_its_code_and_a_fix_and_writes_nothing() {
         );
         healthy(&c).await;
     });
+    weft_tests::step("the flood wrote nothing and normal work is still served");
     assert_eq!(state(&c), before, "the flood wrote something");
     // Still serving normal work.
     weftctl_json(&c.target(), &["node", "add", "n1"]);

@@ -208,6 +208,7 @@ fn a_crash_mid_burst_on_etcd_leaks_and_duplicates_nothing() {
 
 #[test]
 fn a_crash_mid_negotiation_leaves_a_peering_on_both_sides_or_on_neither() {
+    weft_tests::step("two sites up");
     let dir = tempfile::Builder::new().prefix("weft-crash").tempdir().unwrap();
     let mut a = ControllerSpec::new("site-a")
         .data_dir(&dir.path().join("a"))
@@ -238,6 +239,7 @@ fn a_crash_mid_negotiation_leaves_a_peering_on_both_sides_or_on_neither() {
         if delay_ms > 80 || (outcomes.len() >= coarse.len() && one_sided_seen > 0) {
             break;
         }
+        weft_tests::step(&format!("a frozen and killed {delay_ms} ms into its CreatePeering"));
         let token = weftctl_json(&b.target(), &["peering", "token", "--ttl", "10m"])["token"]
             .as_str()
             .unwrap()
@@ -263,6 +265,7 @@ fn a_crash_mid_negotiation_leaves_a_peering_on_both_sides_or_on_neither() {
             "a recorded a peering b never did (delay {delay_ms} ms)"
         );
         let one_sided = b_has && !a_has;
+        weft_tests::step(&format!("both sides agree after a crash at {delay_ms} ms"));
         // Converged: both sides agree (b learns from a that a has none, or
         // a finishes what it recorded).
         let agreed = eventually("both sides agree", Duration::from_secs(30), || {
@@ -294,11 +297,13 @@ fn a_crash_mid_negotiation_leaves_a_peering_on_both_sides_or_on_neither() {
             });
         }
     }
+    weft_tests::step("the one-sided window was hit");
     assert!(
         one_sided_seen > 0,
         "no moment hit the window where only b had the peering: {outcomes:?}"
     );
     println!("FAULT controller frozen then SIGKILLed mid-negotiation, by delay (ms): {outcomes:?}");
+    weft_tests::step("a peering still works afterwards");
     // And a peering still works afterwards.
     let token = weftctl_json(&b.target(), &["peering", "token"])["token"]
         .as_str()

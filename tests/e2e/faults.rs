@@ -190,6 +190,7 @@ fn a_killed_node_agent_costs_no_traffic_and_its_restart_changes_nothing() {
 #[test]
 #[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
 fn objects_deleted_by_hand_on_a_node_come_back_within_3s() {
+    weft_tests::step("two sites with traffic");
     let (_turn, mut s, _to_b, on_na, on_na2) = two_sites_with_traffic("fdrift");
     // An operator deletes weft's objects by hand; the resync
     // (1 s here) puts each back.
@@ -207,6 +208,7 @@ fn objects_deleted_by_hand_on_a_node_come_back_within_3s() {
         .to_string();
     let repairs_before = metric(&s.scrape("na"), "weft_agent_drift_repairs_total", &[]).unwrap();
     let gateway_repairs = metric(&s.scrape("gwa"), "weft_agent_drift_repairs_total", &[]).unwrap();
+    weft_tests::step("a resync without drift changes nothing");
     // A resync of a host that did not drift changes nothing (the plan from
     // what the host holds is empty): two more resyncs, no repair counted.
     std::thread::sleep(Duration::from_millis(2500));
@@ -273,6 +275,7 @@ fn objects_deleted_by_hand_on_a_node_come_back_within_3s() {
         ),
     ];
     for (what, delete, show) in cases {
+        weft_tests::step(&format!("the {what} deleted by hand comes back within 3 s"));
         let delete: Vec<&str> = delete.iter().map(String::as_str).collect();
         let show: Vec<&str> = show.iter().map(String::as_str).collect();
         // Sorted: rules of one priority may come back in another order.
@@ -333,6 +336,7 @@ fn objects_deleted_by_hand_on_a_node_come_back_within_3s() {
             "the {what} was back in {repaired:?} but its workload lost {lost} pings (gap {gap:.3} s)"
         );
     }
+    weft_tests::step("the repairs are counted");
     let repairs = metric(&s.scrape("na"), "weft_agent_drift_repairs_total", &[]).unwrap();
     assert!(
         repairs >= repairs_before + 3.0,

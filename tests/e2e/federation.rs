@@ -127,6 +127,7 @@ fn three_sites_peer_pairwise_with_distinct_views_and_delete_on_both_sides() {
 
 #[test]
 fn refused_peerings_write_nothing() {
+    weft_tests::step("three sites up");
     let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
     let a = site(dir.path(), "site-a", &[]);
     let b = site(dir.path(), "site-b", &[]);
@@ -142,6 +143,7 @@ fn refused_peerings_write_nothing() {
         assert_eq!(before, after, "a refused peering wrote something: {err}");
     };
 
+    weft_tests::step("an expired token is refused");
     // expired
     let t = token(&b, "1s");
     std::thread::sleep(Duration::from_millis(1500));
@@ -152,6 +154,7 @@ fn refused_peerings_write_nothing() {
         "expired",
     );
 
+    weft_tests::step("a malformed token and one's own are refused");
     // malformed, and one's own token
     unchanged(
         &[&a],
@@ -167,6 +170,7 @@ fn refused_peerings_write_nothing() {
         "this site",
     );
 
+    weft_tests::step("a tampered fingerprint is refused");
     // tampered fingerprint
     let mut t = PeeringToken::decode(&token(&b, "10m")).unwrap();
     t.fp = "ab".repeat(32);
@@ -178,6 +182,7 @@ fn refused_peerings_write_nothing() {
         "fingerprint",
     );
 
+    weft_tests::step("a token for the wrong site is refused");
     // a token for the wrong site: c's endpoint and CA, but it says site-b
     let mut t = PeeringToken::decode(&token(&c, "10m")).unwrap();
     t.site = "site-b".into();
@@ -189,6 +194,7 @@ fn refused_peerings_write_nothing() {
         "site-c",
     );
 
+    weft_tests::step("a reused token is refused");
     // reused: a uses b's token, then c tries the same one
     let t = token(&b, "10m");
     create(&a, &t).unwrap();
@@ -212,6 +218,7 @@ fn refused_peerings_write_nothing() {
         "used",
     );
 
+    weft_tests::step("a different site claiming a peered id is refused");
     // a different site claiming an id that is already peered (site-b, other CA)
     std::fs::create_dir_all(dir.path().join("x")).unwrap();
     let impostor = site(&dir.path().join("x"), "site-b", &[]);
@@ -223,6 +230,7 @@ fn refused_peerings_write_nothing() {
         "another CA",
     );
 
+    weft_tests::step("only the one peering remains");
     assert_eq!(peer_names(&a), ["site-b"]);
     assert_eq!(peer_names(&b), ["site-a"]);
     assert!(peer_names(&c).is_empty());

@@ -57,6 +57,7 @@ async fn until_peer_key(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
+    weft_tests::step("two sites with a gateway each");
     let a = ControllerSpec::new("site-a").pod("10.1.0.0/16").start();
     let b = ControllerSpec::new("site-b").pod("10.2.0.0/16").start();
     let mut gwa = gateway(&a, "192.168.1.1").await;
@@ -68,6 +69,7 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
     .await
     .unwrap();
 
+    weft_tests::step("site-a peers with site-b");
     let token = b
         .admin()
         .await
@@ -85,6 +87,7 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
         .await
         .unwrap();
 
+    weft_tests::step("site-a's gateway gets site-b's key and CIDRs");
     let mut s = gwa
         .watch(pb::WatchRequest {
             last_revision: 0,
@@ -113,6 +116,7 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
         p.allowed_ips
     );
 
+    weft_tests::step("a new gateway key is held for site-b's admin");
     // A gateway that has a key asks for another: held for site-b's admin
     // (a stolen gateway certificate must not redirect the tunnels), the
     // peers keep the current one; the admin's accept takes it.
@@ -165,6 +169,7 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
         held.commit(m.revision, upserts, &deletes);
     }
     assert_eq!(peer_keys(&held), [key(1)], "a held key reached the peer");
+    weft_tests::step("wrong accepts take nothing, the right one rotates");
     // The subscriptions between the controllers start within a moment of
     // the peering; a first accepted rotation shows site-a is following
     // site-b.
@@ -185,6 +190,7 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
     until_peer_key(&mut s, &mut held, &key(2), Duration::from_secs(5), "the rotation").await;
     let e = accept(key(2)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    weft_tests::step("a rotation reaches the peer within a second");
     // Rotate again and time it from the admin's accept: site-a's gateway
     // has it within a second.
     gwb.update_gateway(pb::UpdateGatewayRequest {

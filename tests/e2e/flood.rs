@@ -475,9 +475,11 @@ async fn a_peer_pouring_parameter_updates_is_rate_limited_and_stalls_nothing() {
     use weft_controller::federation::PeeringToken;
     use weft_controller::pki::identity_uri;
     use weft_proto::v1::federation_service_client::FederationServiceClient;
+    weft_tests::step("a controller up");
     let listen = format!("127.0.0.1:{}", weft_tests::free_port());
     let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").listen(&listen).start();
 
+    weft_tests::step("a flooding peer on loopback");
     // The peer: a CA of its own, a server on loopback.
     let xdir = tempfile::Builder::new().prefix("weft-peer").tempdir().unwrap();
     let x = weft_controller::pki::ensure(&xdir.path().join("pki"), "site-x", &["127.0.0.1".into()]).unwrap();
@@ -516,6 +518,7 @@ async fn a_peer_pouring_parameter_updates_is_rate_limited_and_stalls_nothing() {
         .serve(x_addr.parse().unwrap());
     let server = tokio::spawn(server);
 
+    weft_tests::step("the peer joins with a peering token");
     // It joins the site with a peering token, as a peer does.
     let t = c
         .admin()
@@ -546,6 +549,7 @@ async fn a_peer_pouring_parameter_updates_is_rate_limited_and_stalls_nothing() {
         .await
         .unwrap();
 
+    weft_tests::step("the site follows the peer and the flood is on");
     // The site follows the peer and the flood is on.
     let began = Instant::now();
     while sent.load(Ordering::Relaxed) < 200 {
@@ -555,6 +559,7 @@ async fn a_peer_pouring_parameter_updates_is_rate_limited_and_stalls_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    weft_tests::step("the peer's updates are rate limited");
     // Writes over a quiet stretch: only the peer's updates.
     let (r0, s0, t0) = (c.revision().await, sent.load(Ordering::Relaxed), Instant::now());
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -572,6 +577,7 @@ async fn a_peer_pouring_parameter_updates_is_rate_limited_and_stalls_nothing() {
         "{writes} writes for {updates} updates in {secs:.1} s (bound {bound})"
     );
 
+    weft_tests::step("admin changes and enrollments stay under 1 s");
     // Meanwhile an admin change and an enrollment each take under 1 s.
     let mut worst = Duration::ZERO;
     for i in 0..5 {

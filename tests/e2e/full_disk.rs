@@ -58,6 +58,7 @@ fn a_full_or_read_only_data_dir_refuses_writes_clearly_and_recovers() {
     if !require_root() {
         return;
     }
+    weft_tests::step("a controller on a 4 MiB data dir");
     let dir = tempfile::Builder::new().prefix("weft-disk").tempdir().unwrap();
     let data = dir.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
@@ -71,6 +72,7 @@ fn a_full_or_read_only_data_dir_refuses_writes_clearly_and_recovers() {
         assert!(add(&format!("n{i}")).status.success());
     }
 
+    weft_tests::step("a full disk refuses writes clearly");
     // Fill the disk (through the holder's view of it).
     let filler = format!("/proc/{hpid}/root{}/filler", data.display());
     let chunk = vec![0u8; 64 * 1024];
@@ -97,9 +99,11 @@ fn a_full_or_read_only_data_dir_refuses_writes_clearly_and_recovers() {
         err.to_lowercase().contains("no space"),
         "the message says the disk is full: {err}"
     );
+    weft_tests::step("reads still work on a full disk");
     // Reads still work.
     let nodes = weftctl_json(&target, &["nodes"]);
     assert!(nodes["nodes"].as_array().unwrap().len() >= 5);
+    weft_tests::step("writes work again once space returns");
     // Space returns: writes work again, without a restart.
     std::fs::remove_file(&filler).unwrap();
     eventually("writes again after space returned", Duration::from_secs(20), || {
@@ -110,6 +114,7 @@ fn a_full_or_read_only_data_dir_refuses_writes_clearly_and_recovers() {
         t.elapsed().as_secs_f64()
     );
 
+    weft_tests::step("a read-only data dir refuses the start");
     // Read-only: a data directory that turned read-only (as the kernel
     // does to a file system after errors) at the next start. (A running
     // controller's open file stays writable through a remount, so the
@@ -134,6 +139,7 @@ fn a_full_or_read_only_data_dir_refuses_writes_clearly_and_recovers() {
     let o = in_mount_ns(hpid, &["mount", "-o", "remount,rw", data.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
 
+    weft_tests::step("a restart reads back everything acknowledged");
     // Nothing corrupted: a restart reads back everything acknowledged.
     let _c = start_controller(hpid, &data, &sock, port, &dir.path().join("c2.log"));
     let after = weftctl_json(&target, &["nodes"]);

@@ -34,6 +34,7 @@ fn foreign_admin() -> (String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mtls_matrix() {
+    weft_tests::step("a controller with a valid admin certificate");
     let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").start();
     let list = |ch: Channel| async move { AdminServiceClient::new(ch).list_nodes(pb::ListNodesRequest {}).await };
 
@@ -47,6 +48,7 @@ async fn mtls_matrix() {
         .is_ok()
     );
 
+    weft_tests::step("two enrolled nodes get their assignments");
     // two enrolled nodes
     let (n1_cert, n1_key) = c.register(&c.token("n1", 600, 1).await, "n1").await.unwrap();
     let (n2_cert, n2_key) = c.register(&c.token("n2", 600, 1).await, "n2").await.unwrap();
@@ -64,6 +66,7 @@ async fn mtls_matrix() {
             .is_ok()
     );
 
+    weft_tests::step("a revoked node; missing, foreign, expired and other-site certificates refused");
     // revoke n2 through the admin API
     c.admin()
         .await
@@ -99,6 +102,7 @@ async fn mtls_matrix() {
         "site-b",
     );
 
+    weft_tests::step("the revoked node is refused on its open connection");
     // the revoked node, on the connection it already had open
     refused(
         n2.get_assignment(pb::GetAssignmentRequest { name: "n2".into() }).await,
@@ -111,6 +115,7 @@ async fn mtls_matrix() {
         "revoked",
     );
 
+    weft_tests::step("nodes, admins and CSRs stay within their identity");
     // a node calling the admin API, or reading another node's state
     let mut n1_admin = AdminServiceClient::new(c.channel(Some((&n1_cert, &n1_key))).await);
     refused(
@@ -157,8 +162,10 @@ async fn mtls_matrix() {
         "weft://site-a/admin/admin",
     );
 
+    weft_tests::step("the refused calls wrote nothing");
     assert_eq!(c.revision().await, before, "refused calls wrote nothing");
 
+    weft_tests::step("renewal works for the live node");
     // renewal works for the live node, and the old certificate stays usable until it expires
     let (key, csr) = weft_agent::identity::key_and_csr("n1").unwrap();
     let renewed = n1.renew(pb::RenewRequest { csr_pem: csr }).await.unwrap().into_inner();
@@ -178,14 +185,17 @@ async fn mtls_matrix() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_are_single_use_expire_and_are_never_stored_in_clear() {
+    weft_tests::step("a controller up");
     let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").start();
     let mut secrets = Vec::new();
 
+    weft_tests::step("a single-use token enrolls once");
     let one = c.token("", 600, 1).await;
     secrets.push(one.clone());
     c.register(&one, "a1").await.unwrap();
     refused(c.register(&one, "a2").await, Code::Unauthenticated, "unknown");
 
+    weft_tests::step("expired and deleted tokens are refused");
     let short = c.token("", 1, 1).await;
     secrets.push(short.clone());
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -206,6 +216,7 @@ async fn tokens_are_single_use_expire_and_are_never_stored_in_clear() {
         "no token",
     );
 
+    weft_tests::step("malformed and forged tokens are refused");
     refused(
         c.register("weft1.nothex.nothex", "a5").await,
         Code::InvalidArgument,
@@ -216,12 +227,14 @@ async fn tokens_are_single_use_expire_and_are_never_stored_in_clear() {
     let forged = format!("{}{}", &good[..good.len() - 4], "0000");
     refused(c.register(&forged, "a6").await, Code::Unauthenticated, "not valid");
 
+    weft_tests::step("two agents racing for one token: exactly one enrolls");
     // two agents racing for one single-use token: exactly one enrolls
     let race = c.token("", 600, 1).await;
     secrets.push(race.clone());
     let (x, y) = tokio::join!(c.register(&race, "r1"), c.register(&race, "r2"));
     assert!(x.is_ok() != y.is_ok(), "exactly one registration wins: {x:?} {y:?}");
 
+    weft_tests::step("a name held by a live agent is refused until removed");
     // a name held by a live agent is refused until the admin removes it
     let again = c.token("", 600, 2).await;
     secrets.push(again.clone());
@@ -237,6 +250,7 @@ async fn tokens_are_single_use_expire_and_are_never_stored_in_clear() {
         .unwrap();
     c.register(&again, "a1").await.unwrap();
 
+    weft_tests::step("a multi-use token counts down");
     // a multi-use token counts down
     let multi = c.token("", 600, 3).await;
     secrets.push(multi.clone());
@@ -251,6 +265,7 @@ async fn tokens_are_single_use_expire_and_are_never_stored_in_clear() {
     let m = listed.tokens.iter().find(|t| multi.contains(&t.id)).unwrap();
     assert_eq!(m.uses_left, 2);
 
+    weft_tests::step("nothing in the store holds a token secret");
     // nothing in the store holds a token secret
     let path = c.data_dir.join("store.redb");
     let _data = c.shut_down();
@@ -446,6 +461,7 @@ async fn a_node_name_that_hashes_like_another_nodes_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_whose_name_hashes_like_an_older_ones_is_not_rendered_and_diagnose_names_it() {
     use weft_proto::v1::watch_response::Kind;
+    weft_tests::step("a controller on etcd with a gateway and a node");
     let Some(etcd) = weft_tests::Etcd::start() else { return };
     let endpoint = etcd.endpoint();
     let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").etcd(&endpoint).start();
@@ -466,6 +482,7 @@ async fn a_record_whose_name_hashes_like_an_older_ones_is_not_rendered_and_diagn
     let (gc, gk) = c.register_at(&t, "gw", "192.168.1.100").await.unwrap();
     let t = c.token_for(pb::AgentRole::Node, "n143693", 600, 1).await;
     let (nc, nk) = c.register_at(&t, "n143693", "192.168.1.1").await.unwrap();
+    weft_tests::step("a node and a peering written by hand whose names hash like older ones");
     let older: serde_json::Value = serde_json::from_str(&etcdctl(&[
         "get",
         "--print-value-only",
@@ -496,6 +513,7 @@ async fn a_record_whose_name_hashes_like_an_older_ones_is_not_rendered_and_diagn
         etcdctl(&["put", &format!("/weft/sites/site-a/peerings/{id}"), &record.to_string()]);
     }
 
+    weft_tests::step("the older records are rendered, the newer not");
     // What each agent is sent: a fresh Watch's snapshot.
     let desired = |creds: (String, String)| {
         let c = &c;
@@ -534,6 +552,7 @@ async fn a_record_whose_name_hashes_like_an_older_ones_is_not_rendered_and_diagn
         "{node:?}"
     );
 
+    weft_tests::step("diagnose names the collisions");
     let checks = c
         .admin()
         .await
@@ -578,6 +597,7 @@ async fn a_record_whose_name_hashes_like_an_older_ones_is_not_rendered_and_diagn
         "{checks:?}"
     );
 
+    weft_tests::step("the older node goes: the newer takes the link");
     // The older node goes: the newer takes the link.
     c.admin()
         .await

@@ -59,11 +59,13 @@ fn four_sites_on_one_cidr_all_reach_each_other_and_the_mesh_changes_without_dist
     if !netns::require_root() {
         return;
     }
+    weft_tests::step("four sites up and peered");
     let t0 = Instant::now();
     let mut mesh = Mesh::up("mesh", 4, POD);
     mesh.peer_all(&[0, 1, 2, 3]);
     eprintln!("four sites up and peered in {:.1}s", t0.elapsed().as_secs_f64());
 
+    weft_tests::step("one port per peering on every gateway");
     // Each peering has a port of its own on every gateway, and the peer
     // dials exactly that port.
     for a in 0..4 {
@@ -85,6 +87,7 @@ fn four_sites_on_one_cidr_all_reach_each_other_and_the_mesh_changes_without_dist
         ports.dedup();
         assert_eq!(ports.len(), 3, "site {a}: one port per peering: {ports:?}");
     }
+    weft_tests::step("peering namespaces are named for both sites");
     // The peering namespaces are named for both sites: site a's namespace
     // for its peering with b differs from b's for its peering with a.
     let pid = mesh.gateway_pid(0);
@@ -99,8 +102,10 @@ fn four_sites_on_one_cidr_all_reach_each_other_and_the_mesh_changes_without_dist
         assert_ne!(ns, weft_controller::render::peering_namespace(b, "s1"));
     }
 
+    weft_tests::step("all four sites reach each other");
     all_reach(&mesh, &[0, 1, 2, 3]);
 
+    weft_tests::step("long-lived traffic on the tunnels that stay");
     // Long-lived traffic on every tunnel that stays: a TCP connection and
     // a 10 Hz ping per pair. s1–s2 is the peering that will be deleted.
     let stays: Vec<(usize, usize)> = vec![(0, 2), (0, 3), (1, 2), (1, 3), (2, 3)];
@@ -133,6 +138,7 @@ fn four_sites_on_one_cidr_all_reach_each_other_and_the_mesh_changes_without_dist
     std::thread::sleep(Duration::from_secs(2));
     let lost_before = probes_lost(&mesh, &[0, 1, 2, 3]);
 
+    weft_tests::step("a fifth site joins the running mesh");
     // A fifth site joins the running mesh, peered with all four.
     let t = Instant::now();
     let five = mesh.add_site();
@@ -142,6 +148,7 @@ fn four_sites_on_one_cidr_all_reach_each_other_and_the_mesh_changes_without_dist
     eprintln!("the fifth site joined in {:.1}s", t.elapsed().as_secs_f64());
     all_reach(&mesh, &[0, 1, 2, 3, 4]);
 
+    weft_tests::step("s1 and s2 part");
     // s1 and s2 part: neither reaches the other any more, from either side.
     let (s1_to_s2, s2_to_s1) = (mesh.address(0, 1).unwrap(), mesh.address(1, 0).unwrap());
     mesh.unpeer(0, 1);
@@ -153,6 +160,7 @@ fn four_sites_on_one_cidr_all_reach_each_other_and_the_mesh_changes_without_dist
     assert!(mesh.reaches(0, 1).is_err() && mesh.reaches(1, 0).is_err());
     std::thread::sleep(Duration::from_secs(2));
 
+    weft_tests::step("nothing else noticed the changes");
     // Nothing else noticed: every held connection is intact, no ping went
     // unanswered, no tunnel probe was lost on the tunnels that stayed.
     let end = unix_now();

