@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Args;
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
 use crate::domain::{PortRange, Site, validate_name};
@@ -297,30 +297,7 @@ fn underlay_overlap(text: &str) -> Result<crate::domain::UnderlayOverlap, String
     }
 }
 
-/// Parses an IPv4 CIDR in canonical form, or says what is wrong with it.
-pub fn parse_cidr(text: &str) -> Result<Ipv4Net, String> {
-    let text = text.trim();
-    let q = crate::domain::shown(text);
-    match text.parse::<IpNet>() {
-        Ok(IpNet::V4(n)) if n.addr() != n.network() => Err(format!(
-            "{q} has host bits set; the network is {} (write that, or fix the prefix length)",
-            n.trunc()
-        )),
-        // Leading zeros ("10.010.0.0/16") are octal to some tools and
-        // decimal to others: refuse the ambiguity.
-        Ok(IpNet::V4(n)) if n.to_string() != text => Err(format!(
-            "{q} is not written canonically (leading zeros are read as octal by some tools); write {n}"
-        )),
-        Ok(IpNet::V4(n)) => Ok(n),
-        Ok(IpNet::V6(_)) => Err(format!("{q} is IPv6; weft supports IPv4 CIDRs only for now")),
-        Err(_) if text.parse::<std::net::IpAddr>().is_ok() => Err(format!(
-            "{q} has no prefix length; write it as address/length, e.g. {text}/24"
-        )),
-        Err(_) => Err(format!(
-            "{q} is not a CIDR; write it as address/length, e.g. 10.1.0.0/16"
-        )),
-    }
-}
+pub use crate::domain::parse_cidr;
 
 /// Reads the file (if any) with `read` (the caller does the I/O:
 /// `std::fs::read_to_string`), applies the flags over it, fills in defaults

@@ -83,3 +83,15 @@ impl From<Error> for tonic::Status {
         s
     }
 }
+
+impl From<weft_core::enroll::Refused> for Error {
+    fn from(r: weft_core::enroll::Refused) -> Error {
+        use weft_core::enroll::Refused;
+        match r {
+            Refused::Unauthenticated(m) => Error::Unauthenticated(m),
+            Refused::InvalidArgument(m) => Error::InvalidArgument(m),
+            Refused::AlreadyExists(m) => Error::AlreadyExists(m),
+            Refused::FailedPrecondition(m) => Error::FailedPrecondition(m),
+        }
+    }
+}

@@ -1,9 +1,12 @@
 //! The controller's pure core: the domain (sites, agents, peerings), IPAM,
-//! names and the render from records to each agent's desired objects (the
+//! names, the enrollment and peer-validation decisions, and the render from
+//! records to each agent's desired objects (the
 //! controller's configuration, flags and file, is the controller's). No store, no tonic, no I/O: everything here is
 //! a function of its inputs and is tested as such.
 
 pub mod domain;
+pub mod enroll;
 pub mod ipam;
 pub mod names;
+pub mod peer;
 pub mod render;

@@ -173,6 +173,8 @@ fn the_controller_core_links_no_tonic_and_no_store() {
         "hyper",
         "rtnetlink",
         "nftables",
+        // TLS (a peer's CA certificate is parsed by the controller).
+        "rustls",
         // The controller's configuration file is the controller's.
         "toml",
     ] {

@@ -33,8 +33,7 @@ use weft_proto::v1::federation_service_client::FederationServiceClient;
 use weft_proto::v1::federation_service_server::FederationService;
 
 use crate::auth::{Role, identity_of};
-use crate::config::parse_cidr;
-use crate::domain::{Peering, RemoteGateway, RemoteSite, TunnelRole, now_ms};
+use crate::domain::{Peering, RemoteSite, now_ms};
 use crate::error::Error;
 use crate::pki::fingerprint;
 use crate::state::{State, federation::TokenProof};

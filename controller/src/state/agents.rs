@@ -13,9 +13,9 @@ use std::time::Duration;
 use ipnet::Ipv4Net;
 
 use super::{Key, State, decode, encode};
-use crate::domain::{
-    AgentRole, CertRecord, Gateway, Node, Site, SubnetSource, Token, live_until, now_ms, validate_name,
-};
+use weft_core::enroll;
+
+use crate::domain::{AgentRole, CertRecord, Gateway, Node, Site, SubnetSource, Token, now_ms, validate_name};
 use crate::error::Error;
 use crate::ipam;
 use crate::pki::Issued;
@@ -89,7 +89,7 @@ fn unknown_token() -> Error {
 }
 
 fn invalid_token() -> Error {
-    unauthenticated("the enrollment token is not valid; check that it was copied whole".into())
+    enroll::invalid_token().into()
 }
 
 /// What an enrolling agent asked for.
@@ -97,68 +97,6 @@ struct Asked<'a> {
     name: &'a str,
     subnet: Option<Ipv4Net>,
     underlay: Option<std::net::IpAddr>,
-}
-
-/// The name `token` enrolls, given the secret's hash and the name the
-/// agent asked for: the token's own if it fixes one (the agent may ask for
-/// that one or none), else the agent's. Refused: another secret, an
-/// expired token, a name other than the token's, no name at all.
-pub(super) fn usable_token(token: &Token, secret_hash: &str, now: u64, requested: &str) -> Result<String, Error> {
-    if token.secret_sha256 != secret_hash {
-        return Err(invalid_token());
-    }
-    if token.expires_at_ms <= now {
-        return Err(unauthenticated(format!(
-            "the enrollment token {} expired {} ago; create a new one with `weftctl token create`",
-            token.id,
-            humantime::format_duration(Duration::from_secs((now - token.expires_at_ms) / 1000))
-        )));
-    }
-    let name = match (&token.name, requested.trim()) {
-        (Some(fixed), r) if !r.is_empty() && r != fixed => {
-            return Err(Error::InvalidArgument(format!(
-                "this token enrolls the {} {fixed:?}, not {r:?}; start the agent with --name {fixed} or use another token",
-                token.role.as_str()
-            )));
-        }
-        (Some(fixed), _) => fixed.clone(),
-        (None, "") => {
-            return Err(Error::InvalidArgument(
-                "the agent sent no name and the token does not fix one; pass --name".into(),
-            ));
-        }
-        (None, r) => r.to_string(),
-    };
-    validate_name("the agent name", &name).map_err(Error::InvalidArgument)?;
-    Ok(name)
-}
-
-/// A host inside a peer's view would have its overlay (and its controller
-/// traffic) routed into that peering: refused, naming the peering.
-fn underlay_outside_views(
-    snap: &super::Snapshot,
-    ip: std::net::Ipv4Addr,
-    role: AgentRole,
-    name: &str,
-) -> Result<(), Error> {
-    let Some((p, v)) = snap
-        .peerings
-        .iter()
-        .find_map(|(p, _)| p.views.iter().find(|v| v.local.contains(&ip)).map(|v| (p, v)))
-    else {
-        return Ok(());
-    };
-    Err(Error::FailedPrecondition(format!(
-        "underlay: {ip} is in {}, this site's view of peering {:?}'s {} CIDR {}: the {} {name:?} would have its \
-         overlay routed into that peer; give it an address on the site's LAN outside the peers' views, or delete \
-         the peering first (`weftctl peering delete {}`)",
-        v.local,
-        p.site_id,
-        v.kind,
-        v.real,
-        role.as_str(),
-        p.site_id
-    )))
 }
 
 /// An enrollment's certificate among the agent's: expired ones pruned, the
@@ -172,18 +110,6 @@ fn enrolled_cert(certs: &mut Vec<CertRecord>, issued: &Issued, now: u64) {
         issued_at_ms: now,
         used: true,
     });
-}
-
-/// An enrolled agent holds `name` while one of its certificates is valid.
-fn held(certs: &[CertRecord], what: &str, name: &str, now: u64) -> Result<(), Error> {
-    match live_until(certs, now) {
-        Some(until) => Err(Error::AlreadyExists(format!(
-            "the {what} name {name:?} is held by an enrolled agent whose certificate is valid for {} more; \
-             remove it with `weftctl {what} remove {name}` first, or choose another name",
-            humantime::format_duration(Duration::from_secs((until - now) / 1000))
-        ))),
-        None => Ok(()),
-    }
 }
 
 impl State {
@@ -282,10 +208,10 @@ impl State {
                 let Some((token, token_rev)) = snap.tokens.iter().find(|(t, _)| t.id == parsed.id) else {
                     return Err(unknown_token());
                 };
-                let name = usable_token(token, &secret_hash, now, asked.name)?;
+                let name = enroll::usable_token(token, &secret_hash, now, asked.name)?;
                 let site = snap.site()?;
                 if let Some(std::net::IpAddr::V4(ip)) = underlay {
-                    underlay_outside_views(snap, ip, token.role, &name)?;
+                    enroll::underlay_outside_views(snap.peerings.iter().map(|p| &p.0), ip, token.role, &name)?;
                 }
                 // One use of the token, in the same transaction as the record.
                 let token_key = self.at(Key::Token(&token.id));
@@ -327,38 +253,16 @@ impl State {
     ) -> Result<(Enrollment, Txn), Error> {
         let key = self.at(Key::Node(name));
         let existing = snap.nodes.iter().find(|(n, _)| n.name == name);
-        // A token that does not name the node may only make a new one, of
-        // at most the size IPAM would give: taking over an existing node,
-        // or reserving a large block, needs a token made for that node.
-        if token.name.is_none() {
-            if let Some((n, _)) = existing {
-                held(&n.certs, "node", name, now)?;
-                return Err(Error::AlreadyExists(format!(
-                    "node {name:?} exists; enroll it with a token made for it \
-                     (`weftctl token create --role node --name {name}`)"
-                )));
-            }
-            if let Some(s) = asked.subnet.filter(|s| s.prefix_len() < site.node_prefix_len) {
-                return Err(Error::InvalidArgument(format!(
-                    "subnet {s} is larger than a node's /{} and this token does not name the node; \
-                     use a token made for it (`weftctl token create --role node --name {name}`)",
-                    site.node_prefix_len
-                )));
-            }
-        }
+        enroll::admit_node(
+            token,
+            existing.map(|(n, _)| n),
+            name,
+            asked.subnet,
+            site.node_prefix_len,
+            now,
+        )?;
         let (mut node, guard) = match existing {
-            Some((n, rev)) => {
-                held(&n.certs, "node", name, now)?;
-                if let Some(s) = asked.subnet
-                    && s != n.subnet
-                {
-                    return Err(Error::InvalidArgument(format!(
-                        "node {name:?} already has subnet {}, not {s}; drop --subnet or remove the node first",
-                        n.subnet
-                    )));
-                }
-                (n.clone(), Compare::ModRevision(key.clone(), *rev))
-            }
+            Some((n, rev)) => (n.clone(), Compare::ModRevision(key.clone(), *rev)),
             None => (
                 new_node(snap, site, name, asked.subnet)?,
                 Compare::Version(key.clone(), 0),
@@ -396,27 +300,11 @@ impl State {
         txn: Txn,
         issue: &mut impl FnMut(AgentRole, &str) -> Result<Issued, Error>,
     ) -> Result<(Enrollment, Txn), Error> {
-        if asked.subnet.is_some() {
-            return Err(Error::InvalidArgument(
-                "a gateway has no workload subnet; drop --subnet".into(),
-            ));
-        }
         let key = self.at(Key::Gateway(name));
         let existing = snap.gateways.iter().find(|(g, _)| g.name == name);
-        if token.name.is_none()
-            && let Some((g, _)) = existing
-        {
-            held(&g.certs, "gateway", name, now)?;
-            return Err(Error::AlreadyExists(format!(
-                "gateway {name:?} exists; enroll it with a token made for it \
-                 (`weftctl token create --role gateway --name {name}`)"
-            )));
-        }
+        enroll::admit_gateway(token, existing.map(|(g, _)| g), name, asked.subnet, now)?;
         let (mut gw, guard) = match existing {
-            Some((g, rev)) => {
-                held(&g.certs, "gateway", name, now)?;
-                (g.clone(), Compare::ModRevision(key.clone(), *rev))
-            }
+            Some((g, rev)) => (g.clone(), Compare::ModRevision(key.clone(), *rev)),
             None => (
                 Gateway {
                     name: name.to_string(),

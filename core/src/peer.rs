@@ -1,0 +1,331 @@
+//! What a peer site sends, checked before anything is recorded: its
+//! networks, gateways, controller endpoints, MTU and names, and what the
+//! two sites agree on from both sides' parameters. The controller parses
+//! the peer's CA certificate (TLS is not the core's) and records what
+//! [`remote_site`] returns; an error is the message of an invalid argument,
+//! naming the field.
+
+use base64::Engine;
+use weft_proto::v1 as pb;
+
+use crate::domain::{RemoteGateway, RemoteSite, TunnelRole, parse_cidr};
+
+/// The tunnel MTU two sites agree on: the lower of the values each
+/// configured (0 = "derive it from the gateway's underlay"), never below
+/// 1280; 0 when neither configured one.
+pub fn agreed_mtu(theirs: u32, ours: u32) -> u32 {
+    match (theirs, ours) {
+        (0, 0) => 0,
+        (0, m) | (m, 0) => m.max(1280),
+        (a, b) => a.min(b).max(1280),
+    }
+}
+
+/// The most gateways a peer may list (an active/standby pair needs two).
+pub const MAX_PEER_GATEWAYS: usize = 16;
+
+/// A peer's gateway as it described it, checked field by field: a valid
+/// name, an endpoint that is an address and a port from 1 to 65535 (or
+/// none: the peer dials out), a 32-byte base64 WireGuard key (or none yet).
+pub fn remote_gateway(i: usize, g: &pb::GatewayInfo) -> Result<RemoteGateway, String> {
+    crate::domain::validate_name(&format!("gateways[{i}].name"), &g.name)?;
+    let endpoint = match g.endpoint.as_str() {
+        "" => None,
+        e => match e.parse::<std::net::SocketAddr>() {
+            Ok(a) if a.port() != 0 => Some(a.to_string()),
+            _ => {
+                return Err(format!(
+                    "gateways[{i}].endpoint {} is not an address and a port from 1 to 65535 (e.g. 192.0.2.1:51820)",
+                    crate::domain::shown(e)
+                ));
+            }
+        },
+    };
+    let public_key = match g.public_key.as_str() {
+        "" => None,
+        k if base64::engine::general_purpose::STANDARD
+            .decode(k)
+            .is_ok_and(|raw| raw.len() == 32) =>
+        {
+            Some(k.to_string())
+        }
+        k => {
+            return Err(format!(
+                "gateways[{i}].public_key {} is not a 32-byte WireGuard key in base64",
+                crate::domain::shown(k)
+            ));
+        }
+    };
+    Ok(RemoteGateway {
+        name: g.name.clone(),
+        endpoint,
+        public_key,
+        active: g.active,
+    })
+}
+
+/// The most controller endpoints a peer may list.
+pub const MAX_PEER_ENDPOINTS: usize = 16;
+
+/// Checks a peer's controller endpoint before this controller ever dials
+/// it: `host:port` (a DNS name or an address, port 1–65535), and not an
+/// address on this host or no host at all (loopback, unspecified, link-local,
+/// multicast), so a peer cannot point this controller at its own local
+/// services; loopback is allowed where this site is itself served on
+/// loopback (`lab`: every site on one host).
+pub fn controller_endpoint(e: &str, lab: bool) -> Result<(), String> {
+    let shown = crate::domain::shown(e);
+    if let Ok(a) = e.parse::<std::net::SocketAddr>() {
+        let ip = a.ip();
+        let local = (ip.is_loopback() && !lab)
+            || ip.is_unspecified()
+            || ip.is_multicast()
+            || matches!(ip, std::net::IpAddr::V4(v4) if v4.is_link_local() || v4.is_broadcast())
+            || matches!(ip, std::net::IpAddr::V6(v6) if v6.is_unicast_link_local());
+        if a.port() == 0 || local {
+            return Err(format!(
+                "{shown} is not an address another site's controller can serve on"
+            ));
+        }
+        return Ok(());
+    }
+    let ok = e.rsplit_once(':').is_some_and(|(host, port)| {
+        port.parse::<u16>().is_ok_and(|p| p != 0)
+            && !host.is_empty()
+            && host.len() <= 253
+            && host != "localhost"
+            && host
+                .split('.')
+                .all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{shown} is not host:port (a DNS name or an address, and a port from 1 to 65535)"
+        ))
+    }
+}
+
+/// Which side of the tunnel this site takes: the side with a reachable
+/// gateway endpoint serves; when both have one, the smaller site id serves.
+/// Both sides compute the same answer.
+pub fn tunnel_role(own_id: &str, own_has_endpoint: bool, peer_id: &str, peer_has_endpoint: bool) -> TunnelRole {
+    match (own_has_endpoint, peer_has_endpoint) {
+        (true, false) => TunnelRole::Server,
+        (false, true) => TunnelRole::Client,
+        _ if own_id < peer_id => TunnelRole::Server,
+        _ => TunnelRole::Client,
+    }
+}
+
+/// A remote site's record from what it sent (`p`), beside this site's
+/// own parameters (`own`), validated as a whole; `ca_pem` and
+/// `ca_fingerprint` are its CA certificate, already parsed by the caller.
+pub fn remote_site(
+    ca_pem: &str,
+    ca_fingerprint: &str,
+    p: &pb::NetworkParams,
+    own: &pb::NetworkParams,
+) -> Result<RemoteSite, String> {
+    let mut workload = Vec::new();
+    for (i, c) in p.workload_cidrs.iter().enumerate() {
+        workload.push(parse_cidr(c).map_err(|m| format!("workload_cidrs[{i}]: {m}"))?);
+    }
+    let external = match p.external_cidr.trim() {
+        "" => None,
+        c => Some(parse_cidr(c).map_err(|m| format!("external_cidr: {m}"))?),
+    };
+    let gateways = p
+        .gateways
+        .iter()
+        .enumerate()
+        .map(|(i, g)| remote_gateway(i, g))
+        .collect::<Result<Vec<_>, _>>()?;
+    if gateways.len() > MAX_PEER_GATEWAYS {
+        return Err(format!(
+            "gateways: {} listed; a site has at most {MAX_PEER_GATEWAYS}",
+            gateways.len()
+        ));
+    }
+    if p.mtu != 0 && !(1280..=9000).contains(&p.mtu) {
+        return Err(format!(
+            "mtu: {} is out of range; a tunnel MTU is 1280 to 9000 (or 0: derived by each gateway)",
+            p.mtu
+        ));
+    }
+    if p.endpoints.len() > MAX_PEER_ENDPOINTS {
+        return Err(format!(
+            "endpoints: {} listed; a site lists at most {MAX_PEER_ENDPOINTS} controller endpoints",
+            p.endpoints.len()
+        ));
+    }
+    // Loopback only between sites that are both on one host (a lab).
+    let lab = !own.endpoints.is_empty()
+        && own
+            .endpoints
+            .iter()
+            .all(|e| e.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip().is_loopback()));
+    for (i, e) in p.endpoints.iter().enumerate() {
+        controller_endpoint(e, lab).map_err(|m| format!("endpoints[{i}]: {m}"))?;
+    }
+    let names: Vec<_> = p
+        .names
+        .iter()
+        .map(|n| {
+            (
+                n.name.clone(),
+                crate::names::NameKind::from_pb(n.kind),
+                n.address.clone(),
+            )
+        })
+        .collect();
+    let names = crate::names::check_remote(&names, &workload, external)?;
+    let has_endpoint = |ps: &pb::NetworkParams| ps.gateways.iter().any(|g| !g.endpoint.is_empty());
+    Ok(RemoteSite {
+        ca_pem: ca_pem.to_string(),
+        ca_fingerprint: ca_fingerprint.to_string(),
+        workload_cidrs: workload,
+        external_cidr: external,
+        gateways,
+        mtu: agreed_mtu(p.mtu, own.mtu),
+        endpoints: p.endpoints.clone(),
+        tunnel_role: tunnel_role(&own.site_id, has_endpoint(own), &p.site_id, has_endpoint(p)),
+        names,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use weft_proto::v1 as pb;
+
+    #[test]
+    fn a_peers_controller_endpoints_are_checked_before_they_are_dialled() {
+        use super::controller_endpoint;
+        for good in ["192.0.2.7:7443", "ctl.site-b.example:7443", "[2001:db8::1]:7443"] {
+            assert_eq!(controller_endpoint(good, false), Ok(()), "{good}");
+        }
+        for bad in [
+            "127.0.0.1:2379",
+            "[::1]:7443",
+            "0.0.0.0:7443",
+            "169.254.169.254:80",
+            "224.0.0.1:7443",
+            "localhost:7443",
+            "192.0.2.7",
+            "192.0.2.7:0",
+            "a b:7443",
+            "ctl:7443\nx",
+        ] {
+            assert!(controller_endpoint(bad, false).is_err(), "{bad}");
+        }
+        assert_eq!(controller_endpoint("127.0.0.1:7443", true), Ok(()), "a lab on one host");
+        assert!(controller_endpoint("169.254.169.254:80", true).is_err());
+    }
+
+    #[test]
+    fn the_lower_configured_tunnel_mtu_wins_and_none_means_derive() {
+        use super::agreed_mtu;
+        assert_eq!(agreed_mtu(0, 0), 0);
+        assert_eq!(agreed_mtu(1380, 0), 1380);
+        assert_eq!(agreed_mtu(0, 1400), 1400);
+        assert_eq!(agreed_mtu(1400, 1300), 1300);
+        assert_eq!(agreed_mtu(500, 0), 1280, "never below IPv6's minimum");
+    }
+
+    fn params(site: &str, workload: &[&str], gateway_endpoint: &str, endpoints: &[&str]) -> pb::NetworkParams {
+        pb::NetworkParams {
+            site_id: site.into(),
+            workload_cidrs: workload.iter().map(|c| c.to_string()).collect(),
+            external_cidr: String::new(),
+            gateways: vec![pb::GatewayInfo {
+                name: "gw".into(),
+                endpoint: gateway_endpoint.into(),
+                public_key: String::new(),
+                active: true,
+            }],
+            mtu: 0,
+            endpoints: endpoints.iter().map(|e| e.to_string()).collect(),
+            names: vec![],
+        }
+    }
+
+    fn refused(p: &pb::NetworkParams, own: &pb::NetworkParams) -> String {
+        super::remote_site("pem", "fp", p, own).expect_err("refused")
+    }
+
+    #[test]
+    fn a_well_formed_peer_is_recorded_with_what_both_sides_agree_on() {
+        use crate::domain::TunnelRole;
+        let own = params("site-a", &["10.1.0.0/16"], "", &["192.0.2.1:7443"]);
+        let mut p = params("site-b", &["10.2.0.0/16"], "198.51.100.7:51820", &["198.51.100.2:7443"]);
+        p.mtu = 1400;
+        p.external_cidr = "10.72.0.0/16".into();
+        let r = super::remote_site("pem", "fp", &p, &own).unwrap();
+        assert_eq!(r.workload_cidrs, vec!["10.2.0.0/16".parse().unwrap()]);
+        assert_eq!(r.external_cidr, Some("10.72.0.0/16".parse().unwrap()));
+        assert_eq!(r.gateways[0].endpoint.as_deref(), Some("198.51.100.7:51820"));
+        assert_eq!((r.mtu, r.ca_fingerprint.as_str()), (1400, "fp"));
+        // Only the peer's gateway is reachable: it serves, this site dials.
+        assert_eq!(r.tunnel_role, TunnelRole::Client);
+    }
+
+    #[test]
+    fn each_bad_field_of_a_peer_is_named() {
+        let own = params("site-a", &["10.1.0.0/16"], "", &["192.0.2.1:7443"]);
+        let good = params("site-b", &["10.2.0.0/16"], "", &["198.51.100.2:7443"]);
+        type Spoil = Box<dyn Fn(&mut pb::NetworkParams)>;
+        let cases: Vec<(Spoil, &str)> = vec![
+            (
+                Box::new(|p| p.workload_cidrs = vec!["10.2.0.1/16".into()]),
+                "workload_cidrs[0]",
+            ),
+            (Box::new(|p| p.external_cidr = "300.0.0.0/8".into()), "external_cidr"),
+            (
+                Box::new(|p| p.gateways[0].endpoint = "198.51.100.7".into()),
+                "gateways[0].endpoint",
+            ),
+            (
+                Box::new(|p| p.gateways[0].public_key = "AAAA".into()),
+                "gateways[0].public_key",
+            ),
+            (Box::new(|p| p.gateways[0].name = "GW!".into()), "gateways[0].name"),
+            (Box::new(|p| p.gateways = vec![p.gateways[0].clone(); 17]), "at most 16"),
+            (Box::new(|p| p.mtu = 200), "mtu: 200 is out of range"),
+            (
+                Box::new(|p| p.endpoints = vec!["127.0.0.1:7443".into()]),
+                "endpoints[0]",
+            ),
+            (
+                Box::new(|p| p.endpoints = vec!["198.51.100.2:7443".into(); 17]),
+                "at most 16 controller endpoints",
+            ),
+            (
+                Box::new(|p| {
+                    p.names = vec![pb::PublishedName {
+                        name: "db".into(),
+                        kind: pb::NameKind::Workload as i32,
+                        address: "10.9.0.1".into(),
+                    }]
+                }),
+                "names[0]",
+            ),
+        ];
+        for (spoil, says) in cases {
+            let mut p = good.clone();
+            spoil(&mut p);
+            let m = refused(&p, &own);
+            assert!(m.contains(says), "expected {says:?} in {m:?}");
+        }
+        assert!(super::remote_site("pem", "fp", &good, &own).is_ok());
+    }
+
+    #[test]
+    fn loopback_controllers_only_between_sites_both_on_loopback() {
+        let peer = params("site-b", &["10.2.0.0/16"], "", &["127.0.0.1:7444"]);
+        let lab = params("site-a", &["10.1.0.0/16"], "", &["127.0.0.1:7443"]);
+        assert!(super::remote_site("pem", "fp", &peer, &lab).is_ok());
+        let real = params("site-a", &["10.1.0.0/16"], "", &["192.0.2.1:7443"]);
+        assert!(refused(&peer, &real).contains("endpoints[0]"));
+    }
+}
