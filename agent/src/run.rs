@@ -1005,4 +1005,232 @@ mod tests {
         one.refused();
         assert_eq!(one.controller, 0);
     }
+
+    /// A controller for one session at a time on a Unix socket (the agent's
+    /// client dials `unix:` targets without TLS): it answers Watch with
+    /// `script` (each a message or the status that ends the stream), or
+    /// refuses Watch with `refuse`; it records every Watch request, report
+    /// and gateway update it gets.
+    #[derive(Default)]
+    struct FakeController {
+        script: std::sync::Mutex<Vec<Result<pb::WatchResponse, tonic::Status>>>,
+        refuse: std::sync::Mutex<Option<tonic::Status>>,
+        watches: std::sync::Mutex<Vec<pb::WatchRequest>>,
+        reports: std::sync::Mutex<Vec<pb::ReportRequest>>,
+        updates: std::sync::Mutex<Vec<pb::UpdateGatewayRequest>>,
+    }
+
+    type Answer<T> = Result<tonic::Response<T>, tonic::Status>;
+
+    #[tonic::async_trait]
+    impl weft_proto::v1::agent_service_server::AgentService for FakeController {
+        type WatchStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::WatchResponse, tonic::Status>>>;
+
+        async fn register(&self, _: tonic::Request<pb::RegisterRequest>) -> Answer<pb::RegisterResponse> {
+            Err(tonic::Status::unimplemented("not in this fake"))
+        }
+        async fn renew(&self, _: tonic::Request<pb::RenewRequest>) -> Answer<pb::RenewResponse> {
+            Err(tonic::Status::unimplemented("not in this fake"))
+        }
+        async fn get_assignment(&self, _: tonic::Request<pb::GetAssignmentRequest>) -> Answer<pb::Assignment> {
+            Err(tonic::Status::unimplemented("not in this fake"))
+        }
+        async fn watch(&self, r: tonic::Request<pb::WatchRequest>) -> Answer<Self::WatchStream> {
+            self.watches.lock().unwrap().push(r.into_inner());
+            if let Some(s) = self.refuse.lock().unwrap().take() {
+                return Err(s);
+            }
+            let script = std::mem::take(&mut *self.script.lock().unwrap());
+            Ok(tonic::Response::new(tokio_stream::iter(script)))
+        }
+        async fn report(&self, r: tonic::Request<pb::ReportRequest>) -> Answer<pb::ReportResponse> {
+            self.reports.lock().unwrap().push(r.into_inner());
+            Ok(tonic::Response::new(pb::ReportResponse::default()))
+        }
+        async fn update_gateway(
+            &self,
+            r: tonic::Request<pb::UpdateGatewayRequest>,
+        ) -> Answer<pb::UpdateGatewayResponse> {
+            self.updates.lock().unwrap().push(r.into_inner());
+            Ok(tonic::Response::new(pb::UpdateGatewayResponse::default()))
+        }
+    }
+
+    /// Serves `fake` on a socket in `dir`; its `unix:` target.
+    fn serve(fake: &std::sync::Arc<FakeController>, dir: &std::path::Path) -> String {
+        let sock = dir.join("controller.sock");
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(tokio::net::UnixListener::bind(&sock).unwrap());
+        let svc = weft_proto::v1::agent_service_server::AgentServiceServer::from_arc(fake.clone());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(incoming),
+        );
+        format!("unix:{}", sock.display())
+    }
+
+    fn config(dir: &std::path::Path, endpoint: Option<&str>) -> AgentConfig {
+        AgentConfig {
+            controllers: vec![],
+            token: None,
+            ca_fingerprint: None,
+            ca_file: None,
+            state_dir: dir.to_path_buf(),
+            name: "n1".into(),
+            dry_run: true,
+            resync_interval: Duration::ZERO,
+            teardown: false,
+            underlay_ip: None,
+            metrics_listen: None,
+            log_format: Default::default(),
+            endpoint: endpoint.map(str::to_string),
+            probe: Default::default(),
+            workload_bridge: None,
+            wireguard: None,
+            dns: None,
+        }
+    }
+
+    /// One session of an agent holding `desired` with `fake` at `target`.
+    async fn one_session(
+        target: &str,
+        cfg: &AgentConfig,
+        gateway_key: Option<&str>,
+        desired: &mut Desired,
+        applier: &mut dyn Applier,
+    ) -> End {
+        let creds = Credentials {
+            key_pem: String::new(),
+            cert_pem: String::new(),
+            ca_pem: String::new(),
+            received: SystemTime::now(),
+            not_after: SystemTime::now() + Duration::from_secs(3600),
+        };
+        let (_tx, mut rx) = watch::channel(creds);
+        let file = StateFile::new(&cfg.state_dir);
+        let s = Session {
+            target,
+            cfg,
+            gateway_key,
+            creds: &mut rx,
+            desired,
+            file: &file,
+            applier,
+            dns: None,
+        };
+        tokio::time::timeout(Duration::from_secs(10), session(s))
+            .await
+            .expect("the session ends by itself")
+    }
+
+    fn message(revision: i64, kind: pb::watch_response::Kind) -> Result<pb::WatchResponse, tonic::Status> {
+        Ok(pb::WatchResponse {
+            revision,
+            kind: Some(kind),
+        })
+    }
+
+    /// A session applies what the controller streams, reports what it
+    /// applied, and ends (transient: retried) when the controller ends the
+    /// stream; the next session resumes from the revision and objects held,
+    /// and a gateway announces its key and endpoint at each session.
+    #[tokio::test]
+    async fn a_session_applies_the_stream_reports_it_and_the_next_one_resumes() {
+        use pb::watch_response::Kind;
+        let dir = tempfile::tempdir().unwrap();
+        let fake = std::sync::Arc::new(FakeController::default());
+        let target = serve(&fake, dir.path());
+        *fake.script.lock().unwrap() = vec![
+            message(
+                3,
+                Kind::Snapshot(pb::Snapshot {
+                    objects: vec![object("a"), object("b")],
+                }),
+            ),
+            message(
+                4,
+                Kind::Delta(pb::Delta {
+                    upserts: vec![object("c")],
+                    deletes: vec!["a".into()],
+                }),
+            ),
+        ];
+        let cfg = config(dir.path(), Some("192.0.2.10:51820"));
+        let (mut desired, mut seen) = (Desired::default(), Seen::default());
+        let end = one_session(&target, &cfg, Some("KEY"), &mut desired, &mut seen).await;
+        assert!(
+            matches!(&end, End::Transient(e) if e.to_string().contains("ended the stream")),
+            "{end:?}"
+        );
+        assert_eq!(desired.revision, 4);
+        assert_eq!(seen.0.last().unwrap().1, ["b", "c"]);
+        assert_eq!(
+            fake.reports.lock().unwrap().last().map(|r| r.applied_revision),
+            Some(4),
+            "the last report says what was applied"
+        );
+        assert_eq!(StateFile::new(dir.path()).load().unwrap(), Some(desired.clone()));
+        let u = fake.updates.lock().unwrap().clone();
+        assert_eq!(
+            (u[0].public_key.as_str(), u[0].endpoint.as_str()),
+            ("KEY", "192.0.2.10:51820")
+        );
+
+        // Reconnected: it asks for what follows revision 4 and names what
+        // it holds, so the controller sends only the difference.
+        let end = one_session(&target, &cfg, Some("KEY"), &mut desired, &mut seen).await;
+        assert!(matches!(end, End::Transient(_)), "{end:?}");
+        let w = fake.watches.lock().unwrap().clone();
+        assert_eq!((w[0].last_revision, w[0].known.len()), (0, 0));
+        assert_eq!(w[1].last_revision, 4);
+        assert_eq!(w[1].known.len(), 2);
+        assert_eq!(
+            fake.updates.lock().unwrap().len(),
+            2,
+            "the key is announced each session"
+        );
+    }
+
+    /// How a session ends decides what the agent does next: a removal
+    /// (tear down), a refusal (keep forwarding, ask slowly), a controller
+    /// that cannot be reached (the next replica at once) or any other error
+    /// (retry with back-off). The state held is never dropped.
+    #[tokio::test]
+    async fn a_removal_a_refusal_an_unreachable_controller_and_an_error_end_a_session_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = std::sync::Arc::new(FakeController::default());
+        let target = serve(&fake, dir.path());
+        let cfg = config(dir.path(), None);
+        let mut desired = Desired {
+            revision: 7,
+            ..Default::default()
+        };
+        let mut seen = Seen::default();
+        let mut removed = tonic::Status::unauthenticated("removed by the admin");
+        removed
+            .metadata_mut()
+            .insert(weft_proto::REMOVED, tonic::metadata::MetadataValue::from_static("1"));
+        let cases = [
+            (removed, "removed"),
+            (tonic::Status::unauthenticated("certificate revoked"), "refused"),
+            (tonic::Status::permission_denied("not a node"), "refused"),
+            (tonic::Status::unavailable("the store is down"), "transient"),
+        ];
+        for (status, want) in cases {
+            *fake.refuse.lock().unwrap() = Some(status);
+            let end = one_session(&target, &cfg, None, &mut desired, &mut seen).await;
+            let got = match end {
+                End::Removed(_) => "removed",
+                End::Refused(_) => "refused",
+                End::Transient(_) => "transient",
+                End::Lost(_) => "lost",
+            };
+            assert_eq!(got, want);
+        }
+        let gone = format!("unix:{}", dir.path().join("nobody.sock").display());
+        let end = one_session(&gone, &cfg, None, &mut desired, &mut seen).await;
+        assert!(matches!(end, End::Lost(_)), "{end:?}");
+        assert_eq!(desired.revision, 7, "nothing held was dropped");
+        assert!(seen.0.is_empty(), "nothing was applied");
+    }
 }
