@@ -76,17 +76,8 @@ async fn main() -> anyhow::Result<()> {
     let n = args.agents;
     let t_setup = Instant::now();
     let ids = bench.enroll(n).await?;
-    let (tx, mut rx) = bench.connect(ids).await?;
-    // Drain events in the background from now on.
-    let removed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let seen_removed = removed.clone();
-    tokio::spawn(async move {
-        while let Some(e) = rx.recv().await {
-            if let Event::Removed(_) = e {
-                seen_removed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
-    });
+    let (tx, rx) = bench.connect(ids).await?;
+    let removed = count_removals(rx);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let steady = memory_and_fds(pid);
     println!(
@@ -178,6 +169,21 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("weft-churn: memory and descriptors flat");
     Ok(())
+}
+
+/// Drains the agents' events in the background from now on; how many
+/// were told they were removed.
+fn count_removals(mut rx: tokio::sync::mpsc::UnboundedReceiver<Event>) -> Arc<std::sync::atomic::AtomicUsize> {
+    let removed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen_removed = removed.clone();
+    tokio::spawn(async move {
+        while let Some(e) = rx.recv().await {
+            if let Event::Removed(_) = e {
+                seen_removed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    removed
 }
 
 /// Nodes joining and leaving at a steady rate.

@@ -75,88 +75,18 @@ async fn main() -> anyhow::Result<()> {
     // A change that concerns all N: the first gateway appears.
     let gw_token = bench.token(pb::AgentRole::Gateway, 2).await?;
     let t0 = Instant::now();
-    let (gcert, gkey) = ctx.register(&gw_token, "gw", "10.255.0.1").await?;
-    let mut acked = vec![None::<Duration>; n];
-    let mut got = 0;
-    while got < n {
-        match tokio::time::timeout(Duration::from_secs(120), rx.recv()).await {
-            Ok(Some(Event::Acked(i, at))) if acked[i].is_none() => {
-                acked[i] = Some(at.duration_since(t0));
-                got += 1;
-            }
-            Ok(Some(_)) => {}
-            Ok(None) | Err(_) => anyhow::bail!("only {got} of {n} agents acknowledged within 120 s"),
-        }
-    }
-    let mut all: Vec<Duration> = acked.into_iter().map(Option::unwrap).collect();
-    all.sort();
+    let gateway = ctx.register(&gw_token, "gw", "10.255.0.1").await?;
+    let all = acked_by_all(&mut rx, n, t0).await?;
 
     // Changes that concern one agent: new nodes, as seen by the gateway.
-    let (gtx, mut grx) = mpsc::unbounded_channel::<Event>();
-    let gctx = ctx.clone();
-    tokio::spawn(async move {
-        let ch = gctx.channel(Some((&gcert, &gkey))).await.expect("gateway connect");
-        let mut c = AgentServiceClient::new(ch);
-        let mut s = c
-            .watch(pb::WatchRequest {
-                last_revision: 0,
-                known: vec![],
-                ..Default::default()
-            })
-            .await
-            .expect("watch")
-            .into_inner();
-        while let Ok(Some(m)) = s.message().await {
-            let ids = match m.kind {
-                Some(pb::watch_response::Kind::Delta(d)) => d.upserts.into_iter().map(|o| o.id).collect(),
-                _ => vec![],
-            };
-            let _ = gtx.send(Event::GatewaySaw(ids, Instant::now()));
-        }
-    });
-    let _ = tokio::time::timeout(Duration::from_secs(60), grx.recv()).await; // its snapshot
-    tokio::time::sleep(*args.settle).await;
-    let one_token = bench.token(pb::AgentRole::Node, args.single_changes as u32).await?;
-    let mut single = Vec::new();
-    for k in 0..args.single_changes {
-        let name = format!("x{k}");
-        let t = Instant::now();
-        ctx.register(&one_token, &name, &underlay(n + k)).await?;
-        let want = format!("node/{name}/link");
-        loop {
-            match tokio::time::timeout(Duration::from_secs(30), grx.recv()).await {
-                Ok(Some(Event::GatewaySaw(ids, at))) if ids.contains(&want) => {
-                    single.push(at.duration_since(t));
-                    break;
-                }
-                Ok(Some(_)) => {}
-                _ => anyhow::bail!("the gateway never saw {name}"),
-            }
-        }
-    }
+    let mut single = changes_for_one(&bench, gateway, &args).await?;
     single.sort();
     let after = proc_stats(pid);
     let beats = weft_tests::sim::HEARTBEATS.load(std::sync::atomic::Ordering::Relaxed) - beats0;
     let beat_rate = beats as f64 / t_beats.elapsed().as_secs_f64();
 
     // Resume after a controller restart: stopped for a while, then back.
-    let c = &mut bench.controller;
-    assert!(c.stop().success(), "the controller did not stop cleanly");
-    tokio::time::sleep(*args.restart_pause).await;
-    let t_back = Instant::now();
-    c.restart_stopped();
-    let (mut resumed, mut snapshots) = (0usize, 0usize);
-    while resumed < n {
-        match tokio::time::timeout(Duration::from_secs(120), rx.recv()).await {
-            Ok(Some(Event::Resumed { snapshot })) => {
-                resumed += 1;
-                snapshots += usize::from(snapshot);
-            }
-            Ok(Some(_)) => {}
-            _ => anyhow::bail!("only {resumed} of {n} agents resumed within 120 s"),
-        }
-    }
-    let resume_time = t_back.elapsed();
+    let (resume_time, snapshots) = resumed(&mut bench, &mut rx, n, *args.restart_pause).await?;
 
     println!("weft-fanout: {} agents, {} store", n, args.store);
     println!(
@@ -201,4 +131,101 @@ async fn main() -> anyhow::Result<()> {
         connected.rss, held.rss, after.rss, after.peak
     );
     Ok(())
+}
+
+/// How long after `t0` each of the `n` agents acknowledged a change.
+async fn acked_by_all(rx: &mut mpsc::UnboundedReceiver<Event>, n: usize, t0: Instant) -> anyhow::Result<Vec<Duration>> {
+    let mut acked = vec![None::<Duration>; n];
+    let mut got = 0;
+    while got < n {
+        match tokio::time::timeout(Duration::from_secs(120), rx.recv()).await {
+            Ok(Some(Event::Acked(i, at))) if acked[i].is_none() => {
+                acked[i] = Some(at.duration_since(t0));
+                got += 1;
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => anyhow::bail!("only {got} of {n} agents acknowledged within 120 s"),
+        }
+    }
+    let mut all: Vec<Duration> = acked.into_iter().map(Option::unwrap).collect();
+    all.sort();
+    Ok(all)
+}
+
+/// Enrolls `args.single_changes` nodes one by one; how long each took to
+/// reach the gateway (enrolled as `gateway`: its certificate and key),
+/// which watches as an agent would.
+async fn changes_for_one(bench: &Bench, (gcert, gkey): (String, String), args: &Args) -> anyhow::Result<Vec<Duration>> {
+    let ctx = bench.ctx.clone();
+    let n = args.agents;
+    let (gtx, mut grx) = mpsc::unbounded_channel::<Event>();
+    let gctx = ctx.clone();
+    tokio::spawn(async move {
+        let ch = gctx.channel(Some((&gcert, &gkey))).await.expect("gateway connect");
+        let mut c = AgentServiceClient::new(ch);
+        let mut s = c
+            .watch(pb::WatchRequest {
+                last_revision: 0,
+                known: vec![],
+                ..Default::default()
+            })
+            .await
+            .expect("watch")
+            .into_inner();
+        while let Ok(Some(m)) = s.message().await {
+            let ids = match m.kind {
+                Some(pb::watch_response::Kind::Delta(d)) => d.upserts.into_iter().map(|o| o.id).collect(),
+                _ => vec![],
+            };
+            let _ = gtx.send(Event::GatewaySaw(ids, Instant::now()));
+        }
+    });
+    let _ = tokio::time::timeout(Duration::from_secs(60), grx.recv()).await; // its snapshot
+    tokio::time::sleep(*args.settle).await;
+    let one_token = bench.token(pb::AgentRole::Node, args.single_changes as u32).await?;
+    let mut single = Vec::new();
+    for k in 0..args.single_changes {
+        let name = format!("x{k}");
+        let t = Instant::now();
+        ctx.register(&one_token, &name, &underlay(n + k)).await?;
+        let want = format!("node/{name}/link");
+        loop {
+            match tokio::time::timeout(Duration::from_secs(30), grx.recv()).await {
+                Ok(Some(Event::GatewaySaw(ids, at))) if ids.contains(&want) => {
+                    single.push(at.duration_since(t));
+                    break;
+                }
+                Ok(Some(_)) => {}
+                _ => anyhow::bail!("the gateway never saw {name}"),
+            }
+        }
+    }
+    Ok(single)
+}
+
+/// Stops the controller for `pause`, starts it again; how long until all
+/// `n` agents resumed, and how many of them needed a snapshot.
+async fn resumed(
+    bench: &mut Bench,
+    rx: &mut mpsc::UnboundedReceiver<Event>,
+    n: usize,
+    pause: Duration,
+) -> anyhow::Result<(Duration, usize)> {
+    let c = &mut bench.controller;
+    assert!(c.stop().success(), "the controller did not stop cleanly");
+    tokio::time::sleep(pause).await;
+    let t_back = Instant::now();
+    c.restart_stopped();
+    let (mut resumed, mut snapshots) = (0usize, 0usize);
+    while resumed < n {
+        match tokio::time::timeout(Duration::from_secs(120), rx.recv()).await {
+            Ok(Some(Event::Resumed { snapshot })) => {
+                resumed += 1;
+                snapshots += usize::from(snapshot);
+            }
+            Ok(Some(_)) => {}
+            _ => anyhow::bail!("only {resumed} of {n} agents resumed within 120 s"),
+        }
+    }
+    Ok((t_back.elapsed(), snapshots))
 }

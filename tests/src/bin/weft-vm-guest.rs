@@ -242,28 +242,7 @@ fn kernel() {
     }
 
     step(t0, "geneve");
-    // The mode is visible: gateways, diagnose, the metric.
-    until_modes(&s, &["kernel", "kernel"], &["kernel"]);
-    let d = weft_tests::weftctl_diagnose(&s.ta, &[]);
-    let kernel_check = d["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["check"] == "kernel" && c["subject"] == "gateway/gw")
-        .unwrap_or_else(|| panic!("no kernel check of the gateway: {d:#}"))
-        .clone();
-    assert_eq!(kernel_check["result"], "PASS", "{kernel_check}");
-    let detail = kernel_check["detail"].as_str().unwrap();
-    assert!(
-        detail.contains("WireGuard: kernel") && detail.contains("Geneve"),
-        "{detail}"
-    );
-    println!("diagnose: {detail}");
-    let m = s.scrape("gwa");
-    assert_eq!(
-        sites::metric(&m, "weft_gateway_wireguard_info", &[("mode", "kernel")]),
-        Some(1.0)
-    );
+    kernel_mode_visible(&s);
 
     // Probes and the kernel's statistics: handshake and bytes.
     eventually(
@@ -297,27 +276,7 @@ fn kernel() {
     // each other): 0 to 3 in runs since, so up to 4 is no regression.
     assert!(lapses <= 4, "gateways lapsed {lapses} times with nothing wrong");
     step(t0, "stats");
-    // Drift: a peer removed and the link deleted by hand come back.
-    let peers = stdout(&s.lab.exec(&s.ns_a, &["wg", "show", &link, "peers"]));
-    let peer = peers.lines().next().expect("a peer").to_string();
-    weft_tests::netns::must(
-        s.lab.exec(&s.ns_a, &["wg", "set", &link, "peer", &peer, "remove"]),
-        "wg set remove",
-    );
-    eventually("the removed peer back", Duration::from_secs(60), || {
-        stdout(&s.lab.exec(&s.ns_a, &["wg", "show", &link, "peers"]))
-            .contains(&peer)
-            .then_some(())
-    });
-    both_ways(&s, "after the peer came back");
-    weft_tests::netns::must(s.lab.exec(&s.ns_a, &["ip", "link", "del", &link]), "ip link del");
-    eventually("the deleted link back", Duration::from_secs(60), || {
-        stdout(&s.lab.exec(&s.ns_a, &["ip", "-br", "link"]))
-            .contains(&link)
-            .then_some(())
-    });
-    assert_eq!(wg_kind(&s.ns_a), "wireguard");
-    both_ways(&s, "after the link came back");
+    drift_repaired(&s, &link);
 
     step(t0, "drift repaired");
     // An agent restart keeps the kernel link (same interface index): the
@@ -342,6 +301,59 @@ fn kernel() {
     step(t0, "failover");
     s.teardown_all();
     step(t0, "teardown");
+}
+
+/// The kernel WireGuard is visible: in `weftctl gateways`, diagnose's
+/// kernel check and the gateway's metric.
+fn kernel_mode_visible(s: &TwoSites) {
+    // The mode is visible: gateways, diagnose, the metric.
+    until_modes(s, &["kernel", "kernel"], &["kernel"]);
+    let d = weft_tests::weftctl_diagnose(&s.ta, &[]);
+    let kernel_check = d["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "kernel" && c["subject"] == "gateway/gw")
+        .unwrap_or_else(|| panic!("no kernel check of the gateway: {d:#}"))
+        .clone();
+    assert_eq!(kernel_check["result"], "PASS", "{kernel_check}");
+    let detail = kernel_check["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("WireGuard: kernel") && detail.contains("Geneve"),
+        "{detail}"
+    );
+    println!("diagnose: {detail}");
+    let m = s.scrape("gwa");
+    assert_eq!(
+        sites::metric(&m, "weft_gateway_wireguard_info", &[("mode", "kernel")]),
+        Some(1.0)
+    );
+}
+
+/// Drift in the kernel's WireGuard: a peer removed and the link deleted by
+/// hand come back, and traffic with them.
+fn drift_repaired(s: &TwoSites, link: &str) {
+    // Drift: a peer removed and the link deleted by hand come back.
+    let peers = stdout(&s.lab.exec(&s.ns_a, &["wg", "show", link, "peers"]));
+    let peer = peers.lines().next().expect("a peer").to_string();
+    weft_tests::netns::must(
+        s.lab.exec(&s.ns_a, &["wg", "set", link, "peer", &peer, "remove"]),
+        "wg set remove",
+    );
+    eventually("the removed peer back", Duration::from_secs(60), || {
+        stdout(&s.lab.exec(&s.ns_a, &["wg", "show", link, "peers"]))
+            .contains(&peer)
+            .then_some(())
+    });
+    both_ways(s, "after the peer came back");
+    weft_tests::netns::must(s.lab.exec(&s.ns_a, &["ip", "link", "del", link]), "ip link del");
+    eventually("the deleted link back", Duration::from_secs(60), || {
+        stdout(&s.lab.exec(&s.ns_a, &["ip", "-br", "link"]))
+            .contains(link)
+            .then_some(())
+    });
+    assert_eq!(wg_kind(&s.ns_a), "wireguard");
+    both_ways(s, "after the link came back");
 }
 
 fn mixed() {
@@ -495,32 +507,7 @@ fn driver() {
             ns,
         );
     }
-    // An unclamped private key, as a gateway's key file may hold (the
-    // kernel keeps it clamped): the driver must still know its link.
-    let key = {
-        use base64::Engine;
-        let e = base64::engine::general_purpose::STANDARD;
-        let mut raw = e
-            .decode(stdout(&weft_tests::run(std::process::Command::new("wg").arg("genkey"))).trim())
-            .unwrap();
-        raw[0] |= 7;
-        raw[31] |= 128;
-        e.encode(raw)
-    };
-    let peer_key = stdout(&weft_tests::run(std::process::Command::new("wg").arg("genkey")))
-        .trim()
-        .to_string();
-    let peer_pub = {
-        use std::io::Write;
-        let mut c = std::process::Command::new("wg")
-            .arg("pubkey")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        c.stdin.take().unwrap().write_all(peer_key.as_bytes()).unwrap();
-        stdout(&c.wait_with_output().unwrap()).trim().to_string()
-    };
+    let (key, peer_key, peer_pub) = driver_keys();
     let result = std::thread::spawn(move || {
         let f = std::fs::File::open("/run/netns/weftt-drv-gw").unwrap();
         nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
@@ -608,6 +595,38 @@ fn driver() {
     if let Err(e) = result {
         std::panic::resume_unwind(e);
     }
+}
+
+/// The driver test's keys: the gateway's private key, unclamped; a peer's
+/// private and public keys.
+fn driver_keys() -> (String, String, String) {
+    // An unclamped private key, as a gateway's key file may hold (the
+    // kernel keeps it clamped): the driver must still know its link.
+    let key = {
+        use base64::Engine;
+        let e = base64::engine::general_purpose::STANDARD;
+        let mut raw = e
+            .decode(stdout(&weft_tests::run(std::process::Command::new("wg").arg("genkey"))).trim())
+            .unwrap();
+        raw[0] |= 7;
+        raw[31] |= 128;
+        e.encode(raw)
+    };
+    let peer_key = stdout(&weft_tests::run(std::process::Command::new("wg").arg("genkey")))
+        .trim()
+        .to_string();
+    let peer_pub = {
+        use std::io::Write;
+        let mut c = std::process::Command::new("wg")
+            .arg("pubkey")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(peer_key.as_bytes()).unwrap();
+        stdout(&c.wait_with_output().unwrap()).trim().to_string()
+    };
+    (key, peer_key, peer_pub)
 }
 
 /// A netlink handle in the calling thread's namespace (on the runtime).
