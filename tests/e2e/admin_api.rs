@@ -79,6 +79,7 @@ fn bad_requests_get_the_right_code_and_write_nothing() {
     if require_tool("grpcurl").is_none() {
         return;
     }
+    weft_tests::step("a controller with one node");
     let (_d, c) = controller("site-b", &["10.1.0.0/22"], &[]);
     let call =
         |body: &str, method: &str| grpcurl_unix(&c, &["-d", body, "--", &format!("weft.v1.AdminService/{method}")]);
@@ -86,6 +87,7 @@ fn bad_requests_get_the_right_code_and_write_nothing() {
     assert!(call(r#"{"name":"n1"}"#, "CreateNode").status.success());
     let before = weftctl_json(&c.target(), &["allocations"]);
 
+    weft_tests::step("each bad request gets its code and message and writes nothing");
     let cases: &[(&str, &str, &str, &str)] = &[
         (
             r#"{"name":"n2","subnet":"10.1.0.0/33"}"#,
@@ -150,6 +152,7 @@ fn bad_requests_get_the_right_code_and_write_nothing() {
         "refused calls wrote nothing"
     );
 
+    weft_tests::step("the pod cidr holds four nodes and refuses the fifth");
     // The pod CIDR holds four /24s: three more fit, the fifth is refused.
     for n in ["n2", "n3", "n4"] {
         assert!(call(&format!(r#"{{"name":"{n}"}}"#), "CreateNode").status.success());
@@ -170,6 +173,7 @@ fn tcp_listener_requires_a_client_certificate_from_the_site_ca() {
     let Some(g) = require_tool("grpcurl") else {
         return;
     };
+    weft_tests::step("a call with the admin certificate over tcp succeeds");
     let (_d, c) = controller("site-c", &["10.1.0.0/16"], &[]);
     let addr = format!("127.0.0.1:{}", c.listen_port);
     let (ca, cert, key) = (c.pki("ca.pem"), c.pki("admin.pem"), c.pki("admin.key"));
@@ -193,6 +197,7 @@ fn tcp_listener_requires_a_client_certificate_from_the_site_ca() {
         .args([&addr, "weft.v1.AdminService/GetSite"]));
     assert!(stdout(&o).contains("site-c"), "{}", stderr(&o));
 
+    weft_tests::step("calls without a client certificate or in plaintext are refused");
     let o = run(Command::new(&g)
         .arg("-cacert")
         .arg(&ca)
@@ -209,6 +214,7 @@ fn tcp_listener_requires_a_client_certificate_from_the_site_ca() {
     let o = run(Command::new(&g).args(["-plaintext", "-max-time", "5", &addr, "list"]));
     assert!(!o.status.success(), "plaintext must be refused on TCP");
 
+    weft_tests::step("weftctl over tcp needs the ca file");
     let ok = weftctl_json(
         &format!("https://{addr}"),
         &[
@@ -229,6 +235,7 @@ fn tcp_listener_requires_a_client_certificate_from_the_site_ca() {
 
 #[test]
 fn weftctl_manages_nodes_and_shows_allocations() {
+    weft_tests::step("weftctl adds nodes with allocated and declared subnets");
     let (_d, c) = controller("site-d", &["10.1.0.0/16"], &["--node-prefix-len", "26"]);
     let t = c.target();
     let n1 = weftctl_json(&t, &["node", "add", "n1"]);
@@ -241,6 +248,7 @@ fn weftctl_manages_nodes_and_shows_allocations() {
     assert_eq!(weftctl_json(&t, &["node", "add", "n3"])["subnet"], "10.1.0.64/26");
     assert_eq!(weftctl_json(&t, &["node", "get", "n2"])["subnet"], "10.1.200.0/24");
 
+    weft_tests::step("allocations count every subnet");
     let a = weftctl_json(&t, &["allocations"]);
     let pod = a["pools"]
         .as_array()
@@ -252,6 +260,7 @@ fn weftctl_manages_nodes_and_shows_allocations() {
     assert_eq!(pod["allocated_addresses"], 64 + 256 + 64);
     assert_eq!(a["allocations"].as_array().unwrap().len(), 3);
 
+    weft_tests::step("a removed node's subnet is reused");
     let r = weftctl_json(&t, &["node", "remove", "n1"]);
     assert_eq!(r["released_subnet"], "10.1.0.0/26");
     assert_eq!(
@@ -260,6 +269,7 @@ fn weftctl_manages_nodes_and_shows_allocations() {
         "a released subnet is reused"
     );
 
+    weft_tests::step("plan-view remaps a clashing cidr");
     let plan = weftctl_json(
         &t,
         &[
@@ -273,11 +283,13 @@ fn weftctl_manages_nodes_and_shows_allocations() {
     assert_eq!(plan["views"][0]["remapped"], true);
     assert_eq!(plan["views"][1]["local_cidr"], "10.99.0.0/16");
 
+    weft_tests::step("human output is a table");
     // human output is a table
     let o = run(Command::new(bin("weftctl")).args(["--controller", &t, "nodes"]));
     let text = stdout(&o);
     assert!(text.starts_with("NAME") && text.contains("10.1.200.0/24"), "{text}");
 
+    weft_tests::step("errors give a grpc code and exit status 1");
     // errors: a gRPC code and its message, exit status 1
     let o = run(Command::new(bin("weftctl")).args(["--controller", &t, "node", "get", "ghost"]));
     assert_eq!(o.status.code(), Some(1));
@@ -299,6 +311,7 @@ fn a_rotated_admin_certificate_is_revoked() {
     let Some(g) = require_tool("grpcurl") else {
         return;
     };
+    weft_tests::step("the old admin certificate works before the rotation");
     let (d, mut c) = controller("site-r", &["10.1.0.0/16"], &[]);
     let addr = format!("127.0.0.1:{}", c.listen_port);
     let keep = |name: &str| {
@@ -321,6 +334,7 @@ fn a_rotated_admin_certificate_is_revoked() {
     };
     assert!(call(&old_cert, &old_key).status.success());
 
+    weft_tests::step("a rotation revokes the old certificate");
     let o = run(Command::new(bin("weft-controller"))
         .args([
             "admin-cert",
@@ -344,6 +358,7 @@ fn a_rotated_admin_certificate_is_revoked() {
     );
     assert!(call(&c.pki("admin.pem"), &c.pki("admin.key")).status.success());
 
+    weft_tests::step("a rotation over tcp is refused");
     // Over TCP with a certificate, the rotation is refused: it belongs to
     // whoever holds the controller's host.
     let o = run(Command::new(&g)
@@ -356,6 +371,7 @@ fn a_rotated_admin_certificate_is_revoked() {
         .args(["-max-time", "5", &addr, "weft.v1.AdminService/RotateAdminCert"]));
     assert!(stderr(&o).contains("PermissionDenied"), "{}", stderr(&o));
 
+    weft_tests::step("after a restart the old certificate stays revoked and the server certificate is reused");
     c.restart();
     let addr2 = format!("127.0.0.1:{}", c.listen_port);
     assert_eq!(addr, addr2);

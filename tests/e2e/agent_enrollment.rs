@@ -216,6 +216,7 @@ fn a_watch_ends_with_its_certificate_and_the_agent_carries_on() {
 /// the failure and saves again once it can.
 #[test]
 fn a_state_file_that_cannot_be_saved_is_reported_and_retried_and_never_stops_the_agent() {
+    weft_tests::step("the node agent saves and applies its desired state");
     let dir = tempfile::Builder::new().prefix("weft-enroll").tempdir().unwrap();
     let c = ControllerSpec::new("site-a")
         .data_dir(&dir.path().join("ctl"))
@@ -241,11 +242,13 @@ fn a_state_file_that_cannot_be_saved_is_reported_and_retried_and_never_stops_the
             (applied(&n1) > 0).then_some(b)
         },
     );
+    weft_tests::step("something stands where the state file's temporary file goes");
     let applied_before = applied(&n1);
     let obstacle = state.join("desired-state.tmp");
     std::fs::create_dir(&obstacle).unwrap();
     std::fs::write(obstacle.join("x"), b"in the way").unwrap();
 
+    weft_tests::step("a new desired state is applied and the failed save reported");
     // A gateway arrives: n1's desired state changes.
     let _gw = weft_tests::dry_run_agent("gateway", "gw", "127.0.0.2", &[&c], &c, dir.path());
     let errors = |c: &Controller| weftctl_json(&c.target(), &["node", "get", "n1"])["status"]["errors"].clone();
@@ -281,6 +284,7 @@ fn a_state_file_that_cannot_be_saved_is_reported_and_retried_and_never_stops_the
         true
     );
 
+    weft_tests::step("room again: the state is saved and the error goes");
     // Room again: the next report saves it, and the error goes.
     std::fs::remove_dir_all(&obstacle).unwrap();
     eventually("n1 saved its state again", Duration::from_secs(30), || {
@@ -301,6 +305,7 @@ fn a_gateway_refused_but_not_removed_keeps_its_state_and_keeps_running() {
     let Some(grpcurl) = weft_tests::require_tool("grpcurl") else {
         return;
     };
+    weft_tests::step("a gateway and a node apply and store their state");
     let dir = tempfile::Builder::new().prefix("weft-refused").tempdir().unwrap();
     let c = ControllerSpec::new("site-a")
         .data_dir(&dir.path().join("ctl"))
@@ -327,6 +332,7 @@ fn a_gateway_refused_but_not_removed_keeps_its_state_and_keeps_running() {
             .any(|k| k.starts_with("node/n1/"))
             .then_some(d.objects.len())
     });
+    weft_tests::step("a copy of the gateway's identity renews and reports");
     // The copy renews at once (the real agent renews at two thirds of the
     // certificate's 12 s) and uses its new certificate: the real agent's
     // renewal then comes from a certificate older than one in use.
@@ -358,6 +364,7 @@ fn a_gateway_refused_but_not_removed_keeps_its_state_and_keeps_running() {
     std::fs::write(&copy_key, key.serialize_pem()).unwrap();
     let o = grpcurl_as(&copy_cert, &copy_key, "{}".into(), "Report");
     assert!(o.status.success(), "{}", weft_tests::stderr(&o));
+    weft_tests::step("the refused gateway keeps its state and keeps running");
     let log = eventually("the real agent refused", Duration::from_secs(30), || {
         let log = gw.log_text();
         log.contains("keeps forwarding what it has").then_some(log)
@@ -370,6 +377,7 @@ fn a_gateway_refused_but_not_removed_keeps_its_state_and_keeps_running() {
     );
     assert!(!log.contains("removed weft's objects"), "{log}");
     assert_eq!(stored(), held, "the stored state was torn down");
+    weft_tests::step("the admin sees the identity conflict");
     let g = weftctl_json(&c.target(), &["gateways"]);
     assert!(
         g["gateways"][0]["identity_conflict"]

@@ -39,6 +39,7 @@ fn signal(pid: u32, sig: &str) {
 
 #[test]
 fn diagnose_finds_a_lagging_agent_and_an_expired_certificate() {
+    weft_tests::step("two nodes ready and in sync pass diagnose");
     let dir = tempfile::Builder::new().prefix("weft-diag").tempdir().unwrap();
     // Certificates live 10 s (agents renew at two thirds); an agent stays
     // ready for 20 s without reporting, so the frozen one lags while ready.
@@ -67,6 +68,7 @@ fn diagnose_finds_a_lagging_agent_and_an_expired_certificate() {
     assert_eq!(find(&checks, "agent", "node/n1")["result"], "PASS");
     assert_eq!(code, Some(0), "{checks:#?}");
 
+    weft_tests::step("a frozen node is found lagging");
     // Freeze n1, then change what every node gets (a gateway joins: the
     // overlay's far end).
     let revision = |name: &str| {
@@ -92,6 +94,7 @@ fn diagnose_finds_a_lagging_agent_and_an_expired_certificate() {
     assert_eq!(find(&checks, "agent", "node/n2")["result"], "PASS", "n2 keeps up");
     assert_eq!(code, Some(1));
 
+    weft_tests::step("the woken node catches up");
     // n1 wakes and catches up: no longer lagging.
     signal(pid, "-CONT");
     eventually("n1 caught up", Duration::from_secs(20), || {
@@ -99,6 +102,7 @@ fn diagnose_finds_a_lagging_agent_and_an_expired_certificate() {
         (find(&checks, "agent", "node/n1")["result"] == "PASS").then_some(())
     });
 
+    weft_tests::step("a killed node's certificate is found expired");
     // n2 goes away for good; its certificate runs out.
     let n2_pid = n2.child.as_ref().unwrap().id();
     signal(n2_pid, "-KILL");

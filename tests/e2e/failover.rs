@@ -220,6 +220,7 @@ fn print_dumps(s: &TwoSites, hosts: &[String], at: f64) {
 #[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
 fn the_standby_gateway_takes_over_within_a_second() {
     require_root();
+    weft_tests::step("the first gateway becomes active");
     let (_turn, mut s, procs) = two_gateway_lab("ha", (("site-a", "10.1.0.0/16"), ("site-b", "10.2.0.0/16")), false);
     let (wa, wb, to_b) = (s.ns["wa"].clone(), s.ns["wb"].clone(), s.wb_from_a.clone());
     let ok = (0..100).any(|_| {
@@ -235,6 +236,7 @@ fn the_standby_gateway_takes_over_within_a_second() {
         std::fs::read_to_string(s.dir.path().join("site-a.log")).unwrap_or_default()
     );
 
+    weft_tests::step("a tcp stream across the first failover");
     // A TCP stream across the first failover.
     let server = "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',5400))\ns.listen(1)\nc,_=s.accept()\nn=0\nwhile True:\n    d=c.recv(4096)\n    if not d: break\n    n+=len(d)\nprint('received',n,flush=True)";
     let srv = s.lab.spawn(
@@ -257,6 +259,7 @@ fn the_standby_gateway_takes_over_within_a_second() {
     let dumps = start_dumps(&mut s);
     let mut outages = Vec::new();
     for run in 0..5 {
+        weft_tests::step(&format!("failover run {}", run + 1));
         let (victim, survivor, vi, gap, killed_at) = kill_active(&mut s, &procs, &format!("run {}", run + 1));
         if run == 0 && !dumps.is_empty() {
             print_dumps(&s, &dumps, killed_at);
@@ -302,6 +305,7 @@ fn the_standby_gateway_takes_over_within_a_second() {
         }
     }
 
+    weft_tests::step("a silent gateway fails over in under a second");
     let silent = freeze_active(&mut s, &procs, "silent");
     // Issue 18: with --gateway-ttl 800ms (the default) on the embedded
     // store, under 1 s.
@@ -310,6 +314,7 @@ fn the_standby_gateway_takes_over_within_a_second() {
         "a silent gateway's outage {silent:.3} s (must be under 1 s: the 800 ms TTL and the switch)"
     );
 
+    weft_tests::step("the median outage is under a second");
     outages.sort_by(f64::total_cmp);
     let median = outages[outages.len() / 2];
     eprintln!("outages (s): {outages:?}; median {:.0} ms", median * 1000.0);
@@ -355,9 +360,11 @@ fn a_failover_3_seconds_after_a_controller_restart_is_under_a_second() {
 #[ignore = "needs root (network namespaces) and etcd: tests/run.sh runs it as root"]
 fn on_etcd_a_silent_gateway_is_marked_within_its_ttl() {
     require_root();
+    weft_tests::step("site b's gateway is live to begin with");
     let (_turn, mut s, procs) = two_gateway_lab("he", (("he-a", "10.1.0.0/16"), ("he-b", "10.2.0.0/16")), true);
     assert!(ready(&s.tb, "gw"), "site b's gateway is not live to begin with");
 
+    weft_tests::step("a gateway cut off from its controller is marked within its ttl");
     // Site b's only gateway loses its controller; its tunnel stays.
     let gwb = s.ns["gwb"].clone();
     let (ping, log) = ping_wa_to_wb(&mut s, "cut-ping.log");
@@ -375,6 +382,7 @@ fn on_etcd_a_silent_gateway_is_marked_within_its_ttl() {
     }
     let marked = marked.expect("site b's controller still counts its cut-off gateway live after 10 s");
     std::thread::sleep(Duration::from_secs_f64((4.0 - (now() - cut_at)).max(0.0)));
+    weft_tests::step("the gateway is live again once the link returns");
     let healed_at = now();
     weft_tests::netns::must(
         s.lab.exec(&gwb, &["nft", "delete table inet weftlabcut"]),
@@ -386,6 +394,7 @@ fn on_etcd_a_silent_gateway_is_marked_within_its_ttl() {
     let back = now() - healed_at;
     std::thread::sleep(Duration::from_millis(500));
     s.lab.proc(ping).stop();
+    weft_tests::step("traffic was not disturbed while the controller link was cut");
     let (gap, times) = longest_gap(&log, cut_at);
     eprintln!(
         "controller link cut: marked not live after {:.0} ms, live again {:.0} ms after the link returned; \
@@ -410,6 +419,7 @@ fn on_etcd_a_silent_gateway_is_marked_within_its_ttl() {
         "marked not live {marked:.3} s after the cut (the TTL is 0.8 s)"
     );
 
+    weft_tests::step("a silent active gateway on etcd fails over in under a second");
     // A silent active gateway in site a, whose store is etcd too.
     let silent = freeze_active(&mut s, &procs, "silent on etcd");
     eprintln!("silent gateway on etcd: outage {:.0} ms", silent * 1000.0);

@@ -416,6 +416,7 @@ fn etcd_down_for_30_seconds_stops_no_traffic_and_admin_calls_say_why() {
     if !require_root() {
         return;
     }
+    weft_tests::step("traffic between two sites before etcd goes down");
     let mut s = sites::up_with(
         "fet",
         ("fet-a", "10.1.0.0/16"),
@@ -429,6 +430,7 @@ fn etcd_down_for_30_seconds_stops_no_traffic_and_admin_calls_say_why() {
     traffic_across(&s, "wb", &to_a);
     let p = pinger(&mut s, "wb", &to_a, "etcd");
     std::thread::sleep(Duration::from_secs(1));
+    weft_tests::step("with etcd down, admin calls fail and say why");
     let t0 = unix_now();
     kill9(&mut s, etcd);
     // Meanwhile: admin calls on site b fail with UNAVAILABLE and say why.
@@ -453,6 +455,7 @@ fn etcd_down_for_30_seconds_stops_no_traffic_and_admin_calls_say_why() {
         "{}",
         weft_tests::stderr(&o)
     );
+    weft_tests::step("no ping lost while etcd was down");
     std::thread::sleep(Duration::from_secs(28));
     let t1 = unix_now();
     s.lab.respawn(etcd);
@@ -462,6 +465,7 @@ fn etcd_down_for_30_seconds_stops_no_traffic_and_admin_calls_say_why() {
         gap * 1000.0
     );
     assert_eq!(lost, 0, "forwarding stopped while etcd was down");
+    weft_tests::step("after etcd returns, calls work and agents are ready within 5 s");
     // Afterwards everything converges: calls work, agents ready, and a
     // change reaches the gateway.
     let t = Instant::now();

@@ -241,6 +241,7 @@ fn refused_peerings_write_nothing() {
 /// that does not allow it refuses, naming the field.
 #[test]
 fn a_peer_in_public_space_is_refused_unless_allowed_and_then_only_remapped() {
+    weft_tests::step("a strict site refuses a peer in public space");
     let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
     let public = ControllerSpec::new("site-p")
         .data_dir(&dir.path().join("site-p"))
@@ -261,6 +262,7 @@ fn a_peer_in_public_space_is_refused_unless_allowed_and_then_only_remapped() {
     weft_tests::eventually("p forgot its side", Duration::from_secs(10), || {
         peer_names(&public).is_empty().then_some(())
     });
+    weft_tests::step("the strict site refuses the join and shows why");
     // The other way round, the strict site refuses the Join itself: its
     // admin sees what was refused and why, in peerings and diagnose.
     let err = create(&public, &token(&strict, "10m")).unwrap_err();
@@ -298,6 +300,7 @@ fn a_peer_in_public_space_is_refused_unless_allowed_and_then_only_remapped() {
     );
     assert_eq!(o.status.code(), Some(0), "a warning, not a failure: {d}");
 
+    weft_tests::step("an allowing site routes the public block only through a remapped view");
     let open = site(dir.path(), "site-b", &["--peer-public-cidr", "1.1.0.0/16"]);
     create(&open, &token(&public, "10m")).unwrap();
     let (real, local) = weft_tests::peer_view(&open.target(), "site-p", "workload");

@@ -88,10 +88,12 @@ async fn quiet_admin_change(
 /// way, so this also shows that a lifetime's end cuts no call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_bad_tokens_in_ten_seconds_do_not_stall_an_admin_change() {
+    weft_tests::step("an admin change with nothing else going on");
     let c = Arc::new(ControllerSpec::new("site-a").pod("10.1.0.0/16").start());
     let (_, csr) = weft_agent::identity::key_and_csr("x").unwrap();
     let mut admin = c.admin().await;
     let quiet = quiet_admin_change(&mut admin).await;
+    weft_tests::step("32 connections send 10,000 bad tokens");
     const TOTAL: u64 = 10_000;
     const SENDERS: u64 = 32;
     let sent = Arc::new(AtomicU64::new(0));
@@ -127,6 +129,7 @@ async fn ten_thousand_bad_tokens_in_ten_seconds_do_not_stall_an_admin_change() {
             }
         }));
     }
+    weft_tests::step("an admin adds nodes while the bad tokens pour in");
     // While they pour in, an admin adds nodes, one after another.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut worst = Duration::ZERO;
@@ -144,6 +147,7 @@ async fn ten_thousand_bad_tokens_in_ten_seconds_do_not_stall_an_admin_change() {
         changes += 1;
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    weft_tests::step("every bad token was counted and no admin change stalled");
     for f in flood {
         f.await.unwrap();
     }

@@ -172,6 +172,7 @@ fn a_full_disk_under_a_node_agent_never_tears_it_down() {
     if !require_root() {
         return;
     }
+    weft_tests::step("a node agent saves and applies its state on a small tmpfs");
     let dir = tempfile::Builder::new().prefix("weft-disk").tempdir().unwrap();
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
@@ -216,6 +217,7 @@ fn a_full_disk_under_a_node_agent_never_tears_it_down() {
             (applied(&n1) > 0).then_some(b)
         },
     );
+    weft_tests::step("the disk under the state directory fills up");
     let applied_before = applied(&n1);
     {
         use std::io::Write;
@@ -225,6 +227,7 @@ fn a_full_disk_under_a_node_agent_never_tears_it_down() {
         let _ = f.sync_all();
     }
 
+    weft_tests::step("a new desired state is applied and the full disk reported");
     // A gateway arrives: n1's desired state changes while the disk is full.
     let _gw = weft_tests::dry_run_agent("gateway", "gw", "127.0.0.2", &[&c], &c, dir.path());
     let errors = || weftctl_json(&c.target(), &["node", "get", "n1"])["status"]["errors"].clone();
@@ -251,6 +254,7 @@ fn a_full_disk_under_a_node_agent_never_tears_it_down() {
     assert!(!n1.log_text().contains("removed weft's objects"), "{}", n1.log_text());
     assert_eq!(saved(), before, "the state file is intact: the old state, whole");
 
+    weft_tests::step("space returns: the state is saved and the error goes");
     // Space returns: the next report saves, and the error goes.
     std::fs::remove_file(inside("filler")).unwrap();
     let t = Instant::now();

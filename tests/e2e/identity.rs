@@ -634,6 +634,7 @@ async fn renew(c: &Controller, creds: &(String, String), name: &str) -> Result<(
 /// `gateways` and `diagnose`. A new token clears it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copied_identity_is_revoked_whole_once_both_holders_renew_and_the_admin_is_told() {
+    weft_tests::step("a gateway enrolls and retries a lost renewal late");
     let c = ControllerSpec::new("site-a")
         .pod("10.1.0.0/16")
         .flag("--agent-cert-ttl", "10s")
@@ -657,10 +658,12 @@ async fn a_copied_identity_is_revoked_whole_once_both_holders_renew_and_the_admi
         }
     };
     use_of(real.clone()).await.unwrap();
+    weft_tests::step("a thief renews from a copy and uses its certificate");
     // A thief has copied the current key and certificate, renews, and
     // uses its new certificate.
     let thief = renew(&c, &real, "gw").await.unwrap();
     use_of(thief.clone()).await.unwrap();
+    weft_tests::step("the real host's renewal revokes every certificate of the name");
     // The real host renews from what it holds, now older than one in use.
     refused(
         renew(&c, &real, "gw").await,
@@ -676,6 +679,7 @@ async fn a_copied_identity_is_revoked_whole_once_both_holders_renew_and_the_admi
         }
         refused(use_of(creds).await, Code::Unauthenticated, "revoked");
     }
+    weft_tests::step("the admin sees the conflict in gateways and diagnose");
     let gateways = || async {
         c.admin()
             .await
@@ -700,6 +704,7 @@ async fn a_copied_identity_is_revoked_whole_once_both_holders_renew_and_the_admi
             && k.detail.contains("two hosts")),
         "{d:?}"
     );
+    weft_tests::step("enrolling the real host again makes the identity whole");
     // The admin enrolls the real host again: the identity is whole.
     let t = c.token_for(pb::AgentRole::Gateway, "gw", 600, 1).await;
     let again = c.register(&t, "gw").await.unwrap();
@@ -714,6 +719,7 @@ async fn a_copied_identity_is_revoked_whole_once_both_holders_renew_and_the_admi
 /// thief's open Watch stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thief_renewing_twice_from_a_copy_is_found_at_the_real_agents_next_call() {
+    weft_tests::step("a node enrolls and reports");
     let c = ControllerSpec::new("site-a")
         .pod("10.1.0.0/16")
         .flag("--agent-cert-ttl", "60s")
@@ -730,6 +736,7 @@ async fn a_thief_renewing_twice_from_a_copy_is_found_at_the_real_agents_next_cal
         async move { client(&creds).await.report(pb::ReportRequest::default()).await }
     };
     report(real.clone()).await.unwrap();
+    weft_tests::step("a thief renews twice from a copy and watches");
     let once = renew(&c, &real, "n1").await.unwrap();
     let twice = renew(&c, &once, "n1").await.unwrap();
     let mut stream = client(&twice)
@@ -739,6 +746,7 @@ async fn a_thief_renewing_twice_from_a_copy_is_found_at_the_real_agents_next_cal
         .unwrap()
         .into_inner();
     stream.message().await.unwrap().expect("the thief's first state");
+    weft_tests::step("the real agent's next heartbeat revokes the identity");
     // The real agent's next heartbeat.
     refused(
         report(real.clone()).await,
@@ -759,6 +767,7 @@ async fn a_thief_renewing_twice_from_a_copy_is_found_at_the_real_agents_next_cal
     let s = ended.expect("ended with a status");
     assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
     assert!(!s.metadata().contains_key(weft_proto::REMOVED), "{s:?}");
+    weft_tests::step("the thief's certificate is revoked and the admin is told");
     // (Each replica's revocation list follows the store.)
     for _ in 0..100 {
         if report(twice.clone()).await.is_err() {
@@ -779,6 +788,7 @@ async fn a_thief_renewing_twice_from_a_copy_is_found_at_the_real_agents_next_cal
         nodes[0].identity_conflict.contains("two hosts hold this identity"),
         "{nodes:?}"
     );
+    weft_tests::step("a re-enrolled agent is untouched by an old copy");
     // The admin enrolls the real host again. A copy of a certificate from
     // before that enrollment is refused, and is no verdict on the new one
     // (else an old copy could revoke the re-enrolled agent at will).

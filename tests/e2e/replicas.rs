@@ -226,6 +226,7 @@ fn watching_address(p: &std::path::Path) -> Option<String> {
 #[ignore = "needs root (network namespaces) and etcd: tests/run.sh runs it as root"]
 fn agents_leave_a_replica_whose_host_lost_its_link_within_3_seconds() {
     weft_tests::netns::require_root();
+    weft_tests::step("a lan with etcd, two replicas and two agents");
     let dir = tempfile::Builder::new().prefix("weft-rlink").tempdir().unwrap();
     let mut lab = weft_tests::netns::Lab::new("rl");
     lab.lan();
@@ -273,6 +274,7 @@ fn agents_leave_a_replica_whose_host_lost_its_link_within_3_seconds() {
         lab.spawn(&ns[name], &bin(&format!("weft-{kind}-agent")), &refs, &log);
         logs.push(log);
     }
+    weft_tests::step("both agents watch replica 1");
     for log in &logs {
         eventually("the agent watching replica 1", Duration::from_secs(20), || {
             (watching_address(log).as_deref() == Some("192.168.78.1")).then_some(())
@@ -281,6 +283,7 @@ fn agents_leave_a_replica_whose_host_lost_its_link_within_3_seconds() {
     // Let the first heartbeats pass: the connections are established and idle.
     std::thread::sleep(Duration::from_secs(2));
 
+    weft_tests::step("replica 1 loses its link: the agents move within 3 s");
     let cut = Instant::now();
     weft_tests::netns::must(
         lab.exec(&ns["ctl1"], &["ip", "link", "set", "eth0", "down"]),
@@ -294,6 +297,7 @@ fn agents_leave_a_replica_whose_host_lost_its_link_within_3_seconds() {
     let moved = cut.elapsed();
     eprintln!("agents left the replica whose host lost its link {moved:?} after the cut");
     assert!(moved < Duration::from_secs(3), "{moved:?}");
+    weft_tests::step("both agents are served on replica 2");
     eventually("both agents ready on replica 2", Duration::from_secs(10), || {
         let nodes = weftctl_json(&t2, &["nodes"]);
         let gws = weftctl_json(&t2, &["gateways"]);

@@ -438,6 +438,7 @@ async fn embedded_history_is_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_over_mutual_tls() {
     use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
+    weft_tests::step("a ca, a server and a client certificate for etcd");
     let dir = tempfile::Builder::new().prefix("weft-etcd-tls").tempdir().unwrap();
     let write = |name: &str, pem: String| {
         let p = dir.path().join(name);
@@ -471,6 +472,7 @@ async fn etcd_over_mutual_tls() {
         return;
     };
 
+    weft_tests::step("the store connects with a ca and a client certificate");
     let files = weft_controller::store::etcd::EtcdTls {
         ca_file: Some(ca_file.clone()),
         cert_file: Some(cert_file.clone()),
@@ -480,6 +482,7 @@ async fn etcd_over_mutual_tls() {
     let rev = s.put("/tls/a", b"1".to_vec()).await.unwrap();
     assert_eq!(s.get("/tls/a").await.unwrap().unwrap().mod_revision, rev);
 
+    weft_tests::step("without a client certificate etcd refuses the store");
     // without a client certificate etcd refuses us
     let no_cert = weft_controller::store::etcd::EtcdTls {
         ca_file: Some(ca_file.clone()),
@@ -487,6 +490,7 @@ async fn etcd_over_mutual_tls() {
     };
     assert!(EtcdStore::connect(&[etcd.endpoint()], Some(&no_cert)).await.is_err());
 
+    weft_tests::step("a controller started with the tls flags works on etcd");
     let (ca, cert, key) = (
         ca_file.display().to_string(),
         cert_file.display().to_string(),

@@ -73,6 +73,7 @@ fn remote_of(held: &Held) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_then_deltas_then_resume_with_the_difference() {
+    weft_tests::step("a fresh agent gets a snapshot");
     let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").start();
     let mut n1 = enroll(&c, pb::AgentRole::Node, "n1", "192.168.1.1", None).await;
     let mut held = Held::new();
@@ -93,6 +94,7 @@ async fn snapshot_then_deltas_then_resume_with_the_difference() {
     apply(&mut held, &first);
     assert!(held.is_empty(), "no gateway yet: nothing to build");
 
+    weft_tests::step("a gateway enrolling sends a delta");
     enroll(&c, pb::AgentRole::Gateway, "gw-b", "192.168.1.100", None).await;
     let d = next(&mut s).await;
     let Some(Kind::Delta(delta)) = &d.kind else {
@@ -115,6 +117,7 @@ async fn snapshot_then_deltas_then_resume_with_the_difference() {
     let r1 = d.revision;
     drop(s);
 
+    weft_tests::step("a resume gets exactly what changed while away");
     // While n1 is away: a gateway that sorts first becomes the active one.
     enroll(&c, pb::AgentRole::Gateway, "gw-a", "192.168.1.99", None).await;
     // and a new node, which does not concern n1
@@ -142,6 +145,7 @@ async fn snapshot_then_deltas_then_resume_with_the_difference() {
     apply(&mut held, &r);
     assert_eq!(remote_of(&held), "192.168.1.99");
 
+    weft_tests::step("an agent already up to date gets an empty delta");
     // an agent already up to date gets an empty delta, not its whole state
     drop(s);
     let mut s = n1
@@ -211,6 +215,7 @@ async fn snapshot_fallback_when_a_delta_is_impossible_or_pointless() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_agent_gets_coalesced_state_and_stalls_no_one() {
+    weft_tests::step("a stalled gateway and a node both watching");
     let c = ControllerSpec::new("site-a").pod("10.1.0.0/16").start();
     let mut n1 = enroll(&c, pb::AgentRole::Node, "n1", "192.168.1.1", None).await;
     // The gateway's reader accepts 1 KiB in flight, then stops reading.
@@ -237,6 +242,7 @@ async fn a_stalled_agent_gets_coalesced_state_and_stalls_no_one() {
         .into_inner();
     next(&mut ns).await;
 
+    weft_tests::step("forty nodes enroll");
     const NODES: usize = 40;
     for i in 0..NODES {
         enroll(
@@ -248,6 +254,7 @@ async fn a_stalled_agent_gets_coalesced_state_and_stalls_no_one() {
         )
         .await;
     }
+    weft_tests::step("the node is not held up by the stalled gateway");
     // n1 is not held up by the stalled gateway: a new active gateway reaches it now
     enroll(&c, pb::AgentRole::Gateway, "gw-a", "192.168.1.99", None).await;
     let start = std::time::Instant::now();
@@ -268,6 +275,7 @@ async fn a_stalled_agent_gets_coalesced_state_and_stalls_no_one() {
         start.elapsed()
     );
 
+    weft_tests::step("the gateway reads again and gets coalesced state");
     // Now the gateway reads again: fewer messages than changes, same result.
     let mut messages = 0;
     while gheld.keys().filter(|k| k.starts_with("node/m")).count() < NODES * 3 {
@@ -355,6 +363,7 @@ fn node_status(c: &Controller, name: &str) -> serde_json::Value {
 
 #[test]
 fn agents_report_liveness_and_keep_their_state_without_the_controller() {
+    weft_tests::step("a gateway and a node agent enroll");
     let dir = tempfile::Builder::new().prefix("weft-watch").tempdir().unwrap();
     let mut c = ControllerSpec::new("site-a")
         .data_dir(&dir.path().join("data"))
@@ -381,6 +390,7 @@ fn agents_report_liveness_and_keep_their_state_without_the_controller() {
         "n1.log",
     );
 
+    weft_tests::step("the node is ready and in sync");
     // ready, with the applied revision equal to the latest
     let st = eventually("n1 ready and in sync", Duration::from_secs(15), || {
         let s = node_status(&c, "n1");
@@ -394,6 +404,7 @@ fn agents_report_liveness_and_keep_their_state_without_the_controller() {
         n1.log_text().contains("would create link weft-vx0").then_some(())
     });
 
+    weft_tests::step("a killed node is not ready within the ttl");
     // killed: NotReady within the 3 s TTL (plus the expiry tick)
     n1.child.as_mut().unwrap().kill().unwrap();
     n1.wait_exit(Duration::from_secs(5)).unwrap();
@@ -408,6 +419,7 @@ fn agents_report_liveness_and_keep_their_state_without_the_controller() {
         "allocations are kept"
     );
 
+    weft_tests::step("without the controller the node re-applies its stored state");
     // the controller goes away; n1 restarts and re-applies its stored state
     assert!(c.stop().success());
     let n1b = agent(&c, dir.path(), "node", "n1", "192.168.1.1", &[], "n1-restart.log");
@@ -426,6 +438,7 @@ fn agents_report_liveness_and_keep_their_state_without_the_controller() {
         n1b.log_text().contains("keeping the last state").then_some(())
     });
 
+    weft_tests::step("the controller is back and the node resumes");
     // the controller is back: n1 resumes (a delta, not a snapshot) and is ready again
     c.restart_stopped();
     eventually("n1 ready again", Duration::from_secs(30), || {
