@@ -125,31 +125,7 @@ impl Lab {
         let listen = format!("{}:7443", spec.ctl_ip);
         let target = self.controller(&spec.ctl, spec.controller.clone().listen(&listen));
         let controller = self.controllers.len() - 1;
-        let url = format!("https://{listen}");
-        let mut agents = Vec::new();
-        for a in &spec.agents {
-            let state = spec.state(&a.name);
-            let mut args = crate::enrolling_agent_args(&target, a.kind, &a.name, &url, &a.ip, &state, &spec.resync);
-            if spec.agent_metrics {
-                args.extend(["--metrics-listen".to_string(), format!("0.0.0.0:{AGENT_METRICS_PORT}")]);
-            }
-            if a.kind == "gateway" {
-                args.extend(["--endpoint".to_string(), format!("{}:51820", a.ip)]);
-            }
-            if let Some(s) = &a.subnet {
-                args.extend(["--subnet".to_string(), s.clone()]);
-            }
-            args.extend(a.flags.iter().cloned());
-            let program = bin(&format!("weft-{}-agent", a.kind));
-            let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-            // Not with_extension: a prefix such as an address has dots.
-            let log = PathBuf::from(format!("{}.log", state.display()));
-            agents.push(if a.own_host {
-                self.spawn_own_host(&a.host, &program, &refs, &log)
-            } else {
-                self.spawn(&a.host, &program, &refs, &log)
-            });
-        }
+        let agents = spec.agents.iter().map(|a| self.agent(spec, &target, a)).collect();
         if spec.agents.iter().any(|a| a.kind == "gateway") {
             eventually("the gateway's key", Duration::from_secs(20), || {
                 let g = weftctl_json(&target, &["gateways"]);
@@ -163,6 +139,34 @@ impl Lab {
             target,
             controller,
             agents,
+        }
+    }
+
+    /// Starts agent `a` of site `spec` (whose controller is at weftctl
+    /// target `target`), enrolled with a token made for it; its process
+    /// index.
+    pub fn agent(&mut self, spec: &SiteSpec, target: &str, a: &AgentSpec) -> usize {
+        let url = format!("https://{}:7443", spec.ctl_ip);
+        let state = spec.state(&a.name);
+        let mut args = crate::enrolling_agent_args(target, a.kind, &a.name, &url, &a.ip, &state, &spec.resync);
+        if spec.agent_metrics {
+            args.extend(["--metrics-listen".to_string(), format!("0.0.0.0:{AGENT_METRICS_PORT}")]);
+        }
+        if a.kind == "gateway" {
+            args.extend(["--endpoint".to_string(), format!("{}:51820", a.ip)]);
+        }
+        if let Some(s) = &a.subnet {
+            args.extend(["--subnet".to_string(), s.clone()]);
+        }
+        args.extend(a.flags.iter().cloned());
+        let program = bin(&format!("weft-{}-agent", a.kind));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        // Not with_extension: a prefix such as an address has dots.
+        let log = PathBuf::from(format!("{}.log", state.display()));
+        if a.own_host {
+            self.spawn_own_host(&a.host, &program, &refs, &log)
+        } else {
+            self.spawn(&a.host, &program, &refs, &log)
         }
     }
 

@@ -178,10 +178,11 @@ fn site_spec(plan: Plan, opts: &Opts, ns: &HashMap<&'static str, String>, dir: &
         })
         .collect();
     if plan.second_gateway {
-        // Its own /run/netns, as on its own host.
+        // Its own /run/netns, as on its own host. Started by `up_with`
+        // once the first gateway is active, so that one is.
         let mut g = AgentSpec::gateway("gw2", &ns["gwa2"], "192.168.78.13");
         g.own_host = true;
-        agents.insert(1, g);
+        agents.push(g);
     }
     for a in agents.iter_mut().filter(|a| a.kind == "gateway") {
         if let Some(m) = plan.wireguard {
@@ -243,8 +244,20 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
     };
     let spec_a = site_spec(plan_a, &opts, &ns, dir.path());
     let spec_b = site_spec(plan_b, &opts, &ns, dir.path());
-    let a = lab.site(&spec_a);
+    // Site a's second gateway (last in its spec) comes once the first is
+    // active: tests fail the first over to it.
+    let mut first = spec_a.clone();
+    let second = opts.second_gateway_a.then(|| first.agents.pop().expect("gw2"));
+    let mut a = lab.site(&first);
     let b = lab.site(&spec_b);
+    let gateway_a2 = second.map(|g| {
+        eventually("site a's first gateway active", Duration::from_secs(20), || {
+            (active(&a.target) == "gw").then_some(())
+        });
+        let i = lab.agent(&spec_a, &a.target, &g);
+        a.agents.push(i);
+        i
+    });
     for (site, on_etcd) in [(site_a, opts.site_a_etcd), (site_b, etcd_b.is_some())] {
         if on_etcd {
             eventually("the controller serving from etcd", Duration::from_secs(10), || {
@@ -254,7 +267,6 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         }
     }
     let (ta, tb) = (a.target, b.target);
-    let gateway_a2 = opts.second_gateway_a.then(|| a.agents[1]);
     let mut agents = Vec::new();
     for (spec, site) in [(&spec_a, &a.agents), (&spec_b, &b.agents)] {
         for (a, i) in spec.agents.iter().zip(site) {

@@ -163,14 +163,20 @@ impl AdminService for AdminApi {
     }
 
     async fn get_site(&self, _: Request<pb::GetSiteRequest>) -> Result<Response<pb::Site>, Status> {
-        let (site, rev) = self.state.site().await?;
+        let (site, rev) = match self.hub.fresh().await? {
+            Some((m, rev)) => (site_of(&m)?, rev),
+            None => self.state.site().await?,
+        };
         let mut out = convert::site(&site, rev);
         out.ca_fingerprint = self.ca_fingerprint.clone();
         Ok(Response::new(out))
     }
 
     async fn list_nodes(&self, _: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
-        let (nodes, revision) = self.state.list_nodes().await?;
+        let (nodes, revision) = match self.hub.fresh().await? {
+            Some((m, rev)) => (m.nodes.values().map(|n| (**n).clone()).collect(), rev),
+            None => self.state.list_nodes().await?,
+        };
         let status = self.statuses().await?;
         let nodes = nodes
             .iter()
@@ -183,7 +189,16 @@ impl AdminService for AdminApi {
     }
 
     async fn get_node(&self, req: Request<pb::GetNodeRequest>) -> Result<Response<pb::Node>, Status> {
-        let node = self.state.get_node(&req.into_inner().name).await?;
+        let name = req.into_inner().name;
+        let node = match self.hub.fresh().await? {
+            Some((m, _)) => {
+                crate::domain::validate_name("the node name", &name).map_err(Status::invalid_argument)?;
+                m.nodes.get(&name).map(|n| (**n).clone()).ok_or_else(|| {
+                    Status::not_found(format!("node {name:?} does not exist; list nodes with `weftctl nodes`"))
+                })?
+            }
+            None => self.state.get_node(&name).await?,
+        };
         let status = self.statuses().await?;
         Ok(Response::new(pb::Node {
             status: Some(status(AgentRole::Node, &node.name)),
@@ -221,9 +236,14 @@ impl AdminService for AdminApi {
         &self,
         _: Request<pb::ListGatewaysRequest>,
     ) -> Result<Response<pb::ListGatewaysResponse>, Status> {
-        let (gws, revision) = self.state.list_gateways().await?;
+        let (gws, revision, model) = match self.hub.fresh().await? {
+            Some((m, rev)) => (m.gateways.values().map(|g| (**g).clone()).collect(), rev, m),
+            None => {
+                let (gws, rev) = self.state.list_gateways().await?;
+                (gws, rev, self.hub.model())
+            }
+        };
         let status = self.statuses().await?;
-        let model = self.hub.model();
         let active = crate::render::active_gateway(&model).map(|g| g.name.clone());
         let gateways = gws
             .iter()
@@ -310,8 +330,13 @@ impl AdminService for AdminApi {
         &self,
         _: Request<pb::ListPeeringsRequest>,
     ) -> Result<Response<pb::ListPeeringsResponse>, Status> {
-        let (ps, revision) = self.state.list_peerings().await?;
-        let (site, _) = self.state.site().await?;
+        let (ps, revision, site) = match self.hub.fresh().await? {
+            Some((m, rev)) => (m.peerings.values().map(|p| (**p).clone()).collect(), rev, site_of(&m)?),
+            None => {
+                let (ps, rev) = self.state.list_peerings().await?;
+                (ps, rev, self.state.site().await?.0)
+            }
+        };
         let gateways = self.fed.local_gateways();
         Ok(Response::new(pb::ListPeeringsResponse {
             peerings: ps
@@ -512,6 +537,14 @@ fn grpc_timeout(v: &str) -> Option<Duration> {
         "n" => Duration::from_nanos(n),
         _ => return None,
     })
+}
+
+/// The site's record in the model, as the store read says when it has none.
+fn site_of(m: &crate::render::Model) -> Result<crate::domain::Site, Status> {
+    m.site
+        .as_deref()
+        .cloned()
+        .ok_or_else(|| Status::failed_precondition("the site is not initialised in the store yet"))
 }
 
 #[cfg(test)]

@@ -76,6 +76,10 @@ impl Slot {
     }
 }
 
+/// How long a list call waits for the model to catch up with the store
+/// before it reads the store itself.
+pub const FRESH_WAIT: Duration = Duration::from_secs(1);
+
 pub struct Hub {
     /// This replica's id, random per start, written into the liveness
     /// records of the agents that report here.
@@ -94,6 +98,9 @@ pub struct Hub {
     pub params_rev: tokio::sync::watch::Sender<i64>,
     /// Set at shutdown; long-lived streams end when they see it.
     pub closing: tokio::sync::watch::Sender<bool>,
+    /// The store revision the model holds every write up to (under the
+    /// site's root), advanced after each batch the follower applied.
+    seen: tokio::sync::watch::Sender<i64>,
     /// Woken when a gateway's liveness record comes or goes, so the
     /// active gateway is chosen again at once.
     live_changed: Notify,
@@ -112,6 +119,7 @@ impl Hub {
     /// Loads the model and starts following the store.
     pub async fn start(state: State, agent_ttl: Duration, gateway_ttl: Duration) -> Result<Arc<Hub>, Error> {
         let model = state.model().await?;
+        let loaded_at = model.revision;
         let (alive_tx, alive_rx) = tokio::sync::oneshot::channel();
         let hub = Arc::new(Hub {
             replica: {
@@ -128,6 +136,7 @@ impl Hub {
             dirty: Mutex::new(HashMap::new()),
             params_rev: tokio::sync::watch::Sender::new(0),
             closing: tokio::sync::watch::Sender::new(false),
+            seen: tokio::sync::watch::Sender::new(loaded_at),
             live_changed: Notify::new(),
             agent_ttl,
             gateway_ttl,
@@ -156,6 +165,37 @@ impl Hub {
 
     pub fn model(&self) -> Arc<Model> {
         self.model.read().unwrap().clone()
+    }
+
+    /// The model once it holds every write the store had made when this
+    /// was called, and that revision: a list right after a change shows
+    /// it, whichever replica made it. None when the store's newest write
+    /// did not reach the model within [`FRESH_WAIT`] (a write outside the
+    /// site's root, as on an etcd that other sites share, never does): the
+    /// caller then reads the store.
+    pub async fn fresh(&self) -> Result<Option<(Arc<Model>, i64)>, Error> {
+        let want = self.state.store().revision().await?;
+        let mut seen = self.seen.subscribe();
+        match tokio::time::timeout(FRESH_WAIT, seen.wait_for(|r| *r >= want)).await {
+            Ok(Ok(_)) => Ok(Some((self.model(), want))),
+            _ => {
+                tracing::debug!(
+                    store_revision = want,
+                    model_revision = *self.seen.borrow(),
+                    "the model did not catch up with the store; reading the store"
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    /// Marks the model as holding every write up to `revision`.
+    fn seen_up_to(&self, revision: i64) {
+        self.seen.send_if_modified(|r| {
+            let newer = revision > *r;
+            *r = (*r).max(revision);
+            newer
+        });
     }
 
     /// Registers a stream for `key`, replacing (and ending) an older one.
@@ -313,6 +353,7 @@ impl Hub {
         let model = self.state.model().await?;
         let rev = model.revision;
         *self.model.write().unwrap() = Arc::new(model);
+        self.seen_up_to(rev);
         for s in self.slots.lock().unwrap().values() {
             s.mark(|p| p.full = true);
         }
@@ -387,6 +428,7 @@ async fn follow(hub: std::sync::Weak<Hub>, mut gone: tokio::sync::oneshot::Recei
                         for ev in &b.events {
                             h.apply(&ev.kv.key, ev.kind, &ev.kv.value, b.revision);
                         }
+                        h.seen_up_to(b.revision);
                         from = b.revision + 1;
                     }
                     Err(e) => {
