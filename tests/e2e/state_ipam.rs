@@ -99,6 +99,7 @@ async fn peer_views_avoid_everything_in_use_and_are_released() {
         let backend = stores[0].backend();
         let st = State::new(stores[0].clone(), "site-a");
         st.init_site(&site()).await.unwrap();
+        weft_tests::step(&format!("{backend}: a peer on our own cidrs is remapped"));
         // peer b uses our pod CIDR and external CIDR: both remapped
         let b = st
             .upsert_peering(
@@ -116,6 +117,7 @@ async fn peer_views_avoid_everything_in_use_and_are_released() {
             n("10.2.0.0/16"),
             "{backend}: skips 10.1/16 (pod) and 10.0/16 (b's view)"
         );
+        weft_tests::step(&format!("{backend}: a second peer on the same cidrs is kept apart"));
         // peer c has the same real CIDRs: kept apart from b's views
         let c = st
             .upsert_peering(
@@ -163,6 +165,7 @@ async fn peer_views_avoid_everything_in_use_and_are_released() {
             "{backend}: only remapped views use the pool"
         );
 
+        weft_tests::step(&format!("{backend}: a deleted peering releases its views"));
         // deleting b releases its views: a newcomer gets them
         st.delete_peering("site-b").await.unwrap();
         let e = st
@@ -172,6 +175,7 @@ async fn peer_views_avoid_everything_in_use_and_are_released() {
         assert_eq!(e.views[0].local, n("10.0.0.0/20"), "{backend}");
         assert!(matches!(st.delete_peering("site-b").await, Err(Error::NotFound(_))));
 
+        weft_tests::step(&format!("{backend}: a site change colliding with a view is refused"));
         // a site change that would collide with a view is refused
         let mut changed = site();
         changed.reserved_cidrs.push(n("10.50.0.0/24"));
