@@ -1191,10 +1191,11 @@ mod tests {
         );
     }
 
-    /// How a session ends decides what the agent does next: a removal
-    /// (tear down), a refusal (keep forwarding, ask slowly), a controller
-    /// that cannot be reached (the next replica at once) or any other error
-    /// (retry with back-off). The state held is never dropped.
+    /// A session ends as what the controller answered: a removal, a
+    /// refusal, a controller that cannot be reached, or any other error
+    /// (the run loop tears down, keeps forwarding and asks slowly, moves to
+    /// the next replica, or backs off on each). The session itself drops
+    /// and applies nothing.
     #[tokio::test]
     async fn a_removal_a_refusal_an_unreachable_controller_and_an_error_end_a_session_apart() {
         let dir = tempfile::tempdir().unwrap();

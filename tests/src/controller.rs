@@ -122,26 +122,28 @@ impl ControllerSpec {
     pub fn refused(self) -> std::process::Output {
         let place = self.mount_of.map_or(Place::Here, Place::MountOf);
         let c = Controller::prepared(self, place);
-        let mut child = c
+        let child = c
             .command()
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let start = Instant::now();
-        while child.try_wait().unwrap().is_none() {
-            if start.elapsed() > crate::pace::scaled(Duration::from_secs(20)) {
-                let _ = child.kill();
-                let o = child.wait_with_output().unwrap();
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        // Read its output while it runs (a full pipe would stall it).
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(child.wait_with_output()));
+        match rx.recv_timeout(crate::pace::scaled(Duration::from_secs(20))) {
+            Ok(out) => out.unwrap(),
+            Err(_) => {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                let o = rx.recv().unwrap().unwrap();
                 panic!(
                     "weft-controller was to refuse to start, and ran for 20 s: {}",
                     String::from_utf8_lossy(&o.stderr)
                 );
             }
-            std::thread::sleep(Duration::from_millis(20));
         }
-        child.wait_with_output().unwrap()
     }
 }
 

@@ -190,13 +190,11 @@ impl AdminService for AdminApi {
 
     async fn get_node(&self, req: Request<pb::GetNodeRequest>) -> Result<Response<pb::Node>, Status> {
         let name = req.into_inner().name;
+        crate::domain::validate_name("the node name", &name).map_err(Status::invalid_argument)?;
         let node = match self.hub.fresh().await? {
-            Some((m, _)) => {
-                crate::domain::validate_name("the node name", &name).map_err(Status::invalid_argument)?;
-                m.nodes.get(&name).map(|n| (**n).clone()).ok_or_else(|| {
-                    Status::not_found(format!("node {name:?} does not exist; list nodes with `weftctl nodes`"))
-                })?
-            }
+            Some((m, _)) => m.nodes.get(&name).map(|n| (**n).clone()).ok_or_else(|| {
+                Status::not_found(format!("node {name:?} does not exist; list nodes with `weftctl nodes`"))
+            })?,
             None => self.state.get_node(&name).await?,
         };
         let status = self.statuses().await?;

@@ -80,6 +80,10 @@ impl Slot {
 /// before it reads the store itself.
 pub const FRESH_WAIT: Duration = Duration::from_secs(1);
 
+/// How long admin reads go straight to the store after the model did not
+/// catch up within [`FRESH_WAIT`].
+pub const STORE_READS_AFTER_MISS: Duration = Duration::from_secs(30);
+
 pub struct Hub {
     /// This replica's id, random per start, written into the liveness
     /// records of the agents that report here.
@@ -101,6 +105,8 @@ pub struct Hub {
     /// The store revision the model holds every write up to (under the
     /// site's root), advanced after each batch the follower applied.
     seen: tokio::sync::watch::Sender<i64>,
+    /// When [`Hub::fresh`] last gave up waiting for the model.
+    missed: Mutex<Option<std::time::Instant>>,
     /// Woken when a gateway's liveness record comes or goes, so the
     /// active gateway is chosen again at once.
     live_changed: Notify,
@@ -137,6 +143,7 @@ impl Hub {
             params_rev: tokio::sync::watch::Sender::new(0),
             closing: tokio::sync::watch::Sender::new(false),
             seen: tokio::sync::watch::Sender::new(loaded_at),
+            missed: Mutex::new(None),
             live_changed: Notify::new(),
             agent_ttl,
             gateway_ttl,
@@ -172,8 +179,24 @@ impl Hub {
     /// it, whichever replica made it. None when the store's newest write
     /// did not reach the model within [`FRESH_WAIT`] (a write outside the
     /// site's root, as on an etcd that other sites share, never does): the
-    /// caller then reads the store.
+    /// caller then reads the store. A record the follower could not decode
+    /// shows as the model holds it (logged when it came: an agent's or the
+    /// site's last readable version, no peering), which is what agents are
+    /// rendered from; a store read would answer INTERNAL.
+    ///
+    /// After a miss, calls read the store at once for [`STORE_READS_AFTER_MISS`]:
+    /// where others write to the same etcd, the model lags the store's
+    /// revision until the site's own next write, and each call would wait
+    /// the full second.
     pub async fn fresh(&self) -> Result<Option<(Arc<Model>, i64)>, Error> {
+        if self
+            .missed
+            .lock()
+            .unwrap()
+            .is_some_and(|at| at.elapsed() < STORE_READS_AFTER_MISS)
+        {
+            return Ok(None);
+        }
         let want = self.state.store().revision().await?;
         let mut seen = self.seen.subscribe();
         match tokio::time::timeout(FRESH_WAIT, seen.wait_for(|r| *r >= want)).await {
@@ -184,6 +207,7 @@ impl Hub {
                     model_revision = *self.seen.borrow(),
                     "the model did not catch up with the store; reading the store"
                 );
+                *self.missed.lock().unwrap() = Some(std::time::Instant::now());
                 Ok(None)
             }
         }
