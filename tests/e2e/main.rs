@@ -21,6 +21,7 @@ mod layers;
 mod load;
 mod mesh;
 mod names;
+mod nat;
 mod observability;
 mod replicas;
 mod restart;

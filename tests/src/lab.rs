@@ -36,6 +36,9 @@ pub struct AgentSpec {
     pub own_host: bool,
     /// More flags (e.g. `--wireguard userspace`).
     pub flags: Vec<String>,
+    /// A gateway's `--endpoint` (`ip:51820`); false: none, it only dials
+    /// out (behind NAT).
+    pub endpoint: bool,
 }
 
 impl AgentSpec {
@@ -49,6 +52,7 @@ impl AgentSpec {
             subnet: None,
             own_host: false,
             flags: Vec::new(),
+            endpoint: true,
         }
     }
 
@@ -152,7 +156,7 @@ impl Lab {
         if spec.agent_metrics {
             args.extend(["--metrics-listen".to_string(), format!("0.0.0.0:{AGENT_METRICS_PORT}")]);
         }
-        if a.kind == "gateway" {
+        if a.kind == "gateway" && a.endpoint {
             args.extend(["--endpoint".to_string(), format!("{}:51820", a.ip)]);
         }
         if let Some(s) = &a.subnet {

@@ -44,6 +44,28 @@ pub fn require_root() -> bool {
     root
 }
 
+/// How a lab NAT router maps a host's UDP source port to the outside.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Nat {
+    /// `masquerade`: the host's port kept when free, one mapping per
+    /// socket whatever the destination (endpoint-independent, as a home
+    /// router).
+    EndpointIndependent,
+    /// `masquerade random`: a new port per destination (endpoint-dependent
+    /// or "symmetric", as carrier-grade NAT and many firewalls).
+    EndpointDependent,
+}
+
+/// A private LAN behind a NAT router ([`Lab::nat_lan`]).
+#[derive(Clone, Debug)]
+pub struct NatLan {
+    /// The router's namespace and the private LAN's bridge namespace.
+    pub router: String,
+    pub bridge: String,
+    /// The LAN's first three octets ("192.168.10").
+    pub prefix: String,
+}
+
 /// How a process was started: namespace, program, arguments, log.
 type Started = (String, std::path::PathBuf, Vec<String>, std::path::PathBuf);
 
@@ -55,8 +77,8 @@ pub struct Lab {
     pub(crate) controllers: Vec<crate::controller::Controller>,
     /// How each process was started, to start it again.
     commands: Vec<Started>,
-    /// The LAN's port (in the LAN namespace) of each plugged host namespace.
-    lan_ports: Vec<(String, String)>,
+    /// Each plugged host namespace: its bridge's namespace and its port there.
+    lan_ports: Vec<(String, String, String)>,
 }
 
 /// Returns `o`, or panics with its stderr when the command failed.
@@ -111,9 +133,15 @@ impl Lab {
         ns
     }
 
-    /// Creates the LAN (a bridge in its own namespace).
+    /// Creates the LAN (a bridge in its own namespace): the WAN every
+    /// site's public hosts share.
     pub fn lan(&mut self) -> String {
-        let ns = self.host("lan");
+        self.bridge("lan")
+    }
+
+    /// A switch: a bridge `br0` in a namespace of its own, `name`.
+    pub fn bridge(&mut self, name: &str) -> String {
+        let ns = self.host(name);
         must(
             run(Command::new("ip").args(["-n", &ns, "link", "add", "br0", "type", "bridge"])),
             "bridge",
@@ -122,7 +150,7 @@ impl Lab {
             run(Command::new("ip").args(["-n", &ns, "link", "set", "br0", "up"])),
             "bridge up",
         );
-        // The LAN stands for a switch: where the host has br_netfilter
+        // A bridge stands for a switch: where the host has br_netfilter
         // loaded (Docker loads it), the namespace's copy of its sysctls
         // starts at 1 and would run every frame through conntrack and the
         // firewall, a cost no real underlay has.
@@ -138,36 +166,113 @@ impl Lab {
     /// Plugs host `ns` into the LAN with `eth0` = `cidr`.
     pub fn plug(&mut self, ns: &str, cidr: &str) {
         let lan = self.ns("lan");
+        self.plug_into(&lan, ns, "eth0", cidr);
+    }
+
+    /// Plugs host `ns` into the bridge in namespace `bridge` with interface
+    /// `dev` = `cidr`.
+    pub fn plug_into(&mut self, bridge: &str, ns: &str, dev: &str, cidr: &str) {
         let port = format!("p{}", self.lan_ports.len());
-        self.lan_ports.push((ns.to_string(), port.clone()));
+        self.lan_ports.push((ns.to_string(), bridge.to_string(), port.clone()));
         must(
             run(Command::new("ip").args([
-                "-n", &lan, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", ns,
+                "-n", bridge, "link", "add", &port, "type", "veth", "peer", "name", dev, "netns", ns,
             ])),
             "veth",
         );
         must(
-            run(Command::new("ip").args(["-n", &lan, "link", "set", &port, "master", "br0", "up"])),
+            run(Command::new("ip").args(["-n", bridge, "link", "set", &port, "master", "br0", "up"])),
             "port up",
         );
         must(
-            run(Command::new("ip").args(["-n", ns, "addr", "add", cidr, "dev", "eth0"])),
+            run(Command::new("ip").args(["-n", ns, "addr", "add", cidr, "dev", dev])),
             "addr",
         );
         must(
-            run(Command::new("ip").args(["-n", ns, "link", "set", "eth0", "up"])),
-            "eth0 up",
+            run(Command::new("ip").args(["-n", ns, "link", "set", dev, "up"])),
+            "link up",
         );
+    }
+
+    /// A private LAN `{prefix}.0/24` behind a NAT router `name`: the
+    /// router's `eth0` is `wan_cidr` on the LAN (the WAN), its `lan0` is
+    /// `{prefix}.1` on a bridge of its own, and it masquerades what leaves
+    /// by the WAN as `nat` says. Nothing on the WAN has a route to the
+    /// private LAN. Plug hosts in with [`Lab::plug_behind`].
+    pub fn nat_lan(&mut self, name: &str, wan_cidr: &str, prefix: &str, nat: Nat) -> NatLan {
+        let bridge = self.bridge(&format!("{name}-lan"));
+        let router = self.host(name);
+        self.plug(&router, wan_cidr);
+        self.plug_into(&bridge, &router, "lan0", &format!("{prefix}.1/24"));
+        must(
+            self.exec(&router, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]),
+            "forwarding",
+        );
+        let how = match nat {
+            Nat::EndpointIndependent => "masquerade",
+            Nat::EndpointDependent => "masquerade random",
+        };
+        // Over several lines: on one, nft fails to parse `masquerade random; } }`.
+        let rules = format!(
+            "table ip natlab {{\n  chain post {{\n    type nat hook postrouting priority 100;\n    \
+             oifname \"eth0\" ip saddr {prefix}.0/24 counter {how}\n  }}\n}}\n"
+        );
+        let mut nft = Command::new("ip");
+        nft.args(["netns", "exec", &router, "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let mut child = nft.spawn().expect("nft");
+        {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
+        }
+        must(child.wait_with_output().unwrap(), "the NAT rules");
+        NatLan {
+            router,
+            bridge,
+            prefix: prefix.to_string(),
+        }
+    }
+
+    /// How many connections (conntrack entries) router `lan` has
+    /// translated so far: its NAT rule's packet counter, which sees each
+    /// connection's first packet.
+    pub fn nat_count(&self, lan: &NatLan) -> u64 {
+        let o = must(
+            self.exec(&lan.router, &["nft", "list", "chain", "ip", "natlab", "post"]),
+            "the NAT rules",
+        );
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        text.split("packets ")
+            .nth(1)
+            .and_then(|t| t.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no counter in the NAT rule: {text}"))
+    }
+
+    /// Plugs host `ns` into private LAN `lan` at `{prefix}.{host}`, its
+    /// default route through the NAT router; that address.
+    pub fn plug_behind(&mut self, lan: &NatLan, ns: &str, host: u8) -> String {
+        let ip = format!("{}.{host}", lan.prefix);
+        self.plug_into(&lan.bridge, ns, "eth0", &format!("{ip}/24"));
+        must(
+            self.exec(
+                ns,
+                &["ip", "route", "add", "default", "via", &format!("{}.1", lan.prefix)],
+            ),
+            "default route",
+        );
+        ip
     }
 
     /// Sets host `ns`'s port on the LAN (the switch side of its link) up or
     /// down: the host's own interface stays as it was, as when a cable or a
     /// WAN link fails.
     pub fn lan_link(&self, ns: &str, up: bool) {
-        let port = &self.lan_ports.iter().find(|(n, _)| n == ns).expect("not plugged").1;
-        let lan = self.ns("lan");
+        let (_, bridge, port) = self.lan_ports.iter().find(|(n, _, _)| n == ns).expect("not plugged");
         must(
-            run(Command::new("ip").args(["-n", &lan, "link", "set", port, if up { "up" } else { "down" }])),
+            run(Command::new("ip").args(["-n", bridge, "link", "set", port, if up { "up" } else { "down" }])),
             "LAN port",
         );
     }

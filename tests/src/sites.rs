@@ -39,6 +39,8 @@ pub struct TwoSites {
     pub gateway_a2: Option<usize>,
     /// Site b's etcd's process index in `lab`.
     pub etcd_b: Option<usize>,
+    /// Site a's private LAN and its router, when it is behind NAT.
+    pub nat_a: Option<crate::netns::NatLan>,
 }
 
 /// Two sites, each a controller, a gateway and two nodes in namespaces on
@@ -78,6 +80,10 @@ pub struct Opts {
     /// Every agent's `--resync-interval` (default 1 s; `no_drift_repair`
     /// makes it 0).
     pub resync: Option<&'static str>,
+    /// Site a's gateway and nodes on a private LAN (192.168.10.0/24)
+    /// behind a NAT router (router `ra`, 192.168.78.30 on the WAN), its
+    /// gateway with no `--endpoint`; its controller stays on the WAN.
+    pub site_a_nat: Option<crate::netns::Nat>,
 }
 
 pub use crate::lab::{AGENT_METRICS_PORT, CONTROLLER_METRICS_PORT};
@@ -97,6 +103,14 @@ const SITE_B: [(&str, &str, &str); 4] = [
     ("nb2", "192.168.78.22", "nb2"),
 ];
 
+/// Site a's private LAN when it is behind NAT.
+const NAT_LAN: &str = "192.168.10";
+
+/// A site-a host's last octet, also on the private LAN behind NAT.
+fn behind_nat(wan_ip: &str) -> u8 {
+    wan_ip.rsplit('.').next().unwrap().parse().unwrap()
+}
+
 /// The n-th /24 of a /16 such as 10.1.0.0/16, without its last octet
 /// ("10.1.{n}").
 fn nth(pod: &str, n: u8) -> String {
@@ -115,17 +129,26 @@ fn placement(pod_a: &str, pod_b: &str) -> [(&'static str, &'static str, String);
 }
 
 /// Every host of a two-site lab, plugged into the WAN, with the workloads
-/// behind their nodes; host name → namespace.
+/// behind their nodes: host name → namespace, and site a's private LAN
+/// when it is behind NAT.
 fn hosts(
     lab: &mut Lab,
     opts: &Opts,
     placement: &[(&'static str, &'static str, String)],
-) -> HashMap<&'static str, String> {
+) -> (HashMap<&'static str, String>, Option<crate::netns::NatLan>) {
     lab.lan();
     let mut ns: HashMap<&'static str, String> = placement.iter().map(|p| (p.1, lab.host(p.1))).collect();
+    let nat = opts
+        .site_a_nat
+        .map(|n| lab.nat_lan("ra", "192.168.78.30/24", NAT_LAN, n));
     for (h, ip, _) in SITE_A.iter().chain(&SITE_B) {
         ns.insert(h, lab.host(h));
-        lab.plug(&ns[h], &format!("{ip}/24"));
+        match &nat {
+            Some(lan) if SITE_A[1..].iter().any(|a| a.0 == *h) => {
+                lab.plug_behind(lan, &ns[h], behind_nat(ip));
+            }
+            _ => lab.plug(&ns[h], &format!("{ip}/24")),
+        }
         if let Some(m) = opts.site_b_underlay.filter(|_| SITE_B.iter().any(|b| b.0 == *h)) {
             crate::netns::must(
                 lab.exec(&ns[h], &["ip", "link", "set", "eth0", "mtu", &m.to_string()]),
@@ -140,7 +163,7 @@ fn hosts(
     for (node, wl, sub) in placement {
         lab.workload(&ns[node], &ns[wl], sub);
     }
-    ns
+    (ns, nat)
 }
 
 /// What one site of a two-site lab is: its controller (on etcd or not),
@@ -153,6 +176,8 @@ struct Plan<'a> {
     wireguard: Option<&'a str>,
     second_gateway: bool,
     tunnel_mtu: Option<u32>,
+    /// Its gateway and nodes are behind NAT.
+    behind_nat: bool,
 }
 
 fn site_spec(plan: Plan, opts: &Opts, ns: &HashMap<&'static str, String>, dir: &std::path::Path) -> SiteSpec {
@@ -172,9 +197,17 @@ fn site_spec(plan: Plan, opts: &Opts, ns: &HashMap<&'static str, String>, dir: &
     let mut agents: Vec<AgentSpec> = plan.hosts[1..]
         .iter()
         .zip([None, Some(0), Some(1)])
-        .map(|((h, ip, name), n)| match n {
-            None => AgentSpec::gateway(name, &ns[h], ip),
-            Some(n) => AgentSpec::node(name, &ns[h], ip, &format!("{}.0/24", nth(plan.pod, n))),
+        .map(|((h, ip, name), n)| {
+            let ip = match plan.behind_nat {
+                true => format!("{NAT_LAN}.{}", behind_nat(ip)),
+                false => ip.to_string(),
+            };
+            let mut a = match n {
+                None => AgentSpec::gateway(name, &ns[h], &ip),
+                Some(n) => AgentSpec::node(name, &ns[h], &ip, &format!("{}.0/24", nth(plan.pod, n))),
+            };
+            a.endpoint = !plan.behind_nat;
+            a
         })
         .collect();
     if plan.second_gateway {
@@ -210,7 +243,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
     let dir = tempfile::Builder::new().prefix("weft-dp").tempdir().unwrap();
     let mut lab = Lab::new(tag);
     let placement = placement(pod_a, pod_b);
-    let ns = hosts(&mut lab, &opts, &placement);
+    let (ns, nat_a) = hosts(&mut lab, &opts, &placement);
     // The gateways create these; the lab deletes them at the end whatever happens.
     lab.adopt(&weft_controller::render::peering_namespace(site_a, site_b));
     lab.adopt(&weft_controller::render::peering_namespace(site_b, site_a));
@@ -232,6 +265,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         wireguard: opts.wireguard_a,
         second_gateway: opts.second_gateway_a,
         tunnel_mtu: opts.site_a_tunnel,
+        behind_nat: opts.site_a_nat.is_some(),
     };
     let plan_b = Plan {
         site: site_b,
@@ -241,6 +275,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         wireguard: opts.wireguard_b,
         second_gateway: false,
         tunnel_mtu: None,
+        behind_nat: false,
     };
     let spec_a = site_spec(plan_a, &opts, &ns, dir.path());
     let spec_b = site_spec(plan_b, &opts, &ns, dir.path());
@@ -299,6 +334,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         workloads,
         gateway_a2,
         etcd_b,
+        nat_a,
     }
 }
 
