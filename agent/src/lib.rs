@@ -15,6 +15,7 @@ pub mod linux;
 pub mod metrics;
 pub mod probe;
 pub mod run;
+pub mod session;
 pub mod wgkey;
 
 pub use weft_common::tls;

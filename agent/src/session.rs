@@ -1,0 +1,843 @@
+//! One session with a controller: connect, announce the node's subnet and
+//! a gateway's key, watch the desired state and apply each message as the
+//! whole state, report (with heartbeats between), and end as what the
+//! controller answered. The run loop (`run.rs`) decides what follows.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+use weft_proto::v1 as pb;
+use weft_proto::v1::agent_service_client::AgentServiceClient;
+
+use crate::apply::{Applier, Scope};
+use crate::config::AgentConfig;
+use crate::desired::{Desired, StateFile};
+use crate::identity::Credentials;
+use crate::tls;
+
+/// How a session ended.
+#[derive(Debug)]
+pub(crate) enum End {
+    /// No answer: the controller could not be reached, or the connection
+    /// to it broke (found dead by the keep-alive). Worth reconnecting at
+    /// once and then every second: nothing is refusing us.
+    Lost(anyhow::Error),
+    /// The controller answered with an error: worth reconnecting, after a
+    /// back-off that grows while it keeps answering so.
+    Transient(anyhow::Error),
+    /// The admin removed this agent (the controller says so, see
+    /// [`weft_proto::REMOVED`]): what it applied goes.
+    Removed(anyhow::Error),
+    /// The controller refuses this agent otherwise (a revoked, unknown or
+    /// expired certificate, which a thief's renewal can cause too): the
+    /// host keeps forwarding what it has, and the agent keeps asking.
+    Refused(anyhow::Error),
+}
+
+fn classify(s: tonic::Status) -> End {
+    let e = anyhow::anyhow!("{:?}: {}", s.code(), s.message());
+    match s.code() {
+        tonic::Code::Unauthenticated if s.metadata().contains_key(weft_proto::REMOVED) => End::Removed(e),
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => End::Refused(e),
+        // A status the transport made up (it carries the connection's
+        // error as its source), not one the controller sent.
+        _ if std::error::Error::source(&s).is_some() => End::Lost(e),
+        _ => End::Transient(e),
+    }
+}
+
+async fn client(target: &str, creds: &Credentials) -> Result<AgentServiceClient<tonic::transport::Channel>, End> {
+    let ch = tls::connect(target, &creds.trust(), Some((&creds.cert_pem, &creds.key_pem)))
+        .await
+        .map_err(|e| match e {
+            tls::ConnectError::Unreachable { .. } => End::Lost(e.into()),
+            tls::ConnectError::BadTarget(_) => End::Transient(e.into()),
+        })?;
+    Ok(AgentServiceClient::new(ch))
+}
+
+/// Applies a received message, persists the result and returns the errors.
+async fn receive(
+    msg: &pb::WatchResponse,
+    desired: &mut Desired,
+    file: &StateFile,
+    applier: &mut dyn Applier,
+) -> Vec<pb::ObjectError> {
+    let (upserts, deletes) = desired.changes(msg);
+    let kind = if matches!(msg.kind, Some(pb::watch_response::Kind::Snapshot(_))) {
+        "snapshot"
+    } else {
+        "delta"
+    };
+    let started = std::time::Instant::now();
+    let (n_up, n_del) = (upserts.len(), deletes.len());
+    let mut next = desired.clone();
+    next.commit(msg.revision, upserts, &deletes);
+    let errors = applier.apply(&desired.objects, &next.objects, Scope::Changed).await;
+    observe_reconcile(kind, started, &errors);
+    *desired = next;
+    file.keep(desired);
+    crate::metrics::get().applied_revision.set(msg.revision);
+    tracing::info!(
+        revision = msg.revision,
+        kind,
+        upserts = n_up,
+        deletes = n_del,
+        errors = errors.len(),
+        "applied"
+    );
+    errors
+}
+
+/// Records one reconcile's duration and failed objects.
+pub(crate) fn observe_reconcile(trigger: &str, started: std::time::Instant, errors: &[pb::ObjectError]) {
+    let m = crate::metrics::get();
+    m.reconcile
+        .get_or_create(&vec![("trigger".to_string(), trigger.to_string())])
+        .observe(started.elapsed().as_secs_f64());
+    m.reconcile_errors.inc_by(errors.len() as u64);
+}
+
+/// Applies everything held again (level-triggered: a no-op unless something
+/// drifted); counts and logs what had to be put back.
+async fn resync(desired: &Desired, applier: &mut dyn Applier) -> Vec<pb::ObjectError> {
+    let before = applier.writes();
+    let started = std::time::Instant::now();
+    let errors = applier
+        .apply(&desired.objects, &desired.objects, Scope::Everything)
+        .await;
+    observe_reconcile("resync", started, &errors);
+    let repaired = applier.writes().saturating_sub(before);
+    if repaired > 0 {
+        crate::metrics::get().drift_repairs.inc_by(repaired);
+        tracing::warn!(
+            repaired,
+            revision = desired.revision,
+            "host objects were missing and are back (drift repaired)"
+        );
+    }
+    errors
+}
+
+/// How often an agent sends the facts about its host.
+const HOST_REPORT_EVERY: Duration = Duration::from_secs(30);
+
+/// Makes the agent's own objects (ids under `local/`) what `want` says.
+async fn sync_local(want: Vec<pb::DesiredObject>, desired: &mut Desired, file: &StateFile, applier: &mut dyn Applier) {
+    let gone: Vec<String> = desired
+        .objects
+        .keys()
+        .filter(|id| crate::desired::is_local(id) && !want.iter().any(|w| w.id == **id))
+        .cloned()
+        .collect();
+    let changed: Vec<pb::DesiredObject> = want
+        .into_iter()
+        .filter(|w| desired.objects.get(&w.id) != Some(w))
+        .collect();
+    if gone.is_empty() && changed.is_empty() {
+        return;
+    }
+    let mut next = desired.clone();
+    next.commit(desired.revision, changed, &gone);
+    for e in applier.apply(&desired.objects, &next.objects, Scope::Changed).await {
+        tracing::warn!(object = %e.id, error = %e.message, "not applied");
+    }
+    *desired = next;
+    file.keep(desired);
+}
+
+/// The node's DNS responder: its records (kept equal to the desired
+/// state's `DnsRecord` objects) and the socket it serves on.
+pub(crate) struct Dns {
+    cfg: crate::dns::Config,
+    table: crate::dns::Table,
+    running: Option<(std::net::SocketAddr, AbortOnDrop)>,
+}
+
+impl Dns {
+    /// A responder with `cfg`, answering from `desired` until a controller
+    /// does; serving at once when its address is fixed.
+    pub(crate) fn start(cfg: &crate::dns::Config, desired: &Desired) -> anyhow::Result<Dns> {
+        let mut d = Dns {
+            cfg: cfg.clone(),
+            table: Default::default(),
+            running: None,
+        };
+        // What was stored resolves before any controller answers.
+        d.table.set(desired.objects.values());
+        if let crate::dns::Listen::At(addr) = cfg.listen {
+            d.listen(addr)
+                .map_err(|e| anyhow::anyhow!("--dns-listen {addr}: cannot listen: {e}"))?;
+        }
+        Ok(d)
+    }
+
+    /// Serves on `addr` (moving there if it served elsewhere).
+    fn listen(&mut self, addr: std::net::SocketAddr) -> std::io::Result<()> {
+        if self.running.as_ref().is_some_and(|(a, _)| *a == addr) {
+            return Ok(());
+        }
+        self.running = None;
+        let sock = crate::dns::bind(addr)?;
+        tracing::info!(listen = %addr, zone = %self.cfg.zone, "DNS responder listening");
+        let task = tokio::spawn(crate::dns::serve(sock, self.cfg.zone.clone(), self.table.clone()));
+        self.running = Some((addr, AbortOnDrop(task)));
+        Ok(())
+    }
+
+    /// Whether it listens on the first address of the node's subnet
+    /// (`--dns-listen subnet`), which each session asks the controller for.
+    fn wants_subnet(&self) -> bool {
+        self.cfg.listen == crate::dns::Listen::Subnet
+    }
+
+    /// With `--dns-listen subnet`: serves on the first address of the
+    /// node's subnet, port 53.
+    fn follow_subnet(&mut self, subnet: &str) {
+        if !self.wants_subnet() {
+            return;
+        }
+        let Ok(net) = subnet.parse::<ipnet::Ipv4Net>() else {
+            tracing::warn!(%subnet, "the node's subnet does not parse; the DNS responder waits");
+            return;
+        };
+        let Some(first) = net.hosts().next() else { return };
+        if let Err(e) = self.listen(std::net::SocketAddr::new(first.into(), 53)) {
+            tracing::error!(address = %first, error = %e, "the DNS responder cannot listen on the subnet's first address, port 53");
+        }
+    }
+}
+
+/// What one session with a controller works with.
+pub(crate) struct Session<'a> {
+    pub(crate) target: &'a str,
+    pub(crate) cfg: &'a AgentConfig,
+    /// The gateway's WireGuard public key (None on nodes).
+    pub(crate) gateway_key: Option<&'a str>,
+    pub(crate) creds: &'a mut watch::Receiver<Credentials>,
+    pub(crate) desired: &'a mut Desired,
+    pub(crate) file: &'a StateFile,
+    pub(crate) applier: &'a mut dyn Applier,
+    pub(crate) dns: Option<&'a mut Dns>,
+}
+
+/// The node's subnet, asked for anew each session (so a moved subnet moves
+/// what follows it: the workload bridge, the DNS responder), when anything
+/// follows it.
+async fn node_subnet(
+    c: &mut AgentServiceClient<tonic::transport::Channel>,
+    wanted: bool,
+) -> Result<Option<String>, End> {
+    if !wanted {
+        return Ok(None);
+    }
+    // (No name: the controller answers for the certificate's.)
+    let a = c
+        .get_assignment(pb::GetAssignmentRequest::default())
+        .await
+        .map_err(classify)?
+        .into_inner();
+    Ok(Some(a.subnet))
+}
+
+/// The agent's own objects: the workload bridge on the node's subnet, or
+/// nothing (which removes a bridge an earlier run made).
+fn local_objects(bridge: Option<&str>, subnet: Option<&str>) -> Result<Vec<pb::DesiredObject>, End> {
+    match (bridge, subnet) {
+        (Some(bridge), Some(subnet)) => crate::desired::bridge_objects(bridge, subnet).map_err(End::Refused),
+        _ => Ok(Vec::new()),
+    }
+}
+
+/// Logs each tunnel that went up or down since `up` was last updated.
+fn log_tunnel_changes(tunnels: &[pb::TunnelStatus], up: &mut std::collections::HashSet<String>) {
+    for t in tunnels {
+        if t.up != up.contains(&t.peer_site) {
+            if t.up {
+                tracing::info!(peer = %t.peer_site, link = %t.link, rtt_us = t.rtt_micros, "tunnel up");
+                up.insert(t.peer_site.clone());
+            } else {
+                tracing::warn!(peer = %t.peer_site, link = %t.link, lost = t.probes_lost, "tunnel down: probes unanswered");
+                up.remove(&t.peer_site);
+            }
+        }
+    }
+    up.retain(|site| tunnels.iter().any(|t| t.peer_site == *site));
+}
+
+/// How often the controller wants a report.
+fn heartbeat_period(r: &pb::ReportResponse) -> Duration {
+    if r.heartbeat_millis > 0 {
+        Duration::from_millis(u64::from(r.heartbeat_millis.max(50)))
+    } else {
+        Duration::from_secs(u64::from(r.heartbeat_seconds.max(1)))
+    }
+}
+
+/// What the session's last report said, for [`keep_reporting`].
+struct LastReport {
+    at: std::time::Instant,
+    report: pb::ReportRequest,
+    every: Duration,
+    client: AgentServiceClient<tonic::transport::Channel>,
+}
+
+/// Reports again what the session last reported whenever the session's
+/// loop has not reported for one and a half heartbeat periods (half a TTL;
+/// the margin keeps it from racing the loop's own heartbeat): the loop reports after
+/// each change, but while it is busy (a reconcile that takes long on a
+/// loaded host, a slow `nft`) its heartbeats would stop, and a gateway
+/// not heard for its TTL (800 ms by default) is failed over although it
+/// works. Liveness must not depend on how long a reconcile takes.
+async fn keep_reporting(last: std::sync::Arc<std::sync::Mutex<LastReport>>) {
+    loop {
+        let (wait, due) = {
+            let l = last.lock().unwrap();
+            let since = l.at.elapsed();
+            let late = l.every + l.every / 2;
+            if since >= late {
+                (l.every, Some((l.report.clone(), l.client.clone())))
+            } else {
+                (late - since, None)
+            }
+        };
+        if let Some((report, mut client)) = due
+            && client.report(report).await.is_ok()
+        {
+            last.lock().unwrap().at = std::time::Instant::now();
+        }
+        tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
+    }
+}
+
+/// Aborts a task when dropped (when the session ends, however it ends).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Opens a session: connects, makes the agent's own objects, starts the
+/// Watch stream from what the agent holds and, on a gateway, sends its key
+/// and endpoint.
+#[allow(clippy::too_many_arguments)]
+async fn open(
+    target: &str,
+    cfg: &AgentConfig,
+    gateway_key: Option<&str>,
+    current: &Credentials,
+    desired: &mut Desired,
+    file: &StateFile,
+    applier: &mut dyn Applier,
+    dns: Option<&mut Dns>,
+) -> Result<
+    (
+        AgentServiceClient<tonic::transport::Channel>,
+        tonic::Streaming<pb::WatchResponse>,
+    ),
+    End,
+> {
+    let mut c = match client(target, current).await {
+        Ok(c) => c,
+        Err(e) => return Err(e),
+    };
+    let wants_subnet = cfg.workload_bridge.is_some() || dns.as_deref().is_some_and(Dns::wants_subnet);
+    let subnet = match node_subnet(&mut c, wants_subnet).await {
+        Ok(s) => s,
+        Err(e) => return Err(e),
+    };
+    if let (Some(d), Some(subnet)) = (dns, subnet.as_deref()) {
+        d.follow_subnet(subnet);
+    }
+    let local = match local_objects(cfg.workload_bridge.as_deref(), subnet.as_deref()) {
+        Ok(l) => l,
+        Err(e) => return Err(e),
+    };
+    sync_local(local, desired, file, applier).await;
+    let req = pb::WatchRequest {
+        last_revision: desired.revision,
+        known: desired.known(),
+        features: applier.features(),
+    };
+    let stream = match c.watch(req).await {
+        Ok(s) => s.into_inner(),
+        Err(s) => return Err(classify(s)),
+    };
+    tracing::info!(controller = %target, from_revision = desired.revision, "watching");
+    if let Some(public_key) = gateway_key {
+        tracing::info!(
+            public_key,
+            "this gateway's WireGuard public key (a change of it waits for `weftctl gateway accept-key` with it)"
+        );
+        let req = pb::UpdateGatewayRequest {
+            public_key: public_key.to_string(),
+            endpoint: cfg.endpoint.clone().unwrap_or_default(),
+        };
+        if let Err(s) = c.update_gateway(req).await {
+            return Err(classify(s));
+        }
+    }
+    Ok((c, stream))
+}
+
+/// The host's facts, sent every `HOST_REPORT_EVERY` (None between).
+async fn host_facts(
+    reported: &mut Option<std::time::Instant>,
+    applier: &mut dyn Applier,
+    desired: &Desired,
+) -> Option<pb::HostReport> {
+    if reported.is_some_and(|at| at.elapsed() < HOST_REPORT_EVERY) {
+        return None;
+    }
+    *reported = Some(std::time::Instant::now());
+    let h = applier.host_report(&desired.objects).await;
+    for c in &h.route_conflicts {
+        tracing::warn!(conflict = %c, "a host route overlaps a peer's CIDR");
+    }
+    Some(h)
+}
+
+/// When the agent applies everything it holds again; a zero interval
+/// turns drift repair off (the timer then never fires).
+fn resync_timer(every: Duration) -> tokio::time::Interval {
+    let period = if every.is_zero() {
+        Duration::from_secs(100 * 365 * 86_400)
+    } else {
+        every
+    };
+    let mut t = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    t
+}
+
+pub(crate) async fn session(s: Session<'_>) -> End {
+    let Session {
+        target,
+        cfg,
+        gateway_key,
+        creds,
+        desired,
+        file,
+        applier,
+        mut dns,
+    } = s;
+    let current = creds.borrow_and_update().clone();
+    let (mut c, mut stream) = match open(
+        target,
+        cfg,
+        gateway_key,
+        &current,
+        desired,
+        file,
+        applier,
+        dns.as_deref_mut(),
+    )
+    .await
+    {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    let mut errors: Vec<pb::ObjectError> = Vec::new();
+    let mut heartbeat = tokio::time::interval(Duration::from_secs(5));
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut resync_timer = resync_timer(cfg.resync_interval);
+    let mut tunnels_up: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let changes = applier.tunnel_changes().unwrap_or_default();
+    let metrics = crate::metrics::get();
+    metrics.connected.set(1);
+    metrics.cert_expiry.set(unix_secs(current.not_after));
+    let _disconnected = Disconnected;
+    let mut host_reported: Option<std::time::Instant> = None;
+    let last = std::sync::Arc::new(std::sync::Mutex::new(LastReport {
+        at: std::time::Instant::now(),
+        report: pb::ReportRequest {
+            applied_revision: desired.revision,
+            ..Default::default()
+        },
+        every: heartbeat.period(),
+        client: c.clone(),
+    }));
+    let _keeper = AbortOnDrop(tokio::spawn(keep_reporting(last.clone())));
+    loop {
+        tokio::select! {
+            _ = resync_timer.tick() => {
+                errors = resync(desired, applier).await;
+            }
+            // A tunnel went up or down: report now, not at the next heartbeat.
+            _ = changes.notified() => {}
+            msg = stream.message() => match msg {
+                Ok(Some(m)) => {
+                    errors = receive(&m, desired, file, applier).await;
+                    // The desired state changed: so may the names served.
+                    if let Some(d) = dns.as_deref() {
+                        d.table.set(desired.objects.values());
+                    }
+                }
+                Ok(None) => return End::Transient(anyhow::anyhow!("the controller ended the stream")),
+                Err(s) => return classify(s),
+            },
+            _ = heartbeat.tick() => {}
+        }
+        // Reports (the heartbeat too) go on a connection with the newest
+        // certificate; the watch stream stays on the one it started on.
+        if creds.has_changed().unwrap_or(false) {
+            let fresh = creds.borrow_and_update().clone();
+            metrics.cert_expiry.set(unix_secs(fresh.not_after));
+            match client(target, &fresh).await {
+                Ok(n) => c = n,
+                Err(e) => return e,
+            }
+        }
+        let tunnels = applier.tunnels();
+        log_tunnel_changes(&tunnels, &mut tunnels_up);
+        *metrics.tunnels.lock().unwrap() = tunnels.clone();
+        let host = host_facts(&mut host_reported, applier, desired).await;
+        // A state file that could not be saved: tried again at every
+        // report, and reported until it is saved.
+        file.retry(desired);
+        let report = pb::ReportRequest {
+            applied_revision: desired.revision,
+            errors: errors.iter().cloned().chain(file.failure()).collect(),
+            tunnels,
+            host,
+        };
+        {
+            let mut l = last.lock().unwrap();
+            l.at = std::time::Instant::now();
+            l.report = pb::ReportRequest {
+                host: None,
+                ..report.clone()
+            };
+            l.client = c.clone();
+        }
+        match c.report(report).await {
+            Ok(r) => {
+                let every = heartbeat_period(&r.into_inner());
+                last.lock().unwrap().every = every;
+                if every != heartbeat.period() {
+                    heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                }
+            }
+            Err(s) => return classify(s),
+        }
+    }
+}
+
+fn unix_secs(t: SystemTime) -> f64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
+/// Marks the controller connection closed when a session ends, however.
+struct Disconnected;
+
+impl Drop for Disconnected {
+    fn drop(&mut self) {
+        crate::metrics::get().connected.set(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What reached an applier: (what it had applied, what is desired,
+    /// where to look), by id.
+    #[derive(Default)]
+    struct Seen(Vec<(Vec<String>, Vec<String>, Scope)>);
+
+    #[async_trait::async_trait]
+    impl Applier for Seen {
+        async fn apply(
+            &mut self,
+            applied: &crate::apply::Objects,
+            desired: &crate::apply::Objects,
+            scope: Scope,
+        ) -> Vec<pb::ObjectError> {
+            self.0.push((
+                applied.keys().cloned().collect(),
+                desired.keys().cloned().collect(),
+                scope,
+            ));
+            vec![]
+        }
+    }
+
+    fn object(id: &str) -> pb::DesiredObject {
+        pb::DesiredObject {
+            id: id.into(),
+            kind: None,
+        }
+    }
+
+    /// The applier is given the whole desired state each time (never a
+    /// delta), with what it had applied; a resync says so, and the state
+    /// is kept on disk at the revision received.
+    #[tokio::test]
+    async fn each_message_reaches_the_applier_as_the_whole_state_and_is_kept() {
+        use pb::watch_response::Kind;
+        let dir = tempfile::tempdir().unwrap();
+        let file = StateFile::new(dir.path());
+        let mut desired = Desired::default();
+        let mut seen = Seen::default();
+        let snapshot = pb::WatchResponse {
+            revision: 3,
+            kind: Some(Kind::Snapshot(pb::Snapshot {
+                objects: vec![object("a"), object("b")],
+            })),
+        };
+        receive(&snapshot, &mut desired, &file, &mut seen).await;
+        let delta = pb::WatchResponse {
+            revision: 4,
+            kind: Some(Kind::Delta(pb::Delta {
+                upserts: vec![object("c")],
+                deletes: vec!["a".into()],
+            })),
+        };
+        receive(&delta, &mut desired, &file, &mut seen).await;
+        resync(&desired, &mut seen).await;
+        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            seen.0,
+            [
+                (ids(&[]), ids(&["a", "b"]), Scope::Changed),
+                (ids(&["a", "b"]), ids(&["b", "c"]), Scope::Changed),
+                (ids(&["b", "c"]), ids(&["b", "c"]), Scope::Everything),
+            ]
+        );
+        assert_eq!(desired.revision, 4);
+        assert_eq!(file.load().unwrap(), Some(desired));
+    }
+
+    /// A controller for one session at a time on a Unix socket (the agent's
+    /// client dials `unix:` targets without TLS): it answers Watch with
+    /// `script` (each a message or the status that ends the stream), or
+    /// refuses Watch with `refuse`; it records every Watch request, report
+    /// and gateway update it gets.
+    #[derive(Default)]
+    struct FakeController {
+        script: std::sync::Mutex<Vec<Result<pb::WatchResponse, tonic::Status>>>,
+        refuse: std::sync::Mutex<Option<tonic::Status>>,
+        watches: std::sync::Mutex<Vec<pb::WatchRequest>>,
+        reports: std::sync::Mutex<Vec<pb::ReportRequest>>,
+        updates: std::sync::Mutex<Vec<pb::UpdateGatewayRequest>>,
+    }
+
+    type Answer<T> = Result<tonic::Response<T>, tonic::Status>;
+
+    #[tonic::async_trait]
+    impl weft_proto::v1::agent_service_server::AgentService for FakeController {
+        type WatchStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::WatchResponse, tonic::Status>>>;
+
+        async fn register(&self, _: tonic::Request<pb::RegisterRequest>) -> Answer<pb::RegisterResponse> {
+            Err(tonic::Status::unimplemented("not in this fake"))
+        }
+        async fn renew(&self, _: tonic::Request<pb::RenewRequest>) -> Answer<pb::RenewResponse> {
+            Err(tonic::Status::unimplemented("not in this fake"))
+        }
+        async fn get_assignment(&self, _: tonic::Request<pb::GetAssignmentRequest>) -> Answer<pb::Assignment> {
+            Err(tonic::Status::unimplemented("not in this fake"))
+        }
+        async fn watch(&self, r: tonic::Request<pb::WatchRequest>) -> Answer<Self::WatchStream> {
+            self.watches.lock().unwrap().push(r.into_inner());
+            if let Some(s) = self.refuse.lock().unwrap().take() {
+                return Err(s);
+            }
+            let script = std::mem::take(&mut *self.script.lock().unwrap());
+            Ok(tonic::Response::new(tokio_stream::iter(script)))
+        }
+        async fn report(&self, r: tonic::Request<pb::ReportRequest>) -> Answer<pb::ReportResponse> {
+            self.reports.lock().unwrap().push(r.into_inner());
+            Ok(tonic::Response::new(pb::ReportResponse::default()))
+        }
+        async fn update_gateway(
+            &self,
+            r: tonic::Request<pb::UpdateGatewayRequest>,
+        ) -> Answer<pb::UpdateGatewayResponse> {
+            self.updates.lock().unwrap().push(r.into_inner());
+            Ok(tonic::Response::new(pb::UpdateGatewayResponse::default()))
+        }
+    }
+
+    /// Serves `fake` on a socket in `dir`; its `unix:` target.
+    fn serve(fake: &std::sync::Arc<FakeController>, dir: &std::path::Path) -> String {
+        let sock = dir.join("controller.sock");
+        let incoming = tokio_stream::wrappers::UnixListenerStream::new(tokio::net::UnixListener::bind(&sock).unwrap());
+        let svc = weft_proto::v1::agent_service_server::AgentServiceServer::from_arc(fake.clone());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(incoming),
+        );
+        format!("unix:{}", sock.display())
+    }
+
+    fn config(dir: &std::path::Path, endpoint: Option<&str>) -> AgentConfig {
+        AgentConfig {
+            controllers: vec![],
+            token: None,
+            ca_fingerprint: None,
+            ca_file: None,
+            state_dir: dir.to_path_buf(),
+            name: "n1".into(),
+            dry_run: true,
+            resync_interval: Duration::ZERO,
+            teardown: false,
+            underlay_ip: None,
+            metrics_listen: None,
+            log_format: Default::default(),
+            endpoint: endpoint.map(str::to_string),
+            probe: Default::default(),
+            workload_bridge: None,
+            wireguard: None,
+            dns: None,
+        }
+    }
+
+    /// One session of an agent holding `desired` with `fake` at `target`.
+    async fn one_session(
+        target: &str,
+        cfg: &AgentConfig,
+        gateway_key: Option<&str>,
+        desired: &mut Desired,
+        applier: &mut dyn Applier,
+    ) -> End {
+        let creds = Credentials {
+            key_pem: String::new(),
+            cert_pem: String::new(),
+            ca_pem: String::new(),
+            received: SystemTime::now(),
+            not_after: SystemTime::now() + Duration::from_secs(3600),
+        };
+        let (_tx, mut rx) = watch::channel(creds);
+        let file = StateFile::new(&cfg.state_dir);
+        let s = Session {
+            target,
+            cfg,
+            gateway_key,
+            creds: &mut rx,
+            desired,
+            file: &file,
+            applier,
+            dns: None,
+        };
+        tokio::time::timeout(Duration::from_secs(10), session(s))
+            .await
+            .expect("the session ends by itself")
+    }
+
+    fn message(revision: i64, kind: pb::watch_response::Kind) -> Result<pb::WatchResponse, tonic::Status> {
+        Ok(pb::WatchResponse {
+            revision,
+            kind: Some(kind),
+        })
+    }
+
+    /// A session applies what the controller streams, reports what it
+    /// applied, and ends (transient: retried) when the controller ends the
+    /// stream; the next session resumes from the revision and objects held,
+    /// and a gateway announces its key and endpoint at each session.
+    #[tokio::test]
+    async fn a_session_applies_the_stream_reports_it_and_the_next_one_resumes() {
+        use pb::watch_response::Kind;
+        let dir = tempfile::tempdir().unwrap();
+        let fake = std::sync::Arc::new(FakeController::default());
+        let target = serve(&fake, dir.path());
+        *fake.script.lock().unwrap() = vec![
+            message(
+                3,
+                Kind::Snapshot(pb::Snapshot {
+                    objects: vec![object("a"), object("b")],
+                }),
+            ),
+            message(
+                4,
+                Kind::Delta(pb::Delta {
+                    upserts: vec![object("c")],
+                    deletes: vec!["a".into()],
+                }),
+            ),
+        ];
+        let cfg = config(dir.path(), Some("192.0.2.10:51820"));
+        let (mut desired, mut seen) = (Desired::default(), Seen::default());
+        let end = one_session(&target, &cfg, Some("KEY"), &mut desired, &mut seen).await;
+        assert!(
+            matches!(&end, End::Transient(e) if e.to_string().contains("ended the stream")),
+            "{end:?}"
+        );
+        assert_eq!(desired.revision, 4);
+        assert_eq!(seen.0.last().unwrap().1, ["b", "c"]);
+        assert_eq!(
+            fake.reports.lock().unwrap().last().map(|r| r.applied_revision),
+            Some(4),
+            "the last report says what was applied"
+        );
+        assert_eq!(StateFile::new(dir.path()).load().unwrap(), Some(desired.clone()));
+        let u = fake.updates.lock().unwrap().clone();
+        assert_eq!(
+            (u[0].public_key.as_str(), u[0].endpoint.as_str()),
+            ("KEY", "192.0.2.10:51820")
+        );
+
+        // Reconnected: it asks for what follows revision 4 and names what
+        // it holds, so the controller sends only the difference.
+        let end = one_session(&target, &cfg, Some("KEY"), &mut desired, &mut seen).await;
+        assert!(matches!(end, End::Transient(_)), "{end:?}");
+        let w = fake.watches.lock().unwrap().clone();
+        assert_eq!((w[0].last_revision, w[0].known.len()), (0, 0));
+        assert_eq!(w[1].last_revision, 4);
+        assert_eq!(w[1].known.len(), 2);
+        assert_eq!(
+            fake.updates.lock().unwrap().len(),
+            2,
+            "the key is announced each session"
+        );
+    }
+
+    /// A session ends as what the controller answered: a removal, a
+    /// refusal, a controller that cannot be reached, or any other error
+    /// (the run loop tears down, keeps forwarding and asks slowly, moves to
+    /// the next replica, or backs off on each). The session itself drops
+    /// and applies nothing.
+    #[tokio::test]
+    async fn a_removal_a_refusal_an_unreachable_controller_and_an_error_end_a_session_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = std::sync::Arc::new(FakeController::default());
+        let target = serve(&fake, dir.path());
+        let cfg = config(dir.path(), None);
+        let mut desired = Desired {
+            revision: 7,
+            ..Default::default()
+        };
+        let mut seen = Seen::default();
+        let mut removed = tonic::Status::unauthenticated("removed by the admin");
+        removed
+            .metadata_mut()
+            .insert(weft_proto::REMOVED, tonic::metadata::MetadataValue::from_static("1"));
+        let cases = [
+            (removed, "removed"),
+            (tonic::Status::unauthenticated("certificate revoked"), "refused"),
+            (tonic::Status::permission_denied("not a node"), "refused"),
+            (tonic::Status::unavailable("the store is down"), "transient"),
+        ];
+        for (status, want) in cases {
+            *fake.refuse.lock().unwrap() = Some(status);
+            let end = one_session(&target, &cfg, None, &mut desired, &mut seen).await;
+            let got = match end {
+                End::Removed(_) => "removed",
+                End::Refused(_) => "refused",
+                End::Transient(_) => "transient",
+                End::Lost(_) => "lost",
+            };
+            assert_eq!(got, want);
+        }
+        let gone = format!("unix:{}", dir.path().join("nobody.sock").display());
+        let end = one_session(&gone, &cfg, None, &mut desired, &mut seen).await;
+        assert!(matches!(end, End::Lost(_)), "{end:?}");
+        assert_eq!(desired.revision, 7, "nothing held was dropped");
+        assert!(seen.0.is_empty(), "nothing was applied");
+    }
+}
