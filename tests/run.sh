@@ -51,7 +51,7 @@ phase "cargo build" cargo build --workspace --all-targets
 # whose figures are timings) and the failover and fault-injection tests
 # (outages measured in milliseconds). A failing pass does not stop the
 # others; the suite fails if any failed.
-alone=(vm:: failover:: faults::)
+alone=(vm:: failover:: faults:: nat::)
 skip=()
 for a in "${alone[@]}"; do skip+=(--skip "$a"); done
 failed=()

@@ -864,6 +864,7 @@ mod tests {
                     address: address.into(),
                     peer_address: "169.254.255.254".into(),
                     peer_site: "b".into(),
+                    reflectors: vec![],
                 })),
             })
         };

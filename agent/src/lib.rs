@@ -8,6 +8,7 @@
 pub mod apply;
 pub mod config;
 pub mod desired;
+pub mod discovery;
 pub mod dns;
 pub mod guard;
 pub mod identity;

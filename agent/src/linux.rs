@@ -30,6 +30,12 @@ pub struct Linux {
     plane: Plane,
     /// A health probe per WireGuard link, by link name.
     probes: HashMap<String, (crate::probe::Target, crate::probe::Prober)>,
+    /// Endpoint discovery per WireGuard link, by link name.
+    discoveries: HashMap<String, (crate::discovery::Target, crate::discovery::Discoverer)>,
+    /// This agent's controllers (host:port), a reflector for every tunnel.
+    own_reflectors: Vec<String>,
+    /// Links whose discovery could not start (said once).
+    discovery_off: std::collections::HashSet<String>,
     probe_config: crate::probe::ProbeConfig,
     /// Signalled when a tunnel goes up or down.
     tunnel_changed: Arc<tokio::sync::Notify>,
@@ -76,6 +82,9 @@ impl Linux {
                 underlay: None,
             },
             probes: Default::default(),
+            discoveries: Default::default(),
+            own_reflectors: Vec::new(),
+            discovery_off: Default::default(),
             probe_config: Default::default(),
             tunnel_changed: Default::default(),
             kinds: None,
@@ -93,6 +102,48 @@ impl Linux {
             _ => None,
         };
         self
+    }
+
+    /// Sets this agent's controllers (https://host:port), which every
+    /// tunnel's endpoint discovery also asks.
+    pub fn with_controllers(mut self, controllers: &[String]) -> Linux {
+        self.own_reflectors = controllers
+            .iter()
+            .map(|c| c.trim_start_matches("https://").trim_end_matches('/').to_string())
+            .collect();
+        self
+    }
+
+    /// Keeps endpoint discovery running for WireGuard link `l`.
+    fn ensure_discovery(&mut self, l: &pb::Link, w: &pb::Wireguard) -> Result<(), String> {
+        let Ok(port) = u16::try_from(w.listen_port) else {
+            self.discoveries.remove(&l.name);
+            return Ok(());
+        };
+        let mut reflectors = w.reflectors.clone();
+        reflectors.extend(self.own_reflectors.iter().cloned());
+        let target = crate::discovery::Target {
+            port,
+            reflectors,
+            underlay: self.plane.underlay,
+        };
+        if self.discoveries.get(&l.name).is_some_and(|(t, _)| *t == target) {
+            return Ok(());
+        }
+        self.discoveries.remove(&l.name);
+        let notify = self.tunnel_changed.clone();
+        match crate::discovery::start(target.clone(), move || notify.notify_one()) {
+            Ok(d) => {
+                self.discoveries.insert(l.name.clone(), (target, d));
+            }
+            // Without it the tunnel works as before (a peer with an
+            // endpoint serves it); said once per link, not per apply.
+            Err(e) if self.discovery_off.insert(l.name.clone()) => {
+                tracing::warn!(link = %l.name, error = %e, "no endpoint discovery: peers behind NAT cannot hole-punch to this gateway");
+            }
+            Err(_) => {}
+        }
+        Ok(())
     }
 
     /// Sets the health probes' interval and miss threshold (for tunnels
@@ -194,13 +245,17 @@ impl Applier for Linux {
             })
             .collect();
         self.probes.retain(|name, _| links.contains_key(name));
+        self.discoveries.retain(|name, _| links.contains_key(name));
         for (name, (l, w)) in &links {
             let present = self.plane.wg.has(name);
             if !present {
                 continue;
             }
             let mtu = out.mtus.get(name).copied().unwrap_or(l.mtu);
-            if let Err(e) = self.ensure_probe(l, w, mtu, out.fresh_wireguard.contains(name)) {
+            let started = self
+                .ensure_probe(l, w, mtu, out.fresh_wireguard.contains(name))
+                .and_then(|()| self.ensure_discovery(l, w));
+            if let Err(e) = started {
                 let id = fin
                     .values()
                     .find(|o| matches!(&o.kind, Some(Kind::Link(x)) if x.name == *name));
@@ -236,7 +291,15 @@ impl Applier for Linux {
             if let Some(std::net::SocketAddr::V4(ep)) = stats.endpoint {
                 *prober.mtu_target.lock().unwrap() = Some(*ep.ip());
             }
+            let found = self
+                .discoveries
+                .get(link)
+                .and_then(|(_, d)| d.found.lock().unwrap().clone())
+                .unwrap_or_default();
             out.push(pb::TunnelStatus {
+                candidates: found.candidates,
+                nat: found.nat,
+                path: String::new(),
                 rx_packets: h.packets.0,
                 dropped_from_tunnel: h.dropped,
                 tx_packets: h.packets.1,

@@ -43,12 +43,23 @@ pub struct AgentMetrics {
     /// Nodes: DNS queries by outcome (answered, dropped: not a query,
     /// limited: over the rate limits).
     pub dns_queries: Family<Labels, Counter>,
+    /// Gateways: endpoint discovery datagrams by outcome (answered: an
+    /// answer taken; ignored: from an address not probed, or with a nonce
+    /// not sent; unanswered: a probe without an answer in time).
+    pub discovery: Family<Labels, Counter>,
 }
 
 impl AgentMetrics {
     /// One datagram to the DNS responder: "answered", "dropped" or "limited".
     pub fn dns(&self, outcome: &str) {
         self.dns_queries
+            .get_or_create(&vec![("outcome".to_string(), outcome.to_string())])
+            .inc();
+    }
+
+    /// One endpoint discovery outcome: "answered", "ignored", "unanswered".
+    pub fn discovery(&self, outcome: &str) {
+        self.discovery
             .get_or_create(&vec![("outcome".to_string(), outcome.to_string())])
             .inc();
     }
@@ -84,6 +95,7 @@ pub fn get() -> &'static AgentMetrics {
             node_accounting: Default::default(),
             traffic: Mutex::new(Vec::new()),
             dns_queries: Family::default(),
+            discovery: Family::default(),
         };
         r.register(
             "weft_agent_reconcile_duration_seconds",
@@ -129,6 +141,11 @@ pub fn get() -> &'static AgentMetrics {
             "weft_node_dns_queries",
             "Datagrams to the node's DNS responder by outcome (answered, dropped: not a query, limited: over the rate limits)",
             m.dns_queries.clone(),
+        );
+        r.register(
+            "weft_gateway_discovery_datagrams",
+            "Endpoint discovery by outcome (answered; ignored: a forged or stray answer; unanswered: a probe without answer)",
+            m.discovery.clone(),
         );
         r.register_collector(Box::new(Snapshot(|f: &mut Families| {
             let m = get();

@@ -132,7 +132,8 @@ fn applier_for(cfg: &AgentConfig, wg_key: Option<String>) -> anyhow::Result<Box<
         Box::new(Guarded::new(
             crate::linux::Linux::new(wg_key, cfg.wireguard.clone())?
                 .with_probes(cfg.probe)
-                .with_underlay(cfg.underlay_ip),
+                .with_underlay(cfg.underlay_ip)
+                .with_controllers(&cfg.controllers),
             guard,
         ))
     })

@@ -5,6 +5,7 @@
 //!
 //! A leaf: it knows the API's messages and nothing else of weft.
 
+pub mod discovery;
 pub mod fs;
 pub mod icmp;
 pub mod obs;

@@ -383,6 +383,57 @@ fn tunnel_checks(
     }
 }
 
+/// How the peering's tunnel gets through: directly, hole-punched, or not
+/// yet, and then why and what would fix it.
+fn path_check(
+    site: &crate::domain::Site,
+    p: &crate::domain::Peering,
+    local: &[pb::GatewayInfo],
+    up: bool,
+) -> pb::Check {
+    let subject = format!("peering/{}", p.site_id);
+    let path = weft_core::peer::tunnel_path(p, local, up);
+    let own = local.iter().find(|g| g.active).or(local.first());
+    let peer = p
+        .remote
+        .as_ref()
+        .and_then(|r| r.gateways.iter().find(|g| g.active).or(r.gateways.first()));
+    let nat_of = |n: Option<&str>| match n {
+        Some("") | None => "not probed yet".to_string(),
+        Some(n) => n.to_string(),
+    };
+    let own_nat = nat_of(own.map(|g| g.nat.as_str()));
+    let peer_nat = nat_of(peer.and_then(|g| g.nat.map(|b| b.as_str())));
+    match path {
+        "direct" => pass("path", subject, "direct: a gateway has a reachable endpoint".into()),
+        "hole-punched" => pass(
+            "path",
+            subject,
+            format!(
+                "hole-punched: both gateways behind NAT (this side: {own_nat}; the peer: {peer_nat}), both send at once"
+            ),
+        ),
+        _ => {
+            let gw = own.map(|g| g.name.as_str()).unwrap_or("the active gateway");
+            check(
+                "path",
+                subject,
+                pb::CheckResult::Warn,
+                format!(
+                    "no direct path yet: neither side has a gateway endpoint, and hole punching needs NAT that keeps one \
+                     outside port for every destination (this side's NAT: {own_nat}; the peer's: {peer_nat}); an \
+                     endpoint-dependent NAT gives a new port per destination"
+                ),
+                &format!(
+                    "forward UDP {} on this site's router to gateway {gw} and give it --endpoint ROUTER_ADDRESS:{} \
+                     (or have the peer do the same)",
+                    site.wireguard_ports, site.wireguard_ports.first
+                ),
+            )
+        }
+    }
+}
+
 /// Runs every check.
 pub async fn run(
     state: &State,
@@ -436,8 +487,11 @@ pub async fn run(
             &mut out,
         );
     }
+    let local = crate::federation::LocalGateways::of(&hub.model());
     for p in &peerings {
         tunnel_checks(&site, p, hub.tunnel(&p.site_id), &mut out);
+        let up = hub.tunnel(&p.site_id).is_some_and(|t| t.up);
+        out.push(path_check(&site, p, &local.for_port(&site, p.listen_port), up));
         let subject = format!("peering/{}", p.site_id);
         let Some(remote) = &p.remote else { continue };
         out.push(clock_check(subject, fed.clock_skew(remote).await));

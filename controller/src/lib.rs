@@ -22,6 +22,7 @@ pub mod hub;
 pub mod leader;
 pub mod metrics;
 pub mod pki;
+pub mod reflector;
 pub mod refused;
 pub mod server;
 pub mod state;

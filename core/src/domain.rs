@@ -185,6 +185,10 @@ pub struct Gateway {
     /// it sends is taken as is.
     #[serde(default)]
     pub key_from_enrollment: bool,
+    /// What its endpoint discovery found, per peering's UDP port (as its
+    /// agent last reported; written only when it changes).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub discovered: std::collections::BTreeMap<u16, crate::nat::Discovered>,
 }
 
 /// One certificate issued to an agent.
@@ -386,6 +390,13 @@ pub struct RemoteGateway {
     /// Carries the peer's traffic now (false: a standby).
     #[serde(default)]
     pub active: bool,
+    /// Where else its tunnel socket for this peering may be reached
+    /// (configured and reflexive; checked, see `nat::candidates`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub candidates: Vec<crate::nat::Candidate>,
+    /// Its NAT as its endpoint discovery observed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nat: Option<crate::nat::Behaviour>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

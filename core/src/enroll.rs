@@ -344,6 +344,7 @@ mod tests {
             enrolled_at_ms: 0,
             pending_public_key: None,
             key_from_enrollment: false,
+            discovered: Default::default(),
         };
         assert_eq!(admit_gateway(&open, None, "gw", None, NOW), Ok(()));
         assert!(matches!(

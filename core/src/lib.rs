@@ -8,5 +8,6 @@ pub mod domain;
 pub mod enroll;
 pub mod ipam;
 pub mod names;
+pub mod nat;
 pub mod peer;
 pub mod render;

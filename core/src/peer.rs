@@ -56,11 +56,17 @@ pub fn remote_gateway(i: usize, g: &pb::GatewayInfo) -> Result<RemoteGateway, St
             ));
         }
     };
+    // Checked against this site's hosts where the peering is planned
+    // (`nat::candidates` again, with them); here the shape.
+    let candidates = crate::nat::candidates(&format!("gateways[{i}].candidates"), &g.candidates, &[])?;
+    let nat = crate::nat::Behaviour::parse(&g.nat).map_err(|m| format!("gateways[{i}].nat: {m}"))?;
     Ok(RemoteGateway {
         name: g.name.clone(),
         endpoint,
         public_key,
         active: g.active,
+        candidates,
+        nat,
     })
 }
 
@@ -195,6 +201,80 @@ pub fn remote_site(
     })
 }
 
+/// The address to send a peer gateway's tunnel traffic to: its configured
+/// endpoint when it has one; else, when its NAT keeps one external port
+/// for every destination (or it has none), where a reflector saw it, so
+/// that both sides send at once and each NAT lets the other in (hole
+/// punching). None: wait for it to dial (or for a relay).
+pub fn dial_address(g: &RemoteGateway) -> Option<String> {
+    if let Some(e) = &g.endpoint {
+        return Some(e.clone());
+    }
+    let punchable = matches!(
+        g.nat,
+        Some(crate::nat::Behaviour::EndpointIndependent | crate::nat::Behaviour::None)
+    );
+    g.candidates
+        .iter()
+        .find(|c| c.kind == crate::nat::CandidateKind::Reflexive && punchable)
+        .map(|c| c.address.to_string())
+}
+
+/// The path a tunnel can take, from both sides' gateways: "direct" when one
+/// side has a configured endpoint, "hole-punched" when neither has one but
+/// one side can be dialled at a reflexive candidate, else "waiting".
+pub fn path(
+    own_has_endpoint: bool,
+    peer_active: Option<&RemoteGateway>,
+    own_nat: Option<crate::nat::Behaviour>,
+) -> &'static str {
+    let Some(g) = peer_active else { return "waiting" };
+    if own_has_endpoint || g.endpoint.is_some() {
+        return "direct";
+    }
+    let own_punchable = matches!(
+        own_nat,
+        Some(crate::nat::Behaviour::EndpointIndependent | crate::nat::Behaviour::None)
+    );
+    if dial_address(g).is_some() && own_punchable {
+        "hole-punched"
+    } else {
+        "waiting"
+    }
+}
+
+/// A gateway's NAT over all its peerings' sockets: the least permissive
+/// behaviour any of them showed (one port per destination on any socket
+/// means the NAT does that).
+pub fn gateway_behaviour(g: &crate::domain::Gateway) -> Option<crate::nat::Behaviour> {
+    use crate::nat::Behaviour::*;
+    let seen: Vec<_> = g.discovered.values().filter_map(|d| d.nat).collect();
+    [EndpointDependent, EndpointIndependent, None, Unknown]
+        .into_iter()
+        .find(|b| seen.contains(b))
+}
+
+/// The path peering `p`'s tunnel takes (see [`path`]), from this site's
+/// gateways as the peer dials them and the peer's as recorded. A hole
+/// punch is claimed only while the tunnel is up (`up`: as its gateway
+/// reports it): NAT behaviour seen through one reflector alone can be
+/// mistaken, and then the punch fails.
+pub fn tunnel_path(p: &crate::domain::Peering, local: &[pb::GatewayInfo], up: bool) -> &'static str {
+    let own = local.iter().find(|g| g.active).or(local.first());
+    let peer = p
+        .remote
+        .as_ref()
+        .and_then(|r| r.gateways.iter().find(|g| g.active).or(r.gateways.first()));
+    match path(
+        own.is_some_and(|g| !g.endpoint.is_empty()),
+        peer,
+        own.and_then(|g| crate::nat::Behaviour::parse(&g.nat).ok().flatten()),
+    ) {
+        "hole-punched" if !up => "waiting",
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use weft_proto::v1 as pb;
@@ -243,6 +323,7 @@ mod tests {
                 endpoint: gateway_endpoint.into(),
                 public_key: String::new(),
                 active: true,
+                ..Default::default()
             }],
             mtu: 0,
             endpoints: endpoints.iter().map(|e| e.to_string()).collect(),
@@ -327,5 +408,42 @@ mod tests {
         assert!(super::remote_site("pem", "fp", &peer, &lab).is_ok());
         let real = params("site-a", &["10.1.0.0/16"], "", &["192.0.2.1:7443"]);
         assert!(refused(&peer, &real).contains("endpoints[0]"));
+    }
+
+    #[test]
+    fn a_peer_is_dialled_at_its_endpoint_or_where_its_nat_lets_both_sides_in() {
+        use super::{dial_address, path};
+        let reflexive = crate::nat::Candidate {
+            address: "198.51.100.1:51820".parse().unwrap(),
+            kind: crate::nat::CandidateKind::Reflexive,
+        };
+        let mut g = crate::domain::RemoteGateway {
+            name: "gw".into(),
+            endpoint: None,
+            public_key: None,
+            active: true,
+            candidates: vec![reflexive],
+            nat: Some(crate::nat::Behaviour::EndpointIndependent),
+        };
+        assert_eq!(dial_address(&g).as_deref(), Some("198.51.100.1:51820"));
+        assert_eq!(
+            path(false, Some(&g), Some(crate::nat::Behaviour::EndpointIndependent)),
+            "hole-punched"
+        );
+        assert_eq!(
+            path(false, Some(&g), Some(crate::nat::Behaviour::EndpointDependent)),
+            "waiting"
+        );
+        g.nat = Some(crate::nat::Behaviour::EndpointDependent);
+        assert_eq!(dial_address(&g), None);
+        assert_eq!(
+            path(false, Some(&g), Some(crate::nat::Behaviour::EndpointIndependent)),
+            "waiting"
+        );
+        assert_eq!(path(true, Some(&g), None), "direct");
+        g.endpoint = Some("203.0.113.9:51820".into());
+        assert_eq!(dial_address(&g).as_deref(), Some("203.0.113.9:51820"));
+        assert_eq!(path(false, Some(&g), None), "direct");
+        assert_eq!(path(false, None, None), "waiting");
     }
 }

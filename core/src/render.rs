@@ -607,6 +607,9 @@ fn tunnel_and_veth(base: &str, site_id: &str, p: &Peering, r: &RemoteSite, ids: 
                 address: format!("{here}/30"),
                 peer_address: there.to_string(),
                 peer_site: site_id.to_string(),
+                // The peer's controllers echo where this tunnel's socket
+                // is seen from outside (endpoint discovery).
+                reflectors: r.endpoints.iter().take(crate::nat::MAX_CANDIDATES).cloned().collect(),
             })),
         }),
     )]);
@@ -796,7 +799,7 @@ fn wireguard_peers(base: &str, r: &RemoteSite, ids: &PeeringIds) -> Objects {
                 link: ids.link.clone(),
                 namespace: ids.ns.clone(),
                 public_key: g.public_key.clone().unwrap_or_default(),
-                endpoint: g.endpoint.clone().unwrap_or_default(),
+                endpoint: crate::peer::dial_address(g).unwrap_or_default(),
                 allowed_ips: allowed,
                 persistent_keepalive: 25,
             }),
@@ -928,6 +931,7 @@ mod tests {
             enrolled_at_ms: 0,
             pending_public_key: None,
             key_from_enrollment: false,
+            discovered: Default::default(),
         };
         let peering = Peering {
             site_id: "b".into(),
@@ -1051,6 +1055,8 @@ mod tests {
                 endpoint: Some("192.0.2.1:51820".into()),
                 public_key: Some("k".into()),
                 active: true,
+                candidates: vec![],
+                nat: None,
             }],
             mtu: 1420,
             endpoints: vec![],

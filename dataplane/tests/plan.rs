@@ -128,6 +128,7 @@ fn peering(port: u32, peer_key: &str) -> Vec<pb::DesiredObject> {
                     address: "169.254.100.1/30".into(),
                     peer_address: "169.254.100.2".into(),
                     peer_site: "b".into(),
+                    reflectors: vec![],
                 })),
             }),
         ),

@@ -339,6 +339,8 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
         gateway_a2: _,
         etcd_b: _,
         nat_a: _,
+        nat_b: _,
+        peered_at: _,
     } = sites::up_with(tag, a, b, opts);
     let (site_a, site_b) = (site_a.as_str(), site_b.as_str());
     weft_tests::step("workload to workload, both ways");

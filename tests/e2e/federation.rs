@@ -448,7 +448,7 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         .unwrap();
     let t = PeeringToken::decode(&token(&b, "10m")).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let join_named = |endpoint: &str, public_key: &str, mtu: u32, cidr: &str, names: Vec<pb::PublishedName>| {
+    let join_gw = |gw: pb::GatewayInfo, mtu: u32, cidr: &str, names: Vec<pb::PublishedName>| {
         rt.block_on(async {
             let ch = connect(
                 &format!("https://{}", t.endpoints[0]),
@@ -466,12 +466,7 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
                         site_id: "site-x".into(),
                         workload_cidrs: vec![cidr.into()],
                         external_cidr: "10.71.0.0/16".into(),
-                        gateways: vec![pb::GatewayInfo {
-                            name: "gw".into(),
-                            endpoint: endpoint.into(),
-                            public_key: public_key.into(),
-                            active: true,
-                        }],
+                        gateways: vec![gw],
                         mtu,
                         endpoints: vec!["127.0.0.1:1".into()],
                         names,
@@ -479,6 +474,16 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
                 })
                 .await
         })
+    };
+    let gateway = |endpoint: &str, public_key: &str| pb::GatewayInfo {
+        name: "gw".into(),
+        endpoint: endpoint.into(),
+        public_key: public_key.into(),
+        active: true,
+        ..Default::default()
+    };
+    let join_named = |endpoint: &str, public_key: &str, mtu: u32, cidr: &str, names: Vec<pb::PublishedName>| {
+        join_gw(gateway(endpoint, public_key), mtu, cidr, names)
     };
     let join_with =
         |endpoint: &str, public_key: &str, mtu: u32, cidr: &str| join_named(endpoint, public_key, mtu, cidr, vec![]);
@@ -546,6 +551,50 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
     );
     assert_eq!(revision(&b), before, "a CIDR over b's host wrote something");
     assert!(peer_names(&b).is_empty());
+
+    weft_tests::step("hostile candidate lists refused");
+    // Endpoint discovery's candidates: a peer must not point b's gateways
+    // at loopback, multicast, b's own hosts, or flood the list.
+    let cand = |a: &str| pb::Candidate {
+        address: a.into(),
+        kind: "reflexive".into(),
+    };
+    for (list, field, what) in [
+        (vec![cand("127.0.0.1:51820")], "gateways[0].candidates[0]", "loopback"),
+        (
+            vec![cand("198.51.100.7:51820"), cand("239.1.2.3:51820")],
+            "gateways[0].candidates[1]",
+            "multicast",
+        ),
+        (vec![cand("10.9.0.7:51820")], "gateways[0].candidates[0]", "node \"n1\""),
+        (
+            vec![cand("198.51.100.7:51820"); 1000],
+            "gateways[0].candidates",
+            "at most 8",
+        ),
+        (
+            vec![pb::Candidate {
+                address: "198.51.100.7:51820".into(),
+                kind: "relay; rm -rf".into(),
+            }],
+            "gateways[0].candidates[0].kind",
+            "not a candidate kind",
+        ),
+    ] {
+        let before = revision(&b);
+        let mut gw = gateway("", good_key);
+        gw.candidates = list;
+        gw.nat = "endpoint-independent".into();
+        let err = join_gw(gw, 0, "10.8.0.0/16", vec![]).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{field}: {err:?}");
+        assert!(
+            err.message().contains(field) && err.message().contains(what),
+            "{field}, {what}: {}",
+            err.message()
+        );
+        assert_eq!(revision(&b), before, "{field}: wrote something");
+        assert!(peer_names(&b).is_empty());
+    }
 
     weft_tests::step("names checked");
     // Names: a peer may name only its own addresses, as DNS labels, and

@@ -501,6 +501,7 @@ async fn a_peer_pouring_parameter_updates_is_rate_limited_and_stalls_nothing() {
             endpoint: "192.0.2.1:51820".into(),
             public_key: "hT7XTB7qgr4m+5V8gqhnNtjvNrqSqPFiCjPsXl1Oc0Q=".into(),
             active: true,
+            ..Default::default()
         }],
         mtu,
         endpoints: vec![x_addr.clone()],

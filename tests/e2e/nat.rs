@@ -89,7 +89,7 @@ fn a_site_behind_nat_without_an_endpoint_peers_directly_with_a_public_one() {
         site_a_nat: Some(Nat::EndpointIndependent),
         ..Default::default()
     };
-    let s = weft_tests::sites::up_with("nt", ("site-a", "10.1.0.0/16"), ("site-b", "10.1.0.0/16"), opts);
+    let s = weft_tests::sites::up_with("nt", ("nt-a", "10.1.0.0/16"), ("nt-b", "10.1.0.0/16"), opts);
     weft_tests::step("a's gateway has no endpoint and dials out");
     let gws = weft_tests::weftctl_json(&s.ta, &["gateways"]);
     assert_eq!(gws["gateways"][0]["endpoint"], "", "{gws}");
@@ -117,4 +117,182 @@ fn a_site_behind_nat_without_an_endpoint_peers_directly_with_a_public_one() {
     assert!(!o.status.success(), "site a's gateway was reachable from the WAN");
     let peers = weft_tests::weftctl_json(&s.tb, &["peerings"]);
     assert_eq!(peers["peerings"][0]["tunnel"]["up"], true, "{peers}");
+    assert_eq!(peers["peerings"][0]["tunnel"]["path"], "direct", "{peers}");
+    weft_tests::step("a's gateway found its NAT: one outside port for both reflectors");
+    weft_tests::eventually("a's NAT observed", std::time::Duration::from_secs(20), || {
+        let gws = weft_tests::weftctl_json(&s.ta, &["gateways"]);
+        (gws["gateways"][0]["nat"] == "endpoint-independent").then_some(())
+    });
 }
+
+/// Both sites behind endpoint-independent NAT (a home router's), neither
+/// gateway with an endpoint: each gateway learns its NAT's mapping from
+/// the controllers' reflectors, the controllers exchange it, and both
+/// gateways send to each other at once, so each NAT lets the other in.
+/// Also: a forged discovery answer changes nothing and is counted, and the
+/// tunnel comes back after both routers forget their mappings.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn two_sites_behind_endpoint_independent_nat_connect_directly_by_hole_punching() {
+    require_root();
+    weft_tests::step("sites a and b each behind a home router, peered");
+    let opts = weft_tests::sites::Opts {
+        site_a_nat: Some(Nat::EndpointIndependent),
+        site_b_nat: Some(Nat::EndpointIndependent),
+        ..Default::default()
+    };
+    let s = weft_tests::sites::up_with("nh", ("nh-a", "10.1.0.0/16"), ("nh-b", "10.1.0.0/16"), opts);
+    weft_tests::step("connected, directly, within 5 s of the peering");
+    s.reach_quickly("wa", &s.wb_from_a, std::time::Duration::from_secs(30));
+    let took = s.peered_at.elapsed();
+    println!(
+        "NAT: both sides behind endpoint-independent NAT, connected {:.2} s after the peering was created",
+        took.as_secs_f64()
+    );
+    let bound = weft_tests::pace::scaled(std::time::Duration::from_secs(5));
+    assert!(
+        took <= bound,
+        "connected after {took:?}, over {bound:?} {}",
+        weft_tests::pace::describe()
+    );
+    for (t, router) in [(&s.ta, "192.168.78.30"), (&s.tb, "192.168.78.31")] {
+        let peers = weft_tests::weftctl_json(t, &["peerings"]);
+        let p = &peers["peerings"][0];
+        assert_eq!(p["tunnel"]["path"], "hole-punched", "{peers}");
+        assert_eq!(p["tunnel"]["nat"], "endpoint-independent", "{peers}");
+        let own = p["local_gateways"][0]["candidates"].to_string();
+        assert!(
+            own.contains(&format!("{router}:51820")),
+            "its NAT's mapping, the port kept: {own}"
+        );
+        assert!(
+            !own.contains("192.168.1"),
+            "private addresses are not sent to peers: {own}"
+        );
+    }
+    let m = s.scrape("ctla");
+    assert_eq!(
+        weft_tests::sites::metric(&m, "weft_controller_peering_path", &[("path", "hole-punched")]),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        weft_tests::sites::metric(
+            &m,
+            "weft_controller_gateway_nat",
+            &[("behaviour", "endpoint-independent")]
+        ),
+        Some(1.0)
+    );
+    let nat_a = s.nat_a.as_ref().unwrap();
+
+    weft_tests::step("forged discovery answers are ignored and counted");
+    // From a's LAN, as if from a's reflector (its address and port) but
+    // with nonces a's gateway never sent, claiming another address; and
+    // from a host that is no reflector at all. A discovery round (every
+    // 5 s) is running within the 7 s they are sent for.
+    let ignored = |s: &weft_tests::sites::TwoSites| {
+        weft_tests::sites::metric(
+            &s.scrape("gwa"),
+            "weft_gateway_discovery_datagrams_total",
+            &[("outcome", "ignored")],
+        )
+        .unwrap_or(0.0)
+    };
+    let before = ignored(&s);
+    let o = s.lab.exec(
+        &s.ns["na"],
+        &[
+            "python3",
+            "-c",
+            FORGE,
+            "192.168.78.1",
+            "7443",
+            "192.168.10.10",
+            "51820",
+            "7",
+        ],
+    );
+    assert!(o.status.success(), "{}", weft_tests::stderr(&o));
+    assert!(ignored(&s) > before, "the forged answers were not counted");
+    let peers = weft_tests::weftctl_json(&s.ta, &["peerings"]);
+    let own = peers["peerings"][0]["local_gateways"][0]["candidates"].to_string();
+    assert!(!own.contains("203.0.113.66"), "a forged answer was taken: {own}");
+    assert!(own.contains("192.168.78.30:51820"), "{own}");
+
+    weft_tests::step("both routers forget their mappings: back within 5 s");
+    let translated = s.lab.nat_count(nat_a);
+    for r in ["ra", "rb"] {
+        let o = s.lab.exec(&s.lab.ns(r), &["conntrack", "-F"]);
+        assert!(o.status.success(), "conntrack -F on {r}: {}", weft_tests::stderr(&o));
+    }
+    let flushed = std::time::Instant::now();
+    s.reach_quickly("wa", &s.wb_from_a, std::time::Duration::from_secs(30));
+    s.reach_quickly("wb", &s.wa_from_b, std::time::Duration::from_secs(30));
+    let back = flushed.elapsed();
+    println!(
+        "NAT: both mappings flushed, the tunnel back in {:.2} s",
+        back.as_secs_f64()
+    );
+    assert!(back <= bound, "back after {back:?}, over {bound:?}");
+    assert!(s.lab.nat_count(nat_a) > translated, "no new mapping was made");
+}
+
+/// Both sites behind endpoint-dependent NAT (carrier-grade NAT: a new port
+/// per destination): no reflexive address works for the other side, so
+/// weft does not pretend. The gateways report the NAT, the peering's path
+/// is "waiting", and `diagnose` says why and what would fix it.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn two_sites_behind_endpoint_dependent_nat_are_told_why_direct_cannot_work() {
+    require_root();
+    let opts = weft_tests::sites::Opts {
+        site_a_nat: Some(Nat::EndpointDependent),
+        site_b_nat: Some(Nat::EndpointDependent),
+        ..Default::default()
+    };
+    weft_tests::step("sites a and b each behind carrier-grade NAT, peered");
+    let s = weft_tests::sites::up_with("nd", ("nd-a", "10.1.0.0/16"), ("nd-b", "10.1.0.0/16"), opts);
+    weft_tests::step("the NAT is observed and the path is waiting");
+    weft_tests::eventually("a's NAT observed", std::time::Duration::from_secs(20), || {
+        let gws = weft_tests::weftctl_json(&s.ta, &["gateways"]);
+        (gws["gateways"][0]["nat"] == "endpoint-dependent").then_some(())
+    });
+    weft_tests::eventually("the path", std::time::Duration::from_secs(20), || {
+        let peers = weft_tests::weftctl_json(&s.ta, &["peerings"]);
+        (peers["peerings"][0]["tunnel"]["path"] == "waiting").then_some(())
+    });
+    weft_tests::step("diagnose says why and what fixes it");
+    let o = weft_tests::run(std::process::Command::new(weft_tests::bin("weftctl")).args([
+        "--controller",
+        &s.ta,
+        "diagnose",
+    ]));
+    let text = weft_tests::stdout(&o);
+    assert!(
+        text.contains("endpoint-dependent") && text.contains("forward UDP 51820-51919"),
+        "{text}"
+    );
+}
+
+/// Sends forged discovery answers to DST:DPORT for SECONDS: half from
+/// SRC:SPORT (a reflector's address, spoofed on a raw socket) with random
+/// nonces, half from this host's own port 7443; each claims the gateway
+/// is at 203.0.113.66:666.
+const FORGE: &str = r#"
+import os, socket, struct, sys, time
+src, sport, dst, dport, secs = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+def answer():
+    return b"WEFTDSC1" + bytes([2]) + os.urandom(16) + socket.inet_aton("203.0.113.66") + struct.pack("!H", 666) + b"\0"
+raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+plain = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+plain.bind(("0.0.0.0", 7443))
+end = time.time() + secs
+while time.time() < end:
+    a = answer()
+    udp = struct.pack("!HHHH", sport, dport, 8 + len(a), 0) + a
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0, socket.inet_aton(src), socket.inet_aton(dst))
+    raw.sendto(ip + udp, (dst, 0))
+    plain.sendto(answer(), (dst, dport))
+    time.sleep(0.05)
+"#;

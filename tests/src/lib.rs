@@ -12,6 +12,7 @@ pub mod lab;
 pub mod mesh;
 pub mod netns;
 pub mod pace;
+pub mod perf;
 pub mod sim;
 pub mod sites;
 pub mod vm;

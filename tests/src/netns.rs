@@ -213,9 +213,16 @@ impl Lab {
             Nat::EndpointDependent => "masquerade random",
         };
         // Over several lines: on one, nft fails to parse `masquerade random; } }`.
+        // A home router's firewall too: from the WAN, only answers to what
+        // went out get in (to the router itself or through it), so an
+        // unasked datagram leaves no conntrack entry behind.
         let rules = format!(
             "table ip natlab {{\n  chain post {{\n    type nat hook postrouting priority 100;\n    \
-             oifname \"eth0\" ip saddr {prefix}.0/24 counter {how}\n  }}\n}}\n"
+             oifname \"eth0\" ip saddr {prefix}.0/24 counter {how}\n  }}\n  \
+             chain input {{\n    type filter hook input priority 0;\n    \
+             ct state established,related accept\n    iifname \"eth0\" counter drop\n  }}\n  \
+             chain forward {{\n    type filter hook forward priority 0;\n    \
+             ct state established,related accept\n    iifname \"eth0\" counter drop\n  }}\n}}\n"
         );
         let mut nft = Command::new("ip");
         nft.args(["netns", "exec", &router, "nft", "-f", "-"])
@@ -402,6 +409,17 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
+        if std::thread::panicking() && std::env::var_os("WEFT_LAB_LOGS").is_some() {
+            // WEFT_LAB_LOGS=1: what each process of a failed lab said last.
+            for p in self.procs.iter() {
+                let text = p.log_text();
+                let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                eprintln!("==== {} (last {} lines)", p.log.display(), tail.len());
+                for l in tail.iter().rev() {
+                    eprintln!("{l}");
+                }
+            }
+        }
         self.procs.clear(); // kills them
         self.controllers.clear();
         for ns in self.namespaces.drain(..).rev() {

@@ -23,6 +23,9 @@ pub struct TwoSites {
     pub tb: String,
     /// The gateways' process indices in `lab`.
     pub gateways: (usize, usize),
+    /// When `weftctl peering create` was run (time to connected counts
+    /// from here).
+    pub peered_at: std::time::Instant,
     /// Every agent: (process index in `lab`, host, kind, state directory).
     pub agents: Vec<(usize, &'static str, &'static str, std::path::PathBuf)>,
     pub site_a: String,
@@ -41,6 +44,8 @@ pub struct TwoSites {
     pub etcd_b: Option<usize>,
     /// Site a's private LAN and its router, when it is behind NAT.
     pub nat_a: Option<crate::netns::NatLan>,
+    /// Site b's, when it is.
+    pub nat_b: Option<crate::netns::NatLan>,
 }
 
 /// Two sites, each a controller, a gateway and two nodes in namespaces on
@@ -84,6 +89,9 @@ pub struct Opts {
     /// behind a NAT router (router `ra`, 192.168.78.30 on the WAN), its
     /// gateway with no `--endpoint`; its controller stays on the WAN.
     pub site_a_nat: Option<crate::netns::Nat>,
+    /// The same for site b: a private LAN 192.168.11.0/24 behind router
+    /// `rb` (192.168.78.31).
+    pub site_b_nat: Option<crate::netns::Nat>,
 }
 
 pub use crate::lab::{AGENT_METRICS_PORT, CONTROLLER_METRICS_PORT};
@@ -103,8 +111,9 @@ const SITE_B: [(&str, &str, &str); 4] = [
     ("nb2", "192.168.78.22", "nb2"),
 ];
 
-/// Site a's private LAN when it is behind NAT.
-const NAT_LAN: &str = "192.168.10";
+/// Site a's and site b's private LANs when they are behind NAT.
+const NAT_LAN_A: &str = "192.168.10";
+const NAT_LAN_B: &str = "192.168.11";
 
 /// A site-a host's last octet, also on the private LAN behind NAT.
 fn behind_nat(wan_ip: &str) -> u8 {
@@ -129,22 +138,29 @@ fn placement(pod_a: &str, pod_b: &str) -> [(&'static str, &'static str, String);
 }
 
 /// Every host of a two-site lab, plugged into the WAN, with the workloads
-/// behind their nodes: host name → namespace, and site a's private LAN
-/// when it is behind NAT.
+/// behind their nodes: host name → namespace, and the sites' private LANs
+/// when they are behind NAT.
+type NatLans = (Option<crate::netns::NatLan>, Option<crate::netns::NatLan>);
 fn hosts(
     lab: &mut Lab,
     opts: &Opts,
     placement: &[(&'static str, &'static str, String)],
-) -> (HashMap<&'static str, String>, Option<crate::netns::NatLan>) {
+) -> (HashMap<&'static str, String>, NatLans) {
     lab.lan();
     let mut ns: HashMap<&'static str, String> = placement.iter().map(|p| (p.1, lab.host(p.1))).collect();
-    let nat = opts
+    let nat_a = opts
         .site_a_nat
-        .map(|n| lab.nat_lan("ra", "192.168.78.30/24", NAT_LAN, n));
+        .map(|n| lab.nat_lan("ra", "192.168.78.30/24", NAT_LAN_A, n));
+    let nat_b = opts
+        .site_b_nat
+        .map(|n| lab.nat_lan("rb", "192.168.78.31/24", NAT_LAN_B, n));
     for (h, ip, _) in SITE_A.iter().chain(&SITE_B) {
         ns.insert(h, lab.host(h));
-        match &nat {
-            Some(lan) if SITE_A[1..].iter().any(|a| a.0 == *h) => {
+        match (&nat_a, &nat_b) {
+            (Some(lan), _) if SITE_A[1..].iter().any(|a| a.0 == *h) => {
+                lab.plug_behind(lan, &ns[h], behind_nat(ip));
+            }
+            (_, Some(lan)) if SITE_B[1..].iter().any(|b| b.0 == *h) => {
                 lab.plug_behind(lan, &ns[h], behind_nat(ip));
             }
             _ => lab.plug(&ns[h], &format!("{ip}/24")),
@@ -163,7 +179,7 @@ fn hosts(
     for (node, wl, sub) in placement {
         lab.workload(&ns[node], &ns[wl], sub);
     }
-    (ns, nat)
+    (ns, (nat_a, nat_b))
 }
 
 /// What one site of a two-site lab is: its controller (on etcd or not),
@@ -176,8 +192,8 @@ struct Plan<'a> {
     wireguard: Option<&'a str>,
     second_gateway: bool,
     tunnel_mtu: Option<u32>,
-    /// Its gateway and nodes are behind NAT.
-    behind_nat: bool,
+    /// Its gateway and nodes are on this private LAN, behind NAT.
+    behind_nat: Option<&'static str>,
 }
 
 fn site_spec(plan: Plan, opts: &Opts, ns: &HashMap<&'static str, String>, dir: &std::path::Path) -> SiteSpec {
@@ -199,14 +215,14 @@ fn site_spec(plan: Plan, opts: &Opts, ns: &HashMap<&'static str, String>, dir: &
         .zip([None, Some(0), Some(1)])
         .map(|((h, ip, name), n)| {
             let ip = match plan.behind_nat {
-                true => format!("{NAT_LAN}.{}", behind_nat(ip)),
-                false => ip.to_string(),
+                Some(lan) => format!("{lan}.{}", behind_nat(ip)),
+                None => ip.to_string(),
             };
             let mut a = match n {
                 None => AgentSpec::gateway(name, &ns[h], &ip),
                 Some(n) => AgentSpec::node(name, &ns[h], &ip, &format!("{}.0/24", nth(plan.pod, n))),
             };
-            a.endpoint = !plan.behind_nat;
+            a.endpoint = plan.behind_nat.is_none();
             a
         })
         .collect();
@@ -243,7 +259,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
     let dir = tempfile::Builder::new().prefix("weft-dp").tempdir().unwrap();
     let mut lab = Lab::new(tag);
     let placement = placement(pod_a, pod_b);
-    let (ns, nat_a) = hosts(&mut lab, &opts, &placement);
+    let (ns, (nat_a, nat_b)) = hosts(&mut lab, &opts, &placement);
     // The gateways create these; the lab deletes them at the end whatever happens.
     lab.adopt(&weft_controller::render::peering_namespace(site_a, site_b));
     lab.adopt(&weft_controller::render::peering_namespace(site_b, site_a));
@@ -265,7 +281,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         wireguard: opts.wireguard_a,
         second_gateway: opts.second_gateway_a,
         tunnel_mtu: opts.site_a_tunnel,
-        behind_nat: opts.site_a_nat.is_some(),
+        behind_nat: opts.site_a_nat.map(|_| NAT_LAN_A),
     };
     let plan_b = Plan {
         site: site_b,
@@ -275,7 +291,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         wireguard: opts.wireguard_b,
         second_gateway: false,
         tunnel_mtu: None,
-        behind_nat: false,
+        behind_nat: opts.site_b_nat.map(|_| NAT_LAN_B),
     };
     let spec_a = site_spec(plan_a, &opts, &ns, dir.path());
     let spec_b = site_spec(plan_b, &opts, &ns, dir.path());
@@ -315,6 +331,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
     agents.sort_by_key(|a| (a.2 != "gateway", a.0));
     let (pa, pb) = (agents[0].0, agents[1].0);
 
+    let peered_at = std::time::Instant::now();
     let ns_a = peer(&lab, &ns, &ta, &tb, site_a, site_b);
     let workloads = views(&placement, (&ta, site_a), (&tb, site_b));
     let (wb_from_a, wa_from_b) = (workloads[2].2.clone(), workloads[0].2.clone());
@@ -325,6 +342,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         ta,
         tb,
         gateways: (pa, pb),
+        peered_at,
         agents,
         site_a: site_a.to_string(),
         site_b: site_b.to_string(),
@@ -335,6 +353,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         gateway_a2,
         etcd_b,
         nat_a,
+        nat_b,
     }
 }
 
@@ -490,6 +509,25 @@ pub fn until_wa_reaches_wb(s: &TwoSites) {
             .success()
             .then_some(())
     });
+}
+
+impl TwoSites {
+    /// Pings `to` from host `from` every 100 ms until one is answered;
+    /// panics when `within` passes first.
+    pub fn reach_quickly(&self, from: &str, to: &str, within: Duration) {
+        let end = std::time::Instant::now() + within;
+        loop {
+            let o = self.lab.exec(&self.ns[from], &["ping", "-c", "1", "-W", "0.2", to]);
+            if o.status.success() {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < end,
+                "{from} did not reach {to} within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 /// Times (s) of the answered pings in a `ping -D` log.

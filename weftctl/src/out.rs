@@ -222,7 +222,17 @@ pub fn view_json(v: &pb::CidrView) -> Value {
 
 /// A gateway as one peering sees it, for `--output json`.
 pub fn gateway_info_json(g: &pb::GatewayInfo) -> serde_json::Value {
-    json!({"name": g.name, "endpoint": g.endpoint, "public_key": g.public_key, "active": g.active})
+    json!({"name": g.name, "endpoint": g.endpoint, "public_key": g.public_key, "active": g.active,
+        "candidates": g.candidates.iter().map(|c| json!({"address": c.address, "kind": c.kind})).collect::<Vec<_>>(),
+        "nat": g.nat})
+}
+
+/// A tunnel's path ("direct", "hole-punched", "waiting"), or "-".
+pub fn path_cell(t: Option<&pb::TunnelStatus>) -> String {
+    match t.map(|t| t.path.as_str()) {
+        Some("") | None => "-".into(),
+        Some(p) => p.into(),
+    }
 }
 
 /// A table as text, columns aligned.

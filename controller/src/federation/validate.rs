@@ -22,20 +22,47 @@ impl LocalGateways {
     }
 
     /// Each gateway with the endpoint a peer dials for the peering whose
-    /// tunnel listens on `port`.
+    /// tunnel listens on `port`, and what its endpoint discovery found for
+    /// that port (configured and reflexive candidates: a gateway's own
+    /// underlay address means nothing to a peer).
     pub fn for_port(&self, site: &crate::domain::Site, port: u16) -> Vec<pb::GatewayInfo> {
+        use weft_core::nat::CandidateKind;
         self.gateways
             .iter()
-            .map(|g| pb::GatewayInfo {
-                name: g.name.clone(),
-                endpoint: g
+            .map(|g| {
+                let endpoint = g
                     .endpoint
                     .as_deref()
                     .and_then(|e| site.peering_endpoint(e, port))
                     .map(|e| e.to_string())
-                    .unwrap_or_default(),
-                public_key: g.public_key.clone().unwrap_or_default(),
-                active: self.active.as_ref() == Some(&g.name),
+                    .unwrap_or_default();
+                let found = g.discovered.get(&port);
+                let mut candidates: Vec<pb::Candidate> = Vec::new();
+                if let Ok(a) = endpoint.parse::<std::net::SocketAddrV4>() {
+                    candidates.push(pb::Candidate {
+                        address: a.to_string(),
+                        kind: CandidateKind::Configured.as_str().into(),
+                    });
+                }
+                for c in found.iter().flat_map(|d| &d.candidates) {
+                    if c.kind == CandidateKind::Reflexive
+                        && !candidates.iter().any(|x| x.address == c.address.to_string())
+                    {
+                        candidates.push(c.to_pb());
+                    }
+                }
+                candidates.truncate(weft_core::nat::MAX_CANDIDATES);
+                pb::GatewayInfo {
+                    name: g.name.clone(),
+                    endpoint,
+                    public_key: g.public_key.clone().unwrap_or_default(),
+                    active: self.active.as_ref() == Some(&g.name),
+                    candidates,
+                    nat: found
+                        .and_then(|d| d.nat)
+                        .map(|b| b.as_str().to_string())
+                        .unwrap_or_default(),
+                }
             })
             .collect()
     }

@@ -76,6 +76,48 @@ impl AgentApi {
                 PkiError::Issue(m) => Error::FailedPrecondition(m),
             })
     }
+
+    /// Records what the gateway's endpoint discovery found, per peering
+    /// port, when it changed. A tunnel whose candidates do not pass the
+    /// checks records nothing (and is logged): a gateway's report is
+    /// checked like a peer's parameters.
+    async fn record_discovery(&self, name: &str, tunnels: &[pb::TunnelStatus]) -> Result<(), Status> {
+        let model = self.hub.model();
+        let Some(g) = model.gateways.get(name) else {
+            return Ok(());
+        };
+        // What was recorded stays until a report says otherwise (a gateway
+        // that restarted reports its tunnels before it probed again); a
+        // port no peering listens on any more goes.
+        let mut found: std::collections::BTreeMap<u16, weft_core::nat::Discovered> = g
+            .discovered
+            .iter()
+            .filter(|(port, _)| model.peerings.values().any(|p| p.listen_port == **port))
+            .map(|(port, d)| (*port, d.clone()))
+            .collect();
+        for t in tunnels {
+            let Some(p) = model.peerings.get(&t.peer_site) else {
+                continue;
+            };
+            let nat = weft_core::nat::Behaviour::parse(&t.nat);
+            match (
+                weft_core::nat::candidates("tunnels.candidates", &t.candidates, &[]),
+                nat,
+            ) {
+                (Ok(candidates), Ok(nat)) if !candidates.is_empty() || nat.is_some() => {
+                    found.insert(p.listen_port, weft_core::nat::Discovered { candidates, nat });
+                }
+                (Ok(_), Ok(_)) => {}
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::warn!(gateway = name, peer = %t.peer_site, error = %e, "endpoint discovery report refused");
+                }
+            }
+        }
+        if found != g.discovered {
+            self.state.set_discovered(name, found).await?;
+        }
+        Ok(())
+    }
 }
 
 fn check_csr(csr: &str) -> Result<(), Status> {
@@ -295,16 +337,18 @@ impl AgentService for AgentApi {
             h.wireguard_reason = clip(&h.wireguard_reason);
         }
         if role == AgentRole::Gateway {
-            let tunnels = r
+            let tunnels: Vec<pb::TunnelStatus> = r
                 .tunnels
                 .into_iter()
                 .take(MAX_REPORTED_TUNNELS)
                 .map(|mut t| {
                     t.peer_site = clip(&t.peer_site);
                     t.link = clip(&t.link);
+                    t.path.clear();
                     t
                 })
                 .collect();
+            self.record_discovery(&id.name, &tunnels).await?;
             self.hub.report_tunnels(&id.name, tunnels);
         }
         self.hub

@@ -64,6 +64,21 @@ pub fn gateway(g: &Gateway) -> pb::Gateway {
         active: false,
         pending_public_key: g.pending_public_key.clone().unwrap_or_default(),
         identity_conflict: g.identity_conflict.as_ref().map(|c| c.to_string()).unwrap_or_default(),
+        nat: weft_core::peer::gateway_behaviour(g)
+            .map(|b| b.as_str().to_string())
+            .unwrap_or_default(),
+    }
+}
+
+/// A peer gateway as this site records it, for the admin.
+pub fn remote_gateway(g: &crate::domain::RemoteGateway) -> pb::GatewayInfo {
+    pb::GatewayInfo {
+        name: g.name.clone(),
+        endpoint: g.endpoint.clone().unwrap_or_default(),
+        public_key: g.public_key.clone().unwrap_or_default(),
+        active: g.active,
+        candidates: g.candidates.iter().map(|c| c.to_pb()).collect(),
+        nat: g.nat.map(|b| b.as_str().to_string()).unwrap_or_default(),
     }
 }
 
@@ -119,17 +134,7 @@ pub fn peering(p: &Peering) -> pb::Peering {
             .unwrap_or_default(),
         pending_since: p.pending.as_ref().and_then(|q| ts(q.received_at_ms)),
         local_gateways: vec![],
-        remote_gateways: p
-            .remote
-            .iter()
-            .flat_map(|r| &r.gateways)
-            .map(|g| pb::GatewayInfo {
-                name: g.name.clone(),
-                endpoint: g.endpoint.clone().unwrap_or_default(),
-                public_key: g.public_key.clone().unwrap_or_default(),
-                active: g.active,
-            })
-            .collect(),
+        remote_gateways: p.remote.iter().flat_map(|r| &r.gateways).map(remote_gateway).collect(),
     }
 }
 

@@ -187,6 +187,8 @@ struct Background {
     conflicts: tokio::task::JoinHandle<()>,
     chooser: tokio::task::JoinHandle<()>,
     peer_sync: tokio::task::JoinHandle<()>,
+    /// The endpoint discovery reflector (UDP on the gRPC address).
+    reflector: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Background {
@@ -227,6 +229,7 @@ impl Background {
             conflicts,
             chooser,
             peer_sync,
+            reflector: None,
         }
     }
 
@@ -234,6 +237,9 @@ impl Background {
         self.revocations.abort();
         self.conflicts.abort();
         self.peer_sync.abort();
+        if let Some(r) = self.reflector {
+            r.abort();
+        }
         // Ends the campaign too (it stops once nobody listens), which gives
         // up the leadership at once instead of at the end of its lease.
         self.chooser.abort();
@@ -389,7 +395,8 @@ async fn prepare(cfg: &ControllerConfig) -> anyhow::Result<Prepared> {
             .with_context(|| format!("cannot serve metrics on {addr} (--metrics-listen)"))?;
     }
     let ca_not_after_ms = not_after_ms(&ca.der);
-    let background = Background::start(&state, &auth, &hub, &fed, leader);
+    let mut background = Background::start(&state, &auth, &hub, &fed, leader);
+    background.reflector = crate::reflector::start(bound.listen);
     Ok(Prepared {
         state,
         auth,

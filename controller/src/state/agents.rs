@@ -319,6 +319,7 @@ impl State {
                     enrolled_at_ms: 0,
                     pending_public_key: None,
                     key_from_enrollment: true,
+                    discovered: Default::default(),
                 },
                 Compare::Version(key.clone(), 0),
             ),

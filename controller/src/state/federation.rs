@@ -385,8 +385,14 @@ impl State {
                 .and_then(|()| ipam::check_private(CidrKind::External, &c, &site.peer_public_cidrs))
                 .map_err(|e| Error::InvalidArgument(format!("external_cidr: {e}")))?;
         }
+        let hosts = snap.host_addresses(site);
+        // A peer must not point this site's gateways at this site's hosts.
+        for (i, g) in remote.gateways.iter().enumerate() {
+            let listed: Vec<weft_proto::v1::Candidate> = g.candidates.iter().map(|c| c.to_pb()).collect();
+            weft_core::nat::candidates(&format!("gateways[{i}].candidates"), &listed, &hosts)
+                .map_err(Error::InvalidArgument)?;
+        }
         if site.underlay_overlap == crate::domain::UnderlayOverlap::Refuse {
-            let hosts = snap.host_addresses(site);
             for (i, c) in remote.workload_cidrs.iter().enumerate() {
                 if let Some((ip, who)) = hosts.iter().find(|(ip, _)| c.contains(ip)) {
                     return Err(over_host(&format!("workload_cidrs[{i}]"), c, ip, who, &site.id));
@@ -501,6 +507,37 @@ impl State {
             if self.store.txn(txn).await?.succeeded {
                 tracing::info!(gateway = name, "the admin accepted the gateway's new WireGuard key");
                 return Ok(g);
+            }
+        }
+        Err(Error::Aborted("the gateway's record kept changing; retry".into()))
+    }
+
+    /// Records what gateway `name`'s endpoint discovery found, per
+    /// peering port (a write only when it changed, which sends the peers
+    /// its new candidates).
+    pub async fn set_discovered(
+        &self,
+        name: &str,
+        discovered: std::collections::BTreeMap<u16, weft_core::nat::Discovered>,
+    ) -> Result<(), Error> {
+        let key = self.at(Key::Gateway(name));
+        for _ in 0..super::MAX_ATTEMPTS {
+            let Some(kv) = self.store.get(&key).await? else {
+                return Err(Error::Unauthenticated(format!(
+                    "{name:?} has been removed; enroll it again"
+                )));
+            };
+            let mut g: crate::domain::Gateway = super::decode(&kv)?;
+            if g.discovered == discovered {
+                return Ok(());
+            }
+            g.discovered = discovered.clone();
+            let txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), kv.mod_revision))
+                .then(Op::put(key.clone(), encode(&g)));
+            if self.store.txn(txn).await?.succeeded {
+                tracing::info!(gateway = name, ?discovered, "endpoint discovery changed");
+                return Ok(());
             }
         }
         Err(Error::Aborted("the gateway's record kept changing; retry".into()))

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use weft_tests::netns::{Lab, must};
+use weft_tests::perf::median;
 use weft_tests::{Proc, eventually, sites};
 
 #[derive(Parser, Debug)]
@@ -63,26 +64,9 @@ struct End {
     allowed: String,
 }
 
-/// Receiver-side throughput in Gbit/s of one iperf3 run from namespace
-/// `client` to `server_ip` (a server in `server`).
+/// One iperf3 run of `args.seconds` (see `weft_tests::perf::iperf`).
 fn iperf(lab: &mut Lab, log: &Path, server: &str, client: &str, server_ip: &str, args: &Args) -> f64 {
-    let i = lab.spawn(server, Path::new("/usr/bin/iperf3"), &["-s", "-1"], log);
-    std::thread::sleep(Duration::from_millis(300));
-    let o = must(
-        lab.exec(
-            client,
-            &["iperf3", "-c", server_ip, "-t", &args.seconds.to_string(), "-J"],
-        ),
-        "iperf3 client",
-    );
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("iperf3 -J output");
-    lab.proc(i).wait_exit(Duration::from_secs(5));
-    v["end"]["sum_received"]["bits_per_second"].as_f64().unwrap() / 1e9
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    weft_tests::perf::iperf(lab, log, server, client, server_ip, args.seconds)
 }
 
 /// Two namespaces joined by a veth pair: x = 10.99.0.1, y = 10.99.0.2.

@@ -19,7 +19,7 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
             json: json!({"gateways": r.gateways.iter().map(|g| json!({
             "name": g.name, "endpoint": g.endpoint, "public_key": g.public_key, "created_at": ts(&g.created_at),
             "cert_expires_at": ts(&g.cert_expires_at), "internal_ip": g.internal_ip, "underlay_ip": g.underlay_ip, "geneve": g.geneve, "active": g.active,
-            "pending_public_key": g.pending_public_key, "identity_conflict": g.identity_conflict,
+            "pending_public_key": g.pending_public_key, "identity_conflict": g.identity_conflict, "nat": g.nat,
             "wireguard": g.status.as_ref().and_then(|s| s.host.as_ref()).map(|h| h.wireguard.clone()).unwrap_or_default(),
             "status": status_json(&g.status),
         })).collect::<Vec<_>>(), "revision": r.revision}),
@@ -27,6 +27,7 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                 "NAME",
                 "UNDERLAY",
                 "ENDPOINT",
+                "NAT",
                 "INTERNAL",
                 "WIREGUARD",
                 "READY",
@@ -51,6 +52,7 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                         g.name.clone(),
                         g.underlay_ip.clone(),
                         endpoint,
+                        if g.nat.is_empty() { "-".into() } else { g.nat.clone() },
                         g.internal_ip.clone(),
                         wireguard,
                     ];

@@ -27,11 +27,11 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                 .find(|g| g.active && !g.endpoint.is_empty())
                 .or_else(|| p.remote_gateways.iter().find(|g| !g.endpoint.is_empty()))
                 .map_or_else(|| "-".to_string(), |g| g.endpoint.clone());
-            let mut reach = vec![p.listen_port.to_string(), dials];
+            let mut reach = vec![p.listen_port.to_string(), dials, path_cell(p.tunnel.as_ref())];
             for v in &p.views {
                 let mut row = vec![p.site_id.clone(), peering_state(p.state), p.tunnel_role.clone()];
                 row.append(&mut reach);
-                reach = vec![String::new(); 2];
+                reach = vec![String::new(); 3];
                 row.append(&mut health);
                 health = vec![String::new(); 5];
                 row.extend([
@@ -62,7 +62,8 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                     "last_handshake": ts(&t.last_handshake), "rx_bytes": t.rx_bytes, "tx_bytes": t.tx_bytes,
                     "probes_sent": t.probes_sent, "probes_lost": t.probes_lost, "link": t.link,
                     "gateway": t.gateway, "reported_at": ts(&t.reported_at),
-                    "dropped_from_tunnel": t.dropped_from_tunnel,
+                    "dropped_from_tunnel": t.dropped_from_tunnel, "path": t.path, "nat": t.nat,
+                    "candidates": t.candidates.iter().map(|c| json!({"address": c.address, "kind": c.kind})).collect::<Vec<_>>(),
                 })),
             })).collect::<Vec<_>>(), "revision": r.revision,
                 "refused_joins": r.refused_joins.iter().map(refused_json).collect::<Vec<_>>(),
@@ -73,6 +74,7 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                 "ROLE",
                 "PORT",
                 "DIALS",
+                "PATH",
                 "TUNNEL",
                 "RTT",
                 "HANDSHAKE",

@@ -123,6 +123,7 @@ pub async fn run(c: &mut Client) -> Result<Out, String> {
                 p.site_id.clone(),
                 peering_state(p.state),
                 tunnel_state(p.tunnel.as_ref()).into(),
+                path_cell(p.tunnel.as_ref()),
                 rtt(p.tunnel.as_ref()),
                 views.join(" "),
                 if p.last_error.is_empty() {
@@ -134,7 +135,15 @@ pub async fn run(c: &mut Client) -> Result<Out, String> {
         })
         .collect();
     out += &table(
-        &["PEERING", "STATE", "TUNNEL", "RTT", "VIEWS (REAL→LOCAL)", "LAST ERROR"],
+        &[
+            "PEERING",
+            "STATE",
+            "TUNNEL",
+            "PATH",
+            "RTT",
+            "VIEWS (REAL→LOCAL)",
+            "LAST ERROR",
+        ],
         &peer_rows,
     );
     for r in &s.refused_joins {
@@ -146,12 +155,12 @@ pub async fn run(c: &mut Client) -> Result<Out, String> {
         "refused_joins": s.refused_joins.iter().map(super::peerings::refused_json).collect::<Vec<_>>(),
         "site": s.site.id, "revision": s.site.revision,
         "gateways": s.gateways.iter().map(|g| json!({"name": g.name, "active": g.active,
-            "ready": g.status.as_ref().is_some_and(|s| s.ready), "endpoint": g.endpoint, "revision": revision_cell(&g.status)})).collect::<Vec<_>>(),
+            "ready": g.status.as_ref().is_some_and(|s| s.ready), "endpoint": g.endpoint, "nat": g.nat, "revision": revision_cell(&g.status)})).collect::<Vec<_>>(),
         "nodes": s.nodes.iter().map(|n| json!({"name": n.name, "subnet": n.subnet,
             "ready": n.status.as_ref().is_some_and(|s| s.ready), "revision": revision_cell(&n.status),
             "errors": n.status.as_ref().map(|s| s.errors.clone()).unwrap_or_default()})).collect::<Vec<_>>(),
         "peerings": s.peerings.iter().map(|p| json!({"site_id": p.site_id, "state": peering_state(p.state),
-            "tunnel": tunnel_state(p.tunnel.as_ref()), "rtt_ms": p.tunnel.as_ref().filter(|t| t.up).map(|t| t.rtt_micros as f64 / 1000.0),
+            "tunnel": tunnel_state(p.tunnel.as_ref()), "path": p.tunnel.as_ref().map(|t| t.path.clone()), "rtt_ms": p.tunnel.as_ref().filter(|t| t.up).map(|t| t.rtt_micros as f64 / 1000.0),
             "views": p.views.iter().map(|v| json!({"kind": cidr_kind(v.kind), "real_cidr": v.real_cidr, "local_cidr": v.local_cidr})).collect::<Vec<_>>(),
             "last_error": p.last_error})).collect::<Vec<_>>(),
     });

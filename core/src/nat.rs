@@ -1,0 +1,203 @@
+//! NAT traversal's vocabulary and checks: the candidates at which a
+//! gateway's tunnel socket may be reached, the NAT behaviour its endpoint
+//! discovery observed, and the path a tunnel takes because of both.
+//!
+//! A gateway reports its candidates per peering (each peering has its own
+//! UDP port, so its own NAT mapping); its controller records them and sends
+//! the configured and reflexive ones to the peer in `GatewayInfo`. Whatever
+//! arrives, from an agent or a peer, is checked here before it is recorded.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use serde::{Deserialize, Serialize};
+use weft_proto::v1 as pb;
+
+/// The most candidates a gateway lists per peering.
+pub const MAX_CANDIDATES: usize = 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CandidateKind {
+    /// The gateway's `--endpoint` (with the peering's port).
+    Configured,
+    /// Where a reflector saw the tunnel socket from outside.
+    Reflexive,
+    /// The gateway's own underlay address (only shown, never sent to peers).
+    Local,
+}
+
+impl CandidateKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CandidateKind::Configured => "configured",
+            CandidateKind::Reflexive => "reflexive",
+            CandidateKind::Local => "local",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<CandidateKind> {
+        [
+            CandidateKind::Configured,
+            CandidateKind::Reflexive,
+            CandidateKind::Local,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Candidate {
+    pub address: SocketAddrV4,
+    pub kind: CandidateKind,
+}
+
+impl Candidate {
+    pub fn to_pb(self) -> pb::Candidate {
+        pb::Candidate {
+            address: self.address.to_string(),
+            kind: self.kind.as_str().into(),
+        }
+    }
+}
+
+pub use weft_common::discovery::Behaviour;
+
+/// `text` quoted for an error message, cut at 64 characters.
+fn shown(text: &str) -> String {
+    let head: String = text.chars().take(64).collect();
+    if head.len() < text.len() {
+        format!("{head:?}… ({} bytes)", text.len())
+    } else {
+        format!("{text:?}")
+    }
+}
+
+/// What a gateway found out about one peering's tunnel socket.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Discovered {
+    pub candidates: Vec<Candidate>,
+    pub nat: Option<Behaviour>,
+}
+
+/// Checks a candidate list (`field` names it in errors): at most
+/// [`MAX_CANDIDATES`], each an IPv4 address and a port from 1 to 65535
+/// that another host could send to (not loopback, unspecified, multicast,
+/// broadcast or link-local), of a known kind, and not one of `own_hosts`
+/// (a peer must not point this site's gateways at this site's own hosts).
+pub fn candidates(
+    field: &str,
+    list: &[pb::Candidate],
+    own_hosts: &[(Ipv4Addr, String)],
+) -> Result<Vec<Candidate>, String> {
+    if list.len() > MAX_CANDIDATES {
+        return Err(format!(
+            "{field}: {} listed; a gateway lists at most {MAX_CANDIDATES} candidates per peering",
+            list.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(list.len());
+    for (i, c) in list.iter().enumerate() {
+        let at = format!("{field}[{i}]");
+        let kind = CandidateKind::parse(&c.kind).ok_or_else(|| {
+            format!(
+                "{at}.kind {} is not a candidate kind (configured, reflexive, local)",
+                shown(&c.kind)
+            )
+        })?;
+        let address: SocketAddrV4 = c.address.parse().map_err(|_| {
+            format!(
+                "{at}.address {} is not an IPv4 address and a port (e.g. 198.51.100.7:51820)",
+                shown(&c.address)
+            )
+        })?;
+        let ip = address.ip();
+        let what = if ip.is_loopback() {
+            Some("a loopback address")
+        } else if ip.is_unspecified() {
+            Some("the unspecified address")
+        } else if ip.is_multicast() {
+            Some("a multicast address")
+        } else if ip.is_broadcast() {
+            Some("the broadcast address")
+        } else if ip.is_link_local() {
+            Some("a link-local address")
+        } else if address.port() == 0 {
+            Some("port 0")
+        } else {
+            None
+        };
+        if let Some(what) = what {
+            return Err(format!(
+                "{at}.address {address} is {what}: no gateway can be reached there"
+            ));
+        }
+        if let Some((_, who)) = own_hosts.iter().find(|(h, _)| h == ip) {
+            return Err(format!(
+                "{at}.address {address} is the address of {who} of this site: a peer's gateway cannot be there"
+            ));
+        }
+        out.push(Candidate { address, kind });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(address: &str, kind: &str) -> pb::Candidate {
+        pb::Candidate {
+            address: address.into(),
+            kind: kind.into(),
+        }
+    }
+
+    #[test]
+    fn hostile_candidates_are_refused_naming_the_field() {
+        let own = vec![("10.9.0.5".parse().unwrap(), "gateway gw".to_string())];
+        let cases: Vec<(Vec<pb::Candidate>, &str)> = vec![
+            (
+                vec![c("127.0.0.1:51820", "reflexive")],
+                "f[0].address 127.0.0.1:51820 is a loopback",
+            ),
+            (
+                vec![c("198.51.100.1:51820", "reflexive"), c("224.0.0.9:51820", "reflexive")],
+                "f[1].address 224.0.0.9:51820 is a multicast",
+            ),
+            (
+                vec![c("10.9.0.5:51820", "reflexive")],
+                "f[0].address 10.9.0.5:51820 is the address of gateway gw",
+            ),
+            (vec![c("255.255.255.255:1", "reflexive")], "broadcast"),
+            (vec![c("169.254.1.1:1", "reflexive")], "link-local"),
+            (vec![c("0.0.0.0:1", "reflexive")], "unspecified"),
+            (vec![c("198.51.100.1:0", "reflexive")], "port 0"),
+            (
+                vec![c("198.51.100.1", "reflexive")],
+                "f[0].address \"198.51.100.1\" is not an IPv4 address and a port",
+            ),
+            (vec![c("[2001:db8::1]:5", "reflexive")], "is not an IPv4 address"),
+            (
+                vec![c("198.51.100.1:5", "relay")],
+                "f[0].kind \"relay\" is not a candidate kind",
+            ),
+            (
+                vec![c("198.51.100.1:5", "reflexive"); 1000],
+                "f: 1000 listed; a gateway lists at most 8",
+            ),
+        ];
+        for (list, want) in cases {
+            let e = candidates("f", &list, &own).unwrap_err();
+            assert!(e.contains(want), "{e:?} does not say {want:?}");
+        }
+        let ok = candidates(
+            "f",
+            &[c("198.51.100.1:51820", "reflexive"), c("192.168.1.2:51820", "local")],
+            &own,
+        )
+        .unwrap();
+        assert_eq!(ok.len(), 2);
+        assert_eq!(ok[1].kind, CandidateKind::Local);
+    }
+}

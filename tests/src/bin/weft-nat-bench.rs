@@ -1,0 +1,118 @@
+//! Sites behind NAT against a direct path, in one run: for each case, the
+//! time from `weftctl peering create` to the first answered ping between
+//! the workloads, and TCP throughput (iperf3, workload to workload) as a
+//! ratio to the direct path's, runs interleaved so a slow spell of the
+//! machine hits every case alike.
+//!
+//! The cases are two-site labs of the data-plane tests (`weft_tests::sites`:
+//! a controller, a gateway and two nodes per site, userspace WireGuard,
+//! both sites on 10.1.0.0/16 so every path has prefix NAT on both
+//! gateways), up side by side:
+//! - direct: both gateways on the WAN with `--endpoint`;
+//! - one side NATed: site a behind an endpoint-independent NAT router
+//!   (nftables `masquerade`), its gateway without an endpoint;
+//! - hole-punched: both sites behind such routers, neither gateway with an
+//!   endpoint.
+//!
+//! Needs root; `sudo weft-nat-bench --seconds 5 --runs 5` (see
+//! docs/benchmarks.md).
+
+use std::time::Duration;
+
+use clap::Parser;
+use weft_tests::netns::Nat;
+use weft_tests::perf::{iperf, median};
+use weft_tests::sites::{Opts, TwoSites, up_with};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Length of each iperf3 run.
+    #[arg(long, default_value_t = 5)]
+    seconds: u32,
+    /// Runs per case; medians are reported.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+}
+
+struct Case {
+    name: &'static str,
+    lab: TwoSites,
+    connected: Duration,
+    path: String,
+    gbits: Vec<f64>,
+}
+
+fn case(name: &'static str, tag: &str, a: Option<Nat>, b: Option<Nat>) -> Case {
+    let opts = Opts {
+        site_a_nat: a,
+        site_b_nat: b,
+        ..Default::default()
+    };
+    let lab = up_with(
+        tag,
+        (&format!("{tag}-a"), "10.1.0.0/16"),
+        (&format!("{tag}-b"), "10.1.0.0/16"),
+        opts,
+    );
+    lab.reach_quickly("wa", &lab.wb_from_a, Duration::from_secs(60));
+    let connected = lab.peered_at.elapsed();
+    let peers = weft_tests::weftctl_json(&lab.ta, &["peerings"]);
+    let path = peers["peerings"][0]["tunnel"]["path"]
+        .as_str()
+        .unwrap_or("?")
+        .to_string();
+    println!(
+        "{name}: connected {:.2} s after the peering was created (path: {path})",
+        connected.as_secs_f64()
+    );
+    Case {
+        name,
+        lab,
+        connected,
+        path,
+        gbits: Vec::new(),
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    assert!(weft_tests::netns::require_root(), "weft-nat-bench needs root");
+    let dir = tempfile::Builder::new().prefix("weft-natb").tempdir().unwrap();
+    let log = dir.path().join("iperf3.log");
+    let mut cases = [
+        case("direct (no NAT)", "nbd", None, None),
+        case("one side NATed", "nb1", Some(Nat::EndpointIndependent), None),
+        case(
+            "both NATed, hole-punched",
+            "nb2",
+            Some(Nat::EndpointIndependent),
+            Some(Nat::EndpointIndependent),
+        ),
+    ];
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    for run in 0..args.runs {
+        let mut line = format!("run {}:", run + 1);
+        for c in cases.iter_mut() {
+            let (wa, wb, to_b) = (c.lab.ns["wa"].clone(), c.lab.ns["wb"].clone(), c.lab.wb_from_a.clone());
+            let g = iperf(&mut c.lab.lab, &log, &wb, &wa, &to_b, args.seconds);
+            line += &format!(" {} {g:.3} Gbit/s;", c.name);
+            c.gbits.push(g);
+        }
+        let direct = cases[0].gbits[run];
+        for (i, c) in cases.iter().enumerate() {
+            ratios[i].push(c.gbits[run] / direct);
+        }
+        println!("{line}");
+    }
+    println!("case                         path           connected   Gbit/s   ratio to direct");
+    for (c, r) in cases.iter().zip(ratios) {
+        println!(
+            "{:<28} {:<14} {:>7.2} s   {:>6.3}   {:.3}",
+            c.name,
+            c.path,
+            c.connected.as_secs_f64(),
+            median(c.gbits.clone()),
+            median(r)
+        );
+    }
+}
