@@ -121,3 +121,20 @@ fn a_kernel_and_a_userspace_gateway_interoperate_and_switch_across_restarts() {
     let c = scenario("mixed", Duration::from_secs(900));
     assert!(c.contains("mixed passed"));
 }
+
+#[test]
+#[ignore = "needs root and the VM lane (run by tests/run.sh)"]
+fn two_sites_behind_nat_hole_punch_a_kernel_wireguard_tunnel() {
+    let c = scenario("nat", Duration::from_secs(600));
+    assert!(c.contains("nat passed"));
+    let punched = c
+        .lines()
+        .find_map(|l| l.split("punched_ms=").nth(1))
+        .unwrap_or("?")
+        .trim()
+        .to_string();
+    println!(
+        "VM lane: both sites behind NAT, kernel WireGuard, hole-punched {punched} ms after the peering (stretch {:.2}x)",
+        stretch_of(&c)
+    );
+}

@@ -34,6 +34,9 @@ pub struct AgentApi {
     site_id: String,
     cert_ttl: Duration,
     hub: Arc<Hub>,
+    /// Gateways whose endpoint discovery is being written (one write at a
+    /// time per gateway, off the heartbeat's path).
+    recording: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl AgentApi {
@@ -64,6 +67,7 @@ impl AgentApi {
             site_id,
             cert_ttl,
             hub,
+            recording: Default::default(),
         }
     }
 
@@ -78,13 +82,15 @@ impl AgentApi {
     }
 
     /// Records what the gateway's endpoint discovery found, per peering
-    /// port, when it changed. A tunnel whose candidates do not pass the
-    /// checks records nothing (and is logged): a gateway's report is
-    /// checked like a peer's parameters.
-    async fn record_discovery(&self, name: &str, tunnels: &[pb::TunnelStatus]) -> Result<(), Status> {
+    /// port, when it changed, in a task of its own: never at the
+    /// heartbeat's cost (a slow store would delay the liveness the report
+    /// carries); a write that fails is tried again at the next report. A
+    /// tunnel whose candidates do not pass the checks records nothing (and
+    /// is logged): a gateway's report is checked like a peer's parameters.
+    fn record_discovery(&self, name: &str, tunnels: &[pb::TunnelStatus]) {
         let model = self.hub.model();
         let Some(g) = model.gateways.get(name) else {
-            return Ok(());
+            return;
         };
         // What was recorded stays until a report says otherwise (a gateway
         // that restarted reports its tunnels before it probed again); a
@@ -113,10 +119,16 @@ impl AgentApi {
                 }
             }
         }
-        if found != g.discovered {
-            self.state.set_discovered(name, found).await?;
+        if found == g.discovered || !self.recording.lock().unwrap().insert(name.to_string()) {
+            return;
         }
-        Ok(())
+        let (state, recording, name) = (self.state.clone(), self.recording.clone(), name.to_string());
+        tokio::spawn(async move {
+            if let Err(e) = state.set_discovered(&name, found).await {
+                tracing::warn!(gateway = %name, error = %e, "endpoint discovery not recorded yet");
+            }
+            recording.lock().unwrap().remove(&name);
+        });
     }
 }
 
@@ -348,7 +360,7 @@ impl AgentService for AgentApi {
                     t
                 })
                 .collect();
-            self.record_discovery(&id.name, &tunnels).await?;
+            self.record_discovery(&id.name, &tunnels);
             self.hub.report_tunnels(&id.name, tunnels);
         }
         self.hub

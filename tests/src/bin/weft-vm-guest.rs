@@ -15,6 +15,10 @@
 //!   roamed endpoint not drift, a link with another key not adopted.
 //! - `mixed`: one gateway kernel, one userspace, then each switched to the
 //!   other kind across a restart; traffic both ways each time.
+//! - `nat`: both sites behind NAT routers (nftables `masquerade`), their
+//!   kernel WireGuard gateways without endpoints: endpoint discovery from
+//!   the kernel's tunnel ports and a hole-punched tunnel (the time from
+//!   `peering create` to traffic printed as `punched_ms=N`).
 //!
 //! Emulation makes the guest some 25 times slower than a host, so the
 //! controllers run with a gateway TTL of 3 s (800 ms by default), the
@@ -78,7 +82,8 @@ fn main() {
         "kernel" => kernel(),
         "mixed" => mixed(),
         "driver" => driver(),
-        s => panic!("unknown scenario {s:?}: driver, kernel or mixed"),
+        "nat" => nat(),
+        s => panic!("unknown scenario {s:?}: driver, kernel, mixed or nat"),
     }
     println!("weft-vm-guest: {scenario} passed");
 }
@@ -402,6 +407,42 @@ fn mixed() {
     }
     assert_eq!((wg_kind(&s.ns_a), wg_kind(&nsb)), ("tun".into(), "wireguard".into()));
     until_modes(&s, &["userspace"], &["kernel"]);
+}
+
+/// Both sites behind endpoint-independent NAT, kernel WireGuard on both
+/// gateways, neither with an endpoint: the probes leave from the kernel's
+/// own tunnel port, and the tunnel is hole-punched.
+fn nat() {
+    let t0 = std::time::Instant::now();
+    let opts = sites::Opts {
+        wireguard_a: Some("kernel"),
+        wireguard_b: Some("kernel"),
+        site_a_nat: Some(weft_tests::netns::Nat::EndpointIndependent),
+        site_b_nat: Some(weft_tests::netns::Nat::EndpointIndependent),
+        gateway_ttl: Some(stretched(GATEWAY_TTL)),
+        resync: Some(stretched(RESYNC)),
+        site_b_embedded: true,
+        ..Default::default()
+    };
+    let s = sites::up_with("vm", A, B, opts);
+    let _ = LAB_DIR.set(s.dir.path().to_path_buf());
+    step(t0, "lab up, peered");
+    assert_eq!(
+        (wg_kind(&s.ns_a), wg_kind(&ns_b(&s))),
+        ("wireguard".into(), "wireguard".into())
+    );
+    both_ways(&s, "both behind NAT, kernel WireGuard");
+    println!("punched_ms={}", s.peered_at.elapsed().as_millis());
+    for (t, router) in [(&s.ta, "192.168.78.30:51820"), (&s.tb, "192.168.78.31:51820")] {
+        eventually("the path hole-punched", Duration::from_secs(30), || {
+            let p = &weftctl_json(t, &["peerings"])["peerings"][0];
+            (p["tunnel"]["path"] == "hole-punched").then_some(())
+        });
+        let p = &weftctl_json(t, &["peerings"])["peerings"][0];
+        assert_eq!(p["tunnel"]["nat"], "endpoint-independent", "{p}");
+        assert!(p["local_gateways"][0]["candidates"].to_string().contains(router), "{p}");
+    }
+    step(t0, "hole-punched both ways");
 }
 
 /// Site a's active gateway dies while wa pings wb every 20 ms: its agent

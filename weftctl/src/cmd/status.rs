@@ -78,11 +78,12 @@ pub async fn run(c: &mut Client) -> Result<Out, String> {
                 } else {
                     g.endpoint.clone()
                 },
+                if g.nat.is_empty() { "-".into() } else { g.nat.clone() },
                 revision_cell(&g.status),
             ]
         })
         .collect();
-    out += &table(&["GATEWAY", "ROLE", "READY", "ENDPOINT", "REVISION"], &gw_rows);
+    out += &table(&["GATEWAY", "ROLE", "READY", "ENDPOINT", "NAT", "REVISION"], &gw_rows);
     out += "\n";
     let node_rows: Vec<Vec<String>> = s
         .nodes

@@ -14,7 +14,7 @@ fn q(s: &str) -> String {
 }
 
 /// The federation as Graphviz DOT: this site's gateways and nodes, each
-/// peer site with its views, and each tunnel with its state and RTT.
+/// peer site with its views, and each tunnel with its state, path and RTT.
 fn dot(s: &Site) -> String {
     let mut d = String::from(
         "digraph weft {\n  rankdir=LR;\n  fontname=\"Helvetica\";\n  node [fontname=\"Helvetica\", shape=box, style=\"rounded,filled\", fillcolor=white];\n  edge [fontname=\"Helvetica\", fontsize=10];\n",
@@ -91,13 +91,14 @@ fn dot(s: &Site) -> String {
             Some(t) if t.up => (
                 "forestgreen",
                 format!(
-                    "WireGuard up\nRTT {}\nrx {} tx {}",
+                    "WireGuard up, {}\nRTT {}\nrx {} tx {}",
+                    path_cell(Some(t)),
                     rtt(Some(t)),
                     bytes(t.rx_bytes),
                     bytes(t.tx_bytes)
                 ),
             ),
-            Some(_) => ("red", "WireGuard down".to_string()),
+            Some(t) => ("red", format!("WireGuard down, {}", path_cell(Some(t)))),
             None => ("gray", "no tunnel report".to_string()),
         };
         d += &format!(
