@@ -49,7 +49,8 @@ phase "cargo build" cargo build --workspace --all-targets
 # tests that measure time or load the machine whole get it to themselves,
 # each area in a pass of its own: the VM lane (an emulated guest, CPU-bound,
 # whose figures are timings) and the failover and fault-injection tests
-# (outages measured in milliseconds). A failing pass does not stop the
+# (outages measured in milliseconds), and NAT traversal (time to connected
+# is asserted). A failing pass does not stop the
 # others; the suite fails if any failed.
 alone=(vm:: failover:: faults:: nat::)
 skip=()
