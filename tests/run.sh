@@ -52,7 +52,7 @@ phase "cargo build" cargo build --workspace --all-targets
 # (outages measured in milliseconds), and NAT traversal (time to connected
 # is asserted). A failing pass does not stop the
 # others; the suite fails if any failed.
-alone=(vm:: failover:: faults:: nat::)
+alone=(vm:: failover:: faults:: nat_traversal::)
 skip=()
 for a in "${alone[@]}"; do skip+=(--skip "$a"); done
 failed=()

@@ -27,6 +27,7 @@ pub mod nft;
 mod nl;
 pub mod offload;
 pub mod plan;
+pub mod relay;
 pub mod wireguard;
 
 use std::collections::BTreeSet;

@@ -82,7 +82,12 @@ fn node_agent_enrolls_renews_restarts_and_stops_when_revoked() {
     );
     let first = eventually("enrollment", Duration::from_secs(15), || node_cert_expiry(&c, "n1"));
     let key = dir.path().join("state/agent.key");
-    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&key).unwrap().permissions());
+    // The controller records the enrollment before the agent has its
+    // answer and writes its key and certificate.
+    let meta = eventually("the agent's key on disk", Duration::from_secs(10), || {
+        std::fs::metadata(&key).ok()
+    });
+    let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions());
     assert_eq!(mode & 0o777, 0o600, "the private key is for the agent alone");
     assert!(
         weftctl_json(&c.target(), &["token", "list"])["tokens"]

@@ -21,7 +21,7 @@ mod layers;
 mod load;
 mod mesh;
 mod names;
-mod nat;
+mod nat_traversal;
 mod observability;
 mod replicas;
 mod restart;

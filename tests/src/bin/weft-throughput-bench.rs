@@ -46,6 +46,22 @@ enum Sub {
     /// (internal) One end of the plain boringtun tunnel.
     #[command(hide = true)]
     BoringtunEnd(End),
+    /// (internal) weft's relay between two ports.
+    #[command(hide = true)]
+    RelayEnd(RelayEnd),
+}
+
+#[derive(clap::Args, Debug)]
+struct RelayEnd {
+    #[arg(long)]
+    port_a: u16,
+    #[arg(long)]
+    port_b: u16,
+    /// Side a's handshakes go to this key (side b's gateway), base64.
+    #[arg(long)]
+    key_b: String,
+    #[arg(long)]
+    key_a: String,
 }
 
 #[derive(clap::Args, Debug)]
@@ -96,15 +112,49 @@ enum Impl {
     WireguardGo,
 }
 
-/// A point-to-point tunnel between two fresh namespaces over a veth pair:
-/// inner addresses 10.98.0.1 and .2. Returns the server side's namespace and
-/// the processes running the two ends.
-fn tunnel(lab: &mut Lab, dir: &Path, which: Impl) -> Option<(String, String, Vec<Proc>)> {
-    let (tag, program) = match which {
-        Impl::Boringtun => ("bt", std::env::current_exe().unwrap()),
-        Impl::WireguardGo => ("wg", weft_tests::require_tool("wireguard-go")?),
+/// How a point-to-point tunnel's two ends reach each other.
+#[derive(Clone, Copy, PartialEq)]
+enum Wire {
+    /// A veth pair between them.
+    Veth,
+    /// A bridge (a switch) they and a third host are plugged into: `true`
+    /// sends through weft's relay on that host, `false` directly.
+    Bridge { relayed: bool },
+}
+
+/// A point-to-point tunnel between two fresh namespaces (`wire`: how they
+/// are joined): inner addresses 10.98.0.1 and .2. Returns the client and
+/// server sides' namespaces and the processes running the two ends (and
+/// the relay).
+fn tunnel(lab: &mut Lab, dir: &Path, which: Impl, wire: Wire) -> Option<(String, String, Vec<Proc>)> {
+    let (tag, program) = match (which, wire) {
+        (Impl::Boringtun, Wire::Veth) => ("bt", std::env::current_exe().unwrap()),
+        (Impl::Boringtun, Wire::Bridge { relayed: false }) => ("bd", std::env::current_exe().unwrap()),
+        (Impl::Boringtun, Wire::Bridge { relayed: true }) => ("br", std::env::current_exe().unwrap()),
+        (Impl::WireguardGo, _) => ("wg", weft_tests::require_tool("wireguard-go")?),
     };
-    let (nx, ny) = pair(lab, &format!("{tag}x"), &format!("{tag}y"));
+    let (nx, ny, ips) = match wire {
+        Wire::Veth => {
+            let (x, y) = pair(lab, &format!("{tag}x"), &format!("{tag}y"));
+            (x, y, ["10.99.0.2:51820", "10.99.0.1:51820"])
+        }
+        Wire::Bridge { relayed } => {
+            let br = lab.bridge(&format!("{tag}s"));
+            let (x, y) = (lab.host(&format!("{tag}x")), lab.host(&format!("{tag}y")));
+            lab.plug_into(&br, &x, "eth0", "10.99.0.1/24");
+            lab.plug_into(&br, &y, "eth0", "10.99.0.2/24");
+            if relayed {
+                let r = lab.host(&format!("{tag}r"));
+                lab.plug_into(&br, &r, "eth0", "10.99.0.3/24");
+            }
+            let ends = if relayed {
+                ["10.99.0.3:40001", "10.99.0.3:40002"]
+            } else {
+                ["10.99.0.2:51820", "10.99.0.1:51820"]
+            };
+            (x, y, ends)
+        }
+    };
     let key = || {
         let k = must(Command::new("wg").arg("genkey").output().unwrap(), "wg genkey").stdout;
         let mut c = Command::new("wg")
@@ -123,15 +173,36 @@ fn tunnel(lab: &mut Lab, dir: &Path, which: Impl) -> Option<(String, String, Vec
     };
     let (kx, ky) = (key(), key());
     let mut procs = Vec::new();
+    if wire == (Wire::Bridge { relayed: true }) {
+        // x sends to port 40001 (its handshakes go to y's key), y to 40002.
+        let r = lab.ns(&format!("{tag}r"));
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{r}")).arg(&program).args([
+            "relay-end",
+            "--port-a",
+            "40001",
+            "--port-b",
+            "40002",
+            "--key-b",
+            &ky.1,
+            "--key-a",
+            &kx.1,
+        ]);
+        let p = Proc::spawn(&mut cmd, &dir.join(format!("{tag}-relay.log")));
+        eventually("the relay", Duration::from_secs(10), || {
+            p.log_text().contains("ready").then_some(())
+        });
+        procs.push(p);
+    }
     // Distinct names: wireguard-go's UAPI sockets share /var/run/wireguard.
-    for (ns, end, me, peer, inner, peer_inner, peer_ip) in [
-        (&nx, "x", &kx, &ky, "10.98.0.1/24", "10.98.0.2/32", "10.99.0.2"),
-        (&ny, "y", &ky, &kx, "10.98.0.2/24", "10.98.0.1/32", "10.99.0.1"),
+    for (ns, end, me, peer, inner, peer_inner, endpoint) in [
+        (&nx, "x", &kx, &ky, "10.98.0.1/24", "10.98.0.2/32", ips[0]),
+        (&ny, "y", &ky, &kx, "10.98.0.2/24", "10.98.0.1/32", ips[1]),
     ] {
         let dev = format!("weft{tag}{end}0");
         let keyfile = dir.join(format!("{dev}.key"));
         std::fs::write(&keyfile, &me.0).unwrap();
-        let endpoint = format!("{peer_ip}:51820");
+        let endpoint = endpoint.to_string();
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--net=/run/netns/{ns}")).arg(&program);
         match which {
@@ -208,14 +279,49 @@ fn boringtun_end(e: End) -> anyhow::Result<()> {
     })
 }
 
+/// weft's relay between two ports, run by the bench in the relay's
+/// namespace until it is ended.
+fn relay_end(r: RelayEnd) -> anyhow::Result<()> {
+    let key = |b64: &str| weft_agent::wireguard::key_bytes(b64).map_err(anyhow::Error::msg);
+    let spec = weft_dataplane::relay::Spec {
+        a: weft_dataplane::relay::Side {
+            port: r.port_a,
+            to_keys: vec![key(&r.key_b)?],
+            from_ips: vec![],
+        },
+        b: weft_dataplane::relay::Side {
+            port: r.port_b,
+            to_keys: vec![key(&r.key_a)?],
+            from_ips: vec![],
+        },
+        bytes_per_second: 10_000_000_000 / 8,
+    };
+    let relay = weft_dataplane::relay::start(&spec)?;
+    println!("ready");
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(tokio::signal::ctrl_c())?;
+    println!("{:?}", relay.counters);
+    Ok(())
+}
+
 fn main() {
     let mut args = Args::parse();
-    if let Some(Sub::BoringtunEnd(e)) = args.end.take() {
-        if let Err(e) = boringtun_end(e) {
-            eprintln!("boringtun-end: {e:#}");
-            std::process::exit(1);
+    match args.end.take() {
+        Some(Sub::BoringtunEnd(e)) => {
+            if let Err(e) = boringtun_end(e) {
+                eprintln!("boringtun-end: {e:#}");
+                std::process::exit(1);
+            }
+            return;
         }
-        return;
+        Some(Sub::RelayEnd(r)) => {
+            if let Err(e) = relay_end(r) {
+                eprintln!("relay-end: {e:#}");
+                std::process::exit(1);
+            }
+            return;
+        }
+        None => {}
     }
     assert!(weft_tests::netns::require_root(), "weft-throughput-bench needs root");
     let dir = tempfile::Builder::new().prefix("weft-tp").tempdir().unwrap();
@@ -255,9 +361,12 @@ fn main() {
     // boringtun, wireguard-go, weft, ...), so a slow spell of this shared
     // machine hits all paths alike; each run's weft/boringtun ratio is kept.
     let (nx, ny) = pair(&mut s.lab, "vx", "vy");
-    let (bt_client, bt_server, mut bt_procs) = tunnel(&mut s.lab, dir.path(), Impl::Boringtun).unwrap();
-    let wg_tunnel = tunnel(&mut s.lab, dir.path(), Impl::WireguardGo);
+    let (bt_client, bt_server, mut bt_procs) = tunnel(&mut s.lab, dir.path(), Impl::Boringtun, Wire::Veth).unwrap();
+    let wg_tunnel = tunnel(&mut s.lab, dir.path(), Impl::WireguardGo, Wire::Veth);
+    let bridged = tunnel(&mut s.lab, dir.path(), Impl::Boringtun, Wire::Bridge { relayed: false }).unwrap();
+    let relayed = tunnel(&mut s.lab, dir.path(), Impl::Boringtun, Wire::Bridge { relayed: true }).unwrap();
     let (mut weft, mut veth, mut bt, mut wg, mut ratios) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut direct, mut via_relay, mut relay_ratios) = (vec![], vec![], vec![]);
     for run in 0..args.runs {
         let w = iperf(&mut s.lab, &log, &wb, &wa, &to_b, &args);
         veth.push(iperf(&mut s.lab, &log, &ny, &nx, "10.99.0.2", &args));
@@ -265,19 +374,28 @@ fn main() {
         if let Some((client, server, _)) = &wg_tunnel {
             wg.push(iperf(&mut s.lab, &log, server, client, "10.98.0.2", &args));
         }
+        let d = iperf(&mut s.lab, &log, &bridged.1, &bridged.0, "10.98.0.2", &args);
+        let r = iperf(&mut s.lab, &log, &relayed.1, &relayed.0, "10.98.0.2", &args);
         println!(
-            "run {}: weft {w:.3} Gbit/s, boringtun p2p {b:.3}, ratio {:.3}",
+            "run {}: weft {w:.3} Gbit/s, boringtun p2p {b:.3}, ratio {:.3}; over a switch: direct {d:.3}, through weft's relay {r:.3}, ratio {:.3}",
             run + 1,
-            w / b
+            w / b,
+            r / d
         );
+        direct.push(d);
+        via_relay.push(r);
+        relay_ratios.push(r / d);
         weft.push(w);
         bt.push(b);
         ratios.push(w / b);
     }
-    for p in bt_procs
-        .iter_mut()
-        .chain(wg_tunnel.into_iter().flat_map(|t| t.2).collect::<Vec<_>>().iter_mut())
-    {
+    let rest: Vec<Proc> = wg_tunnel
+        .into_iter()
+        .flat_map(|t| t.2)
+        .chain(bridged.2)
+        .chain(relayed.2)
+        .collect();
+    for mut p in bt_procs.drain(..).chain(rest) {
         p.stop();
     }
     let (weft, veth, bt, ratio) = (median(weft), median(veth), median(bt), median(ratios));
@@ -292,4 +410,10 @@ fn main() {
     }
     println!("weft (2 VXLAN hops, prefix NAT)     {weft:6.2}   {:.3}", weft / veth);
     println!("weft / boringtun point-to-point (median of per-run ratios) {ratio:.3}");
+    println!(
+        "boringtun point-to-point over a switch: direct {:.2} Gbit/s, through weft's relay {:.2}; relayed / direct (median of per-run ratios) {:.3}",
+        median(direct),
+        median(via_relay),
+        median(relay_ratios)
+    );
 }

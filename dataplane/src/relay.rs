@@ -1,0 +1,401 @@
+//! A relay for one tunnel between two gateways that cannot reach each
+//! other: their WireGuard datagrams, still encrypted, in through one UDP
+//! port and out through the other.
+//!
+//! Side a's gateway sends to the relay's port a and receives from it; side
+//! b's the same with port b. Each side's address is learned, not
+//! configured (behind NAT it is unknown beforehand): from a WireGuard
+//! handshake message that arrives on that side's port, is addressed to one
+//! of the other side's gateways (its mac1 verifies with that gateway's
+//! public key, checked by boringtun's own code) and, when the side's
+//! addresses are known, comes from one of them. Anything else is counted
+//! and dropped: a datagram from an address not learned, a datagram for a
+//! side whose address is not learned yet, bytes over the rate limit. A
+//! side that moves (its NAT's mapping changed) is learned again from its
+//! next handshake.
+//!
+//! Fast, because a relay is worth only as much as its throughput: one
+//! thread per direction; receives and sends in batches through quinn-udp
+//! (recvmmsg and UDP GRO in, UDP GSO out: a batch of equal datagrams of a
+//! flow crosses the kernel as one buffer each way); 7 MiB socket buffers;
+//! buffers allocated once, no allocation per datagram.
+
+use std::io::IoSliceMut;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use defguard_boringtun::noise::rate_limiter::RateLimiter;
+use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
+
+/// One side of a relayed tunnel.
+#[derive(Clone, Debug)]
+pub struct Side {
+    /// The relay's UDP port this side's gateway sends to.
+    pub port: u16,
+    /// The public keys of the other side's gateways: this side's
+    /// handshakes are addressed to them.
+    pub to_keys: Vec<[u8; 32]>,
+    /// Addresses this side may send from (its NAT's outside addresses);
+    /// empty: any.
+    pub from_ips: Vec<Ipv4Addr>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub a: Side,
+    pub b: Side,
+    /// Each direction's limit.
+    pub bytes_per_second: u64,
+}
+
+/// What a relay did, per direction (0: a to b, 1: b to a) where it has one.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub packets: [AtomicU64; 2],
+    pub bytes: [AtomicU64; 2],
+    /// From an address not learned (and not an acceptable handshake).
+    pub unknown_source: AtomicU64,
+    /// For a side whose address is not learned yet.
+    pub no_peer: AtomicU64,
+    pub rate_limited: AtomicU64,
+    /// Addresses learned (a side's first, or a move).
+    pub learned: AtomicU64,
+}
+
+/// A running relay; both threads end when it is dropped.
+pub struct Relay {
+    stop: Arc<AtomicBool>,
+    pub counters: Arc<Counters>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay").field("counters", &self.counters).finish()
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A side's socket and what was learned of it.
+struct End {
+    socket: UdpSocket,
+    state: UdpSocketState,
+    /// Where the side's gateway is, once learned.
+    at: Mutex<Option<SocketAddr>>,
+    /// mac1 checkers for the keys its handshakes are addressed to.
+    checkers: Vec<RateLimiter>,
+    from_ips: Vec<Ipv4Addr>,
+}
+
+/// Socket buffers (as the WireGuard devices' own, see `offload`).
+const SOCKET_BUFFER: usize = 7 << 20;
+/// How often a waiting thread looks at the stop flag.
+const TICK: Duration = Duration::from_millis(200);
+
+fn end(side: &Side) -> std::io::Result<End> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let socket = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, side.port)))?;
+    socket.set_read_timeout(Some(TICK))?;
+    // FORCE: past the host's rmem_max (the agent has CAP_NET_ADMIN); the
+    // plain option as the fallback.
+    if setsockopt(&socket, sockopt::RcvBufForce, &SOCKET_BUFFER).is_err() {
+        let _ = setsockopt(&socket, sockopt::RcvBuf, &SOCKET_BUFFER);
+    }
+    if setsockopt(&socket, sockopt::SndBufForce, &SOCKET_BUFFER).is_err() {
+        let _ = setsockopt(&socket, sockopt::SndBuf, &SOCKET_BUFFER);
+    }
+    let state = UdpSocketState::new((&socket).into())?;
+    let checkers = side
+        .to_keys
+        .iter()
+        .map(|k| RateLimiter::new(&defguard_boringtun::x25519::PublicKey::from(*k), u64::MAX))
+        .collect();
+    Ok(End {
+        socket,
+        state,
+        at: Mutex::new(None),
+        checkers,
+        from_ips: side.from_ips.clone(),
+    })
+}
+
+impl End {
+    /// Whether `first` (a datagram's first segment) from `from` may make
+    /// `from` this side's address: a WireGuard handshake message whose mac1
+    /// verifies for one of the keys, from an allowed address.
+    fn admits(&self, from: SocketAddr, first: &[u8]) -> bool {
+        let ip_ok = match from.ip() {
+            IpAddr::V4(ip) => self.from_ips.is_empty() || self.from_ips.contains(&ip),
+            IpAddr::V6(_) => false,
+        };
+        // Handshake initiation (type 1, 148 bytes) or response (2, 92).
+        let handshake = matches!((first.first(), first.len()), (Some(1), 148) | (Some(2), 92));
+        if !ip_ok || !handshake {
+            return false;
+        }
+        let mut scratch = [0u8; 256];
+        self.checkers
+            .iter()
+            .any(|c| c.verify_packet(None, first, &mut scratch).is_ok())
+    }
+}
+
+/// Starts relaying between `spec.a.port` and `spec.b.port` (bound on every
+/// address of the namespace it runs in).
+pub fn start(spec: &Spec) -> std::io::Result<Relay> {
+    let ends = Arc::new([end(&spec.a)?, end(&spec.b)?]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new(Counters::default());
+    let mut threads = Vec::new();
+    for from in 0..2 {
+        let (ends, stop, counters) = (ends.clone(), stop.clone(), counters.clone());
+        let rate = spec.bytes_per_second;
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("weft-relay-{}", [spec.a.port, spec.b.port][from]))
+                .spawn(move || forward(&ends, from, &stop, &counters, rate))?,
+        );
+    }
+    Ok(Relay {
+        stop,
+        counters,
+        threads,
+    })
+}
+
+/// A token bucket of bytes: `rate` a second, bursts of an eighth of it.
+struct Bucket {
+    rate: u64,
+    tokens: u64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn take(&mut self, n: u64) -> bool {
+        let now = Instant::now();
+        let add = (now - self.at).as_secs_f64() * self.rate as f64;
+        if add >= 1.0 {
+            self.tokens = (self.tokens + add as u64).min((self.rate / 8).max(65_536));
+            self.at = now;
+        }
+        if self.tokens >= n {
+            self.tokens -= n;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Receives on `ends[from]` and sends what passes out of the other end to
+/// the other side, until `stop`.
+fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: u64) {
+    let (src, dst) = (&ends[from], &ends[1 - from]);
+    let batch = quinn_udp::BATCH_SIZE;
+    let segment = 2048 * src.state.gro_segments().max(1);
+    let mut storage = vec![0u8; batch * segment];
+    let mut meta = vec![RecvMeta::default(); batch];
+    let mut bucket = Bucket {
+        rate,
+        tokens: (rate / 8).max(65_536),
+        at: Instant::now(),
+    };
+    while !stop.load(Ordering::Relaxed) {
+        let n = {
+            let mut bufs: Vec<IoSliceMut> = storage.chunks_mut(segment).map(IoSliceMut::new).collect();
+            match src.state.recv((&src.socket).into(), &mut bufs, &mut meta) {
+                Ok(n) => n,
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    continue;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "relay receive");
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            }
+        };
+        let to = *dst.at.lock().unwrap();
+        for (m, buf) in meta.iter().take(n).zip(storage.chunks(segment)) {
+            let data = &buf[..m.len];
+            let stride = m.stride.min(m.len).max(1);
+            let known = *src.at.lock().unwrap() == Some(m.addr);
+            if !known {
+                if !src.admits(m.addr, &data[..stride]) {
+                    c.unknown_source.fetch_add((m.len / stride) as u64, Ordering::Relaxed);
+                    continue;
+                }
+                *src.at.lock().unwrap() = Some(m.addr);
+                c.learned.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(side = from, at = %m.addr, "relay: a side's gateway learned");
+            }
+            let Some(to) = to else {
+                c.no_peer.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            if !bucket.take(m.len as u64) {
+                c.rate_limited.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let t = Transmit {
+                destination: to,
+                ecn: None,
+                contents: data,
+                segment_size: (m.len > stride).then_some(stride),
+                src_ip: None,
+            };
+            if dst.state.try_send((&dst.socket).into(), &t).is_ok() {
+                c.packets[from].fetch_add((m.len / stride) as u64, Ordering::Relaxed);
+                c.bytes[from].fetch_add(m.len as u64, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! On loopback: two boringtun tunnel ends that reach each other only
+    //! through the relay, as two gateways behind NAT would.
+
+    use std::net::UdpSocket;
+    use std::time::Duration;
+
+    use defguard_boringtun::noise::{Tunn, TunnResult};
+    use defguard_boringtun::x25519::{PublicKey, StaticSecret};
+
+    use super::*;
+
+    fn keypair(seed: u8) -> (StaticSecret, [u8; 32]) {
+        let secret = StaticSecret::from([seed; 32]);
+        let public = PublicKey::from(&secret).to_bytes();
+        (secret, public)
+    }
+
+    fn socket() -> UdpSocket {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        s
+    }
+
+    fn free_port() -> u16 {
+        UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    fn recv(s: &UdpSocket) -> Option<Vec<u8>> {
+        let mut buf = [0u8; 2048];
+        s.recv(&mut buf).ok().map(|n| buf[..n].to_vec())
+    }
+
+    #[test]
+    fn two_gateways_handshake_and_talk_through_the_relay_and_strangers_are_dropped() {
+        let (sa, pa) = keypair(1);
+        let (sb, pb) = keypair(2);
+        let (ports, relay) = loop {
+            let spec = Spec {
+                a: Side {
+                    port: free_port(),
+                    to_keys: vec![pb],
+                    from_ips: vec![],
+                },
+                b: Side {
+                    port: free_port(),
+                    to_keys: vec![pa],
+                    from_ips: vec![Ipv4Addr::LOCALHOST],
+                },
+                bytes_per_second: 1 << 30,
+            };
+            if let Ok(r) = start(&spec) {
+                break ((spec.a.port, spec.b.port), r);
+            }
+        };
+        let at = |p: u16| SocketAddr::from((Ipv4Addr::LOCALHOST, p));
+        let (ga, gb, stranger) = (socket(), socket(), socket());
+        let mut ta = Tunn::new(sa, PublicKey::from(pb), None, None, 1, None);
+        let mut tb = Tunn::new(sb, PublicKey::from(pa), None, None, 2, None);
+        let mut buf = [0u8; 2048];
+        let mut out = [0u8; 2048];
+
+        // A stranger's datagram, and a handshake for another key: dropped,
+        // nothing learned.
+        stranger.send_to(&[4u8; 100], at(ports.0)).unwrap();
+        let mut other = Tunn::new(
+            StaticSecret::from([3; 32]),
+            PublicKey::from([9u8; 32]),
+            None,
+            None,
+            3,
+            None,
+        );
+        let TunnResult::WriteToNetwork(init) = other.format_handshake_initiation(&mut buf, false) else {
+            panic!()
+        };
+        stranger.send_to(init, at(ports.0)).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 0);
+        assert!(relay.counters.unknown_source.load(Ordering::Relaxed) >= 2);
+
+        // a's initiation: a learned; b not yet, so it goes nowhere.
+        let TunnResult::WriteToNetwork(init) = ta.format_handshake_initiation(&mut buf, false) else {
+            panic!()
+        };
+        ga.send_to(init, at(ports.0)).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 1);
+        assert_eq!(relay.counters.no_peer.load(Ordering::Relaxed), 1);
+
+        // b initiates too (as both sides do): learned, and relayed to a.
+        let TunnResult::WriteToNetwork(init) = tb.format_handshake_initiation(&mut buf, false) else {
+            panic!()
+        };
+        gb.send_to(init, at(ports.1)).unwrap();
+        let got = recv(&ga).expect("b's initiation relayed to a");
+        let TunnResult::WriteToNetwork(resp) = ta.decapsulate(None, &got, &mut out) else {
+            panic!("not a response")
+        };
+        ga.send_to(resp, at(ports.0)).unwrap();
+        let got = recv(&gb).expect("a's response relayed to b");
+        assert!(matches!(
+            tb.decapsulate(None, &got, &mut out),
+            TunnResult::WriteToNetwork(_) | TunnResult::Done
+        ));
+
+        // Data from b to a, encrypted end to end: the relay only forwards.
+        let packet = [0x45, 0, 0, 20, 0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 2, 10, 0, 0, 1];
+        let TunnResult::WriteToNetwork(data) = tb.encapsulate(&packet, &mut buf) else {
+            panic!("no session at b")
+        };
+        gb.send_to(data, at(ports.1)).unwrap();
+        let got = recv(&ga).expect("b's data relayed to a");
+        assert!(matches!(ta.decapsulate(None, &got, &mut out), TunnResult::WriteToTunnelV4(p, _) if p == packet));
+
+        // A stranger cannot take a's place with data, and a moving is
+        // learned only from a handshake.
+        stranger.send_to(&got, at(ports.0)).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 2);
+        assert!(relay.counters.packets[0].load(Ordering::Relaxed) >= 1);
+        assert!(relay.counters.packets[1].load(Ordering::Relaxed) >= 2);
+    }
+
+    #[test]
+    fn the_rate_limit_holds_a_burst_to_an_eighth_of_a_second() {
+        let mut b = Bucket {
+            rate: 800_000,
+            tokens: 100_000,
+            at: Instant::now(),
+        };
+        let passed = (0..200).filter(|_| b.take(1_000)).count();
+        assert!((100..=102).contains(&passed), "{passed}");
+    }
+}
