@@ -61,6 +61,8 @@ pub struct Counters {
     /// For a side whose address is not learned yet.
     pub no_peer: AtomicU64,
     pub rate_limited: AtomicU64,
+    /// Sends the kernel refused (or that found no room in time).
+    pub send_failed: AtomicU64,
     /// Addresses learned (a side's first, or a move).
     pub learned: AtomicU64,
 }
@@ -100,13 +102,25 @@ struct End {
 
 /// Socket buffers (as the WireGuard devices' own, see `offload`).
 const SOCKET_BUFFER: usize = 7 << 20;
-/// How often a waiting thread looks at the stop flag.
-const TICK: Duration = Duration::from_millis(200);
+/// How often a waiting thread looks at the stop flag (ms).
+const TICK_MS: u16 = 200;
+/// How long a send waits for room in a full socket buffer (ms), twice,
+/// before the datagrams are dropped.
+const ROOM_MS: u16 = 20;
+
+/// Waits until `socket` is ready for `events` or `ms` pass.
+fn wait(socket: &UdpSocket, events: nix::poll::PollFlags, ms: u16) {
+    use std::os::fd::AsFd;
+    let mut fds = [nix::poll::PollFd::new(socket.as_fd(), events)];
+    let _ = nix::poll::poll(&mut fds, ms);
+}
 
 fn end(side: &Side) -> std::io::Result<End> {
     use nix::sys::socket::{setsockopt, sockopt};
     let socket = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, side.port)))?;
-    socket.set_read_timeout(Some(TICK))?;
+    // Non-blocking, waited on with poll: quinn-udp's recvmmsg on a blocking
+    // socket would wait for a whole batch.
+    socket.set_nonblocking(true)?;
     // FORCE: past the host's rmem_max (the agent has CAP_NET_ADMIN); the
     // plain option as the fallback.
     if setsockopt(&socket, sockopt::RcvBufForce, &SOCKET_BUFFER).is_err() {
@@ -116,6 +130,10 @@ fn end(side: &Side) -> std::io::Result<End> {
         let _ = setsockopt(&socket, sockopt::SndBuf, &SOCKET_BUFFER);
     }
     let state = UdpSocketState::new((&socket).into())?;
+    // quinn-udp forbids fragmentation (QUIC sizes its own packets); a relay
+    // forwards datagrams it did not size: one larger than the path leaves
+    // in fragments, as from the gateway that sent it.
+    allow_fragments(&socket)?;
     let checkers = side
         .to_keys
         .iter()
@@ -128,6 +146,30 @@ fn end(side: &Side) -> std::io::Result<End> {
         checkers,
         from_ips: side.from_ips.clone(),
     })
+}
+
+/// `IP_MTU_DISCOVER` = `IP_PMTUDISC_DONT` on `socket`, which neither nix
+/// nor socket2 wraps.
+#[allow(unsafe_code)]
+fn allow_fragments(socket: &UdpSocket) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let value: libc::c_int = libc::IP_PMTUDISC_DONT;
+    // SAFETY: a valid open socket of ours, and a pointer to an int that
+    // lives for the call, with its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 impl End {
@@ -216,7 +258,8 @@ fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: 
             let mut bufs: Vec<IoSliceMut> = storage.chunks_mut(segment).map(IoSliceMut::new).collect();
             match src.state.recv((&src.socket).into(), &mut bufs, &mut meta) {
                 Ok(n) => n,
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    wait(&src.socket, nix::poll::PollFlags::POLLIN, TICK_MS);
                     continue;
                 }
                 Err(e) => {
@@ -248,19 +291,44 @@ fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: 
                 c.rate_limited.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let t = Transmit {
-                destination: to,
-                ecn: None,
-                contents: data,
-                segment_size: (m.len > stride).then_some(stride),
-                src_ip: None,
-            };
-            if dst.state.try_send((&dst.socket).into(), &t).is_ok() {
-                c.packets[from].fetch_add((m.len / stride) as u64, Ordering::Relaxed);
-                c.bytes[from].fetch_add(m.len as u64, Ordering::Relaxed);
+            // As many datagrams per send as the other socket may segment.
+            let per_send = stride * dst.state.max_gso_segments().max(1);
+            for chunk in data.chunks(per_send) {
+                if send(dst, to, chunk, stride) {
+                    c.packets[from].fetch_add(chunk.len().div_ceil(stride) as u64, Ordering::Relaxed);
+                    c.bytes[from].fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                } else {
+                    c.send_failed.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
     }
+}
+
+/// Sends `chunk` (datagrams of `stride` bytes, the last maybe shorter) to
+/// `to` from `end`'s socket in one call, waiting a little for room when
+/// its buffer is full.
+fn send(end: &End, to: SocketAddr, chunk: &[u8], stride: usize) -> bool {
+    let t = Transmit {
+        destination: to,
+        ecn: None,
+        contents: chunk,
+        segment_size: (chunk.len() > stride).then_some(stride),
+        src_ip: None,
+    };
+    for _ in 0..3 {
+        match end.state.try_send((&end.socket).into(), &t) {
+            Ok(()) => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                wait(&end.socket, nix::poll::PollFlags::POLLOUT, ROOM_MS);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "relay send");
+                return false;
+            }
+        }
+    }
+    false
 }
 
 #[cfg(test)]

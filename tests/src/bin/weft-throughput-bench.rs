@@ -250,7 +250,10 @@ fn tunnel(lab: &mut Lab, dir: &Path, which: Impl, wire: Wire) -> Option<(String,
         must(lab.exec(ns, &["ip", "addr", "add", inner, "dev", &dev]), "addr");
         must(lab.exec(ns, &["ip", "link", "set", &dev, "up"]), "up");
     }
+    // Through a relay both ends must send first (as weft's probes do from
+    // both gateways): the relay learns a side only from its handshake.
     eventually("the tunnel", Duration::from_secs(10), || {
+        let _ = lab.exec(&ny, &["ping", "-c", "1", "-W", "0.2", "10.98.0.1"]);
         lab.exec(&nx, &["ping", "-c", "1", "-W", "1", "10.98.0.2"])
             .status
             .success()
