@@ -1,4 +1,4 @@
-//! Endpoint discovery for one peering's tunnel: where the outside sees the
+//! Endpoint discovery for a gateway's tunnels: where the outside sees each
 //! tunnel's UDP socket, and how the gateway's NAT maps it.
 //!
 //! The probe must leave from the tunnel's own address and port, since the
@@ -9,15 +9,17 @@
 //! to the reflector it is a datagram of the tunnel's socket. The answer
 //! comes back to that port; the WireGuard device drops it (not a WireGuard
 //! message), and the raw socket gets a copy, which a socket filter in the
-//! kernel narrows to discovery datagrams for this port (nothing of the
-//! tunnel's traffic reaches the agent).
+//! kernel narrows to discovery datagrams (nothing of the tunnels' traffic
+//! reaches the agent). One socket and one thread serve every tunnel.
 //!
-//! Every [`EVERY`] a round probes each reflector (the peer's controllers,
-//! given in the desired state, and this agent's own), takes only answers
-//! from the reflector probed carrying the nonce sent (anything else is
-//! counted as ignored), and keeps the candidates (the underlay address and
-//! each address seen from outside) and the NAT behaviour they show.
+//! Every [`EVERY`] a round probes each reflector of a tunnel (the peer's
+//! controllers, given in the desired state, and this agent's own), takes
+//! only answers to that tunnel's port from the reflector probed carrying
+//! the nonce sent (anything else is counted as ignored), and keeps the
+//! candidates (the underlay address and each address seen from outside)
+//! and the NAT behaviour they show.
 
+use std::collections::HashMap;
 use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,9 +39,11 @@ const RETRY: Duration = Duration::from_secs(1);
 const WAIT: Duration = Duration::from_millis(800);
 /// The most reflectors a round probes.
 const MAX_REFLECTORS: usize = 8;
+/// The longest the thread sleeps between looks at its work.
+const TICK: Duration = Duration::from_millis(100);
 
-/// What to discover: the tunnel's port, where to ask, the host's underlay
-/// address (a candidate of its own).
+/// What to discover for one tunnel: its port, where to ask, the host's
+/// underlay address (a candidate of its own).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
     pub port: u16,
@@ -47,68 +51,162 @@ pub struct Target {
     pub underlay: Option<Ipv4Addr>,
 }
 
-/// What the latest round found.
+/// What the latest round of a tunnel found.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Found {
     pub candidates: Vec<pb::Candidate>,
     pub nat: String,
 }
 
-/// A running discovery; its thread ends when dropped.
-pub struct Discoverer {
-    stop: Arc<AtomicBool>,
-    pub found: Arc<Mutex<Option<Found>>>,
+/// The tunnels, by link name, and what was found for each.
+#[derive(Default)]
+struct Shared {
+    targets: HashMap<String, Target>,
+    found: HashMap<String, Found>,
 }
 
-impl Drop for Discoverer {
+/// Rounds in a row that some reflector left unanswered before their result
+/// replaces one every reflector answered: one lost answer must not flip
+/// the NAT behaviour (each change is a store write and a resync of every
+/// peer of the site).
+const PARTIAL_ROUNDS: u32 = 3;
+
+/// Discovery for every tunnel of the agent; its thread ends when dropped.
+pub struct Discovery {
+    stop: Arc<AtomicBool>,
+    shared: Arc<Mutex<Shared>>,
+}
+
+impl Drop for Discovery {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
 }
 
-/// Starts discovering for `t`; `changed` is called when what was found
-/// changes (so the agent reports it at once).
-pub fn start(t: Target, changed: impl Fn() + Send + 'static) -> Result<Discoverer, String> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let found = Arc::new(Mutex::new(None));
-    let (s, f) = (stop.clone(), found.clone());
-    let sock = raw_socket(t.port)?;
-    std::thread::Builder::new()
-        .name(format!("weft-discover-{}", t.port))
-        .spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                let new = round(&t, &sock, &s);
-                let answered = new.nat != Behaviour::Unknown.as_str();
-                // The lock only to compare and swap: the agent's report
-                // reads it.
-                let differs = {
-                    let mut cur = f.lock().unwrap();
-                    let differs = cur.as_ref() != Some(&new);
-                    if differs {
-                        tracing::info!(port = t.port, nat = %new.nat, candidates = ?new.candidates, "endpoint discovery");
-                        *cur = Some(new);
-                    }
-                    differs
-                };
-                if differs {
-                    changed();
-                }
-                // Until the next round, anything that arrives is no answer
-                // to a probe: counted and ignored.
-                let next = Instant::now() + if answered { EVERY } else { RETRY };
-                while !s.load(Ordering::Relaxed) && Instant::now() < next {
-                    let wait = next
-                        .saturating_duration_since(Instant::now())
-                        .min(Duration::from_millis(200));
-                    if let Some((from, _)) = receive(&sock, t.port, wait) {
-                        tracing::debug!(%from, "endpoint discovery: an answer not probed for, ignored");
-                        crate::metrics::get().discovery("ignored");
-                    }
+impl Discovery {
+    /// Opens the raw socket and starts the thread; `changed` is called when
+    /// what was found for a tunnel changes (so the agent reports it at
+    /// once).
+    pub fn start(changed: impl Fn() + Send + 'static) -> Result<Discovery, String> {
+        let sock = raw_socket()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Mutex::new(Shared::default()));
+        let (s, sh) = (stop.clone(), shared.clone());
+        std::thread::Builder::new()
+            .name("weft-discovery".into())
+            .spawn(move || run(&sock, &sh, &s, &changed))
+            .map_err(|e| format!("cannot start endpoint discovery: {e}"))?;
+        Ok(Discovery { stop, shared })
+    }
+
+    /// Discovers for tunnel `link` (a changed target starts over).
+    pub fn set(&self, link: &str, t: Target) {
+        let mut sh = self.shared.lock().unwrap();
+        if sh.targets.get(link) != Some(&t) {
+            sh.targets.insert(link.to_string(), t);
+            sh.found.remove(link);
+        }
+    }
+
+    /// Keeps only the tunnels `keep` says to.
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        let mut sh = self.shared.lock().unwrap();
+        sh.targets.retain(|l, _| keep(l));
+        sh.found.retain(|l, _| keep(l));
+    }
+
+    /// What the latest round for `link` found (none before the first).
+    pub fn found(&self, link: &str) -> Option<Found> {
+        self.shared.lock().unwrap().found.get(link).cloned()
+    }
+}
+
+/// A round in flight for one tunnel.
+struct Round {
+    target: Target,
+    sent: Vec<(SocketAddrV4, Nonce)>,
+    answers: Vec<Option<SocketAddrV4>>,
+    deadline: Instant,
+}
+
+/// The thread: starts each tunnel's rounds when due, reads answers, ends
+/// rounds, until `stop`.
+fn run(sock: &Socket, shared: &Mutex<Shared>, stop: &AtomicBool, changed: &dyn Fn()) {
+    let m = crate::metrics::get();
+    let mut rounds: HashMap<String, Round> = HashMap::new();
+    let mut due: HashMap<String, Instant> = HashMap::new();
+    // Per tunnel: partial rounds in a row since the last complete one.
+    let mut partial: HashMap<String, u32> = HashMap::new();
+    while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        let targets: Vec<(String, Target)> = {
+            let sh = shared.lock().unwrap();
+            sh.targets.iter().map(|(l, t)| (l.clone(), t.clone())).collect()
+        };
+        rounds.retain(|l, r| targets.iter().any(|(k, t)| k == l && *t == r.target));
+        due.retain(|l, _| targets.iter().any(|(k, _)| k == l));
+        partial.retain(|l, _| targets.iter().any(|(k, _)| k == l));
+        for (link, t) in &targets {
+            if rounds.contains_key(link) || due.get(link).is_some_and(|d| *d > now) {
+                continue;
+            }
+            rounds.insert(link.clone(), begin(sock, t));
+        }
+        let next = rounds.values().map(|r| r.deadline).min().unwrap_or(now + TICK);
+        // At least 1 ms: a read timeout under a microsecond is none at all.
+        let wait = next
+            .saturating_duration_since(Instant::now())
+            .clamp(Duration::from_millis(1), TICK);
+        if let Some((from, port, payload)) = receive(sock, wait) {
+            let taken = discovery::parse_answer(&payload).and_then(|(nonce, seen)| {
+                let r = rounds.values_mut().find(|r| r.target.port == port)?;
+                let i = r.sent.iter().position(|(at, n)| *at == from && *n == nonce)?;
+                r.answers[i].is_none().then(|| r.answers[i] = Some(seen))
+            });
+            match taken {
+                Some(()) => m.discovery("answered"),
+                None => {
+                    tracing::debug!(%from, port, "endpoint discovery: an answer not probed for, ignored");
+                    m.discovery("ignored");
                 }
             }
-        })
-        .map_err(|e| format!("cannot start endpoint discovery: {e}"))?;
-    Ok(Discoverer { stop, found })
+        }
+        let now = Instant::now();
+        let ended: Vec<String> = rounds
+            .iter()
+            .filter(|(_, r)| r.deadline <= now || r.answers.iter().all(Option::is_some))
+            .map(|(l, _)| l.clone())
+            .collect();
+        for link in ended {
+            let r = rounds.remove(&link).unwrap();
+            for _ in r.answers.iter().filter(|a| a.is_none()) {
+                m.discovery("unanswered");
+            }
+            let new = found(&r);
+            let answered = new.nat != Behaviour::Unknown.as_str();
+            due.insert(link.clone(), now + if answered { EVERY } else { RETRY });
+            let complete = r.answers.iter().all(Option::is_some);
+            let misses = partial.entry(link.clone()).or_default();
+            *misses = if complete { 0 } else { *misses + 1 };
+            let hold = *misses > 0 && *misses < PARTIAL_ROUNDS;
+            let differs = {
+                let mut sh = shared.lock().unwrap();
+                // Only for the target the round was for; a partial round
+                // does not replace a result at once.
+                let current = sh.found.get(&link);
+                if sh.targets.get(&link) != Some(&r.target) || current == Some(&new) || (hold && current.is_some()) {
+                    false
+                } else {
+                    tracing::info!(%link, port = r.target.port, nat = %new.nat, candidates = ?new.candidates, "endpoint discovery");
+                    sh.found.insert(link, new);
+                    true
+                }
+            };
+            if differs {
+                changed();
+            }
+        }
+    }
 }
 
 /// The reflectors of `list` (host:port, names resolved) that a probe may
@@ -133,11 +231,10 @@ pub fn reflectors(list: &[String]) -> Vec<SocketAddrV4> {
     out
 }
 
-/// One round: probe every reflector, wait for their answers.
-fn round(t: &Target, sock: &Socket, stop: &AtomicBool) -> Found {
-    let targets = reflectors(&t.reflectors);
+/// Starts a round for `t`: a probe to each reflector from its port.
+fn begin(sock: &Socket, t: &Target) -> Round {
     let mut sent: Vec<(SocketAddrV4, Nonce)> = Vec::new();
-    for r in &targets {
+    for r in reflectors(&t.reflectors) {
         let mut nonce = [0u8; 16];
         if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut nonce).is_err() {
             continue;
@@ -149,26 +246,42 @@ fn round(t: &Target, sock: &Socket, stop: &AtomicBool) -> Found {
         // No checksum: optional for UDP over IPv4 (and NATs keep it 0).
         d.extend_from_slice(&[0, 0]);
         d.extend_from_slice(&discovery::probe(&nonce));
-        let to = SockAddr::from(SocketAddrV4::new(*r.ip(), 0));
-        match sock.send_to(&d, &to) {
-            Ok(_) => sent.push((*r, nonce)),
+        match sock.send_to(&d, &SockAddr::from(SocketAddrV4::new(*r.ip(), 0))) {
+            Ok(_) => sent.push((r, nonce)),
             Err(e) => tracing::debug!(reflector = %r, error = %e, "endpoint discovery: probe not sent"),
         }
     }
-    let seen = collect(sock, t.port, &sent, stop);
-    // The socket's own addresses: the underlay, and the source address the
-    // host picks toward each reflector (a connected UDP socket sends
-    // nothing; it only asks the routing).
-    let mut own: Vec<SocketAddrV4> = t.underlay.map(|ip| SocketAddrV4::new(ip, t.port)).into_iter().collect();
-    for r in &targets {
-        let src = std::net::UdpSocket::bind("0.0.0.0:0").and_then(|u| u.connect(r).and_then(|()| u.local_addr()));
+    Round {
+        target: t.clone(),
+        answers: vec![None; sent.len()],
+        sent,
+        deadline: Instant::now() + WAIT,
+    }
+}
+
+/// What a round found: the socket's own addresses (its underlay, and the
+/// source address the host picks toward each reflector: a connected UDP
+/// socket sends nothing, it only asks the routing) as local candidates,
+/// each address a reflector outside saw as a reflexive one, and the NAT
+/// behaviour they show.
+fn found(r: &Round) -> Found {
+    let port = r.target.port;
+    let mut own: Vec<SocketAddrV4> = r
+        .target
+        .underlay
+        .map(|ip| SocketAddrV4::new(ip, port))
+        .into_iter()
+        .collect();
+    for (at, _) in &r.sent {
+        let src = std::net::UdpSocket::bind("0.0.0.0:0").and_then(|u| u.connect(at).and_then(|()| u.local_addr()));
         if let Ok(SocketAddr::V4(a)) = src {
-            let a = SocketAddrV4::new(*a.ip(), t.port);
+            let a = SocketAddrV4::new(*a.ip(), port);
             if !own.contains(&a) {
                 own.push(a);
             }
         }
     }
+    let seen: Vec<SocketAddrV4> = r.answers.iter().flatten().copied().collect();
     let nat = Behaviour::observed(&seen, &own);
     let mut candidates: Vec<pb::Candidate> = own
         .iter()
@@ -193,57 +306,23 @@ fn round(t: &Target, sock: &Socket, stop: &AtomicBool) -> Found {
     }
 }
 
-/// Reads answers until each probe in `sent` has one or the wait is over;
-/// per reflector, the address it saw (in the order probed).
-fn collect(sock: &Socket, port: u16, sent: &[(SocketAddrV4, Nonce)], stop: &AtomicBool) -> Vec<SocketAddrV4> {
-    let m = crate::metrics::get();
-    let mut answers: Vec<Option<SocketAddrV4>> = vec![None; sent.len()];
-    let deadline = Instant::now() + WAIT;
-    while answers.iter().any(Option::is_none) && !stop.load(Ordering::Relaxed) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        let Some((from, payload)) = receive(sock, port, left) else {
-            continue;
-        };
-        let taken = discovery::parse_answer(&payload).and_then(|(nonce, seen)| {
-            let i = sent.iter().position(|(r, n)| *r == from && *n == nonce)?;
-            answers[i].is_none().then_some((i, seen))
-        });
-        match taken {
-            Some((i, seen)) => {
-                answers[i] = Some(seen);
-                m.discovery("answered");
-            }
-            None => {
-                tracing::debug!(%from, "endpoint discovery: an answer not probed for, ignored");
-                m.discovery("ignored");
-            }
-        }
-    }
-    for _ in answers.iter().filter(|a| a.is_none()) {
-        m.discovery("unanswered");
-    }
-    answers.into_iter().flatten().collect()
-}
-
-/// One discovery datagram to `port` within `wait`: its source and payload.
-fn receive(sock: &Socket, port: u16, wait: Duration) -> Option<(SocketAddrV4, Vec<u8>)> {
-    if wait.is_zero() || sock.set_read_timeout(Some(wait)).is_err() {
+/// One discovery datagram within `wait`: its source, destination port and
+/// payload.
+fn receive(sock: &Socket, wait: Duration) -> Option<(SocketAddrV4, u16, Vec<u8>)> {
+    if sock.set_read_timeout(Some(wait.max(Duration::from_millis(1)))).is_err() {
         return None;
     }
     let mut buf = [0u8; 256];
     let n = (&*sock).read(&mut buf).ok()?;
-    let (from, dst_port, payload) = udp_of(&buf[..n])?;
-    (dst_port == port).then(|| (from, payload.to_vec()))
+    let (from, port, payload) = udp_of(&buf[..n])?;
+    Some((from, port, payload.to_vec()))
 }
 
 /// The source, destination port and payload of an IPv4/UDP packet (as a
 /// raw socket reads it, from the IP header on).
 fn udp_of(p: &[u8]) -> Option<(SocketAddrV4, u16, &[u8])> {
     let ihl = usize::from(p.first()? & 0x0f) * 4;
-    if p.len() < ihl + 8 || p[0] >> 4 != 4 || p[9] != 17 {
+    if ihl < 20 || p.len() < ihl + 8 || p[0] >> 4 != 4 || p[9] != 17 {
         return None;
     }
     let src = Ipv4Addr::new(p[12], p[13], p[14], p[15]);
@@ -253,22 +332,22 @@ fn udp_of(p: &[u8]) -> Option<(SocketAddrV4, u16, &[u8])> {
     Some((SocketAddrV4::new(src, sport), dport, &u[8..]))
 }
 
-/// A raw UDP socket that sees only discovery datagrams to `port`.
-fn raw_socket(port: u16) -> Result<Socket, String> {
+/// A raw UDP socket that sees only discovery datagrams (their payload
+/// starts with discovery's magic).
+fn raw_socket() -> Result<Socket, String> {
     let sock = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::UDP))
         .map_err(|e| format!("a raw UDP socket (needs CAP_NET_RAW): {e}"))?;
-    // From the IP header: x = its length; the UDP destination port is at
-    // x+2, the payload at x+8; keep datagrams to `port` whose payload
-    // starts with discovery's magic ("WEFT").
+    // From the IP header: x = its length; the UDP payload is at x+8; keep
+    // datagrams whose payload starts with "WEFT" (the first 4 bytes of
+    // discovery's magic). A fragment's offset makes x+8 land elsewhere;
+    // discovery datagrams are never fragmented.
     let magic = u32::from_be_bytes(discovery::MAGIC[..4].try_into().unwrap());
     let filter = [
-        SockFilter::new(0xb1, 0, 0, 0),               // ldxb 4*([0]&0xf)
-        SockFilter::new(0x48, 0, 0, 2),               // ldh [x+2]
-        SockFilter::new(0x15, 0, 3, u32::from(port)), // jeq port, else drop
-        SockFilter::new(0x40, 0, 0, 8),               // ld [x+8]
-        SockFilter::new(0x15, 0, 1, magic),           // jeq magic, else drop
-        SockFilter::new(0x06, 0, 0, 0xffff),          // accept
-        SockFilter::new(0x06, 0, 0, 0),               // drop
+        SockFilter::new(0xb1, 0, 0, 0),      // ldxb 4*([0]&0xf)
+        SockFilter::new(0x40, 0, 0, 8),      // ld [x+8]
+        SockFilter::new(0x15, 0, 1, magic),  // jeq magic, else drop
+        SockFilter::new(0x06, 0, 0, 0xffff), // accept
+        SockFilter::new(0x06, 0, 0, 0),      // drop
     ];
     sock.attach_filter(&filter)
         .map_err(|e| format!("cannot filter the raw socket: {e}"))?;

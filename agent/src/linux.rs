@@ -30,12 +30,12 @@ pub struct Linux {
     plane: Plane,
     /// A health probe per WireGuard link, by link name.
     probes: HashMap<String, (crate::probe::Target, crate::probe::Prober)>,
-    /// Endpoint discovery per WireGuard link, by link name.
-    discoveries: HashMap<String, (crate::discovery::Target, crate::discovery::Discoverer)>,
+    /// Endpoint discovery for the WireGuard links.
+    discovery: Option<crate::discovery::Discovery>,
     /// This agent's controllers (host:port), a reflector for every tunnel.
     own_reflectors: Vec<String>,
-    /// Links whose discovery could not start (said once).
-    discovery_off: std::collections::HashSet<String>,
+    /// Discovery could not start (said once).
+    discovery_off: bool,
     probe_config: crate::probe::ProbeConfig,
     /// Signalled when a tunnel goes up or down.
     tunnel_changed: Arc<tokio::sync::Notify>,
@@ -82,9 +82,9 @@ impl Linux {
                 underlay: None,
             },
             probes: Default::default(),
-            discoveries: Default::default(),
+            discovery: None,
             own_reflectors: Vec::new(),
-            discovery_off: Default::default(),
+            discovery_off: false,
             probe_config: Default::default(),
             tunnel_changed: Default::default(),
             kinds: None,
@@ -114,36 +114,37 @@ impl Linux {
         self
     }
 
-    /// Keeps endpoint discovery running for WireGuard link `l`.
-    fn ensure_discovery(&mut self, l: &pb::Link, w: &pb::Wireguard) -> Result<(), String> {
+    /// Keeps endpoint discovery running for WireGuard link `l` (started
+    /// with the first tunnel; without a raw socket, said once, and tunnels
+    /// work as before: a peer with an endpoint serves them).
+    fn ensure_discovery(&mut self, l: &pb::Link, w: &pb::Wireguard) {
         let Ok(port) = u16::try_from(w.listen_port) else {
-            self.discoveries.remove(&l.name);
-            return Ok(());
+            return;
         };
-        let mut reflectors = w.reflectors.clone();
-        reflectors.extend(self.own_reflectors.iter().cloned());
-        let target = crate::discovery::Target {
-            port,
-            reflectors,
-            underlay: self.plane.underlay,
-        };
-        if self.discoveries.get(&l.name).is_some_and(|(t, _)| *t == target) {
-            return Ok(());
-        }
-        self.discoveries.remove(&l.name);
-        let notify = self.tunnel_changed.clone();
-        match crate::discovery::start(target.clone(), move || notify.notify_one()) {
-            Ok(d) => {
-                self.discoveries.insert(l.name.clone(), (target, d));
+        if self.discovery.is_none() && !self.discovery_off {
+            let notify = self.tunnel_changed.clone();
+            match crate::discovery::Discovery::start(move || notify.notify_one()) {
+                Ok(d) => self.discovery = Some(d),
+                Err(e) => {
+                    self.discovery_off = true;
+                    tracing::warn!(error = %e, "no endpoint discovery: peers behind NAT cannot hole-punch to this gateway");
+                }
             }
-            // Without it the tunnel works as before (a peer with an
-            // endpoint serves it); said once per link, not per apply.
-            Err(e) if self.discovery_off.insert(l.name.clone()) => {
-                tracing::warn!(link = %l.name, error = %e, "no endpoint discovery: peers behind NAT cannot hole-punch to this gateway");
-            }
-            Err(_) => {}
         }
-        Ok(())
+        // This site's own controllers first: a peer's list must not crowd
+        // them out.
+        let mut reflectors = self.own_reflectors.clone();
+        reflectors.extend(w.reflectors.iter().cloned());
+        if let Some(d) = &self.discovery {
+            d.set(
+                &l.name,
+                crate::discovery::Target {
+                    port,
+                    reflectors,
+                    underlay: self.plane.underlay,
+                },
+            );
+        }
     }
 
     /// Sets the health probes' interval and miss threshold (for tunnels
@@ -245,17 +246,17 @@ impl Applier for Linux {
             })
             .collect();
         self.probes.retain(|name, _| links.contains_key(name));
-        self.discoveries.retain(|name, _| links.contains_key(name));
+        if let Some(d) = &self.discovery {
+            d.retain(|name| links.contains_key(name));
+        }
         for (name, (l, w)) in &links {
             let present = self.plane.wg.has(name);
             if !present {
                 continue;
             }
             let mtu = out.mtus.get(name).copied().unwrap_or(l.mtu);
-            let started = self
-                .ensure_probe(l, w, mtu, out.fresh_wireguard.contains(name))
-                .and_then(|()| self.ensure_discovery(l, w));
-            if let Err(e) = started {
+            self.ensure_discovery(l, w);
+            if let Err(e) = self.ensure_probe(l, w, mtu, out.fresh_wireguard.contains(name)) {
                 let id = fin
                     .values()
                     .find(|o| matches!(&o.kind, Some(Kind::Link(x)) if x.name == *name));
@@ -291,11 +292,7 @@ impl Applier for Linux {
             if let Some(std::net::SocketAddr::V4(ep)) = stats.endpoint {
                 *prober.mtu_target.lock().unwrap() = Some(*ep.ip());
             }
-            let found = self
-                .discoveries
-                .get(link)
-                .and_then(|(_, d)| d.found.lock().unwrap().clone())
-                .unwrap_or_default();
+            let found = self.discovery.as_ref().and_then(|d| d.found(link)).unwrap_or_default();
             out.push(pb::TunnelStatus {
                 candidates: found.candidates,
                 nat: found.nat,

@@ -5,12 +5,16 @@
 //! tunnels' ports to learn their NAT mappings.
 //!
 //! An answer is smaller than its probe, goes only to the probe's source,
-//! and at most [`ANSWERS_PER_SECOND`] go out a second: the reflector cannot
-//! be used to amplify traffic toward anyone. What it ignores (malformed
-//! datagrams, probes over the limit) is counted.
+//! from the address the probe was sent to, and at most
+//! [`ANSWERS_PER_SECOND`] go out a second, [`ANSWERS_PER_SOURCE`] to one
+//! source: the reflector cannot be used to amplify traffic toward anyone.
+//! What it ignores (malformed datagrams, probes over the limits) is
+//! counted.
 
-use std::net::{SocketAddr, SocketAddrV4};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use weft_common::discovery;
@@ -23,52 +27,108 @@ pub static ANSWERED: AtomicU64 = AtomicU64::new(0);
 pub static IGNORED: AtomicU64 = AtomicU64::new(0);
 pub static LIMITED: AtomicU64 = AtomicU64::new(0);
 
-/// Binds UDP `addr` and answers probes until the task is aborted; None
+/// Answers a second per source address; the rest of a source's probes in
+/// that second are dropped (a flood from a few sources cannot take the
+/// budget of everyone else).
+pub const ANSWERS_PER_SOURCE: u32 = 20;
+/// Sources tracked in a second, at most (beyond: only the global limit).
+const SOURCES: usize = 10_000;
+
+/// The running reflector; its thread ends when dropped.
+pub struct Reflector {
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Reflector {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Binds UDP `addr` and answers probes on a thread of its own; None
 /// (logged) when the port cannot be bound: discovery through this
 /// controller is then off, and nothing else is affected.
-pub fn start(addr: SocketAddr) -> Option<tokio::task::JoinHandle<()>> {
-    let socket = match std::net::UdpSocket::bind(addr).and_then(|s| {
-        s.set_nonblocking(true)?;
-        tokio::net::UdpSocket::from_std(s)
-    }) {
-        Ok(s) => s,
+pub fn start(addr: SocketAddr) -> Option<Reflector> {
+    let bound = UdpSocket::bind(addr).and_then(|s| {
+        s.set_read_timeout(Some(Duration::from_millis(200)))?;
+        let state = quinn_udp::UdpSocketState::new((&s).into())?;
+        Ok((s, state))
+    });
+    let (socket, state) = match bound {
+        Ok(x) => x,
         Err(e) => {
             tracing::warn!(%addr, error = %e, "no endpoint discovery reflector: cannot bind UDP");
             return None;
         }
     };
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let spawned = std::thread::Builder::new()
+        .name("weft-reflector".into())
+        .spawn(move || serve(&socket, &state, &s));
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "no endpoint discovery reflector");
+        return None;
+    }
     tracing::info!(%addr, "endpoint discovery reflector on UDP");
-    Some(tokio::spawn(serve(socket)))
+    Some(Reflector { stop })
 }
 
-async fn serve(socket: tokio::net::UdpSocket) {
+/// Answers probes until `stop`: each from the address it was sent to (a
+/// host with several addresses must answer from the one the gateway's NAT
+/// expects), within the limits.
+fn serve(socket: &UdpSocket, state: &quinn_udp::UdpSocketState, stop: &AtomicBool) {
     let mut buf = [0u8; 1500];
+    let mut meta = [quinn_udp::RecvMeta::default()];
     let mut window = Instant::now();
     let mut answered_in_window = 0u32;
-    loop {
-        let (n, from) = match socket.recv_from(&mut buf).await {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::debug!(error = %e, "reflector receive");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
+    let mut per_source: HashMap<IpAddr, u32> = HashMap::new();
+    while !stop.load(Ordering::Relaxed) {
+        let n = {
+            let mut bufs = [std::io::IoSliceMut::new(&mut buf)];
+            match state.recv(socket.into(), &mut bufs, &mut meta) {
+                Ok(n) => n,
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
+                Err(e) => {
+                    tracing::debug!(error = %e, "reflector receive");
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
             }
         };
-        let (Some(nonce), SocketAddr::V4(from)) = (discovery::parse_probe(&buf[..n]), from) else {
+        if n == 0 {
+            continue;
+        }
+        let m = meta[0];
+        // A dual-stack socket sees IPv4 senders as IPv4-mapped IPv6.
+        let from = SocketAddr::new(m.addr.ip().to_canonical(), m.addr.port());
+        let (Some(nonce), SocketAddr::V4(from4)) = (discovery::parse_probe(&buf[..m.len.min(buf.len())]), from) else {
             IGNORED.fetch_add(1, Ordering::Relaxed);
             continue;
         };
         if window.elapsed() >= Duration::from_secs(1) {
             window = Instant::now();
             answered_in_window = 0;
+            per_source.clear();
         }
-        if answered_in_window >= ANSWERS_PER_SECOND {
+        let mine = per_source.get(&from.ip()).copied().unwrap_or(0);
+        if answered_in_window >= ANSWERS_PER_SECOND || mine >= ANSWERS_PER_SOURCE {
             LIMITED.fetch_add(1, Ordering::Relaxed);
             continue;
         }
         answered_in_window += 1;
-        let answer = discovery::answer(&nonce, SocketAddrV4::new(*from.ip(), from.port()));
-        if socket.send_to(&answer, from).await.is_ok() {
+        if per_source.len() < SOURCES || per_source.contains_key(&from.ip()) {
+            per_source.insert(from.ip(), mine + 1);
+        }
+        let answer = discovery::answer(&nonce, from4);
+        let t = quinn_udp::Transmit {
+            destination: m.addr,
+            ecn: None,
+            contents: &answer,
+            segment_size: None,
+            src_ip: m.dst_ip,
+        };
+        if state.try_send(socket.into(), &t).is_ok() {
             ANSWERED.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -4,15 +4,22 @@
 //!
 //! Side a's gateway sends to the relay's port a and receives from it; side
 //! b's the same with port b. Each side's address is learned, not
-//! configured (behind NAT it is unknown beforehand): from a WireGuard
-//! handshake message that arrives on that side's port, is addressed to one
-//! of the other side's gateways (its mac1 verifies with that gateway's
-//! public key, checked by boringtun's own code) and, when the side's
-//! addresses are known, comes from one of them. Anything else is counted
-//! and dropped: a datagram from an address not learned, a datagram for a
-//! side whose address is not learned yet, bytes over the rate limit. A
-//! side that moves (its NAT's mapping changed) is learned again from its
-//! next handshake.
+//! configured (behind NAT it is unknown beforehand), and only once the
+//! other side vouched for it: a WireGuard handshake message arriving on a
+//! side's port, addressed to one of the other side's gateways (its mac1
+//! verifies with that gateway's public key, checked by boringtun's own
+//! code) and from one of the side's allowed addresses, makes its source a
+//! *candidate* with the message's sender index; handshakes go on to the
+//! other side's learned address, or to its candidates while it has none.
+//! The candidate is learned when the other side sends a message whose
+//! receiver index is that sender index (its handshake response, or data
+//! on the session): the other gateway answers only a handshake it could
+//! decrypt and that is not a replay, so a forged or replayed handshake
+//! never takes a side's place, and data goes only to learned addresses.
+//! Anything else is counted and dropped: data from an address not learned,
+//! data for a side not learned yet, bytes over the rate limit, runts. A
+//! side that moves (its NAT's mapping changed) is learned again through
+//! its next handshake.
 //!
 //! Fast, because a relay is worth only as much as its throughput: one
 //! thread per direction; receives and sends in batches through quinn-udp
@@ -95,10 +102,22 @@ struct End {
     state: UdpSocketState,
     /// Where the side's gateway is, once learned.
     at: Mutex<Option<SocketAddr>>,
+    /// Addresses that sent an acceptable handshake, with its sender index,
+    /// newest last, at most [`CANDIDATES`].
+    candidates: Mutex<Vec<(SocketAddr, u32, Instant)>>,
+    /// The relay's address the side's gateway sends to (replies leave from
+    /// it, on a host with several).
+    local: Mutex<Option<IpAddr>>,
     /// mac1 checkers for the keys its handshakes are addressed to.
     checkers: Vec<RateLimiter>,
     from_ips: Vec<Ipv4Addr>,
 }
+
+/// Candidates kept per side, and for how long.
+const CANDIDATES: usize = 8;
+const CANDIDATE_LIFE: Duration = Duration::from_secs(20);
+/// A receive slot: a datagram up to 64 KiB, or a GRO batch of them.
+const SLOT: usize = 1 << 16;
 
 /// Socket buffers (as the WireGuard devices' own, see `offload`).
 const SOCKET_BUFFER: usize = 7 << 20;
@@ -143,6 +162,8 @@ fn end(side: &Side) -> std::io::Result<End> {
         socket,
         state,
         at: Mutex::new(None),
+        candidates: Mutex::new(Vec::new()),
+        local: Mutex::new(None),
         checkers,
         from_ips: side.from_ips.clone(),
     })
@@ -172,24 +193,71 @@ fn allow_fragments(socket: &UdpSocket) -> std::io::Result<()> {
     }
 }
 
+/// A WireGuard message's type and its two indexes (sender, receiver; 0
+/// where it has none), from the wire format (type in the first byte,
+/// little-endian indexes); None for anything not WireGuard-shaped.
+fn message(d: &[u8]) -> Option<(u8, u32, u32)> {
+    let idx = |at: usize| d.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()));
+    match (d.first()?, d.len()) {
+        (1, 148) => Some((1, idx(4)?, 0)),
+        (2, 92) => Some((2, idx(4)?, idx(8)?)),
+        (3, 64) => Some((3, 0, idx(4)?)),
+        (4, n) if n >= 32 => Some((4, 0, idx(4)?)),
+        _ => None,
+    }
+}
+
 impl End {
-    /// Whether `first` (a datagram's first segment) from `from` may make
-    /// `from` this side's address: a WireGuard handshake message whose mac1
-    /// verifies for one of the keys, from an allowed address.
+    /// Whether handshake `first` from `from` makes `from` a candidate: its
+    /// mac1 verifies for one of the keys, from an allowed address.
     fn admits(&self, from: SocketAddr, first: &[u8]) -> bool {
         let ip_ok = match from.ip() {
             IpAddr::V4(ip) => self.from_ips.is_empty() || self.from_ips.contains(&ip),
             IpAddr::V6(_) => false,
         };
-        // Handshake initiation (type 1, 148 bytes) or response (2, 92).
-        let handshake = matches!((first.first(), first.len()), (Some(1), 148) | (Some(2), 92));
-        if !ip_ok || !handshake {
-            return false;
-        }
         let mut scratch = [0u8; 256];
-        self.checkers
+        ip_ok
+            && self
+                .checkers
+                .iter()
+                .any(|c| c.verify_packet(None, first, &mut scratch).is_ok())
+    }
+
+    fn add_candidate(&self, from: SocketAddr, sender: u32) {
+        let mut c = self.candidates.lock().unwrap();
+        c.retain(|(a, i, at)| !(*a == from && *i == sender) && at.elapsed() < CANDIDATE_LIFE);
+        if c.len() >= CANDIDATES {
+            c.remove(0);
+        }
+        c.push((from, sender, Instant::now()));
+    }
+
+    /// Learns the candidate whose handshake had sender index `index` (the
+    /// other side just sent a message to it); its address.
+    fn vouched(&self, index: u32) -> Option<SocketAddr> {
+        let mut c = self.candidates.lock().unwrap();
+        let i = c
             .iter()
-            .any(|c| c.verify_packet(None, first, &mut scratch).is_ok())
+            .position(|(_, s, at)| *s == index && at.elapsed() < CANDIDATE_LIFE)?;
+        let (addr, _, _) = c.remove(i);
+        *self.at.lock().unwrap() = Some(addr);
+        Some(addr)
+    }
+
+    /// Where a handshake for this side goes: its learned address, or while
+    /// it has none, its candidates.
+    fn handshake_targets(&self) -> Vec<SocketAddr> {
+        match *self.at.lock().unwrap() {
+            Some(a) => vec![a],
+            None => self
+                .candidates
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(_, _, at)| at.elapsed() < CANDIDATE_LIFE)
+                .map(|(a, _, _)| *a)
+                .collect(),
+        }
     }
 }
 
@@ -245,8 +313,7 @@ impl Bucket {
 fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: u64) {
     let (src, dst) = (&ends[from], &ends[1 - from]);
     let batch = quinn_udp::BATCH_SIZE;
-    let segment = 2048 * src.state.gro_segments().max(1);
-    let mut storage = vec![0u8; batch * segment];
+    let mut storage = vec![0u8; batch * SLOT];
     let mut meta = vec![RecvMeta::default(); batch];
     let mut bucket = Bucket {
         rate,
@@ -255,7 +322,7 @@ fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: 
     };
     while !stop.load(Ordering::Relaxed) {
         let n = {
-            let mut bufs: Vec<IoSliceMut> = storage.chunks_mut(segment).map(IoSliceMut::new).collect();
+            let mut bufs: Vec<IoSliceMut> = storage.chunks_mut(SLOT).map(IoSliceMut::new).collect();
             match src.state.recv((&src.socket).into(), &mut bufs, &mut meta) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -269,36 +336,58 @@ fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: 
                 }
             }
         };
-        let to = *dst.at.lock().unwrap();
-        for (m, buf) in meta.iter().take(n).zip(storage.chunks(segment)) {
-            let data = &buf[..m.len];
-            let stride = m.stride.min(m.len).max(1);
-            let known = *src.at.lock().unwrap() == Some(m.addr);
-            if !known {
-                if !src.admits(m.addr, &data[..stride]) {
-                    c.unknown_source.fetch_add((m.len / stride) as u64, Ordering::Relaxed);
-                    continue;
-                }
-                *src.at.lock().unwrap() = Some(m.addr);
-                c.learned.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(side = from, at = %m.addr, "relay: a side's gateway learned");
-            }
-            let Some(to) = to else {
-                c.no_peer.fetch_add(1, Ordering::Relaxed);
+        for (m, buf) in meta.iter().take(n).zip(storage.chunks(SLOT)) {
+            let data = &buf[..m.len.min(SLOT)];
+            let stride = m.stride.clamp(1, data.len().max(1));
+            let count = data.len().div_ceil(stride) as u64;
+            let Some((kind, sender, receiver)) = message(&data[..stride.min(data.len())]) else {
+                c.unknown_source.fetch_add(count, Ordering::Relaxed);
                 continue;
             };
-            if !bucket.take(m.len as u64) {
-                c.rate_limited.fetch_add(1, Ordering::Relaxed);
+            let learned = *src.at.lock().unwrap() == Some(m.addr);
+            if let Some(ip) = m.dst_ip {
+                *src.local.lock().unwrap() = Some(ip);
+            }
+            // A handshake from anywhere acceptable makes a candidate; the
+            // other side's answer to it (by index) makes it learned.
+            let handshake = kind == 1 || kind == 2;
+            if !learned {
+                if handshake && src.admits(m.addr, data) {
+                    src.add_candidate(m.addr, sender);
+                } else {
+                    c.unknown_source.fetch_add(count, Ordering::Relaxed);
+                    continue;
+                }
+            }
+            let targets = match dst.vouched(receiver).filter(|_| kind != 1) {
+                Some(a) => {
+                    c.learned.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(side = 1 - from, at = %a, "relay: a side's gateway learned");
+                    vec![a]
+                }
+                None if kind == 1 => dst.handshake_targets(),
+                None => dst.at.lock().unwrap().iter().copied().collect(),
+            };
+            if targets.is_empty() {
+                c.no_peer.fetch_add(count, Ordering::Relaxed);
                 continue;
             }
-            // As many datagrams per send as the other socket may segment.
-            let per_send = stride * dst.state.max_gso_segments().max(1);
-            for chunk in data.chunks(per_send) {
-                if send(dst, to, chunk, stride) {
-                    c.packets[from].fetch_add(chunk.len().div_ceil(stride) as u64, Ordering::Relaxed);
-                    c.bytes[from].fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                } else {
-                    c.send_failed.fetch_add(1, Ordering::Relaxed);
+            if !bucket.take(data.len() as u64) {
+                c.rate_limited.fetch_add(count, Ordering::Relaxed);
+                continue;
+            }
+            let local = *dst.local.lock().unwrap();
+            for to in targets {
+                let per_send = stride * dst.state.max_gso_segments().max(1);
+                for chunk in data.chunks(per_send) {
+                    let sent = send(dst, to, local, chunk, stride);
+                    let k = chunk.len().div_ceil(stride) as u64;
+                    if sent {
+                        c.packets[from].fetch_add(k, Ordering::Relaxed);
+                        c.bytes[from].fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    } else {
+                        c.send_failed.fetch_add(k, Ordering::Relaxed);
+                    }
                 }
             }
         }
@@ -306,29 +395,41 @@ fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: 
 }
 
 /// Sends `chunk` (datagrams of `stride` bytes, the last maybe shorter) to
-/// `to` from `end`'s socket in one call, waiting a little for room when
-/// its buffer is full.
-fn send(end: &End, to: SocketAddr, chunk: &[u8], stride: usize) -> bool {
-    let t = Transmit {
-        destination: to,
-        ecn: None,
-        contents: chunk,
-        segment_size: (chunk.len() > stride).then_some(stride),
-        src_ip: None,
-    };
-    for _ in 0..3 {
-        match end.state.try_send((&end.socket).into(), &t) {
-            Ok(()) => return true,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                wait(&end.socket, nix::poll::PollFlags::POLLOUT, ROOM_MS);
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "relay send");
-                return false;
+/// `to` from `end`'s socket (from address `local` when known), in one call
+/// when it can segment them, waiting a little for room when its buffer is
+/// full; a segmented send the kernel refuses (a datagram over the path's
+/// MTU) goes again one datagram at a time.
+fn send(end: &End, to: SocketAddr, local: Option<IpAddr>, chunk: &[u8], stride: usize) -> bool {
+    let one = |contents: &[u8], segment: Option<usize>| {
+        let t = Transmit {
+            destination: to,
+            ecn: None,
+            contents,
+            segment_size: segment,
+            src_ip: local,
+        };
+        for _ in 0..3 {
+            match end.state.try_send((&end.socket).into(), &t) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    wait(&end.socket, nix::poll::PollFlags::POLLOUT, ROOM_MS);
+                }
+                Err(e) => return Err(e),
             }
         }
+        Err(std::io::ErrorKind::WouldBlock.into())
+    };
+    if chunk.len() <= stride {
+        return one(chunk, None).is_ok();
     }
-    false
+    match one(chunk, Some(stride)) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(e) => {
+            tracing::debug!(error = %e, "relay: a segmented send refused, sending one by one");
+            chunk.chunks(stride).all(|d| one(d, None).is_ok())
+        }
+    }
 }
 
 #[cfg(test)]
@@ -413,32 +514,40 @@ mod tests {
         assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 0);
         assert!(relay.counters.unknown_source.load(Ordering::Relaxed) >= 2);
 
-        // a's initiation: a learned; b not yet, so it goes nowhere.
+        // a's initiation: a candidate, not learned (only b's answer can
+        // vouch for it); b is unknown, so it goes nowhere.
         let TunnResult::WriteToNetwork(init) = ta.format_handshake_initiation(&mut buf, false) else {
             panic!()
         };
         ga.send_to(init, at(ports.0)).unwrap();
         std::thread::sleep(Duration::from_millis(300));
-        assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 1);
+        assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 0);
         assert_eq!(relay.counters.no_peer.load(Ordering::Relaxed), 1);
+        // Its replay from a stranger: a candidate too, which nothing will
+        // vouch for (b never answers a replay).
+        stranger.send_to(init, at(ports.0)).unwrap();
 
-        // b initiates too (as both sides do): learned, and relayed to a.
+        // b initiates too (as both sides do): relayed to a's candidates.
         let TunnResult::WriteToNetwork(init) = tb.format_handshake_initiation(&mut buf, false) else {
             panic!()
         };
         gb.send_to(init, at(ports.1)).unwrap();
         let got = recv(&ga).expect("b's initiation relayed to a");
+        assert!(recv(&stranger).is_some(), "a handshake goes to every candidate");
+        // a's response vouches for b: learned, and it gets it.
         let TunnResult::WriteToNetwork(resp) = ta.decapsulate(None, &got, &mut out) else {
             panic!("not a response")
         };
         ga.send_to(resp, at(ports.0)).unwrap();
         let got = recv(&gb).expect("a's response relayed to b");
+        assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 1);
         assert!(matches!(
             tb.decapsulate(None, &got, &mut out),
             TunnResult::WriteToNetwork(_) | TunnResult::Done
         ));
 
-        // Data from b to a, encrypted end to end: the relay only forwards.
+        // Data from b to a on the session a's response opened: it vouches
+        // for a. Encrypted end to end: the relay only forwards.
         let packet = [0x45, 0, 0, 20, 0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 2, 10, 0, 0, 1];
         let TunnResult::WriteToNetwork(data) = tb.encapsulate(&packet, &mut buf) else {
             panic!("no session at b")
@@ -447,13 +556,24 @@ mod tests {
         let got = recv(&ga).expect("b's data relayed to a");
         assert!(matches!(ta.decapsulate(None, &got, &mut out), TunnResult::WriteToTunnelV4(p, _) if p == packet));
 
-        // A stranger cannot take a's place with data, and a moving is
-        // learned only from a handshake.
+        // A stranger cannot take a's place with data; runts are dropped,
+        // not a crash; the stranger got no data.
         stranger.send_to(&got, at(ports.0)).unwrap();
+        stranger.send_to(&[], at(ports.0)).unwrap();
+        stranger.send_to(&[1], at(ports.1)).unwrap();
         std::thread::sleep(Duration::from_millis(200));
         assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 2);
         assert!(relay.counters.packets[0].load(Ordering::Relaxed) >= 1);
         assert!(relay.counters.packets[1].load(Ordering::Relaxed) >= 2);
+        stranger.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        assert!(recv(&stranger).is_none(), "data went to a stranger");
+        // And a to b.
+        let TunnResult::WriteToNetwork(data) = ta.encapsulate(&packet, &mut buf) else {
+            panic!("no session at a")
+        };
+        ga.send_to(data, at(ports.0)).unwrap();
+        let got = recv(&gb).expect("a's data relayed to b");
+        assert!(matches!(tb.decapsulate(None, &got, &mut out), TunnResult::WriteToTunnelV4(p, _) if p == packet));
     }
 
     #[test]

@@ -188,7 +188,7 @@ struct Background {
     chooser: tokio::task::JoinHandle<()>,
     peer_sync: tokio::task::JoinHandle<()>,
     /// The endpoint discovery reflector (UDP on the gRPC address).
-    reflector: Option<tokio::task::JoinHandle<()>>,
+    reflector: Option<crate::reflector::Reflector>,
 }
 
 impl Background {
@@ -237,9 +237,7 @@ impl Background {
         self.revocations.abort();
         self.conflicts.abort();
         self.peer_sync.abort();
-        if let Some(r) = self.reflector {
-            r.abort();
-        }
+        drop(self.reflector);
         // Ends the campaign too (it stops once nobody listens), which gives
         // up the leadership at once instead of at the end of its lease.
         self.chooser.abort();

@@ -260,6 +260,9 @@ impl State {
                     "site {peer_site:?} sent parameters under another CA"
                 )));
             }
+            // Every update, whatever else changed: no candidate on this
+            // site's hosts.
+            check_candidates(&snap.host_addresses(site), &remote)?;
             let mut next = p.clone();
             let mut remote = remote.clone();
             let changed = old.workload_cidrs != remote.workload_cidrs || old.external_cidr != remote.external_cidr;
@@ -386,12 +389,7 @@ impl State {
                 .map_err(|e| Error::InvalidArgument(format!("external_cidr: {e}")))?;
         }
         let hosts = snap.host_addresses(site);
-        // A peer must not point this site's gateways at this site's hosts.
-        for (i, g) in remote.gateways.iter().enumerate() {
-            let listed: Vec<weft_proto::v1::Candidate> = g.candidates.iter().map(|c| c.to_pb()).collect();
-            weft_core::nat::candidates(&format!("gateways[{i}].candidates"), &listed, &hosts)
-                .map_err(Error::InvalidArgument)?;
-        }
+        check_candidates(&hosts, remote)?;
         if site.underlay_overlap == crate::domain::UnderlayOverlap::Refuse {
             for (i, c) in remote.workload_cidrs.iter().enumerate() {
                 if let Some((ip, who)) = hosts.iter().find(|(ip, _)| c.contains(ip)) {
@@ -584,6 +582,18 @@ impl State {
         }
         Err(Error::Aborted("the agent's record kept changing; retry".into()))
     }
+}
+
+/// A peer must not point this site's gateways at this site's own hosts:
+/// each of its gateways' candidates checked against `hosts`, naming the
+/// field.
+fn check_candidates(hosts: &[(std::net::Ipv4Addr, String)], remote: &RemoteSite) -> Result<(), Error> {
+    for (i, g) in remote.gateways.iter().enumerate() {
+        let listed: Vec<weft_proto::v1::Candidate> = g.candidates.iter().map(|c| c.to_pb()).collect();
+        weft_core::nat::candidates(&format!("gateways[{i}].candidates"), &listed, hosts)
+            .map_err(Error::InvalidArgument)?;
+    }
+    Ok(())
 }
 
 fn over_host(field: &str, c: &Ipv4Net, ip: &std::net::Ipv4Addr, who: &str, site: &str) -> Error {
