@@ -29,7 +29,7 @@
 
 use std::io::IoSliceMut;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -105,9 +105,12 @@ struct End {
     /// Addresses that sent an acceptable handshake, with its sender index,
     /// newest last, at most [`CANDIDATES`].
     candidates: Mutex<Vec<(SocketAddr, u32, Instant)>>,
-    /// The relay's address the side's gateway sends to (replies leave from
-    /// it, on a host with several).
-    local: Mutex<Option<IpAddr>>,
+    /// How many candidates wait (read for every datagram; the list only
+    /// when some do).
+    waiting: AtomicUsize,
+    /// The relay's IPv4 address the side's gateway sends to (replies leave
+    /// from it, on a host with several); 0: not seen yet.
+    local: AtomicU32,
     /// mac1 checkers for the keys its handshakes are addressed to.
     checkers: Vec<RateLimiter>,
     from_ips: Vec<Ipv4Addr>,
@@ -163,7 +166,8 @@ fn end(side: &Side) -> std::io::Result<End> {
         state,
         at: Mutex::new(None),
         candidates: Mutex::new(Vec::new()),
-        local: Mutex::new(None),
+        waiting: AtomicUsize::new(0),
+        local: AtomicU32::new(0),
         checkers,
         from_ips: side.from_ips.clone(),
     })
@@ -230,6 +234,7 @@ impl End {
             c.remove(0);
         }
         c.push((from, sender, Instant::now()));
+        self.waiting.store(c.len(), Ordering::Relaxed);
     }
 
     /// Learns the candidate whose handshake had sender index `index` (the
@@ -336,6 +341,10 @@ fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: 
                 }
             }
         };
+        // Where each side is, as of this batch (learned addresses change
+        // rarely; a datagram that vouches for one updates it).
+        let mut src_at = *src.at.lock().unwrap();
+        let mut dst_at = *dst.at.lock().unwrap();
         for (m, buf) in meta.iter().take(n).zip(storage.chunks(SLOT)) {
             let data = &buf[..m.len.min(SLOT)];
             let stride = m.stride.clamp(1, data.len().max(1));
@@ -344,52 +353,75 @@ fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: 
                 c.unknown_source.fetch_add(count, Ordering::Relaxed);
                 continue;
             };
-            let learned = *src.at.lock().unwrap() == Some(m.addr);
-            if let Some(ip) = m.dst_ip {
-                *src.local.lock().unwrap() = Some(ip);
-            }
-            // A handshake from anywhere acceptable makes a candidate; the
-            // other side's answer to it (by index) makes it learned.
-            let handshake = kind == 1 || kind == 2;
-            if !learned {
-                if handshake && src.admits(m.addr, data) {
+            if src_at != Some(m.addr) {
+                // A handshake from anywhere acceptable makes a candidate;
+                // the other side's answer to it (by index) makes it learned.
+                if (kind == 1 || kind == 2) && src.admits(m.addr, data) {
                     src.add_candidate(m.addr, sender);
                 } else {
                     c.unknown_source.fetch_add(count, Ordering::Relaxed);
                     continue;
                 }
+            } else if let Some(IpAddr::V4(ip)) = m.dst_ip {
+                src.local.store(u32::from(ip), Ordering::Relaxed);
             }
-            let targets = match dst.vouched(receiver).filter(|_| kind != 1) {
-                Some(a) => {
-                    c.learned.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(side = 1 - from, at = %a, "relay: a side's gateway learned");
-                    vec![a]
-                }
-                None if kind == 1 => dst.handshake_targets(),
-                None => dst.at.lock().unwrap().iter().copied().collect(),
-            };
-            if targets.is_empty() {
-                c.no_peer.fetch_add(count, Ordering::Relaxed);
-                continue;
+            if kind != 1
+                && dst.waiting.load(Ordering::Relaxed) > 0
+                && let Some(a) = dst.vouched(receiver)
+            {
+                c.learned.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(side = 1 - from, at = %a, "relay: a side's gateway learned");
+                dst_at = Some(a);
+                src_at = *src.at.lock().unwrap();
             }
             if !bucket.take(data.len() as u64) {
                 c.rate_limited.fetch_add(count, Ordering::Relaxed);
                 continue;
             }
-            let local = *dst.local.lock().unwrap();
-            for to in targets {
-                let per_send = stride * dst.state.max_gso_segments().max(1);
-                for chunk in data.chunks(per_send) {
-                    let sent = send(dst, to, local, chunk, stride);
-                    let k = chunk.len().div_ceil(stride) as u64;
-                    if sent {
-                        c.packets[from].fetch_add(k, Ordering::Relaxed);
-                        c.bytes[from].fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                    } else {
-                        c.send_failed.fetch_add(k, Ordering::Relaxed);
+            match (kind, dst_at) {
+                (_, Some(to)) => relay(dst, to, data, stride, &c.packets[from], &c.bytes[from], &c.send_failed),
+                // A handshake for a side not learned goes to its candidates
+                // (one of them is the gateway; the others cannot use it).
+                (1, None) => {
+                    let targets = dst.handshake_targets();
+                    if targets.is_empty() {
+                        c.no_peer.fetch_add(count, Ordering::Relaxed);
+                    }
+                    for to in targets {
+                        relay(dst, to, data, stride, &c.packets[from], &c.bytes[from], &c.send_failed);
                     }
                 }
+                (_, None) => {
+                    c.no_peer.fetch_add(count, Ordering::Relaxed);
+                }
             }
+        }
+    }
+}
+
+/// Sends `data` (datagrams of `stride` bytes) to `to` from `end`, as many
+/// per call as its socket may segment, counting what went and what not.
+fn relay(
+    end: &End,
+    to: SocketAddr,
+    data: &[u8],
+    stride: usize,
+    packets: &AtomicU64,
+    bytes: &AtomicU64,
+    failed: &AtomicU64,
+) {
+    let local = match end.local.load(Ordering::Relaxed) {
+        0 => None,
+        ip => Some(IpAddr::V4(Ipv4Addr::from(ip))),
+    };
+    let per_send = stride * end.state.max_gso_segments().max(1);
+    for chunk in data.chunks(per_send) {
+        let k = chunk.len().div_ceil(stride) as u64;
+        if send(end, to, local, chunk, stride) {
+            packets.fetch_add(k, Ordering::Relaxed);
+            bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        } else {
+            failed.fetch_add(k, Ordering::Relaxed);
         }
     }
 }
