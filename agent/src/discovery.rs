@@ -184,7 +184,10 @@ fn run(sock: &Socket, shared: &Mutex<Shared>, stop: &AtomicBool, changed: &dyn F
             }
             let new = found(&r);
             let answered = new.nat != Behaviour::Unknown.as_str();
-            due.insert(link.clone(), now + if answered { EVERY } else { RETRY });
+            // Spread over a second, so that a gateway's tunnels do not all
+            // probe at once (each reflector limits answers per source).
+            let jitter = Duration::from_millis(u64::from(r.sent.first().map_or(0, |(_, n)| n[0])) * 4);
+            due.insert(link.clone(), now + jitter + if answered { EVERY } else { RETRY });
             let complete = r.answers.iter().all(Option::is_some);
             let misses = partial.entry(link.clone()).or_default();
             *misses = if complete { 0 } else { *misses + 1 };

@@ -29,8 +29,10 @@ pub static LIMITED: AtomicU64 = AtomicU64::new(0);
 
 /// Answers a second per source address; the rest of a source's probes in
 /// that second are dropped (a flood from a few sources cannot take the
-/// budget of everyone else).
-pub const ANSWERS_PER_SOURCE: u32 = 20;
+/// budget of everyone else). One address can be a NAT with several
+/// gateways behind it, each probing from every tunnel every 5 s (100
+/// peerings: 20 probes a second per gateway and reflector).
+pub const ANSWERS_PER_SOURCE: u32 = 200;
 /// Sources tracked in a second, at most (beyond: only the global limit).
 const SOURCES: usize = 10_000;
 
