@@ -115,8 +115,12 @@ fn a_site_behind_nat_without_an_endpoint_peers_directly_with_a_public_one() {
         .lab
         .exec(&s.ns["gwb"], &["ping", "-c", "1", "-W", "1", "192.168.10.10"]);
     assert!(!o.status.success(), "site a's gateway was reachable from the WAN");
-    let peers = weft_tests::weftctl_json(&s.tb, &["peerings"]);
-    assert_eq!(peers["peerings"][0]["tunnel"]["up"], true, "{peers}");
+    // b's gateway reports the tunnel up with its next probe (the workloads
+    // may have been through before).
+    let peers = weft_tests::eventually("b's tunnel reported up", std::time::Duration::from_secs(10), || {
+        let peers = weft_tests::weftctl_json(&s.tb, &["peerings"]);
+        (peers["peerings"][0]["tunnel"]["up"] == true).then_some(peers)
+    });
     assert_eq!(peers["peerings"][0]["tunnel"]["path"], "direct", "{peers}");
     weft_tests::step("a's gateway found its NAT: one outside port for both reflectors");
     weft_tests::eventually("a's NAT observed", std::time::Duration::from_secs(20), || {
@@ -156,9 +160,17 @@ fn two_sites_behind_endpoint_independent_nat_connect_directly_by_hole_punching()
         weft_tests::pace::describe()
     );
     for (t, router) in [(&s.ta, "192.168.78.30"), (&s.tb, "192.168.78.31")] {
-        let peers = weft_tests::weftctl_json(t, &["peerings"]);
+        // Claimed once the gateway reports the tunnel up (its probe runs
+        // every second; the workloads may have been through before).
+        let peers = weft_tests::eventually(
+            "the path shown hole-punched",
+            std::time::Duration::from_secs(10),
+            || {
+                let peers = weft_tests::weftctl_json(t, &["peerings"]);
+                (peers["peerings"][0]["tunnel"]["path"] == "hole-punched").then_some(peers)
+            },
+        );
         let p = &peers["peerings"][0];
-        assert_eq!(p["tunnel"]["path"], "hole-punched", "{peers}");
         assert_eq!(p["tunnel"]["nat"], "endpoint-independent", "{peers}");
         let own = p["local_gateways"][0]["candidates"].to_string();
         assert!(

@@ -38,11 +38,17 @@ impl LocalGateways {
                     .unwrap_or_default();
                 let found = g.discovered.get(&port);
                 let mut candidates: Vec<pb::Candidate> = Vec::new();
+                // The configured endpoint as a candidate only where a peer
+                // takes one (an endpoint on loopback, on a one-host lab, is
+                // still sent as the endpoint, as before).
                 if let Ok(a) = endpoint.parse::<std::net::SocketAddrV4>() {
-                    candidates.push(pb::Candidate {
+                    let c = pb::Candidate {
                         address: a.to_string(),
                         kind: CandidateKind::Configured.as_str().into(),
-                    });
+                    };
+                    if weft_core::nat::candidates("", std::slice::from_ref(&c), &[]).is_ok() {
+                        candidates.push(c);
+                    }
                 }
                 for c in found.iter().flat_map(|d| &d.candidates) {
                     if c.kind == CandidateKind::Reflexive
