@@ -14,6 +14,9 @@ use crate::hub::Hub;
 use crate::state::AliveRecord;
 use crate::state::State;
 
+mod tunnel;
+use tunnel::{path_check, tunnel_checks};
+
 /// Skew above which certificates and tokens may be judged wrongly.
 const SKEW_FAIL: f64 = 1.0;
 const SKEW_WARN: f64 = 0.25;
@@ -290,146 +293,6 @@ fn kernel_checks(a: &Agent, rec: &AliveRecord, out: &mut Vec<pb::Check>) {
                 "run the gateway on a kernel with WireGuard (Linux 5.6 or later, CONFIG_WIREGUARD) and restart its agent: \
                  with --wireguard auto it takes the kernel's",
             ));
-        }
-    }
-}
-
-fn tunnel_checks(
-    site: &crate::domain::Site,
-    p: &crate::domain::Peering,
-    t: Option<pb::TunnelStatus>,
-    out: &mut Vec<pb::Check>,
-) {
-    let subject = format!("peering/{}", p.site_id);
-    let Some(t) = t else {
-        out.push(check(
-            "tunnel",
-            subject,
-            pb::CheckResult::Warn,
-            "no gateway reported a tunnel for this peering".into(),
-            "is the active gateway connected (`weftctl status`)? The peering may still be negotiating",
-        ));
-        return;
-    };
-    if t.up {
-        out.push(pass(
-            "tunnel",
-            subject.clone(),
-            format!("up through {}, RTT {:.1} ms", t.gateway, t.rtt_micros as f64 / 1000.0),
-        ));
-    } else {
-        out.push(check(
-            "tunnel",
-            subject.clone(),
-            pb::CheckResult::Fail,
-            format!("down: {} of {} probes unanswered", t.probes_lost, t.probes_sent),
-            "check that the peer's gateway runs and that UDP to its endpoint passes (firewall, NAT, the WAN link)",
-        ));
-    }
-    let configured = match site.tunnel_mtu {
-        Some(m) => format!("this site's --tunnel-mtu {m}"),
-        None => "the peer's --tunnel-mtu, or the underlay".into(),
-    };
-    match t.path_mtu {
-        Some(c) if c.result == "ok" => out.push(pass(
-            "mtu",
-            subject,
-            format!(
-                "tunnel MTU {}: {}-byte packets with DF cross to {}",
-                t.mtu, c.probe_size, c.target
-            ),
-        )),
-        Some(c) if c.result == "too_big" || c.result == "unanswered" => {
-            let limit = if c.path_mtu > 0 {
-                format!("the path toward {} carries at most {} bytes", c.target, c.path_mtu)
-            } else {
-                format!(
-                    "{}-byte packets with DF toward {} are lost while small ones arrive",
-                    c.probe_size, c.target
-                )
-            };
-            let fix = if c.path_mtu > 0 {
-                format!(
-                    "set --tunnel-mtu to {} or less (the underlay's MTU minus 60), or unset it to derive it",
-                    c.path_mtu.saturating_sub(60)
-                )
-            } else {
-                "lower --tunnel-mtu (or unset it to derive it from the underlay)".to_string()
-            };
-            out.push(check(
-                "mtu",
-                subject,
-                pb::CheckResult::Fail,
-                format!(
-                    "tunnel MTU {} (from {configured}) is too high: full packets need {} bytes on the underlay but {limit}; they are fragmented or dropped",
-                    t.mtu, c.probe_size
-                ),
-                &fix,
-            ));
-        }
-        other => out.push(check(
-            "mtu",
-            subject,
-            pb::CheckResult::Warn,
-            match other {
-                Some(c) => format!(
-                    "not checked: the peer's endpoint {} does not answer ICMP echo",
-                    c.target
-                ),
-                None => "not checked yet (the gateway checks once the tunnel is up)".into(),
-            },
-            "allow ICMP echo between the gateways to have the path MTU checked",
-        )),
-    }
-}
-
-/// How the peering's tunnel gets through: directly, hole-punched, or not
-/// yet, and then why and what would fix it.
-fn path_check(
-    site: &crate::domain::Site,
-    p: &crate::domain::Peering,
-    local: &[pb::GatewayInfo],
-    up: bool,
-) -> pb::Check {
-    let subject = format!("peering/{}", p.site_id);
-    let path = weft_core::peer::tunnel_path(p, local, up);
-    let own = local.iter().find(|g| g.active).or(local.first());
-    let peer = p
-        .remote
-        .as_ref()
-        .and_then(|r| r.gateways.iter().find(|g| g.active).or(r.gateways.first()));
-    let nat_of = |n: Option<&str>| match n {
-        Some("") | None => "not probed yet".to_string(),
-        Some(n) => n.to_string(),
-    };
-    let own_nat = nat_of(own.map(|g| g.nat.as_str()));
-    let peer_nat = nat_of(peer.and_then(|g| g.nat.map(|b| b.as_str())));
-    match path {
-        "direct" => pass("path", subject, "direct: a gateway has a reachable endpoint".into()),
-        "hole-punched" => pass(
-            "path",
-            subject,
-            format!(
-                "hole-punched: both gateways behind NAT (this side: {own_nat}; the peer: {peer_nat}), both send at once"
-            ),
-        ),
-        _ => {
-            let gw = own.map(|g| g.name.as_str()).unwrap_or("the active gateway");
-            check(
-                "path",
-                subject,
-                pb::CheckResult::Warn,
-                format!(
-                    "no direct path yet: neither side has a gateway endpoint, and hole punching needs NAT that keeps one \
-                     outside port for every destination (this side's NAT: {own_nat}; the peer's: {peer_nat}); an \
-                     endpoint-dependent NAT gives a new port per destination"
-                ),
-                &format!(
-                    "forward UDP {} on this site's router to gateway {gw} and give it --endpoint ROUTER_ADDRESS:{} \
-                     (or have the peer do the same)",
-                    site.wireguard_ports, site.wireguard_ports.first
-                ),
-            )
         }
     }
 }

@@ -424,6 +424,82 @@ pub(super) fn new_node(
     })
 }
 
+/// What agents report about their hosts, recorded when it changes.
+impl State {
+    /// Records what gateway `name`'s endpoint discovery found, per
+    /// peering port (a write only when it changed, which sends the peers
+    /// its new candidates).
+    pub async fn set_discovered(
+        &self,
+        name: &str,
+        discovered: std::collections::BTreeMap<u16, weft_core::nat::Discovered>,
+    ) -> Result<(), Error> {
+        let key = self.at(Key::Gateway(name));
+        for _ in 0..super::MAX_ATTEMPTS {
+            let Some(kv) = self.store.get(&key).await? else {
+                return Err(Error::Unauthenticated(format!(
+                    "{name:?} has been removed; enroll it again"
+                )));
+            };
+            let mut g: crate::domain::Gateway = super::decode(&kv)?;
+            if g.discovered == discovered {
+                return Ok(());
+            }
+            g.discovered = discovered.clone();
+            let txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), kv.mod_revision))
+                .then(Op::put(key.clone(), encode(&g)));
+            if self.store.txn(txn).await?.succeeded {
+                tracing::info!(gateway = name, ?discovered, "endpoint discovery changed");
+                return Ok(());
+            }
+        }
+        Err(Error::Aborted("the gateway's record kept changing; retry".into()))
+    }
+
+    /// Records whether agent `name`'s kernel can make Geneve links (a
+    /// write only when it changed, which re-renders its tunnels).
+    pub async fn set_geneve(&self, role: crate::domain::AgentRole, name: &str, geneve: bool) -> Result<(), Error> {
+        use crate::domain::{AgentRole, Gateway, Node};
+        fn flip<T: serde::Serialize + serde::de::DeserializeOwned>(
+            kv: &crate::store::KeyValue,
+            geneve: bool,
+            field: impl Fn(&mut T) -> &mut bool,
+        ) -> Result<Option<Vec<u8>>, Error> {
+            let mut rec: T = super::decode(kv)?;
+            if *field(&mut rec) == geneve {
+                return Ok(None);
+            }
+            *field(&mut rec) = geneve;
+            Ok(Some(encode(&rec)))
+        }
+        let key = match role {
+            AgentRole::Node => self.at(Key::Node(name)),
+            AgentRole::Gateway => self.at(Key::Gateway(name)),
+        };
+        for _ in 0..super::MAX_ATTEMPTS {
+            let Some(kv) = self.store.get(&key).await? else {
+                return Err(Error::Unauthenticated(format!(
+                    "{name:?} has been removed; enroll it again"
+                )));
+            };
+            let new = match role {
+                AgentRole::Node => flip::<Node>(&kv, geneve, |n| &mut n.geneve)?,
+                AgentRole::Gateway => flip::<Gateway>(&kv, geneve, |g| &mut g.geneve)?,
+            };
+            let Some(value) = new else { return Ok(()) };
+            let txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), kv.mod_revision))
+                .then(Op::put(key.clone(), value));
+            if self.store.txn(txn).await?.succeeded {
+                tracing::info!(agent = name, geneve, "kernel features changed");
+                return Ok(());
+            }
+        }
+        Err(Error::Aborted("the agent's record kept changing; retry".into()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
