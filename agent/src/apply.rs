@@ -179,6 +179,14 @@ pub fn describe(o: &pb::DesiredObject) -> String {
             f.tunnel,
             f.allowed.join(", ")
         ),
+        Some(Kind::RelaySession(r)) => {
+            let side = |s: &Option<pb::RelaySide>| s.as_ref().map(|s| format!("{} (port {})", s.site, s.port));
+            format!(
+                "relay between {} and {}",
+                side(&r.a).unwrap_or_default(),
+                side(&r.b).unwrap_or_default()
+            )
+        }
         None => "(empty object)".into(),
     }
 }

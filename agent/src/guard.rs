@@ -330,6 +330,7 @@ impl Guard {
                 Ok(())
             }
             Some(Kind::DnsRecord(r)) => crate::dns::check_record(r).map(|_| ()),
+            Some(Kind::RelaySession(r)) => crate::relay::check(r).map(|_| ()),
             Some(Kind::TunnelFilter(f)) => {
                 if f.namespace.is_empty() {
                     return Err(

@@ -15,6 +15,7 @@ pub mod identity;
 pub mod linux;
 pub mod metrics;
 pub mod probe;
+pub mod relay;
 pub mod run;
 pub mod session;
 pub mod wgkey;

@@ -48,6 +48,8 @@ pub struct Linux {
     counting: bool,
     /// Gateways: the WireGuard chosen at start, and why.
     wireguard: Option<WireguardChoice>,
+    /// Gateways of a relay site: the relayed tunnels.
+    relays: crate::relay::Relays,
 }
 
 impl std::fmt::Debug for Linux {
@@ -91,6 +93,7 @@ impl Linux {
             writes: 0,
             counting: false,
             wireguard,
+            relays: Default::default(),
         })
     }
 
@@ -234,6 +237,20 @@ impl Applier for Linux {
                 pb::ObjectError { id, message }
             })
             .collect();
+        // Relayed tunnels (a relay site's gateway), not the kernel's.
+        if !self.plane.node {
+            let sessions: Vec<(String, pb::RelaySession)> = fin
+                .values()
+                .filter_map(|o| match &o.kind {
+                    Some(Kind::RelaySession(r)) => Some((o.id.clone(), r.clone())),
+                    _ => None,
+                })
+                .collect();
+            for (id, message) in self.relays.set(&sessions) {
+                tracing::warn!(object = %id, error = %message, "not applied");
+                errors.push(pb::ObjectError { id, message });
+            }
+        }
         // Probes follow the WireGuard links held.
         let links: BTreeMap<String, (pb::Link, pb::Wireguard)> = fin
             .values()

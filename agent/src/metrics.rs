@@ -47,6 +47,8 @@ pub struct AgentMetrics {
     /// answer taken; ignored: from an address not probed, or with a nonce
     /// not sent; unanswered: a probe without an answer in time).
     pub discovery: Family<Labels, Counter>,
+    /// Gateways of a relay site: the relayed tunnels' counters.
+    pub relays: Mutex<crate::relay::Seen>,
 }
 
 impl AgentMetrics {
@@ -96,6 +98,7 @@ pub fn get() -> &'static AgentMetrics {
             traffic: Mutex::new(Vec::new()),
             dns_queries: Family::default(),
             discovery: Family::default(),
+            relays: Mutex::new(Vec::new()),
         };
         r.register(
             "weft_agent_reconcile_duration_seconds",
@@ -152,6 +155,7 @@ pub fn get() -> &'static AgentMetrics {
             for t in m.tunnels.lock().unwrap().iter() {
                 weft_common::obs::tunnel_series(f, t, &[]);
             }
+            crate::relay::series(f, &m.relays.lock().unwrap());
             let traffic = if m.node_accounting.load(std::sync::atomic::Ordering::Relaxed) {
                 m.traffic.lock().unwrap().clone()
             } else {

@@ -145,6 +145,16 @@ pub struct ControllerArgs {
     /// reached [default: 51820-51919].
     #[arg(global = true, long, env = "WEFT_WIREGUARD_PORTS")]
     pub wireguard_ports: Option<String>,
+    /// Relay tunnels between this site's peers that have no direct path
+    /// (both behind NAT), through this site's active gateway, which needs
+    /// an --endpoint; on --relay-ports.
+    #[arg(global = true, long, env = "WEFT_RELAY")]
+    pub relay: bool,
+    /// UDP ports relayed tunnels use on the active gateway, two per tunnel
+    /// (FIRST-LAST; implies --relay); open them on every gateway
+    /// [default: 51920-51999].
+    #[arg(global = true, long, env = "WEFT_RELAY_PORTS")]
+    pub relay_ports: Option<String>,
 }
 
 /// The configuration file's shape. Unknown fields are errors.
@@ -177,6 +187,8 @@ pub struct FileConfig {
     pub overlay_mtu: Option<u32>,
     pub tunnel_mtu: Option<u32>,
     pub wireguard_ports: Option<String>,
+    pub relay: Option<bool>,
+    pub relay_ports: Option<String>,
     pub peer_cidr_auto_accept: Option<Vec<String>>,
     pub peer_public_cidrs: Option<Vec<String>>,
     pub peer_cidr_over_underlay: Option<crate::domain::UnderlayOverlap>,
@@ -278,6 +290,8 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("overlay_mtu", "--overlay-mtu", "WEFT_OVERLAY_MTU"),
     ("tunnel_mtu", "--tunnel-mtu", "WEFT_TUNNEL_MTU"),
     ("wireguard_ports", "--wireguard-ports", "WEFT_WIREGUARD_PORTS"),
+    ("relay", "--relay", "WEFT_RELAY"),
+    ("relay_ports", "--relay-ports", "WEFT_RELAY_PORTS"),
     (
         "peer_cidr_auto_accept",
         "--peer-cidr-auto-accept",
@@ -853,6 +867,54 @@ fn data_path(
     (gateway_ttl, overlay_mtu, tunnel_mtu, wireguard_ports)
 }
 
+/// The relay's ports: None when this site does not relay.
+fn relay_ports(
+    args: &ControllerArgs,
+    file: &FileConfig,
+    wg: Option<PortRange>,
+    errs: &mut Vec<FieldError>,
+) -> Option<PortRange> {
+    let text = pick(args.relay_ports.clone(), file.relay_ports.clone());
+    let on = args.relay || file.relay == Some(true) || text.is_some();
+    if !on {
+        return None;
+    }
+    let range = match text {
+        None => PortRange {
+            first: 51920,
+            last: 51999,
+        },
+        Some(t) => match PortRange::parse(&t) {
+            Ok(r) if r.count() >= 2 => r,
+            Ok(_) => {
+                errs.push(FieldError {
+                    field: "relay_ports".into(),
+                    message: format!("{t:?} is one port; a relayed tunnel takes two"),
+                });
+                return None;
+            }
+            Err(message) => {
+                errs.push(FieldError {
+                    field: "relay_ports".into(),
+                    message,
+                });
+                return None;
+            }
+        },
+    };
+    if let Some(w) = wg
+        && range.first <= w.last
+        && w.first <= range.last
+    {
+        errs.push(FieldError {
+            field: "relay_ports".into(),
+            message: format!("{range} overlaps the WireGuard ports {w}; give ports outside them"),
+        });
+        return None;
+    }
+    Some(range)
+}
+
 /// Merges flags over the file, then validates. Public for tests.
 pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConfig, ConfigError> {
     let mut errs: Vec<FieldError> = Vec::new();
@@ -879,6 +941,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
     } = serving(args, file, &mut errs);
     let (peer_grace, agent_ttl, agent_cert_ttl) = lifetimes(args, file, &mut errs);
     let (gateway_ttl, overlay_mtu, tunnel_mtu, wireguard_ports) = data_path(args, file, &mut errs);
+    let relay_ports = relay_ports(args, file, wireguard_ports, &mut errs);
     if !errs.is_empty() {
         return Err(ConfigError(errs));
     }
@@ -923,6 +986,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             peer_public_cidrs,
             controller_ips,
             underlay_overlap: pick(args.peer_cidr_over_underlay, file.peer_cidr_over_underlay).unwrap_or_default(),
+            relay_ports,
         },
         data_dir,
         store,
@@ -1031,6 +1095,32 @@ mod tests {
         let e = resolve(&a, FileConfig::default()).unwrap_err();
         assert_eq!(fields(e.clone()), ["wireguard_ports"]);
         assert!(e.to_string().contains("--wireguard-ports"), "{e}");
+    }
+
+    #[test]
+    fn a_site_relays_only_when_asked_on_ports_apart_from_the_tunnels() {
+        let c = resolve(&args("site-a", &["10.1.0.0/16"]), FileConfig::default()).unwrap();
+        assert_eq!(c.site.relay_ports, None);
+        let mut a = args("site-a", &["10.1.0.0/16"]);
+        a.relay = true;
+        let c = resolve(&a, FileConfig::default()).unwrap();
+        assert_eq!(
+            c.site.relay_ports,
+            Some(PortRange {
+                first: 51920,
+                last: 51999
+            })
+        );
+        let file: FileConfig = toml::from_str("relay_ports = \"6000-6009\"\n").unwrap();
+        let c = resolve(&args("site-a", &["10.1.0.0/16"]), file).unwrap();
+        assert_eq!(c.site.relay_ports.map(|r| r.count()), Some(10));
+        for bad in ["51900-51950", "6000", "x"] {
+            let mut a = args("site-a", &["10.1.0.0/16"]);
+            a.relay_ports = Some(bad.into());
+            let e = resolve(&a, FileConfig::default()).unwrap_err();
+            assert_eq!(fields(e.clone()), ["relay_ports"], "{bad}");
+            assert!(e.to_string().contains("--relay-ports"), "{e}");
+        }
     }
 
     #[test]

@@ -196,6 +196,7 @@ fn collect(f: &mut Families, hub: &Hub, leading: bool) {
         }
     }
     crate::reflector::series(f);
+    crate::federation::relay::series(f);
     if let Some(site) = &model.site {
         let gateways = crate::federation::LocalGateways::of(&model);
         for p in model.peerings.values() {
@@ -204,12 +205,14 @@ fn collect(f: &mut Families, hub: &Hub, leading: bool) {
                 &gateways.for_port(site, p.listen_port),
                 hub.tunnel(&p.site_id).is_some_and(|t| t.up),
             );
-            for s in ["direct", "hole-punched", "waiting"] {
+            let relay = path.strip_prefix("relayed via ").unwrap_or("");
+            for s in ["direct", "hole-punched", "relayed", "waiting"] {
+                let on = path == s || (s == "relayed" && !relay.is_empty());
                 f.gauge(
                     "weft_controller_peering_path",
-                    "1 for the path the peering's tunnel takes: direct (a reachable endpoint), hole-punched (both behind NAT), waiting (no way found yet)",
-                    &[("peer_site", p.site_id.as_str()), ("path", s)],
-                    f64::from(u8::from(path == s)),
+                    "1 for the path the peering's tunnel takes: direct (a reachable endpoint), hole-punched (both behind NAT), relayed (through the relay site in label relay), waiting (no way found yet)",
+                    &[("peer_site", p.site_id.as_str()), ("path", s), ("relay", if s == "relayed" { relay } else { "" })],
+                    f64::from(u8::from(on)),
                 );
             }
         }

@@ -52,8 +52,12 @@ impl Drop for Reflector {
 /// controller is then off, and nothing else is affected.
 pub fn start(addr: SocketAddr) -> Option<Reflector> {
     let bound = UdpSocket::bind(addr).and_then(|s| {
-        s.set_read_timeout(Some(Duration::from_millis(200)))?;
         let state = quinn_udp::UdpSocketState::new((&s).into())?;
+        // quinn-udp made it non-blocking: blocking again, with a timeout
+        // to look at `stop`, or the thread spins on WouldBlock (a core's
+        // worth of a 2-core machine on every controller).
+        s.set_nonblocking(false)?;
+        s.set_read_timeout(Some(Duration::from_millis(200)))?;
         Ok((s, state))
     });
     let (socket, state) = match bound {

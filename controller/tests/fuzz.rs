@@ -195,6 +195,7 @@ proptest! {
             peer_public_cidrs: vec![],
             controller_ips: vec![],
             underlay_overlap: Default::default(),
+            relay_ports: None,
         };
         let mut m = Model { revision: 1, site: Some(Arc::new(site.clone())), ..Default::default() };
         let mut taken: Vec<Ipv4Net> = vec![];
@@ -239,6 +240,8 @@ proptest! {
                 pending: None,
                 joined_with: None,
                 joined_at_ms: 0,
+                relay_ports: Default::default(),
+                relay_via: None,
             }));
         }
         for name in m.nodes.keys() {

@@ -32,6 +32,10 @@ pub struct Site {
     /// The UDP ports this site's gateways listen on, one per peering.
     #[serde(default)]
     pub wireguard_ports: PortRange,
+    /// This site relays peers' tunnels through its active gateway, on
+    /// these UDP ports (two per relayed tunnel); None: it does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_ports: Option<PortRange>,
     /// A peer's change of its CIDRs after negotiation is applied at once
     /// when every new CIDR lies within one of these blocks; otherwise it is
     /// held until an admin accepts it. Empty: every change is held.
@@ -301,6 +305,32 @@ pub struct Peering {
     /// believed for a few seconds after this.
     #[serde(default)]
     pub joined_at_ms: u64,
+    /// On a site that relays: the relay's UDP port for this peer's side of
+    /// each relayed tunnel, by the site at the tunnel's far end.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub relay_ports: std::collections::BTreeMap<String, u16>,
+    /// This peering's tunnel goes through a relay site (chosen by the
+    /// leading replica while no direct path exists).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_via: Option<RelayVia>,
+}
+
+/// The relay a tunnel takes: the relay site, and where this site's gateway
+/// sends (the relay site's active gateway, the port for this side).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelayVia {
+    pub site: String,
+    pub endpoint: String,
+}
+
+/// A relay site's answer to this site's request to relay the tunnel to
+/// `peer_site` (checked: an endpoint as a gateway endpoint is).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelayGrant {
+    pub peer_site: String,
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub refused: String,
 }
 
 /// A peer's announced change of its CIDRs, held for review.
@@ -380,6 +410,16 @@ pub struct RemoteSite {
     /// The names it publishes (checked: its own addresses, at most 1000).
     #[serde(default)]
     pub names: Vec<RemoteName>,
+    /// It relays peers' tunnels.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub relay: bool,
+    /// On a site that relays: the sites it asks this site to relay its
+    /// tunnels to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relay_for: Vec<String>,
+    /// On a site that asked it: its answers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relays: Vec<RelayGrant>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -583,6 +623,7 @@ pub(crate) fn test_site(id: &str, pool: &str) -> Site {
         peer_public_cidrs: vec![],
         controller_ips: vec![],
         underlay_overlap: Default::default(),
+        relay_ports: None,
     }
 }
 
@@ -619,6 +660,7 @@ mod tests {
             peer_public_cidrs: vec![],
             controller_ips: vec![],
             underlay_overlap: UnderlayOverlap::Refuse,
+            relay_ports: None,
         };
         // The first peering at the endpoint itself, the third two above,
         // also behind a forward whose outside ports differ.

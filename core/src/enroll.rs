@@ -274,6 +274,8 @@ mod tests {
             pending: None,
             joined_with: None,
             joined_at_ms: 0,
+            relay_ports: Default::default(),
+            relay_via: None,
         };
         let inside = "10.200.3.4".parse().unwrap();
         let Err(Refused::FailedPrecondition(m)) = underlay_outside_views([&p], inside, AgentRole::Node, "n1") else {

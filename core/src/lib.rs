@@ -10,4 +10,5 @@ pub mod ipam;
 pub mod names;
 pub mod nat;
 pub mod peer;
+pub mod relay;
 pub mod render;

@@ -332,6 +332,9 @@ mod tests {
                 mtu: 0,
                 endpoints: vec![],
                 tunnel_role: TunnelRole::Server,
+                relay: false,
+                relay_for: vec![],
+                relays: vec![],
                 names: vec![
                     RemoteName {
                         name: "web".into(),
@@ -349,6 +352,8 @@ mod tests {
             pending: None,
             joined_with: None,
             joined_at_ms: 0,
+            relay_ports: Default::default(),
+            relay_via: None,
         }
     }
 

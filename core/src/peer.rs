@@ -198,6 +198,9 @@ pub fn remote_site(
         endpoints: p.endpoints.clone(),
         tunnel_role: tunnel_role(&own.site_id, has_endpoint(own), &p.site_id, has_endpoint(p)),
         names,
+        relay: p.relay,
+        relay_for: crate::relay::requests(&p.site_id, &p.relay_for)?,
+        relays: crate::relay::grants(&p.relays, &[])?,
     })
 }
 
@@ -254,24 +257,32 @@ pub fn gateway_behaviour(g: &crate::domain::Gateway) -> Option<crate::nat::Behav
         .find(|b| seen.contains(b))
 }
 
-/// The path peering `p`'s tunnel takes (see [`path`]), from this site's
-/// gateways as the peer dials them and the peer's as recorded. A hole
-/// punch is claimed only while the tunnel is up (`up`: as its gateway
-/// reports it): NAT behaviour seen through one reflector alone can be
-/// mistaken, and then the punch fails.
-pub fn tunnel_path(p: &crate::domain::Peering, local: &[pb::GatewayInfo], up: bool) -> &'static str {
+/// The path peering `p`'s tunnel can take without a relay (see [`path`]),
+/// from this site's gateways as the peer dials them and the peer's as
+/// recorded.
+pub fn direct_path(p: &crate::domain::Peering, local: &[pb::GatewayInfo]) -> &'static str {
     let own = local.iter().find(|g| g.active).or(local.first());
     let peer = p
         .remote
         .as_ref()
         .and_then(|r| r.gateways.iter().find(|g| g.active).or(r.gateways.first()));
-    match path(
+    path(
         own.is_some_and(|g| !g.endpoint.is_empty()),
         peer,
         own.and_then(|g| crate::nat::Behaviour::parse(&g.nat).ok().flatten()),
-    ) {
-        "hole-punched" if !up => "waiting",
-        other => other,
+    )
+}
+
+/// The path peering `p`'s tunnel takes: [`direct_path`], or "relayed via
+/// SITE" while it has none and a relay was chosen. A hole punch is claimed
+/// only while the tunnel is up (`up`: as its gateway reports it): NAT
+/// behaviour seen through one reflector alone can be mistaken, and then
+/// the punch fails.
+pub fn tunnel_path(p: &crate::domain::Peering, local: &[pb::GatewayInfo], up: bool) -> String {
+    match (direct_path(p, local), &p.relay_via) {
+        ("waiting", Some(r)) => format!("relayed via {}", r.site),
+        ("hole-punched", _) if !up => "waiting".into(),
+        (other, _) => other.into(),
     }
 }
 
@@ -328,6 +339,7 @@ mod tests {
             mtu: 0,
             endpoints: endpoints.iter().map(|e| e.to_string()).collect(),
             names: vec![],
+            ..Default::default()
         }
     }
 

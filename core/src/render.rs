@@ -425,7 +425,13 @@ pub fn node(m: &Model, name: &str) -> Objects {
 pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
     match part {
         Part::Node(name) => node_tunnel(m, g, name, &part.prefix()),
-        Part::Peer(site_id) => peering(m, site_id, &part.prefix()),
+        Part::Peer(site_id) => {
+            let mut out = peering(m, site_id, &part.prefix());
+            if m.active_gateway.as_deref() == Some(g.name.as_str()) {
+                out.extend(relay_sessions(m, site_id, &part.prefix()));
+            }
+            out
+        }
     }
 }
 
@@ -538,7 +544,7 @@ fn peering(m: &Model, site_id: &str, base: &str) -> Objects {
         out.extend(tunnel_and_veth(base, site_id, p, r, &ids));
         out.extend(view_routes(base, p, &ids));
         out.extend(routes_back(m, base, &ids));
-        out.extend(wireguard_peers(base, r, &ids));
+        out.extend(wireguard_peers(base, r, p.relay_via.as_ref(), &ids));
         out.extend(exports(m, base, &ids));
         out.extend(tunnel_filter(m, base, &ids));
     }
@@ -552,6 +558,24 @@ fn peering(m: &Model, site_id: &str, base: &str) -> Objects {
                 tunnel: format!("weft-w{}", peer_link_tag(site_id)),
             }),
         )]);
+    }
+    out
+}
+
+/// On a relay site's active gateway: the relayed tunnels between peer
+/// `site_id` and the peers after it (each pair under its first site's
+/// part; the index re-renders both parts on a change to either).
+fn relay_sessions(m: &Model, site_id: &str, base: &str) -> Objects {
+    let Some(p) = m.peerings.get(site_id).filter(|_| m.renders_peering(site_id)) else {
+        return Objects::new();
+    };
+    let mut out = Objects::new();
+    for s in crate::relay::sessions(&m.peerings, &p.site_id, crate::relay::SESSION_BYTES_PER_SECOND) {
+        let Some(b) = s.b.as_ref() else { continue };
+        if !m.renders_peering(&b.site) {
+            continue;
+        }
+        out.extend([obj(format!("{base}relay/{}", b.site), Kind::RelaySession(s.clone()))]);
     }
     out
 }
@@ -776,7 +800,7 @@ fn exports(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
 
 /// The peer's gateways as WireGuard peers: the active one with the peer's
 /// CIDRs, standbys without (their sessions ready for a failover).
-fn wireguard_peers(base: &str, r: &RemoteSite, ids: &PeeringIds) -> Objects {
+fn wireguard_peers(base: &str, r: &RemoteSite, relay: Option<&crate::domain::RelayVia>, ids: &PeeringIds) -> Objects {
     let mut out = Objects::new();
     let (_, there) = tunnel_addresses(r.tunnel_role);
     // Inside the tunnel both ends use real addresses.
@@ -799,7 +823,11 @@ fn wireguard_peers(base: &str, r: &RemoteSite, ids: &PeeringIds) -> Objects {
                 link: ids.link.clone(),
                 namespace: ids.ns.clone(),
                 public_key: g.public_key.clone().unwrap_or_default(),
-                endpoint: crate::peer::dial_address(g).unwrap_or_default(),
+                // Without a direct path, the active gateway is reached
+                // through the chosen relay.
+                endpoint: crate::peer::dial_address(g)
+                    .or_else(|| relay.filter(|_| g.active || none_flagged).map(|r| r.endpoint.clone()))
+                    .unwrap_or_default(),
                 allowed_ips: allowed,
                 persistent_keepalive: 25,
             }),
@@ -957,6 +985,8 @@ mod tests {
             pending: None,
             joined_with: None,
             joined_at_ms: 0,
+            relay_ports: Default::default(),
+            relay_via: None,
         };
         let mut m = Model {
             revision: 7,
@@ -1061,6 +1091,9 @@ mod tests {
             mtu: 1420,
             endpoints: vec![],
             tunnel_role: TunnelRole::Client,
+            relay: false,
+            relay_for: vec![],
+            relays: vec![],
             names: vec![],
         });
         m.peerings.insert("b".into(), Arc::new(p));
@@ -1128,6 +1161,9 @@ mod tests {
             mtu: 0,
             endpoints: vec![],
             tunnel_role: TunnelRole::Client,
+            relay: false,
+            relay_for: vec![],
+            relays: vec![],
             names: vec![RemoteName {
                 name: "web".into(),
                 kind: NameKind::Workload,

@@ -231,6 +231,8 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
         }
         // The node agent's DNS responder answers these; nothing on the host.
         Kind::DnsRecord(_) => {}
+        // The gateway agent runs these (its relay threads); no table, no link.
+        Kind::RelaySession(_) => {}
     }
     Ok(())
 }

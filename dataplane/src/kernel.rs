@@ -115,13 +115,28 @@ pub fn create_ops(link: &Link, stale_here: bool) -> R<Vec<KernelOp>> {
 /// one set, whatever the kernel has. A peer without an endpoint (a far
 /// gateway that only dials out) keeps the one the kernel learned from its
 /// packets: removing the peer to clear it would drop its session at every
-/// change.
-pub fn peer_ops(ns: &Ns, name: &str, want: &WgPeer) -> Vec<KernelOp> {
-    vec![KernelOp::SetPeer {
+/// change. A peer whose set endpoint moves from one address to another
+/// (`before`: as weft last set it) is removed first: its next packet then
+/// opens a new session with a handshake, which a relay must see to learn
+/// where each side is (a session carried over to a new relay would be
+/// dropped there until the kernel's rekey, 15 s or more).
+pub fn peer_ops(ns: &Ns, name: &str, want: &WgPeer, before: Option<&WgPeer>) -> Vec<KernelOp> {
+    let mut ops = Vec::new();
+    if let (Some(old), Some(new)) = (before.and_then(|b| b.endpoint), want.endpoint)
+        && old != new
+    {
+        ops.push(KernelOp::RemovePeer {
+            ns: ns.clone(),
+            name: name.to_string(),
+            public_key: want.public_key.clone(),
+        });
+    }
+    ops.push(KernelOp::SetPeer {
         ns: ns.clone(),
         name: name.to_string(),
         peer: want.clone(),
-    }]
+    });
+    ops
 }
 
 /// A kernel WireGuard device as read (keys in base64).
@@ -568,7 +583,8 @@ impl WireGuard for Kernel {
     }
 
     async fn set_peer(&mut self, ns: &Ns, link: &str, peer: &WgPeer) -> R<()> {
-        self.run(&peer_ops(ns, link, peer)).await
+        let before = self.configured.get(link).and_then(|c| c.get(&peer.public_key)).cloned();
+        self.run(&peer_ops(ns, link, peer, before.as_ref())).await
     }
 
     async fn remove_peer(&mut self, ns: &Ns, link: &str, public_key: &str) -> R<()> {
@@ -668,7 +684,7 @@ mod tests {
     fn a_new_or_changed_peer_is_one_set_that_replaces_allowed_ips() {
         let want = peer("A", Some("192.0.2.1:51820"), &["10.1.0.0/16"], 25);
         assert_eq!(
-            peer_ops(&"weftp-b".into(), "weftwg-b", &want),
+            peer_ops(&"weftp-b".into(), "weftwg-b", &want, None),
             vec![KernelOp::SetPeer {
                 ns: "weftp-b".into(),
                 name: "weftwg-b".into(),
@@ -677,13 +693,24 @@ mod tests {
         );
         // A standby peer loses its allowed IPs: still one set.
         let standby = peer("A", Some("192.0.2.1:51820"), &[], 25);
-        assert_eq!(peer_ops(&"n".into(), "l", &standby).len(), 1);
+        assert_eq!(peer_ops(&"n".into(), "l", &standby, Some(&want)).len(), 1);
         // The keepalive turned off is sent as 0, not left out.
         let off = peer("A", Some("192.0.2.1:51820"), &["10.1.0.0/16"], 0);
-        let ops = peer_ops(&"n".into(), "l", &off);
+        let ops = peer_ops(&"n".into(), "l", &off, None);
         assert!(matches!(&ops[..], [KernelOp::SetPeer { peer, .. }] if peer.keepalive == 0));
         let sent = peer_of(&peer(&b64(&[7; 32]), None, &[], 0)).unwrap();
         assert_eq!(sent.persistent_keepalive_interval, Some(0));
+    }
+
+    #[test]
+    fn a_peer_whose_endpoint_moves_is_removed_first_for_a_fresh_handshake() {
+        let before = peer("A", Some("192.0.2.51:51920"), &["10.1.0.0/16"], 25);
+        let want = peer("A", Some("192.0.2.52:51920"), &["10.1.0.0/16"], 25);
+        let ops = peer_ops(&"n".into(), "l", &want, Some(&before));
+        assert!(
+            matches!(&ops[..], [KernelOp::RemovePeer { public_key, .. }, KernelOp::SetPeer { .. }] if public_key == "A")
+        );
+        assert_eq!(peer_ops(&"n".into(), "l", &want, Some(&want)).len(), 1);
     }
 
     #[test]
@@ -691,7 +718,12 @@ mod tests {
         // Set without an endpoint: one set, no removal (which would drop
         // the session), and the message carries no endpoint.
         let want = peer(&b64(&[9; 32]), None, &["10.1.0.0/16"], 0);
-        let ops = peer_ops(&"n".into(), "l", &want);
+        let ops = peer_ops(
+            &"n".into(),
+            "l",
+            &want,
+            Some(&peer(&b64(&[9; 32]), Some("192.0.2.1:1"), &[], 0)),
+        );
         assert!(matches!(&ops[..], [KernelOp::SetPeer { .. }]));
         assert_eq!(peer_of(&want).unwrap().endpoint, None);
         // The kernel learned one from the far gateway's packets: not drift.

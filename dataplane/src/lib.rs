@@ -99,7 +99,7 @@ pub fn namespaces_of<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject
             Some(Kind::WireguardPeer(p)) => p.namespace.clone(),
             Some(Kind::ExportMap(x)) => x.namespace.clone(),
             Some(Kind::TunnelFilter(f)) => f.namespace.clone(),
-            Some(Kind::HostSnat(_) | Kind::DnsRecord(_)) | None => String::new(),
+            Some(Kind::HostSnat(_) | Kind::DnsRecord(_) | Kind::RelaySession(_)) | None => String::new(),
         };
         out.insert(ns);
     }

@@ -325,13 +325,30 @@ fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: 
         tokens: (rate / 8).max(65_536),
         at: Instant::now(),
     };
+    // Single datagrams of a batch that go to the same place with the same
+    // size, copied together to leave in one segmented send (without GRO,
+    // as on a veth, each arrives alone: one send each would cost a system
+    // call per datagram).
+    let mut out = Coalesced {
+        buf: vec![0u8; MAX_SEND],
+        len: 0,
+        stride: 0,
+        to: None,
+    };
+    // The last receive emptied the socket's queue: wait for more before the
+    // next (a receive now would only say WouldBlock: a wasted system call
+    // per wake-up when datagrams come one at a time).
+    let mut drained = false;
+    let mut bufs: Vec<IoSliceMut> = storage.chunks_mut(SLOT).map(IoSliceMut::new).collect();
     while !stop.load(Ordering::Relaxed) {
+        if drained {
+            wait(&src.socket, nix::poll::PollFlags::POLLIN, TICK_MS);
+        }
         let n = {
-            let mut bufs: Vec<IoSliceMut> = storage.chunks_mut(SLOT).map(IoSliceMut::new).collect();
             match src.state.recv((&src.socket).into(), &mut bufs, &mut meta) {
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    wait(&src.socket, nix::poll::PollFlags::POLLIN, TICK_MS);
+                    drained = true;
                     continue;
                 }
                 Err(e) => {
@@ -341,11 +358,12 @@ fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: 
                 }
             }
         };
+        drained = n < batch;
         // Where each side is, as of this batch (learned addresses change
         // rarely; a datagram that vouches for one updates it).
         let mut src_at = *src.at.lock().unwrap();
         let mut dst_at = *dst.at.lock().unwrap();
-        for (m, buf) in meta.iter().take(n).zip(storage.chunks(SLOT)) {
+        for (m, buf) in meta.iter().take(n).zip(bufs.iter()) {
             let data = &buf[..m.len.min(SLOT)];
             let stride = m.stride.clamp(1, data.len().max(1));
             let count = data.len().div_ceil(stride) as u64;
@@ -379,10 +397,20 @@ fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: 
                 continue;
             }
             match (kind, dst_at) {
-                (_, Some(to)) => relay(dst, to, data, stride, &c.packets[from], &c.bytes[from], &c.send_failed),
+                (_, Some(to)) if data.len() == stride => {
+                    if !out.fits(to, stride, dst) {
+                        out.flush(dst, c, from);
+                    }
+                    out.push(to, data);
+                }
+                (_, Some(to)) => {
+                    out.flush(dst, c, from);
+                    relay(dst, to, data, stride, &c.packets[from], &c.bytes[from], &c.send_failed);
+                }
                 // A handshake for a side not learned goes to its candidates
                 // (one of them is the gateway; the others cannot use it).
                 (1, None) => {
+                    out.flush(dst, c, from);
                     let targets = dst.handshake_targets();
                     if targets.is_empty() {
                         c.no_peer.fetch_add(count, Ordering::Relaxed);
@@ -396,6 +424,54 @@ fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: 
                 }
             }
         }
+        out.flush(dst, c, from);
+    }
+}
+
+/// The most one segmented send carries (a UDP datagram's payload limit).
+const MAX_SEND: usize = 65_507;
+
+/// Datagrams of one size for one address, back to back, not sent yet.
+struct Coalesced {
+    buf: Vec<u8>,
+    len: usize,
+    stride: usize,
+    to: Option<SocketAddr>,
+}
+
+impl Coalesced {
+    /// Whether one more datagram of `stride` bytes for `to` joins these.
+    fn fits(&self, to: SocketAddr, stride: usize, end: &End) -> bool {
+        self.len == 0
+            || (self.to == Some(to)
+                && self.stride == stride
+                && self.len + stride <= MAX_SEND
+                && self.len / stride < end.state.max_gso_segments())
+    }
+
+    fn push(&mut self, to: SocketAddr, data: &[u8]) {
+        if self.len == 0 {
+            self.to = Some(to);
+            self.stride = data.len();
+        }
+        self.buf[self.len..self.len + data.len()].copy_from_slice(data);
+        self.len += data.len();
+    }
+
+    fn flush(&mut self, end: &End, c: &Counters, from: usize) {
+        if let (Some(to), true) = (self.to, self.len > 0) {
+            relay(
+                end,
+                to,
+                &self.buf[..self.len],
+                self.stride,
+                &c.packets[from],
+                &c.bytes[from],
+                &c.send_failed,
+            );
+        }
+        self.len = 0;
+        self.to = None;
     }
 }
 

@@ -470,6 +470,7 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
                         mtu,
                         endpoints: vec!["127.0.0.1:1".into()],
                         names,
+                        ..Default::default()
                     }),
                 })
                 .await

@@ -506,6 +506,7 @@ async fn a_peer_pouring_parameter_updates_is_rate_limited_and_stalls_nothing() {
         mtu,
         endpoints: vec![x_addr.clone()],
         names: vec![],
+        ..Default::default()
     };
     let sent = Arc::new(AtomicU64::new(0));
     let flood = UpdateFlood {

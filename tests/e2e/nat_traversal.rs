@@ -308,3 +308,106 @@ while time.time() < end:
     plain.sendto(answer(), (dst, dport))
     time.sleep(0.05)
 "#;
+
+/// The path site a's controller shows for its peering with `site`.
+fn path_to(target: &str, site: &str) -> String {
+    let peers = weft_tests::weftctl_json(target, &["peerings"]);
+    peers["peerings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["site_id"] == site)
+        .map(|p| p["tunnel"]["path"].as_str().unwrap_or("").to_string())
+        .unwrap_or_default()
+}
+
+/// Two sites each behind carrier-grade NAT (a new port per destination on
+/// both sides: no direct path, no hole punch) connect through a third,
+/// public site that relays and is peered with both: the tunnel, still
+/// encrypted, goes through that site's gateway, within 10 s of the relay
+/// being peered with both. A relay site peered with only one of them
+/// refuses to relay to the other and counts it. When the relay site dies,
+/// the tunnel moves to another relay site within 5 s.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn two_sites_behind_endpoint_dependent_nat_connect_through_a_relay_site_and_move_when_it_dies() {
+    require_root();
+    use std::time::{Duration, Instant};
+    let opts = weft_tests::sites::Opts {
+        site_a_nat: Some(Nat::EndpointDependent),
+        site_b_nat: Some(Nat::EndpointDependent),
+        ..Default::default()
+    };
+    weft_tests::step("sites a and b each behind carrier-grade NAT, peered: no direct path");
+    let mut s = weft_tests::sites::up_with("nr", ("nr-a", "10.1.0.0/16"), ("nr-b", "10.1.0.0/16"), opts);
+    weft_tests::eventually("a's NAT observed", Duration::from_secs(20), || {
+        let gws = weft_tests::weftctl_json(&s.ta, &["gateways"]);
+        (gws["gateways"][0]["nat"] == "endpoint-dependent").then_some(())
+    });
+    assert_eq!(path_to(&s.ta, "nr-b"), "waiting");
+
+    weft_tests::step("a relay site peered with a only refuses to relay to b, and counts it");
+    let r2 = weft_tests::sites::relay_site(&mut s, "nr-r2", 2, "10.1.0.0/16", (true, false));
+    weft_tests::eventually("the refusal counted", Duration::from_secs(20), || {
+        let m = s.scrape("ctlr2");
+        let n = weft_tests::sites::metric(
+            &m,
+            "weft_controller_relay_requests_refused_total",
+            &[("reason", "not_peered")],
+        );
+        (n.unwrap_or(0.0) >= 1.0).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(path_to(&s.ta, "nr-b"), "waiting", "a refused relay is not used");
+
+    weft_tests::step("a relay site peered with both: the tunnel goes through it");
+    let r1 = weft_tests::sites::relay_site(&mut s, "nr-r1", 1, "10.1.0.0/16", (true, true));
+    let since = Instant::now();
+    let wb = s.wb_from_a.clone();
+    s.reach_quickly("wa", &wb, Duration::from_secs(10));
+    let took = since.elapsed();
+    println!(
+        "NAT: both sides behind endpoint-dependent NAT, connected through the relay site in {:.1} s after it peered with both",
+        took.as_secs_f64()
+    );
+    weft_tests::eventually("both paths relayed", Duration::from_secs(10), || {
+        (path_to(&s.ta, "nr-b") == "relayed via nr-r1" && path_to(&s.tb, "nr-a") == "relayed via nr-r1").then_some(())
+    });
+    let wa = s.wa_from_b.clone();
+    s.reach_quickly("wb", &wa, Duration::from_secs(5));
+    let m = s.scrape("gwr1");
+    let relayed = weft_tests::sites::metric(
+        &m,
+        "weft_gateway_relay_packets_total",
+        &[("from_site", "nr-a"), ("to_site", "nr-b")],
+    );
+    assert!(relayed.unwrap_or(0.0) > 0.0, "the relay's gateway carried nothing: {m}");
+
+    weft_tests::step("the second relay site peers with b too: a standby relay");
+    weft_tests::sites::peer_with(&r2.target, &s.tb);
+    weft_tests::eventually("nr-r2 relays too", Duration::from_secs(30), || {
+        let m = s.scrape("gwr2");
+        m.contains("weft_gateway_relay_dropped").then_some(())
+    });
+    assert_eq!(
+        path_to(&s.ta, "nr-b"),
+        "relayed via nr-r1",
+        "the smallest site id is kept"
+    );
+
+    weft_tests::step("nr-r1 dies (its gateway and controller): the tunnel moves to nr-r2");
+    let (ping, log) = weft_tests::sites::ping_wa_to_wb(&mut s, "relay-failover.log");
+    let at = weft_tests::unix_now();
+    for i in r1.agents.iter().copied() {
+        s.lab.proc(i).child.as_mut().unwrap().kill().unwrap();
+    }
+    s.lab.ctl(r1.controller).kill();
+    weft_tests::eventually("the path moved", Duration::from_secs(20), || {
+        (path_to(&s.ta, "nr-b") == "relayed via nr-r2").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    s.lab.proc(ping).child.as_mut().unwrap().kill().unwrap();
+    let (gap, _) = weft_tests::sites::longest_gap(&log, at);
+    println!("NAT: relay site died, tunnel moved to the next relay, longest silence {gap:.2} s");
+    assert!(gap <= 5.0, "the tunnel came back after {gap:.2} s");
+}

@@ -588,3 +588,68 @@ pub fn teardown_hosts(
         assert!(!netns.contains(p), "peering namespace {p} left: {netns}");
     }
 }
+
+/// A third site on the WAN that relays (`--relay`): its controller and
+/// one public gateway, peered with both sites of `s`. `n` (1 or 2) picks
+/// its hosts (ctlr{n} 192.168.78.4{n}, gwr{n} 192.168.78.5{n}); `peers`:
+/// which of a and b it peers with.
+pub fn relay_site(s: &mut TwoSites, site: &str, n: u8, pod: &str, peers: (bool, bool)) -> crate::lab::Site {
+    let (ctl, gw) = (format!("ctlr{n}"), format!("gwr{n}"));
+    let (ctl_ip, gw_ip) = (format!("192.168.78.4{n}"), format!("192.168.78.5{n}"));
+    let ctl_ns = s.lab.host(&ctl);
+    s.lab.plug(&ctl_ns, &format!("{ctl_ip}/24"));
+    let gw_ns = s.lab.host(&gw);
+    s.lab.plug(&gw_ns, &format!("{gw_ip}/24"));
+    for other in [&s.site_a, &s.site_b] {
+        s.lab.adopt(&weft_controller::render::peering_namespace(site, other));
+        s.lab.adopt(&weft_controller::render::peering_namespace(other, site));
+    }
+    let spec = SiteSpec {
+        controller: ControllerSpec::new(site)
+            .data_dir(&s.dir.path().join(site))
+            .pod(pod)
+            .flag("--metrics-listen", &format!("0.0.0.0:{CONTROLLER_METRICS_PORT}"))
+            .flag("--relay-ports", "51920-51999"),
+        ctl: ctl_ns,
+        ctl_ip: ctl_ip.clone(),
+        agents: vec![AgentSpec::gateway("gw", &gw_ns, &gw_ip)],
+        dir: s.dir.path().to_path_buf(),
+        prefix: ctl_ip,
+        // The agent's default: a relay site's gateway that read its whole
+        // state each second would take CPU from the path it relays.
+        resync: "30s".into(),
+        agent_metrics: true,
+    };
+    let r = s.lab.site(&spec);
+    let with: Vec<String> = [(peers.0, &s.ta), (peers.1, &s.tb)]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, t)| t.clone())
+        .collect();
+    for t in with {
+        peer_with(&r.target, &t);
+    }
+    let (ctl_key, gw_key) = if n == 1 { ("ctlr1", "gwr1") } else { ("ctlr2", "gwr2") };
+    s.ns.insert(ctl_key, spec.ctl.clone());
+    s.ns.insert(gw_key, gw_ns);
+    r
+}
+
+/// Peers site `with` (its weftctl target) with the relay site at `relay`.
+pub fn peer_with(relay: &str, with: &str) {
+    let token = weftctl_json(relay, &["peering", "token"])["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let o = crate::run(std::process::Command::new(bin("weftctl")).args([
+        "--controller",
+        with,
+        "peering",
+        "create",
+        "--timeout",
+        "60s",
+        "--token",
+        &token,
+    ]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

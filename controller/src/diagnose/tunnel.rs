@@ -116,8 +116,22 @@ pub(super) fn path_check(
     };
     let own_nat = nat_of(own.map(|g| g.nat.as_str()));
     let peer_nat = nat_of(peer.and_then(|g| g.nat.map(|b| b.as_str())));
-    match path {
+    match path.as_str() {
         "direct" => pass("path", subject, "direct: a gateway has a reachable endpoint".into()),
+        relayed if relayed.starts_with("relayed via ") => check(
+            "path",
+            subject,
+            pb::CheckResult::Warn,
+            format!(
+                "{relayed}: no direct path (this side's NAT: {own_nat}; the peer's: {peer_nat}); the relay carries                  the tunnel, still encrypted, at some cost in latency and throughput"
+            ),
+            &format!(
+                "for a direct path, forward UDP {} on this site's router to gateway {} and give it --endpoint                  ROUTER_ADDRESS:{} (or have the peer do the same)",
+                site.wireguard_ports,
+                own.map(|g| g.name.as_str()).unwrap_or("the active gateway"),
+                site.wireguard_ports.first
+            ),
+        ),
         "hole-punched" => pass(
             "path",
             subject,
@@ -134,7 +148,8 @@ pub(super) fn path_check(
                 format!(
                     "no direct path yet: neither side has a gateway endpoint, and hole punching needs NAT that keeps one \
                      outside port for every destination (this side's NAT: {own_nat}; the peer's: {peer_nat}); an \
-                     endpoint-dependent NAT gives a new port per destination"
+                     endpoint-dependent NAT gives a new port per destination; and no relay site that both sides are \
+                     peered with carries it (a peer's controller with --relay)"
                 ),
                 &format!(
                     "forward UDP {} on this site's router to gateway {gw} and give it --endpoint ROUTER_ADDRESS:{} \

@@ -12,6 +12,7 @@
 //! on each side authenticates the other by the CA it recorded.
 
 mod follower;
+pub mod relay;
 mod service;
 mod token;
 mod validate;
@@ -123,7 +124,9 @@ impl Federation {
             Some(p) => p.listen_port,
             None => self.state.wg_port_for(peer).await?,
         };
-        Ok((self.params_at(&model, port)?, port))
+        let mut params = self.params_at(&model, port)?;
+        relay::fill(&model, peer, &mut params);
+        Ok((params, port))
     }
 
     /// [`Self::params_for`] for a negotiation, which records the port: the
@@ -161,6 +164,7 @@ impl Federation {
                     address: n.published().to_string(),
                 })
                 .collect(),
+            ..Default::default()
         };
         Ok(params)
     }

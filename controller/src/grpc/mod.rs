@@ -347,7 +347,7 @@ impl AdminService for AdminApi {
                     out.tunnel = self.hub.tunnel(&p.site_id);
                     out.local_gateways = gateways.for_port(&site, p.listen_port);
                     if let Some(t) = out.tunnel.as_mut() {
-                        t.path = weft_core::peer::tunnel_path(p, &out.local_gateways, t.up).into();
+                        t.path = weft_core::peer::tunnel_path(p, &out.local_gateways, t.up);
                     }
                     out
                 })

@@ -157,11 +157,26 @@ pub(super) fn update(model: &mut Model, key: Key, value: Option<&[u8]>) -> Optio
             Mark::Names
         }
         Key::Peering(name) => {
+            // A relayed tunnel's session is rendered under one of its two
+            // peerings: a change to either re-renders both.
+            let partners = |m: &Model| -> Vec<String> {
+                m.peerings
+                    .get(name)
+                    .map(|p| p.relay_ports.keys().cloned().collect())
+                    .unwrap_or_default()
+            };
+            let mut relayed = partners(model);
             match value.and_then(|v| serde_json::from_slice::<Peering>(v).ok()) {
                 Some(p) => model.peerings.insert(name.to_string(), Arc::new(p)),
                 None => model.peerings.remove(name),
             };
-            let sharing = model.index_peering(name);
+            relayed.extend(partners(model));
+            let mut sharing = model.index_peering(name);
+            for r in relayed {
+                if !sharing.contains(&r) && r != name {
+                    sharing.push(r);
+                }
+            }
             Mark::Peering(name.to_string(), sharing)
         }
         _ => return None,

@@ -308,7 +308,12 @@ impl Hub {
             Mark::Gateway { name, removed: true } => self.forget((AgentRole::Gateway, name.clone())),
             _ => {}
         }
-        if matches!(mark, Mark::Everyone | Mark::Gateway { .. } | Mark::Names) {
+        // A peering's record holds what peers are told of relays (requests,
+        // grants), so its change is theirs too.
+        if matches!(
+            mark,
+            Mark::Everyone | Mark::Gateway { .. } | Mark::Names | Mark::Peering(..)
+        ) {
             tracing::debug!(revision, "parameters peers see changed");
             self.params_rev.send_replace(revision);
         }

@@ -187,6 +187,7 @@ struct Background {
     conflicts: tokio::task::JoinHandle<()>,
     chooser: tokio::task::JoinHandle<()>,
     peer_sync: tokio::task::JoinHandle<()>,
+    relays: tokio::task::JoinHandle<()>,
     /// The endpoint discovery reflector (UDP on the gRPC address).
     reflector: Option<crate::reflector::Reflector>,
 }
@@ -216,6 +217,14 @@ impl Background {
                 Ok(())
             }
         });
+        let (fed2, lead2) = (fed.clone(), leader.clone());
+        let relays = supervise("relays", OnFailure::Restart, move || {
+            let (fed, leader) = (fed2.clone(), lead2.clone());
+            async move {
+                crate::federation::relay::keep_relays(fed, leader).await;
+                Ok(())
+            }
+        });
         let fed = fed.clone();
         let peer_sync = supervise("peer-sync", OnFailure::Restart, move || {
             let (fed, leader) = (fed.clone(), leader.clone());
@@ -229,6 +238,7 @@ impl Background {
             conflicts,
             chooser,
             peer_sync,
+            relays,
             reflector: None,
         }
     }
@@ -237,6 +247,7 @@ impl Background {
         self.revocations.abort();
         self.conflicts.abort();
         self.peer_sync.abort();
+        self.relays.abort();
         drop(self.reflector);
         // Ends the campaign too (it stops once nobody listens), which gives
         // up the leadership at once instead of at the end of its lease.

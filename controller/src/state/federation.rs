@@ -179,6 +179,8 @@ impl State {
                 listen_port: snap.wg_port(peer_site, Some(port))?,
                 pending: None,
                 joined_at_ms: if joined_with.is_some() { now_ms() } else { 0 },
+                relay_ports: Default::default(),
+                relay_via: None,
                 joined_with,
             };
             let txn = self
@@ -318,6 +320,38 @@ impl State {
             }
             let txn = self
                 .ipam_guard(snap, Txn::new())
+                .when(Compare::ModRevision(key.clone(), *rev))
+                .then(Op::put(key.clone(), encode(&next)));
+            Ok((Some(txn), true))
+        })
+        .await
+    }
+
+    /// Records peering `peer_site`'s relay fields (see [`Peering::relay_ports`]
+    /// and [`Peering::relay_via`]): `ports` when given, `via` when given.
+    /// A write only when something changed; NOT_FOUND without the peering.
+    pub async fn set_relay(
+        &self,
+        peer_site: &str,
+        ports: Option<std::collections::BTreeMap<String, u16>>,
+        via: Option<Option<crate::domain::RelayVia>>,
+    ) -> Result<bool, Error> {
+        let key = self.at(Key::Peering(peer_site));
+        self.commit(|snap| {
+            let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
+                return Err(Error::NotFound(format!("there is no peering with site {peer_site:?}")));
+            };
+            let mut next = p.clone();
+            if let Some(ports) = &ports {
+                next.relay_ports = ports.clone();
+            }
+            if let Some(via) = &via {
+                next.relay_via = via.clone();
+            }
+            if next == *p {
+                return Ok((None, false));
+            }
+            let txn = Txn::new()
                 .when(Compare::ModRevision(key.clone(), *rev))
                 .then(Op::put(key.clone(), encode(&next)));
             Ok((Some(txn), true))
@@ -520,6 +554,17 @@ fn check_candidates(hosts: &[(std::net::Ipv4Addr, String)], remote: &RemoteSite)
         weft_core::nat::candidates(&format!("gateways[{i}].candidates"), &listed, hosts)
             .map_err(Error::InvalidArgument)?;
     }
+    // A relay's endpoint neither (it is sent this site's tunnel traffic).
+    let grants: Vec<weft_proto::v1::RelayGrant> = remote
+        .relays
+        .iter()
+        .map(|g| weft_proto::v1::RelayGrant {
+            peer_site: g.peer_site.clone(),
+            endpoint: g.endpoint.clone().unwrap_or_default(),
+            refused: String::new(),
+        })
+        .collect();
+    weft_core::relay::grants(&grants, hosts).map_err(Error::InvalidArgument)?;
     Ok(())
 }
 

@@ -592,6 +592,8 @@ impl State {
                 pending: existing.and_then(|(p, _)| p.pending.clone()),
                 joined_with: existing.and_then(|(p, _)| p.joined_with.clone()),
                 joined_at_ms: existing.map_or(0, |(p, _)| p.joined_at_ms),
+                relay_ports: existing.map(|(p, _)| p.relay_ports.clone()).unwrap_or_default(),
+                relay_via: existing.and_then(|(p, _)| p.relay_via.clone()),
             };
             let guard = Compare::ModRevision(key.clone(), existing.map_or(0, |(_, r)| *r));
             let txn = self

@@ -12,7 +12,12 @@
 //! - one side NATed: site a behind an endpoint-independent NAT router
 //!   (nftables `masquerade`), its gateway without an endpoint;
 //! - hole-punched: both sites behind such routers, neither gateway with an
-//!   endpoint.
+//!   endpoint;
+//! - relayed: both sites behind endpoint-dependent NAT routers (nftables
+//!   `masquerade random`: a new port per destination, so no hole punch),
+//!   and a third, public site with `--relay-ports` peered with both; the
+//!   tunnel goes through its gateway (connected: from that site's second
+//!   peering).
 //!
 //! Needs root; `sudo weft-nat-bench --seconds 5 --runs 5` (see
 //! docs/benchmarks.md).
@@ -42,27 +47,42 @@ struct Case {
     gbits: Vec<f64>,
 }
 
-fn case(name: &'static str, tag: &str, a: Option<Nat>, b: Option<Nat>) -> Case {
+fn case(name: &'static str, tag: &str, a: Option<Nat>, b: Option<Nat>, relay: bool) -> Case {
+    // The agents' default resync (the labs' 1 s would have every gateway
+    // read its whole state each second, the relay site's too).
     let opts = Opts {
         site_a_nat: a,
         site_b_nat: b,
+        resync: Some("30s"),
         ..Default::default()
     };
-    let lab = up_with(
+    let mut lab = up_with(
         tag,
         (&format!("{tag}-a"), "10.1.0.0/16"),
         (&format!("{tag}-b"), "10.1.0.0/16"),
         opts,
     );
+    let since = if relay {
+        weft_tests::sites::relay_site(&mut lab, &format!("{tag}-r"), 1, "10.1.0.0/16", (true, true));
+        std::time::Instant::now()
+    } else {
+        lab.peered_at
+    };
     lab.reach_quickly("wa", &lab.wb_from_a, Duration::from_secs(60));
-    let connected = lab.peered_at.elapsed();
+    let connected = since.elapsed();
+    // The path is reported with the gateways' next tunnel report.
+    std::thread::sleep(Duration::from_secs(2));
     let peers = weft_tests::weftctl_json(&lab.ta, &["peerings"]);
-    let path = peers["peerings"][0]["tunnel"]["path"]
-        .as_str()
+    let path = peers["peerings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["site_id"] == lab.site_b.as_str())
+        .and_then(|p| p["tunnel"]["path"].as_str())
         .unwrap_or("?")
         .to_string();
     println!(
-        "{name}: connected {:.2} s after the peering was created (path: {path})",
+        "{name}: connected {:.2} s after the peering (relayed: the relay's peerings) was created (path: {path})",
         connected.as_secs_f64()
     );
     Case {
@@ -80,13 +100,21 @@ fn main() {
     let dir = tempfile::Builder::new().prefix("weft-natb").tempdir().unwrap();
     let log = dir.path().join("iperf3.log");
     let mut cases = [
-        case("direct (no NAT)", "nbd", None, None),
-        case("one side NATed", "nb1", Some(Nat::EndpointIndependent), None),
+        case("direct (no NAT)", "nbd", None, None, false),
+        case("one side NATed", "nb1", Some(Nat::EndpointIndependent), None, false),
         case(
             "both NATed, hole-punched",
             "nb2",
             Some(Nat::EndpointIndependent),
             Some(Nat::EndpointIndependent),
+            false,
+        ),
+        case(
+            "both NATed, relayed",
+            "nb3",
+            Some(Nat::EndpointDependent),
+            Some(Nat::EndpointDependent),
+            true,
         ),
     ];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
@@ -104,10 +132,10 @@ fn main() {
         }
         println!("{line}");
     }
-    println!("case                         path           connected   Gbit/s   ratio to direct");
+    println!("case                         path                connected   Gbit/s   ratio to direct");
     for (c, r) in cases.iter().zip(ratios) {
         println!(
-            "{:<28} {:<14} {:>7.2} s   {:>6.3}   {:.3}",
+            "{:<28} {:<19} {:>7.2} s   {:>6.3}   {:.3}",
             c.name,
             c.path,
             c.connected.as_secs_f64(),

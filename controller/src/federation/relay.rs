@@ -1,0 +1,146 @@
+//! Relayed tunnels on the controller (see `weft_core::relay`): what this
+//! site tells each peer of relays, and, on the leading replica, the relay
+//! ports it holds for peers and the relay each of its own tunnels takes.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::*;
+
+/// Requests refused: the far end is not a peer of this site, or no relay
+/// port was free.
+static REFUSED_NOT_PEERED: AtomicU64 = AtomicU64::new(0);
+static REFUSED_NO_PORT: AtomicU64 = AtomicU64::new(0);
+static REFUSED_NOT_RELAYING: AtomicU64 = AtomicU64::new(0);
+
+/// How often the leader looks again (a relay going down is seen through its
+/// tunnel's probes, which take 3 s; this adds at most this much).
+const EVERY: Duration = Duration::from_millis(250);
+
+/// The active gateway's endpoint address: where relayed tunnels reach this
+/// site.
+pub(super) fn relay_ip(model: &crate::render::Model) -> Option<std::net::IpAddr> {
+    crate::render::active_gateway(model)
+        .and_then(|g| g.endpoint.as_ref())
+        .and_then(|e| e.parse::<std::net::SocketAddr>().ok())
+        .map(|a| a.ip())
+}
+
+/// Fills in what `params` (for `peer`) says of relays: whether this site
+/// relays, the tunnels it asks `peer` to relay (when `peer` relays), and
+/// its answers to what `peer` asked of it.
+pub(super) fn fill(model: &crate::render::Model, peer: &str, params: &mut pb::NetworkParams) {
+    let Some(site) = model.site.as_ref() else { return };
+    let ip = relay_ip(model);
+    params.relay = site.relay_ports.is_some() && ip.is_some();
+    let Some(p) = model.peerings.get(peer) else { return };
+    if p.remote.as_ref().is_some_and(|r| r.relay) {
+        let gateways = LocalGateways::of(model);
+        params.relay_for = model
+            .peerings
+            .iter()
+            .filter(|(s, q)| s.as_str() != peer && weft_core::relay::wanted(q, &gateways.for_port(site, q.listen_port)))
+            .map(|(s, _)| s.clone())
+            .take(weft_core::relay::MAX_RELAY_REQUESTS)
+            .collect();
+    }
+    params.relays = weft_core::relay::answer(p, &model.peerings, site.relay_ports.is_some(), ip);
+}
+
+/// On the leading replica, until the process ends: keeps the relay ports
+/// this site holds for its peers' relayed tunnels, and the relay each of
+/// this site's tunnels without a direct path takes.
+pub async fn keep_relays(fed: Arc<Federation>, leader: tokio::sync::watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Refusals already counted, so each is counted once while it lasts.
+    let mut refused: HashSet<(String, String)> = HashSet::new();
+    loop {
+        tick.tick().await;
+        if !*leader.borrow() {
+            continue;
+        }
+        let model = fed.hub.model();
+        let Some(site) = model.site.clone() else { continue };
+        let relays = site.relay_ports.is_some();
+        let has_endpoint = relay_ip(&model).is_some();
+        // What peers asked of this site.
+        let mut now_refused = HashSet::new();
+        for (asking, p) in model.peerings.iter() {
+            for far in p.remote.iter().flat_map(|r| r.relay_for.iter()) {
+                if let Some(why) = weft_core::relay::refusal(p, far, &model.peerings, relays, has_endpoint) {
+                    let pair = (asking.clone(), far.clone());
+                    if !refused.contains(&pair) {
+                        tracing::warn!(peer = %asking, far = %far, reason = %why, "a relay request refused");
+                        let counter = if !relays || !has_endpoint {
+                            &REFUSED_NOT_RELAYING
+                        } else {
+                            &REFUSED_NOT_PEERED
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                    }
+                    now_refused.insert(pair);
+                }
+            }
+        }
+        if let Some(range) = site.relay_ports {
+            let (changes, exhausted) = weft_core::relay::allocate(&model.peerings, relays, has_endpoint, range);
+            for pair in exhausted {
+                if !refused.contains(&pair) {
+                    tracing::warn!(peer = %pair.0, far = %pair.1, %range, "a relay request refused: no relay port is free");
+                    REFUSED_NO_PORT.fetch_add(1, Ordering::Relaxed);
+                }
+                now_refused.insert(pair);
+            }
+            for (peer, ports) in changes {
+                match fed.state.set_relay(&peer, Some(ports.clone()), None).await {
+                    Ok(_) => tracing::info!(peer = %peer, ?ports, "relay ports for the peer's tunnels"),
+                    Err(e) => tracing::warn!(peer = %peer, error = %e, "cannot record relay ports"),
+                }
+            }
+        } else {
+            for (peer, _) in model.peerings.iter().filter(|(_, p)| !p.relay_ports.is_empty()) {
+                if let Err(e) = fed.state.set_relay(peer, Some(Default::default()), None).await {
+                    tracing::warn!(peer = %peer, error = %e, "cannot drop relay ports");
+                }
+            }
+        }
+        refused = now_refused;
+        // This site's own tunnels.
+        let gateways = LocalGateways::of(&model);
+        for (peer, p) in model.peerings.iter() {
+            let via = if weft_core::relay::wanted(p, &gateways.for_port(&site, p.listen_port)) {
+                weft_core::relay::choose(p, &model.peerings, |r| fed.hub.tunnel(r).is_some_and(|t| t.up))
+            } else {
+                None
+            };
+            if via != p.relay_via {
+                match fed.state.set_relay(peer, None, Some(via.clone())).await {
+                    Ok(_) => match &via {
+                        Some(v) => {
+                            tracing::info!(peer = %peer, relay = %v.site, endpoint = %v.endpoint, "the tunnel goes through a relay")
+                        }
+                        None => tracing::info!(peer = %peer, "the tunnel no longer goes through a relay"),
+                    },
+                    Err(e) => tracing::warn!(peer = %peer, error = %e, "cannot record the tunnel's relay"),
+                }
+            }
+        }
+    }
+}
+
+/// The relay's counters into the controller's metrics.
+pub fn series(f: &mut weft_common::obs::Families) {
+    for (why, n) in [
+        ("not_peered", &REFUSED_NOT_PEERED),
+        ("no_port", &REFUSED_NO_PORT),
+        ("not_relaying", &REFUSED_NOT_RELAYING),
+    ] {
+        f.counter(
+            "weft_controller_relay_requests_refused",
+            "Peers' requests to relay a tunnel that this site refused: the far end is not a peer of this site, no relay port was free, or this site does not relay",
+            &[("reason", why)],
+            n.load(Ordering::Relaxed),
+        );
+    }
+}

@@ -1,0 +1,487 @@
+//! Relayed tunnels: when two peered sites have no direct path (both
+//! gateways behind NAT that changes port per destination, or UDP blocked
+//! between them), their tunnel goes, still encrypted, through the active
+//! gateway of a third site that both are peered with and that relays
+//! (`--relay` on its controller).
+//!
+//! Agreed without a new call, over the parameters peers already exchange:
+//! - each end asks every relay site it is peered with to relay its tunnels
+//!   to the peers it has no direct path to (`NetworkParams.relay_for`);
+//! - a relay site gives each side of a pair a port when that side asked and
+//!   the relay is peered with the far end, and answers each asking site
+//!   (`NetworkParams.relays`): granted with an endpoint once both ends
+//!   asked, pending, or refused (not peered with the far end: counted);
+//! - each end takes, among the relays that granted it and whose tunnel from
+//!   this site is up, the one with the smallest site id. Both ends see the
+//!   same grants, so they pick the same relay; a relay that goes down is
+//!   skipped by both at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use imbl::OrdMap;
+
+use weft_proto::v1 as pb;
+
+use crate::domain::{Peering, RelayGrant, RelayVia};
+
+/// The most sites one site asks a relay to relay to.
+pub const MAX_RELAY_REQUESTS: usize = 256;
+
+/// Each relayed tunnel's limit per direction: 2.5 Gbit/s.
+pub const SESSION_BYTES_PER_SECOND: u64 = 312_500_000;
+
+/// A site's peerings, by peer site id.
+pub type Peerings = OrdMap<String, Arc<Peering>>;
+
+/// Checks what a peer asks this site to relay (`relay_for`): valid site
+/// ids, not the asking site itself, no more than [`MAX_RELAY_REQUESTS`].
+pub fn requests(asking: &str, list: &[String]) -> Result<Vec<String>, String> {
+    if list.len() > MAX_RELAY_REQUESTS {
+        return Err(format!(
+            "relay_for: {} listed; a site asks for at most {MAX_RELAY_REQUESTS} relayed tunnels",
+            list.len()
+        ));
+    }
+    let mut out = BTreeSet::new();
+    for (i, s) in list.iter().enumerate() {
+        crate::domain::validate_name(&format!("relay_for[{i}]"), s)?;
+        if s == asking {
+            return Err(format!("relay_for[{i}]: a site cannot ask for a tunnel to itself"));
+        }
+        out.insert(s.clone());
+    }
+    Ok(out.into_iter().collect())
+}
+
+/// Checks a relay site's answers: valid site ids, and endpoints a gateway
+/// can be sent to (see [`crate::nat::candidates`]; `own_hosts`: this
+/// site's hosts, which a relay endpoint must not be).
+pub fn grants(list: &[pb::RelayGrant], own_hosts: &[(std::net::Ipv4Addr, String)]) -> Result<Vec<RelayGrant>, String> {
+    if list.len() > MAX_RELAY_REQUESTS {
+        return Err(format!(
+            "relays: {} listed; a relay answers at most {MAX_RELAY_REQUESTS} requests",
+            list.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(list.len());
+    for (i, g) in list.iter().enumerate() {
+        crate::domain::validate_name(&format!("relays[{i}].peer_site"), &g.peer_site)?;
+        let endpoint = match g.endpoint.as_str() {
+            "" => None,
+            e => {
+                let c = pb::Candidate {
+                    address: e.to_string(),
+                    kind: "configured".into(),
+                };
+                let checked = crate::nat::candidates(&format!("relays[{i}].endpoint"), &[c], own_hosts)
+                    .map_err(|m| m.replace(".endpoint[0].address", ".endpoint"))?;
+                Some(checked[0].address.to_string())
+            }
+        };
+        if g.refused.len() > 512 {
+            return Err(format!("relays[{i}].refused: longer than 512 bytes"));
+        }
+        out.push(RelayGrant {
+            peer_site: g.peer_site.clone(),
+            endpoint,
+            refused: g.refused.chars().filter(|c| !c.is_control()).collect(),
+        });
+    }
+    Ok(out)
+}
+
+/// Whether this site asks relays to carry peering `p`'s tunnel: it is
+/// negotiated and no direct path exists (see [`crate::peer::path`]).
+pub fn wanted(p: &Peering, local: &[pb::GatewayInfo]) -> bool {
+    p.state != crate::domain::PeeringState::Deleting
+        && p.remote.is_some()
+        && crate::peer::direct_path(p, local) == "waiting"
+}
+
+/// The relay peering `p`'s tunnel takes: among `peerings` (this site's,
+/// by site id) that relay and granted this site an endpoint for `p`'s
+/// site, whose tunnel from here is up (`up`), the smallest site id.
+pub fn choose(p: &Peering, peerings: &Peerings, up: impl Fn(&str) -> bool) -> Option<RelayVia> {
+    peerings
+        .iter()
+        .filter(|(site, _)| **site != p.site_id)
+        .filter_map(|(site, r)| {
+            let remote = r.remote.as_ref().filter(|x| x.relay)?;
+            let g = remote.relays.iter().find(|g| g.peer_site == p.site_id)?;
+            let endpoint = g.endpoint.clone()?;
+            up(site).then(|| RelayVia {
+                site: site.clone(),
+                endpoint,
+            })
+        })
+        .next()
+}
+
+/// What a relay site answers `asking`: one grant per site it asked for.
+/// `relays`: this site relays; `endpoint_ip`: its active gateway's
+/// address (None: it has no endpoint, so it cannot relay).
+pub fn answer(
+    asking: &Peering,
+    peerings: &Peerings,
+    relays: bool,
+    endpoint_ip: Option<std::net::IpAddr>,
+) -> Vec<pb::RelayGrant> {
+    let Some(remote) = &asking.remote else { return vec![] };
+    remote
+        .relay_for
+        .iter()
+        .map(|far| {
+            let refused = refusal(asking, far, peerings, relays, endpoint_ip.is_some());
+            let endpoint = match (&refused, endpoint_ip) {
+                (None, Some(ip)) => ports(asking, far, peerings)
+                    .map(|(mine, _)| std::net::SocketAddr::new(ip, mine).to_string())
+                    .unwrap_or_default(),
+                _ => String::new(),
+            };
+            pb::RelayGrant {
+                peer_site: far.clone(),
+                endpoint,
+                refused: refused.unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
+/// Why a relay site does not relay `asking`'s tunnel to `far` (None: it
+/// does, or will once `far` asks too).
+pub fn refusal(asking: &Peering, far: &str, peerings: &Peerings, relays: bool, has_endpoint: bool) -> Option<String> {
+    if !relays {
+        return Some("this site does not relay (its controller runs without --relay)".into());
+    }
+    if !has_endpoint {
+        return Some("this site's active gateway has no --endpoint to relay at".into());
+    }
+    if far == asking.site_id || peerings.get(far).is_none_or(|p| p.remote.is_none()) {
+        return Some(format!(
+            "this site is not peered with site {far:?}; a relay carries only tunnels between its own peers"
+        ));
+    }
+    None
+}
+
+/// Both sides' ports of the relayed tunnel between `asking` and `far`, once
+/// both asked and both got one.
+pub fn ports(asking: &Peering, far: &str, peerings: &Peerings) -> Option<(u16, u16)> {
+    let other = peerings.get(far)?;
+    let asked_back = other
+        .remote
+        .as_ref()
+        .is_some_and(|r| r.relay_for.contains(&asking.site_id));
+    let mine = *asking.relay_ports.get(far)?;
+    let theirs = *other.relay_ports.get(&asking.site_id)?;
+    asked_back.then_some((mine, theirs))
+}
+
+/// The relay ports every peering should hold: for each site a peer asked
+/// for and this site may relay to, the port it holds, or a free one from
+/// `range`. Returns the new maps of the peerings that change, and the
+/// (asking, far) pairs refused for want of a port.
+#[allow(clippy::type_complexity)]
+pub fn allocate(
+    peerings: &Peerings,
+    relays: bool,
+    has_endpoint: bool,
+    range: crate::domain::PortRange,
+) -> (BTreeMap<String, BTreeMap<String, u16>>, Vec<(String, String)>) {
+    let want = |p: &Peering| -> BTreeSet<String> {
+        p.remote
+            .as_ref()
+            .map(|r| {
+                r.relay_for
+                    .iter()
+                    .filter(|far| refusal(p, far, peerings, relays, has_endpoint).is_none())
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut next: BTreeMap<String, BTreeMap<String, u16>> = BTreeMap::new();
+    let mut used = BTreeSet::new();
+    for (site, p) in peerings {
+        let w = want(p);
+        let kept: BTreeMap<String, u16> = p
+            .relay_ports
+            .iter()
+            .filter(|(far, port)| w.contains(*far) && range.first <= **port && **port <= range.last)
+            .map(|(f, port)| (f.clone(), *port))
+            .collect();
+        used.extend(kept.values().copied());
+        next.insert(site.clone(), kept);
+    }
+    let mut exhausted = Vec::new();
+    let mut free = (range.first..=range.last).filter(|p| !used.contains(p));
+    for (site, p) in peerings {
+        for far in want(p) {
+            let held = next.get_mut(site).expect("every peering has an entry");
+            if held.contains_key(&far) {
+                continue;
+            }
+            match free.next() {
+                Some(port) => {
+                    held.insert(far, port);
+                }
+                None => exhausted.push((site.clone(), far)),
+            }
+        }
+    }
+    next.retain(|site, ports| peerings.get(site).is_some_and(|p| p.relay_ports != *ports));
+    (next, exhausted)
+}
+
+/// The relay sessions this site's active gateway runs for the tunnels
+/// between peer `a` and the peers after it: one per pair whose both sides
+/// asked and hold a port, with each side's far-end keys and NAT addresses.
+pub fn sessions(peerings: &Peerings, a: &str, bytes_per_second: u64) -> Vec<pb::RelaySession> {
+    let mut out = Vec::new();
+    let Some(pa) = peerings.get(a) else { return out };
+    for far in pa.relay_ports.keys().filter(|f| a < f.as_str()) {
+        let Some(pb_) = peerings.get(far) else { continue };
+        let Some((port_a, port_b)) = ports(pa, far, peerings) else {
+            continue;
+        };
+        let asked = pa.remote.as_ref().is_some_and(|r| r.relay_for.iter().any(|s| s == far));
+        if !asked {
+            continue;
+        }
+        let side = |site: &str, port: u16, me: &Peering, other: &Peering| pb::RelaySide {
+            site: site.to_string(),
+            port: u32::from(port),
+            to_keys: other
+                .remote
+                .iter()
+                .flat_map(|r| r.gateways.iter().filter_map(|g| g.public_key.clone()))
+                .collect(),
+            from_ips: from_ips(me),
+        };
+        out.push(pb::RelaySession {
+            a: Some(side(a, port_a, pa, pb_)),
+            b: Some(side(far, port_b, pb_, pa)),
+            bytes_per_second,
+        });
+    }
+    out
+}
+
+/// The addresses a peer's gateways send from as the outside sees them:
+/// their endpoints and reflexive candidates (empty when none is known).
+fn from_ips(p: &Peering) -> Vec<String> {
+    let mut ips = BTreeSet::new();
+    for g in p.remote.iter().flat_map(|r| r.gateways.iter()) {
+        if let Some(e) = g.endpoint.as_ref().and_then(|e| e.parse::<std::net::SocketAddr>().ok()) {
+            ips.insert(e.ip().to_string());
+        }
+        for c in &g.candidates {
+            if c.kind == crate::nat::CandidateKind::Reflexive {
+                ips.insert(c.address.ip().to_string());
+            }
+        }
+    }
+    ips.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{PeeringState, PortRange, RemoteGateway, RemoteSite, TunnelRole};
+
+    const KEY_A: &str = "hT7XTB7qgr4m+5V8gqhnNtjvNrqSqPFiCjPsXl1Oc0Q=";
+    const KEY_B: &str = "YJ9BkYwQ0ezGXyBwJ4cJ5e3xk1y8b7s6tXh2oVw8RkA=";
+
+    fn peering(site: &str, relay: bool, relay_for: &[&str], key: &str) -> Peering {
+        Peering {
+            site_id: site.into(),
+            state: PeeringState::Negotiated,
+            views: vec![],
+            created_at_ms: 0,
+            last_error: None,
+            remote: Some(RemoteSite {
+                ca_pem: String::new(),
+                ca_fingerprint: String::new(),
+                workload_cidrs: vec![],
+                external_cidr: None,
+                gateways: vec![RemoteGateway {
+                    name: "gw".into(),
+                    endpoint: None,
+                    public_key: Some(key.into()),
+                    active: true,
+                    candidates: vec![crate::nat::Candidate {
+                        address: "198.51.100.7:40001".parse().unwrap(),
+                        kind: crate::nat::CandidateKind::Reflexive,
+                    }],
+                    nat: Some(crate::nat::Behaviour::EndpointDependent),
+                }],
+                mtu: 0,
+                endpoints: vec![],
+                tunnel_role: TunnelRole::Server,
+                names: vec![],
+                relay,
+                relay_for: relay_for.iter().map(|s| s.to_string()).collect(),
+                relays: vec![],
+            }),
+            listen_port: 51820,
+            pending: None,
+            joined_with: None,
+            joined_at_ms: 0,
+            relay_ports: Default::default(),
+            relay_via: None,
+        }
+    }
+
+    fn map(ps: Vec<Peering>) -> Peerings {
+        ps.into_iter().map(|p| (p.site_id.clone(), Arc::new(p))).collect()
+    }
+
+    const RANGE: PortRange = PortRange {
+        first: 51920,
+        last: 51923,
+    };
+
+    /// The relay site's view: a and b ask for each other, c asks for d,
+    /// which this site is not peered with.
+    fn relay_view() -> Peerings {
+        map(vec![
+            peering("a", false, &["b"], KEY_A),
+            peering("b", false, &["a"], KEY_B),
+            peering("c", false, &["d"], KEY_A),
+        ])
+    }
+
+    fn allocated(ps: &Peerings) -> Peerings {
+        let (changes, _) = allocate(ps, true, true, RANGE);
+        let mut out = ps.clone();
+        for (site, ports) in changes {
+            let mut p = (*out[&site]).clone();
+            p.relay_ports = ports;
+            out.insert(site, Arc::new(p));
+        }
+        out
+    }
+
+    #[test]
+    fn a_relay_gives_ports_only_to_pairs_of_its_own_peers_and_answers_each_side() {
+        let ps = allocated(&relay_view());
+        assert_eq!(ps["a"].relay_ports.len(), 1);
+        assert_eq!(ps["b"].relay_ports.len(), 1);
+        assert!(ps["c"].relay_ports.is_empty(), "d is not a peer of the relay");
+        let ip = Some("192.0.2.50".parse().unwrap());
+        let to_a = answer(&ps["a"], &ps, true, ip);
+        assert_eq!(to_a[0].peer_site, "b");
+        assert_eq!(to_a[0].endpoint, format!("192.0.2.50:{}", ps["a"].relay_ports["b"]));
+        let to_c = answer(&ps["c"], &ps, true, ip);
+        assert_eq!(to_c[0].endpoint, "");
+        assert!(to_c[0].refused.contains("not peered with site \"d\""), "{:?}", to_c[0]);
+        // Not relaying, or no endpoint: refused, with why.
+        assert!(answer(&ps["a"], &ps, false, ip)[0].refused.contains("--relay"));
+        assert!(answer(&ps["a"], &ps, true, None)[0].refused.contains("--endpoint"));
+        // Allocation is stable: nothing changes the second time.
+        assert!(allocate(&ps, true, true, RANGE).0.is_empty());
+    }
+
+    #[test]
+    fn a_pair_is_pending_until_both_ask_and_a_full_range_refuses_the_rest() {
+        let ps = allocated(&map(vec![
+            peering("a", false, &["b"], KEY_A),
+            peering("b", false, &[], KEY_B),
+        ]));
+        let g = answer(&ps["a"], &ps, true, Some("192.0.2.50".parse().unwrap()));
+        assert_eq!((g[0].endpoint.as_str(), g[0].refused.as_str()), ("", ""), "pending");
+        assert!(sessions(&ps, "a", 1).is_empty());
+        // Three pairs want six ports; four are free.
+        let many = map(vec![
+            peering("a", false, &["b", "c", "d"], KEY_A),
+            peering("b", false, &["a"], KEY_B),
+            peering("c", false, &["a"], KEY_B),
+            peering("d", false, &["a"], KEY_B),
+        ]);
+        let (changes, exhausted) = allocate(&many, true, true, RANGE);
+        let given: usize = changes.values().map(|m| m.len()).sum();
+        assert_eq!(given, 4);
+        assert_eq!(exhausted.len(), 2);
+    }
+
+    #[test]
+    fn a_session_carries_each_sides_far_keys_and_nat_addresses() {
+        let ps = allocated(&relay_view());
+        let s = sessions(&ps, "a", 7);
+        assert_eq!(s.len(), 1);
+        let (a, b) = (s[0].a.as_ref().unwrap(), s[0].b.as_ref().unwrap());
+        assert_eq!((a.site.as_str(), b.site.as_str()), ("a", "b"));
+        assert_eq!(a.to_keys, [KEY_B]);
+        assert_eq!(b.to_keys, [KEY_A]);
+        assert_eq!(a.from_ips, ["198.51.100.7"]);
+        assert_ne!(a.port, b.port);
+        assert_eq!(s[0].bytes_per_second, 7);
+        // Rendered once, under the first site.
+        assert!(sessions(&ps, "b", 7).is_empty());
+    }
+
+    #[test]
+    fn both_ends_take_the_smallest_relay_whose_tunnel_is_up() {
+        let grant = |far: &str, port: u16| RelayGrant {
+            peer_site: far.into(),
+            endpoint: Some(format!("192.0.2.5{port}:5192{port}")),
+            refused: String::new(),
+        };
+        let mut r1 = peering("r1", true, &[], KEY_A);
+        r1.remote.as_mut().unwrap().relays = vec![grant("b", 1)];
+        let mut r2 = peering("r2", true, &[], KEY_A);
+        r2.remote.as_mut().unwrap().relays = vec![grant("b", 2)];
+        let mut r0 = peering("r0", true, &[], KEY_A);
+        r0.remote.as_mut().unwrap().relays = vec![RelayGrant {
+            peer_site: "b".into(),
+            endpoint: None,
+            refused: "not peered".into(),
+        }];
+        let ps = map(vec![peering("b", false, &[], KEY_B), r0, r1, r2]);
+        let via = choose(&ps["b"], &ps, |_| true).unwrap();
+        assert_eq!((via.site.as_str(), via.endpoint.as_str()), ("r1", "192.0.2.51:51921"));
+        let via = choose(&ps["b"], &ps, |r| r != "r1").unwrap();
+        assert_eq!(via.site, "r2");
+        assert_eq!(choose(&ps["b"], &ps, |_| false), None);
+    }
+
+    #[test]
+    fn hostile_requests_and_grants_are_refused_naming_the_field() {
+        assert!(requests("a", &["b".into(), "c".into()]).is_ok());
+        assert!(requests("a", &["a".into()]).unwrap_err().contains("relay_for[0]"));
+        assert!(requests("a", &["B C".into()]).unwrap_err().contains("relay_for[0]"));
+        let many: Vec<String> = (0..300).map(|i| format!("s{i}")).collect();
+        assert!(requests("a", &many).unwrap_err().contains("at most 256"));
+        let g = |e: &str| pb::RelayGrant {
+            peer_site: "b".into(),
+            endpoint: e.into(),
+            refused: String::new(),
+        };
+        assert!(grants(&[g("192.0.2.50:51920")], &[]).is_ok());
+        for bad in [
+            "127.0.0.1:51920",
+            "224.0.0.1:51920",
+            "192.0.2.50:0",
+            "nonsense",
+            "169.254.1.1:5",
+        ] {
+            let e = grants(&[g(bad)], &[]).unwrap_err();
+            assert!(e.contains("relays[0].endpoint"), "{bad}: {e}");
+        }
+        let own = [("192.0.2.50".parse().unwrap(), "gateway gw".to_string())];
+        assert!(
+            grants(&[g("192.0.2.50:51920")], &own)
+                .unwrap_err()
+                .contains("gateway gw")
+        );
+    }
+
+    #[test]
+    fn a_tunnel_with_a_direct_path_asks_no_relay() {
+        let mut p = peering("b", false, &[], KEY_B);
+        assert!(wanted(&p, &[]));
+        p.remote.as_mut().unwrap().gateways[0].endpoint = Some("192.0.2.9:51820".into());
+        assert!(!wanted(&p, &[]));
+    }
+}
