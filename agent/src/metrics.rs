@@ -48,7 +48,7 @@ pub struct AgentMetrics {
     /// not sent; unanswered: a probe without an answer in time).
     pub discovery: Family<Labels, Counter>,
     /// Gateways of a relay site: the relayed tunnels' counters.
-    pub relays: Mutex<crate::relay::Seen>,
+    pub relays: Mutex<Relayed>,
 }
 
 impl AgentMetrics {
@@ -155,7 +155,7 @@ pub fn get() -> &'static AgentMetrics {
             for t in m.tunnels.lock().unwrap().iter() {
                 weft_common::obs::tunnel_series(f, t, &[]);
             }
-            crate::relay::series(f, &m.relays.lock().unwrap());
+            relay_series(f, &m.relays.lock().unwrap());
             let traffic = if m.node_accounting.load(std::sync::atomic::Ordering::Relaxed) {
                 m.traffic.lock().unwrap().clone()
             } else {
@@ -174,4 +174,43 @@ pub fn get() -> &'static AgentMetrics {
         *m.registry.lock().unwrap() = r;
         m
     })
+}
+
+/// The running relays' counters (see `relay`): (site a, site b, counters).
+pub type Relayed = Vec<(String, String, Arc<weft_dataplane::relay::Counters>)>;
+
+/// The relays' counters into the agent's metrics.
+fn relay_series(f: &mut weft_common::obs::Families, seen: &Relayed) {
+    use std::sync::atomic::Ordering::Relaxed;
+    for (a, b, c) in seen {
+        for (i, (from, to)) in [(a, b), (b, a)].into_iter().enumerate() {
+            let l = [("from_site", from.as_str()), ("to_site", to.as_str())];
+            f.counter(
+                "weft_gateway_relay_bytes",
+                "Bytes this gateway relayed between two peer sites' gateways, still encrypted",
+                &l,
+                c.bytes[i].load(Relaxed),
+            );
+            f.counter(
+                "weft_gateway_relay_packets",
+                "Datagrams this gateway relayed between two peer sites' gateways",
+                &l,
+                c.packets[i].load(Relaxed),
+            );
+        }
+        let l = |why| [("site_a", a.as_str()), ("site_b", b.as_str()), ("reason", why)];
+        for (why, n) in [
+            ("unknown_source", &c.unknown_source),
+            ("no_peer", &c.no_peer),
+            ("rate_limited", &c.rate_limited),
+            ("send_failed", &c.send_failed),
+        ] {
+            f.counter(
+                "weft_gateway_relay_dropped",
+                "Datagrams a relayed tunnel dropped: from an address not learned (or a handshake not vouched for), for a side not learned yet, over the rate limit, or refused by the kernel",
+                &l(why),
+                n.load(Relaxed),
+            );
+        }
+    }
 }

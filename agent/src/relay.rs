@@ -1,14 +1,13 @@
 //! On a relay site's active gateway: the relayed tunnels its controller
 //! renders (`RelaySession` objects), each run by `weft_dataplane::relay`
-//! on two UDP ports of the gateway host, and their counters in the
-//! metrics.
+//! on two UDP ports of the gateway host; their counters go to the
+//! metrics (`metrics::Relayed`).
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
-use std::sync::Arc;
 
 use base64::Engine;
-use weft_dataplane::relay::{Counters, Relay, Side, Spec};
+use weft_dataplane::relay::{Relay, Side, Spec};
 use weft_proto::v1 as pb;
 
 /// The most relayed tunnels one gateway runs (two ports and two threads
@@ -26,9 +25,6 @@ struct Running {
 pub struct Relays {
     running: BTreeMap<String, Running>,
 }
-
-/// A running relay's counters, for the metrics: (site a, site b, counters).
-pub type Seen = Vec<(String, String, Arc<Counters>)>;
 
 /// Checks a relay session from the controller: ports from 1024 up and
 /// distinct, each side's keys 32-byte WireGuard keys (at most 16), its
@@ -146,7 +142,7 @@ impl Relays {
         errors
     }
 
-    fn seen(&self) -> Seen {
+    fn seen(&self) -> crate::metrics::Relayed {
         self.running
             .values()
             .map(|r| {
@@ -154,42 +150,6 @@ impl Relays {
                 (site(&r.object.a), site(&r.object.b), r.relay.counters.clone())
             })
             .collect()
-    }
-}
-
-/// The relays' counters into the agent's metrics.
-pub fn series(f: &mut weft_common::obs::Families, seen: &Seen) {
-    use std::sync::atomic::Ordering::Relaxed;
-    for (a, b, c) in seen {
-        for (i, (from, to)) in [(a, b), (b, a)].into_iter().enumerate() {
-            let l = [("from_site", from.as_str()), ("to_site", to.as_str())];
-            f.counter(
-                "weft_gateway_relay_bytes",
-                "Bytes this gateway relayed between two peer sites' gateways, still encrypted",
-                &l,
-                c.bytes[i].load(Relaxed),
-            );
-            f.counter(
-                "weft_gateway_relay_packets",
-                "Datagrams this gateway relayed between two peer sites' gateways",
-                &l,
-                c.packets[i].load(Relaxed),
-            );
-        }
-        let l = |why| [("site_a", a.as_str()), ("site_b", b.as_str()), ("reason", why)];
-        for (why, n) in [
-            ("unknown_source", &c.unknown_source),
-            ("no_peer", &c.no_peer),
-            ("rate_limited", &c.rate_limited),
-            ("send_failed", &c.send_failed),
-        ] {
-            f.counter(
-                "weft_gateway_relay_dropped",
-                "Datagrams a relayed tunnel dropped: from an address not learned (or a handshake not vouched for), for a side not learned yet, over the rate limit, or refused by the kernel",
-                &l(why),
-                n.load(Relaxed),
-            );
-        }
     }
 }
 
@@ -218,7 +178,8 @@ mod tests {
         let spec = check(&session()).unwrap();
         assert_eq!((spec.a.port, spec.b.port), (51920, 51921));
         assert_eq!(spec.a.from_ips, [Ipv4Addr::new(198, 51, 100, 7)]);
-        let bad: [(&str, fn(&mut pb::RelaySession)); 7] = [
+        type Spoil = fn(&mut pb::RelaySession);
+        let bad: [(&str, Spoil); 7] = [
             ("port 53", |s| s.a.as_mut().unwrap().port = 53),
             ("port 70000", |s| s.b.as_mut().unwrap().port = 70_000),
             ("share port", |s| s.b.as_mut().unwrap().port = 51920),

@@ -273,6 +273,12 @@ pub fn direct_path(p: &crate::domain::Peering, local: &[pb::GatewayInfo]) -> &'s
     )
 }
 
+/// Whether this site asks relays to carry peering `p`'s tunnel (see
+/// `relay`): it is negotiated and no direct path exists.
+pub fn wants_relay(p: &crate::domain::Peering, local: &[pb::GatewayInfo]) -> bool {
+    p.state != crate::domain::PeeringState::Deleting && p.remote.is_some() && direct_path(p, local) == "waiting"
+}
+
 /// The path peering `p`'s tunnel takes: [`direct_path`], or "relayed via
 /// SITE" while it has none and a relay was chosen. A hole punch is claimed
 /// only while the tunnel is up (`up`: as its gateway reports it): NAT
@@ -289,6 +295,26 @@ pub fn tunnel_path(p: &crate::domain::Peering, local: &[pb::GatewayInfo], up: bo
 #[cfg(test)]
 mod tests {
     use weft_proto::v1 as pb;
+
+    #[test]
+    fn a_tunnel_with_a_direct_path_asks_no_relay() {
+        use crate::relay::tests::{KEY_B, peering};
+        let mut p = peering("b", false, &[], KEY_B);
+        assert!(super::wants_relay(&p, &[]));
+        assert_eq!(super::tunnel_path(&p, &[], false), "waiting");
+        p.relay_via = Some(crate::domain::RelayVia {
+            site: "r".into(),
+            endpoint: "192.0.2.5:51920".into(),
+        });
+        assert_eq!(super::tunnel_path(&p, &[], true), "relayed via r");
+        p.remote.as_mut().unwrap().gateways[0].endpoint = Some("192.0.2.9:51820".into());
+        assert!(!super::wants_relay(&p, &[]));
+        assert_eq!(
+            super::tunnel_path(&p, &[], true),
+            "direct",
+            "a direct path wins over a recorded relay"
+        );
+    }
 
     #[test]
     fn a_peers_controller_endpoints_are_checked_before_they_are_dialled() {

@@ -91,14 +91,6 @@ pub fn grants(list: &[pb::RelayGrant], own_hosts: &[(std::net::Ipv4Addr, String)
     Ok(out)
 }
 
-/// Whether this site asks relays to carry peering `p`'s tunnel: it is
-/// negotiated and no direct path exists (see [`crate::peer::path`]).
-pub fn wanted(p: &Peering, local: &[pb::GatewayInfo]) -> bool {
-    p.state != crate::domain::PeeringState::Deleting
-        && p.remote.is_some()
-        && crate::peer::direct_path(p, local) == "waiting"
-}
-
 /// The relay peering `p`'s tunnel takes: among `peerings` (this site's,
 /// by site id) that relay and granted this site an endpoint for `p`'s
 /// site, whose tunnel from here is up (`up`), the smallest site id.
@@ -286,14 +278,14 @@ fn from_ips(p: &Peering) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::domain::{PeeringState, PortRange, RemoteGateway, RemoteSite, TunnelRole};
 
     const KEY_A: &str = "hT7XTB7qgr4m+5V8gqhnNtjvNrqSqPFiCjPsXl1Oc0Q=";
-    const KEY_B: &str = "YJ9BkYwQ0ezGXyBwJ4cJ5e3xk1y8b7s6tXh2oVw8RkA=";
+    pub(crate) const KEY_B: &str = "YJ9BkYwQ0ezGXyBwJ4cJ5e3xk1y8b7s6tXh2oVw8RkA=";
 
-    fn peering(site: &str, relay: bool, relay_for: &[&str], key: &str) -> Peering {
+    pub(crate) fn peering(site: &str, relay: bool, relay_for: &[&str], key: &str) -> Peering {
         Peering {
             site_id: site.into(),
             state: PeeringState::Negotiated,
@@ -475,13 +467,5 @@ mod tests {
                 .unwrap_err()
                 .contains("gateway gw")
         );
-    }
-
-    #[test]
-    fn a_tunnel_with_a_direct_path_asks_no_relay() {
-        let mut p = peering("b", false, &[], KEY_B);
-        assert!(wanted(&p, &[]));
-        p.remote.as_mut().unwrap().gateways[0].endpoint = Some("192.0.2.9:51820".into());
-        assert!(!wanted(&p, &[]));
     }
 }

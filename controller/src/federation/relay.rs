@@ -39,7 +39,9 @@ pub(super) fn fill(model: &crate::render::Model, peer: &str, params: &mut pb::Ne
         params.relay_for = model
             .peerings
             .iter()
-            .filter(|(s, q)| s.as_str() != peer && weft_core::relay::wanted(q, &gateways.for_port(site, q.listen_port)))
+            .filter(|(s, q)| {
+                s.as_str() != peer && weft_core::peer::wants_relay(q, &gateways.for_port(site, q.listen_port))
+            })
             .map(|(s, _)| s.clone())
             .take(weft_core::relay::MAX_RELAY_REQUESTS)
             .collect();
@@ -109,7 +111,7 @@ pub async fn keep_relays(fed: Arc<Federation>, leader: tokio::sync::watch::Recei
         // This site's own tunnels.
         let gateways = LocalGateways::of(&model);
         for (peer, p) in model.peerings.iter() {
-            let via = if weft_core::relay::wanted(p, &gateways.for_port(&site, p.listen_port)) {
+            let via = if weft_core::peer::wants_relay(p, &gateways.for_port(&site, p.listen_port)) {
                 weft_core::relay::choose(p, &model.peerings, |r| fed.hub.tunnel(r).is_some_and(|t| t.up))
             } else {
                 None
