@@ -280,13 +280,14 @@ pub fn wants_relay(p: &crate::domain::Peering, local: &[pb::GatewayInfo]) -> boo
 }
 
 /// The path peering `p`'s tunnel takes: [`direct_path`], or "relayed via
-/// SITE" while it has none and a relay was chosen. A hole punch is claimed
+/// SITE" while a relay was chosen (no direct path, or a hole punch that
+/// did not come up). A hole punch is claimed
 /// only while the tunnel is up (`up`: as its gateway reports it): NAT
 /// behaviour seen through one reflector alone can be mistaken, and then
 /// the punch fails.
 pub fn tunnel_path(p: &crate::domain::Peering, local: &[pb::GatewayInfo], up: bool) -> String {
     match (direct_path(p, local), &p.relay_via) {
-        ("waiting", Some(r)) => format!("relayed via {}", r.site),
+        ("waiting" | "hole-punched", Some(r)) => format!("relayed via {}", r.site),
         ("hole-punched", _) if !up => "waiting".into(),
         (other, _) => other.into(),
     }

@@ -823,10 +823,13 @@ fn wireguard_peers(base: &str, r: &RemoteSite, relay: Option<&crate::domain::Rel
                 link: ids.link.clone(),
                 namespace: ids.ns.clone(),
                 public_key: g.public_key.clone().unwrap_or_default(),
-                // Without a direct path, the active gateway is reached
-                // through the chosen relay.
-                endpoint: crate::peer::dial_address(g)
-                    .or_else(|| relay.filter(|_| g.active || none_flagged).map(|r| r.endpoint.clone()))
+                // Without a direct path (none, or a hole punch that did
+                // not come up), the active gateway is reached through the
+                // chosen relay.
+                endpoint: relay
+                    .filter(|_| g.active || none_flagged)
+                    .map(|r| r.endpoint.clone())
+                    .or_else(|| crate::peer::dial_address(g))
                     .unwrap_or_default(),
                 allowed_ips: allowed,
                 persistent_keepalive: 25,

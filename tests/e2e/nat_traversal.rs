@@ -411,3 +411,92 @@ fn two_sites_behind_endpoint_dependent_nat_connect_through_a_relay_site_and_move
     println!("NAT: relay site died, tunnel moved to the next relay, longest silence {gap:.2} s");
     assert!(gap <= 5.0, "the tunnel came back after {gap:.2} s");
 }
+
+/// Two sites behind endpoint-independent NAT, hole-punched, then UDP
+/// between their NAT routers is blocked (a firewall between them; the
+/// controllers and a relay site stay reachable): the punched tunnel goes
+/// down, and once the punch window has passed it goes through a relay site
+/// peered with both.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn a_hole_punch_that_stops_working_falls_back_to_a_relay_site() {
+    require_root();
+    use std::time::{Duration, Instant};
+    let opts = weft_tests::sites::Opts {
+        site_a_nat: Some(Nat::EndpointIndependent),
+        site_b_nat: Some(Nat::EndpointIndependent),
+        ..Default::default()
+    };
+    weft_tests::step("sites a and b behind endpoint-independent NAT: hole-punched");
+    let mut s = weft_tests::sites::up_with("nu", ("nu-a", "10.1.0.0/16"), ("nu-b", "10.1.0.0/16"), opts);
+    weft_tests::sites::until_wa_reaches_wb(&s);
+    weft_tests::eventually("hole-punched", Duration::from_secs(20), || {
+        (path_to(&s.ta, "nu-b") == "hole-punched").then_some(())
+    });
+    weft_tests::step("a relay site peered with both: not used while the punch works");
+    weft_tests::sites::relay_site(&mut s, "nu-r", 1, "10.1.0.0/16", (true, true));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(path_to(&s.ta, "nu-b"), "hole-punched");
+
+    weft_tests::step("UDP between the two NAT routers blocked: the tunnel goes through the relay");
+    let lan = s.lab.ns("lan");
+    for args in [
+        vec!["add", "table", "bridge", "weftblock"],
+        vec![
+            "add",
+            "chain",
+            "bridge",
+            "weftblock",
+            "cut",
+            "{ type filter hook forward priority 0 ; }",
+        ],
+        vec![
+            "add",
+            "rule",
+            "bridge",
+            "weftblock",
+            "cut",
+            "ip",
+            "saddr",
+            "192.168.78.30",
+            "ip",
+            "daddr",
+            "192.168.78.31",
+            "meta",
+            "l4proto",
+            "udp",
+            "drop",
+        ],
+        vec![
+            "add",
+            "rule",
+            "bridge",
+            "weftblock",
+            "cut",
+            "ip",
+            "saddr",
+            "192.168.78.31",
+            "ip",
+            "daddr",
+            "192.168.78.30",
+            "meta",
+            "l4proto",
+            "udp",
+            "drop",
+        ],
+    ] {
+        let mut cmd = vec!["nft"];
+        cmd.extend(args);
+        must(s.lab.exec(&lan, &cmd), "blocking UDP between the routers");
+    }
+    let blocked = Instant::now();
+    weft_tests::eventually("relayed", Duration::from_secs(60), || {
+        (path_to(&s.ta, "nu-b") == "relayed via nu-r").then_some(())
+    });
+    let wb = s.wb_from_a.clone();
+    s.reach_quickly("wa", &wb, Duration::from_secs(15));
+    println!(
+        "NAT: a hole punch blocked, relayed and through {:.1} s after the block",
+        blocked.elapsed().as_secs_f64()
+    );
+}

@@ -79,6 +79,8 @@ pub struct Federation {
     pub grace: Duration,
     /// Joins refused here, for the admin.
     pub refused: crate::refused::RefusedJoins,
+    /// Hole punches that did not come up (the leader's).
+    pub punches: relay::Punches,
 }
 
 /// What the admin gets for a status a peer answered a Join with: refusals
@@ -125,7 +127,7 @@ impl Federation {
             None => self.state.wg_port_for(peer).await?,
         };
         let mut params = self.params_at(&model, port)?;
-        relay::fill(&model, peer, &mut params);
+        relay::fill(self, &model, peer, &mut params);
         Ok((params, port))
     }
 

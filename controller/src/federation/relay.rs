@@ -17,6 +17,97 @@ static REFUSED_NOT_RELAYING: AtomicU64 = AtomicU64::new(0);
 /// tunnel's probes, which take 3 s; this adds at most this much).
 const EVERY: Duration = Duration::from_millis(250);
 
+/// How long a hole punch may take before the tunnel goes through a relay
+/// (UDP blocked between the two NATs, or NAT behaviour misjudged).
+const PUNCH_WINDOW: Duration = Duration::from_secs(15);
+
+/// How long a tunnel relayed after a failed hole punch stays relayed before
+/// the punch is tried again (sooner when either side's discovery finds
+/// something new). A try breaks the tunnel for up to [`PUNCH_WINDOW`]
+/// when the punch still fails.
+const RETRY_DIRECT: Duration = Duration::from_secs(600);
+
+/// The leader's memory of hole punches that did not come up, by peer site.
+#[derive(Default)]
+pub struct Punches(std::sync::Mutex<std::collections::HashMap<String, Punch>>);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Punch {
+    /// Punching since then, not up yet.
+    Trying(std::time::Instant),
+    /// Gave up then: relayed. With what discovery had found (a hash): a
+    /// change tries again.
+    Failed(std::time::Instant, u64),
+}
+
+impl Punches {
+    /// One look at peer `site`'s tunnel: `punching`: its direct path is a
+    /// hole punch; `up`: the tunnel is up through it; `found`: both sides'
+    /// discovery results (a hash); `now`: the time. True while the tunnel
+    /// should go through a relay.
+    fn step(&self, now: std::time::Instant, site: &str, punching: bool, up: bool, found: u64) -> bool {
+        let mut all = self.0.lock().unwrap();
+        if !punching {
+            all.remove(site);
+            return false;
+        }
+        match all.get(site).copied() {
+            None if up => false,
+            None => {
+                all.insert(site.to_string(), Punch::Trying(now));
+                false
+            }
+            Some(Punch::Trying(_)) if up => {
+                all.remove(site);
+                false
+            }
+            Some(Punch::Trying(since)) if now - since >= PUNCH_WINDOW => {
+                tracing::warn!(peer = %site, window = ?PUNCH_WINDOW, "the hole punch did not come up; the tunnel goes through a relay");
+                all.insert(site.to_string(), Punch::Failed(now, found));
+                true
+            }
+            Some(Punch::Trying(_)) => false,
+            Some(Punch::Failed(at, seen)) if seen != found || now - at >= RETRY_DIRECT => {
+                tracing::info!(peer = %site, "trying the hole punch again");
+                all.insert(site.to_string(), Punch::Trying(now));
+                false
+            }
+            Some(Punch::Failed(..)) => true,
+        }
+    }
+
+    /// Whether peer `site`'s tunnel is relayed because its hole punch failed.
+    fn failed(&self, site: &str) -> bool {
+        matches!(self.0.lock().unwrap().get(site), Some(Punch::Failed(..)))
+    }
+}
+
+/// What discovery found on both sides of peering `p`, as a hash: a change
+/// may open a direct path.
+fn found(p: &Peering, local: &[pb::GatewayInfo]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for g in local {
+        g.nat.hash(&mut h);
+        for c in &g.candidates {
+            c.address.hash(&mut h);
+        }
+    }
+    for g in p.remote.iter().flat_map(|r| r.gateways.iter()) {
+        g.nat.map(|n| n.as_str()).hash(&mut h);
+        for c in &g.candidates {
+            c.address.to_string().hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+/// Whether this site's tunnel to peering `p` should go through a relay: no
+/// direct path, or a hole punch that did not come up.
+fn wants(fed: &Federation, p: &Peering, local: &[pb::GatewayInfo]) -> bool {
+    weft_core::peer::wants_relay(p, local) || fed.punches.failed(&p.site_id)
+}
+
 /// The active gateway's endpoint address: where relayed tunnels reach this
 /// site.
 pub(super) fn relay_ip(model: &crate::render::Model) -> Option<std::net::IpAddr> {
@@ -29,7 +120,7 @@ pub(super) fn relay_ip(model: &crate::render::Model) -> Option<std::net::IpAddr>
 /// Fills in what `params` (for `peer`) says of relays: whether this site
 /// relays, the tunnels it asks `peer` to relay (when `peer` relays), and
 /// its answers to what `peer` asked of it.
-pub(super) fn fill(model: &crate::render::Model, peer: &str, params: &mut pb::NetworkParams) {
+pub(super) fn fill(fed: &Federation, model: &crate::render::Model, peer: &str, params: &mut pb::NetworkParams) {
     let Some(site) = model.site.as_ref() else { return };
     let ip = relay_ip(model);
     params.relay = site.relay_ports.is_some() && ip.is_some();
@@ -39,9 +130,7 @@ pub(super) fn fill(model: &crate::render::Model, peer: &str, params: &mut pb::Ne
         params.relay_for = model
             .peerings
             .iter()
-            .filter(|(s, q)| {
-                s.as_str() != peer && weft_core::peer::wants_relay(q, &gateways.for_port(site, q.listen_port))
-            })
+            .filter(|(s, q)| s.as_str() != peer && wants(fed, q, &gateways.for_port(site, q.listen_port)))
             .map(|(s, _)| s.clone())
             .take(weft_core::relay::MAX_RELAY_REQUESTS)
             .collect();
@@ -111,7 +200,14 @@ pub async fn keep_relays(fed: Arc<Federation>, leader: tokio::sync::watch::Recei
         // This site's own tunnels.
         let gateways = LocalGateways::of(&model);
         for (peer, p) in model.peerings.iter() {
-            let via = if weft_core::peer::wants_relay(p, &gateways.for_port(&site, p.listen_port)) {
+            let local = gateways.for_port(&site, p.listen_port);
+            let punching = p.remote.is_some() && weft_core::peer::direct_path(p, &local) == "hole-punched";
+            // Up through the punch, not through a relay still in use.
+            let up = p.relay_via.is_none() && fed.hub.tunnel(peer).is_some_and(|t| t.up);
+            let failed = fed
+                .punches
+                .step(std::time::Instant::now(), peer, punching, up, found(p, &local));
+            let via = if failed || weft_core::peer::wants_relay(p, &local) {
                 weft_core::relay::choose(p, &model.peerings, |r| fed.hub.tunnel(r).is_some_and(|t| t.up))
             } else {
                 None
@@ -144,5 +240,36 @@ pub fn series(f: &mut weft_common::obs::Families) {
             &[("reason", why)],
             n.load(Ordering::Relaxed),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hole_punch_that_does_not_come_up_is_relayed_then_tried_again() {
+        let p = Punches::default();
+        let t0 = std::time::Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // Up at once: never relayed.
+        assert!(!p.step(at(0), "b", true, true, 1));
+        // Down: tried for the window, then relayed.
+        assert!(!p.step(at(1), "b", true, false, 1));
+        assert!(!p.step(at(15), "b", true, false, 1));
+        assert!(p.step(at(16), "b", true, false, 1));
+        assert!(p.failed("b"));
+        assert!(p.step(at(300), "b", true, false, 1));
+        // Discovery found something new: tried again, and it comes up.
+        assert!(!p.step(at(301), "b", true, false, 2));
+        assert!(!p.step(at(302), "b", true, true, 2));
+        assert!(!p.failed("b"));
+        // Failed again: tried again after RETRY_DIRECT whatever discovery says.
+        assert!(!p.step(at(400), "b", true, false, 2));
+        assert!(p.step(at(416), "b", true, false, 2));
+        assert!(!p.step(at(416 + RETRY_DIRECT.as_secs()), "b", true, false, 2));
+        // No longer a hole punch (an endpoint, or no direct path): forgotten.
+        assert!(!p.step(at(2000), "b", false, false, 2));
+        assert!(!p.failed("b"));
     }
 }

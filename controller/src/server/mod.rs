@@ -388,6 +388,7 @@ async fn prepare(cfg: &ControllerConfig) -> anyhow::Result<Prepared> {
         hub: hub.clone(),
         grace: cfg.peer_grace,
         refused: Default::default(),
+        punches: Default::default(),
     });
     let me = format!(
         "{}@{}",
