@@ -93,8 +93,10 @@ pub fn grants(list: &[pb::RelayGrant], own_hosts: &[(std::net::Ipv4Addr, String)
 
 /// The relay peering `p`'s tunnel takes: among `peerings` (this site's,
 /// by site id) that relay and granted this site an endpoint for `p`'s
-/// site, whose tunnel from here is up (`up`), the smallest site id.
-pub fn choose(p: &Peering, peerings: &Peerings, up: impl Fn(&str) -> bool) -> Option<RelayVia> {
+/// site on one of their own gateways' addresses, and that are usable from
+/// here (`usable(site, endpoint)`: e.g. its tunnel not known to be down),
+/// the smallest site id.
+pub fn choose(p: &Peering, peerings: &Peerings, mut usable: impl FnMut(&str, &str) -> bool) -> Option<RelayVia> {
     peerings
         .iter()
         .filter(|(site, _)| **site != p.site_id)
@@ -102,7 +104,16 @@ pub fn choose(p: &Peering, peerings: &Peerings, up: impl Fn(&str) -> bool) -> Op
             let remote = r.remote.as_ref().filter(|x| x.relay)?;
             let g = remote.relays.iter().find(|g| g.peer_site == p.site_id)?;
             let endpoint = g.endpoint.clone()?;
-            up(site).then(|| RelayVia {
+            // Only on the relay's own gateway: a peer cannot point this
+            // site's tunnels at another host.
+            let ip = |e: &str| e.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
+            let own = remote.gateways.iter().any(|gw| {
+                gw.endpoint
+                    .as_deref()
+                    .and_then(ip)
+                    .is_some_and(|a| Some(a) == ip(&endpoint))
+            });
+            (own && usable(site, &endpoint)).then(|| RelayVia {
                 site: site.clone(),
                 endpoint,
             })
@@ -149,7 +160,8 @@ pub fn refusal(asking: &Peering, far: &str, peerings: &Peerings, relays: bool, h
     if !has_endpoint {
         return Some("this site's active gateway has no --endpoint to relay at".into());
     }
-    if far == asking.site_id || peerings.get(far).is_none_or(|p| p.remote.is_none()) {
+    let gone = |p: &Peering| p.remote.is_none() || p.state == crate::domain::PeeringState::Deleting;
+    if far == asking.site_id || gone(asking) || peerings.get(far).is_none_or(|p| gone(p)) {
         return Some(format!(
             "this site is not peered with site {far:?}; a relay carries only tunnels between its own peers"
         ));
@@ -181,6 +193,9 @@ pub fn allocate(
     has_endpoint: bool,
     range: crate::domain::PortRange,
 ) -> (BTreeMap<String, BTreeMap<String, u16>>, Vec<(String, String)>) {
+    // Only pairs whose both ends asked: one peer listing every other peer
+    // of this site takes no port for a tunnel nobody else wants.
+    let asked = |p: &Peering, far: &str| p.remote.as_ref().is_some_and(|r| r.relay_for.iter().any(|s| s == far));
     let want = |p: &Peering| -> BTreeSet<String> {
         p.remote
             .as_ref()
@@ -188,6 +203,7 @@ pub fn allocate(
                 r.relay_for
                     .iter()
                     .filter(|far| refusal(p, far, peerings, relays, has_endpoint).is_none())
+                    .filter(|far| peerings.get(far.as_str()).is_some_and(|q| asked(q, &p.site_id)))
                     .cloned()
                     .collect()
             })
@@ -197,13 +213,14 @@ pub fn allocate(
     let mut used = BTreeSet::new();
     for (site, p) in peerings {
         let w = want(p);
-        let kept: BTreeMap<String, u16> = p
-            .relay_ports
-            .iter()
-            .filter(|(far, port)| w.contains(*far) && range.first <= **port && **port <= range.last)
-            .map(|(f, port)| (f.clone(), *port))
-            .collect();
-        used.extend(kept.values().copied());
+        let mut kept = BTreeMap::new();
+        for (far, port) in &p.relay_ports {
+            // A port two peerings hold (written from a model that lagged)
+            // stays with the first; the other gets a new one.
+            if w.contains(far) && range.contains(*port) && used.insert(*port) {
+                kept.insert(far.clone(), *port);
+            }
+        }
         next.insert(site.clone(), kept);
     }
     let mut exhausted = Vec::new();
@@ -398,6 +415,18 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_port_two_peerings_hold_stays_with_one() {
+        let ps = allocated(&relay_view());
+        let mut b = (*ps["b"]).clone();
+        b.relay_ports.insert("a".into(), ps["a"].relay_ports["b"]);
+        let mut ps = ps.clone();
+        ps.insert("b".into(), Arc::new(b));
+        let (changes, _) = allocate(&ps, true, true, RANGE);
+        assert_ne!(changes["b"]["a"], ps["a"].relay_ports["b"]);
+        assert!(!changes.contains_key("a"), "the first holder keeps its port");
+    }
+
+    #[test]
     fn a_session_carries_each_sides_far_keys_and_nat_addresses() {
         let ps = allocated(&relay_view());
         let s = sessions(&ps, "a", 7);
@@ -420,22 +449,29 @@ pub(crate) mod tests {
             endpoint: Some(format!("192.0.2.5{port}:5192{port}")),
             refused: String::new(),
         };
-        let mut r1 = peering("r1", true, &[], KEY_A);
-        r1.remote.as_mut().unwrap().relays = vec![grant("b", 1)];
-        let mut r2 = peering("r2", true, &[], KEY_A);
-        r2.remote.as_mut().unwrap().relays = vec![grant("b", 2)];
+        let relay = |site: &str, n: u16, granted: RelayGrant| {
+            let mut r = peering(site, true, &[], KEY_A);
+            let remote = r.remote.as_mut().unwrap();
+            remote.gateways[0].endpoint = Some(format!("192.0.2.5{n}:51820"));
+            remote.relays = vec![granted];
+            r
+        };
+        let r1 = relay("r1", 1, grant("b", 1));
+        let r2 = relay("r2", 2, grant("b", 2));
+        // A grant on another host than the relay's own gateway: never taken.
+        let r00 = relay("r00", 3, grant("b", 9));
         let mut r0 = peering("r0", true, &[], KEY_A);
         r0.remote.as_mut().unwrap().relays = vec![RelayGrant {
             peer_site: "b".into(),
             endpoint: None,
             refused: "not peered".into(),
         }];
-        let ps = map(vec![peering("b", false, &[], KEY_B), r0, r1, r2]);
-        let via = choose(&ps["b"], &ps, |_| true).unwrap();
+        let ps = map(vec![peering("b", false, &[], KEY_B), r00, r0, r1, r2]);
+        let via = choose(&ps["b"], &ps, |_, _| true).unwrap();
         assert_eq!((via.site.as_str(), via.endpoint.as_str()), ("r1", "192.0.2.51:51921"));
-        let via = choose(&ps["b"], &ps, |r| r != "r1").unwrap();
+        let via = choose(&ps["b"], &ps, |r, _| r != "r1").unwrap();
         assert_eq!(via.site, "r2");
-        assert_eq!(choose(&ps["b"], &ps, |_| false), None);
+        assert_eq!(choose(&ps["b"], &ps, |_, _| false), None);
     }
 
     #[test]

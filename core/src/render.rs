@@ -427,7 +427,8 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
         Part::Node(name) => node_tunnel(m, g, name, &part.prefix()),
         Part::Peer(site_id) => {
             let mut out = peering(m, site_id, &part.prefix());
-            if m.active_gateway.as_deref() == Some(g.name.as_str()) {
+            // The gateway the grants name (see `active_gateway`).
+            if active_gateway(m).is_some_and(|a| a.name == g.name) {
                 out.extend(relay_sessions(m, site_id, &part.prefix()));
             }
             out

@@ -108,6 +108,15 @@ fn wants(fed: &Federation, p: &Peering, local: &[pb::GatewayInfo]) -> bool {
     weft_core::peer::wants_relay(p, local) || fed.punches.failed(&p.site_id)
 }
 
+/// Whether this replica knows peer `site`'s tunnel to be down (a fresh
+/// report from a gateway says it is not up, a new one included).
+/// Gateways report to the replica they are connected to: another replica
+/// knows nothing, and then relies on the relay site itself (it withdraws
+/// its grants when it cannot relay).
+fn known_down(fed: &Federation, site: &str) -> bool {
+    fed.hub.tunnel(site).is_some_and(|t| !t.up)
+}
+
 /// The active gateway's endpoint address: where relayed tunnels reach this
 /// site.
 pub(super) fn relay_ip(model: &crate::render::Model) -> Option<std::net::IpAddr> {
@@ -125,7 +134,10 @@ pub(super) fn fill(fed: &Federation, model: &crate::render::Model, peer: &str, p
     let ip = relay_ip(model);
     params.relay = site.relay_ports.is_some() && ip.is_some();
     let Some(p) = model.peerings.get(peer) else { return };
-    if p.remote.as_ref().is_some_and(|r| r.relay) {
+    // Asked only of a relay this site can reach (its tunnel not known to be
+    // down): a relay one end cannot use is given up by both, since the
+    // other end's grant goes with this request.
+    if p.remote.as_ref().is_some_and(|r| r.relay) && !known_down(fed, peer) {
         let gateways = LocalGateways::of(model);
         params.relay_for = model
             .peerings
@@ -146,6 +158,7 @@ pub async fn keep_relays(fed: Arc<Federation>, leader: tokio::sync::watch::Recei
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Refusals already counted, so each is counted once while it lasts.
     let mut refused: HashSet<(String, String)> = HashSet::new();
+    let mut ports_written_at: Option<i64> = None;
     loop {
         tick.tick().await;
         if !*leader.borrow() {
@@ -174,8 +187,19 @@ pub async fn keep_relays(fed: Arc<Federation>, leader: tokio::sync::watch::Recei
                 }
             }
         }
-        if let Some(range) = site.relay_ports {
+        // Ports are allocated from the model: not again before it shows the
+        // last allocation (a lagging model would give a port twice;
+        // `allocate` also mends that, at the cost of a session restart).
+        let caught_up = ports_written_at.is_none_or(|r| model.revision > r);
+        if !caught_up {
+            // Refusals of this tick are not all known: none counted twice.
+            now_refused.extend(refused.iter().cloned());
+        }
+        if let (Some(range), true) = (site.relay_ports, caught_up) {
             let (changes, exhausted) = weft_core::relay::allocate(&model.peerings, relays, has_endpoint, range);
+            if !changes.is_empty() {
+                ports_written_at = Some(model.revision);
+            }
             for pair in exhausted {
                 if !refused.contains(&pair) {
                     tracing::warn!(peer = %pair.0, far = %pair.1, %range, "a relay request refused: no relay port is free");
@@ -189,7 +213,7 @@ pub async fn keep_relays(fed: Arc<Federation>, leader: tokio::sync::watch::Recei
                     Err(e) => tracing::warn!(peer = %peer, error = %e, "cannot record relay ports"),
                 }
             }
-        } else {
+        } else if site.relay_ports.is_none() {
             for (peer, _) in model.peerings.iter().filter(|(_, p)| !p.relay_ports.is_empty()) {
                 if let Err(e) = fed.state.set_relay(peer, Some(Default::default()), None).await {
                     tracing::warn!(peer = %peer, error = %e, "cannot drop relay ports");
@@ -202,13 +226,15 @@ pub async fn keep_relays(fed: Arc<Federation>, leader: tokio::sync::watch::Recei
         for (peer, p) in model.peerings.iter() {
             let local = gateways.for_port(&site, p.listen_port);
             let punching = p.remote.is_some() && weft_core::peer::direct_path(p, &local) == "hole-punched";
-            // Up through the punch, not through a relay still in use.
-            let up = p.relay_via.is_none() && fed.hub.tunnel(peer).is_some_and(|t| t.up);
+            // Up through the punch, not through a relay still in use (not
+            // known down counts as up: a replica the gateways do not report
+            // to never gives up on a punch).
+            let up = p.relay_via.is_none() && !known_down(&fed, peer);
             let failed = fed
                 .punches
                 .step(std::time::Instant::now(), peer, punching, up, found(p, &local));
             let via = if failed || weft_core::peer::wants_relay(p, &local) {
-                weft_core::relay::choose(p, &model.peerings, |r| fed.hub.tunnel(r).is_some_and(|t| t.up))
+                weft_core::relay::choose(p, &model.peerings, |r, _| !known_down(&fed, r))
             } else {
                 None
             };
