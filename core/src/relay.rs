@@ -145,26 +145,43 @@ pub fn answer(
             pb::RelayGrant {
                 peer_site: far.clone(),
                 endpoint,
-                refused: refused.unwrap_or_default(),
+                refused: refused.map(|r| r.message).unwrap_or_default(),
             }
         })
         .collect()
 }
 
+/// Why a relay site does not relay a tunnel: its metric's reason label,
+/// and the words the asking site is told.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// "not_relaying" or "not_peered".
+    pub reason: &'static str,
+    pub message: String,
+}
+
 /// Why a relay site does not relay `asking`'s tunnel to `far` (None: it
 /// does, or will once `far` asks too).
-pub fn refusal(asking: &Peering, far: &str, peerings: &Peerings, relays: bool, has_endpoint: bool) -> Option<String> {
+pub fn refusal(asking: &Peering, far: &str, peerings: &Peerings, relays: bool, has_endpoint: bool) -> Option<Refusal> {
+    let refused = |reason, message: String| Some(Refusal { reason, message });
     if !relays {
-        return Some("this site does not relay (its controller runs without --relay)".into());
+        return refused(
+            "not_relaying",
+            "this site does not relay (its controller runs without --relay)".into(),
+        );
     }
     if !has_endpoint {
-        return Some("this site's active gateway has no --endpoint to relay at".into());
+        return refused(
+            "not_relaying",
+            "this site's active gateway has no --endpoint to relay at".into(),
+        );
     }
     let gone = |p: &Peering| p.remote.is_none() || p.state == crate::domain::PeeringState::Deleting;
     if far == asking.site_id || gone(asking) || peerings.get(far).is_none_or(|p| gone(p)) {
-        return Some(format!(
-            "this site is not peered with site {far:?}; a relay carries only tunnels between its own peers"
-        ));
+        return refused(
+            "not_peered",
+            format!("this site is not peered with site {far:?}; a relay carries only tunnels between its own peers"),
+        );
     }
     None
 }

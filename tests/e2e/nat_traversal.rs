@@ -18,6 +18,18 @@ const ASK: &str = "import socket,sys\ns=socket.socket(socket.AF_INET,socket.SOCK
 s.bind(('0.0.0.0',40000))\ns.settimeout(3)\nfor h in sys.argv[1:]:\n    s.sendto(b'x',(h,7000))\n    \
 print(s.recvfrom(100)[0].decode(),flush=True)";
 
+/// Sites TAG-a and TAG-b, both on 10.1.0.0/16, each behind a NAT router
+/// of kind `nat`, their gateways without an endpoint, peered.
+fn both_behind(nat: Nat, tag: &str) -> weft_tests::sites::TwoSites {
+    let opts = weft_tests::sites::Opts {
+        site_a_nat: Some(nat),
+        site_b_nat: Some(nat),
+        ..Default::default()
+    };
+    let (a, b) = (format!("{tag}-a"), format!("{tag}-b"));
+    weft_tests::sites::up_with(tag, (a.as_str(), "10.1.0.0/16"), (b.as_str(), "10.1.0.0/16"), opts)
+}
+
 #[test]
 #[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
 fn the_labs_nat_routers_map_ports_as_home_routers_and_carrier_grade_nat_do() {
@@ -140,12 +152,7 @@ fn a_site_behind_nat_without_an_endpoint_peers_directly_with_a_public_one() {
 fn two_sites_behind_endpoint_independent_nat_connect_directly_by_hole_punching() {
     require_root();
     weft_tests::step("sites a and b each behind a home router, peered");
-    let opts = weft_tests::sites::Opts {
-        site_a_nat: Some(Nat::EndpointIndependent),
-        site_b_nat: Some(Nat::EndpointIndependent),
-        ..Default::default()
-    };
-    let s = weft_tests::sites::up_with("nh", ("nh-a", "10.1.0.0/16"), ("nh-b", "10.1.0.0/16"), opts);
+    let s = both_behind(Nat::EndpointIndependent, "nh");
     weft_tests::step("connected, directly, within 5 s of the peering");
     s.reach_quickly("wa", &s.wb_from_a, std::time::Duration::from_secs(30));
     let took = s.peered_at.elapsed();
@@ -258,13 +265,8 @@ fn two_sites_behind_endpoint_independent_nat_connect_directly_by_hole_punching()
 #[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
 fn two_sites_behind_endpoint_dependent_nat_are_told_why_direct_cannot_work() {
     require_root();
-    let opts = weft_tests::sites::Opts {
-        site_a_nat: Some(Nat::EndpointDependent),
-        site_b_nat: Some(Nat::EndpointDependent),
-        ..Default::default()
-    };
     weft_tests::step("sites a and b each behind carrier-grade NAT, peered");
-    let s = weft_tests::sites::up_with("nd", ("nd-a", "10.1.0.0/16"), ("nd-b", "10.1.0.0/16"), opts);
+    let s = both_behind(Nat::EndpointDependent, "nd");
     weft_tests::step("the NAT is observed and the path is waiting");
     weft_tests::eventually("a's NAT observed", std::time::Duration::from_secs(20), || {
         let gws = weft_tests::weftctl_json(&s.ta, &["gateways"]);
@@ -333,13 +335,8 @@ fn path_to(target: &str, site: &str) -> String {
 fn two_sites_behind_endpoint_dependent_nat_connect_through_a_relay_site_and_move_when_it_dies() {
     require_root();
     use std::time::{Duration, Instant};
-    let opts = weft_tests::sites::Opts {
-        site_a_nat: Some(Nat::EndpointDependent),
-        site_b_nat: Some(Nat::EndpointDependent),
-        ..Default::default()
-    };
     weft_tests::step("sites a and b each behind carrier-grade NAT, peered: no direct path");
-    let mut s = weft_tests::sites::up_with("nr", ("nr-a", "10.1.0.0/16"), ("nr-b", "10.1.0.0/16"), opts);
+    let mut s = both_behind(Nat::EndpointDependent, "nr");
     weft_tests::eventually("a's NAT observed", Duration::from_secs(20), || {
         let gws = weft_tests::weftctl_json(&s.ta, &["gateways"]);
         (gws["gateways"][0]["nat"] == "endpoint-dependent").then_some(())
@@ -426,13 +423,8 @@ fn two_sites_behind_endpoint_dependent_nat_connect_through_a_relay_site_and_move
 fn a_hole_punch_that_stops_working_falls_back_to_a_relay_site() {
     require_root();
     use std::time::{Duration, Instant};
-    let opts = weft_tests::sites::Opts {
-        site_a_nat: Some(Nat::EndpointIndependent),
-        site_b_nat: Some(Nat::EndpointIndependent),
-        ..Default::default()
-    };
     weft_tests::step("sites a and b behind endpoint-independent NAT: hole-punched");
-    let mut s = weft_tests::sites::up_with("nu", ("nu-a", "10.1.0.0/16"), ("nu-b", "10.1.0.0/16"), opts);
+    let mut s = both_behind(Nat::EndpointIndependent, "nu");
     weft_tests::sites::until_wa_reaches_wb(&s);
     weft_tests::eventually("hole-punched", Duration::from_secs(20), || {
         (path_to(&s.ta, "nu-b") == "hole-punched").then_some(())

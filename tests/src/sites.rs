@@ -389,24 +389,7 @@ fn views(
 /// Peers site a (at `ta`) with site b (at `tb`) from a token of b's, and
 /// waits for a's WireGuard link in its peering namespace; that namespace.
 fn peer(lab: &Lab, ns: &HashMap<&str, String>, ta: &str, tb: &str, site_a: &str, site_b: &str) -> String {
-    let token = weftctl_json(tb, &["peering", "token"])["token"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    // A peer slow to answer (the VM lane's emulated guest) is asked again
-    // by weftctl until its --timeout.
-    let timeout = format!("{}s", crate::pace::scaled(Duration::from_secs(60)).as_secs());
-    let o = crate::run(std::process::Command::new(bin("weftctl")).args([
-        "--controller",
-        ta,
-        "peering",
-        "create",
-        "--timeout",
-        &timeout,
-        "--token",
-        &token,
-    ]));
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    peer_with(tb, ta);
 
     // The WireGuard interface lives in the peering's namespace; its UDP
     // socket stayed on the gateway's underlay.
@@ -635,19 +618,23 @@ pub fn relay_site(s: &mut TwoSites, site: &str, n: u8, pod: &str, peers: (bool, 
     r
 }
 
-/// Peers site `with` (its weftctl target) with the relay site at `relay`.
-pub fn peer_with(relay: &str, with: &str) {
-    let token = weftctl_json(relay, &["peering", "token"])["token"]
+/// Peers site `with` (its weftctl target) with the site at `to`, from a
+/// token of `to`'s.
+pub fn peer_with(to: &str, with: &str) {
+    let token = weftctl_json(to, &["peering", "token"])["token"]
         .as_str()
         .unwrap()
         .to_string();
+    // A peer slow to answer (the VM lane's emulated guest) is asked again
+    // by weftctl until its --timeout.
+    let timeout = format!("{}s", crate::pace::scaled(Duration::from_secs(60)).as_secs());
     let o = crate::run(std::process::Command::new(bin("weftctl")).args([
         "--controller",
         with,
         "peering",
         "create",
         "--timeout",
-        "60s",
+        &timeout,
         "--token",
         &token,
     ]));

@@ -116,6 +116,12 @@ pub(super) fn path_check(
     };
     let own_nat = nat_of(own.map(|g| g.nat.as_str()));
     let peer_nat = nat_of(peer.and_then(|g| g.nat.map(|b| b.as_str())));
+    let gw = own.map(|g| g.name.as_str()).unwrap_or("the active gateway");
+    let forward = format!(
+        "forward UDP {} on this site's router to gateway {gw} and give it --endpoint ROUTER_ADDRESS:{} (or have \
+         the peer do the same)",
+        site.wireguard_ports, site.wireguard_ports.first
+    );
     match path.as_str() {
         "direct" => pass("path", subject, "direct: a gateway has a reachable endpoint".into()),
         relayed if relayed.starts_with("relayed via ") => check(
@@ -123,14 +129,10 @@ pub(super) fn path_check(
             subject,
             pb::CheckResult::Warn,
             format!(
-                "{relayed}: no direct path (this side's NAT: {own_nat}; the peer's: {peer_nat}); the relay carries                  the tunnel, still encrypted, at some cost in latency and throughput"
+                "{relayed}: no direct path (this side's NAT: {own_nat}; the peer's: {peer_nat}); the relay carries \
+                 the tunnel, still encrypted, at some cost in latency and throughput"
             ),
-            &format!(
-                "for a direct path, forward UDP {} on this site's router to gateway {} and give it --endpoint                  ROUTER_ADDRESS:{} (or have the peer do the same)",
-                site.wireguard_ports,
-                own.map(|g| g.name.as_str()).unwrap_or("the active gateway"),
-                site.wireguard_ports.first
-            ),
+            &format!("for a direct path, {forward}"),
         ),
         "hole-punched" => pass(
             "path",
@@ -139,24 +141,17 @@ pub(super) fn path_check(
                 "hole-punched: both gateways behind NAT (this side: {own_nat}; the peer: {peer_nat}), both send at once"
             ),
         ),
-        _ => {
-            let gw = own.map(|g| g.name.as_str()).unwrap_or("the active gateway");
-            check(
-                "path",
-                subject,
-                pb::CheckResult::Warn,
-                format!(
-                    "no direct path yet: neither side has a gateway endpoint, and hole punching needs NAT that keeps one \
-                     outside port for every destination (this side's NAT: {own_nat}; the peer's: {peer_nat}); an \
-                     endpoint-dependent NAT gives a new port per destination; and no relay site that both sides are \
-                     peered with carries it (a peer's controller with --relay)"
-                ),
-                &format!(
-                    "forward UDP {} on this site's router to gateway {gw} and give it --endpoint ROUTER_ADDRESS:{} \
-                     (or have the peer do the same)",
-                    site.wireguard_ports, site.wireguard_ports.first
-                ),
-            )
-        }
+        _ => check(
+            "path",
+            subject,
+            pb::CheckResult::Warn,
+            format!(
+                "no direct path yet: neither side has a gateway endpoint, and hole punching needs NAT that keeps one \
+                 outside port for every destination (this side's NAT: {own_nat}; the peer's: {peer_nat}); an \
+                 endpoint-dependent NAT gives a new port per destination; and no relay site that both sides are \
+                 peered with carries it (a peer's controller with --relay)"
+            ),
+            &forward,
+        ),
     }
 }

@@ -175,11 +175,10 @@ pub async fn keep_relays(fed: Arc<Federation>, leader: tokio::sync::watch::Recei
                 if let Some(why) = weft_core::relay::refusal(p, far, &model.peerings, relays, has_endpoint) {
                     let pair = (asking.clone(), far.clone());
                     if !refused.contains(&pair) {
-                        tracing::warn!(peer = %asking, far = %far, reason = %why, "a relay request refused");
-                        let counter = if !relays || !has_endpoint {
-                            &REFUSED_NOT_RELAYING
-                        } else {
-                            &REFUSED_NOT_PEERED
+                        tracing::warn!(peer = %asking, far = %far, reason = %why.message, "a relay request refused");
+                        let counter = match why.reason {
+                            "not_peered" => &REFUSED_NOT_PEERED,
+                            _ => &REFUSED_NOT_RELAYING,
                         };
                         counter.fetch_add(1, Ordering::Relaxed);
                     }

@@ -1,0 +1,357 @@
+//! A gateway's part for one peering: its namespace, tunnel, veth, routes
+//! both ways, the peer's gateways as WireGuard peers, exports, the tunnel
+//! filter, the NAT of remapped views, and (on a relay site's active
+//! gateway) the relayed tunnels.
+
+use super::*;
+
+/// The names and addresses one peering uses on a gateway.
+pub(super) struct PeeringIds {
+    ns: String,
+    /// The WireGuard link, inside `ns`.
+    link: String,
+    /// The veth pair's ends: in the gateway's namespace and in `ns`.
+    outer: String,
+    inner: String,
+    outer_ip: Ipv4Addr,
+    inner_ip: Ipv4Addr,
+}
+
+fn route(namespace: &str, table: u32, destination: String, gateway: String, device: &str) -> Kind {
+    Kind::Route(pb::Route {
+        namespace: namespace.into(),
+        table,
+        destination,
+        gateway,
+        device: device.into(),
+    })
+}
+
+/// A gateway's part for the peering with `site_id`: its namespace, and once
+/// the peer is known the tunnel, the veth to it, the routing both ways, the
+/// peer's gateways and the NAT of remapped views.
+pub(super) fn peering(m: &Model, site_id: &str, base: &str) -> Objects {
+    let mut out = Objects::new();
+    let Some(p) = m.peerings.get(site_id).filter(|_| m.renders_peering(site_id)) else {
+        return Objects::new();
+    };
+    let ns = peering_namespace(m.site.as_ref().map_or("", |s| s.id.as_str()), site_id);
+    out.extend([obj(
+        format!("{base}netns"),
+        Kind::Namespace(pb::Namespace { name: ns.clone() }),
+    )]);
+    if let Some(r) = &p.remote {
+        let ids = peering_ids(site_id, ns.clone(), p.listen_port);
+        out.extend(tunnel_and_veth(base, site_id, p, r, &ids));
+        out.extend(view_routes(base, p, &ids));
+        out.extend(routes_back(m, base, &ids));
+        out.extend(wireguard_peers(base, r, p.relay_via.as_ref(), &ids));
+        out.extend(exports(m, base, &ids));
+        out.extend(tunnel_filter(m, base, &ids));
+    }
+    for v in p.views.iter().filter(|v| v.remapped()) {
+        out.extend([obj(
+            format!("{base}{}/nat", v.kind),
+            Kind::NatMap(pb::NatMap {
+                namespace: ns.clone(),
+                real_cidr: v.real.to_string(),
+                local_cidr: v.local.to_string(),
+                tunnel: format!("weft-w{}", peer_link_tag(site_id)),
+            }),
+        )]);
+    }
+    out
+}
+
+/// On a relay site's active gateway: the relayed tunnels between peer
+/// `site_id` and the peers after it (each pair under its first site's
+/// part; the index re-renders both parts on a change to either).
+pub(super) fn relay_sessions(m: &Model, site_id: &str, base: &str) -> Objects {
+    let Some(p) = m.peerings.get(site_id).filter(|_| m.renders_peering(site_id)) else {
+        return Objects::new();
+    };
+    let mut out = Objects::new();
+    for s in crate::relay::sessions(&m.peerings, &p.site_id, crate::relay::SESSION_BYTES_PER_SECOND) {
+        let Some(b) = s.b.as_ref() else { continue };
+        if !m.renders_peering(&b.site) {
+            continue;
+        }
+        out.extend([obj(format!("{base}relay/{}", b.site), Kind::RelaySession(s.clone()))]);
+    }
+    out
+}
+
+/// The /30 of 169.254.0.0/16 that the veth of the peering listening on
+/// `listen_port` takes, by index: one of the 16383 blocks before the last
+/// /30 (the tunnel's own pair).
+fn veth_block(listen_port: u16) -> u32 {
+    u32::from(listen_port) % 16383
+}
+
+/// The block of 169.254.169.252/30, which holds the clouds' metadata
+/// address 169.254.169.254: no veth takes it.
+const METADATA_BLOCK: u32 = (169 * 256 + 252) / 4;
+
+/// Whether a peering may listen on `port` given the ports the site's
+/// other peerings listen on: its veth's /30 must be its own on the
+/// gateway, and not the metadata service's.
+pub fn veth_block_free(port: u16, used: impl IntoIterator<Item = u16>) -> bool {
+    let b = veth_block(port);
+    b != METADATA_BLOCK && used.into_iter().all(|u| veth_block(u) != b)
+}
+
+pub(super) fn peering_ids(site_id: &str, ns: String, listen_port: u16) -> PeeringIds {
+    // The path between the gateway and the peering's namespace: a veth with
+    // a /30 from 169.254.0.0/16 chosen by the peering's WireGuard port, so
+    // it is unique per peering on the gateway (the controller gives no two
+    // peerings ports with the same block; see `veth_block_free`).
+    let base_ip = u32::from(Ipv4Addr::new(169, 254, 0, 0)) + 4 * veth_block(listen_port);
+    PeeringIds {
+        ns,
+        link: format!("weft-w{}", peer_link_tag(site_id)),
+        outer: format!("weft-v{}", peer_link_tag(site_id)),
+        inner: format!("weft-i{}", peer_link_tag(site_id)),
+        outer_ip: Ipv4Addr::from(base_ip + 1),
+        inner_ip: Ipv4Addr::from(base_ip + 2),
+    }
+}
+
+/// The WireGuard link (with the probe's address pair) and the veth pair
+/// between the gateway and the peering's namespace.
+fn tunnel_and_veth(base: &str, site_id: &str, p: &Peering, r: &RemoteSite, ids: &PeeringIds) -> Objects {
+    let mut out = Objects::new();
+    let (here, there) = tunnel_addresses(r.tunnel_role);
+    out.extend([obj(
+        format!("{base}wg"),
+        Kind::Link(pb::Link {
+            name: ids.link.clone(),
+            namespace: ids.ns.clone(),
+            mtu: r.mtu,
+            kind: Some(pb::link::Kind::Wireguard(pb::Wireguard {
+                listen_port: u32::from(p.listen_port),
+                address: format!("{here}/30"),
+                peer_address: there.to_string(),
+                peer_site: site_id.to_string(),
+                // The peer's controllers echo where this tunnel's socket
+                // is seen from outside (endpoint discovery).
+                reflectors: r.endpoints.iter().take(crate::nat::MAX_CANDIDATES).cloned().collect(),
+            })),
+        }),
+    )]);
+    out.extend([
+        obj(
+            format!("{base}veth"),
+            Kind::Link(pb::Link {
+                name: ids.outer.clone(),
+                namespace: String::new(),
+                mtu: r.mtu,
+                kind: Some(pb::link::Kind::Veth(pb::Veth {
+                    peer_name: ids.inner.clone(),
+                    peer_namespace: ids.ns.clone(),
+                })),
+            }),
+        ),
+        obj(
+            format!("{base}veth/outer"),
+            Kind::Address(pb::Address {
+                link: ids.outer.clone(),
+                namespace: String::new(),
+                cidr: format!("{}/30", ids.outer_ip),
+                no_prefix_route: true,
+            }),
+        ),
+        // The namespace's end, in weft's table: the gateway host's main
+        // table gets no route into the peering.
+        obj(
+            format!("{base}veth/route"),
+            route("", TABLE, format!("{}/32", ids.inner_ip), String::new(), &ids.outer),
+        ),
+        obj(
+            format!("{base}veth/inner"),
+            Kind::Address(pb::Address {
+                link: ids.inner.clone(),
+                namespace: ids.ns.clone(),
+                cidr: format!("{}/30", ids.inner_ip),
+                no_prefix_route: false,
+            }),
+        ),
+    ]);
+    out
+}
+
+/// The peer's local views: routed from the gateway into the peering's
+/// namespace (table 7765, selected by weft's rule), and from there into
+/// the tunnel (table 1, selected by the arriving interface, so a peer CIDR
+/// equal to our own still goes the right way).
+fn view_routes(base: &str, p: &Peering, ids: &PeeringIds) -> Objects {
+    let mut out = Objects::new();
+    for v in &p.views {
+        out.extend([
+            obj(
+                format!("{base}{}/via", v.kind),
+                route("", TABLE, v.local.to_string(), ids.inner_ip.to_string(), &ids.outer),
+            ),
+            obj(
+                format!("{base}{}/rule", v.kind),
+                Kind::Rule(pb::Rule {
+                    namespace: String::new(),
+                    priority: RULE_PRIORITY,
+                    from: String::new(),
+                    to: v.local.to_string(),
+                    table: TABLE,
+                    iif: String::new(),
+                }),
+            ),
+            // Peering namespace: what comes from the gateway goes into
+            // the tunnel (table 1, chosen by the arriving interface, so
+            // a peer CIDR equal to our own still goes the right way).
+            obj(
+                format!("{base}{}/tunnel", v.kind),
+                route(&ids.ns, NS_TUNNEL_TABLE, v.real.to_string(), String::new(), &ids.link),
+            ),
+        ]);
+    }
+    out.extend([obj(
+        format!("{base}tunnel-rule"),
+        Kind::Rule(pb::Rule {
+            namespace: ids.ns.clone(),
+            priority: RULE_PRIORITY,
+            from: String::new(),
+            to: String::new(),
+            table: NS_TUNNEL_TABLE,
+            iif: ids.inner.clone(),
+        }),
+    )]);
+    out
+}
+
+/// This site's own networks, from the peering's namespace back to the
+/// gateway.
+fn routes_back(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
+    let mut out = Objects::new();
+    if let Some(site) = &m.site {
+        let mut own: Vec<String> = site.pod_cidrs.iter().map(|c| c.to_string()).collect();
+        own.push(site.external_cidr.to_string());
+        for (i, c) in own.into_iter().enumerate() {
+            out.extend([obj(
+                format!("{base}back/{i}"),
+                route(&ids.ns, 0, c, ids.outer_ip.to_string(), &ids.inner),
+            )]);
+        }
+    }
+    out
+}
+
+/// What the peering's namespace forwards from the tunnel: this site's
+/// workload and external CIDRs (the peer's traffic and the replies to the
+/// nodes' own traffic) and the exported hosts (after their DNAT); nothing
+/// else, so a peer never reaches the gateway host or the overlay.
+fn tunnel_filter(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
+    let Some(site) = &m.site else { return Objects::new() };
+    let mut allowed: Vec<String> = site.pod_cidrs.iter().map(|c| c.to_string()).collect();
+    allowed.push(site.external_cidr.to_string());
+    allowed.extend(
+        m.names
+            .values()
+            .filter(|n| n.external.is_some())
+            .map(|n| format!("{}/32", n.address)),
+    );
+    Objects::from([obj(
+        format!("{base}filter"),
+        Kind::TunnelFilter(pb::TunnelFilter {
+            namespace: ids.ns.clone(),
+            tunnel: ids.link.clone(),
+            allowed,
+        }),
+    )])
+}
+
+/// This site's exported hosts, as the peer reaches them: what comes out of
+/// the tunnel for an export's external address goes to the host (DNAT in
+/// the peering's namespace), routed back to the gateway, whose own routes
+/// reach the host's LAN.
+fn exports(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
+    let mut out = Objects::new();
+    for n in m.names.values() {
+        let Some(external) = n.external else { continue };
+        out.extend([
+            obj(
+                format!("{base}export/{}", n.name),
+                Kind::ExportMap(pb::ExportMap {
+                    namespace: ids.ns.clone(),
+                    tunnel: ids.link.clone(),
+                    external_address: external.to_string(),
+                    host_address: n.address.to_string(),
+                }),
+            ),
+            obj(
+                format!("{base}export/{}/route", n.name),
+                route(
+                    &ids.ns,
+                    0,
+                    format!("{}/32", n.address),
+                    ids.outer_ip.to_string(),
+                    &ids.inner,
+                ),
+            ),
+        ]);
+    }
+    out
+}
+
+/// The peer's gateways as WireGuard peers: the active one with the peer's
+/// CIDRs, standbys without (their sessions ready for a failover).
+fn wireguard_peers(base: &str, r: &RemoteSite, relay: Option<&crate::domain::RelayVia>, ids: &PeeringIds) -> Objects {
+    let mut out = Objects::new();
+    let (_, there) = tunnel_addresses(r.tunnel_role);
+    // Inside the tunnel both ends use real addresses.
+    let mut allowed: Vec<String> = r.workload_cidrs.iter().map(|c| c.to_string()).collect();
+    allowed.extend(r.external_cidr.map(|c| c.to_string()));
+    allowed.push(format!("{there}/32"));
+    // Only the active gateway gets the peer's CIDRs; standbys are
+    // peers without allowed IPs, their sessions ready for a
+    // failover. (A peer that flags none: all, as before.)
+    let none_flagged = !r.gateways.iter().any(|g| g.active);
+    for g in r.gateways.iter().filter(|g| g.public_key.is_some()) {
+        let allowed = if g.active || none_flagged {
+            allowed.clone()
+        } else {
+            vec![]
+        };
+        out.extend([obj(
+            format!("{base}wgpeer/{}", g.name),
+            Kind::WireguardPeer(pb::WireguardPeer {
+                link: ids.link.clone(),
+                namespace: ids.ns.clone(),
+                public_key: g.public_key.clone().unwrap_or_default(),
+                // Without a direct path (none, or a hole punch that did
+                // not come up), the active gateway is reached through the
+                // chosen relay.
+                endpoint: relay
+                    .filter(|_| g.active || none_flagged)
+                    .map(|r| r.endpoint.clone())
+                    .or_else(|| crate::peer::dial_address(g))
+                    .unwrap_or_default(),
+                allowed_ips: allowed,
+                persistent_keepalive: 25,
+            }),
+        )]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_veth_takes_the_metadata_block_or_another_peerings_block() {
+        // 60028 % 16383 is the block of 169.254.169.252/30.
+        assert!(!veth_block_free(60028, []));
+        let ids = peering_ids("b", "weft-p-x".into(), 60027);
+        assert_eq!(ids.outer_ip, Ipv4Addr::new(169, 254, 169, 249));
+        assert!(veth_block_free(51820, [51821, 51822]));
+        // Ports 16383 apart share a block.
+        assert!(!veth_block_free(51820 - 16383, [51820]));
+    }
+}
