@@ -195,38 +195,7 @@ fn collect(f: &mut Families, hub: &Hub, leading: bool) {
             );
         }
     }
-    crate::reflector::series(f);
-    crate::federation::relay::series(f);
-    if let Some(site) = &model.site {
-        let gateways = crate::federation::LocalGateways::of(&model);
-        for p in model.peerings.values() {
-            let path = weft_core::peer::tunnel_path(
-                p,
-                &gateways.for_port(site, p.listen_port),
-                hub.tunnel(&p.site_id).is_some_and(|t| t.up),
-            );
-            let relay = path.strip_prefix("relayed via ").unwrap_or("");
-            for s in ["direct", "hole-punched", "relayed", "waiting"] {
-                let on = path == s || (s == "relayed" && !relay.is_empty());
-                f.gauge(
-                    "weft_controller_peering_path",
-                    "1 for the path the peering's tunnel takes: direct (a reachable endpoint), hole-punched (both behind NAT), relayed (through the relay site in label relay), waiting (no way found yet)",
-                    &[("peer_site", p.site_id.as_str()), ("path", s), ("relay", if s == "relayed" { relay } else { "" })],
-                    f64::from(u8::from(on)),
-                );
-            }
-        }
-    }
-    for g in model.gateways.values() {
-        if let Some(nat) = weft_core::peer::gateway_behaviour(g) {
-            f.gauge(
-                "weft_controller_gateway_nat",
-                "1 for the NAT behaviour the gateway's endpoint discovery observed",
-                &[("gateway", g.name.as_str()), ("behaviour", nat.as_str())],
-                1.0,
-            );
-        }
-    }
+    nat_series(f, hub, &model);
     let fresh_after = now_ms().saturating_sub(hub.agent_ttl.as_millis() as u64);
     for (gateway, at, tunnels) in hub.tunnel_reports() {
         if at < fresh_after {
@@ -260,5 +229,42 @@ fn collect(f: &mut Families, hub: &Hub, leading: bool) {
             &l,
             p.allocated as f64,
         );
+    }
+}
+
+/// NAT traversal: the reflector's and the relay's counters, each peering's
+/// path, each gateway's NAT as observed.
+fn nat_series(f: &mut Families, hub: &Hub, model: &crate::render::Model) {
+    crate::reflector::series(f);
+    crate::federation::relay::series(f);
+    if let Some(site) = &model.site {
+        let gateways = crate::federation::LocalGateways::of(model);
+        for p in model.peerings.values() {
+            let path = weft_core::peer::tunnel_path(
+                p,
+                &gateways.for_port(site, p.listen_port),
+                hub.tunnel(&p.site_id).is_some_and(|t| t.up),
+            );
+            let relay = path.strip_prefix("relayed via ").unwrap_or("");
+            for s in ["direct", "hole-punched", "relayed", "waiting"] {
+                let on = path == s || (s == "relayed" && !relay.is_empty());
+                f.gauge(
+                    "weft_controller_peering_path",
+                    "1 for the path the peering's tunnel takes: direct (a reachable endpoint), hole-punched (both behind NAT), relayed (through the relay site in label relay), waiting (no way found yet)",
+                    &[("peer_site", p.site_id.as_str()), ("path", s), ("relay", if s == "relayed" { relay } else { "" })],
+                    f64::from(u8::from(on)),
+                );
+            }
+        }
+    }
+    for g in model.gateways.values() {
+        if let Some(nat) = weft_core::peer::gateway_behaviour(g) {
+            f.gauge(
+                "weft_controller_gateway_nat",
+                "1 for the NAT behaviour the gateway's endpoint discovery observed",
+                &[("gateway", g.name.as_str()), ("behaviour", nat.as_str())],
+                1.0,
+            );
+        }
     }
 }

@@ -255,7 +255,11 @@ pub(super) fn local(
 
 /// The etcd store, if one is configured: (endpoints, TLS files, whether
 /// TLS is on).
-pub(super) fn etcd(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<FieldError>) -> (Vec<String>, EtcdTlsFiles, bool) {
+pub(super) fn etcd(
+    args: &ControllerArgs,
+    file: &FileConfig,
+    errs: &mut Vec<FieldError>,
+) -> (Vec<String>, EtcdTlsFiles, bool) {
     let mut err = |field: &str, message: String| {
         errs.push(FieldError {
             field: field.into(),
@@ -327,7 +331,12 @@ pub(super) fn etcd(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<Fiel
 
 /// Revisions of history the embedded store keeps (refused with etcd,
 /// which compacts by its own settings).
-pub(super) fn store_history(args: &ControllerArgs, file: &FileConfig, on_etcd: bool, errs: &mut Vec<FieldError>) -> i64 {
+pub(super) fn store_history(
+    args: &ControllerArgs,
+    file: &FileConfig,
+    on_etcd: bool,
+    errs: &mut Vec<FieldError>,
+) -> i64 {
     let history = pick(args.store_history, file.store_history);
     let mut err = |message: String| {
         errs.push(FieldError {
