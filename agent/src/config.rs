@@ -92,7 +92,7 @@ pub enum WireguardMode {
     Auto,
     /// The kernel module; the agent does not start without it.
     Kernel,
-    /// boringtun in userspace, whatever the kernel has.
+    /// weft's userspace device (boringtun's protocol), whatever the kernel has.
     Userspace,
 }
 
@@ -102,6 +102,8 @@ pub enum WireguardMode {
 pub struct WireguardChoice {
     pub kernel: bool,
     pub reason: String,
+    /// The userspace device's settings (when not `kernel`).
+    pub userspace: weft_dataplane::userspace::Options,
 }
 
 impl WireguardChoice {
@@ -121,11 +123,13 @@ pub fn choose_wireguard(
         WireguardMode::Userspace => Ok(WireguardChoice {
             kernel: false,
             reason: "--wireguard userspace".into(),
+            userspace: Default::default(),
         }),
         WireguardMode::Kernel => match probe() {
             Ok(()) => Ok(WireguardChoice {
                 kernel: true,
                 reason: "--wireguard kernel".into(),
+                userspace: Default::default(),
             }),
             Err(e) if e.contains("module") => Err(format!(
                 "--wireguard kernel: {e}. Load it (`modprobe wireguard`; in Linux since 5.6), \
@@ -140,10 +144,12 @@ pub fn choose_wireguard(
             Ok(()) => WireguardChoice {
                 kernel: true,
                 reason: "the kernel has WireGuard (--wireguard auto)".into(),
+                userspace: Default::default(),
             },
             Err(e) => WireguardChoice {
                 kernel: false,
                 reason: e,
+                userspace: Default::default(),
             },
         }),
     }

@@ -73,7 +73,8 @@ impl Linux {
                 })?,
             )
         } else {
-            Driver::Userspace(Userspace::new(net.handle().clone(), wg_private_key))
+            let options = wireguard.as_ref().map(|c| c.userspace.clone()).unwrap_or_default();
+            Driver::Userspace(Userspace::new(net.handle().clone(), wg_private_key, options))
         };
         Ok(Linux {
             plane: DataPlane {

@@ -49,6 +49,12 @@ pub struct Stats {
     pub endpoint: Option<std::net::SocketAddr>,
     pub rx_bytes: u64,
     pub tx_bytes: u64,
+    /// Datagrams refused on the way in (malformed, unauthenticated,
+    /// replayed, from a source the peer may not use): weft's userspace
+    /// device only.
+    pub rx_rejected: u64,
+    /// The offloads in use: weft's userspace device only.
+    pub offloads: Option<crate::userspace::Offloads>,
 }
 
 /// WireGuard devices and their peers.

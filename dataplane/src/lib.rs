@@ -28,6 +28,7 @@ mod nl;
 pub mod offload;
 pub mod plan;
 pub mod relay;
+pub mod userspace;
 pub mod wireguard;
 
 use std::collections::BTreeSet;

@@ -176,7 +176,7 @@ fn end(side: &Side) -> std::io::Result<End> {
 /// `IP_MTU_DISCOVER` = `IP_PMTUDISC_DONT` on `socket`, which neither nix
 /// nor socket2 wraps.
 #[allow(unsafe_code)]
-fn allow_fragments(socket: &UdpSocket) -> std::io::Result<()> {
+pub(crate) fn allow_fragments(socket: &UdpSocket) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let value: libc::c_int = libc::IP_PMTUDISC_DONT;
     // SAFETY: a valid open socket of ours, and a pointer to an int that
@@ -502,12 +502,25 @@ fn relay(
     }
 }
 
-/// Sends `chunk` (datagrams of `stride` bytes, the last maybe shorter) to
-/// `to` from `end`'s socket (from address `local` when known), in one call
-/// when it can segment them, waiting a little for room when its buffer is
-/// full; a segmented send the kernel refuses (a datagram over the path's
-/// MTU) goes again one datagram at a time.
+/// [`send_datagrams`] from `end`'s socket.
 fn send(end: &End, to: SocketAddr, local: Option<IpAddr>, chunk: &[u8], stride: usize) -> bool {
+    send_datagrams(&end.socket, &end.state, to, local, chunk, stride)
+}
+
+/// Sends `chunk` (datagrams of `stride` bytes, the last maybe shorter, no
+/// more than `state` may segment) to `to` from `socket` (from address
+/// `local` when known), in one call when it can segment them, waiting a
+/// little for room when its buffer is full; a segmented send the kernel
+/// refuses (a datagram over the path's MTU) goes again one datagram at a
+/// time. Shared with the userspace WireGuard device.
+pub(crate) fn send_datagrams(
+    socket: &UdpSocket,
+    state: &UdpSocketState,
+    to: SocketAddr,
+    local: Option<IpAddr>,
+    chunk: &[u8],
+    stride: usize,
+) -> bool {
     let one = |contents: &[u8], segment: Option<usize>| {
         let t = Transmit {
             destination: to,
@@ -517,10 +530,10 @@ fn send(end: &End, to: SocketAddr, local: Option<IpAddr>, chunk: &[u8], stride: 
             src_ip: local,
         };
         for _ in 0..3 {
-            match end.state.try_send((&end.socket).into(), &t) {
+            match state.try_send(socket.into(), &t) {
                 Ok(()) => return Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    wait(&end.socket, nix::poll::PollFlags::POLLOUT, ROOM_MS);
+                    wait(socket, nix::poll::PollFlags::POLLOUT, ROOM_MS);
                 }
                 Err(e) => return Err(e),
             }

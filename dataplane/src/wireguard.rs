@@ -250,12 +250,13 @@ impl Devices {
     }
 }
 
-/// Userspace WireGuard (boringtun) devices behind the [`WireGuard`] seam.
+/// weft's userspace WireGuard devices (`crate::userspace`) behind the
+/// [`WireGuard`] seam.
 pub struct Userspace {
     host: Handle,
     /// The gateway's private key (base64); None on nodes.
     key: Option<String>,
-    pub devices: Devices,
+    pub devices: crate::userspace::Devices,
     /// Peers as configured, by device.
     peers: std::collections::BTreeMap<String, std::collections::BTreeMap<String, WgPeer>>,
 }
@@ -269,21 +270,21 @@ impl std::fmt::Debug for Userspace {
 }
 
 impl Userspace {
-    pub fn new(host: Handle, key: Option<String>) -> Userspace {
+    pub fn new(host: Handle, key: Option<String>, options: crate::userspace::Options) -> Userspace {
         Userspace {
             host,
             key,
-            devices: Devices::default(),
+            devices: crate::userspace::Devices {
+                options,
+                ..Default::default()
+            },
             peers: Default::default(),
         }
     }
 
     /// Counters of device `link` (zero when there is none).
     pub fn stats(&mut self, link: &str) -> Stats {
-        match self.devices.devices.get_mut(link) {
-            Some(d) => crate::blocking(|| d.stats()),
-            None => Stats::default(),
-        }
+        self.devices.stats(link)
     }
 }
 
@@ -301,7 +302,7 @@ impl WireGuard for Userspace {
                 (
                     (d.namespace.clone(), name.clone()),
                     WgDevice {
-                        listen_port: d.listen_port as u16,
+                        listen_port: d.listen_port,
                         peers: self.peers.get(name).cloned().unwrap_or_default(),
                     },
                 )
@@ -323,7 +324,7 @@ impl WireGuard for Userspace {
             let _ = self.host.link().del(idx).execute().await;
         }
         self.devices
-            .create(&self.host, &link.name, &link.ns, u32::from(listen_port), link.mtu, &key)
+            .create(&self.host, &link.name, &link.ns, listen_port, link.mtu, &key)
             .await
     }
 
@@ -335,10 +336,9 @@ impl WireGuard for Userspace {
     }
 
     async fn set_peer(&mut self, _ns: &Ns, link: &str, peer: &WgPeer) -> R<()> {
-        let endpoint = peer.endpoint.map(|e| e.to_string()).unwrap_or_default();
-        let allowed: Vec<String> = peer.allowed_ips.iter().map(|n| n.to_string()).collect();
-        let devices = &mut self.devices;
-        crate::blocking(|| devices.set_peer(link, &peer.public_key, &endpoint, &allowed, u32::from(peer.keepalive)))?;
+        let allowed: Vec<ipnet::IpNet> = peer.allowed_ips.iter().map(|n| ipnet::IpNet::V4(*n)).collect();
+        self.devices
+            .set_peer(link, &peer.public_key, peer.endpoint, &allowed, peer.keepalive)?;
         self.peers
             .entry(link.to_string())
             .or_default()
@@ -347,8 +347,7 @@ impl WireGuard for Userspace {
     }
 
     async fn remove_peer(&mut self, _ns: &Ns, link: &str, public_key: &str) -> R<()> {
-        let devices = &mut self.devices;
-        crate::blocking(|| devices.remove_peer(link, public_key))?;
+        self.devices.remove_peer(link, public_key)?;
         if let Some(p) = self.peers.get_mut(link) {
             p.remove(public_key);
         }

@@ -27,9 +27,19 @@ struct Cli {
     /// Unanswered probes in a row after which a tunnel is reported down.
     #[arg(long, env = "WEFT_PROBE_MISSES", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
     probe_misses: u32,
-    /// Which WireGuard carries the tunnels: the kernel module, boringtun in userspace, or auto (the kernel when it has WireGuard).
+    /// Which WireGuard carries the tunnels: the kernel module, weft's userspace device (boringtun's protocol), or auto (the kernel when it has WireGuard).
     #[arg(long, env = "WEFT_WIREGUARD", value_enum, default_value = "auto")]
     wireguard: WireguardMode,
+    /// Userspace WireGuard: ask the kernel for no offloads (TSO on the tun,
+    /// UDP GSO/GRO), moving a packet per system call. For a kernel whose
+    /// offloads misbehave; the device detects and drops those the kernel
+    /// refuses by itself.
+    #[arg(long, env = "WEFT_WG_NO_OFFLOAD")]
+    wg_no_offload: bool,
+    /// (for tests) Userspace WireGuard: rekey sessions this old, besides
+    /// the protocol's 2 minutes.
+    #[arg(long, env = "WEFT_WG_REKEY_AFTER", hide = true)]
+    wg_rekey_after: Option<humantime::Duration>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -50,7 +60,13 @@ fn main() -> std::process::ExitCode {
         if !c.teardown {
             let choice = choose_wireguard(cli.wireguard, weft_agent::linux::kernel_wireguard_probe)
                 .map_err(|e| AgentConfigError(vec![e]))?;
-            c.wireguard = Some(choice);
+            c.wireguard = Some(weft_agent::config::WireguardChoice {
+                userspace: weft_dataplane::userspace::Options {
+                    no_offload: cli.wg_no_offload,
+                    rekey_after: cli.wg_rekey_after.map(|d| *d),
+                },
+                ..choice
+            });
         }
         Ok(c)
     });

@@ -46,6 +46,10 @@ enum Sub {
     /// (internal) One end of the plain boringtun tunnel.
     #[command(hide = true)]
     BoringtunEnd(End),
+    /// (internal) One end of a point-to-point tunnel of weft's userspace
+    /// device.
+    #[command(hide = true)]
+    DeviceEnd(End),
     /// (internal) weft's relay between two ports.
     #[command(hide = true)]
     RelayEnd(RelayEnd),
@@ -78,6 +82,9 @@ struct End {
     endpoint: String,
     #[arg(long)]
     allowed: String,
+    /// (device-end) Ask for no offloads.
+    #[arg(long)]
+    no_offload: bool,
 }
 
 /// One iperf3 run of `args.seconds` (see `weft_tests::perf::iperf`).
@@ -109,6 +116,9 @@ enum Impl {
     /// boringtun through weft's own device code (the implementation weft's
     /// gateways run), one worker thread as in the gateway.
     Boringtun,
+    /// weft's userspace device (the one its gateways run now): boringtun's
+    /// protocol, weft's batched I/O with offloads.
+    Device,
     WireguardGo,
 }
 
@@ -131,6 +141,7 @@ fn tunnel(lab: &mut Lab, dir: &Path, which: Impl, wire: Wire) -> Option<(String,
         (Impl::Boringtun, Wire::Veth) => ("bt", std::env::current_exe().unwrap()),
         (Impl::Boringtun, Wire::Bridge { relayed: false }) => ("bd", std::env::current_exe().unwrap()),
         (Impl::Boringtun, Wire::Bridge { relayed: true }) => ("br", std::env::current_exe().unwrap()),
+        (Impl::Device, _) => ("dv", std::env::current_exe().unwrap()),
         (Impl::WireguardGo, _) => ("wg", weft_tests::require_tool("wireguard-go")?),
     };
     let (nx, ny, ips) = match wire {
@@ -209,8 +220,13 @@ fn tunnel(lab: &mut Lab, dir: &Path, which: Impl, wire: Wire) -> Option<(String,
             Impl::WireguardGo => {
                 cmd.arg(&dev).env("WG_PROCESS_FOREGROUND", "1");
             }
-            Impl::Boringtun => {
-                cmd.args(["boringtun-end", "--dev", &dev, "--namespace", ns, "--key-file"])
+            Impl::Boringtun | Impl::Device => {
+                let sub = if which == Impl::Device {
+                    "device-end"
+                } else {
+                    "boringtun-end"
+                };
+                cmd.args([sub, "--dev", &dev, "--namespace", ns, "--key-file"])
                     .arg(&keyfile)
                     .args(["--peer", &peer.1, "--endpoint", &endpoint, "--allowed", peer_inner]);
             }
@@ -282,6 +298,34 @@ fn boringtun_end(e: End) -> anyhow::Result<()> {
     })
 }
 
+/// One end of a point-to-point tunnel of weft's userspace device (the one
+/// its gateways run), run by the bench inside a namespace.
+fn device_end(e: End) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let (conn, handle, _) = rtnetlink::new_connection()?;
+        tokio::spawn(conn);
+        let key = std::fs::read_to_string(&e.key_file)?;
+        let mut devs = weft_dataplane::userspace::Devices {
+            options: weft_dataplane::userspace::Options {
+                no_offload: e.no_offload,
+                rekey_after: None,
+            },
+            ..Default::default()
+        };
+        devs.create(&handle, &e.dev, &e.namespace, 51820, 1420, key.trim())
+            .await
+            .map_err(anyhow::Error::msg)?;
+        let allowed: ipnet::IpNet = e.allowed.parse()?;
+        devs.set_peer(&e.dev, &e.peer, Some(e.endpoint.parse()?), &[allowed], 0)
+            .map_err(anyhow::Error::msg)?;
+        println!("ready {:?}", devs.stats(&e.dev).offloads.map(|o| o.names()));
+        tokio::signal::ctrl_c().await?;
+        println!("{:?}", devs.devices[&e.dev].device.counters());
+        Ok(())
+    })
+}
+
 /// weft's relay between two ports, run by the bench in the relay's
 /// namespace until it is ended.
 fn relay_end(r: RelayEnd) -> anyhow::Result<()> {
@@ -313,6 +357,13 @@ fn main() {
         Some(Sub::BoringtunEnd(e)) => {
             if let Err(e) = boringtun_end(e) {
                 eprintln!("boringtun-end: {e:#}");
+                std::process::exit(1);
+            }
+            return;
+        }
+        Some(Sub::DeviceEnd(e)) => {
+            if let Err(e) = device_end(e) {
+                eprintln!("device-end: {e:#}");
                 std::process::exit(1);
             }
             return;
@@ -366,6 +417,7 @@ fn main() {
     let (nx, ny) = pair(&mut s.lab, "vx", "vy");
     let (bt_client, bt_server, mut bt_procs) = tunnel(&mut s.lab, dir.path(), Impl::Boringtun, Wire::Veth).unwrap();
     let wg_tunnel = tunnel(&mut s.lab, dir.path(), Impl::WireguardGo, Wire::Veth);
+    let dev_tunnel = tunnel(&mut s.lab, dir.path(), Impl::Device, Wire::Veth).unwrap();
     let bridged = tunnel(&mut s.lab, dir.path(), Impl::Boringtun, Wire::Bridge { relayed: false }).unwrap();
     let relayed = tunnel(&mut s.lab, dir.path(), Impl::Boringtun, Wire::Bridge { relayed: true }).unwrap();
     let (mut weft, mut veth, mut bt, mut wg, mut ratios) = (vec![], vec![], vec![], vec![], vec![]);
@@ -374,6 +426,8 @@ fn main() {
         let w = iperf(&mut s.lab, &log, &wb, &wa, &to_b, &args);
         veth.push(iperf(&mut s.lab, &log, &ny, &nx, "10.99.0.2", &args));
         let b = iperf(&mut s.lab, &log, &bt_server, &bt_client, "10.98.0.2", &args);
+        let dv = iperf(&mut s.lab, &log, &dev_tunnel.1, &dev_tunnel.0, "10.98.0.2", &args);
+        println!("run {}: weft's device point-to-point {dv:.3}", run + 1);
         if let Some((client, server, _)) = &wg_tunnel {
             wg.push(iperf(&mut s.lab, &log, server, client, "10.98.0.2", &args));
         }
@@ -396,6 +450,7 @@ fn main() {
         .into_iter()
         .flat_map(|t| t.2)
         .chain(bridged.2)
+        .chain(dev_tunnel.2)
         .chain(relayed.2)
         .collect();
     for mut p in bt_procs.drain(..).chain(rest) {

@@ -1,0 +1,146 @@
+//! The userspace devices of an agent, by interface name: each started in
+//! the agent's namespace (so its UDP socket is on the host's underlay, as
+//! kernel WireGuard's is when its interface is moved) with its interface
+//! then moved into the peering's namespace.
+
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+
+use futures::TryStreamExt;
+use ipnet::IpNet;
+use rtnetlink::{Handle, LinkUnspec};
+
+use super::{Config, Device};
+use crate::host::{R, Stats};
+use crate::wireguard::key_bytes;
+
+pub struct Running {
+    pub device: Device,
+    pub namespace: String,
+    pub listen_port: u16,
+}
+
+/// Settings every device of the agent gets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Ask for no offloads (a packet per system call).
+    pub no_offload: bool,
+    /// See [`Config::rekey_after`].
+    pub rekey_after: Option<std::time::Duration>,
+}
+
+#[derive(Default)]
+pub struct Devices {
+    pub devices: HashMap<String, Running>,
+    pub options: Options,
+}
+
+impl Devices {
+    /// Starts device `name` with `private_key` (base64) on `listen_port`,
+    /// moves its interface into namespace `ns` and brings it up there with
+    /// `mtu` (0: the kernel's default).
+    pub async fn create(
+        &mut self,
+        host: &Handle,
+        name: &str,
+        ns: &str,
+        listen_port: u16,
+        mtu: u32,
+        private_key: &str,
+    ) -> R<()> {
+        self.devices.remove(name);
+        let config = Config {
+            name: name.to_string(),
+            listen_port,
+            private_key: key_bytes(private_key)?,
+            offload: !self.options.no_offload,
+            rekey_after: self.options.rekey_after,
+        };
+        let device = Device::start(&config).map_err(|e| format!("cannot start the WireGuard device {name}: {e}"))?;
+        let o = device.offloads();
+        tracing::info!(device = name, offloads = ?o.names(), gso = o.udp_gso_segments, "userspace WireGuard device started");
+        let mut links = host.link().get().match_name(name.to_string()).execute();
+        let idx = links
+            .try_next()
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("the device vanished")?
+            .header
+            .index;
+        let file = std::fs::File::open(format!("/run/netns/{ns}")).map_err(|e| format!("namespace {ns}: {e}"))?;
+        host.link()
+            .set(LinkUnspec::new_with_index(idx).setns_by_fd(file.as_raw_fd()).build())
+            .execute()
+            .await
+            .map_err(|e| format!("cannot move {name} into {ns}: {e}"))?;
+        let n = name.to_string();
+        crate::nl::in_namespace(ns, move |h| {
+            Box::pin(async move {
+                crate::nl::set_up_named(&h, &n, mtu).await?;
+                crate::offload::tun_queue(&h, &n).await
+            })
+        })
+        .await?;
+        self.devices.insert(
+            name.to_string(),
+            Running {
+                device,
+                namespace: ns.to_string(),
+                listen_port,
+            },
+        );
+        Ok(())
+    }
+
+    pub fn set_peer(
+        &mut self,
+        link: &str,
+        public_key: &str,
+        endpoint: Option<std::net::SocketAddr>,
+        allowed: &[IpNet],
+        keepalive: u16,
+    ) -> R<()> {
+        let dev = self
+            .devices
+            .get(link)
+            .ok_or_else(|| format!("no WireGuard device {link} (yet)"))?;
+        dev.device
+            .set_peer(key_bytes(public_key)?, endpoint, allowed.to_vec(), keepalive);
+        Ok(())
+    }
+
+    pub fn remove_peer(&mut self, link: &str, public_key: &str) -> R<()> {
+        if let Some(dev) = self.devices.get(link) {
+            dev.device.remove_peer(&key_bytes(public_key)?);
+        }
+        Ok(())
+    }
+
+    /// The newest handshake with any peer (and where that peer is), the
+    /// bytes over all peers, what was refused, the offloads.
+    pub fn stats(&self, link: &str) -> Stats {
+        let Some(dev) = self.devices.get(link) else {
+            return Stats::default();
+        };
+        let mut st = Stats {
+            rx_rejected: dev.device.counters().rx_rejected(),
+            offloads: Some(dev.device.offloads()),
+            ..Default::default()
+        };
+        let mut newest = None;
+        for p in dev.device.peers() {
+            st.rx_bytes += p.rx_bytes;
+            st.tx_bytes += p.tx_bytes;
+            if let Some(t) = p.last_handshake
+                && newest.is_none_or(|n| t > n)
+            {
+                newest = Some(t);
+                st.endpoint = p.endpoint.or(st.endpoint);
+            }
+        }
+        st.last_handshake_unix = newest
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_secs());
+        st
+    }
+}

@@ -1,0 +1,721 @@
+//! weft's userspace WireGuard device: boringtun's protocol (its `noise`
+//! state machine: handshakes, sessions, timers, cookies; no crypto here)
+//! with weft's own I/O, in batches, using the kernel's offloads:
+//!
+//! - **out** (one thread): the tun hands over TCP super-packets of up to
+//!   64 KiB (TSO, with the virtio-net header); each is cut into the
+//!   segments the wire carries (`packet::segment`), encrypted one after
+//!   another into one buffer, and sent to the peer in one system call with
+//!   UDP GSO (`UDP_SEGMENT`), up to 64 datagrams per call;
+//! - **in** (another thread): UDP GRO hands over runs of datagrams from one
+//!   sender in one receive, many runs per `recvmmsg`; each is decrypted,
+//!   and consecutive TCP segments of one flow are joined again
+//!   (`packet::Coalescer`) so the kernel takes one packet per run instead
+//!   of one per segment. The same thread runs the protocol's timers.
+//!
+//! Two threads, one per direction, on 2 cores measured faster than one
+//! (docs/benchmarks.md); each direction keeps its packets in order, since
+//! one thread does all of it. A peer's session state is behind a mutex
+//! that each thread takes once per batch.
+//!
+//! Every offload is asked for at start and dropped if the kernel refuses
+//! it (`Offloads`, shown by `diagnose` and the metrics): without them the
+//! device moves a packet per system call, as boringtun's own did.
+//!
+//! What arrives from the network is checked before use, as by kernel
+//! WireGuard: the message's MACs (and, under load, its cookie) before any
+//! work, its session and counter (replays are refused) and its tag when
+//! decrypted, and its inner source against the peer's allowed IPs. What is
+//! refused is counted (`Stats::rx_rejected`) and goes no further.
+
+mod devices;
+pub mod packet;
+pub mod tun;
+
+pub use devices::{Devices, Options, Running};
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use defguard_boringtun::noise::errors::WireGuardError;
+use defguard_boringtun::noise::handshake::parse_handshake_anon;
+use defguard_boringtun::noise::rate_limiter::RateLimiter;
+use defguard_boringtun::noise::{Packet, Tunn, TunnResult};
+use defguard_boringtun::x25519::{PublicKey, StaticSecret};
+use ipnet::IpNet;
+use quinn_udp::{RecvMeta, UdpSocketState};
+
+use self::packet::{Coalescer, MAX_PACKET, VNET_HDR_LEN, VnetHdr};
+use self::tun::Tun;
+
+/// How often a waiting thread looks at the stop flag, and the timers run.
+const TICK_MS: u16 = 100;
+const TIMER_EVERY: Duration = Duration::from_millis(250);
+/// Handshakes per second the device answers before it asks for cookies
+/// (boringtun's device uses the same figure).
+const HANDSHAKE_RATE_LIMIT: u64 = 100;
+/// A UDP GSO send: the datagrams of one call, at most 64 KiB in all.
+const MAX_SEND: usize = 65_000;
+/// The largest datagram the device sends: a full packet plus WireGuard's
+/// header, tag and padding.
+const MAX_DATAGRAM: usize = MAX_PACKET + 64;
+/// A receive slot: a datagram, or a GRO run of them.
+const SLOT: usize = 1 << 16;
+/// Socket buffers, as wireguard-go asks for (see `offload`).
+const SOCKET_BUFFER: usize = 7 << 20;
+
+/// Which offloads a device runs with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Offloads {
+    pub tun: tun::TunOffloads,
+    /// Datagrams per UDP send (1: no GSO).
+    pub udp_gso_segments: usize,
+    /// Datagrams per UDP receive slot (1: no GRO).
+    pub udp_gro_segments: usize,
+}
+
+impl Offloads {
+    /// The offloads in use, by name ("tso", "uso", "gso", "gro").
+    pub fn names(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.tun.tso {
+            v.push("tso");
+        }
+        if self.tun.uso {
+            v.push("uso");
+        }
+        if self.udp_gso_segments > 1 {
+            v.push("gso");
+        }
+        if self.udp_gro_segments > 1 {
+            v.push("gro");
+        }
+        v
+    }
+}
+
+/// What a device was started with.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub name: String,
+    pub listen_port: u16,
+    pub private_key: [u8; 32],
+    /// Ask the kernel for offloads (off: a packet per system call).
+    pub offload: bool,
+    /// Start a new handshake once a session is this old, besides the
+    /// protocol's own timers (2 min): for tests of rekeying.
+    pub rekey_after: Option<Duration>,
+}
+
+/// A peer of a device.
+struct Peer {
+    index: u32,
+    keepalive: u16,
+    tunn: Mutex<Tunn>,
+    endpoint: Mutex<Option<SocketAddr>>,
+    allowed: RwLock<Vec<IpNet>>,
+}
+
+impl Peer {
+    fn endpoint(&self) -> Option<SocketAddr> {
+        *self.endpoint.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn allows(&self, src: IpAddr) -> bool {
+        self.allowed
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|n| n.contains(&src))
+    }
+
+    fn tunn(&self) -> std::sync::MutexGuard<'_, Tunn> {
+        self.tunn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[derive(Default)]
+struct Peers {
+    by_key: HashMap<[u8; 32], Arc<Peer>>,
+    by_index: HashMap<u32, Arc<Peer>>,
+    next_index: u32,
+}
+
+impl Peers {
+    /// The peer whose allowed IPs hold `dst` most narrowly.
+    fn route(&self, dst: IpAddr) -> Option<Arc<Peer>> {
+        let mut best: Option<(u8, &Arc<Peer>)> = None;
+        for p in self.by_key.values() {
+            for n in p.allowed.read().unwrap_or_else(|e| e.into_inner()).iter() {
+                if n.contains(&dst) && best.is_none_or(|(l, _)| n.prefix_len() > l) {
+                    best = Some((n.prefix_len(), p));
+                }
+            }
+        }
+        best.map(|(_, p)| p.clone())
+    }
+}
+
+/// What the device refused or could not do, by cause.
+#[derive(Default, Debug)]
+pub struct Counters {
+    /// Datagrams that are no WireGuard message, or whose MAC is wrong.
+    pub rx_invalid: AtomicU64,
+    /// Messages for no peer of this device (unknown key or index).
+    pub rx_unknown_peer: AtomicU64,
+    /// Data that failed authentication (a corrupted or forged datagram).
+    pub rx_unauthenticated: AtomicU64,
+    /// Data whose counter was seen already or is too old (a replay).
+    pub rx_replayed: AtomicU64,
+    /// Decrypted packets from an address outside the peer's allowed IPs.
+    pub rx_bad_source: AtomicU64,
+    /// Packets from the tun to an address no peer is allowed, or to a peer
+    /// without an endpoint.
+    pub tx_no_route: AtomicU64,
+    /// Packets from the tun the device could not read (malformed offload).
+    pub tx_malformed: AtomicU64,
+    /// Datagrams the socket did not take.
+    pub tx_send_failed: AtomicU64,
+}
+
+impl Counters {
+    /// Everything refused on the way in.
+    pub fn rx_rejected(&self) -> u64 {
+        [
+            &self.rx_invalid,
+            &self.rx_unknown_peer,
+            &self.rx_unauthenticated,
+            &self.rx_replayed,
+            &self.rx_bad_source,
+        ]
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .sum()
+    }
+}
+
+struct Shared {
+    stop: AtomicBool,
+    tun: Tun,
+    socket: UdpSocket,
+    udp: UdpSocketState,
+    secret: StaticSecret,
+    public: PublicKey,
+    limiter: Arc<RateLimiter>,
+    peers: RwLock<Peers>,
+    counters: Counters,
+    offloads: Offloads,
+    rekey_after: Option<Duration>,
+}
+
+impl Shared {
+    fn peers(&self) -> std::sync::RwLockReadGuard<'_, Peers> {
+        self.peers.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A running device: its tun in the caller's namespace (to be moved), its
+/// UDP socket bound there, two threads. Dropping it stops the threads and
+/// closes the tun, which removes the interface.
+pub struct Device {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One peer as the device reports it.
+#[derive(Clone, Debug, Default)]
+pub struct PeerStats {
+    pub public_key: [u8; 32],
+    pub endpoint: Option<SocketAddr>,
+    pub last_handshake: Option<SystemTime>,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+}
+
+impl Device {
+    /// Opens the tun `config.name` and the UDP socket on
+    /// `config.listen_port` in the caller's network namespace and starts
+    /// the device.
+    pub fn start(config: &Config) -> std::io::Result<Device> {
+        let tun = Tun::create(&config.name, config.offload)?;
+        let socket = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, config.listen_port)))?;
+        socket.set_nonblocking(true)?;
+        {
+            use nix::sys::socket::{setsockopt, sockopt};
+            if setsockopt(&socket, sockopt::RcvBufForce, &SOCKET_BUFFER).is_err() {
+                let _ = setsockopt(&socket, sockopt::RcvBuf, &SOCKET_BUFFER);
+            }
+            if setsockopt(&socket, sockopt::SndBufForce, &SOCKET_BUFFER).is_err() {
+                let _ = setsockopt(&socket, sockopt::SndBuf, &SOCKET_BUFFER);
+            }
+        }
+        let udp = UdpSocketState::new((&socket).into())?;
+        // quinn-udp forbids fragmentation (QUIC sizes its own packets);
+        // WireGuard's datagrams leave in fragments when the underlay's MTU
+        // is smaller, as kernel WireGuard's do.
+        crate::relay::allow_fragments(&socket)?;
+        let (gso, gro) = if config.offload {
+            (udp.max_gso_segments().max(1), udp.gro_segments().max(1))
+        } else {
+            (1, 1)
+        };
+        let secret = StaticSecret::from(config.private_key);
+        let public = PublicKey::from(&secret);
+        let limiter = Arc::new(RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT));
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            tun,
+            socket,
+            udp,
+            secret,
+            public,
+            limiter,
+            peers: RwLock::new(Peers {
+                next_index: 1 + (std::process::id() & 0xffff) * 7,
+                ..Default::default()
+            }),
+            counters: Counters::default(),
+            offloads: Offloads {
+                tun: Default::default(),
+                udp_gso_segments: gso,
+                udp_gro_segments: gro,
+            },
+            rekey_after: config.rekey_after,
+        });
+        // (the tun's offloads are known only after it opened)
+        let shared = {
+            let mut s = Arc::try_unwrap(shared).unwrap_or_else(|_| unreachable!());
+            s.offloads.tun = s.tun.offloads;
+            Arc::new(s)
+        };
+        let mut threads = Vec::new();
+        for (name, f) in [("out", outbound as fn(&Shared)), ("in", inbound as fn(&Shared))] {
+            let s = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("wg-{name}-{}", config.name))
+                    .spawn(move || f(&s))?,
+            );
+        }
+        Ok(Device { shared, threads })
+    }
+
+    pub fn offloads(&self) -> Offloads {
+        self.shared.offloads
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+
+    /// Adds peer `public_key` or changes it in place: a new endpoint or
+    /// allowed IPs keep its session; a new keepalive starts a new one.
+    pub fn set_peer(&self, public_key: [u8; 32], endpoint: Option<SocketAddr>, allowed: Vec<IpNet>, keepalive: u16) {
+        let mut peers = self.shared.peers.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = peers.by_key.get(&public_key)
+            && p.keepalive == keepalive
+        {
+            if endpoint.is_some() {
+                *p.endpoint.lock().unwrap_or_else(|e| e.into_inner()) = endpoint;
+            }
+            *p.allowed.write().unwrap_or_else(|e| e.into_inner()) = allowed;
+            return;
+        }
+        if let Some(old) = peers.by_key.remove(&public_key) {
+            peers.by_index.remove(&old.index);
+        }
+        let index = loop {
+            let i = peers.next_index & 0x00ff_ffff;
+            peers.next_index = peers.next_index.wrapping_add(1);
+            if i != 0 && !peers.by_index.contains_key(&i) {
+                break i;
+            }
+        };
+        let tunn = Tunn::new(
+            self.shared.secret.clone(),
+            PublicKey::from(public_key),
+            None,
+            (keepalive > 0).then_some(keepalive),
+            index,
+            Some(self.shared.limiter.clone()),
+        );
+        let peer = Arc::new(Peer {
+            index,
+            keepalive,
+            tunn: Mutex::new(tunn),
+            endpoint: Mutex::new(endpoint),
+            allowed: RwLock::new(allowed),
+        });
+        peers.by_index.insert(index, peer.clone());
+        peers.by_key.insert(public_key, peer);
+    }
+
+    pub fn remove_peer(&self, public_key: &[u8; 32]) {
+        let mut peers = self.shared.peers.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = peers.by_key.remove(public_key) {
+            peers.by_index.remove(&old.index);
+        }
+    }
+
+    pub fn peers(&self) -> Vec<PeerStats> {
+        let now = SystemTime::now();
+        self.shared
+            .peers()
+            .by_key
+            .iter()
+            .map(|(k, p)| {
+                let (since, tx, rx, _, _) = p.tunn().stats();
+                PeerStats {
+                    public_key: *k,
+                    endpoint: p.endpoint(),
+                    last_handshake: since.and_then(|d| now.checked_sub(d)),
+                    rx_bytes: rx as u64,
+                    tx_bytes: tx as u64,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Datagrams for one destination, encrypted one after another into one
+/// buffer, to leave in one segmented send: all of the same size but the
+/// last, which may be shorter.
+struct Batch {
+    buf: Vec<u8>,
+    len: usize,
+    stride: usize,
+    count: usize,
+    to: Option<SocketAddr>,
+    /// The last datagram was shorter than the stride: nothing joins after.
+    short: bool,
+}
+
+impl Batch {
+    fn new() -> Batch {
+        Batch {
+            buf: vec![0; MAX_SEND + MAX_DATAGRAM],
+            len: 0,
+            stride: 0,
+            count: 0,
+            to: None,
+            short: false,
+        }
+    }
+
+    /// Where the next datagram is written; room for the largest.
+    fn room(&mut self) -> &mut [u8] {
+        &mut self.buf[self.len..]
+    }
+
+    /// Takes the `n` bytes just written at `room()` as a datagram to `to`,
+    /// sending what was there before if it cannot join them.
+    fn commit(&mut self, s: &Shared, n: usize, to: SocketAddr) {
+        let joins = self.count > 0
+            && self.to == Some(to)
+            && n <= self.stride
+            && !self.short
+            && self.count < s.offloads.udp_gso_segments
+            && self.len + n <= MAX_SEND;
+        if !joins && self.count > 0 {
+            let (len, stride) = (self.len, self.stride);
+            if let Some(prev) = self.to {
+                send(s, prev, &self.buf[..len], stride);
+            }
+            self.buf.copy_within(len..len + n, 0);
+            self.len = 0;
+            self.count = 0;
+        }
+        if self.count == 0 {
+            self.stride = n;
+            self.to = Some(to);
+        }
+        self.short = n < self.stride;
+        self.len += n;
+        self.count += 1;
+        if self.len + MAX_DATAGRAM > self.buf.len() || self.count >= s.offloads.udp_gso_segments {
+            self.flush(s);
+        }
+    }
+
+    fn flush(&mut self, s: &Shared) {
+        if let (Some(to), true) = (self.to, self.count > 0) {
+            send(s, to, &self.buf[..self.len], self.stride);
+        }
+        self.len = 0;
+        self.count = 0;
+        self.to = None;
+        self.short = false;
+    }
+}
+
+/// Sends `data` (datagrams of `stride` bytes) to `to`, counting what the
+/// socket refused.
+fn send(s: &Shared, to: SocketAddr, data: &[u8], stride: usize) {
+    if !crate::relay::send_datagrams(&s.socket, &s.udp, to, None, data, stride) {
+        s.counters
+            .tx_send_failed
+            .fetch_add(data.len().div_ceil(stride.max(1)) as u64, Ordering::Relaxed);
+    }
+}
+
+/// The tun to the network: read, cut, encrypt, send in batches.
+fn outbound(s: &Shared) {
+    let hdr = if s.tun.offloads.vnet_hdr { VNET_HDR_LEN } else { 0 };
+    let mut rd = vec![0u8; hdr + MAX_PACKET];
+    let mut plain: Vec<u8> = Vec::with_capacity(2 * MAX_PACKET);
+    let mut segs: Vec<(usize, usize)> = Vec::new();
+    let mut batch = Batch::new();
+    while !s.stop.load(Ordering::Relaxed) {
+        let n = match s.tun.read(&mut rd) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                batch.flush(s);
+                s.tun.wait_readable(TICK_MS);
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "tun read");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        plain.clear();
+        segs.clear();
+        if hdr > 0 {
+            let cut = VnetHdr::parse(&rd[..n])
+                .ok_or(packet::Bad::Header)
+                .and_then(|h| packet::segment(&h, &rd[hdr..n], &mut plain, &mut segs));
+            if cut.is_err() {
+                s.counters.tx_malformed.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        } else {
+            plain.extend_from_slice(&rd[..n]);
+            segs.push((0, n));
+        }
+        let Some(&(first, _)) = segs.first() else { continue };
+        let peer = Tunn::dst_address(&plain[first..]).and_then(|d| s.peers().route(d));
+        let Some(peer) = peer else {
+            s.counters.tx_no_route.fetch_add(segs.len() as u64, Ordering::Relaxed);
+            continue;
+        };
+        let to = peer.endpoint();
+        let mut t = peer.tunn();
+        for &(at, len) in &segs {
+            match t.encapsulate(&plain[at..at + len], batch.room()) {
+                TunnResult::WriteToNetwork(p) => {
+                    let n = p.len();
+                    match to {
+                        Some(to) => batch.commit(s, n, to),
+                        None => {
+                            s.counters.tx_no_route.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                TunnResult::Err(e) => tracing::debug!(error = ?e, "encapsulate"),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The network to the tun: receive in batches, decrypt, join, write; and
+/// the protocol's timers.
+fn inbound(s: &Shared) {
+    let slots = quinn_udp::BATCH_SIZE;
+    let mut storage = vec![0u8; slots * SLOT];
+    let mut meta = vec![RecvMeta::default(); slots];
+    let mut plain = vec![0u8; MAX_DATAGRAM];
+    let mut reply = vec![0u8; MAX_DATAGRAM];
+    let mut coalescer = Coalescer::new(s.tun.offloads.vnet_hdr);
+    let mut write = |p: &[u8]| {
+        if let Err(e) = s.tun.write(p) {
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                s.tun.wait_writable(TICK_MS);
+                let _ = s.tun.write(p);
+            } else {
+                tracing::debug!(error = %e, "tun write");
+            }
+        }
+    };
+    let mut timers_at = Instant::now();
+    let mut limiter_at = Instant::now();
+    let mut drained = false;
+    let mut bufs: Vec<std::io::IoSliceMut> = storage.chunks_mut(SLOT).map(std::io::IoSliceMut::new).collect();
+    while !s.stop.load(Ordering::Relaxed) {
+        if timers_at.elapsed() >= TIMER_EVERY {
+            timers_at = Instant::now();
+            timers(s, &mut reply);
+            if limiter_at.elapsed() >= Duration::from_secs(1) {
+                limiter_at = Instant::now();
+                s.limiter.reset_count();
+            }
+        }
+        if drained {
+            let mut fds = [nix::poll::PollFd::new(
+                std::os::fd::AsFd::as_fd(&s.socket),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            let _ = nix::poll::poll(&mut fds, TICK_MS);
+        }
+        let n = match s.udp.recv((&s.socket).into(), &mut bufs, &mut meta) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                drained = true;
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "udp receive");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        drained = false;
+        for (m, buf) in meta.iter().zip(bufs.iter()).take(n) {
+            let stride = m.stride.max(1);
+            for d in buf[..m.len].chunks(stride) {
+                receive(s, d, m.addr, &mut plain, &mut reply, &mut coalescer, &mut write);
+            }
+        }
+        coalescer.flush(&mut write);
+    }
+}
+
+/// One datagram from `from`.
+fn receive(
+    s: &Shared,
+    d: &[u8],
+    from: SocketAddr,
+    plain: &mut [u8],
+    reply: &mut [u8],
+    coalescer: &mut Coalescer,
+    write: &mut impl FnMut(&[u8]),
+) {
+    let c = &s.counters;
+    let count = |x: &AtomicU64| {
+        x.fetch_add(1, Ordering::Relaxed);
+    };
+    let packet = match s.limiter.verify_packet(Some(from.ip()), d, reply) {
+        Ok(p) => p,
+        Err(TunnResult::WriteToNetwork(cookie)) => {
+            let n = cookie.len();
+            send(s, from, &reply[..n], n);
+            return;
+        }
+        Err(_) => return count(&c.rx_invalid),
+    };
+    let peer = {
+        let peers = s.peers();
+        match packet {
+            Packet::HandshakeInit(h) => parse_handshake_anon(&s.secret, &s.public, &h)
+                .ok()
+                .and_then(|half| peers.by_key.get(&half.peer_static_public).cloned()),
+            Packet::HandshakeResponse(p) => peers.by_index.get(&(p.receiver_idx >> 8)).cloned(),
+            Packet::PacketCookieReply(p) => peers.by_index.get(&(p.receiver_idx >> 8)).cloned(),
+            Packet::PacketData(p) => peers.by_index.get(&(p.receiver_idx >> 8)).cloned(),
+        }
+    };
+    let Some(peer) = peer else {
+        return count(&c.rx_unknown_peer);
+    };
+    let mut t = peer.tunn();
+    let result = t.decapsulate(Some(from.ip()), d, plain);
+    let authentic = match result {
+        TunnResult::WriteToNetwork(p) => {
+            // a handshake answered; then what waited for the session
+            let n = p.len();
+            send(s, from, &plain[..n], n);
+            while let TunnResult::WriteToNetwork(p) = t.decapsulate(None, &[], reply) {
+                let n = p.len();
+                send(s, from, &reply[..n], n);
+            }
+            drop(t);
+            true
+        }
+        TunnResult::WriteToTunnelV4(p, src) => {
+            let n = p.len();
+            drop(t);
+            deliver(s, &peer, &plain[..n], IpAddr::V4(src), coalescer, write)
+        }
+        TunnResult::WriteToTunnelV6(p, src) => {
+            let n = p.len();
+            drop(t);
+            deliver(s, &peer, &plain[..n], IpAddr::V6(src), coalescer, write)
+        }
+        TunnResult::Done => true,
+        TunnResult::Err(e) => {
+            count(match e {
+                WireGuardError::InvalidAeadTag | WireGuardError::InvalidMac => &c.rx_unauthenticated,
+                WireGuardError::DuplicateCounter | WireGuardError::InvalidCounter => &c.rx_replayed,
+                WireGuardError::WrongIndex | WireGuardError::NoCurrentSession => &c.rx_unknown_peer,
+                _ => &c.rx_invalid,
+            });
+            false
+        }
+    };
+    // Roaming: the peer is where its last authentic datagram came from.
+    if authentic {
+        let mut at = peer.endpoint.lock().unwrap_or_else(|e| e.into_inner());
+        if *at != Some(from) {
+            *at = Some(from);
+        }
+    }
+}
+
+/// A decrypted packet from `peer` to the tun, if its source is one the peer
+/// may send from.
+fn deliver(
+    s: &Shared,
+    peer: &Peer,
+    p: &[u8],
+    src: IpAddr,
+    coalescer: &mut Coalescer,
+    write: &mut impl FnMut(&[u8]),
+) -> bool {
+    if !peer.allows(src) {
+        s.counters.rx_bad_source.fetch_add(1, Ordering::Relaxed);
+        return false;
+    }
+    coalescer.push(p, write);
+    true
+}
+
+/// The protocol's timers for every peer: handshakes to start or retry,
+/// keepalives, sessions to end; and the early rekey of tests.
+fn timers(s: &Shared, buf: &mut [u8]) {
+    let peers: Vec<Arc<Peer>> = s.peers().by_key.values().cloned().collect();
+    for peer in peers {
+        let to = peer.endpoint();
+        let mut t = peer.tunn();
+        let out = |r: TunnResult<'_>| {
+            if let (TunnResult::WriteToNetwork(p), Some(to)) = (r, to) {
+                let n = p.len();
+                Some((to, n))
+            } else {
+                None
+            }
+        };
+        if let Some((to, n)) = out(t.update_timers(buf)) {
+            send(s, to, &buf[..n], n);
+        }
+        if let Some(after) = s.rekey_after
+            && t.time_since_last_handshake().is_some_and(|d| d >= after)
+            && let Some((to, n)) = out(t.format_handshake_initiation(buf, false))
+        {
+            send(s, to, &buf[..n], n);
+        }
+    }
+}
