@@ -367,6 +367,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_userspace_device_knows_discoverys_datagrams() {
+        // It lets discovery's answers pass to the raw socket uncounted.
+        assert_eq!(
+            weft_common::discovery::MAGIC.as_slice(),
+            weft_dataplane::userspace::DISCOVERY_MAGIC
+        );
+    }
+
+    #[test]
     fn reflectors_are_unicast_addresses_off_this_host() {
         let list: Vec<String> = [
             "127.0.0.1:7443",

@@ -332,6 +332,16 @@ impl Applier for Linux {
                 }),
                 rx_bytes: stats.rx_bytes,
                 tx_bytes: stats.tx_bytes,
+                rx_rejected: stats.rx_rejected,
+                // "none": the userspace device without offloads (kernel
+                // WireGuard reports no list).
+                offloads: stats
+                    .offloads
+                    .map(|o| match o.names() {
+                        n if n.is_empty() => vec!["none".to_string()],
+                        n => n.into_iter().map(String::from).collect(),
+                    })
+                    .unwrap_or_default(),
                 gateway: String::new(),
                 reported_at: None,
             });

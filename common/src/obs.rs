@@ -223,6 +223,22 @@ pub fn tunnel_series(f: &mut Families, t: &weft_proto::v1::TunnelStatus, extra: 
         t.tx_bytes,
     );
     f.counter(
+        "weft_peering_rejected_datagrams",
+        "Datagrams weft's userspace WireGuard device refused from the network: malformed, failing authentication, replayed, or from a source the peer may not use",
+        &l,
+        t.rx_rejected,
+    );
+    for o in &t.offloads {
+        let mut lo = l.clone();
+        lo.push(("offload", o.as_str()));
+        f.gauge(
+            "weft_peering_offload",
+            "1 for each kernel offload weft's userspace WireGuard device runs with (tso, uso: the tun's; gso, gro: UDP's)",
+            &lo,
+            1.0,
+        );
+    }
+    f.counter(
         "weft_peering_dropped_packets",
         "Packets from the peer dropped at the peering's namespace: addressed to anything but this site's networks",
         &l,

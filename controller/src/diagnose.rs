@@ -278,7 +278,7 @@ fn kernel_checks(a: &Agent, rec: &AliveRecord, out: &mut Vec<pb::Check>) {
                 a.subject(),
                 pb::CheckResult::Warn,
                 format!(
-                    "overlay: {overlay}; WireGuard: userspace (boringtun){reason}, though the kernel has WireGuard: a fraction of its speed"
+                    "overlay: {overlay}; WireGuard: userspace (weft's device){reason}, though the kernel has WireGuard, which saves the copies to and from userspace"
                 ),
                 "restart the gateway agent with --wireguard auto (or kernel)",
             ));
@@ -288,7 +288,7 @@ fn kernel_checks(a: &Agent, rec: &AliveRecord, out: &mut Vec<pb::Check>) {
                 a.subject(),
                 pb::CheckResult::Warn,
                 format!(
-                    "overlay: {overlay}; WireGuard: userspace (boringtun){reason}: a fraction of kernel speed"
+                    "overlay: {overlay}; WireGuard: userspace (weft's device){reason}; kernel WireGuard would save the copies to and from userspace"
                 ),
                 "run the gateway on a kernel with WireGuard (Linux 5.6 or later, CONFIG_WIREGUARD) and restart its agent: \
                  with --wireguard auto it takes the kernel's",

@@ -34,6 +34,16 @@ pub trait Firewall: Send {
     async fn delete_table(&mut self, ns: &Ns, name: &str) -> R<()>;
 }
 
+/// A WireGuard key (base64) as its 32 bytes.
+pub fn key_bytes(b64: &str) -> R<[u8; 32]> {
+    use base64::Engine;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_err(|_| "a key is not base64".to_string())?;
+    raw.try_into()
+        .map_err(|_| "a WireGuard key must be 32 bytes".to_string())
+}
+
 /// A WireGuard device as its implementation reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WgDevice {
@@ -54,7 +64,36 @@ pub struct Stats {
     /// device only.
     pub rx_rejected: u64,
     /// The offloads in use: weft's userspace device only.
-    pub offloads: Option<crate::userspace::Offloads>,
+    pub offloads: Option<Offloads>,
+}
+
+/// The kernel offloads weft's userspace WireGuard device runs with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Offloads {
+    /// The tun hands over TCP super-packets (TSO4/6, with checksum
+    /// offload).
+    pub tso: bool,
+    /// The same for UDP (USO4/6, Linux 6.2+).
+    pub uso: bool,
+    /// Datagrams per UDP send (1: no GSO).
+    pub udp_gso_segments: usize,
+    /// Datagrams per UDP receive slot (1: no GRO).
+    pub udp_gro_segments: usize,
+}
+
+impl Offloads {
+    /// The offloads in use, by name ("tso", "uso", "gso", "gro").
+    pub fn names(&self) -> Vec<&'static str> {
+        [
+            (self.tso, "tso"),
+            (self.uso, "uso"),
+            (self.udp_gso_segments > 1, "gso"),
+            (self.udp_gro_segments > 1, "gro"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
 }
 
 /// WireGuard devices and their peers.

@@ -13,7 +13,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, IntoRawFd};
 use std::os::unix::net::UnixStream;
 
-use base64::Engine;
 use defguard_boringtun::device::{DeviceConfig, DeviceHandle};
 use futures::TryStreamExt;
 use rtnetlink::{Handle, LinkUnspec};
@@ -22,14 +21,7 @@ pub use crate::host::Stats;
 use crate::host::{R, WgDevice, WireGuard};
 use crate::model::{Link, LinkKind, Ns, WgPeer};
 
-/// A WireGuard key (base64) as its 32 bytes.
-pub fn key_bytes(b64: &str) -> R<[u8; 32]> {
-    let raw = base64::engine::general_purpose::STANDARD
-        .decode(b64.trim())
-        .map_err(|_| "a key is not base64".to_string())?;
-    raw.try_into()
-        .map_err(|_| "a WireGuard key must be 32 bytes".to_string())
-}
+pub use crate::host::key_bytes;
 
 /// A WireGuard key (base64) in hex, as boringtun's UAPI takes it.
 pub fn key_hex(b64: &str) -> R<String> {

@@ -29,3 +29,4 @@ mod state_ipam;
 mod store_conformance;
 mod vm;
 mod watch;
+mod wg_device;

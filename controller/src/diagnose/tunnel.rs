@@ -38,6 +38,21 @@ pub(super) fn tunnel_checks(
             "check that the peer's gateway runs and that UDP to its endpoint passes (firewall, NAT, the WAN link)",
         ));
     }
+    if !t.offloads.is_empty() || t.rx_rejected > 0 {
+        let offloads = if t.offloads.is_empty() || t.offloads == ["none"] {
+            "none (a packet per system call)".to_string()
+        } else {
+            t.offloads.join(", ")
+        };
+        out.push(pass(
+            "wireguard",
+            subject.clone(),
+            format!(
+                "userspace device, offloads: {offloads}; {} datagrams refused from the network",
+                t.rx_rejected
+            ),
+        ));
+    }
     let configured = match site.tunnel_mtu {
         Some(m) => format!("this site's --tunnel-mtu {m}"),
         None => "the peer's --tunnel-mtu, or the underlay".into(),

@@ -11,8 +11,7 @@ use ipnet::IpNet;
 use rtnetlink::{Handle, LinkUnspec};
 
 use super::{Config, Device};
-use crate::host::{R, Stats};
-use crate::wireguard::key_bytes;
+use crate::host::{R, Stats, key_bytes};
 
 pub struct Running {
     pub device: Device,

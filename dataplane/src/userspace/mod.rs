@@ -65,38 +65,14 @@ const MAX_SEND: usize = 65_000;
 const MAX_DATAGRAM: usize = MAX_PACKET + 64;
 /// A receive slot: a datagram, or a GRO run of them.
 const SLOT: usize = 1 << 16;
+/// What endpoint discovery's datagrams start with (weft_common's
+/// `discovery::MAGIC`): answers to the gateway's probes arrive at the
+/// device's port too.
+pub const DISCOVERY_MAGIC: &[u8] = b"WEFTDSC1";
 /// Socket buffers, as wireguard-go asks for (see `offload`).
 const SOCKET_BUFFER: usize = 7 << 20;
 
-/// Which offloads a device runs with.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Offloads {
-    pub tun: tun::TunOffloads,
-    /// Datagrams per UDP send (1: no GSO).
-    pub udp_gso_segments: usize,
-    /// Datagrams per UDP receive slot (1: no GRO).
-    pub udp_gro_segments: usize,
-}
-
-impl Offloads {
-    /// The offloads in use, by name ("tso", "uso", "gso", "gro").
-    pub fn names(&self) -> Vec<&'static str> {
-        let mut v = Vec::new();
-        if self.tun.tso {
-            v.push("tso");
-        }
-        if self.tun.uso {
-            v.push("uso");
-        }
-        if self.udp_gso_segments > 1 {
-            v.push("gso");
-        }
-        if self.udp_gro_segments > 1 {
-            v.push("gro");
-        }
-        v
-    }
-}
+pub use crate::host::Offloads;
 
 /// What a device was started with.
 #[derive(Clone, Debug)]
@@ -115,6 +91,9 @@ pub struct Config {
 struct Peer {
     index: u32,
     keepalive: u16,
+    /// The endpoint it was configured with (the current one may have
+    /// roamed since).
+    configured: Option<SocketAddr>,
     tunn: Mutex<Tunn>,
     endpoint: Mutex<Option<SocketAddr>>,
     allowed: RwLock<Vec<IpNet>>,
@@ -289,16 +268,16 @@ impl Device {
             }),
             counters: Counters::default(),
             offloads: Offloads {
-                tun: Default::default(),
                 udp_gso_segments: gso,
                 udp_gro_segments: gro,
+                ..Default::default()
             },
             rekey_after: config.rekey_after,
         });
         // (the tun's offloads are known only after it opened)
         let shared = {
             let mut s = Arc::try_unwrap(shared).unwrap_or_else(|_| unreachable!());
-            s.offloads.tun = s.tun.offloads;
+            (s.offloads.tso, s.offloads.uso) = (s.tun.offloads.tso, s.tun.offloads.uso);
             Arc::new(s)
         };
         let mut threads = Vec::new();
@@ -321,16 +300,19 @@ impl Device {
         &self.shared.counters
     }
 
-    /// Adds peer `public_key` or changes it in place: a new endpoint or
-    /// allowed IPs keep its session; a new keepalive starts a new one.
+    /// Adds peer `public_key` or changes it: new allowed IPs keep its
+    /// session; a new keepalive or a newly configured endpoint start a
+    /// new one, with a handshake at once to that endpoint, as kernel
+    /// WireGuard's peer removed and added again does on its first packet:
+    /// a relay learns a side only from its handshake, and a hole punch
+    /// must not wait for the protocol's 5 s retry of a handshake lost
+    /// while the NATs were still closed.
     pub fn set_peer(&self, public_key: [u8; 32], endpoint: Option<SocketAddr>, allowed: Vec<IpNet>, keepalive: u16) {
         let mut peers = self.shared.peers.write().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = peers.by_key.get(&public_key)
             && p.keepalive == keepalive
+            && (endpoint.is_none() || endpoint == p.configured)
         {
-            if endpoint.is_some() {
-                *p.endpoint.lock().unwrap_or_else(|e| e.into_inner()) = endpoint;
-            }
             *p.allowed.write().unwrap_or_else(|e| e.into_inner()) = allowed;
             return;
         }
@@ -355,12 +337,21 @@ impl Device {
         let peer = Arc::new(Peer {
             index,
             keepalive,
+            configured: endpoint,
             tunn: Mutex::new(tunn),
             endpoint: Mutex::new(endpoint),
             allowed: RwLock::new(allowed),
         });
         peers.by_index.insert(index, peer.clone());
-        peers.by_key.insert(public_key, peer);
+        peers.by_key.insert(public_key, peer.clone());
+        drop(peers);
+        if let Some(to) = endpoint {
+            let mut buf = [0u8; 256];
+            if let TunnResult::WriteToNetwork(p) = peer.tunn().format_handshake_initiation(&mut buf, false) {
+                let n = p.len();
+                send(&self.shared, to, &buf[..n], n);
+            }
+        }
     }
 
     pub fn remove_peer(&self, public_key: &[u8; 32]) {
@@ -608,6 +599,11 @@ fn receive(
     let count = |x: &AtomicU64| {
         x.fetch_add(1, Ordering::Relaxed);
     };
+    if d.starts_with(DISCOVERY_MAGIC) {
+        // an endpoint-discovery answer: the gateway's raw socket reads its
+        // copy; not WireGuard's, and not refused either
+        return;
+    }
     let packet = match s.limiter.verify_packet(Some(from.ip()), d, reply) {
         Ok(p) => p,
         Err(TunnResult::WriteToNetwork(cookie)) => {

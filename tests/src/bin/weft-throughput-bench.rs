@@ -1,16 +1,22 @@
 //! TCP throughput through a weft peering, against baselines measured in the
-//! same run: a bare veth pair between two namespaces, a point-to-point
-//! tunnel of weft's own WireGuard device code (boringtun, one worker, no
-//! overlay, no NAT) and a point-to-point wireguard-go tunnel (if
-//! `wireguard-go` is installed), each over a veth pair.
-//! The weft path is workload → node → VXLAN → gateway → prefix NAT and
-//! userspace WireGuard (boringtun) in the peering namespace → the other
-//! site's gateway, prefix NAT → VXLAN → node → workload, so it crosses two
-//! WireGuard ends, two overlay hops and NAT on both gateways: both sites
-//! use the same workload CIDR (10.1.0.0/16), so each reaches the other
-//! through a remapped view.
+//! same run, each path's runs interleaved with the others':
+//! - weft cross-site: workload → node → VXLAN → gateway → prefix NAT and
+//!   weft's userspace WireGuard device in the peering namespace → the other
+//!   site's gateway, prefix NAT → VXLAN → node → workload; two WireGuard
+//!   ends, two overlay hops and NAT on both gateways (both sites use the
+//!   same workload CIDR, 10.1.0.0/16, so each reaches the other through a
+//!   remapped view);
+//! - a bare veth pair between two namespaces;
+//! - point-to-point tunnels over a veth pair: the old boringtun device
+//!   (defguard_boringtun's own, one worker, a packet per system call: what
+//!   weft's gateways ran before), weft's device, and wireguard-go (if
+//!   installed);
+//! - the old device over a switch, directly and through weft's relay.
+//!
+//! For each path: Gbit/s and the machine's CPU seconds per GB moved.
 //! Needs root; everything lives in `weft-tp-*` namespaces that go away at
-//! the end. `sudo weft-throughput-bench --seconds 5` (see docs/benchmarks.md).
+//! the end. `sudo weft-throughput-bench --seconds 5 --runs 7` (see
+//! docs/benchmarks.md).
 
 use std::path::Path;
 use std::process::Command;
@@ -42,6 +48,7 @@ struct Args {
 }
 
 #[derive(clap::Subcommand, Debug)]
+#[allow(clippy::enum_variant_names)] // the subcommands are boringtun-end, device-end, relay-end
 enum Sub {
     /// (internal) One end of the plain boringtun tunnel.
     #[command(hide = true)]
@@ -90,6 +97,30 @@ struct End {
 /// One iperf3 run of `args.seconds` (see `weft_tests::perf::iperf`).
 fn iperf(lab: &mut Lab, log: &Path, server: &str, client: &str, server_ip: &str, args: &Args) -> f64 {
     weft_tests::perf::iperf(lab, log, server, client, server_ip, args.seconds)
+}
+
+/// CPU time the whole machine has spent busy (all but idle and iowait),
+/// in seconds, from /proc/stat.
+fn busy_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let f: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal, in USER_HZ (100 on
+    // Linux, whatever the kernel's own tick)
+    let busy: f64 = f
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .map(|(_, v)| v)
+        .sum();
+    busy / 100.0
 }
 
 /// Two namespaces joined by a veth pair: x = 10.99.0.1, y = 10.99.0.2.
@@ -420,31 +451,82 @@ fn main() {
     let dev_tunnel = tunnel(&mut s.lab, dir.path(), Impl::Device, Wire::Veth).unwrap();
     let bridged = tunnel(&mut s.lab, dir.path(), Impl::Boringtun, Wire::Bridge { relayed: false }).unwrap();
     let relayed = tunnel(&mut s.lab, dir.path(), Impl::Boringtun, Wire::Bridge { relayed: true }).unwrap();
-    let (mut weft, mut veth, mut bt, mut wg, mut ratios) = (vec![], vec![], vec![], vec![], vec![]);
-    let (mut direct, mut via_relay, mut relay_ratios) = (vec![], vec![], vec![]);
+    // (name, server namespace, client namespace, server address)
+    let mut paths: Vec<(&str, String, String, String)> = vec![
+        (
+            "weft cross-site (2 VXLAN hops, prefix NAT, weft's device)",
+            wb.clone(),
+            wa.clone(),
+            to_b.clone(),
+        ),
+        ("bare veth", ny.clone(), nx.clone(), "10.99.0.2".into()),
+        (
+            "old boringtun device point-to-point",
+            bt_server.clone(),
+            bt_client.clone(),
+            "10.98.0.2".into(),
+        ),
+        (
+            "weft's device point-to-point",
+            dev_tunnel.1.clone(),
+            dev_tunnel.0.clone(),
+            "10.98.0.2".into(),
+        ),
+    ];
+    if let Some((client, server, _)) = &wg_tunnel {
+        paths.push((
+            "wireguard-go point-to-point",
+            server.clone(),
+            client.clone(),
+            "10.98.0.2".into(),
+        ));
+    }
+    paths.push((
+        "old boringtun over a switch, direct",
+        bridged.1.clone(),
+        bridged.0.clone(),
+        "10.98.0.2".into(),
+    ));
+    paths.push((
+        "old boringtun over a switch, through weft's relay",
+        relayed.1.clone(),
+        relayed.0.clone(),
+        "10.98.0.2".into(),
+    ));
+    let mut gbits: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
+    let (mut to_bt, mut to_wg, mut relay_ratios) = (vec![], vec![], vec![]);
     for run in 0..args.runs {
-        let w = iperf(&mut s.lab, &log, &wb, &wa, &to_b, &args);
-        veth.push(iperf(&mut s.lab, &log, &ny, &nx, "10.99.0.2", &args));
-        let b = iperf(&mut s.lab, &log, &bt_server, &bt_client, "10.98.0.2", &args);
-        let dv = iperf(&mut s.lab, &log, &dev_tunnel.1, &dev_tunnel.0, "10.98.0.2", &args);
-        println!("run {}: weft's device point-to-point {dv:.3}", run + 1);
-        if let Some((client, server, _)) = &wg_tunnel {
-            wg.push(iperf(&mut s.lab, &log, server, client, "10.98.0.2", &args));
+        let mut this = Vec::new();
+        for (i, (name, server, client, ip)) in paths.iter().enumerate() {
+            let busy = busy_seconds();
+            let g = iperf(&mut s.lab, &log, server, client, ip, &args);
+            let used = busy_seconds() - busy;
+            // CPU seconds of the whole machine (both ends, both tunnel
+            // ends, the kernel's forwarding) per GB the stream moved.
+            let gb = g * f64::from(args.seconds) / 8.0;
+            let per_gb = used / gb.max(1e-9);
+            println!("run {}: {name}: {g:.3} Gbit/s, {per_gb:.2} CPU s/GB", run + 1);
+            gbits[i].push(g);
+            cpu[i].push(per_gb);
+            this.push(g);
         }
-        let d = iperf(&mut s.lab, &log, &bridged.1, &bridged.0, "10.98.0.2", &args);
-        let r = iperf(&mut s.lab, &log, &relayed.1, &relayed.0, "10.98.0.2", &args);
+        to_bt.push(this[0] / this[2]);
+        if wg_tunnel.is_some() {
+            to_wg.push(this[0] / this[4]);
+        }
+        let n = this.len();
+        relay_ratios.push(this[n - 1] / this[n - 2]);
         println!(
-            "run {}: weft {w:.3} Gbit/s, boringtun p2p {b:.3}, ratio {:.3}; over a switch: direct {d:.3}, through weft's relay {r:.3}, ratio {:.3}",
+            "run {}: weft / old boringtun {:.3}, weft / wireguard-go {}",
             run + 1,
-            w / b,
-            r / d
+            this[0] / this[2],
+            if wg_tunnel.is_some() {
+                format!("{:.3}", this[0] / this[4])
+            } else {
+                "-".into()
+            }
         );
-        direct.push(d);
-        via_relay.push(r);
-        relay_ratios.push(r / d);
-        weft.push(w);
-        bt.push(b);
-        ratios.push(w / b);
     }
     let rest: Vec<Proc> = wg_tunnel
         .into_iter()
@@ -456,22 +538,27 @@ fn main() {
     for mut p in bt_procs.drain(..).chain(rest) {
         p.stop();
     }
-    let (weft, veth, bt, ratio) = (median(weft), median(veth), median(bt), median(ratios));
-    let wg = (!wg.is_empty()).then(|| median(wg));
-
-    println!("path                                Gbit/s   ratio to veth");
-    println!("bare veth                           {veth:6.2}   1.00");
-    println!("boringtun point-to-point (weft's)   {bt:6.2}   {:.3}", bt / veth);
-    match wg {
-        Some(wg) => println!("wireguard-go point-to-point         {wg:6.2}   {:.3}", wg / veth),
-        None => println!("wireguard-go point-to-point         (not installed)"),
-    }
-    println!("weft (2 VXLAN hops, prefix NAT)     {weft:6.2}   {:.3}", weft / veth);
-    println!("weft / boringtun point-to-point (median of per-run ratios) {ratio:.3}");
+    let veth = median(gbits[1].clone());
     println!(
-        "boringtun point-to-point over a switch: direct {:.2} Gbit/s, through weft's relay {:.2}; relayed / direct (median of per-run ratios) {:.3}",
-        median(direct),
-        median(via_relay),
+        "path                                                      Gbit/s  of veth  CPU s/GB   (medians of {} runs)",
+        args.runs
+    );
+    for (i, (name, ..)) in paths.iter().enumerate() {
+        let g = median(gbits[i].clone());
+        println!("{name:<57} {g:6.2}  {:6.3}  {:7.2}", g / veth, median(cpu[i].clone()));
+    }
+    println!(
+        "weft cross-site / old boringtun point-to-point (median of per-run ratios) {:.3}",
+        median(to_bt)
+    );
+    if !to_wg.is_empty() {
+        println!(
+            "weft cross-site / wireguard-go point-to-point (median of per-run ratios) {:.3}",
+            median(to_wg)
+        );
+    }
+    println!(
+        "through weft's relay / direct (median of per-run ratios) {:.3}",
         median(relay_ratios)
     );
 }
