@@ -269,7 +269,7 @@ async fn add_veth(h: &Handle, l: &Link, peer: &str, peer_ns: &Ns) -> R<()> {
     }
     // Tuning only, so a failure is logged (see offload.rs).
     let ours = need_index_in(h, &l.name).await?;
-    if let Err(e) = crate::offload::no_tso(peer).and_then(|()| crate::offload::gro_threaded(&l.name, ours)) {
+    if let Err(e) = crate::offload::gro_threaded(&l.name, ours) {
         tracing::warn!(link = %l.name, "receive offloads not enabled, forwarding per packet: {e}");
     }
     let idx = need_index_in(h, peer).await?;

@@ -4,29 +4,31 @@
 //! instead of many small ones; and socket buffers for the device's UDP
 //! sockets (see `grow_udp_buffers`).
 //!
-//! Packets the tunnel decrypts are written to the tun device one at a time
-//! and the kernel forwards each on the writing thread: through the peering
-//! namespace (conntrack, NAT, MSS clamp), across the veth into the gateway's
-//! namespace, into VXLAN, across the underlay to the node and to the
-//! workload. Two settings cut that work:
-//! - GRO on the gateway's end of the veth, which the kernel honours only if
-//!   the sending end (the peering's end) does not offer TSO — packets from
-//!   the tun are single segments anyway, so TSO there buys nothing;
+//! Packets the tunnel decrypts are written to the tun device, joined into
+//! super-packets of up to 64 KiB where they are one TCP flow (see
+//! `userspace`), and the kernel forwards each on the writing thread:
+//! through the peering namespace (conntrack, NAT, MSS clamp), across the
+//! veth into the gateway's namespace, into VXLAN, across the underlay to
+//! the node and to the workload. Two settings cut that work:
+//! - GRO on the gateway's end of the veth (the peering's end keeps TSO, so
+//!   the super-packets cross whole: turning it off, as weft did while its
+//!   device wrote single segments, had the kernel cut each one again
+//!   before the veth and GRO join it after; 3.71 against 3.04 Gbit/s
+//!   across sites, docs/benchmarks.md);
 //! - threaded NAPI on the gateway's end, so that the GRO poll and all the
 //!   forwarding after it run in a kernel thread the scheduler can put on
-//!   another core, leaving the WireGuard worker to decrypt.
+//!   another core, leaving the WireGuard device's thread to decrypt.
 //!
 //! Both are tuning only: on failure the data path works as before, so the
 //! caller logs and carries on. There is no netlink call for either on this
 //! kernel generation (ethtool's netlink family has no features set in a
-//! maintained crate; threaded NAPI is a sysfs attribute), so GRO and TSO
-//! use the ethtool ioctl and threaded NAPI the device's sysfs file, read
+//! maintained crate; threaded NAPI is a sysfs attribute), so GRO uses the
+//! ethtool ioctl and threaded NAPI the device's sysfs file, read
 //! through a sysfs mounted for the agent's own network namespace.
 
 use std::ffi::CString;
 
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
-const ETHTOOL_STSO: u32 = 0x1f;
 const ETHTOOL_SGRO: u32 = 0x2c;
 
 #[repr(C)]
@@ -76,12 +78,6 @@ fn ethtool_set(dev: &str, cmd: u32, on: bool) -> std::io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Turns TSO off on `dev` (the peering's end, before it moves into the
-/// peering namespace) so that its peer may use GRO.
-pub fn no_tso(dev: &str) -> Result<(), String> {
-    ethtool_set(dev, ETHTOOL_STSO, false).map_err(|e| format!("cannot turn TSO off on {dev}: {e}"))
 }
 
 /// Turns GRO and threaded NAPI on for `dev` (index `index`), a device in the
