@@ -96,6 +96,9 @@ pub enum WireguardMode {
     Userspace,
 }
 
+/// The userspace WireGuard device's settings (`--wg-no-offload`, …).
+pub use weft_dataplane::userspace::Options as UserspaceOptions;
+
 /// The WireGuard a gateway runs, and why (shown by `weftctl gateways` and
 /// `diagnose`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,7 +106,7 @@ pub struct WireguardChoice {
     pub kernel: bool,
     pub reason: String,
     /// The userspace device's settings (when not `kernel`).
-    pub userspace: weft_dataplane::userspace::Options,
+    pub userspace: UserspaceOptions,
 }
 
 impl WireguardChoice {

@@ -61,7 +61,7 @@ fn main() -> std::process::ExitCode {
             let choice = choose_wireguard(cli.wireguard, weft_agent::linux::kernel_wireguard_probe)
                 .map_err(|e| AgentConfigError(vec![e]))?;
             c.wireguard = Some(weft_agent::config::WireguardChoice {
-                userspace: weft_dataplane::userspace::Options {
+                userspace: weft_agent::config::UserspaceOptions {
                     no_offload: cli.wg_no_offload,
                     rekey_after: cli.wg_rekey_after.map(|d| *d),
                 },

@@ -1,0 +1,350 @@
+//! The device's two threads: the tun to the network (`outbound`) and the
+//! network to the tun (`inbound`, with the protocol's timers).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use defguard_boringtun::noise::errors::WireGuardError;
+use defguard_boringtun::noise::handshake::parse_handshake_anon;
+use defguard_boringtun::noise::{Packet, Tunn, TunnResult};
+use quinn_udp::RecvMeta;
+
+use super::packet::{self, Coalescer, MAX_PACKET, VNET_HDR_LEN, VnetHdr};
+use super::{DISCOVERY_MAGIC, MAX_DATAGRAM, MAX_SEND, Peer, SLOT, Shared, TICK_MS, TIMER_EVERY};
+
+/// Datagrams for one destination, encrypted one after another into one
+/// buffer, to leave in one segmented send: all of the same size but the
+/// last, which may be shorter.
+struct Batch {
+    buf: Vec<u8>,
+    len: usize,
+    stride: usize,
+    count: usize,
+    to: Option<SocketAddr>,
+    /// The last datagram was shorter than the stride: nothing joins after.
+    short: bool,
+}
+
+impl Batch {
+    fn new() -> Batch {
+        Batch {
+            buf: vec![0; MAX_SEND + MAX_DATAGRAM],
+            len: 0,
+            stride: 0,
+            count: 0,
+            to: None,
+            short: false,
+        }
+    }
+
+    /// Where the next datagram is written; room for the largest.
+    fn room(&mut self) -> &mut [u8] {
+        &mut self.buf[self.len..]
+    }
+
+    /// Takes the `n` bytes just written at `room()` as a datagram to `to`,
+    /// sending what was there before if it cannot join them.
+    fn commit(&mut self, s: &Shared, n: usize, to: SocketAddr) {
+        let joins = self.count > 0
+            && self.to == Some(to)
+            && n <= self.stride
+            && !self.short
+            && self.count < s.offloads.udp_gso_segments
+            && self.len + n <= MAX_SEND;
+        if !joins && self.count > 0 {
+            let (len, stride) = (self.len, self.stride);
+            if let Some(prev) = self.to {
+                send(s, prev, &self.buf[..len], stride);
+            }
+            self.buf.copy_within(len..len + n, 0);
+            self.len = 0;
+            self.count = 0;
+        }
+        if self.count == 0 {
+            self.stride = n;
+            self.to = Some(to);
+        }
+        self.short = n < self.stride;
+        self.len += n;
+        self.count += 1;
+        if self.len + MAX_DATAGRAM > self.buf.len() || self.count >= s.offloads.udp_gso_segments {
+            self.flush(s);
+        }
+    }
+
+    fn flush(&mut self, s: &Shared) {
+        if let (Some(to), true) = (self.to, self.count > 0) {
+            send(s, to, &self.buf[..self.len], self.stride);
+        }
+        self.len = 0;
+        self.count = 0;
+        self.to = None;
+        self.short = false;
+    }
+}
+
+/// Sends `data` (datagrams of `stride` bytes) to `to`, counting what the
+/// socket refused.
+pub(super) fn send(s: &Shared, to: SocketAddr, data: &[u8], stride: usize) {
+    if !crate::relay::send_datagrams(&s.socket, &s.udp, to, None, data, stride) {
+        s.counters
+            .tx_send_failed
+            .fetch_add(data.len().div_ceil(stride.max(1)) as u64, Ordering::Relaxed);
+    }
+}
+
+/// The tun to the network: read, cut, encrypt, send in batches.
+pub(super) fn outbound(s: &Shared) {
+    let hdr = if s.tun.offloads.vnet_hdr { VNET_HDR_LEN } else { 0 };
+    let mut rd = vec![0u8; hdr + MAX_PACKET];
+    let mut plain: Vec<u8> = Vec::with_capacity(2 * MAX_PACKET);
+    let mut segs: Vec<(usize, usize)> = Vec::new();
+    let mut batch = Batch::new();
+    while !s.stop.load(Ordering::Relaxed) {
+        let n = match s.tun.read(&mut rd) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                batch.flush(s);
+                s.tun.wait_readable(TICK_MS);
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "tun read");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        plain.clear();
+        segs.clear();
+        if hdr > 0 {
+            let cut = VnetHdr::parse(&rd[..n])
+                .ok_or(packet::Bad::Header)
+                .and_then(|h| packet::segment(&h, &rd[hdr..n], &mut plain, &mut segs));
+            if cut.is_err() {
+                s.counters.tx_malformed.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        } else {
+            plain.extend_from_slice(&rd[..n]);
+            segs.push((0, n));
+        }
+        let Some(&(first, _)) = segs.first() else { continue };
+        let peer = Tunn::dst_address(&plain[first..]).and_then(|d| s.peers().route(d));
+        let Some(peer) = peer else {
+            s.counters.tx_no_route.fetch_add(segs.len() as u64, Ordering::Relaxed);
+            continue;
+        };
+        let to = peer.endpoint();
+        let mut t = peer.tunn();
+        for &(at, len) in &segs {
+            match t.encapsulate(&plain[at..at + len], batch.room()) {
+                TunnResult::WriteToNetwork(p) => {
+                    let n = p.len();
+                    match to {
+                        Some(to) => batch.commit(s, n, to),
+                        None => {
+                            s.counters.tx_no_route.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                TunnResult::Err(e) => tracing::debug!(error = ?e, "encapsulate"),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The network to the tun: receive in batches, decrypt, join, write; and
+/// the protocol's timers.
+pub(super) fn inbound(s: &Shared) {
+    let slots = quinn_udp::BATCH_SIZE;
+    let mut storage = vec![0u8; slots * SLOT];
+    let mut meta = vec![RecvMeta::default(); slots];
+    let mut plain = vec![0u8; MAX_DATAGRAM];
+    let mut reply = vec![0u8; MAX_DATAGRAM];
+    let mut coalescer = Coalescer::new(s.tun.offloads.vnet_hdr);
+    let mut write = |p: &[u8]| {
+        if let Err(e) = s.tun.write(p) {
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                s.tun.wait_writable(TICK_MS);
+                let _ = s.tun.write(p);
+            } else {
+                tracing::debug!(error = %e, "tun write");
+            }
+        }
+    };
+    let mut timers_at = Instant::now();
+    let mut limiter_at = Instant::now();
+    let mut drained = false;
+    let mut bufs: Vec<std::io::IoSliceMut> = storage.chunks_mut(SLOT).map(std::io::IoSliceMut::new).collect();
+    while !s.stop.load(Ordering::Relaxed) {
+        if timers_at.elapsed() >= TIMER_EVERY {
+            timers_at = Instant::now();
+            timers(s, &mut reply);
+            if limiter_at.elapsed() >= Duration::from_secs(1) {
+                limiter_at = Instant::now();
+                s.limiter.reset_count();
+            }
+        }
+        if drained {
+            let mut fds = [nix::poll::PollFd::new(
+                std::os::fd::AsFd::as_fd(&s.socket),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            let _ = nix::poll::poll(&mut fds, TICK_MS);
+        }
+        let n = match s.udp.recv((&s.socket).into(), &mut bufs, &mut meta) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                drained = true;
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "udp receive");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        drained = false;
+        for (m, buf) in meta.iter().zip(bufs.iter()).take(n) {
+            let stride = m.stride.max(1);
+            for d in buf[..m.len].chunks(stride) {
+                receive(s, d, m.addr, &mut plain, &mut reply, &mut coalescer, &mut write);
+            }
+        }
+        coalescer.flush(&mut write);
+    }
+}
+
+/// One datagram from `from`.
+fn receive(
+    s: &Shared,
+    d: &[u8],
+    from: SocketAddr,
+    plain: &mut [u8],
+    reply: &mut [u8],
+    coalescer: &mut Coalescer,
+    write: &mut impl FnMut(&[u8]),
+) {
+    let c = &s.counters;
+    let count = |x: &AtomicU64| {
+        x.fetch_add(1, Ordering::Relaxed);
+    };
+    if d.starts_with(DISCOVERY_MAGIC) {
+        // an endpoint-discovery answer: the gateway's raw socket reads its
+        // copy; not WireGuard's, and not refused either
+        return;
+    }
+    let packet = match s.limiter.verify_packet(Some(from.ip()), d, reply) {
+        Ok(p) => p,
+        Err(TunnResult::WriteToNetwork(cookie)) => {
+            let n = cookie.len();
+            send(s, from, &reply[..n], n);
+            return;
+        }
+        Err(_) => return count(&c.rx_invalid),
+    };
+    let peer = {
+        let peers = s.peers();
+        match packet {
+            Packet::HandshakeInit(h) => parse_handshake_anon(&s.secret, &s.public, &h)
+                .ok()
+                .and_then(|half| peers.by_key.get(&half.peer_static_public).cloned()),
+            Packet::HandshakeResponse(p) => peers.by_index.get(&(p.receiver_idx >> 8)).cloned(),
+            Packet::PacketCookieReply(p) => peers.by_index.get(&(p.receiver_idx >> 8)).cloned(),
+            Packet::PacketData(p) => peers.by_index.get(&(p.receiver_idx >> 8)).cloned(),
+        }
+    };
+    let Some(peer) = peer else {
+        return count(&c.rx_unknown_peer);
+    };
+    let mut t = peer.tunn();
+    let result = t.decapsulate(Some(from.ip()), d, plain);
+    let authentic = match result {
+        TunnResult::WriteToNetwork(p) => {
+            // a handshake answered; then what waited for the session
+            let n = p.len();
+            send(s, from, &plain[..n], n);
+            while let TunnResult::WriteToNetwork(p) = t.decapsulate(None, &[], reply) {
+                let n = p.len();
+                send(s, from, &reply[..n], n);
+            }
+            drop(t);
+            true
+        }
+        TunnResult::WriteToTunnelV4(p, src) => {
+            let n = p.len();
+            drop(t);
+            deliver(s, &peer, &plain[..n], IpAddr::V4(src), coalescer, write)
+        }
+        TunnResult::WriteToTunnelV6(p, src) => {
+            let n = p.len();
+            drop(t);
+            deliver(s, &peer, &plain[..n], IpAddr::V6(src), coalescer, write)
+        }
+        TunnResult::Done => true,
+        TunnResult::Err(e) => {
+            count(match e {
+                WireGuardError::InvalidAeadTag | WireGuardError::InvalidMac => &c.rx_unauthenticated,
+                WireGuardError::DuplicateCounter | WireGuardError::InvalidCounter => &c.rx_replayed,
+                WireGuardError::WrongIndex | WireGuardError::NoCurrentSession => &c.rx_unknown_peer,
+                _ => &c.rx_invalid,
+            });
+            false
+        }
+    };
+    // Roaming: the peer is where its last authentic datagram came from.
+    if authentic {
+        let mut at = peer.endpoint.lock().unwrap_or_else(|e| e.into_inner());
+        if *at != Some(from) {
+            *at = Some(from);
+        }
+    }
+}
+
+/// A decrypted packet from `peer` to the tun, if its source is one the peer
+/// may send from.
+fn deliver(
+    s: &Shared,
+    peer: &Peer,
+    p: &[u8],
+    src: IpAddr,
+    coalescer: &mut Coalescer,
+    write: &mut impl FnMut(&[u8]),
+) -> bool {
+    if !peer.allows(src) {
+        s.counters.rx_bad_source.fetch_add(1, Ordering::Relaxed);
+        return false;
+    }
+    coalescer.push(p, write);
+    true
+}
+
+/// The protocol's timers for every peer: handshakes to start or retry,
+/// keepalives, sessions to end; and the early rekey of tests.
+fn timers(s: &Shared, buf: &mut [u8]) {
+    let peers: Vec<Arc<Peer>> = s.peers().by_key.values().cloned().collect();
+    for peer in peers {
+        let to = peer.endpoint();
+        let mut t = peer.tunn();
+        let out = |r: TunnResult<'_>| {
+            if let (TunnResult::WriteToNetwork(p), Some(to)) = (r, to) {
+                let n = p.len();
+                Some((to, n))
+            } else {
+                None
+            }
+        };
+        if let Some((to, n)) = out(t.update_timers(buf)) {
+            send(s, to, &buf[..n], n);
+        }
+        if let Some(after) = s.rekey_after
+            && t.time_since_last_handshake().is_some_and(|d| d >= after)
+            && let Some((to, n)) = out(t.format_handshake_initiation(buf, false))
+        {
+            send(s, to, &buf[..n], n);
+        }
+    }
+}
