@@ -64,6 +64,7 @@ fn main() -> std::process::ExitCode {
                 userspace: weft_agent::config::UserspaceOptions {
                     no_offload: cli.wg_no_offload,
                     rekey_after: cli.wg_rekey_after.map(|d| *d),
+                    single_thread: false,
                 },
                 ..choice
             });

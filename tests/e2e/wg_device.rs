@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use weft_dataplane::userspace::{Config, Device};
 use weft_tests::netns::{Lab, must, require_root};
-use weft_tests::{eventually, require_tool};
+use weft_tests::{eventually, require_tool, sites, weftctl_json};
 
 /// Runs `f` on a thread inside namespace `ns` (what it starts stays there).
 fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -73,9 +73,10 @@ fn pair(lab: &mut Lab) -> (String, String) {
 /// weft's device `dev` in `ns` with `private`, its tunnel address `inner`
 /// (a /24), MTU 1420, up; one peer.
 fn device(lab: &Lab, ns: &str, dev: &str, private: &str, inner: &str, peer: (&str, &str, &str)) -> Device {
-    device_with(lab, ns, dev, private, inner, peer, None)
+    device_with(lab, ns, dev, private, inner, peer, |_| {})
 }
 
+/// The same with `tweak` applied to its configuration.
 fn device_with(
     lab: &Lab,
     ns: &str,
@@ -83,15 +84,17 @@ fn device_with(
     private: &str,
     inner: &str,
     (peer_key, endpoint, allowed): (&str, &str, &str),
-    rekey_after: Option<Duration>,
+    tweak: impl FnOnce(&mut Config),
 ) -> Device {
-    let config = Config {
+    let mut config = Config {
         name: dev.to_string(),
         listen_port: 51820,
         private_key: key(private),
         offload: true,
-        rekey_after,
+        rekey_after: None,
+        single_thread: false,
     };
+    tweak(&mut config);
     let d = in_ns(ns, move || Device::start(&config)).expect("the device starts");
     d.set_peer(
         key(peer_key),
@@ -275,7 +278,7 @@ fn rekeys_without_loss_and_follows_a_peers_new_key() {
         &kx.0,
         "10.98.0.1/24",
         (&ky.1, "10.99.0.2:51820", "10.98.0.2/32"),
-        Some(Duration::from_secs(2)),
+        |c| c.rekey_after = Some(Duration::from_secs(2)),
     );
     wireguard_go(
         &mut lab,
@@ -382,6 +385,59 @@ fn packets_above_and_below_the_mtu() {
                 .status
                 .success()
         );
+    }
+}
+
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn without_offloads_or_on_one_thread_the_device_carries_the_same() {
+    require_root();
+    for (tag, no_offload) in [("wgno", true), ("wg1t", false)] {
+        let mut lab = Lab::new(tag);
+        let dir = tempfile::tempdir().unwrap();
+        let (x, y) = pair(&mut lab);
+        let (kx, ky) = (keypair(), keypair());
+        // x without offloads (or on one thread), y with: each must read
+        // what the other writes
+        let a = device_with(
+            &lab,
+            &x,
+            "weftx0",
+            &kx.0,
+            "10.98.0.1/24",
+            (&ky.1, "10.99.0.2:51820", "10.98.0.2/32"),
+            |c| {
+                c.offload = !no_offload;
+                c.single_thread = !no_offload;
+            },
+        );
+        let b = device(
+            &lab,
+            &y,
+            "wefty0",
+            &ky.0,
+            "10.98.0.2/24",
+            (&kx.1, "10.99.0.1:51820", "10.98.0.1/32"),
+        );
+        if no_offload {
+            assert!(a.offloads().names().is_empty(), "{:?}", a.offloads());
+        }
+        let on = b.offloads().names();
+        assert!(
+            on.contains(&"tso") && on.contains(&"gso") && on.contains(&"gro"),
+            "this kernel has TSO, GSO and GRO: {on:?}"
+        );
+        assert!(ping(&lab, &x, "10.98.0.2", &["-W", "6"]).status.success());
+        assert!(
+            ping(&lab, &y, "10.98.0.1", &["-M", "dont", "-s", "4000"])
+                .status
+                .success()
+        );
+        for (server, client, ip) in [(&y, &x, "10.98.0.2"), (&x, &y, "10.98.0.1")] {
+            let g = tcp(&mut lab, dir.path(), server, client, ip);
+            assert!(g > 0.05, "{tag}: TCP through the tunnel moved {g} Gbit/s");
+        }
+        assert_eq!(a.counters().rx_rejected() + b.counters().rx_rejected(), 0);
     }
 }
 
@@ -502,6 +558,41 @@ fn corrupted_replayed_or_truncated_datagrams_are_dropped_and_counted() {
     m.join().unwrap();
 }
 
+/// Floods `to` from `from` (in namespace `ns`) for `secs`: junk,
+/// handshake initiations with wrong MACs, data for sessions that do not
+/// exist, as fast as one thread sends. The thread, and what it sent so far.
+fn flood(ns: &str, from: &str, to: &str, secs: Duration) -> (std::thread::JoinHandle<()>, Arc<AtomicU64>) {
+    let sent = Arc::new(AtomicU64::new(0));
+    let (path, count) = (format!("/run/netns/{ns}"), sent.clone());
+    let (from, to): (SocketAddr, SocketAddr) = (from.parse().unwrap(), to.parse().unwrap());
+    let t = std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap();
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let s = UdpSocket::bind(from).unwrap();
+        let end = Instant::now() + secs;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut d = vec![0u8; 1200];
+        while Instant::now() < end {
+            for b in d.iter_mut() {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                *b = seed as u8;
+            }
+            let (kind, len) = match seed % 3 {
+                0 => (1u8, 148),
+                1 => (4u8, 1200),
+                _ => (d[0], 1 + (seed as usize >> 8) % 1200),
+            };
+            d[0] = kind;
+            if s.send_to(&d[..len], to).is_ok() {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    (t, sent)
+}
+
 #[test]
 #[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
 fn a_flood_of_garbage_keeps_an_established_tunnel_up() {
@@ -530,45 +621,15 @@ fn a_flood_of_garbage_keeps_an_established_tunnel_up() {
         (&kx.1, "10.99.0.1:51820", "10.98.0.1/32"),
     );
     assert!(ping(&lab, &x, "10.98.0.2", &["-W", "6"]).status.success());
-    // z floods y's port for a bounded 6 s: junk, handshake initiations with
-    // wrong MACs, data for sessions that do not exist.
-    let sent = Arc::new(AtomicU64::new(0));
-    let flood = {
-        let (path, sent) = (format!("/run/netns/{z}"), sent.clone());
-        std::thread::spawn(move || {
-            let file = std::fs::File::open(&path).unwrap();
-            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            let s = UdpSocket::bind("10.99.0.3:0").unwrap();
-            let to: SocketAddr = "10.99.0.2:51820".parse().unwrap();
-            let end = Instant::now() + Duration::from_secs(6);
-            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-            let mut d = vec![0u8; 1200];
-            while Instant::now() < end {
-                for b in d.iter_mut() {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    *b = seed as u8;
-                }
-                let (kind, len) = match seed % 3 {
-                    0 => (1u8, 148),
-                    1 => (4u8, 1200),
-                    _ => (d[0], 1 + (seed as usize >> 8) % 1200),
-                };
-                d[0] = kind;
-                if s.send_to(&d[..len], to).is_ok() {
-                    sent.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        })
-    };
+    // z floods y's port for a bounded 6 s.
+    let (flooder, sent) = flood(&z, "10.99.0.3:0", "10.99.0.2:51820", Duration::from_secs(6));
     std::thread::sleep(Duration::from_millis(500));
-    let (got, probes) = pings(&lab, &x, "10.98.0.2", 40, "0.1");
-    flood.join().unwrap();
+    let (got, asked) = pings(&lab, &x, "10.98.0.2", 40, "0.1");
+    flooder.join().unwrap();
     let c = b.counters();
     let refused = c.rx_invalid.load(Ordering::Relaxed) + c.rx_unknown_peer.load(Ordering::Relaxed);
     println!(
-        "flood: {} datagrams sent, {refused} refused by the device; probes answered {got} of {probes}",
+        "flood: {} datagrams sent, {refused} refused by the device; probes answered {got} of {asked}",
         sent.load(Ordering::Relaxed)
     );
     assert!(
@@ -576,7 +637,96 @@ fn a_flood_of_garbage_keeps_an_established_tunnel_up() {
         "the flood barely reached the device ({refused}): the test proves nothing"
     );
     assert!(
-        got * 10 >= probes * 9,
-        "under the flood only {got} of {probes} probes were answered"
+        got * 10 >= asked * 9,
+        "under the flood only {got} of {asked} probes were answered"
+    );
+}
+
+/// (probes sent, probes lost, up) of the tunnel to `peer` as the site at
+/// `target` reports it.
+fn probes(target: &str, peer: &str) -> (u64, u64, bool) {
+    let p = weftctl_json(target, &["peerings"]);
+    let t = p["peerings"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["site_id"] == peer))
+        .map(|p| p["tunnel"].clone())
+        .unwrap_or_default();
+    (
+        t["probes_sent"].as_u64().unwrap_or(0),
+        t["probes_lost"].as_u64().unwrap_or(0),
+        t["up"].as_bool().unwrap_or(false),
+    )
+}
+
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn a_gateway_flooded_with_garbage_on_its_wireguard_port_keeps_its_tunnel() {
+    require_root();
+    let mut s = sites::up("wgfg", ("site-a", "10.1.0.0/16"), ("site-b", "10.1.0.0/16"));
+    sites::until_wa_reaches_wb(&s);
+    let fl = s.lab.host("fl");
+    s.lab.plug(&fl, "192.168.78.99/24");
+    eventually("site b's tunnel up", Duration::from_secs(30), || {
+        probes(&s.tb, &s.site_a).2.then_some(())
+    });
+    let before = probes(&s.tb, &s.site_a);
+    // gwb's WireGuard port, from a host on the WAN, for a bounded 8 s;
+    // the workloads talk through the tunnel meanwhile.
+    let (flooder, sent) = flood(&fl, "192.168.78.99:0", "192.168.78.20:51820", Duration::from_secs(8));
+    std::thread::sleep(Duration::from_millis(500));
+    let (got, pinged) = pings(&s.lab, &s.ns["wa"], &s.wb_from_a, 60, "0.1");
+    flooder.join().unwrap();
+    // the gateway reports its tunnels every few seconds: wait for one
+    // taken after the flood
+    std::thread::sleep(Duration::from_secs(4));
+    let after = probes(&s.tb, &s.site_a);
+    let metrics = s.scrape("gwb");
+    let refused = sites::metric(&metrics, "weft_peering_rejected_datagrams_total", &[])
+        .expect("gwb exports weft_peering_rejected_datagrams_total");
+    // the offloads in use, in the metrics and in diagnose
+    for o in ["tso", "gso", "gro"] {
+        assert_eq!(
+            sites::metric(&metrics, "weft_peering_offload", &[("offload", o)]),
+            Some(1.0),
+            "gwb's metrics do not show offload {o}"
+        );
+    }
+    let d = weft_tests::weftctl_diagnose(&s.tb, &[]);
+    let subject = format!("peering/{}", s.site_a);
+    let wg = d["checks"]
+        .as_array()
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c["check"] == "wireguard" && c["subject"] == subject.as_str())
+        })
+        .unwrap_or_else(|| panic!("no wireguard check of {subject}: {d:#}"));
+    let detail = wg["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("offloads: tso") && detail.contains("datagrams refused"),
+        "diagnose's wireguard check: {detail}"
+    );
+    let (probed, lost) = (after.0 - before.0, after.1 - before.1);
+    println!(
+        "gateway flood: {} datagrams sent, {refused} refused by gwb's device; gwb's probes {} of {probed} answered; \
+         workload pings {got} of {pinged}",
+        sent.load(Ordering::Relaxed),
+        probed - lost
+    );
+    assert!(
+        refused > 10_000.0,
+        "the flood barely reached the gateway ({refused}): the test proves nothing"
+    );
+    assert!(after.2, "the tunnel was reported down after the flood");
+    assert!(
+        probed >= 8,
+        "only {probed} probes in the flood's time: the reports did not move"
+    );
+    assert!(
+        lost * 10 <= probed,
+        "under the flood gwb lost {lost} of {probed} probes"
+    );
+    assert!(
+        got * 10 >= pinged * 9,
+        "under the flood the workloads got {got} of {pinged} pings through"
     );
 }

@@ -26,6 +26,8 @@ pub struct Options {
     pub no_offload: bool,
     /// See [`Config::rekey_after`].
     pub rekey_after: Option<std::time::Duration>,
+    /// See [`Config::single_thread`].
+    pub single_thread: bool,
 }
 
 #[derive(Default)]
@@ -54,6 +56,7 @@ impl Devices {
             private_key: key_bytes(private_key)?,
             offload: !self.options.no_offload,
             rekey_after: self.options.rekey_after,
+            single_thread: self.options.single_thread,
         };
         let device = Device::start(&config).map_err(|e| format!("cannot start the WireGuard device {name}: {e}"))?;
         let o = device.offloads();

@@ -95,55 +95,84 @@ pub(super) fn send(s: &Shared, to: SocketAddr, data: &[u8], stride: usize) {
     }
 }
 
+/// Reads before a step yields (to the other direction, when one thread
+/// runs both).
+const READS_PER_STEP: usize = 16;
+
 /// The tun to the network: read, cut, encrypt, send in batches.
-pub(super) fn outbound(s: &Shared) {
-    let hdr = if s.tun.offloads.vnet_hdr { VNET_HDR_LEN } else { 0 };
-    let mut rd = vec![0u8; hdr + MAX_PACKET];
-    let mut plain: Vec<u8> = Vec::with_capacity(2 * MAX_PACKET);
-    let mut segs: Vec<(usize, usize)> = Vec::new();
-    let mut batch = Batch::new();
-    while !s.stop.load(Ordering::Relaxed) {
-        let n = match s.tun.read(&mut rd) {
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                batch.flush(s);
-                s.tun.wait_readable(TICK_MS);
-                continue;
+pub(super) struct Out {
+    hdr: usize,
+    rd: Vec<u8>,
+    plain: Vec<u8>,
+    segs: Vec<(usize, usize)>,
+    batch: Batch,
+}
+
+impl Out {
+    pub(super) fn new(s: &Shared) -> Out {
+        let hdr = if s.tun.offloads.vnet_hdr { VNET_HDR_LEN } else { 0 };
+        Out {
+            hdr,
+            rd: vec![0u8; hdr + MAX_PACKET],
+            plain: Vec::with_capacity(2 * MAX_PACKET),
+            segs: Vec::new(),
+            batch: Batch::new(),
+        }
+    }
+
+    /// Reads what the tun has (up to [`READS_PER_STEP`] packets) and sends
+    /// it; false when the tun had nothing (what was batched is sent).
+    pub(super) fn step(&mut self, s: &Shared) -> bool {
+        for _ in 0..READS_PER_STEP {
+            match s.tun.read(&mut self.rd) {
+                Ok(n) => self.packet(s, n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.batch.flush(s);
+                    return false;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "tun read");
+                    self.batch.flush(s);
+                    std::thread::sleep(Duration::from_millis(10));
+                    return false;
+                }
             }
-            Err(e) => {
-                tracing::debug!(error = %e, "tun read");
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
+        }
+        true
+    }
+
+    /// The packet of `n` bytes just read.
+    fn packet(&mut self, s: &Shared, n: usize) {
+        let (hdr, plain, segs) = (self.hdr, &mut self.plain, &mut self.segs);
         plain.clear();
         segs.clear();
         if hdr > 0 {
+            let rd = &self.rd;
             let cut = VnetHdr::parse(&rd[..n])
                 .ok_or(packet::Bad::Header)
-                .and_then(|h| packet::segment(&h, &rd[hdr..n], &mut plain, &mut segs));
+                .and_then(|h| packet::segment(&h, &rd[hdr..n], plain, segs));
             if cut.is_err() {
                 s.counters.tx_malformed.fetch_add(1, Ordering::Relaxed);
-                continue;
+                return;
             }
         } else {
-            plain.extend_from_slice(&rd[..n]);
+            plain.extend_from_slice(&self.rd[..n]);
             segs.push((0, n));
         }
-        let Some(&(first, _)) = segs.first() else { continue };
+        let Some(&(first, _)) = segs.first() else { return };
         let peer = Tunn::dst_address(&plain[first..]).and_then(|d| s.peers().route(d));
         let Some(peer) = peer else {
             s.counters.tx_no_route.fetch_add(segs.len() as u64, Ordering::Relaxed);
-            continue;
+            return;
         };
         let to = peer.endpoint();
         let mut t = peer.tunn();
-        for &(at, len) in &segs {
-            match t.encapsulate(&plain[at..at + len], batch.room()) {
+        for &(at, len) in segs.iter() {
+            match t.encapsulate(&plain[at..at + len], self.batch.room()) {
                 TunnResult::WriteToNetwork(p) => {
                     let n = p.len();
                     match to {
-                        Some(to) => batch.commit(s, n, to),
+                        Some(to) => self.batch.commit(s, n, to),
                         None => {
                             s.counters.tx_no_route.fetch_add(1, Ordering::Relaxed);
                         }
@@ -158,63 +187,129 @@ pub(super) fn outbound(s: &Shared) {
 
 /// The network to the tun: receive in batches, decrypt, join, write; and
 /// the protocol's timers.
-pub(super) fn inbound(s: &Shared) {
-    let slots = quinn_udp::BATCH_SIZE;
-    let mut storage = vec![0u8; slots * SLOT];
-    let mut meta = vec![RecvMeta::default(); slots];
-    let mut plain = vec![0u8; MAX_DATAGRAM];
-    let mut reply = vec![0u8; MAX_DATAGRAM];
-    let mut coalescer = Coalescer::new(s.tun.offloads.vnet_hdr);
-    let mut write = |p: &[u8]| {
-        if let Err(e) = s.tun.write(p) {
-            if e.kind() == std::io::ErrorKind::WouldBlock {
-                s.tun.wait_writable(TICK_MS);
-                let _ = s.tun.write(p);
-            } else {
-                tracing::debug!(error = %e, "tun write");
-            }
+pub(super) struct In {
+    storage: Vec<u8>,
+    meta: Vec<RecvMeta>,
+    plain: Vec<u8>,
+    reply: Vec<u8>,
+    coalescer: Coalescer,
+    timers_at: Instant,
+    limiter_at: Instant,
+}
+
+impl In {
+    pub(super) fn new(s: &Shared) -> In {
+        let slots = quinn_udp::BATCH_SIZE;
+        In {
+            storage: vec![0u8; slots * SLOT],
+            meta: vec![RecvMeta::default(); slots],
+            plain: vec![0u8; MAX_DATAGRAM],
+            reply: vec![0u8; MAX_DATAGRAM],
+            coalescer: Coalescer::new(s.tun.offloads.vnet_hdr),
+            timers_at: Instant::now(),
+            limiter_at: Instant::now(),
         }
-    };
-    let mut timers_at = Instant::now();
-    let mut limiter_at = Instant::now();
-    let mut drained = false;
-    let mut bufs: Vec<std::io::IoSliceMut> = storage.chunks_mut(SLOT).map(std::io::IoSliceMut::new).collect();
-    while !s.stop.load(Ordering::Relaxed) {
-        if timers_at.elapsed() >= TIMER_EVERY {
-            timers_at = Instant::now();
-            timers(s, &mut reply);
-            if limiter_at.elapsed() >= Duration::from_secs(1) {
-                limiter_at = Instant::now();
+    }
+
+    /// The protocol's timers, when due.
+    pub(super) fn tick(&mut self, s: &Shared) {
+        if self.timers_at.elapsed() >= TIMER_EVERY {
+            self.timers_at = Instant::now();
+            timers(s, &mut self.reply);
+            if self.limiter_at.elapsed() >= Duration::from_secs(1) {
+                self.limiter_at = Instant::now();
                 s.limiter.reset_count();
             }
         }
-        if drained {
-            let mut fds = [nix::poll::PollFd::new(
-                std::os::fd::AsFd::as_fd(&s.socket),
-                nix::poll::PollFlags::POLLIN,
-            )];
-            let _ = nix::poll::poll(&mut fds, TICK_MS);
-        }
-        let n = match s.udp.recv((&s.socket).into(), &mut bufs, &mut meta) {
+    }
+
+    /// One batch from the socket, to the tun; false when it had nothing.
+    pub(super) fn step(&mut self, s: &Shared) -> bool {
+        let mut bufs: Vec<std::io::IoSliceMut> = self.storage.chunks_mut(SLOT).map(std::io::IoSliceMut::new).collect();
+        let n = match s.udp.recv((&s.socket).into(), &mut bufs, &mut self.meta) {
             Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                drained = true;
-                continue;
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
             Err(e) => {
                 tracing::debug!(error = %e, "udp receive");
                 std::thread::sleep(Duration::from_millis(10));
-                continue;
+                return false;
             }
         };
-        drained = false;
-        for (m, buf) in meta.iter().zip(bufs.iter()).take(n) {
+        let mut write = |p: &[u8]| {
+            let mut r = s.tun.write(p);
+            if matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock) {
+                s.tun.wait_writable(TICK_MS);
+                r = s.tun.write(p);
+            }
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "tun write");
+                s.counters.rx_write_failed.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        for (m, buf) in self.meta.iter().zip(bufs.iter()).take(n) {
             let stride = m.stride.max(1);
             for d in buf[..m.len].chunks(stride) {
-                receive(s, d, m.addr, &mut plain, &mut reply, &mut coalescer, &mut write);
+                receive(
+                    s,
+                    d,
+                    m.addr,
+                    &mut self.plain,
+                    &mut self.reply,
+                    &mut self.coalescer,
+                    &mut write,
+                );
             }
         }
-        coalescer.flush(&mut write);
+        self.coalescer.flush(&mut write);
+        true
+    }
+}
+
+/// Waits until the tun (`tun`) or the socket (`udp`) has something, or
+/// [`TICK_MS`] pass.
+fn wait(s: &Shared, tun: bool, udp: bool) {
+    use std::os::fd::AsFd;
+    let mut fds = Vec::with_capacity(2);
+    if tun {
+        fds.push(nix::poll::PollFd::new(s.tun.as_fd(), nix::poll::PollFlags::POLLIN));
+    }
+    if udp {
+        fds.push(nix::poll::PollFd::new(s.socket.as_fd(), nix::poll::PollFlags::POLLIN));
+    }
+    let _ = nix::poll::poll(&mut fds, TICK_MS);
+}
+
+/// The `out` thread.
+pub(super) fn outbound(s: &Shared) {
+    let mut out = Out::new(s);
+    while !s.stop.load(Ordering::Relaxed) {
+        if !out.step(s) {
+            wait(s, true, false);
+        }
+    }
+}
+
+/// The `in` thread.
+pub(super) fn inbound(s: &Shared) {
+    let mut inb = In::new(s);
+    while !s.stop.load(Ordering::Relaxed) {
+        inb.tick(s);
+        if !inb.step(s) {
+            wait(s, false, true);
+        }
+    }
+}
+
+/// Both directions on one thread (`Config::single_thread`).
+pub(super) fn both(s: &Shared) {
+    let (mut out, mut inb) = (Out::new(s), In::new(s));
+    while !s.stop.load(Ordering::Relaxed) {
+        inb.tick(s);
+        let sent = out.step(s);
+        let received = inb.step(s);
+        if !sent && !received {
+            wait(s, true, true);
+        }
     }
 }
 

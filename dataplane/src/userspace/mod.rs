@@ -54,9 +54,11 @@ use self::tun::Tun;
 /// How often a waiting thread looks at the stop flag, and the timers run.
 const TICK_MS: u16 = 100;
 const TIMER_EVERY: Duration = Duration::from_millis(250);
-/// Handshakes per second the device answers before it asks for cookies
-/// (boringtun's device uses the same figure).
-const HANDSHAKE_RATE_LIMIT: u64 = 100;
+/// Handshake messages counted per second before the device asks for
+/// cookies: each is counted twice (by the device, which must find its
+/// peer, and by that peer's state machine, both on the one shared limiter),
+/// so 100 handshake messages a second, boringtun's device's figure.
+const HANDSHAKE_RATE_LIMIT: u64 = 200;
 /// A UDP GSO send: the datagrams of one call, at most 64 KiB in all.
 const MAX_SEND: usize = 65_000;
 /// The largest datagram the device sends: a full packet plus WireGuard's
@@ -84,6 +86,9 @@ pub struct Config {
     /// Start a new handshake once a session is this old, besides the
     /// protocol's own timers (2 min): for tests of rekeying.
     pub rekey_after: Option<Duration>,
+    /// Both directions on one thread instead of one each (measured slower
+    /// on 2 cores, docs/benchmarks.md; kept for that comparison).
+    pub single_thread: bool,
 }
 
 /// A peer of a device.
@@ -158,6 +163,8 @@ pub struct Counters {
     pub tx_malformed: AtomicU64,
     /// Datagrams the socket did not take.
     pub tx_send_failed: AtomicU64,
+    /// Decrypted packets the tun did not take.
+    pub rx_write_failed: AtomicU64,
 }
 
 impl Counters {
@@ -280,7 +287,13 @@ impl Device {
             Arc::new(s)
         };
         let mut threads = Vec::new();
-        for (name, f) in [("out", io::outbound as fn(&Shared)), ("in", io::inbound as fn(&Shared))] {
+        type Loop = (&'static str, fn(&Shared));
+        let loops: &[Loop] = if config.single_thread {
+            &[("io", io::both)]
+        } else {
+            &[("out", io::outbound), ("in", io::inbound)]
+        };
+        for &(name, f) in loops {
             let s = shared.clone();
             threads.push(
                 std::thread::Builder::new()

@@ -33,6 +33,12 @@ struct IfReqFlags {
     _pad: [u8; 22],
 }
 
+impl AsFd for Tun {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 impl Tun {
     /// Creates tun device `name` in the caller's network namespace,
     /// non-blocking, with as many offloads as the kernel takes (none when
@@ -95,11 +101,6 @@ impl Tun {
     /// Writes one packet (with its header, if the tun has them).
     pub fn write(&self, buf: &[u8]) -> std::io::Result<usize> {
         nix::unistd::write(self.fd.as_fd(), buf).map_err(std::io::Error::from)
-    }
-
-    pub fn wait_readable(&self, ms: u16) {
-        let mut fds = [nix::poll::PollFd::new(self.fd.as_fd(), nix::poll::PollFlags::POLLIN)];
-        let _ = nix::poll::poll(&mut fds, ms);
     }
 
     pub fn wait_writable(&self, ms: u16) {

@@ -92,6 +92,9 @@ struct End {
     /// (device-end) Ask for no offloads.
     #[arg(long)]
     no_offload: bool,
+    /// (device-end) Both directions on one thread.
+    #[arg(long)]
+    single_thread: bool,
 }
 
 /// One iperf3 run of `args.seconds` (see `weft_tests::perf::iperf`).
@@ -150,6 +153,11 @@ enum Impl {
     /// weft's userspace device (the one its gateways run now): boringtun's
     /// protocol, weft's batched I/O with offloads.
     Device,
+    /// The same, both directions on one thread.
+    DeviceOneThread,
+    /// The same, asking the kernel for no offloads (a packet per system
+    /// call, as the old device, but weft's threads and batching).
+    DeviceNoOffload,
     WireguardGo,
 }
 
@@ -173,6 +181,8 @@ fn tunnel(lab: &mut Lab, dir: &Path, which: Impl, wire: Wire) -> Option<(String,
         (Impl::Boringtun, Wire::Bridge { relayed: false }) => ("bd", std::env::current_exe().unwrap()),
         (Impl::Boringtun, Wire::Bridge { relayed: true }) => ("br", std::env::current_exe().unwrap()),
         (Impl::Device, _) => ("dv", std::env::current_exe().unwrap()),
+        (Impl::DeviceOneThread, _) => ("d1", std::env::current_exe().unwrap()),
+        (Impl::DeviceNoOffload, _) => ("dn", std::env::current_exe().unwrap()),
         (Impl::WireguardGo, _) => ("wg", weft_tests::require_tool("wireguard-go")?),
     };
     let (nx, ny, ips) = match wire {
@@ -251,15 +261,24 @@ fn tunnel(lab: &mut Lab, dir: &Path, which: Impl, wire: Wire) -> Option<(String,
             Impl::WireguardGo => {
                 cmd.arg(&dev).env("WG_PROCESS_FOREGROUND", "1");
             }
-            Impl::Boringtun | Impl::Device => {
-                let sub = if which == Impl::Device {
-                    "device-end"
-                } else {
+            _ => {
+                let sub = if which == Impl::Boringtun {
                     "boringtun-end"
+                } else {
+                    "device-end"
                 };
                 cmd.args([sub, "--dev", &dev, "--namespace", ns, "--key-file"])
                     .arg(&keyfile)
                     .args(["--peer", &peer.1, "--endpoint", &endpoint, "--allowed", peer_inner]);
+                match which {
+                    Impl::DeviceOneThread => {
+                        cmd.arg("--single-thread");
+                    }
+                    Impl::DeviceNoOffload => {
+                        cmd.arg("--no-offload");
+                    }
+                    _ => {}
+                }
             }
         }
         let mut p = Proc::spawn(&mut cmd, &dir.join(format!("{dev}.log")));
@@ -341,6 +360,7 @@ fn device_end(e: End) -> anyhow::Result<()> {
             options: weft_dataplane::userspace::Options {
                 no_offload: e.no_offload,
                 rekey_after: None,
+                single_thread: e.single_thread,
             },
             ..Default::default()
         };
@@ -449,6 +469,8 @@ fn main() {
     let (bt_client, bt_server, mut bt_procs) = tunnel(&mut s.lab, dir.path(), Impl::Boringtun, Wire::Veth).unwrap();
     let wg_tunnel = tunnel(&mut s.lab, dir.path(), Impl::WireguardGo, Wire::Veth);
     let dev_tunnel = tunnel(&mut s.lab, dir.path(), Impl::Device, Wire::Veth).unwrap();
+    let one_thread = tunnel(&mut s.lab, dir.path(), Impl::DeviceOneThread, Wire::Veth).unwrap();
+    let no_offload = tunnel(&mut s.lab, dir.path(), Impl::DeviceNoOffload, Wire::Veth).unwrap();
     let bridged = tunnel(&mut s.lab, dir.path(), Impl::Boringtun, Wire::Bridge { relayed: false }).unwrap();
     let relayed = tunnel(&mut s.lab, dir.path(), Impl::Boringtun, Wire::Bridge { relayed: true }).unwrap();
     // (name, server namespace, client namespace, server address)
@@ -481,6 +503,19 @@ fn main() {
             "10.98.0.2".into(),
         ));
     }
+    // (the relay's two rows stay last: their ratio is taken from there)
+    paths.push((
+        "weft's device point-to-point, one thread",
+        one_thread.1.clone(),
+        one_thread.0.clone(),
+        "10.98.0.2".into(),
+    ));
+    paths.push((
+        "weft's device point-to-point, no offloads",
+        no_offload.1.clone(),
+        no_offload.0.clone(),
+        "10.98.0.2".into(),
+    ));
     paths.push((
         "old boringtun over a switch, direct",
         bridged.1.clone(),
@@ -533,6 +568,8 @@ fn main() {
         .flat_map(|t| t.2)
         .chain(bridged.2)
         .chain(dev_tunnel.2)
+        .chain(one_thread.2)
+        .chain(no_offload.2)
         .chain(relayed.2)
         .collect();
     for mut p in bt_procs.drain(..).chain(rest) {
