@@ -441,6 +441,50 @@ fn without_offloads_or_on_one_thread_the_device_carries_the_same() {
     }
 }
 
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn a_peer_may_not_speak_for_an_address_another_peer_holds_more_narrowly() {
+    require_root();
+    let mut lab = Lab::new("wgsrc");
+    let (x, y) = pair(&mut lab);
+    let (kx, ky, kz) = (keypair(), keypair(), keypair());
+    let _a = device(
+        &lab,
+        &x,
+        "weftx0",
+        &kx.0,
+        "10.98.0.1/24",
+        (&ky.1, "10.99.0.2:51820", "10.98.0.2/32"),
+    );
+    // y allows x all of 10.98.0.0/16
+    let b = device(
+        &lab,
+        &y,
+        "wefty0",
+        &ky.0,
+        "10.98.0.2/24",
+        (&kx.1, "10.99.0.1:51820", "10.98.0.0/16"),
+    );
+    assert!(ping(&lab, &x, "10.98.0.2", &["-W", "6"]).status.success());
+    // then another peer, z, is allowed x's own address, more narrowly:
+    // packets from x with that source are z's to send, not x's
+    b.set_peer(key(&kz.1), None, vec!["10.98.0.1/32".parse().unwrap()], 0);
+    let before = b.counters().rx_bad_source.load(Ordering::Relaxed);
+    assert!(
+        !ping(&lab, &x, "10.98.0.2", &[]).status.success(),
+        "x spoke for z's address"
+    );
+    assert!(
+        b.counters().rx_bad_source.load(Ordering::Relaxed) > before,
+        "the refusal was not counted"
+    );
+    b.remove_peer(&key(&kz.1));
+    assert!(
+        ping(&lab, &x, "10.98.0.2", &[]).status.success(),
+        "x's own again once z is gone"
+    );
+}
+
 /// What the man in the middle does to the datagrams it forwards.
 const PASS: u8 = 0;
 const REPLAY: u8 = 1;

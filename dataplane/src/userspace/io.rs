@@ -14,15 +14,28 @@ use quinn_udp::RecvMeta;
 use super::packet::{self, Coalescer, MAX_PACKET, VNET_HDR_LEN, VnetHdr};
 use super::{DISCOVERY_MAGIC, MAX_DATAGRAM, MAX_SEND, Peer, SLOT, Shared, TICK_MS, TIMER_EVERY};
 
-/// Datagrams for one destination, encrypted one after another into one
-/// buffer, to leave in one segmented send: all of the same size but the
-/// last, which may be shorter.
+/// Encrypted datagrams waiting to leave, one after another in one buffer,
+/// in runs: a run is for one destination, its datagrams all of one size
+/// but the last, which may be shorter, and leaves in one segmented send.
+/// Filled while the peer's session is locked, sent after it is released
+/// (a send can wait on a full socket buffer, and the other thread needs
+/// the session meanwhile).
 struct Batch {
     buf: Vec<u8>,
     len: usize,
+    /// Runs complete, to be sent.
+    closed: Vec<Run>,
+    /// The run that the next datagram may join.
+    open: Option<Run>,
+}
+
+#[derive(Clone, Copy)]
+struct Run {
+    start: usize,
+    len: usize,
     stride: usize,
     count: usize,
-    to: Option<SocketAddr>,
+    to: SocketAddr,
     /// The last datagram was shorter than the stride: nothing joins after.
     short: bool,
 }
@@ -30,58 +43,73 @@ struct Batch {
 impl Batch {
     fn new() -> Batch {
         Batch {
-            buf: vec![0; MAX_SEND + MAX_DATAGRAM],
+            // a super-packet's datagrams (two runs) and the largest one more
+            buf: vec![0; 2 * MAX_SEND + MAX_DATAGRAM],
             len: 0,
-            stride: 0,
-            count: 0,
-            to: None,
-            short: false,
+            closed: Vec::new(),
+            open: None,
         }
     }
 
-    /// Where the next datagram is written; room for the largest.
+    /// Whether the largest datagram still fits.
+    fn has_room(&self) -> bool {
+        self.len + MAX_DATAGRAM <= self.buf.len()
+    }
+
+    /// Where the next datagram is written (see [`Batch::has_room`]).
     fn room(&mut self) -> &mut [u8] {
         &mut self.buf[self.len..]
     }
 
-    /// Takes the `n` bytes just written at `room()` as a datagram to `to`,
-    /// sending what was there before if it cannot join them.
+    /// Takes the `n` bytes just written at `room()` as a datagram to `to`.
     fn commit(&mut self, s: &Shared, n: usize, to: SocketAddr) {
-        let joins = self.count > 0
-            && self.to == Some(to)
-            && n <= self.stride
-            && !self.short
-            && self.count < s.offloads.udp_gso_segments
-            && self.len + n <= MAX_SEND;
-        if !joins && self.count > 0 {
-            let (len, stride) = (self.len, self.stride);
-            if let Some(prev) = self.to {
-                send(s, prev, &self.buf[..len], stride);
-            }
-            self.buf.copy_within(len..len + n, 0);
-            self.len = 0;
-            self.count = 0;
-        }
-        if self.count == 0 {
-            self.stride = n;
-            self.to = Some(to);
-        }
-        self.short = n < self.stride;
+        let start = self.len;
         self.len += n;
-        self.count += 1;
-        if self.len + MAX_DATAGRAM > self.buf.len() || self.count >= s.offloads.udp_gso_segments {
-            self.flush(s);
+        if let Some(r) = &mut self.open
+            && r.to == to
+            && n <= r.stride
+            && !r.short
+            && r.count < s.gso_segments()
+            && r.len + n <= MAX_SEND
+        {
+            r.len += n;
+            r.count += 1;
+            r.short = n < r.stride;
+            return;
+        }
+        self.closed.extend(self.open.take());
+        self.open = Some(Run {
+            start,
+            len: n,
+            stride: n,
+            count: 1,
+            to,
+            short: false,
+        });
+    }
+
+    /// Sends the complete runs; the open one moves to the front.
+    fn send_closed(&mut self, s: &Shared) {
+        if self.closed.is_empty() {
+            return;
+        }
+        for r in self.closed.drain(..) {
+            send(s, r.to, &self.buf[r.start..r.start + r.len], r.stride);
+        }
+        match &mut self.open {
+            Some(r) => {
+                self.buf.copy_within(r.start..r.start + r.len, 0);
+                r.start = 0;
+                self.len = r.len;
+            }
+            None => self.len = 0,
         }
     }
 
+    /// Sends everything.
     fn flush(&mut self, s: &Shared) {
-        if let (Some(to), true) = (self.to, self.count > 0) {
-            send(s, to, &self.buf[..self.len], self.stride);
-        }
-        self.len = 0;
-        self.count = 0;
-        self.to = None;
-        self.short = false;
+        self.closed.extend(self.open.take());
+        self.send_closed(s);
     }
 }
 
@@ -132,6 +160,7 @@ impl Out {
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "tun read");
+                    s.counters.tx_malformed.fetch_add(1, Ordering::Relaxed);
                     self.batch.flush(s);
                     std::thread::sleep(Duration::from_millis(10));
                     return false;
@@ -168,6 +197,13 @@ impl Out {
         let to = peer.endpoint();
         let mut t = peer.tunn();
         for &(at, len) in segs.iter() {
+            if !self.batch.has_room() {
+                // (a super-packet cut very fine: send with the session
+                // released, then go on)
+                drop(t);
+                self.batch.flush(s);
+                t = peer.tunn();
+            }
             match t.encapsulate(&plain[at..at + len], self.batch.room()) {
                 TunnResult::WriteToNetwork(p) => {
                     let n = p.len();
@@ -178,10 +214,15 @@ impl Out {
                         }
                     }
                 }
-                TunnResult::Err(e) => tracing::debug!(error = ?e, "encapsulate"),
+                TunnResult::Err(e) => {
+                    tracing::debug!(error = ?e, "encapsulate");
+                    s.counters.tx_malformed.fetch_add(1, Ordering::Relaxed);
+                }
                 _ => {}
             }
         }
+        drop(t);
+        self.batch.send_closed(s);
     }
 }
 
@@ -355,19 +396,24 @@ fn receive(
     let Some(peer) = peer else {
         return count(&c.rx_unknown_peer);
     };
+    // the message's type: 1, 2 handshake, 3 cookie reply, 4 data
+    let kind = d[0];
     let mut t = peer.tunn();
     let result = t.decapsulate(Some(from.ip()), d, plain);
     let authentic = match result {
         TunnResult::WriteToNetwork(p) => {
-            // a handshake answered; then what waited for the session
+            // a handshake answered (or a session's first keepalive); then
+            // what waited for the session
             let n = p.len();
+            let cookie = p.first() == Some(&3);
             send(s, from, &plain[..n], n);
             while let TunnResult::WriteToNetwork(p) = t.decapsulate(None, &[], reply) {
                 let n = p.len();
                 send(s, from, &reply[..n], n);
             }
             drop(t);
-            true
+            // a cookie asked for proves nothing of the sender
+            !cookie
         }
         TunnResult::WriteToTunnelV4(p, src) => {
             let n = p.len();
@@ -379,7 +425,9 @@ fn receive(
             drop(t);
             deliver(s, &peer, &plain[..n], IpAddr::V6(src), coalescer, write)
         }
-        TunnResult::Done => true,
+        // a keepalive; a cookie reply (which anyone who saw our mac1 can
+        // forge) says nothing of where the peer is, as kernel WireGuard
+        TunnResult::Done => kind == 4,
         TunnResult::Err(e) => {
             count(match e {
                 WireGuardError::InvalidAeadTag | WireGuardError::InvalidMac => &c.rx_unauthenticated,
@@ -390,7 +438,8 @@ fn receive(
             false
         }
     };
-    // Roaming: the peer is where its last authentic datagram came from.
+    // Roaming: the peer is where its last authenticated data or handshake
+    // came from.
     if authentic {
         let mut at = peer.endpoint.lock().unwrap_or_else(|e| e.into_inner());
         if *at != Some(from) {
@@ -400,16 +449,19 @@ fn receive(
 }
 
 /// A decrypted packet from `peer` to the tun, if its source is one the peer
-/// may send from.
+/// may send from: the peer the device would send to that address, by the
+/// most specific of all peers' allowed IPs (as kernel WireGuard: a peer
+/// allowed 10.0.0.0/8 may not speak for 10.1.0.0/16 when another peer is
+/// allowed that).
 fn deliver(
     s: &Shared,
-    peer: &Peer,
+    peer: &Arc<Peer>,
     p: &[u8],
     src: IpAddr,
     coalescer: &mut Coalescer,
     write: &mut impl FnMut(&[u8]),
 ) -> bool {
-    if !peer.allows(src) {
+    if !s.peers().route(src).is_some_and(|owner| Arc::ptr_eq(&owner, peer)) {
         s.counters.rx_bad_source.fetch_add(1, Ordering::Relaxed);
         return false;
     }

@@ -54,11 +54,9 @@ use self::tun::Tun;
 /// How often a waiting thread looks at the stop flag, and the timers run.
 const TICK_MS: u16 = 100;
 const TIMER_EVERY: Duration = Duration::from_millis(250);
-/// Handshake messages counted per second before the device asks for
-/// cookies: each is counted twice (by the device, which must find its
-/// peer, and by that peer's state machine, both on the one shared limiter),
-/// so 100 handshake messages a second, boringtun's device's figure.
-const HANDSHAKE_RATE_LIMIT: u64 = 200;
+/// Handshake messages per second the device answers before it asks for
+/// cookies (boringtun's device's figure).
+const HANDSHAKE_RATE_LIMIT: u64 = 100;
 /// A UDP GSO send: the datagrams of one call, at most 64 KiB in all.
 const MAX_SEND: usize = 65_000;
 /// The largest datagram the device sends: a full packet plus WireGuard's
@@ -106,14 +104,6 @@ struct Peer {
 impl Peer {
     fn endpoint(&self) -> Option<SocketAddr> {
         *self.endpoint.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn allows(&self, src: IpAddr) -> bool {
-        self.allowed
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .any(|n| n.contains(&src))
     }
 
     fn tunn(&self) -> std::sync::MutexGuard<'_, Tunn> {
@@ -191,6 +181,11 @@ struct Shared {
     secret: StaticSecret,
     public: PublicKey,
     limiter: Arc<RateLimiter>,
+    /// The peers' state machines' own limiter, never under load: the
+    /// device's has checked (and counted) each message before it reaches
+    /// one. Sharing the device's would count it twice, and a peer's state
+    /// machine could then answer a valid handshake with a cookie.
+    unlimited: Arc<RateLimiter>,
     peers: RwLock<Peers>,
     counters: Counters,
     offloads: Offloads,
@@ -200,6 +195,16 @@ struct Shared {
 impl Shared {
     fn peers(&self) -> std::sync::RwLockReadGuard<'_, Peers> {
         self.peers.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Datagrams per UDP send now: quinn-udp drops to 1 when the kernel
+    /// refuses a segmented send (EIO, EINVAL).
+    fn gso_segments(&self) -> usize {
+        if self.offloads.udp_gso_segments > 1 {
+            self.udp.max_gso_segments().max(1)
+        } else {
+            1
+        }
     }
 }
 
@@ -260,6 +265,7 @@ impl Device {
         let secret = StaticSecret::from(config.private_key);
         let public = PublicKey::from(&secret);
         let limiter = Arc::new(RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT));
+        let unlimited = Arc::new(RateLimiter::new(&public, u64::MAX));
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             tun,
@@ -268,6 +274,7 @@ impl Device {
             secret,
             public,
             limiter,
+            unlimited,
             peers: RwLock::new(Peers {
                 next_index: 1 + (std::process::id() & 0xffff) * 7,
                 ..Default::default()
@@ -304,8 +311,12 @@ impl Device {
         Ok(Device { shared, threads })
     }
 
+    /// The offloads in use now (GSO can be dropped at run time).
     pub fn offloads(&self) -> Offloads {
-        self.shared.offloads
+        Offloads {
+            udp_gso_segments: self.shared.gso_segments(),
+            ..self.shared.offloads
+        }
     }
 
     pub fn counters(&self) -> &Counters {
@@ -344,7 +355,7 @@ impl Device {
             None,
             (keepalive > 0).then_some(keepalive),
             index,
-            Some(self.shared.limiter.clone()),
+            Some(self.shared.unlimited.clone()),
         );
         let peer = Arc::new(Peer {
             index,

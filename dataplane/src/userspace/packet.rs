@@ -152,8 +152,13 @@ pub fn segment(h: &VnetHdr, p: &[u8], out: &mut Vec<u8>, segs: &mut Vec<(usize, 
                 return Err(Bad::Header);
             }
             // The field holds the pseudo-header's sum: the checksum covers
-            // it with the rest from csum_start.
-            let c = !fold(sum(&pkt[start..], 0));
+            // it with the rest from csum_start. 0 goes out as 0xffff, as
+            // Linux's skb_checksum_help (a zero UDP checksum means "none",
+            // and IPv6 refuses it).
+            let c = match !fold(sum(&pkt[start..], 0)) {
+                0 => 0xffff,
+                c => c,
+            };
             pkt[field..field + 2].copy_from_slice(&c.to_be_bytes());
         }
         segs.push((at, p.len()));
@@ -167,7 +172,9 @@ pub fn segment(h: &VnetHdr, p: &[u8], out: &mut Vec<u8>, segs: &mut Vec<(usize, 
     };
     let hlen = ihl + l4_len;
     let mss = usize::from(h.gso_size);
-    if l4_len < 8 || p.len() < hlen || mss == 0 {
+    let l4_min = if proto == TCP { 20 } else { 8 };
+    // (no payload: nothing to cut, and nothing the kernel would send)
+    if l4_len < l4_min || p.len() <= hlen || mss == 0 {
         return Err(Bad::Header);
     }
     let payload = &p[hlen..];
@@ -533,6 +540,13 @@ mod tests {
         let (mut out, mut segs) = (Vec::new(), Vec::new());
         assert!(segment(&h, &[0x45, 0, 0], &mut out, &mut segs).is_err());
         assert!(segment(&h, &[0x60; 30], &mut out, &mut segs).is_err());
+        // a TCP header shorter than 20 bytes (data offset 2) with a tiny MSS
+        let mut short = tcp4(1, 0x10, &[7; 40]);
+        short[32] = 2 << 4;
+        let h1 = VnetHdr { gso_size: 1, ..h };
+        assert!(segment(&h1, &short, &mut out, &mut segs).is_err());
+        // no payload
+        assert!(segment(&h, &tcp4(1, 0x10, &[]), &mut out, &mut segs).is_err());
         let h0 = VnetHdr {
             flags: NEEDS_CSUM,
             csum_start: 60000,
