@@ -13,9 +13,10 @@
 //!   (`packet::Coalescer`) so the kernel takes one packet per run instead
 //!   of one per segment. The same thread runs the protocol's timers.
 //!
-//! Two threads, one per direction: on 2 cores 7 % faster than one thread
-//! for both at the median, in 6 runs of 7 (docs/benchmarks.md); each
-//! direction keeps its packets in order, since one thread does all of it. A peer's session state is behind a mutex
+//! Two threads, one per direction: on 2 cores level with or faster than
+//! one thread for both (median 1.01× and 1.07× in two benches,
+//! docs/benchmarks.md); each direction keeps its packets in order, since
+//! one thread does all of it. A peer's session state is behind a mutex
 //! that each thread takes once per batch.
 //!
 //! Every offload is asked for at start and dropped if the kernel refuses
@@ -84,8 +85,8 @@ pub struct Config {
     /// Start a new handshake once a session is this old, besides the
     /// protocol's own timers (2 min): for tests of rekeying.
     pub rekey_after: Option<Duration>,
-    /// Both directions on one thread instead of one each (7 % slower on 2
-    /// cores, docs/benchmarks.md; kept for that comparison).
+    /// Both directions on one thread instead of one each (level or slower
+    /// on 2 cores, docs/benchmarks.md; kept for that comparison).
     pub single_thread: bool,
 }
 
