@@ -647,6 +647,17 @@ mod tests {
         // Its replay from a stranger: a candidate too, which nothing will
         // vouch for (b never answers a replay).
         stranger.send_to(init, at(ports.0)).unwrap();
+        // (taken in by side a's thread; b's initiation below is side b's:
+        // wait, or b's may be relayed before the stranger is a candidate)
+        let taken = std::time::Instant::now();
+        while relay.counters.no_peer.load(Ordering::Relaxed) < 2 && taken.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            relay.counters.no_peer.load(Ordering::Relaxed),
+            2,
+            "the stranger's replay was not taken in"
+        );
 
         // b initiates too (as both sides do): relayed to a's candidates.
         let TunnResult::WriteToNetwork(init) = tb.format_handshake_initiation(&mut buf, false) else {

@@ -10,12 +10,11 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsRawFd, IntoRawFd};
+use std::os::fd::IntoRawFd;
 use std::os::unix::net::UnixStream;
 
 use defguard_boringtun::device::{DeviceConfig, DeviceHandle};
-use futures::TryStreamExt;
-use rtnetlink::{Handle, LinkUnspec};
+use rtnetlink::Handle;
 
 pub use crate::host::Stats;
 use crate::host::{R, WgDevice, WireGuard};
@@ -170,28 +169,7 @@ impl Devices {
             );
         }
         // Move the interface into the peering's namespace.
-        let mut links = host.link().get().match_name(name.to_string()).execute();
-        let idx = links
-            .try_next()
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or("the device vanished")?
-            .header
-            .index;
-        let file = std::fs::File::open(format!("/run/netns/{ns}")).map_err(|e| format!("namespace {ns}: {e}"))?;
-        host.link()
-            .set(LinkUnspec::new_with_index(idx).setns_by_fd(file.as_raw_fd()).build())
-            .execute()
-            .await
-            .map_err(|e| format!("cannot move {name} into {ns}: {e}"))?;
-        let n = name.to_string();
-        crate::nl::in_namespace(ns, move |h| {
-            Box::pin(async move {
-                crate::nl::set_up_named(&h, &n, mtu).await?;
-                crate::offload::tun_queue(&h, &n).await
-            })
-        })
-        .await?;
+        crate::userspace::move_into(host, name, ns, mtu).await?;
         self.devices.insert(name.to_string(), dev);
         Ok(())
     }

@@ -8,7 +8,6 @@
 //! wireguard-go is the Debian package's binary.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -29,45 +28,13 @@ fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) ->
     .unwrap()
 }
 
-/// A WireGuard key pair (private, public), base64, from `wg`.
-fn keypair() -> (String, String) {
-    let k = must(Command::new("wg").arg("genkey").output().unwrap(), "wg genkey").stdout;
-    let mut c = Command::new("wg")
-        .arg("pubkey")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    c.stdin.take().unwrap().write_all(&k).unwrap();
-    let p = c.wait_with_output().unwrap().stdout;
-    (
-        String::from_utf8(k).unwrap().trim().to_string(),
-        String::from_utf8(p).unwrap().trim().to_string(),
-    )
-}
-
 fn key(b64: &str) -> [u8; 32] {
     weft_dataplane::wireguard::key_bytes(b64).unwrap()
 }
 
 /// Two namespaces x (10.99.0.1) and y (10.99.0.2) joined by a veth.
 fn pair(lab: &mut Lab) -> (String, String) {
-    let (x, y) = (lab.host("x"), lab.host("y"));
-    must(
-        lab.exec(
-            &x,
-            &[
-                "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v0", "netns", &y,
-            ],
-        ),
-        "veth",
-    );
-    for (ns, ip) in [(&x, "10.99.0.1/24"), (&y, "10.99.0.2/24")] {
-        must(lab.exec(ns, &["ip", "addr", "add", ip, "dev", "v0"]), "addr");
-        must(lab.exec(ns, &["ip", "link", "set", "v0", "up"]), "up");
-    }
-    (x, y)
+    lab.veth_pair("x", "y")
 }
 
 /// weft's device `dev` in `ns` with `private`, its tunnel address `inner`
@@ -111,6 +78,20 @@ fn device_with(
         "tunnel up",
     );
     d
+}
+
+/// weft's devices at x (10.98.0.1, "weftx0") and y (10.98.0.2, "wefty0"),
+/// each the other's peer: x sends to `to_y`, y to `to_x`. The tunnel is up
+/// (a ping went through) when it returns.
+fn two_devices(lab: &Lab, x: &str, y: &str, to_y: &str, to_x: &str) -> (Device, Device) {
+    let (kx, ky) = (weft_tests::wg_keypair(), weft_tests::wg_keypair());
+    let a = device(lab, x, "weftx0", &kx.0, "10.98.0.1/24", (&ky.1, to_y, "10.98.0.2/32"));
+    let b = device(lab, y, "wefty0", &ky.0, "10.98.0.2/24", (&kx.1, to_x, "10.98.0.1/32"));
+    assert!(
+        ping(lab, x, "10.98.0.2", &["-W", "6"]).status.success(),
+        "the tunnel did not come up"
+    );
+    (a, b)
 }
 
 /// wireguard-go's device `dev` in `ns`, configured with `wg`.
@@ -220,7 +201,7 @@ fn interoperates_with_wireguard_go_whichever_side_starts() {
         let go_dev = format!("{tag}y0");
         let dir = tempfile::tempdir().unwrap();
         let (x, y) = pair(&mut lab);
-        let (kx, ky) = (keypair(), keypair());
+        let (kx, ky) = (weft_tests::wg_keypair(), weft_tests::wg_keypair());
         let ours = device(
             &lab,
             &x,
@@ -269,7 +250,7 @@ fn rekeys_without_loss_and_follows_a_peers_new_key() {
     let mut lab = Lab::new("wgrk");
     let dir = tempfile::tempdir().unwrap();
     let (x, y) = pair(&mut lab);
-    let (kx, ky) = (keypair(), keypair());
+    let (kx, ky) = (weft_tests::wg_keypair(), weft_tests::wg_keypair());
     // The protocol rekeys after 2 minutes; ours here after 2 s.
     let ours = device_with(
         &lab,
@@ -317,7 +298,7 @@ fn rekeys_without_loss_and_follows_a_peers_new_key() {
     assert_eq!(got, sent, "pings lost across {handshakes} rekeys");
 
     // The peer's new key: wireguard-go takes it, ours follows.
-    let ky2 = keypair();
+    let ky2 = weft_tests::wg_keypair();
     let keyfile = dir.path().join("new.key");
     std::fs::write(&keyfile, &ky2.0).unwrap();
     must(
@@ -345,24 +326,7 @@ fn packets_above_and_below_the_mtu() {
     require_root();
     let mut lab = Lab::new("wgmtu");
     let (x, y) = pair(&mut lab);
-    let (kx, ky) = (keypair(), keypair());
-    let _a = device(
-        &lab,
-        &x,
-        "weftx0",
-        &kx.0,
-        "10.98.0.1/24",
-        (&ky.1, "10.99.0.2:51820", "10.98.0.2/32"),
-    );
-    let _b = device(
-        &lab,
-        &y,
-        "wefty0",
-        &ky.0,
-        "10.98.0.2/24",
-        (&kx.1, "10.99.0.1:51820", "10.98.0.1/32"),
-    );
-    assert!(ping(&lab, &x, "10.98.0.2", &["-W", "6"]).status.success());
+    let (_a, _b) = two_devices(&lab, &x, &y, "10.99.0.2:51820", "10.99.0.1:51820");
     // 1392 bytes of ICMP payload + 28 of headers = the MTU, 1420.
     for size in ["0", "56", "1000", "1392"] {
         let o = ping(&lab, &x, "10.98.0.2", &["-M", "do", "-s", size]);
@@ -396,7 +360,7 @@ fn without_offloads_or_on_one_thread_the_device_carries_the_same() {
         let mut lab = Lab::new(tag);
         let dir = tempfile::tempdir().unwrap();
         let (x, y) = pair(&mut lab);
-        let (kx, ky) = (keypair(), keypair());
+        let (kx, ky) = (weft_tests::wg_keypair(), weft_tests::wg_keypair());
         // x without offloads (or on one thread), y with: each must read
         // what the other writes
         let a = device_with(
@@ -447,7 +411,11 @@ fn a_peer_may_not_speak_for_an_address_another_peer_holds_more_narrowly() {
     require_root();
     let mut lab = Lab::new("wgsrc");
     let (x, y) = pair(&mut lab);
-    let (kx, ky, kz) = (keypair(), keypair(), keypair());
+    let (kx, ky, kz) = (
+        weft_tests::wg_keypair(),
+        weft_tests::wg_keypair(),
+        weft_tests::wg_keypair(),
+    );
     let _a = device(
         &lab,
         &x,
@@ -538,28 +506,11 @@ fn corrupted_replayed_or_truncated_datagrams_are_dropped_and_counted() {
     require_root();
     let mut lab = Lab::new("wgbad");
     let (x, y) = pair(&mut lab);
-    let (kx, ky) = (keypair(), keypair());
     let mode = Arc::new(AtomicU8::new(PASS));
     let stop = Arc::new(AtomicBool::new(false));
     let m = middle(&x, mode.clone(), stop.clone());
     // Both ends send to the middle.
-    let a = device(
-        &lab,
-        &x,
-        "weftx0",
-        &kx.0,
-        "10.98.0.1/24",
-        (&ky.1, "10.99.0.1:40000", "10.98.0.2/32"),
-    );
-    let b = device(
-        &lab,
-        &y,
-        "wefty0",
-        &ky.0,
-        "10.98.0.2/24",
-        (&kx.1, "10.99.0.1:40000", "10.98.0.1/32"),
-    );
-    assert!(ping(&lab, &x, "10.98.0.2", &["-W", "6"]).status.success());
+    let (a, b) = two_devices(&lab, &x, &y, "10.99.0.1:40000", "10.99.0.1:40000");
     let session = last_handshake(&b);
     let c = b.counters();
     for (what, m, counter) in [
@@ -647,24 +598,7 @@ fn a_flood_of_garbage_keeps_an_established_tunnel_up() {
     lab.plug_into(&sw, &x, "eth0", "10.99.0.1/24");
     lab.plug_into(&sw, &y, "eth0", "10.99.0.2/24");
     lab.plug_into(&sw, &z, "eth0", "10.99.0.3/24");
-    let (kx, ky) = (keypair(), keypair());
-    let _a = device(
-        &lab,
-        &x,
-        "weftx0",
-        &kx.0,
-        "10.98.0.1/24",
-        (&ky.1, "10.99.0.2:51820", "10.98.0.2/32"),
-    );
-    let b = device(
-        &lab,
-        &y,
-        "wefty0",
-        &ky.0,
-        "10.98.0.2/24",
-        (&kx.1, "10.99.0.1:51820", "10.98.0.1/32"),
-    );
-    assert!(ping(&lab, &x, "10.98.0.2", &["-W", "6"]).status.success());
+    let (_a, b) = two_devices(&lab, &x, &y, "10.99.0.2:51820", "10.99.0.1:51820");
     // z floods y's port for a bounded 6 s.
     let (flooder, sent) = flood(&z, "10.99.0.3:0", "10.99.0.2:51820", Duration::from_secs(6));
     std::thread::sleep(Duration::from_millis(500));

@@ -542,3 +542,22 @@ pub fn eventually<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Optio
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A WireGuard key pair (private, public), base64, from `wg genkey` and
+/// `wg pubkey`.
+pub fn wg_keypair() -> (String, String) {
+    let k = netns::must(Command::new("wg").arg("genkey").output().unwrap(), "wg genkey").stdout;
+    let mut c = Command::new("wg")
+        .arg("pubkey")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    c.stdin.take().unwrap().write_all(&k).unwrap();
+    let p = c.wait_with_output().unwrap().stdout;
+    (
+        String::from_utf8(k).unwrap().trim().to_string(),
+        String::from_utf8(p).unwrap().trim().to_string(),
+    )
+}

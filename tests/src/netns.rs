@@ -133,6 +133,26 @@ impl Lab {
         ns
     }
 
+    /// Two new hosts `x` (10.99.0.1/24) and `y` (10.99.0.2/24) joined by
+    /// a veth pair (`v0` in each); their namespaces.
+    pub fn veth_pair(&mut self, x: &str, y: &str) -> (String, String) {
+        let (nx, ny) = (self.host(x), self.host(y));
+        must(
+            self.exec(
+                &nx,
+                &[
+                    "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v0", "netns", &ny,
+                ],
+            ),
+            "veth",
+        );
+        for (ns, ip) in [(&nx, "10.99.0.1/24"), (&ny, "10.99.0.2/24")] {
+            must(self.exec(ns, &["ip", "addr", "add", ip, "dev", "v0"]), "addr");
+            must(self.exec(ns, &["ip", "link", "set", "v0", "up"]), "up");
+        }
+        (nx, ny)
+    }
+
     /// Creates the LAN (a bridge in its own namespace): the WAN every
     /// site's public hosts share.
     pub fn lan(&mut self) -> String {

@@ -61,28 +61,7 @@ impl Devices {
         let device = Device::start(&config).map_err(|e| format!("cannot start the WireGuard device {name}: {e}"))?;
         let o = device.offloads();
         tracing::info!(device = name, offloads = ?o.names(), gso = o.udp_gso_segments, "userspace WireGuard device started");
-        let mut links = host.link().get().match_name(name.to_string()).execute();
-        let idx = links
-            .try_next()
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or("the device vanished")?
-            .header
-            .index;
-        let file = std::fs::File::open(format!("/run/netns/{ns}")).map_err(|e| format!("namespace {ns}: {e}"))?;
-        host.link()
-            .set(LinkUnspec::new_with_index(idx).setns_by_fd(file.as_raw_fd()).build())
-            .execute()
-            .await
-            .map_err(|e| format!("cannot move {name} into {ns}: {e}"))?;
-        let n = name.to_string();
-        crate::nl::in_namespace(ns, move |h| {
-            Box::pin(async move {
-                crate::nl::set_up_named(&h, &n, mtu).await?;
-                crate::offload::tun_queue(&h, &n).await
-            })
-        })
-        .await?;
+        move_into(host, name, ns, mtu).await?;
         self.devices.insert(
             name.to_string(),
             Running {
@@ -145,4 +124,32 @@ impl Devices {
             .map(|d| d.as_secs());
         st
     }
+}
+
+/// Moves the tun `name` from the agent's namespace (`host`) into namespace
+/// `ns` and brings it up there with `mtu` and the tunnel's queue length.
+pub(crate) async fn move_into(host: &Handle, name: &str, ns: &str, mtu: u32) -> R<()> {
+    let mut links = host.link().get().match_name(name.to_string()).execute();
+    let idx = links
+        .try_next()
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("the device vanished")?
+        .header
+        .index;
+    let file = std::fs::File::open(format!("/run/netns/{ns}")).map_err(|e| format!("namespace {ns}: {e}"))?;
+    host.link()
+        .set(LinkUnspec::new_with_index(idx).setns_by_fd(file.as_raw_fd()).build())
+        .execute()
+        .await
+        .map_err(|e| format!("cannot move {name} into {ns}: {e}"))?;
+    let n = name.to_string();
+    crate::nl::in_namespace(ns, move |h| {
+        Box::pin(async move {
+            crate::nl::set_up_named(&h, &n, mtu).await?;
+            crate::offload::tun_queue(&h, &n).await
+        })
+    })
+    .await?;
+    Ok(())
 }

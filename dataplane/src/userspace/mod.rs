@@ -34,6 +34,7 @@ mod io;
 pub mod packet;
 pub mod tun;
 
+pub(crate) use devices::move_into;
 pub use devices::{Devices, Options, Running};
 
 use std::collections::HashMap;

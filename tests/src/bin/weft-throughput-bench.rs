@@ -126,25 +126,6 @@ fn busy_seconds() -> f64 {
     busy / 100.0
 }
 
-/// Two namespaces joined by a veth pair: x = 10.99.0.1, y = 10.99.0.2.
-fn pair(lab: &mut Lab, x: &str, y: &str) -> (String, String) {
-    let (nx, ny) = (lab.host(x), lab.host(y));
-    must(
-        lab.exec(
-            &nx,
-            &[
-                "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v0", "netns", &ny,
-            ],
-        ),
-        "veth",
-    );
-    for (ns, ip) in [(&nx, "10.99.0.1/24"), (&ny, "10.99.0.2/24")] {
-        must(lab.exec(ns, &["ip", "addr", "add", ip, "dev", "v0"]), "addr");
-        must(lab.exec(ns, &["ip", "link", "set", "v0", "up"]), "up");
-    }
-    (nx, ny)
-}
-
 #[derive(Clone, Copy, PartialEq)]
 enum Impl {
     /// boringtun through weft's own device code (the implementation weft's
@@ -187,7 +168,7 @@ fn tunnel(lab: &mut Lab, dir: &Path, which: Impl, wire: Wire) -> Option<(String,
     };
     let (nx, ny, ips) = match wire {
         Wire::Veth => {
-            let (x, y) = pair(lab, &format!("{tag}x"), &format!("{tag}y"));
+            let (x, y) = lab.veth_pair(&format!("{tag}x"), &format!("{tag}y"));
             (x, y, ["10.99.0.2:51820", "10.99.0.1:51820"])
         }
         Wire::Bridge { relayed } => {
@@ -207,23 +188,7 @@ fn tunnel(lab: &mut Lab, dir: &Path, which: Impl, wire: Wire) -> Option<(String,
             (x, y, ends)
         }
     };
-    let key = || {
-        let k = must(Command::new("wg").arg("genkey").output().unwrap(), "wg genkey").stdout;
-        let mut c = Command::new("wg")
-            .arg("pubkey")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        c.stdin.take().unwrap().write_all(&k).unwrap();
-        let p = c.wait_with_output().unwrap().stdout;
-        (
-            String::from_utf8(k).unwrap().trim().to_string(),
-            String::from_utf8(p).unwrap().trim().to_string(),
-        )
-    };
-    let (kx, ky) = (key(), key());
+    let (kx, ky) = (weft_tests::wg_keypair(), weft_tests::wg_keypair());
     let mut procs = Vec::new();
     if wire == (Wire::Bridge { relayed: true }) {
         // x sends to port 40001 (its handshakes go to y's key), y to 40002.
@@ -465,7 +430,7 @@ fn main() {
     // Every path is built first and the runs interleave (weft, veth,
     // boringtun, wireguard-go, weft, ...), so a slow spell of this shared
     // machine hits all paths alike; each run's weft/boringtun ratio is kept.
-    let (nx, ny) = pair(&mut s.lab, "vx", "vy");
+    let (nx, ny) = s.lab.veth_pair("vx", "vy");
     let (bt_client, bt_server, mut bt_procs) = tunnel(&mut s.lab, dir.path(), Impl::Boringtun, Wire::Veth).unwrap();
     let wg_tunnel = tunnel(&mut s.lab, dir.path(), Impl::WireguardGo, Wire::Veth);
     let dev_tunnel = tunnel(&mut s.lab, dir.path(), Impl::Device, Wire::Veth).unwrap();
