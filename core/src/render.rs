@@ -254,6 +254,19 @@ pub fn peering_namespace(local: &str, peer: &str) -> String {
     format!("weft-p-{}", short_hash(&format!("{local}/{peer}"), 12))
 }
 
+/// The rule in the host's namespace that sends traffic to `to` into
+/// weft's table.
+fn host_rule(to: impl ToString) -> Kind {
+    Kind::Rule(pb::Rule {
+        namespace: String::new(),
+        priority: RULE_PRIORITY,
+        from: String::new(),
+        to: to.to_string(),
+        table: TABLE,
+        iif: String::new(),
+    })
+}
+
 fn obj(id: String, kind: Kind) -> (String, pb::DesiredObject) {
     (id.clone(), pb::DesiredObject { id, kind: Some(kind) })
 }
@@ -359,17 +372,7 @@ pub fn node(m: &Model, name: &str) -> Objects {
                 device: NODE_LINK.into(),
             }),
         ),
-        obj(
-            "self/rule/internal".into(),
-            Kind::Rule(pb::Rule {
-                namespace: String::new(),
-                priority: RULE_PRIORITY,
-                from: String::new(),
-                to: site.internal_cidr.to_string(),
-                table: TABLE,
-                iif: String::new(),
-            }),
-        ),
+        obj("self/rule/internal".into(), host_rule(site.internal_cidr)),
     ]);
     if let Some(ext) = external_address(site, ip) {
         out.extend([obj(
@@ -395,17 +398,7 @@ pub fn node(m: &Model, name: &str) -> Objects {
                         device: NODE_LINK.into(),
                     }),
                 ),
-                obj(
-                    format!("{base}/rule"),
-                    Kind::Rule(pb::Rule {
-                        namespace: String::new(),
-                        priority: RULE_PRIORITY,
-                        from: String::new(),
-                        to: v.local.to_string(),
-                        table: TABLE,
-                        iif: String::new(),
-                    }),
-                ),
+                obj(format!("{base}/rule"), host_rule(v.local)),
             ]);
         }
     }
@@ -518,30 +511,10 @@ fn gateway_self(m: &Model) -> Objects {
             ("self/rule/internal", site.internal_cidr),
             ("self/rule/external", site.external_cidr),
         ] {
-            out.extend([obj(
-                id.into(),
-                Kind::Rule(pb::Rule {
-                    namespace: String::new(),
-                    priority: RULE_PRIORITY,
-                    from: String::new(),
-                    to: cidr.to_string(),
-                    table: TABLE,
-                    iif: String::new(),
-                }),
-            )]);
+            out.extend([obj(id.into(), host_rule(cidr))]);
         }
         for (i, pod) in site.pod_cidrs.iter().enumerate() {
-            out.extend([obj(
-                format!("self/rule/{i}"),
-                Kind::Rule(pb::Rule {
-                    namespace: String::new(),
-                    priority: RULE_PRIORITY,
-                    from: String::new(),
-                    to: pod.to_string(),
-                    table: TABLE,
-                    iif: String::new(),
-                }),
-            )]);
+            out.extend([obj(format!("self/rule/{i}"), host_rule(pod))]);
         }
     }
     out

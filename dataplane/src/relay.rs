@@ -137,11 +137,14 @@ fn wait(socket: &UdpSocket, events: nix::poll::PollFlags, ms: u16) {
     let _ = nix::poll::poll(&mut fds, ms);
 }
 
-fn end(side: &Side) -> std::io::Result<End> {
+/// A UDP socket on `port` (all IPv4 addresses) for datagrams in batches:
+/// non-blocking (waited on with poll: quinn-udp's recvmmsg on a blocking
+/// socket would wait for a whole batch), 7 MiB buffers, quinn-udp's state
+/// (GSO, GRO), fragments allowed. Shared with the userspace WireGuard
+/// device.
+pub(crate) fn batch_socket(port: u16) -> std::io::Result<(UdpSocket, UdpSocketState)> {
     use nix::sys::socket::{setsockopt, sockopt};
-    let socket = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, side.port)))?;
-    // Non-blocking, waited on with poll: quinn-udp's recvmmsg on a blocking
-    // socket would wait for a whole batch.
+    let socket = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))?;
     socket.set_nonblocking(true)?;
     // FORCE: past the host's rmem_max (the agent has CAP_NET_ADMIN); the
     // plain option as the fallback.
@@ -152,10 +155,16 @@ fn end(side: &Side) -> std::io::Result<End> {
         let _ = setsockopt(&socket, sockopt::SndBuf, &SOCKET_BUFFER);
     }
     let state = UdpSocketState::new((&socket).into())?;
-    // quinn-udp forbids fragmentation (QUIC sizes its own packets); a relay
-    // forwards datagrams it did not size: one larger than the path leaves
-    // in fragments, as from the gateway that sent it.
+    // quinn-udp forbids fragmentation (QUIC sizes its own packets); these
+    // datagrams were not sized for the path (a relayed gateway's, or
+    // WireGuard's over an underlay of smaller MTU): one larger than the
+    // path leaves in fragments, as kernel WireGuard's do.
     allow_fragments(&socket)?;
+    Ok((socket, state))
+}
+
+fn end(side: &Side) -> std::io::Result<End> {
+    let (socket, state) = batch_socket(side.port)?;
     let checkers = side
         .to_keys
         .iter()
@@ -176,7 +185,7 @@ fn end(side: &Side) -> std::io::Result<End> {
 /// `IP_MTU_DISCOVER` = `IP_PMTUDISC_DONT` on `socket`, which neither nix
 /// nor socket2 wraps.
 #[allow(unsafe_code)]
-pub(crate) fn allow_fragments(socket: &UdpSocket) -> std::io::Result<()> {
+fn allow_fragments(socket: &UdpSocket) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     let value: libc::c_int = libc::IP_PMTUDISC_DONT;
     // SAFETY: a valid open socket of ours, and a pointer to an int that

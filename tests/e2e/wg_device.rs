@@ -84,8 +84,28 @@ fn device_with(
 /// each the other's peer: x sends to `to_y`, y to `to_x`. The tunnel is up
 /// (a ping went through) when it returns.
 fn two_devices(lab: &Lab, x: &str, y: &str, to_y: &str, to_x: &str) -> (Device, Device) {
+    two_devices_with(lab, x, y, to_y, to_x, |_| {})
+}
+
+/// The same with `tweak` applied to x's configuration.
+fn two_devices_with(
+    lab: &Lab,
+    x: &str,
+    y: &str,
+    to_y: &str,
+    to_x: &str,
+    tweak: impl FnOnce(&mut Config),
+) -> (Device, Device) {
     let (kx, ky) = (weft_tests::wg_keypair(), weft_tests::wg_keypair());
-    let a = device(lab, x, "weftx0", &kx.0, "10.98.0.1/24", (&ky.1, to_y, "10.98.0.2/32"));
+    let a = device_with(
+        lab,
+        x,
+        "weftx0",
+        &kx.0,
+        "10.98.0.1/24",
+        (&ky.1, to_y, "10.98.0.2/32"),
+        tweak,
+    );
     let b = device(lab, y, "wefty0", &ky.0, "10.98.0.2/24", (&kx.1, to_x, "10.98.0.1/32"));
     assert!(
         ping(lab, x, "10.98.0.2", &["-W", "6"]).status.success(),
@@ -360,29 +380,12 @@ fn without_offloads_or_on_one_thread_the_device_carries_the_same() {
         let mut lab = Lab::new(tag);
         let dir = tempfile::tempdir().unwrap();
         let (x, y) = pair(&mut lab);
-        let (kx, ky) = (weft_tests::wg_keypair(), weft_tests::wg_keypair());
         // x without offloads (or on one thread), y with: each must read
         // what the other writes
-        let a = device_with(
-            &lab,
-            &x,
-            "weftx0",
-            &kx.0,
-            "10.98.0.1/24",
-            (&ky.1, "10.99.0.2:51820", "10.98.0.2/32"),
-            |c| {
-                c.offload = !no_offload;
-                c.single_thread = !no_offload;
-            },
-        );
-        let b = device(
-            &lab,
-            &y,
-            "wefty0",
-            &ky.0,
-            "10.98.0.2/24",
-            (&kx.1, "10.99.0.1:51820", "10.98.0.1/32"),
-        );
+        let (a, b) = two_devices_with(&lab, &x, &y, "10.99.0.2:51820", "10.99.0.1:51820", |c| {
+            c.offload = !no_offload;
+            c.single_thread = !no_offload;
+        });
         if no_offload {
             assert!(a.offloads().names().is_empty(), "{:?}", a.offloads());
         }

@@ -191,17 +191,7 @@ fn view_routes(base: &str, p: &Peering, ids: &PeeringIds) -> Objects {
                 format!("{base}{}/via", v.kind),
                 route("", TABLE, v.local.to_string(), ids.inner_ip.to_string(), &ids.outer),
             ),
-            obj(
-                format!("{base}{}/rule", v.kind),
-                Kind::Rule(pb::Rule {
-                    namespace: String::new(),
-                    priority: RULE_PRIORITY,
-                    from: String::new(),
-                    to: v.local.to_string(),
-                    table: TABLE,
-                    iif: String::new(),
-                }),
-            ),
+            obj(format!("{base}{}/rule", v.kind), host_rule(v.local)),
             // Peering namespace: what comes from the gateway goes into
             // the tunnel (table 1, chosen by the arriving interface, so
             // a peer CIDR equal to our own still goes the right way).

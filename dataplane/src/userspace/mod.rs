@@ -38,7 +38,7 @@ pub(crate) use devices::move_into;
 pub use devices::{Devices, Options, Running};
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -70,8 +70,6 @@ const SLOT: usize = 1 << 16;
 /// `discovery::MAGIC`): answers to the gateway's probes arrive at the
 /// device's port too.
 pub const DISCOVERY_MAGIC: &[u8] = b"WEFTDSC1";
-/// Socket buffers, as wireguard-go asks for (see `offload`).
-const SOCKET_BUFFER: usize = 7 << 20;
 
 pub use crate::host::Offloads;
 
@@ -243,22 +241,8 @@ impl Device {
     /// the device.
     pub fn start(config: &Config) -> std::io::Result<Device> {
         let tun = Tun::create(&config.name, config.offload)?;
-        let socket = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, config.listen_port)))?;
-        socket.set_nonblocking(true)?;
-        {
-            use nix::sys::socket::{setsockopt, sockopt};
-            if setsockopt(&socket, sockopt::RcvBufForce, &SOCKET_BUFFER).is_err() {
-                let _ = setsockopt(&socket, sockopt::RcvBuf, &SOCKET_BUFFER);
-            }
-            if setsockopt(&socket, sockopt::SndBufForce, &SOCKET_BUFFER).is_err() {
-                let _ = setsockopt(&socket, sockopt::SndBuf, &SOCKET_BUFFER);
-            }
-        }
-        let udp = UdpSocketState::new((&socket).into())?;
-        // quinn-udp forbids fragmentation (QUIC sizes its own packets);
-        // WireGuard's datagrams leave in fragments when the underlay's MTU
-        // is smaller, as kernel WireGuard's do.
-        crate::relay::allow_fragments(&socket)?;
+        let tun_offloads = tun.offloads;
+        let (socket, udp) = crate::relay::batch_socket(config.listen_port)?;
         let (gso, gro) = if config.offload {
             (udp.max_gso_segments().max(1), udp.gro_segments().max(1))
         } else {
@@ -283,18 +267,13 @@ impl Device {
             }),
             counters: Counters::default(),
             offloads: Offloads {
+                tso: tun_offloads.tso,
+                uso: tun_offloads.uso,
                 udp_gso_segments: gso,
                 udp_gro_segments: gro,
-                ..Default::default()
             },
             rekey_after: config.rekey_after,
         });
-        // (the tun's offloads are known only after it opened)
-        let shared = {
-            let mut s = Arc::try_unwrap(shared).unwrap_or_else(|_| unreachable!());
-            (s.offloads.tso, s.offloads.uso) = (s.tun.offloads.tso, s.tun.offloads.uso);
-            Arc::new(s)
-        };
         let mut threads = Vec::new();
         type Loop = (&'static str, fn(&Shared));
         let loops: &[Loop] = if config.single_thread {
