@@ -33,10 +33,7 @@ pub fn is_dns_label(s: &str) -> bool {
 /// SHA-256 of `data`, lower-case hex (a certificate's fingerprint when
 /// `data` is its DER).
 pub fn sha256_hex(data: impl AsRef<[u8]>) -> String {
-    sha2::Sha256::digest(data.as_ref())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(sha2::Sha256::digest(data.as_ref()))
 }
 
 /// The fingerprint weft pins a certificate by: SHA-256 of its DER, hex.

@@ -178,7 +178,29 @@ pub struct Authenticator {
     /// Verifiers for recorded peers' CAs, by CA fingerprint (built once
     /// each; see [`Authenticator::is_known`]).
     peer_verifiers: Mutex<HashMap<String, Arc<dyn ClientCertVerifier>>>,
+    /// Leaf certificates that verified against the site CA, by the
+    /// SHA-256 of their DER: the identity in each and until when that
+    /// verdict is reused. Every call is authenticated, and an agent's
+    /// heartbeat must not cost a signature check each time.
+    verified: Mutex<HashMap<[u8; 32], Verified>>,
 }
+
+/// A leaf certificate's verdict, reused until `until`.
+struct Verified {
+    id: Identity,
+    /// The earlier of the certificate's end and [`VERIFIED_FOR`] after
+    /// it was checked.
+    until: std::time::SystemTime,
+}
+
+/// How long a verified certificate is taken as verified before its
+/// signature and chain are checked again.
+const VERIFIED_FOR: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// How many verified certificates are kept (two per agent during a
+/// renewal, for 50,000 agents and more); when full, the lapsed ones go,
+/// and if none did, all.
+const VERIFIED_KEPT: usize = 262_144;
 
 /// How many peer CA verifiers are kept before the cache is emptied (peers'
 /// CAs change rarely; a site has far fewer peerings).
@@ -213,6 +235,7 @@ impl Authenticator {
             revoked: RwLock::new(HashMap::new()),
             superseded: Mutex::new(None),
             peer_verifiers: Mutex::new(HashMap::new()),
+            verified: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -304,10 +327,7 @@ impl Authenticator {
         let Some((ee, rest)) = certs.split_first() else {
             return Err(Status::unauthenticated("no client certificate was presented"));
         };
-        self.verifier
-            .verify_client_cert(ee, rest, UnixTime::now())
-            .map_err(|e| Status::unauthenticated(describe(&e)))?;
-        let id = identity_of(ee).map_err(Status::unauthenticated)?;
+        let id = self.verified_identity(ee, rest)?;
         if id.site != self.site {
             return Err(Status::unauthenticated(format!(
                 "the client certificate is for site {:?}, this is {:?}",
@@ -350,6 +370,39 @@ impl Authenticator {
                 ),
             }));
         }
+        Ok(id)
+    }
+
+    /// The identity in leaf `ee` once it verifies against the site CA
+    /// (with intermediates `rest`): checked in full the first time, then
+    /// taken from [`Authenticator::verified`] while the verdict holds.
+    /// The result depends only on the leaf's bytes, the fixed site CA and
+    /// the time, which `until` bounds; revocation is checked by the caller
+    /// on every call.
+    fn verified_identity(&self, ee: &CertificateDer<'_>, rest: &[CertificateDer<'_>]) -> Result<Identity, Status> {
+        let digest: [u8; 32] = ring::digest::digest(&ring::digest::SHA256, ee.as_ref())
+            .as_ref()
+            .try_into()
+            .expect("SHA-256 is 32 bytes");
+        let now = std::time::SystemTime::now();
+        if let Some(v) = self.verified.lock().unwrap().get(&digest)
+            && now < v.until
+        {
+            return Ok(v.id.clone());
+        }
+        self.verifier
+            .verify_client_cert(ee, rest, UnixTime::now())
+            .map_err(|e| Status::unauthenticated(describe(&e)))?;
+        let id = identity_of(ee).map_err(Status::unauthenticated)?;
+        let until = crate::pki::not_after(ee.as_ref()).map_or(now, |end| end.min(now + VERIFIED_FOR));
+        let mut verified = self.verified.lock().unwrap();
+        if verified.len() >= VERIFIED_KEPT {
+            verified.retain(|_, v| now < v.until);
+            if verified.len() >= VERIFIED_KEPT {
+                verified.clear();
+            }
+        }
+        verified.insert(digest, Verified { id: id.clone(), until });
         Ok(id)
     }
 
@@ -408,12 +461,7 @@ impl Authenticator {
 pub fn identity_of(der: &[u8]) -> Result<Identity, String> {
     use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
     let (_, cert) = X509Certificate::from_der(der).map_err(|e| format!("the client certificate is unreadable: {e}"))?;
-    let serial = cert
-        .raw_serial()
-        .iter()
-        .skip_while(|b| **b == 0)
-        .map(|b| format!("{b:02x}"))
-        .collect::<String>();
+    let serial = crate::pki::hex_serial(cert.raw_serial());
     let san = cert.subject_alternative_name().ok().flatten();
     let uri = san
         .iter()

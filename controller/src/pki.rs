@@ -78,10 +78,7 @@ fn random_serial() -> (SerialNumber, String) {
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).expect("the system RNG works");
     b[0] &= 0x7f; // positive
     b[0] |= 0x01; // and without a leading zero byte, so its hex is stable
-    (
-        SerialNumber::from_slice(&b),
-        b.iter().map(|x| format!("{x:02x}")).collect(),
-    )
+    (SerialNumber::from_slice(&b), hex::encode(b))
 }
 
 impl SiteCa {
@@ -374,12 +371,17 @@ pub fn rotate_admin(dir: &Path, site: &str) -> anyhow::Result<(String, Option<(S
     Ok((serial, old))
 }
 
+/// `bytes` random bytes from the system RNG, lower-case hex.
+pub(crate) fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).expect("the system RNG works");
+    hex::encode(b)
+}
+
 /// A serial number as the authenticator writes it (crate::auth::identity_of).
-fn hex_serial(raw: &[u8]) -> String {
-    raw.iter()
-        .skip_while(|b| **b == 0)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+pub(crate) fn hex_serial(raw: &[u8]) -> String {
+    let start = raw.iter().position(|b| *b != 0).unwrap_or(raw.len());
+    hex::encode(&raw[start..])
 }
 
 /// The names a server certificate should carry for a listener on `addr`.

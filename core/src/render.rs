@@ -198,11 +198,9 @@ impl Part {
 }
 
 fn short_hash(s: &str, hex_len: usize) -> String {
-    sha2::Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<String>()[..hex_len]
-        .to_string()
+    let mut h = hex::encode(sha2::Sha256::digest(s.as_bytes()));
+    h.truncate(hex_len);
+    h
 }
 
 /// The VXLAN id of a node's tunnel: the low 24 bits of its overlay address

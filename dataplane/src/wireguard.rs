@@ -24,7 +24,7 @@ pub use crate::host::key_bytes;
 
 /// A WireGuard key (base64) in hex, as boringtun's UAPI takes it.
 pub fn key_hex(b64: &str) -> R<String> {
-    Ok(key_bytes(b64)?.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex::encode(key_bytes(b64)?))
 }
 
 pub struct Device {

@@ -61,6 +61,7 @@ conformance!(
     watch_is_scoped_and_reports_deletes,
     watch_from_compacted_revision_fails,
     leases_expire_renew_and_revoke,
+    a_delete_conditioned_on_a_lease_spares_another_holders_record,
     a_prefix_read_larger_than_a_grpc_message_is_whole,
 );
 
@@ -302,6 +303,40 @@ async fn watch_from_compacted_revision_fails(s: Arc<dyn Store>) {
         s.compact(r3 + 100).await,
         Err(StoreError::FutureRevision { .. })
     ));
+}
+
+/// Liveness records of many agents share a replica's lease; a replica ends
+/// one by deleting it only while it is still on its own lease, so a record
+/// another replica wrote meanwhile (on its lease) stays.
+async fn a_delete_conditioned_on_a_lease_spares_another_holders_record(s: Arc<dyn Store>) {
+    let mine = s.lease_grant(Duration::from_secs(30)).await.unwrap();
+    let theirs = s.lease_grant(Duration::from_secs(30)).await.unwrap();
+    let put = |key: &str, lease| {
+        Txn::new().then(Op::Put {
+            key: key.into(),
+            value: b"x".to_vec(),
+            lease: Some(lease),
+        })
+    };
+    let delete_if_mine = |key: &str| {
+        Txn::new()
+            .when(Compare::Lease(key.into(), mine))
+            .then(Op::Delete { key: key.into() })
+    };
+    s.txn(put("/a/one", mine)).await.unwrap();
+    s.txn(put("/a/two", mine)).await.unwrap();
+    // two moved to the other replica: rewritten on its lease
+    s.txn(put("/a/two", theirs)).await.unwrap();
+    assert!(s.txn(delete_if_mine("/a/one")).await.unwrap().succeeded);
+    assert!(!s.txn(delete_if_mine("/a/two")).await.unwrap().succeeded);
+    assert!(!s.txn(delete_if_mine("/a/absent")).await.unwrap().succeeded);
+    assert_eq!(s.get("/a/one").await.unwrap(), None);
+    assert_eq!(s.get("/a/two").await.unwrap().unwrap().lease, theirs);
+    // a key written without a lease is on none
+    s.txn(Txn::new().then(Op::put("/a/plain", b"x".to_vec())))
+        .await
+        .unwrap();
+    assert!(!s.txn(delete_if_mine("/a/plain")).await.unwrap().succeeded);
 }
 
 async fn leases_expire_renew_and_revoke(s: Arc<dyn Store>) {

@@ -1,5 +1,15 @@
-//! Liveness: each agent's reports, its record on a lease, and the end of
-//! that record when the agent falls silent, disconnects or is removed.
+//! Liveness: each agent's reports, its record, and the end of that record
+//! when the agent falls silent, disconnects or is removed.
+//!
+//! An agent's record (`alive/<role>/<name>`) is on a lease this replica
+//! holds for every agent of that role reporting to it, with the role's TTL,
+//! renewed by one task a few times per TTL: a heartbeat touches only
+//! memory, never the store. Each record still ends with its own agent: the
+//! sweep deletes it once the agent was silent for its TTL, and a gateway's
+//! disconnect deletes it at once. The lease ends them all only when this
+//! replica stops renewing it (it died, or stalled for longer than a TTL).
+//! A record is deleted only while it is on this replica's lease: an agent
+//! that moved to another replica keeps the record that one wrote.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,15 +20,26 @@ use super::{AgentKey, Hub};
 use crate::domain::{AgentRole, now_ms};
 use crate::error::Error;
 use crate::state::AliveRecord;
-use crate::store::{LeaseId, Op, StoreError, Txn};
+use crate::store::{Compare, LeaseId, Op, StoreError, Txn};
 
 pub(super) struct Live {
+    /// The lease its record was last written on.
     lease: LeaseId,
     last: AliveRecord,
     /// When this replica last heard the agent (monotonic: a wall-clock
     /// step must not end anyone's liveness).
     heard: std::time::Instant,
-    last_keepalive_ms: u64,
+}
+
+/// Whether two records say the same (when they were made aside).
+fn same_status(a: &AliveRecord, b: &AliveRecord) -> bool {
+    a.applied_revision == b.applied_revision
+        && a.errors == b.errors
+        && a.features == b.features
+        && a.route_conflicts == b.route_conflicts
+        && a.wireguard == b.wireguard
+        && a.wireguard_reason == b.wireguard_reason
+        && a.replica == b.replica
 }
 
 impl Hub {
@@ -34,7 +55,7 @@ impl Hub {
     /// A gateway's stream to this replica ended without a shutdown or a
     /// replacement: its agent (or host) is gone. Its liveness record goes at
     /// once, so that the leading replica fails over now, not at the end of
-    /// its lease.
+    /// its TTL.
     pub async fn gone(&self, key: &AgentKey) {
         let lease = self.live.lock().unwrap().remove(key).map(|l| l.lease);
         if let Some(lease) = lease {
@@ -43,11 +64,20 @@ impl Hub {
         }
     }
 
-    /// Ends `key`'s liveness record now (revoking its lease deletes it).
+    /// Ends `key`'s liveness record now, if it is still the one this
+    /// replica wrote on `lease`.
     async fn end_liveness(&self, key: &AgentKey, lease: LeaseId) {
         self.dirty.lock().unwrap().remove(key);
-        if let Err(e) = self.state.store().lease_revoke(lease).await {
-            tracing::warn!(agent = %key.1, error = %e, "cannot end its liveness record; it ends with its lease");
+        let k = self.state.alive_key(key.0, &key.1);
+        let txn = Txn::new()
+            .when(Compare::Lease(k.clone(), lease))
+            .then(Op::Delete { key: k });
+        if let Err(e) = self.state.store().txn(txn).await {
+            tracing::warn!(
+                agent = %key.1,
+                error = %e,
+                "cannot end its liveness record; it ends when another replica's sweep or this replica's lease does"
+            );
         }
     }
 
@@ -93,9 +123,55 @@ impl Hub {
         }
     }
 
+    /// The lease `role`'s records are written on, granted when there is
+    /// none yet.
+    async fn role_lease(&self, role: AgentRole) -> Result<LeaseId, Error> {
+        let mut leases = self.leases.lock().await;
+        if let Some(l) = leases.get(&role) {
+            return Ok(*l);
+        }
+        let l = self.state.store().lease_grant(self.ttl(role)).await?;
+        leases.insert(role, l);
+        Ok(l)
+    }
+
+    /// `role`'s lease `lost` ended while this replica held it (it stalled
+    /// for longer than the TTL, or the store lost it), and every record on
+    /// it with it: a new lease, and every record of that role this replica
+    /// holds written again on it.
+    async fn replace_lease(&self, role: AgentRole, lost: LeaseId) -> Result<(), Error> {
+        let mut leases = self.leases.lock().await;
+        if leases.get(&role) != Some(&lost) {
+            return Ok(()); // replaced already
+        }
+        leases.remove(&role);
+        let new = self.state.store().lease_grant(self.ttl(role)).await?;
+        leases.insert(role, new);
+        drop(leases);
+        let records: Vec<(AgentKey, (LeaseId, AliveRecord))> = self
+            .live
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .filter(|(k, _)| k.0 == role)
+            .map(|(k, l)| {
+                l.lease = new;
+                (k.clone(), (new, l.last.clone()))
+            })
+            .collect();
+        tracing::warn!(
+            role = ?role,
+            records = records.len(),
+            "the liveness lease ended (this replica stalled for longer than the TTL, or the store lost it); \
+             writing the records again"
+        );
+        self.write_status(records).await;
+        Ok(())
+    }
+
     /// An agent's report: its heartbeat, applied revision and errors. The
-    /// record under `alive/` lives on a lease with the agent's TTL; it is
-    /// rewritten only when what it says changes.
+    /// record under `alive/` is written when what it says changes, on this
+    /// replica's lease for the agent's role (see the module).
     pub async fn report(
         &self,
         key: AgentKey,
@@ -104,7 +180,23 @@ impl Hub {
         host: Option<pb::HostReport>,
     ) -> Result<(), Error> {
         let now = now_ms();
-        self.last_seen.lock().unwrap().insert(key.clone(), now);
+        {
+            let mut seen = self.last_seen.lock().unwrap();
+            match seen.get_mut(&key) {
+                Some(at) => *at = now,
+                None => drop(seen.insert(key.clone(), now)),
+            }
+        }
+        // A heartbeat (nothing new to say) of a live agent only says when
+        // it was heard: no record built, nothing written.
+        if host.is_none()
+            && let Some(l) = self.live.lock().unwrap().get_mut(&key)
+            && l.last.applied_revision == applied
+            && l.last.errors == errors
+        {
+            l.heard = std::time::Instant::now();
+            return Ok(());
+        }
         let mut record = AliveRecord {
             applied_revision: applied,
             errors,
@@ -131,67 +223,80 @@ impl Hub {
             record.wireguard = h.wireguard;
             record.wireguard_reason = h.wireguard_reason;
         }
-        // Decide under the lock, talk to the store outside it: reports of
-        // different agents never wait for each other's store round trips.
-        let keepalive_every = (self.ttl(key.0).as_millis() as u64 / 4).max(1);
-        let lease = {
-            let mut live = self.live.lock().unwrap();
-            match live.get_mut(&key) {
-                Some(l) => {
-                    l.heard = std::time::Instant::now();
-                    if (AliveRecord {
-                        since_ms: 0,
-                        ..l.last.clone()
-                    }) != (AliveRecord {
-                        since_ms: 0,
-                        ..record.clone()
-                    }) {
-                        // Written with the others in the next batch: after a
-                        // change for all agents that is one transaction per
-                        // 128 agents, not one write per agent.
-                        self.dirty
-                            .lock()
-                            .unwrap()
-                            .insert(key.clone(), (l.lease, record.clone()));
-                        l.last = record.clone();
-                    }
-                    // The lease needs renewing only a few times per TTL.
-                    if now.saturating_sub(l.last_keepalive_ms) < keepalive_every {
-                        return Ok(());
-                    }
-                    l.last_keepalive_ms = now;
-                    Some(l.lease)
-                }
-                None => None,
+        if let Some(l) = self.live.lock().unwrap().get_mut(&key) {
+            l.heard = std::time::Instant::now();
+            if !same_status(&l.last, &record) {
+                // Written with the others in the next batch: after a
+                // change for all agents that is one transaction per 128
+                // agents, not one write per agent.
+                self.dirty
+                    .lock()
+                    .unwrap()
+                    .insert(key.clone(), (l.lease, record.clone()));
+                l.last = record;
             }
-        };
-        let store = self.state.store();
-        if let Some(lease) = lease {
-            match store.lease_keep_alive(lease).await {
-                Ok(_) => return Ok(()),
-                Err(StoreError::LeaseNotFound(_)) => {
-                    self.live.lock().unwrap().remove(&key);
-                }
-                Err(e) => return Err(e.into()),
-            }
+            return Ok(());
         }
-        let lease = store.lease_grant(self.ttl(key.0)).await?;
+        // New here: live first (so that a lease replaced meanwhile
+        // rewrites this record too), then written at once (a gateway's
+        // record makes it electable).
+        let lease = self.role_lease(key.0).await?;
         let put = Op::Put {
             key: self.state.alive_key(key.0, &key.1),
             value: serde_json::to_vec(&record).unwrap(),
             lease: Some(lease),
         };
-        store.txn(Txn::new().then(put)).await?;
         self.live.lock().unwrap().insert(
-            key,
+            key.clone(),
             Live {
                 lease,
                 last: record,
                 heard: std::time::Instant::now(),
-                last_keepalive_ms: now,
             },
         );
-        Ok(())
+        match self.state.store().txn(Txn::new().then(put)).await {
+            Ok(_) => Ok(()),
+            Err(StoreError::LeaseNotFound(_)) => self.replace_lease(key.0, lease).await,
+            Err(e) => {
+                self.live.lock().unwrap().remove(&key);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Writes status records, [`STATUS_BATCH`] per transaction. A record
+    /// whose lease ended meanwhile is dropped (the lease's replacement
+    /// writes it again); any other failure keeps it for the next flush.
+    async fn write_status(&self, batch: Vec<(AgentKey, (LeaseId, AliveRecord))>) {
+        let put = |(role, name): &AgentKey, lease: LeaseId, rec: &AliveRecord| Op::Put {
+            key: self.state.alive_key(*role, name),
+            value: serde_json::to_vec(rec).unwrap(),
+            lease: Some(lease),
+        };
+        for chunk in batch.chunks(STATUS_BATCH) {
+            let mut txn = Txn::new();
+            for (key, (lease, rec)) in chunk {
+                txn = txn.then(put(key, *lease, rec));
+            }
+            if let Err(e) = self.state.store().txn(txn).await {
+                // A lease that ended fails the batch: go one by one.
+                tracing::debug!(error = %e, "status batch failed; writing records singly");
+                for (key, (lease, rec)) in chunk {
+                    match self.state.store().txn(Txn::new().then(put(key, *lease, rec))).await {
+                        Ok(_) => {}
+                        Err(StoreError::LeaseNotFound(_)) => self.lease_lost.notify_one(),
+                        Err(e) => {
+                            tracing::debug!(agent = %key.1, error = %e, "status not written; kept for the next flush");
+                            self.dirty
+                                .lock()
+                                .unwrap()
+                                .entry(key.clone())
+                                .or_insert((*lease, rec.clone()));
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Drops what this replica keeps about a removed agent; its liveness
@@ -206,8 +311,12 @@ impl Hub {
         let lease = self.live.lock().unwrap().remove(&key).map(|l| l.lease);
         if let (Some(lease), Ok(rt)) = (lease, tokio::runtime::Handle::try_current()) {
             let store = self.state.store().clone();
+            let k = self.state.alive_key(key.0, &key.1);
             rt.spawn(async move {
-                let _ = store.lease_revoke(lease).await;
+                let txn = Txn::new()
+                    .when(Compare::Lease(k.clone(), lease))
+                    .then(Op::Delete { key: k });
+                let _ = store.txn(txn).await;
             });
         }
     }
@@ -254,31 +363,42 @@ pub(super) async fn flush_status(hub: std::sync::Weak<Hub>) {
         tick.tick().await;
         let Some(h) = hub.upgrade() else { return };
         let batch: Vec<(AgentKey, (LeaseId, AliveRecord))> = h.dirty.lock().unwrap().drain().collect();
-        let put = |(role, name): &AgentKey, lease: LeaseId, rec: &AliveRecord| Op::Put {
-            key: h.state.alive_key(*role, name),
-            value: serde_json::to_vec(rec).unwrap(),
-            lease: Some(lease),
-        };
-        for chunk in batch.chunks(STATUS_BATCH) {
-            let mut txn = Txn::new();
-            for (key, (lease, rec)) in chunk {
-                txn = txn.then(put(key, *lease, rec));
+        h.write_status(batch).await;
+    }
+}
+
+/// Renews each role's liveness lease four times per TTL, and replaces one
+/// that ended (see [`Hub::replace_lease`]) at once.
+pub(super) async fn keep_leases(hub: std::sync::Weak<Hub>) {
+    let every = match hub.upgrade() {
+        Some(h) => (h.gateway_ttl.min(h.agent_ttl) / 4).max(Duration::from_millis(20)),
+        None => return,
+    };
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut renewed: std::collections::HashMap<AgentRole, std::time::Instant> = Default::default();
+    loop {
+        let Some(h) = hub.upgrade() else { return };
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = h.lease_lost.notified() => {}
+        }
+        let leases: Vec<(AgentRole, LeaseId)> = h.leases.lock().await.iter().map(|(r, l)| (*r, *l)).collect();
+        for (role, lease) in leases {
+            // Each role's lease a few times per its own TTL (the nodes'
+            // is longer than the gateways').
+            if renewed.get(&role).is_some_and(|at| at.elapsed() < h.ttl(role) / 4) {
+                continue;
             }
-            if let Err(e) = h.state.store().txn(txn).await {
-                // One lease that expired meanwhile fails the batch: go one by one.
-                tracing::debug!(error = %e, "status batch failed; writing records singly");
-                for (key, (lease, rec)) in chunk {
-                    if let Err(e) = h.state.store().txn(Txn::new().then(put(key, *lease, rec))).await {
-                        tracing::debug!(agent = %key.1, error = %e, "status not written; kept for the next flush");
-                        if !matches!(e, StoreError::LeaseNotFound(_)) {
-                            h.dirty
-                                .lock()
-                                .unwrap()
-                                .entry(key.clone())
-                                .or_insert((*lease, rec.clone()));
-                        }
+            match h.state.store().lease_keep_alive(lease).await {
+                Ok(_) => drop(renewed.insert(role, std::time::Instant::now())),
+                Err(StoreError::LeaseNotFound(_)) => {
+                    if let Err(e) = h.replace_lease(role, lease).await {
+                        tracing::warn!(role = ?role, error = %e, "cannot replace the liveness lease; retrying");
                     }
+                    renewed.remove(&role);
                 }
+                Err(e) => tracing::warn!(role = ?role, error = %e, "cannot renew the liveness lease; retrying"),
             }
         }
     }

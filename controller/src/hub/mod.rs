@@ -38,7 +38,7 @@ mod liveness;
 
 pub use election::choose_active_gateway;
 use index::{Mark, update};
-use liveness::{Live, expire_silent, flush_status};
+use liveness::{Live, expire_silent, flush_status, keep_leases};
 
 pub type AgentKey = (AgentRole, String);
 
@@ -112,6 +112,11 @@ pub struct Hub {
     live_changed: Notify,
     /// Status records waiting for the next batched write.
     dirty: Mutex<HashMap<AgentKey, (LeaseId, AliveRecord)>>,
+    /// The lease this replica writes the liveness records of each role on
+    /// (see `liveness`): one per role, renewed by one task.
+    leases: tokio::sync::Mutex<HashMap<AgentRole, LeaseId>>,
+    /// Woken when a write found a role's lease gone.
+    lease_lost: Notify,
     pub agent_ttl: Duration,
     pub gateway_ttl: Duration,
     /// Each gateway's latest tunnel report (when, what). Kept in memory:
@@ -128,11 +133,7 @@ impl Hub {
         let loaded_at = model.revision;
         let (alive_tx, alive_rx) = tokio::sync::oneshot::channel();
         let hub = Arc::new(Hub {
-            replica: {
-                let mut b = [0u8; 6];
-                ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).expect("the system RNG works");
-                b.iter().map(|x| format!("{x:02x}")).collect()
-            },
+            replica: crate::pki::random_hex(6),
             state,
             model: RwLock::new(Arc::new(model)),
             slots: Mutex::new(HashMap::new()),
@@ -140,6 +141,8 @@ impl Hub {
             last_seen: Mutex::new(HashMap::new()),
             facts: Mutex::new(HashMap::new()),
             dirty: Mutex::new(HashMap::new()),
+            leases: tokio::sync::Mutex::new(HashMap::new()),
+            lease_lost: Notify::new(),
             params_rev: tokio::sync::watch::Sender::new(0),
             closing: tokio::sync::watch::Sender::new(false),
             seen: tokio::sync::watch::Sender::new(loaded_at),
@@ -155,6 +158,14 @@ impl Hub {
             let weak = weak.clone();
             async move {
                 flush_status(weak).await;
+                Ok(())
+            }
+        });
+        let weak = Arc::downgrade(&hub);
+        weft_common::task::supervise("liveness-leases", weft_common::task::OnFailure::Restart, move || {
+            let weak = weak.clone();
+            async move {
+                keep_leases(weak).await;
                 Ok(())
             }
         });

@@ -18,7 +18,7 @@ use weft_core::enroll;
 use crate::domain::{AgentRole, CertRecord, Gateway, Node, Site, SubnetSource, Token, now_ms, validate_name};
 use crate::error::Error;
 use crate::ipam;
-use crate::pki::Issued;
+use crate::pki::{Issued, random_hex};
 use crate::store::{Compare, Op, Txn};
 
 /// Longest token lifetime accepted.
@@ -57,12 +57,6 @@ impl ParsedToken {
             secret: secret.into(),
         })
     }
-}
-
-fn random_hex(bytes: usize) -> String {
-    let mut b = vec![0u8; bytes];
-    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).expect("the system RNG works");
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 use weft_common::sha256_hex;

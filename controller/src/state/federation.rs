@@ -13,15 +13,10 @@ use super::{Key, State, encode};
 use crate::domain::{PeerToken, Peering, PeeringState, PendingCidrs, RemoteSite, now_ms, validate_name};
 use crate::error::Error;
 use crate::ipam::{self, CidrKind};
+use crate::pki::random_hex;
 use crate::store::{Compare, Op, Txn};
 
 use weft_common::sha256_hex;
-
-fn random_hex(bytes: usize) -> String {
-    let mut b = vec![0u8; bytes];
-    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).expect("the system RNG works");
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
 
 /// How long after a peering is made (or joined again) the peer's "no such
 /// peering" is not believed: it records its side just after it has the

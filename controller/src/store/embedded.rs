@@ -409,6 +409,7 @@ impl Inner {
                     Compare::Version(k, v) => existing(&kv, k)?.map_or(0, |e| e.version) == *v,
                     Compare::ModRevision(k, r) => existing(&kv, k)?.map_or(0, |e| e.mod_revision) == *r,
                     Compare::Value(k, val) => existing(&kv, k)?.is_some_and(|e| &e.value == val),
+                    Compare::Lease(k, l) => existing(&kv, k)?.is_some_and(|e| e.lease == *l),
                 };
                 if !holds {
                     return Ok((

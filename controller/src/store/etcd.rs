@@ -171,6 +171,8 @@ impl Store for EtcdStore {
                 Compare::Version(k, v) => etcd_client::Compare::version(k, CompareOp::Equal, v),
                 Compare::ModRevision(k, r) => etcd_client::Compare::mod_revision(k, CompareOp::Equal, r),
                 Compare::Value(k, v) => etcd_client::Compare::value(k, CompareOp::Equal, v),
+                // etcd compares an absent key's lease as 0: never a granted one.
+                Compare::Lease(k, l) => etcd_client::Compare::lease(k, CompareOp::Equal, l),
             })
             .collect();
         let lease_ids: Vec<LeaseId> = txn

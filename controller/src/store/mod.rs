@@ -51,6 +51,8 @@ pub enum Compare {
     ModRevision(String, Revision),
     /// The key exists and holds exactly this value.
     Value(String, Vec<u8>),
+    /// The key exists and is attached to this lease.
+    Lease(String, LeaseId),
 }
 
 /// A write inside a transaction.

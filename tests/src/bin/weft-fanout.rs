@@ -49,11 +49,16 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // Each agent holds a descriptor here and one in the controller (which
+    // inherits the limit).
+    let nofile = raise_nofile(args.agents as u64 + 4096)?;
     let mut bench = Bench::start(&args.store, args.parallel).await?;
     let pid = bench.controller.pid();
     let ctx = bench.ctx.clone();
     let n = args.agents;
-    let cpu0 = proc_stats(pid).cpu_secs;
+    let started = proc_stats(pid);
+    let cpu0 = started.cpu_secs;
+    phase("enroll");
 
     // Enroll N node agents.
     let t_enroll = Instant::now();
@@ -61,32 +66,52 @@ async fn main() -> anyhow::Result<()> {
     let enroll_time = t_enroll.elapsed();
 
     // Connect all N streams.
+    phase("connect");
+    let enrolled = proc_stats(pid);
     let t_connect = Instant::now();
     let (_tx, mut rx) = bench.connect(ids).await?;
     let connect_time = t_connect.elapsed();
     let connected = proc_stats(pid);
-    let beats0 = weft_tests::sim::HEARTBEATS.load(std::sync::atomic::Ordering::Relaxed);
+    let beats = || weft_tests::sim::HEARTBEATS.load(std::sync::atomic::Ordering::Relaxed);
+    let beats0 = beats();
     let t_beats = Instant::now();
     // Steady state with heartbeats: what it costs the controller.
+    phase("hold");
     tokio::time::sleep(*args.hold).await;
     let held = proc_stats(pid);
     let hold_cpu = held.cpu_secs - connected.cpu_secs;
+    let hold_beats = beats() - beats0;
 
     // A change that concerns all N: the first gateway appears.
     let gw_token = bench.token(pb::AgentRole::Gateway, 2).await?;
+    phase("change-for-all");
     let t0 = Instant::now();
     let gateway = ctx.register(&gw_token, "gw", "10.255.0.1").await?;
     let all = acked_by_all(&mut rx, n, t0).await?;
+    let changed = proc_stats(pid);
+    // The controller's CPU per delivered delta (render, encode, send, and
+    // the agent's acknowledging Report), heartbeats of the window excluded
+    // at the hold's rate.
+    let change_window = t0.elapsed().as_secs_f64();
+    let beat_cpu = if hold_beats > 0 {
+        hold_cpu / hold_beats as f64
+    } else {
+        0.0
+    };
+    let change_cpu =
+        (changed.cpu_secs - held.cpu_secs) - beat_cpu * (hold_beats as f64 / args.hold.as_secs_f64()) * change_window;
+    phase("change-for-one");
 
     // Changes that concern one agent: new nodes, as seen by the gateway.
     let mut single = changes_for_one(&bench, gateway, &args).await?;
     single.sort();
     let after = proc_stats(pid);
-    let beats = weft_tests::sim::HEARTBEATS.load(std::sync::atomic::Ordering::Relaxed) - beats0;
-    let beat_rate = beats as f64 / t_beats.elapsed().as_secs_f64();
+    let beat_rate = (beats() - beats0) as f64 / t_beats.elapsed().as_secs_f64();
 
     // Resume after a controller restart: stopped for a while, then back.
+    phase("resume");
     let (resume_time, snapshots) = resumed(&mut bench, &mut rx, n, *args.restart_pause).await?;
+    phase("done");
 
     println!("weft-fanout: {} agents, {} store", n, args.store);
     println!(
@@ -118,19 +143,59 @@ async fn main() -> anyhow::Result<()> {
     );
     println!(
         "  heartbeats (default agent TTL):        {beat_rate:.0}/s while connected; over the {} hold \
-         the controller used {:.0} % of a core",
+         the controller used {:.1} % of a core, {:.0} µs of CPU per heartbeat",
         args.hold,
-        100.0 * hold_cpu / args.hold.as_secs_f64()
+        100.0 * hold_cpu / args.hold.as_secs_f64(),
+        beat_cpu * 1e6
+    );
+    println!(
+        "  change for all, controller CPU:        {:.2} s, {:.0} µs per delivered delta",
+        change_cpu,
+        change_cpu * 1e6 / n as f64
     );
     println!(
         "  controller CPU time:                   {:.1} s",
         after.cpu_secs - cpu0
     );
     println!(
-        "  controller RSS: {:.0} MiB with all connected, {:.0} MiB after the hold, {:.0} MiB after the changes, peak {:.0} MiB",
-        connected.rss, held.rss, after.rss, after.peak
+        "  controller RSS: {:.0} MiB at start, {:.0} MiB enrolled, {:.0} MiB with all connected, {:.0} MiB after \
+         the hold, {:.0} MiB after the changes, peak {:.0} MiB",
+        started.rss, enrolled.rss, connected.rss, held.rss, after.rss, after.peak
+    );
+    println!(
+        "  memory per connected agent (RSS connected - enrolled) / N: {:.1} KiB; per enrolled agent \
+         (enrolled - start) / N: {:.1} KiB; descriptor limit {nofile}",
+        (connected.rss - enrolled.rss) * 1024.0 / n as f64,
+        (enrolled.rss - started.rss) * 1024.0 / n as f64
     );
     Ok(())
+}
+
+/// Marks the start of a phase on stderr with the monotonic clock (perf's
+/// `-k mono` clock), so a profile of the controller can be cut by phase.
+fn phase(name: &str) {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map_or(0.0, |t| t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9);
+    eprintln!("weft-fanout: phase {name} at {t:.3} (CLOCK_MONOTONIC)");
+}
+
+/// Raises this process's descriptor limit to at least `want` (the hard
+/// limit too, which needs root when it is lower), else to the hard limit;
+/// the limit now.
+fn raise_nofile(want: u64) -> anyhow::Result<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if hard >= want || setrlimit(Resource::RLIMIT_NOFILE, want, want).is_err() {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    let (now, _) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if now < want {
+        anyhow::bail!(
+            "this run needs about {want} descriptors per process and the limit is {now}: raise the hard limit \
+             (ulimit -Hn {want} as root) or run as root"
+        );
+    }
+    Ok(now)
 }
 
 /// How long after `t0` each of the `n` agents acknowledged a change.
