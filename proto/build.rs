@@ -34,6 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(true)
         .extern_path(".weft.v1", "crate::v1")
+        .codec_path("crate::codec::Codec")
         .out_dir(&svc)
         .compile_fds(fds)?;
     Ok(())

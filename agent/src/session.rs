@@ -279,7 +279,62 @@ struct LastReport {
     at: std::time::Instant,
     report: pb::ReportRequest,
     every: Duration,
-    client: AgentServiceClient<tonic::transport::Channel>,
+    reporter: Reporter,
+}
+
+/// Where the session's reports go: messages on one long-lived
+/// `ReportStream` (a heartbeat is then one small frame, not a call), or
+/// `Report` calls to a controller that has no such stream.
+#[derive(Clone)]
+enum Reporter {
+    Stream(tokio::sync::mpsc::Sender<pb::ReportRequest>),
+    Calls(AgentServiceClient<tonic::transport::Channel>),
+}
+
+/// The controller's answers on a report stream (None: reports are calls).
+type Answers = Option<tonic::Streaming<pb::ReportResponse>>;
+
+impl Reporter {
+    /// Opens the report stream on `c` (calls, if the controller has none).
+    async fn open(c: &mut AgentServiceClient<tonic::transport::Channel>) -> Result<(Reporter, Answers), End> {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        match c.report_stream(tokio_stream::wrappers::ReceiverStream::new(rx)).await {
+            Ok(a) => Ok((Reporter::Stream(tx), Some(a.into_inner()))),
+            Err(s) if s.code() == tonic::Code::Unimplemented => Ok((Reporter::Calls(c.clone()), None)),
+            Err(s) => Err(classify(s)),
+        }
+    }
+
+    /// Sends one report. A call's answer comes back here; a stream's
+    /// answers come on its [`Answers`]. Err: the stream has ended (its
+    /// answers say why) or the call was refused.
+    async fn send(&mut self, r: pb::ReportRequest) -> Result<Option<pb::ReportResponse>, Option<tonic::Status>> {
+        match self {
+            Reporter::Stream(tx) => tx.send(r).await.map(|_| None).map_err(|_| None),
+            Reporter::Calls(c) => c.report(r).await.map(|a| Some(a.into_inner())).map_err(Some),
+        }
+    }
+}
+
+/// The next answer on a report stream; never, when reports are calls.
+async fn next_answer(answers: &mut Answers) -> Result<Option<pb::ReportResponse>, tonic::Status> {
+    match answers {
+        Some(a) => a.message().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Why a report stream ended, from its answers (waited for briefly: the
+/// status comes right after the stream stops taking reports).
+async fn stream_end(answers: &mut Answers) -> End {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(2), next_answer(answers)).await {
+            Ok(Ok(Some(_))) => continue,
+            Ok(Ok(None)) => return End::Transient(anyhow::anyhow!("the controller ended the report stream")),
+            Ok(Err(s)) => return classify(s),
+            Err(_) => return End::Lost(anyhow::anyhow!("the report stream stopped without a status")),
+        }
+    }
 }
 
 /// Reports again what the session last reported whenever the session's
@@ -296,13 +351,13 @@ async fn keep_reporting(last: std::sync::Arc<std::sync::Mutex<LastReport>>) {
             let since = l.at.elapsed();
             let late = l.every + l.every / 2;
             if since >= late {
-                (l.every, Some((l.report.clone(), l.client.clone())))
+                (l.every, Some((l.report.clone(), l.reporter.clone())))
             } else {
                 (late - since, None)
             }
         };
-        if let Some((report, mut client)) = due
-            && client.report(report).await.is_ok()
+        if let Some((report, mut reporter)) = due
+            && reporter.send(report).await.is_ok()
         {
             last.lock().unwrap().at = std::time::Instant::now();
         }
@@ -450,6 +505,10 @@ pub(crate) async fn session(s: Session<'_>) -> End {
     metrics.cert_expiry.set(unix_secs(current.not_after));
     let _disconnected = Disconnected;
     let mut host_reported: Option<std::time::Instant> = None;
+    let (mut reporter, mut answers) = match Reporter::open(&mut c).await {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
     let last = std::sync::Arc::new(std::sync::Mutex::new(LastReport {
         at: std::time::Instant::now(),
         report: pb::ReportRequest {
@@ -457,7 +516,7 @@ pub(crate) async fn session(s: Session<'_>) -> End {
             ..Default::default()
         },
         every: heartbeat.period(),
-        client: c.clone(),
+        reporter: reporter.clone(),
     }));
     let _keeper = AbortOnDrop(tokio::spawn(keep_reporting(last.clone())));
     loop {
@@ -478,6 +537,18 @@ pub(crate) async fn session(s: Session<'_>) -> End {
                 Ok(None) => return End::Transient(anyhow::anyhow!("the controller ended the stream")),
                 Err(s) => return classify(s),
             },
+            a = next_answer(&mut answers) => match a {
+                Ok(Some(a)) => {
+                    let every = heartbeat_period(&a);
+                    last.lock().unwrap().every = every;
+                    if every != heartbeat.period() {
+                        heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                    }
+                    continue;
+                }
+                Ok(None) => return End::Transient(anyhow::anyhow!("the controller ended the report stream")),
+                Err(s) => return classify(s),
+            },
             _ = heartbeat.tick() => {}
         }
         // Reports (the heartbeat too) go on a connection with the newest
@@ -489,6 +560,10 @@ pub(crate) async fn session(s: Session<'_>) -> End {
                 Ok(n) => c = n,
                 Err(e) => return e,
             }
+            (reporter, answers) = match Reporter::open(&mut c).await {
+                Ok(r) => r,
+                Err(e) => return e,
+            };
         }
         let tunnels = applier.tunnels();
         log_tunnel_changes(&tunnels, &mut tunnels_up);
@@ -510,17 +585,19 @@ pub(crate) async fn session(s: Session<'_>) -> End {
                 host: None,
                 ..report.clone()
             };
-            l.client = c.clone();
+            l.reporter = reporter.clone();
         }
-        match c.report(report).await {
-            Ok(r) => {
-                let every = heartbeat_period(&r.into_inner());
+        match reporter.send(report).await {
+            Ok(Some(r)) => {
+                let every = heartbeat_period(&r);
                 last.lock().unwrap().every = every;
                 if every != heartbeat.period() {
                     heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
                 }
             }
-            Err(s) => return classify(s),
+            Ok(None) => {}
+            Err(Some(s)) => return classify(s),
+            Err(None) => return stream_end(&mut answers).await,
         }
     }
 }
@@ -652,6 +729,14 @@ mod tests {
         async fn report(&self, r: tonic::Request<pb::ReportRequest>) -> Answer<pb::ReportResponse> {
             self.reports.lock().unwrap().push(r.into_inner());
             Ok(tonic::Response::new(pb::ReportResponse::default()))
+        }
+        type ReportStreamStream = tokio_stream::Empty<Result<pb::ReportResponse, tonic::Status>>;
+        // As an older controller: the agent falls back to Report calls.
+        async fn report_stream(
+            &self,
+            _: tonic::Request<tonic::Streaming<pb::ReportRequest>>,
+        ) -> Answer<Self::ReportStreamStream> {
+            Err(tonic::Status::unimplemented("not in this fake"))
         }
         async fn update_gateway(
             &self,

@@ -334,6 +334,13 @@ impl Authenticator {
                 id.site, self.site
             )));
         }
+        self.check_revocation(&id)?;
+        Ok(id)
+    }
+
+    /// Refuses an identity whose certificate was revoked, saying why (a
+    /// long-lived stream asks again for each message it reads).
+    pub fn check_revocation(&self, id: &Identity) -> Result<(), Status> {
         let why = self.revoked.read().unwrap().get(&id.serial).copied();
         match why {
             // An agent that was away when the admin removed it learns it
@@ -370,7 +377,7 @@ impl Authenticator {
                 ),
             }));
         }
-        Ok(id)
+        Ok(())
     }
 
     /// The identity in leaf `ee` once it verifies against the site CA

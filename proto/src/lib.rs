@@ -13,6 +13,52 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/svc/weft.v1.rs"));
 }
 
+#[cfg(feature = "grpc")]
+pub mod codec {
+    //! prost's gRPC codec with small starting buffers. Every agent holds
+    //! two streams open for as long as it runs (its Watch and its reports),
+    //! and a controller holds them for every agent: tonic's default 8 KiB
+    //! per stream and direction would be most of an idle agent's cost. The
+    //! buffers still grow to whatever message comes (a snapshot).
+
+    use std::marker::PhantomData;
+
+    use tonic::codec::BufferSettings;
+
+    /// Where a stream's encode and decode buffers start.
+    const BUFFER: usize = 512;
+    /// tonic's default: how much is encoded before the stream yields.
+    const YIELD_THRESHOLD: usize = 32 * 1024;
+
+    #[derive(Debug, Clone, Copy)]
+    pub struct Codec<T, U>(PhantomData<(T, U)>);
+
+    impl<T, U> Default for Codec<T, U> {
+        fn default() -> Self {
+            Codec(PhantomData)
+        }
+    }
+
+    impl<T, U> tonic::codec::Codec for Codec<T, U>
+    where
+        T: prost::Message + Send + 'static,
+        U: prost::Message + Default + Send + 'static,
+    {
+        type Encode = T;
+        type Decode = U;
+        type Encoder = <tonic_prost::ProstCodec<T, U> as tonic::codec::Codec>::Encoder;
+        type Decoder = <tonic_prost::ProstCodec<T, U> as tonic::codec::Codec>::Decoder;
+
+        fn encoder(&mut self) -> Self::Encoder {
+            tonic_prost::ProstCodec::<T, U>::raw_encoder(BufferSettings::new(BUFFER, YIELD_THRESHOLD))
+        }
+
+        fn decoder(&mut self) -> Self::Decoder {
+            tonic_prost::ProstCodec::<T, U>::raw_decoder(BufferSettings::new(BUFFER, YIELD_THRESHOLD))
+        }
+    }
+}
+
 /// The routing table weft owns in a host's own namespace: every route a
 /// controller may send for a host's own namespace lives here (in weft's
 /// peering namespaces, which weft owns whole, any table).

@@ -110,8 +110,20 @@ pub async fn simulated_agent(
                 continue;
             }
         };
+        // Reports go on one stream, as a real agent sends them.
+        let (reports, outbound) = mpsc::channel::<pb::ReportRequest>(4);
+        let mut answers = match c
+            .report_stream(tokio_stream::wrappers::ReceiverStream::new(outbound))
+            .await
+        {
+            Ok(a) => a.into_inner(),
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(300 + (i % 400) as u64)).await;
+                continue;
+            }
+        };
         let mut first = true;
-        // Heartbeats as a real agent sends them: a Report every period the
+        // Heartbeats as a real agent sends them: a report every period the
         // controller names (a third of the agent TTL).
         let mut every = Duration::from_secs(5);
         let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
@@ -121,20 +133,28 @@ pub async fn simulated_agent(
                     Ok(Some(m)) => m,
                     _ => break,
                 },
-                _ = beat.tick() => {
-                    let r = c
-                        .report(pb::ReportRequest {
-                            applied_revision: revision,
-                            ..Default::default()
-                        })
-                        .await;
-                    if let Ok(r) = r {
-                        HEARTBEATS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let p = Duration::from_millis(u64::from(r.into_inner().heartbeat_millis.max(50)));
+                a = answers.message() => match a {
+                    Ok(Some(a)) => {
+                        let p = Duration::from_millis(u64::from(a.heartbeat_millis.max(50)));
                         if p != every {
                             every = p;
                             beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
                         }
+                        continue;
+                    }
+                    Err(e) if matches!(e.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) => {
+                        let _ = tx.send(Event::Removed(i));
+                        return;
+                    }
+                    _ => break,
+                },
+                _ = beat.tick() => {
+                    let beat = pb::ReportRequest {
+                        applied_revision: revision,
+                        ..Default::default()
+                    };
+                    if reports.send(beat).await.is_ok() {
+                        HEARTBEATS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     continue;
                 }
@@ -159,8 +179,8 @@ pub async fn simulated_agent(
                 None => {}
             }
             revision = m.revision;
-            let _ = c
-                .report(pb::ReportRequest {
+            let _ = reports
+                .send(pb::ReportRequest {
                     applied_revision: m.revision,
                     errors: vec![],
                     ..Default::default()

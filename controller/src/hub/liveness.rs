@@ -90,17 +90,28 @@ impl Hub {
         let now = std::time::Instant::now();
         let silent: Vec<(AgentKey, LeaseId, Duration)> = {
             let mut live = self.live.lock().unwrap();
+            let mut next = self.next_silence.lock().unwrap();
             if stalled {
                 for l in live.values_mut() {
                     l.heard = now;
                 }
+                *next = None;
                 return;
             }
-            let keys: Vec<AgentKey> = live
-                .iter()
-                .filter(|(k, l)| now.duration_since(l.heard) > self.ttl(k.0))
-                .map(|(k, _)| k.clone())
-                .collect();
+            if next.is_some_and(|at| now <= at) {
+                return;
+            }
+            let mut keys: Vec<AgentKey> = Vec::new();
+            let mut earliest: Option<std::time::Instant> = None;
+            for (k, l) in live.iter() {
+                let silent_at = l.heard + self.ttl(k.0);
+                if now > silent_at {
+                    keys.push(k.clone());
+                } else {
+                    earliest = Some(earliest.map_or(silent_at, |e| e.min(silent_at)));
+                }
+            }
+            *next = earliest;
             keys.into_iter()
                 .filter_map(|k| {
                     let l = live.remove(&k)?;
@@ -238,22 +249,38 @@ impl Hub {
             return Ok(());
         }
         // New here: live first (so that a lease replaced meanwhile
-        // rewrites this record too), then written at once (a gateway's
-        // record makes it electable).
+        // rewrites this record too), then written: a gateway's at once (it
+        // makes the gateway electable), a node's with the next batch (a
+        // controller that thousands of nodes reconnect to writes their
+        // records 128 to a transaction).
         let lease = self.role_lease(key.0).await?;
+        let value = (key.0 == AgentRole::Gateway).then(|| serde_json::to_vec(&record).unwrap());
+        {
+            let mut live = self.live.lock().unwrap();
+            let heard = std::time::Instant::now();
+            if key.0 == AgentRole::Node {
+                self.dirty.lock().unwrap().insert(key.clone(), (lease, record.clone()));
+            }
+            live.insert(
+                key.clone(),
+                Live {
+                    lease,
+                    last: record,
+                    heard,
+                },
+            );
+            let mut next = self.next_silence.lock().unwrap();
+            let silent_at = heard + self.ttl(key.0);
+            if next.is_some_and(|at| silent_at < at) {
+                *next = Some(silent_at);
+            }
+        }
+        let Some(value) = value else { return Ok(()) };
         let put = Op::Put {
             key: self.state.alive_key(key.0, &key.1),
-            value: serde_json::to_vec(&record).unwrap(),
+            value,
             lease: Some(lease),
         };
-        self.live.lock().unwrap().insert(
-            key.clone(),
-            Live {
-                lease,
-                last: record,
-                heard: std::time::Instant::now(),
-            },
-        );
         match self.state.store().txn(Txn::new().then(put)).await {
             Ok(_) => Ok(()),
             Err(StoreError::LeaseNotFound(_)) => self.replace_lease(key.0, lease).await,

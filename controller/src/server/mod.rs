@@ -469,6 +469,7 @@ pub async fn run(
             cfg.site.id.clone(),
             cfg.agent_cert_ttl,
             hub.clone(),
+            auth.clone(),
         ))
         .max_decoding_message_size(MAX_MESSAGE),
         auth.optional(),
