@@ -53,7 +53,7 @@ async fn client(target: &str, creds: &Credentials) -> Result<AgentServiceClient<
             tls::ConnectError::Unreachable { .. } => End::Lost(e.into()),
             tls::ConnectError::BadTarget(_) => End::Transient(e.into()),
         })?;
-    Ok(AgentServiceClient::new(ch))
+    Ok(AgentServiceClient::new(ch).max_decoding_message_size(weft_proto::MAX_DESIRED_MESSAGE))
 }
 
 /// Applies a received message, persists the result and returns the errors.

@@ -73,6 +73,13 @@ pub const HOST_RULE_PRIORITY: u32 = 7765;
 /// certificate) leaves the host's data plane as it is.
 pub const REMOVED: &str = "weft-removed";
 
+/// The largest desired-state message an agent accepts. A gateway's
+/// snapshot grows with its site: every node adds its tunnel, address and
+/// routes (about 250 bytes), so tonic's default of 4 MiB stops a gateway
+/// of a site with some 16,000 nodes from starting; 64 MiB holds a site of
+/// a quarter of a million.
+pub const MAX_DESIRED_MESSAGE: usize = 64 * 1024 * 1024;
+
 /// Encoded `FileDescriptorSet` of every weft proto, for server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/weft_descriptor.bin"));
 

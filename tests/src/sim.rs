@@ -78,7 +78,7 @@ pub async fn simulated_agent(
     let permit = sem.acquire().await.unwrap();
     let ch = ctx.channel(Some((&cert, &key))).await.expect("connect");
     drop(permit);
-    let mut c = AgentServiceClient::new(ch);
+    let mut c = AgentServiceClient::new(ch).max_decoding_message_size(weft_proto::MAX_DESIRED_MESSAGE);
     let mut held: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     let mut revision = 0i64;
     let mut resumed = false;
@@ -331,10 +331,16 @@ impl Bench {
 
     /// Enrolls node agents n0..n{count}; their (certificate, key) PEMs.
     pub async fn enroll(&self, count: usize) -> anyhow::Result<Vec<(String, String)>> {
-        let tok = Arc::new(self.token(pb::AgentRole::Node, count as u32).await?);
+        // A token enrolls at most 10,000 agents: one per 10,000.
+        const PER_TOKEN: usize = 10_000;
+        let mut tokens = Vec::new();
+        for first in (0..count).step_by(PER_TOKEN) {
+            let uses = (count - first).min(PER_TOKEN) as u32;
+            tokens.push(Arc::new(self.token(pb::AgentRole::Node, uses).await?));
+        }
         let mut handles = Vec::new();
         for i in 0..count {
-            let (ctx, tok, sem) = (self.ctx.clone(), tok.clone(), self.sem.clone());
+            let (ctx, tok, sem) = (self.ctx.clone(), tokens[i / PER_TOKEN].clone(), self.sem.clone());
             handles.push(tokio::spawn(async move {
                 let _p = sem.acquire().await.unwrap();
                 ctx.register(&tok, &format!("n{i}"), &underlay(i)).await

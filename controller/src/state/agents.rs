@@ -379,15 +379,10 @@ pub(super) fn new_node(
     // one: a name picked to hash like another node's would take over that
     // node's link on every gateway, and its traffic.
     let link = crate::render::gateway_link_name(name);
-    if let Some((other, _)) = snap
-        .nodes
-        .iter()
-        .find(|(n, _)| n.name != name && crate::render::gateway_link_name(&n.name) == link)
-    {
+    if let Some(other) = snap.nodes_with_link(&link).iter().find(|n| *n != name) {
         return Err(Error::InvalidArgument(format!(
-            "name: node {name:?} would use the gateways' link {link}, which node {:?} uses (the names hash \
-             alike); choose another name",
-            other.name
+            "name: node {name:?} would use the gateways' link {link}, which node {other:?} uses (the names hash \
+             alike); choose another name"
         )));
     }
     let taken = snap.node_subnets();

@@ -66,6 +66,11 @@ struct Snapshot {
     names: Vec<(crate::names::NameRecord, Revision)>,
     /// mod_revision of `ipam/seq` (0 when never written) and its value.
     seq: (Revision, u64),
+    /// The nodes holding each gateway link name (see
+    /// [`Snapshot::nodes_with_link`]): built at the first look, then kept
+    /// with the nodes as commits are folded in, so an enrollment does not
+    /// hash every node's name again.
+    node_links: std::cell::OnceCell<std::collections::HashMap<String, Vec<String>>>,
 }
 
 impl Snapshot {
@@ -103,7 +108,16 @@ impl Snapshot {
             match (key, value) {
                 (Key::Site, Some(v)) => self.site = Some(serde_json::from_slice(v).ok()?),
                 (Key::IpamSeq, Some(v)) => self.seq = (revision, serde_json::from_slice(v).ok()?),
-                (Key::Node(n), v) => fold(&mut self.nodes, v, revision, |x: &Node| x.name == n)?,
+                (Key::Node(n), v) => {
+                    fold(&mut self.nodes, v, revision, |x: &Node| x.name == n)?;
+                    if let Some(links) = self.node_links.get_mut() {
+                        let holders = links.entry(crate::render::gateway_link_name(n)).or_default();
+                        holders.retain(|h| h != n);
+                        if v.is_some() {
+                            holders.push(n.to_string());
+                        }
+                    }
+                }
                 (Key::Gateway(n), v) => fold(&mut self.gateways, v, revision, |x: &Gateway| x.name == n)?,
                 (Key::Peering(n), v) => fold(&mut self.peerings, v, revision, |x: &Peering| x.site_id == n)?,
                 (Key::PeerToken(n), v) => fold(&mut self.peer_tokens, v, revision, |x: &crate::domain::PeerToken| {
@@ -116,6 +130,21 @@ impl Snapshot {
         }
         self.revision = revision;
         Some(self)
+    }
+
+    /// The nodes whose gateway link name is `link`.
+    fn nodes_with_link(&self, link: &str) -> &[String] {
+        let links = self.node_links.get_or_init(|| {
+            let mut links: std::collections::HashMap<String, Vec<String>> = Default::default();
+            for (n, _) in &self.nodes {
+                links
+                    .entry(crate::render::gateway_link_name(&n.name))
+                    .or_default()
+                    .push(n.name.clone());
+            }
+            links
+        });
+        links.get(link).map_or(&[], Vec::as_slice)
     }
 
     fn site(&self) -> Result<&Site, Error> {

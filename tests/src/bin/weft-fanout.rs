@@ -51,7 +51,7 @@ async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     // Each agent holds a descriptor here and one in the controller (which
     // inherits the limit).
-    let nofile = raise_nofile(args.agents as u64 + 4096)?;
+    let nofile = raise_nofile(args.agents as u64 + 1024)?;
     let mut bench = Bench::start(&args.store, args.parallel).await?;
     let pid = bench.controller.pid();
     let ctx = bench.ctx.clone();
@@ -227,7 +227,7 @@ async fn changes_for_one(bench: &Bench, (gcert, gkey): (String, String), args: &
     let gctx = ctx.clone();
     tokio::spawn(async move {
         let ch = gctx.channel(Some((&gcert, &gkey))).await.expect("gateway connect");
-        let mut c = AgentServiceClient::new(ch);
+        let mut c = AgentServiceClient::new(ch).max_decoding_message_size(weft_proto::MAX_DESIRED_MESSAGE);
         let mut s = c
             .watch(pb::WatchRequest {
                 last_revision: 0,
@@ -237,7 +237,15 @@ async fn changes_for_one(bench: &Bench, (gcert, gkey): (String, String), args: &
             .await
             .expect("watch")
             .into_inner();
-        while let Ok(Some(m)) = s.message().await {
+        loop {
+            let m = match s.message().await {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(e) => {
+                    eprintln!("weft-fanout: the gateway's watch ended: {e}");
+                    break;
+                }
+            };
             let ids = match m.kind {
                 Some(pb::watch_response::Kind::Delta(d)) => d.upserts.into_iter().map(|o| o.id).collect(),
                 _ => vec![],
