@@ -399,7 +399,7 @@ impl AgentService for AgentApi {
                 match answer {
                     Ok(a) if told.as_ref() == Some(&a) => {}
                     Ok(a) => {
-                        told = Some(a.clone());
+                        told = Some(a);
                         if tx.send(Ok(a)).await.is_err() {
                             break;
                         }

@@ -534,4 +534,35 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(live(&h, "gw").await, "a stall restarts the TTL from now");
     }
+
+    /// A heartbeat that says nothing new writes nothing; a lease that ended
+    /// under a live replica (as after a stall longer than the TTL) is
+    /// replaced and the records on it written again, without any report.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn heartbeats_write_nothing_and_a_lost_lease_is_replaced() {
+        let (h, _dir) = hub(Duration::from_millis(400)).await;
+        let key = (AgentRole::Gateway, "gw".to_string());
+        h.report(key.clone(), 1, vec![], None).await.unwrap();
+        assert!(live(&h, "gw").await);
+        let before = h.state.store().revision().await.unwrap();
+        for _ in 0..10 {
+            h.report(key.clone(), 1, vec![], None).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            h.state.store().revision().await.unwrap(),
+            before,
+            "heartbeats wrote to the store"
+        );
+        let lease = h.leases.lock().await[&AgentRole::Gateway];
+        h.state.store().lease_revoke(lease).await.unwrap();
+        assert!(!live(&h, "gw").await, "revoking the lease ends its records");
+        let lost = std::time::Instant::now();
+        while !live(&h, "gw").await {
+            assert!(lost.elapsed() < Duration::from_secs(2), "the record never came back");
+            h.report(key.clone(), 1, vec![], None).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_ne!(h.leases.lock().await[&AgentRole::Gateway], lease, "a new lease");
+    }
 }
