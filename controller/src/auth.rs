@@ -400,8 +400,8 @@ impl Authenticator {
         self.verifier
             .verify_client_cert(ee, rest, UnixTime::now())
             .map_err(|e| Status::unauthenticated(describe(&e)))?;
-        let id = identity_of(ee).map_err(Status::unauthenticated)?;
-        let until = crate::pki::not_after(ee.as_ref()).map_or(now, |end| end.min(now + VERIFIED_FOR));
+        let (id, end) = identity_until(ee).map_err(Status::unauthenticated)?;
+        let until = end.min(now + VERIFIED_FOR);
         let mut verified = self.verified.lock().unwrap();
         if verified.len() >= VERIFIED_KEPT {
             verified.retain(|_, v| now < v.until);
@@ -464,11 +464,26 @@ impl Authenticator {
     }
 }
 
+/// A certificate's serial number as weft writes it: lower-case hex without
+/// leading zero bytes.
+pub(crate) fn hex_serial(raw: &[u8]) -> String {
+    let start = raw.iter().position(|b| *b != 0).unwrap_or(raw.len());
+    hex::encode(&raw[start..])
+}
+
 /// The identity in a certificate's URI SAN.
 pub fn identity_of(der: &[u8]) -> Result<Identity, String> {
+    identity_until(der).map(|(id, _)| id)
+}
+
+/// The identity in a certificate's URI SAN, and the end of its validity.
+fn identity_until(der: &[u8]) -> Result<(Identity, std::time::SystemTime), String> {
     use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
     let (_, cert) = X509Certificate::from_der(der).map_err(|e| format!("the client certificate is unreadable: {e}"))?;
-    let serial = crate::pki::hex_serial(cert.raw_serial());
+    let end = u64::try_from(cert.validity().not_after.timestamp()).map_or(std::time::UNIX_EPOCH, |s| {
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(s)
+    });
+    let serial = hex_serial(cert.raw_serial());
     let san = cert.subject_alternative_name().ok().flatten();
     let uri = san
         .iter()
@@ -486,12 +501,15 @@ pub fn identity_of(der: &[u8]) -> Result<Identity, String> {
         ));
     };
     let role = Role::parse(role).ok_or_else(|| format!("the certificate identity {uri} has an unknown role"))?;
-    Ok(Identity {
-        site: site.into(),
-        role,
-        name: name.into(),
-        serial,
-    })
+    Ok((
+        Identity {
+            site: site.into(),
+            role,
+            name: name.into(),
+            serial,
+        },
+        end,
+    ))
 }
 
 /// The caller an interceptor stored; `None` when the call came without one.

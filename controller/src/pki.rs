@@ -353,7 +353,7 @@ fn serial_and_expiry(pem: &str) -> Option<(String, u64)> {
     let der = rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes()).ok()?;
     let (_, c) = X509Certificate::from_der(&der).ok()?;
     Some((
-        hex_serial(c.raw_serial()),
+        crate::auth::hex_serial(c.raw_serial()),
         (c.validity().not_after.timestamp().max(0) as u64) * 1000,
     ))
 }
@@ -376,12 +376,6 @@ pub(crate) fn random_hex(bytes: usize) -> String {
     let mut b = vec![0u8; bytes];
     ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).expect("the system RNG works");
     hex::encode(b)
-}
-
-/// A serial number as the authenticator writes it (crate::auth::identity_of).
-pub(crate) fn hex_serial(raw: &[u8]) -> String {
-    let start = raw.iter().position(|b| *b != 0).unwrap_or(raw.len());
-    hex::encode(&raw[start..])
 }
 
 /// The names a server certificate should carry for a listener on `addr`.

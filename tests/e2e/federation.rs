@@ -536,6 +536,11 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
     weft_tests::eventually("b's node enrolled", Duration::from_secs(20), || {
         node.log_text().contains("watching").then_some(())
     });
+    // Its liveness record is written (with the next batch of records)
+    // before it is stopped, so that "not ready" below means it is gone.
+    weft_tests::eventually("b saw its node", Duration::from_secs(20), || {
+        (weftctl_json(&b.target(), &["node", "get", "n1"])["status"]["ready"] == true).then_some(())
+    });
     node.stop();
     // Its liveness record goes when its lease ends: a write of b's own,
     // which must not land inside the check below.
