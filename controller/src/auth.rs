@@ -343,29 +343,25 @@ impl Authenticator {
     pub fn check_revocation(&self, id: &Identity) -> Result<(), Status> {
         let why = self.revoked.read().unwrap().get(&id.serial).copied();
         match why {
+            None => Ok(()),
             // An agent that was away when the admin removed it learns it
             // here, on its first call back.
-            Some(RevokedAs::Removed) => {
-                return Err(removed(format!(
-                    "{id} has been removed by the admin and its certificate revoked; enroll it again with a new token"
-                )));
-            }
+            Some(RevokedAs::Removed) => Err(removed(format!(
+                "{id} has been removed by the admin and its certificate revoked; enroll it again with a new token"
+            ))),
             Some(RevokedAs::Superseded { issued_at_ms }) => {
                 if let Some(tx) = self.superseded.lock().unwrap().as_ref() {
                     // Full: the controller is already revoking this (or
                     // another) identity; the next call tells it again.
                     let _ = tx.try_send((id.clone(), issued_at_ms));
                 }
-                return Err(Status::unauthenticated(format!(
+                Err(Status::unauthenticated(format!(
                     "the certificate of {id} was replaced by a renewal that its holder did not make: another host \
                      holds this identity (a copied key and certificate). Every certificate of the name is revoked; \
                      the admin must enroll the real host again with a new token"
-                )));
+                )))
             }
-            _ => {}
-        }
-        if self.is_revoked(&id.serial) {
-            return Err(Status::unauthenticated(match id.role {
+            Some(RevokedAs::Other) => Err(Status::unauthenticated(match id.role {
                 Role::Admin => format!(
                     "the certificate of {id} was revoked (the admin bundle was rotated); use the current \
                      admin.pem and admin.key from the controller's pki directory"
@@ -375,9 +371,8 @@ impl Authenticator {
                      a superseded certificate); enroll it again with a new token",
                     id.role.as_str()
                 ),
-            }));
+            })),
         }
-        Ok(())
     }
 
     /// The identity in leaf `ee` once it verifies against the site CA

@@ -159,30 +159,9 @@ impl Hub {
             tunnels: Mutex::new(HashMap::new()),
             _alive: alive_tx,
         });
-        let weak = Arc::downgrade(&hub);
-        weft_common::task::supervise("status-flush", weft_common::task::OnFailure::Restart, move || {
-            let weak = weak.clone();
-            async move {
-                flush_status(weak).await;
-                Ok(())
-            }
-        });
-        let weak = Arc::downgrade(&hub);
-        weft_common::task::supervise("liveness-leases", weft_common::task::OnFailure::Restart, move || {
-            let weak = weak.clone();
-            async move {
-                keep_leases(weak).await;
-                Ok(())
-            }
-        });
-        let weak = Arc::downgrade(&hub);
-        weft_common::task::supervise("liveness", weft_common::task::OnFailure::Restart, move || {
-            let weak = weak.clone();
-            async move {
-                expire_silent(weak).await;
-                Ok(())
-            }
-        });
+        supervise_with(&hub, "status-flush", flush_status);
+        supervise_with(&hub, "liveness-leases", keep_leases);
+        supervise_with(&hub, "liveness", expire_silent);
         weft_common::task::spawn_critical("model-follow", follow(Arc::downgrade(&hub), alive_rx));
         Ok(hub)
     }
@@ -445,6 +424,23 @@ impl Hub {
             p.state
         }
     }
+}
+
+/// Runs `job` on a weak handle to the hub, restarted if it fails; it ends
+/// when the hub is dropped.
+fn supervise_with<F, Fut>(hub: &Arc<Hub>, name: &'static str, job: F)
+where
+    F: Fn(std::sync::Weak<Hub>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let weak = Arc::downgrade(hub);
+    weft_common::task::supervise(name, weft_common::task::OnFailure::Restart, move || {
+        let job = job(weak.clone());
+        async move {
+            job.await;
+            Ok(())
+        }
+    });
 }
 
 /// Follows the store under the site's root and feeds the hub; on any break
