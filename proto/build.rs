@@ -21,21 +21,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Messages alone (prost), and the services on top of them (tonic) in a
     // file of their own: crates that only need the messages (the
     // controller's core) build without tonic (feature `grpc` off).
+    //
+    // Clients and servers are generated apart: the servers send
+    // `WatchResponse` as `crate::wire::WatchResponse`, which encodes to the
+    // same bytes but may be assembled from objects encoded once for every
+    // agent that gets them; clients decode the plain message.
     let msgs = out.join("msgs");
-    let svc = out.join("svc");
-    std::fs::create_dir_all(&msgs)?;
-    std::fs::create_dir_all(&svc)?;
+    let clients = out.join("clients");
+    let servers = out.join("servers");
+    for d in [&msgs, &clients, &servers] {
+        std::fs::create_dir_all(d)?;
+    }
     tonic_prost_build::configure()
         .build_server(false)
         .build_client(false)
         .out_dir(&msgs)
         .compile_fds(fds.clone())?;
     tonic_prost_build::configure()
-        .build_server(true)
+        .build_server(false)
         .build_client(true)
         .extern_path(".weft.v1", "crate::v1")
         .codec_path("crate::codec::Codec")
-        .out_dir(&svc)
+        .out_dir(&clients)
+        .compile_fds(fds.clone())?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(false)
+        .extern_path(".weft.v1", "crate::v1")
+        .extern_path(".weft.v1.WatchResponse", "crate::wire::WatchResponse")
+        .codec_path("crate::codec::Codec")
+        .out_dir(&servers)
         .compile_fds(fds)?;
     Ok(())
 }

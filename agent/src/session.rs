@@ -601,7 +601,8 @@ mod tests {
 
     #[tonic::async_trait]
     impl weft_proto::v1::agent_service_server::AgentService for FakeController {
-        type WatchStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::WatchResponse, tonic::Status>>>;
+        type WatchStream =
+            tokio_stream::Iter<std::vec::IntoIter<Result<weft_proto::wire::WatchResponse, tonic::Status>>>;
 
         async fn register(&self, _: tonic::Request<pb::RegisterRequest>) -> Answer<pb::RegisterResponse> {
             Err(tonic::Status::unimplemented("not in this fake"))
@@ -618,6 +619,7 @@ mod tests {
                 return Err(s);
             }
             let script = std::mem::take(&mut *self.script.lock().unwrap());
+            let script: Vec<_> = script.into_iter().map(|m| m.map(Into::into)).collect();
             Ok(tonic::Response::new(tokio_stream::iter(script)))
         }
         async fn report(&self, r: tonic::Request<pb::ReportRequest>) -> Answer<pb::ReportResponse> {

@@ -324,19 +324,35 @@ pub fn next_active_gateway(m: &Model) -> Option<String> {
     m.gateways.keys().find(|n| eligible(n)).cloned()
 }
 
-/// Everything node `name` must have.
+/// Everything node `name` must have: its own part and the part every
+/// node shares.
 pub fn node(m: &Model, name: &str) -> Objects {
+    match node_own(m, name) {
+        Some(mut own) => {
+            own.extend(node_shared(m));
+            own
+        }
+        None => Objects::new(),
+    }
+}
+
+/// What only node `name` gets (ids `self/…`): its overlay link to the
+/// active gateway, its address, its rules. None when the node gets
+/// nothing yet (not the shared part either): the site, the node's
+/// addresses or a usable gateway are missing, or the node's record is in
+/// conflict.
+pub fn node_own(m: &Model, name: &str) -> Option<Objects> {
     let mut out = Objects::new();
     let (Some(site), Some(n), Some(g)) = (&m.site, m.nodes.get(name), active_gateway(m)) else {
-        return out;
+        return None;
     };
     if !m.renders_node(name) {
-        return out;
+        return None;
     }
     let (Some(ip), Some(underlay)) = (n.internal_ip, n.underlay_ip) else {
-        return out;
+        return None;
     };
-    let (gw_ip, gw_underlay) = (g.internal_ip.unwrap(), g.underlay_ip.unwrap());
+    let gw_underlay = g.underlay_ip.unwrap();
     out.extend([
         obj(
             "self/link".into(),
@@ -382,6 +398,18 @@ pub fn node(m: &Model, name: &str) -> Objects {
             }),
         )]);
     }
+    Some(out)
+}
+
+/// What every node of the site gets alike (ids `peer/…`): routes and
+/// rules to the peers' views through the active gateway, and the names
+/// peers published. A controller renders and encodes it once per model
+/// for all its nodes' streams. Empty without a usable gateway.
+pub fn node_shared(m: &Model) -> Objects {
+    let mut out = Objects::new();
+    let Some(gw_ip) = active_gateway(m).and_then(|g| g.internal_ip) else {
+        return out;
+    };
     for p in m.peerings.values().filter(|p| m.renders_peering(&p.site_id)) {
         for v in &p.views {
             let base = format!("peer/{}/{}", p.site_id, v.kind);
@@ -693,6 +721,35 @@ mod tests {
             (r.destination.as_str(), r.gateway.as_str(), r.table),
             ("10.0.0.0/16", "10.80.0.100", TABLE)
         );
+    }
+
+    /// A node's state is its own part and the shared part, apart: the
+    /// shared part is the same for every node, and nothing of it is a
+    /// node's own.
+    #[test]
+    fn a_nodes_state_is_its_own_part_and_the_shared_part() {
+        let mut m = model();
+        let mut n2 = (*m.nodes["n1"]).clone();
+        n2.name = "n2".into();
+        n2.internal_ip = Some(Ipv4Addr::new(10, 80, 0, 2));
+        m.nodes.insert("n2".into(), Arc::new(n2));
+        let shared = node_shared(&m);
+        assert!(!shared.is_empty());
+        assert!(shared.keys().all(|id| id.starts_with("peer/")));
+        for name in ["n1", "n2"] {
+            let own = node_own(&m, name).unwrap();
+            assert!(own.keys().all(|id| id.starts_with("self/")));
+            let mut both = own.clone();
+            both.extend(shared.clone());
+            assert_eq!(both, node(&m, name));
+        }
+        assert_ne!(node_own(&m, "n1"), node_own(&m, "n2"));
+        // A node that gets nothing gets nothing shared either.
+        assert_eq!(node_own(&m, "nobody"), None);
+        assert!(node(&m, "nobody").is_empty());
+        m.gateways.clear();
+        assert_eq!(node_own(&m, "n1"), None);
+        assert!(node_shared(&m).is_empty());
     }
 
     #[test]

@@ -10,8 +10,12 @@
 pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/msgs/weft.v1.rs"));
     #[cfg(feature = "grpc")]
-    include!(concat!(env!("OUT_DIR"), "/svc/weft.v1.rs"));
+    include!(concat!(env!("OUT_DIR"), "/clients/weft.v1.rs"));
+    #[cfg(feature = "grpc")]
+    include!(concat!(env!("OUT_DIR"), "/servers/weft.v1.rs"));
 }
+
+pub mod wire;
 
 #[cfg(feature = "grpc")]
 pub mod codec {
@@ -87,8 +91,13 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "
 /// (`weft.v1.ObjectVersion.hash`): the first 8 bytes, big-endian, of the
 /// SHA-256 of its protobuf encoding.
 pub fn object_hash(o: &v1::DesiredObject) -> u64 {
+    hash_encoded(&prost::Message::encode_to_vec(o))
+}
+
+/// [`object_hash`] of an object already encoded.
+pub fn hash_encoded(encoded: &[u8]) -> u64 {
     use sha2::Digest;
-    let d = sha2::Sha256::digest(prost::Message::encode_to_vec(o));
+    let d = sha2::Sha256::digest(encoded);
     u64::from_be_bytes(d[..8].try_into().expect("a SHA-256 digest has 32 bytes"))
 }
 

@@ -268,6 +268,18 @@ impl Bench {
 
     /// [`Bench::start`] with more controller flags.
     pub async fn start_with(store: &str, parallel: usize, extra: &[String]) -> anyhow::Result<Bench> {
+        Self::start_site("bench", "10.0.0.0/8", store, parallel, extra).await
+    }
+
+    /// [`Bench::start_with`] for site `site` with workload CIDR `pods` (a
+    /// second site to peer with).
+    pub async fn start_site(
+        site: &str,
+        pods: &str,
+        store: &str,
+        parallel: usize,
+        extra: &[String],
+    ) -> anyhow::Result<Bench> {
         let dir = tempfile::Builder::new().prefix("weft-bench").tempdir()?;
         let etcd = match store {
             "etcd" => Some(crate::Etcd::start().context("etcd is not installed")?),
@@ -276,7 +288,7 @@ impl Bench {
         };
         let mut flags: Vec<String> = [
             "--pod-cidr",
-            "10.0.0.0/8",
+            pods,
             "--internal-cidr",
             "100.64.0.0/10",
             "--external-cidr",
@@ -289,7 +301,7 @@ impl Bench {
         }
         flags.extend(extra.iter().cloned());
         let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
-        let controller = crate::ControllerSpec::new("bench")
+        let controller = crate::ControllerSpec::new(site)
             .data_dir(&dir.path().join("data"))
             .flags(&refs)
             .start();

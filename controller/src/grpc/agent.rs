@@ -13,13 +13,14 @@ use crate::auth::{Authenticator, Caller, Identity, Role, caller_of, removed};
 use crate::config::parse_cidr;
 use crate::domain::AgentRole;
 use crate::error::Error;
-use crate::hub::{Hub, Slot};
+use crate::hub::Hub;
 use crate::pki::{Issued, PkiError, SiteCa, identity_uri};
-use crate::render::{self, Model, Objects};
+use crate::render::Model;
 use crate::state::State;
 
 mod discovery;
 mod report;
+mod watch;
 
 /// Largest CSR accepted (a P-256 or Ed25519 CSR is well under 1 KiB).
 const MAX_CSR: usize = 16 * 1024;
@@ -176,7 +177,7 @@ impl AgentService for AgentApi {
         }))
     }
 
-    type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<pb::WatchResponse, Status>>;
+    type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<weft_proto::wire::WatchResponse, Status>>;
 
     async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let (role, id) = self.agent(&req).await?;
@@ -262,13 +263,13 @@ impl AgentService for AgentApi {
                 "{id} has been removed; enroll it again with a new token"
             )));
         }
-        let objects = render_full(&model, role, &id.name);
-        let first = first_message(&objects, model.revision, req.last_revision, &req.known);
+        let held = watch::Held::render(&self.hub, &model, role, &id.name);
+        let first = watch::first_message(&held, model.revision, req.last_revision, &req.known);
         slot.latest.store(model.revision, std::sync::atomic::Ordering::SeqCst);
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
         let _ = tx.send(Ok(first)).await;
-        tracing::info!(agent = %id, revision = model.revision, objects = objects.len(), "watch started");
-        tokio::spawn(stream_changes(self.hub.clone(), key, slot, objects, tx, expires));
+        tracing::info!(agent = %id, revision = model.revision, objects = held.len(), "watch started");
+        tokio::spawn(watch::stream_changes(self.hub.clone(), key, slot, held, tx, expires));
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
     }
 
@@ -361,166 +362,5 @@ impl AgentService for AgentApi {
             pod_cidrs: site.pod_cidrs.iter().map(|c| c.to_string()).collect(),
             internal_cidr: site.internal_cidr.to_string(),
         }))
-    }
-}
-
-fn render_full(m: &Model, role: AgentRole, name: &str) -> Objects {
-    match role {
-        AgentRole::Node => render::node(m, name),
-        AgentRole::Gateway => render::gateway(m, name),
-    }
-}
-
-/// The first message of a stream: the difference from what the agent says
-/// it holds, or a snapshot when it holds nothing, claims a revision this
-/// store never reached, or the difference would be no smaller.
-fn first_message(objects: &Objects, revision: i64, last: i64, known: &[pb::ObjectVersion]) -> pb::WatchResponse {
-    use pb::watch_response::Kind;
-    if last > 0 && last <= revision {
-        let held: std::collections::HashMap<&str, u64> = known.iter().map(|k| (k.id.as_str(), k.hash)).collect();
-        let upserts: Vec<pb::DesiredObject> = objects
-            .values()
-            .filter(|o| held.get(o.id.as_str()) != Some(&render::hash(o)))
-            .cloned()
-            .collect();
-        let deletes: Vec<String> = known
-            .iter()
-            .filter(|k| !objects.contains_key(&k.id))
-            .map(|k| k.id.clone())
-            .collect();
-        if objects.is_empty() || upserts.len() < objects.len() {
-            return pb::WatchResponse {
-                revision,
-                kind: Some(Kind::Delta(pb::Delta { upserts, deletes })),
-            };
-        }
-    }
-    pb::WatchResponse {
-        revision,
-        kind: Some(Kind::Snapshot(pb::Snapshot {
-            objects: objects.values().cloned().collect(),
-        })),
-    }
-}
-
-/// Sends a delta whenever the hub marks this stream, coalescing whatever
-/// accumulated while the agent was slow.
-async fn stream_changes(
-    hub: Arc<Hub>,
-    key: crate::hub::AgentKey,
-    slot: Arc<Slot>,
-    mut current: Objects,
-    tx: tokio::sync::mpsc::Sender<Result<pb::WatchResponse, Status>>,
-    expires: std::time::SystemTime,
-) {
-    use std::sync::atomic::Ordering;
-    let expiry = tokio::time::sleep(expires.duration_since(std::time::SystemTime::now()).unwrap_or_default());
-    tokio::pin!(expiry);
-    let mut expired = false;
-    loop {
-        tokio::select! {
-            _ = slot.notify.notified() => {}
-            _ = tx.closed() => break,
-            _ = &mut expiry => {
-                // UNAVAILABLE, not UNAUTHENTICATED: the agent is not refused,
-                // it reconnects with its renewed certificate.
-                let _ = tx
-                    .send(Err(Status::unavailable(
-                        "the certificate this stream was opened with has expired; reconnect with the current one",
-                    )))
-                    .await;
-                expired = true;
-                break;
-            }
-        }
-        if slot.superseded.load(Ordering::SeqCst) {
-            break;
-        }
-        let pending = slot.take();
-        if pending.revoked {
-            let _ = tx
-                .send(Err(Status::unauthenticated(format!(
-                    "every certificate of {} {:?} was revoked: two hosts hold its identity. The admin must enroll \
-                     the real host again with a new token",
-                    key.0.as_str(),
-                    key.1
-                ))))
-                .await;
-            break;
-        }
-        if pending.removed {
-            let _ = tx
-                .send(Err(removed(format!(
-                    "{} {:?} has been removed; enroll it again with a new token",
-                    key.0.as_str(),
-                    key.1
-                ))))
-                .await;
-            break;
-        }
-        let model = hub.model();
-        let (upserts, deletes) = if pending.full || key.0 == AgentRole::Node {
-            let new = render_full(&model, key.0, &key.1);
-            let d = render::diff(&current, &new);
-            current = new;
-            d
-        } else {
-            // Re-render only the parts that changed; diff them alone.
-            let mut old_parts = Objects::new();
-            let mut new_parts = Objects::new();
-            for part in &pending.parts {
-                let prefix = part.prefix();
-                let ids: Vec<String> = current
-                    .range(prefix.clone()..)
-                    .take_while(|(k, _)| k.starts_with(&prefix))
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for id in ids {
-                    if let Some(o) = current.remove(&id) {
-                        old_parts.insert(id, o);
-                    }
-                }
-                if let Some(g) = model.gateways.get(&key.1) {
-                    new_parts.extend(render::gateway_part(&model, g, part));
-                }
-            }
-            let d = render::diff(&old_parts, &new_parts);
-            current.extend(new_parts);
-            d
-        };
-        if upserts.is_empty() && deletes.is_empty() {
-            continue;
-        }
-        let msg = pb::WatchResponse {
-            revision: model.revision,
-            kind: Some(pb::watch_response::Kind::Delta(pb::Delta { upserts, deletes })),
-        };
-        // A reader that stopped reading must not hold up a shutdown or its
-        // replacement stream.
-        let mut closing = hub.closing.subscribe();
-        let sent = loop {
-            tokio::select! {
-                r = tx.send(Ok(msg.clone())) => break r.is_ok(),
-                _ = async { let _ = closing.wait_for(|c| *c).await; } => break false,
-                _ = slot.notify.notified() => {
-                    if slot.superseded.load(Ordering::SeqCst) {
-                        break false;
-                    }
-                    // Not for us to act on now: keep the wake-up for later.
-                    slot.notify.notify_one();
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            }
-        };
-        if !sent {
-            break;
-        }
-        slot.latest.store(model.revision, Ordering::SeqCst);
-    }
-    hub.unsubscribe(&key, &slot);
-    // A gateway whose stream ended for its certificate's age is about to
-    // reconnect: it is not gone (if it never comes back, its lease ends).
-    if key.0 == AgentRole::Gateway && !expired && !slot.superseded.load(Ordering::SeqCst) && !*hub.closing.borrow() {
-        hub.gone(&key).await;
     }
 }

@@ -35,10 +35,12 @@ use crate::store::{EventKind, LeaseId};
 mod election;
 mod index;
 mod liveness;
+mod shared;
 
 pub use election::choose_active_gateway;
 use index::{Mark, update};
 use liveness::{Live, expire_silent, flush_status, keep_leases};
+pub use shared::{Shared, SharedCache, Step};
 
 pub type AgentKey = (AgentRole, String);
 
@@ -127,6 +129,8 @@ pub struct Hub {
     /// Each gateway's latest tunnel report (when, what). Kept in memory:
     /// it changes with every report and is worth nothing once stale.
     tunnels: Mutex<HashMap<String, (u64, Vec<pb::TunnelStatus>)>>,
+    /// The part of node state every node shares, encoded once per model.
+    pub node_shared: SharedCache,
     /// Dropped with the hub, which ends the store follower.
     _alive: tokio::sync::oneshot::Sender<()>,
 }
@@ -157,6 +161,7 @@ impl Hub {
             agent_ttl,
             gateway_ttl,
             tunnels: Mutex::new(HashMap::new()),
+            node_shared: SharedCache::default(),
             _alive: alive_tx,
         });
         supervise_with(&hub, "status-flush", flush_status);

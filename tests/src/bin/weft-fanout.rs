@@ -105,6 +105,39 @@ async fn main() -> anyhow::Result<()> {
     // Changes that concern one agent: new nodes, as seen by the gateway.
     let mut single = changes_for_one(&bench, gateway, &args).await?;
     single.sort();
+
+    // A change that every node receives alike: a new peering's routes
+    // and rules (the shared part of node state, rendered and encoded
+    // once). The peer is a second controller on loopback with the same
+    // external CIDR, so that view is remapped.
+    let peer = Bench::start_site("peer", "192.168.0.0/16", "embedded", 4, &[]).await?;
+    let token = peer
+        .admin
+        .clone()
+        .create_peering_token(pb::CreatePeeringTokenRequest {
+            ttl_seconds: 600,
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .token;
+    while rx.try_recv().is_ok() {}
+    let before_peering = proc_stats(pid);
+    phase("peering-for-all");
+    let t0 = Instant::now();
+    bench
+        .admin
+        .clone()
+        .create_peering(pb::CreatePeeringRequest {
+            token,
+            ..Default::default()
+        })
+        .await?;
+    let peered = acked_by_all(&mut rx, n, t0).await?;
+    let peering_cpu = proc_stats(pid).cpu_secs
+        - before_peering.cpu_secs
+        - beat_cpu * (hold_beats as f64 / args.hold.as_secs_f64()) * t0.elapsed().as_secs_f64();
+    drop(peer);
     let after = proc_stats(pid);
     let beat_rate = (beats() - beats0) as f64 / t_beats.elapsed().as_secs_f64();
 
@@ -128,6 +161,15 @@ async fn main() -> anyhow::Result<()> {
         ms(pct(&all, 0.5)),
         ms(pct(&all, 0.99)),
         ms(*all.last().unwrap())
+    );
+    println!(
+        "  a new peering, for all, until every ack: p50 {}  p99 {}  max {}; controller CPU {:.2} s, {:.0} µs per \
+         delivered delta",
+        ms(pct(&peered, 0.5)),
+        ms(pct(&peered, 0.99)),
+        ms(*peered.last().unwrap()),
+        peering_cpu,
+        peering_cpu * 1e6 / n as f64
     );
     println!(
         "  change for one ({} samples):           p50 {}  p99 {}  max {}",
