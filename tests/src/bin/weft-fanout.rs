@@ -128,10 +128,7 @@ async fn main() -> anyhow::Result<()> {
     bench
         .admin
         .clone()
-        .create_peering(pb::CreatePeeringRequest {
-            token,
-            ..Default::default()
-        })
+        .create_peering(pb::CreatePeeringRequest { token })
         .await?;
     let peered = acked_by_all(&mut rx, n, t0).await?;
     let peering_cpu = proc_stats(pid).cpu_secs
