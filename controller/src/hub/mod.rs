@@ -2,7 +2,7 @@
 //! and tells each connected agent's stream when something that concerns it
 //! changed.
 //!
-//! The hub never renders or sends itself and never waits for a stream: it
+//! The hub never sends itself and never waits for a stream: it
 //! only marks a stream's pending work (a full re-render, or the parts of a
 //! gateway's state that changed) and wakes it. Each stream task renders and
 //! sends at its own pace, so a slow agent receives the changes coalesced into
@@ -14,7 +14,9 @@
 //!
 //! By job: `index` (a store record into the model, and whom it concerns),
 //! this module (the streams' slots and the store follower), `liveness`
-//! (reports, leases, silent agents) and `election` (the active gateway).
+//! (reports, leases, silent agents), `election` (the active gateway) and
+//! `shared` (the part of node state every node shares, rendered and
+//! encoded once per model for the streams that ask).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
