@@ -173,12 +173,36 @@ pub fn describe(o: &pb::DesiredObject) -> String {
             "export in {}: {} from {} -> {}",
             x.namespace, x.external_address, x.tunnel, x.host_address
         ),
-        Some(Kind::TunnelFilter(f)) => format!(
-            "filter in {}: from {} forward only to {}",
-            f.namespace,
-            f.tunnel,
-            f.allowed.join(", ")
-        ),
+        Some(Kind::TunnelFilter(f)) => {
+            let policy = if f.policed {
+                let rules: Vec<String> = f
+                    .exports
+                    .iter()
+                    .map(|r| match (r.protocol.as_str(), r.first_port, r.last_port) {
+                        ("", ..) => r.cidr.clone(),
+                        (p, 0, _) => format!("{} {p}", r.cidr),
+                        (p, a, b) if a == b => format!("{} {p}/{a}", r.cidr),
+                        (p, a, b) => format!("{} {p}/{a}-{b}", r.cidr),
+                    })
+                    .collect();
+                format!(
+                    "; export policy: {}",
+                    if rules.is_empty() {
+                        "nothing".into()
+                    } else {
+                        rules.join(", ")
+                    }
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "filter in {}: from {} forward only to {}{policy}",
+                f.namespace,
+                f.tunnel,
+                f.allowed.join(", ")
+            )
+        }
         Some(Kind::RelaySession(r)) => {
             let side = |s: &Option<pb::RelaySide>| s.as_ref().map(|s| format!("{} (port {})", s.site, s.port));
             format!(

@@ -317,6 +317,7 @@ impl Applier for Linux {
                 path: String::new(),
                 rx_packets: h.packets.0,
                 dropped_from_tunnel: h.dropped,
+                dropped_by_policy: h.refused,
                 tx_packets: h.packets.1,
                 mtu: target.mtu,
                 path_mtu: h.path_mtu.clone(),

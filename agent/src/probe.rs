@@ -56,6 +56,9 @@ pub struct Health {
     /// Packets from the tunnel the peering's namespace dropped (its nft
     /// counter, read every [`DROPS_EVERY`] probes).
     pub dropped: u64,
+    /// Packets from the tunnel the export policy refused (its nft counter,
+    /// read with the other).
+    pub refused: u64,
 }
 
 /// How many probes go between two readings of the drop counter (each runs
@@ -365,8 +368,9 @@ fn run(
             if let Some(p) = packets {
                 h.packets = p;
             }
-            if let Some(d) = dropped {
+            if let Some((d, refused)) = dropped {
                 h.dropped = d;
+                h.refused = refused;
             }
             h.record(rtt, config.misses)
         };

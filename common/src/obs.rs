@@ -245,6 +245,12 @@ pub fn tunnel_series(f: &mut Families, t: &weft_proto::v1::TunnelStatus, extra: 
         t.dropped_from_tunnel,
     );
     f.counter(
+        "weft_peering_policy_dropped_packets",
+        "Packets from the peer that this site's export policy for the peering refused",
+        &l,
+        t.dropped_by_policy,
+    );
+    f.counter(
         "weft_peering_receive_packets",
         "Packets received through the tunnel",
         &l,

@@ -143,6 +143,16 @@ pub struct ControllerArgs {
         value_parser = underlay_overlap
     )]
     pub peer_cidr_over_underlay: Option<crate::domain::UnderlayOverlap>,
+    /// What a peer may reach of this site when its peering has no export
+    /// policy of its own (`weftctl peering policy set`): `all` of the
+    /// workload and external CIDRs, or `none` [default: all].
+    #[arg(
+        global = true,
+        long = "default-export",
+        env = "WEFT_DEFAULT_EXPORT",
+        value_parser = default_export
+    )]
+    pub default_export: Option<crate::export::DefaultExport>,
     /// UDP ports the gateways listen on, one per peering (FIRST-LAST); open
     /// them on every gateway. A gateway's --endpoint names where FIRST is
     /// reached [default: 51820-51919].
@@ -195,6 +205,7 @@ pub struct FileConfig {
     pub peer_cidr_auto_accept: Option<Vec<String>>,
     pub peer_public_cidrs: Option<Vec<String>>,
     pub peer_cidr_over_underlay: Option<crate::domain::UnderlayOverlap>,
+    pub default_export: Option<crate::export::DefaultExport>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -314,6 +325,16 @@ fn underlay_overlap(text: &str) -> Result<crate::domain::UnderlayOverlap, String
     }
 }
 
+/// `--default-export`'s value.
+fn default_export(text: &str) -> Result<crate::export::DefaultExport, String> {
+    use crate::export::DefaultExport;
+    match text {
+        "all" => Ok(DefaultExport::All),
+        "none" => Ok(DefaultExport::None),
+        _ => Err(format!("{text:?}: expected all or none")),
+    }
+}
+
 pub use crate::domain::parse_cidr;
 
 /// Reads the file (if any) with `read` (the caller does the I/O:
@@ -427,6 +448,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             peer_public_cidrs,
             controller_ips,
             underlay_overlap: pick(args.peer_cidr_over_underlay, file.peer_cidr_over_underlay).unwrap_or_default(),
+            default_export: pick(args.default_export, file.default_export).unwrap_or_default(),
             relay_ports,
         },
         data_dir,

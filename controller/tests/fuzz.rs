@@ -195,6 +195,7 @@ proptest! {
             peer_public_cidrs: vec![],
             controller_ips: vec![],
             underlay_overlap: Default::default(),
+        default_export: Default::default(),
             relay_ports: None,
         };
         let mut m = Model { revision: 1, site: Some(Arc::new(site.clone())), ..Default::default() };
@@ -242,6 +243,7 @@ proptest! {
                 joined_at_ms: 0,
                 relay_ports: Default::default(),
                 relay_via: None,
+                export: None,
             }));
         }
         for name in m.nodes.keys() {

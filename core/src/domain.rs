@@ -55,6 +55,10 @@ pub struct Site {
     /// (a node's or gateway's underlay address, a controller's address).
     #[serde(default)]
     pub underlay_overlap: UnderlayOverlap,
+    /// What peerings without an export policy of their own let the peer
+    /// reach: everything (the default) or nothing.
+    #[serde(default)]
+    pub default_export: crate::export::DefaultExport,
 }
 
 /// A peer CIDR over this site's own hosts: refused (the default: a peer
@@ -313,6 +317,9 @@ pub struct Peering {
     /// leading replica while no direct path exists).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relay_via: Option<RelayVia>,
+    /// What the peer may reach of this site; None: the site's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub export: Option<crate::export::ExportPolicy>,
 }
 
 /// The relay a tunnel takes: the relay site, and where this site's gateway
@@ -623,7 +630,28 @@ pub(crate) fn test_site(id: &str, pool: &str) -> Site {
         peer_public_cidrs: vec![],
         controller_ips: vec![],
         underlay_overlap: Default::default(),
+        default_export: Default::default(),
         relay_ports: None,
+    }
+}
+
+/// A negotiated peering with `site_id` for unit tests, without views.
+#[cfg(test)]
+pub(crate) fn test_peering(site_id: &str) -> Peering {
+    Peering {
+        site_id: site_id.into(),
+        state: PeeringState::Negotiated,
+        views: vec![],
+        created_at_ms: 0,
+        last_error: None,
+        remote: None,
+        listen_port: 51820,
+        pending: None,
+        joined_with: None,
+        joined_at_ms: 0,
+        relay_ports: Default::default(),
+        relay_via: None,
+        export: None,
     }
 }
 
@@ -660,6 +688,7 @@ mod tests {
             peer_public_cidrs: vec![],
             controller_ips: vec![],
             underlay_overlap: UnderlayOverlap::Refuse,
+            default_export: Default::default(),
             relay_ports: None,
         };
         // The first peering at the endpoint itself, the third two above,

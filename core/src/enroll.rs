@@ -276,6 +276,7 @@ mod tests {
             joined_at_ms: 0,
             relay_ports: Default::default(),
             relay_via: None,
+            export: None,
         };
         let inside = "10.200.3.4".parse().unwrap();
         let Err(Refused::FailedPrecondition(m)) = underlay_outside_views([&p], inside, AgentRole::Node, "n1") else {

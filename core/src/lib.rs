@@ -6,6 +6,7 @@
 
 pub mod domain;
 pub mod enroll;
+pub mod export;
 pub mod ipam;
 pub mod names;
 pub mod nat;

@@ -354,6 +354,7 @@ mod tests {
             joined_at_ms: 0,
             relay_ports: Default::default(),
             relay_via: None,
+            export: None,
         }
     }
 

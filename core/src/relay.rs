@@ -356,6 +356,7 @@ pub(crate) mod tests {
             joined_at_ms: 0,
             relay_ports: Default::default(),
             relay_via: None,
+            export: None,
         }
     }
 

@@ -660,6 +660,7 @@ mod tests {
             joined_at_ms: 0,
             relay_ports: Default::default(),
             relay_via: None,
+            export: None,
         };
         let mut m = Model {
             revision: 7,

@@ -225,6 +225,7 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
             let filter = TunnelFilter {
                 tunnel: f.tunnel.clone(),
                 allowed: f.allowed.iter().map(|c| net(c, "allowed")).collect::<R<_>>()?,
+                policy: policy_rules(f)?,
             };
             d.specs.entry(f.namespace.clone()).or_default().filter = Some(filter);
             origins.tables.entry(f.namespace.clone()).or_default().push(id);
@@ -235,6 +236,59 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
         Kind::RelaySession(_) => {}
     }
     Ok(())
+}
+
+/// Most rules a tunnel filter's policy may hold (each is an nft rule).
+pub const MAX_POLICY_RULES: usize = 256;
+
+/// A tunnel filter's export policy: None when it has none (`policed`
+/// unset), else its rules, each checked (a CIDR, a known protocol, ports in
+/// order and only with tcp or udp), at most [`MAX_POLICY_RULES`].
+pub fn policy_rules(f: &pb::TunnelFilter) -> R<Option<Vec<PolicyRule>>> {
+    if !f.policed {
+        if !f.exports.is_empty() {
+            return Err("a tunnel filter with export rules but no policy".into());
+        }
+        return Ok(None);
+    }
+    if f.exports.len() > MAX_POLICY_RULES {
+        return Err(format!(
+            "a tunnel filter with {} export rules, more than {MAX_POLICY_RULES}",
+            f.exports.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(f.exports.len());
+    for r in &f.exports {
+        let cidr = net(&r.cidr, "export rule")?;
+        let protocol = match r.protocol.as_str() {
+            "" => None,
+            "tcp" => Some(L4::Tcp),
+            "udp" => Some(L4::Udp),
+            "icmp" => Some(L4::Icmp),
+            other => return Err(format!("export rule for {cidr}: unknown protocol {other:?}")),
+        };
+        let port = |p: u32| {
+            u16::try_from(p)
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("export rule for {cidr}: {p} is not a port"))
+        };
+        let ports = match (r.first_port, r.last_port) {
+            (0, 0) => None,
+            (a, b) => {
+                let (a, b) = (port(a)?, port(b)?);
+                if b < a {
+                    return Err(format!("export rule for {cidr}: ports {a}-{b} end before they start"));
+                }
+                if !matches!(protocol, Some(L4::Tcp | L4::Udp)) {
+                    return Err(format!("export rule for {cidr}: ports without tcp or udp"));
+                }
+                Some((a, b))
+            }
+        };
+        out.push(PolicyRule { cidr, protocol, ports });
+    }
+    Ok(Some(out))
 }
 
 /// The CIDRs of peers as this site sees them, by peer site: the

@@ -146,11 +146,41 @@ pub struct TableSpec {
     pub filter: Option<TunnelFilter>,
 }
 
-/// Forward from `tunnel` only to `allowed`; count and drop the rest.
+/// Forward from `tunnel` only to `allowed`; count and drop the rest. With
+/// `policy`, only what one of its rules allows, besides replies to
+/// connections this side opened; the rest is counted apart and dropped.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TunnelFilter {
     pub tunnel: String,
     pub allowed: Vec<Ipv4Net>,
+    pub policy: Option<Vec<PolicyRule>>,
+}
+
+/// One rule of an export policy: destination `cidr` (as the peer
+/// addressed it), `protocol` (None: any), destination `ports` (inclusive;
+/// tcp and udp only).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PolicyRule {
+    pub cidr: Ipv4Net,
+    pub protocol: Option<L4>,
+    pub ports: Option<(u16, u16)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum L4 {
+    Tcp,
+    Udp,
+    Icmp,
+}
+
+impl L4 {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            L4::Tcp => "tcp",
+            L4::Udp => "udp",
+            L4::Icmp => "icmp",
+        }
+    }
 }
 
 impl TableSpec {

@@ -25,6 +25,10 @@ use crate::model::*;
 
 /// The counter of packets a peering's namespace dropped from its tunnel.
 pub const DROPPED_COUNTER: &str = "dropped";
+/// The counter of packets from the tunnel that the export policy refused
+/// (not "policy": a keyword of nft's, so `nft list counter ip weft policy`
+/// would not parse).
+pub const POLICY_COUNTER: &str = "refused";
 
 fn prefix(n: &ipnet::Ipv4Net) -> Value {
     json!({"prefix": {"addr": n.network().to_string(), "len": n.prefix_len()}})
@@ -140,6 +144,9 @@ pub fn batch(spec: &TableSpec) -> Value {
                 {"drop": null}
             ]),
         ));
+        if let Some(rules) = &f.policy {
+            policy(&mut cmds, &f.tunnel, rules);
+        }
     }
     if !spec.accounting.is_empty() {
         for (hook, name) in [("forward", "acct_fwd"), ("output", "acct_out"), ("input", "acct_in")] {
@@ -167,6 +174,51 @@ pub fn batch(spec: &TableSpec) -> Value {
         }
     }
     json!({ "nftables": cmds })
+}
+
+/// The export policy, after the tunnel filter in `from_tunnel`: replies
+/// to connections this side opened pass; a packet the peer sent passes
+/// when a rule allows its destination as the peer addressed it (conntrack's
+/// original destination: an export's external address, before its DNAT),
+/// its protocol and port; the rest is counted and dropped. Every packet is
+/// checked, not only a connection's first, so a narrower policy also ends
+/// open connections it no longer allows, and a table replaced in one
+/// transaction keeps those it still allows.
+fn policy(cmds: &mut Vec<Value>, tunnel: &str, rules: &[PolicyRule]) {
+    cmds.push(add(
+        json!({"counter": {"family": "ip", "table": NFT_TABLE, "name": POLICY_COUNTER}}),
+    ));
+    let from_tunnel = meta("iifname", "==", tunnel);
+    cmds.push(rule(
+        "from_tunnel",
+        json!([
+            from_tunnel.clone(),
+            {"match": {"op": "==", "left": {"ct": {"key": "direction"}}, "right": "reply"}},
+            {"accept": null}
+        ]),
+    ));
+    for r in rules {
+        let mut expr = vec![
+            from_tunnel.clone(),
+            json!({"match": {"op": "==", "left": {"ct": {"key": "ip daddr", "dir": "original"}}, "right": prefix(&r.cidr)}}),
+        ];
+        match (r.protocol, r.ports) {
+            (Some(p @ (L4::Tcp | L4::Udp)), Some((a, b))) => {
+                let right = if a == b { json!(a) } else { json!({"range": [a, b]}) };
+                expr.push(json!({"match": {"op": "==", "left": {"payload": {"protocol": p.as_str(), "field": "dport"}}, "right": right}}));
+            }
+            (Some(p), _) => {
+                expr.push(json!({"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": p.as_str()}}));
+            }
+            (None, _) => {}
+        }
+        expr.push(json!({"accept": null}));
+        cmds.push(rule("from_tunnel", Value::Array(expr)));
+    }
+    cmds.push(rule(
+        "from_tunnel",
+        json!([from_tunnel, {"counter": POLICY_COUNTER}, {"drop": null}]),
+    ));
 }
 
 /// A listing with what changes by itself (handles, counter values, the
@@ -242,21 +294,26 @@ pub fn counters_blocking() -> Option<Vec<PeerTraffic>> {
     Some(parse_counters(&serde_json::from_slice(&out.stdout).ok()?))
 }
 
-/// Packets counted by [`DROPPED_COUNTER`] in the calling thread's network
-/// namespace (a peering's); None when there is no such counter.
-pub fn dropped_blocking() -> Option<u64> {
+/// Packets counted by [`DROPPED_COUNTER`] and by [`POLICY_COUNTER`] (0
+/// without a policy) in the calling thread's network namespace (a
+/// peering's); None when there is no table.
+pub fn dropped_blocking() -> Option<(u64, u64)> {
     let out = std::process::Command::new("nft")
-        .args(["-j", "list", "counter", "ip", NFT_TABLE, DROPPED_COUNTER])
+        .args(["-j", "list", "counters", "table", "ip", NFT_TABLE])
         .output()
         .ok()?;
     if !out.status.success() {
         return None;
     }
     let v: Value = serde_json::from_slice(&out.stdout).ok()?;
-    v["nftables"]
-        .as_array()?
-        .iter()
-        .find_map(|x| x["counter"]["packets"].as_u64())
+    let packets = |name: &str| {
+        v["nftables"].as_array().into_iter().flatten().find_map(|x| {
+            (x["counter"]["name"] == name)
+                .then(|| x["counter"]["packets"].as_u64())
+                .flatten()
+        })
+    };
+    Some((packets(DROPPED_COUNTER)?, packets(POLICY_COUNTER).unwrap_or(0)))
 }
 
 /// `nft` in namespace `ns` ("" the agent's own), with `input` on stdin.
@@ -385,9 +442,14 @@ mod tests {
             filter: Some(TunnelFilter {
                 tunnel: "weft-wabc".into(),
                 allowed: vec!["10.1.0.0/16".parse().unwrap(), "192.168.7.5/32".parse().unwrap()],
+                policy: None,
             }),
         };
         let text = batch(&spec).to_string();
+        assert!(
+            !text.contains("\"name\":\"refused\""),
+            "no policy, no policy counter: {text}"
+        );
         for part in [
             "\"from_tunnel\"",
             "\"dropped\"",
@@ -420,6 +482,66 @@ mod tests {
                 {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "10.70.255.254"}},
                 {"dnat": {"addr": "192.168.7.5"}}
             ])
+        );
+    }
+
+    /// Replies pass, then each rule, then the count and the drop, all
+    /// for packets from the tunnel only; the destination is matched as
+    /// the peer addressed it.
+    #[test]
+    fn an_export_policy_accepts_replies_then_its_rules_and_drops_the_rest() {
+        let rule = |cidr: &str, protocol, ports| PolicyRule {
+            cidr: cidr.parse().unwrap(),
+            protocol,
+            ports,
+        };
+        let spec = TableSpec {
+            filter: Some(TunnelFilter {
+                tunnel: "weft-wabc".into(),
+                allowed: vec!["10.1.0.0/16".parse().unwrap()],
+                policy: Some(vec![
+                    rule("10.1.2.0/24", Some(L4::Tcp), Some((8080, 8080))),
+                    rule("10.1.3.0/24", Some(L4::Udp), Some((5000, 5010))),
+                    rule("10.1.4.0/24", Some(L4::Icmp), None),
+                    rule("10.1.5.0/24", None, None),
+                ]),
+            }),
+            ..Default::default()
+        };
+        let v = batch(&spec);
+        let rules: Vec<&Value> = v["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["add"]["rule"].as_object().filter(|r| r["chain"] == "from_tunnel"))
+            .map(|r| &r["expr"])
+            .collect();
+        assert_eq!(rules.len(), 7, "{rules:#?}");
+        let iif = json!({"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "weft-wabc"}});
+        assert!(
+            rules.iter().all(|r| r[0] == iif),
+            "every rule is for the tunnel: {rules:#?}"
+        );
+        assert_eq!(rules[1][1]["match"]["left"]["ct"]["key"], "direction");
+        assert_eq!(rules[1][2], json!({"accept": null}));
+        let dst = |r: &Value| r[1]["match"]["left"]["ct"]["dir"].clone();
+        assert!(rules[2..6].iter().all(|r| dst(r) == "original"));
+        assert_eq!(
+            rules[2][2]["match"],
+            json!({"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 8080})
+        );
+        assert_eq!(rules[3][2]["match"]["right"], json!({"range": [5000, 5010]}));
+        assert_eq!(rules[4][2]["match"]["right"], "icmp");
+        assert_eq!(rules[5][2], json!({"accept": null}), "any protocol: the prefix alone");
+        assert_eq!(rules[6][1], json!({"counter": POLICY_COUNTER}));
+        assert_eq!(rules[6][2], json!({"drop": null}));
+        // No rules: only replies pass.
+        let mut none = spec.clone();
+        none.filter.as_mut().unwrap().policy = Some(vec![]);
+        let text = batch(&none).to_string();
+        assert!(
+            text.contains("\"name\":\"refused\"") && text.contains("\"reply\""),
+            "{text}"
         );
     }
 

@@ -23,6 +23,7 @@ mod mesh;
 mod names;
 mod nat_traversal;
 mod observability;
+mod policy;
 mod replicas;
 mod restart;
 mod state_ipam;

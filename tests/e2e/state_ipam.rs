@@ -35,6 +35,7 @@ fn site() -> Site {
         peer_public_cidrs: vec![],
         controller_ips: vec![],
         underlay_overlap: Default::default(),
+        default_export: Default::default(),
         relay_ports: None,
     }
 }

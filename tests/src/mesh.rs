@@ -39,12 +39,25 @@ pub struct Mesh {
     pub dir: tempfile::TempDir,
     pub sites: Vec<MeshSite>,
     pod: String,
+    /// Each node's subnet's prefix length: 24, or 23 for a workload with
+    /// a second address in the next /24 ([`Mesh::up_wide`]).
+    node_len: u8,
 }
 
 impl Mesh {
     /// `n` sites, none peered yet, every one on workload CIDR `pod` (a /16)
     /// with its node on the first /24 and its workload at .10 of it.
     pub fn up(tag: &str, n: usize, pod: &str) -> Mesh {
+        Mesh::up_with(tag, n, pod, 24)
+    }
+
+    /// [`Mesh::up`] with each node on a /23 and each workload also at .10
+    /// of the second /24 (`{prefix}.1.10`): two prefixes behind one node.
+    pub fn up_wide(tag: &str, n: usize, pod: &str) -> Mesh {
+        Mesh::up_with(tag, n, pod, 23)
+    }
+
+    fn up_with(tag: &str, n: usize, pod: &str, node_len: u8) -> Mesh {
         let dir = tempfile::Builder::new().prefix("weft-mesh").tempdir().unwrap();
         let mut lab = Lab::new(tag);
         lab.lan();
@@ -53,6 +66,7 @@ impl Mesh {
             dir,
             sites: Vec::new(),
             pod: pod.to_string(),
+            node_len,
         };
         for _ in 0..n {
             mesh.add_site();
@@ -74,8 +88,16 @@ impl Mesh {
         }
         // The workload: a namespace behind the node, in its declared subnet.
         let prefix = self.pod.rsplit_once(".0.0/").expect("a /16 such as 10.1.0.0/16").0;
-        let (subnet, workload) = (format!("{prefix}.0.0/24"), format!("{prefix}.0.10"));
+        let (subnet, workload) = (format!("{prefix}.0.0/{}", self.node_len), format!("{prefix}.0.10"));
         lab.workload(&node, &wl, &format!("{prefix}.0"));
+        if self.node_len < 24 {
+            for (ns, cmd) in [
+                (&node, format!("ip addr add {prefix}.1.1/24 dev wl0")),
+                (&wl, format!("ip addr add {prefix}.1.10/24 dev eth0")),
+            ] {
+                crate::netns::must(lab.exec(ns, &["sh", "-c", &cmd]), &cmd);
+            }
+        }
         lab.spawn(
             &wl,
             &bin("weft-echo"),
@@ -88,7 +110,8 @@ impl Mesh {
             controller: ControllerSpec::new(&id)
                 .data_dir(&self.dir.path().join(&id))
                 .log(&self.dir.path().join(format!("{id}-controller.log")))
-                .pod(&self.pod),
+                .pod(&self.pod)
+                .flag("--node-prefix-len", &self.node_len.to_string()),
             ctl: ctl.clone(),
             ctl_ip,
             agents: vec![gateway, AgentSpec::node("node", &node, &node_ip, &subnet)],
@@ -187,7 +210,12 @@ impl Mesh {
     /// Asks, over TCP from site `from`'s workload to `addr`, who answers:
     /// the answering site's id and the address it saw the client at.
     pub fn ask_at(&self, from: usize, addr: &str) -> Result<(String, String), String> {
-        let target = format!("{addr}:{ECHO_PORT}");
+        self.ask_port(from, addr, ECHO_PORT)
+    }
+
+    /// [`Mesh::ask_at`] on another port.
+    pub fn ask_port(&self, from: usize, addr: &str, port: u16) -> Result<(String, String), String> {
+        let target = format!("{addr}:{port}");
         let o = crate::netns::exec(
             &self.sites[from].wl,
             &[bin("weft-echo").to_str().unwrap(), "ask", &target, "--timeout", "2s"],

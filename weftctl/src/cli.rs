@@ -180,6 +180,38 @@ pub enum PeeringCmd {
     /// Route the CIDRs a peer announced after negotiation (shown as
     /// pending in `weftctl peerings`).
     Accept { site: String },
+    /// What a peer may reach of this site: set or show the peering's
+    /// export policy (this site decides; the peer cannot widen it).
+    #[command(subcommand)]
+    Policy(PolicyCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PolicyCmd {
+    /// Set the export policy of the peering with SITE: exactly one of
+    /// --allow (repeatable), --all, --none or --site-default. Applied at
+    /// the gateway within seconds; the tunnel stays up and open
+    /// connections the new policy allows stay open.
+    #[command(group(clap::ArgGroup::new("what").required(true).args(["allow", "all", "none", "site_default"])))]
+    Set {
+        site: String,
+        /// Allow CIDR[,PROTOCOL[,PORT[-PORT]]]: a prefix of this site's
+        /// workload or external CIDRs, optionally tcp, udp or icmp, and
+        /// for tcp or udp a port or range, e.g. 10.1.2.0/24,tcp,8080.
+        #[arg(long, value_name = "RULE")]
+        allow: Vec<String>,
+        /// Everything: the site's workload and external CIDRs and exported hosts.
+        #[arg(long)]
+        all: bool,
+        /// Nothing (replies to this site's own connections still pass).
+        #[arg(long)]
+        none: bool,
+        /// Follow the site's --default-export.
+        #[arg(long = "site-default")]
+        site_default: bool,
+    },
+    /// Show the export policy of the peering with SITE.
+    Show { site: String },
 }
 
 #[derive(Subcommand, Debug)]

@@ -98,6 +98,26 @@ pub fn view(v: &View) -> pb::CidrView {
     }
 }
 
+/// `p`'s export policy as set, and as it applies under `site`'s default.
+pub fn export_policy(site: &crate::domain::Site, p: &Peering) -> pb::ExportPolicy {
+    use crate::export::ExportPolicy;
+    let (mode, rules) = match &p.export {
+        Some(ExportPolicy::All) => (pb::ExportMode::All, vec![]),
+        Some(ExportPolicy::Rules(r)) => (pb::ExportMode::Rules, r.iter().map(crate::export::rule_pb).collect()),
+        None => (pb::ExportMode::SiteDefault, vec![]),
+    };
+    let (effective, rules) = match crate::export::effective(site, p) {
+        None => (pb::ExportMode::All, rules),
+        Some(r) => (pb::ExportMode::Rules, r.iter().map(crate::export::rule_pb).collect()),
+    };
+    pb::ExportPolicy {
+        site_id: p.site_id.clone(),
+        mode: mode as i32,
+        rules,
+        effective: effective as i32,
+    }
+}
+
 pub fn peering(p: &Peering) -> pb::Peering {
     pb::Peering {
         site_id: p.site_id.clone(),
@@ -118,6 +138,7 @@ pub fn peering(p: &Peering) -> pb::Peering {
         remote_endpoints: p.remote.as_ref().map(|r| r.endpoints.clone()).unwrap_or_default(),
         remote_ca_fingerprint: p.remote.as_ref().map(|r| r.ca_fingerprint.clone()).unwrap_or_default(),
         tunnel: None,
+        export: None,
         listen_port: u32::from(p.listen_port),
         held_by_peer: p.joined_with.is_none(),
         pending_workload_cidrs: p

@@ -345,6 +345,7 @@ impl AdminService for AdminApi {
                         ..p.clone()
                     });
                     out.tunnel = self.hub.tunnel(&p.site_id);
+                    out.export = Some(convert::export_policy(&site, p));
                     out.local_gateways = gateways.for_port(&site, p.listen_port);
                     if let Some(t) = out.tunnel.as_mut() {
                         t.path = weft_core::peer::tunnel_path(p, &out.local_gateways, t.up);
@@ -393,6 +394,47 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::Peering>, Status> {
         let p = self.state.accept_peer_update(&req.into_inner().site_id).await?;
         Ok(Response::new(convert::peering(&p)))
+    }
+
+    async fn set_export_policy(
+        &self,
+        req: Request<pb::SetExportPolicyRequest>,
+    ) -> Result<Response<pb::ExportPolicy>, Status> {
+        use crate::state::ExportMode;
+        let r = req.into_inner();
+        let mode = match pb::ExportMode::try_from(r.mode) {
+            Ok(pb::ExportMode::All) => Some(ExportMode::All),
+            Ok(pb::ExportMode::Rules) => Some(ExportMode::Rules),
+            Ok(pb::ExportMode::SiteDefault) => None,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "mode: give EXPORT_MODE_ALL, EXPORT_MODE_RULES (with rules) or EXPORT_MODE_SITE_DEFAULT",
+                ));
+            }
+        };
+        if mode != Some(ExportMode::Rules) && !r.rules.is_empty() {
+            return Err(Status::invalid_argument(
+                "rules: only a policy of mode EXPORT_MODE_RULES has rules; set that mode, or send no rules",
+            ));
+        }
+        let p = self.state.set_export_policy(&r.site_id, mode, &r.rules).await?;
+        let (site, _) = self.state.site().await?;
+        Ok(Response::new(convert::export_policy(&site, &p)))
+    }
+
+    async fn get_export_policy(
+        &self,
+        req: Request<pb::GetExportPolicyRequest>,
+    ) -> Result<Response<pb::ExportPolicy>, Status> {
+        let site_id = req.into_inner().site_id;
+        crate::domain::validate_name("site_id", &site_id).map_err(Status::invalid_argument)?;
+        let Some(p) = self.state.peering(&site_id).await? else {
+            return Err(Status::not_found(format!(
+                "there is no peering with site {site_id:?}; list them with `weftctl peerings`"
+            )));
+        };
+        let (site, _) = self.state.site().await?;
+        Ok(Response::new(convert::export_policy(&site, &p)))
     }
 
     async fn create_peering(&self, req: Request<pb::CreatePeeringRequest>) -> Result<Response<pb::Peering>, Status> {

@@ -176,6 +176,7 @@ impl State {
                 joined_at_ms: if joined_with.is_some() { now_ms() } else { 0 },
                 relay_ports: Default::default(),
                 relay_via: None,
+                export: None,
                 joined_with,
             };
             let txn = self

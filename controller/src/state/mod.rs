@@ -26,8 +26,10 @@ use serde::de::DeserializeOwned;
 
 mod agents;
 mod certs;
+mod export;
 pub mod federation;
 pub mod layout;
+pub use export::Mode as ExportMode;
 mod names;
 
 pub use layout::{Key, Prefix};
@@ -623,6 +625,7 @@ impl State {
                 joined_at_ms: existing.map_or(0, |(p, _)| p.joined_at_ms),
                 relay_ports: existing.map(|(p, _)| p.relay_ports.clone()).unwrap_or_default(),
                 relay_via: existing.and_then(|(p, _)| p.relay_via.clone()),
+                export: existing.and_then(|(p, _)| p.export.clone()),
             };
             let guard = Compare::ModRevision(key.clone(), existing.map_or(0, |(_, r)| *r));
             let txn = self

@@ -47,7 +47,7 @@ pub(super) fn peering(m: &Model, site_id: &str, base: &str) -> Objects {
         out.extend(routes_back(m, base, &ids));
         out.extend(wireguard_peers(base, r, p.relay_via.as_ref(), &ids));
         out.extend(exports(m, base, &ids));
-        out.extend(tunnel_filter(m, base, &ids));
+        out.extend(tunnel_filter(m, p, base, &ids));
     }
     for v in p.views.iter().filter(|v| v.remapped()) {
         out.extend([obj(
@@ -235,8 +235,9 @@ fn routes_back(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
 /// What the peering's namespace forwards from the tunnel: this site's
 /// workload and external CIDRs (the peer's traffic and the replies to the
 /// nodes' own traffic) and the exported hosts (after their DNAT); nothing
-/// else, so a peer never reaches the gateway host or the overlay.
-fn tunnel_filter(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
+/// else, so a peer never reaches the gateway host or the overlay. Within
+/// that, the peering's export policy ([`crate::export`]).
+fn tunnel_filter(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> Objects {
     let Some(site) = &m.site else { return Objects::new() };
     let mut allowed: Vec<String> = site.pod_cidrs.iter().map(|c| c.to_string()).collect();
     allowed.push(site.external_cidr.to_string());
@@ -246,12 +247,15 @@ fn tunnel_filter(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
             .filter(|n| n.external.is_some())
             .map(|n| format!("{}/32", n.address)),
     );
+    let policy = crate::export::effective(site, p);
     Objects::from([obj(
         format!("{base}filter"),
         Kind::TunnelFilter(pb::TunnelFilter {
             namespace: ids.ns.clone(),
             tunnel: ids.link.clone(),
             allowed,
+            policed: policy.is_some(),
+            exports: policy.unwrap_or_default().iter().map(crate::export::rule_pb).collect(),
         }),
     )])
 }

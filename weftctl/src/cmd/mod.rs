@@ -6,6 +6,7 @@ pub mod gateways;
 pub mod names;
 pub mod nodes;
 pub mod peerings;
+pub mod policy;
 pub mod site;
 pub mod status;
 pub mod test_network;

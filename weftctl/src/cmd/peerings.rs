@@ -51,6 +51,7 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                 "created_at": ts(&p.created_at), "last_error": p.last_error, "tunnel_role": p.tunnel_role,
                 "remote_endpoints": p.remote_endpoints, "remote_ca_fingerprint": p.remote_ca_fingerprint,
                 "listen_port": p.listen_port, "held_by_peer": p.held_by_peer,
+                "export": p.export.as_ref().map(super::policy::policy_json),
                 "pending": (!p.pending_workload_cidrs.is_empty() || !p.pending_external_cidr.is_empty()).then(|| json!({
                     "workload_cidrs": p.pending_workload_cidrs, "external_cidr": p.pending_external_cidr,
                     "since": ts(&p.pending_since),
@@ -62,7 +63,8 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                     "last_handshake": ts(&t.last_handshake), "rx_bytes": t.rx_bytes, "tx_bytes": t.tx_bytes,
                     "probes_sent": t.probes_sent, "probes_lost": t.probes_lost, "link": t.link,
                     "gateway": t.gateway, "reported_at": ts(&t.reported_at),
-                    "dropped_from_tunnel": t.dropped_from_tunnel, "path": t.path, "nat": t.nat,
+                    "dropped_from_tunnel": t.dropped_from_tunnel, "dropped_by_policy": t.dropped_by_policy,
+                    "path": t.path, "nat": t.nat,
                     "candidates": t.candidates.iter().map(|c| json!({"address": c.address, "kind": c.kind})).collect::<Vec<_>>(),
                 })),
             })).collect::<Vec<_>>(), "revision": r.revision,
@@ -97,6 +99,18 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                         p.site_id
                     )
                 })
+                .chain(r.peerings.iter().filter_map(|p| {
+                    let e = p
+                        .export
+                        .as_ref()
+                        .filter(|e| e.effective != pb::ExportMode::All as i32)?;
+                    let refused = p.tunnel.as_ref().map_or(0, |t| t.dropped_by_policy);
+                    Some(format!(
+                        "{} may reach only: {} ({refused} packets refused by the policy)",
+                        p.site_id,
+                        super::policy::summary(e)
+                    ))
+                }))
                 .chain(
                     r.peerings
                         .iter()
@@ -198,6 +212,7 @@ pub async fn run(c: &mut Client, cmd: &PeeringCmd) -> Result<Out, String> {
                 footer: vec![],
             }
         }
+        PeeringCmd::Policy(cmd) => return super::policy::run(c, cmd).await,
         PeeringCmd::Accept { site } => {
             let p = c
                 .accept_peering_update(pb::AcceptPeeringUpdateRequest { site_id: site.clone() })

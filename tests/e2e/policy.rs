@@ -1,0 +1,327 @@
+//! Export policy: what a peer may reach of a site, set by that site and
+//! enforced at its gateway, in the peering's namespace. Two sites on one
+//! workload CIDR (views remapped), each workload with an address in two
+//! /24s and services on two ports. Needs root: run under CI=true.
+
+use std::time::{Duration, Instant};
+
+use weft_tests::mesh::{ECHO_PORT, Mesh};
+use weft_tests::{bin, eventually, netns, stderr, weftctl_json};
+
+const POD: &str = "10.1.0.0/16";
+/// The port the policy allows (a second `weft-echo serve` on site B).
+const ALLOWED: u16 = 8080;
+/// Site B's workload in the /24 the policy exports, and in another.
+const NEAR: &str = "10.1.0.10";
+const FAR: &str = "10.1.1.10";
+
+/// `real`, an address of site `to`'s workload CIDR, as site `from`
+/// addresses it (through its local view).
+fn seen_from(mesh: &Mesh, from: usize, to: usize, real: &str) -> String {
+    let p = mesh.peering(&mesh.sites[from], &mesh.sites[to].id).unwrap();
+    let v = p["views"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["kind"] == "workload")
+        .unwrap();
+    let (r, l): (ipnet::Ipv4Net, ipnet::Ipv4Net) = (
+        v["real_cidr"].as_str().unwrap().parse().unwrap(),
+        v["local_cidr"].as_str().unwrap().parse().unwrap(),
+    );
+    weft_controller::ipam::translate(real.parse().unwrap(), r, l)
+        .unwrap()
+        .to_string()
+}
+
+/// Packets the export policy of `site`'s peering with `peer` refused (its
+/// nft counter `refused` in the peering's namespace); None without a policy there.
+fn refused(mesh: &mut Mesh, site: usize, peer: &str) -> Option<u64> {
+    let ns = weft_controller::render::peering_namespace(&mesh.sites[site].id, peer);
+    let pid = mesh.gateway_pid(site);
+    let o = netns::exec_beside(pid, &ns, &["nft", "-j", "list", "counter", "ip", "weft", "refused"]);
+    if !o.status.success() {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+    v["nftables"]
+        .as_array()?
+        .iter()
+        .find_map(|x| x["counter"]["packets"].as_u64())
+}
+
+/// `weftctl peering policy ARGS` at site `site`: Ok(json) or Err(stderr).
+fn policy(mesh: &Mesh, site: usize, args: &[&str]) -> Result<serde_json::Value, String> {
+    let o = weft_tests::run(
+        std::process::Command::new(bin("weftctl"))
+            .args([
+                "--controller",
+                &mesh.sites[site].target,
+                "--output",
+                "json",
+                "peering",
+                "policy",
+            ])
+            .args(args),
+    );
+    if o.status.success() {
+        Ok(serde_json::from_slice(&o.stdout).unwrap())
+    } else {
+        Err(stderr(&o))
+    }
+}
+
+/// Whether site `from` reaches `addr:port` and site `to` answers.
+fn answers(mesh: &Mesh, from: usize, to: usize, addr: &str, port: u16) -> bool {
+    matches!(mesh.ask_port(from, addr, port), Ok((site, _)) if site == mesh.sites[to].id)
+}
+
+/// Sets a policy at B for A and returns how long until B's gateway had it
+/// in its peering's namespace (the refused counter's value changed from
+/// `before`, i.e. the table was written anew).
+fn set_and_time(mesh: &mut Mesh, args: &[&str], applied: impl Fn(&mut Mesh) -> bool) -> Duration {
+    let t = Instant::now();
+    policy(mesh, 1, args).unwrap();
+    loop {
+        if applied(mesh) {
+            return t.elapsed();
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            let g = mesh.sites[1].gateway;
+            let log = mesh.lab.proc(g).log_text();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            panic!(
+                "policy {args:?} not applied at B's gateway after 30 s; its chain:\n{}\ngateways: {}\nlog:\n{}",
+                chain(mesh),
+                weftctl_json(&mesh.sites[1].target, &["gateways"]),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `weft-echo hold` from site `from`'s workload to `target` (a line
+/// every 100 ms, each echo awaited at most 2 s), given a second to
+/// connect; its process and the file that ends it.
+fn hold_open(mesh: &mut Mesh, from: usize, target: &str, tag: &str) -> (usize, std::path::PathBuf) {
+    let stop = mesh.dir.path().join(format!("{tag}.stop"));
+    let log = mesh.dir.path().join(format!("{tag}.log"));
+    let wl = mesh.sites[from].wl.clone();
+    let until = stop.to_str().unwrap().to_string();
+    let p = mesh.lab.spawn(
+        &wl,
+        &bin("weft-echo"),
+        &["hold", target, "--until", &until, "--timeout", "2s"],
+        &log,
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    (p, stop)
+}
+
+/// The `from_tunnel` chain of B's peering namespace, as nft lists it.
+fn chain(mesh: &mut Mesh) -> String {
+    let ns = weft_controller::render::peering_namespace("s2", "s1");
+    let pid = mesh.gateway_pid(1);
+    weft_tests::stdout(&netns::exec_beside(
+        pid,
+        &ns,
+        &["nft", "list", "chain", "ip", "weft", "from_tunnel"],
+    ))
+}
+
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn an_export_policy_limits_what_a_peer_reaches_and_changes_without_breaking_allowed_connections() {
+    if !netns::require_root() {
+        return;
+    }
+    weft_tests::step("two sites on one CIDR, peered; B serves two ports on two /24s");
+    let mut mesh = Mesh::up_wide("pol", 2, POD);
+    let wl = mesh.sites[1].wl.clone();
+    let log = mesh.dir.path().join("s2-echo-8080.log");
+    mesh.lab.spawn(
+        &wl,
+        &bin("weft-echo"),
+        &["serve", "--port", &ALLOWED.to_string(), "--name", "s2"],
+        &log,
+    );
+    mesh.peer(0, 1);
+    let (a, b) = (0, 1);
+    let (near, far) = (seen_from(&mesh, a, b, NEAR), seen_from(&mesh, a, b, FAR));
+    eprintln!("A reaches B's {NEAR} at {near} and {FAR} at {far}");
+
+    weft_tests::step("without a policy, A reaches everything of B");
+    for (addr, port) in [(&near, ECHO_PORT), (&near, ALLOWED), (&far, ECHO_PORT), (&far, ALLOWED)] {
+        eventually(&format!("A reaches {addr}:{port}"), Duration::from_secs(30), || {
+            answers(&mesh, a, b, addr, port).then_some(())
+        });
+    }
+    assert_eq!(refused(&mut mesh, b, "s1"), None, "no policy, no policy counter");
+    let shown = policy(&mesh, b, &["show", "s1"]).unwrap();
+    assert_eq!(
+        (shown["mode"].as_str(), shown["effective"].as_str()),
+        (Some("site default"), Some("all"))
+    );
+
+    weft_tests::step("B exports one /24 and TCP 8080 to A");
+    let took = set_and_time(&mut mesh, &["set", "s1", "--allow", "10.1.0.0/24,tcp,8080"], |m| {
+        refused(m, b, "s1").is_some()
+    });
+    eprintln!("the policy was in B's gateway {} ms after the call", took.as_millis());
+    assert!(took < Duration::from_secs(2), "the policy took {took:?} to apply");
+    assert!(
+        answers(&mesh, a, b, &near, ALLOWED),
+        "A no longer reaches the allowed {near}:{ALLOWED}"
+    );
+    let before = refused(&mut mesh, b, "s1").unwrap();
+    for (addr, port, what) in [
+        (&near, ECHO_PORT, "another port"),
+        (&far, ALLOWED, "another prefix"),
+        (&far, ECHO_PORT, "another prefix and port"),
+    ] {
+        let r = mesh.ask_port(a, addr, port);
+        assert!(r.is_err(), "A reached {addr}:{port} ({what}) against the policy: {r:?}");
+    }
+    let after = refused(&mut mesh, b, "s1").unwrap();
+    assert!(
+        after >= before + 3,
+        "the policy counter moved by {} for three refused connections:\n{}",
+        after - before,
+        chain(&mut mesh)
+    );
+    eprintln!("refused by the policy: {} packets", after - before);
+    // B's own traffic to A still gets its replies (B opened it).
+    let a_from_b = seen_from(&mesh, b, a, NEAR);
+    assert!(answers(&mesh, b, a, &a_from_b, ECHO_PORT), "B no longer reaches A");
+    let listed = weftctl_json(&mesh.sites[b].target, &["peerings"]);
+    let p = &listed["peerings"][0];
+    assert_eq!(p["export"]["effective"], "rules", "{p}");
+    assert_eq!(p["export"]["rules"][0]["cidr"], "10.1.0.0/24", "{p}");
+
+    weft_tests::step("policy changes keep an open, allowed connection");
+    let (hold, stop) = hold_open(&mut mesh, a, &format!("{near}:{ALLOWED}"), "hold");
+    // Wider: the other /24 on the same port too.
+    let took = set_and_time(
+        &mut mesh,
+        &[
+            "set",
+            "s1",
+            "--allow",
+            "10.1.0.0/24,tcp,8080",
+            "--allow",
+            "10.1.1.0/24,tcp,8080",
+        ],
+        |m| chain(m).contains("10.1.1.0/24"),
+    );
+    eprintln!(
+        "the wider policy was in B's gateway {} ms after the call",
+        took.as_millis()
+    );
+    assert!(took < Duration::from_secs(2), "the wider policy took {took:?}");
+    assert!(
+        answers(&mesh, a, b, &far, ALLOWED),
+        "the wider policy does not let A reach {far}:{ALLOWED}"
+    );
+    // Narrower again: ICMP added, the other /24 gone.
+    let took = set_and_time(
+        &mut mesh,
+        &[
+            "set",
+            "s1",
+            "--allow",
+            "10.1.0.0/24,tcp,8080",
+            "--allow",
+            "10.1.0.0/24,icmp",
+        ],
+        |m| {
+            let c = chain(m);
+            !c.contains("10.1.1.0/24") && c.contains("icmp")
+        },
+    );
+    assert!(took < Duration::from_secs(2), "the narrower policy took {took:?}");
+    assert!(
+        mesh.ask_port(a, &far, ALLOWED).is_err(),
+        "A still reaches {far}:{ALLOWED}"
+    );
+    let ping = netns::exec(&mesh.sites[a].wl, &["ping", "-c", "1", "-W", "2", &near]);
+    assert!(
+        ping.status.success(),
+        "ICMP allowed, but {near} does not answer: {}",
+        weft_tests::stdout(&ping)
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(&stop, "").unwrap();
+    let st = mesh.lab.proc(hold).wait_exit(Duration::from_secs(10));
+    let held = mesh.lab.proc(hold).log_text();
+    assert!(
+        st.is_some_and(|s| s.success()) && held.contains("HELD"),
+        "the allowed connection broke across policy changes: {held}"
+    );
+    eprintln!("{}", held.trim());
+
+    weft_tests::step("a policy that no longer allows an open connection ends it");
+    let (cut, stop2) = hold_open(&mut mesh, a, &format!("{near}:{ALLOWED}"), "hold-cut");
+    set_and_time(&mut mesh, &["set", "s1", "--none"], |m| !chain(m).contains("8080"));
+    let st = mesh.lab.proc(cut).wait_exit(Duration::from_secs(15));
+    let text = mesh.lab.proc(cut).log_text();
+    assert!(
+        st.is_some_and(|s| !s.success()) && text.contains("BROKEN"),
+        "a connection the policy no longer allows went on: {text}"
+    );
+    let _ = std::fs::write(&stop2, "");
+    assert!(
+        answers(&mesh, b, a, &a_from_b, ECHO_PORT),
+        "with --none, B no longer reaches A"
+    );
+
+    weft_tests::step("bad policies are refused, naming the field, and change nothing");
+    let kept = policy(&mesh, b, &["show", "s1"]).unwrap();
+    let many: Vec<String> = (1..=257).map(|p| format!("10.1.0.0/24,tcp,{p}")).collect();
+    let mut too_many = vec!["set", "s1"];
+    for m in &many {
+        too_many.extend(["--allow", m.as_str()]);
+    }
+    for (args, says) in [
+        (vec!["set", "s1", "--allow", "192.168.5.0/24"], "rules[0].cidr"),
+        (vec!["set", "s1", "--allow", "10.0.0.0/8,tcp,80"], "rules[0].cidr"),
+        (
+            vec!["set", "s1", "--allow", "10.1.0.0/24,tcp,9000-8000"],
+            "rules[0].last_port",
+        ),
+        (
+            vec!["set", "s1", "--allow", "10.1.0.0/24,tcp,70000"],
+            "rules[0].first_port",
+        ),
+        (
+            vec!["set", "s1", "--allow", "10.1.0.0/24,icmp,80"],
+            "rules[0].first_port",
+        ),
+        (vec!["set", "s1", "--allow", "10.1.0.0/24,gre"], "rules[0].protocol"),
+        (too_many, "rules:"),
+    ] {
+        let e = policy(&mesh, b, &args).unwrap_err();
+        assert!(e.contains("INVALID_ARGUMENT") && e.contains(says), "{args:?}: {e}");
+        assert_eq!(
+            policy(&mesh, b, &["show", "s1"]).unwrap(),
+            kept,
+            "{args:?} changed the policy"
+        );
+    }
+    let e = policy(&mesh, b, &["set", "nobody", "--all"]).unwrap_err();
+    assert!(e.contains("NOT_FOUND"), "{e}");
+
+    weft_tests::step("the admin sees what the policy refused");
+    // The gateway reads the counter every 30th probe (one a second).
+    let n = eventually("B's admin sees the refused packets", Duration::from_secs(60), || {
+        let p = weftctl_json(&mesh.sites[b].target, &["peerings"]);
+        p["peerings"][0]["tunnel"]["dropped_by_policy"]
+            .as_u64()
+            .filter(|n| *n > 0)
+    });
+    eprintln!("weftctl peerings: {n} packets refused by the policy");
+    policy(&mesh, b, &["set", "s1", "--all"]).unwrap();
+    eventually("everything again", Duration::from_secs(10), || {
+        answers(&mesh, a, b, &far, ECHO_PORT).then_some(())
+    });
+}
