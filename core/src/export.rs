@@ -8,75 +8,13 @@
 //! the site's default (`--default-export all|none`).
 
 use ipnet::Ipv4Net;
-use serde::{Deserialize, Serialize};
 use weft_proto::v1 as pb;
 
+pub use crate::domain::{DefaultExport, ExportPolicy, ExportRule, Protocol};
 use crate::domain::{Peering, Site, parse_cidr};
 
 /// Most rules one policy holds (each is an nft rule on the gateway).
 pub const MAX_RULES: usize = 256;
-
-/// A peering's policy as set by the admin.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "mode", content = "rules")]
-pub enum ExportPolicy {
-    /// Everything: the site's workload and external CIDRs, exported hosts.
-    All,
-    /// Only what a rule allows; no rules: nothing.
-    Rules(Vec<ExportRule>),
-}
-
-/// The site's default for peerings without a policy of their own.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DefaultExport {
-    #[default]
-    All,
-    None,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Protocol {
-    Tcp,
-    Udp,
-    Icmp,
-}
-
-impl Protocol {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-            Protocol::Icmp => "icmp",
-        }
-    }
-}
-
-/// The peer may reach `cidr`, with `protocol` (None: any), on `ports`
-/// (inclusive; None: any; tcp and udp only).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct ExportRule {
-    pub cidr: Ipv4Net,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub protocol: Option<Protocol>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ports: Option<(u16, u16)>,
-}
-
-impl std::fmt::Display for ExportRule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.cidr)?;
-        if let Some(p) = self.protocol {
-            write!(f, " {}", p.as_str())?;
-        }
-        match self.ports {
-            Some((a, b)) if a == b => write!(f, " port {a}"),
-            Some((a, b)) => write!(f, " ports {a}-{b}"),
-            None => Ok(()),
-        }
-    }
-}
 
 /// The policy in force for `p`: None for everything, Some(rules) for only
 /// what they allow.
@@ -168,6 +106,70 @@ pub fn parse_rules(site: &Site, rules: &[pb::ExportRule]) -> Result<Vec<ExportRu
     Ok(out)
 }
 
+/// The prefixes `rules` reach, without one inside another.
+pub fn prefixes(rules: &[ExportRule]) -> Vec<Ipv4Net> {
+    let all: Vec<Ipv4Net> = rules.iter().map(|r| r.cidr).collect();
+    Ipv4Net::aggregate(&all)
+}
+
+/// What `params` (this site's, for the peering `p` with the receiving
+/// site; None while it is being negotiated) says of this site's export
+/// policy: the prefixes the peer may reach when limited, and only the
+/// names within them.
+pub fn fill(site: &Site, p: Option<&Peering>, params: &mut pb::NetworkParams) {
+    let rules = match p {
+        Some(p) => effective(site, p),
+        None if site.default_export == DefaultExport::None => Some(&[][..]),
+        None => None,
+    };
+    let Some(rules) = rules else { return };
+    // (Rules outside the site's CIDRs cannot be stored; a peer refuses
+    // parameters that name them, so never send one.)
+    let own: Vec<Ipv4Net> = site.pod_cidrs.iter().copied().chain([site.external_cidr]).collect();
+    let reach: Vec<Ipv4Net> = prefixes(rules)
+        .into_iter()
+        .filter(|c| own.iter().any(|o| o.contains(c)))
+        .collect();
+    params.exports_limited = true;
+    params.exports = reach.iter().map(|c| c.to_string()).collect();
+    params.names.retain(|n| {
+        n.address
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|a| reach.iter().any(|c| c.contains(&a)))
+    });
+}
+
+/// What a peer's parameters say it exports to this site: None for all,
+/// else the prefixes, each within its `workload` or `external` CIDRs, at
+/// most [`MAX_RULES`]. Errors name the field.
+pub fn check_exported(
+    p: &pb::NetworkParams,
+    workload: &[Ipv4Net],
+    external: Option<Ipv4Net>,
+) -> Result<Option<Vec<Ipv4Net>>, String> {
+    if !p.exports_limited {
+        if !p.exports.is_empty() {
+            return Err("exports: listed without exports_limited".into());
+        }
+        return Ok(None);
+    }
+    if p.exports.len() > MAX_RULES {
+        return Err(format!(
+            "exports: {} listed; a site exports at most {MAX_RULES} prefixes",
+            p.exports.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(p.exports.len());
+    for (i, e) in p.exports.iter().enumerate() {
+        let c = parse_cidr(e).map_err(|m| format!("exports[{i}]: {m}"))?;
+        if !workload.iter().chain(external.iter()).any(|own| own.contains(&c)) {
+            return Err(format!("exports[{i}]: {c} is not within the CIDRs the site announced"));
+        }
+        out.push(c);
+    }
+    Ok(Some(Ipv4Net::aggregate(&out)))
+}
+
 /// A rule on the wire.
 pub fn rule_pb(r: &ExportRule) -> pb::ExportRule {
     let (first_port, last_port) = r.ports.map_or((0, 0), |(a, b)| (u32::from(a), u32::from(b)));
@@ -237,6 +239,80 @@ mod tests {
             .collect();
         let e = parse_rules(&site, &many).unwrap_err();
         assert!(e.starts_with("rules:") && e.contains("more than the 256"), "{e}");
+    }
+
+    /// The peer is told the prefixes its policy lets it reach, and only
+    /// the names within them; a peer's list is checked before use.
+    #[test]
+    fn the_peer_is_told_what_it_may_reach_and_a_peers_list_is_checked() {
+        let site = crate::domain::test_site("b", "10.1.0.0/16");
+        let mut p = crate::domain::test_peering("a");
+        let name = |n: &str, a: &str| pb::PublishedName {
+            name: n.into(),
+            kind: 0,
+            address: a.into(),
+        };
+        let params = || pb::NetworkParams {
+            names: vec![name("near", "10.1.0.10"), name("far", "10.1.1.10")],
+            ..Default::default()
+        };
+        let mut all = params();
+        fill(&site, Some(&p), &mut all);
+        assert!(!all.exports_limited && all.exports.is_empty() && all.names.len() == 2);
+        p.export = Some(ExportPolicy::Rules(
+            parse_rules(
+                &site,
+                &[
+                    rule("10.1.0.0/24", "tcp", 8080, 0),
+                    rule("10.1.0.0/25", "", 0, 0),
+                    rule("10.70.0.0/24", "", 0, 0),
+                ],
+            )
+            .unwrap(),
+        ));
+        let mut some = params();
+        fill(&site, Some(&p), &mut some);
+        assert!(some.exports_limited);
+        assert_eq!(
+            some.exports,
+            ["10.1.0.0/24", "10.70.0.0/24"],
+            "one prefix inside another is one"
+        );
+        assert_eq!(some.names, [name("near", "10.1.0.10")]);
+        // Negotiating, under a site that exports nothing by default.
+        let mut none_site = site.clone();
+        none_site.default_export = DefaultExport::None;
+        let mut nothing = params();
+        fill(&none_site, None, &mut nothing);
+        assert!(nothing.exports_limited && nothing.exports.is_empty() && nothing.names.is_empty());
+
+        // What a peer says.
+        let w: Vec<Ipv4Net> = vec!["10.1.0.0/16".parse().unwrap()];
+        let ext = Some("10.70.0.0/16".parse().unwrap());
+        assert_eq!(check_exported(&all, &w, ext), Ok(None));
+        assert_eq!(
+            check_exported(&some, &w, ext),
+            Ok(Some(vec![
+                "10.1.0.0/24".parse().unwrap(),
+                "10.70.0.0/24".parse().unwrap()
+            ]))
+        );
+        let bad = |f: &dyn Fn(&mut pb::NetworkParams), says: &str| {
+            let mut q = some.clone();
+            f(&mut q);
+            let e = check_exported(&q, &w, ext).unwrap_err();
+            assert!(e.contains(says), "{e}");
+        };
+        bad(
+            &|q| q.exports.push("192.0.2.0/24".into()),
+            "exports[2]: 192.0.2.0/24 is not within",
+        );
+        bad(&|q| q.exports.push("10.1.0.1/24".into()), "exports[2]: ");
+        bad(&|q| q.exports_limited = false, "without exports_limited");
+        bad(
+            &|q| q.exports = vec!["10.1.0.0/24".into(); MAX_RULES + 1],
+            "at most 256",
+        );
     }
 
     #[test]

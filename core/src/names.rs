@@ -335,6 +335,7 @@ mod tests {
                 relay: false,
                 relay_for: vec![],
                 relays: vec![],
+                exported: None,
                 names: vec![
                     RemoteName {
                         name: "web".into(),

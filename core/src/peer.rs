@@ -187,6 +187,7 @@ pub fn remote_site(
         })
         .collect();
     let names = crate::names::check_remote(&names, &workload, external)?;
+    let exported = crate::export::check_exported(p, &workload, external)?;
     let has_endpoint = |ps: &pb::NetworkParams| ps.gateways.iter().any(|g| !g.endpoint.is_empty());
     Ok(RemoteSite {
         ca_pem: ca_pem.to_string(),
@@ -201,6 +202,7 @@ pub fn remote_site(
         relay: p.relay,
         relay_for: crate::relay::requests(&p.site_id, &p.relay_for)?,
         relays: crate::relay::grants(&p.relays, &[])?,
+        exported,
     })
 }
 

@@ -349,6 +349,7 @@ pub(crate) mod tests {
                 relay,
                 relay_for: relay_for.iter().map(|s| s.to_string()).collect(),
                 relays: vec![],
+                exported: None,
             }),
             listen_port: 51820,
             pending: None,

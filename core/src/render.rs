@@ -410,6 +410,9 @@ pub fn node_shared(m: &Model) -> Objects {
     let Some(gw_ip) = active_gateway(m).and_then(|g| g.internal_ip) else {
         return out;
     };
+    // The whole of each view, also when the peer exports only part of it
+    // to this site: replies to its own connections, from any of its
+    // addresses, must come back (its gateway refuses the rest).
     for p in m.peerings.values().filter(|p| m.renders_peering(&p.site_id)) {
         for v in &p.views {
             let base = format!("peer/{}/{}", p.site_id, v.kind);
@@ -753,6 +756,41 @@ mod tests {
         assert!(node_shared(&m).is_empty());
     }
 
+    /// A peer that exports only part of its CIDRs to this site is still
+    /// routed whole, on nodes and gateways: its workloads outside what it
+    /// exports may open connections to this site, and the replies must go
+    /// back (its gateway refuses what it does not export).
+    #[test]
+    fn a_peer_that_exports_a_part_is_still_routed_whole() {
+        let mut m = model();
+        let before = (node(&m, "n1"), gateway(&m, "gw1"));
+        let mut p = (*m.peerings["b"]).clone();
+        p.remote = Some(crate::domain::RemoteSite {
+            ca_pem: String::new(),
+            ca_fingerprint: String::new(),
+            workload_cidrs: vec![n("10.1.0.0/16")],
+            external_cidr: Some(n("10.99.0.0/16")),
+            gateways: vec![],
+            mtu: 0,
+            endpoints: vec![],
+            tunnel_role: crate::domain::TunnelRole::Server,
+            names: vec![],
+            relay: false,
+            relay_for: vec![],
+            relays: vec![],
+            exported: None,
+        });
+        m.peerings.insert("b".into(), Arc::new(p.clone()));
+        let all = (node(&m, "n1"), gateway(&m, "gw1"));
+        p.remote.as_mut().unwrap().exported = Some(vec![n("10.1.2.0/24")]);
+        m.peerings.insert("b".into(), Arc::new(p));
+        assert_eq!((node(&m, "n1"), gateway(&m, "gw1")), all);
+        assert_eq!(
+            before.0, all.0,
+            "a node's state does not depend on the peer's parameters"
+        );
+    }
+
     #[test]
     fn gateway_gets_a_tunnel_per_node_and_nat_for_remapped_views_only() {
         let m = model();
@@ -797,6 +835,7 @@ mod tests {
             relay: false,
             relay_for: vec![],
             relays: vec![],
+            exported: None,
             names: vec![],
         });
         m.peerings.insert("b".into(), Arc::new(p));
@@ -867,6 +906,7 @@ mod tests {
             relay: false,
             relay_for: vec![],
             relays: vec![],
+            exported: None,
             names: vec![RemoteName {
                 name: "web".into(),
                 kind: NameKind::Workload,

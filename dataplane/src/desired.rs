@@ -267,18 +267,19 @@ pub fn policy_rules(f: &pb::TunnelFilter) -> R<Option<Vec<PolicyRule>>> {
             "icmp" => Some(L4::Icmp),
             other => return Err(format!("export rule for {cidr}: unknown protocol {other:?}")),
         };
-        let port = |p: u32| {
+        let port = |field: &str, p: u32| {
             u16::try_from(p)
                 .ok()
                 .filter(|p| *p > 0)
-                .ok_or_else(|| format!("export rule for {cidr}: {p} is not a port"))
+                .ok_or_else(|| format!("export rule for {cidr}: {field} {p} is not a port"))
         };
         let ports = match (r.first_port, r.last_port) {
             (0, 0) => None,
             (a, b) => {
-                let (a, b) = (port(a)?, port(b)?);
+                let a = port("first_port", a)?;
+                let b = if b == 0 { a } else { port("last_port", b)? };
                 if b < a {
-                    return Err(format!("export rule for {cidr}: ports {a}-{b} end before they start"));
+                    return Err(format!("export rule for {cidr}: last_port {b} is below first_port {a}"));
                 }
                 if !matches!(protocol, Some(L4::Tcp | L4::Udp)) {
                     return Err(format!("export rule for {cidr}: ports without tcp or udp"));

@@ -178,9 +178,9 @@ pub fn batch(spec: &TableSpec) -> Value {
 
 /// The export policy, after the tunnel filter in `from_tunnel`: replies
 /// to connections this side opened pass; a packet the peer sent passes
-/// when a rule allows its destination as the peer addressed it (conntrack's
-/// original destination: an export's external address, before its DNAT),
-/// its protocol and port; the rest is counted and dropped. Every packet is
+/// when a rule allows its connection's destination as the peer addressed
+/// it (conntrack's original destination: an export's external address,
+/// before its DNAT), protocol and port; the rest is counted and dropped. Every packet is
 /// checked, not only a connection's first, so a narrower policy also ends
 /// open connections it no longer allows, and a table replaced in one
 /// transaction keeps those it still allows.
@@ -202,15 +202,17 @@ fn policy(cmds: &mut Vec<Value>, tunnel: &str, rules: &[PolicyRule]) {
             from_tunnel.clone(),
             json!({"match": {"op": "==", "left": {"ct": {"key": "ip daddr", "dir": "original"}}, "right": prefix(&r.cidr)}}),
         ];
-        match (r.protocol, r.ports) {
-            (Some(p @ (L4::Tcp | L4::Udp)), Some((a, b))) => {
-                let right = if a == b { json!(a) } else { json!({"range": [a, b]}) };
-                expr.push(json!({"match": {"op": "==", "left": {"payload": {"protocol": p.as_str(), "field": "dport"}}, "right": right}}));
-            }
-            (Some(p), _) => {
-                expr.push(json!({"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": p.as_str()}}));
-            }
-            (None, _) => {}
+        // The connection's protocol and destination port, as conntrack
+        // has them: an ICMP error about an allowed connection (say, "need
+        // to fragment" for a UDP service) inherits its verdict.
+        if let Some(p) = r.protocol {
+            expr.push(json!({"match": {"op": "==", "left": {"ct": {"key": "protocol"}}, "right": p.as_str()}}));
+        }
+        if let (Some(L4::Tcp | L4::Udp), Some((a, b))) = (r.protocol, r.ports) {
+            let right = if a == b { json!(a) } else { json!({"range": [a, b]}) };
+            expr.push(
+                json!({"match": {"op": "==", "left": {"ct": {"key": "proto-dst", "dir": "original"}}, "right": right}}),
+            );
         }
         expr.push(json!({"accept": null}));
         cmds.push(rule("from_tunnel", Value::Array(expr)));
@@ -528,10 +530,15 @@ mod tests {
         assert!(rules[2..6].iter().all(|r| dst(r) == "original"));
         assert_eq!(
             rules[2][2]["match"],
-            json!({"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 8080})
+            json!({"op": "==", "left": {"ct": {"key": "protocol"}}, "right": "tcp"})
         );
-        assert_eq!(rules[3][2]["match"]["right"], json!({"range": [5000, 5010]}));
+        assert_eq!(
+            rules[2][3]["match"],
+            json!({"op": "==", "left": {"ct": {"key": "proto-dst", "dir": "original"}}, "right": 8080})
+        );
+        assert_eq!(rules[3][3]["match"]["right"], json!({"range": [5000, 5010]}));
         assert_eq!(rules[4][2]["match"]["right"], "icmp");
+        assert_eq!(rules[4][3], json!({"accept": null}), "icmp has no ports");
         assert_eq!(rules[5][2], json!({"accept": null}), "any protocol: the prefix alone");
         assert_eq!(rules[6][1], json!({"counter": POLICY_COUNTER}));
         assert_eq!(rules[6][2], json!({"drop": null}));

@@ -35,19 +35,20 @@ fn seen_from(mesh: &Mesh, from: usize, to: usize, real: &str) -> String {
 }
 
 /// Packets the export policy of `site`'s peering with `peer` refused (its
-/// nft counter `refused` in the peering's namespace); None without a policy there.
+/// nft counter `refused` in the peering's namespace); None when that
+/// namespace's table has no such counter (no policy).
 fn refused(mesh: &mut Mesh, site: usize, peer: &str) -> Option<u64> {
     let ns = weft_controller::render::peering_namespace(&mesh.sites[site].id, peer);
     let pid = mesh.gateway_pid(site);
-    let o = netns::exec_beside(pid, &ns, &["nft", "-j", "list", "counter", "ip", "weft", "refused"]);
-    if !o.status.success() {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+    let o = netns::exec_beside(pid, &ns, &["nft", "-j", "list", "counters", "table", "ip", "weft"]);
+    assert!(o.status.success(), "nft in {ns}: {}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     v["nftables"]
-        .as_array()?
+        .as_array()
+        .unwrap()
         .iter()
-        .find_map(|x| x["counter"]["packets"].as_u64())
+        .find(|x| x["counter"]["name"] == "refused")
+        .map(|x| x["counter"]["packets"].as_u64().unwrap())
 }
 
 /// `weftctl peering policy ARGS` at site `site`: Ok(json) or Err(stderr).
@@ -69,6 +70,13 @@ fn policy(mesh: &Mesh, site: usize, args: &[&str]) -> Result<serde_json::Value, 
     } else {
         Err(stderr(&o))
     }
+}
+
+/// Whether site `from`'s workload gets an answer to one ping of `addr`.
+fn pings(mesh: &Mesh, from: usize, addr: &str) -> bool {
+    netns::exec(&mesh.sites[from].wl, &["ping", "-c", "1", "-W", "2", addr])
+        .status
+        .success()
 }
 
 /// Whether site `from` reaches `addr:port` and site `to` answers.
@@ -123,11 +131,9 @@ fn hold_open(mesh: &mut Mesh, from: usize, target: &str, tag: &str) -> (usize, s
 fn chain(mesh: &mut Mesh) -> String {
     let ns = weft_controller::render::peering_namespace("s2", "s1");
     let pid = mesh.gateway_pid(1);
-    weft_tests::stdout(&netns::exec_beside(
-        pid,
-        &ns,
-        &["nft", "list", "chain", "ip", "weft", "from_tunnel"],
-    ))
+    let o = netns::exec_beside(pid, &ns, &["nft", "list", "chain", "ip", "weft", "from_tunnel"]);
+    assert!(o.status.success(), "nft in {ns}: {}", stderr(&o));
+    weft_tests::stdout(&o)
 }
 
 #[test]
@@ -158,10 +164,37 @@ fn an_export_policy_limits_what_a_peer_reaches_and_changes_without_breaking_allo
         });
     }
     assert_eq!(refused(&mut mesh, b, "s1"), None, "no policy, no policy counter");
+    // B publishes a name in each /24; A learns both.
+    for (name, addr) in [("near", NEAR), ("far", FAR)] {
+        weftctl_json(&mesh.sites[b].target, &["name", "add", name, addr]);
+    }
+    let learned = |m: &Mesh| -> Vec<String> {
+        let mut n: Vec<String> = weftctl_json(&m.sites[a].target, &["names"])["learned"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n["name"].as_str().map(String::from))
+            .collect();
+        n.sort();
+        n
+    };
+    eventually("A learns B's two names", Duration::from_secs(10), || {
+        (learned(&mesh) == ["far", "near"]).then_some(())
+    });
+    // A's node routes B's whole workload view.
+    let view = mesh.view_of(a, b).unwrap();
+    let node_routes = |m: &Mesh| {
+        weft_tests::stdout(&netns::exec(
+            &m.sites[a].node,
+            &["ip", "route", "show", "table", "7765"],
+        ))
+    };
+    assert!(node_routes(&mesh).contains(&view.to_string()), "{}", node_routes(&mesh));
     let shown = policy(&mesh, b, &["show", "s1"]).unwrap();
     assert_eq!(
         (shown["mode"].as_str(), shown["effective"].as_str()),
-        (Some("site default"), Some("all"))
+        (Some("site default"), Some("all")),
+        "{shown}"
     );
 
     weft_tests::step("B exports one /24 and TCP 8080 to A");
@@ -183,6 +216,11 @@ fn an_export_policy_limits_what_a_peer_reaches_and_changes_without_breaking_allo
         let r = mesh.ask_port(a, addr, port);
         assert!(r.is_err(), "A reached {addr}:{port} ({what}) against the policy: {r:?}");
     }
+    assert!(
+        !pings(&mesh, a, &near),
+        "ICMP is not allowed, yet {near} answers a ping"
+    );
+    // (Each refused connection: its SYN and at least one retry.)
     let after = refused(&mut mesh, b, "s1").unwrap();
     assert!(
         after >= before + 3,
@@ -194,6 +232,17 @@ fn an_export_policy_limits_what_a_peer_reaches_and_changes_without_breaking_allo
     // B's own traffic to A still gets its replies (B opened it).
     let a_from_b = seen_from(&mesh, b, a, NEAR);
     assert!(answers(&mesh, b, a, &a_from_b, ECHO_PORT), "B no longer reaches A");
+    weft_tests::step("A is told what it may reach, and learns only the names within it");
+    eventually("A is told what B exports", Duration::from_secs(10), || {
+        let p = mesh.peering(&mesh.sites[a], "s2")?;
+        (p["peer_exports"] == serde_json::json!(["10.1.0.0/24"])).then_some(())
+    });
+    eventually("A learns only the exported name", Duration::from_secs(10), || {
+        (learned(&mesh) == ["near"]).then_some(())
+    });
+    // A still routes B's whole view: B's own connections from anywhere in
+    // it get their replies.
+    assert!(node_routes(&mesh).contains(&view.to_string()), "{}", node_routes(&mesh));
     let listed = weftctl_json(&mesh.sites[b].target, &["peerings"]);
     let p = &listed["peerings"][0];
     assert_eq!(p["export"]["effective"], "rules", "{p}");
@@ -243,6 +292,10 @@ fn an_export_policy_limits_what_a_peer_reaches_and_changes_without_breaking_allo
     assert!(
         mesh.ask_port(a, &far, ALLOWED).is_err(),
         "A still reaches {far}:{ALLOWED}"
+    );
+    assert!(
+        !pings(&mesh, a, &far),
+        "ICMP is allowed to {near}'s /24 only, yet {far} answers a ping"
     );
     let ping = netns::exec(&mesh.sites[a].wl, &["ping", "-c", "1", "-W", "2", &near]);
     assert!(
@@ -323,5 +376,9 @@ fn an_export_policy_limits_what_a_peer_reaches_and_changes_without_breaking_allo
     policy(&mesh, b, &["set", "s1", "--all"]).unwrap();
     eventually("everything again", Duration::from_secs(10), || {
         answers(&mesh, a, b, &far, ECHO_PORT).then_some(())
+    });
+    assert!(node_routes(&mesh).contains(&view.to_string()), "{}", node_routes(&mesh));
+    eventually("A learns both names again", Duration::from_secs(10), || {
+        (learned(&mesh) == ["far", "near"]).then_some(())
     });
 }

@@ -111,6 +111,13 @@ fn status_of(site: &str, s: Status) -> Error {
     }
 }
 
+/// What `params` for `peer` says of this site's export policy for it.
+fn exports(model: &crate::render::Model, peer: &str, params: &mut pb::NetworkParams) {
+    if let Some(site) = &model.site {
+        crate::export::fill(site, model.peerings.get(peer).map(|p| &**p), params);
+    }
+}
+
 impl Federation {
     /// This site's network parameters as it tells `peer`, and the UDP port
     /// its gateways listen on for that peering: each gateway's endpoint is
@@ -128,6 +135,7 @@ impl Federation {
         };
         let mut params = self.params_at(&model, port)?;
         relay::fill(self, &model, peer, &mut params);
+        exports(&model, peer, &mut params);
         Ok((params, port))
     }
 
@@ -136,7 +144,10 @@ impl Federation {
     /// deleted and made again).
     pub async fn params_for_negotiation(&self, peer: &str) -> Result<(pb::NetworkParams, u16), Error> {
         let port = self.state.wg_port_for(peer).await?;
-        Ok((self.params_at(&self.hub.model(), port)?, port))
+        let model = self.hub.model();
+        let mut params = self.params_at(&model, port)?;
+        exports(&model, peer, &mut params);
+        Ok((params, port))
     }
 
     fn params_at(&self, model: &crate::render::Model, port: u16) -> Result<pb::NetworkParams, Error> {

@@ -139,6 +139,13 @@ pub fn peering(p: &Peering) -> pb::Peering {
         remote_ca_fingerprint: p.remote.as_ref().map(|r| r.ca_fingerprint.clone()).unwrap_or_default(),
         tunnel: None,
         export: None,
+        peer_exports_limited: p.remote.as_ref().is_some_and(|r| r.exported.is_some()),
+        peer_exports: p
+            .remote
+            .iter()
+            .flat_map(|r| r.exported.iter().flatten())
+            .map(|c| c.to_string())
+            .collect(),
         listen_port: u32::from(p.listen_port),
         held_by_peer: p.joined_with.is_none(),
         pending_workload_cidrs: p

@@ -38,13 +38,16 @@ impl State {
             }
             let mut next = p.clone();
             next.export = export;
-            let txn = Txn::new()
+            // Under the IPAM guard: the rules were checked against the
+            // site's CIDRs, which a replica's restart may change meanwhile.
+            let txn = self
+                .ipam_guard(snap, Txn::new())
                 .when(Compare::ModRevision(key.clone(), *rev))
                 .then(Op::put(key.clone(), encode(&next)));
-            tracing::info!(peer = %peer_site, policy = ?next.export, "export policy set");
             Ok((Some(txn), next))
         })
         .await
+        .inspect(|p| tracing::info!(peer = %peer_site, policy = ?p.export, "export policy"))
     }
 }
 

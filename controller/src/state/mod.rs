@@ -768,6 +768,17 @@ fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error> {
                 ));
             }
         }
+        // An export policy names the site's own CIDRs.
+        if let Some(crate::export::ExportPolicy::Rules(rules)) = &p.export {
+            let cidrs: Vec<_> = new.pod_cidrs.iter().copied().chain([new.external_cidr]).collect();
+            for r in rules.iter().filter(|r| !cidrs.iter().any(|c| c.contains(&r.cidr))) {
+                problems.push(format!(
+                    "the export policy for {:?} allows {}, outside the new workload and external CIDRs \
+                     (change it first: `weftctl peering policy set {}`)",
+                    p.site_id, r.cidr, p.site_id
+                ));
+            }
+        }
     }
     // Published names: a workload's address stays in the pod CIDRs, an
     // export's host stays off them and weft's links, and its address in

@@ -52,6 +52,7 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                 "remote_endpoints": p.remote_endpoints, "remote_ca_fingerprint": p.remote_ca_fingerprint,
                 "listen_port": p.listen_port, "held_by_peer": p.held_by_peer,
                 "export": p.export.as_ref().map(super::policy::policy_json),
+                "peer_exports": p.peer_exports_limited.then_some(&p.peer_exports),
                 "pending": (!p.pending_workload_cidrs.is_empty() || !p.pending_external_cidr.is_empty()).then(|| json!({
                     "workload_cidrs": p.pending_workload_cidrs, "external_cidr": p.pending_external_cidr,
                     "since": ts(&p.pending_since),
@@ -110,6 +111,17 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                         p.site_id,
                         super::policy::summary(e)
                     ))
+                }))
+                .chain(r.peerings.iter().filter(|p| p.peer_exports_limited).map(|p| {
+                    let what = if p.peer_exports.is_empty() {
+                        "nothing".to_string()
+                    } else {
+                        p.peer_exports.join(", ")
+                    };
+                    format!(
+                        "{} lets this site reach only: {what} (its CIDRs, before this site's view)",
+                        p.site_id
+                    )
                 }))
                 .chain(
                     r.peerings

@@ -16,8 +16,10 @@ pub fn parse_rule(text: &str) -> Result<pb::ExportRule, String> {
         None | Some("") => (0, 0),
         Some(ports) => {
             let port = |p: &str| {
-                p.parse::<u32>().map_err(|_| {
-                    format!("--allow {text:?}: {p:?} is not a port; write e.g. 10.1.2.0/24,tcp,8080 or ,tcp,8000-8100")
+                p.parse::<u32>().ok().filter(|p| *p > 0).ok_or_else(|| {
+                    format!(
+                        "--allow {text:?}: {p:?} is not a port; write e.g. 10.1.2.0/24,tcp,8080 or 10.1.2.0/24,tcp,8000-8100"
+                    )
                 })
             };
             match ports.split_once('-') {

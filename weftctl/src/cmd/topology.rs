@@ -3,6 +3,7 @@
 use std::io::Write;
 
 use serde_json::json;
+use weft_proto::v1 as pb;
 
 use super::status::{Site, rtt, site};
 use crate::out::*;
@@ -71,11 +72,24 @@ fn dot(s: &Site) -> String {
                 }
             })
             .collect();
+        // What each side lets the other reach, where limited.
+        let mut reach = String::new();
+        if let Some(e) = p.export.as_ref().filter(|e| e.effective != pb::ExportMode::All as i32) {
+            reach += &format!("\nmay reach here: {}", super::policy::summary(e));
+        }
+        if p.peer_exports_limited {
+            let what = if p.peer_exports.is_empty() {
+                "nothing".to_string()
+            } else {
+                p.peer_exports.join(", ")
+            };
+            reach += &format!("\nexports here: {what}");
+        }
         d += &format!(
             "  {} [shape=ellipse, label={}];\n",
             q(&format!("peer/{}", p.site_id)),
             q(&format!(
-                "site {}\n{}\n{}",
+                "site {}\n{}\n{}{reach}",
                 p.site_id,
                 peering_state(p.state).to_lowercase(),
                 views.join("\n")
