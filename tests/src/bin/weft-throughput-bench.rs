@@ -41,6 +41,12 @@ struct Args {
     /// discovery) to see what MTU costs.
     #[arg(long)]
     workload_mtu: Option<u32>,
+    /// Measure instead what an export policy costs: the cross-site path
+    /// without a policy and with one of this many rules at the receiving
+    /// site (the last allows iperf3's port; the others allow other /24s),
+    /// runs interleaved.
+    #[arg(long)]
+    policy_rules: Option<usize>,
     /// (for experiments) Keep the two-site lab up this many seconds before
     /// measuring, printing its namespaces, so it can be inspected or tuned.
     #[arg(long, hide = true)]
@@ -95,6 +101,95 @@ struct End {
     /// (device-end) Both directions on one thread.
     #[arg(long)]
     single_thread: bool,
+}
+
+/// `weftctl peering policy ARGS` at `target`, or the bench stops.
+fn set_policy(target: &str, args: &[String]) {
+    let o = weft_tests::run(
+        Command::new(weft_tests::bin("weftctl"))
+            .args(["--controller", target, "peering", "policy", "set"])
+            .args(args),
+    );
+    assert!(
+        o.status.success(),
+        "weftctl peering policy set: {}",
+        weft_tests::stderr(&o)
+    );
+}
+
+/// The cross-site path without and with an export policy of `n` rules at
+/// site b for site a (the last one allowing iperf3's TCP port to wb's
+/// /24), interleaved run by run; the policy is set before and removed
+/// after each of its runs, and each run waits for the gateway to have it.
+#[allow(clippy::too_many_arguments)]
+fn policy_cost(
+    s: &mut sites::TwoSites,
+    log: &Path,
+    wa: &str,
+    wb: &str,
+    to_b: &str,
+    wb_real: &str,
+    n: usize,
+    args: &Args,
+) {
+    assert!((1..=256).contains(&n), "--policy-rules: 1 to 256");
+    let wb_net = format!("{}.0/24", wb_real.rsplit_once('.').unwrap().0);
+    let mut rules: Vec<String> = Vec::with_capacity(2 * n);
+    // Other /24s of site b's 10.1.0.0/16 first (never matched), then the
+    // one that allows the stream.
+    for i in 0..n - 1 {
+        rules.extend([
+            "--allow".into(),
+            format!("10.1.{}.0/24,tcp,{}", 100 + i % 150, 1000 + i),
+        ]);
+    }
+    rules.extend(["--allow".into(), format!("{wb_net},tcp,5201")]);
+    let (site_a, tb) = (s.site_a.clone(), s.tb.clone());
+    let ns_b = weft_controller::render::peering_namespace(&s.site_b, &site_a);
+    let gwb = s.gateways.1;
+    let pid = s.lab.proc(gwb).child.as_ref().map(|c| c.id());
+    let has_policy = |lab: &Lab| {
+        let o = match pid {
+            Some(pid) => {
+                weft_tests::netns::exec_beside(pid, &ns_b, &["nft", "list", "counters", "table", "ip", "weft"])
+            }
+            None => lab.exec(&ns_b, &["nft", "list", "counters", "table", "ip", "weft"]),
+        };
+        weft_tests::stdout(&o).contains("refused")
+    };
+    println!(
+        "path under test: wa -> wb {wb_real} at {to_b}; policy at {}: {n} rules",
+        s.site_b
+    );
+    let (mut plain, mut policed, mut ratios) = (vec![], vec![], vec![]);
+    for run in 0..args.runs {
+        let g0 = iperf(&mut s.lab, log, wb, wa, to_b, args);
+        let mut with = vec![site_a.clone()];
+        with.extend(rules.iter().cloned());
+        set_policy(&tb, &with);
+        eventually("the policy at b's gateway", Duration::from_secs(30), || {
+            has_policy(&s.lab).then_some(())
+        });
+        let g1 = iperf(&mut s.lab, log, wb, wa, to_b, args);
+        set_policy(&tb, &[site_a.clone(), "--all".into()]);
+        eventually("no policy at b's gateway", Duration::from_secs(30), || {
+            (!has_policy(&s.lab)).then_some(())
+        });
+        println!(
+            "run {}: no policy {g0:.3} Gbit/s, {n} rules {g1:.3} Gbit/s, ratio {:.3}",
+            run + 1,
+            g1 / g0
+        );
+        plain.push(g0);
+        policed.push(g1);
+        ratios.push(g1 / g0);
+    }
+    println!(
+        "weft cross-site: no policy {:.2} Gbit/s, a policy of {n} rules {:.2} Gbit/s, with / without (median of per-run ratios) {:.3}",
+        median(plain),
+        median(policed),
+        median(ratios)
+    );
 }
 
 /// One iperf3 run of `args.seconds` (see `weft_tests::perf::iperf`).
@@ -426,6 +521,11 @@ fn main() {
     if let Some(secs) = args.hold {
         println!("lab up: {:?}; wb from wa = {to_b}", s.ns);
         std::thread::sleep(Duration::from_secs(secs));
+    }
+    if let Some(n) = args.policy_rules {
+        let wb_real = wb_real.clone();
+        policy_cost(&mut s, &log, &wa, &wb, &to_b, &wb_real, n, &args);
+        return;
     }
     // Every path is built first and the runs interleave (weft, veth,
     // boringtun, wireguard-go, weft, ...), so a slow spell of this shared
