@@ -305,10 +305,14 @@ async fn open(
         Err(e) => return Err(e),
     };
     sync_local(local, desired, file, applier).await;
+    let mut features = applier.features();
+    if gateway_key.is_some() {
+        features.push(weft_proto::EXPORT_POLICY_FEATURE.into());
+    }
     let req = pb::WatchRequest {
         last_revision: desired.revision,
         known: desired.known(),
-        features: applier.features(),
+        features,
     };
     let stream = match c.watch(req).await {
         Ok(s) => s.into_inner(),

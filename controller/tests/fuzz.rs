@@ -221,6 +221,7 @@ proptest! {
                 underlay_ip: Some(IpAddr::V4(Ipv4Addr::new(192, 168, 2, i as u8))), geneve: geneve & (1 << (10 + i)) != 0,
                 identity_conflict: None, enrolled_at_ms: 0, pending_public_key: None, key_from_enrollment: false,
                 discovered: Default::default(),
+                enforces_export: false,
             }));
             m.live_gateways.insert(format!("gw{i}"));
         }

@@ -262,6 +262,10 @@ pub struct Gateway {
     /// agent last reported; written only when it changes).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub discovered: std::collections::BTreeMap<u16, crate::nat::Discovered>,
+    /// Its agent enforces export policies (it said so when it last
+    /// connected; an older agent ignores them).
+    #[serde(default)]
+    pub enforces_export: bool,
 }
 
 /// One certificate issued to an agent.

@@ -348,6 +348,7 @@ mod tests {
             pending_public_key: None,
             key_from_enrollment: false,
             discovered: Default::default(),
+            enforces_export: false,
         };
         assert_eq!(admit_gateway(&open, None, "gw", None, NOW), Ok(()));
         assert!(matches!(

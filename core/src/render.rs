@@ -636,6 +636,7 @@ mod tests {
             pending_public_key: None,
             key_from_enrollment: false,
             discovered: Default::default(),
+            enforces_export: false,
         };
         let peering = Peering {
             site_id: "b".into(),

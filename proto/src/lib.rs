@@ -77,6 +77,10 @@ pub const HOST_RULE_PRIORITY: u32 = 7765;
 /// certificate) leaves the host's data plane as it is.
 pub const REMOVED: &str = "weft-removed";
 
+/// The `WatchRequest.features` entry of a gateway agent that enforces
+/// export policies (`TunnelFilter.policed`).
+pub const EXPORT_POLICY_FEATURE: &str = "export-policy";
+
 /// The largest desired-state message an agent accepts. A gateway's
 /// snapshot grows with its site: every node adds its tunnel, address and
 /// routes (about 250 bytes), so tonic's default of 4 MiB stops a gateway

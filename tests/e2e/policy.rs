@@ -196,6 +196,7 @@ fn an_export_policy_limits_what_a_peer_reaches_and_changes_without_breaking_allo
         (Some("site default"), Some("all")),
         "{shown}"
     );
+    assert_eq!(shown["not_enforced_by"], serde_json::json!([]), "{shown}");
 
     weft_tests::step("B exports one /24 and TCP 8080 to A");
     let took = set_and_time(&mut mesh, &["set", "s1", "--allow", "10.1.0.0/24,tcp,8080"], |m| {
@@ -245,6 +246,8 @@ fn an_export_policy_limits_what_a_peer_reaches_and_changes_without_breaking_allo
     assert!(node_routes(&mesh).contains(&view.to_string()), "{}", node_routes(&mesh));
     let listed = weftctl_json(&mesh.sites[b].target, &["peerings"]);
     let p = &listed["peerings"][0];
+    // B's gateway said its agent enforces export policies.
+    assert_eq!(p["export"]["not_enforced_by"], serde_json::json!([]), "{p}");
     assert_eq!(p["export"]["effective"], "rules", "{p}");
     assert_eq!(p["export"]["rules"][0]["cidr"], "10.1.0.0/24", "{p}");
 

@@ -203,14 +203,16 @@ impl AgentService for AgentApi {
         // a change re-renders its tunnels (and its peers' ends of them).
         // (Read from the store only when the hub's copy differs: every
         // agent reconnecting after a restart must not cost a store read.)
+        // And whether a gateway's agent enforces export policies.
         let geneve = req.features.iter().any(|f| f == "geneve");
+        let export = role == AgentRole::Gateway && req.features.iter().any(|f| f == weft_proto::EXPORT_POLICY_FEATURE);
         let model = self.hub.model();
         let recorded = match role {
-            AgentRole::Node => model.nodes.get(&id.name).map(|n| n.geneve),
-            AgentRole::Gateway => model.gateways.get(&id.name).map(|g| g.geneve),
+            AgentRole::Node => model.nodes.get(&id.name).map(|n| (n.geneve, false)),
+            AgentRole::Gateway => model.gateways.get(&id.name).map(|g| (g.geneve, g.enforces_export)),
         };
-        if recorded != Some(geneve) {
-            self.state.set_geneve(role, &id.name, geneve).await?;
+        if recorded != Some((geneve, export)) {
+            self.state.set_features(role, &id.name, geneve, export).await?;
         }
         let key = (role, id.name.clone());
         // Subscribe before rendering: a change in between is then pending,

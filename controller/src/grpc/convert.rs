@@ -98,8 +98,13 @@ pub fn view(v: &View) -> pb::CidrView {
     }
 }
 
-/// `p`'s export policy as set, and as it applies under `site`'s default.
-pub fn export_policy(site: &crate::domain::Site, p: &Peering) -> pb::ExportPolicy {
+/// `p`'s export policy as set, and as it applies under `site`'s default,
+/// with the `gateways` that would not enforce it.
+pub fn export_policy<'a>(
+    site: &crate::domain::Site,
+    p: &Peering,
+    gateways: impl IntoIterator<Item = &'a crate::domain::Gateway>,
+) -> pb::ExportPolicy {
     use crate::export::ExportPolicy;
     let (mode, rules) = match &p.export {
         Some(ExportPolicy::All) => (pb::ExportMode::All, vec![]),
@@ -110,11 +115,21 @@ pub fn export_policy(site: &crate::domain::Site, p: &Peering) -> pb::ExportPolic
         None => (pb::ExportMode::All, rules),
         Some(r) => (pb::ExportMode::Rules, r.iter().map(crate::export::rule_pb).collect()),
     };
+    let not_enforced_by = if effective == pb::ExportMode::Rules {
+        gateways
+            .into_iter()
+            .filter(|g| !g.enforces_export)
+            .map(|g| g.name.clone())
+            .collect()
+    } else {
+        vec![]
+    };
     pb::ExportPolicy {
         site_id: p.site_id.clone(),
         mode: mode as i32,
         rules,
         effective: effective as i32,
+        not_enforced_by,
     }
 }
 

@@ -345,7 +345,11 @@ impl AdminService for AdminApi {
                         ..p.clone()
                     });
                     out.tunnel = self.hub.tunnel(&p.site_id);
-                    out.export = Some(convert::export_policy(&site, p));
+                    out.export = Some(convert::export_policy(
+                        &site,
+                        p,
+                        self.hub.model().gateways.values().map(|g| &**g),
+                    ));
                     out.local_gateways = gateways.for_port(&site, p.listen_port);
                     if let Some(t) = out.tunnel.as_mut() {
                         t.path = weft_core::peer::tunnel_path(p, &out.local_gateways, t.up);
@@ -417,9 +421,33 @@ impl AdminService for AdminApi {
                 "rules: only a policy of mode EXPORT_MODE_RULES has rules; set that mode, or send no rules",
             ));
         }
+        // A policy only holds where the gateway's agent enforces it: an
+        // older agent ignores it. Refused while a gateway would (it is
+        // recorded when its agent connects).
+        if mode == Some(ExportMode::Rules) {
+            // Bad rules first: they are the caller's to fix whatever the
+            // gateways run (the write checks them again, atomically).
+            let (site, _) = self.state.site().await?;
+            crate::export::parse_rules(&site, &r.rules).map_err(Status::invalid_argument)?;
+            let (gateways, _) = self.state.list_gateways().await?;
+            let old: Vec<&str> = gateways
+                .iter()
+                .filter(|g| !g.enforces_export)
+                .map(|g| g.name.as_str())
+                .collect();
+            if !old.is_empty() {
+                return Err(Status::failed_precondition(format!(
+                    "gateway {} runs an agent that does not enforce export policies (an older version, or it has \
+                     not connected since its upgrade); upgrade it and let it connect, or remove it, then set the \
+                     policy again",
+                    old.join(", ")
+                )));
+            }
+        }
         let p = self.state.set_export_policy(&r.site_id, mode, &r.rules).await?;
         let (site, _) = self.state.site().await?;
-        Ok(Response::new(convert::export_policy(&site, &p)))
+        let (gateways, _) = self.state.list_gateways().await?;
+        Ok(Response::new(convert::export_policy(&site, &p, &gateways)))
     }
 
     async fn get_export_policy(
@@ -434,7 +462,8 @@ impl AdminService for AdminApi {
             )));
         };
         let (site, _) = self.state.site().await?;
-        Ok(Response::new(convert::export_policy(&site, &p)))
+        let (gateways, _) = self.state.list_gateways().await?;
+        Ok(Response::new(convert::export_policy(&site, &p, &gateways)))
     }
 
     async fn create_peering(&self, req: Request<pb::CreatePeeringRequest>) -> Result<Response<pb::Peering>, Status> {

@@ -314,6 +314,7 @@ impl State {
                     pending_public_key: None,
                     key_from_enrollment: true,
                     discovered: Default::default(),
+                    enforces_export: false,
                 },
                 Compare::Version(key.clone(), 0),
             ),
@@ -446,21 +447,23 @@ impl State {
         Err(Error::Aborted("the gateway's record kept changing; retry".into()))
     }
 
-    /// Records whether agent `name`'s kernel can make Geneve links (a
-    /// write only when it changed, which re-renders its tunnels).
-    pub async fn set_geneve(&self, role: crate::domain::AgentRole, name: &str, geneve: bool) -> Result<(), Error> {
+    /// Records whether agent `name`'s kernel can make Geneve links and
+    /// (gateways) whether its agent enforces export policies: a write only
+    /// when one changed (which re-renders its tunnels).
+    pub async fn set_features(
+        &self,
+        role: crate::domain::AgentRole,
+        name: &str,
+        geneve: bool,
+        enforces_export: bool,
+    ) -> Result<(), Error> {
         use crate::domain::{AgentRole, Gateway, Node};
-        fn flip<T: serde::Serialize + serde::de::DeserializeOwned>(
+        fn set<T: serde::Serialize + serde::de::DeserializeOwned>(
             kv: &crate::store::KeyValue,
-            geneve: bool,
-            field: impl Fn(&mut T) -> &mut bool,
+            change: impl Fn(&mut T) -> bool,
         ) -> Result<Option<Vec<u8>>, Error> {
             let mut rec: T = super::decode(kv)?;
-            if *field(&mut rec) == geneve {
-                return Ok(None);
-            }
-            *field(&mut rec) = geneve;
-            Ok(Some(encode(&rec)))
+            Ok(change(&mut rec).then(|| encode(&rec)))
         }
         let key = match role {
             AgentRole::Node => self.at(Key::Node(name)),
@@ -473,15 +476,19 @@ impl State {
                 )));
             };
             let new = match role {
-                AgentRole::Node => flip::<Node>(&kv, geneve, |n| &mut n.geneve)?,
-                AgentRole::Gateway => flip::<Gateway>(&kv, geneve, |g| &mut g.geneve)?,
+                AgentRole::Node => set::<Node>(&kv, |n| std::mem::replace(&mut n.geneve, geneve) != geneve)?,
+                AgentRole::Gateway => set::<Gateway>(&kv, |g| {
+                    let was = (g.geneve, g.enforces_export);
+                    (g.geneve, g.enforces_export) = (geneve, enforces_export);
+                    was != (geneve, enforces_export)
+                })?,
             };
             let Some(value) = new else { return Ok(()) };
             let txn = Txn::new()
                 .when(Compare::ModRevision(key.clone(), kv.mod_revision))
                 .then(Op::put(key.clone(), value));
             if self.store.txn(txn).await?.succeeded {
-                tracing::info!(agent = name, geneve, "kernel features changed");
+                tracing::info!(agent = name, geneve, enforces_export, "agent features changed");
                 return Ok(());
             }
         }

@@ -100,6 +100,11 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                         p.site_id
                     )
                 })
+                .chain(
+                    r.peerings
+                        .iter()
+                        .filter_map(|p| p.export.as_ref().and_then(super::policy::unenforced)),
+                )
                 .chain(r.peerings.iter().filter_map(|p| {
                     let e = p
                         .export

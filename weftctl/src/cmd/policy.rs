@@ -73,6 +73,18 @@ pub fn summary(p: &pb::ExportPolicy) -> String {
     }
 }
 
+/// A warning when gateways of this site would not enforce `p`.
+pub fn unenforced(p: &pb::ExportPolicy) -> Option<String> {
+    (!p.not_enforced_by.is_empty()).then(|| {
+        format!(
+            "WARNING: gateway {} runs an agent that does not enforce export policies: the policy for {} does not \
+             hold while it is active; upgrade it",
+            p.not_enforced_by.join(", "),
+            p.site_id
+        )
+    })
+}
+
 pub fn policy_json(p: &pb::ExportPolicy) -> serde_json::Value {
     json!({
         "site_id": p.site_id,
@@ -81,6 +93,7 @@ pub fn policy_json(p: &pb::ExportPolicy) -> serde_json::Value {
         "rules": p.rules.iter().map(|r| json!({
             "cidr": r.cidr, "protocol": r.protocol, "first_port": r.first_port, "last_port": r.last_port,
         })).collect::<Vec<_>>(),
+        "not_enforced_by": p.not_enforced_by,
     })
 }
 
@@ -125,7 +138,7 @@ pub async fn run(c: &mut Client, cmd: &PolicyCmd) -> Result<Out, String> {
         json: policy_json(&p),
         header: vec!["PEER", "POLICY", "EXPORTS"],
         rows: vec![vec![p.site_id.clone(), mode_text(p.mode).into(), summary(&p)]],
-        footer: vec![],
+        footer: unenforced(&p).into_iter().collect(),
     })
 }
 
