@@ -54,11 +54,39 @@ pub struct Health {
     /// Unanswered probes since the last answer.
     pub misses_in_row: u32,
     /// Packets from the tunnel the peering's namespace dropped (its nft
-    /// counter, read every [`DROPS_EVERY`] probes).
-    pub dropped: u64,
+    /// counter, read every [`DROPS_EVERY`] probes), since the prober
+    /// started.
+    pub dropped: Total,
     /// Packets from the tunnel the export policy refused (its nft counter,
-    /// read with the other).
-    pub refused: u64,
+    /// read with the other), since the prober started.
+    pub refused: Total,
+}
+
+/// A running total of an nft counter that starts over whenever its table
+/// is written anew (a policy change rewrites it; the table's handle then
+/// changes): what was counted before a rewrite is kept (less what came
+/// between the last reading and the rewrite).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Total {
+    before: u64,
+    last: u64,
+    table: Option<u64>,
+}
+
+impl Total {
+    /// Takes in a reading `now` of the counter in the table of handle
+    /// `table`.
+    pub fn read(&mut self, now: u64, table: u64) {
+        if self.table.is_some_and(|t| t != table) || now < self.last {
+            self.before += self.last;
+        }
+        self.table = Some(table);
+        self.last = now;
+    }
+
+    pub fn get(&self) -> u64 {
+        self.before + self.last
+    }
 }
 
 /// How many probes go between two readings of the drop counter (each runs
@@ -368,9 +396,9 @@ fn run(
             if let Some(p) = packets {
                 h.packets = p;
             }
-            if let Some((d, refused)) = dropped {
-                h.dropped = d;
-                h.refused = refused;
+            if let Some(c) = dropped {
+                h.dropped.read(c.dropped, c.table);
+                h.refused.read(c.refused, c.table);
             }
             h.record(rtt, config.misses)
         };
@@ -406,6 +434,25 @@ fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_total_keeps_counting_across_a_rewritten_table() {
+        let mut t = Total::default();
+        // (reading, table handle, total): a new table is a new count,
+        // even when it has already counted past the old one's.
+        for (reading, table, total) in [
+            (0, 7, 0),
+            (5, 7, 5),
+            (9, 7, 9),
+            (2, 8, 11),
+            (2, 8, 11),
+            (20, 9, 31),
+            (25, 9, 36),
+        ] {
+            t.read(reading, table);
+            assert_eq!(t.get(), total, "after reading {reading} of table {table}");
+        }
+    }
 
     #[test]
     fn up_after_one_answer_down_after_the_allowed_misses_in_a_row() {

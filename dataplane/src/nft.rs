@@ -298,24 +298,39 @@ pub fn counters_blocking() -> Option<Vec<PeerTraffic>> {
 
 /// Packets counted by [`DROPPED_COUNTER`] and by [`POLICY_COUNTER`] (0
 /// without a policy) in the calling thread's network namespace (a
-/// peering's); None when there is no table.
-pub fn dropped_blocking() -> Option<(u64, u64)> {
+/// peering's), and the handle of the table holding them: the kernel gives
+/// each new table a new one, so a changed handle says the counters started
+/// over. None when there is no table.
+pub fn dropped_blocking() -> Option<TableCounters> {
     let out = std::process::Command::new("nft")
-        .args(["-j", "list", "counters", "table", "ip", NFT_TABLE])
+        .args(["-j", "list", "table", "ip", NFT_TABLE])
         .output()
         .ok()?;
     if !out.status.success() {
         return None;
     }
     let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let items = v["nftables"].as_array()?;
     let packets = |name: &str| {
-        v["nftables"].as_array().into_iter().flatten().find_map(|x| {
+        items.iter().find_map(|x| {
             (x["counter"]["name"] == name)
                 .then(|| x["counter"]["packets"].as_u64())
                 .flatten()
         })
     };
-    Some((packets(DROPPED_COUNTER)?, packets(POLICY_COUNTER).unwrap_or(0)))
+    Some(TableCounters {
+        table: items.iter().find_map(|x| x["table"]["handle"].as_u64())?,
+        dropped: packets(DROPPED_COUNTER)?,
+        refused: packets(POLICY_COUNTER).unwrap_or(0),
+    })
+}
+
+/// What [`dropped_blocking`] read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableCounters {
+    pub table: u64,
+    pub dropped: u64,
+    pub refused: u64,
 }
 
 /// `nft` in namespace `ns` ("" the agent's own), with `input` on stdin.

@@ -328,13 +328,19 @@ impl AdminService for AdminApi {
         &self,
         _: Request<pb::ListPeeringsRequest>,
     ) -> Result<Response<pb::ListPeeringsResponse>, Status> {
-        let (ps, revision, site) = match self.hub.fresh().await? {
-            Some((m, rev)) => (m.peerings.values().map(|p| (**p).clone()).collect(), rev, site_of(&m)?),
+        let (ps, revision, site, gateways_now) = match self.hub.fresh().await? {
+            Some((m, rev)) => (
+                m.peerings.values().map(|p| (**p).clone()).collect(),
+                rev,
+                site_of(&m)?,
+                m.gateways.values().map(|g| (**g).clone()).collect(),
+            ),
             None => {
                 let (ps, rev) = self.state.list_peerings().await?;
-                (ps, rev, self.state.site().await?.0)
+                (ps, rev, self.state.site().await?.0, self.state.list_gateways().await?.0)
             }
         };
+        let gateways_now: Vec<crate::domain::Gateway> = gateways_now;
         let gateways = self.fed.local_gateways();
         Ok(Response::new(pb::ListPeeringsResponse {
             peerings: ps
@@ -345,11 +351,7 @@ impl AdminService for AdminApi {
                         ..p.clone()
                     });
                     out.tunnel = self.hub.tunnel(&p.site_id);
-                    out.export = Some(convert::export_policy(
-                        &site,
-                        p,
-                        self.hub.model().gateways.values().map(|g| &**g),
-                    ));
+                    out.export = Some(convert::export_policy(&site, p, &gateways_now));
                     out.local_gateways = gateways.for_port(&site, p.listen_port);
                     if let Some(t) = out.tunnel.as_mut() {
                         t.path = weft_core::peer::tunnel_path(p, &out.local_gateways, t.up);
@@ -420,29 +422,6 @@ impl AdminService for AdminApi {
             return Err(Status::invalid_argument(
                 "rules: only a policy of mode EXPORT_MODE_RULES has rules; set that mode, or send no rules",
             ));
-        }
-        // A policy only holds where the gateway's agent enforces it: an
-        // older agent ignores it. Refused while a gateway would (it is
-        // recorded when its agent connects).
-        if mode == Some(ExportMode::Rules) {
-            // Bad rules first: they are the caller's to fix whatever the
-            // gateways run (the write checks them again, atomically).
-            let (site, _) = self.state.site().await?;
-            crate::export::parse_rules(&site, &r.rules).map_err(Status::invalid_argument)?;
-            let (gateways, _) = self.state.list_gateways().await?;
-            let old: Vec<&str> = gateways
-                .iter()
-                .filter(|g| !g.enforces_export)
-                .map(|g| g.name.as_str())
-                .collect();
-            if !old.is_empty() {
-                return Err(Status::failed_precondition(format!(
-                    "gateway {} runs an agent that does not enforce export policies (an older version, or it has \
-                     not connected since its upgrade); upgrade it and let it connect, or remove it, then set the \
-                     policy again",
-                    old.join(", ")
-                )));
-            }
         }
         let p = self.state.set_export_policy(&r.site_id, mode, &r.rules).await?;
         let (site, _) = self.state.site().await?;

@@ -33,15 +33,38 @@ impl State {
                 )),
                 None => None,
             };
-            if export == p.export {
-                return Ok((None, p.clone()));
-            }
             let mut next = p.clone();
             next.export = export;
+            // A policy only holds where the gateway's agent enforces it (an
+            // older one ignores it): refused while a gateway has not said
+            // it does, checked against the gateways' records as written.
+            let mut txn = Txn::new();
+            if crate::export::effective(site, &next).is_some() {
+                let old: Vec<&str> = snap
+                    .gateways
+                    .iter()
+                    .filter(|(g, _)| !g.enforces_export)
+                    .map(|(g, _)| g.name.as_str())
+                    .collect();
+                if !old.is_empty() {
+                    return Err(Error::FailedPrecondition(format!(
+                        "gateway {} runs an agent that does not enforce export policies (an older version, or it \
+                         has not connected since its upgrade); upgrade it and let it connect, or remove it, then \
+                         set the policy again",
+                        old.join(", ")
+                    )));
+                }
+                for (g, grev) in &snap.gateways {
+                    txn = txn.when(Compare::ModRevision(self.at(Key::Gateway(&g.name)), *grev));
+                }
+            }
+            if next.export == p.export {
+                return Ok((None, p.clone()));
+            }
             // Under the IPAM guard: the rules were checked against the
             // site's CIDRs, which a replica's restart may change meanwhile.
             let txn = self
-                .ipam_guard(snap, Txn::new())
+                .ipam_guard(snap, txn)
                 .when(Compare::ModRevision(key.clone(), *rev))
                 .then(Op::put(key.clone(), encode(&next)));
             Ok((Some(txn), next))
