@@ -366,6 +366,41 @@ fn an_export_policy_limits_what_a_peer_reaches_and_changes_without_breaking_allo
     let e = policy(&mesh, b, &["set", "nobody", "--all"]).unwrap_err();
     assert!(e.contains("NOT_FOUND"), "{e}");
 
+    weft_tests::step("a site started with --default-export none exports nothing until told");
+    let c = mesh.add_site_with(&["--default-export", "none"]);
+    mesh.peer(a, c);
+    let c_near = seen_from(&mesh, a, c, NEAR);
+    let a_from_c = seen_from(&mesh, c, a, NEAR);
+    eventually("the third site reaches A", Duration::from_secs(30), || {
+        answers(&mesh, c, a, &a_from_c, ECHO_PORT).then_some(())
+    });
+    assert!(
+        mesh.ask_at(a, &c_near).is_err(),
+        "A reached {c_near} of a site that exports nothing"
+    );
+    let shown = policy(&mesh, c, &["show", "s1"]).unwrap();
+    assert_eq!(
+        (
+            shown["mode"].as_str(),
+            shown["effective"].as_str(),
+            shown["rules"].as_array().map(Vec::len)
+        ),
+        (Some("site default"), Some("rules"), Some(0)),
+        "{shown}"
+    );
+    eventually(
+        "A is told the third site exports nothing",
+        Duration::from_secs(10),
+        || {
+            let p = mesh.peering(&mesh.sites[a], &mesh.sites[c].id)?;
+            (p["peer_exports"] == serde_json::json!([])).then_some(())
+        },
+    );
+    policy(&mesh, c, &["set", "s1", "--all"]).unwrap();
+    eventually("--all on the third site", Duration::from_secs(10), || {
+        answers(&mesh, a, c, &c_near, ECHO_PORT).then_some(())
+    });
+
     weft_tests::step("the admin sees what the policy refused");
     // The gateway reads the counter every 30th probe (one a second).
     let n = eventually("B's admin sees the refused packets", Duration::from_secs(60), || {

@@ -76,6 +76,11 @@ impl Mesh {
 
     /// Starts one more site (not peered); returns its index.
     pub fn add_site(&mut self) -> usize {
+        self.add_site_with(&[])
+    }
+
+    /// [`Mesh::add_site`] with more controller flags.
+    pub fn add_site_with(&mut self, flags: &[&str]) -> usize {
         let i = self.sites.len();
         assert!(i < 24, "the WAN plan has room for 24 sites");
         let id = format!("s{}", i + 1);
@@ -111,7 +116,8 @@ impl Mesh {
                 .data_dir(&self.dir.path().join(&id))
                 .log(&self.dir.path().join(format!("{id}-controller.log")))
                 .pod(&self.pod)
-                .flag("--node-prefix-len", &self.node_len.to_string()),
+                .flag("--node-prefix-len", &self.node_len.to_string())
+                .flags(flags),
             ctl: ctl.clone(),
             ctl_ip,
             agents: vec![gateway, AgentSpec::node("node", &node, &node_ip, &subnet)],
