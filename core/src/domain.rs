@@ -1,6 +1,8 @@
 //! The controller's records: what it stores and reasons about. Independent
 //! of the wire format (prost types are converted at the gRPC edge) and of
 //! the store (records are serialized as JSON values under their keys).
+//! By job, besides the records here: `policy` (export policies as stored)
+//! and `text` (checks of the CIDRs and names people and peers type).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -9,6 +11,12 @@ use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
 use crate::ipam::View;
+
+mod policy;
+mod text;
+
+pub use policy::{DefaultExport, ExportPolicy, ExportRule, Protocol};
+pub use text::{parse_cidr, shown, validate_name};
 
 /// A site's validated network configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,71 +69,6 @@ pub struct Site {
     pub default_export: DefaultExport,
 }
 
-// Export policy: what a peer may reach of this site (the checks and the
-// rendering are the `export` module's).
-
-/// A peering's policy as set by the admin.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "mode", content = "rules")]
-pub enum ExportPolicy {
-    /// Everything: the site's workload and external CIDRs, exported hosts.
-    All,
-    /// Only what a rule allows; no rules: nothing.
-    Rules(Vec<ExportRule>),
-}
-
-/// The site's default for peerings without a policy of their own.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DefaultExport {
-    #[default]
-    All,
-    None,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Protocol {
-    Tcp,
-    Udp,
-    Icmp,
-}
-
-impl Protocol {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-            Protocol::Icmp => "icmp",
-        }
-    }
-}
-
-/// The peer may reach `cidr`, with `protocol` (None: any), on `ports`
-/// (inclusive; None: any; tcp and udp only).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct ExportRule {
-    pub cidr: Ipv4Net,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub protocol: Option<Protocol>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ports: Option<(u16, u16)>,
-}
-
-impl std::fmt::Display for ExportRule {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.cidr)?;
-        if let Some(p) = self.protocol {
-            write!(f, " {}", p.as_str())?;
-        }
-        match self.ports {
-            Some((a, b)) if a == b => write!(f, " port {a}"),
-            Some((a, b)) => write!(f, " ports {a}-{b}"),
-            None => Ok(()),
-        }
-    }
-}
-
 /// A peer CIDR over this site's own hosts: refused (the default: a peer
 /// has no business announcing them), or routed through a remapped view
 /// like any other overlap (for sites whose workload CIDRs really overlap
@@ -154,6 +97,12 @@ impl Site {
 
     /// Every block this site addresses itself, which a peer's local view
     /// must avoid.
+    /// What the site may offer peers: its workload and external CIDRs
+    /// (an export policy names prefixes of these).
+    pub fn exportable(&self) -> impl Iterator<Item = Ipv4Net> + '_ {
+        self.pod_cidrs.iter().copied().chain([self.external_cidr])
+    }
+
     pub fn own_blocks(&self) -> Vec<Ipv4Net> {
         let mut v = self.pod_cidrs.clone();
         v.push(self.external_cidr);
@@ -626,62 +575,6 @@ pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Parses an IPv4 CIDR in canonical form, or says what is wrong with it.
-pub fn parse_cidr(text: &str) -> Result<Ipv4Net, String> {
-    let text = text.trim();
-    let q = shown(text);
-    match text.parse::<ipnet::IpNet>() {
-        Ok(ipnet::IpNet::V4(n)) if n.addr() != n.network() => Err(format!(
-            "{q} has host bits set; the network is {} (write that, or fix the prefix length)",
-            n.trunc()
-        )),
-        // Leading zeros ("10.010.0.0/16") are octal to some tools and
-        // decimal to others: refuse the ambiguity.
-        Ok(ipnet::IpNet::V4(n)) if n.to_string() != text => Err(format!(
-            "{q} is not written canonically (leading zeros are read as octal by some tools); write {n}"
-        )),
-        Ok(ipnet::IpNet::V4(n)) => Ok(n),
-        Ok(ipnet::IpNet::V6(_)) => Err(format!("{q} is IPv6; weft supports IPv4 CIDRs only for now")),
-        Err(_) if text.parse::<std::net::IpAddr>().is_ok() => Err(format!(
-            "{q} has no prefix length; write it as address/length, e.g. {text}/24"
-        )),
-        Err(_) => Err(format!(
-            "{q} is not a CIDR; write it as address/length, e.g. 10.1.0.0/16"
-        )),
-    }
-}
-
-/// `text` quoted for an error message, cut to its first 64 characters: a
-/// message echoes what the caller sent, and must not echo a megabyte of it
-/// (gRPC carries messages in headers, which peers limit).
-pub fn shown(text: &str) -> String {
-    const MAX: usize = 64;
-    if text.chars().count() <= MAX {
-        return format!("{text:?}");
-    }
-    let head: String = text.chars().take(MAX).collect();
-    format!("{head:?}… ({} bytes)", text.len())
-}
-
-/// Checks a node, gateway or site name: 1 to 63 characters of lower-case
-/// letters, digits, '-' and '.', starting and ending with a letter or digit.
-/// Names become store keys and interface labels, so nothing else is allowed.
-pub fn validate_name(what: &str, name: &str) -> Result<(), String> {
-    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
-    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-    if name.is_empty() {
-        return Err(format!("{what} is empty; give a name such as \"node-1\""));
-    }
-    if name.len() > 63 || !name.chars().all(ok_char) || !edge(name.chars().next()) || !edge(name.chars().last()) {
-        return Err(format!(
-            "{what} {} is not a valid name: use 1 to 63 lower-case letters, digits, '-' or '.', \
-             starting and ending with a letter or digit",
-            shown(name)
-        ));
-    }
-    Ok(())
 }
 
 /// A site for unit tests: pod 10.1.0.0/16, external 10.70.0.0/16,

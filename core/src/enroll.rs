@@ -268,15 +268,7 @@ mod tests {
                 pool: None,
             }],
             created_at_ms: NOW,
-            last_error: None,
-            remote: None,
-            listen_port: 51820,
-            pending: None,
-            joined_with: None,
-            joined_at_ms: 0,
-            relay_ports: Default::default(),
-            relay_via: None,
-            export: None,
+            ..crate::domain::test_peering("")
         };
         let inside = "10.200.3.4".parse().unwrap();
         let Err(Refused::FailedPrecondition(m)) = underlay_outside_views([&p], inside, AgentRole::Node, "n1") else {

@@ -19,7 +19,12 @@ pub const MAX_RULES: usize = 256;
 /// The policy in force for `p`: None for everything, Some(rules) for only
 /// what they allow.
 pub fn effective<'a>(site: &Site, p: &'a Peering) -> Option<&'a [ExportRule]> {
-    match (&p.export, site.default_export) {
+    in_force(site, p.export.as_ref())
+}
+
+/// [`effective`] of a policy as set (None: none of its own).
+fn in_force<'a>(site: &Site, export: Option<&'a ExportPolicy>) -> Option<&'a [ExportRule]> {
+    match (export, site.default_export) {
         (Some(ExportPolicy::All), _) | (None, DefaultExport::All) => None,
         (Some(ExportPolicy::Rules(r)), _) => Some(r),
         (None, DefaultExport::None) => Some(&[]),
@@ -40,8 +45,7 @@ pub fn parse_rules(site: &Site, rules: &[pb::ExportRule]) -> Result<Vec<ExportRu
     for (i, r) in rules.iter().enumerate() {
         let field = |f: &str| format!("rules[{i}].{f}");
         let cidr = parse_cidr(&r.cidr).map_err(|e| format!("{}: {e}", field("cidr")))?;
-        let own: Vec<Ipv4Net> = site.pod_cidrs.iter().copied().chain([site.external_cidr]).collect();
-        if !own.iter().any(|c| c.contains(&cidr)) {
+        if !site.exportable().any(|c| c.contains(&cidr)) {
             return Err(format!(
                 "{}: {cidr} is not within this site's workload CIDRs ({}) or its external CIDR ({}); a policy \
                  exports only this site's own networks",
@@ -117,18 +121,14 @@ pub fn prefixes(rules: &[ExportRule]) -> Vec<Ipv4Net> {
 /// policy: the prefixes the peer may reach when limited, and only the
 /// names within them.
 pub fn fill(site: &Site, p: Option<&Peering>, params: &mut pb::NetworkParams) {
-    let rules = match p {
-        Some(p) => effective(site, p),
-        None if site.default_export == DefaultExport::None => Some(&[][..]),
-        None => None,
+    let Some(rules) = in_force(site, p.and_then(|p| p.export.as_ref())) else {
+        return;
     };
-    let Some(rules) = rules else { return };
     // (Rules outside the site's CIDRs cannot be stored; a peer refuses
     // parameters that name them, so never send one.)
-    let own: Vec<Ipv4Net> = site.pod_cidrs.iter().copied().chain([site.external_cidr]).collect();
     let reach: Vec<Ipv4Net> = prefixes(rules)
         .into_iter()
-        .filter(|c| own.iter().any(|o| o.contains(c)))
+        .filter(|c| site.exportable().any(|o| o.contains(c)))
         .collect();
     params.exports_limited = true;
     params.exports = reach.iter().map(|c| c.to_string()).collect();

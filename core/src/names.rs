@@ -349,13 +349,7 @@ mod tests {
                     },
                 ],
             }),
-            listen_port: 51820,
-            pending: None,
-            joined_with: None,
-            joined_at_ms: 0,
-            relay_ports: Default::default(),
-            relay_via: None,
-            export: None,
+            ..crate::domain::test_peering("")
         }
     }
 

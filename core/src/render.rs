@@ -656,15 +656,7 @@ mod tests {
                 },
             ],
             created_at_ms: 0,
-            last_error: None,
-            remote: None,
-            listen_port: 51820,
-            pending: None,
-            joined_with: None,
-            joined_at_ms: 0,
-            relay_ports: Default::default(),
-            relay_via: None,
-            export: None,
+            ..crate::domain::test_peering("")
         };
         let mut m = Model {
             revision: 7,

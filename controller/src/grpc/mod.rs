@@ -333,14 +333,13 @@ impl AdminService for AdminApi {
                 m.peerings.values().map(|p| (**p).clone()).collect(),
                 rev,
                 site_of(&m)?,
-                m.gateways.values().map(|g| (**g).clone()).collect(),
+                m.gateways.values().map(|g| (**g).clone()).collect::<Vec<_>>(),
             ),
             None => {
                 let (ps, rev) = self.state.list_peerings().await?;
                 (ps, rev, self.state.site().await?.0, self.state.list_gateways().await?.0)
             }
         };
-        let gateways_now: Vec<crate::domain::Gateway> = gateways_now;
         let gateways = self.fed.local_gateways();
         Ok(Response::new(pb::ListPeeringsResponse {
             peerings: ps

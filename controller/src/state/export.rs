@@ -21,11 +21,7 @@ impl State {
         let key = self.at(Key::Peering(peer_site));
         self.commit(|snap| {
             let site = snap.site()?;
-            let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
-                return Err(Error::NotFound(format!(
-                    "there is no peering with site {peer_site:?}; list them with `weftctl peerings`"
-                )));
-            };
+            let (p, rev) = snap.peering(peer_site)?;
             let export = match mode {
                 Some(Mode::All) => Some(ExportPolicy::All),
                 Some(Mode::Rules) => Some(ExportPolicy::Rules(

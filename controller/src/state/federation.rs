@@ -249,9 +249,7 @@ impl State {
         let key = self.at(Key::Peering(peer_site));
         self.commit(|snap| {
             let site = snap.site()?;
-            let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
-                return Err(Error::NotFound(format!("there is no peering with site {peer_site:?}")));
-            };
+            let (p, rev) = snap.peering(peer_site)?;
             let Some(old) = &p.remote else { return Ok((None, false)) };
             if old.ca_fingerprint != remote.ca_fingerprint {
                 return Err(Error::PermissionDenied(format!(
@@ -334,9 +332,7 @@ impl State {
     ) -> Result<bool, Error> {
         let key = self.at(Key::Peering(peer_site));
         self.commit(|snap| {
-            let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
-                return Err(Error::NotFound(format!("there is no peering with site {peer_site:?}")));
-            };
+            let (p, rev) = snap.peering(peer_site)?;
             let mut next = p.clone();
             if let Some(ports) = &ports {
                 next.relay_ports = ports.clone();
@@ -363,11 +359,7 @@ impl State {
         let key = self.at(Key::Peering(peer_site));
         self.commit(|snap| {
             let site = snap.site()?;
-            let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
-                return Err(Error::NotFound(format!(
-                    "there is no peering with site {peer_site:?}; list them with `weftctl peerings`"
-                )));
-            };
+            let (p, rev) = snap.peering(peer_site)?;
             let (Some(held), Some(old)) = (&p.pending, &p.remote) else {
                 return Err(Error::FailedPrecondition(format!(
                     "site {peer_site:?} has announced no change to accept"

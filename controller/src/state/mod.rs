@@ -76,6 +76,19 @@ struct Snapshot {
 }
 
 impl Snapshot {
+    /// The peering with `peer_site` and its record's revision, or
+    /// NOT_FOUND saying how to list them.
+    fn peering(&self, peer_site: &str) -> Result<&(Peering, Revision), Error> {
+        self.peerings
+            .iter()
+            .find(|(p, _)| p.site_id == peer_site)
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "there is no peering with site {peer_site:?}; list them with `weftctl peerings`"
+                ))
+            })
+    }
+
     /// Brings the snapshot up to date with a committed transaction's ops.
     /// `None` when an op cannot be folded in (the caller then re-reads).
     fn apply_ops(mut self, root: &str, ops: &[Op], revision: Revision) -> Option<Snapshot> {
@@ -658,9 +671,7 @@ impl State {
         validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
         let key = self.at(Key::Peering(peer_site));
         self.commit(|snap| {
-            let Some((p, rev)) = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site) else {
-                return Err(Error::NotFound(format!("there is no peering with site {peer_site:?}")));
-            };
+            let (p, rev) = snap.peering(peer_site)?;
             if unheld && now_ms().saturating_sub(p.created_at_ms.max(p.joined_at_ms)) <= federation::RECORD_WINDOW_MS {
                 return Ok((None, None));
             }
@@ -770,8 +781,7 @@ fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error> {
         }
         // An export policy names the site's own CIDRs.
         if let Some(crate::export::ExportPolicy::Rules(rules)) = &p.export {
-            let cidrs: Vec<_> = new.pod_cidrs.iter().copied().chain([new.external_cidr]).collect();
-            for r in rules.iter().filter(|r| !cidrs.iter().any(|c| c.contains(&r.cidr))) {
+            for r in rules.iter().filter(|r| !new.exportable().any(|c| c.contains(&r.cidr))) {
                 problems.push(format!(
                     "the export policy for {:?} allows {}, outside the new workload and external CIDRs \
                      (change it first: `weftctl peering policy set {}`)",

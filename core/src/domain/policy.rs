@@ -1,0 +1,67 @@
+//! Export policy: what a peer may reach of this site, as stored (the
+//! checks and the rendering are the `export` module's).
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+/// A peering's policy as set by the admin.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "mode", content = "rules")]
+pub enum ExportPolicy {
+    /// Everything: the site's workload and external CIDRs, exported hosts.
+    All,
+    /// Only what a rule allows; no rules: nothing.
+    Rules(Vec<ExportRule>),
+}
+
+/// The site's default for peerings without a policy of their own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DefaultExport {
+    #[default]
+    All,
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+    Icmp,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+            Protocol::Icmp => "icmp",
+        }
+    }
+}
+
+/// The peer may reach `cidr`, with `protocol` (None: any), on `ports`
+/// (inclusive; None: any; tcp and udp only).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ExportRule {
+    pub cidr: Ipv4Net,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<Protocol>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ports: Option<(u16, u16)>,
+}
+
+impl std::fmt::Display for ExportRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.cidr)?;
+        if let Some(p) = self.protocol {
+            write!(f, " {}", p.as_str())?;
+        }
+        match self.ports {
+            Some((a, b)) if a == b => write!(f, " port {a}"),
+            Some((a, b)) => write!(f, " ports {a}-{b}"),
+            None => Ok(()),
+        }
+    }
+}
