@@ -342,6 +342,7 @@ impl Guard {
                 for a in &f.allowed {
                     parse::<ipnet::Ipv4Net>("allowed destination", a, "an IPv4 CIDR")?;
                 }
+                weft_dataplane::desired::transit_prefixes(f)?;
                 weft_dataplane::desired::policy_rules(f).map(|_| ())
             }
             Some(Kind::ExportMap(x)) => {

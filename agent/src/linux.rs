@@ -318,6 +318,14 @@ impl Applier for Linux {
                 rx_packets: h.packets.0,
                 dropped_from_tunnel: h.dropped.get(),
                 dropped_by_policy: h.refused.get(),
+                transit: h
+                    .transit
+                    .iter()
+                    .map(|(site, t)| pb::TransitCount {
+                        site: site.clone(),
+                        packets: t.get(),
+                    })
+                    .collect(),
                 tx_packets: h.packets.1,
                 mtu: target.mtu,
                 path_mtu: h.path_mtu.clone(),

@@ -60,6 +60,9 @@ pub struct Health {
     /// Packets from the tunnel the export policy refused (its nft counter,
     /// read with the other), since the prober started.
     pub refused: Total,
+    /// Packets from the tunnel forwarded onward to another peer (transit;
+    /// its nft counters, read with the others), by site.
+    pub transit: std::collections::BTreeMap<String, Total>,
 }
 
 /// A running total of an nft counter that starts over whenever its table
@@ -399,6 +402,9 @@ fn run(
             if let Some(c) = dropped {
                 h.dropped.read(c.dropped, c.table);
                 h.refused.read(c.refused, c.table);
+                for (site, n) in &c.transit {
+                    h.transit.entry(site.clone()).or_default().read(*n, c.table);
+                }
             }
             h.record(rtt, config.misses)
         };

@@ -250,6 +250,16 @@ pub fn tunnel_series(f: &mut Families, t: &weft_proto::v1::TunnelStatus, extra: 
         &l,
         t.dropped_by_policy,
     );
+    for c in &t.transit {
+        let mut lt = l.clone();
+        lt.push(("to_site", c.site.as_str()));
+        f.counter(
+            "weft_peering_transit_packets",
+            "Packets from the peer that this site forwarded onward to another peer (transit), by the site they went to",
+            &lt,
+            c.packets,
+        );
+    }
     f.counter(
         "weft_peering_receive_packets",
         "Packets received through the tunnel",

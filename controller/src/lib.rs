@@ -28,4 +28,4 @@ pub mod server;
 pub mod state;
 pub mod store;
 
-pub use weft_core::{domain, export, ipam, names, render};
+pub use weft_core::{domain, export, ipam, names, render, transit};

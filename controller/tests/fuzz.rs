@@ -245,6 +245,8 @@ proptest! {
                 relay_ports: Default::default(),
                 relay_via: None,
                 export: None,
+                transit: false,
+                transit_views: vec![],
             }));
         }
         for name in m.nodes.keys() {

@@ -338,6 +338,31 @@ pub struct Peering {
     /// What the peer may reach of this site; None: the site's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub export: Option<ExportPolicy>,
+    /// This site agrees to transit on this peering (see the `transit` module).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub transit: bool,
+    /// This site's local views of the sites it reaches through the peer:
+    /// planned from the peer's `transit_routes` while both ends agree.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub transit_views: Vec<TransitView>,
+}
+
+/// A site reached through a transit peer, as that peer offered it: its
+/// CIDRs in the peer's local views.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransitRoute {
+    pub site: String,
+    pub workload_cidrs: Vec<Ipv4Net>,
+    pub external_cidr: Option<Ipv4Net>,
+}
+
+/// This site's view of one CIDR of `site`, reached through a transit peer:
+/// `view.real` is the transit peer's view of it (the address inside the
+/// tunnel), `view.local` this site's.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransitView {
+    pub site: String,
+    pub view: View,
 }
 
 /// The relay a tunnel takes: the relay site, and where this site's gateway
@@ -450,6 +475,13 @@ pub struct RemoteSite {
     /// stays routed for the replies to its own connections.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exported: Option<Vec<Ipv4Net>>,
+    /// It agrees to transit on this peering.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub transit: bool,
+    /// The sites it offers to reach through it (checked: see
+    /// `transit::check_routes`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub transit_routes: Vec<TransitRoute>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -619,6 +651,8 @@ pub(crate) fn test_peering(site_id: &str) -> Peering {
         relay_ports: Default::default(),
         relay_via: None,
         export: None,
+        transit: false,
+        transit_views: vec![],
     }
 }
 

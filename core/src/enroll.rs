@@ -71,10 +71,13 @@ pub fn underlay_outside_views<'a>(
     role: AgentRole,
     name: &str,
 ) -> Result<(), Refused> {
-    let Some((p, v)) = peerings
-        .into_iter()
-        .find_map(|p| p.views.iter().find(|v| v.local.contains(&ip)).map(|v| (p, v)))
-    else {
+    let Some((p, v)) = peerings.into_iter().find_map(|p| {
+        p.views
+            .iter()
+            .chain(p.transit_views.iter().map(|t| &t.view))
+            .find(|v| v.local.contains(&ip))
+            .map(|v| (p, v))
+    }) else {
         return Ok(());
     };
     Err(Refused::FailedPrecondition(format!(

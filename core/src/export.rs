@@ -32,9 +32,11 @@ fn in_force<'a>(site: &Site, export: Option<&'a ExportPolicy>) -> Option<&'a [Ex
 }
 
 /// The rules of a request, checked against `site`: each a prefix of its
-/// workload or external CIDRs, a known protocol, ports only with tcp or
-/// udp and in order, at most [`MAX_RULES`]. Errors name the field.
-pub fn parse_rules(site: &Site, rules: &[pb::ExportRule]) -> Result<Vec<ExportRule>, String> {
+/// workload or external CIDRs (or of `onward`: on a transit site, its
+/// views of the sites the peer reaches through it), a known protocol,
+/// ports only with tcp or udp and in order, at most [`MAX_RULES`]. Errors
+/// name the field.
+pub fn parse_rules(site: &Site, onward: &[Ipv4Net], rules: &[pb::ExportRule]) -> Result<Vec<ExportRule>, String> {
     if rules.len() > MAX_RULES {
         return Err(format!(
             "rules: {} rules, more than the {MAX_RULES} a policy may hold; allow wider prefixes instead",
@@ -45,10 +47,15 @@ pub fn parse_rules(site: &Site, rules: &[pb::ExportRule]) -> Result<Vec<ExportRu
     for (i, r) in rules.iter().enumerate() {
         let field = |f: &str| format!("rules[{i}].{f}");
         let cidr = parse_cidr(&r.cidr).map_err(|e| format!("{}: {e}", field("cidr")))?;
-        if !site.exportable().any(|c| c.contains(&cidr)) {
+        if !site
+            .exportable()
+            .chain(onward.iter().copied())
+            .any(|c| c.contains(&cidr))
+        {
             return Err(format!(
                 "{}: {cidr} is not within this site's workload CIDRs ({}) or its external CIDR ({}); a policy \
-                 exports only this site's own networks",
+                 exports only this site's own networks (and, with transit, its views of the sites reached \
+                 through it)",
                 field("cidr"),
                 site.pod_cidrs
                     .iter()
@@ -120,7 +127,10 @@ pub fn prefixes(rules: &[ExportRule]) -> Vec<Ipv4Net> {
 /// site; None while it is being negotiated) says of this site's export
 /// policy: the prefixes the peer may reach when limited, and only the
 /// names within them.
-pub fn fill(site: &Site, p: Option<&Peering>, params: &mut pb::NetworkParams) {
+///
+/// On a transit site, prefixes of its views of the sites reached through
+/// it (`onward`) are told as well.
+pub fn fill(site: &Site, p: Option<&Peering>, onward: &[Ipv4Net], params: &mut pb::NetworkParams) {
     let Some(rules) = in_force(site, p.and_then(|p| p.export.as_ref())) else {
         return;
     };
@@ -128,7 +138,7 @@ pub fn fill(site: &Site, p: Option<&Peering>, params: &mut pb::NetworkParams) {
     // parameters that name them, so never send one.)
     let reach: Vec<Ipv4Net> = prefixes(rules)
         .into_iter()
-        .filter(|c| site.exportable().any(|o| o.contains(c)))
+        .filter(|c| site.exportable().chain(onward.iter().copied()).any(|o| o.contains(c)))
         .collect();
     params.exports_limited = true;
     params.exports = reach.iter().map(|c| c.to_string()).collect();
@@ -140,13 +150,16 @@ pub fn fill(site: &Site, p: Option<&Peering>, params: &mut pb::NetworkParams) {
 }
 
 /// What a peer's parameters say it exports to this site: None for all,
-/// else the prefixes, each within its `workload` or `external` CIDRs, at
-/// most [`MAX_RULES`]. Errors name the field.
+/// else the prefixes, each within its `workload` or `external` CIDRs or a
+/// CIDR it offers for transit, at most [`MAX_RULES`]. Errors name the
+/// field.
 pub fn check_exported(
     p: &pb::NetworkParams,
     workload: &[Ipv4Net],
     external: Option<Ipv4Net>,
+    transit: &[crate::domain::TransitRoute],
 ) -> Result<Option<Vec<Ipv4Net>>, String> {
+    let offered: Vec<Ipv4Net> = transit.iter().flat_map(crate::transit::cidrs).map(|(_, c)| c).collect();
     if !p.exports_limited {
         if !p.exports.is_empty() {
             return Err("exports: listed without exports_limited".into());
@@ -162,7 +175,12 @@ pub fn check_exported(
     let mut out = Vec::with_capacity(p.exports.len());
     for (i, e) in p.exports.iter().enumerate() {
         let c = parse_cidr(e).map_err(|m| format!("exports[{i}]: {m}"))?;
-        if !workload.iter().chain(external.iter()).any(|own| own.contains(&c)) {
+        if !workload
+            .iter()
+            .chain(external.iter())
+            .chain(&offered)
+            .any(|own| own.contains(&c))
+        {
             return Err(format!("exports[{i}]: {c} is not within the CIDRs the site announced"));
         }
         out.push(c);
@@ -199,6 +217,7 @@ mod tests {
         let site = crate::domain::test_site("b", "10.1.0.0/16");
         let ok = parse_rules(
             &site,
+            &[],
             &[
                 rule("10.1.2.0/24", "tcp", 8080, 0),
                 rule("10.1.0.0/16", "", 0, 0),
@@ -211,10 +230,10 @@ mod tests {
         assert!(ok.iter().any(|r| r.to_string() == "10.1.2.0/24 tcp port 8080"));
         assert!(ok.iter().any(|r| r.to_string() == "10.1.3.0/24 udp ports 5000-5010"));
         // The external CIDR is this site's too.
-        parse_rules(&site, &[rule(&site.external_cidr.to_string(), "icmp", 0, 0)]).unwrap();
+        parse_rules(&site, &[], &[rule(&site.external_cidr.to_string(), "icmp", 0, 0)]).unwrap();
 
         let refused = |r: pb::ExportRule, field: &str, says: &str| {
-            let e = parse_rules(&site, &[rule("10.1.0.0/24", "", 0, 0), r]).unwrap_err();
+            let e = parse_rules(&site, &[], &[rule("10.1.0.0/24", "", 0, 0), r]).unwrap_err();
             assert!(e.starts_with(&format!("rules[1].{field}:")), "{e}");
             assert!(e.contains(says), "{e}");
         };
@@ -237,7 +256,7 @@ mod tests {
         let many: Vec<_> = (0..=MAX_RULES)
             .map(|i| rule("10.1.0.0/16", "tcp", i as u32 + 1, 0))
             .collect();
-        let e = parse_rules(&site, &many).unwrap_err();
+        let e = parse_rules(&site, &[], &many).unwrap_err();
         assert!(e.starts_with("rules:") && e.contains("more than the 256"), "{e}");
     }
 
@@ -257,11 +276,12 @@ mod tests {
             ..Default::default()
         };
         let mut all = params();
-        fill(&site, Some(&p), &mut all);
+        fill(&site, Some(&p), &[], &mut all);
         assert!(!all.exports_limited && all.exports.is_empty() && all.names.len() == 2);
         p.export = Some(ExportPolicy::Rules(
             parse_rules(
                 &site,
+                &[],
                 &[
                     rule("10.1.0.0/24", "tcp", 8080, 0),
                     rule("10.1.0.0/25", "", 0, 0),
@@ -271,7 +291,7 @@ mod tests {
             .unwrap(),
         ));
         let mut some = params();
-        fill(&site, Some(&p), &mut some);
+        fill(&site, Some(&p), &[], &mut some);
         assert!(some.exports_limited);
         assert_eq!(
             some.exports,
@@ -283,15 +303,15 @@ mod tests {
         let mut none_site = site.clone();
         none_site.default_export = DefaultExport::None;
         let mut nothing = params();
-        fill(&none_site, None, &mut nothing);
+        fill(&none_site, None, &[], &mut nothing);
         assert!(nothing.exports_limited && nothing.exports.is_empty() && nothing.names.is_empty());
 
         // What a peer says.
         let w: Vec<Ipv4Net> = vec!["10.1.0.0/16".parse().unwrap()];
         let ext = Some("10.70.0.0/16".parse().unwrap());
-        assert_eq!(check_exported(&all, &w, ext), Ok(None));
+        assert_eq!(check_exported(&all, &w, ext, &[]), Ok(None));
         assert_eq!(
-            check_exported(&some, &w, ext),
+            check_exported(&some, &w, ext, &[]),
             Ok(Some(vec![
                 "10.1.0.0/24".parse().unwrap(),
                 "10.70.0.0/24".parse().unwrap()
@@ -300,7 +320,7 @@ mod tests {
         let bad = |f: &dyn Fn(&mut pb::NetworkParams), says: &str| {
             let mut q = some.clone();
             f(&mut q);
-            let e = check_exported(&q, &w, ext).unwrap_err();
+            let e = check_exported(&q, &w, ext, &[]).unwrap_err();
             assert!(e.contains(says), "{e}");
         };
         bad(
@@ -324,7 +344,7 @@ mod tests {
         assert_eq!(effective(&site, &p), Some(&[][..]));
         p.export = Some(ExportPolicy::All);
         assert_eq!(effective(&site, &p), None);
-        let r = parse_rules(&site, &[rule("10.1.2.0/24", "tcp", 8080, 0)]).unwrap();
+        let r = parse_rules(&site, &[], &[rule("10.1.2.0/24", "tcp", 8080, 0)]).unwrap();
         p.export = Some(ExportPolicy::Rules(r.clone()));
         site.default_export = DefaultExport::All;
         assert_eq!(effective(&site, &p), Some(&r[..]));

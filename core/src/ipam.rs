@@ -213,6 +213,20 @@ pub fn plan_views(
     pools: &[Ipv4Net],
     public_ok: &[Ipv4Net],
 ) -> Result<Vec<View>, IpamError> {
+    plan_views_keeping(peer, in_use, pools, public_ok, &[])
+}
+
+/// [`plan_views`], where a CIDR to remap first takes the local block of a
+/// view in `keep` of its kind and length, when that block is free: the
+/// same site reached another way (directly, or through transit) keeps the
+/// address this site's workloads already use for it.
+pub fn plan_views_keeping(
+    peer: &[(CidrKind, Ipv4Net)],
+    in_use: &[Ipv4Net],
+    pools: &[Ipv4Net],
+    public_ok: &[Ipv4Net],
+    keep_views: &[View],
+) -> Result<Vec<View>, IpamError> {
     if peer.len() > MAX_PEER_CIDRS {
         return Err(IpamError::Invalid(format!(
             "the peer lists {} CIDRs; a site may have at most {MAX_PEER_CIDRS} (aggregate them)",
@@ -253,9 +267,21 @@ pub fn plan_views(
             });
             continue;
         }
-        let found = pools
+        let kept = keep_views
             .iter()
-            .find_map(|p| first_free(*p, real.prefix_len(), &used).map(|b| (b, *p)));
+            .filter(|v| v.kind == *kind && v.local.prefix_len() == real.prefix_len())
+            .find(|v| !used.iter().any(|u| overlaps(u, &v.local)))
+            .map(|v| {
+                (
+                    v.local,
+                    v.pool.or_else(|| pools.iter().find(|p| p.contains(&v.local)).copied()),
+                )
+            });
+        let found = kept.map(|(b, p)| (b, p.unwrap_or(b))).or_else(|| {
+            pools
+                .iter()
+                .find_map(|p| first_free(*p, real.prefix_len(), &used).map(|b| (b, *p)))
+        });
         let Some((local, pool)) = found else {
             return Err(IpamError::Exhausted(format!(
                 "the peer's {kind} CIDR {real} collides with a network in use here, and the remap pools \
@@ -613,5 +639,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_remapped_view_keeps_a_block_the_site_already_uses_for_it_when_free() {
+        let pools = [n("10.200.0.0/13")];
+        let peer = [(CidrKind::Workload, n("10.1.0.0/16"))];
+        let in_use = [n("10.1.0.0/16"), n("10.200.0.0/16")];
+        let kept = View {
+            kind: CidrKind::Workload,
+            real: n("10.203.0.0/16"),
+            local: n("10.203.0.0/16"),
+            pool: None,
+        };
+        let v = plan_views_keeping(&peer, &in_use, &pools, &[], std::slice::from_ref(&kept)).unwrap();
+        assert_eq!((v[0].local, v[0].pool), (n("10.203.0.0/16"), Some(pools[0])));
+        // Taken meanwhile, or of another length or kind: the pool's next.
+        let taken = [n("10.1.0.0/16"), n("10.200.0.0/16"), n("10.203.0.0/16")];
+        let v = plan_views_keeping(&peer, &taken, &pools, &[], std::slice::from_ref(&kept)).unwrap();
+        assert_eq!(v[0].local, n("10.201.0.0/16"));
+        let other = View {
+            kind: CidrKind::External,
+            ..kept
+        };
+        let v = plan_views_keeping(&peer, &in_use, &pools, &[], &[other]).unwrap();
+        assert_eq!(v[0].local, n("10.201.0.0/16"));
     }
 }

@@ -13,3 +13,4 @@ pub mod nat;
 pub mod peer;
 pub mod relay;
 pub mod render;
+pub mod transit;

@@ -336,6 +336,8 @@ mod tests {
                 relay_for: vec![],
                 relays: vec![],
                 exported: None,
+                transit: false,
+                transit_routes: vec![],
                 names: vec![
                     RemoteName {
                         name: "web".into(),

@@ -187,7 +187,8 @@ pub fn remote_site(
         })
         .collect();
     let names = crate::names::check_remote(&names, &workload, external)?;
-    let exported = crate::export::check_exported(p, &workload, external)?;
+    let transit_routes = crate::transit::check_routes(p, &own.site_id, &workload, external)?;
+    let exported = crate::export::check_exported(p, &workload, external, &transit_routes)?;
     let has_endpoint = |ps: &pb::NetworkParams| ps.gateways.iter().any(|g| !g.endpoint.is_empty());
     Ok(RemoteSite {
         ca_pem: ca_pem.to_string(),
@@ -203,6 +204,8 @@ pub fn remote_site(
         relay_for: crate::relay::requests(&p.site_id, &p.relay_for)?,
         relays: crate::relay::grants(&p.relays, &[])?,
         exported,
+        transit: p.transit,
+        transit_routes,
     })
 }
 

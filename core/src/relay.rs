@@ -350,6 +350,8 @@ pub(crate) mod tests {
                 relay_for: relay_for.iter().map(|s| s.to_string()).collect(),
                 relays: vec![],
                 exported: None,
+                transit: false,
+                transit_routes: vec![],
             }),
             ..crate::domain::test_peering("")
         }

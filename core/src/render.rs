@@ -430,6 +430,23 @@ pub fn node_shared(m: &Model) -> Objects {
                 obj(format!("{base}/rule"), host_rule(v.local)),
             ]);
         }
+        // The sites reached through this peer (transit), alike.
+        for (i, t) in crate::transit::rendered(&m.peerings, p) {
+            let base = format!("peer/{}/transit/{}/{i}", p.site_id, t.site);
+            out.extend([
+                obj(
+                    format!("{base}/route"),
+                    Kind::Route(pb::Route {
+                        namespace: String::new(),
+                        table: TABLE,
+                        destination: t.view.local.to_string(),
+                        gateway: gw_ip.to_string(),
+                        device: NODE_LINK.into(),
+                    }),
+                ),
+                obj(format!("{base}/rule"), host_rule(t.view.local)),
+            ]);
+        }
     }
     // Names peers published, in this site's view: the node's DNS
     // responder answers them.
@@ -772,6 +789,8 @@ mod tests {
             relay_for: vec![],
             relays: vec![],
             exported: None,
+            transit: false,
+            transit_routes: vec![],
         });
         m.peerings.insert("b".into(), Arc::new(p.clone()));
         let all = (node(&m, "n1"), gateway(&m, "gw1"));
@@ -782,6 +801,113 @@ mod tests {
             before.0, all.0,
             "a node's state does not depend on the peer's parameters"
         );
+    }
+
+    /// A spoke routes the sites it reaches through a transit peer into
+    /// that peering (mapped to the peer's views, allowed from its active
+    /// gateway); a hub forwards between its transit peers; a direct
+    /// peering with the same site takes over the same addresses.
+    #[test]
+    fn transit_renders_on_spoke_and_hub_and_yields_to_a_direct_peering() {
+        use crate::domain::{RemoteGateway, RemoteSite, TransitView, TunnelRole};
+        let remote = |transit: bool| RemoteSite {
+            ca_pem: String::new(),
+            ca_fingerprint: String::new(),
+            workload_cidrs: vec![n("10.1.0.0/16")],
+            external_cidr: None,
+            gateways: vec![RemoteGateway {
+                name: "g".into(),
+                endpoint: Some("192.168.1.9:51820".into()),
+                public_key: Some("YJ9BkYwQ0ezGXyBwJ4cJ5e3xk1y8b7s6tXh2oVw8RkA=".into()),
+                active: true,
+                candidates: vec![],
+                nat: None,
+            }],
+            mtu: 1420,
+            endpoints: vec![],
+            tunnel_role: TunnelRole::Server,
+            names: vec![],
+            relay: false,
+            relay_for: vec![],
+            relays: vec![],
+            exported: None,
+            transit,
+            transit_routes: vec![],
+        };
+        let mut m = model();
+        let mut b = (*m.peerings["b"]).clone();
+        b.remote = Some(remote(true));
+        b.transit = true;
+        // C's workload as B sees it (10.3/16), as this site sees it (10.4/16).
+        b.transit_views = vec![TransitView {
+            site: "c".into(),
+            view: View {
+                kind: CidrKind::Workload,
+                real: n("10.3.0.0/16"),
+                local: n("10.4.0.0/16"),
+                pool: Some(n("10.0.0.0/8")),
+            },
+        }];
+        m.peerings.insert("b".into(), Arc::new(b.clone()));
+        let gw = gateway(&m, "gw1");
+        let Some(Kind::NatMap(nat)) = &gw["peer/b/transit/c/0/nat"].kind else {
+            panic!("no transit NAT: {:?}", gw.keys().collect::<Vec<_>>())
+        };
+        assert_eq!(
+            (nat.real_cidr.as_str(), nat.local_cidr.as_str()),
+            ("10.3.0.0/16", "10.4.0.0/16")
+        );
+        for id in ["via", "rule", "tunnel"] {
+            assert!(gw.contains_key(&format!("peer/b/transit/c/0/{id}")), "{id}");
+        }
+        let Some(Kind::WireguardPeer(wg)) = &gw["peer/b/wgpeer/g"].kind else {
+            panic!()
+        };
+        assert!(
+            wg.allowed_ips.contains(&"10.3.0.0/16".to_string()),
+            "{:?}",
+            wg.allowed_ips
+        );
+        let Some(Kind::Route(r)) = &node(&m, "n1")["peer/b/transit/c/0/route"].kind else {
+            panic!("the node routes the transit view")
+        };
+        assert_eq!(r.destination, "10.4.0.0/16");
+        // The peer does not agree: nothing of it.
+        let mut off = b.clone();
+        off.remote = Some(remote(false));
+        m.peerings.insert("b".into(), Arc::new(off));
+        assert!(!gateway(&m, "gw1").keys().any(|k| k.contains("transit")));
+        // This site as the hub of b and c: each one's traffic for the
+        // other goes back out of its namespace, allowed and counted.
+        m.peerings.insert("b".into(), Arc::new(b.clone()));
+        let mut c = crate::domain::test_peering("c");
+        c.views = vec![View {
+            kind: CidrKind::Workload,
+            real: n("10.1.0.0/16"),
+            local: n("10.4.0.0/16"),
+            pool: Some(n("10.0.0.0/8")),
+        }];
+        c.remote = Some(remote(true));
+        c.transit = true;
+        c.listen_port = 51821;
+        m.peerings.insert("c".into(), Arc::new(c));
+        let gw = gateway(&m, "gw1");
+        let Some(Kind::TunnelFilter(f)) = &gw["peer/b/filter"].kind else {
+            panic!()
+        };
+        assert_eq!(f.transit.len(), 1);
+        assert_eq!(
+            (f.transit[0].site.as_str(), f.transit[0].cidrs.clone()),
+            ("c", vec!["10.4.0.0/16".to_string()])
+        );
+        let Some(Kind::Route(back)) = &gw["peer/b/onward/c/0"].kind else {
+            panic!()
+        };
+        assert_eq!((back.destination.as_str(), back.table), ("10.4.0.0/16", 0));
+        assert!(gw.contains_key("peer/c/onward/b/0"));
+        // ...and c is now a direct peer: b's transit path to it yields.
+        assert!(!gw.keys().any(|k| k.starts_with("peer/b/transit/")), "{:?}", gw.keys());
+        assert!(!node(&m, "n1").keys().any(|k| k.contains("/transit/")));
     }
 
     #[test]
@@ -829,6 +955,8 @@ mod tests {
             relay_for: vec![],
             relays: vec![],
             exported: None,
+            transit: false,
+            transit_routes: vec![],
             names: vec![],
         });
         m.peerings.insert("b".into(), Arc::new(p));
@@ -900,6 +1028,8 @@ mod tests {
             relay_for: vec![],
             relays: vec![],
             exported: None,
+            transit: false,
+            transit_routes: vec![],
             names: vec![RemoteName {
                 name: "web".into(),
                 kind: NameKind::Workload,

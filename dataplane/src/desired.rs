@@ -226,6 +226,7 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
                 tunnel: f.tunnel.clone(),
                 allowed: f.allowed.iter().map(|c| net(c, "allowed")).collect::<R<_>>()?,
                 policy: policy_rules(f)?,
+                transit: transit_prefixes(f)?,
             };
             d.specs.entry(f.namespace.clone()).or_default().filter = Some(filter);
             origins.tables.entry(f.namespace.clone()).or_default().push(id);
@@ -236,6 +237,44 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
         Kind::RelaySession(_) => {}
     }
     Ok(())
+}
+
+/// Most sites a tunnel filter forwards onward to (transit).
+pub const MAX_TRANSIT_SITES: usize = 64;
+/// Most prefixes per such site.
+pub const MAX_TRANSIT_PREFIXES: usize = 33;
+
+/// A tunnel filter's transit destinations by site, checked: at most
+/// [`MAX_TRANSIT_SITES`] sites of at most [`MAX_TRANSIT_PREFIXES`] CIDRs,
+/// each site a name fit for an nft counter (`transit-<site>`: lowercase
+/// letters, digits, '-' and '.', at most 63), listed once.
+pub fn transit_prefixes(f: &pb::TunnelFilter) -> R<Vec<(String, Vec<Ipv4Net>)>> {
+    if f.transit.len() > MAX_TRANSIT_SITES {
+        return Err(format!(
+            "a tunnel filter forwarding to {} sites, more than {MAX_TRANSIT_SITES}",
+            f.transit.len()
+        ));
+    }
+    let mut out: Vec<(String, Vec<Ipv4Net>)> = Vec::with_capacity(f.transit.len());
+    for t in &f.transit {
+        let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+        if t.site.is_empty() || t.site.len() > 63 || !t.site.chars().all(ok) {
+            return Err(format!("transit site {:?} is not a site id", t.site));
+        }
+        if out.iter().any(|(s, _)| *s == t.site) {
+            return Err(format!("transit site {:?} listed twice", t.site));
+        }
+        if t.cidrs.is_empty() || t.cidrs.len() > MAX_TRANSIT_PREFIXES {
+            return Err(format!(
+                "transit to {:?} with {} CIDRs; give 1 to {MAX_TRANSIT_PREFIXES}",
+                t.site,
+                t.cidrs.len()
+            ));
+        }
+        let cidrs = t.cidrs.iter().map(|c| net(c, "transit")).collect::<R<_>>()?;
+        out.push((t.site.clone(), cidrs));
+    }
+    Ok(out)
 }
 
 /// Most rules a tunnel filter's policy may hold (each is an nft rule).

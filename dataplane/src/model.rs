@@ -154,6 +154,10 @@ pub struct TunnelFilter {
     pub tunnel: String,
     pub allowed: Vec<Ipv4Net>,
     pub policy: Option<Vec<PolicyRule>>,
+    /// On a transit site: destinations forwarded onward to another peer,
+    /// by the site they lead to; allowed like `allowed` and counted per
+    /// site.
+    pub transit: Vec<(String, Vec<Ipv4Net>)>,
 }
 
 /// One rule of an export policy: destination `cidr` (as the peer

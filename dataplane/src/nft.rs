@@ -29,6 +29,9 @@ pub const DROPPED_COUNTER: &str = "dropped";
 /// (not "policy": a keyword of nft's, so `nft list counter ip weft policy`
 /// would not parse).
 pub const POLICY_COUNTER: &str = "refused";
+/// The counters of packets from the tunnel forwarded onward to another
+/// peer (transit): this prefix and the site they lead to.
+pub const TRANSIT_COUNTER_PREFIX: &str = "transit-";
 
 fn prefix(n: &ipnet::Ipv4Net) -> Value {
     json!({"prefix": {"addr": n.network().to_string(), "len": n.prefix_len()}})
@@ -134,7 +137,29 @@ pub fn batch(spec: &TableSpec) -> Value {
         cmds.push(add(
             json!({"counter": {"family": "ip", "table": NFT_TABLE, "name": DROPPED_COUNTER}}),
         ));
-        let allowed: Vec<Value> = f.allowed.iter().map(prefix).collect();
+        // Transit: what goes onward to another peer, counted per site
+        // (before the policy: what the peer sent that way).
+        for (site, nets) in &f.transit {
+            let name = format!("{TRANSIT_COUNTER_PREFIX}{site}");
+            cmds.push(add(
+                json!({"counter": {"family": "ip", "table": NFT_TABLE, "name": name}}),
+            ));
+            let set: Vec<Value> = nets.iter().map(prefix).collect();
+            cmds.push(rule(
+                "from_tunnel",
+                json!([
+                    meta("iifname", "==", &f.tunnel),
+                    field("daddr", "==", json!({ "set": set })),
+                    {"counter": name}
+                ]),
+            ));
+        }
+        let allowed: Vec<Value> = f
+            .allowed
+            .iter()
+            .chain(f.transit.iter().flat_map(|(_, n)| n))
+            .map(prefix)
+            .collect();
         cmds.push(rule(
             "from_tunnel",
             json!([
@@ -322,15 +347,24 @@ pub fn dropped_blocking() -> Option<TableCounters> {
         table: items.iter().find_map(|x| x["table"]["handle"].as_u64())?,
         dropped: packets(DROPPED_COUNTER)?,
         refused: packets(POLICY_COUNTER).unwrap_or(0),
+        transit: items
+            .iter()
+            .filter_map(|x| {
+                let site = x["counter"]["name"].as_str()?.strip_prefix(TRANSIT_COUNTER_PREFIX)?;
+                Some((site.to_string(), x["counter"]["packets"].as_u64()?))
+            })
+            .collect(),
     })
 }
 
 /// What [`dropped_blocking`] read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TableCounters {
     pub table: u64,
     pub dropped: u64,
     pub refused: u64,
+    /// Packets forwarded onward, by the site they went to (transit).
+    pub transit: BTreeMap<String, u64>,
 }
 
 /// `nft` in namespace `ns` ("" the agent's own), with `input` on stdin.
@@ -460,6 +494,7 @@ mod tests {
                 tunnel: "weft-wabc".into(),
                 allowed: vec!["10.1.0.0/16".parse().unwrap(), "192.168.7.5/32".parse().unwrap()],
                 policy: None,
+                transit: vec![("c".into(), vec!["10.201.0.0/16".parse().unwrap()])],
             }),
         };
         let text = batch(&spec).to_string();
@@ -480,6 +515,7 @@ mod tests {
             "tx-b",
             "rx-b",
             "netmap",
+            "\"transit-c\"",
         ] {
             assert!(text.contains(part), "{part} missing from {text}");
         }
@@ -522,6 +558,7 @@ mod tests {
                     rule("10.1.4.0/24", Some(L4::Icmp), None),
                     rule("10.1.5.0/24", None, None),
                 ]),
+                transit: vec![],
             }),
             ..Default::default()
         };

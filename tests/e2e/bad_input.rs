@@ -328,7 +328,10 @@ fn each_bad_request_gets_its_code_and_a_fix_and_writes_nothing() {
                     format!("weftp1.{i}")
                 };
                 async move {
-                    match a.create_peering(pb::CreatePeeringRequest { token }).await {
+                    match a
+                        .create_peering(pb::CreatePeeringRequest { token, transit: false })
+                        .await
+                    {
                         Ok(_) => (i, Code::Ok, String::new()),
                         Err(e) => (i, e.code(), e.message().to_string()),
                     }

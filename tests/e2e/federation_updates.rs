@@ -83,6 +83,7 @@ async fn a_gateway_key_change_reaches_the_peer_sites_gateway_within_a_second() {
         .await
         .create_peering(pb::CreatePeeringRequest {
             token: token.into_inner().token,
+            transit: false,
         })
         .await
         .unwrap();

@@ -28,6 +28,7 @@ mod replicas;
 mod restart;
 mod state_ipam;
 mod store_conformance;
+mod transit;
 mod vm;
 mod watch;
 mod wg_device;

@@ -143,12 +143,19 @@ impl Mesh {
     /// Peers sites `a` and `b` (a token from `b`, redeemed at `a`) and
     /// waits until both gateways report the tunnel up.
     pub fn peer(&self, a: usize, b: usize) {
+        self.peer_with(a, b, &[]);
+    }
+
+    /// [`Mesh::peer`] with more `weftctl peering create` flags at `a`.
+    pub fn peer_with(&self, a: usize, b: usize, flags: &[&str]) {
         let (sa, sb) = (&self.sites[a], &self.sites[b]);
         let token = weftctl_json(&sb.target, &["peering", "token"])["token"]
             .as_str()
             .unwrap()
             .to_string();
-        weftctl_json(&sa.target, &["peering", "create", "--token", &token]);
+        let mut args = vec!["peering", "create", "--token", &token];
+        args.extend_from_slice(flags);
+        weftctl_json(&sa.target, &args);
         for (s, peer) in [(sa, sb), (sb, sa)] {
             eventually(
                 &format!("{}'s tunnel to {} up", s.id, peer.id),

@@ -174,6 +174,18 @@ pub enum PeeringCmd {
         /// (DEADLINE_EXCEEDED, UNAVAILABLE); 0s: try once.
         #[arg(long, default_value = "60s")]
         timeout: humantime::Duration,
+        /// Agree to transit on this peering (see `weftctl peering transit`).
+        #[arg(long)]
+        transit: bool,
+    },
+    /// Agree (on) or not (off) to transit on the peering with SITE: this
+    /// site then forwards between SITE and its other transit peers, and
+    /// reaches SITE's other transit peers through it. A hop is used once
+    /// both of its ends agree; a direct peering is preferred over it.
+    Transit {
+        site: String,
+        #[arg(value_parser = ["on", "off"])]
+        state: String,
     },
     /// End the peering with a site, on both sides.
     Delete { site: String },

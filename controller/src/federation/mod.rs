@@ -114,7 +114,15 @@ fn status_of(site: &str, s: Status) -> Error {
 /// What `params` for `peer` says of this site's export policy for it.
 fn exports(model: &crate::render::Model, peer: &str, params: &mut pb::NetworkParams) {
     if let Some(site) = &model.site {
-        crate::export::fill(site, model.peerings.get(peer).map(|p| &**p), params);
+        let p = model.peerings.get(peer).map(|p| &**p);
+        let onward = p.map(|p| crate::transit::onward_prefixes(model.peerings.values().map(|q| &**q), p));
+        crate::export::fill(site, p, &onward.unwrap_or_default(), params);
+    }
+    // Transit: whether this site agrees on this peering, and while the
+    // peer does too, the sites it may reach through this one.
+    if let Some(p) = model.peerings.get(peer) {
+        params.transit = p.transit;
+        params.transit_routes = crate::transit::offers(&model.peerings, peer);
     }
 }
 
@@ -219,7 +227,12 @@ impl Federation {
     /// when this side never recorded one). Gives up at `deadline`:
     /// DEADLINE_EXCEEDED when the peer did not answer in time, UNAVAILABLE
     /// when it could not be reached, both saying to retry.
-    pub async fn create(&self, token_text: &str, deadline: tokio::time::Instant) -> Result<Peering, Error> {
+    pub async fn create(
+        &self,
+        token_text: &str,
+        transit: bool,
+        deadline: tokio::time::Instant,
+    ) -> Result<Peering, Error> {
         let t = PeeringToken::decode(token_text)?;
         if t.site == self.site_id {
             return Err(Error::InvalidArgument(format!(
@@ -311,7 +324,11 @@ impl Federation {
                     )));
                 }
             };
-            return match self.state.negotiated(&t.site, remote.clone(), None, port).await {
+            return match self
+                .state
+                .negotiated(&t.site, remote.clone(), None, port, transit)
+                .await
+            {
                 Ok(p) => {
                     tracing::info!(peer = %t.site, role = ?remote.tunnel_role, port = p.listen_port, "peering negotiated");
                     Ok(p)

@@ -277,7 +277,7 @@ pub(super) async fn joined(
 ) -> Result<Response<pb::JoinResponse>, Status> {
     let (own, port) = fed.params_for_negotiation(&site).await?;
     let remote = fed.remote(&r.ca_pem, &params, &own)?;
-    let p = fed.state.negotiated(&site, remote, Some(&proof), port).await?;
+    let p = fed.state.negotiated(&site, remote, Some(&proof), port, false).await?;
     tracing::info!(peer = %site, views = p.views.len(), "peering negotiated (joined by the peer)");
     Ok(Response::new(pb::JoinResponse {
         ca_pem: fed.ca_pem.clone(),

@@ -133,6 +133,36 @@ pub fn export_policy<'a>(
     }
 }
 
+/// The sites this site reaches through `p`, each with its views and
+/// whether it is used (no direct peering in `all` preferred over it).
+fn transit_paths(p: &Peering, all: &crate::transit::Peerings) -> Vec<pb::TransitPath> {
+    let mut out: Vec<pb::TransitPath> = Vec::new();
+    for t in &p.transit_views {
+        let active = crate::transit::usable(p) && !crate::transit::direct(all, &t.site);
+        match out.iter_mut().find(|o| o.site == t.site) {
+            Some(o) => o.views.push(view(&t.view)),
+            None => out.push(pb::TransitPath {
+                site: t.site.clone(),
+                views: vec![view(&t.view)],
+                active,
+            }),
+        }
+    }
+    out
+}
+
+/// [`peering`] among this site's peerings `all`: which transit paths are
+/// in use, and which sites the peer reaches through this one.
+pub fn peering_among(p: &Peering, all: &crate::transit::Peerings) -> pb::Peering {
+    let mut out = peering(p);
+    out.transit_paths = transit_paths(p, all);
+    out.transit_onward = crate::transit::onward(all.values().map(|q| &**q), p)
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    out
+}
+
 pub fn peering(p: &Peering) -> pb::Peering {
     pb::Peering {
         site_id: p.site_id.clone(),
@@ -154,6 +184,10 @@ pub fn peering(p: &Peering) -> pb::Peering {
         remote_ca_fingerprint: p.remote.as_ref().map(|r| r.ca_fingerprint.clone()).unwrap_or_default(),
         tunnel: None,
         export: None,
+        transit: p.transit,
+        peer_transit: p.remote.as_ref().is_some_and(|r| r.transit),
+        transit_paths: transit_paths(p, &Default::default()),
+        transit_onward: vec![],
         peer_exports_limited: p.remote.as_ref().is_some_and(|r| r.exported.is_some()),
         peer_exports: p
             .remote

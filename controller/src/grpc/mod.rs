@@ -341,14 +341,18 @@ impl AdminService for AdminApi {
             }
         };
         let gateways = self.fed.local_gateways();
+        let all: crate::transit::Peerings = ps.iter().map(|p| (p.site_id.clone(), Arc::new(p.clone()))).collect();
         Ok(Response::new(pb::ListPeeringsResponse {
             peerings: ps
                 .iter()
                 .map(|p| {
-                    let mut out = convert::peering(&Peering {
-                        state: self.hub.peering_state(p),
-                        ..p.clone()
-                    });
+                    let mut out = convert::peering_among(
+                        &Peering {
+                            state: self.hub.peering_state(p),
+                            ..p.clone()
+                        },
+                        &all,
+                    );
                     out.tunnel = self.hub.tunnel(&p.site_id);
                     out.export = Some(convert::export_policy(&site, p, &gateways_now));
                     out.local_gateways = gateways.for_port(&site, p.listen_port);
@@ -428,6 +432,15 @@ impl AdminService for AdminApi {
         Ok(Response::new(convert::export_policy(&site, &p, &gateways)))
     }
 
+    async fn set_peering_transit(
+        &self,
+        req: Request<pb::SetPeeringTransitRequest>,
+    ) -> Result<Response<pb::Peering>, Status> {
+        let r = req.into_inner();
+        let p = self.state.set_transit(&r.site_id, r.enabled).await?;
+        Ok(Response::new(convert::peering(&p)))
+    }
+
     async fn get_export_policy(
         &self,
         req: Request<pb::GetExportPolicyRequest>,
@@ -446,7 +459,8 @@ impl AdminService for AdminApi {
 
     async fn create_peering(&self, req: Request<pb::CreatePeeringRequest>) -> Result<Response<pb::Peering>, Status> {
         let deadline = answer_by(&req, crate::federation::JOIN_BUDGET);
-        let p = self.fed.create(&req.into_inner().token, deadline).await?;
+        let r = req.into_inner();
+        let p = self.fed.create(&r.token, r.transit, deadline).await?;
         Ok(Response::new(convert::peering(&p)))
     }
 

@@ -158,12 +158,23 @@ pub(super) fn update(model: &mut Model, key: Key, value: Option<&[u8]>) -> Optio
         }
         Key::Peering(name) => {
             // A relayed tunnel's session is rendered under one of its two
-            // peerings: a change to either re-renders both.
+            // peerings: a change to either re-renders both. Transit: a
+            // peering's views, flag or presence change what other transit
+            // peerings render (their onward routes, their transit paths,
+            // which a direct peering takes over).
             let partners = |m: &Model| -> Vec<String> {
-                m.peerings
+                let mut v: Vec<String> = m
+                    .peerings
                     .get(name)
                     .map(|p| p.relay_ports.keys().cloned().collect())
-                    .unwrap_or_default()
+                    .unwrap_or_default();
+                v.extend(
+                    m.peerings
+                        .values()
+                        .filter(|q| q.transit || !q.transit_views.is_empty())
+                        .map(|q| q.site_id.clone()),
+                );
+                v
             };
             let mut relayed = partners(model);
             match value.and_then(|v| serde_json::from_slice::<Peering>(v).ok()) {

@@ -1,5 +1,6 @@
-//! A peering's export policy ([`crate::export`]): set by this site's admin
-//! on the peering's record, which the gateways render from.
+//! A peering's export policy ([`crate::export`]) and transit flag
+//! ([`crate::transit`]): set by this site's admin on the peering's record,
+//! which the gateways render from.
 
 use super::{Key, State, encode};
 use crate::domain::{Peering, validate_name};
@@ -25,7 +26,12 @@ impl State {
             let export = match mode {
                 Some(Mode::All) => Some(ExportPolicy::All),
                 Some(Mode::Rules) => Some(ExportPolicy::Rules(
-                    crate::export::parse_rules(site, rules).map_err(Error::InvalidArgument)?,
+                    crate::export::parse_rules(
+                        site,
+                        &crate::transit::onward_prefixes(snap.peerings.iter().map(|(q, _)| q), p),
+                        rules,
+                    )
+                    .map_err(Error::InvalidArgument)?,
                 )),
                 None => None,
             };
@@ -67,6 +73,39 @@ impl State {
         })
         .await
         .inspect(|p| tracing::info!(peer = %peer_site, policy = ?p.export, "export policy"))
+    }
+
+    /// Sets whether this site agrees to transit on the peering with
+    /// `peer_site`, and plans (or drops) the views of the sites the peer
+    /// offers, in one transaction under the IPAM guard.
+    pub async fn set_transit(&self, peer_site: &str, enabled: bool) -> Result<Peering, Error> {
+        validate_name("site_id", peer_site).map_err(Error::InvalidArgument)?;
+        let key = self.at(Key::Peering(peer_site));
+        self.commit(|snap| {
+            let site = snap.site()?;
+            if site.id == peer_site {
+                return Err(Error::InvalidArgument(format!(
+                    "site_id: {peer_site:?} is this site; transit to itself would be a transit loop"
+                )));
+            }
+            let (p, rev) = snap.peering(peer_site)?;
+            let mut next = p.clone();
+            next.transit = enabled;
+            next.transit_views = match &p.remote {
+                Some(r) => Self::plan_transit(snap, site, &next, r),
+                None => vec![],
+            };
+            if next == *p {
+                return Ok((None, next));
+            }
+            let txn = self
+                .ipam_guard(snap, Txn::new())
+                .when(Compare::ModRevision(key.clone(), *rev))
+                .then(Op::put(key.clone(), encode(&next)));
+            Ok((Some(txn), next))
+        })
+        .await
+        .inspect(|p| tracing::info!(peer = %peer_site, transit = p.transit, "transit"))
     }
 }
 

@@ -83,6 +83,7 @@ impl State {
         remote: RemoteSite,
         proof: Option<&TokenProof>,
         port: u16,
+        transit: bool,
     ) -> Result<Peering, Error> {
         validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
         let key = self.at(Key::Peering(peer_site));
@@ -164,7 +165,7 @@ impl State {
                 joined_with = Some(t.clone());
             }
             let views = self.plan_peer_views(snap, site, peer_site, &remote)?;
-            let peering = Peering {
+            let mut peering = Peering {
                 site_id: peer_site.to_string(),
                 state: PeeringState::Negotiated,
                 views,
@@ -177,8 +178,11 @@ impl State {
                 relay_ports: Default::default(),
                 relay_via: None,
                 export: None,
+                transit,
+                transit_views: vec![],
                 joined_with,
             };
+            peering.transit_views = Self::plan_transit(snap, site, &peering, &remote);
             let txn = self
                 .ipam_guard(snap, txn)
                 .when(Compare::Version(key.clone(), 0))
@@ -308,6 +312,7 @@ impl State {
                     next.views = views;
                 }
             }
+            next.transit_views = Self::plan_transit(snap, site, &next, &remote);
             next.remote = Some(remote);
             if next == *p {
                 return Ok((None, false));
@@ -424,12 +429,59 @@ impl State {
                 return Err(over_host("external_cidr", &c, ip, who, &site.id));
             }
         }
-        Ok(ipam::plan_views(
+        Ok(ipam::plan_views_keeping(
             &peer,
             &snap.blocks_in_use(site, Some(peer_site)),
             &site.remap_pools,
             &site.peer_public_cidrs,
+            &snap.views_of(peer_site),
         )?)
+    }
+
+    /// This site's views of the sites peering `p` (as it will be written,
+    /// with `remote`) offers to reach through it; none unless both ends
+    /// agree to transit. Each site's views keep the blocks this site
+    /// already uses for it (its old transit views, a direct peering's);
+    /// an offer that cannot be planned (an exhausted pool, a public CIDR
+    /// this site does not take) is left out and logged, the rest planned.
+    pub(super) fn plan_transit(
+        snap: &super::Snapshot,
+        site: &crate::domain::Site,
+        p: &Peering,
+        remote: &RemoteSite,
+    ) -> Vec<crate::domain::TransitView> {
+        if !(p.transit && remote.transit) {
+            return vec![];
+        }
+        let mut planned: Vec<crate::domain::TransitView> = Vec::new();
+        for route in &remote.transit_routes {
+            // Not in use for this plan: this peering's old transit views
+            // (re-planned here) and any view of the same site (kept).
+            let mut used = snap.blocks_in_use_but(site, |holder, target| target != route.site && holder != p.site_id);
+            used.extend(p.views.iter().map(|v| v.local));
+            used.extend(planned.iter().map(|t| t.view.local));
+            let keep: Vec<_> = snap.views_of(&route.site);
+            match ipam::plan_views_keeping(
+                &crate::transit::cidrs(route),
+                &used,
+                &site.remap_pools,
+                &site.peer_public_cidrs,
+                &keep,
+            ) {
+                Ok(views) => planned.extend(views.into_iter().map(|view| crate::domain::TransitView {
+                    site: route.site.clone(),
+                    view,
+                })),
+                Err(e) => tracing::warn!(
+                    peer = %p.site_id,
+                    site = %route.site,
+                    "not reaching site {:?} through {:?}: {e}",
+                    route.site,
+                    p.site_id
+                ),
+            }
+        }
+        planned
     }
 
     /// Records a gateway's WireGuard public key and endpoint.

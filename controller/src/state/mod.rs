@@ -235,6 +235,12 @@ impl Snapshot {
 
     /// Blocks in use here apart from node subnets: a peer's view must avoid them.
     fn blocks_in_use(&self, site: &Site, except_peer: Option<&str>) -> Vec<Ipv4Net> {
+        self.blocks_in_use_but(site, |_, target| Some(target) != except_peer)
+    }
+
+    /// [`Self::blocks_in_use`], with only the views (direct and transit)
+    /// whose (peering, site it leads to) `keep` accepts.
+    pub(crate) fn blocks_in_use_but(&self, site: &Site, keep: impl Fn(&str, &str) -> bool) -> Vec<Ipv4Net> {
         let mut v = site.own_blocks();
         // The hosts' own underlay addresses: a local view covering one would
         // pull the site's VXLAN and controller traffic into a peering (the
@@ -247,10 +253,42 @@ impl Snapshot {
                 .filter(|(r, _)| r.external.is_some())
                 .map(|(r, _)| Ipv4Net::from(r.address)),
         );
+        v.extend(self.view_blocks(keep));
+        v
+    }
+
+    /// The local blocks of every peering's views and transit views whose
+    /// (peering, site it leads to) `keep` accepts.
+    fn view_blocks(&self, keep: impl Fn(&str, &str) -> bool) -> Vec<Ipv4Net> {
+        let mut v = Vec::new();
         for (p, _) in &self.peerings {
-            if Some(p.site_id.as_str()) != except_peer {
+            if keep(&p.site_id, &p.site_id) {
                 v.extend(p.views.iter().map(|v| v.local));
             }
+            v.extend(
+                p.transit_views
+                    .iter()
+                    .filter(|t| keep(&p.site_id, &t.site))
+                    .map(|t| t.view.local),
+            );
+        }
+        v
+    }
+
+    /// Every view this site has of `target`, directly or through transit:
+    /// a new view of it keeps their blocks when it can.
+    pub(crate) fn views_of(&self, target: &str) -> Vec<View> {
+        let mut v = Vec::new();
+        for (p, _) in &self.peerings {
+            if p.site_id == target {
+                v.extend(p.views.iter().cloned());
+            }
+            v.extend(
+                p.transit_views
+                    .iter()
+                    .filter(|t| t.site == target)
+                    .map(|t| t.view.clone()),
+            );
         }
         v
     }
@@ -619,11 +657,12 @@ impl State {
                 )));
             }
             let existing = snap.peerings.iter().find(|(p, _)| p.site_id == peer_site);
-            let views = ipam::plan_views(
+            let views = ipam::plan_views_keeping(
                 peer,
                 &snap.blocks_in_use(site, Some(peer_site)),
                 &site.remap_pools,
                 &site.peer_public_cidrs,
+                &snap.views_of(peer_site),
             )?;
             let peering = Peering {
                 site_id: peer_site.to_string(),
@@ -639,6 +678,8 @@ impl State {
                 relay_ports: existing.map(|(p, _)| p.relay_ports.clone()).unwrap_or_default(),
                 relay_via: existing.and_then(|(p, _)| p.relay_via.clone()),
                 export: existing.and_then(|(p, _)| p.export.clone()),
+                transit: existing.is_some_and(|(p, _)| p.transit),
+                transit_views: existing.map(|(p, _)| p.transit_views.clone()).unwrap_or_default(),
             };
             let guard = Compare::ModRevision(key.clone(), existing.map_or(0, |(_, r)| *r));
             let txn = self
@@ -718,13 +759,32 @@ pub fn allocations_of<'a>(
             pool: site.pod_cidrs.iter().find(|p| p.contains(&n.subnet)).copied(),
         });
     }
-    for p in peerings {
+    let peerings: Vec<&Peering> = peerings.collect();
+    for p in &peerings {
         for v in &p.views {
             allocs.push(Allocation {
                 cidr: v.local,
                 kind: AllocationKind::PeerView,
                 owner: format!("{}/{}", p.site_id, v.kind),
                 pool: v.pool,
+            });
+        }
+    }
+    // Views of sites reached through transit, once each (a direct
+    // peering with the same site shares its block).
+    for p in &peerings {
+        for t in &p.transit_views {
+            if allocs
+                .iter()
+                .any(|a| a.kind == AllocationKind::PeerView && a.cidr == t.view.local)
+            {
+                continue;
+            }
+            allocs.push(Allocation {
+                cidr: t.view.local,
+                kind: AllocationKind::PeerView,
+                owner: format!("{}/{} (through {})", t.site, t.view.kind, p.site_id),
+                pool: t.view.pool,
             });
         }
     }
@@ -771,7 +831,7 @@ fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error> {
                 p.site_id, p.listen_port, new.wireguard_ports
             ));
         }
-        for v in &p.views {
+        for v in p.views.iter().chain(p.transit_views.iter().map(|t| &t.view)) {
             if let Some(b) = own.iter().find(|b| ipam::overlaps(b, &v.local)) {
                 problems.push(format!(
                     "the local view {} of peer {:?} overlaps {b} in the new configuration",
@@ -779,9 +839,15 @@ fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error> {
                 ));
             }
         }
-        // An export policy names the site's own CIDRs.
+        // An export policy names the site's own CIDRs (or, with transit,
+        // its views of the sites reached through it).
         if let Some(crate::export::ExportPolicy::Rules(rules)) = &p.export {
-            for r in rules.iter().filter(|r| !new.exportable().any(|c| c.contains(&r.cidr))) {
+            let onward = crate::transit::onward_prefixes(snap.peerings.iter().map(|(q, _)| q), p);
+            for r in rules.iter().filter(|r| {
+                !new.exportable()
+                    .chain(onward.iter().copied())
+                    .any(|c| c.contains(&r.cidr))
+            }) {
                 problems.push(format!(
                     "the export policy for {:?} allows {}, outside the new workload and external CIDRs \
                      (change it first: `weftctl peering policy set {}`)",

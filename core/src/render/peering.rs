@@ -4,6 +4,7 @@
 //! gateway) the relayed tunnels.
 
 use super::*;
+use ipnet::Ipv4Net;
 
 /// The names and addresses one peering uses on a gateway.
 pub(super) struct PeeringIds {
@@ -45,9 +46,14 @@ pub(super) fn peering(m: &Model, site_id: &str, base: &str) -> Objects {
         out.extend(tunnel_and_veth(base, site_id, p, r, &ids));
         out.extend(view_routes(base, p, &ids));
         out.extend(routes_back(m, base, &ids));
-        out.extend(wireguard_peers(base, r, p.relay_via.as_ref(), &ids));
+        let through: Vec<Ipv4Net> = crate::transit::rendered(&m.peerings, p)
+            .map(|(_, t)| t.view.real)
+            .collect();
+        out.extend(wireguard_peers(base, r, p.relay_via.as_ref(), &through, &ids));
         out.extend(exports(m, base, &ids));
         out.extend(tunnel_filter(m, p, base, &ids));
+        out.extend(transit_spoke(m, p, base, &ids));
+        out.extend(transit_hub(m, p, base, &ids));
     }
     for v in p.views.iter().filter(|v| v.remapped()) {
         out.extend([obj(
@@ -256,8 +262,68 @@ fn tunnel_filter(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> Object
             allowed,
             policed: policy.is_some(),
             exports: policy.unwrap_or_default().iter().map(crate::export::rule_pb).collect(),
+            transit: crate::transit::onward(m.peerings.values().map(|q| &**q), p)
+                .into_iter()
+                .map(|(site, cidrs)| pb::TransitPrefixes {
+                    site,
+                    cidrs: cidrs.iter().map(|c| c.to_string()).collect(),
+                })
+                .collect(),
         }),
     )])
+}
+
+/// On a spoke: the sites it reaches through this peer (transit), as the
+/// peer's own views are: routed from the gateway into the peering's
+/// namespace and from there into the tunnel, with this site's view mapped
+/// to the peer's (1:1 NAT) when they differ. Nodes route them to the
+/// gateway like any view (`node_shared`).
+fn transit_spoke(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> Objects {
+    let mut out = Objects::new();
+    for (i, t) in crate::transit::rendered(&m.peerings, p) {
+        let id = format!("{base}transit/{}/{i}", t.site);
+        let v = &t.view;
+        out.extend([
+            obj(
+                format!("{id}/via"),
+                route("", TABLE, v.local.to_string(), ids.inner_ip.to_string(), &ids.outer),
+            ),
+            obj(format!("{id}/rule"), host_rule(v.local)),
+            obj(
+                format!("{id}/tunnel"),
+                route(&ids.ns, NS_TUNNEL_TABLE, v.real.to_string(), String::new(), &ids.link),
+            ),
+        ]);
+        if v.remapped() {
+            out.extend([obj(
+                format!("{id}/nat"),
+                Kind::NatMap(pb::NatMap {
+                    namespace: ids.ns.clone(),
+                    real_cidr: v.real.to_string(),
+                    local_cidr: v.local.to_string(),
+                    tunnel: ids.link.clone(),
+                }),
+            )]);
+        }
+    }
+    out
+}
+
+/// On a hub: what comes out of this peer's tunnel for another transit
+/// peer goes back to the gateway, whose routes take it into that peer's
+/// namespace (its own NAT maps it to that peer's real CIDR). The tunnel
+/// filter allows and counts it (`tunnel_filter`).
+fn transit_hub(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> Objects {
+    let mut out = Objects::new();
+    for (site, cidrs) in crate::transit::onward(m.peerings.values().map(|q| &**q), p) {
+        for (i, c) in cidrs.iter().enumerate() {
+            out.extend([obj(
+                format!("{base}onward/{site}/{i}"),
+                route(&ids.ns, 0, c.to_string(), ids.outer_ip.to_string(), &ids.inner),
+            )]);
+        }
+    }
+    out
 }
 
 /// This site's exported hosts, as the peer reaches them: what comes out of
@@ -295,12 +361,20 @@ fn exports(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
 
 /// The peer's gateways as WireGuard peers: the active one with the peer's
 /// CIDRs, standbys without (their sessions ready for a failover).
-fn wireguard_peers(base: &str, r: &RemoteSite, relay: Option<&crate::domain::RelayVia>, ids: &PeeringIds) -> Objects {
+fn wireguard_peers(
+    base: &str,
+    r: &RemoteSite,
+    relay: Option<&crate::domain::RelayVia>,
+    through: &[Ipv4Net],
+    ids: &PeeringIds,
+) -> Objects {
     let mut out = Objects::new();
     let (_, there) = tunnel_addresses(r.tunnel_role);
-    // Inside the tunnel both ends use real addresses.
+    // Inside the tunnel both ends use their own addresses: the peer's
+    // real CIDRs, and its views of the sites reached through it.
     let mut allowed: Vec<String> = r.workload_cidrs.iter().map(|c| c.to_string()).collect();
     allowed.extend(r.external_cidr.map(|c| c.to_string()));
+    allowed.extend(through.iter().map(|c| c.to_string()));
     allowed.push(format!("{there}/32"));
     // Only the active gateway gets the peer's CIDRs; standbys are
     // peers without allowed IPs, their sessions ready for a

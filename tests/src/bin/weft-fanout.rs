@@ -128,7 +128,7 @@ async fn main() -> anyhow::Result<()> {
     bench
         .admin
         .clone()
-        .create_peering(pb::CreatePeeringRequest { token })
+        .create_peering(pb::CreatePeeringRequest { token, transit: false })
         .await?;
     let peered = acked_by_all(&mut rx, n, t0).await?;
     let peering_cpu = proc_stats(pid).cpu_secs

@@ -55,7 +55,7 @@ async fn main() -> anyhow::Result<()> {
             .token;
         let t = Instant::now();
         let p = ca
-            .create_peering(pb::CreatePeeringRequest { token })
+            .create_peering(pb::CreatePeeringRequest { token, transit: false })
             .await?
             .into_inner();
         times.push(t.elapsed());

@@ -42,6 +42,21 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                 ]);
                 rows.push(row);
             }
+            // Sites reached through this peer (transit), under it.
+            for t in &p.transit_paths {
+                let state = if t.active { "transit" } else { "unused" };
+                for v in &t.views {
+                    let mut row = vec![format!("{} via {}", t.site, p.site_id), state.to_string()];
+                    row.extend(vec![String::new(); 9]);
+                    row.extend([
+                        cidr_kind(v.kind),
+                        v.real_cidr.clone(),
+                        v.local_cidr.clone(),
+                        String::new(),
+                    ]);
+                    rows.push(row);
+                }
+            }
         }
         Out {
             failed: false,
@@ -52,6 +67,7 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                 "remote_endpoints": p.remote_endpoints, "remote_ca_fingerprint": p.remote_ca_fingerprint,
                 "listen_port": p.listen_port, "held_by_peer": p.held_by_peer,
                 "export": p.export.as_ref().map(super::policy::policy_json),
+                "transit": transit_json(p),
                 "peer_exports": p.peer_exports_limited.then_some(&p.peer_exports),
                 "pending": (!p.pending_workload_cidrs.is_empty() || !p.pending_external_cidr.is_empty()).then(|| json!({
                     "workload_cidrs": p.pending_workload_cidrs, "external_cidr": p.pending_external_cidr,
@@ -143,9 +159,55 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                             )
                         }),
                 )
+                .chain(r.peerings.iter().filter(|p| p.transit || p.peer_transit).map(|p| {
+                    let onward = if p.transit_onward.is_empty() {
+                        String::new()
+                    } else {
+                        let counts: Vec<String> = p
+                            .transit_onward
+                            .iter()
+                            .map(|s| {
+                                let n = p
+                                    .tunnel
+                                    .iter()
+                                    .flat_map(|t| &t.transit)
+                                    .find(|c| &c.site == s)
+                                    .map_or(0, |c| c.packets);
+                                format!("{s} ({n} packets)")
+                            })
+                            .collect();
+                        format!("; it reaches through this site: {}", counts.join(", "))
+                    };
+                    format!(
+                        "{}: transit agreed here: {}, by the peer: {}{onward}",
+                        p.site_id,
+                        if p.transit { "yes" } else { "no" },
+                        if p.peer_transit { "yes" } else { "no" }
+                    )
+                }))
                 .chain(r.refused_joins.iter().map(refused_line))
                 .collect(),
         }
+    })
+}
+
+/// A peering's transit: who agrees, the sites reached through the peer,
+/// and those the peer reaches through this site (with the packets
+/// forwarded to each).
+fn transit_json(p: &pb::Peering) -> serde_json::Value {
+    let forwarded: std::collections::BTreeMap<&str, u64> = p
+        .tunnel
+        .iter()
+        .flat_map(|t| &t.transit)
+        .map(|c| (c.site.as_str(), c.packets))
+        .collect();
+    json!({
+        "agreed": p.transit, "peer_agreed": p.peer_transit,
+        "paths": p.transit_paths.iter().map(|t| json!({
+            "site": t.site, "active": t.active,
+            "views": t.views.iter().map(view_json).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "onward": p.transit_onward, "forwarded_packets": forwarded,
     })
 }
 
@@ -194,8 +256,34 @@ pub async fn run(c: &mut Client, cmd: &PeeringCmd) -> Result<Out, String> {
                 ],
             }
         }
-        PeeringCmd::Create { token, timeout } => {
-            let p = create_with_retries(c, token, **timeout).await?;
+        PeeringCmd::Transit { site, state } => {
+            let p = c
+                .set_peering_transit(pb::SetPeeringTransitRequest {
+                    site_id: site.clone(),
+                    enabled: state == "on",
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            let how = match (p.transit, p.peer_transit) {
+                (false, _) => "no transit on it",
+                (true, true) => "transit in use (both sides agree)",
+                (true, false) => "agreed here; used once the peer agrees too",
+            };
+            Out {
+                failed: false,
+                json: json!({"site_id": p.site_id, "transit": p.transit, "peer_transit": p.peer_transit}),
+                header: vec![],
+                rows: vec![vec![format!("peering with {}: {how}", p.site_id)]],
+                footer: vec![],
+            }
+        }
+        PeeringCmd::Create {
+            token,
+            timeout,
+            transit,
+        } => {
+            let p = create_with_retries(c, token, *transit, **timeout).await?;
             Out {
                 failed: false,
                 json: json!({"site_id": p.site_id, "state": peering_state(p.state), "tunnel_role": p.tunnel_role,
@@ -292,7 +380,12 @@ pub async fn plan_view(
 /// UNAVAILABLE, ABORTED), until `timeout`; each wait is said on stderr.
 /// Each attempt's deadline is what is left, so the controller answers
 /// within it (it caps one attempt's wait for the peer itself).
-async fn create_with_retries(c: &mut Client, token: &str, timeout: std::time::Duration) -> Result<pb::Peering, String> {
+async fn create_with_retries(
+    c: &mut Client,
+    token: &str,
+    transit: bool,
+    timeout: std::time::Duration,
+) -> Result<pb::Peering, String> {
     use tonic::Code;
     let until = tokio::time::Instant::now() + timeout;
     let mut delays = weft_common::backoff().map(|d| d.min(std::time::Duration::from_secs(10)));
@@ -301,6 +394,7 @@ async fn create_with_retries(c: &mut Client, token: &str, timeout: std::time::Du
         let left = until.saturating_duration_since(tokio::time::Instant::now());
         let mut req = tonic::Request::new(pb::CreatePeeringRequest {
             token: token.to_string(),
+            transit,
         });
         if !left.is_zero() {
             req.set_timeout(left.max(std::time::Duration::from_secs(1)));

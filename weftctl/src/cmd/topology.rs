@@ -85,6 +85,9 @@ fn dot(s: &Site) -> String {
             };
             reach += &format!("\nexports here: {what}");
         }
+        if !p.transit_onward.is_empty() {
+            reach += &format!("\ntransit through here to: {}", p.transit_onward.join(", "));
+        }
         d += &format!(
             "  {} [shape=ellipse, label={}];\n",
             q(&format!("peer/{}", p.site_id)),
@@ -121,6 +124,27 @@ fn dot(s: &Site) -> String {
             q(&format!("peer/{}", p.site_id)),
             q(&label)
         );
+        // Sites reached through this peer (transit): dashed, through it.
+        for t in &p.transit_paths {
+            let views: Vec<String> = t.views.iter().map(|v| v.local_cidr.clone()).collect();
+            d += &format!(
+                "  {} [shape=ellipse, style=dashed, label={}];\n",
+                q(&format!("transit/{}", t.site)),
+                q(&format!("site {}\n{}", t.site, views.join("\n")))
+            );
+            let label = if t.active {
+                format!("transit via {}", p.site_id)
+            } else {
+                format!("transit via {} (unused: direct peering preferred)", p.site_id)
+            };
+            d += &format!(
+                "  {} -> {} [dir=both, style=dashed, color={}, label={}];\n",
+                q(&format!("peer/{}", p.site_id)),
+                q(&format!("transit/{}", t.site)),
+                if t.active { "steelblue" } else { "gray" },
+                q(&label)
+            );
+        }
     }
     d += "}\n";
     d

@@ -63,6 +63,11 @@ impl AgentApi {
                     t.peer_site = clip(&t.peer_site);
                     t.link = clip(&t.link);
                     t.path.clear();
+                    t.offloads.truncate(MAX_REPORTED);
+                    t.transit.truncate(MAX_REPORTED);
+                    for c in &mut t.transit {
+                        c.site = clip(&c.site);
+                    }
                     t
                 })
                 .collect();

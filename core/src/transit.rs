@@ -1,0 +1,359 @@
+//! Transit: a site (the hub) forwards between two of its peers, so that a
+//! spoke reaches another spoke without a peering of its own.
+//!
+//! - **Agreed per hop.** Each end of a peering says whether it agrees to
+//!   transit on it (`Peering::transit`, told as `NetworkParams.transit`);
+//!   a hop is used only when both do ([`usable`]).
+//! - **Offered by the hub, in its own views.** The hub tells each transit
+//!   peer the other transit peers it reaches directly, by its local views
+//!   of their CIDRs ([`offers`]). Inside a tunnel each end speaks its own
+//!   addresses, so the hub's views are what the spoke's traffic carries.
+//! - **Planned by the spoke.** The spoke plans its own local view of each
+//!   offered CIDR (remapped on collision, as for a direct peer), and maps
+//!   it to the hub's view in the peering's namespace. Each spoke thus sees
+//!   the other in its own view, and the hub's existing NAT does the rest:
+//!   the spoke's real addresses become the hub's view of it on the way in,
+//!   the hub's view of the other spoke becomes its real CIDR on the way
+//!   out.
+//! - **One hop, no loops.** The hub offers only sites it peers with
+//!   directly, never one it reaches through transit itself; a spoke
+//!   refuses an offer of itself or of the hub ([`check_routes`]).
+//! - **Direct first.** A spoke with a direct peering to a site renders
+//!   that peering, not the transit path ([`rendered`]), and keeps the same
+//!   local view for both, so traffic moves between them unchanged.
+
+use ipnet::Ipv4Net;
+use weft_proto::v1 as pb;
+
+use crate::domain::{Peering, TransitRoute, TransitView, parse_cidr, validate_name};
+use crate::ipam::{self, CidrKind};
+pub use crate::relay::Peerings;
+
+/// Most sites one peer offers to reach through it.
+pub const MAX_ROUTES: usize = 64;
+
+/// Both ends of `p` agree to transit.
+pub fn usable(p: &Peering) -> bool {
+    p.transit && p.remote.as_ref().is_some_and(|r| r.transit)
+}
+
+/// The sites this site lets peer `to` reach through it: every other peer
+/// it reaches directly over a hop both ends agree to, by this site's views
+/// of its CIDRs. Empty unless the hop to `to` is agreed.
+pub fn offers(peerings: &Peerings, to: &str) -> Vec<pb::TransitRoute> {
+    if !peerings.get(to).is_some_and(|p| usable(p)) {
+        return vec![];
+    }
+    peerings
+        .values()
+        .filter(|q| q.site_id != to && usable(q) && !q.views.is_empty())
+        .take(MAX_ROUTES)
+        .map(|q| pb::TransitRoute {
+            site: q.site_id.clone(),
+            workload_cidrs: q
+                .views
+                .iter()
+                .filter(|v| v.kind == CidrKind::Workload)
+                .map(|v| v.local.to_string())
+                .collect(),
+            external_cidr: q
+                .views
+                .iter()
+                .find(|v| v.kind == CidrKind::External)
+                .map(|v| v.local.to_string())
+                .unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// On the hub: what peer `p` may reach onward through this site, by site
+/// (this site's views of each other transit peer). Empty unless the hop
+/// to `p` is agreed.
+pub fn onward<'a>(peerings: impl IntoIterator<Item = &'a Peering>, p: &Peering) -> Vec<(String, Vec<Ipv4Net>)> {
+    if !usable(p) {
+        return vec![];
+    }
+    peerings
+        .into_iter()
+        .filter(|q| q.site_id != p.site_id && usable(q) && !q.views.is_empty())
+        .take(MAX_ROUTES)
+        .map(|q| (q.site_id.clone(), q.views.iter().map(|v| v.local).collect()))
+        .collect()
+}
+
+/// The transit routes a peer's parameters offer, checked whole: only with
+/// `transit`, at most [`MAX_ROUTES`], each a valid site id that is neither
+/// this site (`own_site`) nor the sender (a loop), listed once, with CIDRs
+/// a site could own that overlap neither the sender's own CIDRs nor each
+/// other. Errors name the field.
+pub fn check_routes(
+    p: &pb::NetworkParams,
+    own_site: &str,
+    workload: &[Ipv4Net],
+    external: Option<Ipv4Net>,
+) -> Result<Vec<TransitRoute>, String> {
+    if !p.transit && !p.transit_routes.is_empty() {
+        return Err("transit_routes: listed without transit".into());
+    }
+    if p.transit_routes.len() > MAX_ROUTES {
+        return Err(format!(
+            "transit_routes: {} listed; a site offers at most {MAX_ROUTES}",
+            p.transit_routes.len()
+        ));
+    }
+    let own: Vec<Ipv4Net> = workload.iter().copied().chain(external).collect();
+    let mut seen: Vec<(String, Ipv4Net)> = Vec::new();
+    let mut out = Vec::with_capacity(p.transit_routes.len());
+    for (i, r) in p.transit_routes.iter().enumerate() {
+        let field = format!("transit_routes[{i}]");
+        validate_name(&format!("{field}.site"), &r.site)?;
+        if r.site == own_site || r.site == p.site_id {
+            let who = if r.site == own_site {
+                "this site"
+            } else {
+                "the sending site"
+            };
+            return Err(format!(
+                "{field}.site: {:?} is {who}; a route to it through transit would be a transit loop",
+                r.site
+            ));
+        }
+        if out.iter().any(|o: &TransitRoute| o.site == r.site) {
+            return Err(format!("{field}.site: {:?} is listed twice", r.site));
+        }
+        if r.workload_cidrs.is_empty() || r.workload_cidrs.len() > ipam::MAX_PEER_CIDRS {
+            return Err(format!(
+                "{field}.workload_cidrs: {} listed; a site has 1 to {} workload CIDRs",
+                r.workload_cidrs.len(),
+                ipam::MAX_PEER_CIDRS
+            ));
+        }
+        let mut cidrs = Vec::new();
+        for (j, c) in r.workload_cidrs.iter().enumerate() {
+            cidrs.push((format!("{field}.workload_cidrs[{j}]"), CidrKind::Workload, c));
+        }
+        if !r.external_cidr.trim().is_empty() {
+            cidrs.push((format!("{field}.external_cidr"), CidrKind::External, &r.external_cidr));
+        }
+        let mut route = TransitRoute {
+            site: r.site.clone(),
+            workload_cidrs: vec![],
+            external_cidr: None,
+        };
+        for (f, kind, text) in cidrs {
+            let c = parse_cidr(text).map_err(|m| format!("{f}: {m}"))?;
+            ipam::check_claimable(kind, &c).map_err(|e| format!("{f}: {e}"))?;
+            if let Some(o) = own.iter().find(|o| ipam::overlaps(o, &c)) {
+                return Err(format!(
+                    "{f}: {c} overlaps the sending site's own CIDR {o}; its views of other sites never do"
+                ));
+            }
+            if let Some((s, o)) = seen.iter().find(|(_, o)| ipam::overlaps(o, &c)) {
+                return Err(format!("{f}: {c} overlaps {o}, offered for site {s:?}"));
+            }
+            seen.push((r.site.clone(), c));
+            match kind {
+                CidrKind::Workload => route.workload_cidrs.push(c),
+                CidrKind::External => route.external_cidr = Some(c),
+            }
+        }
+        out.push(route);
+    }
+    Ok(out)
+}
+
+/// [`onward`], all sites' prefixes together.
+pub fn onward_prefixes<'a>(peerings: impl IntoIterator<Item = &'a Peering>, p: &Peering) -> Vec<Ipv4Net> {
+    onward(peerings, p).into_iter().flat_map(|(_, c)| c).collect()
+}
+
+/// The peer CIDRs of `route`, by kind, as [`ipam::plan_views`] takes them.
+pub fn cidrs(route: &TransitRoute) -> Vec<(CidrKind, Ipv4Net)> {
+    let mut v: Vec<(CidrKind, Ipv4Net)> = route.workload_cidrs.iter().map(|c| (CidrKind::Workload, *c)).collect();
+    v.extend(route.external_cidr.map(|c| (CidrKind::External, c)));
+    v
+}
+
+/// Whether this site reaches `site` over a direct peering that is in use
+/// (negotiated, with views): then it is preferred over any transit path.
+pub fn direct(peerings: &Peerings, site: &str) -> bool {
+    peerings
+        .get(site)
+        .is_some_and(|d| d.remote.is_some() && !d.views.is_empty())
+}
+
+/// The transit views of peering `p` this site renders: while the hop is
+/// agreed, those of sites it has no direct peering with.
+pub fn rendered<'a>(peerings: &'a Peerings, p: &'a Peering) -> impl Iterator<Item = (usize, &'a TransitView)> + 'a {
+    let on = usable(p);
+    p.transit_views
+        .iter()
+        .enumerate()
+        .filter(move |(_, t)| on && !direct(peerings, &t.site))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{RemoteSite, TunnelRole};
+    use std::sync::Arc;
+
+    fn n(s: &str) -> Ipv4Net {
+        s.parse().unwrap()
+    }
+
+    fn route(site: &str, w: &[&str], e: &str) -> pb::TransitRoute {
+        pb::TransitRoute {
+            site: site.into(),
+            workload_cidrs: w.iter().map(|c| c.to_string()).collect(),
+            external_cidr: e.into(),
+        }
+    }
+
+    fn params(routes: Vec<pb::TransitRoute>) -> pb::NetworkParams {
+        pb::NetworkParams {
+            site_id: "b".into(),
+            transit: true,
+            transit_routes: routes,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn offers_are_checked_whole_and_loops_refused() {
+        let own = [n("10.0.0.0/16")];
+        let ok = check_routes(
+            &params(vec![route("c", &["10.201.0.0/16"], "10.202.0.0/16")]),
+            "a",
+            &own,
+            Some(n("10.99.0.0/16")),
+        )
+        .unwrap();
+        assert_eq!(ok[0].workload_cidrs, vec![n("10.201.0.0/16")]);
+        assert_eq!(ok[0].external_cidr, Some(n("10.202.0.0/16")));
+        let bad = |routes: Vec<pb::TransitRoute>, field: &str, what: &str| {
+            let e = check_routes(&params(routes), "a", &own, None).unwrap_err();
+            assert!(e.starts_with(field) && e.contains(what), "{e}");
+        };
+        bad(
+            vec![route("a", &["10.201.0.0/16"], "")],
+            "transit_routes[0].site",
+            "transit loop",
+        );
+        bad(
+            vec![route("b", &["10.201.0.0/16"], "")],
+            "transit_routes[0].site",
+            "transit loop",
+        );
+        bad(
+            vec![route("c", &["10.201.0.0/16"], ""), route("c", &["10.202.0.0/16"], "")],
+            "transit_routes[1].site",
+            "twice",
+        );
+        bad(
+            vec![route("c", &["10.0.1.0/24"], "")],
+            "transit_routes[0].workload_cidrs[0]",
+            "own CIDR",
+        );
+        bad(
+            vec![route("c", &["10.201.0.0/16"], ""), route("d", &["10.201.128.0/17"], "")],
+            "transit_routes[1].workload_cidrs[0]",
+            "offered for site \"c\"",
+        );
+        bad(
+            vec![route("c", &["0.0.0.0/0"], "")],
+            "transit_routes[0].workload_cidrs[0]",
+            "/8",
+        );
+        bad(vec![route("c", &[], "")], "transit_routes[0].workload_cidrs", "1 to");
+        bad(vec![route("C!", &["10.201.0.0/16"], "")], "transit_routes[0].site", "");
+        bad(
+            (0..=MAX_ROUTES)
+                .map(|i| route(&format!("s{i}"), &["10.201.0.0/16"], ""))
+                .collect(),
+            "transit_routes:",
+            "at most",
+        );
+        let mut off = params(vec![route("c", &["10.201.0.0/16"], "")]);
+        off.transit = false;
+        assert!(
+            check_routes(&off, "a", &own, None)
+                .unwrap_err()
+                .contains("without transit")
+        );
+    }
+
+    fn peering(site: &str, transit: bool, peer_transit: bool, local: &str) -> Peering {
+        Peering {
+            views: vec![ipam::View {
+                kind: CidrKind::Workload,
+                real: n("10.0.0.0/16"),
+                local: n(local),
+                pool: Some(n("10.200.0.0/13")),
+            }],
+            remote: Some(RemoteSite {
+                ca_pem: String::new(),
+                ca_fingerprint: String::new(),
+                workload_cidrs: vec![n("10.0.0.0/16")],
+                external_cidr: None,
+                gateways: vec![],
+                mtu: 1420,
+                endpoints: vec![],
+                tunnel_role: TunnelRole::Server,
+                names: vec![],
+                relay: false,
+                relay_for: vec![],
+                relays: vec![],
+                exported: None,
+                transit: peer_transit,
+                transit_routes: vec![],
+            }),
+            transit,
+            ..crate::domain::test_peering(site)
+        }
+    }
+
+    fn map(ps: Vec<Peering>) -> Peerings {
+        ps.into_iter().map(|p| (p.site_id.clone(), Arc::new(p))).collect()
+    }
+
+    #[test]
+    fn a_hub_offers_only_hops_both_ends_agreed_and_never_the_asker() {
+        let ps = map(vec![
+            peering("a", true, true, "10.200.0.0/16"),
+            peering("c", true, true, "10.201.0.0/16"),
+            peering("d", true, false, "10.202.0.0/16"),
+            peering("e", false, true, "10.203.0.0/16"),
+        ]);
+        let to_a = offers(&ps, "a");
+        assert_eq!(to_a, vec![route("c", &["10.201.0.0/16"], "")]);
+        assert_eq!(
+            onward(ps.values().map(|q| &**q), &ps["c"]),
+            vec![("a".to_string(), vec![n("10.200.0.0/16")])]
+        );
+        // A hop one end did not agree to gets nothing and gives nothing.
+        assert!(offers(&ps, "d").is_empty() && offers(&ps, "e").is_empty());
+        assert!(onward(ps.values().map(|q| &**q), &ps["e"]).is_empty());
+    }
+
+    #[test]
+    fn a_direct_peering_is_preferred_over_transit() {
+        let mut b = peering("b", true, true, "10.200.0.0/16");
+        b.transit_views = vec![TransitView {
+            site: "c".into(),
+            view: ipam::View {
+                kind: CidrKind::Workload,
+                real: n("10.201.0.0/16"),
+                local: n("10.201.0.0/16"),
+                pool: None,
+            },
+        }];
+        let ps = map(vec![b.clone()]);
+        assert_eq!(rendered(&ps, &ps["b"]).count(), 1);
+        let ps = map(vec![b.clone(), peering("c", false, false, "10.201.0.0/16")]);
+        assert_eq!(rendered(&ps, &ps["b"]).count(), 0);
+        b.transit = false;
+        let ps = map(vec![b]);
+        assert_eq!(rendered(&ps, &ps["b"]).count(), 0);
+    }
+}

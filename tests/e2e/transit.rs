@@ -1,0 +1,227 @@
+//! Transit: three sites on one workload CIDR, A–B and B–C peered with
+//! transit agreed at both ends of each, no A–C peering. A reaches C
+//! through B (each seeing the other in its own view); an A–C peering
+//! added later takes the traffic (B's transit counter stops), and its
+//! deletion sends it back through B. Needs root: run under CI=true.
+
+use std::time::Duration;
+
+use weft_tests::mesh::Mesh;
+use weft_tests::{bin, eventually, netns, stderr, weftctl_json};
+
+const POD: &str = "10.1.0.0/16";
+
+/// `weftctl peering transit PEER on|off` at site `site`: Ok(json) or
+/// Err(stderr).
+fn transit(mesh: &Mesh, site: usize, peer: &str, state: &str) -> Result<serde_json::Value, String> {
+    let o = weft_tests::run(std::process::Command::new(bin("weftctl")).args([
+        "--controller",
+        &mesh.sites[site].target,
+        "--output",
+        "json",
+        "peering",
+        "transit",
+        peer,
+        state,
+    ]));
+    if o.status.success() {
+        Ok(serde_json::from_slice(&o.stdout).unwrap())
+    } else {
+        Err(stderr(&o))
+    }
+}
+
+/// Site `to`'s workload address as site `from` reaches it through the
+/// transit peer `via` (its transit path's workload view), once in use.
+fn through(mesh: &Mesh, from: usize, via: usize, to: usize) -> Option<String> {
+    let p = mesh.peering(&mesh.sites[from], &mesh.sites[via].id)?;
+    let path = p["transit"]["paths"]
+        .as_array()?
+        .iter()
+        .find(|t| t["site"] == mesh.sites[to].id.as_str() && t["active"] == true)?;
+    let local: ipnet::Ipv4Net = path["views"].as_array()?.iter().find(|v| v["kind"] == "workload")?["local_cidr"]
+        .as_str()?
+        .parse()
+        .ok()?;
+    let real: ipnet::Ipv4Net = POD.parse().unwrap();
+    weft_controller::ipam::translate(mesh.sites[to].workload.parse().ok()?, real, local).map(|a| a.to_string())
+}
+
+/// Packets hub `hub`'s gateway forwarded from peer `from` onward to site
+/// `to` (nft counter `transit-<to>` in that peering's namespace).
+fn forwarded(mesh: &mut Mesh, hub: usize, from: usize, to: usize) -> u64 {
+    let ns = weft_controller::render::peering_namespace(&mesh.sites[hub].id, &mesh.sites[from].id);
+    let name = format!("transit-{}", mesh.sites[to].id);
+    let pid = mesh.gateway_pid(hub);
+    let o = netns::exec_beside(pid, &ns, &["nft", "-j", "list", "counters", "table", "ip", "weft"]);
+    assert!(o.status.success(), "nft in {ns}: {}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["counter"]["name"] == name.as_str())
+        .map_or(0, |x| x["counter"]["packets"].as_u64().unwrap())
+}
+
+/// `from` asks `addr` five times; each answer must come from site `to`,
+/// seeing the client inside `to`'s view `seen_in`. Err on the first miss.
+fn asks(mesh: &Mesh, from: usize, to: usize, addr: &str, seen_in: &ipnet::Ipv4Net) -> Result<(), String> {
+    for _ in 0..5 {
+        let (site, seen) = mesh.ask_at(from, addr)?;
+        if site != mesh.sites[to].id {
+            return Err(format!("{addr} answered by {site}, not {}", mesh.sites[to].id));
+        }
+        let ip: std::net::Ipv4Addr = seen.parse().map_err(|e| format!("{seen}: {e}"))?;
+        if !seen_in.contains(&ip) {
+            return Err(format!(
+                "{} saw the client at {seen}, outside its view {seen_in}",
+                mesh.sites[to].id
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Site `at`'s local view of site `of`'s workload, direct or through transit.
+fn view_at(mesh: &Mesh, at: usize, via: usize, of: usize) -> ipnet::Ipv4Net {
+    let a = through(mesh, at, via, of)
+        .or_else(|| mesh.address(at, of))
+        .expect("a view");
+    ipnet::Ipv4Net::new(a.parse().unwrap(), 16).unwrap().trunc()
+}
+
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn a_spoke_reaches_another_through_a_hub_then_a_direct_peering_and_back() {
+    if !netns::require_root() {
+        return;
+    }
+    let (a, b, c) = (0, 1, 2);
+    weft_tests::step("three sites on one CIDR: A–B (created with --transit) and B–C, no A–C");
+    let mut mesh = Mesh::up("trn", 3, POD);
+    mesh.peer_with(a, b, &["--transit"]);
+    mesh.peer(b, c);
+    assert!(through(&mesh, a, b, c).is_none(), "transit before the hub agreed");
+    let one_side = transit(&mesh, b, "s1", "on").unwrap();
+    assert_eq!(one_side["transit"], true, "{one_side}");
+    // B–C: agreed at B only, so not in use yet; A is offered nothing.
+    transit(&mesh, b, "s3", "on").unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(through(&mesh, a, b, c).is_none(), "transit with C before C agreed");
+    transit(&mesh, c, "s2", "on").unwrap();
+
+    weft_tests::step("A reaches C through B, and C reaches A; each sees the other in its own view");
+    let a_to_c = eventually("A's view of C through B", Duration::from_secs(20), || {
+        through(&mesh, a, b, c)
+    });
+    let c_to_a = eventually("C's view of A through B", Duration::from_secs(20), || {
+        through(&mesh, c, b, a)
+    });
+    eprintln!("A reaches C at {a_to_c}, C reaches A at {c_to_a} (through B)");
+    let (c_sees_a, a_sees_c) = (view_at(&mesh, c, b, a), view_at(&mesh, a, b, c));
+    eventually("A reaches C through B", Duration::from_secs(30), || {
+        asks(&mesh, a, c, &a_to_c, &c_sees_a).ok()
+    });
+    eventually("C reaches A through B", Duration::from_secs(30), || {
+        asks(&mesh, c, a, &c_to_a, &a_sees_c).ok()
+    });
+    // B's own peerings still work.
+    mesh.reaches(a, b).unwrap();
+    mesh.reaches(c, b).unwrap();
+    let hub = weftctl_json(&mesh.sites[b].target, &["peerings"]);
+    let to_a = hub["peerings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["site_id"] == "s1")
+        .unwrap();
+    assert_eq!(to_a["transit"]["onward"], serde_json::json!(["s3"]), "{to_a}");
+    let before = forwarded(&mut mesh, b, a, c);
+    asks(&mesh, a, c, &a_to_c, &c_sees_a).unwrap();
+    let after = forwarded(&mut mesh, b, a, c);
+    assert!(
+        after >= before + 5,
+        "B's transit counter moved {before} -> {after} for 5 connections"
+    );
+    eprintln!("B forwarded {after} packets from A to C");
+
+    weft_tests::step("an A–C peering takes the traffic, under the same addresses");
+    mesh.peer(a, c);
+    assert_eq!(
+        mesh.address(a, c).as_deref(),
+        Some(a_to_c.as_str()),
+        "the direct peering gave A another view of C"
+    );
+    assert_eq!(
+        mesh.address(c, a).as_deref(),
+        Some(c_to_a.as_str()),
+        "the direct peering gave C another view of A"
+    );
+    eventually(
+        "A reaches C directly (B forwards nothing more)",
+        Duration::from_secs(30),
+        || {
+            let before = (forwarded(&mut mesh, b, a, c), forwarded(&mut mesh, b, c, a));
+            asks(&mesh, a, c, &a_to_c, &c_sees_a).ok()?;
+            asks(&mesh, c, a, &c_to_a, &a_sees_c).ok()?;
+            (before == (forwarded(&mut mesh, b, a, c), forwarded(&mut mesh, b, c, a))).then_some(())
+        },
+    );
+    let p = mesh.peering(&mesh.sites[a], "s2").unwrap();
+    assert_eq!(p["transit"]["paths"][0]["active"], false, "{p}");
+
+    weft_tests::step("deleting the A–C peering moves the traffic back through B");
+    mesh.unpeer(a, c);
+    eventually("A reaches C through B again", Duration::from_secs(30), || {
+        let before = forwarded(&mut mesh, b, a, c);
+        asks(&mesh, a, c, &a_to_c, &c_sees_a).ok()?;
+        (forwarded(&mut mesh, b, a, c) >= before + 5).then_some(())
+    });
+    eventually("C reaches A through B again", Duration::from_secs(30), || {
+        asks(&mesh, c, a, &c_to_a, &a_sees_c).ok()
+    });
+
+    weft_tests::step("the hub's export policy applies to transit traffic");
+    let view_of_c = mesh.view_of(b, c).unwrap().to_string();
+    let set = |args: &[&str]| {
+        let o = weft_tests::run(
+            std::process::Command::new(bin("weftctl"))
+                .args(["--controller", &mesh.sites[b].target, "peering", "policy", "set", "s1"])
+                .args(args),
+        );
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    };
+    // Only B's own CIDR: transit to C refused.
+    set(&["--allow", POD]);
+    eventually("B refuses A's transit to C", Duration::from_secs(10), || {
+        mesh.ask_at(a, &a_to_c).is_err().then_some(())
+    });
+    mesh.reaches(a, b).unwrap();
+    // B's view of C named: allowed again.
+    set(&["--allow", POD, "--allow", &view_of_c]);
+    eventually("B lets A through to C", Duration::from_secs(10), || {
+        asks(&mesh, a, c, &a_to_c, &c_sees_a).ok()
+    });
+    set(&["--site-default"]);
+
+    weft_tests::step("bad input is refused, naming the field, and changes nothing");
+    let e = transit(&mesh, b, "s2", "on").unwrap_err();
+    assert!(
+        e.contains("INVALID_ARGUMENT") && e.contains("site_id") && e.contains("transit loop"),
+        "{e}"
+    );
+    let e = transit(&mesh, b, "nobody", "on").unwrap_err();
+    assert!(e.contains("NOT_FOUND"), "{e}");
+
+    weft_tests::step("transit off at the hub: A no longer reaches C");
+    transit(&mesh, b, "s3", "off").unwrap();
+    eventually("A's transit path to C goes", Duration::from_secs(20), || {
+        through(&mesh, a, b, c).is_none().then_some(())
+    });
+    eventually("A no longer reaches C", Duration::from_secs(20), || {
+        mesh.ask_at(a, &a_to_c).is_err().then_some(())
+    });
+    mesh.reaches(a, b).unwrap();
+    mesh.reaches(c, b).unwrap();
+}
