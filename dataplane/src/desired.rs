@@ -340,7 +340,7 @@ pub fn peer_views<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject>) 
     for o in objects {
         if let (Some(Kind::Route(r)), Some(rest)) = (&o.kind, o.id.strip_prefix("peer/"))
             && r.namespace.is_empty()
-            && let (Some(site), Ok(dst)) = (rest.split('/').next(), r.destination.parse::<Ipv4Net>())
+            && let (Some(site), Ok(dst)) = (peer_of(rest), r.destination.parse::<Ipv4Net>())
         {
             let v = out.entry(site.to_string()).or_default();
             if !v.contains(&dst) {
@@ -349,6 +349,16 @@ pub fn peer_views<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject>) 
         }
     }
     out
+}
+
+/// The site a `peer/…` id (without the prefix) leads to: `<site>/…`, or
+/// for a site reached through transit `<via>/transit/<site>/…`.
+fn peer_of(rest: &str) -> Option<&str> {
+    let mut parts = rest.split('/');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(_), Some("transit"), Some(site)) => Some(site),
+        (first, ..) => first,
+    }
 }
 
 /// A link: VXLAN, Geneve, bridge, a veth pair (both ends) or a WireGuard
@@ -464,4 +474,30 @@ fn add_peer(d: &mut Desired, id: String, p: &pb::WireguardPeer) -> R<()> {
         .or_default()
         .insert(peer.public_key.clone(), peer);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_view_is_counted_for_the_site_it_leads_to_also_through_transit() {
+        let route = |id: &str, dst: &str| pb::DesiredObject {
+            id: id.into(),
+            kind: Some(Kind::Route(pb::Route {
+                namespace: String::new(),
+                table: 7765,
+                destination: dst.into(),
+                gateway: "10.80.0.100".into(),
+                device: "weft-vx0".into(),
+            })),
+        };
+        let objects = [
+            route("peer/b/workload/route", "10.2.0.0/16"),
+            route("peer/b/transit/c/0/route", "10.3.0.0/16"),
+        ];
+        let views = peer_views(objects.iter());
+        assert_eq!(views["b"], vec!["10.2.0.0/16".parse::<Ipv4Net>().unwrap()]);
+        assert_eq!(views["c"], vec!["10.3.0.0/16".parse::<Ipv4Net>().unwrap()]);
+    }
 }

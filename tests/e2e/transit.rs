@@ -126,6 +126,17 @@ fn a_spoke_reaches_another_through_a_hub_then_a_direct_peering_and_back() {
     eventually("C reaches A through B", Duration::from_secs(30), || {
         asks(&mesh, c, a, &c_to_a, &a_sees_c).ok()
     });
+    // What A's admin reads: C under B, with A's own view of it.
+    let table = weft_tests::stdout(&weft_tests::run(std::process::Command::new(bin("weftctl")).args([
+        "--controller",
+        &mesh.sites[a].target,
+        "peerings",
+    ])));
+    eprintln!("{table}");
+    assert!(
+        table.contains("s3 via s2") && table.contains("transit agreed here: yes, by the peer: yes"),
+        "{table}"
+    );
     // B's own peerings still work.
     mesh.reaches(a, b).unwrap();
     mesh.reaches(c, b).unwrap();

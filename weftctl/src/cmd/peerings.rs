@@ -48,9 +48,10 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                 for v in &t.views {
                     let mut row = vec![format!("{} via {}", t.site, p.site_id), state.to_string()];
                     row.extend(vec![String::new(); 9]);
+                    // Its CIDR as the transit peer addresses it.
                     row.extend([
                         cidr_kind(v.kind),
-                        v.real_cidr.clone(),
+                        format!("{} ({}'s view)", v.real_cidr, p.site_id),
                         v.local_cidr.clone(),
                         String::new(),
                     ]);
