@@ -36,7 +36,11 @@ fn in_force<'a>(site: &Site, export: Option<&'a ExportPolicy>) -> Option<&'a [Ex
 /// views of the sites the peer reaches through it), a known protocol,
 /// ports only with tcp or udp and in order, at most [`MAX_RULES`]. Errors
 /// name the field.
-pub fn parse_rules(site: &Site, onward: &[Ipv4Net], rules: &[pb::ExportRule]) -> Result<Vec<ExportRule>, String> {
+pub fn parse_rules(
+    site: &Site,
+    onward: &[(String, Vec<Ipv4Net>)],
+    rules: &[pb::ExportRule],
+) -> Result<Vec<ExportRule>, String> {
     if rules.len() > MAX_RULES {
         return Err(format!(
             "rules: {} rules, more than the {MAX_RULES} a policy may hold; allow wider prefixes instead",
@@ -47,11 +51,11 @@ pub fn parse_rules(site: &Site, onward: &[Ipv4Net], rules: &[pb::ExportRule]) ->
     for (i, r) in rules.iter().enumerate() {
         let field = |f: &str| format!("rules[{i}].{f}");
         let cidr = parse_cidr(&r.cidr).map_err(|e| format!("{}: {e}", field("cidr")))?;
-        if !site
-            .exportable()
-            .chain(onward.iter().copied())
-            .any(|c| c.contains(&cidr))
-        {
+        let via = onward
+            .iter()
+            .find(|(_, views)| views.iter().any(|v| v.contains(&cidr)))
+            .map(|(s, _)| s.clone());
+        if via.is_none() && !site.exportable().any(|c| c.contains(&cidr)) {
             return Err(format!(
                 "{}: {cidr} is not within this site's workload CIDRs ({}) or its external CIDR ({}); a policy \
                  exports only this site's own networks (and, with transit, its views of the sites reached \
@@ -110,11 +114,28 @@ pub fn parse_rules(site: &Site, onward: &[Ipv4Net], rules: &[pb::ExportRule]) ->
             cidr,
             protocol,
             ports: ports.map(|(a, b)| (a as u16, b as u16)),
+            via,
         });
     }
     out.sort();
     out.dedup();
     Ok(out)
+}
+
+/// The rules of `rules` that hold now: this site's own, and those naming
+/// a site reached through it (transit) while `onward` still has that site
+/// with a view holding the rule's prefix.
+pub fn live(rules: &[ExportRule], onward: &[(String, Vec<Ipv4Net>)]) -> Vec<ExportRule> {
+    rules
+        .iter()
+        .filter(|r| match &r.via {
+            None => true,
+            Some(site) => onward
+                .iter()
+                .any(|(s, views)| s == site && views.iter().any(|v| v.contains(&r.cidr))),
+        })
+        .cloned()
+        .collect()
 }
 
 /// The prefixes `rules` reach, without one inside another.
@@ -130,15 +151,19 @@ pub fn prefixes(rules: &[ExportRule]) -> Vec<Ipv4Net> {
 ///
 /// On a transit site, prefixes of its views of the sites reached through
 /// it (`onward`) are told as well.
-pub fn fill(site: &Site, p: Option<&Peering>, onward: &[Ipv4Net], params: &mut pb::NetworkParams) {
+pub fn fill(site: &Site, p: Option<&Peering>, onward: &[(String, Vec<Ipv4Net>)], params: &mut pb::NetworkParams) {
     let Some(rules) = in_force(site, p.and_then(|p| p.export.as_ref())) else {
         return;
     };
     // (Rules outside the site's CIDRs cannot be stored; a peer refuses
     // parameters that name them, so never send one.)
-    let reach: Vec<Ipv4Net> = prefixes(rules)
+    let reach: Vec<Ipv4Net> = prefixes(&live(rules, onward))
         .into_iter()
-        .filter(|c| site.exportable().chain(onward.iter().copied()).any(|o| o.contains(c)))
+        .filter(|c| {
+            site.exportable()
+                .chain(onward.iter().flat_map(|(_, v)| v.iter().copied()))
+                .any(|o| o.contains(c))
+        })
         .collect();
     params.exports_limited = true;
     params.exports = reach.iter().map(|c| c.to_string()).collect();

@@ -213,19 +213,22 @@ pub fn plan_views(
     pools: &[Ipv4Net],
     public_ok: &[Ipv4Net],
 ) -> Result<Vec<View>, IpamError> {
-    plan_views_keeping(peer, in_use, pools, public_ok, &[])
+    plan_views_keeping(peer, in_use, pools, public_ok, &[], false)
 }
 
 /// [`plan_views`], where a CIDR to remap first takes the local block of a
 /// view in `keep` of its kind and length, when that block is free: the
 /// same site reached another way (directly, or through transit) keeps the
-/// address this site's workloads already use for it.
+/// address this site's workloads already use for it. With `remap_all`,
+/// no CIDR keeps its real value (what a transit peer offers is mapped into
+/// this site's pools, never routed as it says).
 pub fn plan_views_keeping(
     peer: &[(CidrKind, Ipv4Net)],
     in_use: &[Ipv4Net],
     pools: &[Ipv4Net],
     public_ok: &[Ipv4Net],
     keep_views: &[View],
+    remap_all: bool,
 ) -> Result<Vec<View>, IpamError> {
     if peer.len() > MAX_PEER_CIDRS {
         return Err(IpamError::Invalid(format!(
@@ -250,52 +253,55 @@ pub fn plan_views_keeping(
             }
         }
     }
+    // First a block this site already uses for the same site (a kept
+    // view) when free, then the CIDR's real value when private and free,
+    // then the lowest free block of the pools.
     let mut used: Vec<Ipv4Net> = in_use.to_vec();
-    let keep: Vec<bool> = peer
-        .iter()
-        .map(|(_, c)| is_private(c) && !in_use.iter().any(|u| overlaps(u, c)))
-        .collect();
-    used.extend(peer.iter().zip(&keep).filter(|(_, k)| **k).map(|((_, c), _)| *c));
-    let mut views = Vec::with_capacity(peer.len());
-    for ((kind, real), keep) in peer.iter().zip(keep) {
-        if keep {
-            views.push(View {
-                kind: *kind,
-                real: *real,
-                local: *real,
-                pool: None,
-            });
-            continue;
-        }
+    let mut chosen: Vec<Option<(Ipv4Net, Option<Ipv4Net>)>> = vec![None; peer.len()];
+    for ((kind, real), c) in peer.iter().zip(chosen.iter_mut()) {
         let kept = keep_views
             .iter()
             .filter(|v| v.kind == *kind && v.local.prefix_len() == real.prefix_len())
-            .find(|v| !used.iter().any(|u| overlaps(u, &v.local)))
-            .map(|v| {
-                (
-                    v.local,
-                    v.pool.or_else(|| pools.iter().find(|p| p.contains(&v.local)).copied()),
-                )
-            });
-        let found = kept.map(|(b, p)| (b, p.unwrap_or(b))).or_else(|| {
-            pools
-                .iter()
-                .find_map(|p| first_free(*p, real.prefix_len(), &used).map(|b| (b, *p)))
-        });
-        let Some((local, pool)) = found else {
-            return Err(IpamError::Exhausted(format!(
-                "the peer's {kind} CIDR {real} collides with a network in use here, and the remap pools \
-                 ({}) have no free /{} left; add a remap pool or free one",
-                list(pools),
-                real.prefix_len()
-            )));
+            .find(|v| !used.iter().any(|u| overlaps(u, &v.local)));
+        if let Some(v) = kept {
+            let pool = (v.local != *real)
+                .then(|| v.pool.or_else(|| pools.iter().find(|p| p.contains(&v.local)).copied()))
+                .flatten();
+            *c = Some((v.local, pool));
+            used.push(v.local);
+        }
+    }
+    for ((_, real), c) in peer.iter().zip(chosen.iter_mut()) {
+        if !remap_all && c.is_none() && is_private(real) && !used.iter().any(|u| overlaps(u, real)) {
+            *c = Some((*real, None));
+            used.push(*real);
+        }
+    }
+    let mut views = Vec::with_capacity(peer.len());
+    for ((kind, real), c) in peer.iter().zip(chosen) {
+        let (local, pool) = match c {
+            Some(c) => c,
+            None => {
+                let found = pools
+                    .iter()
+                    .find_map(|p| first_free(*p, real.prefix_len(), &used).map(|b| (b, *p)));
+                let Some((local, pool)) = found else {
+                    return Err(IpamError::Exhausted(format!(
+                        "the peer's {kind} CIDR {real} collides with a network in use here, and the remap pools \
+                         ({}) have no free /{} left; add a remap pool or free one",
+                        list(pools),
+                        real.prefix_len()
+                    )));
+                };
+                used.push(local);
+                (local, Some(pool))
+            }
         };
-        used.push(local);
         views.push(View {
             kind: *kind,
             real: *real,
             local,
-            pool: Some(pool),
+            pool,
         });
     }
     Ok(views)
@@ -652,17 +658,29 @@ mod tests {
             local: n("10.203.0.0/16"),
             pool: None,
         };
-        let v = plan_views_keeping(&peer, &in_use, &pools, &[], std::slice::from_ref(&kept)).unwrap();
+        let v = plan_views_keeping(&peer, &in_use, &pools, &[], std::slice::from_ref(&kept), false).unwrap();
         assert_eq!((v[0].local, v[0].pool), (n("10.203.0.0/16"), Some(pools[0])));
         // Taken meanwhile, or of another length or kind: the pool's next.
         let taken = [n("10.1.0.0/16"), n("10.200.0.0/16"), n("10.203.0.0/16")];
-        let v = plan_views_keeping(&peer, &taken, &pools, &[], std::slice::from_ref(&kept)).unwrap();
+        let v = plan_views_keeping(&peer, &taken, &pools, &[], std::slice::from_ref(&kept), false).unwrap();
         assert_eq!(v[0].local, n("10.201.0.0/16"));
         let other = View {
             kind: CidrKind::External,
             ..kept
         };
-        let v = plan_views_keeping(&peer, &in_use, &pools, &[], &[other]).unwrap();
+        let v = plan_views_keeping(&peer, &in_use, &pools, &[], &[other], false).unwrap();
         assert_eq!(v[0].local, n("10.201.0.0/16"));
+        // A CIDR free here still takes the block in use for its site: the
+        // site's workloads keep addressing it as they did.
+        let free = [(CidrKind::Workload, n("10.5.0.0/16"))];
+        let v = plan_views_keeping(&free, &in_use, &pools, &[], std::slice::from_ref(&kept), false).unwrap();
+        assert_eq!((v[0].local, v[0].pool), (n("10.203.0.0/16"), Some(pools[0])));
+        assert_eq!(
+            plan_views_keeping(&free, &in_use, &pools, &[], &[], false).unwrap()[0].local,
+            n("10.5.0.0/16")
+        );
+        // What a transit peer offers is never routed at its real value.
+        let v = plan_views_keeping(&free, &in_use, &pools, &[], &[], true).unwrap();
+        assert_eq!((v[0].local, v[0].pool), (n("10.201.0.0/16"), Some(pools[0])));
     }
 }

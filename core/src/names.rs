@@ -97,6 +97,13 @@ pub fn check_own_address(site: &Site, peerings: &[&Peering], kind: NameKind, add
                         v.local, p.site_id, v.kind, v.real
                     ));
                 }
+                if let Some(t) = p.transit_views.iter().find(|t| t.view.local.contains(&address)) {
+                    return Err(format!(
+                        "address {address} is in {}, this site's view of {}'s {} CIDR, reached through {}: it is \
+                         routed to that peer; give the host's address on the site's LAN",
+                        t.view.local, t.site, t.view.kind, p.site_id
+                    ));
+                }
             }
             Ok(())
         }

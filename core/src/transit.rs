@@ -8,9 +8,9 @@
 //!   peer the other transit peers it reaches directly, by its local views
 //!   of their CIDRs ([`offers`]). Inside a tunnel each end speaks its own
 //!   addresses, so the hub's views are what the spoke's traffic carries.
-//! - **Planned by the spoke.** The spoke plans its own local view of each
-//!   offered CIDR (remapped on collision, as for a direct peer), and maps
-//!   it to the hub's view in the peering's namespace. Each spoke thus sees
+//! - **Planned by the spoke.** The spoke maps each offered CIDR into a
+//!   block of its own remap pools (never routing it at the value the hub
+//!   offers), in the peering's namespace. Each spoke thus sees
 //!   the other in its own view, and the hub's existing NAT does the rest:
 //!   the spoke's real addresses become the hub's view of it on the way in,
 //!   the hub's view of the other spoke becomes its real CIDR on the way
@@ -32,9 +32,9 @@ pub use crate::relay::Peerings;
 /// Most sites one peer offers to reach through it.
 pub const MAX_ROUTES: usize = 64;
 
-/// Both ends of `p` agree to transit.
+/// Both ends of `p` agree to transit (and it is not being deleted).
 pub fn usable(p: &Peering) -> bool {
-    p.transit && p.remote.as_ref().is_some_and(|r| r.transit)
+    p.transit && p.state != crate::domain::PeeringState::Deleting && p.remote.as_ref().is_some_and(|r| r.transit)
 }
 
 /// The sites this site lets peer `to` reach through it: every other peer
@@ -162,11 +162,6 @@ pub fn check_routes(
     Ok(out)
 }
 
-/// [`onward`], all sites' prefixes together.
-pub fn onward_prefixes<'a>(peerings: impl IntoIterator<Item = &'a Peering>, p: &Peering) -> Vec<Ipv4Net> {
-    onward(peerings, p).into_iter().flat_map(|(_, c)| c).collect()
-}
-
 /// The peer CIDRs of `route`, by kind, as [`ipam::plan_views`] takes them.
 pub fn cidrs(route: &TransitRoute) -> Vec<(CidrKind, Ipv4Net)> {
     let mut v: Vec<(CidrKind, Ipv4Net)> = route.workload_cidrs.iter().map(|c| (CidrKind::Workload, *c)).collect();
@@ -175,7 +170,9 @@ pub fn cidrs(route: &TransitRoute) -> Vec<(CidrKind, Ipv4Net)> {
 }
 
 /// Whether this site reaches `site` over a direct peering that is in use
-/// (negotiated, with views): then it is preferred over any transit path.
+/// (negotiated, with views): then it is preferred over any transit path,
+/// whatever its tunnel's health (a direct tunnel that does not come up is
+/// for the admin to fix or delete, not for transit to hide).
 pub fn direct(peerings: &Peerings, site: &str) -> bool {
     peerings
         .get(site)

@@ -115,7 +115,7 @@ fn status_of(site: &str, s: Status) -> Error {
 fn exports(model: &crate::render::Model, peer: &str, params: &mut pb::NetworkParams) {
     if let Some(site) = &model.site {
         let p = model.peerings.get(peer).map(|p| &**p);
-        let onward = p.map(|p| crate::transit::onward_prefixes(model.peerings.values().map(|q| &**q), p));
+        let onward = p.map(|p| crate::transit::onward(model.peerings.values().map(|q| &**q), p));
         crate::export::fill(site, p, &onward.unwrap_or_default(), params);
     }
     // Transit: whether this site agrees on this peering, and while the

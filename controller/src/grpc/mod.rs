@@ -438,7 +438,9 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::Peering>, Status> {
         let r = req.into_inner();
         let p = self.state.set_transit(&r.site_id, r.enabled).await?;
-        Ok(Response::new(convert::peering(&p)))
+        let (ps, _) = self.state.list_peerings().await?;
+        let all: crate::transit::Peerings = ps.into_iter().map(|q| (q.site_id.clone(), Arc::new(q))).collect();
+        Ok(Response::new(convert::peering_among(&p, &all)))
     }
 
     async fn get_export_policy(

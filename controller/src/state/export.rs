@@ -28,7 +28,7 @@ impl State {
                 Some(Mode::Rules) => Some(ExportPolicy::Rules(
                     crate::export::parse_rules(
                         site,
-                        &crate::transit::onward_prefixes(snap.peerings.iter().map(|(q, _)| q), p),
+                        &crate::transit::onward(snap.peerings.iter().map(|(q, _)| q), p),
                         rules,
                     )
                     .map_err(Error::InvalidArgument)?,

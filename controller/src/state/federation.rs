@@ -435,6 +435,7 @@ impl State {
             &site.remap_pools,
             &site.peer_public_cidrs,
             &snap.views_of(peer_site),
+            false,
         )?)
     }
 
@@ -455,19 +456,47 @@ impl State {
         }
         let mut planned: Vec<crate::domain::TransitView> = Vec::new();
         for route in &remote.transit_routes {
-            // Not in use for this plan: this peering's old transit views
-            // (re-planned here) and any view of the same site (kept).
-            let mut used = snap.blocks_in_use_but(site, |holder, target| target != route.site && holder != p.site_id);
+            let offered = crate::transit::cidrs(route);
+            // Not over what this site routes to the hub itself (its
+            // recorded CIDRs, also while a change of them is held).
+            if let Some(v) = p
+                .views
+                .iter()
+                .find(|v| offered.iter().any(|(_, c)| ipam::overlaps(c, &v.real)))
+            {
+                tracing::warn!(
+                    peer = %p.site_id,
+                    site = %route.site,
+                    "not reaching site {:?} through {:?}: it offers a CIDR over its own {}",
+                    route.site,
+                    p.site_id,
+                    v.real
+                );
+                continue;
+            }
+            // In use for this plan: everything but this peering's own
+            // views (re-planned here, its direct ones added as they will
+            // be) and a direct peering's views of the same site (kept).
+            // Another hub's view of the site stays in use: two paths never
+            // share a block.
+            let direct = |holder: &str, target: &str| holder == route.site && target == route.site;
+            let mut used =
+                snap.blocks_in_use_but(site, |holder, target| holder != p.site_id && !direct(holder, target));
             used.extend(p.views.iter().map(|v| v.local));
             used.extend(planned.iter().map(|t| t.view.local));
-            let keep: Vec<_> = snap.views_of(&route.site);
-            match ipam::plan_views_keeping(
-                &crate::transit::cidrs(route),
-                &used,
-                &site.remap_pools,
-                &site.peer_public_cidrs,
-                &keep,
-            ) {
+            let keep: Vec<crate::ipam::View> = p
+                .transit_views
+                .iter()
+                .filter(|t| t.site == route.site)
+                .map(|t| t.view.clone())
+                .chain(
+                    snap.peering(&route.site)
+                        .ok()
+                        .into_iter()
+                        .flat_map(|(d, _)| d.views.clone()),
+                )
+                .collect();
+            match ipam::plan_views_keeping(&offered, &used, &site.remap_pools, &site.peer_public_cidrs, &keep, true) {
                 Ok(views) => planned.extend(views.into_iter().map(|view| crate::domain::TransitView {
                     site: route.site.clone(),
                     view,

@@ -663,6 +663,7 @@ impl State {
                 &site.remap_pools,
                 &site.peer_public_cidrs,
                 &snap.views_of(peer_site),
+                false,
             )?;
             let peering = Peering {
                 site_id: peer_site.to_string(),
@@ -839,15 +840,14 @@ fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error> {
                 ));
             }
         }
-        // An export policy names the site's own CIDRs (or, with transit,
-        // its views of the sites reached through it).
+        // An export policy names the site's own CIDRs (rules naming a site
+        // reached through this one, in transit, follow that site's view,
+        // not the configuration).
         if let Some(crate::export::ExportPolicy::Rules(rules)) = &p.export {
-            let onward = crate::transit::onward_prefixes(snap.peerings.iter().map(|(q, _)| q), p);
-            for r in rules.iter().filter(|r| {
-                !new.exportable()
-                    .chain(onward.iter().copied())
-                    .any(|c| c.contains(&r.cidr))
-            }) {
+            for r in rules
+                .iter()
+                .filter(|r| r.via.is_none() && !new.exportable().any(|c| c.contains(&r.cidr)))
+            {
                 problems.push(format!(
                     "the export policy for {:?} allows {}, outside the new workload and external CIDRs \
                      (change it first: `weftctl peering policy set {}`)",

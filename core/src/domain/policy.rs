@@ -50,6 +50,12 @@ pub struct ExportRule {
     pub protocol: Option<Protocol>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ports: Option<(u16, u16)>,
+    /// On a transit site: the site whose view (this site's) `cidr` lies
+    /// in. The rule holds only while that site is reached through this
+    /// one and its view still holds `cidr`: a block later given to
+    /// another site is not allowed by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }
 
 impl std::fmt::Display for ExportRule {
@@ -59,8 +65,12 @@ impl std::fmt::Display for ExportRule {
             write!(f, " {}", p.as_str())?;
         }
         match self.ports {
-            Some((a, b)) if a == b => write!(f, " port {a}"),
-            Some((a, b)) => write!(f, " ports {a}-{b}"),
+            Some((a, b)) if a == b => write!(f, " port {a}")?,
+            Some((a, b)) => write!(f, " ports {a}-{b}")?,
+            None => {}
+        }
+        match &self.via {
+            Some(site) => write!(f, " (site {site}, in transit)"),
             None => Ok(()),
         }
     }

@@ -253,7 +253,9 @@ fn tunnel_filter(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> Object
             .filter(|n| n.external.is_some())
             .map(|n| format!("{}/32", n.address)),
     );
-    let policy = crate::export::effective(site, p);
+    let onward = crate::transit::onward(m.peerings.values().map(|q| &**q), p);
+    // Rules naming a site reached through this one hold while it is.
+    let policy = crate::export::effective(site, p).map(|r| crate::export::live(r, &onward));
     Objects::from([obj(
         format!("{base}filter"),
         Kind::TunnelFilter(pb::TunnelFilter {
@@ -262,7 +264,7 @@ fn tunnel_filter(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> Object
             allowed,
             policed: policy.is_some(),
             exports: policy.unwrap_or_default().iter().map(crate::export::rule_pb).collect(),
-            transit: crate::transit::onward(m.peerings.values().map(|q| &**q), p)
+            transit: onward
                 .into_iter()
                 .map(|(site, cidrs)| pb::TransitPrefixes {
                     site,
