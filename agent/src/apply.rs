@@ -211,6 +211,7 @@ pub fn describe(o: &pb::DesiredObject) -> String {
                 side(&r.b).unwrap_or_default()
             )
         }
+        Some(Kind::LanAddress(_)) => "the LAN address (--lan-address), as the active gateway".into(),
         None => "(empty object)".into(),
     }
 }

@@ -80,6 +80,8 @@ pub struct AgentConfig {
     pub workload_bridge: Option<String>,
     /// Gateways: the WireGuard chosen at start (see [`choose_wireguard`]).
     pub wireguard: Option<WireguardChoice>,
+    /// Gateways: the LAN address held while active (`--lan-address`).
+    pub lan_address: Option<ipnet::Ipv4Net>,
     /// Nodes: the DNS responder for peers' names (None: off).
     pub dns: Option<crate::dns::Config>,
 }
@@ -241,6 +243,7 @@ impl AgentArgs {
             workload_bridge: None,
             dns: None,
             wireguard: None,
+            lan_address: None,
         })
     }
 }

@@ -331,6 +331,8 @@ impl Guard {
             }
             Some(Kind::DnsRecord(r)) => crate::dns::check_record(r).map(|_| ()),
             Some(Kind::RelaySession(r)) => crate::relay::check(r).map(|_| ()),
+            // Nothing in it: the address is the agent's own --lan-address.
+            Some(Kind::LanAddress(_)) => Ok(()),
             Some(Kind::TunnelFilter(f)) => {
                 if f.namespace.is_empty() {
                     return Err(

@@ -50,6 +50,8 @@ pub struct Linux {
     wireguard: Option<WireguardChoice>,
     /// Gateways of a relay site: the relayed tunnels.
     relays: crate::relay::Relays,
+    /// Gateways: the LAN address held while active (`--lan-address`).
+    lan: Option<ipnet::Ipv4Net>,
 }
 
 impl std::fmt::Debug for Linux {
@@ -95,7 +97,14 @@ impl Linux {
             counting: false,
             wireguard,
             relays: Default::default(),
+            lan: None,
         })
+    }
+
+    /// Sets the LAN address this gateway holds while it is the active one.
+    pub fn with_lan_address(mut self, lan: Option<ipnet::Ipv4Net>) -> Linux {
+        self.lan = lan;
+        self
     }
 
     /// Sets the underlay address that links without a rendered MTU are
@@ -250,6 +259,25 @@ impl Applier for Linux {
             for (id, message) in self.relays.set(&sessions) {
                 tracing::warn!(object = %id, error = %message, "not applied");
                 errors.push(pb::ObjectError { id, message });
+            }
+            // The LAN address, held while this gateway is the active one
+            // (checked on every apply and resync: one taken away by hand
+            // comes back, and is announced again).
+            if let Some(lan) = self.lan {
+                let active = fin.values().find(|o| matches!(o.kind, Some(Kind::LanAddress(_))));
+                match weft_dataplane::lan::hold(self.plane.net.handle(), lan, active.is_some()).await {
+                    Ok(Some(link)) => weft_dataplane::lan::announce(link, lan.addr()),
+                    Ok(None) => {}
+                    Err(message) => {
+                        tracing::warn!(error = %message, "the LAN address");
+                        if let Some(o) = active {
+                            errors.push(pb::ObjectError {
+                                id: o.id.clone(),
+                                message,
+                            });
+                        }
+                    }
+                }
             }
         }
         // Probes follow the WireGuard links held.

@@ -133,6 +133,7 @@ fn applier_for(cfg: &AgentConfig, wg_key: Option<String>) -> anyhow::Result<Box<
             crate::linux::Linux::new(wg_key, cfg.wireguard.clone())?
                 .with_probes(cfg.probe)
                 .with_underlay(cfg.underlay_ip)
+                .with_lan_address(cfg.lan_address)
                 .with_controllers(&cfg.controllers),
             guard,
         ))

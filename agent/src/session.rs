@@ -678,6 +678,7 @@ mod tests {
             probe: Default::default(),
             workload_bridge: None,
             wireguard: None,
+            lan_address: None,
             dns: None,
         }
     }

@@ -572,6 +572,11 @@ pub fn gateway(m: &Model, name: &str) -> Objects {
         return Objects::new();
     };
     let mut out = gateway_self(m);
+    // The active gateway holds the site's LAN address (its agent's
+    // --lan-address), so exported hosts' replies follow it.
+    if active_gateway(m).is_some_and(|a| a.name == g.name) {
+        out.extend([obj("self/lan-address".into(), Kind::LanAddress(pb::LanAddress {}))]);
+    }
     for n in m.nodes.keys() {
         out.extend(gateway_part(m, g, &Part::Node(n.clone())));
     }
@@ -908,6 +913,20 @@ mod tests {
         // ...and c is now a direct peer: b's transit path to it yields.
         assert!(!gw.keys().any(|k| k.starts_with("peer/b/transit/")), "{:?}", gw.keys());
         assert!(!node(&m, "n1").keys().any(|k| k.contains("/transit/")));
+    }
+
+    #[test]
+    fn only_the_active_gateway_holds_the_lan_address() {
+        let mut m = model();
+        let mut standby = (*m.gateways["gw1"]).clone();
+        standby.name = "gw2".into();
+        m.gateways.insert("gw2".into(), Arc::new(standby));
+        m.active_gateway = Some("gw1".into());
+        assert!(gateway(&m, "gw1").contains_key("self/lan-address"));
+        assert!(!gateway(&m, "gw2").contains_key("self/lan-address"));
+        m.active_gateway = Some("gw2".into());
+        assert!(!gateway(&m, "gw1").contains_key("self/lan-address"));
+        assert!(gateway(&m, "gw2").contains_key("self/lan-address"));
     }
 
     #[test]

@@ -235,6 +235,8 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
         Kind::DnsRecord(_) => {}
         // The gateway agent runs these (its relay threads); no table, no link.
         Kind::RelaySession(_) => {}
+        // The gateway agent holds its --lan-address itself (`lan`).
+        Kind::LanAddress(_) => {}
     }
     Ok(())
 }

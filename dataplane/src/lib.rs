@@ -21,6 +21,7 @@ pub mod driver;
 pub mod fake;
 pub mod host;
 pub mod kernel;
+pub mod lan;
 pub mod linux;
 pub mod model;
 pub mod nft;
@@ -100,7 +101,9 @@ pub fn namespaces_of<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject
             Some(Kind::WireguardPeer(p)) => p.namespace.clone(),
             Some(Kind::ExportMap(x)) => x.namespace.clone(),
             Some(Kind::TunnelFilter(f)) => f.namespace.clone(),
-            Some(Kind::HostSnat(_) | Kind::DnsRecord(_) | Kind::RelaySession(_)) | None => String::new(),
+            Some(Kind::HostSnat(_) | Kind::DnsRecord(_) | Kind::RelaySession(_) | Kind::LanAddress(_)) | None => {
+                String::new()
+            }
         };
         out.insert(ns);
     }

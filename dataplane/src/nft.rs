@@ -398,12 +398,78 @@ async fn nft(ns: &Ns, args: &[&str], input: Option<String>) -> R<Vec<u8>> {
     Ok(out.stdout)
 }
 
+/// Conntrack entries to end after a table change, by their original
+/// direction: to a destination in a prefix, or from a source in one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stale {
+    To(ipnet::Ipv4Net),
+    From(ipnet::Ipv4Net),
+}
+
+/// The translations that changed between `old` and `new` (the table a
+/// namespace had and the one replacing it): an export whose host changed,
+/// came or went (its external address), a remapped view that changed, came
+/// or went (its local view as a destination, the peer's real CIDR as a
+/// source). Conntrack keeps a flow's translation for the flow's life, so a
+/// UDP flow that never idles would keep going to the old place (or stay
+/// untranslated) unless these entries end; the next packet then takes the
+/// new rules. Flows whose translation did not change are left alone.
+pub fn stale(old: &TableSpec, new: &TableSpec) -> Vec<Stale> {
+    use std::collections::BTreeSet;
+    let exports = |t: &TableSpec| -> BTreeSet<(std::net::Ipv4Addr, std::net::Ipv4Addr)> {
+        t.exports.iter().map(|x| (x.external, x.host)).collect()
+    };
+    let nat = |t: &TableSpec| -> BTreeSet<(ipnet::Ipv4Net, ipnet::Ipv4Net)> {
+        t.nat.iter().map(|n| (n.local, n.real)).collect()
+    };
+    let mut out = BTreeSet::new();
+    for (external, _) in exports(old).symmetric_difference(&exports(new)) {
+        out.insert(Stale::To(ipnet::Ipv4Net::from(*external)));
+    }
+    for (local, real) in nat(old).symmetric_difference(&nat(new)) {
+        out.insert(Stale::To(*local));
+        out.insert(Stale::From(*real));
+    }
+    out.into_iter().collect()
+}
+
+/// Ends the conntrack entries `what` names in namespace `ns` (`conntrack
+/// -D`); none to end is fine.
+async fn forget(ns: &Ns, what: Stale) -> R<()> {
+    let (flag, mask, net) = match what {
+        Stale::To(n) => ("--orig-dst", "--mask-dst", n),
+        Stale::From(n) => ("--orig-src", "--mask-src", n),
+    };
+    let (addr, netmask) = (net.network().to_string(), net.netmask().to_string());
+    let mut cmd = if ns.is_empty() {
+        tokio::process::Command::new("conntrack")
+    } else {
+        let mut c = tokio::process::Command::new("ip");
+        c.args(["netns", "exec", ns, "conntrack"]);
+        c
+    };
+    cmd.args(["-D", "-f", "ipv4", flag, &addr, mask, &netmask])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let out = cmd.output().await.map_err(|e| format!("cannot run conntrack: {e}"))?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    // It exits 1 when it deleted nothing.
+    if out.status.success() || said.contains("0 flow entries") {
+        Ok(())
+    } else {
+        Err(said.trim().to_string())
+    }
+}
+
 /// nftables through the `nft` tool (its JSON interface), off the async
 /// runtime's threads (a child process, awaited).
 #[derive(Debug, Default)]
 pub struct Nft {
     /// Per namespace: the version written and the hash of its listing.
     written: BTreeMap<Ns, (u64, u64)>,
+    /// Per namespace: the table this process last wrote there, to end the
+    /// conntrack entries of translations the next one changes.
+    last: BTreeMap<Ns, TableSpec>,
 }
 
 impl Nft {
@@ -441,12 +507,25 @@ impl Firewall for Nft {
             .map_err(|e| format!("cannot write the nftables table in {}: {e}", shown(ns)))?;
         let hash = Nft::listing(ns).await?;
         self.written.insert(ns.clone(), (spec.version(), hash));
+        // (After an agent restart nothing is known of the old table: the
+        // entries are left to idle out.)
+        if let Some(old) = self.last.insert(ns.clone(), spec.clone()) {
+            for what in stale(&old, spec) {
+                match forget(ns, what).await {
+                    Ok(()) => tracing::debug!(ns = %ns, ?what, "ended the conntrack entries of a changed translation"),
+                    // The table is right; old flows keep their translation
+                    // until they idle out.
+                    Err(e) => tracing::warn!(ns = %ns, ?what, error = %e, "cannot end stale conntrack entries"),
+                }
+            }
+        }
         Ok(())
     }
 
     async fn delete_table(&mut self, ns: &Ns, name: &str) -> R<()> {
         if name == NFT_TABLE {
             self.written.remove(ns);
+            self.last.remove(ns);
         }
         match nft(ns, &["delete", "table", "ip", name], None).await {
             Ok(_) => Ok(()),
@@ -626,5 +705,53 @@ mod tests {
         assert_ne!(listing_hash(&a), listing_hash(&c));
         let t = parse_counters(&b);
         assert_eq!((t[0].peer_site.as_str(), t[0].tx_bytes, t[0].tx_packets), ("b", 99, 5));
+    }
+
+    #[test]
+    fn only_translations_that_changed_have_their_flows_ended() {
+        let export = |external: &str, host: &str| Export {
+            external: external.parse().unwrap(),
+            host: host.parse().unwrap(),
+            tunnel: "weft-wabc".into(),
+        };
+        let nat = |local: &str, real: &str| NatRule {
+            local: local.parse().unwrap(),
+            real: real.parse().unwrap(),
+            tunnel: "weft-wabc".into(),
+        };
+        let old = TableSpec {
+            exports: vec![
+                export("10.70.255.254", "192.168.7.5"),
+                export("10.70.255.253", "192.168.7.6"),
+            ],
+            nat: vec![nat("10.200.0.0/16", "10.1.0.0/16"), nat("10.201.0.0/16", "10.2.0.0/16")],
+            ..Default::default()
+        };
+        assert!(stale(&old, &old).is_empty(), "nothing changed, nothing ends");
+        // One export moved to another host, one view remapped elsewhere.
+        let new = TableSpec {
+            exports: vec![
+                export("10.70.255.254", "192.168.7.9"),
+                export("10.70.255.253", "192.168.7.6"),
+            ],
+            nat: vec![nat("10.202.0.0/16", "10.1.0.0/16"), nat("10.201.0.0/16", "10.2.0.0/16")],
+            ..Default::default()
+        };
+        let n = |s: &str| s.parse::<ipnet::Ipv4Net>().unwrap();
+        assert_eq!(
+            stale(&old, &new),
+            vec![
+                Stale::To(n("10.70.255.254/32")),
+                Stale::To(n("10.200.0.0/16")),
+                Stale::To(n("10.202.0.0/16")),
+                Stale::From(n("10.1.0.0/16")),
+            ]
+        );
+        // An export that comes: flows that ran untranslated to it end too.
+        let fewer = TableSpec {
+            exports: vec![export("10.70.255.253", "192.168.7.6")],
+            ..old.clone()
+        };
+        assert_eq!(stale(&fewer, &old), vec![Stale::To(n("10.70.255.254/32"))]);
     }
 }

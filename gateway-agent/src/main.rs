@@ -36,6 +36,12 @@ struct Cli {
     /// refuses by itself.
     #[arg(long, env = "WEFT_WG_NO_OFFLOAD")]
     wg_no_offload: bool,
+    /// An address on the site's LAN (ADDRESS/PREFIX, e.g. 192.168.1.250/24)
+    /// that this gateway holds while it is the active one, announced with
+    /// gratuitous ARP: give every gateway of the site the same, and have
+    /// exported LAN hosts route the peers' views to it. Needs `arping`.
+    #[arg(long, env = "WEFT_LAN_ADDRESS")]
+    lan_address: Option<ipnet::Ipv4Net>,
     /// (for tests) Userspace WireGuard: rekey sessions this old, besides
     /// the protocol's 2 minutes.
     #[arg(long, env = "WEFT_WG_REKEY_AFTER", hide = true)]
@@ -53,6 +59,23 @@ fn main() -> std::process::ExitCode {
             )]));
         }
         c.endpoint = cli.endpoint.map(|e| e.to_string());
+        if let Some(lan) = cli.lan_address {
+            let a = lan.addr();
+            if a.is_loopback()
+                || a.is_multicast()
+                || a.is_broadcast()
+                || a.is_unspecified()
+                || a.is_link_local()
+                || lan.prefix_len() > 30
+                || a == lan.network()
+                || a == lan.broadcast()
+            {
+                return Err(AgentConfigError(vec![format!(
+                    "--lan-address {lan}: give a host address of the site's LAN with its prefix, e.g. 192.168.1.250/24"
+                )]));
+            }
+            c.lan_address = Some(lan);
+        }
         c.probe = weft_agent::probe::ProbeConfig {
             interval,
             misses: cli.probe_misses,

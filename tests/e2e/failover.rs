@@ -84,10 +84,25 @@ fn two_gateway_lab(
     sites_ab: ((&str, &str), (&str, &str)),
     site_a_etcd: bool,
 ) -> (std::sync::MutexGuard<'static, ()>, TwoSites, Gateways) {
+    two_gateway_lab_with(
+        tag,
+        sites_ab,
+        sites::Opts {
+            site_a_etcd,
+            ..Default::default()
+        },
+    )
+}
+
+/// [`two_gateway_lab`] with more options.
+fn two_gateway_lab_with(
+    tag: &str,
+    sites_ab: ((&str, &str), (&str, &str)),
+    opts: sites::Opts,
+) -> (std::sync::MutexGuard<'static, ()>, TwoSites, Gateways) {
     let opts = sites::Opts {
         second_gateway_a: true,
-        site_a_etcd,
-        ..Default::default()
+        ..opts
     };
     let turn = one_at_a_time();
     let s = sites::up_with(tag, sites_ab.0, sites_ab.1, opts);
@@ -428,5 +443,137 @@ fn on_etcd_a_silent_gateway_is_marked_within_its_ttl() {
     assert!(
         silent < 1.0,
         "a silent gateway's outage on etcd {silent:.3} s (must be under 1 s)"
+    );
+}
+
+/// The end of the longest silence in a `weft-echo flow` log (`<unix ms>
+/// <who>` per answer) from the last answer before `at` (unix seconds) on,
+/// in unix ms; None when nothing was answered after `at`.
+fn flow_back(log: &std::path::Path, at: f64) -> Option<u128> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let times: Vec<u128> = text.lines().filter_map(|l| l.split_once(' ')?.0.parse().ok()).collect();
+    let at_ms = (at * 1000.0) as u128;
+    let from = times.iter().rposition(|t| *t < at_ms)?;
+    let after = &times[from..];
+    after.len().checked_sub(2)?;
+    after.windows(2).max_by_key(|w| w[1] - w[0]).map(|w| w[1])
+}
+
+/// An exported LAN host of site a routes site b's view back to the LAN
+/// address (`--lan-address`) that only site a's active gateway holds; when
+/// that gateway is killed, the survivor takes the address (with
+/// gratuitous ARP) and site b's running flow to the host comes back within
+/// a second of its flow to site a's workload.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn an_exported_lan_host_is_reached_again_within_a_second_of_a_gateway_failover() {
+    if !require_root() {
+        return;
+    }
+    const LAN: &str = "192.168.78.29";
+    const PORT: u16 = 7100;
+    let (_turn, mut s, procs) = two_gateway_lab_with(
+        "hl",
+        (("hl-a", "10.1.0.0/16"), ("hl-b", "10.1.0.0/16")),
+        sites::Opts {
+            lan_address_a: Some("192.168.78.29/24"),
+            ..Default::default()
+        },
+    );
+    let holder = |s: &TwoSites| -> Vec<&'static str> {
+        ["gwa", "gwa2"]
+            .into_iter()
+            .filter(|h| {
+                let o = weft_tests::netns::exec(&s.ns[*h], &["ip", "-4", "-o", "addr", "show"]);
+                weft_tests::stdout(&o).contains(&format!("{LAN}/24"))
+            })
+            .collect()
+    };
+    eventually(
+        "the active gateway holds the LAN address",
+        Duration::from_secs(10),
+        || (holder(&s) == ["gwa"]).then_some(()),
+    );
+    weft_tests::step("site a exports a LAN host that routes site b's view to the LAN address");
+    let lan = s.lab.host("lana");
+    s.lab.plug(&lan, "192.168.78.50/24");
+    let (_, b_view) = weft_tests::peer_view(&s.ta, "hl-b", "workload");
+    weft_tests::netns::must(
+        s.lab.exec(&lan, &["ip", "route", "add", &b_view, "via", LAN]),
+        "the LAN host's route back",
+    );
+    let serve_log = s.dir.path().join("lan-serve.log");
+    s.lab.spawn(
+        &lan,
+        &weft_tests::bin("weft-echo"),
+        &["serve", "--port", &PORT.to_string(), "--name", "lan"],
+        &serve_log,
+    );
+    let wa = s.ns["wa"].clone();
+    let wa_log = s.dir.path().join("wa-serve.log");
+    s.lab.spawn(
+        &wa,
+        &weft_tests::bin("weft-echo"),
+        &["serve", "--port", &PORT.to_string(), "--name", "wa"],
+        &wa_log,
+    );
+    weftctl_json(&s.ta, &["name", "add", "db", "192.168.78.50", "--export"]);
+    let db = eventually("site b learns db", Duration::from_secs(20), || {
+        let n = weftctl_json(&s.tb, &["names"]);
+        n["learned"].as_array()?.iter().find(|n| n["name"] == "db")?["local_address"]
+            .as_str()
+            .map(String::from)
+    });
+    let stop = s.dir.path().join("flows.stop");
+    let wb = s.ns["wb"].clone();
+    let flow = |s: &mut TwoSites, to: &str, name: &str| {
+        let log = s.dir.path().join(format!("flow-{name}.log"));
+        s.lab.spawn(
+            &wb,
+            &weft_tests::bin("weft-echo"),
+            &[
+                "flow",
+                &format!("{to}:{PORT}"),
+                "--until",
+                stop.to_str().unwrap(),
+                "--every",
+                "20ms",
+            ],
+            &log,
+        );
+        log
+    };
+    let to_host = flow(&mut s, &db, "lan");
+    let wa_addr = s.wa_from_b.clone();
+    let to_wa = flow(&mut s, &wa_addr, "wa");
+    for (log, who) in [(&to_host, "lan"), (&to_wa, "wa")] {
+        eventually(&format!("site b's flow reaches {who}"), Duration::from_secs(20), || {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .contains(&format!(" {who}"))
+                .then_some(())
+        });
+    }
+
+    weft_tests::step("the active gateway is killed");
+    let (victim, survivor, _, gap, at) = kill_active(&mut s, &procs, "lan-address");
+    eventually("the survivor holds the LAN address", Duration::from_secs(10), || {
+        holder(&s).contains(&"gwa2").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    std::fs::write(&stop, "").unwrap();
+    let host_back = flow_back(&to_host, at).expect("site b's flow never reached the LAN host again");
+    let wa_back = flow_back(&to_wa, at).expect("site b's flow never reached wa again");
+    let late = host_back as i128 - wa_back as i128;
+    eprintln!(
+        "{victim} killed, {survivor} took over (ping outage {:.0} ms): the workload answered again at +{} ms, \
+         the exported host at +{} ms ({late} ms later)",
+        gap * 1000.0,
+        wa_back as i128 - (at * 1000.0) as i128,
+        host_back as i128 - (at * 1000.0) as i128,
+    );
+    assert!(
+        late < 1000,
+        "the exported host came back {late} ms after the tunnel's failover"
     );
 }

@@ -92,6 +92,8 @@ pub struct Opts {
     /// The same for site b: a private LAN 192.168.11.0/24 behind router
     /// `rb` (192.168.78.31).
     pub site_b_nat: Option<crate::netns::Nat>,
+    /// Site a's gateways' `--lan-address` (held by the active one).
+    pub lan_address_a: Option<&'static str>,
 }
 
 pub use crate::lab::{AGENT_METRICS_PORT, CONTROLLER_METRICS_PORT};
@@ -194,6 +196,8 @@ struct Plan<'a> {
     tunnel_mtu: Option<u32>,
     /// Its gateway and nodes are on this private LAN, behind NAT.
     behind_nat: Option<&'static str>,
+    /// Its gateways' `--lan-address`.
+    lan_address: Option<&'static str>,
 }
 
 fn site_spec(plan: Plan, opts: &Opts, ns: &HashMap<&'static str, String>, dir: &std::path::Path) -> SiteSpec {
@@ -236,6 +240,9 @@ fn site_spec(plan: Plan, opts: &Opts, ns: &HashMap<&'static str, String>, dir: &
     for a in agents.iter_mut().filter(|a| a.kind == "gateway") {
         if let Some(m) = plan.wireguard {
             a.flags.extend(["--wireguard".to_string(), m.to_string()]);
+        }
+        if let Some(l) = plan.lan_address {
+            a.flags.extend(["--lan-address".to_string(), l.to_string()]);
         }
     }
     SiteSpec {
@@ -282,6 +289,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         second_gateway: opts.second_gateway_a,
         tunnel_mtu: opts.site_a_tunnel,
         behind_nat: opts.site_a_nat.map(|_| NAT_LAN_A),
+        lan_address: opts.lan_address_a,
     };
     let plan_b = Plan {
         site: site_b,
@@ -292,6 +300,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         second_gateway: false,
         tunnel_mtu: None,
         behind_nat: opts.site_b_nat.map(|_| NAT_LAN_B),
+        lan_address: None,
     };
     let spec_a = site_spec(plan_a, &opts, &ns, dir.path());
     let spec_b = site_spec(plan_b, &opts, &ns, dir.path());

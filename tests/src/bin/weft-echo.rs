@@ -12,6 +12,12 @@
 //!   prints `HELD <name> lines=<n> max_gap_ms=<ms>` and exits 0. Any
 //!   error, a wrong echo or an echo later than `--timeout` prints `BROKEN
 //!   ...` and exits 1.
+//! - `serve` also answers UDP on its port: each datagram gets `SITE <name>
+//!   FROM <client address>`.
+//! - `weft-echo flow ADDR:PORT --until FILE`: a UDP flow from one socket,
+//!   a datagram every `--every` until FILE exists, printing `<unix ms>
+//!   <site>` for each answer (a flow that never idles: its conntrack
+//!   entries never expire on their own).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -48,11 +54,28 @@ enum Cmd {
         #[arg(long, value_parser = humantime::parse_duration, default_value = "3s")]
         timeout: Duration,
     },
+    Flow {
+        addr: SocketAddr,
+        #[arg(long)]
+        until: PathBuf,
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "50ms")]
+        every: Duration,
+    },
 }
 
 fn main() {
     match Cli::parse().cmd {
-        Cmd::Serve { port, name } => serve(port, &name),
+        Cmd::Serve { port, name } => {
+            let udp_name = name.clone();
+            std::thread::spawn(move || serve_udp(port, &udp_name));
+            serve(port, &name)
+        }
+        Cmd::Flow { addr, until, every } => {
+            if let Err(e) = flow(addr, &until, every) {
+                eprintln!("{addr}: {e}");
+                std::process::exit(1);
+            }
+        }
         Cmd::Ask { addr, timeout } => match greeting(addr, timeout) {
             Ok((_, line)) => println!("{line}"),
             Err(e) => {
@@ -92,6 +115,40 @@ fn serve(port: u16, name: &str) {
             }
         });
     }
+}
+
+fn serve_udp(port: u16, name: &str) {
+    let sock = std::net::UdpSocket::bind(("0.0.0.0", port)).unwrap_or_else(|e| panic!("bind udp {port}: {e}"));
+    let mut buf = [0u8; 1500];
+    while let Ok((_, from)) = sock.recv_from(&mut buf) {
+        let _ = sock.send_to(format!("SITE {name} FROM {}", from.ip()).as_bytes(), from);
+    }
+}
+
+fn flow(addr: SocketAddr, until: &std::path::Path, every: Duration) -> std::io::Result<()> {
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0")?;
+    sock.connect(addr)?;
+    sock.set_read_timeout(Some(every))?;
+    let mut buf = [0u8; 1500];
+    let mut n = 0u64;
+    while !until.exists() {
+        n += 1;
+        // Unreachable for a moment (an ICMP error) is part of what is
+        // watched: keep sending.
+        let _ = sock.send(n.to_string().as_bytes());
+        let sent = Instant::now();
+        while sent.elapsed() < every {
+            let Ok(len) = sock.recv(&mut buf) else { break };
+            let text = String::from_utf8_lossy(&buf[..len]);
+            let site = text.split_whitespace().nth(1).unwrap_or("?");
+            let ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis();
+            println!("{ms} {site}");
+        }
+    }
+    Ok(())
 }
 
 /// Connects and reads the greeting line.
