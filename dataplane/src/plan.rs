@@ -210,6 +210,19 @@ impl Planner<'_> {
             }
         }
         self.gone = gone;
+        // A namespace that goes takes its links with it, unless something
+        // still holds it (a process inside, a bind mount elsewhere): then
+        // its WireGuard link would live on with its UDP port. Removed
+        // first, explicitly (which also stops a userspace device's socket,
+        // itself a holder).
+        for (k, ol) in o.links.iter().filter(|(k, _)| self.deleting.contains(&k.0)) {
+            if let LinkKind::Wireguard { .. } = ol.kind {
+                dels.push(Op::DelWireguard {
+                    ns: k.0.clone(),
+                    name: k.1.clone(),
+                });
+            }
+        }
         // The other end of a removed veth pair goes with it.
         for dl in d.links.values() {
             if let LinkKind::Veth { peer, peer_ns } = &dl.kind {

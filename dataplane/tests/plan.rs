@@ -304,6 +304,22 @@ fn fresh() -> Fake {
     Fake::new(h)
 }
 
+/// A peering that goes: its WireGuard link is removed on its own before
+/// its namespace (which something else may still hold).
+#[test]
+fn a_namespace_that_goes_loses_its_wireguard_link_first() {
+    let f = fresh();
+    let want = all();
+    assert_eq!(reconcile(&f, &want, &BTreeSet::new()), vec![]);
+    let claimed = weft_dataplane::namespaces_of(&want);
+    let ops = plan_now(&f, &node("192.168.1.2"), &claimed);
+    let del_wg = ops
+        .iter()
+        .position(|o| matches!(o, Op::DelWireguard { ns, name } if ns == NS && name == "weft-wa"));
+    let del_ns = ops.iter().position(|o| *o == Op::DeleteNamespace(NS.into()));
+    assert!(matches!((del_wg, del_ns), (Some(w), Some(n)) if w < n), "{ops:#?}");
+}
+
 #[test]
 fn a_hand_changed_vxlan_remote_is_repaired() {
     let f = fresh();

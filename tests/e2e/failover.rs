@@ -577,3 +577,86 @@ fn an_exported_lan_host_is_reached_again_within_a_second_of_a_gateway_failover()
         "the exported host came back {late} ms after the tunnel's failover"
     );
 }
+
+/// A controller starved of CPU (SIGSTOP/SIGCONT: stopped 600 ms of every
+/// 1.2 s, each stop longer than a quarter of the 2 s gateway TTL, so each
+/// is a stall of its liveness sweep) keeps its live gateways live, and
+/// still fails a silent gateway over within two TTLs: a late sweep reads
+/// what waited, then judges, instead of giving everyone a new TTL.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn a_starved_controller_fails_a_silent_gateway_over_within_two_ttls() {
+    if !require_root() {
+        return;
+    }
+    const TTL: Duration = Duration::from_secs(2);
+    let (_turn, mut s, procs) = two_gateway_lab_with(
+        "hs",
+        (("hs-a", "10.1.0.0/16"), ("hs-b", "10.2.0.0/16")),
+        sites::Opts {
+            gateway_ttl: Some("2s"),
+            ..Default::default()
+        },
+    );
+    let signal = |sig: &str, pid: u32| {
+        weft_tests::netns::must(
+            weft_tests::run(std::process::Command::new("kill").args([sig, &pid.to_string()])),
+            sig,
+        )
+    };
+    weft_tests::step("site a's controller starved: stopped 600 ms of every 1.2 s");
+    let ctl = s.lab.ctl(0).pid();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let starver = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = std::process::Command::new("kill")
+                    .args(["-STOP", &ctl.to_string()])
+                    .status();
+                std::thread::sleep(Duration::from_millis(600));
+                let _ = std::process::Command::new("kill")
+                    .args(["-CONT", &ctl.to_string()])
+                    .status();
+                std::thread::sleep(Duration::from_millis(600));
+            }
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", &ctl.to_string()])
+                .status();
+        })
+    };
+    let stop_starving = |starver: std::thread::JoinHandle<()>| {
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        starver.join().unwrap();
+    };
+    let before = active(&s.ta);
+    std::thread::sleep(3 * TTL);
+    let still = active(&s.ta);
+    if still != before {
+        stop_starving(starver);
+        panic!("the starved controller failed its live gateway {before} over to {still}");
+    }
+    weft_tests::step("the active gateway falls silent (SIGSTOP)");
+    let survivor = if before == "gw" { "gw2" } else { "gw" };
+    let (_, vi) = procs.iter().find(|(n, _)| *n == before).copied().unwrap();
+    let gw_pid = s.lab.proc(vi).child.as_ref().unwrap().id();
+    signal("-STOP", gw_pid);
+    let frozen = std::time::Instant::now();
+    let mut took = None;
+    while frozen.elapsed() < Duration::from_secs(20) {
+        if active(&s.ta) == survivor {
+            took = Some(frozen.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop_starving(starver);
+    signal("-CONT", gw_pid);
+    let took = took.expect("a silent gateway stayed active for 20 s under a starved controller");
+    eprintln!(
+        "starved controller: the silent gateway {before} was failed over to {survivor} {} ms after it froze (TTL {} ms)",
+        took.as_millis(),
+        TTL.as_millis()
+    );
+    assert!(took < 2 * TTL, "failover took {took:?}, more than two TTLs");
+}

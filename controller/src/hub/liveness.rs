@@ -91,12 +91,32 @@ impl Hub {
         let silent: Vec<(AgentKey, LeaseId, Duration)> = {
             let mut live = self.live.lock().unwrap();
             let mut next = self.next_silence.lock().unwrap();
-            if stalled {
-                for l in live.values_mut() {
-                    l.heard = now;
+            // After a stall (this process stopped or starved) the reports
+            // that waited meanwhile are read first: nobody is judged until
+            // the sweep has run on time a while. A stall during that
+            // countdown does not restart it, so a replica that stalls
+            // again and again still judges, and a silent gateway is failed
+            // over, not kept active by a starved controller.
+            {
+                let mut catch_up = self.catch_up.lock().unwrap();
+                if stalled {
+                    if *catch_up == 0 {
+                        *catch_up = self.catch_up_sweeps();
+                        tracing::info!(
+                            sweeps = *catch_up,
+                            "the liveness sweep ran late (this process was stopped or starved): reading the reports \
+                             that waited before judging anyone"
+                        );
+                    }
+                    *next = None;
+                    return;
                 }
-                *next = None;
-                return;
+                if *catch_up > 0 {
+                    *catch_up -= 1;
+                    if *catch_up > 0 {
+                        return;
+                    }
+                }
             }
             if next.is_some_and(|at| now <= at) {
                 return;
@@ -132,6 +152,14 @@ impl Hub {
             let hub = self.clone();
             tokio::spawn(async move { hub.end_liveness(&key, lease).await });
         }
+    }
+
+    /// Sweeps to run on time after a stall before judging: an eighth of
+    /// the shorter TTL of running (the reports that waited are read in
+    /// the first milliseconds), and at least four.
+    fn catch_up_sweeps(&self) -> u32 {
+        let eighth = self.gateway_ttl.min(self.agent_ttl) / 8;
+        (eighth.as_millis() / SWEEP.as_millis()).max(4) as u32
     }
 
     /// The lease `role`'s records are written on, granted when there is
@@ -517,22 +545,39 @@ mod tests {
     }
 
     /// A replica that did not run for a while (stopped, starved) has not
-    /// read the reports meanwhile: it gives everyone a TTL from when it runs
-    /// again instead of ending them all.
+    /// read the reports meanwhile: it judges nobody until its sweep ran on
+    /// time a while (the reports that waited are read then), and then ends
+    /// those still silent, however often it stalls again meanwhile.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_stalled_replica_does_not_end_everyone() {
+    async fn a_stalled_replica_reads_what_waited_then_ends_the_silent() {
         let (h, _dir) = hub(Duration::from_millis(300)).await;
-        let key = (AgentRole::Gateway, "gw".to_string());
-        h.report(key.clone(), 1, vec![], None).await.unwrap();
+        let (gw, dead) = (
+            (AgentRole::Gateway, "gw".to_string()),
+            (AgentRole::Gateway, "dead".to_string()),
+        );
+        h.report(gw.clone(), 1, vec![], None).await.unwrap();
+        h.report(dead.clone(), 1, vec![], None).await.unwrap();
+        assert_eq!(h.catch_up_sweeps(), 4, "an eighth of 300 ms is one sweep: at least 4");
+        // Both last heard 5 s ago: this replica was stopped meanwhile.
         for l in h.live.lock().unwrap().values_mut() {
             l.heard -= Duration::from_secs(5);
         }
         h.expire_silent_once(true);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(live(&h, "gw").await, "ended although the silence was the replica's own");
-        h.expire_silent_once(false);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(live(&h, "gw").await, "a stall restarts the TTL from now");
+        assert!(live(&h, "dead").await, "judged before catching up");
+        // It stalls again and again (here every 10 ms; its own sweep runs
+        // on time every 25 ms between), and gw's reports that waited are
+        // read: gw stays, the silent one ends once the countdown ran out.
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_millis(600) {
+            h.expire_silent_once(true);
+            h.report(gw.clone(), 1, vec![], None).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(live(&h, "gw").await, "ended although its reports were read");
+        assert!(
+            !live(&h, "dead").await,
+            "a silent gateway outlived the catch-up of a replica that kept stalling"
+        );
     }
 
     /// A heartbeat that says nothing new writes nothing; a lease that ended

@@ -101,6 +101,9 @@ pub struct Hub {
     /// sweep looks at all agents only once per about two thirds of a TTL,
     /// not 40 times a second.
     next_silence: Mutex<Option<std::time::Instant>>,
+    /// After a stall: sweeps still to run on time before anyone is judged
+    /// silent (see `liveness::expire_silent_once`).
+    catch_up: Mutex<u32>,
     last_seen: Mutex<HashMap<AgentKey, u64>>,
     /// Each agent's latest host facts (they come every 30 s, heartbeats
     /// between carry none): kept across a lapse of its liveness, so a
@@ -150,6 +153,7 @@ impl Hub {
             slots: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
             next_silence: Mutex::new(None),
+            catch_up: Mutex::new(0),
             last_seen: Mutex::new(HashMap::new()),
             facts: Mutex::new(HashMap::new()),
             dirty: Mutex::new(HashMap::new()),
