@@ -656,6 +656,28 @@ pub(crate) fn test_peering(site_id: &str) -> Peering {
     }
 }
 
+/// A peer site for unit tests: `workload`, no gateways, nothing else.
+#[cfg(test)]
+pub(crate) fn test_remote(workload: &str) -> RemoteSite {
+    RemoteSite {
+        ca_pem: String::new(),
+        ca_fingerprint: String::new(),
+        workload_cidrs: vec![workload.parse().expect("a CIDR")],
+        external_cidr: None,
+        gateways: vec![],
+        mtu: 1420,
+        endpoints: vec![],
+        tunnel_role: TunnelRole::Server,
+        names: vec![],
+        relay: false,
+        relay_for: vec![],
+        relays: vec![],
+        exported: None,
+        transit: false,
+        transit_routes: vec![],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -814,12 +814,8 @@ mod tests {
     /// peering with the same site takes over the same addresses.
     #[test]
     fn transit_renders_on_spoke_and_hub_and_yields_to_a_direct_peering() {
-        use crate::domain::{RemoteGateway, RemoteSite, TransitView, TunnelRole};
+        use crate::domain::{RemoteGateway, RemoteSite, TransitView};
         let remote = |transit: bool| RemoteSite {
-            ca_pem: String::new(),
-            ca_fingerprint: String::new(),
-            workload_cidrs: vec![n("10.1.0.0/16")],
-            external_cidr: None,
             gateways: vec![RemoteGateway {
                 name: "g".into(),
                 endpoint: Some("192.168.1.9:51820".into()),
@@ -828,16 +824,8 @@ mod tests {
                 candidates: vec![],
                 nat: None,
             }],
-            mtu: 1420,
-            endpoints: vec![],
-            tunnel_role: TunnelRole::Server,
-            names: vec![],
-            relay: false,
-            relay_for: vec![],
-            relays: vec![],
-            exported: None,
             transit,
-            transit_routes: vec![],
+            ..crate::domain::test_remote("10.1.0.0/16")
         };
         let mut m = model();
         let mut b = (*m.peerings["b"]).clone();

@@ -192,7 +192,7 @@ pub fn rendered<'a>(peerings: &'a Peerings, p: &'a Peering) -> impl Iterator<Ite
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{RemoteSite, TunnelRole};
+    use crate::domain::RemoteSite;
     use std::sync::Arc;
 
     fn n(s: &str) -> Ipv4Net {
@@ -289,21 +289,8 @@ mod tests {
                 pool: Some(n("10.200.0.0/13")),
             }],
             remote: Some(RemoteSite {
-                ca_pem: String::new(),
-                ca_fingerprint: String::new(),
-                workload_cidrs: vec![n("10.0.0.0/16")],
-                external_cidr: None,
-                gateways: vec![],
-                mtu: 1420,
-                endpoints: vec![],
-                tunnel_role: TunnelRole::Server,
-                names: vec![],
-                relay: false,
-                relay_for: vec![],
-                relays: vec![],
-                exported: None,
                 transit: peer_transit,
-                transit_routes: vec![],
+                ..crate::domain::test_remote("10.0.0.0/16")
             }),
             transit,
             ..crate::domain::test_peering(site)

@@ -38,17 +38,7 @@ fn seen_from(mesh: &Mesh, from: usize, to: usize, real: &str) -> String {
 /// nft counter `refused` in the peering's namespace); None when that
 /// namespace's table has no such counter (no policy).
 fn refused(mesh: &mut Mesh, site: usize, peer: &str) -> Option<u64> {
-    let ns = weft_controller::render::peering_namespace(&mesh.sites[site].id, peer);
-    let pid = mesh.gateway_pid(site);
-    let o = netns::exec_beside(pid, &ns, &["nft", "-j", "list", "counters", "table", "ip", "weft"]);
-    assert!(o.status.success(), "nft in {ns}: {}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    v["nftables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["counter"]["name"] == "refused")
-        .map(|x| x["counter"]["packets"].as_u64().unwrap())
+    mesh.nft_counter(site, peer, "refused")
 }
 
 /// `weftctl peering policy ARGS` at site `site`: Ok(json) or Err(stderr).

@@ -50,18 +50,8 @@ fn through(mesh: &Mesh, from: usize, via: usize, to: usize) -> Option<String> {
 /// Packets hub `hub`'s gateway forwarded from peer `from` onward to site
 /// `to` (nft counter `transit-<to>` in that peering's namespace).
 fn forwarded(mesh: &mut Mesh, hub: usize, from: usize, to: usize) -> u64 {
-    let ns = weft_controller::render::peering_namespace(&mesh.sites[hub].id, &mesh.sites[from].id);
-    let name = format!("transit-{}", mesh.sites[to].id);
-    let pid = mesh.gateway_pid(hub);
-    let o = netns::exec_beside(pid, &ns, &["nft", "-j", "list", "counters", "table", "ip", "weft"]);
-    assert!(o.status.success(), "nft in {ns}: {}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    v["nftables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["counter"]["name"] == name.as_str())
-        .map_or(0, |x| x["counter"]["packets"].as_u64().unwrap())
+    let (peer, name) = (mesh.sites[from].id.clone(), format!("transit-{}", mesh.sites[to].id));
+    mesh.nft_counter(hub, &peer, &name).unwrap_or(0)
 }
 
 /// `from` asks `addr` five times; each answer must come from site `to`,

@@ -268,6 +268,21 @@ impl Mesh {
         }
     }
 
+    /// The packets of nft counter `name` in site `site`'s namespace for its
+    /// peering with `peer` (table `ip weft`); None without that counter.
+    pub fn nft_counter(&mut self, site: usize, peer: &str, name: &str) -> Option<u64> {
+        let ns = weft_controller::render::peering_namespace(&self.sites[site].id, peer);
+        let pid = self.gateway_pid(site);
+        let o = crate::netns::exec_beside(pid, &ns, &["nft", "-j", "list", "counters", "table", "ip", "weft"]);
+        assert!(o.status.success(), "nft in {ns}: {}", crate::stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["nftables"]
+            .as_array()?
+            .iter()
+            .find(|x| x["counter"]["name"] == name)
+            .and_then(|x| x["counter"]["packets"].as_u64())
+    }
+
     /// The gateway agent of site `i`'s process id (to enter its namespaces
     /// with [`crate::netns::exec_beside`]).
     pub fn gateway_pid(&mut self, i: usize) -> u32 {

@@ -114,6 +114,12 @@ async fn bind_admin_socket(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
+/// How often the revocations are read anew: those whose certificate has
+/// expired (refused as expired anyway) then leave the store and memory, so
+/// a site where agents come and go keeps at most a certificate lifetime's
+/// worth of them.
+const REVOCATIONS_PRUNED_EVERY: Duration = Duration::from_secs(600);
+
 /// Keeps the authenticator's revocation set equal to the store's, so a
 /// revocation made through any replica takes effect on this one.
 async fn follow_revocations(state: State, auth: Arc<Authenticator>) {
@@ -126,7 +132,16 @@ async fn follow_revocations(state: State, auth: Arc<Authenticator>) {
             );
             let prefix = state.revoked_prefix();
             let mut watch = state.store().watch_prefix(&prefix, rev + 1).await?;
-            while let Some(batch) = watch.next().await {
+            let prune = tokio::time::sleep(REVOCATIONS_PRUNED_EVERY);
+            tokio::pin!(prune);
+            loop {
+                let batch = tokio::select! {
+                    b = watch.next() => b,
+                    // Read them all anew (dropping the expired), from a
+                    // fresh watch.
+                    _ = &mut prune => return Ok(()),
+                };
+                let Some(batch) = batch else { break };
                 for ev in batch?.events {
                     if ev.kind == EventKind::Put
                         && let Some(crate::state::Key::Revoked(serial)) = state.parse(&ev.kv.key)

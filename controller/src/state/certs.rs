@@ -44,6 +44,10 @@ fn read_agent(role: AgentRole, kv: &crate::store::KeyValue) -> Result<(Vec<CertR
     })
 }
 
+/// How long a revocation outlives its certificate's expiry (clock skew
+/// between replicas).
+pub const REVOKED_KEPT_AFTER_EXPIRY_MS: u64 = 15 * 60 * 1000;
+
 impl State {
     /// A new certificate for an enrolled, unrevoked agent.
     ///
@@ -283,14 +287,16 @@ impl State {
         self.under(Prefix::Revoked)
     }
 
-    /// Revoked serials not yet expired; removes entries that have expired.
+    /// Revoked serials not yet expired; removes entries whose certificate
+    /// expired more than [`REVOKED_KEPT_AFTER_EXPIRY_MS`] ago (a replica
+    /// whose clock is behind must still refuse it until then).
     pub async fn revoked(&self) -> Result<(Vec<Revoked>, crate::store::Revision), Error> {
         let range = self.store.get_prefix(&self.revoked_prefix()).await?;
         let now = now_ms();
         let mut live = Vec::new();
         for kv in &range.kvs {
             let r: Revoked = decode(kv)?;
-            if r.not_after_ms <= now {
+            if r.not_after_ms.saturating_add(REVOKED_KEPT_AFTER_EXPIRY_MS) <= now {
                 let t = Txn::new()
                     .when(Compare::ModRevision(kv.key.clone(), kv.mod_revision))
                     .then(Op::delete(kv.key.clone()));
@@ -317,4 +323,30 @@ pub enum Revocation {
 /// The newest of `certs`, by issue time.
 fn newest(certs: &[CertRecord]) -> Option<&CertRecord> {
     certs.iter().max_by_key(|c| (c.issued_at_ms, c.not_after_ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A revocation goes once its certificate expired past the clock-skew
+    /// margin (refused as expired by then); until then it is kept, and one
+    /// of a certificate still valid always.
+    #[tokio::test]
+    async fn revocations_of_expired_certificates_are_pruned_after_a_margin() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::embedded::EmbeddedStore::open(&dir.path().join("db")).unwrap();
+        let state = State::new(std::sync::Arc::new(store), "s");
+        let now = now_ms();
+        let hour = 3_600_000;
+        state.revoke_admin("old", now - hour).await.unwrap();
+        state.revoke_admin("recent", now - 60_000).await.unwrap();
+        state.revoke_admin("valid", now + hour).await.unwrap();
+        let (live, _) = state.revoked().await.unwrap();
+        let mut serials: Vec<&str> = live.iter().map(|r| r.serial.as_str()).collect();
+        serials.sort();
+        assert_eq!(serials, ["recent", "valid"]);
+        let left = state.store.get_prefix(&state.revoked_prefix()).await.unwrap();
+        assert_eq!(left.kvs.len(), 2, "the old revocation is still stored");
+    }
 }

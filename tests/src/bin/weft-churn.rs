@@ -48,6 +48,10 @@ struct Args {
     /// heartbeat every third of it.
     #[arg(long)]
     agent_ttl: Option<String>,
+    /// The controller's --agent-cert-ttl (default its own): how long a
+    /// departed agent's revocation record must be kept.
+    #[arg(long)]
+    agent_cert_ttl: Option<String>,
     /// Churn before the measured churn (not measured).
     #[arg(long, default_value = "30s")]
     warmup: humantime::Duration,
@@ -65,6 +69,9 @@ async fn main() -> anyhow::Result<()> {
         .store_history
         .map(|h| vec!["--store-history".into(), h.to_string()])
         .unwrap_or_default();
+    if let Some(t) = &args.agent_cert_ttl {
+        extra.extend(["--agent-cert-ttl".into(), t.clone()]);
+    }
     if let Some(t) = &args.agent_ttl {
         extra.extend(["--agent-ttl".into(), t.clone()]);
     }
