@@ -401,6 +401,25 @@ pub fn node_own(m: &Model, name: &str) -> Option<Objects> {
     Some(out)
 }
 
+/// On a node: `local` (a view) routed to the active gateway `gw_ip`, and
+/// the rule that sends traffic for it to weft's table (ids `{base}/route`,
+/// `{base}/rule`).
+fn to_gateway(base: &str, local: ipnet::Ipv4Net, gw_ip: Ipv4Addr) -> [(String, pb::DesiredObject); 2] {
+    [
+        obj(
+            format!("{base}/route"),
+            Kind::Route(pb::Route {
+                namespace: String::new(),
+                table: TABLE,
+                destination: local.to_string(),
+                gateway: gw_ip.to_string(),
+                device: NODE_LINK.into(),
+            }),
+        ),
+        obj(format!("{base}/rule"), host_rule(local)),
+    ]
+}
+
 /// What every node of the site gets alike (ids `peer/…`): routes and
 /// rules to the peers' views through the active gateway, and the names
 /// peers published. A controller renders and encodes it once per model
@@ -415,37 +434,12 @@ pub fn node_shared(m: &Model) -> Objects {
     // addresses, must come back (its gateway refuses the rest).
     for p in m.peerings.values().filter(|p| m.renders_peering(&p.site_id)) {
         for v in &p.views {
-            let base = format!("peer/{}/{}", p.site_id, v.kind);
-            out.extend([
-                obj(
-                    format!("{base}/route"),
-                    Kind::Route(pb::Route {
-                        namespace: String::new(),
-                        table: TABLE,
-                        destination: v.local.to_string(),
-                        gateway: gw_ip.to_string(),
-                        device: NODE_LINK.into(),
-                    }),
-                ),
-                obj(format!("{base}/rule"), host_rule(v.local)),
-            ]);
+            out.extend(to_gateway(&format!("peer/{}/{}", p.site_id, v.kind), v.local, gw_ip));
         }
         // The sites reached through this peer (transit), alike.
         for (i, t) in crate::transit::rendered(&m.peerings, p) {
             let base = format!("peer/{}/transit/{}/{i}", p.site_id, t.site);
-            out.extend([
-                obj(
-                    format!("{base}/route"),
-                    Kind::Route(pb::Route {
-                        namespace: String::new(),
-                        table: TABLE,
-                        destination: t.view.local.to_string(),
-                        gateway: gw_ip.to_string(),
-                        device: NODE_LINK.into(),
-                    }),
-                ),
-                obj(format!("{base}/rule"), host_rule(t.view.local)),
-            ]);
+            out.extend(to_gateway(&base, t.view.local, gw_ip));
         }
     }
     // Names peers published, in this site's view: the node's DNS

@@ -25,6 +25,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 mod agents;
+mod blocks;
 mod certs;
 mod export;
 pub mod federation;
@@ -35,10 +36,10 @@ mod names;
 pub use layout::{Key, Prefix};
 
 pub use agents::{Enrollment, ParsedToken};
+pub use blocks::allocations_of;
+use blocks::check_site_change;
 
-use crate::domain::{
-    Allocation, AllocationKind, Gateway, Node, Peering, PeeringState, PoolUsage, Site, Token, now_ms, validate_name,
-};
+use crate::domain::{Allocation, Gateway, Node, Peering, PeeringState, PoolUsage, Site, Token, now_ms, validate_name};
 use crate::error::Error;
 use crate::ipam::{self, CidrKind, View};
 use crate::store::{Compare, KeyValue, Op, Revision, Store, StoreError, Txn};
@@ -742,148 +743,6 @@ impl State {
             snap.peerings.iter().map(|(p, _)| p),
         );
         Ok((allocs, pools, snap.revision))
-    }
-}
-
-/// The blocks `nodes` and `peerings` hold, sorted, and each pool's usage.
-pub fn allocations_of<'a>(
-    site: &Site,
-    nodes: impl Iterator<Item = &'a Node>,
-    peerings: impl Iterator<Item = &'a Peering>,
-) -> (Vec<Allocation>, Vec<PoolUsage>) {
-    let mut allocs = Vec::new();
-    for n in nodes {
-        allocs.push(Allocation {
-            cidr: n.subnet,
-            kind: AllocationKind::NodeSubnet,
-            owner: n.name.clone(),
-            pool: site.pod_cidrs.iter().find(|p| p.contains(&n.subnet)).copied(),
-        });
-    }
-    let peerings: Vec<&Peering> = peerings.collect();
-    for p in &peerings {
-        for v in &p.views {
-            allocs.push(Allocation {
-                cidr: v.local,
-                kind: AllocationKind::PeerView,
-                owner: format!("{}/{}", p.site_id, v.kind),
-                pool: v.pool,
-            });
-        }
-    }
-    // Views of sites reached through transit, once each (a direct
-    // peering with the same site shares its block).
-    for p in &peerings {
-        for t in &p.transit_views {
-            if allocs
-                .iter()
-                .any(|a| a.kind == AllocationKind::PeerView && a.cidr == t.view.local)
-            {
-                continue;
-            }
-            allocs.push(Allocation {
-                cidr: t.view.local,
-                kind: AllocationKind::PeerView,
-                owner: format!("{}/{} (through {})", t.site, t.view.kind, p.site_id),
-                pool: t.view.pool,
-            });
-        }
-    }
-    allocs.sort_by_key(|a| (a.cidr.network(), a.cidr.prefix_len()));
-    let usage = |pool: &Ipv4Net, kind| {
-        let blocks: Vec<Ipv4Net> = allocs
-            .iter()
-            .filter(|a| a.kind == kind && a.pool == Some(*pool)) // taken from the pool, not a real CIDR inside it
-            .map(|a| a.cidr)
-            .collect();
-        PoolUsage {
-            pool: *pool,
-            kind,
-            total: ipam::size(pool),
-            allocated: ipam::used_in(pool, &blocks),
-        }
-    };
-    let mut pools: Vec<PoolUsage> = site
-        .pod_cidrs
-        .iter()
-        .map(|p| usage(p, AllocationKind::NodeSubnet))
-        .collect();
-    pools.extend(site.remap_pools.iter().map(|p| usage(p, AllocationKind::PeerView)));
-    (allocs, pools)
-}
-
-/// Refuses a new site configuration that would strand an existing node
-/// subnet or peer view.
-fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error> {
-    let mut problems = Vec::new();
-    for (n, _) in &snap.nodes {
-        if !new.pod_cidrs.iter().any(|p| p.contains(&n.subnet)) {
-            problems.push(format!(
-                "node {:?} has subnet {}, outside the new pod CIDRs",
-                n.name, n.subnet
-            ));
-        }
-    }
-    let own = new.own_blocks();
-    for (p, _) in &snap.peerings {
-        if !new.wireguard_ports.contains(p.listen_port) {
-            problems.push(format!(
-                "the peering with {:?} listens on UDP {}, outside the new WireGuard ports {}",
-                p.site_id, p.listen_port, new.wireguard_ports
-            ));
-        }
-        for v in p.views.iter().chain(p.transit_views.iter().map(|t| &t.view)) {
-            if let Some(b) = own.iter().find(|b| ipam::overlaps(b, &v.local)) {
-                problems.push(format!(
-                    "the local view {} of peer {:?} overlaps {b} in the new configuration",
-                    v.local, p.site_id
-                ));
-            }
-        }
-        // An export policy names the site's own CIDRs (rules naming a site
-        // reached through this one, in transit, follow that site's view,
-        // not the configuration).
-        if let Some(crate::export::ExportPolicy::Rules(rules)) = &p.export {
-            for r in rules
-                .iter()
-                .filter(|r| r.via.is_none() && !new.exportable().any(|c| c.contains(&r.cidr)))
-            {
-                problems.push(format!(
-                    "the export policy for {:?} allows {}, outside the new workload and external CIDRs \
-                     (change it first: `weftctl peering policy set {}`)",
-                    p.site_id, r.cidr, p.site_id
-                ));
-            }
-        }
-    }
-    // Published names: a workload's address stays in the pod CIDRs, an
-    // export's host stays off them and weft's links, and its address in
-    // the external CIDR.
-    let peerings: Vec<&Peering> = snap.peerings.iter().map(|(p, _)| p).collect();
-    for (n, _) in &snap.names {
-        if let Err(m) = crate::names::check_own_address(new, &peerings, n.kind, n.address) {
-            problems.push(format!("name {:?}: {m}", n.name));
-        }
-        if let Some(x) = n.external.filter(|x| !new.external_cidr.contains(x)) {
-            problems.push(format!(
-                "name {:?} is exported at {x}, outside the new external CIDR {}",
-                n.name, new.external_cidr
-            ));
-        }
-    }
-    if problems.len() > 10 {
-        let more = problems.len() - 10;
-        problems.truncate(10);
-        problems.push(format!("and {more} more"));
-    }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::FailedPrecondition(format!(
-            "the configuration changed in a way the stored state does not allow: {}; \
-             restore the old values, or remove those nodes, peerings or names first",
-            problems.join("; ")
-        )))
     }
 }
 
