@@ -87,6 +87,7 @@ async fn receive(
         upserts = n_up,
         deletes = n_del,
         errors = errors.len(),
+        ms = started.elapsed().as_millis() as u64,
         "applied"
     );
     errors
@@ -111,6 +112,12 @@ async fn resync(desired: &Desired, applier: &mut dyn Applier) -> Vec<pb::ObjectE
         .await;
     observe_reconcile("resync", started, &errors);
     let repaired = applier.writes().saturating_sub(before);
+    tracing::debug!(
+        revision = desired.revision,
+        ms = started.elapsed().as_millis() as u64,
+        repaired,
+        "resync done"
+    );
     if repaired > 0 {
         crate::metrics::get().drift_repairs.inc_by(repaired);
         tracing::warn!(
@@ -354,6 +361,9 @@ async fn host_facts(
 
 /// When the agent applies everything it holds again; a zero interval
 /// turns drift repair off (the timer then never fires).
+/// How soon a resync that yielded to a change runs again (whole).
+const RESYNC_AFTER_YIELD: Duration = Duration::from_secs(1);
+
 fn resync_timer(every: Duration) -> tokio::time::Interval {
     let period = if every.is_zero() {
         Duration::from_secs(100 * 365 * 86_400)
@@ -417,24 +427,39 @@ pub(crate) async fn session(s: Session<'_>) -> End {
         reporter: reporter.clone(),
     }));
     let _keeper = AbortOnDrop(tokio::spawn(keep_reporting(last.clone())));
+    // A resync that a change interrupted: the next one comes soon and
+    // runs whole.
+    let mut yielded = false;
     loop {
-        tokio::select! {
+        let msg = tokio::select! {
             _ = resync_timer.tick() => {
-                errors = resync(desired, applier).await;
-            }
-            // A tunnel went up or down: report now, not at the next heartbeat.
-            _ = changes.notified() => {}
-            msg = stream.message() => match msg {
-                Ok(Some(m)) => {
-                    errors = receive(&m, desired, file, applier).await;
-                    // The desired state changed: so may the names served.
-                    if let Some(d) = dns.as_deref() {
-                        d.table.set(desired.objects.values());
+                if yielded {
+                    yielded = false;
+                    errors = resync(desired, applier).await;
+                    None
+                } else {
+                    // A change must not wait for a resync (seconds on a
+                    // slow host, and a failover's change is one): it stops
+                    // the resync, which is level-triggered and comes again.
+                    let whole = resync(desired, applier);
+                    tokio::pin!(whole);
+                    tokio::select! {
+                        e = &mut whole => {
+                            errors = e;
+                            None
+                        }
+                        msg = stream.message() => {
+                            tracing::debug!("a change came during a resync: the resync stopped, the change goes first");
+                            yielded = true;
+                            resync_timer.reset_after(RESYNC_AFTER_YIELD);
+                            Some(msg)
+                        }
                     }
                 }
-                Ok(None) => return End::Transient(anyhow::anyhow!("the controller ended the stream")),
-                Err(s) => return classify(s),
-            },
+            }
+            // A tunnel went up or down: report now, not at the next heartbeat.
+            _ = changes.notified() => None,
+            msg = stream.message() => Some(msg),
             a = next_answer(&mut answers) => match a {
                 Ok(Some(a)) => {
                     let every = heartbeat_period(&a);
@@ -447,7 +472,19 @@ pub(crate) async fn session(s: Session<'_>) -> End {
                 Ok(None) => return End::Transient(anyhow::anyhow!("the controller ended the report stream")),
                 Err(s) => return classify(s),
             },
-            _ = heartbeat.tick() => {}
+            _ = heartbeat.tick() => None,
+        };
+        match msg {
+            Some(Ok(Some(m))) => {
+                errors = receive(&m, desired, file, applier).await;
+                // The desired state changed: so may the names served.
+                if let Some(d) = dns.as_deref() {
+                    d.table.set(desired.objects.values());
+                }
+            }
+            Some(Ok(None)) => return End::Transient(anyhow::anyhow!("the controller ended the stream")),
+            Some(Err(s)) => return classify(s),
+            None => {}
         }
         // Reports (the heartbeat too) go on a connection with the newest
         // certificate; the watch stream stays on the one it started on.

@@ -92,6 +92,13 @@ impl ControllerMetrics {
             "Time of store calls, by operation",
             latency.clone(),
         );
+        r.register(
+            "weft_failover_step_seconds",
+            "Each step of a failover, from the step it follows: expired (from the old gateway's fault), elected, \
+             pushed and applied (the last agent connected to this replica), peer_told (from elected), first_packet \
+             (from the later of applied and peer_told)",
+            crate::hub::failover_steps().clone(),
+        );
         ControllerMetrics {
             registry: Arc::new(Mutex::new(r)),
             latency,
@@ -186,7 +193,7 @@ fn collect(f: &mut Families, hub: &Hub, leading: bool) {
     );
     for p in model.peerings.values() {
         let state = format!("{:?}", hub.peering_state(p)).to_lowercase();
-        for s in ["pending", "negotiated", "connected", "deleting"] {
+        for s in ["pending", "connecting", "connected", "deleting"] {
             f.gauge(
                 "weft_controller_peering_state",
                 "1 for the peering's current federation state",

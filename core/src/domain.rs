@@ -292,6 +292,10 @@ pub struct Revoked {
 pub enum PeeringState {
     Pending,
     Negotiated,
+    /// Shown, never stored: negotiated, not yet carrying traffic end to
+    /// end (see the controller's `Hub::peering_status`).
+    Connecting,
+    /// Shown, never stored: carrying traffic end to end.
     Connected,
     Deleting,
 }
@@ -482,6 +486,37 @@ pub struct RemoteSite {
     /// `transit::check_routes`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub transit_routes: Vec<TransitRoute>,
+    /// How its side of the peering stands (None: a peer of an earlier
+    /// version, which does not say). Not routed on: only what users see.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness: Option<PeerReadiness>,
+}
+
+/// A peer's word on its side of the peering (see `NetworkParams.readiness`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerReadiness {
+    /// Its agents applied the peering's routes as it stands there.
+    pub routes_applied: bool,
+    /// This site's gateway its gateways send the tunnel to (checked: a
+    /// name); empty: none yet.
+    #[serde(default)]
+    pub active_gateway: String,
+}
+
+impl Peering {
+    /// The same peering but for what the peer says of its readiness, which
+    /// changes nothing that is rendered.
+    pub fn same_but_readiness(&self, other: &Peering) -> bool {
+        let strip = |p: &Peering| {
+            let mut p = p.clone();
+            if let Some(r) = p.remote.as_mut() {
+                r.readiness = None;
+            }
+            p
+        };
+        self.remote.as_ref().map(|r| &r.readiness) != other.remote.as_ref().map(|r| &r.readiness)
+            && strip(self) == strip(other)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -675,12 +710,46 @@ pub(crate) fn test_remote(workload: &str) -> RemoteSite {
         exported: None,
         transit: false,
         transit_routes: vec![],
+        readiness: None,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peers_readiness_alone_is_told_apart_from_a_change() {
+        let p = Peering {
+            site_id: "b".into(),
+            state: PeeringState::Negotiated,
+            views: vec![],
+            created_at_ms: 1,
+            last_error: None,
+            remote: Some(test_remote("10.2.0.0/16")),
+            listen_port: 51820,
+            pending: None,
+            joined_with: None,
+            joined_at_ms: 0,
+            relay_ports: Default::default(),
+            relay_via: None,
+            export: None,
+            transit: false,
+            transit_views: vec![],
+        };
+        let mut ready = p.clone();
+        ready.remote.as_mut().unwrap().readiness = Some(PeerReadiness {
+            routes_applied: true,
+            active_gateway: "gw".into(),
+        });
+        assert!(p.same_but_readiness(&ready) && ready.same_but_readiness(&p));
+        assert!(!p.same_but_readiness(&p), "no change at all is not a readiness change");
+        let mut moved = ready.clone();
+        moved.listen_port = 51821;
+        assert!(!ready.same_but_readiness(&moved), "a change besides");
+        moved.remote.as_mut().unwrap().readiness = None;
+        assert!(!ready.same_but_readiness(&moved));
+    }
 
     #[test]
     fn port_ranges_parse_and_refuse_nonsense() {

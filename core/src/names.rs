@@ -345,6 +345,7 @@ mod tests {
                 exported: None,
                 transit: false,
                 transit_routes: vec![],
+                readiness: None,
                 names: vec![
                     RemoteName {
                         name: "web".into(),

@@ -206,6 +206,18 @@ pub fn remote_site(
         exported,
         transit: p.transit,
         transit_routes,
+        readiness: p.readiness.as_ref().map(readiness).transpose()?,
+    })
+}
+
+/// A peer's readiness as it told it: the gateway it names must be a name.
+fn readiness(r: &pb::PeerReadiness) -> Result<crate::domain::PeerReadiness, String> {
+    if !r.active_gateway.is_empty() {
+        crate::domain::validate_name("readiness.active_gateway", &r.active_gateway)?;
+    }
+    Ok(crate::domain::PeerReadiness {
+        routes_applied: r.routes_applied,
+        active_gateway: r.active_gateway.clone(),
     })
 }
 
@@ -344,6 +356,23 @@ mod tests {
         }
         assert_eq!(controller_endpoint("127.0.0.1:7443", true), Ok(()), "a lab on one host");
         assert!(controller_endpoint("169.254.169.254:80", true).is_err());
+    }
+
+    #[test]
+    fn a_peers_readiness_names_a_gateway_or_none() {
+        use super::readiness;
+        let r = |name: &str| {
+            readiness(&pb::PeerReadiness {
+                routes_applied: true,
+                active_gateway: name.into(),
+            })
+        };
+        assert_eq!(r("gw-2").map(|x| x.active_gateway), Ok("gw-2".to_string()));
+        assert_eq!(r("").map(|x| x.active_gateway), Ok(String::new()), "none yet");
+        for bad in ["GW", "gw/../x", "a b", &"g".repeat(64)] {
+            let e = r(bad).unwrap_err();
+            assert!(e.starts_with("readiness.active_gateway"), "{bad}: {e}");
+        }
     }
 
     #[test]

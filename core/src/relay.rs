@@ -352,6 +352,7 @@ pub(crate) mod tests {
                 exported: None,
                 transit: false,
                 transit_routes: vec![],
+                readiness: None,
             }),
             ..crate::domain::test_peering("")
         }

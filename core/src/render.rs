@@ -790,6 +790,7 @@ mod tests {
             exported: None,
             transit: false,
             transit_routes: vec![],
+            readiness: None,
         });
         m.peerings.insert("b".into(), Arc::new(p.clone()));
         let all = (node(&m, "n1"), gateway(&m, "gw1"));
@@ -959,6 +960,7 @@ mod tests {
             transit: false,
             transit_routes: vec![],
             names: vec![],
+            readiness: None,
         });
         m.peerings.insert("b".into(), Arc::new(p));
         let objs = gateway(&m, "gw1");
@@ -1031,6 +1033,7 @@ mod tests {
             exported: None,
             transit: false,
             transit_routes: vec![],
+            readiness: None,
             names: vec![RemoteName {
                 name: "web".into(),
                 kind: NameKind::Workload,

@@ -126,6 +126,7 @@ impl<N: Netlink, F: Firewall, W: WireGuard> DataPlane<N, F, W> {
         let mut claimed = claimed.clone();
         claimed.extend(namespaces_of(objects.iter().copied()));
         let mut out = Outcome::default();
+        let started = std::time::Instant::now();
         let seen = match host::observe(&mut self.net, &mut self.fw, &mut self.wg, &claimed, scopes).await {
             Ok(s) => s,
             Err(e) => {
@@ -138,10 +139,18 @@ impl<N: Netlink, F: Firewall, W: WireGuard> DataPlane<N, F, W> {
         out.errors = bad;
         out.mtus = want.state.links.values().map(|l| (l.name.clone(), l.mtu)).collect();
         let ops = plan::plan(&want, &seen.state, &seen.scopes);
+        let observed = started.elapsed();
         if !ops.is_empty() {
             tracing::debug!(operations = ops.len(), plan = ?ops, "applying the plan");
         }
         let results = host::execute(&mut self.net, &mut self.fw, &mut self.wg, &ops).await;
+        tracing::debug!(
+            namespaces = seen.scopes.len(),
+            observe_ms = observed.as_millis() as u64,
+            execute_ms = (started.elapsed() - observed).as_millis() as u64,
+            operations = ops.len(),
+            "reconciled"
+        );
         for (op, r) in ops.iter().zip(results) {
             match r {
                 Ok(()) => {

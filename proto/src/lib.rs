@@ -112,3 +112,13 @@ pub fn timestamp_ms(ms: u64) -> prost_types::Timestamp {
         nanos: ((ms % 1000) * 1_000_000) as i32,
     }
 }
+
+/// Milliseconds after the Unix epoch of a protobuf timestamp (0 before
+/// it).
+pub fn ms_of_timestamp(t: &prost_types::Timestamp) -> u64 {
+    let ms = t
+        .seconds
+        .saturating_mul(1000)
+        .saturating_add(i64::from(t.nanos / 1_000_000));
+    u64::try_from(ms).unwrap_or(0)
+}

@@ -532,7 +532,11 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
         (p["tunnel"]["up"] == false).then_some(p)
     });
     let detected = cut.elapsed();
-    assert_eq!(p["state"], "negotiated", "{p}");
+    assert_eq!(p["state"], "connecting", "{p}");
+    assert!(
+        p["waiting_for"].to_string().contains("probe through the tunnel"),
+        "what it waits for: {p}"
+    );
     assert!(detected < Duration::from_secs(6), "down detected after {detected:?}");
     assert!(
         lab.proc(pa).log_text().contains("tunnel down"),

@@ -328,6 +328,60 @@ fn the_standby_gateway_takes_over_within_a_second() {
         silent < 1.0,
         "a silent gateway's outage {silent:.3} s (must be under 1 s: the 800 ms TTL and the switch)"
     );
+    // Its timeline, as `weftctl status` shows it: every step, in order,
+    // the expiry within the TTL (and a sweep) of the last report.
+    let f = eventually(
+        "the silent failover's timeline complete",
+        Duration::from_secs(70),
+        || {
+            let f = weftctl_json(&s.ta, &["status"])["last_failover"].clone();
+            (f["complete"] == true).then_some(f)
+        },
+    );
+    let steps: Vec<(String, i64)> = f["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["step"].as_str().unwrap().to_string(),
+                x["offset_ms"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    eprintln!("the silent failover's timeline: {steps:?}");
+    let names: Vec<&str> = steps.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "fault",
+            "expired",
+            "elected",
+            "pushed",
+            "applied",
+            "peer_told",
+            "peer_moved",
+            "first_packet"
+        ],
+        "{f:#}"
+    );
+    let at = |n: &str| steps.iter().find(|(x, _)| x == n).unwrap().1;
+    assert!(
+        (700..=1100).contains(&at("expired")),
+        "expired {} ms after the last report (TTL 800 ms)",
+        at("expired")
+    );
+    assert!(
+        at("elected") >= at("expired") && at("applied") >= at("pushed"),
+        "{steps:?}"
+    );
+    let table = weft_tests::stdout(&weft_tests::run(
+        std::process::Command::new(weft_tests::bin("weftctl")).args(["--controller", &s.ta, "status"]),
+    ));
+    assert!(
+        table.contains("Last failover:") && table.contains("first_packet"),
+        "{table}"
+    );
 
     weft_tests::step("the median outage is under a second");
     outages.sort_by(f64::total_cmp);

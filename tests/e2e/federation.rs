@@ -79,7 +79,7 @@ fn three_sites_peer_pairwise_with_distinct_views_and_delete_on_both_sides() {
     let ab = create(&a, &token(&b, "10m")).unwrap();
     assert_eq!(
         (ab["site_id"].as_str(), ab["state"].as_str()),
-        (Some("site-b"), Some("negotiated"))
+        (Some("site-b"), Some("connecting"))
     );
     create(&a, &token(&c, "10m")).unwrap();
     create(&b, &token(&c, "10m")).unwrap();
@@ -87,8 +87,13 @@ fn three_sites_peer_pairwise_with_distinct_views_and_delete_on_both_sides() {
     assert_eq!(peer_names(&a), ["site-b", "site-c"]);
     assert_eq!(peer_names(&b), ["site-a", "site-c"]);
     assert_eq!(peer_names(&c), ["site-a", "site-b"]);
+    // Negotiated, but no site here has a gateway: connecting, saying so.
     for p in peers(&b) {
-        assert_eq!(p["state"], "negotiated");
+        assert_eq!(p["state"], "connecting");
+        assert!(
+            p["waiting_for"].to_string().contains("a live gateway of this site"),
+            "{p}"
+        );
     }
     weft_tests::step("three sites on one CIDR, distinct views");
     // All three use 10.1.0.0/16: each site remaps both peers, to distinct views.

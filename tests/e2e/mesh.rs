@@ -197,3 +197,34 @@ fn four_sites_on_one_cidr_all_reach_each_other_and_the_mesh_changes_without_dist
         }
     }
 }
+
+/// `connected` means the path works: three sites peered at once, every
+/// peering watched until all show `connected` (each showing `connecting`
+/// before, with what it waits for), then each site's workload asks each
+/// other's once, with one second for the answer.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn three_sites_show_connected_only_once_traffic_flows() {
+    if !netns::require_root() {
+        return;
+    }
+    let mesh = Mesh::up("wcn", 3, POD);
+    let c = mesh.connect_all_then_ask(&[0, 1, 2], Duration::from_secs(1), Duration::from_secs(60));
+    eprintln!(
+        "all connected after {:?}; connecting seen {} times, waiting for: {:#?}",
+        c.connected_after, c.connecting_seen, c.waiting_for
+    );
+    for (pair, after, r) in &c.asks {
+        eprintln!("{pair}: {r:?} ({after:?} after all showed connected)");
+    }
+    for (pair, after, r) in &c.asks {
+        assert!(
+            r.is_ok(),
+            "{pair}: no answer within 1 s although every peering showed connected ({after:?} before): {r:?}"
+        );
+    }
+    assert!(
+        c.connecting_seen > 0 && !c.waiting_for.is_empty(),
+        "no peering was seen connecting, with what it waits for, on the way"
+    );
+}

@@ -157,6 +157,21 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
         "{ipam:#?}"
     );
     assert_eq!(must(&after[2], "weft_controller_leader", &[]), 1.0);
+    // No failover here: the histogram of its steps is there, at zero
+    // (tests/e2e/failover.rs times the steps themselves).
+    assert_eq!(
+        must(
+            &after[2],
+            "weft_failover_step_seconds_count",
+            &[("step", "first_packet")]
+        ),
+        0.0
+    );
+    assert!(
+        after[2].contains("# TYPE weft_failover_step_seconds histogram"),
+        "no failover step histogram: {:?}",
+        after[2].lines().filter(|l| l.starts_with("# TYPE")).collect::<Vec<_>>()
+    );
     // Present (its value is whatever is in flight at the scrape).
     must(&after[2], "weft_controller_stream_queue_depth", &[("role", "node")]);
 

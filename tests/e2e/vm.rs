@@ -18,6 +18,14 @@ fn guest(script: &str, limit: Duration) -> vm::Outcome {
         out.elapsed.as_secs_f64(),
         out.console
     );
+    // WEFT_VM_LOGS_DIR: every log the guest left, whole, in that folder.
+    if let Some(dir) = std::env::var_os("WEFT_VM_LOGS_DIR") {
+        let dir = std::path::Path::new(&dir);
+        std::fs::create_dir_all(dir).unwrap();
+        for (name, text) in &out.logs {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+    }
     for (name, text) in &out.logs {
         let lines: Vec<&str> = text.lines().collect();
         eprintln!("--- {name} (last 80 lines) ---");
@@ -51,8 +59,13 @@ fn scenario(name: &str, limit: Duration) -> String {
     // allowance stretch by it.
     let out = guest(
         &format!(
-            "pace=$({bin} pace) || exit 97\neval \"$pace\"\nWEFT_LOG=info,weft_dataplane=debug exec {bin} {name}",
-            bin = bin.display()
+            "pace=$({bin} pace) || exit 97\neval \"$pace\"\nWEFT_LOG=info,weft_dataplane=debug{keep} exec {bin} {name}",
+            bin = bin.display(),
+            keep = if std::env::var_os("WEFT_VM_LOGS_DIR").is_some() {
+                ",weft_agent=debug WEFT_VM_KEEP_LOGS=1"
+            } else {
+                ""
+            }
         ),
         limit,
     );
@@ -94,24 +107,31 @@ fn the_kernel_wireguard_driver_makes_reads_and_changes_links_and_peers() {
 fn kernel_wireguard_gateways_geneve_overlay_failover_and_teardown() {
     let c = scenario("kernel", Duration::from_secs(900));
     assert!(c.contains("kernel passed"));
-    let ms: f64 = c
+    let outages: Vec<f64> = c
         .lines()
-        .find_map(|l| l.split("outage_ms=").nth(1))
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("the guest printed the outage");
-    // The VM is emulated (TCG, some 25 times slower than the host): a
-    // generous bound; docs/reliability.md records the figures.
-    // A silent death is found by the gateway TTL (3 s in the lane, before
-    // the stretch), then both sites move their peers: 19.2 s measured in
-    // the guest (the survivor active 8.8 s after the fault), not yet
-    // understood; the bound, 40 s stretched like the lane's timings,
-    // catches a failover that never completes.
+        .filter_map(|l| l.split("outage_ms=").nth(1))
+        .filter_map(|r| r.split_whitespace().next())
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    for l in c.lines().filter(|l| l.contains("failover_timeline")) {
+        println!("{}", l.trim());
+    }
+    println!("outages (ms): {outages:?}");
+    assert_eq!(outages.len(), 3, "the guest printed three outages");
+    let ms = outages.iter().copied().fold(0.0, f64::max);
+    // The VM is emulated (TCG, some 25 times slower than the host). A
+    // silent death is found by the gateway TTL (3 s in the lane, before
+    // the stretch); the rest is the election, both sites' agents applying
+    // and the peer taking in the new gateway. Measured 4.1–8.1 s over three
+    // rounds in each of several runs (docs/reliability.md has the
+    // timelines; the target, under 5 s, is not met in every round yet);
+    // the bound, 12 s stretched like the lane's timings, catches a
+    // regression to the 19 s seen before the timeline found its causes.
     let stretch = stretch_of(&c);
-    let bound = 40_000.0 * stretch;
+    let bound = 12_000.0 * stretch;
     assert!(
         ms < bound,
-        "outage {ms} ms with kernel WireGuard in the VM (bound {bound:.0} ms: 40 s stretched {stretch:.2}x)"
+        "outage {ms} ms with kernel WireGuard in the VM (bound {bound:.0} ms: 12 s stretched {stretch:.2}x)"
     );
 }
 
@@ -137,4 +157,17 @@ fn two_sites_behind_nat_hole_punch_a_kernel_wireguard_tunnel() {
         "VM lane: both sites behind NAT, kernel WireGuard, hole-punched {punched} ms after the peering (stretch {:.2}x)",
         stretch_of(&c)
     );
+}
+
+#[test]
+#[ignore = "needs root and the VM lane (run by tests/run.sh)"]
+fn three_kernel_wireguard_sites_carry_traffic_once_every_peering_shows_connected() {
+    let c = scenario("hub", Duration::from_secs(600));
+    assert!(c.contains("hub passed"));
+    for l in c
+        .lines()
+        .filter(|l| l.contains("hub_connected_ms") || l.contains("hub ask"))
+    {
+        println!("{}", l.trim());
+    }
 }

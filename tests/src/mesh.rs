@@ -16,6 +16,20 @@ use crate::{bin, eventually, weftctl_json};
 /// The TCP port each workload's `weft-echo serve` listens on.
 pub const ECHO_PORT: u16 = 7000;
 
+/// What [`Mesh::connect_all_then_ask`] saw.
+#[derive(Debug, Default)]
+pub struct Connected {
+    /// From the first `peering create` to every peering `connected`.
+    pub connected_after: Duration,
+    /// Observations of a peering `connecting`, and every distinct thing
+    /// one waited for.
+    pub connecting_seen: usize,
+    pub waiting_for: Vec<String>,
+    /// Each ask ("a->b"), when it ended after all showed connected, and
+    /// the answer or what went wrong.
+    pub asks: Vec<(String, Duration, Result<String, String>)>,
+}
+
 /// One site of a [`Mesh`].
 #[derive(Debug)]
 pub struct MeshSite {
@@ -163,6 +177,114 @@ impl Mesh {
                 || self.peering(s, &peer.id)?["tunnel"]["up"].as_bool().filter(|up| *up),
             );
         }
+    }
+
+    /// Peers every pair of `sites` without waiting for the tunnels, then
+    /// watches every peering on every site (every 50 ms) until all show
+    /// `connected`, and at once asks, from each site's workload, each
+    /// other's, all at the same time (one try each, `ask` giving up after
+    /// `first_try`): a user who sees `connected` must find the path
+    /// working. What it saw.
+    pub fn connect_all_then_ask(&self, sites: &[usize], first_try: Duration, limit: Duration) -> Connected {
+        for (k, &a) in sites.iter().enumerate() {
+            for &b in &sites[k + 1..] {
+                let token = weftctl_json(&self.sites[b].target, &["peering", "token"])["token"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                weftctl_json(&self.sites[a].target, &["peering", "create", "--token", &token]);
+            }
+        }
+        let mut out = Connected::default();
+        let started = std::time::Instant::now();
+        let views = loop {
+            assert!(
+                started.elapsed() < limit,
+                "not every peering connected within {limit:?}; waiting for: {:?}",
+                out.waiting_for
+            );
+            let mut all = true;
+            let mut views = std::collections::HashMap::new();
+            for &a in sites {
+                let ps = weftctl_json(&self.sites[a].target, &["peerings"]);
+                for &b in sites.iter().filter(|b| **b != a) {
+                    let p = ps["peerings"]
+                        .as_array()
+                        .and_then(|v| v.iter().find(|p| p["site_id"] == self.sites[b].id.as_str()));
+                    let Some(p) = p else {
+                        all = false;
+                        continue;
+                    };
+                    let state = p["state"].as_str().unwrap_or_default().to_string();
+                    if state != "connected" {
+                        all = false;
+                    }
+                    if state == "connecting" {
+                        out.connecting_seen += 1;
+                        for w in p["waiting_for"].as_array().into_iter().flatten() {
+                            let w = w.as_str().unwrap_or_default().to_string();
+                            if !out.waiting_for.contains(&w) {
+                                out.waiting_for.push(w);
+                            }
+                        }
+                    }
+                    views.insert((a, b), p.clone());
+                }
+            }
+            if all {
+                break views;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        out.connected_after = started.elapsed();
+        // All at once: each must be answered within `first_try` of every
+        // peering showing connected (its timeout counts from its connect,
+        // not from its process's start).
+        let at = std::time::Instant::now();
+        let mut pairs = Vec::new();
+        for &a in sites {
+            for &b in sites.iter().filter(|b| **b != a) {
+                let p = &views[&(a, b)];
+                let v = p["views"]
+                    .as_array()
+                    .and_then(|v| v.iter().find(|v| v["kind"] == "workload"));
+                let addr = v.and_then(|v| {
+                    let real: ipnet::Ipv4Net = v["real_cidr"].as_str()?.parse().ok()?;
+                    let local: ipnet::Ipv4Net = v["local_cidr"].as_str()?.parse().ok()?;
+                    weft_controller::ipam::translate(self.sites[b].workload.parse().ok()?, real, local)
+                });
+                let addr = addr.unwrap_or_else(|| panic!("no workload view in {p}"));
+                pairs.push((a, b, format!("{addr}:{ECHO_PORT}")));
+            }
+        }
+        let timeout = format!("{}ms", first_try.as_millis());
+        out.asks = std::thread::scope(|scope| {
+            let asks: Vec<_> = pairs
+                .iter()
+                .map(|(a, b, target)| {
+                    let (timeout, at) = (&timeout, &at);
+                    scope.spawn(move || {
+                        let o = crate::netns::exec(
+                            &self.sites[*a].wl,
+                            &[bin("weft-echo").to_str().unwrap(), "ask", target, "--timeout", timeout],
+                        );
+                        let answer = crate::stdout(&o);
+                        let want = format!("SITE {} ", self.sites[*b].id);
+                        (
+                            format!("{}->{}", self.sites[*a].id, self.sites[*b].id),
+                            at.elapsed(),
+                            if o.status.success() && answer.contains(&want) {
+                                Ok(answer.trim().to_string())
+                            } else {
+                                Err(format!("{} {}", answer.trim(), crate::stderr(&o).trim()))
+                            },
+                        )
+                    })
+                })
+                .collect();
+            asks.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        out
     }
 
     /// Every pair of `sites` peered.

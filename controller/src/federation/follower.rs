@@ -55,6 +55,7 @@ async fn take_in(
         let Some(Ok(mut params)) = stream.next().await else {
             break;
         };
+        let got = std::time::Instant::now();
         if last.as_ref() == Some(&params) {
             continue;
         }
@@ -88,18 +89,27 @@ async fn take_in(
             continue;
         }
         match fed.remote(ca_pem, &params, own) {
-            Ok(r) => match fed.state.update_remote(site, r).await {
-                Ok(changed) => {
-                    if changed {
-                        tracing::info!(peer = %site, "the peer's parameters changed");
+            Ok(r) => {
+                if let Some(ready) = r.readiness.as_ref().filter(|r| r.routes_applied) {
+                    fed.hub.peer_moved(site, &ready.active_gateway);
+                }
+                match fed.state.update_remote(site, r).await {
+                    Ok(changed) => {
+                        if changed {
+                            tracing::info!(
+                                peer = %site,
+                                ms = got.elapsed().as_millis() as u64,
+                                "the peer's parameters changed"
+                            );
+                        }
+                        last = Some(params);
                     }
-                    last = Some(params);
+                    // Not recorded (the store): taken in again if sent again.
+                    Err(e) => {
+                        tracing::warn!(peer = %site, error = %e, "cannot take in the peer's parameters")
+                    }
                 }
-                // Not recorded (the store): taken in again if sent again.
-                Err(e) => {
-                    tracing::warn!(peer = %site, error = %e, "cannot take in the peer's parameters")
-                }
-            },
+            }
             Err(e) => {
                 tracing::warn!(peer = %site, error = %e, "the peer sent invalid parameters");
                 last = Some(params);

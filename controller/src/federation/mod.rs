@@ -144,6 +144,7 @@ impl Federation {
         let mut params = self.params_at(&model, port)?;
         relay::fill(self, &model, peer, &mut params);
         exports(&model, peer, &mut params);
+        params.readiness = self.hub.readiness_for(peer, &model);
         Ok((params, port))
     }
 

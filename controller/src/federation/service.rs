@@ -121,6 +121,7 @@ impl FederationService for FederationApi {
             let expiry = tokio::time::sleep(until_expiry);
             tokio::pin!(expiry);
             let mut changes = fed.hub.params_rev.subscribe();
+            let mut progress = fed.hub.progress.subscribe();
             let mut closing = fed.hub.closing.subscribe();
             let mut last: Option<pb::NetworkParams> = None;
             loop {
@@ -130,6 +131,8 @@ impl FederationService for FederationApi {
                         if tx.send(Ok(p.clone())).await.is_err() {
                             return;
                         }
+                        let active = p.gateways.iter().find(|g| g.active).map(|g| g.name.as_str());
+                        fed.hub.told(&claimed, active);
                         last = Some(p);
                     }
                     Ok(_) => {}
@@ -140,6 +143,16 @@ impl FederationService for FederationApi {
                 }
                 tokio::select! {
                     r = changes.changed() => if r.is_err() { return },
+                    // An agent applied something: this site's readiness may
+                    // have changed (coalesced: thousands of agents apply a
+                    // change within moments).
+                    r = progress.changed() => {
+                        if r.is_err() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        progress.mark_unchanged();
+                    }
                     _ = async { let _ = closing.wait_for(|c| *c).await; } => return,
                     _ = tx.closed() => return,
                     _ = &mut expiry => {

@@ -270,6 +270,7 @@ impl AgentService for AgentApi {
         slot.latest.store(model.revision, std::sync::atomic::Ordering::SeqCst);
         let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
         let _ = tx.send(Ok(first)).await;
+        self.hub.sent(&key, model.revision);
         tracing::info!(agent = %id, revision = model.revision, objects = held.len(), "watch started");
         tokio::spawn(watch::stream_changes(self.hub.clone(), key, slot, held, tx, expires));
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))

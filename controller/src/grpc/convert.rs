@@ -169,6 +169,7 @@ pub fn peering(p: &Peering) -> pb::Peering {
         state: match p.state {
             PeeringState::Pending => pb::PeeringState::Pending,
             PeeringState::Negotiated => pb::PeeringState::Negotiated,
+            PeeringState::Connecting => pb::PeeringState::Connecting,
             PeeringState::Connected => pb::PeeringState::Connected,
             PeeringState::Deleting => pb::PeeringState::Deleting,
         } as i32,
@@ -188,6 +189,7 @@ pub fn peering(p: &Peering) -> pb::Peering {
         peer_transit: p.remote.as_ref().is_some_and(|r| r.transit),
         transit_paths: transit_paths(p, &Default::default()),
         transit_onward: vec![],
+        waiting_for: vec![],
         peer_exports_limited: p.remote.as_ref().is_some_and(|r| r.exported.is_some()),
         peer_exports: p
             .remote

@@ -90,6 +90,15 @@ impl AdminApi {
     }
 }
 
+/// Peering `p` as users see it: its state and what it waits for (see
+/// [`crate::hub::Hub::peering_status`]), converted by `convert`.
+fn shown(hub: &crate::hub::Hub, p: &Peering, convert: impl FnOnce(&Peering) -> pb::Peering) -> pb::Peering {
+    let (state, waiting_for) = hub.peering_status(p);
+    let mut out = convert(&Peering { state, ..p.clone() });
+    out.waiting_for = waiting_for;
+    out
+}
+
 pub fn agent_role(v: i32, field: &str) -> Result<AgentRole, Status> {
     match pb::AgentRole::try_from(v) {
         Ok(pb::AgentRole::Node) => Ok(AgentRole::Node),
@@ -251,7 +260,11 @@ impl AdminService for AdminApi {
                 ..convert::gateway(g)
             })
             .collect();
-        Ok(Response::new(pb::ListGatewaysResponse { gateways, revision }))
+        Ok(Response::new(pb::ListGatewaysResponse {
+            gateways,
+            revision,
+            last_failover: self.hub.last_failover(),
+        }))
     }
 
     async fn delete_gateway(
@@ -346,13 +359,7 @@ impl AdminService for AdminApi {
             peerings: ps
                 .iter()
                 .map(|p| {
-                    let mut out = convert::peering_among(
-                        &Peering {
-                            state: self.hub.peering_state(p),
-                            ..p.clone()
-                        },
-                        &all,
-                    );
+                    let mut out = shown(&self.hub, p, |p| convert::peering_among(p, &all));
                     out.tunnel = self.hub.tunnel(&p.site_id);
                     out.export = Some(convert::export_policy(&site, p, &gateways_now));
                     out.local_gateways = gateways.for_port(&site, p.listen_port);
@@ -402,7 +409,7 @@ impl AdminService for AdminApi {
         req: Request<pb::AcceptPeeringUpdateRequest>,
     ) -> Result<Response<pb::Peering>, Status> {
         let p = self.state.accept_peer_update(&req.into_inner().site_id).await?;
-        Ok(Response::new(convert::peering(&p)))
+        Ok(Response::new(shown(&self.hub, &p, convert::peering)))
     }
 
     async fn set_export_policy(
@@ -440,7 +447,7 @@ impl AdminService for AdminApi {
         let p = self.state.set_transit(&r.site_id, r.enabled).await?;
         let (ps, _) = self.state.list_peerings().await?;
         let all: crate::transit::Peerings = ps.into_iter().map(|q| (q.site_id.clone(), Arc::new(q))).collect();
-        Ok(Response::new(convert::peering_among(&p, &all)))
+        Ok(Response::new(shown(&self.hub, &p, |p| convert::peering_among(p, &all))))
     }
 
     async fn get_export_policy(
@@ -463,7 +470,7 @@ impl AdminService for AdminApi {
         let deadline = answer_by(&req, crate::federation::JOIN_BUDGET);
         let r = req.into_inner();
         let p = self.fed.create(&r.token, r.transit, deadline).await?;
-        Ok(Response::new(convert::peering(&p)))
+        Ok(Response::new(shown(&self.hub, &p, convert::peering)))
     }
 
     async fn delete_peering(

@@ -22,7 +22,9 @@ pub async fn choose_active_gateway(hub: Arc<Hub>, leader: tokio::sync::watch::Re
         if !*leader.borrow() || *hub.closing.borrow() {
             continue;
         }
-        let m = hub.model();
+        // Without the gateways this replica just ended: their records'
+        // deletion need not come back through the store first.
+        let m = hub.electing();
         let Some(next) = crate::render::next_active_gateway(&m) else {
             continue;
         };

@@ -177,7 +177,17 @@ pub(super) fn update(model: &mut Model, key: Key, value: Option<&[u8]>) -> Optio
                 v
             };
             let mut relayed = partners(model);
-            match value.and_then(|v| serde_json::from_slice::<Peering>(v).ok()) {
+            let new = value.and_then(|v| serde_json::from_slice::<Peering>(v).ok());
+            // What the peer says of its readiness renders nothing and is
+            // not told on: no stream, no peer is woken for it (else two
+            // sites' readiness would bounce between them).
+            if let (Some(old), Some(new)) = (model.peerings.get(name), &new)
+                && old.same_but_readiness(new)
+            {
+                model.peerings.insert(name.to_string(), Arc::new(new.clone()));
+                return Some(Mark::Nothing);
+            }
+            match new {
                 Some(p) => model.peerings.insert(name.to_string(), Arc::new(p)),
                 None => model.peerings.remove(name),
             };

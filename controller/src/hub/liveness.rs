@@ -25,7 +25,7 @@ use crate::store::{Compare, LeaseId, Op, StoreError, Txn};
 pub(super) struct Live {
     /// The lease its record was last written on.
     lease: LeaseId,
-    last: AliveRecord,
+    pub(super) last: AliveRecord,
     /// When this replica last heard the agent (monotonic: a wall-clock
     /// step must not end anyone's liveness).
     heard: std::time::Instant,
@@ -60,6 +60,9 @@ impl Hub {
         let lease = self.live.lock().unwrap().remove(key).map(|l| l.lease);
         if let Some(lease) = lease {
             tracing::info!(agent = %key.1, "gateway disconnected; no longer live");
+            let now = now_ms();
+            self.timeline.lock().unwrap().silent(&key.1, now, now, "disconnected");
+            self.ended(&key.1);
             self.end_liveness(key, lease).await;
         }
     }
@@ -140,6 +143,12 @@ impl Hub {
                 .collect()
         };
         for (key, lease, quiet) in silent {
+            if key.0 == AgentRole::Gateway {
+                let now = now_ms();
+                let heard = now.saturating_sub(quiet.as_millis() as u64);
+                self.timeline.lock().unwrap().silent(&key.1, heard, now, "silent");
+                self.ended(&key.1);
+            }
             tracing::warn!(
                 agent = %key.1,
                 role = ?key.0,
@@ -219,6 +228,7 @@ impl Hub {
         host: Option<pb::HostReport>,
     ) -> Result<(), Error> {
         let now = now_ms();
+        self.timeline.lock().unwrap().applied(&key, applied, now);
         {
             let mut seen = self.last_seen.lock().unwrap();
             match seen.get_mut(&key) {
@@ -235,6 +245,15 @@ impl Hub {
         {
             l.heard = std::time::Instant::now();
             return Ok(());
+        }
+        if self
+            .live
+            .lock()
+            .unwrap()
+            .get(&key)
+            .is_none_or(|l| l.last.applied_revision != applied)
+        {
+            self.progress.send_modify(|n| *n += 1);
         }
         let mut record = AliveRecord {
             applied_revision: applied,
@@ -403,6 +422,7 @@ pub(super) async fn expire_silent(hub: std::sync::Weak<Hub>) {
         // starved, and the agents' reports may be waiting unread.
         let stalled = due.elapsed() > h.gateway_ttl.min(h.agent_ttl) / 4;
         h.expire_silent_once(stalled);
+        h.finish_failover();
     }
 }
 

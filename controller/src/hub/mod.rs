@@ -38,11 +38,13 @@ mod election;
 mod index;
 mod liveness;
 mod shared;
+mod timeline;
 
 pub use election::choose_active_gateway;
 use index::{Mark, update};
 use liveness::{Live, expire_silent, flush_status, keep_leases};
 pub use shared::{Shared, SharedCache, Step};
+pub use timeline::failover_steps;
 
 pub type AgentKey = (AgentRole, String);
 
@@ -67,17 +69,50 @@ pub struct Slot {
     pub latest: AtomicI64,
     /// A newer stream of the same agent replaced this one.
     pub superseded: AtomicBool,
+    /// Between [`Slot::take`] and [`Slot::done`].
+    busy: AtomicBool,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        !self.full && self.parts.is_empty() && !self.removed && !self.revoked
+    }
 }
 
 impl Slot {
+    /// The work waiting; the stream is busy with it until [`Slot::done`].
     pub fn take(&self) -> Pending {
-        std::mem::take(&mut *self.pending.lock().unwrap())
+        let mut p = self.pending.lock().unwrap();
+        self.busy.store(true, Ordering::SeqCst);
+        std::mem::take(&mut *p)
+    }
+
+    /// What [`Slot::take`] gave was rendered (and sent, `latest` updated)
+    /// or found to change nothing.
+    pub fn done(&self) {
+        self.busy.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether an agent that applied `applied` holds everything rendered
+    /// for it: nothing waiting, nothing being rendered, its latest state
+    /// applied.
+    fn current(&self, applied: i64) -> bool {
+        let p = self.pending.lock().unwrap();
+        p.is_empty() && !self.busy.load(Ordering::SeqCst) && applied >= self.latest.load(Ordering::SeqCst)
     }
 
     fn mark(&self, f: impl FnOnce(&mut Pending)) {
         f(&mut self.pending.lock().unwrap());
         self.notify.notify_one();
     }
+}
+
+/// The revision of the latest change to what each peering renders: a
+/// change to it (Mark::Peering) or to everything (Mark::Everyone).
+#[derive(Debug, Default)]
+struct RouteRevs {
+    everyone: i64,
+    peerings: HashMap<String, i64>,
 }
 
 /// How long a list call waits for the model to catch up with the store
@@ -122,6 +157,10 @@ pub struct Hub {
     /// Woken when a gateway's liveness record comes or goes, so the
     /// active gateway is chosen again at once.
     live_changed: Notify,
+    /// Gateways whose liveness this replica ended and whose record the
+    /// model still holds (its deletion on its way through the store): not
+    /// live to the election, which so need not wait for the store.
+    ended: Mutex<std::collections::HashSet<String>>,
     /// Status records waiting for the next batched write.
     dirty: Mutex<HashMap<AgentKey, (LeaseId, AliveRecord)>>,
     /// The lease this replica writes the liveness records of each role on
@@ -136,6 +175,14 @@ pub struct Hub {
     tunnels: Mutex<HashMap<String, (u64, Vec<pb::TunnelStatus>)>>,
     /// The part of node state every node shares, encoded once per model.
     pub node_shared: SharedCache,
+    /// The latest failover's timeline as this replica saw it.
+    timeline: Mutex<timeline::Timeline>,
+    /// The revision of the latest change to what each peering renders
+    /// (see [`Hub::behind_on`]).
+    route_revs: Mutex<RouteRevs>,
+    /// Bumped when an agent reports a new applied revision: what this
+    /// site tells peers of its readiness may have changed.
+    pub progress: tokio::sync::watch::Sender<u64>,
     /// Dropped with the hub, which ends the store follower.
     _alive: tokio::sync::oneshot::Sender<()>,
 }
@@ -164,10 +211,14 @@ impl Hub {
             seen: tokio::sync::watch::Sender::new(loaded_at),
             missed: Mutex::new(None),
             live_changed: Notify::new(),
+            ended: Mutex::new(std::collections::HashSet::new()),
             agent_ttl,
             gateway_ttl,
             tunnels: Mutex::new(HashMap::new()),
             node_shared: SharedCache::default(),
+            timeline: Mutex::new(timeline::Timeline::default()),
+            route_revs: Mutex::new(RouteRevs::default()),
+            progress: tokio::sync::watch::Sender::new(0),
             _alive: alive_tx,
         });
         supervise_with(&hub, "status-flush", flush_status);
@@ -299,12 +350,24 @@ impl Hub {
         let Some(key) = self.state.parse(key) else { return };
         let mut model = (*self.model()).clone();
         model.revision = revision;
+        let was_active = model.active_gateway.clone();
         let Some(mark) = update(&mut model, key, (kind == EventKind::Put).then_some(value)) else {
             return;
         };
-        *self.model.write().unwrap() = Arc::new(model);
-        if matches!(key, Key::Alive(AgentRole::Gateway, _)) {
+        let model = Arc::new(model);
+        *self.model.write().unwrap() = model.clone();
+        if let Key::Alive(AgentRole::Gateway, name) = key {
+            if kind == EventKind::Delete {
+                self.timeline.lock().unwrap().expired(name, now_ms());
+            }
+            // The store has it now, either way.
+            self.ended.lock().unwrap().remove(name);
             self.live_changed.notify_one();
+        }
+        if let (Some(from), Some(to)) = (&was_active, &model.active_gateway)
+            && from != to
+        {
+            self.failover_began(from, to, &model);
         }
         // A removed agent's bookkeeping goes with it (a site where nodes
         // come and go would otherwise grow by each one).
@@ -314,6 +377,23 @@ impl Hub {
             } => self.forget((AgentRole::Node, name.clone())),
             Mark::Gateway { name, removed: true } => self.forget((AgentRole::Gateway, name.clone())),
             _ => {}
+        }
+        {
+            let mut revs = self.route_revs.lock().unwrap();
+            match &mark {
+                Mark::Everyone => revs.everyone = revision,
+                Mark::Peering(name, sharing) => {
+                    for p in std::iter::once(name).chain(sharing) {
+                        revs.peerings.insert(p.clone(), revision);
+                    }
+                }
+                _ => {}
+            }
+            if let Key::Peering(name) = key
+                && !model.peerings.contains_key(name)
+            {
+                revs.peerings.remove(name);
+            }
         }
         // A peering's record holds what peers are told of relays (requests,
         // grants), so its change is theirs too.
@@ -398,10 +478,98 @@ impl Hub {
 
     /// Keeps gateway `name`'s tunnel report.
     pub fn report_tunnels(&self, name: &str, tunnels: Vec<pb::TunnelStatus>) {
-        self.tunnels
+        let now = now_ms();
+        self.timeline.lock().unwrap().tunnels(name, &tunnels, now);
+        self.tunnels.lock().unwrap().insert(name.to_string(), (now, tunnels));
+    }
+
+    /// This replica ended gateway `name`'s liveness: the election sees it
+    /// not live at once (see [`Hub::electing`]).
+    fn ended(&self, name: &str) {
+        self.ended.lock().unwrap().insert(name.to_string());
+        self.live_changed.notify_one();
+    }
+
+    /// The model as the election sees it: without the gateways this
+    /// replica ended whose records are still on their way out.
+    pub fn electing(&self) -> Arc<Model> {
+        let m = self.model();
+        let ended = self.ended.lock().unwrap();
+        if ended.iter().all(|g| !m.live_gateways.contains(g)) {
+            return m;
+        }
+        let mut m = (*m).clone();
+        for g in ended.iter() {
+            m.live_gateways.remove(g);
+        }
+        Arc::new(m)
+    }
+
+    /// The model recorded `to` active after `from`: the failover's
+    /// timeline starts (see `timeline`).
+    fn failover_began(&self, from: &str, to: &str, model: &Model) {
+        let agents: Vec<AgentKey> = self.slots.lock().unwrap().keys().cloned().collect();
+        let peers: Vec<String> = model
+            .peerings
+            .values()
+            .filter(|p| p.remote.is_some() && p.state != crate::domain::PeeringState::Deleting)
+            .map(|p| p.site_id.clone())
+            .collect();
+        let peers_telling: Vec<String> = peers
+            .iter()
+            .filter(|s| {
+                model.peerings[s.as_str()]
+                    .remote
+                    .as_ref()
+                    .is_some_and(|r| r.readiness.is_some())
+            })
+            .cloned()
+            .collect();
+        let tunnels = self
+            .tunnels
             .lock()
             .unwrap()
-            .insert(name.to_string(), (now_ms(), tunnels));
+            .get(to)
+            .map(|(_, t)| t.clone())
+            .unwrap_or_default();
+        self.timeline.lock().unwrap().elected(timeline::Election {
+            from,
+            to,
+            revision: model.revision,
+            at_ms: now_ms(),
+            agents,
+            peers,
+            peers_telling,
+            tunnels,
+        });
+    }
+
+    /// Agent `key`'s stream sent the state of `revision`.
+    pub fn sent(&self, key: &AgentKey, revision: i64) {
+        self.timeline.lock().unwrap().sent(key, revision, now_ms());
+    }
+
+    /// Peer `site` told its readiness: its gateways use `active`.
+    pub fn peer_moved(&self, site: &str, active: &str) {
+        self.timeline.lock().unwrap().moved(site, active, now_ms());
+    }
+
+    /// Peer `site` was sent parameters that name `active` active.
+    pub fn told(&self, site: &str, active: Option<&str>) {
+        self.timeline.lock().unwrap().told(site, active, now_ms());
+    }
+
+    /// The latest failover as this replica saw it.
+    pub fn last_failover(&self) -> Option<pb::FailoverTimeline> {
+        self.timeline.lock().unwrap().last(&self.replica)
+    }
+
+    /// Ends the current failover's timeline when due, into the histogram.
+    fn finish_failover(&self) {
+        let steps = self.timeline.lock().unwrap().finish_if_due(now_ms());
+        for (step, secs) in steps {
+            timeline::observe(step, secs);
+        }
     }
 
     /// The tunnel to peer `site` as the gateways reported it within the
@@ -425,15 +593,113 @@ impl Hub {
         seen.pop().map(|(_, t)| t)
     }
 
-    /// A peering's state as users see it: Negotiated becomes Connected
-    /// while a probe through its tunnel is answered.
-    pub fn peering_state(&self, p: &Peering) -> crate::domain::PeeringState {
+    /// The agents connected to this replica (and live) that have not yet
+    /// applied the latest change to what peering `site` renders.
+    pub fn behind_on(&self, site: &str) -> Vec<AgentKey> {
+        let since = {
+            let revs = self.route_revs.lock().unwrap();
+            revs.peerings.get(site).copied().unwrap_or(0).max(revs.everyone)
+        };
+        let slots: Vec<(AgentKey, Arc<Slot>)> = self
+            .slots
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, s)| (k.clone(), s.clone()))
+            .collect();
+        let live = self.live.lock().unwrap();
+        let mut behind: Vec<AgentKey> = slots
+            .into_iter()
+            .filter(|(k, s)| {
+                live.get(k)
+                    .map(|l| l.last.applied_revision)
+                    .is_some_and(|applied| applied < since && !s.current(applied))
+            })
+            .map(|(k, _)| k)
+            .collect();
+        behind.sort_by(|a, b| a.1.cmp(&b.1));
+        behind
+    }
+
+    /// A peering's state as users see it, and what it waits for: a
+    /// negotiated peering is Connected once its tunnel's probe is
+    /// answered, every agent connected here applied its routes, and the
+    /// peer says its agents did too and use this site's active gateway;
+    /// Connecting until then.
+    pub fn peering_status(&self, p: &Peering) -> (crate::domain::PeeringState, Vec<String>) {
         use crate::domain::PeeringState;
-        if p.state == PeeringState::Negotiated && self.tunnel(&p.site_id).is_some_and(|t| t.up) {
-            PeeringState::Connected
-        } else {
-            p.state
+        if p.state != PeeringState::Negotiated {
+            return (p.state, Vec::new());
         }
+        let model = self.model();
+        let active = crate::render::active_gateway(&model).map(|g| g.name.clone());
+        let mut waiting = Vec::new();
+        if active.is_none() {
+            waiting.push("a live gateway of this site".to_string());
+        }
+        match self.tunnel(&p.site_id) {
+            Some(t) if t.up => {}
+            Some(t) if t.last_handshake.is_some() => {
+                waiting.push("an answer to the probe through the tunnel (it has a handshake)".into())
+            }
+            Some(_) => waiting.push("the tunnel's first handshake".into()),
+            None => waiting.push("a report of the tunnel from this site's gateways".into()),
+        }
+        let behind = self.behind_on(&p.site_id);
+        if !behind.is_empty() {
+            let mut names: Vec<String> = behind
+                .iter()
+                .take(5)
+                .map(|(r, n)| format!("{} {n}", r.as_str()))
+                .collect();
+            if behind.len() > 5 {
+                names.push(format!("{} more", behind.len() - 5));
+            }
+            waiting.push(format!("this site's agents to apply its routes: {}", names.join(", ")));
+        }
+        if let Some(r) = p.remote.as_ref().and_then(|r| r.readiness.as_ref()) {
+            if !r.routes_applied {
+                waiting.push(format!("site {:?}'s agents to apply its routes", p.site_id));
+            }
+            if let Some(a) = &active
+                && r.active_gateway != *a
+            {
+                waiting.push(format!(
+                    "site {:?}'s gateways to send the tunnel to gateway {a} (they use {})",
+                    p.site_id,
+                    if r.active_gateway.is_empty() {
+                        "none"
+                    } else {
+                        &r.active_gateway
+                    }
+                ));
+            }
+        }
+        if waiting.is_empty() {
+            (PeeringState::Connected, waiting)
+        } else {
+            (PeeringState::Connecting, waiting)
+        }
+    }
+
+    /// [`Hub::peering_status`]'s state alone.
+    pub fn peering_state(&self, p: &Peering) -> crate::domain::PeeringState {
+        self.peering_status(p).0
+    }
+
+    /// What this site tells peer `site` of its side of their peering.
+    pub fn readiness_for(&self, site: &str, model: &Model) -> Option<pb::PeerReadiness> {
+        let p = model.peerings.get(site)?;
+        let their_active = p
+            .remote
+            .as_ref()
+            .and_then(|r| r.gateways.iter().find(|g| g.active))
+            .map(|g| g.name.clone())
+            .unwrap_or_default();
+        Some(pb::PeerReadiness {
+            routes_applied: crate::render::active_gateway(model).is_some() && self.behind_on(site).is_empty(),
+            active_gateway: their_active,
+        })
     }
 }
 

@@ -321,7 +321,9 @@ impl State {
                 .ipam_guard(snap, Txn::new())
                 .when(Compare::ModRevision(key.clone(), *rev))
                 .then(Op::put(key.clone(), encode(&next)));
-            Ok((Some(txn), true))
+            // What the peer says of its readiness is written, but is not a
+            // change of its parameters.
+            Ok((Some(txn), !next.same_but_readiness(p)))
         })
         .await
     }

@@ -63,15 +63,7 @@ fn main() {
         if !pace.is_empty() {
             eprintln!("weft-vm-guest: failed with the {pace}");
         }
-        if let Some(dir) = LAB_DIR.get() {
-            let _ = std::fs::create_dir_all(OUT);
-            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                let p = e.path();
-                if p.extension().is_some_and(|x| x == "log") {
-                    let _ = std::fs::copy(&p, std::path::Path::new(OUT).join(e.file_name()));
-                }
-            }
-        }
+        keep_logs();
     }));
     assert!(
         std::env::var_os("WEFT_IN_VM").is_some(),
@@ -83,9 +75,28 @@ fn main() {
         "mixed" => mixed(),
         "driver" => driver(),
         "nat" => nat(),
-        s => panic!("unknown scenario {s:?}: driver, kernel, mixed or nat"),
+        "hub" => hub(),
+        s => panic!("unknown scenario {s:?}: driver, hub, kernel, mixed or nat"),
+    }
+    if std::env::var_os("WEFT_VM_KEEP_LOGS").is_some() {
+        keep_logs();
     }
     println!("weft-vm-guest: {scenario} passed");
+}
+
+/// Copies the lab's logs to the host (the lab lives in the guest's tmpfs,
+/// gone with the guest): on a failure, or when asked
+/// (`WEFT_VM_KEEP_LOGS`, see tests/e2e/vm.rs).
+fn keep_logs() {
+    if let Some(dir) = LAB_DIR.get() {
+        let _ = std::fs::create_dir_all(OUT);
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "log") {
+                let _ = std::fs::copy(&p, std::path::Path::new(OUT).join(e.file_name()));
+            }
+        }
+    }
 }
 
 /// `weft-vm-guest pace`: times the calibration in the guest and prints,
@@ -302,8 +313,25 @@ fn kernel() {
     both_ways(&s, "after the agent restart");
 
     step(t0, "restart");
-    failover(&mut s);
-    step(t0, "failover");
+    // Three failovers, back and forth: each round's victim comes back as
+    // the standby before the next.
+    for round in 1..=FAILOVER_ROUNDS {
+        let victim = failover(&mut s);
+        timeline(&s, round);
+        step(t0, &format!("failover {round}"));
+        if round == FAILOVER_ROUNDS && std::env::var_os("WEFT_VM_KEEP_LOGS").is_some() {
+            keep_logs();
+        }
+        if round < FAILOVER_ROUNDS {
+            s.lab.respawn(victim);
+            eventually("both gateways of site a ready", Duration::from_secs(60), || {
+                let g = weftctl_json(&s.ta, &["gateways"]);
+                let all = g["gateways"].as_array()?;
+                (all.len() == 2 && all.iter().all(|g| g["status"]["ready"] == true)).then_some(())
+            });
+            both_ways(&s, "after the victim came back");
+        }
+    }
     s.teardown_all();
     step(t0, "teardown");
 }
@@ -445,13 +473,78 @@ fn nat() {
     step(t0, "hole-punched both ways");
 }
 
+/// Three sites on one CIDR, every gateway on kernel WireGuard, peered
+/// at once; every peering watched until all show `connected`, then each
+/// workload asks each other once (1 s for the answer): what a user sees as
+/// connected must carry traffic. Prints `hub_connected_ms=N` and each ask.
+fn hub() {
+    let t0 = std::time::Instant::now();
+    let mesh = weft_tests::mesh::Mesh::up("vh", 3, A.1);
+    step(t0, "three sites up");
+    let c = mesh.connect_all_then_ask(
+        &[0, 1, 2],
+        Duration::from_secs(1),
+        weft_tests::pace::scaled(Duration::from_secs(120)),
+    );
+    println!(
+        "hub_connected_ms={} (connecting seen {} times; waiting for: {:?})",
+        c.connected_after.as_millis(),
+        c.connecting_seen,
+        c.waiting_for
+    );
+    for (pair, after, r) in &c.asks {
+        println!(
+            "hub ask {pair}: {r:?} ({} ms after all showed connected)",
+            after.as_millis()
+        );
+    }
+    for site in &mesh.sites {
+        assert_eq!(modes(&site.target), ["kernel"], "site {}'s gateway", site.id);
+    }
+    for (pair, _, r) in &c.asks {
+        assert!(
+            r.is_ok(),
+            "{pair}: no answer within 1 s of every peering showing connected: {r:?}"
+        );
+    }
+    step(t0, "every pair answered");
+}
+
+/// How many failovers the `kernel` scenario runs.
+const FAILOVER_ROUNDS: usize = 3;
+
+/// Prints the latest failover's timeline as site a's controller saw it
+/// (`weftctl status`): `failover_timeline round=N fault=+0 expired=+M …`.
+fn timeline(s: &TwoSites, round: usize) {
+    let f = eventually("the failover's timeline complete", Duration::from_secs(70), || {
+        let st = weftctl_json(&s.ta, &["status"]);
+        let f = st["last_failover"].clone();
+        (f["complete"] == true).then_some(f)
+    });
+    let steps: Vec<String> = f["steps"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| format!("{}=+{}", x["step"].as_str().unwrap_or("?"), x["offset_ms"]))
+                .collect()
+        })
+        .unwrap_or_default();
+    println!(
+        "failover_timeline round={round} from={} to={} {} waiting={}",
+        f["from"].as_str().unwrap_or("?"),
+        f["to"].as_str().unwrap_or("?"),
+        steps.join(" "),
+        f["waiting"]
+    );
+}
+
 /// Site a's active gateway dies while wa pings wb every 20 ms: its agent
 /// SIGKILLed and its host's link down at once. (With kernel WireGuard a
 /// killed agent alone leaves its tunnel forwarding: the link, peers,
 /// routes and nft stay in the kernel. Taking the link down makes it a
 /// dead gateway, not a switch between two working paths.) The standby
-/// takes over. Prints the outage.
-fn failover(s: &mut TwoSites) {
+/// takes over. Prints the outage; the victim's process, for a respawn.
+fn failover(s: &mut TwoSites) -> usize {
     sites::until_wa_reaches_wb(s);
     eventually("an active gateway", Duration::from_secs(30), || {
         (!sites::active(&s.ta).is_empty()).then_some(())
@@ -534,6 +627,7 @@ fn failover(s: &mut TwoSites) {
         times.len()
     );
     assert!(times.len() > 20, "too few answers to measure: {}", times.len());
+    vi
 }
 
 /// The kernel driver on its own, from a thread inside a namespace that

@@ -62,7 +62,7 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
         Out {
             failed: false,
             json: json!({"peerings": r.peerings.iter().map(|p| json!({
-                "site_id": p.site_id, "state": peering_state(p.state),
+                "site_id": p.site_id, "state": peering_state(p.state), "waiting_for": p.waiting_for,
                 "views": p.views.iter().map(view_json).collect::<Vec<_>>(),
                 "created_at": ts(&p.created_at), "last_error": p.last_error, "tunnel_role": p.tunnel_role,
                 "remote_endpoints": p.remote_endpoints, "remote_ca_fingerprint": p.remote_ca_fingerprint,
@@ -109,14 +109,20 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
             footer: r
                 .peerings
                 .iter()
-                .filter_map(|p| p.tunnel.as_ref().map(|t| (p, t.dropped_from_tunnel)))
-                .filter(|(_, n)| *n > 0)
-                .map(|(p, n)| {
-                    format!(
-                        "{}: {n} packets from the tunnel dropped (addressed outside this site's networks)",
-                        p.site_id
-                    )
-                })
+                .filter(|p| !p.waiting_for.is_empty())
+                .map(|p| format!("{}: connecting, waiting for {}", p.site_id, p.waiting_for.join("; ")))
+                .chain(
+                    r.peerings
+                        .iter()
+                        .filter_map(|p| p.tunnel.as_ref().map(|t| (p, t.dropped_from_tunnel)))
+                        .filter(|(_, n)| *n > 0)
+                        .map(|(p, n)| {
+                            format!(
+                                "{}: {n} packets from the tunnel dropped (addressed outside this site's networks)",
+                                p.site_id
+                            )
+                        }),
+                )
                 .chain(
                     r.peerings
                         .iter()

@@ -160,6 +160,7 @@ pub(super) async fn stream_changes(
         }
         let model = hub.model();
         let Some(msg) = next_delta(&hub, &model, &key, &pending, &mut current) else {
+            slot.done();
             continue;
         };
         // A reader that stopped reading must not hold up a shutdown or its
@@ -183,6 +184,8 @@ pub(super) async fn stream_changes(
             break;
         }
         slot.latest.store(model.revision, Ordering::SeqCst);
+        slot.done();
+        hub.sent(&key, model.revision);
     }
     hub.unsubscribe(&key, &slot);
     // A gateway whose stream ended for its certificate's age is about to
