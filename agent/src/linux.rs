@@ -85,6 +85,7 @@ impl Linux {
                 wg,
                 node,
                 underlay: None,
+                believed: None,
             },
             probes: Default::default(),
             discovery: None,

@@ -121,6 +121,19 @@ pub struct Observation {
     pub host: RawNs,
 }
 
+impl Observation {
+    /// What [`observe`] would find within `scopes`, from a belief (see
+    /// `DataPlane::believed`): weft's namespaces among `claimed`, the
+    /// agent's own and those of `scopes` planned.
+    pub fn within(mut self, claimed: &BTreeSet<Ns>, scopes: &BTreeSet<Ns>) -> Observation {
+        self.state.namespaces.retain(|n| claimed.contains(n));
+        self.scopes = std::iter::once(String::new())
+            .chain(self.state.namespaces.iter().filter(|n| scopes.contains(*n)).cloned())
+            .collect();
+        self
+    }
+}
+
 /// Reads weft's part of the host: the agent's namespace, and those of
 /// `claimed` (namespaces weft made; the only ones it may remove) that
 /// exist and are in `scopes` (None: all).

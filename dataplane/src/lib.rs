@@ -80,6 +80,12 @@ pub struct DataPlane<N, F, W> {
     pub node: bool,
     /// This host's underlay address (sizes links rendered without an MTU).
     pub underlay: Option<Ipv4Addr>,
+    /// What the last reconcile left, when it left exactly what it wanted
+    /// (every operation done, nothing refused): a change plans from it
+    /// instead of reading the host (on a slow host that read took seconds,
+    /// a failover's change among them); a resync reads the host, repairs
+    /// drift and sets it anew; any error forgets it.
+    pub believed: Option<host::Observation>,
 }
 
 /// The namespaces objects name: those they create and those they live in.
@@ -127,12 +133,18 @@ impl<N: Netlink, F: Firewall, W: WireGuard> DataPlane<N, F, W> {
         claimed.extend(namespaces_of(objects.iter().copied()));
         let mut out = Outcome::default();
         let started = std::time::Instant::now();
-        let seen = match host::observe(&mut self.net, &mut self.fw, &mut self.wg, &claimed, scopes).await {
-            Ok(s) => s,
-            Err(e) => {
-                out.failed = Some(format!("cannot read the host's network: {e}"));
-                return out;
-            }
+        // Taken: kept again only if this reconcile leaves what it wants.
+        let prior = self.believed.take();
+        let from_belief = scopes.is_some() && prior.is_some();
+        let seen = match (scopes, &prior) {
+            (Some(scopes), Some(b)) => b.clone().within(&claimed, scopes),
+            _ => match host::observe(&mut self.net, &mut self.fw, &mut self.wg, &claimed, scopes).await {
+                Ok(s) => s,
+                Err(e) => {
+                    out.failed = Some(format!("cannot read the host's network: {e}"));
+                    return out;
+                }
+            },
         };
         let facts = desired::Facts::from_raw(&seen.host, self.underlay);
         let (want, bad) = desired::translate(objects, &facts, self.node);
@@ -144,8 +156,10 @@ impl<N: Netlink, F: Firewall, W: WireGuard> DataPlane<N, F, W> {
             tracing::debug!(operations = ops.len(), plan = ?ops, "applying the plan");
         }
         let results = host::execute(&mut self.net, &mut self.fw, &mut self.wg, &ops).await;
+        let mut clean = true;
         tracing::debug!(
             namespaces = seen.scopes.len(),
+            from_belief,
             observe_ms = observed.as_millis() as u64,
             execute_ms = (started.elapsed() - observed).as_millis() as u64,
             operations = ops.len(),
@@ -165,10 +179,33 @@ impl<N: Netlink, F: Firewall, W: WireGuard> DataPlane<N, F, W> {
                         _ => {}
                     }
                 }
-                Err(e) => match op.origin(&want.origins) {
-                    Some(id) => out.errors.push((id.to_string(), e)),
-                    None => tracing::warn!(operation = ?op, error = %e, "could not remove what weft no longer wants"),
-                },
+                Err(e) => {
+                    clean = false;
+                    match op.origin(&want.origins) {
+                        Some(id) => out.errors.push((id.to_string(), e)),
+                        None => {
+                            tracing::warn!(operation = ?op, error = %e, "could not remove what weft no longer wants")
+                        }
+                    }
+                }
+            }
+        }
+        // The host now holds what was wanted within the namespaces planned
+        // (and those this reconcile made): the next change may plan from
+        // it. Only a whole read (a resync, the start) starts a belief; a
+        // change read from the host saw only its namespaces.
+        if clean && out.errors.is_empty() {
+            let base = match scopes {
+                None => Some(host::Observation::default()),
+                Some(_) if from_belief => prior,
+                Some(_) => None,
+            };
+            if let Some(mut b) = base {
+                let mut touched = seen.scopes.clone();
+                touched.extend(want.state.namespaces.iter().cloned());
+                b.state.replace_within(&want.state, &touched);
+                b.host = seen.host;
+                self.believed = Some(b);
             }
         }
         out

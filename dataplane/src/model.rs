@@ -234,6 +234,56 @@ pub struct State {
     pub peers: BTreeMap<(Ns, String), BTreeMap<String, WgPeer>>,
 }
 
+impl State {
+    /// Takes `from`'s objects in namespaces `scopes` in place of this
+    /// state's own there (the other namespaces keep what they hold).
+    pub fn replace_within(&mut self, from: &State, scopes: &BTreeSet<Ns>) {
+        let inside = |ns: &Ns| scopes.contains(ns);
+        self.namespaces.retain(|n| !inside(n));
+        self.namespaces
+            .extend(from.namespaces.iter().filter(|n| inside(n)).cloned());
+        self.forwarding.retain(|n| !inside(n));
+        self.forwarding
+            .extend(from.forwarding.iter().filter(|n| inside(n)).cloned());
+        self.links.retain(|(n, _), _| !inside(n));
+        self.links.extend(
+            from.links
+                .iter()
+                .filter(|((n, _), _)| inside(n))
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        self.addresses.retain(|a| !inside(&a.ns));
+        self.addresses
+            .extend(from.addresses.iter().filter(|a| inside(&a.ns)).cloned());
+        self.routes.retain(|(n, _, _), _| !inside(n));
+        self.routes.extend(
+            from.routes
+                .iter()
+                .filter(|((n, _, _), _)| inside(n))
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        self.rules.retain(|r| !inside(&r.ns));
+        self.rules.extend(from.rules.iter().filter(|r| inside(&r.ns)).cloned());
+        self.tables.retain(|n, _| !inside(n));
+        self.tables.extend(
+            from.tables
+                .iter()
+                .filter(|(n, _)| inside(n))
+                .map(|(k, v)| (k.clone(), *v)),
+        );
+        self.stray_tables.retain(|(n, _)| !inside(n));
+        self.stray_tables
+            .extend(from.stray_tables.iter().filter(|(n, _)| inside(n)).cloned());
+        self.peers.retain(|(n, _), _| !inside(n));
+        self.peers.extend(
+            from.peers
+                .iter()
+                .filter(|((n, _), _)| inside(n))
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+    }
+}
+
 /// The desired state with what planning needs beside it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Desired {

@@ -219,6 +219,7 @@ fn plane(f: &Fake, node: bool) -> DataPlane<Fake, Fake, Fake> {
         wg: f.clone(),
         node,
         underlay: None,
+        believed: None,
     }
 }
 
@@ -736,4 +737,75 @@ proptest! {
         prop_assert_eq!(foreign_after, foreign_before);
         prop_assert_eq!(h.ns.contains_key(NS), now.peering);
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// A change planned from what the last reconcile left (not read from
+    /// the host) takes the host from any state to any other exactly as a
+    /// read would: a read then plans nothing, and the belief carries on
+    /// through a second change.
+    #[test]
+    fn property_a_change_planned_from_the_belief_reaches_the_desired_state(
+        earlier in choice(),
+        now in choice(),
+        later in choice(),
+    ) {
+        let f = fresh();
+        let mut p = plane(&f, false);
+        let first = desired_from(&earlier);
+        let none = BTreeSet::new();
+        let out = rt().block_on(p.reconcile(&first, &none, None));
+        prop_assert!(out.errors.is_empty() && out.failed.is_none(), "{:?}", out);
+        prop_assert!(p.believed.is_some(), "a clean whole reconcile leaves a belief");
+        let mut applied = first;
+        for next in [desired_from(&now), desired_from(&later)] {
+            // The namespaces of what changed, as the agent scopes a change.
+            let old: std::collections::BTreeMap<&str, &pb::DesiredObject> =
+                applied.iter().map(|o| (o.id.as_str(), o)).collect();
+            let new: std::collections::BTreeMap<&str, &pb::DesiredObject> =
+                next.iter().map(|o| (o.id.as_str(), o)).collect();
+            let touched: Vec<pb::DesiredObject> = next
+                .iter()
+                .filter(|o| old.get(o.id.as_str()) != Some(o))
+                .chain(applied.iter().filter(|o| !new.contains_key(o.id.as_str())))
+                .cloned()
+                .collect();
+            let scopes = weft_dataplane::namespaces_of(&touched);
+            let claimed = weft_dataplane::namespaces_of(&applied);
+            let out = rt().block_on(p.reconcile(&next, &claimed, Some(&scopes)));
+            prop_assert!(out.errors.is_empty() && out.failed.is_none(), "{:?}", out);
+            prop_assert_eq!(plan_now(&f, &next, &claimed), vec![]);
+            prop_assert_eq!(holds(&f, &next, &claimed), Ok(()));
+            prop_assert!(p.believed.is_some());
+            applied = next;
+        }
+    }
+}
+
+/// A belief that is wrong (the host changed by hand since) makes a change
+/// fail or leave drift that the next resync repairs: an error forgets the
+/// belief, and a resync reads the host again.
+#[test]
+fn a_wrong_belief_is_forgotten_on_an_error_and_a_resync_reads_the_host() {
+    let f = fresh();
+    let mut p = plane(&f, false);
+    let want = all();
+    let none = BTreeSet::new();
+    assert!(rt().block_on(p.reconcile(&want, &none, None)).errors.is_empty());
+    assert!(p.believed.is_some());
+    // By hand: the overlay link goes.
+    let _ = f.host().carry_out(&Op::DelLink {
+        ns: String::new(),
+        name: "weft-vx0".into(),
+    });
+    // A change elsewhere plans from the belief (the link still "there").
+    let claimed = weft_dataplane::namespaces_of(&want);
+    let _ = rt().block_on(p.reconcile(&want, &claimed, Some(&BTreeSet::new())));
+    // The resync reads the host and repairs it.
+    let out = rt().block_on(p.reconcile(&want, &claimed, None));
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(holds(&f, &want, &claimed), Ok(()));
+    assert!(p.believed.is_some());
 }

@@ -378,6 +378,7 @@ fn the_standby_gateway_takes_over_within_a_second() {
     let table = weft_tests::stdout(&weft_tests::run(
         std::process::Command::new(weft_tests::bin("weftctl")).args(["--controller", &s.ta, "status"]),
     ));
+    eprintln!("weftctl status:\n{table}");
     assert!(
         table.contains("Last failover:") && table.contains("first_packet"),
         "{table}"
