@@ -721,21 +721,8 @@ mod tests {
     #[test]
     fn a_peers_readiness_alone_is_told_apart_from_a_change() {
         let p = Peering {
-            site_id: "b".into(),
-            state: PeeringState::Negotiated,
-            views: vec![],
-            created_at_ms: 1,
-            last_error: None,
             remote: Some(test_remote("10.2.0.0/16")),
-            listen_port: 51820,
-            pending: None,
-            joined_with: None,
-            joined_at_ms: 0,
-            relay_ports: Default::default(),
-            relay_via: None,
-            export: None,
-            transit: false,
-            transit_views: vec![],
+            ..test_peering("b")
         };
         let mut ready = p.clone();
         ready.remote.as_mut().unwrap().readiness = Some(PeerReadiness {

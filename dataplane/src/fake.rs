@@ -250,7 +250,7 @@ impl Netlink for Fake {
 
 #[async_trait::async_trait]
 impl Firewall for Fake {
-    async fn tables(&mut self, ns: &Ns, _trust_written: bool) -> R<BTreeMap<String, Option<u64>>> {
+    async fn tables(&mut self, ns: &Ns) -> R<BTreeMap<String, Option<u64>>> {
         Ok(self.host().space(ns)?.tables.clone())
     }
 

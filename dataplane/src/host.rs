@@ -27,10 +27,8 @@ pub trait Netlink: Send {
 #[async_trait::async_trait]
 pub trait Firewall: Send {
     /// The tables of family ip in `ns` by name, each with weft's version
-    /// when it is known to be exactly what weft wrote. `trust_written`: a
-    /// change, not a resync: weft's table as this process last wrote it
-    /// is taken as still there, unread (a resync reads and repairs it).
-    async fn tables(&mut self, ns: &Ns, trust_written: bool) -> R<BTreeMap<String, Option<u64>>>;
+    /// when it is known to be exactly what weft wrote.
+    async fn tables(&mut self, ns: &Ns) -> R<BTreeMap<String, Option<u64>>>;
     /// Replaces weft's table in `ns` with `spec` in one atomic batch.
     async fn set_table(&mut self, ns: &Ns, spec: &TableSpec) -> R<()>;
     async fn delete_table(&mut self, ns: &Ns, name: &str) -> R<()>;
@@ -162,10 +160,7 @@ pub async fn observe(
     let devices = wg.devices(&out.scopes).await;
     for ns in out.scopes.clone() {
         let mut raw = net.read(&ns).await?;
-        // A change trusts weft's table as last written: reading it back
-        // costs two runs of `nft` per namespace, which on a slow host
-        // delayed a failover's change by a second.
-        raw.tables = fw.tables(&ns, scopes.is_some()).await?;
+        raw.tables = fw.tables(&ns).await?;
         // A WireGuard interface is a device of ours when one backs it.
         for l in &mut raw.links {
             if let Some(d) = devices.get(&(ns.clone(), l.name.clone())) {

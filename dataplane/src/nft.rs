@@ -482,10 +482,7 @@ impl Nft {
 
 #[async_trait::async_trait]
 impl Firewall for Nft {
-    async fn tables(&mut self, ns: &Ns, trust_written: bool) -> R<BTreeMap<String, Option<u64>>> {
-        if trust_written && let Some((version, _)) = self.written.get(ns) {
-            return Ok(BTreeMap::from([(NFT_TABLE.to_string(), Some(*version))]));
-        }
+    async fn tables(&mut self, ns: &Ns) -> R<BTreeMap<String, Option<u64>>> {
         let out = nft(ns, &["-j", "list", "tables", "ip"], None).await?;
         let v: Value = serde_json::from_slice(&out).map_err(|e| format!("nft's listing is not JSON: {e}"))?;
         let mut tables: BTreeMap<String, Option<u64>> = v["nftables"]

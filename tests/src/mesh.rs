@@ -245,15 +245,8 @@ impl Mesh {
         for &a in sites {
             for &b in sites.iter().filter(|b| **b != a) {
                 let p = &views[&(a, b)];
-                let v = p["views"]
-                    .as_array()
-                    .and_then(|v| v.iter().find(|v| v["kind"] == "workload"));
-                let addr = v.and_then(|v| {
-                    let real: ipnet::Ipv4Net = v["real_cidr"].as_str()?.parse().ok()?;
-                    let local: ipnet::Ipv4Net = v["local_cidr"].as_str()?.parse().ok()?;
-                    weft_controller::ipam::translate(self.sites[b].workload.parse().ok()?, real, local)
-                });
-                let addr = addr.unwrap_or_else(|| panic!("no workload view in {p}"));
+                let addr =
+                    workload_in_view(p, &self.sites[b].workload).unwrap_or_else(|| panic!("no workload view in {p}"));
                 pairs.push((a, b, format!("{addr}:{ECHO_PORT}")));
             }
         }
@@ -326,13 +319,7 @@ impl Mesh {
     /// view), or None while `from` has no view of `to`.
     pub fn address(&self, from: usize, to: usize) -> Option<String> {
         let p = self.peering(&self.sites[from], &self.sites[to].id)?;
-        let v = p["views"].as_array()?.iter().find(|v| v["kind"] == "workload")?;
-        let (real, local): (ipnet::Ipv4Net, ipnet::Ipv4Net) = (
-            v["real_cidr"].as_str()?.parse().ok()?,
-            v["local_cidr"].as_str()?.parse().ok()?,
-        );
-        let a = weft_controller::ipam::translate(self.sites[to].workload.parse().ok()?, real, local)?;
-        Some(a.to_string())
+        workload_in_view(&p, &self.sites[to].workload)
     }
 
     /// Site `to`'s local view of site `from`'s workload CIDR.
@@ -411,4 +398,16 @@ impl Mesh {
         let g = self.sites[i].gateway;
         self.lab.proc(g).child.as_ref().expect("the gateway runs").id()
     }
+}
+
+/// Address `workload` of a peer as a peering (`weftctl peerings` JSON)
+/// addresses it: through its local view of the peer's workload CIDR.
+fn workload_in_view(peering: &serde_json::Value, workload: &str) -> Option<String> {
+    let v = peering["views"].as_array()?.iter().find(|v| v["kind"] == "workload")?;
+    let (real, local): (ipnet::Ipv4Net, ipnet::Ipv4Net) = (
+        v["real_cidr"].as_str()?.parse().ok()?,
+        v["local_cidr"].as_str()?.parse().ok()?,
+    );
+    let a = weft_controller::ipam::translate(workload.parse().ok()?, real, local)?;
+    Some(a.to_string())
 }

@@ -228,7 +228,6 @@ impl Hub {
         host: Option<pb::HostReport>,
     ) -> Result<(), Error> {
         let now = now_ms();
-        self.timeline.lock().unwrap().applied(&key, applied, now);
         {
             let mut seen = self.last_seen.lock().unwrap();
             match seen.get_mut(&key) {
@@ -246,6 +245,8 @@ impl Hub {
             l.heard = std::time::Instant::now();
             return Ok(());
         }
+        // A new applied revision: a failover's step, and what this site
+        // tells peers of its readiness may change.
         if self
             .live
             .lock()
@@ -253,6 +254,7 @@ impl Hub {
             .get(&key)
             .is_none_or(|l| l.last.applied_revision != applied)
         {
+            self.timeline.lock().unwrap().applied(&key, applied, now);
             self.progress.send_modify(|n| *n += 1);
         }
         let mut record = AliveRecord {

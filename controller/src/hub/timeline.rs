@@ -36,7 +36,7 @@ pub fn failover_steps() -> &'static Steps {
     STEPS.get_or_init(|| {
         let f: Steps = Family::new_with_constructor(step_histogram);
         // Every step shown from the start, at zero.
-        for step in Step::ALL {
+        for step in Step::TIMED {
             let _ = f.get_or_create(&vec![("step".to_string(), step.as_str().to_string())]);
         }
         f
@@ -63,7 +63,8 @@ pub enum Step {
 }
 
 impl Step {
-    pub const ALL: [Step; 7] = [
+    /// The steps timed from another (all but the fault).
+    pub const TIMED: [Step; 7] = [
         Step::Expired,
         Step::Elected,
         Step::Pushed,
