@@ -4,6 +4,7 @@
 //! top of them: observe a host, execute a plan.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use crate::model::*;
 use crate::plan::Op;
@@ -157,10 +158,17 @@ pub async fn observe(
             .filter(|n| scopes.is_none_or(|s| s.contains(*n)))
             .cloned(),
     );
+    let started = std::time::Instant::now();
     let devices = wg.devices(&out.scopes).await;
+    let wg_took = started.elapsed();
+    let (mut netlink_took, mut firewall_took) = (Duration::ZERO, Duration::ZERO);
     for ns in out.scopes.clone() {
+        let at = std::time::Instant::now();
         let mut raw = net.read(&ns).await?;
+        netlink_took += at.elapsed();
+        let at = std::time::Instant::now();
         raw.tables = fw.tables(&ns).await?;
+        firewall_took += at.elapsed();
         // A WireGuard interface is a device of ours when one backs it.
         for l in &mut raw.links {
             if let Some(d) = devices.get(&(ns.clone(), l.name.clone())) {
@@ -179,6 +187,14 @@ pub async fn observe(
         }
         owned(&ns, raw, &mut out.state);
     }
+    // Where a read of the host goes (seconds on a slow host).
+    tracing::debug!(
+        namespaces = out.scopes.len(),
+        wireguard_ms = wg_took.as_millis() as u64,
+        netlink_ms = netlink_took.as_millis() as u64,
+        firewall_ms = firewall_took.as_millis() as u64,
+        "read the host"
+    );
     Ok(out)
 }
 

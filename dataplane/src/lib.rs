@@ -25,6 +25,7 @@ pub mod lan;
 pub mod linux;
 pub mod model;
 pub mod nft;
+pub mod nftgen;
 mod nl;
 pub mod offload;
 pub mod plan;
@@ -133,14 +134,17 @@ impl<N: Netlink, F: Firewall, W: WireGuard> DataPlane<N, F, W> {
         claimed.extend(namespaces_of(objects.iter().copied()));
         let mut out = Outcome::default();
         let started = std::time::Instant::now();
-        // Taken: kept again only if this reconcile leaves what it wants.
-        let prior = self.believed.take();
-        let from_belief = scopes.is_some() && prior.is_some();
-        let seen = match (scopes, &prior) {
+        // Kept while only reading: a resync that a change stops while it
+        // reads the host (seconds on a slow host) leaves the belief to that
+        // change. Taken once the host is about to change: kept again only
+        // if this reconcile leaves what it wants.
+        let from_belief = scopes.is_some() && self.believed.is_some();
+        let seen = match (scopes, &self.believed) {
             (Some(scopes), Some(b)) => b.clone().within(&claimed, scopes),
             _ => match host::observe(&mut self.net, &mut self.fw, &mut self.wg, &claimed, scopes).await {
                 Ok(s) => s,
                 Err(e) => {
+                    self.believed = None;
                     out.failed = Some(format!("cannot read the host's network: {e}"));
                     return out;
                 }
@@ -155,6 +159,7 @@ impl<N: Netlink, F: Firewall, W: WireGuard> DataPlane<N, F, W> {
         if !ops.is_empty() {
             tracing::debug!(operations = ops.len(), plan = ?ops, "applying the plan");
         }
+        let prior = self.believed.take();
         let results = host::execute(&mut self.net, &mut self.fw, &mut self.wg, &ops).await;
         let mut clean = true;
         tracing::debug!(

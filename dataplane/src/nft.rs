@@ -14,7 +14,8 @@
 //! a hash of the listing (handles and counter values left out). A table
 //! whose listing still has that hash is reported with its version; one
 //! edited by hand, or one this process did not write, without, so the plan
-//! rewrites it.
+//! rewrites it. A listing is taken again only when the namespace's ruleset
+//! generation moved since the last (see `nftgen`).
 
 use std::collections::BTreeMap;
 
@@ -470,6 +471,11 @@ pub struct Nft {
     /// Per namespace: the table this process last wrote there, to end the
     /// conntrack entries of translations the next one changes.
     last: BTreeMap<Ns, TableSpec>,
+    /// Per namespace: the ruleset's generation when [`Firewall::tables`]
+    /// last listed there, and what it found: true while the generation is
+    /// the same (see `nftgen`), so a resync that finds nothing changed
+    /// runs no `nft`.
+    listed: BTreeMap<Ns, (crate::nftgen::Generation, BTreeMap<String, Option<u64>>)>,
 }
 
 impl Nft {
@@ -483,6 +489,20 @@ impl Nft {
 #[async_trait::async_trait]
 impl Firewall for Nft {
     async fn tables(&mut self, ns: &Ns) -> R<BTreeMap<String, Option<u64>>> {
+        // Read before listing: a change made meanwhile gives the next read
+        // another generation, so it lists again.
+        let generation = match crate::nftgen::generation(ns).await {
+            Ok(g) => Some(g),
+            Err(e) => {
+                tracing::debug!(ns = %ns, error = %e, "no nftables generation: listing");
+                None
+            }
+        };
+        if let (Some(g), Some((at, tables))) = (generation, self.listed.get(ns))
+            && g == *at
+        {
+            return Ok(tables.clone());
+        }
         let out = nft(ns, &["-j", "list", "tables", "ip"], None).await?;
         let v: Value = serde_json::from_slice(&out).map_err(|e| format!("nft's listing is not JSON: {e}"))?;
         let mut tables: BTreeMap<String, Option<u64>> = v["nftables"]
@@ -497,11 +517,16 @@ impl Firewall for Nft {
         {
             tables.insert(NFT_TABLE.into(), Some(version));
         }
+        match generation {
+            Some(g) => self.listed.insert(ns.clone(), (g, tables.clone())),
+            None => self.listed.remove(ns),
+        };
         Ok(tables)
     }
 
     async fn set_table(&mut self, ns: &Ns, spec: &TableSpec) -> R<()> {
         self.written.remove(ns);
+        self.listed.remove(ns);
         nft(ns, &["-j", "-f", "-"], Some(batch(spec).to_string()))
             .await
             .map_err(|e| format!("cannot write the nftables table in {}: {e}", shown(ns)))?;
@@ -523,6 +548,7 @@ impl Firewall for Nft {
     }
 
     async fn delete_table(&mut self, ns: &Ns, name: &str) -> R<()> {
+        self.listed.remove(ns);
         if name == NFT_TABLE {
             self.written.remove(ns);
             self.last.remove(ns);

@@ -69,7 +69,7 @@ fn scenario(name: &str, limit: Duration) -> String {
                 .map(|n| format!(" WEFT_VM_FAILOVER_ROUNDS={n}"))
                 .unwrap_or_default(),
             keep = if std::env::var_os("WEFT_VM_LOGS_DIR").is_some() {
-                ",weft_agent=debug WEFT_VM_KEEP_LOGS=1"
+                ",weft_agent=debug,weft_controller::state=debug,weft_controller::store=debug,weft_controller::federation=debug WEFT_VM_KEEP_LOGS=1"
             } else {
                 ""
             }

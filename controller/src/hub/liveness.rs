@@ -71,6 +71,9 @@ impl Hub {
     /// replica wrote on `lease`.
     async fn end_liveness(&self, key: &AgentKey, lease: LeaseId) {
         self.dirty.lock().unwrap().remove(key);
+        if key.0 == AgentRole::Gateway {
+            self.after_the_election().await;
+        }
         let k = self.state.alive_key(key.0, &key.1);
         let txn = Txn::new()
             .when(Compare::Lease(k.clone(), lease))
@@ -82,6 +85,17 @@ impl Hub {
                 "cannot end its liveness record; it ends when another replica's sweep or this replica's lease does"
             );
         }
+    }
+
+    /// Waits for the election loop to have run a whole pass since the
+    /// ending (which woke it: see [`Hub::ended`]; the pass it may be in
+    /// now started before), so that its write goes before the deletion's
+    /// instead of queueing behind it; at most a TTL, and not at all where
+    /// no election loop runs.
+    async fn after_the_election(&self) {
+        let mut passes = self.election_passes.subscribe();
+        let Some(now) = *passes.borrow_and_update() else { return };
+        let _ = tokio::time::timeout(self.gateway_ttl, passes.wait_for(|n| n.is_some_and(|n| n >= now + 2))).await;
     }
 
     /// The agents this replica heard from last more than their TTL ago:

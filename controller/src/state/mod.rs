@@ -46,6 +46,8 @@ use crate::store::{Compare, KeyValue, Op, Revision, Store, StoreError, Txn};
 
 /// Attempts before a write that keeps losing to concurrent writers gives up.
 const MAX_ATTEMPTS: u32 = 32;
+/// A state write this slow is logged (debug) with where its time went.
+const SLOW_WRITE: Duration = Duration::from_millis(100);
 
 #[derive(Clone)]
 pub struct State {
@@ -480,11 +482,17 @@ impl State {
         &self,
         mut attempt: impl FnMut(&Snapshot) -> Result<(Option<Txn>, T), Error>,
     ) -> Result<T, Error> {
+        let started = std::time::Instant::now();
         let mut cache = self.writer.lock().await;
+        let waited = started.elapsed();
+        let mut reads = 0u32;
         for n in 0..MAX_ATTEMPTS {
             let (snap, cached) = match cache.take() {
                 Some(s) => (s, true),
-                None => (self.snapshot().await?, false),
+                None => {
+                    reads += 1;
+                    (self.snapshot().await?, false)
+                }
             };
             let (txn, out) = match attempt(&snap) {
                 Ok(x) => x,
@@ -506,6 +514,18 @@ impl State {
             let resp = self.store.txn(txn).await?;
             if resp.succeeded {
                 *cache = snap.apply_ops(&self.root, &ops, resp.revision);
+                let took = started.elapsed();
+                if took >= SLOW_WRITE {
+                    // Where a slow write's time went: waiting for the
+                    // other writers, reading the site anew, or retrying.
+                    tracing::debug!(
+                        ms = took.as_millis() as u64,
+                        waited_ms = waited.as_millis() as u64,
+                        attempts = n + 1,
+                        snapshots = reads,
+                        "slow state write"
+                    );
+                }
                 return Ok(out);
             }
             if !cached {

@@ -49,6 +49,8 @@ fn open_db(path: &Path) -> Result<Database, redb::DatabaseError> {
     redb::Builder::new().set_cache_size(CACHE_BYTES).create(path)
 }
 
+/// A commit this slow is logged (debug).
+const SLOW_COMMIT: Duration = Duration::from_millis(50);
 /// How often expired leases are looked for.
 const LEASE_TICK: Duration = Duration::from_millis(100);
 /// Batches a watcher may have queued before the reader waits for it. Small:
@@ -368,9 +370,22 @@ impl Inner {
     }
 
     fn txn(&self, txn: &Txn) -> Result<TxnResponse, StoreError> {
+        let started = Instant::now();
         let w = self.db()?.begin_write().map_err(backend_err)?;
+        let began = started.elapsed();
         let (resp, changed) = self.apply(&w, txn)?;
         w.commit().map_err(backend_err)?;
+        let took = started.elapsed();
+        if took >= SLOW_COMMIT {
+            // The file's writer is one at a time: `waited_ms` is the
+            // queue, the rest the commit itself (its fsyncs).
+            tracing::debug!(
+                ms = took.as_millis() as u64,
+                waited_ms = began.as_millis() as u64,
+                ops = txn.ops.len(),
+                "slow store commit"
+            );
+        }
         if changed {
             self.publish(resp.revision);
         }

@@ -90,6 +90,16 @@ fn main() {
 fn keep_logs() {
     if let Some(dir) = LAB_DIR.get() {
         let _ = std::fs::create_dir_all(OUT);
+        // Who used the emulated CPUs (what makes everything slow there),
+        // the first time the logs are kept (while the lab still runs).
+        let cpu = std::path::Path::new(OUT).join("cpu.txt");
+        if !cpu.exists()
+            && let Ok(o) = std::process::Command::new("ps")
+                .args(["-eo", "pid,etimes,times,args", "--sort=-times"])
+                .output()
+        {
+            let _ = std::fs::write(&cpu, o.stdout);
+        }
         for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let p = e.path();
             if p.extension().is_some_and(|x| x == "log") {
