@@ -374,6 +374,7 @@ impl Inner {
         let w = self.db()?.begin_write().map_err(backend_err)?;
         let began = started.elapsed();
         let (resp, changed) = self.apply(&w, txn)?;
+        let applied = started.elapsed();
         w.commit().map_err(backend_err)?;
         let took = started.elapsed();
         if took >= SLOW_COMMIT {
@@ -382,6 +383,7 @@ impl Inner {
             tracing::debug!(
                 ms = took.as_millis() as u64,
                 waited_ms = began.as_millis() as u64,
+                commit_ms = (took - applied).as_millis() as u64,
                 ops = txn.ops.len(),
                 "slow store commit"
             );
