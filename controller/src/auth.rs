@@ -183,6 +183,12 @@ pub struct Authenticator {
     /// verdict is reused. Every call is authenticated, and an agent's
     /// heartbeat must not cost a signature check each time.
     verified: Mutex<HashMap<[u8; 32], Verified>>,
+    /// The size [`Authenticator::verified`] may reach before its lapsed
+    /// verdicts go: twice what was left after the last pruning (at least
+    /// [`VERIFIED_PRUNE_FROM`]), so it stays within twice the live set
+    /// instead of growing with every certificate ever seen (under churn it
+    /// grew toward [`VERIFIED_KEPT`]: tens of MiB).
+    verified_prune_at: std::sync::atomic::AtomicUsize,
 }
 
 /// A leaf certificate's verdict, reused until `until`.
@@ -201,6 +207,8 @@ const VERIFIED_FOR: std::time::Duration = std::time::Duration::from_secs(300);
 /// renewal, for 50,000 agents and more); when full, the lapsed ones go,
 /// and if none did, all.
 const VERIFIED_KEPT: usize = 262_144;
+/// The fewest verified certificates kept before lapsed ones are looked for.
+const VERIFIED_PRUNE_FROM: usize = 1024;
 
 /// How many peer CA verifiers are kept before the cache is emptied (peers'
 /// CAs change rarely; a site has far fewer peerings).
@@ -236,6 +244,7 @@ impl Authenticator {
             superseded: Mutex::new(None),
             peer_verifiers: Mutex::new(HashMap::new()),
             verified: Mutex::new(HashMap::new()),
+            verified_prune_at: std::sync::atomic::AtomicUsize::new(VERIFIED_PRUNE_FROM),
         }))
     }
 
@@ -257,6 +266,12 @@ impl Authenticator {
     /// Revokes `serial`, saying why.
     pub fn revoke(&self, serial: String, why: RevokedAs) {
         self.revoked.write().unwrap().insert(serial, why);
+    }
+
+    /// Forgets `serial`'s revocation: its record left the store (its
+    /// certificate expired, refused as expired from then on).
+    pub fn forget_revoked(&self, serial: &str) {
+        self.revoked.write().unwrap().remove(serial);
     }
 
     pub fn is_revoked(&self, serial: &str) -> bool {
@@ -398,11 +413,14 @@ impl Authenticator {
         let (id, end) = identity_until(ee).map_err(Status::unauthenticated)?;
         let until = end.min(now + VERIFIED_FOR);
         let mut verified = self.verified.lock().unwrap();
-        if verified.len() >= VERIFIED_KEPT {
+        use std::sync::atomic::Ordering::Relaxed;
+        if verified.len() >= self.verified_prune_at.load(Relaxed).min(VERIFIED_KEPT) {
             verified.retain(|_, v| now < v.until);
             if verified.len() >= VERIFIED_KEPT {
                 verified.clear();
             }
+            self.verified_prune_at
+                .store((2 * verified.len()).max(VERIFIED_PRUNE_FROM), Relaxed);
         }
         verified.insert(digest, Verified { id: id.clone(), until });
         Ok(id)

@@ -114,9 +114,9 @@ async fn bind_admin_socket(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// How often the revocations are read anew: those whose certificate has
-/// expired (refused as expired anyway) then leave the store and memory, so
-/// a site where agents come and go keeps at most a certificate lifetime's
+/// How often the revocations whose certificate has expired (refused as
+/// expired anyway) leave the store, and so every replica's memory, so a
+/// site where agents come and go keeps at most a certificate lifetime's
 /// worth of them.
 const REVOCATIONS_PRUNED_EVERY: Duration = Duration::from_secs(600);
 
@@ -132,23 +132,36 @@ async fn follow_revocations(state: State, auth: Arc<Authenticator>) {
             );
             let prefix = state.revoked_prefix();
             let mut watch = state.store().watch_prefix(&prefix, rev + 1).await?;
-            let prune = tokio::time::sleep(REVOCATIONS_PRUNED_EVERY);
-            tokio::pin!(prune);
+            let mut prune = tokio::time::interval_at(
+                tokio::time::Instant::now() + REVOCATIONS_PRUNED_EVERY,
+                REVOCATIONS_PRUNED_EVERY,
+            );
             loop {
                 let batch = tokio::select! {
                     b = watch.next() => b,
-                    // Read them all anew (dropping the expired), from a
-                    // fresh watch.
-                    _ = &mut prune => return Ok(()),
+                    // The expired leave the store; their deletions come
+                    // through the watch. (Not a new read of the whole set:
+                    // a second copy of it, under churn, raised the
+                    // controller's memory by megabytes at each pass.)
+                    _ = prune.tick() => {
+                        if let Err(e) = state.prune_revoked(|_| {}).await {
+                            tracing::warn!(error = %e, "cannot prune the revocations of expired certificates");
+                        }
+                        continue;
+                    }
                 };
                 let Some(batch) = batch else { break };
                 for ev in batch?.events {
-                    if ev.kind == EventKind::Put
-                        && let Some(crate::state::Key::Revoked(serial)) = state.parse(&ev.kv.key)
-                    {
-                        let why = serde_json::from_slice::<crate::domain::Revoked>(&ev.kv.value)
-                            .map_or(crate::auth::RevokedAs::Other, |r| crate::auth::RevokedAs::of(&r));
-                        auth.revoke(serial.to_string(), why);
+                    let Some(crate::state::Key::Revoked(serial)) = state.parse(&ev.kv.key) else {
+                        continue;
+                    };
+                    match ev.kind {
+                        EventKind::Put => {
+                            let why = serde_json::from_slice::<crate::domain::Revoked>(&ev.kv.value)
+                                .map_or(crate::auth::RevokedAs::Other, |r| crate::auth::RevokedAs::of(&r));
+                            auth.revoke(serial.to_string(), why);
+                        }
+                        EventKind::Delete => auth.forget_revoked(serial),
                     }
                 }
             }

@@ -291,9 +291,18 @@ impl State {
     /// expired more than [`REVOKED_KEPT_AFTER_EXPIRY_MS`] ago (a replica
     /// whose clock is behind must still refuse it until then).
     pub async fn revoked(&self) -> Result<(Vec<Revoked>, crate::store::Revision), Error> {
+        let mut live = Vec::new();
+        let rev = self.prune_revoked(|r| live.push(r)).await?;
+        Ok((live, rev))
+    }
+
+    /// Removes the revocations whose certificate expired more than
+    /// [`REVOKED_KEPT_AFTER_EXPIRY_MS`] ago; hands each one kept to `keep`.
+    /// Every replica's watch sees the deletions (see
+    /// `Authenticator::forget_revoked`), so none reads the set anew.
+    pub async fn prune_revoked(&self, mut keep: impl FnMut(Revoked)) -> Result<crate::store::Revision, Error> {
         let range = self.store.get_prefix(&self.revoked_prefix()).await?;
         let now = now_ms();
-        let mut live = Vec::new();
         for kv in &range.kvs {
             let r: Revoked = decode(kv)?;
             if r.not_after_ms.saturating_add(REVOKED_KEPT_AFTER_EXPIRY_MS) <= now {
@@ -302,10 +311,10 @@ impl State {
                     .then(Op::delete(kv.key.clone()));
                 self.store.txn(t).await?;
             } else {
-                live.push(r);
+                keep(r);
             }
         }
-        Ok((live, range.revision))
+        Ok(range.revision)
     }
 }
 

@@ -129,10 +129,15 @@ impl Snapshot {
                 (Key::Node(n), v) => {
                     fold(&mut self.nodes, v, revision, |x: &Node| x.name == n)?;
                     if let Some(links) = self.node_links.get_mut() {
-                        let holders = links.entry(crate::render::gateway_link_name(n)).or_default();
+                        let link = crate::render::gateway_link_name(n);
+                        let holders = links.entry(link.clone()).or_default();
                         holders.retain(|h| h != n);
                         if v.is_some() {
                             holders.push(n.to_string());
+                        } else if holders.is_empty() {
+                            // Not kept for names gone: under churn the map
+                            // grew by one entry per node that ever left.
+                            links.remove(&link);
                         }
                     }
                 }
