@@ -239,49 +239,32 @@ impl State {
     /// state's own there (the other namespaces keep what they hold).
     pub fn replace_within(&mut self, from: &State, scopes: &BTreeSet<Ns>) {
         let inside = |ns: &Ns| scopes.contains(ns);
-        self.namespaces.retain(|n| !inside(n));
-        self.namespaces
-            .extend(from.namespaces.iter().filter(|n| inside(n)).cloned());
-        self.forwarding.retain(|n| !inside(n));
-        self.forwarding
-            .extend(from.forwarding.iter().filter(|n| inside(n)).cloned());
-        self.links.retain(|(n, _), _| !inside(n));
-        self.links.extend(
-            from.links
-                .iter()
-                .filter(|((n, _), _)| inside(n))
-                .map(|(k, v)| (k.clone(), v.clone())),
-        );
-        self.addresses.retain(|a| !inside(&a.ns));
-        self.addresses
-            .extend(from.addresses.iter().filter(|a| inside(&a.ns)).cloned());
-        self.routes.retain(|(n, _, _), _| !inside(n));
-        self.routes.extend(
-            from.routes
-                .iter()
-                .filter(|((n, _, _), _)| inside(n))
-                .map(|(k, v)| (k.clone(), v.clone())),
-        );
-        self.rules.retain(|r| !inside(&r.ns));
-        self.rules.extend(from.rules.iter().filter(|r| inside(&r.ns)).cloned());
-        self.tables.retain(|n, _| !inside(n));
-        self.tables.extend(
-            from.tables
-                .iter()
-                .filter(|(n, _)| inside(n))
-                .map(|(k, v)| (k.clone(), *v)),
-        );
-        self.stray_tables.retain(|(n, _)| !inside(n));
-        self.stray_tables
-            .extend(from.stray_tables.iter().filter(|(n, _)| inside(n)).cloned());
-        self.peers.retain(|(n, _), _| !inside(n));
-        self.peers.extend(
-            from.peers
-                .iter()
-                .filter(|((n, _), _)| inside(n))
-                .map(|(k, v)| (k.clone(), v.clone())),
-        );
+        set_within(&mut self.namespaces, &from.namespaces, |n| inside(n));
+        set_within(&mut self.forwarding, &from.forwarding, |n| inside(n));
+        set_within(&mut self.addresses, &from.addresses, |a| inside(&a.ns));
+        set_within(&mut self.rules, &from.rules, |r| inside(&r.ns));
+        set_within(&mut self.stray_tables, &from.stray_tables, |(n, _)| inside(n));
+        map_within(&mut self.links, &from.links, |(n, _)| inside(n));
+        map_within(&mut self.routes, &from.routes, |(n, _, _)| inside(n));
+        map_within(&mut self.tables, &from.tables, |n| inside(n));
+        map_within(&mut self.peers, &from.peers, |(n, _)| inside(n));
     }
+}
+
+/// `mine`'s items that `inside` picks, replaced by `from`'s.
+fn set_within<T: Ord + Clone>(mine: &mut BTreeSet<T>, from: &BTreeSet<T>, inside: impl Fn(&T) -> bool) {
+    mine.retain(|x| !inside(x));
+    mine.extend(from.iter().filter(|x| inside(x)).cloned());
+}
+
+/// `mine`'s entries whose key `inside` picks, replaced by `from`'s.
+fn map_within<K: Ord + Clone, V: Clone>(mine: &mut BTreeMap<K, V>, from: &BTreeMap<K, V>, inside: impl Fn(&K) -> bool) {
+    mine.retain(|k, _| !inside(k));
+    mine.extend(
+        from.iter()
+            .filter(|(k, _)| inside(k))
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
 }
 
 /// The desired state with what planning needs beside it.

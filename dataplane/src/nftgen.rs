@@ -35,25 +35,13 @@ pub async fn generation(ns: &Ns) -> R<Generation> {
     } else {
         format!("/run/netns/{ns}")
     };
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("weft-nftgen".into())
-        .spawn(move || {
-            let read = || -> R<Generation> {
-                let file = std::fs::File::open(&path).map_err(|e| format!("cannot open {path}: {e}"))?;
-                let inode = std::os::unix::fs::MetadataExt::ino(
-                    &file.metadata().map_err(|e| format!("cannot stat {path}: {e}"))?,
-                );
-                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                    .map_err(|e| format!("cannot enter {path}: {e}"))?;
-                let (cookie, generation) = ask()?;
-                Ok((cookie.unwrap_or(inode), generation))
-            };
-            let _ = tx.send(read());
-        })
-        .map_err(|e| format!("cannot start a thread: {e}"))?;
-    rx.await
-        .map_err(|_| "the nftables generation reader panicked".to_string())?
+    crate::nl::on_thread_in(path.clone(), move |file| {
+        let inode =
+            std::os::unix::fs::MetadataExt::ino(&file.metadata().map_err(|e| format!("cannot stat {path}: {e}"))?);
+        let (cookie, generation) = ask()?;
+        Ok((cookie.unwrap_or(inode), generation))
+    })
+    .await
 }
 
 /// Asks the kernel (in the calling thread's namespace): the namespace's

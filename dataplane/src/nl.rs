@@ -27,7 +27,27 @@ pub async fn in_namespace<T: Send + 'static>(
     ns: &str,
     f: impl FnOnce(Handle) -> std::pin::Pin<Box<dyn std::future::Future<Output = R<T>> + Send>> + Send + 'static,
 ) -> R<T> {
-    let path = format!("/run/netns/{ns}");
+    on_thread_in(format!("/run/netns/{ns}"), move |_| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async move {
+            let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            f(handle).await
+        })
+    })
+    .await
+}
+
+/// Runs `f` on a thread of its own that joined the network namespace at
+/// `path` (given its open file); the caller awaits the result without
+/// blocking its runtime.
+pub(crate) async fn on_thread_in<T: Send + 'static>(
+    path: String,
+    f: impl FnOnce(&std::fs::File) -> R<T> + Send + 'static,
+) -> R<T> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("weft-netns".into())
@@ -36,15 +56,7 @@ pub async fn in_namespace<T: Send + 'static>(
                 let file = std::fs::File::open(&path).map_err(|e| format!("cannot open {path}: {e}"))?;
                 nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
                     .map_err(|e| format!("cannot enter {path}: {e}"))?;
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| e.to_string())?;
-                rt.block_on(async move {
-                    let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
-                    tokio::spawn(conn);
-                    f(handle).await
-                })
+                f(&file)
             };
             let _ = tx.send(run());
         })
