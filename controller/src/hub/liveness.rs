@@ -74,6 +74,12 @@ impl Hub {
         if key.0 == AgentRole::Gateway {
             self.after_the_election().await;
         }
+        // Back meanwhile (it reconnected, or reported again after its
+        // silence): the record its report wrote is on the same role lease
+        // and must stand.
+        if self.live.lock().unwrap().contains_key(key) {
+            return;
+        }
         let k = self.state.alive_key(key.0, &key.1);
         let txn = Txn::new()
             .when(Compare::Lease(k.clone(), lease))
@@ -84,6 +90,17 @@ impl Hub {
                 error = %e,
                 "cannot end its liveness record; it ends when another replica's sweep or this replica's lease does"
             );
+        }
+        // Back while the deletion ran: its record is written again (a
+        // report after this point finds it live and writes only changes).
+        let back = self
+            .live
+            .lock()
+            .unwrap()
+            .get(key)
+            .map(|l| (key.clone(), (l.lease, l.last.clone())));
+        if let Some(back) = back {
+            self.write_status(vec![back]).await;
         }
     }
 
@@ -578,6 +595,46 @@ mod tests {
         h.report(key.clone(), 2, vec![], None).await.unwrap();
         let rec = h.state.alive().await.unwrap()[&key].clone();
         assert_eq!((rec.wireguard.as_str(), rec.features.len()), ("kernel", 1), "{rec:?}");
+    }
+
+    /// A gateway whose stream ended and that reconnects while the ending
+    /// of its record waits for the election keeps the record its new
+    /// report wrote (same role lease): it was deleted, and the gateway,
+    /// live in memory, stayed unlisted and unelectable, its heartbeats
+    /// writing nothing. Once back, whenever it comes back, it is listed
+    /// with its facts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gateway_back_while_its_ending_waits_keeps_its_record() {
+        let ttl = Duration::from_millis(400);
+        let (h, _dir) = hub(ttl).await;
+        // An election loop that does not get to run a pass: the ending
+        // waits its whole TTL.
+        h.election_passes.send_replace(Some(0));
+        let key = (AgentRole::Gateway, "gw".to_string());
+        let facts = pb::HostReport {
+            wireguard: "kernel".into(),
+            ..Default::default()
+        };
+        for back_after in [Duration::ZERO, ttl / 2, ttl + Duration::from_millis(50)] {
+            h.report(key.clone(), 1, vec![], Some(facts.clone())).await.unwrap();
+            assert!(live(&h, "gw").await);
+            let ending = {
+                let (h, key) = (h.clone(), key.clone());
+                tokio::spawn(async move { h.gone(&key).await })
+            };
+            tokio::time::sleep(back_after).await;
+            h.report(key.clone(), 1, vec![], None).await.unwrap();
+            ending.await.unwrap();
+            // The heartbeats that follow write nothing: the record must
+            // be there already.
+            h.report(key.clone(), 1, vec![], None).await.unwrap();
+            let rec = h.state.alive().await.unwrap().get(&key).cloned();
+            assert_eq!(
+                rec.map(|r| r.wireguard),
+                Some("kernel".to_string()),
+                "back {back_after:?} after its stream ended: not listed"
+            );
+        }
     }
 
     /// A replica that did not run for a while (stopped, starved) has not
