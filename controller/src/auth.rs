@@ -166,12 +166,21 @@ impl RevokedAs {
     }
 }
 
+/// A revoked serial: why, and when its certificate ends (ms since the
+/// epoch; `u64::MAX` while only this replica's own revocation told it,
+/// until the store's record does).
+#[derive(Clone, Copy, Debug)]
+struct RevokedEntry {
+    why: RevokedAs,
+    not_after_ms: u64,
+}
+
 /// Verifies callers against the site CA and the revocation list.
 pub struct Authenticator {
     site: String,
     verifier: Arc<dyn ClientCertVerifier>,
-    /// Revoked serials, each with why.
-    revoked: RwLock<HashMap<String, RevokedAs>>,
+    /// Revoked serials, each with why and until when.
+    revoked: RwLock<HashMap<String, RevokedEntry>>,
     /// Where calls from superseded certificates are told (see
     /// [`Authenticator::on_superseded`]).
     superseded: Mutex<Option<tokio::sync::mpsc::Sender<(Identity, u64)>>>,
@@ -182,13 +191,9 @@ pub struct Authenticator {
     /// SHA-256 of their DER: the identity in each and until when that
     /// verdict is reused. Every call is authenticated, and an agent's
     /// heartbeat must not cost a signature check each time.
-    verified: Mutex<HashMap<[u8; 32], Verified>>,
-    /// The size [`Authenticator::verified`] may reach before its lapsed
-    /// verdicts go: twice what was left after the last pruning (at least
-    /// [`VERIFIED_PRUNE_FROM`]), so it stays within twice the live set
-    /// instead of growing with every certificate ever seen (under churn it
-    /// grew toward [`VERIFIED_KEPT`]: tens of MiB).
-    verified_prune_at: std::sync::atomic::AtomicUsize,
+    /// Pruned by [`prune_lapsed`] every [`VERIFIED_FOR`] / 2, with when
+    /// it last was (ms since the epoch).
+    verified: Mutex<(HashMap<[u8; 32], Verified>, u64)>,
 }
 
 /// A leaf certificate's verdict, reused until `until`.
@@ -207,8 +212,28 @@ const VERIFIED_FOR: std::time::Duration = std::time::Duration::from_secs(300);
 /// renewal, for 50,000 agents and more); when full, the lapsed ones go,
 /// and if none did, all.
 const VERIFIED_KEPT: usize = 262_144;
-/// The fewest verified certificates kept before lapsed ones are looked for.
-const VERIFIED_PRUNE_FROM: usize = 1024;
+
+/// Drops `map`'s lapsed entries once the last pruning (at `pruned_ms`)
+/// is `every_ms` old, or the clock went back; empties it when `kept`
+/// entries remain. A cache so holds what lapses within about `every_ms`
+/// more than its live entries, and its table stays at the size that
+/// needs, under any churn (a size-triggered pruning let it double in
+/// steps as newcomers came: half a MiB at a time under churn).
+fn prune_lapsed<K: Eq + std::hash::Hash, V>(
+    map: &mut HashMap<K, V>,
+    (now_ms, pruned_ms, every_ms): (u64, &mut u64, u64),
+    lapsed: impl Fn(&V) -> bool,
+    kept: usize,
+) {
+    if map.len() < kept && now_ms >= *pruned_ms && now_ms - *pruned_ms < every_ms {
+        return;
+    }
+    *pruned_ms = now_ms;
+    map.retain(|_, v| !lapsed(v));
+    if map.len() >= kept {
+        map.clear();
+    }
+}
 
 /// How many peer CA verifiers are kept before the cache is emptied (peers'
 /// CAs change rarely; a site has far fewer peerings).
@@ -243,8 +268,7 @@ impl Authenticator {
             revoked: RwLock::new(HashMap::new()),
             superseded: Mutex::new(None),
             peer_verifiers: Mutex::new(HashMap::new()),
-            verified: Mutex::new(HashMap::new()),
-            verified_prune_at: std::sync::atomic::AtomicUsize::new(VERIFIED_PRUNE_FROM),
+            verified: Mutex::new((HashMap::new(), 0)),
         }))
     }
 
@@ -258,14 +282,56 @@ impl Authenticator {
         Arc::new(DeferredClientVerifier::new(self.verifier.clone()))
     }
 
-    /// Replaces the revoked set (from the store): serials, each with why.
-    pub fn set_revoked(&self, serials: impl IntoIterator<Item = (String, RevokedAs)>) {
-        *self.revoked.write().unwrap() = serials.into_iter().collect();
+    /// Replaces the revoked set with the store's records.
+    pub fn set_revoked<'a>(&self, records: impl IntoIterator<Item = &'a crate::domain::Revoked>) {
+        *self.revoked.write().unwrap() = records
+            .into_iter()
+            .map(|r| {
+                let e = RevokedEntry {
+                    why: RevokedAs::of(r),
+                    not_after_ms: r.not_after_ms,
+                };
+                (r.serial.clone(), e)
+            })
+            .collect();
     }
 
-    /// Revokes `serial`, saying why.
+    /// Revokes `serial`, saying why, at once (this replica revoked it;
+    /// the store's record, through [`Authenticator::revoked_record`], says
+    /// until when).
     pub fn revoke(&self, serial: String, why: RevokedAs) {
-        self.revoked.write().unwrap().insert(serial, why);
+        self.revoked
+            .write()
+            .unwrap()
+            .entry(serial)
+            .and_modify(|e| e.why = why)
+            .or_insert(RevokedEntry {
+                why,
+                not_after_ms: u64::MAX,
+            });
+    }
+
+    /// Takes in a revocation record of the store.
+    pub fn revoked_record(&self, r: &crate::domain::Revoked) {
+        let e = RevokedEntry {
+            why: RevokedAs::of(r),
+            not_after_ms: r.not_after_ms,
+        };
+        self.revoked.write().unwrap().insert(r.serial.clone(), e);
+    }
+
+    /// The revoked serials whose certificate ended at or before
+    /// `cutoff_ms`: the ones whose records may leave the store (read from
+    /// memory, not from the store: a read of every revocation, under
+    /// churn, raised the controller's memory by megabytes at each pass).
+    pub fn lapsed_revocations(&self, cutoff_ms: u64) -> Vec<String> {
+        self.revoked
+            .read()
+            .unwrap()
+            .iter()
+            .filter(|(_, e)| e.not_after_ms <= cutoff_ms)
+            .map(|(s, _)| s.clone())
+            .collect()
     }
 
     /// Forgets `serial`'s revocation: its record left the store (its
@@ -356,7 +422,7 @@ impl Authenticator {
     /// Refuses an identity whose certificate was revoked, saying why (a
     /// long-lived stream asks again for each message it reads).
     pub fn check_revocation(&self, id: &Identity) -> Result<(), Status> {
-        let why = self.revoked.read().unwrap().get(&id.serial).copied();
+        let why = self.revoked.read().unwrap().get(&id.serial).map(|e| e.why);
         match why {
             None => Ok(()),
             // An agent that was away when the admin removed it learns it
@@ -402,7 +468,7 @@ impl Authenticator {
             .try_into()
             .expect("SHA-256 is 32 bytes");
         let now = std::time::SystemTime::now();
-        if let Some(v) = self.verified.lock().unwrap().get(&digest)
+        if let Some(v) = self.verified.lock().unwrap().0.get(&digest)
             && now < v.until
         {
             return Ok(v.id.clone());
@@ -412,16 +478,9 @@ impl Authenticator {
             .map_err(|e| Status::unauthenticated(describe(&e)))?;
         let (id, end) = identity_until(ee).map_err(Status::unauthenticated)?;
         let until = end.min(now + VERIFIED_FOR);
-        let mut verified = self.verified.lock().unwrap();
-        use std::sync::atomic::Ordering::Relaxed;
-        if verified.len() >= self.verified_prune_at.load(Relaxed).min(VERIFIED_KEPT) {
-            verified.retain(|_, v| now < v.until);
-            if verified.len() >= VERIFIED_KEPT {
-                verified.clear();
-            }
-            self.verified_prune_at
-                .store((2 * verified.len()).max(VERIFIED_PRUNE_FROM), Relaxed);
-        }
+        let (verified, pruned) = &mut *self.verified.lock().unwrap();
+        let schedule = (crate::domain::now_ms(), pruned, VERIFIED_FOR.as_millis() as u64 / 2);
+        prune_lapsed(verified, schedule, |v| now >= v.until, VERIFIED_KEPT);
         verified.insert(digest, Verified { id: id.clone(), until });
         Ok(id)
     }
@@ -537,4 +596,55 @@ pub fn removed(message: String) -> Status {
     s.metadata_mut()
         .insert(weft_proto::REMOVED, tonic::metadata::MetadataValue::from_static("1"));
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The verified-certificate cache's pruning: under churn (entries
+    /// that lapse as fast as new ones come) it holds its live entries and
+    /// what lapsed since the last pruning, and its table stops growing;
+    /// the cap empties it; a clock that went back prunes at once.
+    #[test]
+    fn a_cache_under_churn_holds_its_live_entries_and_stops_growing() {
+        // One entry a ms, each lapsing `LIFE` ms after it came; pruned
+        // every `EVERY` ms.
+        const LIFE: u64 = 1000;
+        const EVERY: u64 = 500;
+        let mut map: HashMap<u64, u64> = HashMap::new();
+        let mut pruned = 0;
+        // The most held, and the table's largest capacity in each half of
+        // the run after a warm-up.
+        let (mut most, mut capacity) = (0, [0, 0]);
+        for t in 0..100 * LIFE {
+            prune_lapsed(&mut map, (t, &mut pruned, EVERY), |&born| born + LIFE <= t, usize::MAX);
+            map.insert(t, t);
+            most = most.max(map.len());
+            if t > 10 * LIFE {
+                let half = usize::from(t > 55 * LIFE);
+                capacity[half] = capacity[half].max(map.capacity());
+            }
+        }
+        assert!(most <= (LIFE + EVERY) as usize, "held {most}");
+        assert!(
+            capacity[1] <= capacity[0] && capacity[0] < 4 * (LIFE + EVERY) as usize,
+            "the table grew under steady churn: {capacity:?}"
+        );
+
+        // The cap: emptied at a pruning that leaves that many.
+        let mut map: HashMap<u64, ()> = HashMap::new();
+        let mut pruned = 0;
+        for k in 0..100 {
+            prune_lapsed(&mut map, (0, &mut pruned, EVERY), |_| false, 50);
+            map.insert(k, ());
+            assert!(map.len() <= 50, "{} held", map.len());
+        }
+
+        // The clock went back: pruned now.
+        let mut map: HashMap<u64, ()> = HashMap::from([(1, ())]);
+        let mut pruned = 10_000;
+        prune_lapsed(&mut map, (5_000, &mut pruned, EVERY), |_| true, usize::MAX);
+        assert!(map.is_empty() && pruned == 5_000);
+    }
 }

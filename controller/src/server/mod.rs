@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use futures::StreamExt;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
@@ -30,9 +29,9 @@ use crate::grpc::agent::AgentApi;
 use crate::hub::Hub;
 use crate::pki::{self, ServerPki};
 use crate::state::State;
+use crate::store::Store;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::etcd::{EtcdStore, EtcdTls};
-use crate::store::{EventKind, Store};
 use weft_common::task::{OnFailure, supervise};
 
 /// Largest request the controller decodes (the gRPC default is 4 MiB).
@@ -54,6 +53,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 const ALL_ROLES: &[Role] = &[Role::Admin, Role::Node, Role::Gateway, Role::Site, Role::Controller];
 
 mod incoming;
+mod revocations;
 
 use incoming::{known_by, tls_config, tls_incoming};
 
@@ -114,67 +114,6 @@ async fn bind_admin_socket(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// How often the revocations whose certificate has expired (refused as
-/// expired anyway) leave the store, and so every replica's memory, so a
-/// site where agents come and go keeps at most a certificate lifetime's
-/// worth of them.
-const REVOCATIONS_PRUNED_EVERY: Duration = Duration::from_secs(600);
-
-/// Keeps the authenticator's revocation set equal to the store's, so a
-/// revocation made through any replica takes effect on this one.
-async fn follow_revocations(state: State, auth: Arc<Authenticator>) {
-    loop {
-        let res: Result<(), crate::error::Error> = async {
-            let (list, rev) = state.revoked().await?;
-            auth.set_revoked(
-                list.into_iter()
-                    .map(|r| (r.serial.clone(), crate::auth::RevokedAs::of(&r))),
-            );
-            let prefix = state.revoked_prefix();
-            let mut watch = state.store().watch_prefix(&prefix, rev + 1).await?;
-            let mut prune = tokio::time::interval_at(
-                tokio::time::Instant::now() + REVOCATIONS_PRUNED_EVERY,
-                REVOCATIONS_PRUNED_EVERY,
-            );
-            loop {
-                let batch = tokio::select! {
-                    b = watch.next() => b,
-                    // The expired leave the store; their deletions come
-                    // through the watch. (Not a new read of the whole set:
-                    // a second copy of it, under churn, raised the
-                    // controller's memory by megabytes at each pass.)
-                    _ = prune.tick() => {
-                        if let Err(e) = state.prune_revoked(|_| {}).await {
-                            tracing::warn!(error = %e, "cannot prune the revocations of expired certificates");
-                        }
-                        continue;
-                    }
-                };
-                let Some(batch) = batch else { break };
-                for ev in batch?.events {
-                    let Some(crate::state::Key::Revoked(serial)) = state.parse(&ev.kv.key) else {
-                        continue;
-                    };
-                    match ev.kind {
-                        EventKind::Put => {
-                            let why = serde_json::from_slice::<crate::domain::Revoked>(&ev.kv.value)
-                                .map_or(crate::auth::RevokedAs::Other, |r| crate::auth::RevokedAs::of(&r));
-                            auth.revoke(serial.to_string(), why);
-                        }
-                        EventKind::Delete => auth.forget_revoked(serial),
-                    }
-                }
-            }
-            Ok(())
-        }
-        .await;
-        if let Err(e) = res {
-            tracing::warn!(error = %e, "revocation watch interrupted; resuming");
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
-
 /// Revokes the whole identity of each agent a call came from with a
 /// certificate a renewal replaced (told by the authenticator): two hosts
 /// hold it.
@@ -233,7 +172,7 @@ impl Background {
         let revocations = supervise("revocations", OnFailure::Restart, move || {
             let (state, auth) = (state.clone(), auth.clone());
             async move {
-                follow_revocations(state, auth).await;
+                revocations::follow(state, auth, revocations::PRUNED_EVERY).await;
                 Ok(())
             }
         });
@@ -304,11 +243,7 @@ async fn open_site(
         .context("cannot initialise the site in the store")?;
     let auth = Authenticator::new(&cfg.site.id, &pki.ca.der)?;
     let (revoked, _) = state.revoked().await.context("cannot read the revocation list")?;
-    auth.set_revoked(
-        revoked
-            .into_iter()
-            .map(|r| (r.serial.clone(), crate::auth::RevokedAs::of(&r))),
-    );
+    auth.set_revoked(&revoked);
     Ok((state, auth))
 }
 

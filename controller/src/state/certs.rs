@@ -48,6 +48,15 @@ fn read_agent(role: AgentRole, kv: &crate::store::KeyValue) -> Result<(Vec<CertR
 /// between replicas).
 pub const REVOKED_KEPT_AFTER_EXPIRY_MS: u64 = 15 * 60 * 1000;
 
+/// How many revocation records one pruning transaction deletes.
+const REVOCATIONS_DELETED_PER_TXN: usize = 128;
+
+/// The revocations of certificates that ended at or before this (ms since
+/// the epoch) may leave the store: [`REVOKED_KEPT_AFTER_EXPIRY_MS`] ago.
+pub fn revocations_lapsed_before() -> u64 {
+    now_ms().saturating_sub(REVOKED_KEPT_AFTER_EXPIRY_MS)
+}
+
 impl State {
     /// A new certificate for an enrolled, unrevoked agent.
     ///
@@ -294,6 +303,20 @@ impl State {
         let mut live = Vec::new();
         let rev = self.prune_revoked(|r| live.push(r)).await?;
         Ok((live, rev))
+    }
+
+    /// Deletes the revocation records of `serials` (see
+    /// [`revocations_lapsed_before`]), [`REVOCATIONS_DELETED_PER_TXN`] to
+    /// a transaction; a record already gone is no error.
+    pub async fn delete_revocations(&self, serials: &[String]) -> Result<(), Error> {
+        for chunk in serials.chunks(REVOCATIONS_DELETED_PER_TXN) {
+            let mut t = Txn::new();
+            for serial in chunk {
+                t = t.then(Op::delete(self.at(Key::Revoked(serial))));
+            }
+            self.store.txn(t).await?;
+        }
+        Ok(())
     }
 
     /// Removes the revocations whose certificate expired more than

@@ -38,6 +38,7 @@ pub use layout::{Key, Prefix};
 pub use agents::{Enrollment, ParsedToken};
 pub use blocks::allocations_of;
 use blocks::check_site_change;
+pub use certs::revocations_lapsed_before;
 
 use crate::domain::{Allocation, Gateway, Node, Peering, PeeringState, PoolUsage, Site, Token, now_ms, validate_name};
 use crate::error::Error;
