@@ -105,10 +105,17 @@ pub(super) async fn keep_reporting(last: std::sync::Arc<std::sync::Mutex<LastRep
                 (late - since, None)
             }
         };
-        if let Some((report, mut reporter)) = due
-            && reporter.send(report).await.is_ok()
-        {
-            last.lock().unwrap().at = std::time::Instant::now();
+        if let Some((report, mut reporter)) = due {
+            let busy = last.lock().unwrap().at.elapsed();
+            let sent = reporter.send(report).await.is_ok();
+            tracing::debug!(
+                busy_ms = busy.as_millis() as u64,
+                sent,
+                "the session's loop is busy: its last report sent again"
+            );
+            if sent {
+                last.lock().unwrap().at = std::time::Instant::now();
+            }
         }
         tokio::time::sleep(wait.max(Duration::from_millis(10))).await;
     }

@@ -266,6 +266,20 @@ impl Hub {
                 None => drop(seen.insert(key.clone(), now)),
             }
         }
+        // A live gateway heard after more than half its TTL was close to
+        // being failed over: said, with the gap (its agent was busy, or
+        // its reports waited somewhere on the way).
+        if key.0 == AgentRole::Gateway
+            && let Some(l) = self.live.lock().unwrap().get(&key)
+            && l.heard.elapsed() > self.gateway_ttl / 2
+        {
+            tracing::info!(
+                agent = %key.1,
+                gap_ms = l.heard.elapsed().as_millis() as u64,
+                ttl_ms = self.gateway_ttl.as_millis() as u64,
+                "a gateway's report came late"
+            );
+        }
         // A heartbeat (nothing new to say) of a live agent only says when
         // it was heard: no record built, nothing written.
         if host.is_none()
