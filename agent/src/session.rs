@@ -361,6 +361,13 @@ async fn host_facts(
 
 /// When the agent applies everything it holds again; a zero interval
 /// turns drift repair off (the timer then never fires).
+/// How often a session reports until the controller says its period (a
+/// third of the TTL, in its first answer). Short: the session's loop may be
+/// busy for seconds with its first apply and not read that answer, and
+/// meanwhile its keeper reports at this pace; at 5 s, as it was, a gateway
+/// that had just (re)started outlived a 3 s TTL unheard and was expired.
+const FIRST_HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
+
 /// How soon a resync that yielded to a change runs again (whole).
 const RESYNC_AFTER_YIELD: Duration = Duration::from_secs(1);
 
@@ -403,7 +410,7 @@ pub(crate) async fn session(s: Session<'_>) -> End {
         Err(e) => return e,
     };
     let mut errors: Vec<pb::ObjectError> = Vec::new();
-    let mut heartbeat = tokio::time::interval(Duration::from_secs(5));
+    let mut heartbeat = tokio::time::interval(FIRST_HEARTBEAT_EVERY);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut resync_timer = resync_timer(cfg.resync_interval);
     let mut tunnels_up: std::collections::HashSet<String> = std::collections::HashSet::new();
