@@ -175,6 +175,15 @@ struct RevokedEntry {
     not_after_ms: u64,
 }
 
+impl RevokedEntry {
+    fn of(r: &crate::domain::Revoked) -> RevokedEntry {
+        RevokedEntry {
+            why: RevokedAs::of(r),
+            not_after_ms: r.not_after_ms,
+        }
+    }
+}
+
 /// Verifies callers against the site CA and the revocation list.
 pub struct Authenticator {
     site: String,
@@ -286,13 +295,7 @@ impl Authenticator {
     pub fn set_revoked<'a>(&self, records: impl IntoIterator<Item = &'a crate::domain::Revoked>) {
         *self.revoked.write().unwrap() = records
             .into_iter()
-            .map(|r| {
-                let e = RevokedEntry {
-                    why: RevokedAs::of(r),
-                    not_after_ms: r.not_after_ms,
-                };
-                (r.serial.clone(), e)
-            })
+            .map(|r| (r.serial.clone(), RevokedEntry::of(r)))
             .collect();
     }
 
@@ -313,11 +316,10 @@ impl Authenticator {
 
     /// Takes in a revocation record of the store.
     pub fn revoked_record(&self, r: &crate::domain::Revoked) {
-        let e = RevokedEntry {
-            why: RevokedAs::of(r),
-            not_after_ms: r.not_after_ms,
-        };
-        self.revoked.write().unwrap().insert(r.serial.clone(), e);
+        self.revoked
+            .write()
+            .unwrap()
+            .insert(r.serial.clone(), RevokedEntry::of(r));
     }
 
     /// The revoked serials whose certificate ended at or before

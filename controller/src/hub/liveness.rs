@@ -269,13 +269,13 @@ impl Hub {
         // A live gateway heard after more than half its TTL was close to
         // being failed over: said, with the gap (its agent was busy, or
         // its reports waited somewhere on the way).
-        if key.0 == AgentRole::Gateway
-            && let Some(l) = self.live.lock().unwrap().get(&key)
-            && l.heard.elapsed() > self.gateway_ttl / 2
-        {
+        let gap = (key.0 == AgentRole::Gateway)
+            .then(|| self.live.lock().unwrap().get(&key).map(|l| l.heard.elapsed()))
+            .flatten();
+        if let Some(gap) = gap.filter(|g| *g > self.gateway_ttl / 2) {
             tracing::info!(
                 agent = %key.1,
-                gap_ms = l.heard.elapsed().as_millis() as u64,
+                gap_ms = gap.as_millis() as u64,
                 ttl_ms = self.gateway_ttl.as_millis() as u64,
                 "a gateway's report came late"
             );
