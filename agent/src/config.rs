@@ -34,7 +34,9 @@ pub struct AgentArgs {
     #[arg(long, env = "WEFT_DRY_RUN")]
     pub dry_run: bool,
     /// How often the whole state is applied again, repairing drift (e.g. a
-    /// route deleted by hand); 0 turns drift repair off.
+    /// route deleted by hand); 0 turns drift repair off. Each resync reads
+    /// the whole host: on a slow host a short interval takes CPU that a
+    /// failover's change then waits for.
     #[arg(long, env = "WEFT_RESYNC_INTERVAL", default_value = "30s")]
     pub resync_interval: humantime::Duration,
     /// Remove everything this agent applied to the host (from its stored

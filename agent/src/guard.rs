@@ -525,6 +525,7 @@ impl<A> Guarded<A> {
 #[async_trait::async_trait]
 impl<A: Applier> Applier for Guarded<A> {
     async fn apply(&mut self, applied: &Objects, desired: &Objects, scope: Scope) -> Vec<pb::ObjectError> {
+        let started = std::time::Instant::now();
         // The host as it is now: a network attached since the last apply
         // turns away the routes over it.
         match self.inner.host_nets().await {
@@ -565,10 +566,16 @@ impl<A: Applier> Applier for Guarded<A> {
             }
         }
         self.refused = refused.iter().map(|e| e.id.clone()).collect();
+        let checked = started.elapsed();
         let mut errors = self
             .inner
             .apply(applied_ok.as_ref().unwrap_or(applied), &ok, scope)
             .await;
+        tracing::debug!(
+            guard_ms = checked.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
+            "the guard read the host and checked the objects"
+        );
         errors.extend(refused);
         errors
     }

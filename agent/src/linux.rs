@@ -226,7 +226,9 @@ impl Applier for Linux {
             weft_dataplane::namespaces_of(changed.iter().chain(gone))
         });
         let claimed = weft_dataplane::namespaces_of(applied.values());
+        let started = std::time::Instant::now();
         let out = self.plane.reconcile(fin.values(), &claimed, scopes.as_ref()).await;
+        let reconciled = started.elapsed();
         self.writes += out.done;
         if let Some(e) = out.failed {
             tracing::warn!(error = %e, "nothing applied");
@@ -321,6 +323,11 @@ impl Applier for Linux {
                 prober.kick();
             }
         }
+        tracing::debug!(
+            reconcile_ms = reconciled.as_millis() as u64,
+            after_ms = (started.elapsed() - reconciled).as_millis() as u64,
+            "applied: the data plane, then relays, LAN address and probes"
+        );
         if self.plane.node && !self.counting {
             self.counting = true;
             crate::metrics::get()

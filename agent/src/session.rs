@@ -368,6 +368,10 @@ async fn host_facts(
 /// that had just (re)started outlived a 3 s TTL unheard and was expired.
 const FIRST_HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
 
+/// A turn of the session's loop that takes longer is logged (debug) with
+/// its parts: what keeps a change or a heartbeat waiting.
+const SLOW_TURN: Duration = Duration::from_millis(250);
+
 /// How soon a resync that yielded to a change runs again (whole).
 const RESYNC_AFTER_YIELD: Duration = Duration::from_secs(1);
 
@@ -481,6 +485,7 @@ pub(crate) async fn session(s: Session<'_>) -> End {
             },
             _ = heartbeat.tick() => None,
         };
+        let woke = std::time::Instant::now();
         match msg {
             Some(Ok(Some(m))) => {
                 errors = receive(&m, desired, file, applier).await;
@@ -507,6 +512,7 @@ pub(crate) async fn session(s: Session<'_>) -> End {
                 Err(e) => return e,
             };
         }
+        let received = woke.elapsed();
         let tunnels = applier.tunnels();
         log_tunnel_changes(&tunnels, &mut tunnels_up);
         *metrics.tunnels.lock().unwrap() = tunnels.clone();
@@ -529,7 +535,15 @@ pub(crate) async fn session(s: Session<'_>) -> End {
             };
             l.reporter = reporter.clone();
         }
-        match reporter.send(report).await {
+        let reported = reporter.send(report).await;
+        if woke.elapsed() > SLOW_TURN {
+            tracing::debug!(
+                apply_ms = received.as_millis() as u64,
+                report_ms = (woke.elapsed() - received).as_millis() as u64,
+                "a slow turn of the session's loop"
+            );
+        }
+        match reported {
             Ok(Some(r)) => {
                 let every = heartbeat_period(&r);
                 last.lock().unwrap().every = every;
