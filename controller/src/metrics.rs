@@ -47,6 +47,9 @@ impl Store for TimedStore {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
+    fn footprint(&self) -> Option<crate::store::Footprint> {
+        self.inner.footprint()
+    }
     async fn get(&self, key: &str) -> Result<Option<crate::store::KeyValue>, StoreError> {
         self.timed("get", self.inner.get(key)).await
     }
@@ -105,8 +108,30 @@ impl ControllerMetrics {
         }
     }
 
-    /// Wraps `store` so its calls are timed.
+    /// Wraps `store` so its calls are timed, and adds its footprint (an
+    /// in-process store's file and cache) to the series.
     pub fn timed(&self, store: Arc<dyn Store>) -> Arc<dyn Store> {
+        let weak = Arc::downgrade(&store);
+        self.registry
+            .lock()
+            .unwrap()
+            .register_collector(Box::new(Snapshot(move |f: &mut Families| {
+                let Some(fp) = weak.upgrade().and_then(|s| s.footprint()) else {
+                    return;
+                };
+                f.gauge(
+                    "weft_controller_store_file_bytes",
+                    "Size of the embedded store's file",
+                    &[],
+                    fp.file_bytes as f64,
+                );
+                f.gauge(
+                    "weft_controller_store_cache_bytes",
+                    "Bytes of the embedded store's file cached in the controller's memory (bounded at 8 MiB)",
+                    &[],
+                    fp.cache_bytes as f64,
+                );
+            })));
         Arc::new(TimedStore {
             inner: store,
             latency: self.latency.clone(),

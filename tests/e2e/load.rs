@@ -23,4 +23,9 @@ fn churn_against_500_agents_leaks_neither_memory_nor_descriptors() {
     println!("{out}");
     assert!(o.status.success(), "{out}\n{}", weft_tests::stderr(&o));
     assert!(out.contains("memory and descriptors flat"), "{out}");
+    // The embedded store's file and cache, read from the controller's metrics.
+    assert!(
+        out.contains("the embedded store over the measured churn: file"),
+        "{out}"
+    );
 }

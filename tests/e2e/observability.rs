@@ -147,6 +147,14 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
             &[("op", "txn")]
         ) > 0.0
     );
+    // Site a's state is in the embedded store: its file, and the part of
+    // it cached in the controller's memory (bounded at 8 MiB).
+    let file = must(&after[2], "weft_controller_store_file_bytes", &[]);
+    let cache = must(&after[2], "weft_controller_store_cache_bytes", &[]);
+    assert!(
+        file > 0.0 && cache > 0.0 && cache <= 8.0 * 1024.0 * 1024.0,
+        "file {file}, cache {cache}"
+    );
     let ipam: Vec<&str> = after[2].lines().filter(|l| l.starts_with("weft_ipam")).collect();
     assert!(
         must(

@@ -236,19 +236,22 @@ impl Drop for Etcd {
 
 /// A minimal HTTP GET on loopback, true on a 200 answer.
 fn http_get_ok(port: u16, path: &str) -> bool {
+    http_get(port, path).is_some()
+}
+
+/// A minimal HTTP GET on loopback: the body of a 200 answer.
+pub fn http_get(port: u16, path: &str) -> Option<String> {
     use std::io::{Read, Write};
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .is_err()
-    {
-        return false;
-    }
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .ok()?;
     let mut buf = String::new();
     let _ = s.read_to_string(&mut buf);
-    buf.starts_with("HTTP/1.0 200") || buf.starts_with("HTTP/1.1 200")
+    if !(buf.starts_with("HTTP/1.0 200") || buf.starts_with("HTTP/1.1 200")) {
+        return None;
+    }
+    buf.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
 }
 
 /// Runs a command and returns its output (never panics on a non-zero exit).

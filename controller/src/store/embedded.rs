@@ -27,8 +27,8 @@ mod codec;
 use codec::{decode_events, decode_kv, encode_events, encode_kv};
 
 use super::{
-    Compare, EventKind, KeyValue, LeaseId, Op, Range, Revision, Store, StoreError, Txn, TxnResponse, WatchBatch,
-    WatchEvent, WatchStream,
+    Compare, EventKind, Footprint, KeyValue, LeaseId, Op, Range, Revision, Store, StoreError, Txn, TxnResponse,
+    WatchBatch, WatchEvent, WatchStream,
 };
 
 const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");

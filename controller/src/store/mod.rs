@@ -168,11 +168,25 @@ pub enum StoreError {
     Backend(String),
 }
 
+/// An in-process store's size: its file, and the part of it cached in
+/// memory (bounded; it fills as the file is read and written).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Footprint {
+    pub file_bytes: u64,
+    pub cache_bytes: u64,
+}
+
 /// The store abstraction the controller is written against.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// A short name for logs and errors ("etcd", "embedded").
     fn backend(&self) -> &'static str;
+
+    /// What the store keeps on this host and in this process (None: it
+    /// lives elsewhere, as etcd's data does).
+    fn footprint(&self) -> Option<Footprint> {
+        None
+    }
 
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError>;
 

@@ -75,6 +75,9 @@ async fn main() -> anyhow::Result<()> {
     if let Some(t) = &args.agent_ttl {
         extra.extend(["--agent-ttl".into(), t.clone()]);
     }
+    // The embedded store's file and cache, sampled from the metrics.
+    let metrics_port = weft_tests::free_port();
+    extra.extend(["--metrics-listen".into(), format!("127.0.0.1:{metrics_port}")]);
     let bench = Bench::start_with(&args.store, args.parallel, &extra).await?;
     let (admin, sem) = (&bench.admin, bench.sem.clone());
     let pid = bench.controller.pid();
@@ -111,12 +114,15 @@ async fn main() -> anyhow::Result<()> {
         tx: tx.clone(),
         sem: sem.clone(),
         pid,
+        metrics_port,
     };
     let t0 = Instant::now();
     let warm = churn.run(*args.warmup).await?;
     let mid = memory_and_fds(pid);
+    let store_mid = store_footprint(metrics_port);
     let samples = churn.run(*args.duration).await?;
     let end_churning = memory_and_fds(pid);
+    let store_end = store_footprint(metrics_port);
     // The rest of the newcomers leave; the churn is over.
     for gone in churn.pool.drain(..) {
         admin.clone().delete_node(pb::DeleteNodeRequest { name: gone }).await?;
@@ -133,9 +139,19 @@ async fn main() -> anyhow::Result<()> {
         removed.load(std::sync::atomic::Ordering::Relaxed)
     );
     for (phase, list) in [("warm-up", &warm), ("measured", &samples)] {
-        for (t, (rss, fds)) in list {
-            println!("  {phase:<8} t={t:>4}s  RSS {rss:>6.1} MiB  fds {fds}");
+        for (t, (rss, fds), store) in list {
+            let store = store.map_or(String::new(), |(file, cache)| {
+                format!("  store file {file:>5.1} MiB, cached {cache:>4.1} MiB")
+            });
+            println!("  {phase:<8} t={t:>4}s  RSS {rss:>6.1} MiB  fds {fds}{store}");
         }
+    }
+    if let (Some((f0, c0)), Some((f1, c1))) = (store_mid, store_end) {
+        println!(
+            "  the embedded store over the measured churn: file {f0:.1} → {f1:.1} MiB, cached {c0:.1} → {c1:.1} MiB \
+             ({:+.1} MiB of the RSS's growth)",
+            c1 - c0
+        );
     }
     let growth = end_churning.0 - mid.0;
     println!(
@@ -208,11 +224,28 @@ struct Churn<'a> {
     tx: tokio::sync::mpsc::UnboundedSender<Event>,
     sem: Arc<tokio::sync::Semaphore>,
     pid: u32,
+    metrics_port: u16,
 }
 
+/// The embedded store's file and cached bytes, in MiB, from the
+/// controller's metrics (None on etcd, whose data is not the controller's).
+fn store_footprint(port: u16) -> Option<(f64, f64)> {
+    let text = weft_tests::http_get(port, "/metrics")?;
+    let mib = |name| weft_tests::sites::metric(&text, name, &[]).map(|b| b / (1024.0 * 1024.0));
+    Some((
+        mib("weft_controller_store_file_bytes")?,
+        mib("weft_controller_store_cache_bytes")?,
+    ))
+}
+
+/// One sample: seconds into the phase, the controller's (RSS, descriptors),
+/// and the embedded store's (file, cached) MiB.
+type Sample = (u64, (f64, usize), Option<(f64, f64)>);
+
 impl Churn<'_> {
-    /// Churns for `d`; the controller's (RSS, descriptors) every 10 s.
-    async fn run(&mut self, d: Duration) -> anyhow::Result<Vec<(u64, (f64, usize))>> {
+    /// Churns for `d`; the controller's (RSS, descriptors) and the store's
+    /// footprint every 10 s.
+    async fn run(&mut self, d: Duration) -> anyhow::Result<Vec<Sample>> {
         let (ctx, admin) = (self.bench.ctx.clone(), self.bench.admin.clone());
         let mut tick = tokio::time::interval(self.every);
         let t0 = Instant::now();
@@ -243,7 +276,11 @@ impl Churn<'_> {
                 self.left += 1;
             }
             if t0.elapsed() >= next_sample {
-                samples.push((t0.elapsed().as_secs(), memory_and_fds(self.pid)));
+                samples.push((
+                    t0.elapsed().as_secs(),
+                    memory_and_fds(self.pid),
+                    store_footprint(self.metrics_port),
+                ));
                 next_sample += Duration::from_secs(10);
             }
         }

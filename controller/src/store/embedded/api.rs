@@ -9,6 +9,14 @@ impl Store for EmbeddedStore {
         "embedded"
     }
 
+    fn footprint(&self) -> Option<Footprint> {
+        let db = self.inner.db.read().unwrap().clone()?;
+        Some(Footprint {
+            file_bytes: std::fs::metadata(&self.inner.path).map_or(0, |m| m.len()),
+            cache_bytes: db.cache_stats().used_bytes() as u64,
+        })
+    }
+
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, StoreError> {
         let key = key.to_string();
         self.blocking(move |i| i.get(&key)).await
