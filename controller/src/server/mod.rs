@@ -53,6 +53,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 const ALL_ROLES: &[Role] = &[Role::Admin, Role::Node, Role::Gateway, Role::Site, Role::Controller];
 
 mod incoming;
+mod memory;
 mod revocations;
 
 use incoming::{known_by, tls_config, tls_incoming};
@@ -155,6 +156,7 @@ struct Background {
     chooser: tokio::task::JoinHandle<()>,
     peer_sync: tokio::task::JoinHandle<()>,
     relays: tokio::task::JoinHandle<()>,
+    trim: tokio::task::JoinHandle<()>,
     /// The endpoint discovery reflector (UDP on the gRPC address).
     reflector: Option<crate::reflector::Reflector>,
 }
@@ -206,6 +208,7 @@ impl Background {
             chooser,
             peer_sync,
             relays,
+            trim: tokio::spawn(memory::give_back(memory::TRIMMED_EVERY)),
             reflector: None,
         }
     }
@@ -215,6 +218,7 @@ impl Background {
         self.conflicts.abort();
         self.peer_sync.abort();
         self.relays.abort();
+        self.trim.abort();
         drop(self.reflector);
         // Ends the campaign too (it stops once nobody listens), which gives
         // up the leadership at once instead of at the end of its lease.
