@@ -325,7 +325,7 @@ impl Applier for Linux {
         }
         tracing::debug!(
             reconcile_ms = reconciled.as_millis() as u64,
-            after_ms = (started.elapsed() - reconciled).as_millis() as u64,
+            after_ms = started.elapsed().saturating_sub(reconciled).as_millis() as u64,
             "applied: the data plane, then relays, LAN address and probes"
         );
         if self.plane.node && !self.counting {

@@ -1,11 +1,11 @@
 //! Giving freed memory back to the system. glibc's allocator keeps what a
-//! process frees in its arenas (one per thread that allocated, and the
-//! controller's blocking threads come and go) and returns it only from the
-//! top of each heap. Under churn, what every join and leave allocated and
-//! freed stayed mapped: the churn bench saw RSS grow steadily while the
-//! live heap did not. `malloc_trim` releases every free page of every
-//! arena; a pass over a controller's few hundred MiB at most takes
-//! milliseconds, on a blocking thread.
+//! process frees in its arenas (up to eight per core, shared by the
+//! threads) and returns it only from the top of each heap, so memory that
+//! joins and leaves allocated and freed may stay mapped. `malloc_trim`
+//! releases the free pages of every arena (the churn bench's growth: +2.9 %
+//! without, +2.2 % with a trim every 30 s, one run each). It holds each arena's lock while it walks
+//! it, so it runs on a blocking thread, not often, and its time is logged
+//! (debug).
 
 use std::time::Duration;
 
@@ -48,13 +48,16 @@ mod tests {
     use super::*;
 
     /// Memory freed by another thread goes back: RSS after a trim is
-    /// below what it was with the freed blocks still held.
-    #[cfg(target_env = "gnu")]
+    /// below what it was with the freed blocks still held. (The margin, 16
+    /// of the 40 MB freed, leaves room for what tests running beside this
+    /// one allocate meanwhile.)
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[test]
     fn a_trim_gives_freed_memory_back() {
         let rss = || {
-            let s = std::fs::read_to_string("/proc/self/statm").unwrap();
-            s.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 4096
+            let s = std::fs::read_to_string("/proc/self/status").unwrap();
+            let kib = s.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap();
+            kib.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap() * 1024
         };
         // Many small blocks, from a thread of their own (its own arena),
         // freed but the last one, which pins the top of that heap.

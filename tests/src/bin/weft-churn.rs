@@ -119,10 +119,10 @@ async fn main() -> anyhow::Result<()> {
     let t0 = Instant::now();
     let warm = churn.run(*args.warmup).await?;
     let mid = memory_and_fds(pid);
-    let store_mid = store_footprint(metrics_port);
+    let store_mid = store_footprint(metrics_port).await;
     let samples = churn.run(*args.duration).await?;
     let end_churning = memory_and_fds(pid);
-    let store_end = store_footprint(metrics_port);
+    let store_end = store_footprint(metrics_port).await;
     // The rest of the newcomers leave; the churn is over.
     for gone in churn.pool.drain(..) {
         admin.clone().delete_node(pb::DeleteNodeRequest { name: gone }).await?;
@@ -229,8 +229,11 @@ struct Churn<'a> {
 
 /// The embedded store's file and cached bytes, in MiB, from the
 /// controller's metrics (None on etcd, whose data is not the controller's).
-fn store_footprint(port: u16) -> Option<(f64, f64)> {
-    let text = weft_tests::http_get(port, "/metrics")?;
+async fn store_footprint(port: u16) -> Option<(f64, f64)> {
+    // A blocking GET: off the runtime that runs the simulated agents.
+    let text = tokio::task::spawn_blocking(move || weft_tests::http_get(port, "/metrics"))
+        .await
+        .ok()??;
     let mib = |name| weft_tests::sites::metric(&text, name, &[]).map(|b| b / (1024.0 * 1024.0));
     Some((
         mib("weft_controller_store_file_bytes")?,
@@ -279,7 +282,7 @@ impl Churn<'_> {
                 samples.push((
                     t0.elapsed().as_secs(),
                     memory_and_fds(self.pid),
-                    store_footprint(self.metrics_port),
+                    store_footprint(self.metrics_port).await,
                 ));
                 next_sample += Duration::from_secs(10);
             }

@@ -23,8 +23,8 @@
 //! Emulation makes the guest some 25 times slower than a host, so the
 //! controllers run with a gateway TTL of 3 s (800 ms by default), the
 //! agents resync every 30 s as by default (the lab's 1 s, and even 5 s, on
-//! nine agents kept the emulated CPUs busy: a failover's applies waited for
-//! them), and connections allow 6 s for a keep-alive answer
+//! seven agents kept the emulated CPUs busy: a failover's applies waited
+//! for them), and connections allow 6 s for a keep-alive answer
 //! (`WEFT_LIVENESS`, 2 s by default): a busy emulated CPU must not end a
 //! gateway or a connection. Those, and every wait of the scenarios, are
 //! set for a guest of the reference speed and stretched by the speed the

@@ -10,10 +10,13 @@ impl Store for EmbeddedStore {
     }
 
     fn footprint(&self) -> Option<Footprint> {
-        let db = self.inner.db.read().unwrap().clone()?;
+        // Read under the lock, not through a clone of the handle: a clone
+        // held at the wrong moment would make a reopen after an I/O error
+        // wait for it.
+        let cache_bytes = self.inner.db.read().unwrap().as_ref()?.cache_stats().used_bytes() as u64;
         Some(Footprint {
             file_bytes: std::fs::metadata(&self.inner.path).map_or(0, |m| m.len()),
-            cache_bytes: db.cache_stats().used_bytes() as u64,
+            cache_bytes,
         })
     }
 
