@@ -82,10 +82,7 @@ pub fn check_record(r: &pb::DnsRecord) -> Result<Ipv4Addr, String> {
     if r.site.len() > 63 || !r.site.split('.').all(label) {
         return Err(format!("DNS record site {:?} is not a site id", r.site));
     }
-    let a: Ipv4Addr = r
-        .address
-        .parse()
-        .map_err(|_| format!("DNS record address {:?} is not an IPv4 address", r.address))?;
+    let a: Ipv4Addr = weft_types::net::addr_v4(&r.address).map_err(|m| format!("DNS record address {m}"))?;
     if a.is_unspecified() || a.is_loopback() || a.is_multicast() || a.is_broadcast() {
         return Err(format!("DNS record address {a} is not a unicast address"));
     }
@@ -444,6 +441,7 @@ mod tests {
                 destination: dst.into(),
                 gateway: "10.80.0.1".into(),
                 device: "weft-vx0".into(),
+                peer_site: site.into(),
             })),
         };
         Records::of(&[

@@ -39,7 +39,6 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use base64::Engine;
 use ipnet::{IpNet, Ipv4Net};
 use weft_proto::v1 as pb;
 use weft_proto::v1::desired_object::Kind;
@@ -115,42 +114,13 @@ fn point_to_point(what: &str, net: IpNet) -> R {
 
 type R = Result<(), String>;
 
-fn link_name(what: &str, name: &str) -> R {
-    let ok = name.starts_with("weft")
-        && name.len() <= 15
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{what} {name:?} is not one of weft's links (weft…, at most 15 letters, digits, '-', '_', '.')"
-        ))
-    }
-}
+use weft_types::name::{link as link_name, namespace};
+use weft_types::net;
 
-/// "" (the agent's own namespace) or one of weft's.
-fn namespace(what: &str, name: &str) -> R {
-    if name.is_empty() {
-        return Ok(());
-    }
-    let ok = name.starts_with("weft-")
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{what} {name:?} is not one of weft's namespaces (weft-…, lower-case letters, digits and '-')"
-        ))
-    }
-}
-
-fn parse<T: std::str::FromStr>(what: &str, text: &str, kind: &str) -> Result<T, String> {
-    text.parse().map_err(|_| format!("{what} {text:?} is not {kind}"))
+/// `parsed`, its error put after field `what` (weft-types' messages start
+/// with the text they were given).
+fn field<T>(what: &str, parsed: Result<T, String>) -> Result<T, String> {
+    parsed.map_err(|m| format!("{what} {m}"))
 }
 
 fn opt_link(what: &str, name: &str) -> R {
@@ -289,13 +259,22 @@ impl Guard {
                         weft_proto::HOST_TABLE
                     ));
                 }
-                let dst = parse::<IpNet>("route destination", &r.destination, "a CIDR")?;
+                let dst = field("route destination", net::cidr(&r.destination))?.net();
+                if !r.peer_site.is_empty() {
+                    weft_types::name::id("route's peer site", &r.peer_site)?;
+                    if !r.namespace.is_empty() {
+                        return Err(format!(
+                            "a route to peer {}'s view inside namespace {}; views are routed in the host's namespace",
+                            r.peer_site, r.namespace
+                        ));
+                    }
+                }
                 if r.namespace.is_empty() {
                     self.host_namespace("a route for", dst)?;
                     self.takes_over(dst).map_err(|why| format!("a route for {dst} {why}"))?;
                 }
                 if !r.gateway.is_empty() {
-                    parse::<IpAddr>("route gateway", &r.gateway, "an address")?;
+                    field("route gateway", net::addr(&r.gateway))?;
                 }
                 opt_link("route device", &r.device)
             }
@@ -305,27 +284,19 @@ impl Guard {
                     return Err("prefix NAT in the host's namespace; weft maps only in its peering namespaces".into());
                 }
                 namespace("namespace", &n.namespace)?;
-                parse::<IpNet>("real CIDR", &n.real_cidr, "a CIDR")?;
-                parse::<IpNet>("local CIDR", &n.local_cidr, "a CIDR")?;
+                field("real CIDR", net::cidr(&n.real_cidr))?;
+                field("local CIDR", net::cidr(&n.local_cidr))?;
                 link_name("tunnel", &n.tunnel)
             }
             Some(Kind::WireguardPeer(p)) => {
                 link_name("WireGuard link", &p.link)?;
                 namespace("namespace", &p.namespace)?;
-                let key = base64::engine::general_purpose::STANDARD
-                    .decode(&p.public_key)
-                    .map_err(|_| format!("public key {:?} is not base64", p.public_key))?;
-                if key.len() != 32 {
-                    return Err(format!("public key {:?} is not a 32-byte WireGuard key", p.public_key));
-                }
+                weft_types::WgKey::parse("public key", &p.public_key)?;
                 if !p.endpoint.is_empty() {
-                    let a: SocketAddr = parse("endpoint", &p.endpoint, "an address and a port")?;
-                    if a.port() == 0 {
-                        return Err(format!("endpoint {:?} has port 0", p.endpoint));
-                    }
+                    field("endpoint", net::endpoint(&p.endpoint))?;
                 }
                 for a in &p.allowed_ips {
-                    parse::<IpNet>("allowed IP", a, "a CIDR")?;
+                    field("allowed IP", net::cidr(a))?;
                 }
                 if p.persistent_keepalive > 65535 {
                     return Err(format!("keepalive {} is over 65535 s", p.persistent_keepalive));
@@ -345,7 +316,7 @@ impl Guard {
                 namespace("namespace", &f.namespace)?;
                 link_name("tunnel", &f.tunnel)?;
                 for a in &f.allowed {
-                    parse::<ipnet::Ipv4Net>("allowed destination", a, "an IPv4 CIDR")?;
+                    field("allowed destination", net::cidr_v4(a))?;
                 }
                 weft_dataplane::desired::transit_prefixes(f)?;
                 weft_dataplane::desired::policy_rules(f).map(|_| ())
@@ -358,8 +329,8 @@ impl Guard {
                 }
                 namespace("namespace", &x.namespace)?;
                 link_name("tunnel", &x.tunnel)?;
-                parse::<std::net::Ipv4Addr>("export's external address", &x.external_address, "an IPv4 address")?;
-                let host: std::net::Ipv4Addr = parse("exported host", &x.host_address, "an IPv4 address")?;
+                field("export's external address", net::addr_v4(&x.external_address))?;
+                let host = field("exported host", net::addr_v4(&x.host_address))?;
                 if host.is_unspecified()
                     || host.is_loopback()
                     || host.is_multicast()
@@ -385,9 +356,9 @@ impl Guard {
             }
             Some(Kind::HostSnat(s)) => {
                 link_name("SNAT on link", &s.link)?;
-                parse::<IpAddr>("SNAT address", &s.address, "an address")?;
+                field("SNAT address", net::addr(&s.address))?;
                 for c in &s.except {
-                    parse::<IpNet>("SNAT exception", c, "a CIDR")?;
+                    field("SNAT exception", net::cidr(c))?;
                 }
                 Ok(())
             }
@@ -403,17 +374,17 @@ impl Guard {
         match &l.kind {
             None => Err(format!("link {} has no kind", l.name)),
             Some(pb::link::Kind::Vxlan(v)) => {
-                parse::<IpAddr>("VXLAN local", &v.local, "an address")?;
-                parse::<IpAddr>("VXLAN remote", &v.remote, "an address").map(|_| ())
+                field("VXLAN local", net::addr(&v.local))?;
+                field("VXLAN remote", net::addr(&v.remote)).map(|_| ())
             }
-            Some(pb::link::Kind::Geneve(g)) => parse::<IpAddr>("Geneve remote", &g.remote, "an address").map(|_| ()),
+            Some(pb::link::Kind::Geneve(g)) => field("Geneve remote", net::addr(&g.remote)).map(|_| ()),
             Some(pb::link::Kind::Wireguard(w)) => {
                 if !(1..=65535).contains(&w.listen_port) {
                     return Err(format!("listen port {} is not 1 to 65535", w.listen_port));
                 }
-                let a = parse::<IpNet>("tunnel address", &w.address, "an address with a prefix length")?;
+                let a = field("tunnel address", net::iface(&w.address))?;
                 point_to_point("tunnel address", a)?;
-                parse::<IpAddr>("tunnel peer address", &w.peer_address, "an address").map(|_| ())
+                field("tunnel peer address", net::addr(&w.peer_address)).map(|_| ())
             }
             Some(pb::link::Kind::Veth(v)) => {
                 link_name("veth peer", &v.peer_name)?;
@@ -426,7 +397,7 @@ impl Guard {
     fn address(&self, a: &pb::Address, links: &Links) -> R {
         link_name("address on link", &a.link)?;
         namespace("namespace", &a.namespace)?;
-        let net = parse::<IpNet>("address", &a.cidr, "an address with a prefix length")?;
+        let net = field("address", net::iface(&a.cidr))?;
         if let Some((_, what)) = self.reached().find(|(ip, _)| *ip == net.addr()) {
             return Err(format!(
                 "address {net} is {what}: made local on {}, the host would no longer reach it",
@@ -467,11 +438,11 @@ impl Guard {
     fn rule(&self, r: &pb::Rule) -> R {
         namespace("namespace", &r.namespace)?;
         if !r.from.is_empty() {
-            parse::<IpNet>("rule source", &r.from, "a CIDR")?;
+            field("rule source", net::cidr(&r.from))?;
         }
         let to = match r.to.as_str() {
             "" => None,
-            t => Some(parse::<IpNet>("rule destination", t, "a CIDR")?),
+            t => Some(field("rule destination", net::cidr(t))?.net()),
         };
         opt_link("rule input interface", &r.iif)?;
         if !r.namespace.is_empty() {
@@ -543,6 +514,7 @@ mod tests {
             destination: dst.into(),
             gateway: String::new(),
             device: dev.into(),
+            peer_site: String::new(),
         })
     }
 

@@ -65,19 +65,21 @@ impl Linux {
     /// a tokio runtime. `wg_private_key`: the gateway's (None on nodes);
     /// `wireguard`: the gateway's choice (None: userspace, which on nodes
     /// and in a teardown runs no device).
-    pub fn new(wg_private_key: Option<String>, wireguard: Option<WireguardChoice>) -> std::io::Result<Linux> {
+    pub fn new(
+        wg_private_key: Option<weft_types::WgSecret>,
+        wireguard: Option<WireguardChoice>,
+    ) -> std::io::Result<Linux> {
         let net = LinuxNetlink::new()?;
         let node = wg_private_key.is_none();
-        let wg = if wireguard.as_ref().is_some_and(|c| c.kernel) {
-            Driver::Kernel(
-                Kernel::new(net.handle().clone(), wg_private_key.as_deref()).map_err(|e| {
+        let wg =
+            if wireguard.as_ref().is_some_and(|c| c.kernel) {
+                Driver::Kernel(Kernel::new(net.handle().clone(), wg_private_key.as_ref()).map_err(|e| {
                     std::io::Error::new(std::io::ErrorKind::InvalidData, format!("the WireGuard key: {e}"))
-                })?,
-            )
-        } else {
-            let options = wireguard.as_ref().map(|c| c.userspace.clone()).unwrap_or_default();
-            Driver::Userspace(Userspace::new(net.handle().clone(), wg_private_key, options))
-        };
+                })?)
+            } else {
+                let options = wireguard.as_ref().map(|c| c.userspace.clone()).unwrap_or_default();
+                Driver::Userspace(Userspace::new(net.handle().clone(), wg_private_key, options))
+            };
         Ok(Linux {
             plane: DataPlane {
                 net,

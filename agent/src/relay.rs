@@ -4,9 +4,7 @@
 //! metrics (`metrics::Relayed`).
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
 
-use base64::Engine;
 use weft_dataplane::relay::{Relay, Side, Spec};
 use weft_proto::v1 as pb;
 
@@ -32,14 +30,7 @@ pub struct Relays {
 pub fn check(r: &pb::RelaySession) -> Result<Spec, String> {
     let side = |name: &str, s: Option<&pb::RelaySide>| -> Result<Side, String> {
         let s = s.ok_or_else(|| format!("relay side {name} is missing"))?;
-        let site_ok = !s.site.is_empty()
-            && s.site.len() <= 63
-            && s.site
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
-        if !site_ok {
-            return Err(format!("relay side {name}'s site {:?} is not a site id", s.site));
-        }
+        weft_types::name::id(&format!("relay side {name}'s site"), &s.site)?;
         let port = u16::try_from(s.port)
             .ok()
             .filter(|p| *p >= 1024)
@@ -53,13 +44,7 @@ pub fn check(r: &pb::RelaySession) -> Result<Spec, String> {
         let to_keys = s
             .to_keys
             .iter()
-            .map(|k| {
-                base64::engine::general_purpose::STANDARD
-                    .decode(k)
-                    .ok()
-                    .and_then(|raw| <[u8; 32]>::try_from(raw).ok())
-                    .ok_or_else(|| format!("relay side {name}'s key {k:?} is not a 32-byte WireGuard key in base64"))
-            })
+            .map(|k| weft_types::WgKey::parse(&format!("relay side {name}'s key"), k).map(|k| *k.as_bytes()))
             .collect::<Result<Vec<_>, _>>()?;
         if s.from_ips.len() > 64 {
             return Err(format!(
@@ -70,10 +55,7 @@ pub fn check(r: &pb::RelaySession) -> Result<Spec, String> {
         let from_ips = s
             .from_ips
             .iter()
-            .map(|a| {
-                a.parse::<Ipv4Addr>()
-                    .map_err(|_| format!("relay side {name}'s address {a:?} is not an IPv4 address"))
-            })
+            .map(|a| weft_types::net::addr_v4(a).map_err(|m| format!("relay side {name}'s address {m}")))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Side {
             port,
@@ -177,7 +159,7 @@ mod tests {
     fn a_relay_session_from_the_controller_is_checked_before_anything_binds() {
         let spec = check(&session()).unwrap();
         assert_eq!((spec.a.port, spec.b.port), (51920, 51921));
-        assert_eq!(spec.a.from_ips, [Ipv4Addr::new(198, 51, 100, 7)]);
+        assert_eq!(spec.a.from_ips, [std::net::Ipv4Addr::new(198, 51, 100, 7)]);
         type Spoil = fn(&mut pb::RelaySession);
         let bad: [(&str, Spoil); 7] = [
             ("port 53", |s| s.a.as_mut().unwrap().port = 53),
@@ -185,7 +167,9 @@ mod tests {
             ("share port", |s| s.b.as_mut().unwrap().port = 51920),
             ("not a 32-byte", |s| s.a.as_mut().unwrap().to_keys = vec!["AAAA".into()]),
             ("lists 0 keys", |s| s.a.as_mut().unwrap().to_keys.clear()),
-            ("not an IPv4", |s| s.b.as_mut().unwrap().from_ips = vec!["::1".into()]),
+            ("is IPv6; this field takes an IPv4 address", |s| {
+                s.b.as_mut().unwrap().from_ips = vec!["::1".into()]
+            }),
             ("0 bytes", |s| s.bytes_per_second = 0),
         ];
         for (why, spoil) in bad {

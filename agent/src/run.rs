@@ -121,7 +121,7 @@ async fn teardown_only(cfg: &AgentConfig) -> anyhow::Result<()> {
 
 /// The host's applier (or, with --dry-run, one that only prints), behind
 /// the guard.
-fn applier_for(cfg: &AgentConfig, wg_key: Option<String>) -> anyhow::Result<Box<dyn Applier>> {
+fn applier_for(cfg: &AgentConfig, wg_key: Option<weft_types::WgSecret>) -> anyhow::Result<Box<dyn Applier>> {
     // Everything the controller sends, and the stored state, passes the
     // guard before it reaches the host.
     let guard = Guard::new(cfg.underlay_ip, &cfg.controllers);
@@ -231,7 +231,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         AgentKind::Gateway => Some(crate::wgkey::keys(&cfg.state_dir)?),
         AgentKind::Node => None,
     };
-    let gateway_key = wg_keys.as_ref().map(|k| k.1.clone());
+    let gateway_key = wg_keys.as_ref().map(|k| k.1);
     if let Some(c) = &cfg.wireguard {
         tracing::info!(wireguard = c.mode(), reason = %c.reason, "WireGuard chosen");
         crate::metrics::get()
@@ -270,7 +270,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
             end = session(Session {
                 target: &target,
                 cfg: &cfg,
-                gateway_key: gateway_key.as_deref(),
+                gateway_key: gateway_key.as_ref(),
                 creds: &mut rx,
                 desired: &mut desired,
                 file: &file,

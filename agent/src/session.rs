@@ -223,7 +223,7 @@ pub(crate) struct Session<'a> {
     pub(crate) target: &'a str,
     pub(crate) cfg: &'a AgentConfig,
     /// The gateway's WireGuard public key (None on nodes).
-    pub(crate) gateway_key: Option<&'a str>,
+    pub(crate) gateway_key: Option<&'a weft_types::WgKey>,
     pub(crate) creds: &'a mut watch::Receiver<Credentials>,
     pub(crate) desired: &'a mut Desired,
     pub(crate) file: &'a StateFile,
@@ -282,7 +282,7 @@ fn log_tunnel_changes(tunnels: &[pb::TunnelStatus], up: &mut std::collections::H
 async fn open(
     target: &str,
     cfg: &AgentConfig,
-    gateway_key: Option<&str>,
+    gateway_key: Option<&weft_types::WgKey>,
     current: &Credentials,
     desired: &mut Desired,
     file: &StateFile,
@@ -328,7 +328,7 @@ async fn open(
     tracing::info!(controller = %target, from_revision = desired.revision, "watching");
     if let Some(public_key) = gateway_key {
         tracing::info!(
-            public_key,
+            %public_key,
             "this gateway's WireGuard public key (a change of it waits for `weftctl gateway accept-key` with it)"
         );
         let req = pb::UpdateGatewayRequest {
@@ -749,7 +749,7 @@ mod tests {
     async fn one_session(
         target: &str,
         cfg: &AgentConfig,
-        gateway_key: Option<&str>,
+        gateway_key: Option<&weft_types::WgKey>,
         desired: &mut Desired,
         applier: &mut dyn Applier,
     ) -> End {
@@ -811,7 +811,8 @@ mod tests {
         ];
         let cfg = config(dir.path(), Some("192.0.2.10:51820"));
         let (mut desired, mut seen) = (Desired::default(), Seen::default());
-        let end = one_session(&target, &cfg, Some("KEY"), &mut desired, &mut seen).await;
+        let key = weft_types::WgKey::from_bytes([1; 32]);
+        let end = one_session(&target, &cfg, Some(&key), &mut desired, &mut seen).await;
         assert!(
             matches!(&end, End::Transient(e) if e.to_string().contains("ended the stream")),
             "{end:?}"
@@ -827,12 +828,12 @@ mod tests {
         let u = fake.updates.lock().unwrap().clone();
         assert_eq!(
             (u[0].public_key.as_str(), u[0].endpoint.as_str()),
-            ("KEY", "192.0.2.10:51820")
+            ("AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=", "192.0.2.10:51820")
         );
 
         // Reconnected: it asks for what follows revision 4 and names what
         // it holds, so the controller sends only the difference.
-        let end = one_session(&target, &cfg, Some("KEY"), &mut desired, &mut seen).await;
+        let end = one_session(&target, &cfg, Some(&key), &mut desired, &mut seen).await;
         assert!(matches!(end, End::Transient(_)), "{end:?}");
         let w = fake.watches.lock().unwrap().clone();
         assert_eq!((w[0].last_revision, w[0].known.len()), (0, 0));

@@ -4,47 +4,36 @@
 
 use std::path::Path;
 
-use anyhow::{Context, bail};
-use base64::Engine;
+use anyhow::Context;
+use weft_types::{WgKey, WgSecret};
 
 pub const KEY_FILE: &str = "wireguard.key";
 
-/// Loads the private key, creating it on first use; returns the public key
-/// (base64).
-pub fn load_or_create(dir: &Path) -> anyhow::Result<String> {
+/// Loads the private key, creating it on first use; returns the public key.
+pub fn load_or_create(dir: &Path) -> anyhow::Result<WgKey> {
     Ok(keys(dir)?.1)
 }
 
-/// (private, public) keys, base64; the private key is created on first use.
-pub fn keys(dir: &Path) -> anyhow::Result<(String, String)> {
+/// The (private, public) keys; the private key is created on first use.
+pub fn keys(dir: &Path) -> anyhow::Result<(WgSecret, WgKey)> {
     let path = dir.join(KEY_FILE);
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let secret: [u8; 32] = match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let raw = b64
-                .decode(text.trim())
-                .with_context(|| format!("{} is not a base64 key", path.display()))?;
-            match <[u8; 32]>::try_from(raw.as_slice()) {
-                Ok(k) => k,
-                Err(_) => bail!(
-                    "{} does not hold a 32-byte key; remove it to generate a new one",
-                    path.display()
-                ),
-            }
-        }
+    let secret = match std::fs::read_to_string(&path) {
+        Ok(text) => WgSecret::parse(&path.display().to_string(), text.trim())
+            .map_err(|e| anyhow::anyhow!("{e}; remove it to generate a new one"))?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let mut k = [0u8; 32];
             ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut k)
                 .map_err(|_| anyhow::anyhow!("the system RNG failed"))?;
             std::fs::create_dir_all(dir)?;
-            crate::identity::write_file(&path, b64.encode(k), 0o600)?;
+            let secret = WgSecret::from_bytes(k);
+            crate::identity::write_file(&path, secret.to_base64(), 0o600)?;
             tracing::info!(file = %path.display(), "generated the WireGuard key");
-            k
+            secret
         }
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     };
-    let public = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(secret));
-    Ok((b64.encode(secret), b64.encode(public.as_bytes())))
+    let public = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(*secret.as_bytes()));
+    Ok((secret, WgKey::from_bytes(*public.as_bytes())))
 }
 
 #[cfg(test)]

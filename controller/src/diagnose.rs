@@ -460,7 +460,7 @@ fn ca_check(t: u64, now: u64) -> pb::Check {
 
 /// A gateway asking to change its WireGuard key.
 fn gateway_key_check(g: &crate::domain::Gateway) -> Option<pb::Check> {
-    let key = g.pending_public_key.as_deref()?;
+    let key = g.pending_public_key?;
     Some(check(
         "gateway-key",
         format!("gateway/{}", g.name),

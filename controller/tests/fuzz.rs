@@ -216,7 +216,7 @@ proptest! {
             let ip = ipam::allocate_internal_ip(site.internal_cidr, &ips).unwrap();
             ips.push(ip);
             m.gateways.insert(format!("gw{i}"), Arc::new(Gateway {
-                name: format!("gw{i}"), endpoint: Some(format!("192.168.2.{i}:51820")), public_key: None,
+                name: format!("gw{i}"), endpoint: Some(format!("192.168.2.{i}:51820").parse().unwrap()), public_key: None,
                 created_at_ms: 0, certs: vec![], internal_ip: Some(ip),
                 underlay_ip: Some(IpAddr::V4(Ipv4Addr::new(192, 168, 2, i as u8))), geneve: geneve & (1 << (10 + i)) != 0,
                 identity_conflict: None, enrolled_at_ms: 0, pending_public_key: None, key_from_enrollment: false,

@@ -4,11 +4,12 @@
 //! By job, besides the records here: `policy` (export policies as stored)
 //! and `text` (checks of the CIDRs and names people and peers type).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
+pub use weft_types::WgKey;
 
 use crate::ipam::View;
 
@@ -87,9 +88,9 @@ impl Site {
     /// the endpoint names where the first port of `wireguard_ports` is
     /// reached, and the k-th port of the range is reached k ports above it
     /// (a port forward of the whole range keeps working). None when the
-    /// endpoint is not an address and port, or the port would pass 65535.
-    pub fn peering_endpoint(&self, gateway_endpoint: &str, listen_port: u16) -> Option<std::net::SocketAddr> {
-        let mut ep: std::net::SocketAddr = gateway_endpoint.parse().ok()?;
+    /// port would pass 65535.
+    pub fn peering_endpoint(&self, gateway_endpoint: SocketAddr, listen_port: u16) -> Option<SocketAddr> {
+        let mut ep = gateway_endpoint;
         let offset = listen_port.checked_sub(self.wireguard_ports.first)?;
         ep.set_port(ep.port().checked_add(offset)?);
         Some(ep)
@@ -179,8 +180,8 @@ impl std::fmt::Display for IdentityConflict {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Gateway {
     pub name: String,
-    pub endpoint: Option<String>,
-    pub public_key: Option<String>,
+    pub endpoint: Option<SocketAddr>,
+    pub public_key: Option<WgKey>,
     pub created_at_ms: u64,
     #[serde(default)]
     pub certs: Vec<CertRecord>,
@@ -202,7 +203,7 @@ pub struct Gateway {
     /// stolen certificate must not redirect the site's tunnels. Peers keep
     /// the current key meanwhile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pending_public_key: Option<String>,
+    pub pending_public_key: Option<WgKey>,
     /// Enrolled (with a token) since its key was last set: the next key
     /// it sends is taken as is.
     #[serde(default)]
@@ -374,7 +375,7 @@ pub struct TransitView {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RelayVia {
     pub site: String,
-    pub endpoint: String,
+    pub endpoint: SocketAddr,
 }
 
 /// A relay site's answer to this site's request to relay the tunnel to
@@ -382,7 +383,7 @@ pub struct RelayVia {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RelayGrant {
     pub peer_site: String,
-    pub endpoint: Option<String>,
+    pub endpoint: Option<SocketAddr>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub refused: String,
 }
@@ -522,8 +523,8 @@ impl Peering {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteGateway {
     pub name: String,
-    pub endpoint: Option<String>,
-    pub public_key: Option<String>,
+    pub endpoint: Option<SocketAddr>,
+    pub public_key: Option<WgKey>,
     /// Carries the peer's traffic now (false: a standby).
     #[serde(default)]
     pub active: bool,
@@ -772,13 +773,12 @@ mod tests {
         };
         // The first peering at the endpoint itself, the third two above,
         // also behind a forward whose outside ports differ.
-        let ep = |e: &str, p| site.peering_endpoint(e, p).map(|a| a.to_string());
+        let ep = |e: &str, p| site.peering_endpoint(e.parse().unwrap(), p).map(|a| a.to_string());
         assert_eq!(ep("192.0.2.1:51820", 51820).as_deref(), Some("192.0.2.1:51820"));
         assert_eq!(ep("192.0.2.1:51820", 51822).as_deref(), Some("192.0.2.1:51822"));
         assert_eq!(ep("198.51.100.7:40000", 51822).as_deref(), Some("198.51.100.7:40002"));
         assert_eq!(ep("[2001:db8::1]:51820", 51821).as_deref(), Some("[2001:db8::1]:51821"));
         assert_eq!(ep("192.0.2.1:65535", 51821), None, "past 65535");
-        assert_eq!(ep("gw.example:51820", 51820), None, "not an address");
         assert_eq!(ep("192.0.2.1:51820", 51000), None, "below the range");
     }
 

@@ -166,9 +166,7 @@ pub fn check_remote(
         }
         let kind =
             kind.ok_or_else(|| format!("names[{i}].kind: give NAME_KIND_WORKLOAD or NAME_KIND_EXPORTED_HOST"))?;
-        let address: Ipv4Addr = address
-            .parse()
-            .map_err(|_| format!("names[{i}].address: {address:?} is not an IPv4 address"))?;
+        let address: Ipv4Addr = weft_types::net::addr_v4(address).map_err(|m| format!("names[{i}].address: {m}"))?;
         let owned = match kind {
             NameKind::Workload => in_any(workload, address).is_some(),
             NameKind::ExportedHost => external.is_some_and(|e| e.contains(&address)),

@@ -105,12 +105,15 @@ pub fn candidates(
                 shown(&c.kind)
             )
         })?;
-        let address: SocketAddrV4 = c.address.parse().map_err(|_| {
-            format!(
-                "{at}.address {} is not an IPv4 address and a port (e.g. 198.51.100.7:51820)",
-                shown(&c.address)
-            )
-        })?;
+        let address = match weft_types::net::endpoint(&c.address).map_err(|m| format!("{at}.address {m}"))? {
+            std::net::SocketAddr::V4(a) => a,
+            std::net::SocketAddr::V6(_) => {
+                return Err(format!(
+                    "{at}.address {} is IPv6; candidates are IPv4 addresses and ports for now (e.g. 198.51.100.7:51820)",
+                    shown(&c.address)
+                ));
+            }
+        };
         let ip = address.ip();
         let what = if ip.is_loopback() {
             Some("a loopback address")
@@ -175,9 +178,9 @@ mod tests {
             (vec![c("198.51.100.1:0", "reflexive")], "port 0"),
             (
                 vec![c("198.51.100.1", "reflexive")],
-                "f[0].address \"198.51.100.1\" is not an IPv4 address and a port",
+                "f[0].address \"198.51.100.1\" is not an address and a port",
             ),
-            (vec![c("[2001:db8::1]:5", "reflexive")], "is not an IPv4 address"),
+            (vec![c("[2001:db8::1]:5", "reflexive")], "is IPv6; candidates are IPv4"),
             (
                 vec![c("198.51.100.1:5", "relay")],
                 "f[0].kind \"relay\" is not a candidate kind",

@@ -5,7 +5,6 @@
 //! [`remote_site`] returns; an error is the message of an invalid argument,
 //! naming the field.
 
-use base64::Engine;
 use weft_proto::v1 as pb;
 
 use crate::domain::{RemoteGateway, RemoteSite, TunnelRole, parse_cidr};
@@ -31,30 +30,11 @@ pub fn remote_gateway(i: usize, g: &pb::GatewayInfo) -> Result<RemoteGateway, St
     crate::domain::validate_name(&format!("gateways[{i}].name"), &g.name)?;
     let endpoint = match g.endpoint.as_str() {
         "" => None,
-        e => match e.parse::<std::net::SocketAddr>() {
-            Ok(a) if a.port() != 0 => Some(a.to_string()),
-            _ => {
-                return Err(format!(
-                    "gateways[{i}].endpoint {} is not an address and a port from 1 to 65535 (e.g. 192.0.2.1:51820)",
-                    crate::domain::shown(e)
-                ));
-            }
-        },
+        e => Some(weft_types::net::endpoint(e).map_err(|m| format!("gateways[{i}].endpoint {m}"))?),
     };
     let public_key = match g.public_key.as_str() {
         "" => None,
-        k if base64::engine::general_purpose::STANDARD
-            .decode(k)
-            .is_ok_and(|raw| raw.len() == 32) =>
-        {
-            Some(k.to_string())
-        }
-        k => {
-            return Err(format!(
-                "gateways[{i}].public_key {} is not a 32-byte WireGuard key in base64",
-                crate::domain::shown(k)
-            ));
-        }
+        k => Some(weft_types::WgKey::parse(&format!("gateways[{i}].public_key"), k)?),
     };
     // Checked against this site's hosts where the peering is planned
     // (`nat::candidates` again, with them); here the shape.
@@ -226,9 +206,9 @@ fn readiness(r: &pb::PeerReadiness) -> Result<crate::domain::PeerReadiness, Stri
 /// for every destination (or it has none), where a reflector saw it, so
 /// that both sides send at once and each NAT lets the other in (hole
 /// punching). None: wait for it to dial (or for a relay).
-pub fn dial_address(g: &RemoteGateway) -> Option<String> {
-    if let Some(e) = &g.endpoint {
-        return Some(e.clone());
+pub fn dial_address(g: &RemoteGateway) -> Option<std::net::SocketAddr> {
+    if let Some(e) = g.endpoint {
+        return Some(e);
     }
     let punchable = matches!(
         g.nat,
@@ -237,7 +217,7 @@ pub fn dial_address(g: &RemoteGateway) -> Option<String> {
     g.candidates
         .iter()
         .find(|c| c.kind == crate::nat::CandidateKind::Reflexive && punchable)
-        .map(|c| c.address.to_string())
+        .map(|c| std::net::SocketAddr::V4(c.address))
 }
 
 /// The path a tunnel can take, from both sides' gateways: "direct" when one
@@ -322,10 +302,10 @@ mod tests {
         assert_eq!(super::tunnel_path(&p, &[], false), "waiting");
         p.relay_via = Some(crate::domain::RelayVia {
             site: "r".into(),
-            endpoint: "192.0.2.5:51920".into(),
+            endpoint: "192.0.2.5:51920".parse().unwrap(),
         });
         assert_eq!(super::tunnel_path(&p, &[], true), "relayed via r");
-        p.remote.as_mut().unwrap().gateways[0].endpoint = Some("192.0.2.9:51820".into());
+        p.remote.as_mut().unwrap().gateways[0].endpoint = Some("192.0.2.9:51820".parse().unwrap());
         assert!(!super::wants_relay(&p, &[]));
         assert_eq!(
             super::tunnel_path(&p, &[], true),
@@ -418,7 +398,7 @@ mod tests {
         let r = super::remote_site("pem", "fp", &p, &own).unwrap();
         assert_eq!(r.workload_cidrs, vec!["10.2.0.0/16".parse().unwrap()]);
         assert_eq!(r.external_cidr, Some("10.72.0.0/16".parse().unwrap()));
-        assert_eq!(r.gateways[0].endpoint.as_deref(), Some("198.51.100.7:51820"));
+        assert_eq!(r.gateways[0].endpoint, Some("198.51.100.7:51820".parse().unwrap()));
         assert_eq!((r.mtu, r.ca_fingerprint.as_str()), (1400, "fp"));
         // Only the peer's gateway is reachable: it serves, this site dials.
         assert_eq!(r.tunnel_role, TunnelRole::Client);
@@ -498,7 +478,7 @@ mod tests {
             candidates: vec![reflexive],
             nat: Some(crate::nat::Behaviour::EndpointIndependent),
         };
-        assert_eq!(dial_address(&g).as_deref(), Some("198.51.100.1:51820"));
+        assert_eq!(dial_address(&g), Some("198.51.100.1:51820".parse().unwrap()));
         assert_eq!(
             path(false, Some(&g), Some(crate::nat::Behaviour::EndpointIndependent)),
             "hole-punched"
@@ -514,8 +494,8 @@ mod tests {
             "waiting"
         );
         assert_eq!(path(true, Some(&g), None), "direct");
-        g.endpoint = Some("203.0.113.9:51820".into());
-        assert_eq!(dial_address(&g).as_deref(), Some("203.0.113.9:51820"));
+        g.endpoint = Some("203.0.113.9:51820".parse().unwrap());
+        assert_eq!(dial_address(&g), Some("203.0.113.9:51820".parse().unwrap()));
         assert_eq!(path(false, Some(&g), None), "direct");
         assert_eq!(path(false, None, None), "waiting");
     }

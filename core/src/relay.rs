@@ -76,7 +76,7 @@ pub fn grants(list: &[pb::RelayGrant], own_hosts: &[(std::net::Ipv4Addr, String)
                 };
                 let checked = crate::nat::candidates(&format!("relays[{i}].endpoint"), &[c], own_hosts)
                     .map_err(|m| m.replace(".endpoint[0].address", ".endpoint"))?;
-                Some(checked[0].address.to_string())
+                Some(std::net::SocketAddr::V4(checked[0].address))
             }
         };
         if g.refused.len() > 512 {
@@ -96,24 +96,25 @@ pub fn grants(list: &[pb::RelayGrant], own_hosts: &[(std::net::Ipv4Addr, String)
 /// site on one of their own gateways' addresses, and that are usable from
 /// here (`usable(site, endpoint)`: e.g. its tunnel not known to be down),
 /// the smallest site id.
-pub fn choose(p: &Peering, peerings: &Peerings, mut usable: impl FnMut(&str, &str) -> bool) -> Option<RelayVia> {
+pub fn choose(
+    p: &Peering,
+    peerings: &Peerings,
+    mut usable: impl FnMut(&str, std::net::SocketAddr) -> bool,
+) -> Option<RelayVia> {
     peerings
         .iter()
         .filter(|(site, _)| **site != p.site_id)
         .filter_map(|(site, r)| {
             let remote = r.remote.as_ref().filter(|x| x.relay)?;
             let g = remote.relays.iter().find(|g| g.peer_site == p.site_id)?;
-            let endpoint = g.endpoint.clone()?;
+            let endpoint = g.endpoint?;
             // Only on the relay's own gateway: a peer cannot point this
             // site's tunnels at another host.
-            let ip = |e: &str| e.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
-            let own = remote.gateways.iter().any(|gw| {
-                gw.endpoint
-                    .as_deref()
-                    .and_then(ip)
-                    .is_some_and(|a| Some(a) == ip(&endpoint))
-            });
-            (own && usable(site, &endpoint)).then(|| RelayVia {
+            let own = remote
+                .gateways
+                .iter()
+                .any(|gw| gw.endpoint.is_some_and(|e| e.ip() == endpoint.ip()));
+            (own && usable(site, endpoint)).then(|| RelayVia {
                 site: site.clone(),
                 endpoint,
             })
@@ -281,7 +282,7 @@ pub fn sessions(peerings: &Peerings, a: &str, bytes_per_second: u64) -> Vec<pb::
             to_keys: other
                 .remote
                 .iter()
-                .flat_map(|r| r.gateways.iter().filter_map(|g| g.public_key.clone()))
+                .flat_map(|r| r.gateways.iter().filter_map(|g| g.public_key.map(|k| k.to_string())))
                 .collect(),
             from_ips: from_ips(me),
         };
@@ -299,7 +300,7 @@ pub fn sessions(peerings: &Peerings, a: &str, bytes_per_second: u64) -> Vec<pb::
 fn from_ips(p: &Peering) -> Vec<String> {
     let mut ips = BTreeSet::new();
     for g in p.remote.iter().flat_map(|r| r.gateways.iter()) {
-        if let Some(e) = g.endpoint.as_ref().and_then(|e| e.parse::<std::net::SocketAddr>().ok()) {
+        if let Some(e) = g.endpoint {
             ips.insert(e.ip().to_string());
         }
         for c in &g.candidates {
@@ -334,7 +335,7 @@ pub(crate) mod tests {
                 gateways: vec![RemoteGateway {
                     name: "gw".into(),
                     endpoint: None,
-                    public_key: Some(key.into()),
+                    public_key: Some(key.parse().unwrap()),
                     active: true,
                     candidates: vec![crate::nat::Candidate {
                         address: "198.51.100.7:40001".parse().unwrap(),
@@ -462,13 +463,13 @@ pub(crate) mod tests {
     fn both_ends_take_the_smallest_relay_whose_tunnel_is_up() {
         let grant = |far: &str, port: u16| RelayGrant {
             peer_site: far.into(),
-            endpoint: Some(format!("192.0.2.5{port}:5192{port}")),
+            endpoint: Some(format!("192.0.2.5{port}:5192{port}").parse().unwrap()),
             refused: String::new(),
         };
         let relay = |site: &str, n: u16, granted: RelayGrant| {
             let mut r = peering(site, true, &[], KEY_A);
             let remote = r.remote.as_mut().unwrap();
-            remote.gateways[0].endpoint = Some(format!("192.0.2.5{n}:51820"));
+            remote.gateways[0].endpoint = Some(format!("192.0.2.5{n}:51820").parse().unwrap());
             remote.relays = vec![granted];
             r
         };
@@ -484,7 +485,10 @@ pub(crate) mod tests {
         }];
         let ps = map(vec![peering("b", false, &[], KEY_B), r00, r0, r1, r2]);
         let via = choose(&ps["b"], &ps, |_, _| true).unwrap();
-        assert_eq!((via.site.as_str(), via.endpoint.as_str()), ("r1", "192.0.2.51:51921"));
+        assert_eq!(
+            (via.site.as_str(), via.endpoint.to_string().as_str()),
+            ("r1", "192.0.2.51:51921")
+        );
         let via = choose(&ps["b"], &ps, |r, _| r != "r1").unwrap();
         assert_eq!(via.site, "r2");
         assert_eq!(choose(&ps["b"], &ps, |_, _| false), None);

@@ -384,6 +384,7 @@ pub fn node_own(m: &Model, name: &str) -> Option<Objects> {
                 destination: site.internal_cidr.to_string(),
                 gateway: String::new(),
                 device: NODE_LINK.into(),
+                peer_site: String::new(),
             }),
         ),
         obj("self/rule/internal".into(), host_rule(site.internal_cidr)),
@@ -401,10 +402,10 @@ pub fn node_own(m: &Model, name: &str) -> Option<Objects> {
     Some(out)
 }
 
-/// On a node: `local` (a view) routed to the active gateway `gw_ip`, and
-/// the rule that sends traffic for it to weft's table (ids `{base}/route`,
-/// `{base}/rule`).
-fn to_gateway(base: &str, local: ipnet::Ipv4Net, gw_ip: Ipv4Addr) -> [(String, pb::DesiredObject); 2] {
+/// On a node: `local` (a view of site `peer_site`) routed to the active
+/// gateway `gw_ip`, and the rule that sends traffic for it to weft's table
+/// (ids `{base}/route`, `{base}/rule`).
+fn to_gateway(base: &str, peer_site: &str, local: ipnet::Ipv4Net, gw_ip: Ipv4Addr) -> [(String, pb::DesiredObject); 2] {
     [
         obj(
             format!("{base}/route"),
@@ -414,6 +415,7 @@ fn to_gateway(base: &str, local: ipnet::Ipv4Net, gw_ip: Ipv4Addr) -> [(String, p
                 destination: local.to_string(),
                 gateway: gw_ip.to_string(),
                 device: NODE_LINK.into(),
+                peer_site: peer_site.to_string(),
             }),
         ),
         obj(format!("{base}/rule"), host_rule(local)),
@@ -434,12 +436,17 @@ pub fn node_shared(m: &Model) -> Objects {
     // addresses, must come back (its gateway refuses the rest).
     for p in m.peerings.values().filter(|p| m.renders_peering(&p.site_id)) {
         for v in &p.views {
-            out.extend(to_gateway(&format!("peer/{}/{}", p.site_id, v.kind), v.local, gw_ip));
+            out.extend(to_gateway(
+                &format!("peer/{}/{}", p.site_id, v.kind),
+                &p.site_id,
+                v.local,
+                gw_ip,
+            ));
         }
         // The sites reached through this peer (transit), alike.
         for (i, t) in crate::transit::rendered(&m.peerings, p) {
             let base = format!("peer/{}/transit/{}/{i}", p.site_id, t.site);
-            out.extend(to_gateway(&base, t.view.local, gw_ip));
+            out.extend(to_gateway(&base, &t.site, t.view.local, gw_ip));
         }
     }
     // Names peers published, in this site's view: the node's DNS
@@ -498,6 +505,7 @@ fn node_tunnel(m: &Model, g: &Gateway, name: &str, base: &str) -> Objects {
                 destination: format!("{ip}/32"),
                 gateway: String::new(),
                 device: link.clone(),
+                peer_site: String::new(),
             }),
         ),
         // Replies to the node's host traffic (its "unknown source"
@@ -514,6 +522,7 @@ fn node_tunnel(m: &Model, g: &Gateway, name: &str, base: &str) -> Objects {
                     .map_or_else(|| format!("{ip}/32"), |e| format!("{e}/32")),
                 gateway: ip.to_string(),
                 device: link.clone(),
+                peer_site: String::new(),
             }),
         ),
         obj(
@@ -537,6 +546,7 @@ fn node_tunnel(m: &Model, g: &Gateway, name: &str, base: &str) -> Objects {
                 destination: n.subnet.to_string(),
                 gateway: ip.to_string(),
                 device: link,
+                peer_site: String::new(),
             }),
         ),
     ]);
@@ -813,8 +823,8 @@ mod tests {
         let remote = |transit: bool| RemoteSite {
             gateways: vec![RemoteGateway {
                 name: "g".into(),
-                endpoint: Some("192.168.1.9:51820".into()),
-                public_key: Some("YJ9BkYwQ0ezGXyBwJ4cJ5e3xk1y8b7s6tXh2oVw8RkA=".into()),
+                endpoint: Some("192.168.1.9:51820".parse().unwrap()),
+                public_key: Some("YJ9BkYwQ0ezGXyBwJ4cJ5e3xk1y8b7s6tXh2oVw8RkA=".parse().unwrap()),
                 active: true,
                 candidates: vec![],
                 nat: None,
@@ -944,8 +954,8 @@ mod tests {
             external_cidr: Some(n("10.99.0.0/16")),
             gateways: vec![RemoteGateway {
                 name: "gw".into(),
-                endpoint: Some("192.0.2.1:51820".into()),
-                public_key: Some("k".into()),
+                endpoint: Some("192.0.2.1:51820".parse().unwrap()),
+                public_key: Some(crate::domain::WgKey::from_bytes([1; 32])),
                 active: true,
                 candidates: vec![],
                 nat: None,

@@ -3,7 +3,7 @@
 //! wrong (it is then reported and the rest applies).
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use weft_proto::v1 as pb;
@@ -73,16 +73,27 @@ impl Facts {
     }
 }
 
+// weft-types' parsers, the ones the controller and the agent's guard
+// use; their messages start with the text, so the field goes first.
+
 fn v4(s: &str, what: &str) -> R<Ipv4Addr> {
-    match s.parse::<IpAddr>() {
-        Ok(IpAddr::V4(a)) => Ok(a),
-        _ => Err(format!("{what} {s:?} is not an IPv4 address")),
-    }
+    weft_types::net::addr_v4(s).map_err(|m| format!("{what} {m}"))
 }
 
+/// A network: host bits clear.
 fn net(s: &str, what: &str) -> R<Ipv4Net> {
-    s.parse::<Ipv4Net>()
-        .map_err(|_| format!("{what} {s:?} is not an IPv4 CIDR"))
+    weft_types::net::cidr_v4(s).map_err(|m| format!("{what} {m}"))
+}
+
+/// An address on a link, with its prefix length (host bits kept).
+fn addr_net(s: &str, what: &str) -> R<Ipv4Net> {
+    match weft_types::net::iface(s).map_err(|m| format!("{what} {m}"))? {
+        ipnet::IpNet::V4(n) => Ok(n),
+        ipnet::IpNet::V6(_) => Err(format!(
+            "{what} {} is IPv6; weft's links take IPv4 for now",
+            weft_types::shown(s)
+        )),
+    }
 }
 
 fn opt_net(s: &str, what: &str) -> R<Option<Ipv4Net>> {
@@ -134,9 +145,10 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
     let (s, origins) = (&mut d.state, &mut d.origins);
     match o.kind.as_ref().ok_or("the object is empty")? {
         Kind::Namespace(n) => {
-            if !n.name.starts_with(PREFIX) || n.name.contains('/') {
-                return Err(format!("refusing namespace {:?}: weft's names start with weft", n.name));
+            if n.name.is_empty() {
+                return Err("a namespace with no name".into());
             }
+            weft_types::name::namespace("namespace", &n.name)?;
             s.namespaces.insert(n.name.clone());
             // Every peering clamps the MSS of TCP through its tunnel.
             d.specs.entry(n.name.clone()).or_default().mss_clamp = true;
@@ -151,7 +163,7 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
             let a = Address {
                 ns: a.namespace.clone(),
                 link: a.link.clone(),
-                cidr: net(&a.cidr, "address")?,
+                cidr: addr_net(&a.cidr, "address")?,
                 no_prefix_route: a.no_prefix_route,
             };
             origins.addresses.insert(a.clone(), id);
@@ -334,33 +346,24 @@ pub fn policy_rules(f: &pb::TunnelFilter) -> R<Option<Vec<PolicyRule>>> {
 }
 
 /// The CIDRs of peers as this site sees them, by peer site: the
-/// destinations of the routes rendered for peers in the host's own
-/// namespace (ids `peer/<site>/...`; inside a peering's namespace they are
-/// real CIDRs, not views).
+/// destinations of the routes in the host's own namespace that name the
+/// site they lead to (`peer_site`; inside a peering's namespace routes
+/// lead to real CIDRs, not views).
 pub fn peer_views<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject>) -> BTreeMap<String, Vec<Ipv4Net>> {
     let mut out: BTreeMap<String, Vec<Ipv4Net>> = BTreeMap::new();
     for o in objects {
-        if let (Some(Kind::Route(r)), Some(rest)) = (&o.kind, o.id.strip_prefix("peer/"))
+        if let Some(Kind::Route(r)) = &o.kind
             && r.namespace.is_empty()
-            && let (Some(site), Ok(dst)) = (peer_of(rest), r.destination.parse::<Ipv4Net>())
+            && !r.peer_site.is_empty()
+            && let Ok(dst) = weft_types::net::cidr_v4(&r.destination)
         {
-            let v = out.entry(site.to_string()).or_default();
+            let v = out.entry(r.peer_site.clone()).or_default();
             if !v.contains(&dst) {
                 v.push(dst);
             }
         }
     }
     out
-}
-
-/// The site a `peer/…` id (without the prefix) leads to: `<site>/…`, or
-/// for a site reached through transit `<via>/transit/<site>/…`.
-fn peer_of(rest: &str) -> Option<&str> {
-    let mut parts = rest.split('/');
-    match (parts.next(), parts.next(), parts.next()) {
-        (Some(_), Some("transit"), Some(site)) => Some(site),
-        (first, ..) => first,
-    }
 }
 
 /// A link: VXLAN, Geneve, bridge, a veth pair (both ends) or a WireGuard
@@ -428,7 +431,7 @@ fn add_link(d: &mut Desired, id: String, l: &pb::Link, facts: &Facts) -> R<()> {
                 None
             } else {
                 v4(&w.peer_address, "probe peer address")?;
-                Some(net(&w.address, "probe address")?)
+                Some(addr_net(&w.address, "probe address")?)
             };
             put(link(LinkKind::Wireguard { listen_port }, mtu));
             // The probe's address on the tunnel (see probe.rs).
@@ -450,13 +453,9 @@ fn add_link(d: &mut Desired, id: String, l: &pb::Link, facts: &Facts) -> R<()> {
 fn add_peer(d: &mut Desired, id: String, p: &pb::WireguardPeer) -> R<()> {
     let (s, origins) = (&mut d.state, &mut d.origins);
     let peer = WgPeer {
-        public_key: p.public_key.clone(),
+        public_key: WgKey::parse("public key", &p.public_key)?,
         endpoint: (!p.endpoint.is_empty())
-            .then(|| {
-                p.endpoint
-                    .parse::<SocketAddr>()
-                    .map_err(|_| format!("endpoint {:?} is not address:port", p.endpoint))
-            })
+            .then(|| weft_types::net::endpoint(&p.endpoint).map_err(|m| format!("endpoint {m}")))
             .transpose()?,
         // A set (as the kernel keeps it): sorted, each once.
         allowed_ips: {
@@ -467,14 +466,13 @@ fn add_peer(d: &mut Desired, id: String, p: &pb::WireguardPeer) -> R<()> {
         },
         keepalive: u16::try_from(p.persistent_keepalive).map_err(|_| "keepalive too long".to_string())?,
     };
-    crate::wireguard::key_hex(&peer.public_key)?;
     origins
         .peers
-        .insert((p.namespace.clone(), p.link.clone(), peer.public_key.clone()), id);
+        .insert((p.namespace.clone(), p.link.clone(), peer.public_key), id);
     s.peers
         .entry((p.namespace.clone(), p.link.clone()))
         .or_default()
-        .insert(peer.public_key.clone(), peer);
+        .insert(peer.public_key, peer);
     Ok(())
 }
 
@@ -484,7 +482,7 @@ mod tests {
 
     #[test]
     fn a_view_is_counted_for_the_site_it_leads_to_also_through_transit() {
-        let route = |id: &str, dst: &str| pb::DesiredObject {
+        let route = |id: &str, dst: &str, site: &str| pb::DesiredObject {
             id: id.into(),
             kind: Some(Kind::Route(pb::Route {
                 namespace: String::new(),
@@ -492,14 +490,21 @@ mod tests {
                 destination: dst.into(),
                 gateway: "10.80.0.100".into(),
                 device: "weft-vx0".into(),
+                peer_site: site.into(),
             })),
         };
         let objects = [
-            route("peer/b/workload/route", "10.2.0.0/16"),
-            route("peer/b/transit/c/0/route", "10.3.0.0/16"),
+            route("peer/b/workload/route", "10.2.0.0/16", "b"),
+            route("peer/b/transit/c/0/route", "10.3.0.0/16", "c"),
+            // The id says nothing: a route without its site is no view,
+            route("peer/d/workload/route", "10.4.0.0/16", ""),
+            // and one with it is, whatever its id.
+            route("x", "10.5.0.0/16", "e"),
         ];
         let views = peer_views(objects.iter());
         assert_eq!(views["b"], vec!["10.2.0.0/16".parse::<Ipv4Net>().unwrap()]);
         assert_eq!(views["c"], vec!["10.3.0.0/16".parse::<Ipv4Net>().unwrap()]);
+        assert_eq!(views["e"], vec!["10.5.0.0/16".parse::<Ipv4Net>().unwrap()]);
+        assert_eq!(views.len(), 3, "{views:?}");
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::host::{R, Stats, WgDevice, WireGuard};
 use crate::kernel::Kernel;
-use crate::model::{Link, Ns, WgPeer};
+use crate::model::{Link, Ns, WgKey, WgPeer};
 use crate::wireguard::Userspace;
 
 /// The WireGuard implementation a gateway runs, chosen at its start
@@ -74,7 +74,7 @@ impl WireGuard for Driver {
         }
     }
 
-    async fn remove_peer(&mut self, ns: &Ns, link: &str, public_key: &str) -> R<()> {
+    async fn remove_peer(&mut self, ns: &Ns, link: &str, public_key: &WgKey) -> R<()> {
         match self {
             Driver::Kernel(k) => k.remove_peer(ns, link, public_key).await,
             Driver::Userspace(u) => u.remove_peer(ns, link, public_key).await,

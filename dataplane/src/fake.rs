@@ -185,7 +185,7 @@ impl FakeHost {
                     .devices
                     .get_mut(&(ns.clone(), link.clone()))
                     .ok_or_else(|| format!("no WireGuard device {link}"))?;
-                d.peers.insert(peer.public_key.clone(), peer.clone());
+                d.peers.insert(peer.public_key, peer.clone());
             }
             Op::RemovePeer { ns, link, public_key } => {
                 if let Some(d) = self.devices.get_mut(&(ns.clone(), link.clone())) {
@@ -296,11 +296,11 @@ impl WireGuard for Fake {
         })
     }
 
-    async fn remove_peer(&mut self, ns: &Ns, link: &str, public_key: &str) -> R<()> {
+    async fn remove_peer(&mut self, ns: &Ns, link: &str, public_key: &WgKey) -> R<()> {
         self.host().carry_out(&Op::RemovePeer {
             ns: ns.clone(),
             link: link.into(),
-            public_key: public_key.into(),
+            public_key: *public_key,
         })
     }
 }

@@ -35,21 +35,11 @@ pub trait Firewall: Send {
     async fn delete_table(&mut self, ns: &Ns, name: &str) -> R<()>;
 }
 
-/// A WireGuard key (base64) as its 32 bytes.
-pub fn key_bytes(b64: &str) -> R<[u8; 32]> {
-    use base64::Engine;
-    let raw = base64::engine::general_purpose::STANDARD
-        .decode(b64.trim())
-        .map_err(|_| "a key is not base64".to_string())?;
-    raw.try_into()
-        .map_err(|_| "a WireGuard key must be 32 bytes".to_string())
-}
-
 /// A WireGuard device as its implementation reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WgDevice {
     pub listen_port: u16,
-    pub peers: BTreeMap<String, WgPeer>,
+    pub peers: BTreeMap<WgKey, WgPeer>,
 }
 
 /// Counters of one WireGuard device (from boringtun's UAPI or the kernel).
@@ -108,7 +98,7 @@ pub trait WireGuard: Send {
     async fn create(&mut self, link: &Link) -> R<()>;
     async fn remove(&mut self, ns: &Ns, name: &str) -> R<()>;
     async fn set_peer(&mut self, ns: &Ns, link: &str, peer: &WgPeer) -> R<()>;
-    async fn remove_peer(&mut self, ns: &Ns, link: &str, public_key: &str) -> R<()>;
+    async fn remove_peer(&mut self, ns: &Ns, link: &str, public_key: &WgKey) -> R<()>;
 }
 
 /// What `observe` read: weft's state within `scopes`, and the raw host

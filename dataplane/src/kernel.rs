@@ -23,7 +23,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::time::UNIX_EPOCH;
 
-use base64::Engine;
 use defguard_wireguard_rs::{InterfaceConfiguration, Kernel as KernelApi, WGApi, WireguardInterfaceApi};
 use futures::TryStreamExt;
 use ipnet::Ipv4Net;
@@ -31,7 +30,8 @@ use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkInfo};
 use rtnetlink::{Handle, LinkUnspec};
 
 use crate::host::{R, Stats, WgDevice, WireGuard};
-use crate::model::{Link, LinkKind, Ns, PREFIX, WgPeer};
+use crate::model::{Link, LinkKind, Ns, PREFIX, WgKey, WgPeer};
+use weft_types::WgSecret;
 
 /// One step of the kernel driver.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,7 +73,7 @@ pub enum KernelOp {
     RemovePeer {
         ns: Ns,
         name: String,
-        public_key: String,
+        public_key: WgKey,
     },
 }
 
@@ -128,7 +128,7 @@ pub fn peer_ops(ns: &Ns, name: &str, want: &WgPeer, before: Option<&WgPeer>) -> 
         ops.push(KernelOp::RemovePeer {
             ns: ns.clone(),
             name: name.to_string(),
-            public_key: want.public_key.clone(),
+            public_key: want.public_key,
         });
     }
     ops.push(KernelOp::SetPeer {
@@ -139,7 +139,7 @@ pub fn peer_ops(ns: &Ns, name: &str, want: &WgPeer, before: Option<&WgPeer>) -> 
     ops
 }
 
-/// A kernel WireGuard device as read (keys in base64).
+/// A kernel WireGuard device as read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReadDevice {
     pub listen_port: u16,
@@ -148,9 +148,9 @@ pub struct ReadDevice {
     pub peers: Vec<ReadPeer>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReadPeer {
-    pub public_key: String,
+    pub public_key: WgKey,
     pub endpoint: Option<SocketAddr>,
     pub allowed_ips: Vec<IpAddr>,
     /// Prefix lengths, one per allowed IP.
@@ -174,7 +174,7 @@ pub struct ReadPeer {
 ///
 /// Allowed IPs other than IPv4 are not weft's: they make the peer differ
 /// (it is set again, which replaces them).
-pub fn observe_device(read: &ReadDevice, configured: Option<&BTreeMap<String, WgPeer>>) -> Option<WgDevice> {
+pub fn observe_device(read: &ReadDevice, configured: Option<&BTreeMap<WgKey, WgPeer>>) -> Option<WgDevice> {
     if !read.ours {
         return None;
     }
@@ -201,9 +201,9 @@ pub fn observe_device(read: &ReadDevice, configured: Option<&BTreeMap<String, Wg
             None => p.endpoint,
         };
         peers.insert(
-            p.public_key.clone(),
+            p.public_key,
             WgPeer {
-                public_key: p.public_key.clone(),
+                public_key: p.public_key,
                 endpoint,
                 allowed_ips: allowed,
                 keepalive: p.keepalive,
@@ -240,12 +240,8 @@ fn v4_net(ip: IpAddr, len: u8) -> Option<Ipv4Net> {
     }
 }
 
-fn b64(k: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(k)
-}
-
-fn key_of(b64_key: &str) -> R<defguard_wireguard_rs::key::Key> {
-    crate::wireguard::key_bytes(b64_key).map(defguard_wireguard_rs::key::Key::new)
+fn key_of(key: &WgKey) -> defguard_wireguard_rs::key::Key {
+    defguard_wireguard_rs::key::Key::new(*key.as_bytes())
 }
 
 fn wg_err(what: &str, name: &str, e: impl std::fmt::Display) -> String {
@@ -269,7 +265,7 @@ fn read_here(name: &str, public: Option<&[u8; 32]>) -> R<ReadDevice> {
         .peers
         .values()
         .map(|p| ReadPeer {
-            public_key: b64(p.public_key.as_slice()),
+            public_key: WgKey::from_bytes(p.public_key.as_array()),
             endpoint: p.endpoint,
             allowed_ips: p.allowed_ips.iter().map(|a| a.address).collect(),
             prefixes: p.allowed_ips.iter().map(|a| a.cidr).collect(),
@@ -291,7 +287,7 @@ fn read_here(name: &str, public: Option<&[u8; 32]>) -> R<ReadDevice> {
 }
 
 fn peer_of(p: &WgPeer) -> R<defguard_wireguard_rs::peer::Peer> {
-    let mut peer = defguard_wireguard_rs::peer::Peer::new(key_of(&p.public_key)?);
+    let mut peer = defguard_wireguard_rs::peer::Peer::new(key_of(&p.public_key));
     peer.endpoint = p.endpoint;
     // Always explicit: None would keep the kernel's old value.
     peer.persistent_keepalive_interval = Some(p.keepalive);
@@ -350,13 +346,13 @@ pub struct Kernel {
     host: Handle,
     /// The gateway's private key; None on nodes and in a teardown (no
     /// device is then this agent's, and all of weft's are removed).
-    key: Option<[u8; 32]>,
+    key: Option<WgSecret>,
     /// Its public key.
     public: Option<[u8; 32]>,
     /// The namespace of each device, as last made or seen.
     at: BTreeMap<String, Ns>,
     /// Peers as weft set them in this process, by device.
-    configured: BTreeMap<String, BTreeMap<String, WgPeer>>,
+    configured: BTreeMap<String, BTreeMap<WgKey, WgPeer>>,
     /// Each device as last read: what a failed read reports instead (a
     /// netlink hiccup must not make a working link look foreign, which
     /// would replace it).
@@ -370,13 +366,17 @@ impl std::fmt::Debug for Kernel {
 }
 
 impl Kernel {
-    /// `private_key`: the gateway's, base64 (None on nodes).
-    pub fn new(host: Handle, private_key: Option<&str>) -> R<Kernel> {
-        let key = private_key.map(key_of).transpose()?;
+    /// `private_key`: the gateway's (None on nodes).
+    pub fn new(host: Handle, private_key: Option<&WgSecret>) -> R<Kernel> {
+        let public = private_key.map(|k| {
+            defguard_wireguard_rs::key::Key::new(*k.as_bytes())
+                .public_key()
+                .as_array()
+        });
         Ok(Kernel {
             host,
-            public: key.as_ref().map(|k| k.public_key().as_array()),
-            key: key.map(|k| k.as_array()),
+            public,
+            key: private_key.cloned(),
             at: BTreeMap::new(),
             configured: BTreeMap::new(),
             last: BTreeMap::new(),
@@ -423,12 +423,15 @@ impl Kernel {
                 api.create_interface().map_err(|e| wg_err("create", &name, e))
             }),
             KernelOp::Configure { name, listen_port } => {
-                let key = self.key.ok_or("this agent has no WireGuard key (only gateways do)")?;
+                let key = self
+                    .key
+                    .clone()
+                    .ok_or("this agent has no WireGuard key (only gateways do)")?;
                 crate::blocking(|| {
                     let api = WGApi::<KernelApi>::new(name.clone()).map_err(|e| wg_err("configure", &name, e))?;
                     let config = InterfaceConfiguration {
                         name: name.clone(),
-                        prvkey: b64(&key),
+                        prvkey: key.to_base64(),
                         addresses: Vec::new(),
                         port: listen_port,
                         peers: Vec::new(),
@@ -464,14 +467,11 @@ impl Kernel {
                     api.configure_peer(&p).map_err(|e| wg_err("set a peer of", &n, e))
                 })
                 .await?;
-                self.configured
-                    .entry(name)
-                    .or_default()
-                    .insert(peer.public_key.clone(), peer);
+                self.configured.entry(name).or_default().insert(peer.public_key, peer);
                 Ok(())
             }
             KernelOp::RemovePeer { ns, name, public_key } => {
-                let k = key_of(&public_key)?;
+                let k = key_of(&public_key);
                 let n = name.clone();
                 run_async(&ns, move || {
                     let api = WGApi::<KernelApi>::new(n.clone()).map_err(|e| wg_err("remove a peer of", &n, e))?;
@@ -587,11 +587,11 @@ impl WireGuard for Kernel {
         self.run(&peer_ops(ns, link, peer, before.as_ref())).await
     }
 
-    async fn remove_peer(&mut self, ns: &Ns, link: &str, public_key: &str) -> R<()> {
+    async fn remove_peer(&mut self, ns: &Ns, link: &str, public_key: &WgKey) -> R<()> {
         self.run_one(&KernelOp::RemovePeer {
             ns: ns.clone(),
             name: link.to_string(),
-            public_key: public_key.to_string(),
+            public_key: *public_key,
         })
         .await
     }
@@ -608,6 +608,9 @@ pub fn probe() -> R<()> {
 mod tests {
     use super::*;
 
+    const A: WgKey = WgKey::from_bytes([0xa; 32]);
+    const B: WgKey = WgKey::from_bytes([0xb; 32]);
+
     fn wg_link(ns: &str, mtu: u32) -> Link {
         Link {
             ns: ns.into(),
@@ -618,9 +621,9 @@ mod tests {
         }
     }
 
-    fn peer(key: &str, endpoint: Option<&str>, allowed: &[&str], keepalive: u16) -> WgPeer {
+    fn peer(key: WgKey, endpoint: Option<&str>, allowed: &[&str], keepalive: u16) -> WgPeer {
         WgPeer {
-            public_key: key.into(),
+            public_key: key,
             endpoint: endpoint.map(|e| e.parse().unwrap()),
             allowed_ips: allowed.iter().map(|a| a.parse().unwrap()).collect(),
             keepalive,
@@ -682,7 +685,7 @@ mod tests {
 
     #[test]
     fn a_new_or_changed_peer_is_one_set_that_replaces_allowed_ips() {
-        let want = peer("A", Some("192.0.2.1:51820"), &["10.1.0.0/16"], 25);
+        let want = peer(A, Some("192.0.2.1:51820"), &["10.1.0.0/16"], 25);
         assert_eq!(
             peer_ops(&"weftp-b".into(), "weftwg-b", &want, None),
             vec![KernelOp::SetPeer {
@@ -692,23 +695,23 @@ mod tests {
             }]
         );
         // A standby peer loses its allowed IPs: still one set.
-        let standby = peer("A", Some("192.0.2.1:51820"), &[], 25);
+        let standby = peer(A, Some("192.0.2.1:51820"), &[], 25);
         assert_eq!(peer_ops(&"n".into(), "l", &standby, Some(&want)).len(), 1);
         // The keepalive turned off is sent as 0, not left out.
-        let off = peer("A", Some("192.0.2.1:51820"), &["10.1.0.0/16"], 0);
+        let off = peer(A, Some("192.0.2.1:51820"), &["10.1.0.0/16"], 0);
         let ops = peer_ops(&"n".into(), "l", &off, None);
         assert!(matches!(&ops[..], [KernelOp::SetPeer { peer, .. }] if peer.keepalive == 0));
-        let sent = peer_of(&peer(&b64(&[7; 32]), None, &[], 0)).unwrap();
+        let sent = peer_of(&peer(WgKey::from_bytes([7; 32]), None, &[], 0)).unwrap();
         assert_eq!(sent.persistent_keepalive_interval, Some(0));
     }
 
     #[test]
     fn a_peer_whose_endpoint_moves_is_removed_first_for_a_fresh_handshake() {
-        let before = peer("A", Some("192.0.2.51:51920"), &["10.1.0.0/16"], 25);
-        let want = peer("A", Some("192.0.2.52:51920"), &["10.1.0.0/16"], 25);
+        let before = peer(A, Some("192.0.2.51:51920"), &["10.1.0.0/16"], 25);
+        let want = peer(A, Some("192.0.2.52:51920"), &["10.1.0.0/16"], 25);
         let ops = peer_ops(&"n".into(), "l", &want, Some(&before));
         assert!(
-            matches!(&ops[..], [KernelOp::RemovePeer { public_key, .. }, KernelOp::SetPeer { .. }] if public_key == "A")
+            matches!(&ops[..], [KernelOp::RemovePeer { public_key, .. }, KernelOp::SetPeer { .. }] if *public_key == A)
         );
         assert_eq!(peer_ops(&"n".into(), "l", &want, Some(&want)).len(), 1);
     }
@@ -717,19 +720,19 @@ mod tests {
     fn a_peer_without_an_endpoint_keeps_the_learned_one_and_its_session() {
         // Set without an endpoint: one set, no removal (which would drop
         // the session), and the message carries no endpoint.
-        let want = peer(&b64(&[9; 32]), None, &["10.1.0.0/16"], 0);
+        let want = peer(WgKey::from_bytes([9; 32]), None, &["10.1.0.0/16"], 0);
         let ops = peer_ops(
             &"n".into(),
             "l",
             &want,
-            Some(&peer(&b64(&[9; 32]), Some("192.0.2.1:1"), &[], 0)),
+            Some(&peer(WgKey::from_bytes([9; 32]), Some("192.0.2.1:1"), &[], 0)),
         );
         assert!(matches!(&ops[..], [KernelOp::SetPeer { .. }]));
         assert_eq!(peer_of(&want).unwrap().endpoint, None);
         // The kernel learned one from the far gateway's packets: not drift.
-        let set: BTreeMap<String, WgPeer> = [("A".to_string(), peer("A", None, &["10.1.0.0/16"], 25))].into();
+        let set: BTreeMap<WgKey, WgPeer> = [(A, peer(A, None, &["10.1.0.0/16"], 25))].into();
         let learned = read(true, "198.51.100.7:40000", &[("10.1.0.0", 16)]);
-        assert_eq!(observe_device(&learned, Some(&set)).unwrap().peers["A"], set["A"]);
+        assert_eq!(observe_device(&learned, Some(&set)).unwrap().peers[&A], set[&A]);
     }
 
     fn read(ours: bool, endpoint: &str, allowed: &[(&str, u8)]) -> ReadDevice {
@@ -737,7 +740,7 @@ mod tests {
             listen_port: 51820,
             ours,
             peers: vec![ReadPeer {
-                public_key: "A".into(),
+                public_key: A,
                 endpoint: Some(endpoint.parse().unwrap()),
                 allowed_ips: allowed.iter().map(|(a, _)| a.parse().unwrap()).collect(),
                 prefixes: allowed.iter().map(|(_, l)| *l).collect(),
@@ -756,35 +759,31 @@ mod tests {
 
     #[test]
     fn a_roamed_endpoint_is_not_drift_but_an_unrecorded_one_is_set_again() {
-        let set: BTreeMap<String, WgPeer> = [(
-            "A".to_string(),
-            peer("A", Some("192.0.2.1:51820"), &["10.1.0.0/16"], 25),
-        )]
-        .into();
+        let set: BTreeMap<WgKey, WgPeer> = [(A, peer(A, Some("192.0.2.1:51820"), &["10.1.0.0/16"], 25))].into();
         // The far gateway now sends from behind a NAT.
         let roamed = read(true, "198.51.100.7:40000", &[("10.1.0.0", 16)]);
         let seen = observe_device(&roamed, Some(&set)).unwrap();
-        assert_eq!(seen.peers["A"], set["A"], "what weft set, so no operation");
+        assert_eq!(seen.peers[&A], set[&A], "what weft set, so no operation");
         // After a restart weft has no record: the kernel's value is shown,
         // it differs from the desired one and is set once.
         let seen = observe_device(&roamed, None).unwrap();
         let ep: SocketAddr = "198.51.100.7:40000".parse().unwrap();
-        assert_eq!(seen.peers["A"].endpoint, Some(ep));
+        assert_eq!(seen.peers[&A].endpoint, Some(ep));
     }
 
     #[test]
     fn allowed_ips_compare_as_sets_and_ipv6_ones_are_drift() {
         let d = observe_device(&read(true, "192.0.2.1:1", &[("10.2.0.0", 16), ("10.1.0.0", 16)]), None).unwrap();
         assert_eq!(
-            d.peers["A"].allowed_ips,
+            d.peers[&A].allowed_ips,
             vec![
                 "10.1.0.0/16".parse::<Ipv4Net>().unwrap(),
                 "10.2.0.0/16".parse().unwrap()
             ]
         );
         let d = observe_device(&read(true, "192.0.2.1:1", &[("10.1.0.0", 16), ("fd00::", 64)]), None).unwrap();
-        let want = peer("A", Some("192.0.2.1:1"), &["10.1.0.0/16"], 25);
-        assert_ne!(d.peers["A"], want);
+        let want = peer(A, Some("192.0.2.1:1"), &["10.1.0.0/16"], 25);
+        assert_ne!(d.peers[&A], want);
         assert_eq!(d.listen_port, 51820);
     }
 
@@ -792,7 +791,7 @@ mod tests {
     fn stats_take_the_newest_handshake_and_sum_the_bytes() {
         let mut r = read(true, "192.0.2.1:1", &[]);
         let mut second = r.peers[0].clone();
-        second.public_key = "B".into();
+        second.public_key = B;
         second.endpoint = Some("192.0.2.2:1".parse().unwrap());
         second.last_handshake = Some(1_700_000_100);
         r.peers.push(second);

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
 
 use ipnet::Ipv4Net;
+pub use weft_types::WgKey;
 
 /// A network namespace: "" for the agent's own (the host's), else a name
 /// under /run/netns.
@@ -207,7 +208,7 @@ impl TableSpec {
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct WgPeer {
-    pub public_key: String,
+    pub public_key: WgKey,
     pub endpoint: Option<SocketAddr>,
     pub allowed_ips: Vec<Ipv4Net>,
     pub keepalive: u16,
@@ -231,7 +232,7 @@ pub struct State {
     /// by namespace: always removed.
     pub stray_tables: BTreeSet<(Ns, String)>,
     /// WireGuard peers by (namespace, link), by public key.
-    pub peers: BTreeMap<(Ns, String), BTreeMap<String, WgPeer>>,
+    pub peers: BTreeMap<(Ns, String), BTreeMap<WgKey, WgPeer>>,
 }
 
 impl State {
@@ -286,7 +287,7 @@ pub struct Origins {
     pub routes: BTreeMap<(Ns, u32, Ipv4Net), String>,
     pub rules: BTreeMap<Rule, String>,
     pub tables: BTreeMap<Ns, Vec<String>>,
-    pub peers: BTreeMap<(Ns, String, String), String>,
+    pub peers: BTreeMap<(Ns, String, WgKey), String>,
 }
 
 /// What a namespace holds, as read from the host: everything, weft's or

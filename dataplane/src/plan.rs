@@ -25,7 +25,7 @@ pub enum Op {
     RemovePeer {
         ns: Ns,
         link: String,
-        public_key: String,
+        public_key: WgKey,
     },
     /// Removes a link (either end of a veth pair removes both).
     DelLink {
@@ -101,7 +101,7 @@ impl Op {
             Op::AddAddress(a) => o.addresses.get(a),
             Op::SetRoute(r) => o.routes.get(&r.key()),
             Op::AddRule(r) => o.rules.get(r),
-            Op::SetPeer { ns, link, peer } => o.peers.get(&(ns.clone(), link.clone(), peer.public_key.clone())),
+            Op::SetPeer { ns, link, peer } => o.peers.get(&(ns.clone(), link.clone(), peer.public_key)),
             Op::SetTable { ns, .. } => o.tables.get(ns).and_then(|v| v.first()),
             _ => None,
         };
@@ -271,7 +271,7 @@ impl Planner<'_> {
                 ops.push(Op::RemovePeer {
                     ns: ns.clone(),
                     link: link.clone(),
-                    public_key: key.clone(),
+                    public_key: *key,
                 });
             }
         }

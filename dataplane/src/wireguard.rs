@@ -18,14 +18,8 @@ use rtnetlink::Handle;
 
 pub use crate::host::Stats;
 use crate::host::{R, WgDevice, WireGuard};
-use crate::model::{Link, LinkKind, Ns, WgPeer};
-
-pub use crate::host::key_bytes;
-
-/// A WireGuard key (base64) in hex, as boringtun's UAPI takes it.
-pub fn key_hex(b64: &str) -> R<String> {
-    Ok(hex::encode(key_bytes(b64)?))
-}
+use crate::model::{Link, LinkKind, Ns, WgKey, WgPeer};
+use weft_types::WgSecret;
 
 pub struct Device {
     _handle: DeviceHandle,
@@ -125,7 +119,7 @@ pub struct Devices {
 }
 
 impl Devices {
-    /// Creates the device `name` with `private_key` (base64) listening on
+    /// Creates the device `name` with `private_key` listening on
     /// `listen_port`, moves it into namespace `ns`, and brings it up there.
     pub async fn create(
         &mut self,
@@ -134,7 +128,7 @@ impl Devices {
         ns: &str,
         listen_port: u32,
         mtu: u32,
-        private_key: &str,
+        private_key: &WgSecret,
     ) -> R<()> {
         self.devices.remove(name);
         let (ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
@@ -160,7 +154,7 @@ impl Devices {
         };
         dev.uapi(&format!(
             "set=1\nprivate_key={}\nlisten_port={listen_port}\n",
-            key_hex(private_key)?
+            private_key.to_hex()
         ))?;
         if let Err(e) = crate::offload::grow_udp_buffers(listen_port as u16) {
             tracing::warn!(
@@ -177,7 +171,7 @@ impl Devices {
     pub fn set_peer(
         &mut self,
         link: &str,
-        public_key: &str,
+        public_key: &WgKey,
         endpoint: &str,
         allowed: &[String],
         keepalive: u32,
@@ -186,7 +180,7 @@ impl Devices {
             .devices
             .get_mut(link)
             .ok_or_else(|| format!("no WireGuard device {link} (yet)"))?;
-        let key = key_hex(public_key)?;
+        let key = public_key.to_hex();
         let mut lines = String::new();
         if !endpoint.is_empty() {
             lines.push_str(&format!("endpoint={endpoint}\n"));
@@ -210,8 +204,8 @@ impl Devices {
         Ok(true)
     }
 
-    pub fn remove_peer(&mut self, link: &str, public_key: &str) -> R<()> {
-        let key = key_hex(public_key)?;
+    pub fn remove_peer(&mut self, link: &str, public_key: &WgKey) -> R<()> {
+        let key = public_key.to_hex();
         let Some(dev) = self.devices.get_mut(link) else {
             return Ok(());
         };
@@ -224,11 +218,11 @@ impl Devices {
 /// [`WireGuard`] seam.
 pub struct Userspace {
     host: Handle,
-    /// The gateway's private key (base64); None on nodes.
-    key: Option<String>,
+    /// The gateway's private key; None on nodes.
+    key: Option<WgSecret>,
     pub devices: crate::userspace::Devices,
     /// Peers as configured, by device.
-    peers: std::collections::BTreeMap<String, std::collections::BTreeMap<String, WgPeer>>,
+    peers: std::collections::BTreeMap<String, std::collections::BTreeMap<WgKey, WgPeer>>,
 }
 
 impl std::fmt::Debug for Userspace {
@@ -240,7 +234,7 @@ impl std::fmt::Debug for Userspace {
 }
 
 impl Userspace {
-    pub fn new(host: Handle, key: Option<String>, options: crate::userspace::Options) -> Userspace {
+    pub fn new(host: Handle, key: Option<WgSecret>, options: crate::userspace::Options) -> Userspace {
         Userspace {
             host,
             key,
@@ -312,11 +306,11 @@ impl WireGuard for Userspace {
         self.peers
             .entry(link.to_string())
             .or_default()
-            .insert(peer.public_key.clone(), peer.clone());
+            .insert(peer.public_key, peer.clone());
         Ok(())
     }
 
-    async fn remove_peer(&mut self, _ns: &Ns, link: &str, public_key: &str) -> R<()> {
+    async fn remove_peer(&mut self, _ns: &Ns, link: &str, public_key: &WgKey) -> R<()> {
         self.devices.remove_peer(link, public_key)?;
         if let Some(p) = self.peers.get_mut(link) {
             p.remove(public_key);

@@ -61,6 +61,7 @@ fn route(id: &str, ns: &str, table: u32, dst: &str, dev: &str) -> pb::DesiredObj
             destination: dst.into(),
             gateway: String::new(),
             device: dev.into(),
+            peer_site: String::new(),
         }),
     )
 }
@@ -491,11 +492,11 @@ fn a_changed_peer_key_and_a_deleted_interface_are_repaired() {
     let ops = plan_now(&f, &want, &BTreeSet::new());
     assert!(
         ops.iter()
-            .any(|o| matches!(o, Op::RemovePeer { public_key, .. } if public_key == KEY))
+            .any(|o| matches!(o, Op::RemovePeer { public_key, .. } if public_key.to_string() == KEY))
     );
     assert!(
         ops.iter()
-            .any(|o| matches!(o, Op::SetPeer { peer, .. } if peer.public_key == KEY2))
+            .any(|o| matches!(o, Op::SetPeer { peer, .. } if peer.public_key.to_string() == KEY2))
     );
     reconcile(&f, &want, &BTreeSet::new());
     // The WireGuard interface deleted by hand: a new device, its peer and

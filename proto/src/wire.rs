@@ -184,6 +184,7 @@ mod tests {
                 destination: destination.into(),
                 gateway: "10.80.0.1".into(),
                 device: "weft0".into(),
+                peer_site: String::new(),
             })),
         }
     }

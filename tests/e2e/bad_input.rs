@@ -73,7 +73,7 @@ fn each_bad_request_gets_its_code_and_a_fix_and_writes_nothing() {
             "CreateNode",
             r#"{"name":"n","subnet":"10.1.0.0/33"}"#.into(),
             "InvalidArgument",
-            "not a CIDR",
+            "subnet: \"10.1.0.0/33\" is not a CIDR: its prefix length \"33\" is not a number from 0 to 32",
         ),
         (
             "CreateNode",

@@ -50,7 +50,7 @@ node_prefix_len = 31
     let err = stderr(&o);
     for needle in [
         "pod_cidrs[1] (--pod-cidr, WEFT_POD_CIDR): 10.1.128.0/17 overlaps pod_cidrs[0]",
-        "external_cidr (--external-cidr, WEFT_EXTERNAL_CIDR): \"10.70.0.0/33\" is not a CIDR",
+        "external_cidr (--external-cidr, WEFT_EXTERNAL_CIDR): \"10.70.0.0/33\" is not a CIDR: its prefix length \"33\" is not a number from 0 to 32",
         "reserved_cidrs[0]",
         "node_prefix_len",
         "at most 30",

@@ -145,6 +145,7 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
                 destination: "10.99.0.0/16".into(),
                 gateway: "192.168.78.1".into(),
                 device: "eth0".into(),
+                peer_site: String::new(),
             }),
         ),
         obj(
@@ -240,6 +241,7 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
                 destination: "172.20.5.128/25".into(),
                 gateway: String::new(),
                 device: "weft-evil".into(),
+                peer_site: String::new(),
             }),
         ),
     ]);

@@ -133,11 +133,15 @@ fn expand(p: &Value, asked: &BTreeSet<String>) -> BTreeSet<String> {
 }
 
 #[test]
-fn weftctl_links_only_the_api_and_the_shared_crate() {
+fn weftctl_links_only_the_api_and_the_shared_crates() {
     let m = metadata();
     let links = m.links("weftctl");
     let weft: Vec<&String> = links.iter().filter(|n| n.starts_with("weft")).collect();
-    assert_eq!(weft, ["weft-common", "weft-proto"], "weftctl's weft dependencies");
+    assert_eq!(
+        weft,
+        ["weft-common", "weft-proto", "weft-types"],
+        "weftctl's weft dependencies"
+    );
     for banned in [
         "etcd-client",
         "redb",
@@ -181,6 +185,25 @@ fn the_controller_core_links_no_tonic_and_no_store() {
         assert!(!links.contains(banned), "weft-core links {banned}: {links:?}");
     }
     assert!(links.contains("prost"), "the walk reaches the API's messages");
+}
+
+#[test]
+fn the_typed_values_are_a_leaf() {
+    let links = metadata().links("weft-types");
+    let weft: Vec<&String> = links.iter().filter(|n| n.starts_with("weft")).collect();
+    assert!(weft.is_empty(), "weft-types links weft crates: {weft:?}");
+    for banned in ["tokio", "tonic", "prost", "rustls", "rtnetlink", "serde_json"] {
+        assert!(!links.contains(banned), "weft-types links {banned}: {links:?}");
+    }
+    assert!(
+        links.contains("ipnet") && links.contains("base64"),
+        "the walk reaches its parsers: {links:?}"
+    );
+    // Every layer that parses what crosses a border uses it.
+    let m = metadata();
+    for user in ["weft-core", "weft-controller", "weft-dataplane", "weft-agent"] {
+        assert!(m.links(user).contains("weft-types"), "{user} does not use weft-types");
+    }
 }
 
 /// The top-level modules of a crate's `src` and, for each, the top-level

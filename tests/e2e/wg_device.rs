@@ -29,7 +29,7 @@ fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) ->
 }
 
 fn key(b64: &str) -> [u8; 32] {
-    weft_dataplane::wireguard::key_bytes(b64).unwrap()
+    *b64.parse::<weft_types::WgKey>().unwrap().as_bytes()
 }
 
 /// Two namespaces x (10.99.0.1) and y (10.99.0.2) joined by a veth.

@@ -121,8 +121,7 @@ fn known_down(fed: &Federation, site: &str) -> bool {
 /// site.
 pub(super) fn relay_ip(model: &crate::render::Model) -> Option<std::net::IpAddr> {
     crate::render::active_gateway(model)
-        .and_then(|g| g.endpoint.as_ref())
-        .and_then(|e| e.parse::<std::net::SocketAddr>().ok())
+        .and_then(|g| g.endpoint)
         .map(|a| a.ip())
 }
 

@@ -32,7 +32,6 @@ impl LocalGateways {
             .map(|g| {
                 let endpoint = g
                     .endpoint
-                    .as_deref()
                     .and_then(|e| site.peering_endpoint(e, port))
                     .map(|e| e.to_string())
                     .unwrap_or_default();
@@ -61,7 +60,7 @@ impl LocalGateways {
                 pb::GatewayInfo {
                     name: g.name.clone(),
                     endpoint,
-                    public_key: g.public_key.clone().unwrap_or_default(),
+                    public_key: g.public_key.map(|k| k.to_string()).unwrap_or_default(),
                     active: self.active.as_ref() == Some(&g.name),
                     candidates,
                     nat: found

@@ -294,7 +294,6 @@ impl AgentService for AgentApi {
         &self,
         req: Request<pb::UpdateGatewayRequest>,
     ) -> Result<Response<pb::UpdateGatewayResponse>, Status> {
-        use base64::Engine;
         let (role, id) = self.agent(&req).await?;
         if role != AgentRole::Gateway {
             return Err(Status::permission_denied(format!("{id} is not a gateway")));
@@ -302,39 +301,24 @@ impl AgentService for AgentApi {
         let r = req.into_inner();
         let key = match r.public_key.trim() {
             "" => None,
-            k => {
-                let raw = base64::engine::general_purpose::STANDARD
-                    .decode(k)
-                    .map_err(|_| Status::invalid_argument("public_key is not base64"))?;
-                if raw.len() != 32 {
-                    return Err(Status::invalid_argument("public_key is not a 32-byte WireGuard key"));
-                }
-                Some(k.to_string())
-            }
+            k => Some(weft_types::WgKey::parse("public_key", k).map_err(Status::invalid_argument)?),
         };
         let endpoint = match r.endpoint.trim() {
             "" => None,
             e => {
+                let a = weft_types::net::endpoint(e).map_err(|m| Status::invalid_argument(format!("endpoint {m}")))?;
                 let (site, _) = self.state.site().await?;
                 let last = site.wireguard_ports.count() - 1;
-                match e.parse::<std::net::SocketAddr>() {
-                    Ok(a) if a.port() != 0 && u32::from(a.port()) + last <= 65535 => Some(a.to_string()),
-                    Ok(a) if a.port() != 0 => {
-                        return Err(Status::invalid_argument(format!(
-                            "endpoint {a}: peerings are reached at the {} ports from {} up, which pass 65535; \
-                             give a port of at most {}",
-                            site.wireguard_ports.count(),
-                            a.port(),
-                            65535 - last
-                        )));
-                    }
-                    _ => {
-                        return Err(Status::invalid_argument(format!(
-                            "endpoint {} is not an address and a port from 1 to 65535 (e.g. 192.0.2.1:51820)",
-                            crate::domain::shown(e)
-                        )));
-                    }
+                if u32::from(a.port()) + last > 65535 {
+                    return Err(Status::invalid_argument(format!(
+                        "endpoint {a}: peerings are reached at the {} ports from {} up, which pass 65535; \
+                         give a port of at most {}",
+                        site.wireguard_ports.count(),
+                        a.port(),
+                        65535 - last
+                    )));
                 }
+                Some(a)
             }
         };
         self.state.update_gateway(&id.name, key, endpoint).await?;

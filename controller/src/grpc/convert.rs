@@ -53,8 +53,8 @@ pub fn node(n: &Node) -> pb::Node {
 pub fn gateway(g: &Gateway) -> pb::Gateway {
     pb::Gateway {
         name: g.name.clone(),
-        endpoint: g.endpoint.clone().unwrap_or_default(),
-        public_key: g.public_key.clone().unwrap_or_default(),
+        endpoint: g.endpoint.map(|e| e.to_string()).unwrap_or_default(),
+        public_key: g.public_key.map(|k| k.to_string()).unwrap_or_default(),
         created_at: ts(g.created_at_ms),
         cert_expires_at: live_until(&g.certs, 0).and_then(ts),
         status: None,
@@ -62,7 +62,7 @@ pub fn gateway(g: &Gateway) -> pb::Gateway {
         underlay_ip: g.underlay_ip.map(|i| i.to_string()).unwrap_or_default(),
         geneve: g.geneve,
         active: false,
-        pending_public_key: g.pending_public_key.clone().unwrap_or_default(),
+        pending_public_key: g.pending_public_key.map(|k| k.to_string()).unwrap_or_default(),
         identity_conflict: g.identity_conflict.as_ref().map(|c| c.to_string()).unwrap_or_default(),
         nat: weft_core::peer::gateway_behaviour(g)
             .map(|b| b.as_str().to_string())
@@ -74,8 +74,8 @@ pub fn gateway(g: &Gateway) -> pb::Gateway {
 pub fn remote_gateway(g: &crate::domain::RemoteGateway) -> pb::GatewayInfo {
     pb::GatewayInfo {
         name: g.name.clone(),
-        endpoint: g.endpoint.clone().unwrap_or_default(),
-        public_key: g.public_key.clone().unwrap_or_default(),
+        endpoint: g.endpoint.map(|e| e.to_string()).unwrap_or_default(),
+        public_key: g.public_key.map(|k| k.to_string()).unwrap_or_default(),
         active: g.active,
         candidates: g.candidates.iter().map(|c| c.to_pb()).collect(),
         nat: g.nat.map(|b| b.as_str().to_string()).unwrap_or_default(),

@@ -291,7 +291,8 @@ impl AdminService for AdminApi {
                  that the key taken is the one you checked there",
             ));
         }
-        let g = self.state.accept_gateway_key(&req.name, &req.public_key).await?;
+        let expected = weft_types::WgKey::parse("public_key", &req.public_key).map_err(Status::invalid_argument)?;
+        let g = self.state.accept_gateway_key(&req.name, &expected).await?;
         Ok(Response::new(convert::gateway(&g)))
     }
 

@@ -519,8 +519,8 @@ impl State {
     pub async fn update_gateway(
         &self,
         name: &str,
-        public_key: Option<String>,
-        endpoint: Option<String>,
+        public_key: Option<crate::domain::WgKey>,
+        endpoint: Option<std::net::SocketAddr>,
     ) -> Result<(), Error> {
         let key = self.at(Key::Gateway(name));
         for _ in 0..super::MAX_ATTEMPTS {
@@ -531,7 +531,7 @@ impl State {
             };
             let mut g: crate::domain::Gateway = super::decode(&kv)?;
             let before = g.clone();
-            g.endpoint = endpoint.clone();
+            g.endpoint = endpoint;
             // The first key after an enrollment is taken; a change of a key
             // the gateway already has is held for the admin: a stolen
             // certificate must not point every peer's tunnel at a key of
@@ -546,11 +546,11 @@ impl State {
                     false
                 }
                 (Some(_), Some(new)) if !g.key_from_enrollment => {
-                    g.pending_public_key = Some(new.clone());
+                    g.pending_public_key = Some(*new);
                     true
                 }
                 (_, Some(new)) => {
-                    g.public_key = Some(new.clone());
+                    g.public_key = Some(*new);
                     g.pending_public_key = None;
                     g.key_from_enrollment = false;
                     false
@@ -581,7 +581,11 @@ impl State {
     /// Takes the WireGuard key gateway `name` asked for (held by
     /// [`State::update_gateway`]) if it is `expected`: peers get it at
     /// once.
-    pub async fn accept_gateway_key(&self, name: &str, expected: &str) -> Result<crate::domain::Gateway, Error> {
+    pub async fn accept_gateway_key(
+        &self,
+        name: &str,
+        expected: &crate::domain::WgKey,
+    ) -> Result<crate::domain::Gateway, Error> {
         let key = self.at(Key::Gateway(name));
         for _ in 0..super::MAX_ATTEMPTS {
             let Some(kv) = self.store.get(&key).await? else {
@@ -593,10 +597,10 @@ impl State {
             let Some(new) = g.pending_public_key.take() else {
                 return Err(Error::FailedPrecondition(format!(
                     "gateway {name:?} has asked for no new key; its key is {}",
-                    g.public_key.as_deref().unwrap_or("not set yet")
+                    g.public_key.map_or("not set yet".to_string(), |k| k.to_string())
                 )));
             };
-            if new != expected {
+            if new != *expected {
                 return Err(Error::FailedPrecondition(format!(
                     "gateway {name:?} asked for key {new}, not {expected}: whoever asked is not the host you \
                      checked. Nothing changed; if its certificate may be stolen, remove the gateway and enroll \
@@ -631,7 +635,7 @@ fn check_candidates(hosts: &[(std::net::Ipv4Addr, String)], remote: &RemoteSite)
         .iter()
         .map(|g| weft_proto::v1::RelayGrant {
             peer_site: g.peer_site.clone(),
-            endpoint: g.endpoint.clone().unwrap_or_default(),
+            endpoint: g.endpoint.map(|e| e.to_string()).unwrap_or_default(),
             refused: String::new(),
         })
         .collect();

@@ -25,6 +25,7 @@ fn route(namespace: &str, table: u32, destination: String, gateway: String, devi
         destination,
         gateway,
         device: device.into(),
+        peer_site: String::new(),
     })
 }
 
@@ -393,14 +394,15 @@ fn wireguard_peers(
             Kind::WireguardPeer(pb::WireguardPeer {
                 link: ids.link.clone(),
                 namespace: ids.ns.clone(),
-                public_key: g.public_key.clone().unwrap_or_default(),
+                public_key: g.public_key.map(|k| k.to_string()).unwrap_or_default(),
                 // Without a direct path (none, or a hole punch that did
                 // not come up), the active gateway is reached through the
                 // chosen relay.
                 endpoint: relay
                     .filter(|_| g.active || none_flagged)
-                    .map(|r| r.endpoint.clone())
+                    .map(|r| r.endpoint)
                     .or_else(|| crate::peer::dial_address(g))
+                    .map(|e| e.to_string())
                     .unwrap_or_default(),
                 allowed_ips: allowed,
                 persistent_keepalive: 25,

@@ -11,7 +11,8 @@ use ipnet::IpNet;
 use rtnetlink::{Handle, LinkUnspec};
 
 use super::{Config, Device};
-use crate::host::{R, Stats, key_bytes};
+use crate::host::{R, Stats};
+use weft_types::{WgKey, WgSecret};
 
 pub struct Running {
     pub device: Device,
@@ -37,7 +38,7 @@ pub struct Devices {
 }
 
 impl Devices {
-    /// Starts device `name` with `private_key` (base64) on `listen_port`,
+    /// Starts device `name` with `private_key` on `listen_port`,
     /// moves its interface into namespace `ns` and brings it up there with
     /// `mtu` (0: the kernel's default).
     pub async fn create(
@@ -47,13 +48,13 @@ impl Devices {
         ns: &str,
         listen_port: u16,
         mtu: u32,
-        private_key: &str,
+        private_key: &WgSecret,
     ) -> R<()> {
         self.devices.remove(name);
         let config = Config {
             name: name.to_string(),
             listen_port,
-            private_key: key_bytes(private_key)?,
+            private_key: *private_key.as_bytes(),
             offload: !self.options.no_offload,
             rekey_after: self.options.rekey_after,
             single_thread: self.options.single_thread,
@@ -76,7 +77,7 @@ impl Devices {
     pub fn set_peer(
         &mut self,
         link: &str,
-        public_key: &str,
+        public_key: &WgKey,
         endpoint: Option<std::net::SocketAddr>,
         allowed: &[IpNet],
         keepalive: u16,
@@ -86,13 +87,13 @@ impl Devices {
             .get(link)
             .ok_or_else(|| format!("no WireGuard device {link} (yet)"))?;
         dev.device
-            .set_peer(key_bytes(public_key)?, endpoint, allowed.to_vec(), keepalive);
+            .set_peer(*public_key.as_bytes(), endpoint, allowed.to_vec(), keepalive);
         Ok(())
     }
 
-    pub fn remove_peer(&mut self, link: &str, public_key: &str) -> R<()> {
+    pub fn remove_peer(&mut self, link: &str, public_key: &WgKey) -> R<()> {
         if let Some(dev) = self.devices.get(link) {
-            dev.device.remove_peer(&key_bytes(public_key)?);
+            dev.device.remove_peer(public_key.as_bytes());
         }
         Ok(())
     }

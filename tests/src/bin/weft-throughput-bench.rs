@@ -388,6 +388,16 @@ fn tunnel(lab: &mut Lab, dir: &Path, which: Impl, wire: Wire) -> Option<(String,
     Some((nx, ny, procs))
 }
 
+/// The private key `wg genkey` wrote to `path`.
+fn secret_in(path: &std::path::Path) -> anyhow::Result<weft_types::WgSecret> {
+    let text = std::fs::read_to_string(path)?;
+    weft_types::WgSecret::parse(&path.display().to_string(), text.trim()).map_err(anyhow::Error::msg)
+}
+
+fn public(b64: &str) -> anyhow::Result<weft_types::WgKey> {
+    weft_types::WgKey::parse("the peer's key", b64).map_err(anyhow::Error::msg)
+}
+
 /// One end of a plain boringtun tunnel, run by the bench inside a
 /// namespace: weft's own device code, no overlay, no NAT.
 fn boringtun_end(e: End) -> anyhow::Result<()> {
@@ -395,13 +405,19 @@ fn boringtun_end(e: End) -> anyhow::Result<()> {
     rt.block_on(async move {
         let (conn, handle, _) = rtnetlink::new_connection()?;
         tokio::spawn(conn);
-        let key = std::fs::read_to_string(&e.key_file)?;
+        let key = secret_in(&e.key_file)?;
         let mut devs = weft_agent::wireguard::Devices::default();
-        devs.create(&handle, &e.dev, &e.namespace, 51820, 0, key.trim())
+        devs.create(&handle, &e.dev, &e.namespace, 51820, 0, &key)
             .await
             .map_err(anyhow::Error::msg)?;
-        devs.set_peer(&e.dev, &e.peer, &e.endpoint, std::slice::from_ref(&e.allowed), 0)
-            .map_err(anyhow::Error::msg)?;
+        devs.set_peer(
+            &e.dev,
+            &public(&e.peer)?,
+            &e.endpoint,
+            std::slice::from_ref(&e.allowed),
+            0,
+        )
+        .map_err(anyhow::Error::msg)?;
         println!("ready");
         tokio::signal::ctrl_c().await?;
         Ok(())
@@ -415,7 +431,7 @@ fn device_end(e: End) -> anyhow::Result<()> {
     rt.block_on(async move {
         let (conn, handle, _) = rtnetlink::new_connection()?;
         tokio::spawn(conn);
-        let key = std::fs::read_to_string(&e.key_file)?;
+        let key = secret_in(&e.key_file)?;
         let mut devs = weft_dataplane::userspace::Devices {
             options: weft_dataplane::userspace::Options {
                 no_offload: e.no_offload,
@@ -424,11 +440,11 @@ fn device_end(e: End) -> anyhow::Result<()> {
             },
             ..Default::default()
         };
-        devs.create(&handle, &e.dev, &e.namespace, 51820, 1420, key.trim())
+        devs.create(&handle, &e.dev, &e.namespace, 51820, 1420, &key)
             .await
             .map_err(anyhow::Error::msg)?;
         let allowed: ipnet::IpNet = e.allowed.parse()?;
-        devs.set_peer(&e.dev, &e.peer, Some(e.endpoint.parse()?), &[allowed], 0)
+        devs.set_peer(&e.dev, &public(&e.peer)?, Some(e.endpoint.parse()?), &[allowed], 0)
             .map_err(anyhow::Error::msg)?;
         println!("ready {:?}", devs.stats(&e.dev).offloads.map(|o| o.names()));
         tokio::signal::ctrl_c().await?;
@@ -440,7 +456,7 @@ fn device_end(e: End) -> anyhow::Result<()> {
 /// weft's relay between two ports, run by the bench in the relay's
 /// namespace until it is ended.
 fn relay_end(r: RelayEnd) -> anyhow::Result<()> {
-    let key = |b64: &str| weft_agent::wireguard::key_bytes(b64).map_err(anyhow::Error::msg);
+    let key = |b64: &str| public(b64).map(|k| *k.as_bytes());
     let spec = weft_dataplane::relay::Spec {
         a: weft_dataplane::relay::Side {
             port: r.port_a,

@@ -685,7 +685,7 @@ fn driver() {
                 .unwrap_or_else(|| panic!("the link is not seen as the gateway's: {seen:?}"));
             assert_eq!(dev.listen_port, 51999);
             let peer = WgPeer {
-                public_key: peer_pub.clone(),
+                public_key: peer_pub,
                 endpoint: Some("192.0.2.7:51820".parse().unwrap()),
                 allowed_ips: vec!["10.9.0.0/16".parse().unwrap()],
                 keepalive: 25,
@@ -749,7 +749,7 @@ fn driver() {
 
 /// The driver test's keys: the gateway's private key, unclamped; a peer's
 /// private and public keys.
-fn driver_keys() -> (String, String, String) {
+fn driver_keys() -> (weft_types::WgSecret, weft_types::WgSecret, weft_types::WgKey) {
     // An unclamped private key, as a gateway's key file may hold (the
     // kernel keeps it clamped): the driver must still know its link.
     let key = {
@@ -776,7 +776,11 @@ fn driver_keys() -> (String, String, String) {
         c.stdin.take().unwrap().write_all(peer_key.as_bytes()).unwrap();
         stdout(&c.wait_with_output().unwrap()).trim().to_string()
     };
-    (key, peer_key, peer_pub)
+    (
+        weft_types::WgSecret::parse("wg genkey", &key).unwrap(),
+        weft_types::WgSecret::parse("wg genkey", &peer_key).unwrap(),
+        weft_types::WgKey::parse("wg pubkey", &peer_pub).unwrap(),
+    )
 }
 
 /// A netlink handle in the calling thread's namespace (on the runtime).

@@ -125,9 +125,7 @@ pub async fn run(
         let (site, ip) = t
             .split_once('=')
             .ok_or_else(|| format!("--to {t:?}: write SITE=ADDRESS, e.g. site-b=10.200.1.10"))?;
-        let real: Ipv4Addr = ip
-            .parse()
-            .map_err(|_| format!("--to {t:?}: {ip:?} is not an IPv4 address"))?;
+        let real: Ipv4Addr = weft_types::net::addr_v4(ip).map_err(|m| format!("--to {t:?}: {m}"))?;
         // The controller translates (`weftctl translate`).
         let tr = c
             .translate(pb::TranslateRequest {
@@ -137,10 +135,8 @@ pub async fn run(
             .await
             .map_err(|s| format!("--to {t}: {}", status(s)))?
             .into_inner();
-        let local = tr
-            .local_address
-            .parse()
-            .map_err(|_| format!("--to {t}: the controller answered {:?}", tr.local_address))?;
+        let local = weft_types::net::addr_v4(&tr.local_address)
+            .map_err(|m| format!("--to {t}: the controller answered {m}"))?;
         targets.push(Target {
             site: site.to_string(),
             real,
