@@ -1,4 +1,5 @@
-//! Address management: pure functions over sets of IPv4 blocks.
+//! Address management: pure functions over sets of blocks of one family
+//! (IPv4 or IPv6, through [`Prefix`]).
 //!
 //! Nothing here touches the store or the network. The state layer reads what
 //! is in use, calls these functions, and persists the answer in one store
@@ -14,6 +15,11 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
+
+mod prefix;
+#[cfg(test)]
+mod tests6;
+pub use prefix::Prefix;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IpamError {
@@ -42,46 +48,41 @@ impl std::fmt::Display for CidrKind {
     }
 }
 
-/// How this site addresses one of a peer's networks.
+/// How this site addresses one of a peer's networks (of one family:
+/// `N` is `Ipv4Net` or `Ipv6Net`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct View {
+#[serde(bound = "N: Prefix")]
+pub struct View<N = Ipv4Net> {
     pub kind: CidrKind,
-    pub real: Ipv4Net,
-    pub local: Ipv4Net,
+    pub real: N,
+    pub local: N,
     /// The remap pool `local` came from; `None` when `local == real`.
-    pub pool: Option<Ipv4Net>,
+    pub pool: Option<N>,
 }
 
-impl View {
+impl<N: Prefix> View<N> {
     pub fn remapped(&self) -> bool {
         self.real != self.local
     }
 }
 
-fn first(n: &Ipv4Net) -> u64 {
-    u32::from(n.network()) as u64
-}
-fn last(n: &Ipv4Net) -> u64 {
-    u32::from(n.broadcast()) as u64
+pub fn overlaps<N: Prefix>(a: &N, b: &N) -> bool {
+    a.first() <= b.last() && b.first() <= a.last()
 }
 
-pub fn overlaps(a: &Ipv4Net, b: &Ipv4Net) -> bool {
-    first(a) <= last(b) && first(b) <= last(a)
-}
-
-/// Number of addresses in a block.
-pub fn size(n: &Ipv4Net) -> u64 {
-    1u64 << (32 - n.prefix_len())
+/// Number of addresses in a block (a whole IPv6 space counts one short).
+pub fn size<N: Prefix>(n: &N) -> u128 {
+    prefix::span::<N>(n.plen()).saturating_add(1)
 }
 
 /// `blocks` as sorted, merged, inclusive address ranges.
-fn merged(blocks: &[Ipv4Net]) -> Vec<(u64, u64)> {
-    let mut r: Vec<(u64, u64)> = blocks.iter().map(|b| (first(b), last(b))).collect();
+fn merged<N: Prefix>(blocks: &[N]) -> Vec<(u128, u128)> {
+    let mut r: Vec<(u128, u128)> = blocks.iter().map(|b| (b.first(), b.last())).collect();
     r.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::with_capacity(r.len());
+    let mut out: Vec<(u128, u128)> = Vec::with_capacity(r.len());
     for (s, e) in r {
         match out.last_mut() {
-            Some(l) if s <= l.1 + 1 => l.1 = l.1.max(e),
+            Some(l) if l.1.checked_add(1).is_none_or(|next| s <= next) => l.1 = l.1.max(e),
             _ => out.push((s, e)),
         }
     }
@@ -90,51 +91,47 @@ fn merged(blocks: &[Ipv4Net]) -> Vec<(u64, u64)> {
 
 /// The lowest block of prefix length `len` inside `pool` that overlaps none
 /// of `used`. Runs in time linear in `used`, however large the pool.
-pub fn first_free(pool: Ipv4Net, len: u8, used: &[Ipv4Net]) -> Option<Ipv4Net> {
-    if len < pool.prefix_len() || len > 32 {
+pub fn first_free<N: Prefix>(pool: N, len: u8, used: &[N]) -> Option<N> {
+    if len < pool.plen() || len > N::MAX_LEN {
         return None;
     }
-    let size = 1u64 << (32 - len);
-    let end = last(&pool);
-    let mut cand = first(&pool);
+    let span = prefix::span::<N>(len);
+    let end = pool.last();
+    let mut cand = pool.first();
     for (s, e) in merged(used) {
         if e < cand {
             continue;
         }
-        if cand + size - 1 < s {
+        if cand + span < s {
             break;
         }
         // Overlaps [s, e]: jump to the first aligned block after it.
-        cand = (e + 1).div_ceil(size) * size;
-        if cand + size - 1 > end {
+        cand = prefix::align_up(e.checked_add(1)?, span)?;
+        if cand.checked_add(span)? > end {
             return None;
         }
     }
-    (cand + size - 1 <= end).then(|| Ipv4Net::new(Ipv4Addr::from(cand as u32), len).unwrap())
+    (cand + span <= end).then(|| N::at(cand, len))
 }
 
 /// Total addresses of `blocks` (merged) that fall inside `pool`.
-pub fn used_in(pool: &Ipv4Net, blocks: &[Ipv4Net]) -> u64 {
+pub fn used_in<N: Prefix>(pool: &N, blocks: &[N]) -> u128 {
     merged(blocks)
         .into_iter()
         .map(|(s, e)| {
-            let (s, e) = (s.max(first(pool)), e.min(last(pool)));
-            if s <= e { e - s + 1 } else { 0 }
+            let (s, e) = (s.max(pool.first()), e.min(pool.last()));
+            if s <= e { (e - s).saturating_add(1) } else { 0 }
         })
-        .sum()
+        .fold(0u128, u128::saturating_add)
 }
 
-fn list(nets: &[Ipv4Net]) -> String {
+fn list<N: Prefix>(nets: &[N]) -> String {
     nets.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ")
 }
 
 /// A new node's workload subnet: the lowest free `/node_len` in the pod CIDRs
 /// (taken in order). Returns the subnet and the pod CIDR it came from.
-pub fn allocate_node_subnet(
-    pod_cidrs: &[Ipv4Net],
-    node_len: u8,
-    taken: &[Ipv4Net],
-) -> Result<(Ipv4Net, Ipv4Net), IpamError> {
+pub fn allocate_node_subnet<N: Prefix>(pod_cidrs: &[N], node_len: u8, taken: &[N]) -> Result<(N, N), IpamError> {
     for pod in pod_cidrs {
         if let Some(s) = first_free(*pod, node_len, taken) {
             return Ok((s, *pod));
@@ -166,17 +163,14 @@ pub fn allocate_internal_ip(internal: Ipv4Net, taken: &[Ipv4Addr]) -> Result<Ipv
 /// Checks a subnet a node declares: inside one pod CIDR, overlapping no
 /// other node's. `taken` pairs each node name with its subnet. Returns the
 /// pod CIDR that holds it.
-pub fn check_declared_subnet(
-    subnet: Ipv4Net,
-    pod_cidrs: &[Ipv4Net],
-    taken: &[(String, Ipv4Net)],
-) -> Result<Ipv4Net, IpamError> {
-    if subnet.prefix_len() > 30 {
+pub fn check_declared_subnet<N: Prefix>(subnet: N, pod_cidrs: &[N], taken: &[(String, N)]) -> Result<N, IpamError> {
+    if subnet.plen() > N::MAX_LEN - 2 {
         return Err(IpamError::Invalid(format!(
-            "subnet {subnet} leaves no room for workloads; declare a /30 or larger (the first address goes to the node)"
+            "subnet {subnet} leaves no room for workloads; declare a /{} or larger (the first address goes to the node)",
+            N::MAX_LEN - 2
         )));
     }
-    let Some(pod) = pod_cidrs.iter().find(|p| p.contains(&subnet)) else {
+    let Some(pod) = pod_cidrs.iter().find(|p| p.holds(&subnet)) else {
         return Err(IpamError::Invalid(format!(
             "subnet {subnet} is not inside any of the site's pod CIDRs ({}); \
              declare a subnet within one of them",
@@ -207,12 +201,12 @@ pub const MAX_PEER_CIDRS: usize = 32;
 /// lies in one of `public_ok` (the site's `--peer-public-cidr` blocks), and
 /// then it is always remapped: a peer never captures a public destination
 /// of this site's hosts under its real address.
-pub fn plan_views(
-    peer: &[(CidrKind, Ipv4Net)],
-    in_use: &[Ipv4Net],
-    pools: &[Ipv4Net],
-    public_ok: &[Ipv4Net],
-) -> Result<Vec<View>, IpamError> {
+pub fn plan_views<N: Prefix>(
+    peer: &[(CidrKind, N)],
+    in_use: &[N],
+    pools: &[N],
+    public_ok: &[N],
+) -> Result<Vec<View<N>>, IpamError> {
     plan_views_keeping(peer, in_use, pools, public_ok, &[], false)
 }
 
@@ -222,14 +216,14 @@ pub fn plan_views(
 /// address this site's workloads already use for it. With `remap_all`,
 /// no CIDR keeps its real value (what a transit peer offers is mapped into
 /// this site's pools, never routed as it says).
-pub fn plan_views_keeping(
-    peer: &[(CidrKind, Ipv4Net)],
-    in_use: &[Ipv4Net],
-    pools: &[Ipv4Net],
-    public_ok: &[Ipv4Net],
-    keep_views: &[View],
+pub fn plan_views_keeping<N: Prefix>(
+    peer: &[(CidrKind, N)],
+    in_use: &[N],
+    pools: &[N],
+    public_ok: &[N],
+    keep_views: &[View<N>],
     remap_all: bool,
-) -> Result<Vec<View>, IpamError> {
+) -> Result<Vec<View<N>>, IpamError> {
     if peer.len() > MAX_PEER_CIDRS {
         return Err(IpamError::Invalid(format!(
             "the peer lists {} CIDRs; a site may have at most {MAX_PEER_CIDRS} (aggregate them)",
@@ -237,10 +231,10 @@ pub fn plan_views_keeping(
         )));
     }
     for (i, (ka, a)) in peer.iter().enumerate() {
-        if a.network() != a.addr() {
+        if a.network_only() != *a {
             return Err(IpamError::Invalid(format!(
                 "peer {ka} CIDR {a} has host bits set; the network is {}",
-                a.trunc()
+                a.network_only()
             )));
         }
         check_claimable(*ka, a)?;
@@ -256,16 +250,16 @@ pub fn plan_views_keeping(
     // First a block this site already uses for the same site (a kept
     // view) when free, then the CIDR's real value when private and free,
     // then the lowest free block of the pools.
-    let mut used: Vec<Ipv4Net> = in_use.to_vec();
-    let mut chosen: Vec<Option<(Ipv4Net, Option<Ipv4Net>)>> = vec![None; peer.len()];
+    let mut used: Vec<N> = in_use.to_vec();
+    let mut chosen: Vec<Option<(N, Option<N>)>> = vec![None; peer.len()];
     for ((kind, real), c) in peer.iter().zip(chosen.iter_mut()) {
         let kept = keep_views
             .iter()
-            .filter(|v| v.kind == *kind && v.local.prefix_len() == real.prefix_len())
+            .filter(|v| v.kind == *kind && v.local.plen() == real.plen())
             .find(|v| !used.iter().any(|u| overlaps(u, &v.local)));
         if let Some(v) = kept {
             let pool = (v.local != *real)
-                .then(|| v.pool.or_else(|| pools.iter().find(|p| p.contains(&v.local)).copied()))
+                .then(|| v.pool.or_else(|| pools.iter().find(|p| p.holds(&v.local)).copied()))
                 .flatten();
             *c = Some((v.local, pool));
             used.push(v.local);
@@ -284,13 +278,13 @@ pub fn plan_views_keeping(
             None => {
                 let found = pools
                     .iter()
-                    .find_map(|p| first_free(*p, real.prefix_len(), &used).map(|b| (b, *p)));
+                    .find_map(|p| first_free(*p, real.plen(), &used).map(|b| (b, *p)));
                 let Some((local, pool)) = found else {
                     return Err(IpamError::Exhausted(format!(
                         "the peer's {kind} CIDR {real} collides with a network in use here, and the remap pools \
                          ({}) have no free /{} left; add a remap pool or free one",
                         list(pools),
-                        real.prefix_len()
+                        real.plen()
                     )));
                 };
                 used.push(local);
@@ -307,24 +301,18 @@ pub fn plan_views_keeping(
     Ok(views)
 }
 
-/// Space no site can own: "this network", loopback, link-local (weft's
-/// own tunnel and veth addresses live there) and multicast/reserved.
-const UNCLAIMABLE: [&str; 4] = ["0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/3"];
-
-/// Refuses a peer CIDR that no site could own: larger than a /8, or in
-/// special-purpose space. A peer claiming 0.0.0.0/0 would otherwise take
-/// every destination of this site's hosts.
-pub fn check_claimable(kind: CidrKind, c: &Ipv4Net) -> Result<(), IpamError> {
-    if c.prefix_len() < 8 {
+/// Refuses a peer CIDR that no site could own: larger than its family's
+/// [`Prefix::MIN_CLAIM`] (a /8, a /32), or in special-purpose space. A peer
+/// claiming 0.0.0.0/0 would otherwise take every destination of this
+/// site's hosts.
+pub fn check_claimable<N: Prefix>(kind: CidrKind, c: &N) -> Result<(), IpamError> {
+    if c.plen() < N::MIN_CLAIM {
         return Err(IpamError::Invalid(format!(
-            "the peer's {kind} CIDR {c} is larger than a /8; a site claims only networks it routes"
+            "the peer's {kind} CIDR {c} is larger than a /{}; a site claims only networks it routes",
+            N::MIN_CLAIM
         )));
     }
-    if let Some(u) = UNCLAIMABLE
-        .iter()
-        .map(|u| u.parse::<Ipv4Net>().expect("a constant CIDR"))
-        .find(|u| overlaps(u, c))
-    {
+    if let Some(u) = N::UNCLAIMABLE.iter().map(|u| N::constant(u)).find(|u| overlaps(u, c)) {
         return Err(IpamError::Invalid(format!(
             "the peer's {kind} CIDR {c} overlaps {u}, which no site can own (this-network, loopback, link-local or multicast space)"
         )));
@@ -333,38 +321,35 @@ pub fn check_claimable(kind: CidrKind, c: &Ipv4Net) -> Result<(), IpamError> {
 }
 
 /// Private space a peer may announce by default: RFC 1918 and RFC 6598's
-/// shared address space.
+/// shared address space (IPv4; [`Prefix::PRIVATE`] for either family).
 pub const PRIVATE: [&str; 4] = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"];
 
-/// Whether `c` lies wholly in one block of [`PRIVATE`].
-pub fn is_private(c: &Ipv4Net) -> bool {
-    PRIVATE
-        .iter()
-        .map(|p| p.parse::<Ipv4Net>().expect("a constant CIDR"))
-        .any(|p| p.contains(c))
+/// Whether `c` lies wholly in one block of its family's private space.
+pub fn is_private<N: Prefix>(c: &N) -> bool {
+    N::PRIVATE.iter().map(|p| N::constant(p)).any(|p| p.holds(c))
 }
 
 /// Refuses a peer CIDR outside private space unless it lies wholly in one
 /// of `public_ok` (where it is taken only through a remapped view).
-pub fn check_private(kind: CidrKind, c: &Ipv4Net, public_ok: &[Ipv4Net]) -> Result<(), IpamError> {
-    if is_private(c) || public_ok.iter().any(|b| b.contains(c)) {
+pub fn check_private<N: Prefix>(kind: CidrKind, c: &N, public_ok: &[N]) -> Result<(), IpamError> {
+    if is_private(c) || public_ok.iter().any(|b| b.holds(c)) {
         return Ok(());
     }
     Err(IpamError::Invalid(format!(
         "the peer's {kind} CIDR {c} is not private address space; a peer may announce only {} unless this site \
          allows the block with --peer-public-cidr (and then it is routed only through a remapped view)",
-        PRIVATE.join(", ")
+        N::PRIVATE.join(", ")
     )))
 }
 
 /// Moves `addr` from block `from` to the same host bits in block `to`.
 /// `None` when the blocks differ in length or `addr` is outside `from`.
-pub fn translate(addr: Ipv4Addr, from: Ipv4Net, to: Ipv4Net) -> Option<Ipv4Addr> {
-    if from.prefix_len() != to.prefix_len() || !from.contains(&addr) {
+pub fn translate<N: Prefix>(addr: N::Addr, from: N, to: N) -> Option<N::Addr> {
+    if from.plen() != to.plen() || !from.holds_addr(addr) {
         return None;
     }
-    let host = u32::from(addr) & u32::from(from.hostmask());
-    Some(Ipv4Addr::from(u32::from(to.network()) | host))
+    let host = N::bits(addr) - from.first();
+    Some(N::address(to.first() | host))
 }
 
 #[cfg(test)]
@@ -577,7 +562,7 @@ mod tests {
                         taken.push((format!("n{i}"), s));
                     }
                     Err(IpamError::Exhausted(_)) => {
-                        let total: u64 = pods.iter().map(size).sum();
+                        let total: u128 = pods.iter().map(size).sum();
                         // exhaustion only when no aligned block is free anywhere
                         for p in &pods { prop_assert!(first_free(*p, len, &nets).is_none()); }
                         prop_assert!(used_in(&pods[0], &nets) <= total);

@@ -138,7 +138,7 @@ pub fn allocate_external(site: &Site, taken: &[Ipv4Addr]) -> Result<Ipv4Addr, St
 /// which the internal IPAM must then skip.
 pub fn internal_twin(site: &Site, external: Ipv4Addr) -> Option<Ipv4Addr> {
     let host = u32::from(external).checked_sub(u32::from(site.external_cidr.network()))?;
-    (u64::from(host) < crate::ipam::size(&site.internal_cidr))
+    (u128::from(host) < crate::ipam::size(&site.internal_cidr))
         .then(|| Ipv4Addr::from(u32::from(site.internal_cidr.network()) + host))
 }
 

@@ -214,7 +214,7 @@ pub fn vni(internal_ip: Ipv4Addr) -> u32 {
 /// the external CIDR (unique per node, stable). None if it does not fit.
 pub fn external_address(site: &Site, internal_ip: Ipv4Addr) -> Option<Ipv4Addr> {
     let host = u32::from(internal_ip).checked_sub(u32::from(site.internal_cidr.network()))?;
-    (u64::from(host) < crate::ipam::size(&site.external_cidr))
+    (u128::from(host) < crate::ipam::size(&site.external_cidr))
         .then(|| Ipv4Addr::from(u32::from(site.external_cidr.network()) + host))
 }
 

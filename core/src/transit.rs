@@ -143,7 +143,7 @@ pub fn check_routes(
         for (f, kind, text) in cidrs {
             let c = parse_cidr(text).map_err(|m| format!("{f}: {m}"))?;
             ipam::check_claimable(kind, &c).map_err(|e| format!("{f}: {e}"))?;
-            if let Some(o) = own.iter().find(|o| ipam::overlaps(o, &c)) {
+            if let Some(o) = own.iter().find(|o| ipam::overlaps(*o, &c)) {
                 return Err(format!(
                     "{f}: {c} overlaps the sending site's own CIDR {o}; its views of other sites never do"
                 ));

@@ -660,7 +660,7 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         (Some("site-x"), Some("web"))
     );
     let (_, view) = weft_tests::peer_view(&b.target(), "site-x", "workload");
-    let want = weft_controller::ipam::translate(
+    let want = weft_controller::ipam::translate::<ipnet::Ipv4Net>(
         "10.8.0.10".parse().unwrap(),
         "10.8.0.0/16".parse().unwrap(),
         view.parse().unwrap(),

@@ -62,8 +62,8 @@ pub fn allocations_of<'a>(
         PoolUsage {
             pool: *pool,
             kind,
-            total: ipam::size(pool),
-            allocated: ipam::used_in(pool, &blocks),
+            total: u64::try_from(ipam::size(pool)).unwrap_or(u64::MAX),
+            allocated: u64::try_from(ipam::used_in(pool, &blocks)).unwrap_or(u64::MAX),
         }
     };
     let mut pools: Vec<PoolUsage> = site
@@ -96,7 +96,7 @@ pub(super) fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error
             ));
         }
         for v in p.views.iter().chain(p.transit_views.iter().map(|t| &t.view)) {
-            if let Some(b) = own.iter().find(|b| ipam::overlaps(b, &v.local)) {
+            if let Some(b) = own.iter().find(|b| ipam::overlaps(*b, &v.local)) {
                 problems.push(format!(
                     "the local view {} of peer {:?} overlaps {b} in the new configuration",
                     v.local, p.site_id
