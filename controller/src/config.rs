@@ -36,20 +36,27 @@ pub struct ControllerArgs {
     /// This site's id: 1-63 lower-case letters, digits, '-' or '.'.
     #[arg(global = true, long, env = "WEFT_SITE_ID")]
     pub site_id: Option<String>,
-    /// Workload ("pod") CIDR; repeat (or comma-separate) for several.
+    /// Workload ("pod") CIDR, IPv4 or IPv6 (a /32 to a /64; each node gets
+    /// a /64 of it); repeat (or comma-separate) for several. At least one
+    /// is IPv4.
     #[arg(global = true, long = "pod-cidr", env = "WEFT_POD_CIDR", value_delimiter = ',')]
     pub pod_cidrs: Vec<String>,
     /// CIDR for host traffic toward peers [default: 10.70.0.0/16].
     #[arg(global = true, long, env = "WEFT_EXTERNAL_CIDR")]
     pub external_cidr: Option<String>,
+    /// IPv6 CIDR for host traffic toward peers (a /48 to a /120); only
+    /// with an IPv6 pod CIDR.
+    #[arg(global = true, long, env = "WEFT_EXTERNAL_CIDR_V6")]
+    pub external_cidr_v6: Option<String>,
     /// CIDR for the node-gateway overlay [default: 10.80.0.0/16].
     #[arg(global = true, long, env = "WEFT_INTERNAL_CIDR")]
     pub internal_cidr: Option<String>,
     /// A network the hosts already use (a LAN); never used for a remap. Repeatable.
     #[arg(long = "reserved-cidr", env = "WEFT_RESERVED_CIDR", value_delimiter = ',')]
     pub reserved_cidrs: Vec<String>,
-    /// A pool that remapped peer CIDRs are taken from. Repeatable
-    /// [default: 10.0.0.0/8,172.16.0.0/12,192.168.0.0/16].
+    /// A pool that remapped peer CIDRs are taken from, IPv4 or IPv6.
+    /// Repeatable [default: 10.0.0.0/8,172.16.0.0/12,192.168.0.0/16; for
+    /// IPv6, a unique local /40 generated on first start and kept].
     #[arg(global = true, long = "remap-pool", env = "WEFT_REMAP_POOL", value_delimiter = ',')]
     pub remap_pools: Vec<String>,
     /// Prefix length of each node's workload subnet [default: 24].
@@ -177,6 +184,7 @@ pub struct FileConfig {
     pub site_id: Option<String>,
     pub pod_cidrs: Option<Vec<String>>,
     pub external_cidr: Option<String>,
+    pub external_cidr_v6: Option<String>,
     pub internal_cidr: Option<String>,
     pub reserved_cidrs: Option<Vec<String>>,
     pub remap_pools: Option<Vec<String>>,
@@ -282,6 +290,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("site_id", "--site-id", "WEFT_SITE_ID"),
     ("pod_cidrs", "--pod-cidr", "WEFT_POD_CIDR"),
     ("external_cidr", "--external-cidr", "WEFT_EXTERNAL_CIDR"),
+    ("external_cidr_v6", "--external-cidr-v6", "WEFT_EXTERNAL_CIDR_V6"),
     ("internal_cidr", "--internal-cidr", "WEFT_INTERNAL_CIDR"),
     ("reserved_cidrs", "--reserved-cidr", "WEFT_RESERVED_CIDR"),
     ("remap_pools", "--remap-pool", "WEFT_REMAP_POOL"),
@@ -391,6 +400,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
         external,
         internal,
         node_len,
+        ipv6,
     } = networks(args, file, &mut errs);
     let (data_dir, admin_socket, listen) = local(args, file, &mut errs);
     let (endpoints, tls_files, wants_tls) = etcd(args, file, &mut errs);
@@ -450,6 +460,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             underlay_overlap: pick(args.peer_cidr_over_underlay, file.peer_cidr_over_underlay).unwrap_or_default(),
             default_export: pick(args.default_export, file.default_export).unwrap_or_default(),
             relay_ports,
+            ipv6,
         },
         data_dir,
         store,
@@ -599,7 +610,7 @@ mod tests {
     #[test]
     fn each_problem_names_its_field() {
         let e = resolve(
-            &args("Bad/Id", &["10.1.0.0/33", "10.1.2.3/16", "fd00::/64"]),
+            &args("Bad/Id", &["10.1.0.0/33", "10.1.2.3/16", "fe80::/64"]),
             FileConfig::default(),
         )
         .unwrap_err();
@@ -611,7 +622,100 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains("--pod-cidr"), "{text}");
         assert!(text.contains("10.1.0.0/16"), "host-bit hint: {text}");
-        assert!(text.contains("IPv6"), "{text}");
+        assert!(text.contains("link-local"), "{text}");
+    }
+
+    #[test]
+    fn ipv6_cidrs_are_taken_beside_ipv4_and_bad_ones_are_named() {
+        let mut a = args("s", &["10.1.0.0/16", "FD00:1::/48"]);
+        a.external_cidr_v6 = Some("fd00:70::/64".into());
+        a.remap_pools = vec!["fd9a::/40".into()];
+        let c = resolve(&a, FileConfig::default()).unwrap();
+        let v6 = c.site.ipv6.as_ref().unwrap();
+        assert_eq!(c.site.pod_cidrs.len(), 1);
+        assert_eq!(v6.pod_cidrs[0].to_string(), "fd00:1::/48", "normalised");
+        assert_eq!(v6.external_cidr.unwrap().to_string(), "fd00:70::/64");
+        assert_eq!(v6.remap_pools[0].to_string(), "fd9a::/40");
+        assert_eq!(c.site.remap_pools.len(), 3, "IPv4 pools stay the defaults");
+        // No IPv6 pool: one is generated when the site is first stored.
+        let c = resolve(&args("s", &["10.1.0.0/16", "fd00:1::/48"]), FileConfig::default()).unwrap();
+        assert!(c.site.ipv6.unwrap().remap_pools.is_empty());
+        assert!(
+            resolve(&args("s", &["10.1.0.0/16"]), FileConfig::default())
+                .unwrap()
+                .site
+                .ipv6
+                .is_none()
+        );
+
+        for (pods, field, says) in [
+            (&["10.1.0.0/16", "fd00:1::1/48"][..], "pod_cidrs[1]", "host bits set"),
+            (&["10.1.0.0/16", "fd00:1:::/48"], "pod_cidrs[1]", "is not a CIDR"),
+            (&["10.1.0.0/16", "fd00:1::/129"], "pod_cidrs[1]", "from 0 to 128"),
+            (
+                &["10.1.0.0/16", &format!("fd00::/{}", "4".repeat(80))],
+                "pod_cidrs[1]",
+                "too long",
+            ),
+            (&["10.1.0.0/16", "fd00:1::/72"], "pod_cidrs[1]", "give a /32 to a /64"),
+            (&["10.1.0.0/16", "fd00::/16"], "pod_cidrs[1]", "give a /32 to a /64"),
+            (&["10.1.0.0/16", "fe80::/64"], "pod_cidrs[1]", "link-local (fe80::/10)"),
+            (&["10.1.0.0/16", "ff05::/48"], "pod_cidrs[1]", "multicast (ff00::/8)"),
+            (&["10.1.0.0/16", "::1/128"], "pod_cidrs[1]", "loopback (::1)"),
+            (&["127.0.0.0/16"], "pod_cidrs[0]", "loopback (127.0.0.0/8)"),
+            (&["fd00:1::/48"], "pod_cidrs", "IPv6-only sites are not supported yet"),
+            (
+                &["10.1.0.0/16", "fd00:1::/48", "fd00:1:0:100::/56"],
+                "pod_cidrs",
+                "overlaps",
+            ),
+        ] {
+            let e = resolve(&args("s", pods), FileConfig::default()).unwrap_err();
+            let hit =
+                e.0.iter()
+                    .find(|f| f.field == field)
+                    .unwrap_or_else(|| panic!("{pods:?}: {e}"));
+            assert!(hit.message.contains(says), "{pods:?}: {}", hit.message);
+        }
+        for (external, says) in [
+            ("10.71.0.0/16", "is IPv4; give the IPv4 external CIDR as external_cidr"),
+            ("fd00:70::/32", "give a /48 to a /120"),
+            ("fe80::/64", "link-local"),
+            ("fd00:1::/64", "overlaps"),
+        ] {
+            let mut a = args("s", &["10.1.0.0/16", "fd00:1::/48"]);
+            a.external_cidr_v6 = Some(external.into());
+            let e = resolve(&a, FileConfig::default()).unwrap_err();
+            let hit =
+                e.0.iter()
+                    .find(|f| f.field == "external_cidr_v6")
+                    .unwrap_or_else(|| panic!("{external}: {e}"));
+            assert!(hit.message.contains(says), "{external}: {}", hit.message);
+        }
+        let mut a = args("s", &["10.1.0.0/16"]);
+        a.external_cidr_v6 = Some("fd00:70::/64".into());
+        assert!(
+            resolve(&a, FileConfig::default())
+                .unwrap_err()
+                .to_string()
+                .contains("no IPv6 pod CIDR")
+        );
+        a.external_cidr_v6 = None;
+        a.external_cidr = Some("fd00:70::/64".into());
+        assert!(
+            resolve(&a, FileConfig::default())
+                .unwrap_err()
+                .to_string()
+                .contains("external_cidr_v6")
+        );
+        let mut a = args("s", &["10.1.0.0/16", "fd00:1::/48"]);
+        a.remap_pools = vec!["ff00::/8".into()];
+        assert!(
+            resolve(&a, FileConfig::default())
+                .unwrap_err()
+                .to_string()
+                .contains("remap_pools[0]")
+        );
     }
 
     #[test]

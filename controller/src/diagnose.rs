@@ -328,6 +328,7 @@ pub async fn run(
         }))
         .collect();
     out.extend(gateways.iter().filter_map(gateway_key_check));
+    out.extend(ipv6_check(&site));
     out.extend(collision_checks(&hub.model()));
     // Lag: two looks at each agent's progress, `settle` apart.
     let first = progress(hub, &state.alive().await?);
@@ -456,6 +457,28 @@ fn ca_check(t: u64, now: u64) -> pb::Check {
     } else {
         pass("certificate", "site-ca".into(), format!("valid until {}", when(t)))
     }
+}
+
+/// A site with IPv6 CIDRs: what of IPv6 works yet.
+fn ipv6_check(site: &crate::domain::Site) -> Option<pb::Check> {
+    let v6 = site.ipv6.as_ref()?;
+    let pods: Vec<String> = v6.pod_cidrs.iter().map(|c| c.to_string()).collect();
+    Some(check(
+        "ipv6",
+        format!("site/{}", site.id),
+        pb::CheckResult::Warn,
+        format!(
+            "IPv6 pod CIDRs {} are allocated (a /64 per node, remap pools {}) but not yet offered to peers or \
+             carried by the data plane: only IPv4 crosses the tunnels",
+            pods.join(", "),
+            v6.remap_pools
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        "nothing to do; IPv6 workloads reach peers once weft carries IPv6 (docs/ARCHITECTURE.md, dual stack)",
+    ))
 }
 
 /// A gateway asking to change its WireGuard key.

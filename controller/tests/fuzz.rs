@@ -181,6 +181,7 @@ proptest! {
     ) {
         let n = |s: &str| s.parse::<Ipv4Net>().unwrap();
         let site = Site {
+            ipv6: None,
             id: "a".into(),
             pod_cidrs: vec![n("10.1.0.0/16")],
             external_cidr: n("10.70.0.0/16"),
@@ -207,6 +208,7 @@ proptest! {
             let ip = ipam::allocate_internal_ip(site.internal_cidr, &ips).unwrap();
             ips.push(ip);
             m.nodes.insert(format!("n{i}"), Arc::new(Node {
+                subnet_v6: None,
                 name: format!("n{i}"), subnet, source: SubnetSource::Allocated, created_at_ms: 0, certs: vec![],
                 internal_ip: Some(ip), underlay_ip: Some(IpAddr::V4(Ipv4Addr::new(192, 168, 1, i as u8))),
                 geneve: geneve & (1 << i) != 0, identity_conflict: None, enrolled_at_ms: 0,

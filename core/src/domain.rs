@@ -7,7 +7,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 pub use weft_types::WgKey;
 
@@ -68,6 +68,42 @@ pub struct Site {
     /// reach: everything (the default) or nothing.
     #[serde(default)]
     pub default_export: DefaultExport,
+    /// The site's IPv6 networks; None: IPv4 only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<Ipv6Networks>,
+}
+
+/// Prefix length of each node's IPv6 workload subnet.
+pub const NODE_PREFIX_LEN_V6: u8 = 64;
+
+/// A site's IPv6 networks, each as its IPv4 counterpart in [`Site`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ipv6Networks {
+    /// Workload CIDRs, each a /32 to a /64: a node gets a /64 of one.
+    pub pod_cidrs: Vec<Ipv6Net>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_cidr: Option<Ipv6Net>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reserved_cidrs: Vec<Ipv6Net>,
+    /// Where remapped IPv6 views are taken from: as configured, else the
+    /// unique local /40 the controller generated on its first start with
+    /// IPv6 (RFC 4193's random global id) and recorded here.
+    #[serde(default)]
+    pub remap_pools: Vec<Ipv6Net>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peer_cidr_auto_accept: Vec<Ipv6Net>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peer_public_cidrs: Vec<Ipv6Net>,
+}
+
+impl Ipv6Networks {
+    /// Every IPv6 block the site addresses itself.
+    pub fn own_blocks(&self) -> Vec<Ipv6Net> {
+        let mut v = self.pod_cidrs.clone();
+        v.extend(self.external_cidr);
+        v.extend(&self.reserved_cidrs);
+        v
+    }
 }
 
 /// A peer CIDR over this site's own hosts: refused (the default: a peer
@@ -125,6 +161,9 @@ pub enum SubnetSource {
 pub struct Node {
     pub name: String,
     pub subnet: Ipv4Net,
+    /// Its IPv6 workload subnet (a /64), when the site has IPv6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet_v6: Option<Ipv6Net>,
     pub source: SubnetSource,
     /// Milliseconds since the Unix epoch.
     pub created_at_ms: u64,
@@ -651,6 +690,7 @@ pub fn now_ms() -> u64 {
 pub(crate) fn test_site(id: &str, pool: &str) -> Site {
     let n = |s: &str| s.parse::<Ipv4Net>().unwrap();
     Site {
+        ipv6: None,
         id: id.into(),
         pod_cidrs: vec![n("10.1.0.0/16")],
         external_cidr: n("10.70.0.0/16"),
@@ -751,6 +791,7 @@ mod tests {
     #[test]
     fn a_peering_is_advertised_at_its_offset_in_the_range() {
         let site = Site {
+            ipv6: None,
             id: "a".into(),
             pod_cidrs: vec![],
             external_cidr: "10.255.0.0/24".parse().unwrap(),

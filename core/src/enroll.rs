@@ -205,6 +205,7 @@ mod tests {
 
     fn node(subnet: &str, certs: Vec<CertRecord>) -> Node {
         Node {
+            subnet_v6: None,
             name: "n1".into(),
             subnet: subnet.parse().unwrap(),
             source: SubnetSource::Allocated,

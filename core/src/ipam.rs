@@ -342,6 +342,17 @@ pub fn check_private<N: Prefix>(kind: CidrKind, c: &N, public_ok: &[N]) -> Resul
     )))
 }
 
+/// The unique local /40 a site remaps IPv6 views into when it names no
+/// IPv6 pool: fd00::/8 and 32 random bits (RFC 4193 draws a 40-bit global
+/// id for a site's /48; the first 32 of them name a /40, which holds 256
+/// remapped /48s). `random`: from a CSPRNG. None when it would overlap one
+/// of `avoid` (draw again).
+pub fn ula_pool(random: [u8; 4], avoid: &[ipnet::Ipv6Net]) -> Option<ipnet::Ipv6Net> {
+    let bits = (0xfdu128 << 120) | (u128::from(u32::from_be_bytes(random)) << 88);
+    let pool = ipnet::Ipv6Net::new(std::net::Ipv6Addr::from(bits), 40).expect("a /40");
+    (!avoid.iter().any(|a| overlaps(a, &pool))).then_some(pool)
+}
+
 /// Moves `addr` from block `from` to the same host bits in block `to`.
 /// `None` when the blocks differ in length or `addr` is outside `from`.
 pub fn translate<N: Prefix>(addr: N::Addr, from: N, to: N) -> Option<N::Addr> {

@@ -637,6 +637,7 @@ mod tests {
     fn model() -> Model {
         let site = crate::domain::test_site("a", "10.0.0.0/8");
         let node = |name: &str, i: u8| Node {
+            subnet_v6: None,
             name: name.into(),
             subnet: n(&format!("10.1.{i}.0/24")),
             source: SubnetSource::Allocated,

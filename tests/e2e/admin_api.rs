@@ -383,3 +383,89 @@ fn a_rotated_admin_certificate_is_revoked() {
         "a restart reuses the server certificate"
     );
 }
+
+/// A dual-stack site through the real binaries: the IPv6 pod CIDR beside
+/// the IPv4 one, a /64 per node, the generated unique local remap pool kept
+/// across a restart, and diagnose saying what of IPv6 is not carried yet.
+#[test]
+fn a_dual_stack_site_gives_each_node_a_64_and_keeps_its_generated_pool() {
+    if require_tool("grpcurl").is_none() {
+        return;
+    }
+    weft_tests::step("a controller with IPv4 and IPv6 pod CIDRs");
+    let dir = tempfile::Builder::new().prefix("weft-dual").tempdir().unwrap();
+    let start = || {
+        ControllerSpec::new("site-6")
+            .data_dir(&dir.path().join("data"))
+            .flags(&[
+                "--pod-cidr",
+                "10.1.0.0/16,fd00:1:0:100::/56",
+                "--external-cidr-v6",
+                "fd00:70::/64",
+            ])
+            .start()
+    };
+    let c = start();
+    let o = grpcurl_unix(&c, &["weft.v1.AdminService/GetSite"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let site: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        site["podCidrs"],
+        serde_json::json!(["10.1.0.0/16", "fd00:1:0:100::/56"])
+    );
+    assert_eq!(site["externalCidrV6"], "fd00:70::/64");
+    let pools: Vec<String> = site["remapPools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_string())
+        .collect();
+    let generated = pools.last().unwrap().clone();
+    assert_eq!(
+        pools.len(),
+        4,
+        "three IPv4 defaults and a generated IPv6 pool: {pools:?}"
+    );
+    assert!(generated.starts_with("fd") && generated.ends_with("/40"), "{generated}");
+
+    weft_tests::step("each node gets a /64 beside its IPv4 subnet");
+    let t = c.target();
+    let n1 = weftctl_json(&t, &["node", "add", "n1"]);
+    assert_eq!(
+        (n1["subnet"].as_str(), n1["subnet_v6"].as_str()),
+        (Some("10.1.0.0/24"), Some("fd00:1:0:100::/64"))
+    );
+    let o = grpcurl_unix(&c, &["-d", r#"{"name":"n2"}"#, "--", "weft.v1.AdminService/CreateNode"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let n2: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(n2["subnetV6"], "fd00:1:0:101::/64");
+    let text = stdout(&run(Command::new(bin("weftctl")).args(["--controller", &t, "nodes"])));
+    assert!(text.contains("10.1.1.0/24 fd00:1:0:101::/64"), "{text}");
+    assert_eq!(weftctl_json(&t, &["site"])["external_cidr_v6"], "fd00:70::/64");
+
+    weft_tests::step("diagnose says IPv6 is allocated but not carried yet");
+    let report = weft_tests::weftctl_diagnose(&t, &[]);
+    let ipv6 = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "ipv6")
+        .unwrap_or_else(|| panic!("no ipv6 check: {report:#}"))
+        .clone();
+    assert_eq!(ipv6["result"], "WARN");
+    assert!(
+        ipv6["detail"].as_str().unwrap().contains("not yet offered to peers"),
+        "{ipv6}"
+    );
+
+    weft_tests::step("a restart keeps the generated pool and the nodes' /64s");
+    drop(c);
+    let c = start();
+    let o = grpcurl_unix(&c, &["weft.v1.AdminService/GetSite"]);
+    let site: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(site["remapPools"].as_array().unwrap().last().unwrap(), &generated);
+    assert_eq!(
+        weftctl_json(&c.target(), &["node", "get", "n1"])["subnet_v6"],
+        "fd00:1:0:100::/64"
+    );
+}

@@ -21,6 +21,7 @@ fn n(s: &str) -> Ipv4Net {
 
 fn site() -> Site {
     Site {
+        ipv6: None,
         id: "site-a".into(),
         pod_cidrs: vec![n("10.1.0.0/20")],
         external_cidr: n("10.70.0.0/16"),
@@ -254,5 +255,89 @@ async fn a_peer_view_never_covers_a_hosts_underlay_address() {
         let ip: std::net::Ipv4Addr = "10.50.3.7".parse().unwrap();
         assert!(p.views[0].remapped(), "{backend}: {:?}", p.views);
         assert!(!p.views[0].local.contains(&ip), "{backend}: {:?}", p.views);
+    }
+}
+
+/// A running IPv4 site adds IPv6: its nodes keep their IPv4 subnets and get
+/// a /64 each, the generated remap pool is recorded and kept on the next
+/// start, concurrent replicas never hand out the same /64, and IPv6 the
+/// nodes use cannot be dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_adds_ipv6_and_its_nodes_get_a_64_each() {
+    use ipnet::Ipv6Net;
+    use weft_controller::domain::Ipv6Networks;
+    let n6 = |s: &str| s.parse::<Ipv6Net>().unwrap();
+    for (stores, _guard) in replicas().await {
+        let backend = stores[0].backend();
+        let states: Vec<State> = stores.into_iter().map(|s| State::new(s, "site-a")).collect();
+        states[0].init_site(&site()).await.unwrap();
+        for i in 0..3 {
+            states[0].create_node(&format!("old-{i}"), None).await.unwrap();
+        }
+        let before: Vec<Ipv4Net> = states[0]
+            .list_nodes()
+            .await
+            .unwrap()
+            .0
+            .iter()
+            .map(|n| n.subnet)
+            .collect();
+        let dual = Site {
+            ipv6: Some(Ipv6Networks {
+                pod_cidrs: vec![n6("fd00:1:0:100::/56")],
+                ..Default::default()
+            }),
+            ..site()
+        };
+        let stored = states[0].init_site(&dual).await.unwrap();
+        let pool = stored.ipv6.as_ref().unwrap().remap_pools.clone();
+        assert_eq!(pool.len(), 1, "{backend}: a generated pool");
+        assert_eq!(pool[0].prefix_len(), 40);
+        assert!(
+            n6("fd00::/8").contains(&pool[0]),
+            "{backend}: {} is not unique local",
+            pool[0]
+        );
+        // The next start with the same configuration keeps it.
+        let again = states[1].init_site(&dual).await.unwrap();
+        assert_eq!(again.ipv6.unwrap().remap_pools, pool, "{backend}");
+        assert_eq!(states[1].site().await.unwrap().0.ipv6.unwrap().remap_pools, pool);
+
+        // New nodes on both replicas at once.
+        let mut tasks = Vec::new();
+        for (r, st) in states.iter().enumerate() {
+            for i in 0..6 {
+                let st = st.clone();
+                tasks.push(tokio::spawn(
+                    async move { st.create_node(&format!("r{r}-{i}"), None).await },
+                ));
+            }
+        }
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        let (nodes, _) = states[1].list_nodes().await.unwrap();
+        assert_eq!(nodes.len(), 15, "{backend}");
+        let kept: Vec<Ipv4Net> = nodes
+            .iter()
+            .filter(|n| n.name.starts_with("old-"))
+            .map(|n| n.subnet)
+            .collect();
+        assert_eq!(kept, before, "{backend}: IPv4 subnets kept");
+        let v6: Vec<Ipv6Net> = nodes.iter().map(|n| n.subnet_v6.unwrap()).collect();
+        for (i, a) in v6.iter().enumerate() {
+            assert_eq!(a.prefix_len(), 64);
+            assert!(n6("fd00:1:0:100::/56").contains(a), "{backend}: {a}");
+            for b in &v6[i + 1..] {
+                assert_ne!(a, b, "{backend}: a /64 handed out twice");
+            }
+        }
+        // Dropping IPv6 its nodes use is refused, naming a node.
+        let e = states[0].init_site(&site()).await.unwrap_err();
+        assert!(e.to_string().contains("IPv6 subnet"), "{backend}: {e}");
+        assert!(
+            states[0].site().await.unwrap().0.ipv6.is_some(),
+            "{backend}: nothing changed"
+        );
     }
 }

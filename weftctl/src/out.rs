@@ -198,12 +198,20 @@ pub fn status_cols(s: &Option<pb::AgentStatus>, enrolled: bool) -> Vec<String> {
     ]
 }
 pub fn node_json(n: &pb::Node) -> Value {
-    json!({"name": n.name, "subnet": n.subnet, "subnet_source": source(n.subnet_source), "created_at": ts(&n.created_at),
+    json!({"name": n.name, "subnet": n.subnet, "subnet_v6": n.subnet_v6, "subnet_source": source(n.subnet_source), "created_at": ts(&n.created_at),
            "cert_expires_at": ts(&n.cert_expires_at), "internal_ip": n.internal_ip, "underlay_ip": n.underlay_ip, "geneve": n.geneve,
            "identity_conflict": n.identity_conflict, "status": status_json(&n.status)})
 }
+/// A node's subnets for a table: IPv4, then IPv6 when it has one.
+pub fn subnets(n: &pb::Node) -> String {
+    if n.subnet_v6.is_empty() {
+        n.subnet.clone()
+    } else {
+        format!("{} {}", n.subnet, n.subnet_v6)
+    }
+}
 pub fn node_row(n: &pb::Node) -> Vec<String> {
-    let mut row = vec![n.name.clone(), n.subnet.clone(), n.underlay_ip.clone()];
+    let mut row = vec![n.name.clone(), subnets(n), n.underlay_ip.clone()];
     row.extend(status_cols(&n.status, n.cert_expires_at.is_some()));
     row
 }

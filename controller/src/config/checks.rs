@@ -15,6 +15,56 @@ pub(super) struct Networks {
     pub(super) external: Option<Ipv4Net>,
     pub(super) internal: Option<Ipv4Net>,
     pub(super) node_len: u8,
+    pub(super) ipv6: Option<crate::domain::Ipv6Networks>,
+}
+
+/// A list of CIDRs of either family, split by family; each problem is
+/// pushed with its field. `check`: what else each must pass.
+fn cidr_lists(
+    field: &str,
+    values: &[String],
+    check: fn(weft_types::Cidr) -> Result<(), String>,
+    errs: &mut Vec<(String, String)>,
+) -> (Vec<Ipv4Net>, Vec<ipnet::Ipv6Net>) {
+    let (mut v4, mut v6) = (Vec::new(), Vec::new());
+    for (i, v) in values.iter().enumerate() {
+        match weft_types::net::cidr(v) {
+            Ok(c) if let Err(m) = check(c) => errs.push((format!("{field}[{i}]"), m)),
+            Ok(c) => match c.net() {
+                ipnet::IpNet::V4(n) => v4.push(n),
+                ipnet::IpNet::V6(n) => v6.push(n),
+            },
+            Err(m) => errs.push((format!("{field}[{i}]"), m)),
+        }
+    }
+    (v4, v6)
+}
+
+fn anything(_: weft_types::Cidr) -> Result<(), String> {
+    Ok(())
+}
+
+/// Not special-purpose space (loopback, link-local, multicast...), where
+/// no workload can live.
+fn ordinary(c: weft_types::Cidr) -> Result<(), String> {
+    match weft_types::net::special_use(c.net()) {
+        Some(range) => Err(format!(
+            "{c} is in {range} space, which no site network may use; choose a private range"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A workload CIDR: ordinary, and an IPv6 one holds a /64 per node.
+fn workload(c: weft_types::Cidr) -> Result<(), String> {
+    ordinary(c)?;
+    match c.v6() {
+        Some(p) if !(32..=crate::domain::NODE_PREFIX_LEN_V6).contains(&p.prefix_len()) => Err(format!(
+            "{p} is an IPv6 /{}; give a /32 to a /64 (a /56 or /48 is usual): each node gets a /64 of it",
+            p.prefix_len()
+        )),
+        _ => Ok(()),
+    }
 }
 
 pub(super) fn networks(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<FieldError>) -> Networks {
@@ -34,39 +84,40 @@ pub(super) fn networks(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<
         err("site_id", m);
     }
 
-    let cidr_list = |field: &str, values: Vec<String>, errs: &mut Vec<(String, String)>| -> Vec<Ipv4Net> {
-        let mut out = Vec::new();
-        for (i, v) in values.iter().enumerate() {
-            match parse_cidr(v) {
-                Ok(n) => out.push(n),
-                Err(m) => errs.push((format!("{field}[{i}]"), m)),
-            }
-        }
-        out
-    };
     let mut list_errs: Vec<(String, String)> = Vec::new();
     let pod_texts = pick_list(&args.pod_cidrs, file.pod_cidrs.clone()).unwrap_or_default();
     let pod_missing = pod_texts.is_empty();
-    let pod_cidrs = cidr_list("pod_cidrs", pod_texts, &mut list_errs);
-    let reserved = cidr_list(
+    let (pod_cidrs, pod_v6) = cidr_lists("pod_cidrs", &pod_texts, workload, &mut list_errs);
+    let (reserved, reserved_v6) = cidr_lists(
         "reserved_cidrs",
-        pick_list(&args.reserved_cidrs, file.reserved_cidrs.clone()).unwrap_or_default(),
+        &pick_list(&args.reserved_cidrs, file.reserved_cidrs.clone()).unwrap_or_default(),
+        anything,
         &mut list_errs,
     );
-    let pools = cidr_list(
+    let pool_texts = pick_list(&args.remap_pools, file.remap_pools.clone());
+    let (mut pools, pools_v6) = cidr_lists(
         "remap_pools",
-        pick_list(&args.remap_pools, file.remap_pools.clone())
-            .unwrap_or_else(|| DEFAULT_REMAP_POOLS.iter().map(|s| s.to_string()).collect()),
+        pool_texts.as_deref().unwrap_or_default(),
+        ordinary,
         &mut list_errs,
     );
-    let peer_cidr_auto_accept = cidr_list(
+    // Only IPv6 pools given: IPv4 views still come from the defaults.
+    if pools.is_empty() {
+        pools = DEFAULT_REMAP_POOLS
+            .iter()
+            .map(|s| s.parse().expect("a default pool"))
+            .collect();
+    }
+    let (peer_cidr_auto_accept, auto_accept_v6) = cidr_lists(
         "peer_cidr_auto_accept",
-        pick_list(&args.peer_cidr_auto_accept, file.peer_cidr_auto_accept.clone()).unwrap_or_default(),
+        &pick_list(&args.peer_cidr_auto_accept, file.peer_cidr_auto_accept.clone()).unwrap_or_default(),
+        anything,
         &mut list_errs,
     );
-    let peer_public_cidrs = cidr_list(
+    let (peer_public_cidrs, public_v6) = cidr_lists(
         "peer_public_cidrs",
-        pick_list(&args.peer_public_cidrs, file.peer_public_cidrs.clone()).unwrap_or_default(),
+        &pick_list(&args.peer_public_cidrs, file.peer_public_cidrs.clone()).unwrap_or_default(),
+        anything,
         &mut list_errs,
     );
     for (f, m) in list_errs {
@@ -77,11 +128,69 @@ pub(super) fn networks(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<
             "pod_cidrs",
             "is required; give the workload CIDR(s) of this site, e.g. 10.1.0.0/16".into(),
         );
+    } else if pod_cidrs.is_empty() && !pod_v6.is_empty() {
+        err(
+            "pod_cidrs",
+            "lists only IPv6 CIDRs; IPv6-only sites are not supported yet, add an IPv4 pod CIDR too".into(),
+        );
+    }
+    let external_v6 = match pick(args.external_cidr_v6.clone(), file.external_cidr_v6.clone()) {
+        None => None,
+        Some(t) => match weft_types::net::cidr(&t) {
+            Err(m) => {
+                err("external_cidr_v6", m);
+                None
+            }
+            Ok(c) => match c.v6() {
+                None => {
+                    err(
+                        "external_cidr_v6",
+                        format!("{c} is IPv4; give the IPv4 external CIDR as external_cidr"),
+                    );
+                    None
+                }
+                Some(_) if let Err(m) = ordinary(c) => {
+                    err("external_cidr_v6", m);
+                    None
+                }
+                Some(n) if !(48..=120).contains(&n.prefix_len()) => {
+                    err(
+                        "external_cidr_v6",
+                        format!("{n} is an IPv6 /{}; give a /48 to a /120", n.prefix_len()),
+                    );
+                    None
+                }
+                Some(n) => Some(n),
+            },
+        },
+    };
+    if external_v6.is_some() && pod_v6.is_empty() {
+        err(
+            "external_cidr_v6",
+            "is set but the site has no IPv6 pod CIDR; add one to pod_cidrs, or drop external_cidr_v6".into(),
+        );
+    }
+    let ipv6 = (!pod_v6.is_empty()).then_some(crate::domain::Ipv6Networks {
+        pod_cidrs: pod_v6,
+        external_cidr: external_v6,
+        reserved_cidrs: reserved_v6,
+        remap_pools: pools_v6,
+        peer_cidr_auto_accept: auto_accept_v6,
+        peer_public_cidrs: public_v6,
+    });
+    if let Some(v6) = &ipv6 {
+        disjoint_v6(v6, &mut err);
     }
 
     let mut single = |field: &str, v: Option<String>, default: &str| -> Option<Ipv4Net> {
         let v = v.unwrap_or_else(|| default.to_string());
-        match parse_cidr(&v) {
+        let parsed = weft_types::net::cidr(&v).and_then(|c| {
+            c.v4().ok_or_else(|| match field {
+                "external_cidr" => format!("{c} is IPv6; give the IPv6 external CIDR as external_cidr_v6"),
+                _ => format!("{c} is IPv6; the {field} is IPv4"),
+            })
+        });
+        match parsed {
             Ok(n) if n.prefix_len() > 30 => {
                 err(field, format!("{n} is too small; use a /30 or larger block"));
                 None
@@ -118,6 +227,7 @@ pub(super) fn networks(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<
         external,
         internal,
         node_len,
+        ipv6,
     }
 }
 
@@ -200,6 +310,36 @@ pub(super) fn disjoint(
                         "{} overlaps remap_pools[{j}] {}; list each pool once",
                         pools[i], pools[j]
                     ),
+                );
+            }
+        }
+    }
+}
+
+/// [`disjoint`] for the IPv6 networks.
+fn disjoint_v6(v6: &crate::domain::Ipv6Networks, err: &mut impl FnMut(&str, String)) {
+    let mut named: Vec<(String, ipnet::Ipv6Net)> = Vec::new();
+    named.extend(v6.pod_cidrs.iter().map(|n| (format!("pod_cidrs ({n})"), *n)));
+    named.extend(v6.external_cidr.map(|n| ("external_cidr_v6".to_string(), n)));
+    named.extend(v6.reserved_cidrs.iter().map(|n| (format!("reserved_cidrs ({n})"), *n)));
+    for i in 0..named.len() {
+        for j in 0..i {
+            let ((fa, a), (fb, b)) = (&named[i], &named[j]);
+            if overlaps(a, b) {
+                err(
+                    fa.split(' ').next().unwrap_or(fa),
+                    format!("{a} overlaps {fb} {b}; the site's networks must be disjoint, choose a free range"),
+                );
+            }
+        }
+    }
+    let pools = &v6.remap_pools;
+    for i in 0..pools.len() {
+        for j in 0..i {
+            if overlaps(&pools[i], &pools[j]) {
+                err(
+                    "remap_pools",
+                    format!("{} overlaps {}; list each pool once", pools[i], pools[j]),
                 );
             }
         }

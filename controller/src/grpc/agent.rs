@@ -337,9 +337,15 @@ impl AgentService for AgentApi {
             )));
         }
         let (site, _) = self.state.site().await?;
-        let subnet = match role {
-            AgentRole::Node => self.state.get_node(&name).await?.subnet.to_string(),
-            AgentRole::Gateway => String::new(),
+        let (subnet, subnet_v6) = match role {
+            AgentRole::Node => {
+                let n = self.state.get_node(&name).await?;
+                (
+                    n.subnet.to_string(),
+                    n.subnet_v6.map(|s| s.to_string()).unwrap_or_default(),
+                )
+            }
+            AgentRole::Gateway => Default::default(),
         };
         Ok(Response::new(pb::Assignment {
             site_id: site.id.clone(),
@@ -348,6 +354,7 @@ impl AgentService for AgentApi {
             subnet,
             pod_cidrs: site.pod_cidrs.iter().map(|c| c.to_string()).collect(),
             internal_cidr: site.internal_cidr.to_string(),
+            subnet_v6,
         }))
     }
 }

@@ -18,14 +18,26 @@ fn strs<T: ToString>(v: &[T]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
 }
 
+/// IPv4 blocks, then IPv6 ones.
+fn both(v4: &[ipnet::Ipv4Net], v6: Option<&[ipnet::Ipv6Net]>) -> Vec<String> {
+    let mut out = strs(v4);
+    out.extend(strs(v6.unwrap_or_default()));
+    out
+}
+
 pub fn site(s: &Site, revision: Revision) -> pb::Site {
+    let v6 = s.ipv6.as_ref();
     pb::Site {
         id: s.id.clone(),
-        pod_cidrs: strs(&s.pod_cidrs),
+        pod_cidrs: both(&s.pod_cidrs, v6.map(|v| &v.pod_cidrs[..])),
         external_cidr: s.external_cidr.to_string(),
         internal_cidr: s.internal_cidr.to_string(),
-        reserved_cidrs: strs(&s.reserved_cidrs),
-        remap_pools: strs(&s.remap_pools),
+        reserved_cidrs: both(&s.reserved_cidrs, v6.map(|v| &v.reserved_cidrs[..])),
+        remap_pools: both(&s.remap_pools, v6.map(|v| &v.remap_pools[..])),
+        external_cidr_v6: v6
+            .and_then(|v| v.external_cidr)
+            .map(|c| c.to_string())
+            .unwrap_or_default(),
         node_prefix_len: u32::from(s.node_prefix_len),
         revision,
         ca_fingerprint: String::new(),
@@ -36,6 +48,7 @@ pub fn node(n: &Node) -> pb::Node {
     pb::Node {
         name: n.name.clone(),
         subnet: n.subnet.to_string(),
+        subnet_v6: n.subnet_v6.map(|s| s.to_string()).unwrap_or_default(),
         subnet_source: match n.source {
             SubnetSource::Allocated => pb::SubnetSource::Allocated,
             SubnetSource::Declared => pb::SubnetSource::Declared,

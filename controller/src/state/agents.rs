@@ -400,9 +400,21 @@ pub(super) fn new_node(
             )
         }
     };
+    let subnet_v6 = match &site.ipv6 {
+        None => None,
+        Some(v6) => Some(
+            ipam::allocate_node_subnet(
+                &v6.pod_cidrs,
+                crate::domain::NODE_PREFIX_LEN_V6,
+                &snap.node_subnets_v6(),
+            )?
+            .0,
+        ),
+    };
     Ok(Node {
         name: name.to_string(),
         subnet,
+        subnet_v6,
         source,
         created_at_ms: now_ms(),
         certs: vec![],

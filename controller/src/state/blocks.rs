@@ -86,6 +86,13 @@ pub(super) fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error
                 n.name, n.subnet
             ));
         }
+        let v6_pods = new.ipv6.as_ref().map(|v| v.pod_cidrs.as_slice()).unwrap_or_default();
+        if let Some(s) = n.subnet_v6.filter(|s| !v6_pods.iter().any(|p| p.contains(s))) {
+            problems.push(format!(
+                "node {:?} has IPv6 subnet {s}, outside the new pod CIDRs (a site cannot drop IPv6 its nodes use)",
+                n.name
+            ));
+        }
     }
     let own = new.own_blocks();
     for (p, _) in &snap.peerings {

@@ -304,17 +304,51 @@ impl State {
     /// Stores the configured site on first start. On later starts, accepts a
     /// changed configuration only if every node subnet and peer view stays
     /// valid under it.
-    pub async fn init_site(&self, site: &Site) -> Result<Site, Error> {
+    ///
+    /// A site with IPv6 and no IPv6 remap pool configured keeps the pool
+    /// recorded before, or gets a generated one ([`ipam::ula_pool`]); nodes
+    /// without an IPv6 subnet get one (a site adding IPv6 keeps its nodes
+    /// and peerings).
+    pub async fn init_site(&self, configured: &Site) -> Result<Site, Error> {
         self.commit(|snap| {
+            let mut site = configured.clone();
+            if let Some(v6) = site.ipv6.as_mut().filter(|v| v.remap_pools.is_empty()) {
+                let stored = snap.site.as_ref().and_then(|s| s.ipv6.as_ref());
+                v6.remap_pools = match stored.filter(|s| !s.remap_pools.is_empty()) {
+                    Some(s) => s.remap_pools.clone(),
+                    None => vec![generated_pool(&v6.own_blocks())?],
+                };
+            }
+            let unnumbered: Vec<&Node> = match &site.ipv6 {
+                Some(_) => snap
+                    .nodes
+                    .iter()
+                    .map(|(n, _)| n)
+                    .filter(|n| n.subnet_v6.is_none())
+                    .collect(),
+                None => vec![],
+            };
             match &snap.site {
-                Some(stored) if stored == site => return Ok((None, site.clone())),
-                Some(_) => check_site_change(site, snap)?,
+                Some(stored) if *stored == site && unnumbered.is_empty() => return Ok((None, site)),
+                Some(_) => check_site_change(&site, snap)?,
                 None => {}
             }
-            let txn = self
+            let mut txn = self
                 .ipam_guard(snap, Txn::new())
-                .then(Op::put(self.at(Key::Site), encode(site)));
-            Ok((Some(txn), site.clone()))
+                .then(Op::put(self.at(Key::Site), encode(&site)));
+            if let Some(v6) = &site.ipv6 {
+                let mut taken = snap.node_subnets_v6();
+                for n in unnumbered {
+                    let (s, _) = ipam::allocate_node_subnet(&v6.pod_cidrs, crate::domain::NODE_PREFIX_LEN_V6, &taken)?;
+                    taken.push(s);
+                    let numbered = Node {
+                        subnet_v6: Some(s),
+                        ..n.clone()
+                    };
+                    txn = txn.then(Op::put(self.at(Key::Node(&n.name)), encode(&numbered)));
+                }
+            }
+            Ok((Some(txn), site))
         })
         .await
     }
@@ -550,4 +584,22 @@ pub struct AliveRecord {
     /// records of earlier versions).
     #[serde(default)]
     pub replica: String,
+}
+
+/// A new unique local /40 for IPv6 views, off the site's own IPv6 blocks.
+fn generated_pool(own: &[ipnet::Ipv6Net]) -> Result<ipnet::Ipv6Net, Error> {
+    use ring::rand::SecureRandom;
+    let rng = ring::rand::SystemRandom::new();
+    for _ in 0..16 {
+        let mut random = [0u8; 4];
+        rng.fill(&mut random)
+            .map_err(|_| Error::Unavailable("the system RNG failed; retry".into()))?;
+        if let Some(pool) = ipam::ula_pool(random, own) {
+            tracing::info!(%pool, "generated the IPv6 remap pool (unique local, RFC 4193); it is kept in the store");
+            return Ok(pool);
+        }
+    }
+    Err(Error::ResourceExhausted(
+        "could not draw an IPv6 remap pool off the site's own networks; give one with --remap-pool".into(),
+    ))
 }

@@ -187,6 +187,11 @@ impl Snapshot {
         self.nodes.iter().map(|(n, _)| (n.name.clone(), n.subnet)).collect()
     }
 
+    /// The nodes' IPv6 subnets (of nodes that have one).
+    pub(super) fn node_subnets_v6(&self) -> Vec<ipnet::Ipv6Net> {
+        self.nodes.iter().filter_map(|(n, _)| n.subnet_v6).collect()
+    }
+
     /// Blocks in use here apart from node subnets: a peer's view must avoid them.
     pub(super) fn blocks_in_use(&self, site: &Site, except_peer: Option<&str>) -> Vec<Ipv4Net> {
         self.blocks_in_use_but(site, |_, target| Some(target) != except_peer)

@@ -69,6 +69,15 @@ fn special_or_public_or_huge_ipv6_is_refused() {
 }
 
 #[test]
+fn a_generated_pool_is_a_unique_local_40_off_the_sites_own() {
+    let p = ula_pool([0x12, 0x34, 0x56, 0x78], &[]).unwrap();
+    assert_eq!(p, n("fd12:3456:7800::/40"));
+    assert!(is_private(&p));
+    assert_eq!(first_free(p, 48, &[]), Some(n("fd12:3456:7800::/48")));
+    assert_eq!(ula_pool([0x12, 0x34, 0x56, 0x78], &[n("fd12:3456:7812::/48")]), None);
+}
+
+#[test]
 fn a_whole_family_is_sized_and_searched_without_overflow() {
     let all = n("::/0");
     assert_eq!(size(&all), u128::MAX);

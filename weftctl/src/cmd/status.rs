@@ -96,7 +96,7 @@ pub async fn run(c: &mut Client) -> Result<Out, String> {
             vec![
                 n.name.clone(),
                 ready_cell(&n.status, n.cert_expires_at.is_some()).into(),
-                n.subnet.clone(),
+                subnets(n),
                 revision_cell(&n.status),
                 if errors == 0 {
                     "-".into()
@@ -166,7 +166,7 @@ pub async fn run(c: &mut Client) -> Result<Out, String> {
         "site": s.site.id, "revision": s.site.revision,
         "gateways": s.gateways.iter().map(|g| json!({"name": g.name, "active": g.active,
             "ready": g.status.as_ref().is_some_and(|s| s.ready), "endpoint": g.endpoint, "nat": g.nat, "revision": revision_cell(&g.status)})).collect::<Vec<_>>(),
-        "nodes": s.nodes.iter().map(|n| json!({"name": n.name, "subnet": n.subnet,
+        "nodes": s.nodes.iter().map(|n| json!({"name": n.name, "subnet": n.subnet, "subnet_v6": n.subnet_v6,
             "ready": n.status.as_ref().is_some_and(|s| s.ready), "revision": revision_cell(&n.status),
             "errors": n.status.as_ref().map(|s| s.errors.clone()).unwrap_or_default()})).collect::<Vec<_>>(),
         "peerings": s.peerings.iter().map(|p| json!({"site_id": p.site_id, "state": peering_state(p.state), "waiting_for": p.waiting_for,
