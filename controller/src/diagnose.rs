@@ -468,8 +468,9 @@ fn ipv6_check(site: &crate::domain::Site) -> Option<pb::Check> {
         format!("site/{}", site.id),
         pb::CheckResult::Warn,
         format!(
-            "IPv6 pod CIDRs {} are allocated (a /64 per node, remap pools {}) but not yet offered to peers or \
-             carried by the data plane: only IPv4 crosses the tunnels",
+            "IPv6 pod CIDRs {} are allocated (a /64 per node, remap pools {}) and offered to peers (each \
+             peering's IPv6 views in `weftctl peerings`), but the data plane does not carry IPv6 yet: only IPv4 \
+             crosses the tunnels",
             pods.join(", "),
             v6.remap_pools
                 .iter()

@@ -249,6 +249,8 @@ proptest! {
                 export: None,
                 transit: false,
                 transit_views: vec![],
+                views_v6: vec![],
+                ipv6_refused: None,
             }));
         }
         for name in m.nodes.keys() {

@@ -389,6 +389,41 @@ pub struct Peering {
     /// planned from the peer's `transit_routes` while both ends agree.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub transit_views: Vec<TransitView>,
+    /// This site's local views of the peer's IPv6 CIDRs (empty: IPv6 not
+    /// negotiated; see [`Peering::ipv6_status`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub views_v6: Vec<View<Ipv6Net>>,
+    /// Why the peer's IPv6 CIDRs could not be taken (refused, exhausted,
+    /// a change held), when that is why IPv6 is not negotiated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6_refused: Option<String>,
+}
+
+impl Peering {
+    /// Whether this peering carries IPv6 views, and why not, with this
+    /// site's IPv6 networks (`site_v6`); None when neither site has IPv6.
+    pub fn ipv6_status(&self, site_v6: Option<&Ipv6Networks>) -> Option<Result<(), String>> {
+        let offered = self
+            .remote
+            .as_ref()
+            .is_some_and(|r| !r.workload_cidrs_v6.is_empty() || r.external_cidr_v6.is_some());
+        if let Some(why) = &self.ipv6_refused {
+            return Some(Err(why.clone()));
+        }
+        Some(match (site_v6.is_some(), offered) {
+            (_, _) if !self.views_v6.is_empty() => Ok(()),
+            (false, false) => return None,
+            (false, true) => Err(format!(
+                "{} offers IPv6 CIDRs, but this site has none (add an IPv6 pod CIDR to take them)",
+                self.site_id
+            )),
+            (true, false) => Err(format!(
+                "{} offered no IPv6 CIDRs (it has none, or runs a weft without IPv6)",
+                self.site_id
+            )),
+            (true, true) => Err("IPv6 views are not planned yet".into()),
+        })
+    }
 }
 
 /// A site reached through a transit peer, as that peer offered it: its
@@ -496,6 +531,12 @@ pub struct RemoteSite {
     pub ca_fingerprint: String,
     pub workload_cidrs: Vec<Ipv4Net>,
     pub external_cidr: Option<Ipv4Net>,
+    /// Its IPv6 workload CIDRs, and external CIDR (none from a site
+    /// without IPv6, or of an earlier version).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workload_cidrs_v6: Vec<Ipv6Net>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_cidr_v6: Option<Ipv6Net>,
     pub gateways: Vec<RemoteGateway>,
     pub mtu: u32,
     pub endpoints: Vec<String>,
@@ -729,6 +770,8 @@ pub(crate) fn test_peering(site_id: &str) -> Peering {
         export: None,
         transit: false,
         transit_views: vec![],
+        views_v6: vec![],
+        ipv6_refused: None,
     }
 }
 
@@ -752,6 +795,8 @@ pub(crate) fn test_remote(workload: &str) -> RemoteSite {
         transit: false,
         transit_routes: vec![],
         readiness: None,
+        workload_cidrs_v6: vec![],
+        external_cidr_v6: None,
     }
 }
 

@@ -356,6 +356,8 @@ mod tests {
                         address: a("10.70.255.254"),
                     },
                 ],
+                workload_cidrs_v6: vec![],
+                external_cidr_v6: None,
             }),
             ..crate::domain::test_peering("")
         }

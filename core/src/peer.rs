@@ -122,6 +122,7 @@ pub fn remote_site(
         "" => None,
         c => Some(parse_cidr(c).map_err(|m| format!("external_cidr: {m}"))?),
     };
+    let (workload_v6, external_v6) = ipv6_cidrs(p)?;
     let gateways = p
         .gateways
         .iter()
@@ -175,6 +176,8 @@ pub fn remote_site(
         ca_fingerprint: ca_fingerprint.to_string(),
         workload_cidrs: workload,
         external_cidr: external,
+        workload_cidrs_v6: workload_v6,
+        external_cidr_v6: external_v6,
         gateways,
         mtu: agreed_mtu(p.mtu, own.mtu),
         endpoints: p.endpoints.clone(),
@@ -188,6 +191,38 @@ pub fn remote_site(
         transit_routes,
         readiness: p.readiness.as_ref().map(readiness).transpose()?,
     })
+}
+
+/// A peer's IPv6 CIDRs, each parsed as IPv6 (whether this site can take
+/// them is decided where views are planned: a refusal there leaves IPv6
+/// not negotiated and the rest of the peering as it is). At most
+/// [`crate::ipam::MAX_PEER_CIDRS`] with the IPv4 ones.
+fn ipv6_cidrs(p: &pb::NetworkParams) -> Result<(Vec<ipnet::Ipv6Net>, Option<ipnet::Ipv6Net>), String> {
+    let count = p.workload_cidrs.len() + p.workload_cidrs_v6.len() + 2;
+    if count > crate::ipam::MAX_PEER_CIDRS + 2 {
+        return Err(format!(
+            "workload_cidrs_v6: {} listed with {} IPv4 ones; a site lists at most {} workload CIDRs",
+            p.workload_cidrs_v6.len(),
+            p.workload_cidrs.len(),
+            crate::ipam::MAX_PEER_CIDRS
+        ));
+    }
+    let v6 = |field: &str, text: &str| -> Result<ipnet::Ipv6Net, String> {
+        let c = weft_types::net::cidr(text).map_err(|m| format!("{field}: {m}"))?;
+        c.v6()
+            .ok_or_else(|| format!("{field}: {c} is IPv4; IPv4 CIDRs go in the IPv4 fields"))
+    };
+    let workload = p
+        .workload_cidrs_v6
+        .iter()
+        .enumerate()
+        .map(|(i, c)| v6(&format!("workload_cidrs_v6[{i}]"), c))
+        .collect::<Result<Vec<_>, _>>()?;
+    let external = match p.external_cidr_v6.trim() {
+        "" => None,
+        c => Some(v6("external_cidr_v6", c)?),
+    };
+    Ok((workload, external))
 }
 
 /// A peer's readiness as it told it: the gateway it names must be a name.

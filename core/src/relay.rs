@@ -354,6 +354,8 @@ pub(crate) mod tests {
                 transit: false,
                 transit_routes: vec![],
                 readiness: None,
+                workload_cidrs_v6: vec![],
+                external_cidr_v6: None,
             }),
             ..crate::domain::test_peering("")
         }

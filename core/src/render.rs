@@ -802,6 +802,8 @@ mod tests {
             transit: false,
             transit_routes: vec![],
             readiness: None,
+            workload_cidrs_v6: vec![],
+            external_cidr_v6: None,
         });
         m.peerings.insert("b".into(), Arc::new(p.clone()));
         let all = (node(&m, "n1"), gateway(&m, "gw1"));
@@ -972,6 +974,8 @@ mod tests {
             transit_routes: vec![],
             names: vec![],
             readiness: None,
+            workload_cidrs_v6: vec![],
+            external_cidr_v6: None,
         });
         m.peerings.insert("b".into(), Arc::new(p));
         let objs = gateway(&m, "gw1");
@@ -1050,6 +1054,8 @@ mod tests {
                 kind: NameKind::Workload,
                 address: real(10),
             }],
+            workload_cidrs_v6: vec![],
+            external_cidr_v6: None,
         });
         m.peerings.insert("b".into(), Arc::new(p));
         let Some(Kind::DnsRecord(r)) = &node(&m, "n1")["peer/b/name/web"].kind else {

@@ -454,7 +454,10 @@ fn a_dual_stack_site_gives_each_node_a_64_and_keeps_its_generated_pool() {
         .clone();
     assert_eq!(ipv6["result"], "WARN");
     assert!(
-        ipv6["detail"].as_str().unwrap().contains("not yet offered to peers"),
+        ipv6["detail"]
+            .as_str()
+            .unwrap()
+            .contains("the data plane does not carry IPv6 yet"),
         "{ipv6}"
     );
 

@@ -410,24 +410,28 @@ fn a_failure_after_the_peer_recorded_leaves_no_half_peering() {
 }
 
 #[test]
-fn a_peer_claiming_space_no_site_can_own_is_refused_on_both_sides() {
+fn a_site_in_space_no_site_can_own_does_not_start() {
+    // Workloads in link-local space, where weft's own tunnel ends live, or
+    // loopback or multicast: refused at start, naming the field (a peer
+    // announcing such space is refused too: see the hostile peer below).
     let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
-    let a = site(dir.path(), "site-a", &[]);
-    // Site b's workloads in link-local space, where weft's own tunnel ends
-    // live: whatever b's admin meant, a must not route it.
-    let b = ControllerSpec::new("site-b")
-        .data_dir(&dir.path().join("site-b"))
-        .flags(&["--pod-cidr", "169.254.0.0/16"])
-        .start();
-    let err = create(&a, &token(&b, "10m")).unwrap_err();
-    assert!(
-        err.contains("INVALID_ARGUMENT") && err.contains("169.254.0.0/16") && err.contains("no site can own"),
-        "{err}"
-    );
-    assert!(peer_names(&a).is_empty(), "a recorded a half peering");
-    weft_tests::eventually("b forgot its side", Duration::from_secs(10), || {
-        peer_names(&b).is_empty().then_some(())
-    });
+    for cidr in ["169.254.0.0/16", "127.0.0.0/16", "224.1.0.0/16", "fe80::/64"] {
+        let o = run(Command::new(bin("weft-controller")).args([
+            "--site-id",
+            "site-b",
+            "--pod-cidr",
+            &format!("10.1.0.0/16,{cidr}"),
+            "--data-dir",
+            &dir.path().join("b").display().to_string(),
+            "check-config",
+        ]));
+        assert_eq!(o.status.code(), Some(2), "{cidr}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("pod_cidrs[1]") && stderr(&o).contains(cidr),
+            "{cidr}: {}",
+            stderr(&o)
+        );
+    }
 }
 
 /// A hostile peer: a site with a CA of its own (taken from a real
@@ -518,15 +522,23 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         assert_eq!(revision(&b), before, "{endpoint:?} wrote something");
         assert!(peer_names(&b).is_empty());
     }
-    weft_tests::step("public space refused");
+    weft_tests::step("public space, and space no site can own, refused");
     // Public space: a peer announcing 8.0.0.0/8 or 1.1.1.0/24 would take
-    // those destinations of b's hosts (and answer b's DNS for them).
-    for cidr in ["8.0.0.0/8", "1.1.1.0/24", "100.128.0.0/16"] {
+    // those destinations of b's hosts (and answer b's DNS for them);
+    // link-local space holds weft's own tunnel ends.
+    for (cidr, says) in [
+        ("8.0.0.0/8", "not private"),
+        ("1.1.1.0/24", "not private"),
+        ("100.128.0.0/16", "not private"),
+        ("169.254.0.0/16", "no site can own"),
+        ("127.0.0.0/16", "no site can own"),
+        ("224.1.0.0/16", "no site can own"),
+    ] {
         let before = revision(&b);
         let err = join_with("192.0.2.1:51820", good_key, 0, cidr).unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{cidr}: {err:?}");
         assert!(
-            err.message().contains("workload_cidrs[0]") && err.message().contains("not private"),
+            err.message().contains("workload_cidrs[0]") && err.message().contains(says),
             "{cidr}: {}",
             err.message()
         );

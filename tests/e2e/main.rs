@@ -9,6 +9,7 @@ mod config_errors;
 mod crash_consistency;
 mod dataplane;
 mod diagnose;
+mod dual_stack;
 mod exports;
 mod failover;
 mod faults;

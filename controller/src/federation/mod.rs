@@ -118,6 +118,12 @@ fn exports(model: &crate::render::Model, peer: &str, params: &mut pb::NetworkPar
         let onward = p.map(|p| crate::transit::onward(model.peerings.values().map(|q| &**q), p));
         crate::export::fill(site, p, &onward.unwrap_or_default(), params);
     }
+    // An export policy names IPv4 prefixes only: a limited peer is offered
+    // no IPv6 (it says IPv6 is not negotiated, and why).
+    if params.exports_limited {
+        params.workload_cidrs_v6.clear();
+        params.external_cidr_v6.clear();
+    }
     // Transit: whether this site agrees on this peering, and while the
     // peer does too, the sites it may reach through this one.
     if let Some(p) = model.peerings.get(peer) {
@@ -171,6 +177,18 @@ impl Federation {
             site_id: site.id.clone(),
             workload_cidrs: site.pod_cidrs.iter().map(|c| c.to_string()).collect(),
             external_cidr: site.external_cidr.to_string(),
+            workload_cidrs_v6: site
+                .ipv6
+                .iter()
+                .flat_map(|v| &v.pod_cidrs)
+                .map(|c| c.to_string())
+                .collect(),
+            external_cidr_v6: site
+                .ipv6
+                .as_ref()
+                .and_then(|v| v.external_cidr)
+                .map(|c| c.to_string())
+                .unwrap_or_default(),
             gateways: gateways.for_port(&site, port),
             mtu: site.tunnel_mtu.unwrap_or(0),
             endpoints: self.endpoints.clone(),

@@ -102,7 +102,7 @@ pub fn cidr_kind(k: CidrKind) -> pb::CidrKind {
     }
 }
 
-pub fn view(v: &View) -> pb::CidrView {
+pub fn view<N: crate::ipam::Prefix>(v: &View<N>) -> pb::CidrView {
     pb::CidrView {
         kind: cidr_kind(v.kind) as i32,
         real_cidr: v.real.to_string(),
@@ -186,7 +186,7 @@ pub fn peering(p: &Peering) -> pb::Peering {
             PeeringState::Connected => pb::PeeringState::Connected,
             PeeringState::Deleting => pb::PeeringState::Deleting,
         } as i32,
-        views: p.views.iter().map(view).collect(),
+        views: p.views.iter().map(view).chain(p.views_v6.iter().map(view)).collect(),
         created_at: ts(p.created_at_ms),
         last_error: p.last_error.clone().unwrap_or_default(),
         tunnel_role: match p.remote.as_ref().map(|r| r.tunnel_role) {
@@ -227,6 +227,7 @@ pub fn peering(p: &Peering) -> pb::Peering {
         pending_since: p.pending.as_ref().and_then(|q| ts(q.received_at_ms)),
         local_gateways: vec![],
         remote_gateways: p.remote.iter().flat_map(|r| &r.gateways).map(remote_gateway).collect(),
+        ipv6: String::new(),
     }
 }
 

@@ -96,6 +96,12 @@ fn shown(hub: &crate::hub::Hub, p: &Peering, convert: impl FnOnce(&Peering) -> p
     let (state, waiting_for) = hub.peering_status(p);
     let mut out = convert(&Peering { state, ..p.clone() });
     out.waiting_for = waiting_for;
+    let model = hub.model();
+    out.ipv6 = match p.ipv6_status(model.site.as_ref().and_then(|s| s.ipv6.as_ref())) {
+        None => String::new(),
+        Some(Ok(())) => "negotiated".into(),
+        Some(Err(why)) => format!("not negotiated: {why}"),
+    };
     out
 }
 

@@ -165,6 +165,7 @@ impl State {
                 joined_with = Some(t.clone());
             }
             let views = self.plan_peer_views(snap, site, peer_site, &remote)?;
+            let (views_v6, ipv6_refused) = super::ipv6::plan(snap, site, peer_site, &remote, None);
             let mut peering = Peering {
                 site_id: peer_site.to_string(),
                 state: PeeringState::Negotiated,
@@ -181,6 +182,8 @@ impl State {
                 transit,
                 transit_views: vec![],
                 joined_with,
+                views_v6,
+                ipv6_refused,
             };
             peering.transit_views = Self::plan_transit(snap, site, &peering, &remote);
             let txn = self
@@ -312,6 +315,7 @@ impl State {
                     next.views = views;
                 }
             }
+            (next.views_v6, next.ipv6_refused) = super::ipv6::plan(snap, site, peer_site, &remote, Some(p));
             next.transit_views = Self::plan_transit(snap, site, &next, &remote);
             next.remote = Some(remote);
             if next == *p {

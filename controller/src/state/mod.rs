@@ -31,6 +31,7 @@ mod export;
 pub mod federation;
 pub mod layout;
 pub use export::Mode as ExportMode;
+mod ipv6;
 mod names;
 mod snapshot;
 use snapshot::Snapshot;
@@ -500,6 +501,8 @@ impl State {
                 export: existing.and_then(|(p, _)| p.export.clone()),
                 transit: existing.is_some_and(|(p, _)| p.transit),
                 transit_views: existing.map(|(p, _)| p.transit_views.clone()).unwrap_or_default(),
+                views_v6: vec![],
+                ipv6_refused: None,
             };
             let guard = Compare::ModRevision(key.clone(), existing.map_or(0, |(_, r)| *r));
             let txn = self

@@ -152,20 +152,25 @@ impl Snapshot {
     /// This site's own hosts: each node's and gateway's underlay address
     /// and the controllers' addresses, with who has it.
     pub(super) fn host_addresses(&self, site: &Site) -> Vec<(std::net::Ipv4Addr, String)> {
-        let v4 = |ip: Option<std::net::IpAddr>| match ip {
-            Some(std::net::IpAddr::V4(a)) => Some(a),
-            _ => None,
-        };
+        let hosts = self.underlay_addresses().into_iter().filter_map(|(ip, who)| match ip {
+            std::net::IpAddr::V4(a) => Some((a, who)),
+            std::net::IpAddr::V6(_) => None,
+        });
+        let controllers = site.controller_ips.iter().map(|a| (*a, "a controller".to_string()));
+        hosts.chain(controllers).collect()
+    }
+
+    /// The underlay addresses of nodes and gateways, each with who holds it.
+    pub(super) fn underlay_addresses(&self) -> Vec<(std::net::IpAddr, String)> {
         let nodes = self
             .nodes
             .iter()
-            .filter_map(|(n, _)| Some((v4(n.underlay_ip)?, format!("node {:?}", n.name))));
+            .filter_map(|(n, _)| Some((n.underlay_ip?, format!("node {:?}", n.name))));
         let gateways = self
             .gateways
             .iter()
-            .filter_map(|(g, _)| Some((v4(g.underlay_ip)?, format!("gateway {:?}", g.name))));
-        let controllers = site.controller_ips.iter().map(|a| (*a, "a controller".to_string()));
-        nodes.chain(gateways).chain(controllers).collect()
+            .filter_map(|(g, _)| Some((g.underlay_ip?, format!("gateway {:?}", g.name))));
+        nodes.chain(gateways).collect()
     }
 
     /// Overlay addresses held by nodes and gateways, and those whose

@@ -63,7 +63,7 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
             failed: false,
             json: json!({"peerings": r.peerings.iter().map(|p| json!({
                 "site_id": p.site_id, "state": peering_state(p.state), "waiting_for": p.waiting_for,
-                "views": p.views.iter().map(view_json).collect::<Vec<_>>(),
+                "views": p.views.iter().map(view_json).collect::<Vec<_>>(), "ipv6": p.ipv6,
                 "created_at": ts(&p.created_at), "last_error": p.last_error, "tunnel_role": p.tunnel_role,
                 "remote_endpoints": p.remote_endpoints, "remote_ca_fingerprint": p.remote_ca_fingerprint,
                 "listen_port": p.listen_port, "held_by_peer": p.held_by_peer,
@@ -127,6 +127,13 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                     r.peerings
                         .iter()
                         .filter_map(|p| p.export.as_ref().and_then(super::policy::unenforced)),
+                )
+                // IPv6 when either side has it.
+                .chain(
+                    r.peerings
+                        .iter()
+                        .filter(|p| !p.ipv6.is_empty())
+                        .map(|p| format!("{}: IPv6 {}", p.site_id, p.ipv6)),
                 )
                 .chain(r.peerings.iter().filter_map(|p| {
                     let e = p
