@@ -431,6 +431,23 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             _ => None,
         })
         .collect();
+    let mut ipv6 = ipv6;
+    if let Some(v6) = ipv6.as_mut() {
+        v6.controller_ips = listen
+            .iter()
+            .map(|l| l.ip())
+            .chain(
+                advertise
+                    .iter()
+                    .filter_map(|a| a.parse::<SocketAddr>().ok())
+                    .map(|a| a.ip()),
+            )
+            .filter_map(|ip| match ip {
+                std::net::IpAddr::V6(v6) if !v6.is_unspecified() && !v6.is_loopback() => Some(v6),
+                _ => None,
+            })
+            .collect();
+    }
     let store = if endpoints.is_empty() {
         StoreConfig::Embedded {
             path: data_dir.join("store.redb"),
@@ -662,7 +679,6 @@ mod tests {
             (&["10.1.0.0/16", "fe80::/64"], "pod_cidrs[1]", "link-local (fe80::/10)"),
             (&["10.1.0.0/16", "ff05::/48"], "pod_cidrs[1]", "multicast (ff00::/8)"),
             (&["10.1.0.0/16", "::1/128"], "pod_cidrs[1]", "loopback (::1)"),
-            (&["127.0.0.0/16"], "pod_cidrs[0]", "loopback (127.0.0.0/8)"),
             (&["fd00:1::/48"], "pod_cidrs", "IPv6-only sites are not supported yet"),
             (
                 &["10.1.0.0/16", "fd00:1::/48", "fd00:1:0:100::/56"],
@@ -716,6 +732,14 @@ mod tests {
                 .to_string()
                 .contains("remap_pools[0]")
         );
+        // IPv6 entries on an IPv4 site are not dropped unread.
+        let mut a = args("s", &["10.1.0.0/16"]);
+        a.reserved_cidrs = vec!["fd00:9::/48".into()];
+        let e = resolve(&a, FileConfig::default()).unwrap_err();
+        assert_eq!(fields(e.clone()), ["reserved_cidrs"], "{e}");
+        assert!(e.to_string().contains("no IPv6 pod CIDR"), "{e}");
+        // IPv4 special space is left as it was: a running site keeps starting.
+        assert!(resolve(&args("s", &["10.1.0.0/16", "169.254.0.0/16"]), FileConfig::default()).is_ok());
     }
 
     #[test]

@@ -328,7 +328,7 @@ pub async fn run(
         }))
         .collect();
     out.extend(gateways.iter().filter_map(gateway_key_check));
-    out.extend(ipv6_check(&site));
+    out.extend(ipv6_check(&site, &nodes));
     out.extend(collision_checks(&hub.model()));
     // Lag: two looks at each agent's progress, `settle` apart.
     let first = progress(hub, &state.alive().await?);
@@ -460,10 +460,23 @@ fn ca_check(t: u64, now: u64) -> pb::Check {
 }
 
 /// A site with IPv6 CIDRs: what of IPv6 works yet.
-fn ipv6_check(site: &crate::domain::Site) -> Option<pb::Check> {
-    let v6 = site.ipv6.as_ref()?;
+fn ipv6_check(site: &crate::domain::Site, nodes: &[crate::domain::Node]) -> Vec<pb::Check> {
+    let Some(v6) = site.ipv6.as_ref() else { return vec![] };
+    let mut out: Vec<pb::Check> = nodes
+        .iter()
+        .filter(|n| n.subnet_v6.is_none())
+        .map(|n| {
+            check(
+                "ipv6-subnet",
+                format!("node/{}", n.name),
+                pb::CheckResult::Warn,
+                format!("node {:?} has no IPv6 /64: the site's IPv6 pod CIDRs are full", n.name),
+                "add an IPv6 pod CIDR (a /56 holds 256 nodes) and restart the controller, or remove unused nodes",
+            )
+        })
+        .collect();
     let pods: Vec<String> = v6.pod_cidrs.iter().map(|c| c.to_string()).collect();
-    Some(check(
+    out.push(check(
         "ipv6",
         format!("site/{}", site.id),
         pb::CheckResult::Warn,
@@ -479,7 +492,8 @@ fn ipv6_check(site: &crate::domain::Site) -> Option<pb::Check> {
                 .join(", ")
         ),
         "nothing to do; IPv6 workloads reach peers once weft carries IPv6 (docs/ARCHITECTURE.md, dual stack)",
-    ))
+    ));
+    out
 }
 
 /// A gateway asking to change its WireGuard key.

@@ -73,6 +73,19 @@ pub struct Site {
     pub ipv6: Option<Ipv6Networks>,
 }
 
+/// Reads an optional value stored as text through its one parser. A value
+/// that no longer parses (written by an earlier version that checked less,
+/// e.g. an endpoint naming a host) reads as none: one old record must not
+/// stop the controller, and its agent or peer sends the value again.
+fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: std::str::FromStr,
+{
+    let text: Option<String> = Option::deserialize(d)?;
+    Ok(text.and_then(|t| t.parse().ok()))
+}
+
 /// Prefix length of each node's IPv6 workload subnet.
 pub const NODE_PREFIX_LEN_V6: u8 = 64;
 
@@ -94,6 +107,10 @@ pub struct Ipv6Networks {
     pub peer_cidr_auto_accept: Vec<Ipv6Net>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub peer_public_cidrs: Vec<Ipv6Net>,
+    /// This site's controllers' IPv6 addresses (listen and advertised):
+    /// no IPv6 view may cover them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub controller_ips: Vec<std::net::Ipv6Addr>,
 }
 
 impl Ipv6Networks {
@@ -219,7 +236,9 @@ impl std::fmt::Display for IdentityConflict {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Gateway {
     pub name: String,
+    #[serde(default, deserialize_with = "lenient")]
     pub endpoint: Option<SocketAddr>,
+    #[serde(default, deserialize_with = "lenient")]
     pub public_key: Option<WgKey>,
     pub created_at_ms: u64,
     #[serde(default)]
@@ -241,7 +260,7 @@ pub struct Gateway {
     /// until the admin accepts it (`weftctl gateway accept-key`), since a
     /// stolen certificate must not redirect the site's tunnels. Peers keep
     /// the current key meanwhile.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
     pub pending_public_key: Option<WgKey>,
     /// Enrolled (with a token) since its key was last set: the next key
     /// it sends is taken as is.
@@ -457,6 +476,7 @@ pub struct RelayVia {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RelayGrant {
     pub peer_site: String,
+    #[serde(default, deserialize_with = "lenient")]
     pub endpoint: Option<SocketAddr>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub refused: String,
@@ -537,6 +557,10 @@ pub struct RemoteSite {
     pub workload_cidrs_v6: Vec<Ipv6Net>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub external_cidr_v6: Option<Ipv6Net>,
+    /// What was wrong with the IPv6 fields it sent, when something was
+    /// (they are then left out; IPv6 is not negotiated, the rest stands).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6_invalid: Option<String>,
     pub gateways: Vec<RemoteGateway>,
     pub mtu: u32,
     pub endpoints: Vec<String>,
@@ -603,7 +627,9 @@ impl Peering {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteGateway {
     pub name: String,
+    #[serde(default, deserialize_with = "lenient")]
     pub endpoint: Option<SocketAddr>,
+    #[serde(default, deserialize_with = "lenient")]
     pub public_key: Option<WgKey>,
     /// Carries the peer's traffic now (false: a standby).
     #[serde(default)]
@@ -797,6 +823,7 @@ pub(crate) fn test_remote(workload: &str) -> RemoteSite {
         readiness: None,
         workload_cidrs_v6: vec![],
         external_cidr_v6: None,
+        ipv6_invalid: None,
     }
 }
 
@@ -876,5 +903,23 @@ mod tests {
         for bad in ["", "-a", "a-", "A", "a/b", "../x", "a b", &"x".repeat(64)] {
             assert!(validate_name("node name", bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_old_record_with_a_value_that_no_longer_parses_still_reads() {
+        let old = r#"{"name":"gw","endpoint":"gw.example:51820","public_key":"nope","created_at_ms":0,
+            "pending_public_key":"AAAA"}"#;
+        let g: Gateway = serde_json::from_str(old).unwrap();
+        assert_eq!((g.endpoint, g.public_key, g.pending_public_key), (None, None, None));
+        let key = WgKey::from_bytes([3; 32]);
+        let good =
+            format!(r#"{{"name":"gw","endpoint":"[2001:db8::1]:51820","public_key":"{key}","created_at_ms":0}}"#);
+        let g: Gateway = serde_json::from_str(&good).unwrap();
+        assert_eq!(g.endpoint, Some("[2001:db8::1]:51820".parse().unwrap()));
+        assert_eq!(g.public_key, Some(key));
+        // And it is written back as the same strings.
+        let again = serde_json::to_value(&g).unwrap();
+        assert_eq!(again["endpoint"], "[2001:db8::1]:51820");
+        assert_eq!(again["public_key"], key.to_string());
     }
 }

@@ -358,6 +358,7 @@ mod tests {
                 ],
                 workload_cidrs_v6: vec![],
                 external_cidr_v6: None,
+                ipv6_invalid: None,
             }),
             ..crate::domain::test_peering("")
         }

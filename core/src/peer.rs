@@ -122,7 +122,11 @@ pub fn remote_site(
         "" => None,
         c => Some(parse_cidr(c).map_err(|m| format!("external_cidr: {m}"))?),
     };
-    let (workload_v6, external_v6) = ipv6_cidrs(p)?;
+    // IPv6 fields that do not parse cost the peering its IPv6 only.
+    let (workload_v6, external_v6, ipv6_invalid) = match ipv6_cidrs(p) {
+        Ok((w, e)) => (w, e, None),
+        Err(m) => (vec![], None, Some(m)),
+    };
     let gateways = p
         .gateways
         .iter()
@@ -178,6 +182,7 @@ pub fn remote_site(
         external_cidr: external,
         workload_cidrs_v6: workload_v6,
         external_cidr_v6: external_v6,
+        ipv6_invalid,
         gateways,
         mtu: agreed_mtu(p.mtu, own.mtu),
         endpoints: p.endpoints.clone(),
@@ -193,10 +198,10 @@ pub fn remote_site(
     })
 }
 
-/// A peer's IPv6 CIDRs, each parsed as IPv6 (whether this site can take
-/// them is decided where views are planned: a refusal there leaves IPv6
-/// not negotiated and the rest of the peering as it is). At most
-/// [`crate::ipam::MAX_PEER_CIDRS`] with the IPv4 ones.
+/// A peer's IPv6 CIDRs, each parsed as IPv6, at most
+/// [`crate::ipam::MAX_PEER_CIDRS`] with the IPv4 ones. An error here, like
+/// a refusal where views are planned, leaves IPv6 not negotiated and the
+/// rest of the peering as it is.
 fn ipv6_cidrs(p: &pb::NetworkParams) -> Result<(Vec<ipnet::Ipv6Net>, Option<ipnet::Ipv6Net>), String> {
     let count = p.workload_cidrs.len() + p.workload_cidrs_v6.len() + 2;
     if count > crate::ipam::MAX_PEER_CIDRS + 2 {
@@ -421,6 +426,33 @@ mod tests {
 
     fn refused(p: &pb::NetworkParams, own: &pb::NetworkParams) -> String {
         super::remote_site("pem", "fp", p, own).expect_err("refused")
+    }
+
+    #[test]
+    fn bad_ipv6_fields_cost_the_peer_its_ipv6_only() {
+        let own = params("site-a", &["10.1.0.0/16"], "", &["192.0.2.1:7443"]);
+        let mut p = params("site-b", &["10.2.0.0/16"], "198.51.100.7:51820", &["198.51.100.2:7443"]);
+        p.workload_cidrs_v6 = vec!["FD00:2::/48".into()];
+        p.external_cidr_v6 = "fd00:72::/64".into();
+        let r = super::remote_site("pem", "fp", &p, &own).unwrap();
+        assert_eq!(r.workload_cidrs_v6, vec!["fd00:2::/48".parse().unwrap()]);
+        assert_eq!(r.external_cidr_v6, Some("fd00:72::/64".parse().unwrap()));
+        assert_eq!(r.ipv6_invalid, None);
+        for (bad, says) in [
+            (
+                vec!["fd00:2::1/48"],
+                "workload_cidrs_v6[0]: \"fd00:2::1/48\" has host bits set",
+            ),
+            (vec!["10.9.0.0/16"], "workload_cidrs_v6[0]: 10.9.0.0/16 is IPv4"),
+            (vec!["fd00:2::/48"; 40], "workload_cidrs_v6: 40 listed"),
+        ] {
+            p.workload_cidrs_v6 = bad.iter().map(|c| c.to_string()).collect();
+            let r = super::remote_site("pem", "fp", &p, &own).unwrap();
+            assert_eq!(r.workload_cidrs, vec!["10.2.0.0/16".parse().unwrap()], "IPv4 stands");
+            assert!(r.workload_cidrs_v6.is_empty());
+            let why = r.ipv6_invalid.unwrap();
+            assert!(why.starts_with(says), "{why}");
+        }
     }
 
     #[test]

@@ -356,6 +356,7 @@ pub(crate) mod tests {
                 readiness: None,
                 workload_cidrs_v6: vec![],
                 external_cidr_v6: None,
+                ipv6_invalid: None,
             }),
             ..crate::domain::test_peering("")
         }

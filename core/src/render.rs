@@ -804,6 +804,7 @@ mod tests {
             readiness: None,
             workload_cidrs_v6: vec![],
             external_cidr_v6: None,
+            ipv6_invalid: None,
         });
         m.peerings.insert("b".into(), Arc::new(p.clone()));
         let all = (node(&m, "n1"), gateway(&m, "gw1"));
@@ -976,6 +977,7 @@ mod tests {
             readiness: None,
             workload_cidrs_v6: vec![],
             external_cidr_v6: None,
+            ipv6_invalid: None,
         });
         m.peerings.insert("b".into(), Arc::new(p));
         let objs = gateway(&m, "gw1");
@@ -1056,6 +1058,7 @@ mod tests {
             }],
             workload_cidrs_v6: vec![],
             external_cidr_v6: None,
+            ipv6_invalid: None,
         });
         m.peerings.insert("b".into(), Arc::new(p));
         let Some(Kind::DnsRecord(r)) = &node(&m, "n1")["peer/b/name/web"].kind else {

@@ -410,12 +410,32 @@ fn a_failure_after_the_peer_recorded_leaves_no_half_peering() {
 }
 
 #[test]
-fn a_site_in_space_no_site_can_own_does_not_start() {
-    // Workloads in link-local space, where weft's own tunnel ends live, or
-    // loopback or multicast: refused at start, naming the field (a peer
-    // announcing such space is refused too: see the hostile peer below).
+fn a_peer_claiming_space_no_site_can_own_is_refused_on_both_sides() {
     let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
-    for cidr in ["169.254.0.0/16", "127.0.0.0/16", "224.1.0.0/16", "fe80::/64"] {
+    let a = site(dir.path(), "site-a", &[]);
+    // Site b's workloads in link-local space, where weft's own tunnel ends
+    // live: whatever b's admin meant, a must not route it.
+    let b = ControllerSpec::new("site-b")
+        .data_dir(&dir.path().join("site-b"))
+        .flags(&["--pod-cidr", "169.254.0.0/16"])
+        .start();
+    let err = create(&a, &token(&b, "10m")).unwrap_err();
+    assert!(
+        err.contains("INVALID_ARGUMENT") && err.contains("169.254.0.0/16") && err.contains("no site can own"),
+        "{err}"
+    );
+    assert!(peer_names(&a).is_empty(), "a recorded a half peering");
+    weft_tests::eventually("b forgot its side", Duration::from_secs(10), || {
+        peer_names(&b).is_empty().then_some(())
+    });
+}
+
+#[test]
+fn a_site_with_ipv6_workloads_in_special_space_does_not_start() {
+    // Link-local, loopback or multicast IPv6 workloads: refused at start,
+    // naming the field.
+    let dir = tempfile::Builder::new().prefix("weft-fed").tempdir().unwrap();
+    for cidr in ["fe80::/64", "::1/128", "ff05::/48"] {
         let o = run(Command::new(bin("weft-controller")).args([
             "--site-id",
             "site-b",

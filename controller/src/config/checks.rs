@@ -44,9 +44,13 @@ fn anything(_: weft_types::Cidr) -> Result<(), String> {
     Ok(())
 }
 
-/// Not special-purpose space (loopback, link-local, multicast...), where
-/// no workload can live.
+/// Not special-purpose IPv6 space (loopback, link-local, multicast...),
+/// where no workload can live. (IPv4 is left as it was: sites that run
+/// today keep starting; a peer refuses such IPv4 space at negotiation.)
 fn ordinary(c: weft_types::Cidr) -> Result<(), String> {
+    if c.v6().is_none() {
+        return Ok(());
+    }
     match weft_types::net::special_use(c.net()) {
         Some(range) => Err(format!(
             "{c} is in {range} space, which no site network may use; choose a private range"
@@ -164,6 +168,22 @@ pub(super) fn networks(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<
             },
         },
     };
+    // IPv6 entries on a site without IPv6 would be dropped unread.
+    if pod_v6.is_empty() {
+        for (field, list) in [
+            ("reserved_cidrs", &reserved_v6),
+            ("remap_pools", &pools_v6),
+            ("peer_cidr_auto_accept", &auto_accept_v6),
+            ("peer_public_cidrs", &public_v6),
+        ] {
+            if let Some(c) = list.first() {
+                err(
+                    field,
+                    format!("lists IPv6 {c}, but the site has no IPv6 pod CIDR; add one to pod_cidrs, or drop it"),
+                );
+            }
+        }
+    }
     if external_v6.is_some() && pod_v6.is_empty() {
         err(
             "external_cidr_v6",
@@ -171,6 +191,7 @@ pub(super) fn networks(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<
         );
     }
     let ipv6 = (!pod_v6.is_empty()).then_some(crate::domain::Ipv6Networks {
+        controller_ips: vec![],
         pod_cidrs: pod_v6,
         external_cidr: external_v6,
         reserved_cidrs: reserved_v6,

@@ -369,6 +369,22 @@ impl State {
     }
 }
 
+/// A /64 for node `name` from the site's IPv6 pod CIDRs, or None when they
+/// are full: IPv6 then waits (`diagnose` names the node), IPv4 does not.
+pub(super) fn ipv6_subnet(
+    v6: &crate::domain::Ipv6Networks,
+    name: &str,
+    taken: &[ipnet::Ipv6Net],
+) -> Option<ipnet::Ipv6Net> {
+    match ipam::allocate_node_subnet(&v6.pod_cidrs, crate::domain::NODE_PREFIX_LEN_V6, taken) {
+        Ok((s, _)) => Some(s),
+        Err(e) => {
+            tracing::warn!(node = name, "no IPv6 subnet for the node: {e}");
+            None
+        }
+    }
+}
+
 /// A new node record with a declared (checked) or allocated subnet.
 pub(super) fn new_node(
     snap: &super::Snapshot,
@@ -400,17 +416,10 @@ pub(super) fn new_node(
             )
         }
     };
-    let subnet_v6 = match &site.ipv6 {
-        None => None,
-        Some(v6) => Some(
-            ipam::allocate_node_subnet(
-                &v6.pod_cidrs,
-                crate::domain::NODE_PREFIX_LEN_V6,
-                &snap.node_subnets_v6(),
-            )?
-            .0,
-        ),
-    };
+    let subnet_v6 = site
+        .ipv6
+        .as_ref()
+        .and_then(|v6| ipv6_subnet(v6, name, &snap.node_subnets_v6()));
     Ok(Node {
         name: name.to_string(),
         subnet,

@@ -95,7 +95,16 @@ pub(super) fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error
         }
     }
     let own = new.own_blocks();
+    let own_v6 = new.ipv6.as_ref().map(|v| v.own_blocks()).unwrap_or_default();
     for (p, _) in &snap.peerings {
+        for v in &p.views_v6 {
+            if let Some(b) = own_v6.iter().find(|b| ipam::overlaps(*b, &v.local)) {
+                problems.push(format!(
+                    "the local IPv6 view {} of peer {:?} overlaps {b} in the new configuration",
+                    v.local, p.site_id
+                ));
+            }
+        }
         if !new.wireguard_ports.contains(p.listen_port) {
             problems.push(format!(
                 "the peering with {:?} listens on UDP {}, outside the new WireGuard ports {}",

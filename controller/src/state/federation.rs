@@ -165,7 +165,8 @@ impl State {
                 joined_with = Some(t.clone());
             }
             let views = self.plan_peer_views(snap, site, peer_site, &remote)?;
-            let (views_v6, ipv6_refused) = super::ipv6::plan(snap, site, peer_site, &remote, None);
+            let ipv6 = super::ipv6::plan(snap, site, peer_site, &remote, None);
+            let (views_v6, ipv6_refused) = (ipv6.views, ipv6.refused);
             let mut peering = Peering {
                 site_id: peer_site.to_string(),
                 state: PeeringState::Negotiated,
@@ -315,7 +316,9 @@ impl State {
                     next.views = views;
                 }
             }
-            (next.views_v6, next.ipv6_refused) = super::ipv6::plan(snap, site, peer_site, &remote, Some(p));
+            let ipv6 = super::ipv6::plan(snap, site, peer_site, &remote, Some(p));
+            (next.views_v6, next.ipv6_refused) = (ipv6.views, ipv6.refused);
+            (remote.workload_cidrs_v6, remote.external_cidr_v6) = ipv6.recorded;
             next.transit_views = Self::plan_transit(snap, site, &next, &remote);
             next.remote = Some(remote);
             if next == *p {

@@ -23,58 +23,99 @@ fn offered(remote: &RemoteSite) -> Vec<(CidrKind, Ipv6Net)> {
 
 /// This site's IPv6 addresses of its hosts: a view over one would pull its
 /// own control traffic into a peering.
-fn host_addresses(snap: &Snapshot) -> Vec<(std::net::Ipv6Addr, String)> {
-    snap.underlay_addresses()
-        .into_iter()
-        .filter_map(|(ip, who)| match ip {
-            std::net::IpAddr::V6(a) => Some((a, who)),
-            std::net::IpAddr::V4(_) => None,
-        })
-        .collect()
+fn host_addresses(snap: &Snapshot, v6: &crate::domain::Ipv6Networks) -> Vec<(std::net::Ipv6Addr, String)> {
+    let hosts = snap.underlay_addresses().into_iter().filter_map(|(ip, who)| match ip {
+        std::net::IpAddr::V6(a) => Some((a, who)),
+        std::net::IpAddr::V4(_) => None,
+    });
+    let controllers = v6.controller_ips.iter().map(|a| (*a, "a controller".to_string()));
+    hosts.chain(controllers).collect()
+}
+
+/// What [`plan`] decided for a peering's IPv6.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Planned {
+    /// The views (empty: IPv6 not negotiated).
+    pub views: Vec<View<Ipv6Net>>,
+    /// Why not, when something was refused.
+    pub refused: Option<String>,
+    /// The peer's IPv6 CIDRs to record: what it sent, or, when it sent a
+    /// change this site does not take, what was recorded before (so the
+    /// refusal holds on every later update, not just this one).
+    pub recorded: (Vec<Ipv6Net>, Option<Ipv6Net>),
 }
 
 /// The views of the peer's IPv6 CIDRs in `remote` for the peering with
 /// `peer_site` (`before`: as recorded, when it is), or why there are none.
-/// A change of the peer's IPv6 CIDRs after they were taken is applied only
-/// when each new one was known or lies in `peer_cidr_auto_accept`;
-/// otherwise IPv6 goes off on the peering, saying so (holding it for
-/// review, as IPv4 changes are, is not built yet).
+/// Once the peering exists, the peer's IPv6 CIDRs other than those recorded
+/// (a change, or IPv6 added later) are taken only within
+/// `peer_cidr_auto_accept`; otherwise IPv6 stays off on the peering, saying
+/// so, until it is created again (holding them for review, as IPv4 changes
+/// are, is not built yet).
 pub(super) fn plan(
     snap: &Snapshot,
     site: &Site,
     peer_site: &str,
     remote: &RemoteSite,
     before: Option<&Peering>,
-) -> (Vec<View<Ipv6Net>>, Option<String>) {
+) -> Planned {
+    let old = before.and_then(|p| p.remote.as_ref());
+    let old_recorded = old.map_or_else(Default::default, |o| (o.workload_cidrs_v6.clone(), o.external_cidr_v6));
+    if let Some(bad) = &remote.ipv6_invalid {
+        return Planned {
+            views: vec![],
+            refused: Some(format!("{peer_site} sent IPv6 parameters this site refuses: {bad}")),
+            recorded: old_recorded,
+        };
+    }
     let peer = offered(remote);
-    let Some(v6) = site.ipv6.as_ref().filter(|_| !peer.is_empty()) else {
-        // Nothing to plan; `Peering::ipv6_status` says why.
-        return (vec![], None);
-    };
-    let kept: &[View<Ipv6Net>] = before.map_or(&[], |p| &p.views_v6);
-    if let Some(old) = before.and_then(|p| p.remote.as_ref()).filter(|_| !kept.is_empty()) {
+    let v6 = site.ipv6.as_ref();
+    if let Some(old) = old {
         let known = offered(old);
-        let new: Vec<Ipv6Net> = peer
+        let auto: &[Ipv6Net] = v6.map_or(&[], |v| &v.peer_cidr_auto_accept);
+        let new: Vec<String> = peer
             .iter()
-            .filter(|(k, c)| !known.contains(&(*k, *c)))
+            .filter(|x| !known.contains(x))
             .map(|(_, c)| *c)
-            .filter(|c| !v6.peer_cidr_auto_accept.iter().any(|b| b.contains(c)))
+            .filter(|c| !auto.iter().any(|b| b.contains(c)))
+            .map(|c| c.to_string())
             .collect();
         if !new.is_empty() {
-            let list: Vec<String> = new.iter().map(|c| c.to_string()).collect();
-            return (
-                vec![],
-                Some(format!(
-                    "{peer_site} changed its IPv6 CIDRs to include {}, outside peer_cidr_auto_accept; IPv6 is off on \
-                     this peering until it is created again (reviewing IPv6 changes is not supported yet)",
-                    list.join(", ")
-                )),
-            );
+            // A site without IPv6 plans nothing either way; it keeps the
+            // record as agreed, and says only that it has no IPv6.
+            let refused = v6.is_some().then(|| {
+                format!(
+                    "{peer_site} announced IPv6 CIDRs {} after the peering was made, outside peer_cidr_auto_accept; \
+                     IPv6 is off on this peering until it is created again (reviewing IPv6 changes is not \
+                     supported yet)",
+                    new.join(", ")
+                )
+            });
+            return Planned {
+                views: vec![],
+                refused,
+                recorded: old_recorded,
+            };
         }
     }
-    match check_and_plan(snap, site, v6, peer_site, &peer, kept) {
+    let recorded = (remote.workload_cidrs_v6.clone(), remote.external_cidr_v6);
+    let Some(v6) = v6.filter(|_| !peer.is_empty()) else {
+        // Nothing to plan; `Peering::ipv6_status` says why.
+        return Planned {
+            views: vec![],
+            refused: None,
+            recorded,
+        };
+    };
+    let kept: &[View<Ipv6Net>] = before.map_or(&[], |p| &p.views_v6);
+    let (views, refused) = match check_and_plan(snap, site, v6, peer_site, &peer, kept) {
         Ok(views) => (views, None),
         Err(why) => (vec![], Some(why)),
+    };
+    Planned {
+        views,
+        refused,
+        recorded,
     }
 }
 
@@ -98,7 +139,7 @@ fn check_and_plan(
             .and_then(|()| ipam::check_private(*kind, c, &v6.peer_public_cidrs))
             .map_err(|e| format!("{}: {e}", field(*kind, c)))?;
     }
-    let hosts = host_addresses(snap);
+    let hosts = host_addresses(snap, v6);
     if site.underlay_overlap == UnderlayOverlap::Refuse {
         for (kind, c) in peer {
             if let Some((ip, who)) = hosts.iter().find(|(ip, _)| c.contains(ip)) {
@@ -141,7 +182,11 @@ mod tests {
         let args = crate::config::ControllerArgs {
             site_id: Some("a".into()),
             pod_cidrs: pods.iter().map(|p| p.to_string()).collect(),
-            remap_pools: vec!["10.200.0.0/13".into(), "fd9a:2b3c:4d00::/40".into()],
+            remap_pools: ["10.200.0.0/13", "fd9a:2b3c:4d00::/40"]
+                .into_iter()
+                .filter(|p| pods.iter().any(|c| c.contains(':')) || !p.contains(':'))
+                .map(String::from)
+                .collect(),
             ..Default::default()
         };
         crate::config::resolve(&args, Default::default()).unwrap().site
@@ -151,49 +196,88 @@ mod tests {
         site(&["10.1.0.0/16", "fd00:1::/48"])
     }
 
+    /// The peering as recorded after `p` was planned for `remote`.
+    fn recorded(p: &Planned, remote: &RemoteSite) -> Peering {
+        let mut before: Peering = serde_json::from_value(serde_json::json!({
+            "site_id": "b", "state": "negotiated", "views": [], "created_at_ms": 0,
+        }))
+        .unwrap();
+        let mut remote = remote.clone();
+        (remote.workload_cidrs_v6, remote.external_cidr_v6) = p.recorded.clone();
+        before.remote = Some(remote);
+        before.views_v6 = p.views.clone();
+        before.ipv6_refused = p.refused.clone();
+        before
+    }
+
     #[test]
     fn the_same_ula_is_remapped_and_a_free_one_kept() {
         let snap = Snapshot::default();
-        let (views, why) = plan(&snap, &dual_site(), "b", &remote(&["fd00:1::/48"]), None);
-        assert_eq!(why, None);
-        assert_eq!(views[0].local, n("fd9a:2b3c:4d00::/48"));
-        let (views, _) = plan(&snap, &dual_site(), "b", &remote(&["fd00:2::/48"]), None);
-        assert!(!views[0].remapped());
+        let p = plan(&snap, &dual_site(), "b", &remote(&["fd00:1::/48"]), None);
+        assert_eq!(p.refused, None);
+        assert_eq!(p.views[0].local, n("fd9a:2b3c:4d00::/48"));
+        let p = plan(&snap, &dual_site(), "b", &remote(&["fd00:2::/48"]), None);
+        assert!(!p.views[0].remapped());
     }
 
     #[test]
     fn an_ipv4_site_or_an_ipv4_peer_plans_nothing_and_a_bad_cidr_says_why() {
         let snap = Snapshot::default();
         let v4 = site(&["10.1.0.0/16"]);
-        assert_eq!(plan(&snap, &v4, "b", &remote(&["fd00:1::/48"]), None), (vec![], None));
-        assert_eq!(plan(&snap, &dual_site(), "b", &remote(&[]), None), (vec![], None));
-        let (views, why) = plan(&snap, &dual_site(), "b", &remote(&["fe80::/64"]), None);
-        assert!(views.is_empty());
-        let why = why.unwrap();
+        let p = plan(&snap, &v4, "b", &remote(&["fd00:1::/48"]), None);
+        assert_eq!((p.views, p.refused), (vec![], None));
+        let p = plan(&snap, &dual_site(), "b", &remote(&[]), None);
+        assert_eq!((p.views, p.refused), (vec![], None));
+        let p = plan(&snap, &dual_site(), "b", &remote(&["fe80::/64"]), None);
+        assert!(p.views.is_empty());
+        let why = p.refused.unwrap();
         assert!(
             why.starts_with("workload_cidrs_v6[0]:") && why.contains("fe80::/10"),
             "{why}"
         );
-        let (_, why) = plan(&snap, &dual_site(), "b", &remote(&["2001:db8::/48"]), None);
-        assert!(why.unwrap().contains("not private address space"));
+        let p = plan(&snap, &dual_site(), "b", &remote(&["2001:db8::/48"]), None);
+        assert!(p.refused.unwrap().contains("not private address space"));
+        let mut bad = remote(&[]);
+        bad.ipv6_invalid = Some("workload_cidrs_v6[0]: \"x\" is not a CIDR".into());
+        let p = plan(&snap, &dual_site(), "b", &bad, None);
+        let why = p.refused.unwrap();
+        assert!(
+            why.contains("b sent IPv6 parameters this site refuses: workload_cidrs_v6[0]"),
+            "{why}"
+        );
     }
 
     #[test]
-    fn a_changed_ipv6_cidr_outside_auto_accept_turns_ipv6_off() {
+    fn a_change_or_a_late_ipv6_outside_auto_accept_stays_off_on_every_update() {
         let snap = Snapshot::default();
         let site = dual_site();
         let first = remote(&["fd00:2::/48"]);
-        let (views, _) = plan(&snap, &site, "b", &first, None);
-        let mut before: Peering = serde_json::from_value(serde_json::json!({
-            "site_id": "b", "state": "negotiated", "views": [], "created_at_ms": 0,
-        }))
-        .unwrap();
-        before.views_v6 = views.clone();
-        before.remote = Some(first.clone());
+        let p = plan(&snap, &site, "b", &first, None);
+        let before = recorded(&p, &first);
         // The same CIDRs again: the same views.
-        assert_eq!(plan(&snap, &site, "b", &first, Some(&before)), (views, None));
-        let (views, why) = plan(&snap, &site, "b", &remote(&["fd00:3::/48"]), Some(&before));
-        assert!(views.is_empty());
-        assert!(why.unwrap().contains("fd00:3::/48, outside peer_cidr_auto_accept"));
+        let again = plan(&snap, &site, "b", &first, Some(&before));
+        assert_eq!((&again.views, &again.refused), (&p.views, &None));
+        // Another CIDR: off, and the record keeps what was agreed, so the
+        // next update (the same params again) is refused again.
+        let changed = remote(&["fd00:3::/48"]);
+        let p2 = plan(&snap, &site, "b", &changed, Some(&before));
+        assert!(p2.views.is_empty());
+        let why = p2.refused.clone().unwrap();
+        assert!(why.contains("fd00:3::/48 after the peering was made"), "{why}");
+        assert_eq!(p2.recorded.0, vec![n("fd00:2::/48")]);
+        let after = recorded(&p2, &changed);
+        let p3 = plan(&snap, &site, "b", &changed, Some(&after));
+        assert!(p3.views.is_empty() && p3.refused.is_some(), "{p3:?}");
+        // IPv6 first offered on a peering made without it: the same.
+        let v4_only = remote(&[]);
+        let made = recorded(&plan(&snap, &site, "b", &v4_only, None), &v4_only);
+        let late = plan(&snap, &site, "b", &first, Some(&made));
+        assert!(late.views.is_empty() && late.refused.is_some(), "{late:?}");
+        // Within peer_cidr_auto_accept: taken.
+        let mut open = site.clone();
+        open.ipv6.as_mut().unwrap().peer_cidr_auto_accept = vec![n("fd00::/16")];
+        let ok = plan(&snap, &open, "b", &changed, Some(&before));
+        assert_eq!(ok.refused, None);
+        assert_eq!(ok.views[0].real, n("fd00:3::/48"));
     }
 }

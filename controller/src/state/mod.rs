@@ -320,34 +320,38 @@ impl State {
                     None => vec![generated_pool(&v6.own_blocks())?],
                 };
             }
-            let unnumbered: Vec<&Node> = match &site.ipv6 {
-                Some(_) => snap
-                    .nodes
-                    .iter()
-                    .map(|(n, _)| n)
-                    .filter(|n| n.subnet_v6.is_none())
-                    .collect(),
-                None => vec![],
-            };
+            // Nodes without a /64 get one (as long as the pods have one).
+            let mut numbered: Vec<(Node, Revision)> = Vec::new();
+            if let Some(v6) = &site.ipv6 {
+                let mut taken = snap.node_subnets_v6();
+                for (n, rev) in snap.nodes.iter().filter(|(n, _)| n.subnet_v6.is_none()) {
+                    let Some(s) = agents::ipv6_subnet(v6, &n.name, &taken) else {
+                        break;
+                    };
+                    taken.push(s);
+                    numbered.push((
+                        Node {
+                            subnet_v6: Some(s),
+                            ..n.clone()
+                        },
+                        *rev,
+                    ));
+                }
+            }
             match &snap.site {
-                Some(stored) if *stored == site && unnumbered.is_empty() => return Ok((None, site)),
+                Some(stored) if *stored == site && numbered.is_empty() => return Ok((None, site)),
                 Some(_) => check_site_change(&site, snap)?,
                 None => {}
             }
             let mut txn = self
                 .ipam_guard(snap, Txn::new())
                 .then(Op::put(self.at(Key::Site), encode(&site)));
-            if let Some(v6) = &site.ipv6 {
-                let mut taken = snap.node_subnets_v6();
-                for n in unnumbered {
-                    let (s, _) = ipam::allocate_node_subnet(&v6.pod_cidrs, crate::domain::NODE_PREFIX_LEN_V6, &taken)?;
-                    taken.push(s);
-                    let numbered = Node {
-                        subnet_v6: Some(s),
-                        ..n.clone()
-                    };
-                    txn = txn.then(Op::put(self.at(Key::Node(&n.name)), encode(&numbered)));
-                }
+            // Each only as read: a renewal written meanwhile is not undone.
+            for (n, rev) in numbered {
+                let key = self.at(Key::Node(&n.name));
+                txn = txn
+                    .when(Compare::ModRevision(key.clone(), rev))
+                    .then(Op::put(key, encode(&n)));
             }
             Ok((Some(txn), site))
         })
