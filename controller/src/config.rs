@@ -417,7 +417,9 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
     if !errs.is_empty() {
         return Err(ConfigError(errs));
     }
-    let controller_ips: Vec<std::net::Ipv4Addr> = listen
+    // Where the controllers are reached, by family: no local view may
+    // cover them.
+    let reached: Vec<std::net::IpAddr> = listen
         .iter()
         .map(|l| l.ip())
         .chain(
@@ -426,25 +428,22 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
                 .filter_map(|a| a.parse::<SocketAddr>().ok())
                 .map(|a| a.ip()),
         )
+        .filter(|ip| !ip.is_unspecified() && !ip.is_loopback())
+        .collect();
+    let controller_ips: Vec<std::net::Ipv4Addr> = reached
+        .iter()
         .filter_map(|ip| match ip {
-            std::net::IpAddr::V4(v4) if !v4.is_unspecified() && !v4.is_loopback() => Some(v4),
-            _ => None,
+            std::net::IpAddr::V4(v4) => Some(*v4),
+            std::net::IpAddr::V6(_) => None,
         })
         .collect();
     let mut ipv6 = ipv6;
     if let Some(v6) = ipv6.as_mut() {
-        v6.controller_ips = listen
+        v6.controller_ips = reached
             .iter()
-            .map(|l| l.ip())
-            .chain(
-                advertise
-                    .iter()
-                    .filter_map(|a| a.parse::<SocketAddr>().ok())
-                    .map(|a| a.ip()),
-            )
             .filter_map(|ip| match ip {
-                std::net::IpAddr::V6(v6) if !v6.is_unspecified() && !v6.is_loopback() => Some(v6),
-                _ => None,
+                std::net::IpAddr::V6(a) => Some(*a),
+                std::net::IpAddr::V4(_) => None,
             })
             .collect();
     }
