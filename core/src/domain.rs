@@ -13,9 +13,12 @@ pub use weft_types::WgKey;
 
 use crate::ipam::View;
 
+mod ipv6;
 mod policy;
 mod text;
 
+use ipv6::lenient;
+pub use ipv6::{Ipv6Networks, NODE_PREFIX_LEN_V6};
 pub use policy::{DefaultExport, ExportPolicy, ExportRule, Protocol};
 pub use text::{parse_cidr, shown, validate_name};
 
@@ -71,56 +74,6 @@ pub struct Site {
     /// The site's IPv6 networks; None: IPv4 only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<Ipv6Networks>,
-}
-
-/// Reads an optional value stored as text through its one parser. A value
-/// that no longer parses (written by an earlier version that checked less,
-/// e.g. an endpoint naming a host) reads as none: one old record must not
-/// stop the controller, and its agent or peer sends the value again.
-fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: std::str::FromStr,
-{
-    let text: Option<String> = Option::deserialize(d)?;
-    Ok(text.and_then(|t| t.parse().ok()))
-}
-
-/// Prefix length of each node's IPv6 workload subnet.
-pub const NODE_PREFIX_LEN_V6: u8 = 64;
-
-/// A site's IPv6 networks, each as its IPv4 counterpart in [`Site`].
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ipv6Networks {
-    /// Workload CIDRs, each a /32 to a /64: a node gets a /64 of one.
-    pub pod_cidrs: Vec<Ipv6Net>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub external_cidr: Option<Ipv6Net>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub reserved_cidrs: Vec<Ipv6Net>,
-    /// Where remapped IPv6 views are taken from: as configured, else the
-    /// unique local /40 the controller generated on its first start with
-    /// IPv6 (RFC 4193's random global id) and recorded here.
-    #[serde(default)]
-    pub remap_pools: Vec<Ipv6Net>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub peer_cidr_auto_accept: Vec<Ipv6Net>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub peer_public_cidrs: Vec<Ipv6Net>,
-    /// This site's controllers' IPv6 addresses (listen and advertised):
-    /// no IPv6 view may cover them.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub controller_ips: Vec<std::net::Ipv6Addr>,
-}
-
-impl Ipv6Networks {
-    /// Every IPv6 block the site addresses itself.
-    pub fn own_blocks(&self) -> Vec<Ipv6Net> {
-        let mut v = self.pod_cidrs.clone();
-        v.extend(self.external_cidr);
-        v.extend(&self.reserved_cidrs);
-        v
-    }
 }
 
 /// A peer CIDR over this site's own hosts: refused (the default: a peer
@@ -416,33 +369,6 @@ pub struct Peering {
     /// a change held), when that is why IPv6 is not negotiated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6_refused: Option<String>,
-}
-
-impl Peering {
-    /// Whether this peering carries IPv6 views, and why not, with this
-    /// site's IPv6 networks (`site_v6`); None when neither site has IPv6.
-    pub fn ipv6_status(&self, site_v6: Option<&Ipv6Networks>) -> Option<Result<(), String>> {
-        let offered = self
-            .remote
-            .as_ref()
-            .is_some_and(|r| !r.workload_cidrs_v6.is_empty() || r.external_cidr_v6.is_some());
-        if let Some(why) = &self.ipv6_refused {
-            return Some(Err(why.clone()));
-        }
-        Some(match (site_v6.is_some(), offered) {
-            (_, _) if !self.views_v6.is_empty() => Ok(()),
-            (false, false) => return None,
-            (false, true) => Err(format!(
-                "{} offers IPv6 CIDRs, but this site has none (add an IPv6 pod CIDR to take them)",
-                self.site_id
-            )),
-            (true, false) => Err(format!(
-                "{} offered no IPv6 CIDRs (it has none, or runs a weft without IPv6)",
-                self.site_id
-            )),
-            (true, true) => Err("IPv6 views are not planned yet".into()),
-        })
-    }
 }
 
 /// A site reached through a transit peer, as that peer offered it: its

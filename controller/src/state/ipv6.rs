@@ -162,6 +162,24 @@ fn check_and_plan(
         .map_err(|e| e.to_string())
 }
 
+/// A new unique local /40 for IPv6 views, off the site's own IPv6 blocks.
+pub(super) fn generated_pool(own: &[Ipv6Net]) -> Result<Ipv6Net, crate::error::Error> {
+    use ring::rand::SecureRandom;
+    let rng = ring::rand::SystemRandom::new();
+    for _ in 0..16 {
+        let mut random = [0u8; 4];
+        rng.fill(&mut random)
+            .map_err(|_| crate::error::Error::Unavailable("the system RNG failed; retry".into()))?;
+        if let Some(pool) = ipam::ula_pool(random, own) {
+            tracing::info!(%pool, "generated the IPv6 remap pool (unique local, RFC 4193); it is kept in the store");
+            return Ok(pool);
+        }
+    }
+    Err(crate::error::Error::ResourceExhausted(
+        "could not draw an IPv6 remap pool off the site's own networks; give one with --remap-pool".into(),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

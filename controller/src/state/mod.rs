@@ -317,7 +317,7 @@ impl State {
                 let stored = snap.site.as_ref().and_then(|s| s.ipv6.as_ref());
                 v6.remap_pools = match stored.filter(|s| !s.remap_pools.is_empty()) {
                     Some(s) => s.remap_pools.clone(),
-                    None => vec![generated_pool(&v6.own_blocks())?],
+                    None => vec![ipv6::generated_pool(&v6.own_blocks())?],
                 };
             }
             // Nodes without a /64 get one (as long as the pods have one).
@@ -591,22 +591,4 @@ pub struct AliveRecord {
     /// records of earlier versions).
     #[serde(default)]
     pub replica: String,
-}
-
-/// A new unique local /40 for IPv6 views, off the site's own IPv6 blocks.
-fn generated_pool(own: &[ipnet::Ipv6Net]) -> Result<ipnet::Ipv6Net, Error> {
-    use ring::rand::SecureRandom;
-    let rng = ring::rand::SystemRandom::new();
-    for _ in 0..16 {
-        let mut random = [0u8; 4];
-        rng.fill(&mut random)
-            .map_err(|_| Error::Unavailable("the system RNG failed; retry".into()))?;
-        if let Some(pool) = ipam::ula_pool(random, own) {
-            tracing::info!(%pool, "generated the IPv6 remap pool (unique local, RFC 4193); it is kept in the store");
-            return Ok(pool);
-        }
-    }
-    Err(Error::ResourceExhausted(
-        "could not draw an IPv6 remap pool off the site's own networks; give one with --remap-pool".into(),
-    ))
 }
