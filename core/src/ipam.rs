@@ -197,7 +197,7 @@ pub const MAX_PEER_CIDRS: usize = 32;
 /// from `pools`, never colliding with `in_use` or with each other. The same
 /// inputs always give the same answer.
 ///
-/// A peer CIDR outside private space ([`PRIVATE`]) is refused unless it
+/// A peer CIDR outside private space ([`Prefix::PRIVATE`]) is refused unless it
 /// lies in one of `public_ok` (the site's `--peer-public-cidr` blocks), and
 /// then it is always remapped: a peer never captures a public destination
 /// of this site's hosts under its real address.
@@ -319,10 +319,6 @@ pub fn check_claimable<N: Prefix>(kind: CidrKind, c: &N) -> Result<(), IpamError
     }
     Ok(())
 }
-
-/// Private space a peer may announce by default: RFC 1918 and RFC 6598's
-/// shared address space (IPv4; [`Prefix::PRIVATE`] for either family).
-pub const PRIVATE: [&str; 4] = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"];
 
 /// Whether `c` lies wholly in one block of its family's private space.
 pub fn is_private<N: Prefix>(c: &N) -> bool {
