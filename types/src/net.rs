@@ -80,11 +80,6 @@ impl Cidr {
             IpNet::V4(_) => None,
         }
     }
-
-    /// Whether the two share an address (one contains the other).
-    pub fn overlaps(self, other: Cidr) -> bool {
-        self.0.contains(&other.0) || other.0.contains(&self.0)
-    }
 }
 
 impl From<Ipv4Net> for Cidr {

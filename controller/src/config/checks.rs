@@ -4,7 +4,9 @@
 
 use super::*;
 
+mod disjoint;
 mod ipv6;
+use disjoint::disjoint;
 use ipv6::{anything, cidr_lists, ordinary, workload};
 
 /// The site's networks, each checked, and checked against each other.
@@ -167,69 +169,6 @@ pub(super) fn node_len_fits(node_len: u8, pod_cidrs: &[Ipv4Net], err: &mut impl 
                     p.prefix_len()
                 ),
             );
-        }
-    }
-}
-
-/// The site's own networks must be disjoint, and each remap pool listed
-/// once: an overlap is named by its field.
-pub(super) fn disjoint(
-    pod_cidrs: &[Ipv4Net],
-    external: Option<Ipv4Net>,
-    internal: Option<Ipv4Net>,
-    reserved: &[Ipv4Net],
-    pools: &[Ipv4Net],
-    err: &mut impl FnMut(&str, String),
-) {
-    // The site's own networks must be disjoint.
-    let mut named: Vec<(String, Ipv4Net)> = Vec::new();
-    named.extend(
-        pod_cidrs
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (format!("pod_cidrs[{i}]"), *n)),
-    );
-    if let Some(n) = external {
-        named.push(("external_cidr".into(), n));
-    }
-    if let Some(n) = internal {
-        named.push(("internal_cidr".into(), n));
-    }
-    named.extend(
-        reserved
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (format!("reserved_cidrs[{i}]"), *n)),
-    );
-    for i in 0..named.len() {
-        for j in 0..i {
-            let ((fa, a), (fb, b)) = (&named[i], &named[j]);
-            if overlaps(a, b) {
-                let default_note = match fa.as_str() {
-                    "external_cidr" if a.to_string() == DEFAULT_EXTERNAL_CIDR => " (the default)",
-                    "internal_cidr" if a.to_string() == DEFAULT_INTERNAL_CIDR => " (the default)",
-                    _ => "",
-                };
-                err(
-                    fa,
-                    format!(
-                        "{a}{default_note} overlaps {fb} {b}; the site's networks must be disjoint, choose a free range"
-                    ),
-                );
-            }
-        }
-    }
-    for i in 0..pools.len() {
-        for j in 0..i {
-            if overlaps(&pools[i], &pools[j]) {
-                err(
-                    &format!("remap_pools[{i}]"),
-                    format!(
-                        "{} overlaps remap_pools[{j}] {}; list each pool once",
-                        pools[i], pools[j]
-                    ),
-                );
-            }
         }
     }
 }

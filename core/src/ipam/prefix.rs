@@ -9,7 +9,6 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use weft_types::Family;
 
 /// A network of one family, as IPAM computes with it.
 pub trait Prefix:
@@ -18,7 +17,6 @@ pub trait Prefix:
     type Addr: Copy + Eq + Debug + Display;
     /// The family's longest prefix: 32 or 128.
     const MAX_LEN: u8;
-    const FAMILY: Family;
     /// The shortest prefix a peer may claim: a site routes its own
     /// networks, not a continent's.
     const MIN_CLAIM: u8;
@@ -54,7 +52,6 @@ pub trait Prefix:
 impl Prefix for Ipv4Net {
     type Addr = Ipv4Addr;
     const MAX_LEN: u8 = 32;
-    const FAMILY: Family = Family::V4;
     const MIN_CLAIM: u8 = 8;
     const UNCLAIMABLE: &'static [&'static str] = &["0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/3"];
     const PRIVATE: &'static [&'static str] = &["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"];
@@ -88,7 +85,6 @@ impl Prefix for Ipv4Net {
 impl Prefix for Ipv6Net {
     type Addr = Ipv6Addr;
     const MAX_LEN: u8 = 128;
-    const FAMILY: Family = Family::V6;
     const MIN_CLAIM: u8 = 32;
     /// `::/8` holds the unspecified and loopback addresses and IPv4-mapped
     /// space; then link-local, the deprecated site-local, and multicast.

@@ -4,8 +4,6 @@
 
 use ipnet::{Ipv4Net, Ipv6Net};
 
-use super::overlaps;
-
 /// A list of CIDRs of either family, split by family; each problem is
 /// pushed with its field. `check`: what else each must pass.
 pub(super) fn cidr_lists(
@@ -140,36 +138,6 @@ pub(super) fn site_v6(
         peer_cidr_auto_accept: lists.auto_accept,
         peer_public_cidrs: lists.public,
     };
-    disjoint_v6(&v6, err);
+    super::disjoint::disjoint_v6(&v6, err);
     Some(v6)
-}
-
-/// [`disjoint`] for the IPv6 networks.
-fn disjoint_v6(v6: &crate::domain::Ipv6Networks, err: &mut impl FnMut(&str, String)) {
-    let mut named: Vec<(String, ipnet::Ipv6Net)> = Vec::new();
-    named.extend(v6.pod_cidrs.iter().map(|n| (format!("pod_cidrs ({n})"), *n)));
-    named.extend(v6.external_cidr.map(|n| ("external_cidr_v6".to_string(), n)));
-    named.extend(v6.reserved_cidrs.iter().map(|n| (format!("reserved_cidrs ({n})"), *n)));
-    for i in 0..named.len() {
-        for j in 0..i {
-            let ((fa, a), (fb, b)) = (&named[i], &named[j]);
-            if overlaps(a, b) {
-                err(
-                    fa.split(' ').next().unwrap_or(fa),
-                    format!("{a} overlaps {fb} {b}; the site's networks must be disjoint, choose a free range"),
-                );
-            }
-        }
-    }
-    let pools = &v6.remap_pools;
-    for i in 0..pools.len() {
-        for j in 0..i {
-            if overlaps(&pools[i], &pools[j]) {
-                err(
-                    "remap_pools",
-                    format!("{} overlaps {}; list each pool once", pools[i], pools[j]),
-                );
-            }
-        }
-    }
 }
