@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use ipnet::Ipv4Net;
 use weft_proto::v1 as pb;
 use weft_proto::v1::desired_object::Kind;
 
@@ -88,7 +87,7 @@ pub trait Applier: Send {
 pub struct HostNets {
     /// Addresses (with their prefix) on links that are not weft's, and the
     /// link: the host is attached to each one's network.
-    pub connected: Vec<(Ipv4Net, String)>,
+    pub connected: Vec<(ipnet::IpNet, String)>,
     /// Addresses the host reaches outside the fabric, each with what it is:
     /// the gateways of its main table, its resolvers.
     pub reached: Vec<(IpAddr, String)>,

@@ -96,7 +96,7 @@ pub fn check_record(r: &pb::DnsRecord) -> Result<Ipv4Addr, String> {
 pub struct Records {
     pub names: HashMap<String, Ipv4Addr>,
     pub parents: HashSet<String>,
-    pub views: BTreeMap<String, Vec<ipnet::Ipv4Net>>,
+    pub views: BTreeMap<String, Vec<ipnet::IpNet>>,
 }
 
 impl Records {
@@ -114,7 +114,7 @@ impl Records {
                 && let Ok(a) = check_record(d)
                 && r.views
                     .get(&d.site)
-                    .is_some_and(|v| v.iter().any(|net| net.contains(&a)))
+                    .is_some_and(|v| v.iter().any(|net| net.contains(&IpAddr::V4(a))))
             {
                 r.names.insert(format!("{}.{}", d.name, d.site), a);
                 let mut parent = d.site.as_str();
@@ -133,10 +133,7 @@ impl Records {
     /// Whether `from` is in a peer's view: a peer's workload or host, which
     /// the responder does not serve (it would tell one peer about another).
     pub fn from_peer(&self, from: IpAddr) -> bool {
-        match from {
-            IpAddr::V4(a) => self.views.values().flatten().any(|n| n.contains(&a)),
-            IpAddr::V6(_) => false,
-        }
+        self.views.values().flatten().any(|n| n.contains(&from))
     }
 }
 

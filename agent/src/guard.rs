@@ -21,12 +21,17 @@
 //!   networks, and no route or rule there covers one of those addresses,
 //!   the underlay or a controller;
 //! - an address fits its link's role: a link-local /30 (169.254.0.0/16) on
-//!   a veth or WireGuard link; on an overlay link or workload bridge a /32,
-//!   or a network whose prefix route passes the checks a route in the
-//!   host's namespace passes (/8 or narrower, over nothing the host
-//!   reaches outside the fabric). Never one of the protected addresses
-//!   above, which would turn it local and cut the host off from it; never
-//!   on a link that the desired state does not make;
+//!   a veth or WireGuard link; on an overlay link or workload bridge a /32
+//!   (/128), or a network whose prefix route passes the checks a route in
+//!   the host's namespace passes (/8 or narrower for IPv4, /32 for IPv6,
+//!   over nothing the host reaches outside the fabric). On any of weft's
+//!   links, an IPv6 link-local address in fe80::/64 (the overlay's next
+//!   hops: scoped to that link, it takes nothing over). Never one of the
+//!   protected addresses above, which would turn it local and cut the host
+//!   off from it; never on a link that the desired state does not make;
+//! - in the host's namespace no route or rule names IPv6 special-use
+//!   space (link-local, multicast, loopback...), and a route through an
+//!   IPv6 link-local next hop names its (weft's) device;
 //! - addresses, CIDRs, endpoints and keys parse as what they are, so no
 //!   field can smuggle text into a configuration channel (WireGuard's UAPI
 //!   is line-based).
@@ -37,9 +42,9 @@
 //! under it is withdrawn from weft's table, since weft no longer wants it.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weft_proto::v1 as pb;
 use weft_proto::v1::desired_object::Kind;
 
@@ -103,12 +108,32 @@ const LINK_LOCAL: Ipv4Net = match Ipv4Net::new(Ipv4Addr::new(169, 254, 0, 0), 16
     Err(_) => panic!("169.254.0.0/16"),
 };
 
+/// fe80::/64: the IPv6 link-local addresses weft's links take.
+const LINK_LOCAL_V6: Ipv6Net = match Ipv6Net::new(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 64) {
+    Ok(n) => n,
+    Err(_) => panic!("fe80::/64"),
+};
+
+/// An IPv6 link-local address on a link of weft's: fe80::/64 itself.
+fn link_local_v6(net: IpNet) -> bool {
+    matches!(net, IpNet::V6(n) if n.prefix_len() == 64 && LINK_LOCAL_V6.contains(&n.addr()))
+}
+
 fn point_to_point(what: &str, net: IpNet) -> R {
     match net {
         IpNet::V4(n) if n.prefix_len() == 30 && LINK_LOCAL.contains(&n) => Ok(()),
+        n if link_local_v6(n) => Ok(()),
         _ => Err(format!(
-            "{what} {net} is not a link-local /30 (in 169.254.0.0/16), which is all a veth or WireGuard link of weft's takes"
+            "{what} {net} is not a link-local /30 (in 169.254.0.0/16) or an IPv6 link-local /64 (in fe80::/64), which is all a veth or WireGuard link of weft's takes"
         )),
+    }
+}
+
+/// The widest network weft routes or rules in the host's namespace.
+fn widest(net: IpNet) -> u8 {
+    match net {
+        IpNet::V4(_) => 8,
+        IpNet::V6(_) => 32,
     }
 }
 
@@ -116,6 +141,7 @@ type R = Result<(), String>;
 
 use weft_types::name::{link as link_name, namespace};
 use weft_types::net;
+use weft_types::net::Family;
 
 /// `parsed`, its error put after field `what` (weft-types' messages start
 /// with the text they were given).
@@ -179,8 +205,9 @@ impl Guard {
     }
 
     /// Refuses anything in the host's namespace while its networks are
-    /// unknown, and IPv6 there (weft routes no IPv6 yet, so an IPv6
-    /// object there could only take over the host's own).
+    /// unknown, and IPv6 special-use space there (link-local, multicast,
+    /// loopback...: never a site's; weft's own IPv4 links take IPv4
+    /// link-local /30s, routed in its table).
     fn host_namespace(&self, what: &str, net: IpNet) -> R {
         if let Some(why) = &self.unread {
             return Err(format!(
@@ -188,9 +215,9 @@ impl Guard {
                  it waits until they can be checked"
             ));
         }
-        if let IpNet::V6(_) = net {
+        if let Some(kind) = net::special_use(net).filter(|_| net.addr().is_ipv6()) {
             return Err(format!(
-                "{what} {net} in the host's namespace is IPv6; weft's fabric is IPv4 only"
+                "{what} {net} in the host's namespace is in {kind} space, which no site's network is in"
             ));
         }
         Ok(())
@@ -199,12 +226,11 @@ impl Guard {
     /// Every address this host reaches outside the fabric, with what it is.
     fn reached(&self) -> impl Iterator<Item = (IpAddr, std::borrow::Cow<'_, str>)> {
         use std::borrow::Cow;
-        let own = self.host.connected.iter().map(|(n, link)| {
-            (
-                IpAddr::V4(n.addr()),
-                Cow::Owned(format!("an address of this host (on {link})")),
-            )
-        });
+        let own = self
+            .host
+            .connected
+            .iter()
+            .map(|(n, link)| (n.addr(), Cow::Owned(format!("an address of this host (on {link})"))));
         self.protected
             .iter()
             .map(|(a, what)| (*a, Cow::Borrowed(what.as_str())))
@@ -226,12 +252,11 @@ impl Guard {
                 "covers {ip}, {what}, which this host reaches outside the fabric"
             ));
         }
-        if let IpNet::V4(d) = dst
-            && let Some((n, link)) = self
-                .host
-                .connected
-                .iter()
-                .find(|(n, _)| n.trunc().contains(&d.network()) || d.contains(&n.network()))
+        if let Some((n, link)) = self
+            .host
+            .connected
+            .iter()
+            .find(|(n, _)| n.trunc().contains(&dst.network()) || dst.contains(&n.network()))
         {
             return Err(format!(
                 "overlaps {}, the network of {link}, which this host is attached to outside the fabric",
@@ -274,7 +299,18 @@ impl Guard {
                     self.takes_over(dst).map_err(|why| format!("a route for {dst} {why}"))?;
                 }
                 if !r.gateway.is_empty() {
-                    field("route gateway", net::addr(&r.gateway))?;
+                    let g = field("route gateway", net::addr(&r.gateway))?;
+                    if Family::of(g) != Family::of(dst.addr()) {
+                        return Err(format!("a route for {dst} through {g}, of another family"));
+                    }
+                    if let IpAddr::V6(v6) = g
+                        && v6.is_unicast_link_local()
+                        && r.device.is_empty()
+                    {
+                        return Err(format!(
+                            "a route for {dst} through link-local {g} names no device; it is reached only on one of weft's links"
+                        ));
+                    }
                 }
                 opt_link("route device", &r.device)
             }
@@ -316,7 +352,7 @@ impl Guard {
                 namespace("namespace", &f.namespace)?;
                 link_name("tunnel", &f.tunnel)?;
                 for a in &f.allowed {
-                    field("allowed destination", net::cidr_v4(a))?;
+                    field("allowed destination", net::cidr(a))?;
                 }
                 weft_dataplane::desired::transit_prefixes(f)?;
                 weft_dataplane::desired::policy_rules(f).map(|_| ())
@@ -345,7 +381,7 @@ impl Guard {
                     self.host
                         .connected
                         .iter()
-                        .map(|(n, _)| (IpAddr::V4(n.addr()), "an address of this host")),
+                        .map(|(n, _)| (n.addr(), "an address of this host")),
                 );
                 if let Some((_, what)) = own.into_iter().find(|(a, _)| *a == IpAddr::V4(host)) {
                     return Err(format!(
@@ -398,26 +434,32 @@ impl Guard {
         link_name("address on link", &a.link)?;
         namespace("namespace", &a.namespace)?;
         let net = field("address", net::iface(&a.cidr))?;
+        let role = links.get(&(a.namespace.clone(), a.link.clone()));
+        if role.is_none() {
+            return Err(format!(
+                "address {net} on {}, a link that weft's desired state does not make",
+                a.link
+            ));
+        }
+        // Scoped to its link, one of weft's: it takes nothing over.
+        if link_local_v6(net) {
+            return Ok(());
+        }
         if let Some((_, what)) = self.reached().find(|(ip, _)| *ip == net.addr()) {
             return Err(format!(
                 "address {net} is {what}: made local on {}, the host would no longer reach it",
                 a.link
             ));
         }
-        let role = links.get(&(a.namespace.clone(), a.link.clone()));
         match role {
-            None => {
-                return Err(format!(
-                    "address {net} on {}, a link that weft's desired state does not make",
-                    a.link
-                ));
-            }
+            None => unreachable!("checked above"),
             Some(LinkRole::PointToPoint) => point_to_point("address", net)?,
             Some(LinkRole::Network) if net.prefix_len() == net.max_prefix_len() => {}
-            Some(LinkRole::Network) if a.namespace.is_empty() && net.prefix_len() < 8 => {
+            Some(LinkRole::Network) if a.namespace.is_empty() && net.prefix_len() < widest(net) => {
                 return Err(format!(
-                    "address {net} routes {} in the host's namespace; weft's links take /8 or narrower, or a /32",
-                    net.trunc()
+                    "address {net} routes {} in the host's namespace; weft's links take /{} or narrower, or a single address",
+                    net.trunc(),
+                    widest(net)
                 ));
             }
             Some(LinkRole::Network) => {}
@@ -437,12 +479,23 @@ impl Guard {
 
     fn rule(&self, r: &pb::Rule) -> R {
         namespace("namespace", &r.namespace)?;
+        let family = if r.ipv6 { Family::V6 } else { Family::V4 };
+        let of_family = |what: &str, n: IpNet| {
+            if Family::of(n.addr()) == family {
+                Ok(n)
+            } else {
+                Err(format!("a rule for {family} with {what} {n}"))
+            }
+        };
         if !r.from.is_empty() {
-            field("rule source", net::cidr(&r.from))?;
+            of_family("source", field("rule source", net::cidr(&r.from))?.net())?;
         }
         let to = match r.to.as_str() {
             "" => None,
-            t => Some(field("rule destination", net::cidr(t))?.net()),
+            t => Some(of_family(
+                "destination",
+                field("rule destination", net::cidr(t))?.net(),
+            )?),
         };
         opt_link("rule input interface", &r.iif)?;
         if !r.namespace.is_empty() {
@@ -463,9 +516,10 @@ impl Guard {
         let Some(to) = to else {
             return Err("a rule for every destination in the host's namespace; weft's rules name one CIDR".into());
         };
-        if to.prefix_len() < 8 {
+        if to.prefix_len() < widest(to) {
             return Err(format!(
-                "a rule for {to} in the host's namespace; weft's rules are /8 or narrower"
+                "a rule for {to} in the host's namespace; weft's rules are /{} or narrower",
+                widest(to)
             ));
         }
         if let Some((ip, what)) = self.reached().find(|(ip, _)| to.contains(ip)) {
@@ -504,6 +558,7 @@ mod tests {
             to: to.into(),
             table,
             iif: String::new(),
+            ipv6: false,
         })
     }
 
@@ -659,9 +714,12 @@ mod tests {
                 ("192.168.78.11/24".parse().unwrap(), "eth0".into()),
                 ("172.20.5.7/24".parse().unwrap(), "eth1".into()),
                 ("127.0.0.1/8".parse().unwrap(), "lo".into()),
+                ("2001:db8:78::11/64".parse().unwrap(), "eth0".into()),
+                ("fe80::1234/64".parse().unwrap(), "eth0".into()),
             ],
             reached: [
                 ("192.168.78.254", "a gateway of the host's main table"),
+                ("fe80::1", "a gateway of the host's main table"),
                 ("10.53.0.2", "a resolver of the host (/etc/resolv.conf)"),
             ]
             .map(|(a, w)| (a.parse().unwrap(), w.to_string()))
@@ -759,21 +817,72 @@ mod tests {
     }
 
     #[test]
-    fn in_the_hosts_namespace_no_address_takes_a_neighbour_the_metadata_service_or_ipv6() {
+    fn in_the_hosts_namespace_no_address_takes_a_neighbour_the_metadata_service_or_the_hosts_ipv6() {
         let g = host_guard();
         let l = weft_links();
+        let rule6 = |to: &str, ipv6| {
+            Kind::Rule(pb::Rule {
+                namespace: String::new(),
+                priority: 7765,
+                from: String::new(),
+                to: to.into(),
+                table: 7765,
+                iif: String::new(),
+                ipv6,
+            })
+        };
+        let via = |dst: &str, gateway: &str, dev: &str| {
+            Kind::Route(pb::Route {
+                namespace: String::new(),
+                table: 7765,
+                destination: dst.into(),
+                gateway: gateway.into(),
+                device: dev.into(),
+                peer_site: String::new(),
+            })
+        };
         let refused = [
             // A LAN neighbour's address, as a /32 or as a veth's /30.
             (address("weft-vx0", "", "192.168.78.77/32"), "the network of eth0"),
             (address("weft-vabc", "", "169.254.169.253/30"), "metadata"),
             (route("", 7765, "169.254.169.254/32", "weft-vx0"), "metadata"),
-            (address("weft-vx0", "", "fd00::1/128"), "IPv6"),
-            (route("", 7765, "fd00::/64", "weft-vx0"), "IPv6"),
-            (rule(7765, 7765, "fd00::/64"), "IPv6"),
+            // The host's own IPv6: its network, its address, special space.
+            (address("weft-vx0", "", "2001:db8:78::77/128"), "the network of eth0"),
+            (route("", 7765, "2001:db8:78::/48", "weft-vx0"), "2001:db8:78::11"),
+            (
+                route("", 7765, "2001:db8:78:0:8000::/65", "weft-vx0"),
+                "the network of eth0",
+            ),
+            (route("", 7765, "fe80::/10", "weft-vx0"), "link-local"),
+            (route("", 7765, "ff02::/16", "weft-vx0"), "multicast"),
+            (rule6("fd00::/8", true), "/32 or narrower"),
+            (rule6("2001:db8:78::11/128", true), "2001:db8:78::11"),
+            (address("weft-vx0", "", "fd00::1/16"), "/32 or narrower"),
+            // Families kept apart.
+            (rule6("fd00:1::/48", false), "a rule for IPv4"),
+            (rule6("10.9.0.0/16", true), "a rule for IPv6"),
+            (via("fd00:1::/48", "10.80.0.1", "weft-vx0"), "another family"),
+            (via("fd00:1::/48", "fe80::a50:1", ""), "names no device"),
+            // Link-local only as weft's fe80::/64, on weft's links.
+            (address("weft-vx0", "", "fe80:1::1/64"), "link-local"),
+            (address("eth0", "", "fe80::2/64"), "\"eth0\""),
+            (address("weft-nope", "", "fe80::2/64"), "does not make"),
         ];
         for (k, needle) in refused {
             let e = g.check(&obj(k.clone()), &l).expect_err(&format!("{k:?}"));
             assert!(e.contains(needle), "{k:?}: {e}");
+        }
+        // What weft renders for IPv6 passes: a link-local next hop on
+        // its links, a site's ULA routed and ruled.
+        for k in [
+            address("weft-vx0", "", "fe80::a50:3/64"),
+            address("weft-vabc", "", "fe80::1/64"),
+            address("weft-iabc", "weft-p-0123456789ab", "fe80::2/64"),
+            via("fd00:1::/48", "fe80::a50:1", "weft-vx0"),
+            rule6("fd00:1::/48", true),
+            route("weft-p-0123456789ab", 1, "fd00:1::/48", "weft-wabc"),
+        ] {
+            assert_eq!(g.check(&obj(k.clone()), &l), Ok(()), "{k:?}");
         }
         // Weft's own namespaces are weft's.
         assert_eq!(

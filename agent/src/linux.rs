@@ -442,10 +442,8 @@ impl Applier for Linux {
                 } else {
                     r.table.to_string()
                 };
-                host.reached.push((
-                    std::net::IpAddr::V4(g),
-                    format!("a gateway of the host's table {table} ({} via {g})", r.dst),
-                ));
+                host.reached
+                    .push((g, format!("a gateway of the host's table {table} ({} via {g})", r.dst)));
             }
         }
         // With systemd-resolved, /etc/resolv.conf names its stub and the

@@ -479,11 +479,11 @@ fn ipv6_check(site: &crate::domain::Site, nodes: &[crate::domain::Node]) -> Vec<
     out.push(check(
         "ipv6",
         format!("site/{}", site.id),
-        pb::CheckResult::Warn,
+        pb::CheckResult::Pass,
         format!(
-            "IPv6 pod CIDRs {} are allocated (a /64 per node, remap pools {}) and offered to peers (each \
-             peering's IPv6 views in `weftctl peerings`), but the data plane does not carry IPv6 yet: only IPv4 \
-             crosses the tunnels",
+            "IPv6 pod CIDRs {} are allocated (a /64 per node, remap pools {}) and carried through the tunnels of \
+             every peering that negotiated IPv6 (`weftctl peerings`), over the IPv4 underlay; not yet: an IPv6 \
+             underlay, AAAA names, IPv6 in export policies (a policed peering gets no IPv6) and in transit",
             pods.join(", "),
             v6.remap_pools
                 .iter()
@@ -491,7 +491,7 @@ fn ipv6_check(site: &crate::domain::Site, nodes: &[crate::domain::Node]) -> Vec<
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-        "nothing to do; IPv6 workloads reach peers once weft carries IPv6 (docs/ARCHITECTURE.md, dual stack)",
+        "",
     ));
     out
 }

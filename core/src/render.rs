@@ -23,6 +23,7 @@ use weft_proto::v1::desired_object::Kind;
 
 use crate::domain::{Gateway, Node, Peering, RemoteSite, Site};
 
+pub mod ipv6;
 mod peering;
 
 pub use peering::veth_block_free;
@@ -252,9 +253,10 @@ pub fn peering_namespace(local: &str, peer: &str) -> String {
     format!("weft-p-{}", short_hash(&format!("{local}/{peer}"), 12))
 }
 
-/// The rule in the host's namespace that sends traffic to `to` into
-/// weft's table.
-fn host_rule(to: impl ToString) -> Kind {
+/// The rule in the host's namespace that sends traffic to `to` (of either
+/// family) into weft's table.
+fn host_rule(to: impl Into<ipnet::IpNet>) -> Kind {
+    let to: ipnet::IpNet = to.into();
     Kind::Rule(pb::Rule {
         namespace: String::new(),
         priority: RULE_PRIORITY,
@@ -262,6 +264,36 @@ fn host_rule(to: impl ToString) -> Kind {
         to: to.to_string(),
         table: TABLE,
         iif: String::new(),
+        ipv6: matches!(to, ipnet::IpNet::V6(_)),
+    })
+}
+
+/// The ids of a peering's views, in order: the first of each kind by its
+/// kind alone ("workload"), the later ones numbered ("workload-1"), so a
+/// peer with several workload CIDRs gets each routed.
+fn view_ids<N>(views: &[crate::ipam::View<N>]) -> Vec<String> {
+    let mut seen: std::collections::HashMap<crate::ipam::CidrKind, usize> = Default::default();
+    views
+        .iter()
+        .map(|v| {
+            let n = seen.entry(v.kind).or_default();
+            *n += 1;
+            match *n {
+                1 => v.kind.to_string(),
+                k => format!("{}-{}", v.kind, k - 1),
+            }
+        })
+        .collect()
+}
+
+/// 1:1 prefix NAT in a peering's namespace between a peer's `real` CIDR
+/// and this site's `local` view of it.
+fn nat_map(ns: &str, real: impl ToString, local: impl ToString, tunnel: &str) -> Kind {
+    Kind::NatMap(pb::NatMap {
+        namespace: ns.into(),
+        real_cidr: real.to_string(),
+        local_cidr: local.to_string(),
+        tunnel: tunnel.into(),
     })
 }
 
@@ -399,6 +431,7 @@ pub fn node_own(m: &Model, name: &str) -> Option<Objects> {
             }),
         )]);
     }
+    out.extend(ipv6::node_own(site, ip));
     Some(out)
 }
 
@@ -435,9 +468,9 @@ pub fn node_shared(m: &Model) -> Objects {
     // to this site: replies to its own connections, from any of its
     // addresses, must come back (its gateway refuses the rest).
     for p in m.peerings.values().filter(|p| m.renders_peering(&p.site_id)) {
-        for v in &p.views {
+        for (v, id) in p.views.iter().zip(view_ids(&p.views)) {
             out.extend(to_gateway(
-                &format!("peer/{}/{}", p.site_id, v.kind),
+                &format!("peer/{}/{id}", p.site_id),
                 &p.site_id,
                 v.local,
                 gw_ip,
@@ -448,6 +481,7 @@ pub fn node_shared(m: &Model) -> Objects {
             let base = format!("peer/{}/transit/{}/{i}", p.site_id, t.site);
             out.extend(to_gateway(&base, &t.site, t.view.local, gw_ip));
         }
+        out.extend(ipv6::node_shared(m, p, gw_ip));
     }
     // Names peers published, in this site's view: the node's DNS
     // responder answers them.
@@ -545,11 +579,12 @@ fn node_tunnel(m: &Model, g: &Gateway, name: &str, base: &str) -> Objects {
                 table: TABLE,
                 destination: n.subnet.to_string(),
                 gateway: ip.to_string(),
-                device: link,
+                device: link.clone(),
                 peer_site: String::new(),
             }),
         ),
     ]);
+    out.extend(ipv6::node_tunnel(m, n, gw_ip, ip, &link, base));
     out
 }
 
@@ -564,8 +599,9 @@ fn gateway_self(m: &Model) -> Objects {
             out.extend([obj(id.into(), host_rule(cidr))]);
         }
         for (i, pod) in site.pod_cidrs.iter().enumerate() {
-            out.extend([obj(format!("self/rule/{i}"), host_rule(pod))]);
+            out.extend([obj(format!("self/rule/{i}"), host_rule(*pod))]);
         }
+        out.extend(ipv6::gateway_self(site));
     }
     out
 }
@@ -634,7 +670,7 @@ mod tests {
         s.parse().unwrap()
     }
 
-    fn model() -> Model {
+    pub(crate) fn model() -> Model {
         let site = crate::domain::test_site("a", "10.0.0.0/8");
         let node = |name: &str, i: u8| Node {
             subnet_v6: None,
@@ -1229,5 +1265,47 @@ mod tests {
         assert!(n.keys().any(|k| k.starts_with("peer/site-34359/")));
         assert!(!n.keys().any(|k| k.starts_with("peer/site-74386/")));
         assert_eq!(m.collisions()[0].holders[1].record, "peer/site-74386");
+    }
+
+    /// A peer with two workload CIDRs gets both routed, on nodes and on
+    /// the gateway (each view its own ids).
+    #[test]
+    fn every_workload_view_of_a_peer_is_routed() {
+        let mut m = model();
+        let mut p = (*m.peerings["b"]).clone();
+        p.remote = Some(crate::domain::test_remote("10.1.0.0/16"));
+        p.views.push(View {
+            kind: CidrKind::Workload,
+            real: n("10.2.0.0/16"),
+            local: n("10.2.0.0/16"),
+            pool: None,
+        });
+        m.peerings.insert("b".into(), Arc::new(p));
+        let dsts = |objs: Objects, ns: &str| -> Vec<String> {
+            objs.values()
+                .filter_map(|o| match &o.kind {
+                    Some(Kind::Route(r)) if r.namespace.starts_with(ns) => Some(r.destination.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let on_node = dsts(node(&m, "n1"), "");
+        let on_gateway = dsts(gateway(&m, "gw1"), "");
+        let in_peering = dsts(gateway(&m, "gw1"), "weft-p-");
+        for want in ["10.0.0.0/16", "10.2.0.0/16"] {
+            assert!(on_node.iter().any(|d| d == want), "{want} on the node: {on_node:?}");
+            assert!(
+                on_gateway.iter().any(|d| d == want),
+                "{want} on the gateway: {on_gateway:?}"
+            );
+        }
+        for want in ["10.1.0.0/16", "10.2.0.0/16"] {
+            assert!(
+                in_peering.iter().any(|d| d == want),
+                "{want} into the tunnel: {in_peering:?}"
+            );
+        }
+        assert!(gateway(&m, "gw1").contains_key("peer/b/workload/nat"));
+        assert!(gateway(&m, "gw1").contains_key("peer/b/workload-1/via"));
     }
 }

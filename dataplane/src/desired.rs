@@ -3,9 +3,9 @@
 //! wrong (it is then reported and the rest applies).
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use weft_proto::v1 as pb;
 use weft_proto::v1::desired_object::Kind;
 
@@ -33,12 +33,15 @@ impl Facts {
             address_mtu: raw
                 .addresses
                 .iter()
-                .filter_map(|a| mtu_of(&a.link).map(|m| (a.cidr.addr(), m)))
+                .filter_map(|a| match a.cidr.addr() {
+                    IpAddr::V4(ip) => mtu_of(&a.link).map(|m| (ip, m)),
+                    IpAddr::V6(_) => None,
+                })
                 .collect(),
             default_mtu: raw
                 .routes
                 .iter()
-                .filter(|r| r.route.dst.prefix_len() == 0 && r.route.table == 254)
+                .filter(|r| r.route.dst == IpNet::V4(Ipv4Net::default()) && r.route.table == 254)
                 .find_map(|r| r.route.dev.as_deref().and_then(mtu_of)),
             underlay,
         }
@@ -80,24 +83,42 @@ fn v4(s: &str, what: &str) -> R<Ipv4Addr> {
     weft_types::net::addr_v4(s).map_err(|m| format!("{what} {m}"))
 }
 
-/// A network: host bits clear.
-fn net(s: &str, what: &str) -> R<Ipv4Net> {
+fn ip(s: &str, what: &str) -> R<IpAddr> {
+    weft_types::net::addr(s).map_err(|m| format!("{what} {m}"))
+}
+
+/// An IPv4 network: host bits clear.
+fn net4(s: &str, what: &str) -> R<Ipv4Net> {
     weft_types::net::cidr_v4(s).map_err(|m| format!("{what} {m}"))
 }
 
-/// An address on a link, with its prefix length (host bits kept).
-fn addr_net(s: &str, what: &str) -> R<Ipv4Net> {
-    match weft_types::net::iface(s).map_err(|m| format!("{what} {m}"))? {
-        ipnet::IpNet::V4(n) => Ok(n),
-        ipnet::IpNet::V6(_) => Err(format!(
-            "{what} {} is IPv6; weft's links take IPv4 for now",
-            weft_types::shown(s)
-        )),
-    }
+/// A network of either family: host bits clear.
+fn net(s: &str, what: &str) -> R<IpNet> {
+    weft_types::net::cidr(s)
+        .map(|c| c.net())
+        .map_err(|m| format!("{what} {m}"))
 }
 
-fn opt_net(s: &str, what: &str) -> R<Option<Ipv4Net>> {
+/// An address on a link, with its prefix length (host bits kept).
+fn addr_net(s: &str, what: &str) -> R<IpNet> {
+    weft_types::net::iface(s).map_err(|m| format!("{what} {m}"))
+}
+
+fn opt_net(s: &str, what: &str) -> R<Option<IpNet>> {
     (!s.is_empty()).then(|| net(s, what)).transpose()
+}
+
+/// `b` (named `what`) of `a`'s family.
+fn same_family(a: IpAddr, b: IpAddr, what: &str) -> R<()> {
+    if Family::of(a) == Family::of(b) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} {b} is {}, the destination {a} {}",
+            Family::of(b),
+            Family::of(a)
+        ))
+    }
 }
 
 fn opt(s: &str) -> Option<String> {
@@ -131,6 +152,24 @@ pub fn translate<'a>(
             d.specs.entry(String::new()).or_default().accounting = views;
         }
     }
+    // Where weft forwards IPv4 (a gateway and its peerings' namespaces; a
+    // node's workloads are its operator's), it forwards IPv6 too once it
+    // routes any there.
+    let routes_v6: std::collections::BTreeSet<&Ns> = d
+        .state
+        .routes
+        .values()
+        .filter(|r| r.dst.addr().is_ipv6())
+        .map(|r| &r.ns)
+        .collect();
+    let v6: Vec<(Ns, Family)> = d
+        .state
+        .forwarding
+        .iter()
+        .filter(|(ns, f)| *f == Family::V4 && routes_v6.contains(ns))
+        .map(|(ns, _)| (ns.clone(), Family::V6))
+        .collect();
+    d.state.forwarding.extend(v6);
     for (ns, spec) in &d.specs {
         if !spec.is_empty() {
             d.state.tables.insert(ns.clone(), Some(spec.version()));
@@ -153,9 +192,10 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
             // Every peering clamps the MSS of TCP through its tunnel.
             d.specs.entry(n.name.clone()).or_default().mss_clamp = true;
             // A peering's namespace and the gateway itself route between
-            // the overlay and the tunnel.
-            s.forwarding.insert(n.name.clone());
-            s.forwarding.insert(String::new());
+            // the overlay and the tunnel (IPv6 as soon as anything of it
+            // is routed there: below).
+            s.forwarding.insert((n.name.clone(), Family::V4));
+            s.forwarding.insert((String::new(), Family::V4));
             origins.namespaces.insert(n.name.clone(), id);
         }
         Kind::Link(l) => add_link(d, id, l, facts)?,
@@ -174,22 +214,32 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
                 ns: r.namespace.clone(),
                 table: if r.table == 0 { 254 } else { r.table },
                 dst: net(&r.destination, "destination")?,
-                gateway: (!r.gateway.is_empty()).then(|| v4(&r.gateway, "gateway")).transpose()?,
+                gateway: (!r.gateway.is_empty()).then(|| ip(&r.gateway, "gateway")).transpose()?,
                 dev: opt(&r.device),
             };
+            if let Some(g) = r.gateway {
+                same_family(r.dst.addr(), g, "gateway")?;
+            }
             if r.gateway.is_none() && r.dev.is_none() {
                 return Err("a route needs a gateway or a device".into());
             }
+
             origins.routes.insert(r.key(), id);
             s.routes.insert(r.key(), r);
         }
         Kind::Rule(r) => {
+            let (from, to) = (opt_net(&r.from, "from")?, opt_net(&r.to, "to")?);
+            let family = if r.ipv6 { Family::V6 } else { Family::V4 };
+            if let Some(n) = from.iter().chain(to.iter()).find(|n| Family::of(n.addr()) != family) {
+                return Err(format!("a rule for {family} names {n}"));
+            }
             let r = Rule {
                 ns: r.namespace.clone(),
+                family,
                 priority: r.priority,
                 table: r.table,
-                from: opt_net(&r.from, "from")?,
-                to: opt_net(&r.to, "to")?,
+                from,
+                to,
                 iif: opt(&r.iif),
             };
             origins.rules.insert(r.clone(), id);
@@ -201,8 +251,11 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
                 real: net(&m.real_cidr, "real CIDR")?,
                 tunnel: m.tunnel.clone(),
             };
-            if rule.tunnel.is_empty() || rule.local.prefix_len() != rule.real.prefix_len() {
-                return Err("a NAT map needs its tunnel and two CIDRs of one length".into());
+            if rule.tunnel.is_empty()
+                || rule.local.prefix_len() != rule.real.prefix_len()
+                || rule.local.addr().is_ipv6() != rule.real.addr().is_ipv6()
+            {
+                return Err("a NAT map needs its tunnel and two CIDRs of one family and length".into());
             }
             d.specs.entry(m.namespace.clone()).or_default().nat.push(rule);
             origins.tables.entry(m.namespace.clone()).or_default().push(id);
@@ -210,10 +263,19 @@ fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
         Kind::HostSnat(h) => {
             let snat = HostSnat {
                 link: h.link.clone(),
-                address: v4(&h.address, "address")?,
+                address: ip(&h.address, "address")?,
                 except: h.except.iter().map(|c| net(c, "except")).collect::<R<_>>()?,
             };
-            d.specs.entry(String::new()).or_default().snat = Some(snat);
+            for c in &snat.except {
+                same_family(snat.address, c.addr(), "except")?;
+            }
+            let spec = d.specs.entry(String::new()).or_default();
+            let family = Family::of(snat.address);
+            if spec.snat.iter().any(|x| Family::of(x.address) == family) {
+                return Err(format!("a second host SNAT for {family}"));
+            }
+            spec.snat.push(snat);
+            spec.snat.sort();
             // Errors of the host's table are this object's.
             origins.tables.entry(String::new()).or_default().insert(0, id);
         }
@@ -262,14 +324,14 @@ pub const MAX_TRANSIT_PREFIXES: usize = 33;
 /// [`MAX_TRANSIT_SITES`] sites of at most [`MAX_TRANSIT_PREFIXES`] CIDRs,
 /// each site a name fit for an nft counter (`transit-<site>`: lowercase
 /// letters, digits, '-' and '.', at most 63), listed once.
-pub fn transit_prefixes(f: &pb::TunnelFilter) -> R<Vec<(String, Vec<Ipv4Net>)>> {
+pub fn transit_prefixes(f: &pb::TunnelFilter) -> R<Vec<(String, Vec<IpNet>)>> {
     if f.transit.len() > MAX_TRANSIT_SITES {
         return Err(format!(
             "a tunnel filter forwarding to {} sites, more than {MAX_TRANSIT_SITES}",
             f.transit.len()
         ));
     }
-    let mut out: Vec<(String, Vec<Ipv4Net>)> = Vec::with_capacity(f.transit.len());
+    let mut out: Vec<(String, Vec<IpNet>)> = Vec::with_capacity(f.transit.len());
     for t in &f.transit {
         let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
         if t.site.is_empty() || t.site.len() > 63 || !t.site.chars().all(ok) {
@@ -312,7 +374,7 @@ pub fn policy_rules(f: &pb::TunnelFilter) -> R<Option<Vec<PolicyRule>>> {
     }
     let mut out = Vec::with_capacity(f.exports.len());
     for r in &f.exports {
-        let cidr = net(&r.cidr, "export rule")?;
+        let cidr = net4(&r.cidr, "export rule")?;
         let protocol = match r.protocol.as_str() {
             "" => None,
             "tcp" => Some(L4::Tcp),
@@ -349,13 +411,13 @@ pub fn policy_rules(f: &pb::TunnelFilter) -> R<Option<Vec<PolicyRule>>> {
 /// destinations of the routes in the host's own namespace that name the
 /// site they lead to (`peer_site`; inside a peering's namespace routes
 /// lead to real CIDRs, not views).
-pub fn peer_views<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject>) -> BTreeMap<String, Vec<Ipv4Net>> {
-    let mut out: BTreeMap<String, Vec<Ipv4Net>> = BTreeMap::new();
+pub fn peer_views<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject>) -> BTreeMap<String, Vec<IpNet>> {
+    let mut out: BTreeMap<String, Vec<IpNet>> = BTreeMap::new();
     for o in objects {
         if let Some(Kind::Route(r)) = &o.kind
             && r.namespace.is_empty()
             && !r.peer_site.is_empty()
-            && let Ok(dst) = weft_types::net::cidr_v4(&r.destination)
+            && let Ok(dst) = net(&r.destination, "destination")
         {
             let v = out.entry(r.peer_site.clone()).or_default();
             if !v.contains(&dst) {
@@ -459,7 +521,7 @@ fn add_peer(d: &mut Desired, id: String, p: &pb::WireguardPeer) -> R<()> {
             .transpose()?,
         // A set (as the kernel keeps it): sorted, each once.
         allowed_ips: {
-            let mut v: Vec<Ipv4Net> = p.allowed_ips.iter().map(|c| net(c, "allowed IP")).collect::<R<_>>()?;
+            let mut v: Vec<IpNet> = p.allowed_ips.iter().map(|c| net(c, "allowed IP")).collect::<R<_>>()?;
             v.sort();
             v.dedup();
             v
@@ -502,9 +564,9 @@ mod tests {
             route("x", "10.5.0.0/16", "e"),
         ];
         let views = peer_views(objects.iter());
-        assert_eq!(views["b"], vec!["10.2.0.0/16".parse::<Ipv4Net>().unwrap()]);
-        assert_eq!(views["c"], vec!["10.3.0.0/16".parse::<Ipv4Net>().unwrap()]);
-        assert_eq!(views["e"], vec!["10.5.0.0/16".parse::<Ipv4Net>().unwrap()]);
+        assert_eq!(views["b"], vec!["10.2.0.0/16".parse::<IpNet>().unwrap()]);
+        assert_eq!(views["c"], vec!["10.3.0.0/16".parse::<IpNet>().unwrap()]);
+        assert_eq!(views["e"], vec!["10.5.0.0/16".parse::<IpNet>().unwrap()]);
         assert_eq!(views.len(), 3, "{views:?}");
     }
 }

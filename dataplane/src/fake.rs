@@ -15,9 +15,9 @@ use crate::plan::Op;
 pub struct FakeNs {
     pub links: BTreeMap<String, Link>,
     pub addresses: BTreeSet<Address>,
-    pub routes: BTreeMap<(u32, ipnet::Ipv4Net), RawRoute>,
+    pub routes: BTreeMap<(u32, ipnet::IpNet), RawRoute>,
     pub rules: BTreeSet<Rule>,
-    pub forwarding: bool,
+    pub forwarding: BTreeSet<Family>,
     /// Tables by name: weft's version, or None (not weft's, or edited).
     pub tables: BTreeMap<String, Option<u64>>,
 }
@@ -114,7 +114,9 @@ impl FakeHost {
                 }
                 self.ns.remove(n);
             }
-            Op::SetForwarding(ns) => self.space(ns)?.forwarding = true,
+            Op::SetForwarding(ns, f) => {
+                self.space(ns)?.forwarding.insert(*f);
+            }
             Op::DelRule(r) => {
                 self.space(&r.ns)?.rules.remove(r);
             }
@@ -193,7 +195,10 @@ impl FakeHost {
                 }
             }
             Op::SetTable { ns, spec } => {
-                self.space(ns)?.tables.insert(NFT_TABLE.into(), Some(spec.version()));
+                // As `nft::batch`: the table of earlier versions goes too.
+                let space = self.space(ns)?;
+                space.tables.remove(LEGACY_TABLE);
+                space.tables.insert(OWN_TABLE.into(), Some(spec.version()));
             }
             Op::DelTable { ns, name } => {
                 self.space(ns)?.tables.remove(name);

@@ -25,7 +25,7 @@ use std::time::UNIX_EPOCH;
 
 use defguard_wireguard_rs::{InterfaceConfiguration, Kernel as KernelApi, WGApi, WireguardInterfaceApi};
 use futures::TryStreamExt;
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkInfo};
 use rtnetlink::{Handle, LinkUnspec};
 
@@ -172,29 +172,21 @@ pub struct ReadPeer {
 /// or none). Without such a record (after a restart) a differing endpoint
 /// is set once more.
 ///
-/// Allowed IPs other than IPv4 are not weft's: they make the peer differ
-/// (it is set again, which replaces them).
+/// Allowed IPs are kept as the kernel has them (host bits cleared).
 pub fn observe_device(read: &ReadDevice, configured: Option<&BTreeMap<WgKey, WgPeer>>) -> Option<WgDevice> {
     if !read.ours {
         return None;
     }
     let mut peers = BTreeMap::new();
     for p in &read.peers {
-        let mut allowed: Vec<Ipv4Net> = Vec::new();
-        let mut foreign = false;
-        for (ip, len) in p.allowed_ips.iter().zip(&p.prefixes) {
-            match v4_net(*ip, *len) {
-                Some(n) => allowed.push(n),
-                None => foreign = true,
-            }
-        }
+        let mut allowed: Vec<IpNet> = p
+            .allowed_ips
+            .iter()
+            .zip(&p.prefixes)
+            .filter_map(|(ip, len)| IpNet::new(*ip, *len).ok().map(|n| n.trunc()))
+            .collect();
         allowed.sort();
         allowed.dedup();
-        if foreign {
-            // Never equal to a desired peer (whose allowed IPs are IPv4).
-            allowed.insert(0, Ipv4Net::default());
-            allowed.insert(0, Ipv4Net::default());
-        }
         let set = configured.and_then(|c| c.get(&p.public_key));
         let endpoint = match set {
             Some(s) => s.endpoint,
@@ -231,13 +223,6 @@ pub fn stats_of(read: &ReadDevice) -> Stats {
         st.tx_bytes += p.tx_bytes;
     }
     st
-}
-
-fn v4_net(ip: IpAddr, len: u8) -> Option<Ipv4Net> {
-    match ip {
-        IpAddr::V4(a) => Ipv4Net::new(a, len).ok().map(|n| n.trunc()),
-        IpAddr::V6(_) => None,
-    }
 }
 
 fn key_of(key: &WgKey) -> defguard_wireguard_rs::key::Key {
@@ -294,7 +279,7 @@ fn peer_of(p: &WgPeer) -> R<defguard_wireguard_rs::peer::Peer> {
     peer.allowed_ips = p
         .allowed_ips
         .iter()
-        .map(|n| defguard_wireguard_rs::net::IpAddrMask::new(IpAddr::V4(n.addr()), n.prefix_len()))
+        .map(|n| defguard_wireguard_rs::net::IpAddrMask::new(n.addr(), n.prefix_len()))
         .collect();
     Ok(peer)
 }
@@ -776,10 +761,7 @@ mod tests {
         let d = observe_device(&read(true, "192.0.2.1:1", &[("10.2.0.0", 16), ("10.1.0.0", 16)]), None).unwrap();
         assert_eq!(
             d.peers[&A].allowed_ips,
-            vec![
-                "10.1.0.0/16".parse::<Ipv4Net>().unwrap(),
-                "10.2.0.0/16".parse().unwrap()
-            ]
+            vec!["10.1.0.0/16".parse::<IpNet>().unwrap(), "10.2.0.0/16".parse().unwrap()]
         );
         let d = observe_device(&read(true, "192.0.2.1:1", &[("10.1.0.0", 16), ("fd00::", 64)]), None).unwrap();
         let want = peer(A, Some("192.0.2.1:1"), &["10.1.0.0/16"], 25);

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 
 use futures::TryStreamExt;
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use rtnetlink::packet_route::address::AddressAttribute;
 use rtnetlink::packet_route::link::{InfoData, InfoGeneve, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo};
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType};
@@ -19,9 +19,28 @@ use crate::model::*;
 use crate::nl::{in_namespace, index_in, is_exists, need_index_in, ok_if_missing, set_up_named};
 use crate::plan::Op;
 
-/// The IPv4 forwarding sysctl of the calling thread's namespace.
-fn forwarding_path() -> &'static str {
-    "/proc/sys/net/ipv4/ip_forward"
+/// The forwarding sysctl of a family in the calling thread's namespace.
+fn forwarding_path(f: Family) -> &'static str {
+    match f {
+        Family::V4 => "/proc/sys/net/ipv4/ip_forward",
+        Family::V6 => "/proc/sys/net/ipv6/conf/all/forwarding",
+    }
+}
+
+fn family_of(f: rtnetlink::packet_route::AddressFamily) -> Option<Family> {
+    match f {
+        rtnetlink::packet_route::AddressFamily::Inet => Some(Family::V4),
+        rtnetlink::packet_route::AddressFamily::Inet6 => Some(Family::V6),
+        _ => None,
+    }
+}
+
+fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(a) => Some(IpAddr::V4(*a)),
+        RouteAddress::Inet6(a) => Some(IpAddr::V6(*a)),
+        _ => None,
+    }
 }
 
 fn link_kind(attrs: &[LinkAttribute]) -> LinkKind {
@@ -79,16 +98,18 @@ fn link_kind(attrs: &[LinkAttribute]) -> LinkKind {
 }
 
 fn route_of(ns: &Ns, m: &RouteMessage, names: &BTreeMap<u32, String>) -> Option<RawRoute> {
-    if m.header.address_family != rtnetlink::packet_route::AddressFamily::Inet {
-        return None;
-    }
+    let family = family_of(m.header.address_family)?;
     let mut table = u32::from(m.header.table);
-    let (mut dst, mut gateway, mut dev) = (Ipv4Addr::UNSPECIFIED, None, None);
+    let mut dst = match family {
+        Family::V4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        Family::V6 => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+    };
+    let (mut gateway, mut dev) = (None, None);
     for a in &m.attributes {
         match a {
             RouteAttribute::Table(t) => table = *t,
-            RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = *d,
-            RouteAttribute::Gateway(RouteAddress::Inet(g)) => gateway = Some(*g),
+            RouteAttribute::Destination(d) => dst = route_ip(d)?,
+            RouteAttribute::Gateway(g) => gateway = route_ip(g),
             RouteAttribute::Oif(i) => dev = names.get(i).cloned(),
             _ => {}
         }
@@ -97,7 +118,7 @@ fn route_of(ns: &Ns, m: &RouteMessage, names: &BTreeMap<u32, String>) -> Option<
         route: Route {
             ns: ns.clone(),
             table,
-            dst: Ipv4Net::new(dst, m.header.destination_prefix_length).ok()?,
+            dst: IpNet::new(dst, m.header.destination_prefix_length).ok()?,
             gateway,
             dev,
         },
@@ -107,11 +128,10 @@ fn route_of(ns: &Ns, m: &RouteMessage, names: &BTreeMap<u32, String>) -> Option<
 }
 
 fn rule_of(ns: &Ns, m: &RuleMessage) -> Option<Rule> {
-    if m.header.family != rtnetlink::packet_route::AddressFamily::Inet {
-        return None;
-    }
+    let family = family_of(m.header.family)?;
     let mut r = Rule {
         ns: ns.clone(),
+        family,
         priority: 0,
         table: u32::from(m.header.table),
         from: None,
@@ -122,8 +142,8 @@ fn rule_of(ns: &Ns, m: &RuleMessage) -> Option<Rule> {
         match a {
             RuleAttribute::Priority(p) => r.priority = *p,
             RuleAttribute::Table(t) => r.table = *t,
-            RuleAttribute::Destination(IpAddr::V4(d)) => r.to = Ipv4Net::new(*d, m.header.dst_len).ok(),
-            RuleAttribute::Source(IpAddr::V4(s)) => r.from = Ipv4Net::new(*s, m.header.src_len).ok(),
+            RuleAttribute::Destination(d) => r.to = IpNet::new(*d, m.header.dst_len).ok(),
+            RuleAttribute::Source(s) => r.from = IpNet::new(*s, m.header.src_len).ok(),
             RuleAttribute::Iifname(i) => r.iif = Some(i.clone()),
             _ => {}
         }
@@ -131,7 +151,7 @@ fn rule_of(ns: &Ns, m: &RuleMessage) -> Option<Rule> {
     Some(r)
 }
 
-/// Everything IPv4 the namespace of `h` holds.
+/// Everything the namespace of `h` holds, of both families.
 async fn read_ns(h: &Handle, ns: &Ns) -> R<RawNs> {
     let e = |what: &str, e: rtnetlink::Error| format!("cannot list {what}: {e}");
     let mut raw = RawNs::default();
@@ -162,14 +182,14 @@ async fn read_ns(h: &Handle, ns: &Ns) -> R<RawNs> {
     let mut addrs = h.address().get().execute();
     while let Some(a) = addrs.try_next().await.map_err(|x| e("addresses", x))? {
         let ip = a.attributes.iter().find_map(|x| match x {
-            AddressAttribute::Address(IpAddr::V4(ip)) => Some(*ip),
+            AddressAttribute::Address(ip) => Some(*ip),
             _ => None,
         });
         let no_prefix_route = a.attributes.iter().any(|x| {
             matches!(x, AddressAttribute::Flags(f) if f.contains(rtnetlink::packet_route::address::AddressFlags::Noprefixroute))
         });
         if let (Some(ip), Some(link)) = (ip, names.get(&a.header.index))
-            && let Ok(cidr) = Ipv4Net::new(ip, a.header.prefix_len)
+            && let Ok(cidr) = IpNet::new(ip, a.header.prefix_len)
         {
             raw.addresses.push(Address {
                 ns: ns.clone(),
@@ -179,24 +199,37 @@ async fn read_ns(h: &Handle, ns: &Ns) -> R<RawNs> {
             });
         }
     }
-    let mut routes = h.route().get(RouteMessageBuilder::<Ipv4Addr>::new().build()).execute();
-    while let Some(m) = routes.try_next().await.map_err(|x| e("routes", x))? {
-        raw.routes.extend(route_of(ns, &m, &names));
+    for filter in [
+        RouteMessageBuilder::<Ipv4Addr>::new().build(),
+        RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
+    ] {
+        let mut routes = h.route().get(filter).execute();
+        while let Some(m) = routes.try_next().await.map_err(|x| e("routes", x))? {
+            raw.routes.extend(route_of(ns, &m, &names));
+        }
     }
-    let mut rules = h.rule().get(rtnetlink::IpVersion::V4).execute();
-    while let Some(m) = rules.try_next().await.map_err(|x| e("rules", x))? {
-        raw.rules.extend(rule_of(ns, &m));
+    for version in [rtnetlink::IpVersion::V4, rtnetlink::IpVersion::V6] {
+        let mut rules = h.rule().get(version).execute();
+        while let Some(m) = rules.try_next().await.map_err(|x| e("rules", x))? {
+            raw.rules.extend(rule_of(ns, &m));
+        }
     }
-    raw.forwarding = std::fs::read_to_string(forwarding_path()).is_ok_and(|s| s.trim() == "1");
+    for f in [Family::V4, Family::V6] {
+        if std::fs::read_to_string(forwarding_path(f)).is_ok_and(|s| s.trim() == "1") {
+            raw.forwarding.insert(f);
+        }
+    }
     Ok(raw)
 }
 
 async fn route_message(h: &Handle, r: &Route) -> R<RouteMessage> {
-    let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
+    let bad = |e| format!("the route to {}: {e}", r.dst);
+    let mut b = RouteMessageBuilder::<IpAddr>::new()
         .destination_prefix(r.dst.network(), r.dst.prefix_len())
+        .map_err(bad)?
         .table_id(r.table);
     if let Some(g) = r.gateway {
-        b = b.gateway(g).onlink();
+        b = b.gateway(g).map_err(bad)?.onlink();
     }
     if let Some(dev) = &r.dev {
         b = b.output_interface(need_index_in(h, dev).await?);
@@ -212,44 +245,45 @@ async fn add_link(h: &Handle, l: &Link) -> R<()> {
             local,
             remote,
             port,
-        } => created(
-            h.link()
-                .add(
-                    LinkVxlan::new(&l.name, *vni)
-                        .local(*local)
-                        .remote(*remote)
-                        .port(*port)
-                        .mtu(l.mtu)
-                        .up()
-                        .build(),
-                )
-                .execute()
-                .await,
-        ),
-        LinkKind::Geneve { vni, remote, port } => created(
-            h.link()
-                .add(
-                    rtnetlink::LinkGeneve::new(&l.name, *vni)
-                        .remote(*remote)
-                        .port(*port)
-                        .mtu(l.mtu)
-                        .up()
-                        .build(),
-                )
-                .execute()
-                .await,
-        ),
-        LinkKind::Bridge => {
+        } => {
             created(
                 h.link()
-                    .add(rtnetlink::LinkBridge::new(&l.name).up().build())
+                    .add(
+                        LinkVxlan::new(&l.name, *vni)
+                            .local(*local)
+                            .remote(*remote)
+                            .port(*port)
+                            .mtu(l.mtu)
+                            .build(),
+                    )
                     .execute()
                     .await,
             )?;
-            if l.mtu > 0 {
-                set_up_named(h, &l.name, l.mtu).await?;
-            }
-            Ok(())
+            set_up_named(h, &l.name, 0).await
+        }
+        LinkKind::Geneve { vni, remote, port } => {
+            created(
+                h.link()
+                    .add(
+                        rtnetlink::LinkGeneve::new(&l.name, *vni)
+                            .remote(*remote)
+                            .port(*port)
+                            .mtu(l.mtu)
+                            .build(),
+                    )
+                    .execute()
+                    .await,
+            )?;
+            set_up_named(h, &l.name, 0).await
+        }
+        LinkKind::Bridge => {
+            created(
+                h.link()
+                    .add(rtnetlink::LinkBridge::new(&l.name).build())
+                    .execute()
+                    .await,
+            )?;
+            set_up_named(h, &l.name, l.mtu).await
         }
         LinkKind::Veth { peer, peer_ns } => add_veth(h, l, peer, peer_ns).await,
         k => Err(format!("cannot make a link of kind {k:?} with netlink")),
@@ -260,10 +294,11 @@ async fn add_link(h: &Handle, l: &Link) -> R<()> {
 /// there, with receive offloads for the traffic leaving the tunnel.
 async fn add_veth(h: &Handle, l: &Link, peer: &str, peer_ns: &Ns) -> R<()> {
     h.link()
-        .add(rtnetlink::LinkVeth::new(&l.name, peer).up().mtu(l.mtu).build())
+        .add(rtnetlink::LinkVeth::new(&l.name, peer).mtu(l.mtu).build())
         .execute()
         .await
         .map_err(|e| format!("cannot create {}: {e}", l.name))?;
+    set_up_named(h, &l.name, 0).await?;
     if peer_ns.is_empty() {
         return set_up_named(h, peer, l.mtu).await;
     }
@@ -296,6 +331,27 @@ async fn add_veth(h: &Handle, l: &Link, peer: &str, peer_ns: &Ns) -> R<()> {
     .await
 }
 
+/// Before IPv6 forwarding goes on in the calling thread's namespace: an
+/// interface that takes router advertisements only while not forwarding
+/// (`accept_ra` 1, the default) takes them whatever (2), so a host that
+/// gets its IPv6 default route from them keeps it. The host's networking
+/// stays as it was; only interfaces at 1 (and the default for new ones)
+/// change.
+fn keep_router_advertisements() {
+    let Ok(dir) = std::fs::read_dir("/proc/sys/net/ipv6/conf") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let path = e.path().join("accept_ra");
+        if e.file_name() != "all"
+            && std::fs::read_to_string(&path).is_ok_and(|v| v.trim() == "1")
+            && let Err(err) = std::fs::write(&path, "2")
+        {
+            tracing::warn!(path = %path.display(), error = %err, "cannot keep router advertisements with IPv6 forwarding on");
+        }
+    }
+}
+
 /// One netlink operation in the namespace of `h`.
 async fn apply_op(h: &Handle, op: &Op) -> R<()> {
     match op {
@@ -315,11 +371,23 @@ async fn apply_op(h: &Handle, op: &Op) -> R<()> {
                 .await
                 .map_err(|e| format!("cannot delete namespace {n}: {e}"))
         }
-        Op::SetForwarding(_) => {
-            std::fs::write(forwarding_path(), "1").map_err(|e| format!("cannot enable forwarding: {e}"))
+        Op::SetForwarding(_, f) => {
+            if *f == Family::V6 {
+                keep_router_advertisements();
+            }
+            std::fs::write(forwarding_path(*f), "1").map_err(|e| match f {
+                Family::V6 if e.kind() == std::io::ErrorKind::NotFound => {
+                    "cannot enable IPv6 forwarding: IPv6 is disabled on this host".to_string()
+                }
+                _ => format!("cannot enable {f} forwarding: {e}"),
+            })
         }
         Op::DelRule(r) => {
-            let mut rules = h.rule().get(rtnetlink::IpVersion::V4).execute();
+            let version = match r.family {
+                Family::V4 => rtnetlink::IpVersion::V4,
+                Family::V6 => rtnetlink::IpVersion::V6,
+            };
+            let mut rules = h.rule().get(version).execute();
             while let Some(m) = rules.try_next().await.map_err(|e| e.to_string())? {
                 if rule_of(&r.ns, &m).as_ref() == Some(r) {
                     return ok_if_missing(h.rule().del(m).execute().await);
@@ -340,7 +408,7 @@ async fn apply_op(h: &Handle, op: &Op) -> R<()> {
                 let has = m
                     .attributes
                     .iter()
-                    .any(|x| matches!(x, AddressAttribute::Address(IpAddr::V4(ip)) if *ip == a.cidr.addr()));
+                    .any(|x| matches!(x, AddressAttribute::Address(ip) if *ip == a.cidr.addr()));
                 if has && m.header.prefix_len == a.cidr.prefix_len() {
                     return ok_if_missing(h.address().del(m).execute().await);
                 }
@@ -355,11 +423,19 @@ async fn apply_op(h: &Handle, op: &Op) -> R<()> {
         Op::SetLink { name, mtu, .. } => set_up_named(h, name, *mtu).await,
         Op::AddAddress(a) => {
             let idx = need_index_in(h, &a.link).await?;
-            let mut req = h.address().add(idx, IpAddr::V4(a.cidr.addr()), a.cidr.prefix_len());
+            let mut req = h.address().add(idx, a.cidr.addr(), a.cidr.prefix_len());
+            use rtnetlink::packet_route::address::AddressFlags;
+            let mut flags = AddressFlags::empty();
             if a.no_prefix_route {
-                req.message_mut().attributes.push(AddressAttribute::Flags(
-                    rtnetlink::packet_route::address::AddressFlags::Noprefixroute,
-                ));
+                flags |= AddressFlags::Noprefixroute;
+            }
+            // Usable at once: no duplicate detection on weft's own links
+            // (the controller hands each address out once).
+            if a.cidr.addr().is_ipv6() {
+                flags |= AddressFlags::Nodad;
+            }
+            if !flags.is_empty() {
+                req.message_mut().attributes.push(AddressAttribute::Flags(flags));
             }
             match req.execute().await {
                 Err(e) if !is_exists(&e) => Err(format!("cannot add {}: {e}", a.cidr)),
@@ -376,23 +452,39 @@ async fn apply_op(h: &Handle, op: &Op) -> R<()> {
                 .map_err(|e| format!("cannot add the route to {}: {e}", r.dst))
         }
         Op::AddRule(r) => {
-            let mut req = h
+            let req = h
                 .rule()
                 .add()
                 .action(rtnetlink::packet_route::rule::RuleAction::ToTable)
-                .v4()
                 .table_id(r.table)
                 .priority(r.priority);
-            if let Some(n) = r.to {
-                req = req.destination_prefix(n.network(), n.prefix_len());
-            }
-            if let Some(n) = r.from {
-                req = req.source_prefix(n.network(), n.prefix_len());
-            }
-            if let Some(i) = &r.iif {
-                req = req.input_interface(i.clone());
-            }
-            match req.execute().await {
+            let req = match r.iif.as_ref() {
+                Some(i) => req.input_interface(i.clone()),
+                None => req,
+            };
+            let done = match r.family {
+                Family::V4 => {
+                    let mut req = req.v4();
+                    if let Some(IpNet::V4(n)) = r.to {
+                        req = req.destination_prefix(n.network(), n.prefix_len());
+                    }
+                    if let Some(IpNet::V4(n)) = r.from {
+                        req = req.source_prefix(n.network(), n.prefix_len());
+                    }
+                    req.execute().await
+                }
+                Family::V6 => {
+                    let mut req = req.v6();
+                    if let Some(IpNet::V6(n)) = r.to {
+                        req = req.destination_prefix(n.network(), n.prefix_len());
+                    }
+                    if let Some(IpNet::V6(n)) = r.from {
+                        req = req.source_prefix(n.network(), n.prefix_len());
+                    }
+                    req.execute().await
+                }
+            };
+            match done {
                 Err(e) if !is_exists(&e) => Err(format!("cannot add the rule: {e}")),
                 _ => Ok(()),
             }

@@ -9,10 +9,11 @@
 //! [`owns_route`], [`owns_rule`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 pub use weft_types::WgKey;
+pub use weft_types::net::Family;
 
 /// A network namespace: "" for the agent's own (the host's), else a name
 /// under /run/netns.
@@ -22,8 +23,14 @@ pub type Ns = String;
 pub const HOST_TABLE: u32 = weft_proto::HOST_TABLE;
 /// The rule priority weft owns in the host's namespace.
 pub const HOST_RULE_PRIORITY: u32 = weft_proto::HOST_RULE_PRIORITY;
-/// The nftables table (family ip) weft owns in each namespace.
+/// The nftables table (family inet: both IP families) weft owns in each
+/// namespace.
 pub const NFT_TABLE: &str = "weft";
+/// weft's table as "family name", as observed tables are named.
+pub const OWN_TABLE: &str = "inet weft";
+/// weft's table of earlier versions (IPv4 only), as "family name": removed
+/// by the batch that writes its successor.
+pub const LEGACY_TABLE: &str = "ip weft";
 /// Names of weft's links and namespaces start with this.
 pub const PREFIX: &str = "weft";
 
@@ -71,7 +78,7 @@ pub struct Link {
 pub struct Address {
     pub ns: Ns,
     pub link: String,
-    pub cidr: Ipv4Net,
+    pub cidr: IpNet,
     /// Added without the kernel's prefix route (IFA_F_NOPREFIXROUTE).
     /// Part of its identity: one added with the other setting is removed
     /// and added again.
@@ -82,14 +89,15 @@ pub struct Address {
 pub struct Route {
     pub ns: Ns,
     pub table: u32,
-    pub dst: Ipv4Net,
-    pub gateway: Option<Ipv4Addr>,
+    pub dst: IpNet,
+    /// Of the destination's family.
+    pub gateway: Option<IpAddr>,
     pub dev: Option<String>,
 }
 
 impl Route {
     /// What the kernel keys a route by (weft sets no metric or TOS).
-    pub fn key(&self) -> (Ns, u32, Ipv4Net) {
+    pub fn key(&self) -> (Ns, u32, IpNet) {
         (self.ns.clone(), self.table, self.dst)
     }
 }
@@ -97,10 +105,13 @@ impl Route {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Rule {
     pub ns: Ns,
+    /// The kernel keeps rules per family; `from` and `to`, when set, are
+    /// of this one.
+    pub family: Family,
     pub priority: u32,
     pub table: u32,
-    pub from: Option<Ipv4Net>,
-    pub to: Option<Ipv4Net>,
+    pub from: Option<IpNet>,
+    pub to: Option<IpNet>,
     pub iif: Option<String>,
 }
 
@@ -108,8 +119,9 @@ pub struct Rule {
 /// the local view becomes the real CIDR, from the tunnel the reverse.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NatRule {
-    pub local: Ipv4Net,
-    pub real: Ipv4Net,
+    /// Both of one family and one length.
+    pub local: IpNet,
+    pub real: IpNet,
     pub tunnel: String,
 }
 
@@ -122,12 +134,13 @@ pub struct Export {
     pub tunnel: String,
 }
 
-/// Source NAT of host-originated traffic into the overlay.
+/// Source NAT of host-originated traffic into the overlay, for one
+/// family: `except` is of `address`'s.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct HostSnat {
     pub link: String,
-    pub address: Ipv4Addr,
-    pub except: Vec<Ipv4Net>,
+    pub address: IpAddr,
+    pub except: Vec<IpNet>,
 }
 
 /// The content of weft's nftables table in one namespace.
@@ -140,30 +153,32 @@ pub struct TableSpec {
     pub nat: Vec<NatRule>,
     /// Exported hosts (destination NAT from the tunnel).
     pub exports: Vec<Export>,
-    pub snat: Option<HostSnat>,
+    /// At most one per family.
+    pub snat: Vec<HostSnat>,
     /// Named counters per peer site over traffic to and from its CIDRs.
-    pub accounting: BTreeMap<String, Vec<Ipv4Net>>,
+    pub accounting: BTreeMap<String, Vec<IpNet>>,
     /// What a peering's namespace forwards from its tunnel.
     pub filter: Option<TunnelFilter>,
 }
 
-/// Forward from `tunnel` only to `allowed`; count and drop the rest. With
+/// Forward from `tunnel` only to `allowed` (either family: a family with
+/// nothing allowed is dropped whole); count and drop the rest. With
 /// `policy`, only what one of its rules allows, besides replies to
 /// connections this side opened; the rest is counted apart and dropped.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TunnelFilter {
     pub tunnel: String,
-    pub allowed: Vec<Ipv4Net>,
+    pub allowed: Vec<IpNet>,
     pub policy: Option<Vec<PolicyRule>>,
     /// On a transit site: destinations forwarded onward to another peer,
     /// by the site they lead to; allowed like `allowed` and counted per
     /// site.
-    pub transit: Vec<(String, Vec<Ipv4Net>)>,
+    pub transit: Vec<(String, Vec<IpNet>)>,
 }
 
 /// One rule of an export policy: destination `cidr` (as the peer
 /// addressed it), `protocol` (None: any), destination `ports` (inclusive;
-/// tcp and udp only).
+/// tcp and udp only). IPv4 only: a policed peering carries no IPv6.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PolicyRule {
     pub cidr: Ipv4Net,
@@ -193,7 +208,7 @@ impl TableSpec {
         !self.mss_clamp
             && self.nat.is_empty()
             && self.exports.is_empty()
-            && self.snat.is_none()
+            && self.snat.is_empty()
             && self.accounting.is_empty()
             && self.filter.is_none()
     }
@@ -210,7 +225,7 @@ impl TableSpec {
 pub struct WgPeer {
     pub public_key: WgKey,
     pub endpoint: Option<SocketAddr>,
-    pub allowed_ips: Vec<Ipv4Net>,
+    pub allowed_ips: Vec<IpNet>,
     pub keepalive: u16,
 }
 
@@ -219,11 +234,11 @@ pub struct WgPeer {
 pub struct State {
     /// weft's namespaces (not the host's own "").
     pub namespaces: BTreeSet<Ns>,
-    /// Namespaces with IPv4 forwarding on ("" included).
-    pub forwarding: BTreeSet<Ns>,
+    /// Namespaces ("" included) with forwarding on, per family.
+    pub forwarding: BTreeSet<(Ns, Family)>,
     pub links: BTreeMap<(Ns, String), Link>,
     pub addresses: BTreeSet<Address>,
-    pub routes: BTreeMap<(Ns, u32, Ipv4Net), Route>,
+    pub routes: BTreeMap<(Ns, u32, IpNet), Route>,
     pub rules: BTreeSet<Rule>,
     /// weft's table per namespace, by version; observed as None when it is
     /// there but not known to be what weft wrote.
@@ -241,7 +256,7 @@ impl State {
     pub fn replace_within(&mut self, from: &State, scopes: &BTreeSet<Ns>) {
         let inside = |ns: &Ns| scopes.contains(ns);
         set_within(&mut self.namespaces, &from.namespaces, |n| inside(n));
-        set_within(&mut self.forwarding, &from.forwarding, |n| inside(n));
+        set_within(&mut self.forwarding, &from.forwarding, |(n, _)| inside(n));
         set_within(&mut self.addresses, &from.addresses, |a| inside(&a.ns));
         set_within(&mut self.rules, &from.rules, |r| inside(&r.ns));
         set_within(&mut self.stray_tables, &from.stray_tables, |(n, _)| inside(n));
@@ -284,7 +299,7 @@ pub struct Origins {
     pub namespaces: BTreeMap<Ns, String>,
     pub links: BTreeMap<(Ns, String), String>,
     pub addresses: BTreeMap<Address, String>,
-    pub routes: BTreeMap<(Ns, u32, Ipv4Net), String>,
+    pub routes: BTreeMap<(Ns, u32, IpNet), String>,
     pub rules: BTreeMap<Rule, String>,
     pub tables: BTreeMap<Ns, Vec<String>>,
     pub peers: BTreeMap<(Ns, String, WgKey), String>,
@@ -298,9 +313,12 @@ pub struct RawNs {
     pub addresses: Vec<Address>,
     pub routes: Vec<RawRoute>,
     pub rules: Vec<Rule>,
-    pub forwarding: bool,
-    /// nftables tables of family ip, by name, with weft's version when the
-    /// firewall knows the table is unchanged since weft wrote it.
+    /// The families forwarded.
+    pub forwarding: BTreeSet<Family>,
+    /// weft's nftables tables: `inet weft` (with weft's version when the
+    /// firewall knows the table is unchanged since weft wrote it), and
+    /// other tables of weft's name in families inet and ip (`ip weft` of
+    /// earlier versions among them), by "family name".
     pub tables: BTreeMap<String, Option<u64>>,
 }
 
@@ -337,7 +355,10 @@ pub fn owns_rule(r: &Rule) -> bool {
     let default = r.from.is_none()
         && r.to.is_none()
         && r.iif.is_none()
-        && matches!((r.priority, r.table), (0, 255) | (32766, 254) | (32767, 253));
+        && matches!(
+            (r.family, r.priority, r.table),
+            (_, 0, 255) | (_, 32766, 254) | (Family::V4, 32767, 253)
+        );
     !default
 }
 
@@ -363,13 +384,15 @@ pub fn owned(ns: &Ns, raw: RawNs, into: &mut State) {
             into.rules.insert(r);
         }
     }
-    if raw.forwarding {
-        into.forwarding.insert(ns.clone());
+    for f in raw.forwarding {
+        into.forwarding.insert((ns.clone(), f));
     }
     for (name, version) in raw.tables {
-        if name == NFT_TABLE {
+        if name == OWN_TABLE {
             into.tables.insert(ns.clone(), version);
-        } else if name.starts_with(PREFIX) {
+        } else if let Some((_, table)) = name.split_once(' ')
+            && table.starts_with(PREFIX)
+        {
             into.stray_tables.insert((ns.clone(), name));
         }
     }

@@ -1,4 +1,5 @@
-//! weft's nftables table, `ip weft`, one per namespace: prefix NAT and the
+//! weft's nftables table, `inet weft`, one per namespace (both families;
+//! `ip weft` of earlier versions goes in the batch that writes it): prefix NAT and the
 //! MSS clamp in a peering's namespace; source NAT of host traffic into the
 //! overlay and per-peer counters in a node's own namespace. The table is
 //! rendered whole from a [`TableSpec`] (pure, below) and replaced in one
@@ -27,16 +28,39 @@ use crate::model::*;
 /// The counter of packets a peering's namespace dropped from its tunnel.
 pub const DROPPED_COUNTER: &str = "dropped";
 /// The counter of packets from the tunnel that the export policy refused
-/// (not "policy": a keyword of nft's, so `nft list counter ip weft policy`
+/// (not "policy": a keyword of nft's, so `nft list counter inet weft policy`
 /// would not parse).
 pub const POLICY_COUNTER: &str = "refused";
 /// The counters of packets from the tunnel forwarded onward to another
 /// peer (transit): this prefix and the site they lead to.
 pub const TRANSIT_COUNTER_PREFIX: &str = "transit-";
 
-fn prefix(n: &ipnet::Ipv4Net) -> Value {
+fn prefix(n: &ipnet::IpNet) -> Value {
     json!({"prefix": {"addr": n.network().to_string(), "len": n.prefix_len()}})
 }
+
+fn prefix4(n: &ipnet::Ipv4Net) -> Value {
+    prefix(&ipnet::IpNet::V4(*n))
+}
+
+/// nft's name of a family's header ("ip", "ip6").
+fn proto(f: Family) -> &'static str {
+    match f {
+        Family::V4 => "ip",
+        Family::V6 => "ip6",
+    }
+}
+
+fn family_of(n: &ipnet::IpNet) -> Family {
+    Family::of(n.addr())
+}
+
+/// `nets` of family `f`.
+fn of_family<'a>(nets: impl IntoIterator<Item = &'a ipnet::IpNet>, f: Family) -> Vec<&'a ipnet::IpNet> {
+    nets.into_iter().filter(|n| family_of(n) == f).collect()
+}
+
+const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
 
 fn add(x: Value) -> Value {
     json!({ "add": x })
@@ -44,16 +68,28 @@ fn add(x: Value) -> Value {
 
 fn chain(name: &str, kind: &str, hook: &str, prio: i32) -> Value {
     add(
-        json!({"chain": {"family": "ip", "table": NFT_TABLE, "name": name, "type": kind, "hook": hook, "prio": prio, "policy": "accept"}}),
+        json!({"chain": {"family": "inet", "table": NFT_TABLE, "name": name, "type": kind, "hook": hook, "prio": prio, "policy": "accept"}}),
     )
 }
 
 fn rule(chain: &str, expr: Value) -> Value {
-    add(json!({"rule": {"family": "ip", "table": NFT_TABLE, "chain": chain, "expr": expr}}))
+    add(json!({"rule": {"family": "inet", "table": NFT_TABLE, "chain": chain, "expr": expr}}))
 }
 
-fn field(field: &str, op: &str, right: Value) -> Value {
-    json!({"match": {"op": op, "left": {"payload": {"protocol": "ip", "field": field}}, "right": right}})
+fn field(f: Family, field: &str, op: &str, right: Value) -> Value {
+    json!({"match": {"op": op, "left": {"payload": {"protocol": proto(f), "field": field}}, "right": right}})
+}
+
+fn counter(name: &str) -> Value {
+    add(json!({"counter": {"family": "inet", "table": NFT_TABLE, "name": name}}))
+}
+
+/// nft's name of a family in `meta nfproto`.
+fn nfproto(f: Family) -> &'static str {
+    match f {
+        Family::V4 => "ipv4",
+        Family::V6 => "ipv6",
+    }
 }
 
 fn meta(key: &str, op: &str, right: &str) -> Value {
@@ -62,10 +98,17 @@ fn meta(key: &str, op: &str, right: &str) -> Value {
 
 /// The nft JSON batch that replaces weft's table with `spec` (an empty spec
 /// removes it): add (so that the delete cannot fail), delete, then the new
-/// table, all in one transaction.
+/// table, all in one transaction; the table of earlier versions (`ip
+/// weft`) goes in it too.
 pub fn batch(spec: &TableSpec) -> Value {
-    let table = json!({"table": {"family": "ip", "name": NFT_TABLE}});
-    let mut cmds = vec![add(table.clone()), json!({ "delete": table.clone() })];
+    let legacy = json!({"table": {"family": "ip", "name": NFT_TABLE}});
+    let table = json!({"table": {"family": "inet", "name": NFT_TABLE}});
+    let mut cmds = vec![
+        add(legacy.clone()),
+        json!({ "delete": legacy }),
+        add(table.clone()),
+        json!({ "delete": table.clone() }),
+    ];
     if spec.is_empty() {
         return json!({ "nftables": cmds });
     }
@@ -83,19 +126,20 @@ pub fn batch(spec: &TableSpec) -> Value {
         cmds.push(chain("pre", "nat", "prerouting", -100));
         cmds.push(chain("post", "nat", "postrouting", 100));
         for m in &spec.nat {
+            let f = family_of(&m.local);
             // Toward the tunnel: the local view becomes the real CIDR.
-            let dnat = json!({"dnat": {"addr": prefix(&m.real), "flags": "netmap", "type_flags": "prefix"}});
+            let dnat = json!({"dnat": {"family": proto(f), "addr": prefix(&m.real), "flags": "netmap", "type_flags": "prefix"}});
             let pre = json!([
                 meta("iifname", "!=", &m.tunnel),
-                field("daddr", "==", prefix(&m.local)),
+                field(f, "daddr", "==", prefix(&m.local)),
                 dnat
             ]);
             cmds.push(rule("pre", pre));
             // From the tunnel: the real CIDR becomes the local view.
-            let snat = json!({"snat": {"addr": prefix(&m.local), "flags": "netmap", "type_flags": "prefix"}});
+            let snat = json!({"snat": {"family": proto(f), "addr": prefix(&m.local), "flags": "netmap", "type_flags": "prefix"}});
             let post = json!([
                 meta("iifname", "==", &m.tunnel),
-                field("saddr", "==", prefix(&m.real)),
+                field(f, "saddr", "==", prefix(&m.real)),
                 snat
             ]);
             cmds.push(rule("post", post));
@@ -110,24 +154,26 @@ pub fn batch(spec: &TableSpec) -> Value {
                 "export",
                 json!([
                     meta("iifname", "==", &x.tunnel),
-                    field("daddr", "==", json!(x.external.to_string())),
-                    {"dnat": {"addr": x.host.to_string()}}
+                    field(Family::V4, "daddr", "==", json!(x.external.to_string())),
+                    {"dnat": {"family": "ip", "addr": x.host.to_string()}}
                 ]),
             ));
         }
     }
-    if let Some(h) = &spec.snat {
+    if !spec.snat.is_empty() {
         cmds.push(chain("snat", "nat", "postrouting", 100));
-        let except: Vec<Value> = h.except.iter().map(prefix).collect();
-        let snat = json!({"snat": {"addr": h.address.to_string()}});
-        cmds.push(rule(
-            "snat",
-            json!([
-                meta("oifname", "==", &h.link),
-                field("saddr", "!=", json!({ "set": except })),
-                snat
-            ]),
-        ));
+    }
+    for h in &spec.snat {
+        let f = Family::of(h.address);
+        let mut expr = vec![meta("oifname", "==", &h.link)];
+        let except: Vec<Value> = of_family(&h.except, f).into_iter().map(prefix).collect();
+        if except.is_empty() {
+            expr.push(json!({"match": {"op": "==", "left": {"meta": {"key": "nfproto"}}, "right": nfproto(f)}}));
+        } else {
+            expr.push(field(f, "saddr", "!=", json!({ "set": except })));
+        }
+        expr.push(json!({"snat": {"family": proto(f), "addr": h.address.to_string()}}));
+        cmds.push(rule("snat", Value::Array(expr)));
     }
     if let Some(f) = &spec.filter {
         // From the tunnel, forward only to what the peering allows; the
@@ -135,41 +181,44 @@ pub fn batch(spec: &TableSpec) -> Value {
         // dropped. After the exports' DNAT (prerouting), so an export's
         // host is what is checked.
         cmds.push(chain("from_tunnel", "filter", "forward", 0));
-        cmds.push(add(
-            json!({"counter": {"family": "ip", "table": NFT_TABLE, "name": DROPPED_COUNTER}}),
-        ));
+        cmds.push(counter(DROPPED_COUNTER));
         // Transit: what goes onward to another peer, counted per site
         // (before the policy: what the peer sent that way).
         for (site, nets) in &f.transit {
             let name = format!("{TRANSIT_COUNTER_PREFIX}{site}");
-            cmds.push(add(
-                json!({"counter": {"family": "ip", "table": NFT_TABLE, "name": name}}),
-            ));
-            let set: Vec<Value> = nets.iter().map(prefix).collect();
+            cmds.push(counter(&name));
+            for family in FAMILIES {
+                let set: Vec<Value> = of_family(nets, family).into_iter().map(prefix).collect();
+                if set.is_empty() {
+                    continue;
+                }
+                cmds.push(rule(
+                    "from_tunnel",
+                    json!([
+                        meta("iifname", "==", &f.tunnel),
+                        field(family, "daddr", "==", json!({ "set": set })),
+                        {"counter": name}
+                    ]),
+                ));
+            }
+        }
+        // Per family: what is not allowed is dropped; a family with
+        // nothing allowed, whole (and anything neither IPv4 nor IPv6).
+        for family in FAMILIES {
+            let allowed: Vec<Value> = of_family(f.allowed.iter().chain(f.transit.iter().flat_map(|(_, n)| n)), family)
+                .into_iter()
+                .map(prefix)
+                .collect();
+            let which = if allowed.is_empty() {
+                json!({"match": {"op": "==", "left": {"meta": {"key": "nfproto"}}, "right": nfproto(family)}})
+            } else {
+                field(family, "daddr", "!=", json!({ "set": allowed }))
+            };
             cmds.push(rule(
                 "from_tunnel",
-                json!([
-                    meta("iifname", "==", &f.tunnel),
-                    field("daddr", "==", json!({ "set": set })),
-                    {"counter": name}
-                ]),
+                json!([meta("iifname", "==", &f.tunnel), which, {"counter": DROPPED_COUNTER}, {"drop": null}]),
             ));
         }
-        let allowed: Vec<Value> = f
-            .allowed
-            .iter()
-            .chain(f.transit.iter().flat_map(|(_, n)| n))
-            .map(prefix)
-            .collect();
-        cmds.push(rule(
-            "from_tunnel",
-            json!([
-                meta("iifname", "==", &f.tunnel),
-                field("daddr", "!=", json!({ "set": allowed })),
-                {"counter": DROPPED_COUNTER},
-                {"drop": null}
-            ]),
-        ));
         if let Some(rules) = &f.policy {
             policy(&mut cmds, &f.tunnel, rules);
         }
@@ -180,11 +229,10 @@ pub fn batch(spec: &TableSpec) -> Value {
         }
         for (site, nets) in &spec.accounting {
             for dir in ["tx", "rx"] {
-                cmds.push(add(
-                    json!({"counter": {"family": "ip", "table": NFT_TABLE, "name": format!("{dir}-{site}")}}),
-                ));
+                cmds.push(counter(&format!("{dir}-{site}")));
             }
             for n in nets {
+                let family = family_of(n);
                 for (f, dir, chains) in [
                     ("daddr", "tx", ["acct_fwd", "acct_out"]),
                     ("saddr", "rx", ["acct_fwd", "acct_in"]),
@@ -192,7 +240,7 @@ pub fn batch(spec: &TableSpec) -> Value {
                     for c in chains {
                         cmds.push(rule(
                             c,
-                            json!([field(f, "==", prefix(n)), {"counter": format!("{dir}-{site}")}]),
+                            json!([field(family, f, "==", prefix(n)), {"counter": format!("{dir}-{site}")}]),
                         ));
                     }
                 }
@@ -211,9 +259,7 @@ pub fn batch(spec: &TableSpec) -> Value {
 /// open connections it no longer allows, and a table replaced in one
 /// transaction keeps those it still allows.
 fn policy(cmds: &mut Vec<Value>, tunnel: &str, rules: &[PolicyRule]) {
-    cmds.push(add(
-        json!({"counter": {"family": "ip", "table": NFT_TABLE, "name": POLICY_COUNTER}}),
-    ));
+    cmds.push(counter(POLICY_COUNTER));
     let from_tunnel = meta("iifname", "==", tunnel);
     cmds.push(rule(
         "from_tunnel",
@@ -224,9 +270,12 @@ fn policy(cmds: &mut Vec<Value>, tunnel: &str, rules: &[PolicyRule]) {
         ]),
     ));
     for r in rules {
+        // (IPv4 only, said first: in a table of both families nft can
+        // type the connection's port only once it knows the family.)
         let mut expr = vec![
             from_tunnel.clone(),
-            json!({"match": {"op": "==", "left": {"ct": {"key": "ip daddr", "dir": "original"}}, "right": prefix(&r.cidr)}}),
+            json!({"match": {"op": "==", "left": {"meta": {"key": "nfproto"}}, "right": nfproto(Family::V4)}}),
+            json!({"match": {"op": "==", "left": {"ct": {"key": "ip daddr", "dir": "original"}}, "right": prefix4(&r.cidr)}}),
         ];
         // The connection's protocol and destination port, as conntrack
         // has them: an ICMP error about an allowed connection (say, "need
@@ -285,7 +334,7 @@ pub struct PeerTraffic {
 }
 
 /// The per-peer counters of the table in `listing` (`nft -j list counters
-/// table ip weft`), by peer site.
+/// table inet weft`), by peer site.
 pub fn parse_counters(listing: &Value) -> Vec<PeerTraffic> {
     let mut by_site: BTreeMap<String, PeerTraffic> = BTreeMap::new();
     for item in listing["nftables"].as_array().into_iter().flatten() {
@@ -313,7 +362,7 @@ pub fn parse_counters(listing: &Value) -> Vec<PeerTraffic> {
 /// Blocking: for a thread of its own, not the async runtime.
 pub fn counters_blocking() -> Option<Vec<PeerTraffic>> {
     let out = std::process::Command::new("nft")
-        .args(["-j", "list", "counters", "table", "ip", NFT_TABLE])
+        .args(["-j", "list", "counters", "table", "inet", NFT_TABLE])
         .output()
         .ok()?;
     if !out.status.success() {
@@ -329,7 +378,7 @@ pub fn counters_blocking() -> Option<Vec<PeerTraffic>> {
 /// over. None when there is no table.
 pub fn dropped_blocking() -> Option<TableCounters> {
     let out = std::process::Command::new("nft")
-        .args(["-j", "list", "table", "ip", NFT_TABLE])
+        .args(["-j", "list", "table", "inet", NFT_TABLE])
         .output()
         .ok()?;
     if !out.status.success() {
@@ -403,8 +452,8 @@ async fn nft(ns: &Ns, args: &[&str], input: Option<String>) -> R<Vec<u8>> {
 /// direction: to a destination in a prefix, or from a source in one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Stale {
-    To(ipnet::Ipv4Net),
-    From(ipnet::Ipv4Net),
+    To(ipnet::IpNet),
+    From(ipnet::IpNet),
 }
 
 /// The translations that changed between `old` and `new` (the table a
@@ -420,12 +469,11 @@ pub fn stale(old: &TableSpec, new: &TableSpec) -> Vec<Stale> {
     let exports = |t: &TableSpec| -> BTreeSet<(std::net::Ipv4Addr, std::net::Ipv4Addr)> {
         t.exports.iter().map(|x| (x.external, x.host)).collect()
     };
-    let nat = |t: &TableSpec| -> BTreeSet<(ipnet::Ipv4Net, ipnet::Ipv4Net)> {
-        t.nat.iter().map(|n| (n.local, n.real)).collect()
-    };
+    let nat =
+        |t: &TableSpec| -> BTreeSet<(ipnet::IpNet, ipnet::IpNet)> { t.nat.iter().map(|n| (n.local, n.real)).collect() };
     let mut out = BTreeSet::new();
     for (external, _) in exports(old).symmetric_difference(&exports(new)) {
-        out.insert(Stale::To(ipnet::Ipv4Net::from(*external)));
+        out.insert(Stale::To(ipnet::IpNet::from(std::net::IpAddr::V4(*external))));
     }
     for (local, real) in nat(old).symmetric_difference(&nat(new)) {
         out.insert(Stale::To(*local));
@@ -442,6 +490,10 @@ async fn forget(ns: &Ns, what: Stale) -> R<()> {
         Stale::From(n) => ("--orig-src", "--mask-src", n),
     };
     let (addr, netmask) = (net.network().to_string(), net.netmask().to_string());
+    let family = match net {
+        ipnet::IpNet::V4(_) => "ipv4",
+        ipnet::IpNet::V6(_) => "ipv6",
+    };
     let mut cmd = if ns.is_empty() {
         tokio::process::Command::new("conntrack")
     } else {
@@ -449,7 +501,7 @@ async fn forget(ns: &Ns, what: Stale) -> R<()> {
         c.args(["netns", "exec", ns, "conntrack"]);
         c
     };
-    cmd.args(["-D", "-f", "ipv4", flag, &addr, mask, &netmask])
+    cmd.args(["-D", "-f", family, flag, &addr, mask, &netmask])
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
     let out = cmd.output().await.map_err(|e| format!("cannot run conntrack: {e}"))?;
@@ -480,7 +532,7 @@ pub struct Nft {
 
 impl Nft {
     async fn listing(ns: &Ns) -> R<u64> {
-        let out = nft(ns, &["-j", "list", "table", "ip", NFT_TABLE], None).await?;
+        let out = nft(ns, &["-j", "list", "table", "inet", NFT_TABLE], None).await?;
         let v: Value = serde_json::from_slice(&out).map_err(|e| format!("nft's listing is not JSON: {e}"))?;
         Ok(listing_hash(&v))
     }
@@ -503,19 +555,25 @@ impl Firewall for Nft {
         {
             return Ok(tables.clone());
         }
-        let out = nft(ns, &["-j", "list", "tables", "ip"], None).await?;
+        let out = nft(ns, &["-j", "list", "tables"], None).await?;
         let v: Value = serde_json::from_slice(&out).map_err(|e| format!("nft's listing is not JSON: {e}"))?;
+        // Of weft's name, in the families weft writes: "family name".
         let mut tables: BTreeMap<String, Option<u64>> = v["nftables"]
             .as_array()
             .into_iter()
             .flatten()
-            .filter_map(|x| x["table"]["name"].as_str().map(|n| (n.to_string(), None)))
+            .filter_map(|x| {
+                let (family, name) = (x["table"]["family"].as_str()?, x["table"]["name"].as_str()?);
+                (matches!(family, "ip" | "inet") && name.starts_with(PREFIX))
+                    .then(|| (format!("{family} {name}"), None))
+            })
             .collect();
-        if tables.contains_key(NFT_TABLE)
+        let ours = OWN_TABLE.to_string();
+        if tables.contains_key(&ours)
             && let Some((version, hash)) = self.written.get(ns).copied()
             && Nft::listing(ns).await? == hash
         {
-            tables.insert(NFT_TABLE.into(), Some(version));
+            tables.insert(ours, Some(version));
         }
         match generation {
             Some(g) => self.listed.insert(ns.clone(), (g, tables.clone())),
@@ -549,14 +607,18 @@ impl Firewall for Nft {
 
     async fn delete_table(&mut self, ns: &Ns, name: &str) -> R<()> {
         self.listed.remove(ns);
-        if name == NFT_TABLE {
+        if name == OWN_TABLE {
             self.written.remove(ns);
             self.last.remove(ns);
         }
-        match nft(ns, &["delete", "table", "ip", name], None).await {
+        let (family, table) = name
+            .split_once(' ')
+            .filter(|(f, t)| matches!(*f, "ip" | "inet") && t.starts_with(PREFIX))
+            .ok_or_else(|| format!("{name:?} is not a table of weft's"))?;
+        match nft(ns, &["delete", "table", family, table], None).await {
             Ok(_) => Ok(()),
             Err(e) if e.contains("No such file") => Ok(()),
-            Err(e) => Err(format!("cannot delete table ip {name} in {}: {e}", shown(ns))),
+            Err(e) => Err(format!("cannot delete table {name} in {}: {e}", shown(ns))),
         }
     }
 }
@@ -576,7 +638,11 @@ mod tests {
     #[test]
     fn an_empty_spec_only_removes_and_a_full_one_has_every_part() {
         let v = batch(&TableSpec::default());
-        assert_eq!(v["nftables"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            v["nftables"].as_array().unwrap().len(),
+            4,
+            "both tables only removed: {v}"
+        );
         let spec = TableSpec {
             mss_clamp: true,
             nat: vec![NatRule {
@@ -584,11 +650,18 @@ mod tests {
                 real: "10.1.0.0/16".parse().unwrap(),
                 tunnel: "weft-wabc".into(),
             }],
-            snat: Some(HostSnat {
-                link: "weft-vx0".into(),
-                address: "10.1.4.1".parse().unwrap(),
-                except: vec!["10.1.0.0/16".parse().unwrap()],
-            }),
+            snat: vec![
+                HostSnat {
+                    link: "weft-vx0".into(),
+                    address: "10.1.4.1".parse().unwrap(),
+                    except: vec!["10.1.0.0/16".parse().unwrap()],
+                },
+                HostSnat {
+                    link: "weft-vx0".into(),
+                    address: "fd00:70::3".parse().unwrap(),
+                    except: vec!["fd00:1::/48".parse().unwrap()],
+                },
+            ],
             accounting: [("b".to_string(), vec!["10.90.0.0/16".parse().unwrap()])].into(),
             exports: vec![Export {
                 external: "10.70.255.254".parse().unwrap(),
@@ -638,9 +711,72 @@ mod tests {
             json!([
                 {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "weft-wabc"}},
                 {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "10.70.255.254"}},
-                {"dnat": {"addr": "192.168.7.5"}}
+                {"dnat": {"family": "ip", "addr": "192.168.7.5"}}
             ])
         );
+    }
+
+    /// Each family's rules match its own header: an IPv6 view is mapped
+    /// with `ip6` prefix NAT, host traffic gets one SNAT per family, and
+    /// the filter allows each family only its own networks.
+    #[test]
+    fn both_families_are_translated_and_filtered_each_in_its_own_terms() {
+        let spec = TableSpec {
+            nat: vec![
+                NatRule {
+                    local: "10.90.0.0/16".parse().unwrap(),
+                    real: "10.1.0.0/16".parse().unwrap(),
+                    tunnel: "weft-wabc".into(),
+                },
+                NatRule {
+                    local: "fdaa:bb00:100::/48".parse().unwrap(),
+                    real: "fd00:1::/48".parse().unwrap(),
+                    tunnel: "weft-wabc".into(),
+                },
+            ],
+            snat: vec![HostSnat {
+                link: "weft-vx0".into(),
+                address: "fd00:70::3".parse().unwrap(),
+                except: vec!["fd00:1::/48".parse().unwrap()],
+            }],
+            filter: Some(TunnelFilter {
+                tunnel: "weft-wabc".into(),
+                allowed: vec!["10.1.0.0/16".parse().unwrap(), "fd00:1::/48".parse().unwrap()],
+                policy: None,
+                transit: vec![],
+            }),
+            ..Default::default()
+        };
+        let v = batch(&spec);
+        let rules = |chain: &str| -> Vec<Value> {
+            v["nftables"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|c| c["add"]["rule"].as_object().filter(|r| r["chain"] == chain))
+                .map(|r| r["expr"].clone())
+                .collect()
+        };
+        let pre = rules("pre");
+        assert_eq!(pre[1][1]["match"]["left"]["payload"]["protocol"], "ip6", "{pre:#?}");
+        assert_eq!(
+            pre[1][2],
+            json!({"dnat": {"family": "ip6", "addr": {"prefix": {"addr": "fd00:1::", "len": 48}}, "flags": "netmap", "type_flags": "prefix"}})
+        );
+        assert_eq!(rules("post")[1][2]["snat"]["family"], "ip6");
+        assert_eq!(pre[0][2]["dnat"]["family"], "ip");
+        let snat = rules("snat");
+        assert_eq!(snat.len(), 1);
+        assert_eq!(snat[0][1]["match"]["left"]["payload"]["protocol"], "ip6");
+        assert_eq!(snat[0][2], json!({"snat": {"family": "ip6", "addr": "fd00:70::3"}}));
+        let filter = rules("from_tunnel");
+        assert_eq!(filter.len(), 2, "{filter:#?}");
+        for (r, proto, net) in [(&filter[0], "ip", "10.1.0.0"), (&filter[1], "ip6", "fd00:1::")] {
+            assert_eq!(r[1]["match"]["op"], "!=");
+            assert_eq!(r[1]["match"]["left"]["payload"]["protocol"], proto);
+            assert_eq!(r[1]["match"]["right"]["set"][0]["prefix"]["addr"], net);
+            assert_eq!(r[3], json!({"drop": null}));
+        }
     }
 
     /// Replies pass, then each rule, then the count and the drop, all
@@ -675,28 +811,37 @@ mod tests {
             .filter_map(|c| c["add"]["rule"].as_object().filter(|r| r["chain"] == "from_tunnel"))
             .map(|r| &r["expr"])
             .collect();
-        assert_eq!(rules.len(), 7, "{rules:#?}");
+        // The tunnel filter's two (IPv4's set, IPv6 dropped whole: this
+        // peering carries none), then the policy's.
+        assert_eq!(rules.len(), 8, "{rules:#?}");
         let iif = json!({"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "weft-wabc"}});
         assert!(
             rules.iter().all(|r| r[0] == iif),
             "every rule is for the tunnel: {rules:#?}"
         );
+        assert_eq!(rules[1][1]["match"]["left"]["meta"]["key"], "nfproto");
+        assert_eq!(rules[1][1]["match"]["right"], "ipv6");
+        let rules = &rules[1..];
         assert_eq!(rules[1][1]["match"]["left"]["ct"]["key"], "direction");
         assert_eq!(rules[1][2], json!({"accept": null}));
-        let dst = |r: &Value| r[1]["match"]["left"]["ct"]["dir"].clone();
+        let dst = |r: &Value| r[2]["match"]["left"]["ct"]["dir"].clone();
         assert!(rules[2..6].iter().all(|r| dst(r) == "original"));
-        assert_eq!(
-            rules[2][2]["match"],
-            json!({"op": "==", "left": {"ct": {"key": "protocol"}}, "right": "tcp"})
+        assert!(
+            rules[2..6].iter().all(|r| r[1]["match"]["right"] == "ipv4"),
+            "{rules:#?}"
         );
         assert_eq!(
             rules[2][3]["match"],
+            json!({"op": "==", "left": {"ct": {"key": "protocol"}}, "right": "tcp"})
+        );
+        assert_eq!(
+            rules[2][4]["match"],
             json!({"op": "==", "left": {"ct": {"key": "proto-dst", "dir": "original"}}, "right": 8080})
         );
-        assert_eq!(rules[3][3]["match"]["right"], json!({"range": [5000, 5010]}));
-        assert_eq!(rules[4][2]["match"]["right"], "icmp");
-        assert_eq!(rules[4][3], json!({"accept": null}), "icmp has no ports");
-        assert_eq!(rules[5][2], json!({"accept": null}), "any protocol: the prefix alone");
+        assert_eq!(rules[3][4]["match"]["right"], json!({"range": [5000, 5010]}));
+        assert_eq!(rules[4][3]["match"]["right"], "icmp");
+        assert_eq!(rules[4][4], json!({"accept": null}), "icmp has no ports");
+        assert_eq!(rules[5][3], json!({"accept": null}), "any protocol: the prefix alone");
         assert_eq!(rules[6][1], json!({"counter": POLICY_COUNTER}));
         assert_eq!(rules[6][2], json!({"drop": null}));
         // No rules: only replies pass.
@@ -763,7 +908,7 @@ mod tests {
             nat: vec![nat("10.202.0.0/16", "10.1.0.0/16"), nat("10.201.0.0/16", "10.2.0.0/16")],
             ..Default::default()
         };
-        let n = |s: &str| s.parse::<ipnet::Ipv4Net>().unwrap();
+        let n = |s: &str| s.parse::<ipnet::IpNet>().unwrap();
         assert_eq!(
             stale(&old, &new),
             vec![

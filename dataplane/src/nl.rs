@@ -97,6 +97,7 @@ pub async fn need_index_in(h: &Handle, name: &str) -> R<u32> {
 /// Sets link `name` up, with `mtu` unless 0.
 pub async fn set_up_named(h: &Handle, name: &str, mtu: u32) -> R<()> {
     let idx = need_index_in(h, name).await?;
+    no_address_autoconf(h, idx, name).await;
     let mut b = LinkUnspec::new_with_index(idx).up();
     if mtu > 0 {
         b = b.mtu(mtu);
@@ -106,4 +107,21 @@ pub async fn set_up_named(h: &Handle, name: &str, mtu: u32) -> R<()> {
         .execute()
         .await
         .map_err(|e| format!("cannot set {name} up: {e}"))
+}
+
+/// Keeps the kernel from giving link `name` an IPv6 link-local address of
+/// its own when it goes up: every address on a weft link is weft's (the
+/// overlay's IPv6 next hops are link-local addresses the controller
+/// renders). Harmless on a link already up; a host without IPv6 refuses
+/// it, and then there is nothing to keep away.
+async fn no_address_autoconf(h: &Handle, idx: u32, name: &str) {
+    use rtnetlink::packet_route::link::{AfSpecInet6, AfSpecUnspec, In6AddrGenMode, LinkAttribute};
+    let mut m = LinkUnspec::new_with_index(idx).build();
+    m.attributes
+        .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(vec![
+            AfSpecInet6::AddrGenMode(In6AddrGenMode::None),
+        ])]));
+    if let Err(e) = h.link().set(m).execute().await {
+        tracing::debug!(link = %name, error = %e, "IPv6 address generation left as it is");
+    }
 }

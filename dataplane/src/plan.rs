@@ -18,7 +18,7 @@ use crate::model::*;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
     CreateNamespace(Ns),
-    SetForwarding(Ns),
+    SetForwarding(Ns, Family),
     DelRule(Rule),
     DelRoute(Route),
     DelAddress(Address),
@@ -38,6 +38,7 @@ pub enum Op {
         name: String,
     },
     DeleteNamespace(Ns),
+    /// Removes a table of weft's, by "family name" (`inet weft`).
     DelTable {
         ns: Ns,
         name: String,
@@ -75,7 +76,7 @@ impl Op {
     pub fn ns(&self) -> &str {
         match self {
             Op::CreateNamespace(_) | Op::DeleteNamespace(_) => "",
-            Op::SetForwarding(ns) => ns,
+            Op::SetForwarding(ns, _) => ns,
             Op::DelRule(r) | Op::AddRule(r) => &r.ns,
             Op::DelRoute(r) | Op::SetRoute(r) => &r.ns,
             Op::DelAddress(a) | Op::AddAddress(a) => &a.ns,
@@ -95,7 +96,7 @@ impl Op {
     /// removal of something undesired serves none).
     pub fn origin<'a>(&self, o: &'a Origins) -> Option<&'a str> {
         let s = match self {
-            Op::CreateNamespace(ns) | Op::SetForwarding(ns) => o.namespaces.get(ns),
+            Op::CreateNamespace(ns) | Op::SetForwarding(ns, _) => o.namespaces.get(ns),
             Op::AddLink(l) | Op::AddWireguard(l) => o.links.get(&(l.ns.clone(), l.name.clone())),
             Op::SetLink { ns, name, .. } => o.links.get(&(ns.clone(), name.clone())),
             Op::AddAddress(a) => o.addresses.get(a),
@@ -169,6 +170,14 @@ impl Planner<'_> {
         (ns.is_empty() || self.scopes.contains(ns) || self.creating.contains(ns)) && !self.deleting.contains(ns)
     }
 
+    /// Whether weft's table in `ns` is to be written.
+    fn rewrites_table(&self, ns: &Ns) -> bool {
+        let Some(version) = self.d.tables.get(ns) else {
+            return false;
+        };
+        self.creating.contains(ns) || self.o.tables.get(ns) != Some(version)
+    }
+
     fn link_stays(&self, ns: &Ns, name: &str) -> bool {
         !self.gone.contains(&(ns.clone(), name.to_string()))
     }
@@ -182,9 +191,9 @@ impl Planner<'_> {
 
     fn namespaces(&mut self) {
         let mut ops: Vec<Op> = self.creating.iter().map(|ns| Op::CreateNamespace(ns.clone())).collect();
-        for ns in self.d.forwarding.iter().filter(|ns| self.live(ns)) {
-            if self.creating.contains(ns) || !self.o.forwarding.contains(ns) {
-                ops.push(Op::SetForwarding(ns.clone()));
+        for (ns, family) in self.d.forwarding.iter().filter(|(ns, _)| self.live(ns)) {
+            if self.creating.contains(ns) || !self.o.forwarding.contains(&(ns.clone(), *family)) {
+                ops.push(Op::SetForwarding(ns.clone(), *family));
             }
         }
         self.ops.extend(ops);
@@ -278,6 +287,12 @@ impl Planner<'_> {
         ops.extend(link_dels);
         ops.extend(self.deleting.iter().map(|ns| Op::DeleteNamespace(ns.clone())));
         for (ns, name) in o.stray_tables.iter().filter(|(ns, _)| self.live(ns)) {
+            // The table of earlier versions goes in the same transaction
+            // that writes its successor (see `nft::batch`): never a moment
+            // without weft's filter and NAT.
+            if *name == LEGACY_TABLE && self.rewrites_table(ns) {
+                continue;
+            }
             ops.push(Op::DelTable {
                 ns: ns.clone(),
                 name: name.clone(),
@@ -290,7 +305,7 @@ impl Planner<'_> {
         {
             ops.push(Op::DelTable {
                 ns: ns.clone(),
-                name: NFT_TABLE.into(),
+                name: OWN_TABLE.into(),
             });
         }
         self.ops.extend(ops);
@@ -359,13 +374,8 @@ impl Planner<'_> {
                 });
             }
         }
-        for (ns, version) in d.tables.iter().filter(|(ns, _)| self.live(ns)) {
-            let have = if self.creating.contains(ns) {
-                None
-            } else {
-                o.tables.get(ns)
-            };
-            if have != Some(version) {
+        for ns in d.tables.keys().filter(|ns| self.live(ns)) {
+            if self.rewrites_table(ns) {
                 ops.push(Op::SetTable {
                     ns: ns.clone(),
                     spec: self.desired.specs.get(ns).cloned().unwrap_or_default(),

@@ -300,7 +300,7 @@ impl WireGuard for Userspace {
     }
 
     async fn set_peer(&mut self, _ns: &Ns, link: &str, peer: &WgPeer) -> R<()> {
-        let allowed: Vec<ipnet::IpNet> = peer.allowed_ips.iter().map(|n| ipnet::IpNet::V4(*n)).collect();
+        let allowed: Vec<ipnet::IpNet> = peer.allowed_ips.clone();
         self.devices
             .set_peer(link, &peer.public_key, peer.endpoint, &allowed, peer.keepalive)?;
         self.peers

@@ -76,6 +76,7 @@ fn rule(id: &str, ns: &str, to: &str) -> pb::DesiredObject {
             to: to.into(),
             table: HOST_TABLE,
             iif: String::new(),
+            ipv6: false,
         }),
     )
 }
@@ -178,7 +179,7 @@ fn foreign(h: &mut FakeHost) {
         no_prefix_route: false,
     });
     for (table, dst) in [(254, "0.0.0.0/0"), (254, "10.90.0.0/16"), (100, "10.1.0.0/16")] {
-        let dst: ipnet::Ipv4Net = dst.parse().unwrap();
+        let dst: ipnet::IpNet = dst.parse().unwrap();
         host.routes.insert(
             (table, dst),
             RawRoute {
@@ -197,6 +198,7 @@ fn foreign(h: &mut FakeHost) {
     for (priority, table) in [(0, 255), (100, 100), (32766, 254), (32767, 253)] {
         host.rules.insert(Rule {
             ns: String::new(),
+            family: Family::V4,
             priority,
             table,
             from: None,
@@ -412,6 +414,7 @@ fn a_stray_route_in_wefts_table_and_a_stray_rule_at_its_priority_are_removed() {
     };
     let stray_rule = Rule {
         ns: String::new(),
+        family: Family::V4,
         priority: HOST_RULE_PRIORITY,
         table: HOST_TABLE,
         from: None,
@@ -529,13 +532,13 @@ fn a_table_edited_by_hand_is_rewritten_and_an_old_accounting_table_removed() {
     {
         let mut h = f.host();
         let host = h.ns.get_mut("").unwrap();
-        host.tables.insert(NFT_TABLE.into(), None);
-        host.tables.insert("weft_acct".into(), None);
+        host.tables.insert(OWN_TABLE.into(), None);
+        host.tables.insert("ip weft_acct".into(), None);
     }
     let ops = plan_now(&f, &all(), &BTreeSet::new());
     assert!(ops.contains(&Op::DelTable {
         ns: String::new(),
-        name: "weft_acct".into()
+        name: "ip weft_acct".into()
     }));
     assert!(
         ops.iter()
@@ -659,7 +662,7 @@ fn apply_edit(f: &Fake, e: &Edit) {
             }
         }
         Edit::StrayRoute(d) => {
-            let dst: ipnet::Ipv4Net = format!("10.{d}.0.0/16").parse().unwrap();
+            let dst: ipnet::IpNet = format!("10.{d}.0.0/16").parse().unwrap();
             h.ns.get_mut("").unwrap().routes.insert(
                 (HOST_TABLE, dst),
                 RawRoute {
@@ -678,6 +681,7 @@ fn apply_edit(f: &Fake, e: &Edit) {
         Edit::StrayRule(d) => {
             h.ns.get_mut("").unwrap().rules.insert(Rule {
                 ns: String::new(),
+                family: Family::V4,
                 priority: HOST_RULE_PRIORITY,
                 table: 9,
                 from: Some(format!("10.{d}.0.0/16").parse().unwrap()),
@@ -687,7 +691,7 @@ fn apply_edit(f: &Fake, e: &Edit) {
         }
         Edit::HandEditedTable(ns) => {
             if let Some(s) = h.ns.get_mut(*ns) {
-                s.tables.insert(NFT_TABLE.into(), None);
+                s.tables.insert(OWN_TABLE.into(), None);
             }
         }
         Edit::LinkDown(ns, l) => {

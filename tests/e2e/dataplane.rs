@@ -859,7 +859,7 @@ fn a_peer_reaches_only_the_sites_workloads_through_its_tunnel() {
         )
     );
     let dropped = |lab: &weft_tests::netns::Lab| -> u64 {
-        let o = lab.exec(&ns_a, &["nft", "-j", "list", "counter", "ip", "weft", "dropped"]);
+        let o = lab.exec(&ns_a, &["nft", "-j", "list", "counter", "inet", "weft", "dropped"]);
         let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap_or_default();
         v["nftables"]
             .as_array()

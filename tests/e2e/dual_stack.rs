@@ -114,3 +114,144 @@ fn same_cidrs_in_both_families_are_remapped_and_an_ipv4_site_says_why_not() {
     // The peering itself is whole: negotiated, its IPv4 view in place.
     assert_ne!(ac["state"], "pending", "{ac:#}");
 }
+
+/// Two sites on the same IPv4 CIDR and the same IPv6 ULA prefix, each a
+/// controller, a gateway and two nodes in namespaces, peered: every
+/// workload reaches every workload of the other site over both families,
+/// by ICMP and TCP, through the remapped views (prefix NAT of both
+/// families in the peering namespaces), and the far end sees the caller
+/// at its own view of it.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn workloads_reach_each_other_over_both_families_through_remapped_views() {
+    use std::time::Duration;
+    use weft_tests::netns::{self, require_root};
+    use weft_tests::sites;
+    if !require_root() {
+        return;
+    }
+    let opts = sites::Opts {
+        ipv6: (Some("fd00:1::/48"), Some("fd00:1::/48")),
+        ..Default::default()
+    };
+    let mut s = sites::up_with("wds", ("site-a", "10.1.0.0/16"), ("site-b", "10.1.0.0/16"), opts);
+    let v4 = s.workloads.clone();
+    let v6 = s.workloads_v6();
+    eprintln!("IPv4 workloads (host, real, seen from the other site): {v4:?}\nIPv6: {v6:?}");
+    // The views are remapped in both families (the same CIDRs on both
+    // sides): the address a workload is reached at is not its own.
+    for (wl, real, seen) in v4.iter().chain(&v6) {
+        assert_ne!(real, seen, "{wl} is reached at its own address: no remapping");
+    }
+    // A TCP service on both families in every workload: it answers with
+    // where it saw the caller.
+    let echo_py = "import socket\ns=socket.create_server(('::',5300),family=socket.AF_INET6,dualstack_ipv6=True,reuse_port=True)\nwhile True:\n    c,a=s.accept()\n    c.sendall(('from '+a[0].removeprefix('::ffff:')).encode())\n    c.close()";
+    for (wl, _, _) in &v4 {
+        s.lab.spawn(
+            &s.ns[wl],
+            std::path::Path::new("/usr/bin/env"),
+            &["python3", "-c", echo_py],
+            &s.dir.path().join(format!("echo-{wl}.log")),
+        );
+    }
+    for (wl, _, _) in &v4 {
+        weft_tests::eventually(&format!("the echo service in {wl}"), Duration::from_secs(10), || {
+            weft_tests::stdout(&netns::exec(&s.ns[wl], &["ss", "-ltn"]))
+                .contains(":5300")
+                .then_some(())
+        });
+    }
+    let ping = |from: &str, to: &str| {
+        let family = if to.contains(':') { "-6" } else { "-4" };
+        netns::exec(&s.ns[from], &["ping", family, "-c", "1", "-W", "1", to])
+            .status
+            .success()
+    };
+    for family in [&v4, &v6] {
+        for (from, _, from_seen) in family {
+            for (to, _, to_seen) in family.iter().filter(|w| w.0.as_bytes()[1] != from.as_bytes()[1]) {
+                let reached = weft_tests::try_eventually(Duration::from_secs(20), || ping(from, to_seen).then_some(()));
+                if reached.is_none() {
+                    let mut diag = String::new();
+                    for (host, cmd) in [
+                        ("gwa", "ip -6 rule; ip -6 route show table all; ip -6 addr"),
+                        ("na", "ip -6 rule; ip -6 route show table all; ip -6 addr"),
+                    ] {
+                        diag.push_str(&format!(
+                            "--- {host}: {cmd}\n{}\n",
+                            weft_tests::stdout(&netns::exec(&s.ns[host], &["sh", "-c", cmd]))
+                        ));
+                    }
+                    let o = netns::exec(
+                        &s.ns_a,
+                        &[
+                            "sh",
+                            "-c",
+                            "ip -6 rule; ip -6 route show table all; ip -6 addr; nft list ruleset; wg show all 2>/dev/null",
+                        ],
+                    );
+                    diag.push_str(&format!("--- {}\n{}\n", s.ns_a, weft_tests::stdout(&o)));
+                    for p in [s.gateways.0, s.gateways.1] {
+                        diag.push_str(&s.lab.proc(p).log_text());
+                    }
+                    panic!("{from} cannot reach {to} at {to_seen}:\n{diag}");
+                }
+                let ask = format!(
+                    "import socket\ns=socket.create_connection(('{to_seen}',5300),timeout=3)\nprint(s.recv(100).decode())"
+                );
+                let o = netns::exec(&s.ns[from], &["python3", "-c", &ask]);
+                let said = weft_tests::stdout(&o);
+                assert_eq!(
+                    said.trim(),
+                    format!("from {from_seen}"),
+                    "TCP {from} → {to} at {to_seen}: the far end saw the caller elsewhere ({})",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
+        }
+    }
+}
+
+/// A dual-stack site peered with an IPv4-only one, in namespaces: the
+/// IPv4 workloads reach each other both ways; the dual-stack side says
+/// why IPv6 is not negotiated, and its tunnel filter drops IPv6 whole.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn an_ipv4_only_peer_gets_ipv4_and_ipv6_stays_off_saying_why() {
+    use std::time::Duration;
+    use weft_tests::netns::{self, require_root};
+    use weft_tests::sites;
+    if !require_root() {
+        return;
+    }
+    let opts = sites::Opts {
+        ipv6: (Some("fd00:1::/48"), None),
+        ..Default::default()
+    };
+    let s = sites::up_with("wdm", ("site-a", "10.1.0.0/16"), ("site-b", "10.2.0.0/16"), opts);
+    for (from, to) in [("wa", &s.wb_from_a), ("wb", &s.wa_from_b)] {
+        weft_tests::eventually(&format!("{from} pinging {to}"), Duration::from_secs(20), || {
+            netns::exec(&s.ns[from], &["ping", "-c", "1", "-W", "1", to])
+                .status
+                .success()
+                .then_some(())
+        });
+    }
+    let p = weftctl_json(&s.ta, &["peerings"])["peerings"][0].clone();
+    assert_eq!(p["site_id"], "site-b");
+    let why = p["ipv6"].as_str().unwrap();
+    assert!(why.starts_with("not negotiated: site-b offered no IPv6 CIDRs"), "{p:#}");
+    let chain = weft_tests::stdout(&netns::exec(
+        &s.ns_a,
+        &["nft", "list", "chain", "inet", "weft", "from_tunnel"],
+    ));
+    assert!(chain.contains("meta nfproto ipv6") && chain.contains("drop"), "{chain}");
+    let routes = weft_tests::stdout(&netns::exec(
+        &s.ns["gwa"],
+        &["ip", "-6", "route", "show", "table", "7765"],
+    ));
+    assert!(
+        !routes.contains("weft-v"),
+        "an IPv6 route into a peering without IPv6:\n{routes}"
+    );
+}

@@ -258,7 +258,7 @@ fn objects_deleted_by_hand_on_a_node_come_back_within_3s() {
                 "nft".into(),
                 "delete".into(),
                 "table".into(),
-                "ip".into(),
+                "inet".into(),
                 "weft".into(),
             ],
             vec!["nft".into(), "list".into(), "tables".into()],
@@ -271,11 +271,11 @@ fn objects_deleted_by_hand_on_a_node_come_back_within_3s() {
             [
                 "sh",
                 "-c",
-                r#"echo '{"nftables":[{"flush":{"chain":{"family":"ip","table":"weft","name":"snat"}}}]}' | nft -j -f -"#,
+                r#"echo '{"nftables":[{"flush":{"chain":{"family":"inet","table":"weft","name":"snat"}}}]}' | nft -j -f -"#,
             ]
             .map(String::from)
             .to_vec(),
-            ["sh", "-c", "nft list table ip weft | grep -c 'snat to'"]
+            ["sh", "-c", "nft list table inet weft | grep -c 'snat ip to'"]
                 .map(String::from)
                 .to_vec(),
         ),

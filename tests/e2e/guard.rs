@@ -123,6 +123,7 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
         &["ip", "link", "add", "lan2", "type", "veth", "peer", "name", "lan2p"][..],
         &["ip", "link", "set", "lan2p", "up"],
         &["ip", "addr", "add", "172.20.5.7/24", "dev", "lan2"],
+        &["ip", "addr", "add", "2001:db8:5::7/64", "dev", "lan2", "nodad"],
         &["ip", "link", "set", "lan2", "up"],
         &["ip", "route", "add", "10.66.0.0/16", "via", "172.20.5.1"],
     ] {
@@ -157,6 +158,7 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
                 to: "10.99.0.0/16".into(),
                 table: 7765,
                 iif: String::new(),
+                ipv6: false,
             }),
         ),
         // Held as if applied: the controller's snapshot, which lacks it,
@@ -214,7 +216,8 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
         ("hostile/address-router", "a gateway of the host's table main"),
         ("hostile/route-lan2", "the network of lan2"),
         ("hostile/address-neighbour", "the network of lan2"),
-        ("hostile/address-ipv6", "IPv6"),
+        ("hostile/address-ipv6", "the network of lan2"),
+        ("hostile/route-link-local", "link-local"),
     ];
     hostile.extend([
         obj(
@@ -230,9 +233,21 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
         evil_addr("hostile/address-controller", "192.168.78.1/32"),
         evil_addr("hostile/address-router", "172.20.5.1/32"),
         // A LAN neighbour's address, made local, would cut the host off
-        // from it; IPv6 in the host's namespace is never weft's.
+        // from it, in either family; the host's link-local space is never
+        // weft's.
         evil_addr("hostile/address-neighbour", "172.20.5.77/32"),
-        evil_addr("hostile/address-ipv6", "fd00:77::1/128"),
+        evil_addr("hostile/address-ipv6", "2001:db8:5::77/128"),
+        obj(
+            "hostile/route-link-local",
+            Kind::Route(pb::Route {
+                namespace: String::new(),
+                table: 7765,
+                destination: "fe80::/10".into(),
+                gateway: String::new(),
+                device: "weft-evil".into(),
+                peer_site: String::new(),
+            }),
+        ),
         obj(
             "hostile/route-lan2",
             Kind::Route(pb::Route {
@@ -260,6 +275,7 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
                 to: format!("{r}/32"),
                 table: 7765,
                 iif: String::new(),
+                ipv6: false,
             }),
         ));
         expected.push(("hostile/rule-resolver", "a resolver of the host"));
@@ -383,7 +399,7 @@ fn a_compromised_store_cannot_route_a_hosts_own_traffic() {
     weft_tests::step("the host's state unchanged");
     // Rules, routes, links and the NAT table as they were; weft's own
     // accounting table may count the new peer (it only counts).
-    // (The counters and their chains live in weft's one table, `ip weft`:
+    // (The counters and their chains live in weft's one table, `inet weft`:
     // every line of them goes, and the bare closing braces with them.)
     let without_accounting = |text: &str| {
         text.lines()

@@ -121,7 +121,7 @@ fn hold_open(mesh: &mut Mesh, from: usize, target: &str, tag: &str) -> (usize, s
 fn chain(mesh: &mut Mesh) -> String {
     let ns = weft_controller::render::peering_namespace("s2", "s1");
     let pid = mesh.gateway_pid(1);
-    let o = netns::exec_beside(pid, &ns, &["nft", "list", "chain", "ip", "weft", "from_tunnel"]);
+    let o = netns::exec_beside(pid, &ns, &["nft", "list", "chain", "inet", "weft", "from_tunnel"]);
     assert!(o.status.success(), "nft in {ns}: {}", stderr(&o));
     weft_tests::stdout(&o)
 }

@@ -323,6 +323,12 @@ pub fn weftctl_diagnose(target: &str, extra: &[&str]) -> serde_json::Value {
 /// Site `peer`'s view of `kind` ("workload", "external") in the peerings
 /// of the controller at `target`: the `real_cidr` and `local_cidr` pair.
 pub fn peer_view(target: &str, peer: &str, kind: &str) -> (String, String) {
+    peer_view_where(target, peer, kind, |_| true)
+}
+
+/// [`peer_view`], the first view of `kind` whose real CIDR `pick` takes
+/// (say, the IPv6 one).
+pub fn peer_view_where(target: &str, peer: &str, kind: &str, pick: impl Fn(&str) -> bool) -> (String, String) {
     let all = weftctl_json(target, &["peerings"]);
     let p = all["peerings"]
         .as_array()
@@ -330,8 +336,11 @@ pub fn peer_view(target: &str, peer: &str, kind: &str) -> (String, String) {
         .unwrap_or_else(|| panic!("no peering with {peer}: {all}"));
     let v = p["views"]
         .as_array()
-        .and_then(|vs| vs.iter().find(|v| v["kind"] == kind))
-        .unwrap_or_else(|| panic!("no {kind} view of {peer}: {p}"));
+        .and_then(|vs| {
+            vs.iter()
+                .find(|v| v["kind"] == kind && v["real_cidr"].as_str().is_some_and(&pick))
+        })
+        .unwrap_or_else(|| panic!("no such {kind} view of {peer}: {p}"));
     let cidr = |f: &str| v[f].as_str().unwrap().to_string();
     (cidr("real_cidr"), cidr("local_cidr"))
 }
@@ -528,19 +537,28 @@ pub fn step(name: &str) {
 /// Polls `f` every 50 ms until it returns `Some`, or panics after `timeout`
 /// stretched by this process's [`pace`] (1 on the host; the VM lane's
 /// guest measures its own), saying the pace.
-pub fn eventually<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn eventually<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
+    if let Some(v) = try_eventually(timeout, f) {
+        return v;
+    }
+    let (limit, pace) = (pace::scaled(timeout), pace::describe());
+    if pace.is_empty() {
+        panic!("{what} did not happen within {limit:?}");
+    }
+    panic!("{what} did not happen within {limit:?} ({timeout:?} at the host's speed; {pace})");
+}
+
+/// [`eventually`], returning None at the timeout (for a test that says
+/// more than that before it fails).
+pub fn try_eventually<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let start = Instant::now();
     let limit = pace::scaled(timeout);
     loop {
         if let Some(v) = f() {
-            return v;
+            return Some(v);
         }
         if start.elapsed() >= limit {
-            let pace = pace::describe();
-            if pace.is_empty() {
-                panic!("{what} did not happen within {limit:?}");
-            }
-            panic!("{what} did not happen within {limit:?} ({timeout:?} at the host's speed; {pace})");
+            return None;
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -378,11 +378,11 @@ impl Mesh {
     }
 
     /// The packets of nft counter `name` in site `site`'s namespace for its
-    /// peering with `peer` (table `ip weft`); None without that counter.
+    /// peering with `peer` (table `inet weft`); None without that counter.
     pub fn nft_counter(&mut self, site: usize, peer: &str, name: &str) -> Option<u64> {
         let ns = weft_controller::render::peering_namespace(&self.sites[site].id, peer);
         let pid = self.gateway_pid(site);
-        let o = crate::netns::exec_beside(pid, &ns, &["nft", "-j", "list", "counters", "table", "ip", "weft"]);
+        let o = crate::netns::exec_beside(pid, &ns, &["nft", "-j", "list", "counters", "table", "inet", "weft"]);
         assert!(o.status.success(), "nft in {ns}: {}", crate::stderr(&o));
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         v["nftables"]

@@ -94,6 +94,10 @@ pub struct Opts {
     pub site_b_nat: Option<crate::netns::Nat>,
     /// Site a's gateways' `--lan-address` (held by the active one).
     pub lan_address_a: Option<&'static str>,
+    /// IPv6 pod CIDRs of site a and site b (dual stack; None: that site
+    /// is IPv4 only): each node gets a /64 of its site's;
+    /// [`TwoSites::workloads_v6`] addresses the workloads in them.
+    pub ipv6: (Option<&'static str>, Option<&'static str>),
 }
 
 pub use crate::lab::{AGENT_METRICS_PORT, CONTROLLER_METRICS_PORT};
@@ -189,6 +193,8 @@ fn hosts(
 struct Plan<'a> {
     site: &'a str,
     pod: &'a str,
+    /// Its IPv6 pod CIDR (dual stack).
+    pod_v6: Option<&'a str>,
     hosts: &'a [(&'static str, &'static str, &'static str)],
     on_etcd: bool,
     wireguard: Option<&'a str>,
@@ -207,6 +213,9 @@ fn site_spec(plan: Plan, opts: &Opts, ns: &HashMap<&'static str, String>, dir: &
         .flag("--metrics-listen", &format!("0.0.0.0:{CONTROLLER_METRICS_PORT}"));
     if plan.on_etcd {
         c = c.etcd("http://127.0.0.1:2379");
+    }
+    if let Some(v6) = plan.pod_v6 {
+        c = c.pod(v6);
     }
     if let Some(t) = opts.gateway_ttl {
         c = c.flag("--gateway-ttl", t);
@@ -283,6 +292,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
     let plan_a = Plan {
         site: site_a,
         pod: pod_a,
+        pod_v6: opts.ipv6.0,
         hosts: &SITE_A,
         on_etcd: opts.site_a_etcd,
         wireguard: opts.wireguard_a,
@@ -294,6 +304,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
     let plan_b = Plan {
         site: site_b,
         pod: pod_b,
+        pod_v6: opts.ipv6.1,
         hosts: &SITE_B,
         on_etcd: etcd_b.is_some(),
         wireguard: opts.wireguard_b,
@@ -413,6 +424,60 @@ fn peer(lab: &Lab, ns: &HashMap<&str, String>, ta: &str, tb: &str, site_a: &str,
 }
 
 impl TwoSites {
+    /// Dual stack: gives every workload an IPv6 address in its node's /64
+    /// (`::10`, the node's end `::1`, which it forwards), and returns each
+    /// workload's (host, real IPv6 address, the address the other site
+    /// reaches it at, through its IPv6 view).
+    pub fn workloads_v6(&self) -> Vec<(&'static str, String, String)> {
+        let subnet = |target: &str, node: &str| -> ipnet::Ipv6Net {
+            let nodes = weftctl_json(target, &["nodes"]);
+            let n = nodes["nodes"]
+                .as_array()
+                .and_then(|ns| ns.iter().find(|n| n["name"] == node))
+                .unwrap_or_else(|| panic!("no node {node}: {nodes}"));
+            n["subnet_v6"]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| panic!("node {node} has no IPv6 subnet: {n}"))
+        };
+        let view = |target: &str, peer: &str| -> (ipnet::Ipv6Net, ipnet::Ipv6Net) {
+            let (real, local) = crate::peer_view_where(target, peer, "workload", |c| c.contains(':'));
+            (real.parse().unwrap(), local.parse().unwrap())
+        };
+        let mut out = Vec::new();
+        for (node, wl, a_side) in [
+            ("na", "wa", true),
+            ("na2", "wa2", true),
+            ("nb", "wb", false),
+            ("nb2", "wb2", false),
+        ] {
+            let (own, other, own_site) = if a_side {
+                (&self.ta, &self.tb, &self.site_a)
+            } else {
+                (&self.tb, &self.ta, &self.site_b)
+            };
+            let net = subnet(own, node);
+            let base = u128::from(net.network());
+            let (gw, addr) = (
+                std::net::Ipv6Addr::from(base + 1),
+                std::net::Ipv6Addr::from(base + 0x10),
+            );
+            let sh = |ns: &str, cmd: &str| crate::netns::must(self.lab.exec(ns, &["sh", "-c", cmd]), cmd);
+            sh(
+                &self.ns[node],
+                &format!("ip addr add {gw}/64 dev wl0 nodad && sysctl -qw net.ipv6.conf.all.forwarding=1"),
+            );
+            sh(
+                &self.ns[wl],
+                &format!("ip addr add {addr}/64 dev eth0 nodad && ip -6 route add default via {gw}"),
+            );
+            let (real, local) = view(other, own_site);
+            let seen = weft_controller::ipam::translate(addr, real, local).expect("in the view");
+            out.push((wl, addr.to_string(), seen.to_string()));
+        }
+        out
+    }
+
     /// The Prometheus text `host`'s controller (ctla, ctlb) or agent serves.
     pub fn scrape(&self, host: &str) -> String {
         let port = if host.starts_with("ctl") {

@@ -8,12 +8,12 @@ use ipnet::Ipv4Net;
 
 /// The names and addresses one peering uses on a gateway.
 pub(super) struct PeeringIds {
-    ns: String,
+    pub(super) ns: String,
     /// The WireGuard link, inside `ns`.
-    link: String,
+    pub(super) link: String,
     /// The veth pair's ends: in the gateway's namespace and in `ns`.
-    outer: String,
-    inner: String,
+    pub(super) outer: String,
+    pub(super) inner: String,
     outer_ip: Ipv4Addr,
     inner_ip: Ipv4Addr,
 }
@@ -50,22 +50,18 @@ pub(super) fn peering(m: &Model, site_id: &str, base: &str) -> Objects {
         let through: Vec<Ipv4Net> = crate::transit::rendered(&m.peerings, p)
             .map(|(_, t)| t.view.real)
             .collect();
+        let mut through: Vec<String> = through.iter().map(|c| c.to_string()).collect();
+        through.extend(super::ipv6::allowed_ips(m, p));
         out.extend(wireguard_peers(base, r, p.relay_via.as_ref(), &through, &ids));
+        out.extend(super::ipv6::peering(m, p, base, &ids));
         out.extend(exports(m, base, &ids));
         out.extend(tunnel_filter(m, p, base, &ids));
         out.extend(transit_spoke(m, p, base, &ids));
         out.extend(transit_hub(m, p, base, &ids));
     }
-    for v in p.views.iter().filter(|v| v.remapped()) {
-        out.extend([obj(
-            format!("{base}{}/nat", v.kind),
-            Kind::NatMap(pb::NatMap {
-                namespace: ns.clone(),
-                real_cidr: v.real.to_string(),
-                local_cidr: v.local.to_string(),
-                tunnel: format!("weft-w{}", peer_link_tag(site_id)),
-            }),
-        )]);
+    for (v, id) in p.views.iter().zip(view_ids(&p.views)).filter(|(v, _)| v.remapped()) {
+        let tunnel = format!("weft-w{}", peer_link_tag(site_id));
+        out.extend([obj(format!("{base}{id}/nat"), nat_map(&ns, v.real, v.local, &tunnel))]);
     }
     out
 }
@@ -192,18 +188,18 @@ fn tunnel_and_veth(base: &str, site_id: &str, p: &Peering, r: &RemoteSite, ids: 
 /// equal to our own still goes the right way).
 fn view_routes(base: &str, p: &Peering, ids: &PeeringIds) -> Objects {
     let mut out = Objects::new();
-    for v in &p.views {
+    for (v, id) in p.views.iter().zip(view_ids(&p.views)) {
         out.extend([
             obj(
-                format!("{base}{}/via", v.kind),
+                format!("{base}{id}/via"),
                 route("", TABLE, v.local.to_string(), ids.inner_ip.to_string(), &ids.outer),
             ),
-            obj(format!("{base}{}/rule", v.kind), host_rule(v.local)),
+            obj(format!("{base}{id}/rule"), host_rule(v.local)),
             // Peering namespace: what comes from the gateway goes into
             // the tunnel (table 1, chosen by the arriving interface, so
             // a peer CIDR equal to our own still goes the right way).
             obj(
-                format!("{base}{}/tunnel", v.kind),
+                format!("{base}{id}/tunnel"),
                 route(&ids.ns, NS_TUNNEL_TABLE, v.real.to_string(), String::new(), &ids.link),
             ),
         ]);
@@ -217,6 +213,7 @@ fn view_routes(base: &str, p: &Peering, ids: &PeeringIds) -> Objects {
             to: String::new(),
             table: NS_TUNNEL_TABLE,
             iif: ids.inner.clone(),
+            ipv6: false,
         }),
     )]);
     out
@@ -254,6 +251,7 @@ fn tunnel_filter(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> Object
             .filter(|n| n.external.is_some())
             .map(|n| format!("{}/32", n.address)),
     );
+    allowed.extend(super::ipv6::filter_allowed(m, p));
     let onward = crate::transit::onward(m.peerings.values().map(|q| &**q), p);
     // Rules naming a site reached through this one hold while it is.
     let policy = crate::export::effective(site, p).map(|r| crate::export::live(r, &onward));
@@ -298,15 +296,7 @@ fn transit_spoke(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> Object
             ),
         ]);
         if v.remapped() {
-            out.extend([obj(
-                format!("{id}/nat"),
-                Kind::NatMap(pb::NatMap {
-                    namespace: ids.ns.clone(),
-                    real_cidr: v.real.to_string(),
-                    local_cidr: v.local.to_string(),
-                    tunnel: ids.link.clone(),
-                }),
-            )]);
+            out.extend([obj(format!("{id}/nat"), nat_map(&ids.ns, v.real, v.local, &ids.link))]);
         }
     }
     out
@@ -368,16 +358,17 @@ fn wireguard_peers(
     base: &str,
     r: &RemoteSite,
     relay: Option<&crate::domain::RelayVia>,
-    through: &[Ipv4Net],
+    through: &[String],
     ids: &PeeringIds,
 ) -> Objects {
     let mut out = Objects::new();
     let (_, there) = tunnel_addresses(r.tunnel_role);
     // Inside the tunnel both ends use their own addresses: the peer's
-    // real CIDRs, and its views of the sites reached through it.
+    // real CIDRs, its views of the sites reached through it, and its IPv6
+    // CIDRs once negotiated (`through`).
     let mut allowed: Vec<String> = r.workload_cidrs.iter().map(|c| c.to_string()).collect();
     allowed.extend(r.external_cidr.map(|c| c.to_string()));
-    allowed.extend(through.iter().map(|c| c.to_string()));
+    allowed.extend(through.iter().cloned());
     allowed.push(format!("{there}/32"));
     // Only the active gateway gets the peer's CIDRs; standbys are
     // peers without allowed IPs, their sessions ready for a

@@ -151,9 +151,9 @@ fn policy_cost(
     let has_policy = |lab: &Lab| {
         let o = match pid {
             Some(pid) => {
-                weft_tests::netns::exec_beside(pid, &ns_b, &["nft", "list", "counters", "table", "ip", "weft"])
+                weft_tests::netns::exec_beside(pid, &ns_b, &["nft", "list", "counters", "table", "inet", "weft"])
             }
-            None => lab.exec(&ns_b, &["nft", "list", "counters", "table", "ip", "weft"]),
+            None => lab.exec(&ns_b, &["nft", "list", "counters", "table", "inet", "weft"]),
         };
         weft_tests::stdout(&o).contains("refused")
     };
