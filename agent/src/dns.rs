@@ -10,12 +10,12 @@
 //! the property test feeds it random bytes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::{Arc, RwLock};
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
-use hickory_proto::rr::rdata::{A, SOA};
+use hickory_proto::rr::rdata::{A, AAAA, SOA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use weft_proto::v1 as pb;
 use weft_proto::v1::desired_object::Kind;
@@ -73,8 +73,9 @@ pub fn parse_zone(zone: &str) -> Result<Name, String> {
     Ok(n)
 }
 
-/// Checks a record before it is served (also the guard's check).
-pub fn check_record(r: &pb::DnsRecord) -> Result<Ipv4Addr, String> {
+/// Checks a record before it is served (also the guard's check): its
+/// address, and its IPv6 address if it has one.
+pub fn check_record(r: &pb::DnsRecord) -> Result<(Ipv4Addr, Option<Ipv6Addr>), String> {
     let label = weft_common::is_dns_label;
     if !label(&r.name) {
         return Err(format!("DNS name {:?} is not a DNS label", r.name));
@@ -86,7 +87,19 @@ pub fn check_record(r: &pb::DnsRecord) -> Result<Ipv4Addr, String> {
     if a.is_unspecified() || a.is_loopback() || a.is_multicast() || a.is_broadcast() {
         return Err(format!("DNS record address {a} is not a unicast address"));
     }
-    Ok(a)
+    let v6 = match r.address_v6.as_str() {
+        "" => None,
+        text => {
+            let a = weft_types::net::addr_v6(text).map_err(|m| format!("DNS record IPv6 address {m}"))?;
+            if weft_types::net::special_use(ipnet::IpNet::from(IpAddr::V6(a))).is_some() {
+                return Err(format!(
+                    "DNS record IPv6 address {a} is not a unicast address of a site"
+                ));
+            }
+            Some(a)
+        }
+    };
+    Ok((a, v6))
 }
 
 /// What the responder serves: "name.site" → address; the names above
@@ -95,6 +108,8 @@ pub fn check_record(r: &pb::DnsRecord) -> Result<Ipv4Addr, String> {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Records {
     pub names: HashMap<String, Ipv4Addr>,
+    /// The names' IPv6 addresses (AAAA), of those that have one.
+    pub names_v6: HashMap<String, Ipv6Addr>,
     pub parents: HashSet<String>,
     pub views: BTreeMap<String, Vec<ipnet::IpNet>>,
 }
@@ -103,20 +118,28 @@ impl Records {
     /// The records among `objects` (the agent's whole desired state): those
     /// that pass [`check_record`] and whose address lies in a view of the
     /// same peer that this node routes (`desired::peer_views`), so a name
-    /// can only ever send a workload into that peer.
+    /// can only ever send a workload into that peer; an IPv6 address alike
+    /// (one outside that peer's views is not served, the name's A is).
     pub fn of<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject> + Clone) -> Records {
         let mut r = Records {
             views: weft_dataplane::desired::peer_views(objects.clone()),
             ..Default::default()
         };
         for o in objects {
-            if let Some(Kind::DnsRecord(d)) = &o.kind
-                && let Ok(a) = check_record(d)
-                && r.views
+            let Some(Kind::DnsRecord(d)) = &o.kind else { continue };
+            let routed = |ip: IpAddr| {
+                r.views
                     .get(&d.site)
-                    .is_some_and(|v| v.iter().any(|net| net.contains(&IpAddr::V4(a))))
+                    .is_some_and(|v| v.iter().any(|net| net.contains(&ip)))
+            };
+            if let Ok((a, v6)) = check_record(d)
+                && routed(IpAddr::V4(a))
             {
-                r.names.insert(format!("{}.{}", d.name, d.site), a);
+                let key = format!("{}.{}", d.name, d.site);
+                if let Some(v6) = v6.filter(|v6| routed(IpAddr::V6(*v6))) {
+                    r.names_v6.insert(key.clone(), v6);
+                }
+                r.names.insert(key, a);
                 let mut parent = d.site.as_str();
                 loop {
                     r.parents.insert(parent.to_string());
@@ -232,11 +255,23 @@ pub fn answer(query: &[u8], zone: &Name, records: &Records) -> Option<Vec<u8>> {
         return out.to_vec().ok();
     }
     let key = key.as_deref().unwrap_or_default();
+    let v6 = records.names_v6.get(key);
     match records.names.get(key) {
-        Some(a) if matches!(qtype, RecordType::A | RecordType::ANY) => {
-            out.add_answer(Record::from_rdata(q.name().clone(), TTL, RData::A(A(*a))));
+        Some(a) if matches!(qtype, RecordType::A | RecordType::AAAA | RecordType::ANY) => {
+            let before = out.answers.len();
+            if matches!(qtype, RecordType::A | RecordType::ANY) {
+                out.add_answer(Record::from_rdata(q.name().clone(), TTL, RData::A(A(*a))));
+            }
+            if let Some(v6) = v6.filter(|_| matches!(qtype, RecordType::AAAA | RecordType::ANY)) {
+                out.add_answer(Record::from_rdata(q.name().clone(), TTL, RData::AAAA(AAAA(*v6))));
+            }
+            // The name exists, without data of that type (AAAA of a name
+            // without an IPv6 address).
+            if out.answers.len() == before {
+                out.add_authority(soa(zone));
+            }
         }
-        // The name exists, without data of that type (AAAA: no IPv6 views yet).
+        // The name exists, without data of that type.
         Some(_) => {
             out.add_authority(soa(zone));
         }
@@ -422,14 +457,16 @@ mod tests {
     }
 
     fn table() -> Records {
-        let o = |site: &str, name: &str, a: &str| pb::DesiredObject {
+        let o6 = |site: &str, name: &str, a: &str, v6: &str| pb::DesiredObject {
             id: format!("peer/{site}/name/{name}"),
             kind: Some(Kind::DnsRecord(pb::DnsRecord {
                 site: site.into(),
                 name: name.into(),
                 address: a.into(),
+                address_v6: v6.into(),
             })),
         };
+        let o = |site: &str, name: &str, a: &str| o6(site, name, a, "");
         let route = |site: &str, kind: &str, dst: &str| pb::DesiredObject {
             id: format!("peer/{site}/{kind}/route"),
             kind: Some(Kind::Route(pb::Route {
@@ -446,7 +483,12 @@ mod tests {
             route("site-b", "external", "10.201.0.0/16"),
             route("site-c", "workload", "10.202.0.0/16"),
             route("b.c", "workload", "10.203.0.0/16"),
-            o("site-b", "web", "10.200.0.10"),
+            route("site-b", "v6/0", "fd9a:0:100::/48"),
+            route("site-c", "v6/0", "fd9a:0:200::/48"),
+            o6("site-b", "web", "10.200.0.10", "fd9a:0:100::10"),
+            // An IPv6 address in another peer's view: its AAAA is not
+            // served, its A is.
+            o6("site-b", "api", "10.200.0.11", "fd9a:0:200::11"),
             o("site-b", "db", "10.201.255.254"),
             o("site-c", "web", "10.202.0.10"),
             o("site-c", "Bad_Name", "10.202.0.11"),
@@ -478,6 +520,41 @@ mod tests {
             .collect()
     }
 
+    fn aaaa_of(r: &Message) -> Vec<Ipv6Addr> {
+        r.answers
+            .iter()
+            .filter_map(|x| match x.data {
+                RData::AAAA(a) => Some(a.0),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A name with an IPv6 address in the peer's IPv6 view answers AAAA
+    /// (and both for ANY); one without answers AAAA with no data; an IPv6
+    /// address outside that peer's views is never served.
+    #[test]
+    fn aaaa_answers_the_ipv6_view_and_only_the_peers_own() {
+        let r = ask("web.site-b.weft.internal.", RecordType::AAAA);
+        assert_eq!(
+            (r.metadata.response_code, aaaa_of(&r), a_of(&r)),
+            (ResponseCode::NoError, vec!["fd9a:0:100::10".parse().unwrap()], vec![])
+        );
+        let r = ask("web.site-b.weft.internal.", RecordType::ANY);
+        assert_eq!((a_of(&r).len(), aaaa_of(&r).len()), (1, 1));
+        for name in ["web.site-c.weft.internal.", "api.site-b.weft.internal."] {
+            let r = ask(name, RecordType::AAAA);
+            assert_eq!(
+                (r.metadata.response_code, r.answers.len()),
+                (ResponseCode::NoError, 0),
+                "{name}"
+            );
+            assert_eq!(r.authorities.len(), 1, "{name}: NODATA carries the SOA");
+        }
+        let r = ask("api.site-b.weft.internal.", RecordType::A);
+        assert_eq!(a_of(&r), vec!["10.200.0.11".parse::<Ipv4Addr>().unwrap()]);
+    }
+
     #[test]
     fn names_of_the_zone_resolve_case_blind_to_the_local_view() {
         let r = ask("web.site-b.weft.internal.", RecordType::A);
@@ -498,7 +575,7 @@ mod tests {
         assert!(matches!(r.authorities[0].data, RData::SOA(_)));
         let r = ask("web.site-x.weft.internal.", RecordType::A);
         assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
-        let r = ask("web.site-b.weft.internal.", RecordType::AAAA);
+        let r = ask("web.site-b.weft.internal.", RecordType::TXT);
         assert_eq!((r.metadata.response_code, r.answers.len()), (ResponseCode::NoError, 0));
         let r = ask("site-b.weft.internal.", RecordType::A);
         assert_eq!((r.metadata.response_code, r.answers.len()), (ResponseCode::NoError, 0));

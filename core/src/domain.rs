@@ -616,6 +616,9 @@ pub struct NameRecord {
     /// Exported host: its address in the site's external CIDR.
     #[serde(default)]
     pub external: Option<Ipv4Addr>,
+    /// A workload's IPv6 address (in the site's IPv6 pod CIDRs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_v6: Option<std::net::Ipv6Addr>,
     pub created_at_ms: u64,
 }
 
@@ -633,6 +636,9 @@ pub struct RemoteName {
     pub kind: NameKind,
     /// In the peer's workload CIDRs (workload) or external CIDR (exported).
     pub address: Ipv4Addr,
+    /// A workload's IPv6 address, in the peer's IPv6 workload CIDRs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_v6: Option<std::net::Ipv6Addr>,
 }
 
 /// A one-time peering token's record (only a hash of the secret).

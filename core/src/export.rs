@@ -295,6 +295,7 @@ mod tests {
             name: n.into(),
             kind: 0,
             address: a.into(),
+            address_v6: String::new(),
         };
         let params = || pb::NetworkParams {
             names: vec![name("near", "10.1.0.10"), name("far", "10.1.1.10")],

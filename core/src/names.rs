@@ -8,9 +8,9 @@
 //! host; peers see only that external address. Peers resolve either through
 //! their own local view of the CIDR it lies in.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::domain::{Peering, PeeringState, Site};
 use crate::ipam::{CidrKind, View};
@@ -110,6 +110,26 @@ pub fn check_own_address(site: &Site, peerings: &[&Peering], kind: NameKind, add
     }
 }
 
+/// Whether a workload's IPv6 address `address` may be published with
+/// site `site`'s name for it: in its IPv6 pod CIDRs. The message names
+/// what to change.
+pub fn check_own_address_v6(site: &Site, address: Ipv6Addr) -> Result<(), String> {
+    let pods: &[Ipv6Net] = site.ipv6.as_ref().map_or(&[], |v6| &v6.pod_cidrs);
+    if pods.is_empty() {
+        return Err(format!(
+            "{address}: this site has no IPv6 pod CIDRs; add one (--pod-cidr) to publish IPv6 addresses"
+        ));
+    }
+    if !pods.iter().any(|p| p.contains(&address)) {
+        let shown: Vec<String> = pods.iter().map(|c| c.to_string()).collect();
+        return Err(format!(
+            "{address} is not in the site's IPv6 pod CIDRs ({}); give the workload's IPv6 address there",
+            shown.join(", ")
+        ));
+    }
+    Ok(())
+}
+
 /// The external address for a new export: the highest free host address of
 /// the external CIDR, never one that a node's or gateway's "unknown source"
 /// address takes (`taken`) nor another export's.
@@ -142,14 +162,19 @@ pub fn internal_twin(site: &Site, external: Ipv4Addr) -> Option<Ipv4Addr> {
         .then(|| Ipv4Addr::from(u32::from(site.internal_cidr.network()) + host))
 }
 
+/// A name as a peer sends it: name, kind, address, IPv6 address ("": none).
+pub type Published = (String, Option<NameKind>, String, String);
+
 /// Checks what a peer publishes against the CIDRs it announced: at most
 /// [`MAX_NAMES`], each a DNS label once, each address its own (a workload's
-/// in its workload CIDRs, an export's in its external CIDR). The error
-/// names the field.
+/// in its workload CIDRs, an export's in its external CIDR; a workload's
+/// IPv6 address in its IPv6 workload CIDRs `workload_v6`, else left out:
+/// IPv6 that cannot be taken costs only IPv6). The error names the field.
 pub fn check_remote(
-    names: &[(String, Option<NameKind>, String)],
+    names: &[Published],
     workload: &[Ipv4Net],
     external: Option<Ipv4Net>,
+    workload_v6: &[Ipv6Net],
 ) -> Result<Vec<RemoteName>, String> {
     if names.len() > MAX_NAMES {
         return Err(format!(
@@ -159,7 +184,7 @@ pub fn check_remote(
     }
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::with_capacity(names.len());
-    for (i, (name, kind, address)) in names.iter().enumerate() {
+    for (i, (name, kind, address, address_v6)) in names.iter().enumerate() {
         check_label(&format!("names[{i}].name"), name)?;
         if !seen.insert(name.as_str()) {
             return Err(format!("names[{i}].name: {name:?} is listed twice"));
@@ -181,10 +206,23 @@ pub fn check_remote(
                  a site names only addresses it owns"
             ));
         }
+        let address_v6 = match address_v6.as_str() {
+            "" => None,
+            text => {
+                let a = weft_types::net::addr_v6(text).map_err(|m| format!("names[{i}].address_v6: {m}"))?;
+                if kind != NameKind::Workload {
+                    return Err(format!(
+                        "names[{i}].address_v6: {name:?} is an exported host; only workloads have IPv6 addresses"
+                    ));
+                }
+                workload_v6.iter().any(|c| c.contains(&a)).then_some(a)
+            }
+        };
         out.push(RemoteName {
             name: name.clone(),
             kind,
             address,
+            address_v6,
         });
     }
     Ok(out)
@@ -274,11 +312,23 @@ pub fn to_peer(peerings: &[&Peering], local: Ipv4Addr) -> Result<Translation, Un
     )))
 }
 
+/// A peer's name as this site resolves it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Learned<'a> {
+    pub name: &'a RemoteName,
+    /// Its address in this site's local view.
+    pub local: Ipv4Addr,
+    /// Its IPv6 address in this site's IPv6 view, when it has one and the
+    /// peering carries IPv6.
+    pub local_v6: Option<Ipv6Addr>,
+}
+
 /// A peer's published names with the address each has in this site's
 /// local view (names whose CIDR is not routed here, e.g. held for review,
-/// are left out).
-pub fn learned(p: &Peering) -> Vec<(&RemoteName, Ipv4Addr)> {
+/// are left out; an IPv6 address outside the negotiated IPv6 views too).
+pub fn learned(p: &Peering) -> Vec<Learned<'_>> {
     let Some(r) = &p.remote else { return Vec::new() };
+    let views_v6: &[View<Ipv6Net>] = if p.ipv6_refused.is_none() { &p.views_v6 } else { &[] };
     r.names
         .iter()
         .filter_map(|n| {
@@ -287,7 +337,15 @@ pub fn learned(p: &Peering) -> Vec<(&RemoteName, Ipv4Addr)> {
                 NameKind::ExportedHost => CidrKind::External,
             };
             let v = p.views.iter().find(|v| v.kind == want && v.real.contains(&n.address))?;
-            Some((n, map(n.address, v.real, v.local)))
+            let local_v6 = n.address_v6.and_then(|a| {
+                let v = views_v6.iter().find(|v| v.kind == want && v.real.contains(&a))?;
+                crate::ipam::translate(a, v.real, v.local)
+            });
+            Some(Learned {
+                name: n,
+                local: map(n.address, v.real, v.local),
+                local_v6,
+            })
         })
         .collect()
 }
@@ -349,11 +407,13 @@ mod tests {
                         name: "web".into(),
                         kind: NameKind::Workload,
                         address: a("10.1.0.10"),
+                        address_v6: None,
                     },
                     RemoteName {
                         name: "db".into(),
                         kind: NameKind::ExportedHost,
                         address: a("10.70.255.254"),
+                        address_v6: None,
                     },
                 ],
                 workload_cidrs_v6: vec![],
@@ -420,7 +480,10 @@ mod tests {
     #[test]
     fn learned_names_resolve_to_the_local_view() {
         let p = peering(PeeringState::Negotiated);
-        let got: Vec<(String, Ipv4Addr)> = learned(&p).into_iter().map(|(n, a)| (n.name.clone(), a)).collect();
+        let got: Vec<(String, Ipv4Addr)> = learned(&p)
+            .into_iter()
+            .map(|l| (l.name.name.clone(), l.local))
+            .collect();
         assert_eq!(
             got,
             [("web".into(), a("10.200.0.10")), ("db".into(), a("10.201.255.254"))]
@@ -472,26 +535,67 @@ mod tests {
     fn a_peer_names_only_its_own_addresses_and_not_too_many() {
         let w = [n("10.1.0.0/16")];
         let e = Some(n("10.70.0.0/16"));
-        let one = |name: &str, k: Option<NameKind>, addr: &str| vec![(name.to_string(), k, addr.to_string())];
-        assert!(check_remote(&one("web", Some(NameKind::Workload), "10.1.0.10"), &w, e).is_ok());
+        let w6: [Ipv6Net; 1] = ["fd00:1::/48".parse().unwrap()];
+        let one6 = |name: &str, k: Option<NameKind>, addr: &str, v6: &str| {
+            vec![(name.to_string(), k, addr.to_string(), v6.to_string())]
+        };
+        let one = |name: &str, k: Option<NameKind>, addr: &str| one6(name, k, addr, "");
+        assert!(check_remote(&one("web", Some(NameKind::Workload), "10.1.0.10"), &w, e, &w6).is_ok());
+        // An IPv6 address in its IPv6 workload CIDRs is kept; one outside
+        // them is left out, the name and its IPv4 address kept.
+        let kept = check_remote(
+            &one6("web", Some(NameKind::Workload), "10.1.0.10", "fd00:1::10"),
+            &w,
+            e,
+            &w6,
+        )
+        .unwrap();
+        assert_eq!(kept[0].address_v6, Some("fd00:1::10".parse().unwrap()));
+        let out = check_remote(
+            &one6("web", Some(NameKind::Workload), "10.1.0.10", "fd00:2::10"),
+            &w,
+            e,
+            &w6,
+        )
+        .unwrap();
+        assert_eq!((out[0].address, out[0].address_v6), (a("10.1.0.10"), None));
         for (names, field) in [
             (one("web", Some(NameKind::Workload), "10.2.0.10"), "names[0].address"),
             (one("db", Some(NameKind::ExportedHost), "10.1.0.10"), "names[0].address"),
             (one("Web", Some(NameKind::Workload), "10.1.0.10"), "names[0].name"),
             (one("web", None, "10.1.0.10"), "names[0].kind"),
             (one("web", Some(NameKind::Workload), "x"), "names[0].address"),
+            (
+                one6("web", Some(NameKind::Workload), "10.1.0.10", "10.1.0.10"),
+                "names[0].address_v6",
+            ),
+            (
+                one6("web", Some(NameKind::Workload), "10.1.0.10", "fd00:1::/64"),
+                "names[0].address_v6",
+            ),
+            (
+                one6("db", Some(NameKind::ExportedHost), "10.70.0.9", "fd00:1::9"),
+                "names[0].address_v6",
+            ),
         ] {
-            let m = check_remote(&names, &w, e).unwrap_err();
+            let m = check_remote(&names, &w, e, &w6).unwrap_err();
             assert!(m.starts_with(field), "{m}");
         }
         let mut twice = one("web", Some(NameKind::Workload), "10.1.0.10");
         twice.extend(one("web", Some(NameKind::Workload), "10.1.0.11"));
-        assert!(check_remote(&twice, &w, e).unwrap_err().contains("twice"));
+        assert!(check_remote(&twice, &w, e, &w6).unwrap_err().contains("twice"));
         let many: Vec<_> = (0..10_000)
-            .map(|i| (format!("n{i}"), Some(NameKind::Workload), "10.1.0.1".to_string()))
+            .map(|i| {
+                (
+                    format!("n{i}"),
+                    Some(NameKind::Workload),
+                    "10.1.0.1".to_string(),
+                    String::new(),
+                )
+            })
             .collect();
         assert!(
-            check_remote(&many, &w, e)
+            check_remote(&many, &w, e, &w6)
                 .unwrap_err()
                 .starts_with("names: 10000 listed")
         );

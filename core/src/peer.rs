@@ -168,10 +168,11 @@ pub fn remote_site(
                 n.name.clone(),
                 crate::names::NameKind::from_pb(n.kind),
                 n.address.clone(),
+                n.address_v6.clone(),
             )
         })
         .collect();
-    let names = crate::names::check_remote(&names, &workload, external)?;
+    let names = crate::names::check_remote(&names, &workload, external, &workload_v6)?;
     let transit_routes = crate::transit::check_routes(p, &own.site_id, &workload, external)?;
     let exported = crate::export::check_exported(p, &workload, external, &transit_routes)?;
     let has_endpoint = |ps: &pb::NetworkParams| ps.gateways.iter().any(|g| !g.endpoint.is_empty());
@@ -507,6 +508,7 @@ mod tests {
                         name: "db".into(),
                         kind: pb::NameKind::Workload as i32,
                         address: "10.9.0.1".into(),
+                        address_v6: String::new(),
                     }]
                 }),
                 "names[0]",

@@ -486,13 +486,14 @@ pub fn node_shared(m: &Model) -> Objects {
     // Names peers published, in this site's view: the node's DNS
     // responder answers them.
     for p in m.peerings.values().filter(|p| m.renders_peering(&p.site_id)) {
-        for (n, local) in crate::names::learned(p) {
+        for l in crate::names::learned(p) {
             out.extend([obj(
-                format!("peer/{}/name/{}", p.site_id, n.name),
+                format!("peer/{}/name/{}", p.site_id, l.name.name),
                 Kind::DnsRecord(pb::DnsRecord {
                     site: p.site_id.clone(),
-                    name: n.name.clone(),
-                    address: local.to_string(),
+                    name: l.name.name.clone(),
+                    address: l.local.to_string(),
+                    address_v6: l.local_v6.map(|a| a.to_string()).unwrap_or_default(),
                 }),
             )]);
         }
@@ -1091,6 +1092,7 @@ mod tests {
                 name: "web".into(),
                 kind: NameKind::Workload,
                 address: real(10),
+                address_v6: None,
             }],
             workload_cidrs_v6: vec![],
             external_cidr_v6: None,
@@ -1114,6 +1116,7 @@ mod tests {
                 kind: NameKind::ExportedHost,
                 address: "192.168.7.5".parse().unwrap(),
                 external: Some("10.70.255.254".parse().unwrap()),
+                address_v6: None,
                 created_at_ms: 0,
             }),
         );

@@ -317,8 +317,8 @@ pub struct RawNs {
     pub forwarding: BTreeSet<Family>,
     /// weft's nftables tables: `inet weft` (with weft's version when the
     /// firewall knows the table is unchanged since weft wrote it), and
-    /// other tables of weft's name in families inet and ip (`ip weft` of
-    /// earlier versions among them), by "family name".
+    /// tables of family ip of weft's name (`ip weft` of earlier versions
+    /// among them), by "family name".
     pub tables: BTreeMap<String, Option<u64>>,
 }
 
@@ -388,9 +388,12 @@ pub fn owned(ns: &Ns, raw: RawNs, into: &mut State) {
         into.forwarding.insert((ns.clone(), f));
     }
     for (name, version) in raw.tables {
+        // Of family inet only weft's own table is weft's (weft never made
+        // another: an operator's `inet weft…` table is theirs); of family
+        // ip, every `weft…` table (earlier versions' among them).
         if name == OWN_TABLE {
             into.tables.insert(ns.clone(), version);
-        } else if let Some((_, table)) = name.split_once(' ')
+        } else if let Some(("ip", table)) = name.split_once(' ')
             && table.starts_with(PREFIX)
         {
             into.stray_tables.insert((ns.clone(), name));

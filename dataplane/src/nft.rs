@@ -557,15 +557,21 @@ impl Firewall for Nft {
         }
         let out = nft(ns, &["-j", "list", "tables"], None).await?;
         let v: Value = serde_json::from_slice(&out).map_err(|e| format!("nft's listing is not JSON: {e}"))?;
-        // Of weft's name, in the families weft writes: "family name".
+        // weft's, as "family name": `inet weft`, and family ip's of weft's
+        // name (earlier versions'). Another `inet weft…` table is not
+        // weft's: it never made one.
         let mut tables: BTreeMap<String, Option<u64>> = v["nftables"]
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(|x| {
                 let (family, name) = (x["table"]["family"].as_str()?, x["table"]["name"].as_str()?);
-                (matches!(family, "ip" | "inet") && name.starts_with(PREFIX))
-                    .then(|| (format!("{family} {name}"), None))
+                let ours = match family {
+                    "inet" => name == NFT_TABLE,
+                    "ip" => name.starts_with(PREFIX),
+                    _ => false,
+                };
+                ours.then(|| (format!("{family} {name}"), None))
             })
             .collect();
         let ours = OWN_TABLE.to_string();
@@ -613,7 +619,7 @@ impl Firewall for Nft {
         }
         let (family, table) = name
             .split_once(' ')
-            .filter(|(f, t)| matches!(*f, "ip" | "inet") && t.starts_with(PREFIX))
+            .filter(|(f, t)| (*f == "ip" && t.starts_with(PREFIX)) || (*f == "inet" && *t == NFT_TABLE))
             .ok_or_else(|| format!("{name:?} is not a table of weft's"))?;
         match nft(ns, &["delete", "table", family, table], None).await {
             Ok(_) => Ok(()),

@@ -134,7 +134,9 @@ fn workloads_reach_each_other_over_both_families_through_remapped_views() {
         ipv6: (Some("fd00:1::/48"), Some("fd00:1::/48")),
         ..Default::default()
     };
-    let mut s = sites::up_with("wds", ("site-a", "10.1.0.0/16"), ("site-b", "10.1.0.0/16"), opts);
+    // (Site ids of their own: a peering's namespace is named by both ids,
+    // and other tests' labs run beside this one.)
+    let mut s = sites::up_with("wds", ("ds-a", "10.1.0.0/16"), ("ds-b", "10.1.0.0/16"), opts);
     let v4 = s.workloads.clone();
     let v6 = s.workloads_v6();
     eprintln!("IPv4 workloads (host, real, seen from the other site): {v4:?}\nIPv6: {v6:?}");
@@ -210,6 +212,46 @@ fn workloads_reach_each_other_over_both_families_through_remapped_views() {
             }
         }
     }
+
+    weft_tests::step("a name resolves to both an A and an AAAA record, each in its view");
+    // Site b publishes wb with both its addresses; wa asks its node's
+    // responder (10.1.0.1: the first address of na's /24) and gets site
+    // a's view of each.
+    let wb = |v: &[(&'static str, String, String)]| v.iter().find(|w| w.0 == "wb").cloned().unwrap();
+    let (wb4, wb6) = (wb(&v4), wb(&v6));
+    let o = weft_tests::run(std::process::Command::new(bin("weftctl")).args([
+        "--controller",
+        &s.tb,
+        "name",
+        "add",
+        "web",
+        &wb4.1,
+        "--address-v6",
+        &wb6.1,
+    ]));
+    assert!(o.status.success(), "{o:?}");
+    let dig = |t: &str| -> Vec<String> {
+        let o = netns::exec(
+            &s.ns["wa"],
+            &[
+                "dig",
+                "@10.1.0.1",
+                "web.ds-b.weft.internal",
+                t,
+                "+short",
+                "+time=1",
+                "+tries=1",
+            ],
+        );
+        weft_tests::stdout(&o).lines().map(str::to_string).collect()
+    };
+    let (a, aaaa) = weft_tests::eventually("web resolving in both families", Duration::from_secs(20), || {
+        let (a, aaaa) = (dig("A"), dig("AAAA"));
+        (!a.is_empty() && !aaaa.is_empty()).then_some((a, aaaa))
+    });
+    assert_eq!((a, aaaa), (vec![wb4.2.clone()], vec![wb6.2.clone()]));
+    // And the AAAA answer is where wb is reached.
+    assert!(ping("wa", &wb6.2), "wa cannot reach wb at its AAAA answer {}", wb6.2);
 }
 
 /// A dual-stack site peered with an IPv4-only one, in namespaces: the
@@ -228,7 +270,7 @@ fn an_ipv4_only_peer_gets_ipv4_and_ipv6_stays_off_saying_why() {
         ipv6: (Some("fd00:1::/48"), None),
         ..Default::default()
     };
-    let s = sites::up_with("wdm", ("site-a", "10.1.0.0/16"), ("site-b", "10.2.0.0/16"), opts);
+    let s = sites::up_with("wdm", ("dm-a", "10.1.0.0/16"), ("dm-b", "10.2.0.0/16"), opts);
     for (from, to) in [("wa", &s.wb_from_a), ("wb", &s.wa_from_b)] {
         weft_tests::eventually(&format!("{from} pinging {to}"), Duration::from_secs(20), || {
             netns::exec(&s.ns[from], &["ping", "-c", "1", "-W", "1", to])
@@ -238,9 +280,9 @@ fn an_ipv4_only_peer_gets_ipv4_and_ipv6_stays_off_saying_why() {
         });
     }
     let p = weftctl_json(&s.ta, &["peerings"])["peerings"][0].clone();
-    assert_eq!(p["site_id"], "site-b");
+    assert_eq!(p["site_id"], "dm-b");
     let why = p["ipv6"].as_str().unwrap();
-    assert!(why.starts_with("not negotiated: site-b offered no IPv6 CIDRs"), "{p:#}");
+    assert!(why.starts_with("not negotiated: dm-b offered no IPv6 CIDRs"), "{p:#}");
     let chain = weft_tests::stdout(&netns::exec(
         &s.ns_a,
         &["nft", "list", "chain", "inet", "weft", "from_tunnel"],

@@ -646,6 +646,11 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         name: n.into(),
         kind: kind as i32,
         address: a.into(),
+        address_v6: String::new(),
+    };
+    let with_v6 = |n: &str, kind: pb::NameKind, a: &str, v6: &str| pb::PublishedName {
+        address_v6: v6.into(),
+        ..name(n, kind, a)
     };
     let flood: Vec<pb::PublishedName> = (0..10_000)
         .map(|i| name(&format!("n{i}"), pb::NameKind::Workload, "10.8.0.10"))
@@ -663,6 +668,14 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
         (
             vec![name("web.x", pb::NameKind::Workload, "10.8.0.10")],
             "names[0].name",
+        ),
+        (
+            vec![with_v6("web", pb::NameKind::Workload, "10.8.0.10", "fd00::1/64")],
+            "names[0].address_v6",
+        ),
+        (
+            vec![with_v6("web", pb::NameKind::Workload, "10.8.0.10", "10.8.0.11")],
+            "names[0].address_v6",
         ),
     ] {
         let before = revision(&b);

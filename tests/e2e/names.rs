@@ -161,6 +161,7 @@ fn names_are_published_checked_and_limited() {
                 name: format!("w{i}"),
                 address: format!("10.1.{}.{}", i / 200, i % 200 + 1),
                 export: false,
+                address_v6: String::new(),
             })
             .await
             .unwrap();
@@ -170,6 +171,7 @@ fn names_are_published_checked_and_limited() {
                 name: "one-more".into(),
                 address: "10.1.9.9".into(),
                 export: false,
+                address_v6: String::new(),
             })
             .await
             .unwrap_err();

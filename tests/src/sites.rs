@@ -419,7 +419,11 @@ fn peer(lab: &Lab, ns: &HashMap<&str, String>, ta: &str, tb: &str, site_a: &str,
         o.contains("weft-w").then_some(())
     });
     let socks = stdout(&lab.exec(&ns["gwa"], &["ss", "-uln"]));
-    assert!(socks.contains(":51820"), "{socks}");
+    if !socks.contains(":51820") {
+        // (WEFT_LAB_LOGS=1 adds what every process said last.)
+        let links = stdout(&crate::netns::exec(&ns_a, &["ip", "-d", "link"]));
+        panic!("no WireGuard socket on gwa:\n{socks}\nlinks in {ns_a}:\n{links}");
+    }
     ns_a
 }
 

@@ -236,6 +236,10 @@ pub enum NameCmd {
         address: String,
         #[arg(long)]
         export: bool,
+        /// The workload's IPv6 address too (in the site's IPv6 pod CIDRs):
+        /// peers that negotiated IPv6 answer AAAA for the name.
+        #[arg(long = "address-v6", conflicts_with = "export")]
+        address_v6: Option<String>,
     },
     /// Unpublish a name.
     Delete { name: String },

@@ -202,6 +202,7 @@ impl Federation {
                     name: n.name.clone(),
                     kind: n.kind.to_pb() as i32,
                     address: n.published().to_string(),
+                    address_v6: n.address_v6.map(|a| a.to_string()).unwrap_or_default(),
                 })
                 .collect(),
             ..Default::default()

@@ -281,6 +281,7 @@ pub fn name(n: &crate::names::NameRecord) -> pb::Name {
         address: n.address.to_string(),
         external_address: n.external.map(|e| e.to_string()).unwrap_or_default(),
         created_at: ts(n.created_at_ms),
+        address_v6: n.address_v6.map(|a| a.to_string()).unwrap_or_default(),
     }
 }
 

@@ -528,8 +528,17 @@ impl AdminService for AdminApi {
         let req = req.into_inner();
         crate::names::check_label("name", &req.name).map_err(Status::invalid_argument)?;
         let address = address_field("address", &req.address)?;
-        let n = self.state.create_name(&req.name, address, req.export).await?;
-        tracing::info!(name = %n.name, address = %n.address, external = ?n.external, "name published");
+        let address_v6 = match req.address_v6.as_str() {
+            "" => None,
+            text => {
+                Some(weft_types::net::addr_v6(text).map_err(|m| Status::invalid_argument(format!("address_v6: {m}")))?)
+            }
+        };
+        let n = self
+            .state
+            .create_name(&req.name, address, address_v6, req.export)
+            .await?;
+        tracing::info!(name = %n.name, address = %n.address, address_v6 = ?n.address_v6, external = ?n.external, "name published");
         Ok(Response::new(convert::name(&n)))
     }
 
@@ -547,13 +556,15 @@ impl AdminService for AdminApi {
         let (peerings, _) = self.state.list_peerings().await?;
         let mut learned = Vec::new();
         for p in &peerings {
-            for (n, local) in crate::names::learned(p) {
+            for l in crate::names::learned(p) {
                 learned.push(pb::LearnedName {
                     site: p.site_id.clone(),
-                    name: n.name.clone(),
-                    kind: n.kind.to_pb() as i32,
-                    address: n.address.to_string(),
-                    local_address: local.to_string(),
+                    name: l.name.name.clone(),
+                    kind: l.name.kind.to_pb() as i32,
+                    address: l.name.address.to_string(),
+                    local_address: l.local.to_string(),
+                    address_v6: l.name.address_v6.map(|a| a.to_string()).unwrap_or_default(),
+                    local_address_v6: l.local_v6.map(|a| a.to_string()).unwrap_or_default(),
                 });
             }
         }

@@ -3,7 +3,7 @@
 //! "unknown source" address, nor they its), so it commits under the IPAM
 //! guard like node subnets.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use super::{Key, State, encode};
 use crate::domain::now_ms;
@@ -12,8 +12,19 @@ use crate::names::{self, MAX_NAMES, NameKind, NameRecord};
 use crate::store::{Compare, Op, Txn};
 
 impl State {
-    pub async fn create_name(&self, name: &str, address: Ipv4Addr, export: bool) -> Result<NameRecord, Error> {
+    pub async fn create_name(
+        &self,
+        name: &str,
+        address: Ipv4Addr,
+        address_v6: Option<Ipv6Addr>,
+        export: bool,
+    ) -> Result<NameRecord, Error> {
         names::check_label("name", name).map_err(Error::InvalidArgument)?;
+        if export && address_v6.is_some() {
+            return Err(Error::InvalidArgument(
+                "address_v6: an exported host is reached over IPv4 only; publish it without an IPv6 address".into(),
+            ));
+        }
         let kind = if export {
             NameKind::ExportedHost
         } else {
@@ -36,11 +47,15 @@ impl State {
             let peerings: Vec<_> = snap.peerings.iter().map(|(p, _)| p).collect();
             names::check_own_address(site, &peerings, kind, address)
                 .map_err(|m| Error::InvalidArgument(format!("address: {m}")))?;
+            if let Some(a) = address_v6 {
+                names::check_own_address_v6(site, a).map_err(|m| Error::InvalidArgument(format!("address_v6: {m}")))?;
+            }
             let mut rec = NameRecord {
                 name: name.to_string(),
                 kind,
                 address,
                 external: None,
+                address_v6,
                 created_at_ms: now_ms(),
             };
             // Every create is guarded like an IPAM change, so that two

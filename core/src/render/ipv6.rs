@@ -248,6 +248,12 @@ mod tests {
         let mut p = (*m.peerings["b"]).clone();
         let mut r = crate::domain::test_remote("10.1.0.0/16");
         r.workload_cidrs_v6 = vec![net("fd00:1::/48")];
+        r.names = vec![crate::domain::RemoteName {
+            name: "web".into(),
+            kind: crate::domain::NameKind::Workload,
+            address: "10.1.0.10".parse().unwrap(),
+            address_v6: Some("fd00:1::10".parse().unwrap()),
+        }];
         r.gateways = vec![RemoteGateway {
             name: "gw".into(),
             endpoint: Some("192.0.2.1:51820".parse().unwrap()),
@@ -297,6 +303,13 @@ mod tests {
             panic!()
         };
         assert!(r.ipv6 && r.to == "fd9a:0:100::/48");
+        let Kind::DnsRecord(d) = kind(&n1, "peer/b/name/web") else {
+            panic!()
+        };
+        assert_eq!(
+            (d.address.as_str(), d.address_v6.as_str()),
+            ("10.0.0.10", "fd9a:0:100::10")
+        );
         let Kind::HostSnat(h) = kind(&n1, "self/v6/host-snat") else {
             panic!()
         };
@@ -374,6 +387,10 @@ mod tests {
         };
         assert!(f.allowed.iter().all(|c| !c.contains(':')), "{:?}", f.allowed);
         assert!(n1.contains_key("self/v6/addr") && gw.contains_key("node/n1/v6/route"));
+        let Kind::DnsRecord(d) = kind(&n1, "peer/b/name/web") else {
+            panic!()
+        };
+        assert!(d.address_v6.is_empty(), "an AAAA without IPv6: {d:?}");
     }
 
     #[test]

@@ -47,6 +47,9 @@ const A: (&str, &str) = ("vm-a", "10.1.0.0/16");
 const GATEWAY_TTL: Duration = Duration::from_secs(3);
 const RESYNC: Duration = Duration::from_secs(30);
 const B: (&str, &str) = ("vm-b", "10.1.0.0/16");
+/// Both sites' IPv6 pod CIDR in the kernel scenario: the same ULA, so
+/// each remaps the other.
+const ULA: &str = "fd00:1::/48";
 
 /// The lab's folder, for the logs a failure leaves (see `main`).
 static LAB_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
@@ -240,6 +243,8 @@ fn kernel() {
         gateway_ttl: Some(stretched(GATEWAY_TTL)),
         resync: Some(stretched(RESYNC)),
         site_b_embedded: true,
+        // Dual stack: both sites on the same ULA too.
+        ipv6: (Some(ULA), Some(ULA)),
         ..Default::default()
     };
     let t0 = std::time::Instant::now();
@@ -251,6 +256,9 @@ fn kernel() {
     assert_eq!(wg_kind(&nsb), "wireguard");
     both_ways(&s, "kernel WireGuard");
     step(t0, "both ways");
+    let v6 = s.workloads_v6();
+    both_ways_v6(&s, &v6, "kernel WireGuard");
+    step(t0, "both ways, IPv6");
     // The kernel link as configured: the rendered MTU (1500-byte underlay
     // − 80), the peering's port, the far gateway's endpoint.
     let link = wg_link(&s.ns_a);
@@ -350,8 +358,29 @@ fn kernel() {
             both_ways(&s, "after the victim came back");
         }
     }
+    both_ways_v6(&s, &v6, "after the failovers");
     s.teardown_all();
     step(t0, "teardown");
+}
+
+/// Dual stack: wa reaches wb at site a's IPv6 view of it and wb reaches
+/// wa, by ICMPv6 through the kernel tunnel (`v6`: the workloads' IPv6
+/// addresses, [`TwoSites::workloads_v6`]).
+fn both_ways_v6(s: &TwoSites, v6: &[(&'static str, String, String)], what: &str) {
+    let seen = |wl: &str| v6.iter().find(|w| w.0 == wl).map(|w| w.2.clone()).expect("a workload");
+    for (from, to) in [("wa", seen("wb")), ("wb", seen("wa"))] {
+        eventually(
+            &format!("{what}: {from} reaching {to} over IPv6"),
+            Duration::from_secs(60),
+            || {
+                s.lab
+                    .exec(&s.ns[from], &["ping", "-6", "-c", "1", "-W", "1", &to])
+                    .status
+                    .success()
+                    .then_some(())
+            },
+        );
+    }
 }
 
 /// The kernel WireGuard is visible: in `weftctl gateways`, diagnose's

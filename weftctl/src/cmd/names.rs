@@ -72,10 +72,12 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
         .published
         .iter()
         .map(|n| {
-            let reached = if n.external_address.is_empty() {
+            let reached = if !n.external_address.is_empty() {
+                format!("{} (host {})", n.external_address, n.address)
+            } else if n.address_v6.is_empty() {
                 n.address.clone()
             } else {
-                format!("{} (host {})", n.external_address, n.address)
+                format!("{} {}", n.address, n.address_v6)
             };
             vec![
                 "(this site)".into(),
@@ -86,23 +88,32 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
             ]
         })
         .collect();
+    let both = |a: &str, v6: &str| {
+        if v6.is_empty() {
+            a.to_string()
+        } else {
+            format!("{a} {v6}")
+        }
+    };
     rows.extend(r.learned.iter().map(|n| {
         vec![
             n.site.clone(),
             n.name.clone(),
             name_kind(n.kind),
-            n.address.clone(),
-            n.local_address.clone(),
+            both(&n.address, &n.address_v6),
+            both(&n.local_address, &n.local_address_v6),
         ]
     }));
     Ok(Out {
         failed: false,
         json: json!({
             "published": r.published.iter().map(|n| json!({"name": n.name, "kind": name_kind(n.kind),
-                "address": n.address, "external_address": n.external_address, "created_at": ts(&n.created_at)}))
+                "address": n.address, "address_v6": n.address_v6, "external_address": n.external_address,
+                "created_at": ts(&n.created_at)}))
                 .collect::<Vec<_>>(),
             "learned": r.learned.iter().map(|n| json!({"site": n.site, "name": n.name, "kind": name_kind(n.kind),
-                "address": n.address, "local_address": n.local_address})).collect::<Vec<_>>(),
+                "address": n.address, "local_address": n.local_address, "address_v6": n.address_v6,
+                "local_address_v6": n.local_address_v6})).collect::<Vec<_>>(),
         }),
         header: vec!["SITE", "NAME", "KIND", "ADDRESS", "LOCAL ADDRESS"],
         rows,
@@ -113,17 +124,25 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
 /// `name add|delete`.
 pub async fn run(c: &mut Client, cmd: &NameCmd) -> Result<Out, String> {
     match cmd {
-        NameCmd::Add { name, address, export } => {
+        NameCmd::Add {
+            name,
+            address,
+            export,
+            address_v6,
+        } => {
             let n = c
                 .create_name(pb::CreateNameRequest {
                     name: name.clone(),
                     address: address.clone(),
                     export: *export,
+                    address_v6: address_v6.clone().unwrap_or_default(),
                 })
                 .await
                 .map_err(status)?
                 .into_inner();
-            let mut out = text(if n.external_address.is_empty() {
+            let mut out = text(if !n.address_v6.is_empty() {
+                format!("published {} for {} and {}", n.name, n.address, n.address_v6)
+            } else if n.external_address.is_empty() {
                 format!("published {} for {}", n.name, n.address)
             } else {
                 format!(
@@ -132,7 +151,7 @@ pub async fn run(c: &mut Client, cmd: &NameCmd) -> Result<Out, String> {
                 )
             });
             out.json = json!({"name": n.name, "kind": name_kind(n.kind), "address": n.address,
-                              "external_address": n.external_address});
+                              "address_v6": n.address_v6, "external_address": n.external_address});
             Ok(out)
         }
         NameCmd::Delete { name } => {
