@@ -113,10 +113,7 @@ impl Linux {
     /// Sets the underlay address that links without a rendered MTU are
     /// sized from.
     pub fn with_underlay(mut self, ip: Option<IpAddr>) -> Linux {
-        self.plane.underlay = match ip {
-            Some(IpAddr::V4(a)) => Some(a),
-            _ => None,
-        };
+        self.plane.underlay = ip;
         self
     }
 
@@ -157,7 +154,12 @@ impl Linux {
                 crate::discovery::Target {
                     port,
                     reflectors,
-                    underlay: self.plane.underlay,
+                    // Discovery is IPv4's (NAT): an IPv6 underlay is no
+                    // candidate of it.
+                    underlay: match self.plane.underlay {
+                        Some(IpAddr::V4(a)) => Some(a),
+                        _ => None,
+                    },
                 },
             );
         }

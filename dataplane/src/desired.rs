@@ -17,39 +17,39 @@ type R<T> = Result<T, String>;
 /// underlay, which sizes links rendered without one.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Facts {
-    /// The MTU of the interface holding each IPv4 address of the host.
-    pub address_mtu: BTreeMap<Ipv4Addr, u32>,
-    /// The MTU of the default route's interface.
+    /// The MTU of the interface holding each address of the host.
+    pub address_mtu: BTreeMap<IpAddr, u32>,
+    /// The MTU of the default route's interface (IPv4's, else IPv6's).
     pub default_mtu: Option<u32>,
     /// This host's underlay address, if configured.
-    pub underlay: Option<Ipv4Addr>,
+    pub underlay: Option<IpAddr>,
 }
 
 impl Facts {
     /// Reads them from what the host's namespace holds.
-    pub fn from_raw(raw: &RawNs, underlay: Option<Ipv4Addr>) -> Facts {
+    pub fn from_raw(raw: &RawNs, underlay: Option<IpAddr>) -> Facts {
         let mtu_of = |name: &str| raw.links.iter().find(|l| l.name == name).map(|l| l.mtu);
         Facts {
             address_mtu: raw
                 .addresses
                 .iter()
-                .filter_map(|a| match a.cidr.addr() {
-                    IpAddr::V4(ip) => mtu_of(&a.link).map(|m| (ip, m)),
-                    IpAddr::V6(_) => None,
-                })
+                .filter_map(|a| mtu_of(&a.link).map(|m| (a.cidr.addr(), m)))
                 .collect(),
-            default_mtu: raw
-                .routes
+            default_mtu: [IpNet::V4(Ipv4Net::default()), IpNet::V6(ipnet::Ipv6Net::default())]
                 .iter()
-                .filter(|r| r.route.dst == IpNet::V4(Ipv4Net::default()) && r.route.table == 254)
-                .find_map(|r| r.route.dev.as_deref().and_then(mtu_of)),
+                .find_map(|default| {
+                    raw.routes
+                        .iter()
+                        .filter(|r| r.route.dst == *default && r.route.table == 254)
+                        .find_map(|r| r.route.dev.as_deref().and_then(mtu_of))
+                }),
             underlay,
         }
     }
 
     /// The underlay's MTU: of the interface holding `hint` or the underlay
     /// address, else of the default route's interface, else 1500.
-    pub fn underlay_mtu(&self, hint: Option<Ipv4Addr>) -> u32 {
+    pub fn underlay_mtu(&self, hint: Option<IpAddr>) -> u32 {
         [hint, self.underlay]
             .into_iter()
             .flatten()
@@ -59,17 +59,18 @@ impl Facts {
     }
 
     /// The MTU link `l` gets: as rendered, or (rendered 0) derived from the
-    /// underlay: VXLAN and Geneve carry 50 bytes of headers (outer IPv4,
-    /// UDP, their own, inner Ethernet); WireGuard up to 80 (outer IPv6, UDP,
-    /// its own), and the peering's veth matches the WireGuard interface
-    /// behind it.
+    /// underlay: VXLAN and Geneve carry 50 bytes of headers over IPv4
+    /// (outer IPv4, UDP, their own, inner Ethernet), 70 over IPv6;
+    /// WireGuard up to 80 (outer IPv6, UDP, its own), and the peering's
+    /// veth matches the WireGuard interface behind it.
     fn link_mtu(&self, l: &pb::Link) -> u32 {
         if l.mtu > 0 {
             return l.mtu;
         }
+        let overlay = |remote: &str| if remote.contains(':') { 70 } else { 50 };
         let (hint, overhead) = match &l.kind {
-            Some(pb::link::Kind::Vxlan(v)) => (v.local.parse().ok(), 50),
-            Some(pb::link::Kind::Geneve(_)) => (None, 50),
+            Some(pb::link::Kind::Vxlan(v)) => (v.local.parse().ok(), overlay(&v.remote)),
+            Some(pb::link::Kind::Geneve(g)) => (None, overlay(&g.remote)),
             _ => (None, 80),
         };
         self.underlay_mtu(hint).saturating_sub(overhead).max(576)
@@ -446,19 +447,23 @@ fn add_link(d: &mut Desired, id: String, l: &pb::Link, facts: &Facts) -> R<()> {
         s.links.insert((x.ns.clone(), x.name.clone()), x);
     };
     match kind {
-        pb::link::Kind::Vxlan(v) => put(link(
-            LinkKind::Vxlan {
-                vni: v.vni,
-                local: v4(&v.local, "local")?,
-                remote: v4(&v.remote, "remote")?,
-                port: port(v.port, "port")?,
-            },
-            mtu,
-        )),
+        pb::link::Kind::Vxlan(v) => {
+            let (local, remote) = (ip(&v.local, "local")?, ip(&v.remote, "remote")?);
+            same_family(local, remote, "remote")?;
+            put(link(
+                LinkKind::Vxlan {
+                    vni: v.vni,
+                    local,
+                    remote,
+                    port: port(v.port, "port")?,
+                },
+                mtu,
+            ))
+        }
         pb::link::Kind::Geneve(g) => put(link(
             LinkKind::Geneve {
                 vni: g.vni,
-                remote: v4(&g.remote, "remote")?,
+                remote: ip(&g.remote, "remote")?,
                 port: port(g.port, "port")?,
             },
             mtu,

@@ -30,11 +30,11 @@ mod nl;
 pub mod offload;
 pub mod plan;
 pub mod relay;
+mod udp;
 pub mod userspace;
 pub mod wireguard;
 
 use std::collections::BTreeSet;
-use std::net::Ipv4Addr;
 
 pub use host::{Firewall, Netlink, WireGuard};
 use weft_proto::v1 as pb;
@@ -80,7 +80,7 @@ pub struct DataPlane<N, F, W> {
     /// Whether this host is a node (it counts its traffic per peer).
     pub node: bool,
     /// This host's underlay address (sizes links rendered without an MTU).
-    pub underlay: Option<Ipv4Addr>,
+    pub underlay: Option<std::net::IpAddr>,
     /// What the last reconcile left, when it left exactly what it wanted
     /// (every operation done, nothing refused): a change plans from it
     /// instead of reading the host (on a slow host that read took seconds,

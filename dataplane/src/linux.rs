@@ -61,12 +61,15 @@ fn link_kind(attrs: &[LinkAttribute]) -> LinkKind {
     });
     match (kind, data) {
         (Some(InfoKind::Vxlan), Some(InfoData::Vxlan(v))) => {
-            let (mut vni, mut local, mut remote, mut port) = (0, Ipv4Addr::UNSPECIFIED, Ipv4Addr::UNSPECIFIED, 0);
+            let unset = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+            let (mut vni, mut local, mut remote, mut port) = (0, unset, unset, 0);
             for x in v {
                 match x {
                     InfoVxlan::Id(i) => vni = *i,
-                    InfoVxlan::Local(a) => local = *a,
-                    InfoVxlan::Group(a) => remote = *a,
+                    InfoVxlan::Local(a) => local = IpAddr::V4(*a),
+                    InfoVxlan::Local6(a) => local = IpAddr::V6(*a),
+                    InfoVxlan::Group(a) => remote = IpAddr::V4(*a),
+                    InfoVxlan::Group6(a) => remote = IpAddr::V6(*a),
                     InfoVxlan::Port(p) => port = *p,
                     _ => {}
                 }
@@ -79,11 +82,12 @@ fn link_kind(attrs: &[LinkAttribute]) -> LinkKind {
             }
         }
         (Some(InfoKind::Geneve), Some(InfoData::Geneve(g))) => {
-            let (mut vni, mut remote, mut port) = (0, Ipv4Addr::UNSPECIFIED, 0);
+            let (mut vni, mut remote, mut port) = (0, IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
             for x in g {
                 match x {
                     InfoGeneve::Id(i) => vni = *i,
-                    InfoGeneve::Remote(a) => remote = *a,
+                    InfoGeneve::Remote(a) => remote = IpAddr::V4(*a),
+                    InfoGeneve::Remote6(a) => remote = IpAddr::V6(*a),
                     InfoGeneve::Port(p) => port = *p,
                     _ => {}
                 }
@@ -246,34 +250,27 @@ async fn add_link(h: &Handle, l: &Link) -> R<()> {
             remote,
             port,
         } => {
-            created(
-                h.link()
-                    .add(
-                        LinkVxlan::new(&l.name, *vni)
-                            .local(*local)
-                            .remote(*remote)
-                            .port(*port)
-                            .mtu(l.mtu)
-                            .build(),
-                    )
-                    .execute()
-                    .await,
-            )?;
+            let b = LinkVxlan::new(&l.name, *vni).port(*port).mtu(l.mtu);
+            let b = match (local, remote) {
+                (IpAddr::V4(local), IpAddr::V4(remote)) => b.local(*local).remote(*remote),
+                (IpAddr::V6(local), IpAddr::V6(remote)) => b.local6(*local).remote6(*remote),
+                _ => {
+                    return Err(format!(
+                        "{}: VXLAN between {local} and {remote}, of two families",
+                        l.name
+                    ));
+                }
+            };
+            created(h.link().add(b.build()).execute().await)?;
             set_up_named(h, &l.name, 0).await
         }
         LinkKind::Geneve { vni, remote, port } => {
-            created(
-                h.link()
-                    .add(
-                        rtnetlink::LinkGeneve::new(&l.name, *vni)
-                            .remote(*remote)
-                            .port(*port)
-                            .mtu(l.mtu)
-                            .build(),
-                    )
-                    .execute()
-                    .await,
-            )?;
+            let b = rtnetlink::LinkGeneve::new(&l.name, *vni).port(*port).mtu(l.mtu);
+            let b = match remote {
+                IpAddr::V4(r) => b.remote(*r),
+                IpAddr::V6(r) => b.remote6(*r),
+            };
+            created(h.link().add(b.build()).execute().await)?;
             set_up_named(h, &l.name, 0).await
         }
         LinkKind::Bridge => {

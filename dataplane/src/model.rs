@@ -36,15 +36,16 @@ pub const PREFIX: &str = "weft";
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum LinkKind {
+    /// Over the underlay of `local`'s family (`remote` is of it too).
     Vxlan {
         vni: u32,
-        local: Ipv4Addr,
-        remote: Ipv4Addr,
+        local: IpAddr,
+        remote: IpAddr,
         port: u16,
     },
     Geneve {
         vni: u32,
-        remote: Ipv4Addr,
+        remote: IpAddr,
         port: u16,
     },
     Bridge,

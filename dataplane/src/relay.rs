@@ -143,8 +143,12 @@ fn wait(socket: &UdpSocket, events: nix::poll::PollFlags, ms: u16) {
 /// (GSO, GRO), fragments allowed. Shared with the userspace WireGuard
 /// device.
 pub(crate) fn batch_socket(port: u16) -> std::io::Result<(UdpSocket, UdpSocketState)> {
+    tuned(UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))?)
+}
+
+/// `socket` set up for batches, as [`batch_socket`] says.
+pub(crate) fn tuned(socket: UdpSocket) -> std::io::Result<(UdpSocket, UdpSocketState)> {
     use nix::sys::socket::{setsockopt, sockopt};
-    let socket = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))?;
     socket.set_nonblocking(true)?;
     // FORCE: past the host's rmem_max (the agent has CAP_NET_ADMIN); the
     // plain option as the fallback.
@@ -182,19 +186,34 @@ fn end(side: &Side) -> std::io::Result<End> {
     })
 }
 
-/// `IP_MTU_DISCOVER` = `IP_PMTUDISC_DONT` on `socket`, which neither nix
-/// nor socket2 wraps.
-#[allow(unsafe_code)]
+/// `IP_MTU_DISCOVER` = `IP_PMTUDISC_DONT` on `socket` (and IPv6's
+/// counterparts on an IPv6 socket), which neither nix nor socket2 wraps.
 fn allow_fragments(socket: &UdpSocket) -> std::io::Result<()> {
+    set_int(socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DONT)?;
+    // An IPv6 socket (for both families): IPv6's too (the sender
+    // fragments there).
+    if socket.local_addr()?.is_ipv6() {
+        set_int(
+            socket,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU_DISCOVER,
+            libc::IPV6_PMTUDISC_DONT,
+        )?;
+        set_int(socket, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 0)?;
+    }
+    Ok(())
+}
+
+#[allow(unsafe_code)]
+fn set_int(socket: &UdpSocket, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
-    let value: libc::c_int = libc::IP_PMTUDISC_DONT;
     // SAFETY: a valid open socket of ours, and a pointer to an int that
     // lives for the call, with its size.
     let rc = unsafe {
         libc::setsockopt(
             socket.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
+            level,
+            name,
             (&value as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )

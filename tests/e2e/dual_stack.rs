@@ -5,8 +5,34 @@
 
 use std::process::Command;
 
+use std::time::Duration;
+
 use serde_json::Value;
+use weft_tests::netns::{self, require_root};
+use weft_tests::sites;
 use weft_tests::{Controller, ControllerSpec, bin, run, stdout, weftctl_json};
+
+/// Whether workload host `from` gets an answer to one ping of `to`, of
+/// either family.
+fn ping(s: &sites::TwoSites, from: &str, to: &str) -> bool {
+    let family = if to.contains(':') { "-6" } else { "-4" };
+    netns::exec(&s.ns[from], &["ping", family, "-c", "1", "-W", "1", to])
+        .status
+        .success()
+}
+
+/// Every workload of one site with every workload of the other, from a
+/// list of (host, real address, address the other site sees): (from,
+/// where the other site sees it, to, where `from` reaches it).
+fn across(w: &[(&'static str, String, String)]) -> Vec<(&'static str, String, &'static str, String)> {
+    let mut out = Vec::new();
+    for (from, _, from_seen) in w {
+        for (to, _, to_seen) in w.iter().filter(|x| x.0.as_bytes()[1] != from.as_bytes()[1]) {
+            out.push((*from, from_seen.clone(), *to, to_seen.clone()));
+        }
+    }
+    out
+}
 
 fn site(dir: &std::path::Path, id: &str, pods: &str) -> Controller {
     ControllerSpec::new(id)
@@ -124,9 +150,6 @@ fn same_cidrs_in_both_families_are_remapped_and_an_ipv4_site_says_why_not() {
 #[test]
 #[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
 fn workloads_reach_each_other_over_both_families_through_remapped_views() {
-    use std::time::Duration;
-    use weft_tests::netns::{self, require_root};
-    use weft_tests::sites;
     if !require_root() {
         return;
     }
@@ -163,54 +186,45 @@ fn workloads_reach_each_other_over_both_families_through_remapped_views() {
                 .then_some(())
         });
     }
-    let ping = |from: &str, to: &str| {
-        let family = if to.contains(':') { "-6" } else { "-4" };
-        netns::exec(&s.ns[from], &["ping", family, "-c", "1", "-W", "1", to])
-            .status
-            .success()
-    };
-    for family in [&v4, &v6] {
-        for (from, _, from_seen) in family {
-            for (to, _, to_seen) in family.iter().filter(|w| w.0.as_bytes()[1] != from.as_bytes()[1]) {
-                let reached = weft_tests::try_eventually(Duration::from_secs(20), || ping(from, to_seen).then_some(()));
-                if reached.is_none() {
-                    let mut diag = String::new();
-                    for (host, cmd) in [
-                        ("gwa", "ip -6 rule; ip -6 route show table all; ip -6 addr"),
-                        ("na", "ip -6 rule; ip -6 route show table all; ip -6 addr"),
-                    ] {
-                        diag.push_str(&format!(
-                            "--- {host}: {cmd}\n{}\n",
-                            weft_tests::stdout(&netns::exec(&s.ns[host], &["sh", "-c", cmd]))
-                        ));
-                    }
-                    let o = netns::exec(
-                        &s.ns_a,
-                        &[
-                            "sh",
-                            "-c",
-                            "ip -6 rule; ip -6 route show table all; ip -6 addr; nft list ruleset; wg show all 2>/dev/null",
-                        ],
-                    );
-                    diag.push_str(&format!("--- {}\n{}\n", s.ns_a, weft_tests::stdout(&o)));
-                    for p in [s.gateways.0, s.gateways.1] {
-                        diag.push_str(&s.lab.proc(p).log_text());
-                    }
-                    panic!("{from} cannot reach {to} at {to_seen}:\n{diag}");
-                }
-                let ask = format!(
-                    "import socket\ns=socket.create_connection(('{to_seen}',5300),timeout=3)\nprint(s.recv(100).decode())"
-                );
-                let o = netns::exec(&s.ns[from], &["python3", "-c", &ask]);
-                let said = weft_tests::stdout(&o);
-                assert_eq!(
-                    said.trim(),
-                    format!("from {from_seen}"),
-                    "TCP {from} → {to} at {to_seen}: the far end saw the caller elsewhere ({})",
-                    String::from_utf8_lossy(&o.stderr)
-                );
+    for (from, from_seen, to, to_seen) in across(&v4).into_iter().chain(across(&v6)) {
+        let to_seen = to_seen.as_str();
+        let reached = weft_tests::try_eventually(Duration::from_secs(20), || ping(&s, from, to_seen).then_some(()));
+        if reached.is_none() {
+            let mut diag = String::new();
+            for (host, cmd) in [
+                ("gwa", "ip -6 rule; ip -6 route show table all; ip -6 addr"),
+                ("na", "ip -6 rule; ip -6 route show table all; ip -6 addr"),
+            ] {
+                diag.push_str(&format!(
+                    "--- {host}: {cmd}\n{}\n",
+                    weft_tests::stdout(&netns::exec(&s.ns[host], &["sh", "-c", cmd]))
+                ));
             }
+            let o = netns::exec(
+                &s.ns_a,
+                &[
+                    "sh",
+                    "-c",
+                    "ip -6 rule; ip -6 route show table all; ip -6 addr; nft list ruleset; wg show all 2>/dev/null",
+                ],
+            );
+            diag.push_str(&format!("--- {}\n{}\n", s.ns_a, weft_tests::stdout(&o)));
+            for p in [s.gateways.0, s.gateways.1] {
+                diag.push_str(&s.lab.proc(p).log_text());
+            }
+            panic!("{from} cannot reach {to} at {to_seen}:\n{diag}");
         }
+        let ask = format!(
+            "import socket\ns=socket.create_connection(('{to_seen}',5300),timeout=3)\nprint(s.recv(100).decode())"
+        );
+        let o = netns::exec(&s.ns[from], &["python3", "-c", &ask]);
+        let said = weft_tests::stdout(&o);
+        assert_eq!(
+            said.trim(),
+            format!("from {from_seen}"),
+            "TCP {from} → {to} at {to_seen}: the far end saw the caller elsewhere ({})",
+            String::from_utf8_lossy(&o.stderr)
+        );
     }
 
     weft_tests::step("a name resolves to both an A and an AAAA record, each in its view");
@@ -251,7 +265,11 @@ fn workloads_reach_each_other_over_both_families_through_remapped_views() {
     });
     assert_eq!((a, aaaa), (vec![wb4.2.clone()], vec![wb6.2.clone()]));
     // And the AAAA answer is where wb is reached.
-    assert!(ping("wa", &wb6.2), "wa cannot reach wb at its AAAA answer {}", wb6.2);
+    assert!(
+        ping(&s, "wa", &wb6.2),
+        "wa cannot reach wb at its AAAA answer {}",
+        wb6.2
+    );
 }
 
 /// A dual-stack site peered with an IPv4-only one, in namespaces: the
@@ -260,9 +278,6 @@ fn workloads_reach_each_other_over_both_families_through_remapped_views() {
 #[test]
 #[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
 fn an_ipv4_only_peer_gets_ipv4_and_ipv6_stays_off_saying_why() {
-    use std::time::Duration;
-    use weft_tests::netns::{self, require_root};
-    use weft_tests::sites;
     if !require_root() {
         return;
     }
@@ -296,4 +311,58 @@ fn an_ipv4_only_peer_gets_ipv4_and_ipv6_stays_off_saying_why() {
         !routes.contains("weft-v"),
         "an IPv6 route into a peering without IPv6:\n{routes}"
     );
+}
+
+/// An IPv6 underlay: the gateways and nodes of two dual-stack sites reach
+/// each other over IPv6 only (their agents' underlay addresses and the
+/// gateways' endpoints are IPv6, and every IPv4 datagram they would send
+/// is dropped); the overlay (VXLAN or Geneve) and the WireGuard tunnel
+/// run over IPv6 and carry workloads of both families, remapped. The
+/// controllers, and the agents' TCP to them, stay on IPv4.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn an_ipv6_underlay_carries_ipv4_and_ipv6_workloads() {
+    if !require_root() {
+        return;
+    }
+    let opts = sites::Opts {
+        ipv6: (Some("fd00:1::/48"), Some("fd00:1::/48")),
+        underlay_v6: true,
+        ..Default::default()
+    };
+    let s = sites::up_with("wdu", ("du-a", "10.1.0.0/16"), ("du-b", "10.1.0.0/16"), opts);
+    // No IPv4 datagram leaves a gateway or a node: whatever carries the
+    // workloads' traffic from now on is IPv6.
+    let no_ipv4_udp = "add table inet lab_no_ipv4_udp
+        add chain inet lab_no_ipv4_udp out { type filter hook output priority 0; meta nfproto ipv4 meta l4proto udp counter drop; }";
+    for h in ["gwa", "gwb", "na", "na2", "nb", "nb2"] {
+        netns::must(netns::exec(&s.ns[h], &["nft", no_ipv4_udp]), "drop IPv4 UDP");
+    }
+    // The overlay and the tunnel are IPv6's.
+    let overlay = weft_tests::stdout(&netns::exec(&s.ns["na"], &["ip", "-d", "link", "show", "weft-vx0"]));
+    assert!(
+        overlay.contains("fd00:78::10"),
+        "na's overlay does not run to gwa's IPv6 address:\n{overlay}"
+    );
+    let gateways = weftctl_json(&s.tb, &["gateways"]);
+    assert_eq!(
+        gateways["gateways"][0]["endpoint"], "[fd00:78::20]:51820",
+        "{gateways:#}"
+    );
+    let v4 = s.workloads.clone();
+    let v6 = s.workloads_v6();
+    for (from, _, to, to_seen) in across(&v4).into_iter().chain(across(&v6)) {
+        weft_tests::eventually(
+            &format!("{from} reaching {to} at {to_seen} over the IPv6 underlay"),
+            Duration::from_secs(20),
+            || ping(&s, from, &to_seen).then_some(()),
+        );
+    }
+    // And the drop rule saw nothing of weft's (the agents sent no IPv4
+    // datagram at all since it came).
+    let counted = weft_tests::stdout(&netns::exec(
+        &s.ns["gwa"],
+        &["nft", "list", "table", "inet", "lab_no_ipv4_udp"],
+    ));
+    eprintln!("{counted}");
 }

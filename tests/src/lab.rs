@@ -36,8 +36,8 @@ pub struct AgentSpec {
     pub own_host: bool,
     /// More flags (e.g. `--wireguard userspace`).
     pub flags: Vec<String>,
-    /// A gateway's `--endpoint` (`ip:51820`); false: none, it only dials
-    /// out (behind NAT).
+    /// A gateway's `--endpoint` (`ip:51820`, `[ip]:51820` for IPv6);
+    /// false: none, it only dials out (behind NAT).
     pub endpoint: bool,
 }
 
@@ -157,7 +157,11 @@ impl Lab {
             args.extend(["--metrics-listen".to_string(), format!("0.0.0.0:{AGENT_METRICS_PORT}")]);
         }
         if a.kind == "gateway" && a.endpoint {
-            args.extend(["--endpoint".to_string(), format!("{}:51820", a.ip)]);
+            let ip: std::net::IpAddr = a.ip.parse().expect("an agent's underlay address");
+            args.extend([
+                "--endpoint".to_string(),
+                std::net::SocketAddr::new(ip, 51820).to_string(),
+            ]);
         }
         if let Some(s) = &a.subnet {
             args.extend(["--subnet".to_string(), s.clone()]);

@@ -98,6 +98,17 @@ pub struct Opts {
     /// is IPv4 only): each node gets a /64 of its site's;
     /// [`TwoSites::workloads_v6`] addresses the workloads in them.
     pub ipv6: (Option<&'static str>, Option<&'static str>),
+    /// The gateways and nodes of both sites also get an IPv6 address on
+    /// the WAN ([`underlay_v6`]: fd00:78::<the IPv4 address's last
+    /// octet>), and their agents take it as their underlay address (and
+    /// the gateways' endpoints): tunnels and overlay run over IPv6. The
+    /// controllers stay on IPv4.
+    pub underlay_v6: bool,
+}
+
+/// A host's IPv6 WAN address with [`Opts::underlay_v6`], from its IPv4 one.
+pub fn underlay_v6(wan_ip: &str) -> String {
+    format!("fd00:78::{}", behind_nat(wan_ip))
 }
 
 pub use crate::lab::{AGENT_METRICS_PORT, CONTROLLER_METRICS_PORT};
@@ -171,6 +182,13 @@ fn hosts(
             }
             _ => lab.plug(&ns[h], &format!("{ip}/24")),
         }
+        if opts.underlay_v6 && !h.starts_with("ctl") {
+            let v6 = format!("{}/64", underlay_v6(ip));
+            crate::netns::must(
+                lab.exec(&ns[h], &["ip", "addr", "add", &v6, "dev", "eth0", "nodad"]),
+                "the host's IPv6 WAN address",
+            );
+        }
         if let Some(m) = opts.site_b_underlay.filter(|_| SITE_B.iter().any(|b| b.0 == *h)) {
             crate::netns::must(
                 lab.exec(&ns[h], &["ip", "link", "set", "eth0", "mtu", &m.to_string()]),
@@ -229,6 +247,7 @@ fn site_spec(plan: Plan, opts: &Opts, ns: &HashMap<&'static str, String>, dir: &
         .map(|((h, ip, name), n)| {
             let ip = match plan.behind_nat {
                 Some(lan) => format!("{lan}.{}", behind_nat(ip)),
+                None if opts.underlay_v6 => underlay_v6(ip),
                 None => ip.to_string(),
             };
             let mut a = match n {

@@ -116,6 +116,7 @@ impl Batch {
 /// Sends `data` (datagrams of `stride` bytes) to `to`, counting what the
 /// socket refused.
 pub(super) fn send(s: &Shared, to: SocketAddr, data: &[u8], stride: usize) {
+    let to = crate::udp::mapped(to, s.dual);
     if !crate::relay::send_datagrams(&s.socket, &s.udp, to, None, data, stride) {
         s.counters
             .tx_send_failed
@@ -293,7 +294,7 @@ impl In {
                 receive(
                     s,
                     d,
-                    m.addr,
+                    crate::udp::canonical(m.addr),
                     &mut self.plain,
                     &mut self.reply,
                     &mut self.coalescer,

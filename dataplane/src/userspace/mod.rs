@@ -178,6 +178,8 @@ struct Shared {
     tun: Tun,
     socket: UdpSocket,
     udp: UdpSocketState,
+    /// The socket takes both families (IPv4 peers as IPv4-mapped IPv6).
+    dual: bool,
     secret: StaticSecret,
     public: PublicKey,
     limiter: Arc<RateLimiter>,
@@ -242,7 +244,7 @@ impl Device {
     pub fn start(config: &Config) -> std::io::Result<Device> {
         let tun = Tun::create(&config.name, config.offload)?;
         let tun_offloads = tun.offloads;
-        let (socket, udp) = crate::relay::batch_socket(config.listen_port)?;
+        let (socket, udp, dual) = crate::udp::dual_batch_socket(config.listen_port)?;
         let (gso, gro) = if config.offload {
             (udp.max_gso_segments().max(1), udp.gro_segments().max(1))
         } else {
@@ -257,6 +259,7 @@ impl Device {
             tun,
             socket,
             udp,
+            dual,
             secret,
             public,
             limiter,
