@@ -432,6 +432,22 @@ impl Applier for Linux {
                 .collect(),
             reached: Vec::new(),
         };
+        // IPv6 networks on the host's links that no address of it names
+        // (a /128 from DHCPv6 beside a prefix routed on-link by router
+        // advertisements): the host reaches their hosts directly too.
+        // (IPv4's on-link routes without an address, such as a zeroconf
+        // 169.254.0.0/16, are left out: weft's veths take /30s there.)
+        for r in raw.routes.iter().filter(|r| !r.special).map(|r| &r.route) {
+            if r.gateway.is_none()
+                && r.dst.addr().is_ipv6()
+                && r.dst.prefix_len() > 0
+                && r.table != weft_proto::HOST_TABLE
+                && r.dev.as_deref().is_some_and(theirs)
+                && weft_types::net::special_use(r.dst).is_none()
+            {
+                host.connected.push((r.dst, r.dev.clone().unwrap_or_default()));
+            }
+        }
         // Gateways of every table but weft's own (policy routing sends
         // traffic through tables other than main too).
         for r in raw.routes.iter().filter(|r| !r.special).map(|r| &r.route) {

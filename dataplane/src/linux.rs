@@ -203,16 +203,22 @@ async fn read_ns(h: &Handle, ns: &Ns) -> R<RawNs> {
             });
         }
     }
-    for filter in [
-        RouteMessageBuilder::<Ipv4Addr>::new().build(),
-        RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
-    ] {
+    // A host without IPv6 (booted with ipv6.disable=1) has no IPv6 routes
+    // or rules to read, and refuses to be asked for them: IPv4 only then.
+    let ipv6 = std::path::Path::new("/proc/sys/net/ipv6").exists();
+    let mut filters = vec![RouteMessageBuilder::<Ipv4Addr>::new().build()];
+    let mut versions = vec![rtnetlink::IpVersion::V4];
+    if ipv6 {
+        filters.push(RouteMessageBuilder::<std::net::Ipv6Addr>::new().build());
+        versions.push(rtnetlink::IpVersion::V6);
+    }
+    for filter in filters {
         let mut routes = h.route().get(filter).execute();
         while let Some(m) = routes.try_next().await.map_err(|x| e("routes", x))? {
             raw.routes.extend(route_of(ns, &m, &names));
         }
     }
-    for version in [rtnetlink::IpVersion::V4, rtnetlink::IpVersion::V6] {
+    for version in versions {
         let mut rules = h.rule().get(version).execute();
         while let Some(m) = rules.try_next().await.map_err(|x| e("rules", x))? {
             raw.rules.extend(rule_of(ns, &m));
@@ -328,19 +334,23 @@ async fn add_veth(h: &Handle, l: &Link, peer: &str, peer_ns: &Ns) -> R<()> {
     .await
 }
 
-/// Before IPv6 forwarding goes on in the calling thread's namespace: an
-/// interface that takes router advertisements only while not forwarding
-/// (`accept_ra` 1, the default) takes them whatever (2), so a host that
-/// gets its IPv6 default route from them keeps it. The host's networking
-/// stays as it was; only interfaces at 1 (and the default for new ones)
-/// change.
+/// Before IPv6 forwarding goes on in the host's namespace: each of the
+/// host's own interfaces that takes router advertisements only while not
+/// forwarding (`accept_ra` 1, the default) takes them whatever (2), so a
+/// host that gets its IPv6 default route from them keeps it. Never weft's
+/// links, nor the default for new ones: with forwarding on they take no
+/// advertisement, so none sent through the overlay or a tunnel can route
+/// the host. A peering's namespace has no interface of the host's.
 fn keep_router_advertisements() {
     let Ok(dir) = std::fs::read_dir("/proc/sys/net/ipv6/conf") else {
         return;
     };
     for e in dir.flatten() {
         let path = e.path().join("accept_ra");
-        if e.file_name() != "all"
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if !matches!(&*name, "all" | "default")
+            && !owns_link(&name)
             && std::fs::read_to_string(&path).is_ok_and(|v| v.trim() == "1")
             && let Err(err) = std::fs::write(&path, "2")
         {
@@ -368,8 +378,8 @@ async fn apply_op(h: &Handle, op: &Op) -> R<()> {
                 .await
                 .map_err(|e| format!("cannot delete namespace {n}: {e}"))
         }
-        Op::SetForwarding(_, f) => {
-            if *f == Family::V6 {
+        Op::SetForwarding(ns, f) => {
+            if *f == Family::V6 && ns.is_empty() {
                 keep_router_advertisements();
             }
             std::fs::write(forwarding_path(*f), "1").map_err(|e| match f {

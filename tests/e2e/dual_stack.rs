@@ -270,6 +270,18 @@ fn workloads_reach_each_other_over_both_families_through_remapped_views() {
         "wa cannot reach wb at its AAAA answer {}",
         wb6.2
     );
+
+    weft_tests::step("what the agents made of both families reads back as they made it");
+    // The agents resync every second here: an IPv6 object that read back
+    // otherwise than it was made (a route, rule, address or table) would
+    // be repaired on every one.
+    let repairs =
+        |host: &str| sites::metric(&s.scrape(host), "weft_agent_drift_repairs_total", &[]).expect("the drift metric");
+    let hosts = ["gwa", "gwb", "na", "nb"];
+    let before: Vec<f64> = hosts.iter().map(|h| repairs(h)).collect();
+    std::thread::sleep(Duration::from_secs(4));
+    let after: Vec<f64> = hosts.iter().map(|h| repairs(h)).collect();
+    assert_eq!(before, after, "drift repaired on an unchanged host ({hosts:?})");
 }
 
 /// A dual-stack site peered with an IPv4-only one, in namespaces: the

@@ -125,6 +125,9 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
         &["ip", "addr", "add", "172.20.5.7/24", "dev", "lan2"],
         &["ip", "addr", "add", "2001:db8:5::7/64", "dev", "lan2", "nodad"],
         &["ip", "link", "set", "lan2", "up"],
+        // An IPv6 network on that LAN that no address of the host names
+        // (as router advertisements route one on-link beside a DHCPv6 /128).
+        &["ip", "-6", "route", "add", "2001:db8:6::/64", "dev", "lan2"],
         &["ip", "route", "add", "10.66.0.0/16", "via", "172.20.5.1"],
     ] {
         netns::must(lab.exec(&node, cmd), "the second LAN");
@@ -218,6 +221,7 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
         ("hostile/address-neighbour", "the network of lan2"),
         ("hostile/address-ipv6", "the network of lan2"),
         ("hostile/route-link-local", "link-local"),
+        ("hostile/route-on-link-v6", "the network of lan2"),
     ];
     hostile.extend([
         obj(
@@ -237,6 +241,17 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
         // weft's.
         evil_addr("hostile/address-neighbour", "172.20.5.77/32"),
         evil_addr("hostile/address-ipv6", "2001:db8:5::77/128"),
+        obj(
+            "hostile/route-on-link-v6",
+            Kind::Route(pb::Route {
+                namespace: String::new(),
+                table: 7765,
+                destination: "2001:db8:6:0:8000::/65".into(),
+                gateway: String::new(),
+                device: "weft-evil".into(),
+                peer_site: String::new(),
+            }),
+        ),
         obj(
             "hostile/route-link-local",
             Kind::Route(pb::Route {

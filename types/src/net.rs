@@ -253,8 +253,10 @@ pub fn special_use(net: IpNet) -> Option<&'static str> {
         ("240.0.0.0/4", "reserved (240.0.0.0/4)"),
         ("255.255.255.255/32", "broadcast (255.255.255.255)"),
     ];
-    const V6: [(&str, &str); 6] = [
+    const V6: [(&str, &str); 8] = [
         ("::/128", "the unspecified address (::)"),
+        ("64:ff9b::/96", "the well-known NAT64 prefix (64:ff9b::/96)"),
+        ("64:ff9b:1::/48", "local-use NAT64 (64:ff9b:1::/48)"),
         ("::1/128", "loopback (::1)"),
         ("::ffff:0:0/96", "IPv4-mapped (::ffff:0:0/96)"),
         ("fe80::/10", "link-local (fe80::/10)"),

@@ -87,6 +87,8 @@ fn special_ranges_are_named_in_both_families() {
     assert_eq!(s("::1/128"), Some("loopback (::1)"));
     assert_eq!(s("fe80::/64"), Some("link-local (fe80::/10)"));
     assert_eq!(s("ff02::/16"), Some("multicast (ff00::/8)"));
+    assert_eq!(s("64:ff9b::/96"), Some("the well-known NAT64 prefix (64:ff9b::/96)"));
+    assert_eq!(s("64:ff9b:1:2::/64"), Some("local-use NAT64 (64:ff9b:1::/48)"));
     assert_eq!(
         s("fe00::/7"),
         Some("link-local (fe80::/10)"),
