@@ -163,18 +163,7 @@ pub(super) fn peering(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> O
     let mut out = Objects::from([
         obj(format!("{base}v6/veth/outer"), address(&ids.outer, "", VETH_OUTER)),
         obj(format!("{base}v6/veth/inner"), address(&ids.inner, &ids.ns, VETH_INNER)),
-        obj(
-            format!("{base}v6/tunnel-rule"),
-            Kind::Rule(pb::Rule {
-                namespace: ids.ns.clone(),
-                priority: RULE_PRIORITY,
-                from: String::new(),
-                to: String::new(),
-                table: NS_TUNNEL_TABLE,
-                iif: ids.inner.clone(),
-                ipv6: true,
-            }),
-        ),
+        obj(format!("{base}v6/tunnel-rule"), super::peering::tunnel_rule(ids, true)),
     ]);
     for (i, v) in views.iter().enumerate() {
         let id = format!("{base}v6/{i}");

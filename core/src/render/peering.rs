@@ -204,19 +204,22 @@ fn view_routes(base: &str, p: &Peering, ids: &PeeringIds) -> Objects {
             ),
         ]);
     }
-    out.extend([obj(
-        format!("{base}tunnel-rule"),
-        Kind::Rule(pb::Rule {
-            namespace: ids.ns.clone(),
-            priority: RULE_PRIORITY,
-            from: String::new(),
-            to: String::new(),
-            table: NS_TUNNEL_TABLE,
-            iif: ids.inner.clone(),
-            ipv6: false,
-        }),
-    )]);
+    out.extend([obj(format!("{base}tunnel-rule"), tunnel_rule(ids, false))]);
     out
+}
+
+/// In the peering's namespace, for one family: what arrives from the
+/// gateway (the veth's inner end) looks up the routes into the tunnel.
+pub(super) fn tunnel_rule(ids: &PeeringIds, ipv6: bool) -> Kind {
+    Kind::Rule(pb::Rule {
+        namespace: ids.ns.clone(),
+        priority: RULE_PRIORITY,
+        from: String::new(),
+        to: String::new(),
+        table: NS_TUNNEL_TABLE,
+        iif: ids.inner.clone(),
+        ipv6,
+    })
 }
 
 /// This site's own networks, from the peering's namespace back to the
