@@ -67,7 +67,8 @@ impl AgentSpec {
 }
 
 /// A whole site on lab hosts that exist and are plugged into the WAN: its
-/// controller on host `ctl` (listening on `ctl_ip:7443`), then its agents,
+/// controller on host `ctl` (listening on `ctl_ip` port 7443, an IPv4 or
+/// an IPv6 address), then its agents,
 /// enrolled with tokens made for them, in order.
 #[derive(Clone, Debug)]
 pub struct SiteSpec {
@@ -97,6 +98,12 @@ pub struct Site {
 }
 
 impl SiteSpec {
+    /// Where its controller listens (`[v6]:7443` for an IPv6 `ctl_ip`).
+    pub fn listen(&self) -> std::net::SocketAddr {
+        let ip: std::net::IpAddr = self.ctl_ip.parse().expect("ctl_ip is an IP address");
+        std::net::SocketAddr::new(ip, 7443)
+    }
+
     /// Where agent `name` keeps its state.
     pub fn state(&self, name: &str) -> PathBuf {
         if self.prefix.is_empty() {
@@ -126,7 +133,7 @@ impl Lab {
     /// token of its own; waits until the site's first gateway reported its
     /// key.
     pub fn site(&mut self, spec: &SiteSpec) -> Site {
-        let listen = format!("{}:7443", spec.ctl_ip);
+        let listen = spec.listen().to_string();
         let target = self.controller(&spec.ctl, spec.controller.clone().listen(&listen));
         let controller = self.controllers.len() - 1;
         let agents = spec.agents.iter().map(|a| self.agent(spec, &target, a)).collect();
@@ -150,7 +157,7 @@ impl Lab {
     /// target `target`), enrolled with a token made for it; its process
     /// index.
     pub fn agent(&mut self, spec: &SiteSpec, target: &str, a: &AgentSpec) -> usize {
-        let url = format!("https://{}:7443", spec.ctl_ip);
+        let url = format!("https://{}", spec.listen());
         let state = spec.state(&a.name);
         let mut args = crate::enrolling_agent_args(target, a.kind, &a.name, &url, &a.ip, &state, &spec.resync);
         if spec.agent_metrics {

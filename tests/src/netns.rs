@@ -204,8 +204,12 @@ impl Lab {
             run(Command::new("ip").args(["-n", bridge, "link", "set", &port, "master", "br0", "up"])),
             "port up",
         );
+        // An IPv6 address is usable at once (no duplicate detection).
+        let nodad: &[&str] = if cidr.contains(':') { &["nodad"] } else { &[] };
         must(
-            run(Command::new("ip").args(["-n", ns, "addr", "add", cidr, "dev", dev])),
+            run(Command::new("ip")
+                .args(["-n", ns, "addr", "add", cidr, "dev", dev])
+                .args(nodad)),
             "addr",
         );
         must(

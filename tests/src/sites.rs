@@ -98,11 +98,12 @@ pub struct Opts {
     /// is IPv4 only): each node gets a /64 of its site's;
     /// [`TwoSites::workloads_v6`] addresses the workloads in them.
     pub ipv6: (Option<&'static str>, Option<&'static str>),
-    /// The gateways and nodes of both sites also get an IPv6 address on
-    /// the WAN ([`underlay_v6`]: fd00:78::<the IPv4 address's last
-    /// octet>), and their agents take it as their underlay address (and
-    /// the gateways' endpoints): tunnels and overlay run over IPv6. The
-    /// controllers stay on IPv4.
+    /// Every host of both sites, controllers included, is on the WAN by
+    /// IPv6 only ([`underlay_v6`]: fd00:78::<the IPv4 address's last
+    /// octet>), with no IPv4 address there: controllers listen, federate
+    /// and serve their agents over IPv6, agents take it as their underlay
+    /// address (and the gateways' endpoints), and tunnels and overlay run
+    /// over it. Workloads keep their IPv4 and IPv6 pods.
     pub underlay_v6: bool,
 }
 
@@ -180,14 +181,8 @@ fn hosts(
             (_, Some(lan)) if SITE_B[1..].iter().any(|b| b.0 == *h) => {
                 lab.plug_behind(lan, &ns[h], behind_nat(ip));
             }
+            _ if opts.underlay_v6 => lab.plug(&ns[h], &format!("{}/64", underlay_v6(ip))),
             _ => lab.plug(&ns[h], &format!("{ip}/24")),
-        }
-        if opts.underlay_v6 && !h.starts_with("ctl") {
-            let v6 = format!("{}/64", underlay_v6(ip));
-            crate::netns::must(
-                lab.exec(&ns[h], &["ip", "addr", "add", &v6, "dev", "eth0", "nodad"]),
-                "the host's IPv6 WAN address",
-            );
         }
         if let Some(m) = opts.site_b_underlay.filter(|_| SITE_B.iter().any(|b| b.0 == *h)) {
             crate::netns::must(
@@ -276,7 +271,10 @@ fn site_spec(plan: Plan, opts: &Opts, ns: &HashMap<&'static str, String>, dir: &
     SiteSpec {
         controller: c,
         ctl: ns[plan.hosts[0].0].clone(),
-        ctl_ip: plan.hosts[0].1.to_string(),
+        ctl_ip: match opts.underlay_v6 {
+            true => underlay_v6(plan.hosts[0].1),
+            false => plan.hosts[0].1.to_string(),
+        },
         agents,
         dir: dir.to_path_buf(),
         prefix: plan.hosts[0].1.to_string(),
