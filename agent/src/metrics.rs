@@ -162,11 +162,15 @@ pub fn get() -> &'static AgentMetrics {
                 Vec::new()
             };
             for p in &traffic {
-                let l = |dir| [("peer_site", p.peer_site.as_str()), ("direction", dir)];
-                let help = "Bytes between this node and the peer's CIDRs";
+                let family = match p.family {
+                    weft_types::net::Family::V4 => "ipv4",
+                    weft_types::net::Family::V6 => "ipv6",
+                };
+                let l = |dir| [("peer_site", p.peer_site.as_str()), ("direction", dir), ("family", family)];
+                let help = "Bytes between this node and the peer's CIDRs, per family";
                 f.counter("weft_node_peer_bytes", help, &l("tx"), p.tx_bytes);
                 f.counter("weft_node_peer_bytes", help, &l("rx"), p.rx_bytes);
-                let help = "Packets between this node and the peer's CIDRs";
+                let help = "Packets between this node and the peer's CIDRs, per family";
                 f.counter("weft_node_peer_packets", help, &l("tx"), p.tx_packets);
                 f.counter("weft_node_peer_packets", help, &l("rx"), p.rx_packets);
             }

@@ -3,7 +3,8 @@
 //! network`.
 
 use std::io::Read;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
@@ -78,6 +79,66 @@ pub fn raw_echo(
             let at = usize::from(inner[0] & 0x0f) * 4;
             if inner.get(at + 4..at + 8) == Some(&[id.to_be_bytes(), seq.to_be_bytes()].concat()[..]) {
                 return Ok(Err(format!("unreachable (ICMP code {}) from {from}", icmp[1])));
+            }
+        }
+    }
+}
+
+/// A raw ICMPv6 socket (root or CAP_NET_RAW).
+pub fn raw_icmp6_socket() -> std::io::Result<Socket> {
+    Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))
+}
+
+/// [`raw_echo`] for IPv6, on a [`raw_icmp6_socket`]: one echo request of
+/// 16 bytes to `to`, and its answer or the unreachable (or packet too big)
+/// message about it. The kernel fills in ICMPv6's checksum, which covers
+/// the addresses (RFC 3542).
+pub fn raw_echo6(
+    s: &Socket,
+    to: Ipv6Addr,
+    id: u16,
+    seq: u16,
+    wait: Duration,
+) -> std::io::Result<Result<Duration, String>> {
+    let mut req = [0u8; 16];
+    req[0] = 128;
+    req[4..6].copy_from_slice(&id.to_be_bytes());
+    req[6..8].copy_from_slice(&seq.to_be_bytes());
+    req[8..12].copy_from_slice(b"weft");
+    let sent = Instant::now();
+    s.send_to(&req, &SockAddr::from(SocketAddrV6::new(to, 0, 0, 0)))?;
+    let mut buf = vec![0u8; 65536];
+    let ours = [id.to_be_bytes(), seq.to_be_bytes()].concat();
+    loop {
+        let left = wait.saturating_sub(sent.elapsed());
+        if left.is_zero() {
+            return Ok(Err(format!("no answer within {wait:?}")));
+        }
+        s.set_read_timeout(Some(left))?;
+        // Unlike IPv4's, a raw ICMPv6 socket hands back the message alone;
+        // the sender comes with it.
+        let (n, from) = match nix::sys::socket::recvfrom::<nix::sys::socket::SockaddrIn6>(s.as_raw_fd(), &mut buf) {
+            Ok(r) => r,
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let Some(from) = from.map(|a| a.ip()) else { continue };
+        let icmp = &buf[..n];
+        if icmp.len() < 8 {
+            continue;
+        }
+        if from == to && icmp[0] == 129 && icmp[4..8] == ours {
+            return Ok(Ok(sent.elapsed()));
+        }
+        // Destination unreachable (1) or packet too big (2) about this
+        // echo: its IPv6 header (40 bytes) then our request.
+        if matches!(icmp[0], 1 | 2) && icmp.len() >= 8 + 40 + 8 {
+            let inner = &icmp[8 + 40..];
+            if inner[0] == 128 && inner[4..8] == ours {
+                return Ok(Err(format!(
+                    "unreachable (ICMPv6 type {} code {}) from {from}",
+                    icmp[0], icmp[1]
+                )));
             }
         }
     }

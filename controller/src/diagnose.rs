@@ -356,6 +356,7 @@ pub async fn run(
         tunnel_checks(&site, p, hub.tunnel(&p.site_id), &mut out);
         let up = hub.tunnel(&p.site_id).is_some_and(|t| t.up);
         out.push(path_check(&site, p, &local.for_port(&site, p.listen_port), up));
+        out.extend(ipv6_peering_check(&site, p));
         let subject = format!("peering/{}", p.site_id);
         let Some(remote) = &p.remote else { continue };
         out.push(clock_check(subject, fed.clock_skew(remote).await));
@@ -494,6 +495,30 @@ fn ipv6_check(site: &crate::domain::Site, nodes: &[crate::domain::Node]) -> Vec<
         "",
     ));
     out
+}
+
+/// Each family of a peering: IPv4 always rides it (the tunnel checks);
+/// IPv6 when either site has it, with its views or why it does not.
+fn ipv6_peering_check(site: &crate::domain::Site, p: &crate::domain::Peering) -> Option<pb::Check> {
+    let subject = format!("peering/{}", p.site_id);
+    Some(match p.ipv6_status(site.ipv6.as_ref())? {
+        Ok(()) => {
+            let views: Vec<String> = p
+                .views_v6
+                .iter()
+                .map(|v| format!("{} {} as {}", v.kind, v.real, v.local))
+                .collect();
+            pass("ipv6", subject, format!("negotiated: {}", views.join(", ")))
+        }
+        Err(why) => check(
+            "ipv6",
+            subject,
+            pb::CheckResult::Warn,
+            format!("IPv6 is not negotiated, IPv4 only: {why}"),
+            "for IPv6 both sites need IPv6 pod CIDRs; CIDRs held for review are taken with \
+             `weftctl peering accept`, a refused one is changed by the peer",
+        ),
+    })
 }
 
 /// A gateway asking to change its WireGuard key.

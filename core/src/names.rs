@@ -8,9 +8,9 @@
 //! host; peers see only that external address. Peers resolve either through
 //! their own local view of the CIDR it lies in.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use crate::domain::{Peering, PeeringState, Site};
 use crate::ipam::{CidrKind, View};
@@ -233,13 +233,23 @@ fn map(a: Ipv4Addr, from: Ipv4Net, to: Ipv4Net) -> Ipv4Addr {
     crate::ipam::translate(a, from, to).unwrap_or(a)
 }
 
-/// An address translated between a peer's addressing and this site's view.
+/// An address translated between a peer's addressing and this site's view
+/// (both of one family).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Translation {
     pub site: String,
-    pub real: Ipv4Addr,
-    pub local: Ipv4Addr,
-    pub view: View,
+    pub real: IpAddr,
+    pub local: IpAddr,
+    /// The view it went through.
+    pub kind: CidrKind,
+    pub real_cidr: IpNet,
+    pub local_cidr: IpNet,
+}
+
+impl Translation {
+    pub fn remapped(&self) -> bool {
+        self.real_cidr != self.local_cidr
+    }
 }
 
 /// Why an address does not translate.
@@ -261,23 +271,77 @@ fn negotiated(p: &Peering) -> Result<(), Untranslatable> {
     Ok(())
 }
 
-/// Peer `site`'s address `real` (as that site uses it) → this site's view.
-pub fn to_local(peerings: &[&Peering], site: &str, real: Ipv4Addr) -> Result<Translation, Untranslatable> {
+/// The peering's views of `addr`'s family: its IPv6 ones only while the
+/// peering carries IPv6 (else why not).
+enum Views<'a> {
+    V4(&'a [View<Ipv4Net>]),
+    V6(&'a [View<Ipv6Net>]),
+}
+
+fn views_for(p: &Peering, addr: IpAddr) -> Result<Views<'_>, Untranslatable> {
+    match addr {
+        IpAddr::V4(_) => Ok(Views::V4(&p.views)),
+        IpAddr::V6(_) if p.ipv6_refused.is_none() && !p.views_v6.is_empty() => Ok(Views::V6(&p.views_v6)),
+        IpAddr::V6(_) => {
+            let offered = p.remote.as_ref().is_some_and(|r| !r.workload_cidrs_v6.is_empty());
+            let why = match &p.ipv6_refused {
+                Some(why) => why.clone(),
+                None if !offered => format!("{} offered no IPv6 CIDRs", p.site_id),
+                None => "IPv6 is not negotiated; `weftctl peerings` says why".to_string(),
+            };
+            Err(Untranslatable::Precondition(format!(
+                "the peering with {} carries no IPv6: {why}",
+                p.site_id
+            )))
+        }
+    }
+}
+
+/// Through the view of `views` that holds `addr` on its real side
+/// (`to_local`) or its local side: the translation, if one holds it.
+fn through<N>(site: &str, views: &[View<N>], addr: N::Addr, to_local: bool) -> Option<Translation>
+where
+    N: crate::ipam::Prefix + Into<IpNet>,
+    N::Addr: Into<IpAddr>,
+{
+    let v = views.iter().find(|v| {
+        let from = if to_local { v.real } else { v.local };
+        from.holds_addr(addr)
+    })?;
+    let (from, to) = if to_local { (v.real, v.local) } else { (v.local, v.real) };
+    let other = crate::ipam::translate(addr, from, to).unwrap_or(addr);
+    let (real, local) = if to_local { (addr, other) } else { (other, addr) };
+    Some(Translation {
+        site: site.to_string(),
+        real: real.into(),
+        local: local.into(),
+        kind: v.kind,
+        real_cidr: v.real.into(),
+        local_cidr: v.local.into(),
+    })
+}
+
+fn translate_in(p: &Peering, addr: IpAddr, to_local: bool) -> Result<Option<Translation>, Untranslatable> {
+    Ok(match (views_for(p, addr)?, addr) {
+        (Views::V4(v), IpAddr::V4(a)) => through(&p.site_id, v, a, to_local),
+        (Views::V6(v), IpAddr::V6(a)) => through(&p.site_id, v, a, to_local),
+        _ => None,
+    })
+}
+
+/// Peer `site`'s address `real` (as that site uses it; either family) →
+/// this site's view.
+pub fn to_local(peerings: &[&Peering], site: &str, real: IpAddr) -> Result<Translation, Untranslatable> {
     let p = peerings.iter().find(|p| p.site_id == site).ok_or_else(|| {
         Untranslatable::NotFound(format!(
             "this site has no peering with {site:?}; list them with `weftctl peerings`"
         ))
     })?;
     negotiated(p)?;
-    if let Some(v) = p.views.iter().find(|v| v.real.contains(&real)) {
-        return Ok(Translation {
-            site: site.to_string(),
-            real,
-            local: map(real, v.real, v.local),
-            view: v.clone(),
-        });
+    if let Some(t) = translate_in(p, real, true)? {
+        return Ok(t);
     }
-    if let Some(pending) = &p.pending
+    if let (Some(pending), IpAddr::V4(real)) = (&p.pending, real)
         && (pending.workload_cidrs.iter().any(|c| c.contains(&real))
             || pending.external_cidr.is_some_and(|c| c.contains(&real)))
     {
@@ -286,24 +350,29 @@ pub fn to_local(peerings: &[&Peering], site: &str, real: Ipv4Addr) -> Result<Tra
              accept them with `weftctl peering accept {site}`"
         )));
     }
-    let cidrs: Vec<String> = p.views.iter().map(|v| format!("{} {}", v.kind, v.real)).collect();
+    let cidrs: Vec<String> = match real {
+        IpAddr::V4(_) => p.views.iter().map(|v| format!("{} {}", v.kind, v.real)).collect(),
+        IpAddr::V6(_) => p.views_v6.iter().map(|v| format!("{} {}", v.kind, v.real)).collect(),
+    };
+    let family = if real.is_ipv4() { "IPv4" } else { "IPv6" };
     Err(Untranslatable::NotFound(format!(
-        "{real} is in none of {site}'s CIDRs ({}); give the address as {site} itself uses it",
-        cidrs.join(", ")
+        "{real} is in none of {site}'s {family} CIDRs ({}); give the address as {site} itself uses it",
+        if cidrs.is_empty() {
+            "none".to_string()
+        } else {
+            cidrs.join(", ")
+        }
     )))
 }
 
-/// An address of this site's local views → the peer and its real address.
-pub fn to_peer(peerings: &[&Peering], local: Ipv4Addr) -> Result<Translation, Untranslatable> {
+/// An address of this site's local views (either family) → the peer and
+/// its real address.
+pub fn to_peer(peerings: &[&Peering], local: IpAddr) -> Result<Translation, Untranslatable> {
     for p in peerings {
-        if let Some(v) = p.views.iter().find(|v| v.local.contains(&local)) {
+        // A peering that carries no IPv6 has no IPv6 view to hold it.
+        if let Ok(Some(t)) = translate_in(p, local, false) {
             negotiated(p)?;
-            return Ok(Translation {
-                site: p.site_id.clone(),
-                real: map(local, v.local, v.real),
-                local,
-                view: v.clone(),
-            });
+            return Ok(t);
         }
     }
     Err(Untranslatable::NotFound(format!(
@@ -359,6 +428,10 @@ mod tests {
         s.parse().unwrap()
     }
     fn a(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
@@ -438,31 +511,75 @@ mod tests {
     #[test]
     fn translation_goes_both_ways_and_keeps_host_bits() {
         let p = peering(PeeringState::Negotiated);
-        let t = to_local(&[&p], "site-b", a("10.1.0.10")).unwrap();
-        assert_eq!(t.local, a("10.200.0.10"));
-        assert_eq!(t.view.kind, CidrKind::Workload);
+        let t = to_local(&[&p], "site-b", ip("10.1.0.10")).unwrap();
+        assert_eq!(t.local, ip("10.200.0.10"));
+        assert_eq!(t.kind, CidrKind::Workload);
+        assert!(t.remapped());
         let back = to_peer(&[&p], t.local).unwrap();
-        assert_eq!((back.site.as_str(), back.real), ("site-b", a("10.1.0.10")));
-        let ext = to_local(&[&p], "site-b", a("10.70.255.254")).unwrap();
-        assert_eq!((ext.local, ext.view.kind), (a("10.201.255.254"), CidrKind::External));
+        assert_eq!((back.site.as_str(), back.real), ("site-b", ip("10.1.0.10")));
+        let ext = to_local(&[&p], "site-b", ip("10.70.255.254")).unwrap();
+        assert_eq!((ext.local, ext.kind), (ip("10.201.255.254"), CidrKind::External));
+    }
+
+    fn with_ipv6() -> Peering {
+        let mut p = peering(PeeringState::Negotiated);
+        p.views_v6 = vec![View {
+            kind: CidrKind::Workload,
+            real: "fd00:1::/48".parse().unwrap(),
+            local: "fd37:fec3:9300::/48".parse().unwrap(),
+            pool: Some("fd37:fec3:9300::/40".parse().unwrap()),
+        }];
+        p
+    }
+
+    #[test]
+    fn ipv6_translates_through_the_ipv6_views_keeping_host_bits() {
+        let p = with_ipv6();
+        let t = to_local(&[&p], "site-b", ip("fd00:1:0:2::10")).unwrap();
+        assert_eq!(t.local, ip("fd37:fec3:9300:2::10"));
+        assert_eq!(t.local_cidr, "fd37:fec3:9300::/48".parse::<IpNet>().unwrap());
+        let back = to_peer(&[&p], t.local).unwrap();
+        assert_eq!((back.site.as_str(), back.real), ("site-b", ip("fd00:1:0:2::10")));
+        // An IPv4 address never matches an IPv6 view, nor the reverse.
+        assert!(to_peer(&[&p], ip("fd00:1::10")).is_err());
+        let e = to_local(&[&p], "site-b", ip("fd00:9::1")).unwrap_err();
+        let e4 = to_local(&[&peering(PeeringState::Negotiated)], "site-b", ip("fd00:1::1")).unwrap_err();
+        assert!(
+            matches!(&e4, Untranslatable::Precondition(m) if m.contains("site-b offered no IPv6 CIDRs")),
+            "{e4:?}"
+        );
+        assert!(
+            matches!(&e, Untranslatable::NotFound(m) if m.contains("IPv6 CIDRs (workload fd00:1::/48)")),
+            "{e:?}"
+        );
+        // A peering that carries no IPv6 says why.
+        let mut off = with_ipv6();
+        off.views_v6.clear();
+        off.ipv6_refused = Some("site-b offered no IPv6 CIDRs".into());
+        let e = to_local(&[&off], "site-b", ip("fd00:1::10")).unwrap_err();
+        assert!(
+            matches!(&e, Untranslatable::Precondition(m) if m.contains("carries no IPv6: site-b offered")),
+            "{e:?}"
+        );
+        assert!(to_peer(&[&off], ip("fd37:fec3:9300::10")).is_err());
     }
 
     #[test]
     fn untranslatable_addresses_say_why() {
         let p = peering(PeeringState::Negotiated);
         assert!(
-            matches!(to_local(&[&p], "site-c", a("10.1.0.10")), Err(Untranslatable::NotFound(m)) if m.contains("no peering"))
+            matches!(to_local(&[&p], "site-c", ip("10.1.0.10")), Err(Untranslatable::NotFound(m)) if m.contains("no peering"))
         );
         assert!(
-            matches!(to_local(&[&p], "site-b", a("10.9.0.1")), Err(Untranslatable::NotFound(m)) if m.contains("none of"))
+            matches!(to_local(&[&p], "site-b", ip("10.9.0.1")), Err(Untranslatable::NotFound(m)) if m.contains("none of"))
         );
         assert!(matches!(
-            to_peer(&[&p], a("10.1.0.10")),
+            to_peer(&[&p], ip("10.1.0.10")),
             Err(Untranslatable::NotFound(_))
         ));
         let pending = peering(PeeringState::Pending);
         assert!(matches!(
-            to_local(&[&pending], "site-b", a("10.1.0.10")),
+            to_local(&[&pending], "site-b", ip("10.1.0.10")),
             Err(Untranslatable::Precondition(_))
         ));
         let mut held = peering(PeeringState::Negotiated);
@@ -472,7 +589,7 @@ mod tests {
             received_at_ms: 0,
         });
         assert!(matches!(
-            to_local(&[&held], "site-b", a("10.9.0.1")),
+            to_local(&[&held], "site-b", ip("10.9.0.1")),
             Err(Untranslatable::Precondition(m)) if m.contains("peering accept")
         ));
     }

@@ -230,9 +230,13 @@ pub fn batch(spec: &TableSpec) -> Value {
         for (hook, name) in [("forward", "acct_fwd"), ("output", "acct_out"), ("input", "acct_in")] {
             cmds.push(chain(name, "filter", hook, -200));
         }
+        // A pair of counters per peer and family it has views of.
         for (site, nets) in &spec.accounting {
-            for dir in ["tx", "rx"] {
-                cmds.push(counter(&format!("{dir}-{site}")));
+            let families: std::collections::BTreeSet<Family> = nets.iter().map(family_of).collect();
+            for f in families {
+                for dir in ["tx", "rx"] {
+                    cmds.push(counter(&counters::peer_counter(dir, f, site)));
+                }
             }
             for n in nets {
                 let family = family_of(n);
@@ -243,7 +247,7 @@ pub fn batch(spec: &TableSpec) -> Value {
                     for c in chains {
                         cmds.push(rule(
                             c,
-                            json!([field(family, f, "==", prefix(n)), {"counter": format!("{dir}-{site}")}]),
+                            json!([field(family, f, "==", prefix(n)), {"counter": counters::peer_counter(dir, family, site)}]),
                         ));
                     }
                 }
@@ -791,6 +795,18 @@ mod tests {
         assert_ne!(listing_hash(&a), listing_hash(&c));
         let t = parse_counters(&b);
         assert_eq!((t[0].peer_site.as_str(), t[0].tx_bytes, t[0].tx_packets), ("b", 99, 5));
+        assert_eq!(t[0].family, Family::V4);
+        // IPv6's are counted apart, for a site whose id has dashes too.
+        let d: Value = serde_json::from_str(
+            r#"{"nftables":[{"counter":{"name":"tx-site-b","packets":1,"bytes":10}},{"counter":{"name":"rx6-site-b","packets":2,"bytes":20}},{"counter":{"name":"dropped","packets":3,"bytes":30}}]}"#,
+        )
+        .unwrap();
+        let t: Vec<(String, Family, u64, u64)> = parse_counters(&d)
+            .into_iter()
+            .map(|t| (t.peer_site, t.family, t.tx_bytes, t.rx_bytes))
+            .collect();
+        let site = || "site-b".to_string();
+        assert_eq!(t, [(site(), Family::V4, 10, 0), (site(), Family::V6, 0, 20)]);
     }
 
     #[test]

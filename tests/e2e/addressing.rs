@@ -151,7 +151,7 @@ fn names_resolve_to_local_views_follow_changes_and_reach_exported_lan_hosts() {
     // Outside every view, and for a site that is not a peer: clear errors.
     let o = weftctl(&ta, &["translate", "site-b", "10.9.0.1"]);
     assert!(
-        String::from_utf8_lossy(&o.stderr).contains("none of site-b's CIDRs"),
+        String::from_utf8_lossy(&o.stderr).contains("none of site-b's IPv4 CIDRs"),
         "{o:?}"
     );
     let o = weftctl(&ta, &["translate", "site-z", "10.1.0.10"]);

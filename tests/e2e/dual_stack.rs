@@ -49,6 +49,18 @@ fn peer(a: &Controller, b: &Controller) {
     weftctl_json(&a.target(), &["peering", "create", "--token", &token]);
 }
 
+/// The `ipv6` check `weftctl diagnose` makes of the peering with `peer`.
+fn ipv6_check(target: &str, peer: &str) -> Value {
+    let report = weft_tests::weftctl_diagnose(target, &[]);
+    report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "ipv6" && c["subject"] == format!("peering/{peer}"))
+        .unwrap_or_else(|| panic!("no ipv6 check of peering/{peer}: {report:#}"))
+        .clone()
+}
+
 /// Site `c`'s peering with `peer`, as `weftctl peerings` shows it.
 fn peering(c: &Controller, peer: &str) -> Value {
     weftctl_json(&c.target(), &["peerings"])["peerings"]
@@ -271,6 +283,80 @@ fn workloads_reach_each_other_over_both_families_through_remapped_views() {
         wb6.2
     );
 
+    weft_tests::step("translate and test network take IPv6");
+    let t = weftctl_json(&s.ta, &["translate", "ds-b", &wb6.1]);
+    assert_eq!(
+        (&t["local_address"], &t["kind"], &t["remapped"]),
+        (
+            &Value::from(wb6.2.clone()),
+            &Value::from("workload"),
+            &Value::from(true)
+        ),
+        "{t:#}"
+    );
+    let back = weftctl_json(&s.ta, &["translate", &format!("[{}]", wb6.2)]);
+    assert_eq!(
+        (&back["site"], &back["real_address"]),
+        (&Value::from("ds-b"), &Value::from(wb6.1.clone())),
+        "{back:#}"
+    );
+    // From wa's namespace, to wb by both its addresses as site b uses them:
+    // ICMP and TCP (its echo service) through site a's views.
+    let to = format!("ds-b=[{}],ds-b={}", wb6.1, wb4.1);
+    let from = format!("/run/netns/{}", s.ns["wa"]);
+    let o = weft_tests::run(std::process::Command::new(bin("weftctl")).args([
+        "--controller",
+        &s.ta,
+        "--output",
+        "json",
+        "test",
+        "network",
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--tcp-port",
+        "5300",
+    ]));
+    let got: Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+    assert!(
+        o.status.success(),
+        "test network failed: {got:#} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let reached: Vec<(&str, bool)> = got["pairs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["local_address"].as_str().unwrap(),
+                p["ok"] == true && p["tcp_ms"].is_number(),
+            )
+        })
+        .collect();
+    assert_eq!(reached, [(wb6.2.as_str(), true), (wb4.2.as_str(), true)], "{got:#}");
+
+    let c = ipv6_check(&s.ta, "ds-b");
+    assert_eq!(c["result"], "PASS", "{c:#}");
+    assert!(
+        c["detail"].as_str().unwrap().contains("workload fd00:1::/48 as fd"),
+        "{c:#}"
+    );
+
+    weft_tests::step("a node counts its traffic to the peer per family");
+    let na = s.scrape("na");
+    for family in ["ipv4", "ipv6"] {
+        for dir in ["tx", "rx"] {
+            let l = [("peer_site", "ds-b"), ("direction", dir), ("family", family)];
+            let bytes = sites::metric(&na, "weft_node_peer_bytes_total", &l);
+            assert!(
+                bytes.is_some_and(|b| b > 0.0),
+                "na's {family} {dir} bytes to ds-b: {bytes:?}"
+            );
+        }
+    }
+
     weft_tests::step("what the agents made of both families reads back as they made it");
     // The agents resync every second here: an IPv6 object that read back
     // otherwise than it was made (a route, rule, address or table) would
@@ -310,6 +396,25 @@ fn an_ipv4_only_peer_gets_ipv4_and_ipv6_stays_off_saying_why() {
     assert_eq!(p["site_id"], "dm-b");
     let why = p["ipv6"].as_str().unwrap();
     assert!(why.starts_with("not negotiated: dm-b offered no IPv6 CIDRs"), "{p:#}");
+    // So do diagnose, and translating an IPv6 address toward it.
+    let c = ipv6_check(&s.ta, "dm-b");
+    assert_eq!(c["result"], "WARN", "{c:#}");
+    assert!(
+        c["detail"].as_str().unwrap().contains("dm-b offered no IPv6 CIDRs"),
+        "{c:#}"
+    );
+    let o = weft_tests::run(std::process::Command::new(bin("weftctl")).args([
+        "--controller",
+        &s.ta,
+        "translate",
+        "dm-b",
+        "fd00:1::10",
+    ]));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && said.contains("carries no IPv6: dm-b offered no IPv6 CIDRs"),
+        "{said}"
+    );
     let chain = weft_tests::stdout(&netns::exec(
         &s.ns_a,
         &["nft", "list", "chain", "inet", "weft", "from_tunnel"],

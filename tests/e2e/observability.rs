@@ -98,17 +98,17 @@ fn metrics_status_topology_and_test_network_on_two_sites() {
     grew(
         1,
         "weft_node_peer_bytes_total",
-        &[("peer_site", "obs-b"), ("direction", "tx")],
+        &[("peer_site", "obs-b"), ("direction", "tx"), ("family", "ipv4")],
     );
     grew(
         1,
         "weft_node_peer_bytes_total",
-        &[("peer_site", "obs-b"), ("direction", "rx")],
+        &[("peer_site", "obs-b"), ("direction", "rx"), ("family", "ipv4")],
     );
     grew(
         1,
         "weft_node_peer_packets_total",
-        &[("peer_site", "obs-b"), ("direction", "tx")],
+        &[("peer_site", "obs-b"), ("direction", "tx"), ("family", "ipv4")],
     );
     assert_eq!(must(&after[1], "weft_agent_controller_connected", &[]), 1.0);
     assert!(

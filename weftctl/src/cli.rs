@@ -81,9 +81,9 @@ pub enum Cmd {
         #[arg(long, value_enum, default_value = "dot")]
         format: TopologyFormat,
     },
-    /// Translate an address: `translate SITE ADDRESS` gives the address this
-    /// site reaches a peer's ADDRESS (as that site uses it) at;
-    /// `translate ADDRESS` gives the peer and real address behind an
+    /// Translate an address (IPv4 or IPv6): `translate SITE ADDRESS` gives
+    /// the address this site reaches a peer's ADDRESS (as that site uses it)
+    /// at; `translate ADDRESS` gives the peer and real address behind an
     /// address of a local view.
     Translate {
         #[arg(num_args = 1..=2, value_names = ["SITE", "ADDRESS"])]
@@ -124,7 +124,8 @@ pub enum TestCmd {
         #[arg(long, value_delimiter = ',')]
         from: Vec<String>,
         /// A peer's workload as SITE=ADDRESS, the address as that site uses
-        /// it (weftctl maps it to the local view). Repeatable.
+        /// it (weftctl maps it to the local view): IPv4, or IPv6 written
+        /// SITE=[fd00::10]. Repeatable.
         #[arg(long, value_delimiter = ',')]
         to: Vec<String>,
         /// Also connect over TCP to this port (a refused connection counts

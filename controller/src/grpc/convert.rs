@@ -290,9 +290,9 @@ pub fn translation(t: &crate::names::Translation) -> pb::Translation {
         site: t.site.clone(),
         real_address: t.real.to_string(),
         local_address: t.local.to_string(),
-        kind: cidr_kind(t.view.kind) as i32,
-        real_cidr: t.view.real.to_string(),
-        local_cidr: t.view.local.to_string(),
-        remapped: t.view.remapped(),
+        kind: cidr_kind(t.kind) as i32,
+        real_cidr: t.real_cidr.to_string(),
+        local_cidr: t.local_cidr.to_string(),
+        remapped: t.remapped(),
     }
 }

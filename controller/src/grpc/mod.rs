@@ -126,6 +126,18 @@ fn address_field(field: &str, text: &str) -> Result<std::net::Ipv4Addr, Status> 
         .map_err(|_| Status::invalid_argument(format!("{field}: {t:?} is not an IPv4 address; write it as 10.1.0.10")))
 }
 
+/// An address of either family; an IPv6 one may be bracketed (`[fd00::10]`).
+fn either_family(field: &str, text: &str) -> Result<std::net::IpAddr, Status> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "{field} is empty; give an address such as 10.1.0.10 or fd00:1::10"
+        )));
+    }
+    let bare = t.strip_prefix('[').and_then(|r| r.strip_suffix(']')).unwrap_or(t);
+    weft_types::net::addr(bare).map_err(|m| Status::invalid_argument(format!("{field}: {m}")))
+}
+
 fn cidr_field(field: &str, text: &str) -> Result<Ipv4Net, Status> {
     parse_cidr(text).map_err(|m| Status::invalid_argument(format!("{field}: {m}")))
 }
@@ -505,7 +517,7 @@ impl AdminService for AdminApi {
     async fn translate(&self, req: Request<pb::TranslateRequest>) -> Result<Response<pb::Translation>, Status> {
         use crate::names::Untranslatable;
         let req = req.into_inner();
-        let address = address_field("address", &req.address)?;
+        let address = either_family("address", &req.address)?;
         let site = req.site.trim();
         if !site.is_empty() {
             crate::domain::validate_name("site", site).map_err(Status::invalid_argument)?;

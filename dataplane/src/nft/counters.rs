@@ -9,20 +9,32 @@ use serde_json::Value;
 use super::{DROPPED_COUNTER, POLICY_COUNTER, TRANSIT_COUNTER_PREFIX};
 use crate::model::NFT_TABLE;
 
-/// Traffic counted for one peer site.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Traffic counted for one peer site in one family.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerTraffic {
     pub peer_site: String,
+    pub family: weft_types::net::Family,
     pub tx_bytes: u64,
     pub tx_packets: u64,
     pub rx_bytes: u64,
     pub rx_packets: u64,
 }
 
+/// The name of a node's counter of traffic to (`tx`) or from (`rx`) peer
+/// `site`'s views of family `f`: `tx-b` for IPv4 (as before IPv6),
+/// `tx6-b` for IPv6.
+pub(super) fn peer_counter(dir: &str, f: weft_types::net::Family, site: &str) -> String {
+    match f {
+        weft_types::net::Family::V4 => format!("{dir}-{site}"),
+        weft_types::net::Family::V6 => format!("{dir}6-{site}"),
+    }
+}
+
 /// The per-peer counters of the table in `listing` (`nft -j list counters
-/// table inet weft`), by peer site.
+/// table inet weft`), by peer site and family.
 pub fn parse_counters(listing: &Value) -> Vec<PeerTraffic> {
-    let mut by_site: BTreeMap<String, PeerTraffic> = BTreeMap::new();
+    use weft_types::net::Family;
+    let mut by_site: BTreeMap<(String, Family), PeerTraffic> = BTreeMap::new();
     for item in listing["nftables"].as_array().into_iter().flatten() {
         let c = &item["counter"];
         let (Some(name), Some(bytes), Some(packets)) = (c["name"].as_str(), c["bytes"].as_u64(), c["packets"].as_u64())
@@ -32,13 +44,27 @@ pub fn parse_counters(listing: &Value) -> Vec<PeerTraffic> {
         let Some((dir, site)) = name.split_once('-') else {
             continue;
         };
-        let e = by_site.entry(site.to_string()).or_insert_with(|| PeerTraffic {
-            peer_site: site.to_string(),
-            ..Default::default()
-        });
-        match dir {
-            "tx" => (e.tx_bytes, e.tx_packets) = (bytes, packets),
-            _ => (e.rx_bytes, e.rx_packets) = (bytes, packets),
+        let (tx, family) = match dir {
+            "tx" => (true, Family::V4),
+            "rx" => (false, Family::V4),
+            "tx6" => (true, Family::V6),
+            "rx6" => (false, Family::V6),
+            _ => continue,
+        };
+        let e = by_site
+            .entry((site.to_string(), family))
+            .or_insert_with(|| PeerTraffic {
+                peer_site: site.to_string(),
+                family,
+                tx_bytes: 0,
+                tx_packets: 0,
+                rx_bytes: 0,
+                rx_packets: 0,
+            });
+        if tx {
+            (e.tx_bytes, e.tx_packets) = (bytes, packets);
+        } else {
+            (e.rx_bytes, e.rx_packets) = (bytes, packets);
         }
     }
     by_site.into_values().collect()

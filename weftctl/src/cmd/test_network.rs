@@ -1,7 +1,7 @@
 //! `weftctl test network`: reach peers' workloads through this site's
 //! local views, from this host or its namespaces.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -14,15 +14,24 @@ use crate::out::*;
 #[derive(Clone, Debug)]
 pub struct Target {
     pub site: String,
-    pub real: Ipv4Addr,
-    pub local: Ipv4Addr,
+    pub real: IpAddr,
+    pub local: IpAddr,
 }
 
-/// One ICMP echo to `to` (root, or CAP_NET_RAW); the round trip, or why not.
-fn icmp_echo(to: Ipv4Addr, id: u16, seq: u16, wait: Duration) -> Result<Duration, String> {
-    let s = weft_common::icmp::raw_icmp_socket()
-        .map_err(|e| format!("cannot open a raw ICMP socket (run as root): {e}"))?;
-    weft_common::icmp::raw_echo(&s, to, id, seq, 64, wait).map_err(|e| format!("cannot send: {e}"))?
+/// One ICMP (or ICMPv6) echo to `to` (root, or CAP_NET_RAW); the round
+/// trip, or why not.
+fn icmp_echo(to: IpAddr, id: u16, seq: u16, wait: Duration) -> Result<Duration, String> {
+    use weft_common::icmp;
+    let opened = match to {
+        IpAddr::V4(_) => icmp::raw_icmp_socket(),
+        IpAddr::V6(_) => icmp::raw_icmp6_socket(),
+    };
+    let s = opened.map_err(|e| format!("cannot open a raw ICMP socket (run as root): {e}"))?;
+    let sent = match to {
+        IpAddr::V4(a) => icmp::raw_echo(&s, a, id, seq, 64, wait),
+        IpAddr::V6(a) => icmp::raw_echo6(&s, a, id, seq, wait),
+    };
+    sent.map_err(|e| format!("cannot send: {e}"))?
 }
 
 /// What one source saw of one target.
@@ -40,9 +49,9 @@ impl Probe {
 
 /// TCP to `to:port`: an accepted or refused connection both prove the path
 /// works both ways (a refusal is the target's own answer).
-fn tcp_probe(to: Ipv4Addr, port: u16, wait: Duration) -> Result<Duration, String> {
+fn tcp_probe(to: IpAddr, port: u16, wait: Duration) -> Result<Duration, String> {
     let start = Instant::now();
-    match std::net::TcpStream::connect_timeout(&SocketAddrV4::new(to, port).into(), wait) {
+    match std::net::TcpStream::connect_timeout(&SocketAddr::new(to, port), wait) {
         Ok(_) => Ok(start.elapsed()),
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Ok(start.elapsed()),
         Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(format!(
@@ -116,7 +125,7 @@ pub async fn run(
 ) -> Result<Out, String> {
     if to.is_empty() {
         return Err(
-            "give the workloads to reach: --to SITE=ADDRESS (repeatable), the address as that site itself uses it; weftctl translates it to this site's local view"
+            "give the workloads to reach: --to SITE=ADDRESS (repeatable; IPv4, or IPv6 as [fd00::10]), the address as that site itself uses it; weftctl translates it to this site's local view"
                 .into(),
         );
     }
@@ -124,8 +133,9 @@ pub async fn run(
     for t in to {
         let (site, ip) = t
             .split_once('=')
-            .ok_or_else(|| format!("--to {t:?}: write SITE=ADDRESS, e.g. site-b=10.200.1.10"))?;
-        let real: Ipv4Addr = weft_types::net::addr_v4(ip).map_err(|m| format!("--to {t:?}: {m}"))?;
+            .ok_or_else(|| format!("--to {t:?}: write SITE=ADDRESS, e.g. site-b=10.200.1.10 or site-b=[fd00::10]"))?;
+        let bare = ip.strip_prefix('[').and_then(|r| r.strip_suffix(']')).unwrap_or(ip);
+        let real = weft_types::net::addr(bare).map_err(|m| format!("--to {t:?}: {m}"))?;
         // The controller translates (`weftctl translate`).
         let tr = c
             .translate(pb::TranslateRequest {
@@ -135,8 +145,15 @@ pub async fn run(
             .await
             .map_err(|s| format!("--to {t}: {}", status(s)))?
             .into_inner();
-        let local = weft_types::net::addr_v4(&tr.local_address)
-            .map_err(|m| format!("--to {t}: the controller answered {m}"))?;
+        let local = weft_types::net::addr(&tr.local_address)
+            .ok()
+            .filter(|l| l.is_ipv4() == real.is_ipv4())
+            .ok_or_else(|| {
+                format!(
+                    "--to {t}: the controller answered {:?}, not an address of its family",
+                    tr.local_address
+                )
+            })?;
         targets.push(Target {
             site: site.to_string(),
             real,
