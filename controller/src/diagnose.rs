@@ -508,7 +508,25 @@ fn ipv6_peering_check(site: &crate::domain::Site, p: &crate::domain::Peering) ->
                 .iter()
                 .map(|v| format!("{} {} as {}", v.kind, v.real, v.local))
                 .collect();
-            pass("ipv6", subject, format!("negotiated: {}", views.join(", ")))
+            let negotiated = format!("negotiated: {}", views.join(", "));
+            match &p.pending_v6 {
+                None => pass("ipv6", subject, negotiated),
+                Some(held) => {
+                    let mut cidrs: Vec<String> = held.workload_cidrs_v6.iter().map(|c| c.to_string()).collect();
+                    cidrs.extend(held.external_cidr_v6.map(|c| c.to_string()));
+                    check(
+                        "ipv6",
+                        subject,
+                        pb::CheckResult::Warn,
+                        format!(
+                            "{negotiated}; {} announced {} instead, held for review",
+                            p.site_id,
+                            cidrs.join(" ")
+                        ),
+                        &format!("route them with `weftctl peering accept {}`", p.site_id),
+                    )
+                }
+            }
         }
         Err(why) => check(
             "ipv6",

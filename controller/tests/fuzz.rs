@@ -251,6 +251,7 @@ proptest! {
                 transit_views: vec![],
                 views_v6: vec![],
                 ipv6_refused: None,
+                pending_v6: None,
             }));
         }
         for name in m.nodes.keys() {

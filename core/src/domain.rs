@@ -18,7 +18,7 @@ mod policy;
 mod text;
 
 use ipv6::lenient;
-pub use ipv6::{Ipv6Networks, NODE_PREFIX_LEN_V6};
+pub use ipv6::{Ipv6Networks, NODE_PREFIX_LEN_V6, PendingV6};
 pub use policy::{DefaultExport, ExportPolicy, ExportRule, Protocol};
 pub use text::{parse_cidr, shown, validate_name};
 
@@ -369,6 +369,11 @@ pub struct Peering {
     /// a change held), when that is why IPv6 is not negotiated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6_refused: Option<String>,
+    /// IPv6 CIDRs the peer announced after negotiation (a change, or IPv6
+    /// added later) that this site holds for review, as `pending` holds
+    /// IPv4's; `views_v6` keeps routing what was agreed before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_v6: Option<PendingV6>,
 }
 
 /// A site reached through a transit peer, as that peer offered it: its
@@ -730,6 +735,7 @@ pub(crate) fn test_peering(site_id: &str) -> Peering {
         transit_views: vec![],
         views_v6: vec![],
         ipv6_refused: None,
+        pending_v6: None,
     }
 }
 

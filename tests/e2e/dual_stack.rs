@@ -153,6 +153,69 @@ fn same_cidrs_in_both_families_are_remapped_and_an_ipv4_site_says_why_not() {
     assert_ne!(ac["state"], "pending", "{ac:#}");
 }
 
+/// A running IPv4 site adds an IPv6 pod CIDR (a restart with it) while
+/// peered with a dual-stack site: the peering stays as it was (the same
+/// record, the same IPv4 views), the dual-stack side holds the new IPv6
+/// CIDRs for review and says so, and `peering accept` routes them.
+#[test]
+fn a_running_ipv4_site_adds_ipv6_and_its_peer_takes_it_on_review() {
+    let dir = tempfile::Builder::new().prefix("weft-dual").tempdir().unwrap();
+    let a = site(dir.path(), "up-a", "10.1.0.0/16,fd00:1::/48");
+    let mut c = site(dir.path(), "up-c", "10.1.0.0/16");
+    peer(&a, &c);
+    let (ac, ca) = (peering(&a, "up-c"), peering(&c, "up-a"));
+    assert_eq!(workload_views(&ac).len(), 1, "{ac:#}");
+
+    weft_tests::step("site c restarts with an IPv6 pod CIDR");
+    c.stop();
+    c.set_flag("--pod-cidr", "10.1.0.0/16,fd00:1::/48");
+    c.restart_stopped();
+    let held = weft_tests::eventually("site a holding c's IPv6 CIDRs", Duration::from_secs(20), || {
+        let p = peering(&a, "up-c");
+        (!p["pending_v6"].is_null()).then_some(p)
+    });
+    assert_eq!(
+        held["pending_v6"]["workload_cidrs"],
+        serde_json::json!(["fd00:1::/48"]),
+        "{held:#}"
+    );
+    let why = held["ipv6"].as_str().unwrap();
+    assert!(
+        why.contains("held for review") && why.contains("weftctl peering accept up-c"),
+        "{why}"
+    );
+    let check = ipv6_check(&a.target(), "up-c");
+    assert_eq!(check["result"], "WARN", "{check:#}");
+    // Nothing else of the peering moved: the same record, the same IPv4
+    // views, on both sides.
+    for (before, now) in [(&ac, &held), (&ca, &peering(&c, "up-a"))] {
+        assert_eq!(now["created_at"], before["created_at"], "{now:#}");
+        assert_eq!(workload_views(now)[0], workload_views(before)[0], "{now:#}");
+        assert_ne!(now["state"], "pending", "{now:#}");
+    }
+    // Site c had recorded a's IPv6 CIDRs when it was made: it takes them
+    // now that it has IPv6 itself.
+    weft_tests::eventually("site c planning a's IPv6", Duration::from_secs(20), || {
+        (peering(&c, "up-a")["ipv6"] == "negotiated").then_some(())
+    });
+
+    weft_tests::step("an admin of site a accepts them");
+    let accepted = weftctl_json(&a.target(), &["peering", "accept", "up-c"]);
+    assert_eq!(accepted["ipv6"], "negotiated", "{accepted:#}");
+    let now = peering(&a, "up-c");
+    assert!(now["pending_v6"].is_null(), "{now:#}");
+    let views = workload_views(&now);
+    assert_eq!(views.len(), 2, "{now:#}");
+    assert_eq!(views[0], workload_views(&ac)[0], "the IPv4 view is kept");
+    assert_eq!(views[1].0, "fd00:1::/48");
+    assert_ne!(views[1].1, "fd00:1::/48", "the same ULA is remapped");
+    assert_eq!(ipv6_check(&a.target(), "up-c")["result"], "PASS");
+    // Nothing is left to accept.
+    let o = run(Command::new(bin("weftctl")).args(["--controller", &a.target(), "peering", "accept", "up-c"]));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && said.contains("no change to accept"), "{said}");
+}
+
 /// Two sites on the same IPv4 CIDR and the same IPv6 ULA prefix, each a
 /// controller, a gateway and two nodes in namespaces, peered: every
 /// workload reaches every workload of the other site over both families,

@@ -225,6 +225,19 @@ pub fn peering(p: &Peering) -> pb::Peering {
             .map(|c| c.to_string())
             .unwrap_or_default(),
         pending_since: p.pending.as_ref().and_then(|q| ts(q.received_at_ms)),
+        pending_workload_cidrs_v6: p
+            .pending_v6
+            .iter()
+            .flat_map(|q| &q.workload_cidrs_v6)
+            .map(|c| c.to_string())
+            .collect(),
+        pending_external_cidr_v6: p
+            .pending_v6
+            .as_ref()
+            .and_then(|q| q.external_cidr_v6)
+            .map(|c| c.to_string())
+            .unwrap_or_default(),
+        pending_since_v6: p.pending_v6.as_ref().and_then(|q| ts(q.received_at_ms)),
         local_gateways: vec![],
         remote_gateways: p.remote.iter().flat_map(|r| &r.gateways).map(remote_gateway).collect(),
         ipv6: String::new(),

@@ -185,6 +185,7 @@ impl State {
                 joined_with,
                 views_v6,
                 ipv6_refused,
+                pending_v6: None,
             };
             peering.transit_views = Self::plan_transit(snap, site, &peering, &remote);
             let txn = self
@@ -317,7 +318,15 @@ impl State {
                 }
             }
             let ipv6 = super::ipv6::plan(snap, site, peer_site, &remote, Some(p));
-            (next.views_v6, next.ipv6_refused) = (ipv6.views, ipv6.refused);
+            if ipv6.held.is_some() && ipv6.held != p.pending_v6 {
+                tracing::warn!(
+                    peer = %peer_site,
+                    cidrs = ?remote.workload_cidrs_v6,
+                    external = ?remote.external_cidr_v6,
+                    "the peer announced other IPv6 CIDRs; held until an admin runs `weftctl peering accept {peer_site}`"
+                );
+            }
+            (next.views_v6, next.ipv6_refused, next.pending_v6) = (ipv6.views, ipv6.refused, ipv6.held);
             (remote.workload_cidrs_v6, remote.external_cidr_v6) = ipv6.recorded;
             next.transit_views = Self::plan_transit(snap, site, &next, &remote);
             next.remote = Some(remote);
@@ -374,18 +383,28 @@ impl State {
         self.commit(|snap| {
             let site = snap.site()?;
             let (p, rev) = snap.peering(peer_site)?;
-            let (Some(held), Some(old)) = (&p.pending, &p.remote) else {
+            if p.remote.is_none() || (p.pending.is_none() && p.pending_v6.is_none()) {
                 return Err(Error::FailedPrecondition(format!(
                     "site {peer_site:?} has announced no change to accept"
                 )));
-            };
-            let mut remote = old.clone();
-            remote.workload_cidrs = held.workload_cidrs.clone();
-            remote.external_cidr = held.external_cidr;
+            }
             let mut next = p.clone();
-            next.views = self.plan_peer_views(snap, site, peer_site, &remote)?;
-            next.remote = Some(remote);
-            next.pending = None;
+            // IPv6 first: its checks see this site as it is.
+            if let Some(held) = &p.pending_v6 {
+                let (remote, views) = super::ipv6::accept(snap, site, p, held).map_err(|why| {
+                    Error::FailedPrecondition(format!("the IPv6 CIDRs {peer_site} announced cannot be routed: {why}"))
+                })?;
+                (next.remote, next.views_v6) = (Some(remote), views);
+                (next.ipv6_refused, next.pending_v6) = (None, None);
+            }
+            if let (Some(held), Some(old)) = (&p.pending, &next.remote) {
+                let mut remote = old.clone();
+                remote.workload_cidrs = held.workload_cidrs.clone();
+                remote.external_cidr = held.external_cidr;
+                next.views = self.plan_peer_views(snap, site, peer_site, &remote)?;
+                next.remote = Some(remote);
+                next.pending = None;
+            }
             let txn = self
                 .ipam_guard(snap, Txn::new())
                 .when(Compare::ModRevision(key.clone(), *rev))

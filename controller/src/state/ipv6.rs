@@ -7,7 +7,7 @@
 use ipnet::Ipv6Net;
 
 use super::Snapshot;
-use crate::domain::{Peering, RemoteSite, Site, UnderlayOverlap};
+use crate::domain::{Peering, PendingV6, RemoteSite, Site, UnderlayOverlap, now_ms};
 use crate::ipam::{self, CidrKind, View};
 
 /// The peer's IPv6 CIDRs with their kinds.
@@ -43,15 +43,18 @@ pub(super) struct Planned {
     /// change this site does not take, what was recorded before (so the
     /// refusal holds on every later update, not just this one).
     pub recorded: (Vec<Ipv6Net>, Option<Ipv6Net>),
+    /// The peer's IPv6 CIDRs held for review (`weftctl peering accept`).
+    pub held: Option<PendingV6>,
 }
 
 /// The views of the peer's IPv6 CIDRs in `remote` for the peering with
 /// `peer_site` (`before`: as recorded, when it is), or why there are none.
 /// Once the peering exists, the peer's IPv6 CIDRs other than those recorded
 /// (a change, or IPv6 added later) are taken only within
-/// `peer_cidr_auto_accept`; otherwise IPv6 stays off on the peering, saying
-/// so, until it is created again (holding them for review, as IPv4 changes
-/// are, is not built yet).
+/// `peer_cidr_auto_accept`; otherwise they are held for review, as IPv4
+/// changes are: the views of what was agreed before stay routed (none when
+/// IPv6 comes later: then IPv6 is off, saying so) until an admin accepts
+/// them ([`accept`]).
 pub(super) fn plan(
     snap: &Snapshot,
     site: &Site,
@@ -66,6 +69,7 @@ pub(super) fn plan(
             views: vec![],
             refused: Some(format!("{peer_site} sent IPv6 parameters this site refuses: {bad}")),
             recorded: old_recorded,
+            held: None,
         };
     }
     let peer = offered(remote);
@@ -83,18 +87,39 @@ pub(super) fn plan(
         if !new.is_empty() {
             // A site without IPv6 plans nothing either way; it keeps the
             // record as agreed, and says only that it has no IPv6.
-            let refused = v6.is_some().then(|| {
+            if v6.is_none() {
+                return Planned {
+                    views: vec![],
+                    refused: None,
+                    recorded: old_recorded,
+                    held: None,
+                };
+            }
+            let offered = (remote.workload_cidrs_v6.clone(), remote.external_cidr_v6);
+            let since = before
+                .and_then(|p| p.pending_v6.as_ref())
+                .filter(|q| (&q.workload_cidrs_v6, q.external_cidr_v6) == (&offered.0, offered.1))
+                .map_or_else(now_ms, |q| q.received_at_ms);
+            // What was agreed stays routed.
+            let kept: Vec<View<Ipv6Net>> = before
+                .filter(|p| p.ipv6_refused.is_none())
+                .map_or_else(Vec::new, |p| p.views_v6.clone());
+            let refused = kept.is_empty().then(|| {
                 format!(
                     "{peer_site} announced IPv6 CIDRs {} after the peering was made, outside peer_cidr_auto_accept; \
-                     IPv6 is off on this peering until it is created again (reviewing IPv6 changes is not \
-                     supported yet)",
+                     held for review: route them with `weftctl peering accept {peer_site}`",
                     new.join(", ")
                 )
             });
             return Planned {
-                views: vec![],
+                views: kept,
                 refused,
                 recorded: old_recorded,
+                held: Some(PendingV6 {
+                    workload_cidrs_v6: offered.0,
+                    external_cidr_v6: offered.1,
+                    received_at_ms: since,
+                }),
             };
         }
     }
@@ -105,6 +130,7 @@ pub(super) fn plan(
             views: vec![],
             refused: None,
             recorded,
+            held: None,
         };
     };
     let kept: &[View<Ipv6Net>] = before.map_or(&[], |p| &p.views_v6);
@@ -116,7 +142,28 @@ pub(super) fn plan(
         views,
         refused,
         recorded,
+        held: None,
     }
+}
+
+/// Accepting the IPv6 CIDRs held on peering `p` (see [`plan`]): the peer's
+/// record with them, and the views of them; why not when they cannot be
+/// taken (a CIDR over this site's hosts, an exhausted pool).
+pub(super) fn accept(
+    snap: &Snapshot,
+    site: &Site,
+    p: &Peering,
+    held: &PendingV6,
+) -> Result<(RemoteSite, Vec<View<Ipv6Net>>), String> {
+    let Some(v6) = site.ipv6.as_ref() else {
+        return Err("this site has no IPv6 CIDRs; add an IPv6 pod CIDR first".into());
+    };
+    let mut remote = p.remote.clone().ok_or("the peering has no record of the peer")?;
+    remote.workload_cidrs_v6 = held.workload_cidrs_v6.clone();
+    remote.external_cidr_v6 = held.external_cidr_v6;
+    let kept: &[View<Ipv6Net>] = if p.ipv6_refused.is_none() { &p.views_v6 } else { &[] };
+    let views = check_and_plan(snap, site, v6, &p.site_id, &offered(&remote), kept)?;
+    Ok((remote, views))
 }
 
 fn check_and_plan(
@@ -225,6 +272,7 @@ mod tests {
         before.remote = Some(remote);
         before.views_v6 = p.views.clone();
         before.ipv6_refused = p.refused.clone();
+        before.pending_v6 = p.held.clone();
         before
     }
 
@@ -266,36 +314,55 @@ mod tests {
     }
 
     #[test]
-    fn a_change_or_a_late_ipv6_outside_auto_accept_stays_off_on_every_update() {
+    fn a_change_or_a_late_ipv6_outside_auto_accept_is_held_for_review_on_every_update() {
         let snap = Snapshot::default();
         let site = dual_site();
         let first = remote(&["fd00:2::/48"]);
         let p = plan(&snap, &site, "b", &first, None);
         let before = recorded(&p, &first);
-        // The same CIDRs again: the same views.
+        // The same CIDRs again: the same views, nothing held.
         let again = plan(&snap, &site, "b", &first, Some(&before));
-        assert_eq!((&again.views, &again.refused), (&p.views, &None));
-        // Another CIDR: off, and the record keeps what was agreed, so the
-        // next update (the same params again) is refused again.
+        assert_eq!((&again.views, &again.refused, &again.held), (&p.views, &None, &None));
+        // Another CIDR: held, and what was agreed stays routed; the record
+        // keeps what was agreed, so the next update (the same params
+        // again) is held again, since the same time.
         let changed = remote(&["fd00:3::/48"]);
         let p2 = plan(&snap, &site, "b", &changed, Some(&before));
-        assert!(p2.views.is_empty());
-        let why = p2.refused.clone().unwrap();
-        assert!(why.contains("fd00:3::/48 after the peering was made"), "{why}");
+        assert_eq!((&p2.views, &p2.refused), (&p.views, &None));
+        let held = p2.held.clone().unwrap();
+        assert_eq!(held.workload_cidrs_v6, vec![n("fd00:3::/48")]);
         assert_eq!(p2.recorded.0, vec![n("fd00:2::/48")]);
         let after = recorded(&p2, &changed);
         let p3 = plan(&snap, &site, "b", &changed, Some(&after));
-        assert!(p3.views.is_empty() && p3.refused.is_some(), "{p3:?}");
-        // IPv6 first offered on a peering made without it: the same.
+        assert_eq!(p3.held.unwrap().received_at_ms, held.received_at_ms);
+        assert_eq!(p3.views, p.views);
+        // Accepted: the views of the new CIDRs.
+        let (remote_now, views) = accept(&snap, &site, &after, &held).unwrap();
+        assert_eq!(remote_now.workload_cidrs_v6, vec![n("fd00:3::/48")]);
+        assert_eq!(views[0].real, n("fd00:3::/48"));
+        // IPv6 first offered on a peering made without it: held, and off
+        // until accepted, saying how to take it.
         let v4_only = remote(&[]);
         let made = recorded(&plan(&snap, &site, "b", &v4_only, None), &v4_only);
         let late = plan(&snap, &site, "b", &first, Some(&made));
-        assert!(late.views.is_empty() && late.refused.is_some(), "{late:?}");
-        // Within peer_cidr_auto_accept: taken.
+        assert!(late.views.is_empty(), "{late:?}");
+        let why = late.refused.clone().unwrap();
+        assert!(
+            why.contains("held for review") && why.contains("weftctl peering accept b"),
+            "{why}"
+        );
+        let (_, views) = accept(&snap, &site, &recorded(&late, &first), late.held.as_ref().unwrap()).unwrap();
+        assert_eq!(views[0].real, n("fd00:2::/48"));
+        // A site without IPv6 holds nothing: it has nothing to route them to.
+        let v4 = self::site(&["10.1.0.0/16"]);
+        let none = plan(&snap, &v4, "b", &first, Some(&made));
+        assert_eq!((none.held, none.refused), (None, None));
+        assert!(accept(&snap, &v4, &made, &held).unwrap_err().contains("no IPv6 CIDRs"));
+        // Within peer_cidr_auto_accept: taken at once.
         let mut open = site.clone();
         open.ipv6.as_mut().unwrap().peer_cidr_auto_accept = vec![n("fd00::/16")];
         let ok = plan(&snap, &open, "b", &changed, Some(&before));
-        assert_eq!(ok.refused, None);
+        assert_eq!((&ok.refused, &ok.held), (&None, &None));
         assert_eq!(ok.views[0].real, n("fd00:3::/48"));
     }
 }

@@ -507,6 +507,7 @@ impl State {
                 transit_views: existing.map(|(p, _)| p.transit_views.clone()).unwrap_or_default(),
                 views_v6: vec![],
                 ipv6_refused: None,
+                pending_v6: None,
             };
             let guard = Compare::ModRevision(key.clone(), existing.map_or(0, |(_, r)| *r));
             let txn = self

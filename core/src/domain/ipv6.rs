@@ -56,6 +56,15 @@ impl Ipv6Networks {
     }
 }
 
+/// A peer's IPv6 CIDRs announced after negotiation, held for review.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingV6 {
+    pub workload_cidrs_v6: Vec<Ipv6Net>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_cidr_v6: Option<Ipv6Net>,
+    pub received_at_ms: u64,
+}
+
 impl Peering {
     /// Whether this peering carries IPv6 views, and why not, with this
     /// site's IPv6 networks (`site_v6`); None when neither site has IPv6.

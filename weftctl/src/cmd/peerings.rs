@@ -74,6 +74,10 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                     "workload_cidrs": p.pending_workload_cidrs, "external_cidr": p.pending_external_cidr,
                     "since": ts(&p.pending_since),
                 })),
+                "pending_v6": (!p.pending_workload_cidrs_v6.is_empty() || !p.pending_external_cidr_v6.is_empty()).then(|| json!({
+                    "workload_cidrs": p.pending_workload_cidrs_v6, "external_cidr": p.pending_external_cidr_v6,
+                    "since": ts(&p.pending_since_v6),
+                })),
                 "local_gateways": p.local_gateways.iter().map(gateway_info_json).collect::<Vec<_>>(),
                 "remote_gateways": p.remote_gateways.iter().map(gateway_info_json).collect::<Vec<_>>(),
                 "tunnel": p.tunnel.as_ref().map(|t| json!({
@@ -158,21 +162,26 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                         p.site_id
                     )
                 }))
-                .chain(
-                    r.peerings
-                        .iter()
-                        .filter(|p| !p.pending_workload_cidrs.is_empty() || !p.pending_external_cidr.is_empty())
-                        .map(|p| {
-                            let mut cidrs = p.pending_workload_cidrs.clone();
-                            cidrs.extend(Some(p.pending_external_cidr.clone()).filter(|c| !c.is_empty()));
+                .chain(r.peerings.iter().flat_map(|p| {
+                    let held = |workload: &[String], external: &str| {
+                        let mut cidrs = workload.to_vec();
+                        cidrs.extend(Some(external.to_string()).filter(|c| !c.is_empty()));
+                        (!cidrs.is_empty()).then(|| {
                             format!(
                                 "{} announced {} instead; not routed until `weftctl peering accept {}`",
                                 p.site_id,
                                 cidrs.join(" "),
                                 p.site_id
                             )
-                        }),
-                )
+                        })
+                    };
+                    [
+                        held(&p.pending_workload_cidrs, &p.pending_external_cidr),
+                        held(&p.pending_workload_cidrs_v6, &p.pending_external_cidr_v6),
+                    ]
+                    .into_iter()
+                    .flatten()
+                }))
                 .chain(r.peerings.iter().filter(|p| p.transit || p.peer_transit).map(|p| {
                     let onward = if p.transit_onward.is_empty() {
                         String::new()
@@ -340,7 +349,7 @@ pub async fn run(c: &mut Client, cmd: &PeeringCmd) -> Result<Out, String> {
                 .into_inner();
             Out {
                 failed: false,
-                json: json!({"site_id": p.site_id, "views": p.views.iter().map(view_json).collect::<Vec<_>>()}),
+                json: json!({"site_id": p.site_id, "views": p.views.iter().map(view_json).collect::<Vec<_>>(), "ipv6": p.ipv6}),
                 header: vec![],
                 rows: p
                     .views
