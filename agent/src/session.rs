@@ -315,6 +315,7 @@ async fn open(
     let mut features = applier.features();
     if gateway_key.is_some() {
         features.push(weft_proto::EXPORT_POLICY_FEATURE.into());
+        features.push(weft_proto::EXPORT_POLICY_V6_FEATURE.into());
     }
     let req = pb::WatchRequest {
         last_revision: desired.revision,

@@ -483,8 +483,8 @@ fn ipv6_check(site: &crate::domain::Site, nodes: &[crate::domain::Node]) -> Vec<
         pb::CheckResult::Pass,
         format!(
             "IPv6 pod CIDRs {} are allocated (a /64 per node, remap pools {}) and carried through the tunnels of \
-             every peering that negotiated IPv6 (`weftctl peerings`); not yet: IPv6 in export policies (a \
-             policed peering gets no IPv6) and in transit",
+             every peering that negotiated IPv6 (`weftctl peerings`), export policies included; not yet: IPv6 \
+             in transit",
             pods.join(", "),
             v6.remap_pools
                 .iter()

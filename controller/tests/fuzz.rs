@@ -224,6 +224,7 @@ proptest! {
                 identity_conflict: None, enrolled_at_ms: 0, pending_public_key: None, key_from_enrollment: false,
                 discovered: Default::default(),
                 enforces_export: false,
+                enforces_export_v6: false,
             }));
             m.live_gateways.insert(format!("gw{i}"));
         }

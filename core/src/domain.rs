@@ -227,6 +227,9 @@ pub struct Gateway {
     /// connected; an older agent ignores them).
     #[serde(default)]
     pub enforces_export: bool,
+    /// And takes IPv6 prefixes in them.
+    #[serde(default)]
+    pub enforces_export_v6: bool,
 }
 
 /// One certificate issued to an agent.
@@ -513,8 +516,9 @@ pub struct RemoteSite {
     /// What its export policy lets this site reach of its CIDRs, when it
     /// limits it (None: all). Shown, not used to route: the whole view
     /// stays routed for the replies to its own connections.
+    /// Both families (IPv6 ones only when its IPv6 parameters were taken).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exported: Option<Vec<Ipv4Net>>,
+    pub exported: Option<Vec<ipnet::IpNet>>,
     /// It agrees to transit on this peering.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub transit: bool,

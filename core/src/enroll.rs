@@ -345,6 +345,7 @@ mod tests {
             key_from_enrollment: false,
             discovered: Default::default(),
             enforces_export: false,
+            enforces_export_v6: false,
         };
         assert_eq!(admit_gateway(&open, None, "gw", None, NOW), Ok(()));
         assert!(matches!(

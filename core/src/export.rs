@@ -7,7 +7,7 @@
 //! site opened always pass. Without a policy of its own a peering follows
 //! the site's default (`--default-export all|none`).
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weft_proto::v1 as pb;
 
 pub use crate::domain::{DefaultExport, ExportPolicy, ExportRule, Protocol};
@@ -31,11 +31,26 @@ fn in_force<'a>(site: &Site, export: Option<&'a ExportPolicy>) -> Option<&'a [Ex
     }
 }
 
+/// What a policy may name of `site` itself: its workload and external
+/// CIDRs of both families.
+pub fn own(site: &Site) -> Vec<IpNet> {
+    let mut v: Vec<IpNet> = site.exportable().map(IpNet::V4).collect();
+    if let Some(v6) = &site.ipv6 {
+        v.extend(v6.pod_cidrs.iter().chain(&v6.external_cidr).map(|c| IpNet::V6(*c)));
+    }
+    v
+}
+
+/// Whether IPv4 view `view` holds `cidr`.
+fn holds(view: &Ipv4Net, cidr: &IpNet) -> bool {
+    matches!(cidr, IpNet::V4(c) if view.contains(c))
+}
+
 /// The rules of a request, checked against `site`: each a prefix of its
-/// workload or external CIDRs (or of `onward`: on a transit site, its
-/// views of the sites the peer reaches through it), a known protocol,
-/// ports only with tcp or udp and in order, at most [`MAX_RULES`]. Errors
-/// name the field.
+/// workload or external CIDRs of either family (or of `onward`: on a
+/// transit site, its IPv4 views of the sites the peer reaches through
+/// it), a known protocol, ports only with tcp or udp and in order, at
+/// most [`MAX_RULES`]. Errors name the field.
 pub fn parse_rules(
     site: &Site,
     onward: &[(String, Vec<Ipv4Net>)],
@@ -47,36 +62,34 @@ pub fn parse_rules(
             rules.len()
         ));
     }
+    let own = own(site);
     let mut out = Vec::with_capacity(rules.len());
     for (i, r) in rules.iter().enumerate() {
         let field = |f: &str| format!("rules[{i}].{f}");
-        let cidr = parse_cidr(&r.cidr).map_err(|e| format!("{}: {e}", field("cidr")))?;
+        let cidr = weft_types::net::cidr(&r.cidr)
+            .map_err(|e| format!("{}: {e}", field("cidr")))?
+            .net();
         let via = onward
             .iter()
-            .find(|(_, views)| views.iter().any(|v| v.contains(&cidr)))
+            .find(|(_, views)| views.iter().any(|v| holds(v, &cidr)))
             .map(|(s, _)| s.clone());
-        if via.is_none() && !site.exportable().any(|c| c.contains(&cidr)) {
+        if via.is_none() && !own.iter().any(|c| c.contains(&cidr)) {
             return Err(format!(
-                "{}: {cidr} is not within this site's workload CIDRs ({}) or its external CIDR ({}); a policy \
-                 exports only this site's own networks (and, with transit, its views of the sites reached \
-                 through it)",
+                "{}: {cidr} is not within this site's workload or external CIDRs ({}); a policy exports only \
+                 this site's own networks (and, with transit, its views of the sites reached through it)",
                 field("cidr"),
-                site.pod_cidrs
-                    .iter()
-                    .map(|c| c.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                site.external_cidr
+                own.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", "),
             ));
         }
         let protocol = match r.protocol.trim().to_ascii_lowercase().as_str() {
             "" | "any" => None,
             "tcp" => Some(Protocol::Tcp),
             "udp" => Some(Protocol::Udp),
-            "icmp" => Some(Protocol::Icmp),
+            "icmp" | "icmpv6" => Some(Protocol::Icmp),
             other => {
                 return Err(format!(
-                    "{}: {} is not a protocol a policy knows; give tcp, udp, icmp, or leave it empty for any",
+                    "{}: {} is not a protocol a policy knows; give tcp, udp, icmp (ICMPv6 for an IPv6 prefix), \
+                     or leave it empty for any",
                     field("protocol"),
                     crate::domain::shown(other)
                 ));
@@ -132,22 +145,23 @@ pub fn live(rules: &[ExportRule], onward: &[(String, Vec<Ipv4Net>)]) -> Vec<Expo
             None => true,
             Some(site) => onward
                 .iter()
-                .any(|(s, views)| s == site && views.iter().any(|v| v.contains(&r.cidr))),
+                .any(|(s, views)| s == site && views.iter().any(|v| holds(v, &r.cidr))),
         })
         .cloned()
         .collect()
 }
 
 /// The prefixes `rules` reach, without one inside another.
-pub fn prefixes(rules: &[ExportRule]) -> Vec<Ipv4Net> {
-    let all: Vec<Ipv4Net> = rules.iter().map(|r| r.cidr).collect();
-    Ipv4Net::aggregate(&all)
+pub fn prefixes(rules: &[ExportRule]) -> Vec<IpNet> {
+    let all: Vec<IpNet> = rules.iter().map(|r| r.cidr).collect();
+    IpNet::aggregate(&all)
 }
 
 /// What `params` (this site's, for the peering `p` with the receiving
 /// site; None while it is being negotiated) says of this site's export
-/// policy: the prefixes the peer may reach when limited, and only the
-/// names within them.
+/// policy: the prefixes the peer may reach when limited (IPv4's in
+/// `exports`, IPv6's in `exports_v6`), and only the names within them (a
+/// name's IPv6 address too).
 ///
 /// On a transit site, prefixes of its views of the sites reached through
 /// it (`onward`) are told as well.
@@ -157,27 +171,40 @@ pub fn fill(site: &Site, p: Option<&Peering>, onward: &[(String, Vec<Ipv4Net>)],
     };
     // (Rules outside the site's CIDRs cannot be stored; a peer refuses
     // parameters that name them, so never send one.)
-    let reach: Vec<Ipv4Net> = prefixes(&live(rules, onward))
+    let own = own(site);
+    let reach: Vec<IpNet> = prefixes(&live(rules, onward))
         .into_iter()
-        .filter(|c| {
-            site.exportable()
-                .chain(onward.iter().flat_map(|(_, v)| v.iter().copied()))
-                .any(|o| o.contains(c))
-        })
+        .filter(|c| own.iter().any(|o| o.contains(c)) || onward.iter().flat_map(|(_, v)| v).any(|v| holds(v, c)))
         .collect();
+    let reached = |a: std::net::IpAddr| reach.iter().any(|c| c.contains(&a));
     params.exports_limited = true;
-    params.exports = reach.iter().map(|c| c.to_string()).collect();
-    params.names.retain(|n| {
-        n.address
-            .parse::<std::net::Ipv4Addr>()
-            .is_ok_and(|a| reach.iter().any(|c| c.contains(&a)))
-    });
+    params.exports = reach
+        .iter()
+        .filter(|c| c.addr().is_ipv4())
+        .map(|c| c.to_string())
+        .collect();
+    params.exports_v6 = reach
+        .iter()
+        .filter(|c| c.addr().is_ipv6())
+        .map(|c| c.to_string())
+        .collect();
+    params
+        .names
+        .retain(|n| n.address.parse::<std::net::Ipv4Addr>().is_ok_and(|a| reached(a.into())));
+    for n in &mut params.names {
+        if n.address_v6
+            .parse::<std::net::Ipv6Addr>()
+            .is_ok_and(|a| !reached(a.into()))
+        {
+            n.address_v6.clear();
+        }
+    }
 }
 
 /// What a peer's parameters say it exports to this site: None for all,
 /// else the prefixes, each within its `workload` or `external` CIDRs or a
 /// CIDR it offers for transit, at most [`MAX_RULES`]. Errors name the
-/// field.
+/// field. (Its IPv6 prefixes: [`check_exported_v6`].)
 pub fn check_exported(
     p: &pb::NetworkParams,
     workload: &[Ipv4Net],
@@ -211,6 +238,44 @@ pub fn check_exported(
         out.push(c);
     }
     Ok(Some(Ipv4Net::aggregate(&out)))
+}
+
+/// The IPv6 prefixes a peer's parameters say it exports to this site
+/// (with `exports_limited`), each within its IPv6 `workload` or
+/// `external` CIDRs; counted with its IPv4 ones against [`MAX_RULES`].
+/// Errors name the field (and cost the peering its IPv6 only).
+pub fn check_exported_v6(
+    p: &pb::NetworkParams,
+    workload: &[Ipv6Net],
+    external: Option<Ipv6Net>,
+) -> Result<Vec<Ipv6Net>, String> {
+    if !p.exports_limited {
+        if !p.exports_v6.is_empty() {
+            return Err("exports_v6: listed without exports_limited".into());
+        }
+        return Ok(vec![]);
+    }
+    if p.exports.len() + p.exports_v6.len() > MAX_RULES {
+        return Err(format!(
+            "exports_v6: {} listed with {} IPv4 ones; a site exports at most {MAX_RULES} prefixes",
+            p.exports_v6.len(),
+            p.exports.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(p.exports_v6.len());
+    for (i, e) in p.exports_v6.iter().enumerate() {
+        let c = weft_types::net::cidr(e)
+            .map_err(|m| format!("exports_v6[{i}]: {m}"))?
+            .v6()
+            .ok_or_else(|| format!("exports_v6[{i}]: {e} is IPv4; IPv4 prefixes go in exports"))?;
+        if !workload.iter().chain(external.iter()).any(|own| own.contains(&c)) {
+            return Err(format!(
+                "exports_v6[{i}]: {c} is not within the IPv6 CIDRs the site announced"
+            ));
+        }
+        out.push(c);
+    }
+    Ok(Ipv6Net::aggregate(&out))
 }
 
 /// A rule on the wire.
@@ -359,6 +424,73 @@ mod tests {
             &|q| q.exports = vec!["10.1.0.0/24".into(); MAX_RULES + 1],
             "at most 256",
         );
+    }
+
+    /// IPv6 prefixes of the site's own IPv6 networks are rules too; the
+    /// peer is told them apart from the IPv4 ones, and names lose an IPv6
+    /// address the policy does not reach; a peer's IPv6 list is checked.
+    #[test]
+    fn ipv6_rules_are_the_sites_ipv6_prefixes_told_apart() {
+        let mut site = crate::domain::test_site("b", "10.1.0.0/16");
+        let v6 = |pods: &[&str]| crate::domain::Ipv6Networks {
+            pod_cidrs: pods.iter().map(|c| c.parse().unwrap()).collect(),
+            ..Default::default()
+        };
+        let v6rule = rule("fd00:1:0:2::/64", "icmpv6", 0, 0);
+        let e = parse_rules(&site, &[], std::slice::from_ref(&v6rule)).unwrap_err();
+        assert!(e.starts_with("rules[0].cidr: fd00:1:0:2::/64 is not within"), "{e}");
+        site.ipv6 = Some(v6(&["fd00:1::/48"]));
+        let rules = parse_rules(&site, &[], &[v6rule, rule("10.1.0.0/24", "tcp", 80, 0)]).unwrap();
+        assert!(
+            rules.iter().any(|r| r.to_string() == "fd00:1:0:2::/64 icmp"),
+            "{rules:?}"
+        );
+        let e = parse_rules(&site, &[], &[rule("fd00:2::/64", "", 0, 0)]).unwrap_err();
+        assert!(e.contains("fd00:1::/48"), "the site's IPv6 CIDRs are listed: {e}");
+        let e = parse_rules(&site, &[], &[rule("fd00:1::1/64", "", 0, 0)]).unwrap_err();
+        assert!(e.contains("host bits"), "{e}");
+
+        let mut p = crate::domain::test_peering("a");
+        p.export = Some(ExportPolicy::Rules(rules));
+        let mut params = pb::NetworkParams {
+            names: vec![pb::PublishedName {
+                name: "web".into(),
+                kind: 0,
+                address: "10.1.0.10".into(),
+                address_v6: "fd00:1:0:9::10".into(),
+            }],
+            ..Default::default()
+        };
+        fill(&site, Some(&p), &[], &mut params);
+        assert_eq!(
+            (params.exports.clone(), params.exports_v6.clone()),
+            (vec!["10.1.0.0/24".to_string()], vec!["fd00:1:0:2::/64".to_string()])
+        );
+        assert_eq!(params.names.len(), 1);
+        assert_eq!(params.names[0].address_v6, "", "its IPv6 address is not exported");
+
+        // What a peer says of its IPv6 exports.
+        let w6: Vec<Ipv6Net> = vec!["fd00:1::/48".parse().unwrap()];
+        assert_eq!(
+            check_exported_v6(&params, &w6, None),
+            Ok(vec!["fd00:1:0:2::/64".parse().unwrap()])
+        );
+        let bad = |f: &dyn Fn(&mut pb::NetworkParams), says: &str| {
+            let mut q = params.clone();
+            f(&mut q);
+            let e = check_exported_v6(&q, &w6, None).unwrap_err();
+            assert!(e.contains(says), "{e}");
+        };
+        bad(
+            &|q| q.exports_v6.push("fd00:9::/64".into()),
+            "exports_v6[1]: fd00:9::/64 is not within",
+        );
+        bad(
+            &|q| q.exports_v6.push("10.1.0.0/24".into()),
+            "exports_v6[1]: 10.1.0.0/24 is IPv4",
+        );
+        bad(&|q| q.exports_limited = false, "without exports_limited");
+        bad(&|q| q.exports = vec!["10.1.0.0/24".into(); MAX_RULES], "at most 256");
     }
 
     #[test]

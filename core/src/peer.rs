@@ -123,9 +123,18 @@ pub fn remote_site(
         c => Some(parse_cidr(c).map_err(|m| format!("external_cidr: {m}"))?),
     };
     // IPv6 fields that do not parse cost the peering its IPv6 only.
-    let (workload_v6, external_v6, ipv6_invalid) = match ipv6_cidrs(p) {
+    let (mut workload_v6, mut external_v6, mut ipv6_invalid) = match ipv6_cidrs(p) {
         Ok((w, e)) => (w, e, None),
         Err(m) => (vec![], None, Some(m)),
+    };
+    // So do IPv6 exports that do not hold.
+    let exported_v6 = match crate::export::check_exported_v6(p, &workload_v6, external_v6) {
+        Ok(x) => x,
+        Err(m) => {
+            (workload_v6, external_v6) = (vec![], None);
+            ipv6_invalid = ipv6_invalid.or(Some(m));
+            vec![]
+        }
     };
     let gateways = p
         .gateways
@@ -174,7 +183,12 @@ pub fn remote_site(
         .collect();
     let names = crate::names::check_remote(&names, &workload, external, &workload_v6)?;
     let transit_routes = crate::transit::check_routes(p, &own.site_id, &workload, external)?;
-    let exported = crate::export::check_exported(p, &workload, external, &transit_routes)?;
+    let exported = crate::export::check_exported(p, &workload, external, &transit_routes)?.map(|v4| {
+        v4.into_iter()
+            .map(ipnet::IpNet::V4)
+            .chain(exported_v6.into_iter().map(ipnet::IpNet::V6))
+            .collect()
+    });
     let has_endpoint = |ps: &pb::NetworkParams| ps.gateways.iter().any(|g| !g.endpoint.is_empty());
     Ok(RemoteSite {
         ca_pem: ca_pem.to_string(),

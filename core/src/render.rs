@@ -701,6 +701,7 @@ mod tests {
             key_from_enrollment: false,
             discovered: Default::default(),
             enforces_export: false,
+            enforces_export_v6: false,
         };
         let peering = Peering {
             site_id: "b".into(),
@@ -845,7 +846,7 @@ mod tests {
         });
         m.peerings.insert("b".into(), Arc::new(p.clone()));
         let all = (node(&m, "n1"), gateway(&m, "gw1"));
-        p.remote.as_mut().unwrap().exported = Some(vec![n("10.1.2.0/24")]);
+        p.remote.as_mut().unwrap().exported = Some(vec![n("10.1.2.0/24").into()]);
         m.peerings.insert("b".into(), Arc::new(p));
         assert_eq!((node(&m, "n1"), gateway(&m, "gw1")), all);
         assert_eq!(

@@ -88,11 +88,6 @@ fn ip(s: &str, what: &str) -> R<IpAddr> {
     weft_types::net::addr(s).map_err(|m| format!("{what} {m}"))
 }
 
-/// An IPv4 network: host bits clear.
-fn net4(s: &str, what: &str) -> R<Ipv4Net> {
-    weft_types::net::cidr_v4(s).map_err(|m| format!("{what} {m}"))
-}
-
 /// A network of either family: host bits clear.
 fn net(s: &str, what: &str) -> R<IpNet> {
     weft_types::net::cidr(s)
@@ -375,7 +370,7 @@ pub fn policy_rules(f: &pb::TunnelFilter) -> R<Option<Vec<PolicyRule>>> {
     }
     let mut out = Vec::with_capacity(f.exports.len());
     for r in &f.exports {
-        let cidr = net4(&r.cidr, "export rule")?;
+        let cidr = net(&r.cidr, "export rule")?;
         let protocol = match r.protocol.as_str() {
             "" => None,
             "tcp" => Some(L4::Tcp),

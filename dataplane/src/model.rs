@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 pub use weft_types::WgKey;
 pub use weft_types::net::Family;
 
@@ -182,7 +182,8 @@ pub struct TunnelFilter {
 /// tcp and udp only). IPv4 only: a policed peering carries no IPv6.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PolicyRule {
-    pub cidr: Ipv4Net,
+    /// Either family; `Icmp` is ICMPv6 for an IPv6 one.
+    pub cidr: IpNet,
     pub protocol: Option<L4>,
     pub ports: Option<(u16, u16)>,
 }

@@ -42,10 +42,6 @@ fn prefix(n: &ipnet::IpNet) -> Value {
     json!({"prefix": {"addr": n.network().to_string(), "len": n.prefix_len()}})
 }
 
-fn prefix4(n: &ipnet::Ipv4Net) -> Value {
-    prefix(&ipnet::IpNet::V4(*n))
-}
-
 /// nft's name of a family's header ("ip", "ip6").
 fn proto(f: Family) -> &'static str {
     match f {
@@ -277,18 +273,26 @@ fn policy(cmds: &mut Vec<Value>, tunnel: &str, rules: &[PolicyRule]) {
         ]),
     ));
     for r in rules {
-        // (IPv4 only, said first: in a table of both families nft can
-        // type the connection's port only once it knows the family.)
+        // (The family said first: in a table of both families nft can
+        // type the connection's address and port only once it knows it.)
+        let family = family_of(&r.cidr);
+        let daddr = format!("{} daddr", proto(family));
         let mut expr = vec![
             from_tunnel.clone(),
-            json!({"match": {"op": "==", "left": {"meta": {"key": "nfproto"}}, "right": nfproto(Family::V4)}}),
-            json!({"match": {"op": "==", "left": {"ct": {"key": "ip daddr", "dir": "original"}}, "right": prefix4(&r.cidr)}}),
+            json!({"match": {"op": "==", "left": {"meta": {"key": "nfproto"}}, "right": nfproto(family)}}),
+            json!({"match": {"op": "==", "left": {"ct": {"key": daddr, "dir": "original"}}, "right": prefix(&r.cidr)}}),
         ];
         // The connection's protocol and destination port, as conntrack
         // has them: an ICMP error about an allowed connection (say, "need
         // to fragment" for a UDP service) inherits its verdict.
         if let Some(p) = r.protocol {
-            expr.push(json!({"match": {"op": "==", "left": {"ct": {"key": "protocol"}}, "right": p.as_str()}}));
+            // (ICMPv6 by number: its name differs between /etc/protocols
+            // files.)
+            let right = match (p, family) {
+                (L4::Icmp, Family::V6) => json!(58),
+                _ => json!(p.as_str()),
+            };
+            expr.push(json!({"match": {"op": "==", "left": {"ct": {"key": "protocol"}}, "right": right}}));
         }
         if let (Some(L4::Tcp | L4::Udp), Some((a, b))) = (r.protocol, r.ports) {
             let right = if a == b { json!(a) } else { json!({"range": [a, b]}) };
@@ -698,38 +702,79 @@ mod tests {
         }
     }
 
+    fn policy_rule(cidr: &str, protocol: Option<L4>, ports: Option<(u16, u16)>) -> PolicyRule {
+        PolicyRule {
+            cidr: cidr.parse().unwrap(),
+            protocol,
+            ports,
+        }
+    }
+
+    /// The expressions of the rules in `from_tunnel` of a tunnel filter
+    /// allowing `allowed` with `policy`.
+    fn from_tunnel(allowed: &[&str], policy: Vec<PolicyRule>) -> Vec<Value> {
+        let spec = TableSpec {
+            filter: Some(TunnelFilter {
+                tunnel: "weft-wabc".into(),
+                allowed: allowed.iter().map(|c| c.parse().unwrap()).collect(),
+                policy: Some(policy),
+                transit: vec![],
+            }),
+            ..Default::default()
+        };
+        batch(&spec)["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["add"]["rule"].as_object().filter(|r| r["chain"] == "from_tunnel"))
+            .map(|r| r["expr"].clone())
+            .collect()
+    }
+
+    /// An IPv6 rule matches IPv6 connections by their IPv6 destination, and
+    /// its icmp is ICMPv6.
+    #[test]
+    fn an_ipv6_export_rule_is_matched_in_its_own_family() {
+        let all = from_tunnel(
+            &["10.1.0.0/16", "fd00:1::/48"],
+            vec![
+                policy_rule("fd00:1:0:2::/64", Some(L4::Tcp), Some((5300, 5300))),
+                policy_rule("fd00:1:0:3::/64", Some(L4::Icmp), None),
+            ],
+        );
+        let rules: Vec<&Value> = all
+            .iter()
+            .filter(|e| e[2]["match"]["left"]["ct"]["dir"] == "original")
+            .collect();
+        assert_eq!(rules.len(), 2, "{rules:#?}");
+        for r in &rules {
+            assert_eq!(r[1]["match"]["right"], "ipv6", "{r:#}");
+            assert_eq!(r[2]["match"]["left"]["ct"]["key"], "ip6 daddr", "{r:#}");
+        }
+        assert_eq!(
+            rules[0][2]["match"]["right"],
+            json!({"prefix": {"addr": "fd00:1:0:2::", "len": 64}})
+        );
+        assert_eq!(rules[0][3]["match"]["right"], "tcp");
+        assert_eq!(rules[0][4]["match"]["right"], 5300);
+        assert_eq!(rules[1][3]["match"]["right"], 58, "ICMPv6, by number");
+    }
+
     /// Replies pass, then each rule, then the count and the drop, all
     /// for packets from the tunnel only; the destination is matched as
     /// the peer addressed it.
     #[test]
     fn an_export_policy_accepts_replies_then_its_rules_and_drops_the_rest() {
-        let rule = |cidr: &str, protocol, ports| PolicyRule {
-            cidr: cidr.parse().unwrap(),
-            protocol,
-            ports,
-        };
-        let spec = TableSpec {
-            filter: Some(TunnelFilter {
-                tunnel: "weft-wabc".into(),
-                allowed: vec!["10.1.0.0/16".parse().unwrap()],
-                policy: Some(vec![
-                    rule("10.1.2.0/24", Some(L4::Tcp), Some((8080, 8080))),
-                    rule("10.1.3.0/24", Some(L4::Udp), Some((5000, 5010))),
-                    rule("10.1.4.0/24", Some(L4::Icmp), None),
-                    rule("10.1.5.0/24", None, None),
-                ]),
-                transit: vec![],
-            }),
-            ..Default::default()
-        };
-        let v = batch(&spec);
-        let rules: Vec<&Value> = v["nftables"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|c| c["add"]["rule"].as_object().filter(|r| r["chain"] == "from_tunnel"))
-            .map(|r| &r["expr"])
-            .collect();
+        let all = from_tunnel(
+            &["10.1.0.0/16"],
+            vec![
+                policy_rule("10.1.2.0/24", Some(L4::Tcp), Some((8080, 8080))),
+                policy_rule("10.1.3.0/24", Some(L4::Udp), Some((5000, 5010))),
+                policy_rule("10.1.4.0/24", Some(L4::Icmp), None),
+                policy_rule("10.1.5.0/24", None, None),
+            ],
+        );
+        let rules: Vec<&Value> = all.iter().collect();
         // The tunnel filter's two (IPv4's set, IPv6 dropped whole: this
         // peering carries none), then the policy's.
         assert_eq!(rules.len(), 8, "{rules:#?}");
@@ -763,14 +808,14 @@ mod tests {
         assert_eq!(rules[5][3], json!({"accept": null}), "any protocol: the prefix alone");
         assert_eq!(rules[6][1], json!({"counter": POLICY_COUNTER}));
         assert_eq!(rules[6][2], json!({"drop": null}));
-        // No rules: only replies pass.
-        let mut none = spec.clone();
-        none.filter.as_mut().unwrap().policy = Some(vec![]);
-        let text = batch(&none).to_string();
+        // No rules: only replies pass, and the rest is counted and dropped.
+        let none = from_tunnel(&["10.1.0.0/16"], vec![]);
+        let text = Value::Array(none[1..].to_vec()).to_string();
         assert!(
-            text.contains("\"name\":\"refused\"") && text.contains("\"reply\""),
+            text.contains("\"reply\"") && text.contains(&format!("{{\"counter\":\"{POLICY_COUNTER}\"}}")),
             "{text}"
         );
+        assert_eq!(none.len(), 4, "the filter's two, the replies', the drop: {none:#?}");
     }
 
     #[test]

@@ -81,6 +81,10 @@ pub const REMOVED: &str = "weft-removed";
 /// export policies (`TunnelFilter.policed`).
 pub const EXPORT_POLICY_FEATURE: &str = "export-policy";
 
+/// The `WatchRequest.features` entry of a gateway agent whose export
+/// policies may name IPv6 prefixes (an older one refuses such a filter).
+pub const EXPORT_POLICY_V6_FEATURE: &str = "export-policy-v6";
+
 /// The largest desired-state message an agent accepts. A gateway's
 /// snapshot grows with its site: every node adds its tunnel, address and
 /// routes (about 250 bytes), so tonic's default of 4 MiB stops a gateway

@@ -455,7 +455,7 @@ fn a_dual_stack_site_gives_each_node_a_64_and_keeps_its_generated_pool() {
     assert_eq!(ipv6["result"], "PASS");
     let detail = ipv6["detail"].as_str().unwrap();
     assert!(
-        detail.contains("carried through the tunnels") && detail.contains("not yet: IPv6 in export policies"),
+        detail.contains("carried through the tunnels") && detail.contains("not yet: IPv6 in transit"),
         "{ipv6}"
     );
 

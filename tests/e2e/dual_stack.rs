@@ -21,6 +21,39 @@ fn ping(s: &sites::TwoSites, from: &str, to: &str) -> bool {
         .success()
 }
 
+/// A TCP service on port 5300 of both families in each workload host of
+/// `hosts`: it answers with where it saw the caller ("from ADDRESS").
+fn serve_echo(s: &mut sites::TwoSites, hosts: &[&str]) {
+    let echo_py = "import socket\ns=socket.create_server(('::',5300),family=socket.AF_INET6,dualstack_ipv6=True,reuse_port=True)\nwhile True:\n    c,a=s.accept()\n    c.sendall(('from '+a[0].removeprefix('::ffff:')).encode())\n    c.close()";
+    for wl in hosts {
+        s.lab.spawn(
+            &s.ns[wl],
+            std::path::Path::new("/usr/bin/env"),
+            &["python3", "-c", echo_py],
+            &s.dir.path().join(format!("echo-{wl}.log")),
+        );
+    }
+    for wl in hosts {
+        weft_tests::eventually(&format!("the echo service in {wl}"), Duration::from_secs(10), || {
+            weft_tests::stdout(&netns::exec(&s.ns[wl], &["ss", "-ltn"]))
+                .contains(":5300")
+                .then_some(())
+        });
+    }
+}
+
+/// What the echo service at `to` told workload host `from` (within 3 s),
+/// or why not.
+fn ask_echo(s: &sites::TwoSites, from: &str, to: &str) -> Result<String, String> {
+    let ask =
+        format!("import socket\ns=socket.create_connection(('{to}',5300),timeout=3)\nprint(s.recv(100).decode())");
+    let o = netns::exec(&s.ns[from], &["python3", "-c", &ask]);
+    match o.status.success() {
+        true => Ok(weft_tests::stdout(&o).trim().to_string()),
+        false => Err(String::from_utf8_lossy(&o.stderr).to_string()),
+    }
+}
+
 /// Every workload of one site with every workload of the other, from a
 /// list of (host, real address, address the other site sees): (from,
 /// where the other site sees it, to, where `from` reaches it).
@@ -243,24 +276,8 @@ fn workloads_reach_each_other_over_both_families_through_remapped_views() {
     for (wl, real, seen) in v4.iter().chain(&v6) {
         assert_ne!(real, seen, "{wl} is reached at its own address: no remapping");
     }
-    // A TCP service on both families in every workload: it answers with
-    // where it saw the caller.
-    let echo_py = "import socket\ns=socket.create_server(('::',5300),family=socket.AF_INET6,dualstack_ipv6=True,reuse_port=True)\nwhile True:\n    c,a=s.accept()\n    c.sendall(('from '+a[0].removeprefix('::ffff:')).encode())\n    c.close()";
-    for (wl, _, _) in &v4 {
-        s.lab.spawn(
-            &s.ns[wl],
-            std::path::Path::new("/usr/bin/env"),
-            &["python3", "-c", echo_py],
-            &s.dir.path().join(format!("echo-{wl}.log")),
-        );
-    }
-    for (wl, _, _) in &v4 {
-        weft_tests::eventually(&format!("the echo service in {wl}"), Duration::from_secs(10), || {
-            weft_tests::stdout(&netns::exec(&s.ns[wl], &["ss", "-ltn"]))
-                .contains(":5300")
-                .then_some(())
-        });
-    }
+    let hosts: Vec<&str> = v4.iter().map(|w| w.0).collect();
+    serve_echo(&mut s, &hosts);
     for (from, from_seen, to, to_seen) in across(&v4).into_iter().chain(across(&v6)) {
         let to_seen = to_seen.as_str();
         let reached = weft_tests::try_eventually(Duration::from_secs(20), || ping(&s, from, to_seen).then_some(()));
@@ -289,16 +306,11 @@ fn workloads_reach_each_other_over_both_families_through_remapped_views() {
             }
             panic!("{from} cannot reach {to} at {to_seen}:\n{diag}");
         }
-        let ask = format!(
-            "import socket\ns=socket.create_connection(('{to_seen}',5300),timeout=3)\nprint(s.recv(100).decode())"
-        );
-        let o = netns::exec(&s.ns[from], &["python3", "-c", &ask]);
-        let said = weft_tests::stdout(&o);
+        let said = ask_echo(&s, from, to_seen);
         assert_eq!(
-            said.trim(),
-            format!("from {from_seen}"),
-            "TCP {from} → {to} at {to_seen}: the far end saw the caller elsewhere ({})",
-            String::from_utf8_lossy(&o.stderr)
+            said,
+            Ok(format!("from {from_seen}")),
+            "TCP {from} → {to} at {to_seen}: the far end saw the caller elsewhere"
         );
     }
 
@@ -431,6 +443,88 @@ fn workloads_reach_each_other_over_both_families_through_remapped_views() {
     std::thread::sleep(Duration::from_secs(4));
     let after: Vec<f64> = hosts.iter().map(|h| repairs(h)).collect();
     assert_eq!(before, after, "drift repaired on an unchanged host ({hosts:?})");
+}
+
+/// An export policy of both families, at site b for site a (two
+/// dual-stack sites on the same CIDRs): a may reach what its rules allow,
+/// IPv6 as IPv4, by destination prefix, protocol and port as a addressed
+/// them through its views; the rest is dropped and counted; b's own
+/// connections to a are unaffected.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn an_export_policy_limits_ipv6_as_it_limits_ipv4() {
+    if !require_root() {
+        return;
+    }
+    let opts = sites::Opts {
+        ipv6: (Some("fd00:1::/48"), Some("fd00:1::/48")),
+        ..Default::default()
+    };
+    let mut s = sites::up_with("wdp", ("dp-a", "10.1.0.0/16"), ("dp-b", "10.1.0.0/16"), opts);
+    let v4 = s.workloads.clone();
+    let v6 = s.workloads_v6();
+    serve_echo(&mut s, &["wb", "wb2"]);
+    let at = |v: &[(&'static str, String, String)], wl: &str| v.iter().find(|w| w.0 == wl).cloned().unwrap();
+    let (wb4, wb6, wb2_6) = (at(&v4, "wb"), at(&v6, "wb"), at(&v6, "wb2"));
+    // Before any policy, a reaches both over IPv6.
+    for to in [&wb6.2, &wb2_6.2] {
+        weft_tests::eventually(&format!("wa reaching {to}"), Duration::from_secs(20), || {
+            ping(&s, "wa", to).then_some(())
+        });
+    }
+
+    weft_tests::step("site b lets a reach wb's /64 on TCP 5300 and wb's /24 by ICMP, nothing else");
+    let wb_64: ipnet::Ipv6Net = format!("{}/64", wb6.1).parse::<ipnet::Ipv6Net>().unwrap().trunc();
+    let wb_24: ipnet::Ipv4Net = format!("{}/24", wb4.1).parse::<ipnet::Ipv4Net>().unwrap().trunc();
+    let o = run(Command::new(bin("weftctl")).args([
+        "--controller",
+        &s.tb,
+        "peering",
+        "policy",
+        "set",
+        "dp-a",
+        "--allow",
+        &format!("{wb_64},tcp,5300"),
+        "--allow",
+        &format!("{wb_24},icmp"),
+    ]));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The peer is told both families' prefixes, and keeps IPv6.
+    let told = weft_tests::eventually("site a told of b's exports", Duration::from_secs(20), || {
+        let p = weftctl_json(&s.ta, &["peerings"])["peerings"][0].clone();
+        p["peer_exports"].is_array().then_some(p)
+    });
+    assert_eq!(
+        told["peer_exports"],
+        serde_json::json!([wb_24.to_string(), wb_64.to_string()]),
+        "{told:#}"
+    );
+    assert_eq!(told["ipv6"], "negotiated", "{told:#}");
+    weft_tests::eventually("the policy in force at b's gateway", Duration::from_secs(20), || {
+        (!ping(&s, "wa", &wb6.2)).then_some(())
+    });
+    // Allowed: TCP 5300 to wb over IPv6 (the service sees a's view of wa),
+    // ICMP to wb over IPv4.
+    let wa6 = at(&v6, "wa");
+    assert_eq!(ask_echo(&s, "wa", &wb6.2), Ok(format!("from {}", wa6.2)));
+    assert!(ping(&s, "wa", &wb4.2), "ICMP to wb over IPv4 is allowed");
+    // Refused: ICMPv6 to wb, anything to wb2 over IPv6, TCP to wb over IPv4.
+    assert!(!ping(&s, "wa", &wb6.2), "ICMPv6 to wb is not allowed");
+    assert!(ask_echo(&s, "wa", &wb2_6.2).is_err(), "wb2's /64 is not allowed");
+    assert!(ask_echo(&s, "wa", &wb4.2).is_err(), "TCP over IPv4 is not allowed");
+    // b's own connections to a, both families, are not a's to police.
+    let wa4 = at(&v4, "wa");
+    for to in [&wa4.2, &wa6.2] {
+        assert!(ping(&s, "wb", to), "wb cannot reach wa at {to}");
+    }
+    let refused = weft_tests::stdout(&netns::exec(
+        &weft_controller::render::peering_namespace("dp-b", "dp-a"),
+        &["nft", "list", "counter", "inet", "weft", "refused"],
+    ));
+    assert!(
+        !refused.contains("packets 0 "),
+        "nothing counted as refused:\n{refused}"
+    );
 }
 
 /// A dual-stack site peered with an IPv4-only one, in namespaces: the

@@ -209,8 +209,9 @@ pub enum PolicyCmd {
     Set {
         site: String,
         /// Allow CIDR[,PROTOCOL[,PORT[-PORT]]]: a prefix of this site's
-        /// workload or external CIDRs, optionally tcp, udp or icmp, and
-        /// for tcp or udp a port or range, e.g. 10.1.2.0/24,tcp,8080.
+        /// workload or external CIDRs (IPv4 or IPv6), optionally tcp, udp
+        /// or icmp (ICMPv6 for an IPv6 prefix), and for tcp or udp a port
+        /// or range, e.g. 10.1.2.0/24,tcp,8080 or fd00:1:0:2::/64,icmp.
         #[arg(long, value_name = "RULE")]
         allow: Vec<String>,
         /// Everything: the site's workload and external CIDRs and exported hosts.

@@ -118,12 +118,6 @@ fn exports(model: &crate::render::Model, peer: &str, params: &mut pb::NetworkPar
         let onward = p.map(|p| crate::transit::onward(model.peerings.values().map(|q| &**q), p));
         crate::export::fill(site, p, &onward.unwrap_or_default(), params);
     }
-    // An export policy names IPv4 prefixes only: a limited peer is offered
-    // no IPv6 (it says IPv6 is not negotiated, and why).
-    if params.exports_limited {
-        params.workload_cidrs_v6.clear();
-        params.external_cidr_v6.clear();
-    }
     // Transit: whether this site agrees on this peering, and while the
     // peer does too, the sites it may reach through this one.
     if let Some(p) = model.peerings.get(peer) {

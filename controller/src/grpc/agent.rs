@@ -205,11 +205,18 @@ impl AgentService for AgentApi {
         // agent reconnecting after a restart must not cost a store read.)
         // And whether a gateway's agent enforces export policies.
         let geneve = req.features.iter().any(|f| f == "geneve");
-        let export = role == AgentRole::Gateway && req.features.iter().any(|f| f == weft_proto::EXPORT_POLICY_FEATURE);
+        let has = |f: &str| role == AgentRole::Gateway && req.features.iter().any(|x| x == f);
+        let export = (
+            has(weft_proto::EXPORT_POLICY_FEATURE),
+            has(weft_proto::EXPORT_POLICY_V6_FEATURE),
+        );
         let model = self.hub.model();
         let recorded = match role {
-            AgentRole::Node => model.nodes.get(&id.name).map(|n| (n.geneve, false)),
-            AgentRole::Gateway => model.gateways.get(&id.name).map(|g| (g.geneve, g.enforces_export)),
+            AgentRole::Node => model.nodes.get(&id.name).map(|n| (n.geneve, (false, false))),
+            AgentRole::Gateway => model
+                .gateways
+                .get(&id.name)
+                .map(|g| (g.geneve, (g.enforces_export, g.enforces_export_v6))),
         };
         if recorded != Some((geneve, export)) {
             self.state.set_features(role, &id.name, geneve, export).await?;

@@ -315,6 +315,7 @@ impl State {
                     key_from_enrollment: true,
                     discovered: Default::default(),
                     enforces_export: false,
+                    enforces_export_v6: false,
                 },
                 Compare::Version(key.clone(), 0),
             ),
@@ -469,14 +470,15 @@ impl State {
     }
 
     /// Records whether agent `name`'s kernel can make Geneve links and
-    /// (gateways) whether its agent enforces export policies: a write only
-    /// when one changed (which re-renders its tunnels).
+    /// (gateways) whether its agent enforces export policies, and with IPv6
+    /// prefixes: a write only when one changed (which re-renders its
+    /// tunnels).
     pub async fn set_features(
         &self,
         role: crate::domain::AgentRole,
         name: &str,
         geneve: bool,
-        enforces_export: bool,
+        (enforces_export, enforces_export_v6): (bool, bool),
     ) -> Result<(), Error> {
         use crate::domain::{AgentRole, Gateway, Node};
         fn set<T: serde::Serialize + serde::de::DeserializeOwned>(
@@ -499,9 +501,10 @@ impl State {
             let new = match role {
                 AgentRole::Node => set::<Node>(&kv, |n| std::mem::replace(&mut n.geneve, geneve) != geneve)?,
                 AgentRole::Gateway => set::<Gateway>(&kv, |g| {
-                    let was = (g.geneve, g.enforces_export);
-                    (g.geneve, g.enforces_export) = (geneve, enforces_export);
-                    was != (geneve, enforces_export)
+                    let now = (geneve, enforces_export, enforces_export_v6);
+                    let was = (g.geneve, g.enforces_export, g.enforces_export_v6);
+                    (g.geneve, g.enforces_export, g.enforces_export_v6) = now;
+                    was != now
                 })?,
             };
             let Some(value) = new else { return Ok(()) };
@@ -509,7 +512,13 @@ impl State {
                 .when(Compare::ModRevision(key.clone(), kv.mod_revision))
                 .then(Op::put(key.clone(), value));
             if self.store.txn(txn).await?.succeeded {
-                tracing::info!(agent = name, geneve, enforces_export, "agent features changed");
+                tracing::info!(
+                    agent = name,
+                    geneve,
+                    enforces_export,
+                    enforces_export_v6,
+                    "agent features changed"
+                );
                 return Ok(());
             }
         }

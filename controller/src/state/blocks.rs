@@ -123,9 +123,10 @@ pub(super) fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error
         // reached through this one, in transit, follow that site's view,
         // not the configuration).
         if let Some(crate::export::ExportPolicy::Rules(rules)) = &p.export {
+            let own = crate::export::own(new);
             for r in rules
                 .iter()
-                .filter(|r| r.via.is_none() && !new.exportable().any(|c| c.contains(&r.cidr)))
+                .filter(|r| r.via.is_none() && !own.iter().any(|c| c.contains(&r.cidr)))
             {
                 problems.push(format!(
                     "the export policy for {:?} allows {}, outside the new workload and external CIDRs \

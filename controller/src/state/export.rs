@@ -41,19 +41,31 @@ impl State {
             // older one ignores it): refused while a gateway has not said
             // it does, checked against the gateways' records as written.
             let mut txn = Txn::new();
-            if crate::export::effective(site, &next).is_some() {
-                let old: Vec<&str> = snap
-                    .gateways
-                    .iter()
-                    .filter(|(g, _)| !g.enforces_export)
-                    .map(|(g, _)| g.name.as_str())
-                    .collect();
-                if !old.is_empty() {
+            if let Some(rules) = crate::export::effective(site, &next) {
+                let old = |enforces: fn(&crate::domain::Gateway) -> bool| -> Vec<&str> {
+                    snap.gateways
+                        .iter()
+                        .filter(|(g, _)| !enforces(g))
+                        .map(|(g, _)| g.name.as_str())
+                        .collect()
+                };
+                let old_v4 = old(|g| g.enforces_export);
+                if !old_v4.is_empty() {
                     return Err(Error::FailedPrecondition(format!(
                         "gateway {} runs an agent that does not enforce export policies (an older version, or it \
                          has not connected since its upgrade); upgrade it and let it connect, or remove it, then \
                          set the policy again",
-                        old.join(", ")
+                        old_v4.join(", ")
+                    )));
+                }
+                // An older agent refuses a filter with an IPv6 rule whole.
+                let old_v6 = old(|g| g.enforces_export_v6);
+                if rules.iter().any(|r| r.cidr.addr().is_ipv6()) && !old_v6.is_empty() {
+                    return Err(Error::FailedPrecondition(format!(
+                        "gateway {} runs an agent that takes no IPv6 prefixes in export policies (an older \
+                         version, or it has not connected since its upgrade); upgrade it and let it connect, or \
+                         allow IPv4 prefixes only for now",
+                        old_v6.join(", ")
                     )));
                 }
                 for (g, grev) in &snap.gateways {

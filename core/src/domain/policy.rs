@@ -1,7 +1,7 @@
 //! Export policy: what a peer may reach of this site, as stored (the
 //! checks and the rendering are the `export` module's).
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 /// A peering's policy as set by the admin.
@@ -41,11 +41,12 @@ impl Protocol {
     }
 }
 
-/// The peer may reach `cidr`, with `protocol` (None: any), on `ports`
-/// (inclusive; None: any; tcp and udp only).
+/// The peer may reach `cidr` (IPv4 or IPv6), with `protocol` (None: any;
+/// icmp is ICMPv6 for an IPv6 `cidr`), on `ports` (inclusive; None: any;
+/// tcp and udp only).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ExportRule {
-    pub cidr: Ipv4Net,
+    pub cidr: IpNet,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<Protocol>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
