@@ -347,8 +347,9 @@ impl Applier for Linux {
         for (link, (target, prober)) in &self.probes {
             let h = prober.health.lock().unwrap().clone();
             let stats = self.plane.wg.stats(link);
-            if let Some(std::net::SocketAddr::V4(ep)) = stats.endpoint {
-                *prober.mtu_target.lock().unwrap() = Some(*ep.ip());
+            if let Some(ep) = stats.endpoint {
+                // (An IPv4 peer on a dual-stack socket is ::ffff:a.b.c.d.)
+                *prober.mtu_target.lock().unwrap() = Some(ep.ip().to_canonical());
             }
             let found = self.discovery.as_ref().and_then(|d| d.found(link)).unwrap_or_default();
             out.push(pb::TunnelStatus {

@@ -16,7 +16,7 @@
 //! hands back only this socket's replies.
 
 use std::io::Read;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -132,7 +132,7 @@ pub struct Prober {
     stop: Arc<AtomicBool>,
     /// The peer's endpoint address (as WireGuard last saw it), which the
     /// path-MTU check sends to.
-    pub mtu_target: Arc<Mutex<Option<Ipv4Addr>>>,
+    pub mtu_target: Arc<Mutex<Option<IpAddr>>>,
     kick: Arc<Kick>,
     pub health: Arc<Mutex<Health>>,
     pub local: Ipv4Addr,
@@ -201,10 +201,16 @@ pub fn start(t: Target, config: ProbeConfig, changed: impl Fn() + Send + 'static
     // The path-MTU check goes where WireGuard's UDP goes: from the agent's
     // own namespace, so its socket is made here, before the prober's thread
     // moves into the peering's. (Without one, the check is skipped.)
-    let mtu_socket = raw_icmp_socket()
-        .and_then(|s| set_dont_fragment(&s).map(|()| s))
-        .map_err(|e| tracing::warn!(peer = %t.site, "no path-MTU check: {e}"))
-        .ok();
+    let mtu_socket = MtuSockets {
+        v4: raw_icmp_socket()
+            .and_then(|s| set_dont_fragment(&s).map(|()| s))
+            .map_err(|e| tracing::warn!(peer = %t.site, "no path-MTU check over IPv4: {e}"))
+            .ok(),
+        // (None on a host without IPv6: its endpoints are IPv4's.)
+        v6: weft_common::icmp::raw_icmp6_socket()
+            .and_then(|s| set_dont_fragment6(&s).map(|()| s))
+            .ok(),
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let health = Arc::new(Mutex::new(Health::default()));
     let kick = Arc::new(Kick::default());
@@ -258,6 +264,16 @@ fn link_packets(link: &str) -> Option<(u64, u64)> {
 /// authentication tag (32).
 pub const WG_OVERHEAD_V4: u32 = 60;
 
+/// And on IPv6: its header is 40 bytes.
+pub const WG_OVERHEAD_V6: u32 = 80;
+
+/// The path-MTU check's raw sockets, one per family (in the namespace of
+/// WireGuard's UDP socket, with DF set).
+pub struct MtuSockets {
+    pub v4: Option<Socket>,
+    pub v6: Option<Socket>,
+}
+
 /// How many probes go between two path-MTU checks.
 const MTU_CHECK_EVERY: u64 = 30;
 
@@ -285,13 +301,66 @@ fn set_dont_fragment(s: &Socket) -> std::io::Result<()> {
     }
 }
 
+/// IPv6's [`set_dont_fragment`]: IPV6_MTU_DISCOVER to IPV6_PMTUDISC_DO
+/// and IPV6_DONTFRAG, so a send larger than the known path MTU fails with
+/// EMSGSIZE instead of being fragmented by this host.
+#[allow(unsafe_code)]
+fn set_dont_fragment6(s: &Socket) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    for (opt, v) in [
+        (libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_DO),
+        (libc::IPV6_DONTFRAG, 1),
+    ] {
+        // SAFETY: as in set_dont_fragment.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_IPV6,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The kernel's path MTU toward the peer a connected IPv6 socket names
+/// (IPV6_MTU); 0 when unknown.
+#[allow(unsafe_code)]
+fn path_mtu6(s: &Socket) -> u32 {
+    use std::os::fd::AsRawFd;
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a valid descriptor, and a c_int with its size for the
+    // kernel to write.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_MTU,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 { v.max(0) as u32 } else { 0 }
+}
+
 pub use weft_common::icmp::{raw_echo, raw_icmp_socket};
 
-/// Whether a full tunnel packet (MTU + WireGuard overhead) crosses the
-/// underlay to `target` unfragmented, sent on `s` (a raw ICMP socket in the
-/// namespace of WireGuard's UDP socket, with DF set).
-pub fn check_path_mtu(s: &Socket, target: Ipv4Addr, tunnel_mtu: u32, id: u16) -> weft_proto::v1::PathMtuCheck {
-    let size = tunnel_mtu + WG_OVERHEAD_V4;
+/// Whether a full tunnel packet (MTU + WireGuard overhead of `target`'s
+/// family) crosses the underlay to `target` unfragmented, sent on `s` (a
+/// raw ICMP or ICMPv6 socket of that family in the namespace of
+/// WireGuard's UDP socket, with DF set).
+pub fn check_path_mtu(s: &Socket, target: IpAddr, tunnel_mtu: u32, id: u16) -> weft_proto::v1::PathMtuCheck {
+    let size = tunnel_mtu
+        + match target {
+            IpAddr::V4(_) => WG_OVERHEAD_V4,
+            IpAddr::V6(_) => WG_OVERHEAD_V6,
+        };
     let mut out = weft_proto::v1::PathMtuCheck {
         result: "unchecked".into(),
         probe_size: size,
@@ -300,12 +369,19 @@ pub fn check_path_mtu(s: &Socket, target: Ipv4Addr, tunnel_mtu: u32, id: u16) ->
         checked_at: Some(prost_types::Timestamp::from(std::time::SystemTime::now())),
     };
     // Connected, so the kernel's path MTU toward the target can be read.
-    if s.connect(&SockAddr::from(SocketAddrV4::new(target, 0))).is_err() {
+    if s.connect(&SockAddr::from(SocketAddr::new(target, 0))).is_err() {
         return out;
     }
-    let known = || nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::IpMtu).unwrap_or(0) as u32;
+    let known = || match target {
+        IpAddr::V4(_) => nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::IpMtu).unwrap_or(0) as u32,
+        IpAddr::V6(_) => path_mtu6(s),
+    };
+    let echo = |seq: u16, size: u32, wait: Duration| match target {
+        IpAddr::V4(a) => raw_echo(s, a, id, seq, size, wait),
+        IpAddr::V6(a) => weft_common::icmp::raw_echo6(s, a, id, seq, size, wait),
+    };
     let wait = Duration::from_secs(1);
-    match raw_echo(s, target, id, 1, size, wait) {
+    match echo(1, size, wait) {
         Ok(Ok(_)) => out.result = "ok".into(),
         Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {
             out.result = "too_big".into();
@@ -316,7 +392,7 @@ pub fn check_path_mtu(s: &Socket, target: Ipv4Addr, tunnel_mtu: u32, id: u16) ->
             // A small echo tells a lost big one from a silent peer. A
             // router's "fragmentation needed" may have taught the kernel
             // the path MTU meanwhile.
-            if matches!(raw_echo(s, target, id, 2, 84, wait), Ok(Ok(_))) {
+            if matches!(echo(2, 100, wait), Ok(Ok(_))) {
                 out.result = "unanswered".into();
                 let pmtu = known();
                 if pmtu > 0 && pmtu < size {
@@ -332,13 +408,13 @@ pub fn check_path_mtu(s: &Socket, target: Ipv4Addr, tunnel_mtu: u32, id: u16) ->
 #[allow(clippy::too_many_arguments)]
 fn run(
     socket: Socket,
-    mtu_socket: Option<Socket>,
+    mtu_socket: MtuSockets,
     t: &Target,
     config: ProbeConfig,
     stop: &AtomicBool,
     health: &Mutex<Health>,
     kick: &Kick,
-    mtu_target: &Mutex<Option<Ipv4Addr>>,
+    mtu_target: &Mutex<Option<IpAddr>>,
     changed: impl Fn(),
 ) {
     let to = SockAddr::from(SocketAddrV4::new(t.peer, 0));
@@ -415,7 +491,11 @@ fn run(
         // The path-MTU check: soon after the tunnel is up, then now and then.
         since_mtu_check += 1;
         let target = *mtu_target.lock().unwrap();
-        if let (Some(target), Some(ms)) = (target, &mtu_socket)
+        let ms = target.and_then(|t| match t {
+            IpAddr::V4(_) => mtu_socket.v4.as_ref(),
+            IpAddr::V6(_) => mtu_socket.v6.as_ref(),
+        });
+        if let (Some(target), Some(ms)) = (target, ms)
             && rtt.is_some()
             && t.mtu > 0
             && since_mtu_check >= MTU_CHECK_EVERY

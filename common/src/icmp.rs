@@ -90,17 +90,19 @@ pub fn raw_icmp6_socket() -> std::io::Result<Socket> {
 }
 
 /// [`raw_echo`] for IPv6, on a [`raw_icmp6_socket`]: one echo request of
-/// 16 bytes to `to`, and its answer or the unreachable (or packet too big)
-/// message about it. The kernel fills in ICMPv6's checksum, which covers
-/// the addresses (RFC 3542).
+/// `size` bytes (its IPv6 header included; at least 56) to `to`, and its
+/// answer or the unreachable (or packet too big) message about it. The
+/// kernel fills in ICMPv6's checksum, which covers the addresses (RFC
+/// 3542).
 pub fn raw_echo6(
     s: &Socket,
     to: Ipv6Addr,
     id: u16,
     seq: u16,
+    size: u32,
     wait: Duration,
 ) -> std::io::Result<Result<Duration, String>> {
-    let mut req = [0u8; 16];
+    let mut req = vec![0u8; (size.saturating_sub(40)).max(16) as usize];
     req[0] = 128;
     req[4..6].copy_from_slice(&id.to_be_bytes());
     req[6..8].copy_from_slice(&seq.to_be_bytes());

@@ -591,7 +591,10 @@ fn an_ipv4_only_peer_gets_ipv4_and_ipv6_stays_off_saying_why() {
 /// included, is on the WAN by IPv6 alone, with no IPv4 address there. The
 /// controllers listen, federate and serve their agents over IPv6; the
 /// overlay (VXLAN or Geneve) and the WireGuard tunnel run over IPv6 and
-/// carry workloads of both families, remapped.
+/// carry workloads of both families, remapped. Site a sets a tunnel MTU
+/// of 1440, which fits a 1500-byte IPv4 underlay but not an IPv6 one
+/// (WireGuard takes 80 bytes there, not 60): the path-MTU check, over
+/// ICMPv6, says so.
 #[test]
 #[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
 fn an_ipv6_underlay_carries_ipv4_and_ipv6_workloads() {
@@ -601,6 +604,7 @@ fn an_ipv6_underlay_carries_ipv4_and_ipv6_workloads() {
     let opts = sites::Opts {
         ipv6: (Some("fd00:1::/48"), Some("fd00:1::/48")),
         underlay_v6: true,
+        site_a_tunnel: Some(1440),
         ..Default::default()
     };
     let s = sites::up_with("wdu", ("du-a", "10.1.0.0/16"), ("du-b", "10.1.0.0/16"), opts);
@@ -640,4 +644,31 @@ fn an_ipv6_underlay_carries_ipv4_and_ipv6_workloads() {
             || ping(&s, from, &to_seen).then_some(()),
         );
     }
+
+    weft_tests::step("the path-MTU check goes over ICMPv6 and counts IPv6's overhead");
+    let (c, code) = weft_tests::eventually("a path-MTU verdict", Duration::from_secs(30), || {
+        let o = run(Command::new(bin("weftctl")).args([
+            "--controller",
+            &s.tb,
+            "diagnose",
+            "--settle",
+            "100ms",
+            "--output",
+            "json",
+        ]));
+        let d: Value = serde_json::from_slice(&o.stdout).ok()?;
+        let c = d["checks"]
+            .as_array()?
+            .iter()
+            .find(|c| c["check"] == "mtu" && c["subject"] == "peering/du-a")?
+            .clone();
+        (c["result"] != "WARN").then_some((c, o.status.code()))
+    });
+    assert_eq!((c["result"].as_str(), code), (Some("FAIL"), Some(1)), "{c:#}");
+    let detail = c["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("1440") && detail.contains("1520") && detail.contains("fd00:78::10") && detail.contains("1500"),
+        "{detail}"
+    );
+    assert!(c["hint"].as_str().unwrap().contains("--tunnel-mtu to 1420"), "{c:#}");
 }

@@ -75,10 +75,12 @@ pub(super) fn tunnel_checks(
                     c.probe_size, c.target
                 )
             };
+            // WireGuard's overhead: 60 bytes over IPv4, 80 over IPv6.
+            let overhead = c.probe_size.saturating_sub(t.mtu);
             let fix = if c.path_mtu > 0 {
                 format!(
-                    "set --tunnel-mtu to {} or less (the underlay's MTU minus 60), or unset it to derive it",
-                    c.path_mtu.saturating_sub(60)
+                    "set --tunnel-mtu to {} or less (the underlay's MTU minus {overhead}), or unset it to derive it",
+                    c.path_mtu.saturating_sub(overhead)
                 )
             } else {
                 "lower --tunnel-mtu (or unset it to derive it from the underlay)".to_string()

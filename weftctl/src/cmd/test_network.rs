@@ -29,7 +29,7 @@ fn icmp_echo(to: IpAddr, id: u16, seq: u16, wait: Duration) -> Result<Duration, 
     let s = opened.map_err(|e| format!("cannot open a raw ICMP socket (run as root): {e}"))?;
     let sent = match to {
         IpAddr::V4(a) => icmp::raw_echo(&s, a, id, seq, 64, wait),
-        IpAddr::V6(a) => icmp::raw_echo6(&s, a, id, seq, wait),
+        IpAddr::V6(a) => icmp::raw_echo6(&s, a, id, seq, 64, wait),
     };
     sent.map_err(|e| format!("cannot send: {e}"))?
 }
