@@ -248,7 +248,8 @@ fn collect(f: &mut Families, hub: &Hub, leading: bool) {
     for p in pools.unwrap_or_default() {
         let pool = p.pool.to_string();
         let kind = format!("{:?}", p.kind).to_lowercase();
-        let l = [("pool", pool.as_str()), ("kind", kind.as_str())];
+        let family = if p.pool.addr().is_ipv6() { "ipv6" } else { "ipv4" };
+        let l = [("pool", pool.as_str()), ("kind", kind.as_str()), ("family", family)];
         f.gauge(
             "weft_ipam_pool_size_addresses",
             "Addresses in the pool",

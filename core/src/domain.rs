@@ -669,21 +669,23 @@ pub enum AllocationKind {
     PeerView,
 }
 
-/// One block held by IPAM, derived from the node and peering records.
+/// One block held by IPAM (of either family), derived from the node and
+/// peering records.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allocation {
-    pub cidr: Ipv4Net,
+    pub cidr: ipnet::IpNet,
     pub kind: AllocationKind,
     pub owner: String,
-    pub pool: Option<Ipv4Net>,
+    pub pool: Option<ipnet::IpNet>,
 }
 
+/// How full one pool is, in addresses (an IPv6 pool's count far past u64).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolUsage {
-    pub pool: Ipv4Net,
+    pub pool: ipnet::IpNet,
     pub kind: AllocationKind,
-    pub total: u64,
-    pub allocated: u64,
+    pub total: u128,
+    pub allocated: u128,
 }
 
 pub fn now_ms() -> u64 {

@@ -161,7 +161,7 @@ async fn peer_views_avoid_everything_in_use_and_are_released() {
 
         let (allocs, pools, _) = st.allocations().await.unwrap();
         assert_eq!(allocs.len(), 5, "{backend}");
-        let remap = pools.iter().find(|p| p.pool == n("10.0.0.0/8")).unwrap();
+        let remap = pools.iter().find(|p| p.pool == n("10.0.0.0/8").into()).unwrap();
         assert_eq!(
             remap.allocated,
             2 * 4096 + 2 * 65536,
@@ -332,6 +332,21 @@ async fn a_site_adds_ipv6_and_its_nodes_get_a_64_each() {
                 assert_ne!(a, b, "{backend}: a /64 handed out twice");
             }
         }
+        // IPAM's allocations show both families, and the IPv6 pod CIDR's
+        // usage: 15 of its 256 /64s.
+        let (allocs, pools, _) = states[0].allocations().await.unwrap();
+        let pod6: ipnet::IpNet = n6("fd00:1:0:100::/56").into();
+        let from_pod6 = allocs.iter().filter(|a| a.pool == Some(pod6)).count();
+        assert_eq!(from_pod6, 15, "{backend}: {allocs:?}");
+        let usage = pools
+            .iter()
+            .find(|p| p.pool == pod6)
+            .expect("the IPv6 pod CIDR's usage");
+        assert_eq!((usage.allocated >> 64, usage.total >> 64), (15, 256), "{backend}");
+        assert!(
+            pools.iter().any(|p| p.pool == pool[0].into()),
+            "{backend}: the generated pool"
+        );
         // Dropping IPv6 its nodes use is refused, naming a node.
         let e = states[0].init_site(&site()).await.unwrap_err();
         assert!(e.to_string().contains("IPv6 subnet"), "{backend}: {e}");

@@ -264,8 +264,10 @@ pub fn pool_usage(p: &PoolUsage) -> pb::PoolUsage {
     pb::PoolUsage {
         pool: p.pool.to_string(),
         kind: alloc_kind(p.kind),
-        total_addresses: p.total,
-        allocated_addresses: p.allocated,
+        total_addresses: u64::try_from(p.total).unwrap_or(u64::MAX),
+        allocated_addresses: u64::try_from(p.allocated).unwrap_or(u64::MAX),
+        total: p.total.to_string(),
+        allocated: p.allocated.to_string(),
     }
 }
 

@@ -1,77 +1,134 @@
 //! What the site's blocks are (IPAM's allocations and pools' usage), and
 //! the check that a new site configuration strands none of them.
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::Snapshot;
 use crate::domain::*;
 use crate::error::Error;
 use crate::ipam;
 
-/// The blocks `nodes` and `peerings` hold, sorted, and each pool's usage.
+/// The blocks `nodes` and `peerings` hold (both families), sorted, and
+/// each pool's usage.
 pub fn allocations_of<'a>(
     site: &Site,
     nodes: impl Iterator<Item = &'a Node>,
     peerings: impl Iterator<Item = &'a Peering>,
 ) -> (Vec<Allocation>, Vec<PoolUsage>) {
+    let v6 = site.ipv6.as_ref();
+    let pods_v6 = v6.map(|v| v.pod_cidrs.as_slice()).unwrap_or_default();
     let mut allocs = Vec::new();
     for n in nodes {
         allocs.push(Allocation {
-            cidr: n.subnet,
+            cidr: n.subnet.into(),
             kind: AllocationKind::NodeSubnet,
             owner: n.name.clone(),
-            pool: site.pod_cidrs.iter().find(|p| p.contains(&n.subnet)).copied(),
+            pool: site
+                .pod_cidrs
+                .iter()
+                .find(|p| p.contains(&n.subnet))
+                .map(|p| (*p).into()),
         });
+        if let Some(s) = n.subnet_v6 {
+            allocs.push(Allocation {
+                cidr: s.into(),
+                kind: AllocationKind::NodeSubnet,
+                owner: n.name.clone(),
+                pool: pods_v6.iter().find(|p| p.contains(&s)).map(|p| (*p).into()),
+            });
+        }
     }
+    let view = |owner: String, local: IpNet, pool: Option<IpNet>| Allocation {
+        cidr: local,
+        kind: AllocationKind::PeerView,
+        owner,
+        pool,
+    };
     let peerings: Vec<&Peering> = peerings.collect();
     for p in &peerings {
         for v in &p.views {
-            allocs.push(Allocation {
-                cidr: v.local,
-                kind: AllocationKind::PeerView,
-                owner: format!("{}/{}", p.site_id, v.kind),
-                pool: v.pool,
-            });
+            allocs.push(view(
+                format!("{}/{}", p.site_id, v.kind),
+                v.local.into(),
+                v.pool.map(Into::into),
+            ));
+        }
+        for v in &p.views_v6 {
+            allocs.push(view(
+                format!("{}/{}", p.site_id, v.kind),
+                v.local.into(),
+                v.pool.map(Into::into),
+            ));
         }
     }
     // Views of sites reached through transit, once each (a direct
     // peering with the same site shares its block).
     for p in &peerings {
         for t in &p.transit_views {
+            let local = IpNet::from(t.view.local);
             if allocs
                 .iter()
-                .any(|a| a.kind == AllocationKind::PeerView && a.cidr == t.view.local)
+                .any(|a| a.kind == AllocationKind::PeerView && a.cidr == local)
             {
                 continue;
             }
-            allocs.push(Allocation {
-                cidr: t.view.local,
-                kind: AllocationKind::PeerView,
-                owner: format!("{}/{} (through {})", t.site, t.view.kind, p.site_id),
-                pool: t.view.pool,
-            });
+            allocs.push(view(
+                format!("{}/{} (through {})", t.site, t.view.kind, p.site_id),
+                local,
+                t.view.pool.map(Into::into),
+            ));
         }
     }
-    allocs.sort_by_key(|a| (a.cidr.network(), a.cidr.prefix_len()));
-    let usage = |pool: &Ipv4Net, kind| {
-        let blocks: Vec<Ipv4Net> = allocs
-            .iter()
-            .filter(|a| a.kind == kind && a.pool == Some(*pool)) // taken from the pool, not a real CIDR inside it
-            .map(|a| a.cidr)
-            .collect();
+    allocs.sort_by_key(|a| (a.cidr.addr().is_ipv6(), a.cidr.network(), a.cidr.prefix_len()));
+    let usage = |pool: IpNet, kind| {
+        let taken = |a: &&Allocation| a.kind == kind && a.pool == Some(pool); // taken from the pool, not a real CIDR inside it
+        let (total, allocated) = match pool {
+            IpNet::V4(p) => {
+                let blocks: Vec<Ipv4Net> = allocs
+                    .iter()
+                    .filter(taken)
+                    .filter_map(|a| match a.cidr {
+                        IpNet::V4(c) => Some(c),
+                        IpNet::V6(_) => None,
+                    })
+                    .collect();
+                (ipam::size(&p), ipam::used_in(&p, &blocks))
+            }
+            IpNet::V6(p) => {
+                let blocks: Vec<Ipv6Net> = allocs
+                    .iter()
+                    .filter(taken)
+                    .filter_map(|a| match a.cidr {
+                        IpNet::V6(c) => Some(c),
+                        IpNet::V4(_) => None,
+                    })
+                    .collect();
+                (ipam::size(&p), ipam::used_in(&p, &blocks))
+            }
+        };
         PoolUsage {
-            pool: *pool,
+            pool,
             kind,
-            total: u64::try_from(ipam::size(pool)).unwrap_or(u64::MAX),
-            allocated: u64::try_from(ipam::used_in(pool, &blocks)).unwrap_or(u64::MAX),
+            total,
+            allocated,
         }
     };
     let mut pools: Vec<PoolUsage> = site
         .pod_cidrs
         .iter()
-        .map(|p| usage(p, AllocationKind::NodeSubnet))
+        .map(|p| usage((*p).into(), AllocationKind::NodeSubnet))
         .collect();
-    pools.extend(site.remap_pools.iter().map(|p| usage(p, AllocationKind::PeerView)));
+    pools.extend(
+        site.remap_pools
+            .iter()
+            .map(|p| usage((*p).into(), AllocationKind::PeerView)),
+    );
+    pools.extend(pods_v6.iter().map(|p| usage((*p).into(), AllocationKind::NodeSubnet)));
+    pools.extend(
+        v6.iter()
+            .flat_map(|v| &v.remap_pools)
+            .map(|p| usage((*p).into(), AllocationKind::PeerView)),
+    );
     (allocs, pools)
 }
 

@@ -17,12 +17,22 @@ pub async fn run(c: &mut Client) -> Result<Out, String> {
             .pools
             .iter()
             .map(|p| {
+                // An IPv6 pool is counted in /64s (each holds 2^64
+                // addresses); an IPv4 one in addresses.
+                let exact = |text: &str, saturated: u64| text.parse::<u128>().unwrap_or(u128::from(saturated));
+                let (allocated, total) = (
+                    exact(&p.allocated, p.allocated_addresses),
+                    exact(&p.total, p.total_addresses),
+                );
+                let (allocated, total, unit) = if p.pool.contains(':') {
+                    (allocated >> 64, total >> 64, "/64s")
+                } else {
+                    (allocated, total, "addresses")
+                };
                 format!(
-                    "pool {} ({}): {} of {} addresses allocated",
+                    "pool {} ({}): {allocated} of {total} {unit} allocated",
                     p.pool,
-                    alloc_kind(p.kind),
-                    p.allocated_addresses,
-                    p.total_addresses
+                    alloc_kind(p.kind)
                 )
             })
             .collect();
@@ -35,6 +45,7 @@ pub async fn run(c: &mut Client) -> Result<Out, String> {
                 "pools": r.pools.iter().map(|p| json!({
                     "pool": p.pool, "kind": alloc_kind(p.kind),
                     "total_addresses": p.total_addresses, "allocated_addresses": p.allocated_addresses,
+                    "total": p.total, "allocated": p.allocated,
                 })).collect::<Vec<_>>(),
                 "revision": r.revision,
             }),
