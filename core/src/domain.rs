@@ -516,9 +516,13 @@ pub struct RemoteSite {
     /// What its export policy lets this site reach of its CIDRs, when it
     /// limits it (None: all). Shown, not used to route: the whole view
     /// stays routed for the replies to its own connections.
-    /// Both families (IPv6 ones only when its IPv6 parameters were taken).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exported: Option<Vec<ipnet::IpNet>>,
+    pub exported: Option<Vec<Ipv4Net>>,
+    /// With `exported`: the IPv6 prefixes it lets this site reach (its
+    /// IPv6 parameters taken). A field of its own, so that a replica of an
+    /// earlier version still reads the record.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exported_v6: Vec<ipnet::Ipv6Net>,
     /// It agrees to transit on this peering.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub transit: bool,
@@ -762,6 +766,7 @@ pub(crate) fn test_remote(workload: &str) -> RemoteSite {
         relay_for: vec![],
         relays: vec![],
         exported: None,
+        exported_v6: vec![],
         transit: false,
         transit_routes: vec![],
         readiness: None,

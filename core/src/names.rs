@@ -341,10 +341,15 @@ pub fn to_local(peerings: &[&Peering], site: &str, real: IpAddr) -> Result<Trans
     if let Some(t) = translate_in(p, real, true)? {
         return Ok(t);
     }
-    if let (Some(pending), IpAddr::V4(real)) = (&p.pending, real)
-        && (pending.workload_cidrs.iter().any(|c| c.contains(&real))
-            || pending.external_cidr.is_some_and(|c| c.contains(&real)))
-    {
+    let held = match real {
+        IpAddr::V4(a) => p.pending.as_ref().is_some_and(|q| {
+            q.workload_cidrs.iter().any(|c| c.contains(&a)) || q.external_cidr.is_some_and(|c| c.contains(&a))
+        }),
+        IpAddr::V6(a) => p.pending_v6.as_ref().is_some_and(|q| {
+            q.workload_cidrs_v6.iter().any(|c| c.contains(&a)) || q.external_cidr_v6.is_some_and(|c| c.contains(&a))
+        }),
+    };
+    if held {
         return Err(Untranslatable::Precondition(format!(
             "{real} is in CIDRs {site} announced that this site holds for review; \
              accept them with `weftctl peering accept {site}`"
@@ -472,6 +477,7 @@ mod tests {
                 relay_for: vec![],
                 relays: vec![],
                 exported: None,
+                exported_v6: vec![],
                 transit: false,
                 transit_routes: vec![],
                 readiness: None,

@@ -183,12 +183,7 @@ pub fn remote_site(
         .collect();
     let names = crate::names::check_remote(&names, &workload, external, &workload_v6)?;
     let transit_routes = crate::transit::check_routes(p, &own.site_id, &workload, external)?;
-    let exported = crate::export::check_exported(p, &workload, external, &transit_routes)?.map(|v4| {
-        v4.into_iter()
-            .map(ipnet::IpNet::V4)
-            .chain(exported_v6.into_iter().map(ipnet::IpNet::V6))
-            .collect()
-    });
+    let exported = crate::export::check_exported(p, &workload, external, &transit_routes)?;
     let has_endpoint = |ps: &pb::NetworkParams| ps.gateways.iter().any(|g| !g.endpoint.is_empty());
     Ok(RemoteSite {
         ca_pem: ca_pem.to_string(),
@@ -207,6 +202,7 @@ pub fn remote_site(
         relay_for: crate::relay::requests(&p.site_id, &p.relay_for)?,
         relays: crate::relay::grants(&p.relays, &[])?,
         exported,
+        exported_v6,
         transit: p.transit,
         transit_routes,
         readiness: p.readiness.as_ref().map(readiness).transpose()?,

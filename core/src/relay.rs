@@ -351,6 +351,7 @@ pub(crate) mod tests {
                 relay_for: relay_for.iter().map(|s| s.to_string()).collect(),
                 relays: vec![],
                 exported: None,
+                exported_v6: vec![],
                 transit: false,
                 transit_routes: vec![],
                 readiness: None,

@@ -364,7 +364,7 @@ pub fn gateway_part(m: &Model, g: &Gateway, part: &Part) -> Objects {
     match part {
         Part::Node(name) => node_tunnel(m, g, name, &part.prefix()),
         Part::Peer(site_id) => {
-            let mut out = peering(m, site_id, &part.prefix());
+            let mut out = peering(m, g, site_id, &part.prefix());
             // The gateway the grants name (see `active_gateway`).
             if active_gateway(m).is_some_and(|a| a.name == g.name) {
                 out.extend(relay_sessions(m, site_id, &part.prefix()));
@@ -695,6 +695,7 @@ mod tests {
             relay_for: vec![],
             relays: vec![],
             exported: None,
+            exported_v6: vec![],
             transit: false,
             transit_routes: vec![],
             readiness: None,
@@ -704,12 +705,51 @@ mod tests {
         });
         m.peerings.insert("b".into(), Arc::new(p.clone()));
         let all = (node(&m, "n1"), gateway(&m, "gw1"));
-        p.remote.as_mut().unwrap().exported = Some(vec![n("10.1.2.0/24").into()]);
+        p.remote.as_mut().unwrap().exported = Some(vec![n("10.1.2.0/24")]);
         m.peerings.insert("b".into(), Arc::new(p));
         assert_eq!((node(&m, "n1"), gateway(&m, "gw1")), all);
         assert_eq!(
             before.0, all.0,
             "a node's state does not depend on the peer's parameters"
+        );
+    }
+
+    /// An export policy's IPv6 rules go only to a gateway whose agent takes
+    /// them: an earlier one would refuse the whole filter, leaving the
+    /// peering's namespace without it. Without them its policy refuses all
+    /// IPv6 (its last rule drops what none allowed).
+    #[test]
+    fn ipv6_export_rules_reach_only_a_gateway_that_takes_them() {
+        use crate::export::{ExportPolicy, ExportRule};
+        let mut m = model();
+        let mut p = (*m.peerings["b"]).clone();
+        p.remote = Some(crate::domain::test_remote("10.1.0.0/16"));
+        let rule = |c: &str| ExportRule {
+            cidr: c.parse().unwrap(),
+            protocol: None,
+            ports: None,
+            via: None,
+        };
+        p.export = Some(ExportPolicy::Rules(vec![rule("10.0.1.0/24"), rule("fd00:1:0:2::/64")]));
+        m.peerings.insert("b".into(), Arc::new(p));
+        let exports = |m: &Model| -> (bool, Vec<String>) {
+            gateway(m, "gw1")
+                .values()
+                .find_map(|o| match &o.kind {
+                    Some(Kind::TunnelFilter(f)) => {
+                        Some((f.policed, f.exports.iter().map(|r| r.cidr.clone()).collect()))
+                    }
+                    _ => None,
+                })
+                .expect("a tunnel filter")
+        };
+        assert_eq!(exports(&m), (true, vec!["10.0.1.0/24".to_string()]));
+        let mut g = (*m.gateways["gw1"]).clone();
+        g.enforces_export_v6 = true;
+        m.gateways.insert("gw1".into(), Arc::new(g));
+        assert_eq!(
+            exports(&m),
+            (true, vec!["10.0.1.0/24".to_string(), "fd00:1:0:2::/64".to_string()])
         );
     }
 
@@ -867,6 +907,7 @@ mod tests {
             relay_for: vec![],
             relays: vec![],
             exported: None,
+            exported_v6: vec![],
             transit: false,
             transit_routes: vec![],
             names: vec![],
@@ -944,6 +985,7 @@ mod tests {
             relay_for: vec![],
             relays: vec![],
             exported: None,
+            exported_v6: vec![],
             transit: false,
             transit_routes: vec![],
             readiness: None,

@@ -179,7 +179,7 @@ pub struct TunnelFilter {
 
 /// One rule of an export policy: destination `cidr` (as the peer
 /// addressed it), `protocol` (None: any), destination `ports` (inclusive;
-/// tcp and udp only). IPv4 only: a policed peering carries no IPv6.
+/// tcp and udp only).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PolicyRule {
     /// Either family; `Icmp` is ICMPv6 for an IPv6 one.

@@ -61,6 +61,18 @@ fn revision(c: &Controller) -> i64 {
     weftctl_json(&c.target(), &["site"])["revision"].as_i64().unwrap()
 }
 
+/// Waits until `c`'s store stops moving: the same revision over one second
+/// (a peering just made still writes for a moment: the peer's readiness,
+/// its held token given up).
+fn settled(c: &Controller) {
+    let mut last = revision(c);
+    weft_tests::eventually("the store settling", Duration::from_secs(30), || {
+        std::thread::sleep(weft_tests::pace::scaled(Duration::from_secs(1)));
+        let now = revision(c);
+        (std::mem::replace(&mut last, now) == now).then_some(())
+    });
+}
+
 fn workload_view(c: &Controller, peer: &str) -> String {
     let (real, local) = weft_tests::peer_view(&c.target(), peer, "workload");
     assert_eq!(real, "10.1.0.0/16");
@@ -216,6 +228,7 @@ fn refused_peerings_write_nothing() {
             .any(|p| p["site_id"] == "site-a" && p["held_by_peer"] == true)
             .then_some(())
     });
+    settled(&b);
     unchanged(
         &[&b, &c],
         &|| create(&c, &t).unwrap_err(),
@@ -228,6 +241,7 @@ fn refused_peerings_write_nothing() {
     std::fs::create_dir_all(dir.path().join("x")).unwrap();
     let impostor = site(&dir.path().join("x"), "site-b", &[]);
     let t = token(&a, "10m");
+    settled(&a);
     unchanged(
         &[&a, &impostor],
         &|| create(&impostor, &t).unwrap_err(),

@@ -76,7 +76,10 @@ pub(super) fn tunnel_checks(
                 )
             };
             // WireGuard's overhead: 60 bytes over IPv4, 80 over IPv6.
-            let overhead = c.probe_size.saturating_sub(t.mtu);
+            let overhead = match c.target.parse::<std::net::IpAddr>() {
+                Ok(std::net::IpAddr::V6(_)) => 80,
+                _ => 60,
+            };
             let fix = if c.path_mtu > 0 {
                 format!(
                     "set --tunnel-mtu to {} or less (the underlay's MTU minus {overhead}), or unset it to derive it",

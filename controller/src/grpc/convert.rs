@@ -128,10 +128,12 @@ pub fn export_policy<'a>(
         None => (pb::ExportMode::All, rules),
         Some(r) => (pb::ExportMode::Rules, r.iter().map(crate::export::rule_pb).collect()),
     };
+    // (A gateway whose agent takes no IPv6 rules refuses all IPv6 instead.)
+    let v6_rules = crate::export::effective(site, p).is_some_and(|r| r.iter().any(|r| r.cidr.addr().is_ipv6()));
     let not_enforced_by = if effective == pb::ExportMode::Rules {
         gateways
             .into_iter()
-            .filter(|g| !g.enforces_export)
+            .filter(|g| !g.enforces_export || (v6_rules && !g.enforces_export_v6))
             .map(|g| g.name.clone())
             .collect()
     } else {
@@ -207,8 +209,10 @@ pub fn peering(p: &Peering) -> pb::Peering {
         peer_exports: p
             .remote
             .iter()
-            .flat_map(|r| r.exported.iter().flatten())
-            .map(|c| c.to_string())
+            .flat_map(|r| {
+                let v4 = r.exported.iter().flatten().map(|c| c.to_string());
+                v4.chain(r.exported_v6.iter().map(|c| c.to_string()))
+            })
             .collect(),
         listen_port: u32::from(p.listen_port),
         held_by_peer: p.joined_with.is_none(),

@@ -389,13 +389,23 @@ impl State {
                 )));
             }
             let mut next = p.clone();
-            // IPv6 first: its checks see this site as it is.
+            // IPv6 first: its checks see this site as it is. What fails
+            // there stays held (and is said) without costing the IPv4
+            // change its acceptance.
             if let Some(held) = &p.pending_v6 {
-                let (remote, views) = super::ipv6::accept(snap, site, p, held).map_err(|why| {
-                    Error::FailedPrecondition(format!("the IPv6 CIDRs {peer_site} announced cannot be routed: {why}"))
-                })?;
-                (next.remote, next.views_v6) = (Some(remote), views);
-                (next.ipv6_refused, next.pending_v6) = (None, None);
+                match super::ipv6::accept(snap, site, p, held) {
+                    Ok((remote, views)) => {
+                        (next.remote, next.views_v6) = (Some(remote), views);
+                        (next.ipv6_refused, next.pending_v6) = (None, None);
+                    }
+                    Err(why) => {
+                        let e = format!("the IPv6 CIDRs {peer_site} announced cannot be routed: {why}");
+                        if p.pending.is_none() {
+                            return Err(Error::FailedPrecondition(e));
+                        }
+                        tracing::warn!(peer = %peer_site, "{e}; its IPv4 change is accepted, its IPv6 one stays held");
+                    }
+                }
             }
             if let (Some(held), Some(old)) = (&p.pending, &next.remote) {
                 let mut remote = old.clone();

@@ -29,10 +29,10 @@ fn route(namespace: &str, table: u32, destination: String, gateway: String, devi
     })
 }
 
-/// A gateway's part for the peering with `site_id`: its namespace, and once
-/// the peer is known the tunnel, the veth to it, the routing both ways, the
-/// peer's gateways and the NAT of remapped views.
-pub(super) fn peering(m: &Model, site_id: &str, base: &str) -> Objects {
+/// Gateway `g`'s part for the peering with `site_id`: its namespace, and
+/// once the peer is known the tunnel, the veth to it, the routing both
+/// ways, the peer's gateways and the NAT of remapped views.
+pub(super) fn peering(m: &Model, g: &Gateway, site_id: &str, base: &str) -> Objects {
     let mut out = Objects::new();
     let Some(p) = m.peerings.get(site_id).filter(|_| m.renders_peering(site_id)) else {
         return Objects::new();
@@ -55,7 +55,7 @@ pub(super) fn peering(m: &Model, site_id: &str, base: &str) -> Objects {
         out.extend(wireguard_peers(base, r, p.relay_via.as_ref(), &through, &ids));
         out.extend(super::ipv6::peering(m, p, base, &ids));
         out.extend(exports(m, base, &ids));
-        out.extend(tunnel_filter(m, p, base, &ids));
+        out.extend(tunnel_filter(m, g, p, base, &ids));
         out.extend(transit_spoke(m, p, base, &ids));
         out.extend(transit_hub(m, p, base, &ids));
     }
@@ -243,8 +243,10 @@ fn routes_back(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
 /// workload and external CIDRs (the peer's traffic and the replies to the
 /// nodes' own traffic) and the exported hosts (after their DNAT); nothing
 /// else, so a peer never reaches the gateway host or the overlay. Within
-/// that, the peering's export policy ([`crate::export`]).
-fn tunnel_filter(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> Objects {
+/// that, the peering's export policy ([`crate::export`]); its IPv6 rules
+/// only for a gateway whose agent takes them (an earlier one refuses the
+/// whole filter), so elsewhere IPv6 is refused, not let through.
+fn tunnel_filter(m: &Model, g: &Gateway, p: &Peering, base: &str, ids: &PeeringIds) -> Objects {
     let Some(site) = &m.site else { return Objects::new() };
     let mut allowed: Vec<String> = site.pod_cidrs.iter().map(|c| c.to_string()).collect();
     allowed.push(site.external_cidr.to_string());
@@ -257,7 +259,11 @@ fn tunnel_filter(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> Object
     allowed.extend(super::ipv6::filter_allowed(m, p));
     let onward = crate::transit::onward(m.peerings.values().map(|q| &**q), p);
     // Rules naming a site reached through this one hold while it is.
-    let policy = crate::export::effective(site, p).map(|r| crate::export::live(r, &onward));
+    let policy = crate::export::effective(site, p).map(|r| {
+        let mut rules = crate::export::live(r, &onward);
+        rules.retain(|r| g.enforces_export_v6 || r.cidr.addr().is_ipv4());
+        rules
+    });
     Objects::from([obj(
         format!("{base}filter"),
         Kind::TunnelFilter(pb::TunnelFilter {

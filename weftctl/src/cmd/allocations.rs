@@ -24,8 +24,10 @@ pub async fn run(c: &mut Client) -> Result<Out, String> {
                     exact(&p.allocated, p.allocated_addresses),
                     exact(&p.total, p.total_addresses),
                 );
-                let (allocated, total, unit) = if p.pool.contains(':') {
-                    (allocated >> 64, total >> 64, "/64s")
+                // (A part of a /64 counts as one: an external CIDR's view
+                // may be smaller.)
+                let (allocated, total, unit) = if p.pool.contains(':') && total >> 64 > 0 {
+                    (allocated.div_ceil(1 << 64), total >> 64, "/64s")
                 } else {
                     (allocated, total, "addresses")
                 };

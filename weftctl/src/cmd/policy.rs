@@ -77,8 +77,9 @@ pub fn summary(p: &pb::ExportPolicy) -> String {
 pub fn unenforced(p: &pb::ExportPolicy) -> Option<String> {
     (!p.not_enforced_by.is_empty()).then(|| {
         format!(
-            "WARNING: gateway {} runs an agent that does not enforce export policies: the policy for {} does not \
-             hold while it is active; upgrade it",
+            "WARNING: gateway {} runs an agent that does not enforce the policy for {} as set (an older version: \
+             without export policies it does not hold while that gateway is active; without IPv6 rules it refuses \
+             all IPv6 instead); upgrade it",
             p.not_enforced_by.join(", "),
             p.site_id
         )
