@@ -249,6 +249,51 @@ fn a_running_ipv4_site_adds_ipv6_and_its_peer_takes_it_on_review() {
     assert!(!o.status.success() && said.contains("no change to accept"), "{said}");
 }
 
+/// A peer changes both families' CIDRs; its IPv6 change cannot be routed
+/// here (a /32 over this site's own ULA /48 needs a remapped /32, and the
+/// IPv6 remap pool is a /40). `peering accept` takes the IPv4 change all
+/// the same and keeps the IPv6 one held; the next accept says why.
+#[test]
+fn an_ipv6_change_that_cannot_be_routed_does_not_hold_back_the_ipv4_one() {
+    let dir = tempfile::Builder::new().prefix("weft-dual").tempdir().unwrap();
+    let a = site(dir.path(), "hx-a", "10.1.0.0/16,fd00:1::/48");
+    // (The same ULA on both: b's view of a's is remapped, so b may take
+    // a /32 around it.)
+    let mut b = site(dir.path(), "hx-b", "10.2.0.0/16,fd00:1::/48");
+    peer(&a, &b);
+    b.stop();
+    b.set_flag("--pod-cidr", "10.3.0.0/16,fd00:1::/32");
+    b.restart_stopped();
+    let held = weft_tests::eventually("site a holding both changes", Duration::from_secs(20), || {
+        let p = peering(&a, "hx-b");
+        (!p["pending"].is_null() && !p["pending_v6"].is_null()).then_some(p)
+    });
+    assert_eq!(
+        held["pending_v6"]["workload_cidrs"],
+        serde_json::json!(["fd00:1::/32"]),
+        "{held:#}"
+    );
+
+    let accepted = weftctl_json(&a.target(), &["peering", "accept", "hx-b"]);
+    let now = peering(&a, "hx-b");
+    assert!(now["pending"].is_null(), "the IPv4 change is taken: {now:#}");
+    assert_eq!(workload_views(&now)[0].0, "10.3.0.0/16", "{accepted:#}");
+    assert!(!now["pending_v6"].is_null(), "the IPv6 one stays held: {now:#}");
+    // What was agreed before stays routed.
+    assert!(
+        workload_views(&now).iter().any(|(real, _)| real == "fd00:1::/48"),
+        "{now:#}"
+    );
+    let o = run(Command::new(bin("weftctl")).args(["--controller", &a.target(), "peering", "accept", "hx-b"]));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && said.contains("FAILED_PRECONDITION")
+            && said.contains("IPv6 CIDRs hx-b announced cannot be routed"),
+        "{said}"
+    );
+}
+
 /// Two sites on the same IPv4 CIDR and the same IPv6 ULA prefix, each a
 /// controller, a gateway and two nodes in namespaces, peered: every
 /// workload reaches every workload of the other site over both families,

@@ -287,6 +287,19 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_cidr_over_this_sites_own_is_remapped_or_refused() {
+        let snap = Snapshot::default();
+        // fd00:1::/32 holds this site's fd00:1::/48: a /32 cannot be
+        // remapped into the /40 pool.
+        let p = plan(&snap, &dual_site(), "b", &remote(&["fd00:1::/32"]), None);
+        assert!(p.views.is_empty(), "{p:?}");
+        assert!(p.refused.as_deref().is_some_and(|w| w.contains("no free /32")), "{p:?}");
+        // fd00::/32 does not (its second group is 0, not 1): taken as is.
+        let p = plan(&snap, &dual_site(), "b", &remote(&["fd00::/32"]), None);
+        assert!(!p.views[0].remapped(), "{p:?}");
+    }
+
+    #[test]
     fn an_ipv4_site_or_an_ipv4_peer_plans_nothing_and_a_bad_cidr_says_why() {
         let snap = Snapshot::default();
         let v4 = site(&["10.1.0.0/16"]);
