@@ -21,6 +21,17 @@ fn checksum(data: &[u8]) -> u16 {
     !(sum as u16)
 }
 
+/// An echo request of type `kind` (8: ICMP, 128: ICMPv6), `len` bytes (at
+/// least 16), its checksum left zero.
+fn echo_request(kind: u8, id: u16, seq: u16, len: u32) -> Vec<u8> {
+    let mut req = vec![0u8; len.max(16) as usize];
+    req[0] = kind;
+    req[4..6].copy_from_slice(&id.to_be_bytes());
+    req[6..8].copy_from_slice(&seq.to_be_bytes());
+    req[8..12].copy_from_slice(b"weft");
+    req
+}
+
 /// A raw ICMP socket (root or CAP_NET_RAW): unlike a ping socket it needs
 /// no sysctl, so it works in any namespace, the host's included.
 pub fn raw_icmp_socket() -> std::io::Result<Socket> {
@@ -39,11 +50,7 @@ pub fn raw_echo(
     size: u32,
     wait: Duration,
 ) -> std::io::Result<Result<Duration, String>> {
-    let mut req = vec![0u8; (size.saturating_sub(20)).max(16) as usize];
-    req[0] = 8;
-    req[4..6].copy_from_slice(&id.to_be_bytes());
-    req[6..8].copy_from_slice(&seq.to_be_bytes());
-    req[8..12].copy_from_slice(b"weft");
+    let mut req = echo_request(8, id, seq, size.saturating_sub(20));
     let sum = checksum(&req);
     req[2..4].copy_from_slice(&sum.to_be_bytes());
     let sent = Instant::now();
@@ -102,11 +109,7 @@ pub fn raw_echo6(
     size: u32,
     wait: Duration,
 ) -> std::io::Result<Result<Duration, String>> {
-    let mut req = vec![0u8; (size.saturating_sub(40)).max(16) as usize];
-    req[0] = 128;
-    req[4..6].copy_from_slice(&id.to_be_bytes());
-    req[6..8].copy_from_slice(&seq.to_be_bytes());
-    req[8..12].copy_from_slice(b"weft");
+    let req = echo_request(128, id, seq, size.saturating_sub(40));
     let sent = Instant::now();
     s.send_to(&req, &SockAddr::from(SocketAddrV6::new(to, 0, 0, 0)))?;
     let mut buf = vec![0u8; 65536];

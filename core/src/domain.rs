@@ -1,8 +1,10 @@
 //! The controller's records: what it stores and reasons about. Independent
 //! of the wire format (prost types are converted at the gRPC edge) and of
 //! the store (records are serialized as JSON values under their keys).
-//! By job, besides the records here: `policy` (export policies as stored)
-//! and `text` (checks of the CIDRs and names people and peers type).
+//! By job, besides the records here: `policy` (export policies as stored),
+//! `names` (names published and learned), `ports` (UDP port ranges), `ipv6`
+//! (a site's IPv6 networks) and `text` (checks of the CIDRs and names
+//! people and peers type).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -14,12 +16,16 @@ pub use weft_types::WgKey;
 use crate::ipam::View;
 
 mod ipv6;
+mod names;
 mod policy;
+mod ports;
 mod text;
 
 use ipv6::lenient;
 pub use ipv6::{Ipv6Networks, NODE_PREFIX_LEN_V6, PendingV6};
+pub use names::{NameKind, NameRecord, RemoteName};
 pub use policy::{DefaultExport, ExportPolicy, ExportRule, Protocol};
+pub use ports::PortRange;
 pub use text::{parse_cidr, shown, validate_name};
 
 /// A site's validated network configuration.
@@ -424,60 +430,6 @@ pub struct PendingCidrs {
     pub received_at_ms: u64,
 }
 
-/// A range of UDP ports, both ends included.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PortRange {
-    pub first: u16,
-    pub last: u16,
-}
-
-impl Default for PortRange {
-    /// 51820-51919: WireGuard's customary port and the 99 above it, so a
-    /// site can peer with up to 100 sites.
-    fn default() -> Self {
-        PortRange {
-            first: 51820,
-            last: 51919,
-        }
-    }
-}
-
-impl PortRange {
-    /// How many ports the range holds.
-    pub fn count(&self) -> u32 {
-        u32::from(self.last) - u32::from(self.first) + 1
-    }
-
-    pub fn contains(&self, port: u16) -> bool {
-        (self.first..=self.last).contains(&port)
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = u16> {
-        self.first..=self.last
-    }
-
-    /// Parses `FIRST-LAST` (or a single port), or says what is wrong.
-    pub fn parse(text: &str) -> Result<PortRange, String> {
-        let text = text.trim();
-        let (a, b) = text.split_once('-').unwrap_or((text, text));
-        let port = |t: &str| t.trim().parse::<u16>().ok().filter(|p| *p != 0);
-        match (port(a), port(b)) {
-            (Some(first), Some(last)) if first <= last => Ok(PortRange { first, last }),
-            (Some(_), Some(_)) => Err(format!("{} runs backwards; write the lower port first", shown(text))),
-            _ => Err(format!(
-                "{} is not a port range; write FIRST-LAST with ports from 1 to 65535, e.g. 51820-51919",
-                shown(text)
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for PortRange {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}-{}", self.first, self.last)
-    }
-}
-
 /// A peer site as it described itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteSite {
@@ -589,69 +541,6 @@ pub enum TunnelRole {
     Server,
     /// Dials the peer.
     Client,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NameKind {
-    /// An address in the site's pod CIDRs.
-    Workload,
-    /// A host outside them, reached through an external address.
-    ExportedHost,
-}
-
-impl NameKind {
-    pub fn to_pb(self) -> weft_proto::v1::NameKind {
-        match self {
-            NameKind::Workload => weft_proto::v1::NameKind::Workload,
-            NameKind::ExportedHost => weft_proto::v1::NameKind::ExportedHost,
-        }
-    }
-
-    /// None for an unknown or unset kind.
-    pub fn from_pb(v: i32) -> Option<NameKind> {
-        match weft_proto::v1::NameKind::try_from(v) {
-            Ok(weft_proto::v1::NameKind::Workload) => Some(NameKind::Workload),
-            Ok(weft_proto::v1::NameKind::ExportedHost) => Some(NameKind::ExportedHost),
-            _ => None,
-        }
-    }
-}
-
-/// A name this site publishes (stored under `names/<name>`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NameRecord {
-    pub name: String,
-    pub kind: NameKind,
-    /// The workload's address, or the exported host's own address (which
-    /// never leaves the site).
-    pub address: Ipv4Addr,
-    /// Exported host: its address in the site's external CIDR.
-    #[serde(default)]
-    pub external: Option<Ipv4Addr>,
-    /// A workload's IPv6 address (in the site's IPv6 pod CIDRs).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub address_v6: Option<std::net::Ipv6Addr>,
-    pub created_at_ms: u64,
-}
-
-impl NameRecord {
-    /// The address peers are told: the workload's, or the external one.
-    pub fn published(&self) -> Ipv4Addr {
-        self.external.unwrap_or(self.address)
-    }
-}
-
-/// A name a peer published, as recorded with the peering.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RemoteName {
-    pub name: String,
-    pub kind: NameKind,
-    /// In the peer's workload CIDRs (workload) or external CIDR (exported).
-    pub address: Ipv4Addr,
-    /// A workload's IPv6 address, in the peer's IPv6 workload CIDRs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub address_v6: Option<std::net::Ipv6Addr>,
 }
 
 /// A one-time peering token's record (only a hash of the secret).

@@ -124,20 +124,23 @@ pub fn export_policy<'a>(
         Some(ExportPolicy::Rules(r)) => (pb::ExportMode::Rules, r.iter().map(crate::export::rule_pb).collect()),
         None => (pb::ExportMode::SiteDefault, vec![]),
     };
-    let (effective, rules) = match crate::export::effective(site, p) {
+    let in_force = crate::export::effective(site, p);
+    let (effective, rules) = match in_force {
         None => (pb::ExportMode::All, rules),
         Some(r) => (pb::ExportMode::Rules, r.iter().map(crate::export::rule_pb).collect()),
     };
-    // (A gateway whose agent takes no IPv6 rules refuses all IPv6 instead.)
-    let v6_rules = crate::export::effective(site, p).is_some_and(|r| r.iter().any(|r| r.cidr.addr().is_ipv6()));
-    let not_enforced_by = if effective == pb::ExportMode::Rules {
-        gateways
-            .into_iter()
-            .filter(|g| !g.enforces_export || (v6_rules && !g.enforces_export_v6))
-            .map(|g| g.name.clone())
-            .collect()
-    } else {
-        vec![]
+    let not_enforced_by = match in_force {
+        Some(r) => {
+            // (A gateway whose agent takes no IPv6 rules refuses all IPv6
+            // instead.)
+            let v6_rules = r.iter().any(|r| r.cidr.addr().is_ipv6());
+            gateways
+                .into_iter()
+                .filter(|g| !g.enforces_export || (v6_rules && !g.enforces_export_v6))
+                .map(|g| g.name.clone())
+                .collect()
+        }
+        None => vec![],
     };
     pb::ExportPolicy {
         site_id: p.site_id.clone(),

@@ -1,7 +1,7 @@
 //! What the site's blocks are (IPAM's allocations and pools' usage), and
 //! the check that a new site configuration strands none of them.
 
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::IpNet;
 
 use super::Snapshot;
 use crate::domain::*;
@@ -81,30 +81,14 @@ pub fn allocations_of<'a>(
     }
     allocs.sort_by_key(|a| (a.cidr.addr().is_ipv6(), a.cidr.network(), a.cidr.prefix_len()));
     let usage = |pool: IpNet, kind| {
-        let taken = |a: &&Allocation| a.kind == kind && a.pool == Some(pool); // taken from the pool, not a real CIDR inside it
+        // Blocks taken from the pool, not a real CIDR inside it.
+        let taken = allocs
+            .iter()
+            .filter(|a| a.kind == kind && a.pool == Some(pool))
+            .map(|a| a.cidr);
         let (total, allocated) = match pool {
-            IpNet::V4(p) => {
-                let blocks: Vec<Ipv4Net> = allocs
-                    .iter()
-                    .filter(taken)
-                    .filter_map(|a| match a.cidr {
-                        IpNet::V4(c) => Some(c),
-                        IpNet::V6(_) => None,
-                    })
-                    .collect();
-                (ipam::size(&p), ipam::used_in(&p, &blocks))
-            }
-            IpNet::V6(p) => {
-                let blocks: Vec<Ipv6Net> = allocs
-                    .iter()
-                    .filter(taken)
-                    .filter_map(|a| match a.cidr {
-                        IpNet::V6(c) => Some(c),
-                        IpNet::V4(_) => None,
-                    })
-                    .collect();
-                (ipam::size(&p), ipam::used_in(&p, &blocks))
-            }
+            IpNet::V4(p) => used(p, taken, |c| if let IpNet::V4(c) = c { Some(c) } else { None }),
+            IpNet::V6(p) => used(p, taken, |c| if let IpNet::V6(c) = c { Some(c) } else { None }),
         };
         PoolUsage {
             pool,
@@ -130,6 +114,13 @@ pub fn allocations_of<'a>(
             .map(|p| usage((*p).into(), AllocationKind::PeerView)),
     );
     (allocs, pools)
+}
+
+/// A pool's size and how much of it `blocks` (those of its family, picked
+/// by `of`) take, in addresses.
+fn used<N: ipam::Prefix>(pool: N, blocks: impl Iterator<Item = IpNet>, of: fn(IpNet) -> Option<N>) -> (u128, u128) {
+    let blocks: Vec<N> = blocks.filter_map(of).collect();
+    (ipam::size(&pool), ipam::used_in(&pool, &blocks))
 }
 
 /// Refuses a new site configuration that would strand an existing node

@@ -29,6 +29,7 @@ mod blocks;
 mod certs;
 mod export;
 pub mod federation;
+mod gateways;
 pub mod layout;
 pub use export::Mode as ExportMode;
 mod ipv6;

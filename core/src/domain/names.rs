@@ -1,0 +1,69 @@
+//! Names as stored: those this site publishes, and those a peer published
+//! (the checks and the resolving are the `names` module's).
+
+use std::net::Ipv4Addr;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NameKind {
+    /// An address in the site's pod CIDRs.
+    Workload,
+    /// A host outside them, reached through an external address.
+    ExportedHost,
+}
+
+impl NameKind {
+    pub fn to_pb(self) -> weft_proto::v1::NameKind {
+        match self {
+            NameKind::Workload => weft_proto::v1::NameKind::Workload,
+            NameKind::ExportedHost => weft_proto::v1::NameKind::ExportedHost,
+        }
+    }
+
+    /// None for an unknown or unset kind.
+    pub fn from_pb(v: i32) -> Option<NameKind> {
+        match weft_proto::v1::NameKind::try_from(v) {
+            Ok(weft_proto::v1::NameKind::Workload) => Some(NameKind::Workload),
+            Ok(weft_proto::v1::NameKind::ExportedHost) => Some(NameKind::ExportedHost),
+            _ => None,
+        }
+    }
+}
+
+/// A name this site publishes (stored under `names/<name>`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NameRecord {
+    pub name: String,
+    pub kind: NameKind,
+    /// The workload's address, or the exported host's own address (which
+    /// never leaves the site).
+    pub address: Ipv4Addr,
+    /// Exported host: its address in the site's external CIDR.
+    #[serde(default)]
+    pub external: Option<Ipv4Addr>,
+    /// A workload's IPv6 address (in the site's IPv6 pod CIDRs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_v6: Option<std::net::Ipv6Addr>,
+    pub created_at_ms: u64,
+}
+
+impl NameRecord {
+    /// The address peers are told: the workload's, or the external one.
+    pub fn published(&self) -> Ipv4Addr {
+        self.external.unwrap_or(self.address)
+    }
+}
+
+/// A name a peer published, as recorded with the peering.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteName {
+    pub name: String,
+    pub kind: NameKind,
+    /// In the peer's workload CIDRs (workload) or external CIDR (exported).
+    pub address: Ipv4Addr,
+    /// A workload's IPv6 address, in the peer's IPv6 workload CIDRs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_v6: Option<std::net::Ipv6Addr>,
+}
