@@ -75,37 +75,67 @@ pub fn is_local(id: &str) -> bool {
     id.starts_with(LOCAL_PREFIX)
 }
 
-/// The node's workload bridge: the link, and the first address of the
-/// node's subnet on it (which also routes the subnet to the bridge).
-pub fn bridge_objects(bridge: &str, subnet: &str) -> anyhow::Result<Vec<pb::DesiredObject>> {
-    let net: ipnet::Ipv4Net = subnet
-        .parse()
-        .with_context(|| format!("the controller gave no usable subnet ({subnet:?})"))?;
-    let first = net
-        .hosts()
-        .next()
-        .with_context(|| format!("subnet {net} has no host address for the bridge"))?;
-    Ok(vec![
-        pb::DesiredObject {
-            id: format!("{LOCAL_PREFIX}bridge"),
-            kind: Some(pb::desired_object::Kind::Link(pb::Link {
-                name: bridge.to_string(),
-                namespace: String::new(),
-                mtu: 0,
-                kind: Some(pb::link::Kind::Bridge(pb::Bridge {})),
-            })),
-        },
-        pb::DesiredObject {
-            id: format!("{LOCAL_PREFIX}bridge/addr"),
+/// The node's workload bridge: the link, and the first address of each of
+/// the node's subnets on it (which also routes the subnet to the bridge):
+/// IPv4, IPv6 (its /64), or both; an IPv6-only site's nodes have no IPv4
+/// subnet. With IPv6 also [`BRIDGE_LINK_LOCAL`]: weft makes its links
+/// without a kernel-made link-local address, and the kernel resolves a
+/// workload's address for forwarded traffic only from a link-local source
+/// (workloads may also route by it).
+pub fn bridge_objects(bridge: &str, subnet: &str, subnet_v6: &str) -> anyhow::Result<Vec<pb::DesiredObject>> {
+    if subnet.is_empty() && subnet_v6.is_empty() {
+        anyhow::bail!("the controller gave the node no subnet of either family");
+    }
+    let mut addresses = Vec::new();
+    for (id, text) in [("bridge/addr", subnet), ("bridge/addr6", subnet_v6)] {
+        if !text.is_empty() {
+            let (first, len) = first_address(text)?;
+            addresses.push((id, format!("{first}/{len}")));
+        }
+    }
+    if !subnet_v6.is_empty() {
+        addresses.push(("bridge/addr6-ll", BRIDGE_LINK_LOCAL.to_string()));
+    }
+    let link = pb::DesiredObject {
+        id: format!("{LOCAL_PREFIX}bridge"),
+        kind: Some(pb::desired_object::Kind::Link(pb::Link {
+            name: bridge.to_string(),
+            namespace: String::new(),
+            mtu: 0,
+            kind: Some(pb::link::Kind::Bridge(pb::Bridge {})),
+        })),
+    };
+    Ok(std::iter::once(link)
+        .chain(addresses.into_iter().map(|(id, cidr)| pb::DesiredObject {
+            id: format!("{LOCAL_PREFIX}{id}"),
             kind: Some(pb::desired_object::Kind::Address(pb::Address {
                 link: bridge.to_string(),
                 namespace: String::new(),
-                cidr: format!("{first}/{}", net.prefix_len()),
+                cidr,
                 // The workloads are reached by this prefix route.
                 no_prefix_route: false,
             })),
-        },
-    ])
+        }))
+        .collect())
+}
+
+/// The workload bridge's IPv6 link-local address.
+pub const BRIDGE_LINK_LOCAL: &str = "fe80::1/64";
+
+/// The first host address of a subnet the controller gave (`::1` of an
+/// IPv6 one), and its prefix length.
+pub fn first_address(subnet: &str) -> anyhow::Result<(std::net::IpAddr, u8)> {
+    let net: ipnet::IpNet = subnet
+        .parse()
+        .with_context(|| format!("the controller gave no usable subnet ({subnet:?})"))?;
+    let first = match net {
+        ipnet::IpNet::V4(n) => n.hosts().next().map(std::net::IpAddr::V4),
+        ipnet::IpNet::V6(n) => {
+            (n.prefix_len() < 128).then(|| std::net::IpAddr::V6(std::net::Ipv6Addr::from(u128::from(n.network()) + 1)))
+        }
+    };
+    let first = first.with_context(|| format!("subnet {net} has no host address for the bridge"))?;
+    Ok((first, net.prefix_len()))
 }
 
 pub struct StateFile {
@@ -222,12 +252,29 @@ mod tests {
     #[test]
     fn local_objects_survive_snapshots_and_stay_unknown_to_the_controller() {
         let mut d = Desired::default();
-        let bridge = bridge_objects("weft-br0", "10.1.4.0/24").unwrap();
+        let bridge = bridge_objects("weft-br0", "10.1.4.0/24", "").unwrap();
         assert_eq!(bridge.len(), 2);
         let Some(pb::desired_object::Kind::Address(a)) = &bridge[1].kind else {
             panic!()
         };
         assert_eq!(a.cidr, "10.1.4.1/24");
+        // Dual stack, and IPv6 only: the /64's first address beside it, or alone.
+        let cidrs = |v4, v6| -> Vec<String> {
+            bridge_objects("weft-br0", v4, v6)
+                .unwrap()
+                .into_iter()
+                .filter_map(|o| match o.kind {
+                    Some(pb::desired_object::Kind::Address(a)) => Some(a.cidr),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(
+            cidrs("10.1.4.0/24", "fd00:1:0:4::/64"),
+            ["10.1.4.1/24", "fd00:1:0:4::1/64", "fe80::1/64"]
+        );
+        assert_eq!(cidrs("", "fd00:1:0:4::/64"), ["fd00:1:0:4::1/64", "fe80::1/64"]);
+        assert!(bridge_objects("weft-br0", "", "fd00::/129").is_err());
         d.commit(3, bridge, &[]);
         d.commit(3, vec![obj("a", "weft-a")], &[]);
         let snap = pb::WatchResponse {
@@ -236,7 +283,7 @@ mod tests {
         };
         assert_eq!(d.changes(&snap).1, ["a"], "a snapshot leaves the agent's own objects");
         assert_eq!(d.known().len(), 1);
-        assert!(bridge_objects("weft-br0", "").is_err());
+        assert!(bridge_objects("weft-br0", "", "").is_err());
     }
 
     #[test]

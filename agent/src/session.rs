@@ -202,17 +202,24 @@ impl Dns {
     }
 
     /// With `--dns-listen subnet`: serves on the first address of the
-    /// node's subnet, port 53.
-    fn follow_subnet(&mut self, subnet: &str) {
+    /// node's IPv4 subnet (of its IPv6 one on an IPv6-only site), port 53.
+    fn follow_subnet(&mut self, subnets: &Subnets) {
         if !self.wants_subnet() {
             return;
         }
-        let Ok(net) = subnet.parse::<ipnet::Ipv4Net>() else {
-            tracing::warn!(%subnet, "the node's subnet does not parse; the DNS responder waits");
-            return;
+        let subnet = if subnets.v4.is_empty() {
+            &subnets.v6
+        } else {
+            &subnets.v4
         };
-        let Some(first) = net.hosts().next() else { return };
-        if let Err(e) = self.listen(std::net::SocketAddr::new(first.into(), 53)) {
+        let first = match crate::desired::first_address(subnet) {
+            Ok((first, _)) => first,
+            Err(e) => {
+                tracing::warn!(%subnet, "the DNS responder waits: {e:#}");
+                return;
+            }
+        };
+        if let Err(e) = self.listen(std::net::SocketAddr::new(first, 53)) {
             tracing::error!(address = %first, error = %e, "the DNS responder cannot listen on the subnet's first address, port 53");
         }
     }
@@ -231,13 +238,20 @@ pub(crate) struct Session<'a> {
     pub(crate) dns: Option<&'a mut Dns>,
 }
 
-/// The node's subnet, asked for anew each session (so a moved subnet moves
-/// what follows it: the workload bridge, the DNS responder), when anything
-/// follows it.
-async fn node_subnet(
+/// A node's subnets as the controller gives them: IPv4 and IPv6 (each
+/// empty when the node has none).
+pub(crate) struct Subnets {
+    v4: String,
+    v6: String,
+}
+
+/// The node's subnets, asked for anew each session (so a moved subnet
+/// moves what follows it: the workload bridge, the DNS responder), when
+/// anything follows them.
+async fn node_subnets(
     c: &mut AgentServiceClient<tonic::transport::Channel>,
     wanted: bool,
-) -> Result<Option<String>, End> {
+) -> Result<Option<Subnets>, End> {
     if !wanted {
         return Ok(None);
     }
@@ -247,14 +261,17 @@ async fn node_subnet(
         .await
         .map_err(classify)?
         .into_inner();
-    Ok(Some(a.subnet))
+    Ok(Some(Subnets {
+        v4: a.subnet,
+        v6: a.subnet_v6,
+    }))
 }
 
-/// The agent's own objects: the workload bridge on the node's subnet, or
+/// The agent's own objects: the workload bridge on the node's subnets, or
 /// nothing (which removes a bridge an earlier run made).
-fn local_objects(bridge: Option<&str>, subnet: Option<&str>) -> Result<Vec<pb::DesiredObject>, End> {
-    match (bridge, subnet) {
-        (Some(bridge), Some(subnet)) => crate::desired::bridge_objects(bridge, subnet).map_err(End::Refused),
+fn local_objects(bridge: Option<&str>, subnets: Option<&Subnets>) -> Result<Vec<pb::DesiredObject>, End> {
+    match (bridge, subnets) {
+        (Some(bridge), Some(s)) => crate::desired::bridge_objects(bridge, &s.v4, &s.v6).map_err(End::Refused),
         _ => Ok(Vec::new()),
     }
 }
@@ -300,14 +317,14 @@ async fn open(
         Err(e) => return Err(e),
     };
     let wants_subnet = cfg.workload_bridge.is_some() || dns.as_deref().is_some_and(Dns::wants_subnet);
-    let subnet = match node_subnet(&mut c, wants_subnet).await {
+    let subnets = match node_subnets(&mut c, wants_subnet).await {
         Ok(s) => s,
         Err(e) => return Err(e),
     };
-    if let (Some(d), Some(subnet)) = (dns, subnet.as_deref()) {
-        d.follow_subnet(subnet);
+    if let (Some(d), Some(subnets)) = (dns, subnets.as_ref()) {
+        d.follow_subnet(subnets);
     }
-    let local = match local_objects(cfg.workload_bridge.as_deref(), subnet.as_deref()) {
+    let local = match local_objects(cfg.workload_bridge.as_deref(), subnets.as_ref()) {
         Ok(l) => l,
         Err(e) => return Err(e),
     };

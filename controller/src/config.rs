@@ -664,6 +664,13 @@ mod tests {
                 .is_none()
         );
 
+        // An IPv6-only site: no IPv4 pods, its IPv6 ones.
+        let only = resolve(&args("s", &["fd00:1::/48"]), FileConfig::default())
+            .unwrap()
+            .site;
+        assert!(only.pod_cidrs.is_empty());
+        assert_eq!(only.ipv6.unwrap().pod_cidrs[0].to_string(), "fd00:1::/48");
+
         for (pods, field, says) in [
             (&["10.1.0.0/16", "fd00:1::1/48"][..], "pod_cidrs[1]", "host bits set"),
             (&["10.1.0.0/16", "fd00:1:::/48"], "pod_cidrs[1]", "is not a CIDR"),
@@ -678,7 +685,6 @@ mod tests {
             (&["10.1.0.0/16", "fe80::/64"], "pod_cidrs[1]", "link-local (fe80::/10)"),
             (&["10.1.0.0/16", "ff05::/48"], "pod_cidrs[1]", "multicast (ff00::/8)"),
             (&["10.1.0.0/16", "::1/128"], "pod_cidrs[1]", "loopback (::1)"),
-            (&["fd00:1::/48"], "pod_cidrs", "IPv6-only sites are not supported yet"),
             (
                 &["10.1.0.0/16", "fd00:1::/48", "fd00:1:0:100::/56"],
                 "pod_cidrs",

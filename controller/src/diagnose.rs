@@ -14,6 +14,7 @@ use crate::hub::Hub;
 use crate::state::AliveRecord;
 use crate::state::State;
 
+mod family;
 mod tunnel;
 use tunnel::{path_check, tunnel_checks};
 
@@ -356,7 +357,8 @@ pub async fn run(
         tunnel_checks(&site, p, hub.tunnel(&p.site_id), &mut out);
         let up = hub.tunnel(&p.site_id).is_some_and(|t| t.up);
         out.push(path_check(&site, p, &local.for_port(&site, p.listen_port), up));
-        out.extend(ipv6_peering_check(&site, p));
+        out.extend(family::ipv4_check(&site, p));
+        out.extend(family::ipv6_check(&site, p));
         let subject = format!("peering/{}", p.site_id);
         let Some(remote) = &p.remote else { continue };
         out.push(clock_check(subject, fed.clock_skew(remote).await));
@@ -495,48 +497,6 @@ fn ipv6_check(site: &crate::domain::Site, nodes: &[crate::domain::Node]) -> Vec<
         "",
     ));
     out
-}
-
-/// Each family of a peering: IPv4 always rides it (the tunnel checks);
-/// IPv6 when either site has it, with its views or why it does not.
-fn ipv6_peering_check(site: &crate::domain::Site, p: &crate::domain::Peering) -> Option<pb::Check> {
-    let subject = format!("peering/{}", p.site_id);
-    Some(match p.ipv6_status(site.ipv6.as_ref())? {
-        Ok(()) => {
-            let views: Vec<String> = p
-                .views_v6
-                .iter()
-                .map(|v| format!("{} {} as {}", v.kind, v.real, v.local))
-                .collect();
-            let negotiated = format!("negotiated: {}", views.join(", "));
-            match &p.pending_v6 {
-                None => pass("ipv6", subject, negotiated),
-                Some(held) => {
-                    let mut cidrs: Vec<String> = held.workload_cidrs_v6.iter().map(|c| c.to_string()).collect();
-                    cidrs.extend(held.external_cidr_v6.map(|c| c.to_string()));
-                    check(
-                        "ipv6",
-                        subject,
-                        pb::CheckResult::Warn,
-                        format!(
-                            "{negotiated}; {} announced {} instead, held for review",
-                            p.site_id,
-                            cidrs.join(" ")
-                        ),
-                        &format!("route them with `weftctl peering accept {}`", p.site_id),
-                    )
-                }
-            }
-        }
-        Err(why) => check(
-            "ipv6",
-            subject,
-            pb::CheckResult::Warn,
-            format!("IPv6 is not negotiated, IPv4 only: {why}"),
-            "for IPv6 both sites need IPv6 pod CIDRs; CIDRs held for review are taken with \
-             `weftctl peering accept`, a refused one is changed by the peer",
-        ),
-    })
 }
 
 /// A gateway asking to change its WireGuard key.

@@ -209,7 +209,7 @@ proptest! {
             ips.push(ip);
             m.nodes.insert(format!("n{i}"), Arc::new(Node {
                 subnet_v6: None,
-                name: format!("n{i}"), subnet, source: SubnetSource::Allocated, created_at_ms: 0, certs: vec![],
+                name: format!("n{i}"), subnet: Some(subnet), source: SubnetSource::Allocated, created_at_ms: 0, certs: vec![],
                 internal_ip: Some(ip), underlay_ip: Some(IpAddr::V4(Ipv4Addr::new(192, 168, 1, i as u8))),
                 geneve: geneve & (1 << i) != 0, identity_conflict: None, enrolled_at_ms: 0,
             }));

@@ -113,7 +113,13 @@ impl Site {
     /// What the site may offer peers: its workload and external CIDRs
     /// (an export policy names prefixes of these).
     pub fn exportable(&self) -> impl Iterator<Item = Ipv4Net> + '_ {
-        self.pod_cidrs.iter().copied().chain([self.external_cidr])
+        self.pod_cidrs.iter().copied().chain(self.offered_external())
+    }
+
+    /// The external CIDR as peers are told it: none from an IPv6-only site
+    /// (no IPv4 pods), which offers them no IPv4 at all.
+    pub fn offered_external(&self) -> Option<Ipv4Net> {
+        (!self.pod_cidrs.is_empty()).then_some(self.external_cidr)
     }
 
     pub fn own_blocks(&self) -> Vec<Ipv4Net> {
@@ -136,7 +142,9 @@ pub enum SubnetSource {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {
     pub name: String,
-    pub subnet: Ipv4Net,
+    /// Its IPv4 workload subnet; none on a site without IPv4 pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet: Option<Ipv4Net>,
     /// Its IPv6 workload subnet (a /64), when the site has IPv6.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subnet_v6: Option<Ipv6Net>,

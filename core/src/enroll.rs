@@ -136,12 +136,14 @@ pub fn admit_node(
     if let Some(n) = existing {
         held(&n.certs, "node", name, now)?;
         if let Some(s) = subnet
-            && s != n.subnet
+            && Some(s) != n.subnet
         {
-            return Err(Refused::InvalidArgument(format!(
-                "node {name:?} already has subnet {}, not {s}; drop --subnet or remove the node first",
-                n.subnet
-            )));
+            return Err(Refused::InvalidArgument(match n.subnet {
+                Some(has) => {
+                    format!("node {name:?} already has subnet {has}, not {s}; drop --subnet or remove the node first")
+                }
+                None => format!("node {name:?} has no IPv4 subnet (its site has no IPv4 pods); drop --subnet"),
+            }));
         }
     }
     Ok(())
@@ -207,7 +209,7 @@ mod tests {
         Node {
             subnet_v6: None,
             name: "n1".into(),
-            subnet: subnet.parse().unwrap(),
+            subnet: Some(subnet.parse().unwrap()),
             source: SubnetSource::Allocated,
             created_at_ms: NOW - 100_000,
             certs,

@@ -50,6 +50,12 @@ pub fn check_own_address(site: &Site, peerings: &[&Peering], kind: NameKind, add
             .collect::<Vec<_>>()
             .join(", ")
     };
+    if site.pod_cidrs.is_empty() {
+        return Err(format!(
+            "address {address} is IPv4, and this site is IPv6-only (no IPv4 pod CIDRs): it offers peers no IPv4 \
+             to reach a name at"
+        ));
+    }
     match kind {
         NameKind::Workload => {
             if in_any(&site.pod_cidrs, address).is_none() {

@@ -431,18 +431,21 @@ fn node_tunnel(m: &Model, g: &Gateway, name: &str, base: &str) -> Objects {
                 no_prefix_route: false,
             }),
         ),
-        obj(
+    ]);
+    // Its IPv4 workloads (none on a site without IPv4 pods).
+    if let Some(subnet) = n.subnet {
+        out.extend([obj(
             format!("{base}route"),
             Kind::Route(pb::Route {
                 namespace: String::new(),
                 table: TABLE,
-                destination: n.subnet.to_string(),
+                destination: subnet.to_string(),
                 gateway: ip.to_string(),
                 device: link.clone(),
                 peer_site: String::new(),
             }),
-        ),
-    ]);
+        )]);
+    }
     out.extend(ipv6::node_tunnel(m, n, gw_ip, ip, &link, base));
     out
 }
@@ -534,7 +537,7 @@ mod tests {
         let node = |name: &str, i: u8| Node {
             subnet_v6: None,
             name: name.into(),
-            subnet: n(&format!("10.1.{i}.0/24")),
+            subnet: Some(n(&format!("10.1.{i}.0/24"))),
             source: SubnetSource::Allocated,
             created_at_ms: 0,
             certs: vec![],

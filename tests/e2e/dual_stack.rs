@@ -186,6 +186,89 @@ fn same_cidrs_in_both_families_are_remapped_and_an_ipv4_site_says_why_not() {
     assert_ne!(ac["state"], "pending", "{ac:#}");
 }
 
+/// What `weftctl` says, failing, when run against `target` with `args`.
+fn refusal(target: &str, args: &[&str]) -> String {
+    let o = run(Command::new(bin("weftctl")).args(["--controller", target]).args(args));
+    assert!(!o.status.success(), "{args:?} succeeded: {}", stdout(&o));
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+/// An IPv6-only site (IPv6 pod CIDRs, no IPv4 ones): its nodes get a /64
+/// and no IPv4 subnet; it offers peers no IPv4 and refuses IPv4 it could
+/// not use. A dual-stack peer on the same ULA takes its IPv6 CIDRs,
+/// remapped, and both sides say why IPv4 is not negotiated; an IPv4-only
+/// site cannot peer with it, told that they share no family.
+#[test]
+fn an_ipv6_only_site_peers_by_ipv6_and_both_sides_say_why_not_ipv4() {
+    let dir = tempfile::Builder::new().prefix("weft-dual").tempdir().unwrap();
+    let a = site(dir.path(), "v6c-a", "10.1.0.0/16,fd00:1::/48");
+    let b = site(dir.path(), "v6c-b", "fd00:1::/48");
+    let c = site(dir.path(), "v6c-c", "10.1.0.0/16");
+
+    weft_tests::step("its nodes get a /64 and no IPv4 subnet; IPv4 it cannot use is refused");
+    let n = weftctl_json(&b.target(), &["node", "add", "n1"]);
+    assert_eq!(n["subnet"], "", "{n:#}");
+    let v6: ipnet::Ipv6Net = n["subnet_v6"].as_str().unwrap().parse().unwrap();
+    assert!(v6.prefix_len() == 64 && "fd00:1::/48".parse::<ipnet::Ipv6Net>().unwrap().contains(&v6));
+    let said = refusal(&b.target(), &["node", "add", "n2", "--subnet", "10.1.0.0/24"]);
+    assert!(
+        said.contains("no IPv4 pod CIDRs") && said.contains("drop --subnet"),
+        "{said}"
+    );
+    let said = refusal(&b.target(), &["name", "add", "web", "10.1.0.10"]);
+    assert!(said.contains("IPv6-only"), "{said}");
+
+    weft_tests::step("a dual-stack peer takes its IPv6, remapped; both say why IPv4 is not negotiated");
+    peer(&a, &b);
+    let ab = peering(&a, "v6c-b");
+    assert_eq!(ab["ipv6"], "negotiated", "{ab:#}");
+    let why = ab["ipv4"].as_str().unwrap();
+    assert!(why.starts_with("not negotiated: v6c-b offered no IPv4 CIDRs"), "{ab:#}");
+    let views: Vec<Value> = ab["views"].as_array().unwrap().clone();
+    assert_eq!(views.len(), 1, "one view, of the IPv6 pods: {ab:#}");
+    assert_eq!(views[0]["real_cidr"], "fd00:1::/48");
+    assert_ne!(views[0]["local_cidr"], "fd00:1::/48", "remapped");
+    let ba = peering(&b, "v6c-a");
+    assert_eq!(ba["ipv6"], "negotiated", "{ba:#}");
+    let why = ba["ipv4"].as_str().unwrap();
+    assert!(why.contains("this site has no IPv4 pod CIDRs"), "{ba:#}");
+    assert!(
+        ba["views"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["real_cidr"].as_str().unwrap().contains(':')),
+        "an IPv4 view on an IPv6-only site: {ba:#}"
+    );
+    let report = weft_tests::weftctl_diagnose(&b.target(), &[]);
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "ipv4" && c["subject"] == "peering/v6c-a")
+        .unwrap_or_else(|| panic!("no ipv4 check: {report:#}"))
+        .clone();
+    assert_eq!(check["result"], "WARN", "{check:#}");
+    assert!(
+        check["detail"].as_str().unwrap().contains("no IPv4 pod CIDRs"),
+        "{check:#}"
+    );
+
+    weft_tests::step("an IPv4-only site and an IPv6-only one share no family: refused, saying so");
+    let token = weftctl_json(&b.target(), &["peering", "token", "--ttl", "10m"])["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let said = refusal(&c.target(), &["peering", "create", "--token", &token]);
+    assert!(said.contains("share no address family"), "{said}");
+    assert!(
+        weftctl_json(&c.target(), &["peerings"])["peerings"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
+
 /// A running IPv4 site adds an IPv6 pod CIDR (a restart with it) while
 /// peered with a dual-stack site: the peering stays as it was (the same
 /// record, the same IPv4 views), the dual-stack side holds the new IPv6
@@ -716,4 +799,253 @@ fn an_ipv6_underlay_carries_ipv4_and_ipv6_workloads() {
         "{detail}"
     );
     assert!(c["hint"].as_str().unwrap().contains("--tunnel-mtu to 1420"), "{c:#}");
+}
+
+/// An IPv6-only site's data plane: site b has only IPv6 pods; its node
+/// keeps a workload bridge (`--workload-bridge`), which takes the first
+/// address of the node's /64 and a link-local one (without which the
+/// kernel never resolves a workload for forwarded traffic), nothing of
+/// IPv4. Site a is dual-stack on
+/// the same ULA. Their workloads reach each other over IPv6 through
+/// remapped views, the far end sees the caller in its own view, and
+/// nothing of IPv4 is routed or allowed into site b's tunnel.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn an_ipv6_only_site_carries_its_workloads_through_remapped_views() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::Builder::new().prefix("weft-v6only").tempdir().unwrap();
+    let (site_a, site_b) = ("v6o-a", "v6o-b");
+    let mut lab = weft_tests::netns::Lab::new("wv6o");
+    lab.lan();
+    let mut ns = std::collections::HashMap::new();
+    for (h, ip) in [
+        ("ctla", "192.168.78.1"),
+        ("gwa", "192.168.78.10"),
+        ("na", "192.168.78.11"),
+        ("ctlb", "192.168.78.2"),
+        ("gwb", "192.168.78.20"),
+        ("nb", "192.168.78.21"),
+    ] {
+        let n = lab.host(h);
+        lab.plug(&n, &format!("{ip}/24"));
+        ns.insert(h, (n, ip));
+    }
+    for wl in ["wa", "wb"] {
+        let n = lab.host(wl);
+        ns.insert(wl, (n, ""));
+    }
+    lab.adopt(&weft_controller::render::peering_namespace(site_a, site_b));
+    lab.adopt(&weft_controller::render::peering_namespace(site_b, site_a));
+    let spec = |site: &str, pods: &[&str], ctl: &str, gw: &str, node: &str, bridge: bool| {
+        let mut c = ControllerSpec::new(site).data_dir(&dir.path().join(site));
+        for p in pods {
+            c = c.pod(p);
+        }
+        let mut n = weft_tests::lab::AgentSpec::gateway(node, &ns[node].0, ns[node].1);
+        n.kind = "node";
+        if bridge {
+            n.flags = vec!["--workload-bridge".into(), "weft-br0".into()];
+        }
+        weft_tests::lab::SiteSpec {
+            controller: c,
+            ctl: ns[ctl].0.clone(),
+            ctl_ip: ns[ctl].1.to_string(),
+            agents: vec![weft_tests::lab::AgentSpec::gateway("gw", &ns[gw].0, ns[gw].1), n],
+            dir: dir.path().to_path_buf(),
+            prefix: site.to_string(),
+            resync: "1s".into(),
+            agent_metrics: false,
+        }
+    };
+    let ta = lab
+        .site(&spec(
+            site_a,
+            &["10.1.0.0/16", "fd00:1::/48"],
+            "ctla",
+            "gwa",
+            "na",
+            false,
+        ))
+        .target;
+    let tb = lab
+        .site(&spec(site_b, &["fd00:1::/48"], "ctlb", "gwb", "nb", true))
+        .target;
+
+    weft_tests::step("site b's node has a /64 and no IPv4 subnet; its bridge takes the /64's first address");
+    let node = |t: &str, name: &str| -> Value {
+        weft_tests::eventually(&format!("node {name}"), Duration::from_secs(20), || {
+            weftctl_json(t, &["nodes"])["nodes"]
+                .as_array()?
+                .iter()
+                .find(|n| n["name"] == name)
+                .cloned()
+        })
+    };
+    let nb = node(&tb, "nb");
+    assert_eq!(nb["subnet"], "", "{nb:#}");
+    let nb64: ipnet::Ipv6Net = nb["subnet_v6"].as_str().unwrap().parse().unwrap();
+    let na64: ipnet::Ipv6Net = node(&ta, "na")["subnet_v6"].as_str().unwrap().parse().unwrap();
+    let first = |n: ipnet::Ipv6Net, host: u128| std::net::Ipv6Addr::from(u128::from(n.network()) + host);
+    let bridge = weft_tests::eventually("nb's workload bridge with its address", Duration::from_secs(20), || {
+        let o = stdout(&netns::exec(&ns["nb"].0, &["ip", "addr", "show", "dev", "weft-br0"]));
+        (o.contains(&format!("{}/64", first(nb64, 1))) && o.contains("fe80::1/64")).then_some(o)
+    });
+    assert!(
+        !bridge.contains("inet "),
+        "an IPv4 address on an IPv6-only node's bridge:\n{bridge}"
+    );
+
+    // wa behind na on a veth, wb on nb's bridge: each at ::10 of its
+    // node's /64, by its node's ::1.
+    let sh = |h: &str, cmd: &str| netns::must(netns::exec(&ns[h].0, &["sh", "-c", cmd]), cmd);
+    sh(
+        "na",
+        &format!(
+            "ip link add wl0 type veth peer name eth0 netns {} && ip addr add {}/64 dev wl0 nodad && ip link set wl0 up \
+             && sysctl -qw net.ipv6.conf.all.forwarding=1",
+            ns["wa"].0,
+            first(na64, 1)
+        ),
+    );
+    sh(
+        "nb",
+        &format!(
+            "ip link add wl0 type veth peer name eth0 netns {} && ip link set wl0 master weft-br0 up \
+             && sysctl -qw net.ipv6.conf.all.forwarding=1",
+            ns["wb"].0
+        ),
+    );
+    for (wl, net) in [("wa", na64), ("wb", nb64)] {
+        sh(
+            wl,
+            &format!(
+                "ip addr add {}/64 dev eth0 nodad && ip link set eth0 up && ip -6 route add default via {}",
+                first(net, 0x10),
+                first(net, 1)
+            ),
+        );
+    }
+
+    weft_tests::step("peered: IPv6 only, remapped, and IPv4 said not negotiated on both sides");
+    let token = weftctl_json(&tb, &["peering", "token", "--ttl", "10m"])["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    weftctl_json(&ta, &["peering", "create", "--token", &token]);
+    let (ab, ba) = weft_tests::eventually("both sides' peerings", Duration::from_secs(20), || {
+        let p = |t: &str, peer: &str| -> Option<Value> {
+            weftctl_json(t, &["peerings"])["peerings"]
+                .as_array()?
+                .iter()
+                .find(|p| p["site_id"] == peer)
+                .cloned()
+        };
+        Some((p(&ta, site_b)?, p(&tb, site_a)?))
+    });
+    assert!(ab["ipv4"].as_str().unwrap().contains("offered no IPv4 CIDRs"), "{ab:#}");
+    assert!(
+        ba["ipv4"].as_str().unwrap().contains("this site has no IPv4 pod CIDRs"),
+        "{ba:#}"
+    );
+    let view = |target: &str, peer: &str| -> (ipnet::Ipv6Net, ipnet::Ipv6Net) {
+        let (real, local) = weft_tests::peer_view_where(target, peer, "workload", |c| c.contains(':'));
+        (real.parse().unwrap(), local.parse().unwrap())
+    };
+    let ((b_real, b_at_a), (a_real, a_at_b)) = (view(&ta, site_b), view(&tb, site_a));
+    assert_ne!(b_real, b_at_a, "the same ULA on both sides is remapped");
+    let (wa, wb) = (first(na64, 0x10), first(nb64, 0x10));
+    let wb_from_a = weft_controller::ipam::translate(wb, b_real, b_at_a).unwrap();
+    let wa_from_b = weft_controller::ipam::translate(wa, a_real, a_at_b).unwrap();
+
+    weft_tests::step("the workloads reach each other over IPv6, each seen in the other's view");
+    for (from, to) in [("wa", wb_from_a), ("wb", wa_from_b)] {
+        let reached = weft_tests::try_eventually(Duration::from_secs(30), || {
+            netns::exec(&ns[from].0, &["ping", "-6", "-c", "1", "-W", "1", &to.to_string()])
+                .status
+                .success()
+                .then_some(())
+        });
+        if reached.is_none() {
+            let mut diag = String::new();
+            for h in ["na", "nb", "gwb", "gwa"] {
+                diag.push_str(&format!(
+                    "--- {h}\n{}\n",
+                    stdout(&netns::exec(
+                        &ns[h].0,
+                        &["sh", "-c", "ip -6 addr; ip -6 rule; ip -6 route show table all"]
+                    ))
+                ));
+            }
+            for (a, b) in [(site_a, site_b), (site_b, site_a)] {
+                let pns = weft_controller::render::peering_namespace(a, b);
+                diag.push_str(&format!(
+                    "--- {a}'s peering namespace\n{}\n",
+                    stdout(&netns::exec(
+                        &pns,
+                        &[
+                            "sh",
+                            "-c",
+                            "ip -6 rule; ip -6 route show table all; nft list chain inet weft from_tunnel"
+                        ]
+                    ))
+                ));
+            }
+            for (h, cmd) in [
+                (
+                    "nb",
+                    format!(
+                        "ping -6 -c1 -W1 {wb}; ip -6 neigh; bridge link; ip -d link show weft-br0; nft list ruleset; sysctl net.bridge.bridge-nf-call-ip6tables"
+                    ),
+                ),
+                ("wb", "ip -6 addr; ip -6 route".to_string()),
+                ("na", format!("ping -6 -c1 -W1 {wa}; nft list ruleset")),
+            ] {
+                diag.push_str(&format!("--- {h}: {cmd}\n{}\n", {
+                    let o = netns::exec(&ns[h].0, &["sh", "-c", &cmd]);
+                    format!("{}{}", stdout(&o), String::from_utf8_lossy(&o.stderr))
+                }));
+            }
+            for t in [&ta, &tb] {
+                diag.push_str(&format!("--- peerings at {t}\n{:#}\n", weftctl_json(t, &["peerings"])));
+            }
+            panic!("{from} cannot reach {to}:\n{diag}");
+        }
+    }
+    let echo_py = "import socket\ns=socket.create_server(('::',5300),family=socket.AF_INET6)\nwhile True:\n    c,a=s.accept()\n    c.sendall(('from '+a[0]).encode())\n    c.close()";
+    lab.spawn(
+        &ns["wb"].0,
+        std::path::Path::new("/usr/bin/env"),
+        &["python3", "-c", echo_py],
+        &dir.path().join("echo-wb.log"),
+    );
+    let ask = format!(
+        "import socket\ns=socket.create_connection(('{wb_from_a}',5300),timeout=3)\nprint(s.recv(100).decode())"
+    );
+    let said = weft_tests::eventually("wb's echo service answering wa", Duration::from_secs(20), || {
+        let o = netns::exec(&ns["wa"].0, &["python3", "-c", &ask]);
+        o.status.success().then(|| stdout(&o).trim().to_string())
+    });
+    assert_eq!(
+        said,
+        format!("from {wa_from_b}"),
+        "wb saw wa elsewhere than in its view"
+    );
+
+    weft_tests::step("nothing of IPv4 is routed or allowed into site b's tunnel");
+    let ns_b = weft_controller::render::peering_namespace(site_b, site_a);
+    let chain = stdout(&netns::exec(
+        &ns_b,
+        &["nft", "list", "chain", "inet", "weft", "from_tunnel"],
+    ));
+    assert!(
+        chain.contains("meta nfproto ipv4") && chain.contains("drop"),
+        "site b's tunnel lets IPv4 in:\n{chain}"
+    );
+    let routes = stdout(&netns::exec(
+        &ns["gwb"].0,
+        &["ip", "-4", "route", "show", "table", "all"],
+    ));
+    assert!(!routes.contains("10.1."), "an IPv4 route to site a on gwb:\n{routes}");
 }

@@ -79,10 +79,11 @@ async fn concurrent_replicas_never_hand_out_overlapping_subnets() {
         let (nodes, _) = states[1].list_nodes().await.unwrap();
         assert_eq!(nodes.len(), 24, "{backend}");
         for (i, a) in nodes.iter().enumerate() {
-            assert!(n("10.1.0.0/20").contains(&a.subnet));
+            let a_subnet = a.subnet.expect("an IPv4 subnet");
+            assert!(n("10.1.0.0/20").contains(&a_subnet));
             for b in &nodes[i + 1..] {
                 assert!(
-                    !overlaps(&a.subnet, &b.subnet),
+                    !overlaps(&a_subnet, &b.subnet.expect("an IPv4 subnet")),
                     "{backend}: {} and {} overlap",
                     a.name,
                     b.name
@@ -280,7 +281,7 @@ async fn a_site_adds_ipv6_and_its_nodes_get_a_64_each() {
             .unwrap()
             .0
             .iter()
-            .map(|n| n.subnet)
+            .map(|n| n.subnet.expect("an IPv4 subnet"))
             .collect();
         let dual = Site {
             ipv6: Some(Ipv6Networks {
@@ -321,7 +322,7 @@ async fn a_site_adds_ipv6_and_its_nodes_get_a_64_each() {
         let kept: Vec<Ipv4Net> = nodes
             .iter()
             .filter(|n| n.name.starts_with("old-"))
-            .map(|n| n.subnet)
+            .map(|n| n.subnet.expect("an IPv4 subnet"))
             .collect();
         assert_eq!(kept, before, "{backend}: IPv4 subnets kept");
         let v6: Vec<Ipv6Net> = nodes.iter().map(|n| n.subnet_v6.unwrap()).collect();

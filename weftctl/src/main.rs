@@ -2,6 +2,9 @@
 //! Human tables by default, `--output json` for scripts. One module per
 //! command under `cmd/`.
 
+// The `peerings` JSON object is one `json!` literal deep enough to need it.
+#![recursion_limit = "256"]
+
 use std::process::ExitCode;
 
 use clap::Parser;

@@ -202,13 +202,13 @@ pub fn node_json(n: &pb::Node) -> Value {
            "cert_expires_at": ts(&n.cert_expires_at), "internal_ip": n.internal_ip, "underlay_ip": n.underlay_ip, "geneve": n.geneve,
            "identity_conflict": n.identity_conflict, "status": status_json(&n.status)})
 }
-/// A node's subnets for a table: IPv4, then IPv6 when it has one.
+/// A node's subnets for a table: IPv4 and IPv6, those it has.
 pub fn subnets(n: &pb::Node) -> String {
-    if n.subnet_v6.is_empty() {
-        n.subnet.clone()
-    } else {
-        format!("{} {}", n.subnet, n.subnet_v6)
-    }
+    [n.subnet.as_str(), n.subnet_v6.as_str()]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 pub fn node_row(n: &pb::Node) -> Vec<String> {
     let mut row = vec![n.name.clone(), subnets(n), n.underlay_ip.clone()];

@@ -84,12 +84,10 @@ pub(super) fn networks(args: &ControllerArgs, file: &FileConfig, errs: &mut Vec<
             "pod_cidrs",
             "is required; give the workload CIDR(s) of this site, e.g. 10.1.0.0/16".into(),
         );
-    } else if pod_cidrs.is_empty() && !pod_v6.is_empty() {
-        err(
-            "pod_cidrs",
-            "lists only IPv6 CIDRs; IPv6-only sites are not supported yet, add an IPv4 pod CIDR too".into(),
-        );
     }
+    // Only IPv6 CIDRs: an IPv6-only site (its nodes get a /64 each, no
+    // IPv4 subnet; it offers peers no IPv4).
+
     let ipv6 = ipv6::site_v6(
         pick(args.external_cidr_v6.clone(), file.external_cidr_v6.clone()),
         ipv6::Lists {

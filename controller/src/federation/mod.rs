@@ -170,7 +170,7 @@ impl Federation {
         let params = pb::NetworkParams {
             site_id: site.id.clone(),
             workload_cidrs: site.pod_cidrs.iter().map(|c| c.to_string()).collect(),
-            external_cidr: site.external_cidr.to_string(),
+            external_cidr: site.offered_external().map(|c| c.to_string()).unwrap_or_default(),
             workload_cidrs_v6: site
                 .ipv6
                 .iter()

@@ -348,7 +348,7 @@ impl AgentService for AgentApi {
             AgentRole::Node => {
                 let n = self.state.get_node(&name).await?;
                 (
-                    n.subnet.to_string(),
+                    n.subnet.map(|s| s.to_string()).unwrap_or_default(),
                     n.subnet_v6.map(|s| s.to_string()).unwrap_or_default(),
                 )
             }

@@ -47,7 +47,7 @@ pub fn site(s: &Site, revision: Revision) -> pb::Site {
 pub fn node(n: &Node) -> pb::Node {
     pb::Node {
         name: n.name.clone(),
-        subnet: n.subnet.to_string(),
+        subnet: n.subnet.map(|s| s.to_string()).unwrap_or_default(),
         subnet_v6: n.subnet_v6.map(|s| s.to_string()).unwrap_or_default(),
         subnet_source: match n.source {
             SubnetSource::Allocated => pb::SubnetSource::Allocated,
@@ -247,6 +247,7 @@ pub fn peering(p: &Peering) -> pb::Peering {
         pending_since_v6: p.pending_v6.as_ref().and_then(|q| ts(q.received_at_ms)),
         local_gateways: vec![],
         remote_gateways: p.remote.iter().flat_map(|r| &r.gateways).map(remote_gateway).collect(),
+        ipv4: String::new(),
         ipv6: String::new(),
     }
 }

@@ -99,12 +99,19 @@ fn shown(hub: &crate::hub::Hub, p: &Peering, convert: impl FnOnce(&Peering) -> p
     let mut out = convert(&Peering { state, ..p.clone() });
     out.waiting_for = waiting_for;
     let model = hub.model();
-    out.ipv6 = match p.ipv6_status(model.site.as_ref().and_then(|s| s.ipv6.as_ref())) {
+    let has_v4 = model.site.as_ref().is_some_and(|s| !s.pod_cidrs.is_empty());
+    out.ipv4 = family_status(p.ipv4_status(has_v4));
+    out.ipv6 = family_status(p.ipv6_status(model.site.as_ref().and_then(|s| s.ipv6.as_ref())));
+    out
+}
+
+/// A family's status on a peering, as `Peering.ipv4` and `ipv6` show it.
+fn family_status(s: Option<Result<(), String>>) -> String {
+    match s {
         None => String::new(),
         Some(Ok(())) => "negotiated".into(),
         Some(Err(why)) => format!("not negotiated: {why}"),
-    };
-    out
+    }
 }
 
 #[tonic::async_trait]
@@ -203,7 +210,7 @@ impl AdminService for AdminApi {
             s => Some(cidr_field("subnet", s)?),
         };
         let node = self.state.create_node(&req.name, declared).await?;
-        tracing::info!(node = %node.name, subnet = %node.subnet, source = ?node.source, "node created");
+        tracing::info!(node = %node.name, subnet = ?node.subnet, subnet_v6 = ?node.subnet_v6, source = ?node.source, "node created");
         Ok(Response::new(convert::node(&node)))
     }
 
@@ -216,9 +223,9 @@ impl AdminService for AdminApi {
         for c in &node.certs {
             self.auth.revoke(c.serial.clone(), crate::auth::RevokedAs::Removed);
         }
-        tracing::info!(node = %node.name, subnet = %node.subnet, revoked = node.certs.len(), "node deleted, subnet released");
+        tracing::info!(node = %node.name, subnet = ?node.subnet, subnet_v6 = ?node.subnet_v6, revoked = node.certs.len(), "node deleted, subnet released");
         Ok(Response::new(pb::DeleteNodeResponse {
-            released_subnet: node.subnet.to_string(),
+            released_subnet: node.subnet.map(|s| s.to_string()).unwrap_or_default(),
         }))
     }
 

@@ -275,7 +275,7 @@ impl State {
             role: AgentRole::Node,
             name: name.to_string(),
             issued,
-            subnet: Some(node.subnet),
+            subnet: node.subnet,
         };
         Ok((e, txn.when(guard).then(Op::put(key, encode(&node)))))
     }
@@ -405,22 +405,38 @@ pub(super) fn new_node(
     }
     let taken = snap.node_subnets();
     let (subnet, source) = match declared {
+        Some(_) if site.pod_cidrs.is_empty() => {
+            return Err(Error::InvalidArgument(
+                "subnet: this site has no IPv4 pod CIDRs, so its nodes have no IPv4 subnet; drop --subnet".into(),
+            ));
+        }
         Some(d) => {
             ipam::check_declared_subnet(d, &site.pod_cidrs, &taken)?;
-            (d, SubnetSource::Declared)
+            (Some(d), SubnetSource::Declared)
         }
+        // A site without IPv4 pods: the node's workloads are IPv6 only.
+        None if site.pod_cidrs.is_empty() => (None, SubnetSource::Allocated),
         None => {
             let nets: Vec<Ipv4Net> = taken.iter().map(|t| t.1).collect();
             (
-                ipam::allocate_node_subnet(&site.pod_cidrs, site.node_prefix_len, &nets)?.0,
+                Some(ipam::allocate_node_subnet(&site.pod_cidrs, site.node_prefix_len, &nets)?.0),
                 SubnetSource::Allocated,
             )
         }
     };
-    let subnet_v6 = site
-        .ipv6
-        .as_ref()
-        .and_then(|v6| ipv6_subnet(v6, name, &snap.node_subnets_v6()));
+    let subnet_v6 = match site.ipv6.as_ref() {
+        // Its only subnet: no /64 left is the node's refusal.
+        Some(v6) if subnet.is_none() => Some(
+            ipam::allocate_node_subnet(
+                &v6.pod_cidrs,
+                crate::domain::NODE_PREFIX_LEN_V6,
+                &snap.node_subnets_v6(),
+            )?
+            .0,
+        ),
+        Some(v6) => ipv6_subnet(v6, name, &snap.node_subnets_v6()),
+        None => None,
+    };
     Ok(Node {
         name: name.to_string(),
         subnet,

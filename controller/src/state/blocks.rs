@@ -19,16 +19,14 @@ pub fn allocations_of<'a>(
     let pods_v6 = v6.map(|v| v.pod_cidrs.as_slice()).unwrap_or_default();
     let mut allocs = Vec::new();
     for n in nodes {
-        allocs.push(Allocation {
-            cidr: n.subnet.into(),
-            kind: AllocationKind::NodeSubnet,
-            owner: n.name.clone(),
-            pool: site
-                .pod_cidrs
-                .iter()
-                .find(|p| p.contains(&n.subnet))
-                .map(|p| (*p).into()),
-        });
+        if let Some(s) = n.subnet {
+            allocs.push(Allocation {
+                cidr: s.into(),
+                kind: AllocationKind::NodeSubnet,
+                owner: n.name.clone(),
+                pool: site.pod_cidrs.iter().find(|p| p.contains(&s)).map(|p| (*p).into()),
+            });
+        }
         if let Some(s) = n.subnet_v6 {
             allocs.push(Allocation {
                 cidr: s.into(),
@@ -128,12 +126,10 @@ fn used<N: ipam::Prefix>(pool: N, blocks: impl Iterator<Item = IpNet>, of: fn(Ip
 pub(super) fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error> {
     let mut problems = Vec::new();
     for (n, _) in &snap.nodes {
-        if !new.pod_cidrs.iter().any(|p| p.contains(&n.subnet)) {
-            problems.push(format!(
-                "node {:?} has subnet {}, outside the new pod CIDRs",
-                n.name, n.subnet
-            ));
+        if let Some(s) = n.subnet.filter(|s| !new.pod_cidrs.iter().any(|p| p.contains(s))) {
+            problems.push(format!("node {:?} has subnet {s}, outside the new pod CIDRs", n.name));
         }
+
         let v6_pods = new.ipv6.as_ref().map(|v| v.pod_cidrs.as_slice()).unwrap_or_default();
         if let Some(s) = n.subnet_v6.filter(|s| !v6_pods.iter().any(|p| p.contains(s))) {
             problems.push(format!(

@@ -87,10 +87,14 @@ impl State {
     ) -> Result<Peering, Error> {
         validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
         let key = self.at(Key::Peering(peer_site));
-        if remote.workload_cidrs.is_empty() {
-            return Err(Error::InvalidArgument(format!(
-                "site {peer_site:?} sent no workload CIDR"
-            )));
+        // An IPv6-only peer sends only IPv6 ones.
+        if remote.workload_cidrs.is_empty() && remote.workload_cidrs_v6.is_empty() {
+            return Err(Error::InvalidArgument(match &remote.ipv6_invalid {
+                Some(why) => {
+                    format!("site {peer_site:?} sent no usable workload CIDR: its IPv6 ones are refused: {why}")
+                }
+                None => format!("site {peer_site:?} sent no workload CIDR"),
+            }));
         }
         self.commit(|snap| {
             let site = snap.site()?;
@@ -163,6 +167,19 @@ impl State {
                     .when(Compare::ModRevision(tkey.clone(), *rev))
                     .then(Op::delete(tkey));
                 joined_with = Some(t.clone());
+            }
+            // Two sites with no family in common would peer for nothing.
+            let v4 = !site.pod_cidrs.is_empty() && !remote.workload_cidrs.is_empty();
+            let v6 = site.ipv6.is_some() && !remote.workload_cidrs_v6.is_empty();
+            if !v4 && !v6 {
+                let (theirs, ours) = match site.pod_cidrs.is_empty() {
+                    true => ("IPv4", "IPv6"),
+                    false => ("IPv6", "IPv4"),
+                };
+                return Err(Error::InvalidArgument(format!(
+                    "site {peer_site:?} offers only {theirs} workload CIDRs and this site has only {ours} ones: \
+                     the sites share no address family; add pod CIDRs of the other family to one of them"
+                )));
             }
             let views = self.plan_peer_views(snap, site, peer_site, &remote)?;
             let ipv6 = super::ipv6::plan(snap, site, peer_site, &remote, None);
@@ -271,18 +288,30 @@ impl State {
             let mut next = p.clone();
             let mut remote = remote.clone();
             let changed = old.workload_cidrs != remote.workload_cidrs || old.external_cidr != remote.external_cidr;
+            // A site without IPv4 pods routes none of the peer's IPv4: its
+            // changes need no review. One that has just added IPv4 pods
+            // plans its views of what was agreed.
+            let no_v4 = site.pod_cidrs.is_empty();
+            let unplanned = !changed && !no_v4 && p.views.is_empty() && !remote.workload_cidrs.is_empty();
             // Bounds apply to what is new; CIDRs already routed stay fine.
             let known: Vec<Ipv4Net> = old.workload_cidrs.iter().copied().chain(old.external_cidr).collect();
             let acceptable =
                 |c: &Ipv4Net| known.contains(c) || site.peer_cidr_auto_accept.iter().any(|b| b.contains(c));
-            let auto =
-                changed && remote.workload_cidrs.iter().all(acceptable) && remote.external_cidr.iter().all(acceptable);
+            let auto = unplanned
+                || changed
+                    && (no_v4
+                        || remote.workload_cidrs.iter().all(acceptable) && remote.external_cidr.iter().all(acceptable));
             // Within bounds, but refused as planned (over this site's hosts):
             // held for the admin like any other change.
             let planned = if auto {
                 match self.plan_peer_views(snap, site, peer_site, &remote) {
                     Ok(v) => Some(v),
                     Err(Error::InvalidArgument(_)) => None,
+                    // The rest of the update still stands.
+                    Err(e) if unplanned => {
+                        tracing::warn!(peer = %peer_site, error = %e, "no IPv4 views of the peer after adding IPv4 pods");
+                        None
+                    }
                     Err(e) => return Err(e),
                 }
             } else {
@@ -435,6 +464,11 @@ impl State {
         peer_site: &str,
         remote: &RemoteSite,
     ) -> Result<Vec<crate::ipam::View>, Error> {
+        // No IPv4 pods, nothing of IPv4 to reach from: no IPv4 views
+        // (`Peering::ipv4_status` says why).
+        if site.pod_cidrs.is_empty() {
+            return Ok(vec![]);
+        }
         let mut peer: Vec<(CidrKind, Ipv4Net)> =
             remote.workload_cidrs.iter().map(|c| (CidrKind::Workload, *c)).collect();
         if let Some(e) = remote.external_cidr {

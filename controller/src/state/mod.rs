@@ -310,7 +310,8 @@ impl State {
     /// A site with IPv6 and no IPv6 remap pool configured keeps the pool
     /// recorded before, or gets a generated one ([`ipam::ula_pool`]); nodes
     /// without an IPv6 subnet get one (a site adding IPv6 keeps its nodes
-    /// and peerings).
+    /// and peerings), and so do nodes without an IPv4 subnet when an
+    /// IPv6-only site adds IPv4.
     pub async fn init_site(&self, configured: &Site) -> Result<Site, Error> {
         self.commit(|snap| {
             let mut site = configured.clone();
@@ -337,6 +338,32 @@ impl State {
                         },
                         *rev,
                     ));
+                }
+            }
+            // An IPv6-only site adding IPv4 pods: its nodes get an IPv4
+            // subnet each, or the change is refused.
+            if !site.pod_cidrs.is_empty() {
+                let mut taken: Vec<ipnet::Ipv4Net> = snap.node_subnets().into_iter().map(|t| t.1).collect();
+                for (n, rev) in snap.nodes.iter().filter(|(n, _)| n.subnet.is_none()) {
+                    let s = ipam::allocate_node_subnet(&site.pod_cidrs, site.node_prefix_len, &taken)
+                        .map_err(|e| {
+                            Error::FailedPrecondition(format!(
+                                "pod_cidrs: node {:?} has no IPv4 subnet and none is left for it: {e}",
+                                n.name
+                            ))
+                        })?
+                        .0;
+                    taken.push(s);
+                    match numbered.iter_mut().find(|(m, _)| m.name == n.name) {
+                        Some((m, _)) => m.subnet = Some(s),
+                        None => numbered.push((
+                            Node {
+                                subnet: Some(s),
+                                ..n.clone()
+                            },
+                            *rev,
+                        )),
+                    }
                 }
             }
             match &snap.site {

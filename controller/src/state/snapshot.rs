@@ -189,7 +189,10 @@ impl Snapshot {
     }
 
     pub(super) fn node_subnets(&self) -> Vec<(String, Ipv4Net)> {
-        self.nodes.iter().map(|(n, _)| (n.name.clone(), n.subnet)).collect()
+        self.nodes
+            .iter()
+            .filter_map(|(n, _)| Some((n.name.clone(), n.subnet?)))
+            .collect()
     }
 
     /// The nodes' IPv6 subnets (of nodes that have one).

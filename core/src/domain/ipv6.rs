@@ -66,6 +66,25 @@ pub struct PendingV6 {
 }
 
 impl Peering {
+    /// Whether this peering carries IPv4 views, and why not when one of
+    /// the sites is IPv6-only (`site_has_v4`: this site has IPv4 pods);
+    /// None when there is nothing to say (no record of the peer).
+    pub fn ipv4_status(&self, site_has_v4: bool) -> Option<Result<(), String>> {
+        if !self.views.is_empty() {
+            return Some(Ok(()));
+        }
+        let r = self.remote.as_ref()?;
+        Some(Err(if !site_has_v4 {
+            "this site has no IPv4 pod CIDRs (it is IPv6-only)".to_string()
+        } else if r.workload_cidrs.is_empty() {
+            format!("{} offered no IPv4 CIDRs (it is IPv6-only)", self.site_id)
+        } else if self.pending.is_some() {
+            format!("{}'s IPv4 CIDRs are held for review", self.site_id)
+        } else {
+            "IPv4 views are not planned yet".to_string()
+        }))
+    }
+
     /// Whether this peering carries IPv6 views, and why not, with this
     /// site's IPv6 networks (`site_v6`); None when neither site has IPv6.
     pub fn ipv6_status(&self, site_v6: Option<&Ipv6Networks>) -> Option<Result<(), String>> {

@@ -52,7 +52,10 @@ pub(super) fn peering(m: &Model, g: &Gateway, site_id: &str, base: &str) -> Obje
             .collect();
         let mut through: Vec<String> = through.iter().map(|c| c.to_string()).collect();
         through.extend(super::ipv6::allowed_ips(m, p));
-        out.extend(wireguard_peers(base, r, p.relay_via.as_ref(), &through, &ids));
+        // Its IPv4 CIDRs only where IPv4 is negotiated (not when either
+        // site is IPv6-only).
+        let v4 = !p.views.is_empty();
+        out.extend(wireguard_peers(base, r, v4, p.relay_via.as_ref(), &through, &ids));
         out.extend(super::ipv6::peering(m, p, base, &ids));
         out.extend(exports(m, base, &ids));
         out.extend(tunnel_filter(m, g, p, base, &ids));
@@ -227,8 +230,7 @@ pub(super) fn tunnel_rule(ids: &PeeringIds, ipv6: bool) -> Kind {
 fn routes_back(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
     let mut out = Objects::new();
     if let Some(site) = &m.site {
-        let mut own: Vec<String> = site.pod_cidrs.iter().map(|c| c.to_string()).collect();
-        own.push(site.external_cidr.to_string());
+        let own: Vec<String> = site.exportable().map(|c| c.to_string()).collect();
         for (i, c) in own.into_iter().enumerate() {
             out.extend([obj(
                 format!("{base}back/{i}"),
@@ -248,8 +250,7 @@ fn routes_back(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
 /// whole filter), so elsewhere IPv6 is refused, not let through.
 fn tunnel_filter(m: &Model, g: &Gateway, p: &Peering, base: &str, ids: &PeeringIds) -> Objects {
     let Some(site) = &m.site else { return Objects::new() };
-    let mut allowed: Vec<String> = site.pod_cidrs.iter().map(|c| c.to_string()).collect();
-    allowed.push(site.external_cidr.to_string());
+    let mut allowed: Vec<String> = site.exportable().map(|c| c.to_string()).collect();
     allowed.extend(
         m.names
             .values()
@@ -366,6 +367,7 @@ fn exports(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
 fn wireguard_peers(
     base: &str,
     r: &RemoteSite,
+    v4: bool,
     relay: Option<&crate::domain::RelayVia>,
     through: &[String],
     ids: &PeeringIds,
@@ -375,8 +377,11 @@ fn wireguard_peers(
     // Inside the tunnel both ends use their own addresses: the peer's
     // real CIDRs, its views of the sites reached through it, and its IPv6
     // CIDRs once negotiated (`through`).
-    let mut allowed: Vec<String> = r.workload_cidrs.iter().map(|c| c.to_string()).collect();
-    allowed.extend(r.external_cidr.map(|c| c.to_string()));
+    let mut allowed: Vec<String> = Vec::new();
+    if v4 {
+        allowed.extend(r.workload_cidrs.iter().map(|c| c.to_string()));
+        allowed.extend(r.external_cidr.map(|c| c.to_string()));
+    }
     allowed.extend(through.iter().cloned());
     allowed.push(format!("{there}/32"));
     // Only the active gateway gets the peer's CIDRs; standbys are

@@ -63,7 +63,7 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
             failed: false,
             json: json!({"peerings": r.peerings.iter().map(|p| json!({
                 "site_id": p.site_id, "state": peering_state(p.state), "waiting_for": p.waiting_for,
-                "views": p.views.iter().map(view_json).collect::<Vec<_>>(), "ipv6": p.ipv6,
+                "views": p.views.iter().map(view_json).collect::<Vec<_>>(), "ipv4": p.ipv4, "ipv6": p.ipv6,
                 "created_at": ts(&p.created_at), "last_error": p.last_error, "tunnel_role": p.tunnel_role,
                 "remote_endpoints": p.remote_endpoints, "remote_ca_fingerprint": p.remote_ca_fingerprint,
                 "listen_port": p.listen_port, "held_by_peer": p.held_by_peer,
@@ -132,7 +132,13 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                         .iter()
                         .filter_map(|p| p.export.as_ref().and_then(super::policy::unenforced)),
                 )
-                // IPv6 when either side has it.
+                // IPv4 when one side is IPv6-only; IPv6 when either side has it.
+                .chain(
+                    r.peerings
+                        .iter()
+                        .filter(|p| p.ipv4.starts_with("not"))
+                        .map(|p| format!("{}: IPv4 {}", p.site_id, p.ipv4)),
+                )
                 .chain(
                     r.peerings
                         .iter()
@@ -349,7 +355,7 @@ pub async fn run(c: &mut Client, cmd: &PeeringCmd) -> Result<Out, String> {
                 .into_inner();
             Out {
                 failed: false,
-                json: json!({"site_id": p.site_id, "views": p.views.iter().map(view_json).collect::<Vec<_>>(), "ipv6": p.ipv6}),
+                json: json!({"site_id": p.site_id, "views": p.views.iter().map(view_json).collect::<Vec<_>>(), "ipv4": p.ipv4, "ipv6": p.ipv6}),
                 header: vec![],
                 rows: p
                     .views

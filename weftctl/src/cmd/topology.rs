@@ -48,7 +48,7 @@ fn dot(s: &Site) -> String {
         d += &format!(
             "    {} [label={}, fillcolor={}];\n",
             q(&format!("node/{}", n.name)),
-            q(&format!("node {}\n{}", n.name, n.subnet)),
+            q(&format!("node {}\n{}", n.name, crate::out::subnets(n))),
             if ready { "white" } else { "salmon" }
         );
         if let Some(a) = &active {
