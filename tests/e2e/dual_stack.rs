@@ -269,6 +269,70 @@ fn an_ipv6_only_site_peers_by_ipv6_and_both_sides_say_why_not_ipv4() {
     );
 }
 
+/// An IPv6-only site adds an IPv4 pod CIDR (a restart with it) while
+/// peered with a dual-stack site: its node gets an IPv4 subnet, it plans
+/// its IPv4 views of the peer's CIDRs recorded at negotiation, and the
+/// peer holds its new IPv4 CIDRs for review until `peering accept`; the
+/// IPv6 views stay as they were throughout.
+#[test]
+fn an_ipv6_only_site_adds_ipv4_and_its_peer_takes_it_on_review() {
+    let dir = tempfile::Builder::new().prefix("weft-dual").tempdir().unwrap();
+    let a = site(dir.path(), "v4up-a", "10.1.0.0/16,fd00:1::/48");
+    let mut c = site(dir.path(), "v4up-c", "fd00:1::/48");
+    let n = weftctl_json(&c.target(), &["node", "add", "n1"]);
+    assert_eq!(n["subnet"], "", "{n:#}");
+    peer(&a, &c);
+    let ac = peering(&a, "v4up-c");
+    assert_eq!(workload_views(&ac).len(), 1, "only IPv6: {ac:#}");
+
+    weft_tests::step("site c restarts with an IPv4 pod CIDR; its node gets an IPv4 subnet");
+    c.stop();
+    c.set_flag("--pod-cidr", "10.1.0.0/16,fd00:1::/48");
+    c.restart_stopped();
+    let n1 = weftctl_json(&c.target(), &["node", "get", "n1"]);
+    let subnet: ipnet::Ipv4Net = n1["subnet"].as_str().unwrap().parse().unwrap();
+    assert!(
+        "10.1.0.0/16".parse::<ipnet::Ipv4Net>().unwrap().contains(&subnet),
+        "{n1:#}"
+    );
+    assert_eq!(n1["subnet_v6"], n["subnet_v6"], "the /64 is kept");
+
+    weft_tests::step("site a holds c's IPv4 CIDRs for review; site c plans a's");
+    let held = weft_tests::eventually("site a holding c's IPv4 CIDRs", Duration::from_secs(20), || {
+        let p = peering(&a, "v4up-c");
+        (!p["pending"].is_null()).then_some(p)
+    });
+    assert_eq!(
+        held["pending"]["workload_cidrs"],
+        serde_json::json!(["10.1.0.0/16"]),
+        "{held:#}"
+    );
+    let why = held["ipv4"].as_str().unwrap();
+    assert!(why.contains("held for review"), "{why}");
+    assert_eq!(workload_views(&held), workload_views(&ac), "the IPv6 view stays");
+    let ca = weft_tests::eventually("site c planning a's IPv4", Duration::from_secs(20), || {
+        let p = peering(&c, "v4up-a");
+        (p["ipv4"] == "negotiated").then_some(p)
+    });
+    assert!(
+        workload_views(&ca)
+            .iter()
+            .any(|(real, local)| real == "10.1.0.0/16" && local != "10.1.0.0/16"),
+        "{ca:#}"
+    );
+
+    weft_tests::step("an admin of site a accepts them");
+    let accepted = weftctl_json(&a.target(), &["peering", "accept", "v4up-c"]);
+    assert_eq!(accepted["ipv4"], "negotiated", "{accepted:#}");
+    let now = peering(&a, "v4up-c");
+    assert!(now["pending"].is_null(), "{now:#}");
+    let views = workload_views(&now);
+    assert_eq!(views.len(), 2, "{now:#}");
+    assert_eq!(views[0].0, "10.1.0.0/16");
+    assert_ne!(views[0].1, "10.1.0.0/16", "the same CIDR is remapped");
+    assert_eq!(views[1], workload_views(&ac)[0], "the IPv6 view is kept");
+}
+
 /// A running IPv4 site adds an IPv6 pod CIDR (a restart with it) while
 /// peered with a dual-stack site: the peering stays as it was (the same
 /// record, the same IPv4 views), the dual-stack side holds the new IPv6

@@ -76,10 +76,13 @@ impl Peering {
         let r = self.remote.as_ref()?;
         Some(Err(if !site_has_v4 {
             "this site has no IPv4 pod CIDRs (it is IPv6-only)".to_string()
+        } else if self.pending.is_some() {
+            format!(
+                "{}'s new IPv4 CIDRs are held for review (`weftctl peering accept {}`)",
+                self.site_id, self.site_id
+            )
         } else if r.workload_cidrs.is_empty() {
             format!("{} offered no IPv4 CIDRs (it is IPv6-only)", self.site_id)
-        } else if self.pending.is_some() {
-            format!("{}'s IPv4 CIDRs are held for review", self.site_id)
         } else {
             "IPv4 views are not planned yet".to_string()
         }))
