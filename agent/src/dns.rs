@@ -75,7 +75,7 @@ pub fn parse_zone(zone: &str) -> Result<Name, String> {
 
 /// Checks a record before it is served (also the guard's check): its
 /// address, and its IPv6 address if it has one.
-pub fn check_record(r: &pb::DnsRecord) -> Result<(Ipv4Addr, Option<Ipv6Addr>), String> {
+pub fn check_record(r: &pb::DnsRecord) -> Result<(Option<Ipv4Addr>, Option<Ipv6Addr>), String> {
     let label = weft_common::is_dns_label;
     if !label(&r.name) {
         return Err(format!("DNS name {:?} is not a DNS label", r.name));
@@ -83,10 +83,17 @@ pub fn check_record(r: &pb::DnsRecord) -> Result<(Ipv4Addr, Option<Ipv6Addr>), S
     if r.site.len() > 63 || !r.site.split('.').all(label) {
         return Err(format!("DNS record site {:?} is not a site id", r.site));
     }
-    let a: Ipv4Addr = weft_types::net::addr_v4(&r.address).map_err(|m| format!("DNS record address {m}"))?;
-    if a.is_unspecified() || a.is_loopback() || a.is_multicast() || a.is_broadcast() {
-        return Err(format!("DNS record address {a} is not a unicast address"));
-    }
+    // Empty: a name of an IPv6-only site, which has an IPv6 address.
+    let a = match r.address.as_str() {
+        "" if !r.address_v6.is_empty() => None,
+        text => {
+            let a: Ipv4Addr = weft_types::net::addr_v4(text).map_err(|m| format!("DNS record address {m}"))?;
+            if a.is_unspecified() || a.is_loopback() || a.is_multicast() || a.is_broadcast() {
+                return Err(format!("DNS record address {a} is not a unicast address"));
+            }
+            Some(a)
+        }
+    };
     let v6 = match r.address_v6.as_str() {
         "" => None,
         text => {
@@ -132,14 +139,18 @@ impl Records {
                     .get(&d.site)
                     .is_some_and(|v| v.iter().any(|net| net.contains(&ip)))
             };
-            if let Ok((a, v6)) = check_record(d)
-                && routed(IpAddr::V4(a))
-            {
+            let Ok((a, v6)) = check_record(d) else { continue };
+            // Its IPv4 address must be routed, or (a name without one, of
+            // an IPv6-only site) its IPv6 one.
+            let v6 = v6.filter(|v6| routed(IpAddr::V6(*v6)));
+            if a.map_or(v6.is_some(), |a| routed(IpAddr::V4(a))) {
                 let key = format!("{}.{}", d.name, d.site);
-                if let Some(v6) = v6.filter(|v6| routed(IpAddr::V6(*v6))) {
+                if let Some(v6) = v6 {
                     r.names_v6.insert(key.clone(), v6);
                 }
-                r.names.insert(key, a);
+                if let Some(a) = a {
+                    r.names.insert(key, a);
+                }
                 let mut parent = d.site.as_str();
                 loop {
                     r.parents.insert(parent.to_string());
@@ -255,24 +266,27 @@ pub fn answer(query: &[u8], zone: &Name, records: &Records) -> Option<Vec<u8>> {
         return out.to_vec().ok();
     }
     let key = key.as_deref().unwrap_or_default();
-    let v6 = records.names_v6.get(key);
-    match records.names.get(key) {
-        Some(a) if matches!(qtype, RecordType::A | RecordType::AAAA | RecordType::ANY) => {
+    let (a, v6) = (records.names.get(key), records.names_v6.get(key));
+    // A name has an IPv4 address, an IPv6 one (a workload of an IPv6-only
+    // site), or both.
+    let exists = a.is_some() || v6.is_some();
+    match exists.then_some(()) {
+        Some(()) if matches!(qtype, RecordType::A | RecordType::AAAA | RecordType::ANY) => {
             let before = out.answers.len();
-            if matches!(qtype, RecordType::A | RecordType::ANY) {
+            if let Some(a) = a.filter(|_| matches!(qtype, RecordType::A | RecordType::ANY)) {
                 out.add_answer(Record::from_rdata(q.name().clone(), TTL, RData::A(A(*a))));
             }
             if let Some(v6) = v6.filter(|_| matches!(qtype, RecordType::AAAA | RecordType::ANY)) {
                 out.add_answer(Record::from_rdata(q.name().clone(), TTL, RData::AAAA(AAAA(*v6))));
             }
             // The name exists, without data of that type (AAAA of a name
-            // without an IPv6 address).
+            // without an IPv6 address, A of one without an IPv4 one).
             if out.answers.len() == before {
                 out.add_authority(soa(zone));
             }
         }
         // The name exists, without data of that type.
-        Some(_) => {
+        Some(()) => {
             out.add_authority(soa(zone));
         }
         // SITE.<zone> (and its parents) exist above their names.
@@ -408,11 +422,14 @@ pub fn handle(
 }
 
 /// A UDP socket on `addr` that binds even before the address is on the
-/// host (IP_FREEBIND): the workload subnet's address may come later.
+/// host (IP_FREEBIND, IPV6_FREEBIND): the workload subnet's address may
+/// come later.
 pub fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::UdpSocket> {
     let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::DGRAM, None)?;
     if addr.is_ipv4() {
         s.set_freebind_v4(true)?;
+    } else {
+        s.set_freebind_v6(true)?;
     }
     s.set_nonblocking(true)?;
     s.bind(&addr.into())?;
@@ -496,6 +513,10 @@ mod tests {
             // In site-c's view, not site-b's: never served.
             o("site-b", "stray", "10.202.0.5"),
             o("b.c", "web", "10.203.0.10"),
+            // A workload of an IPv6-only site: IPv6 alone, in its view
+            // (and one outside it, never served).
+            o6("site-b", "v6", "", "fd9a:0:100::20"),
+            o6("site-b", "v6stray", "", "fd9a:0:200::20"),
         ])
     }
 
@@ -553,6 +574,16 @@ mod tests {
         }
         let r = ask("api.site-b.weft.internal.", RecordType::A);
         assert_eq!(a_of(&r), vec!["10.200.0.11".parse::<Ipv4Addr>().unwrap()]);
+        // A name without an IPv4 address: AAAA, and A with no data.
+        let r = ask("v6.site-b.weft.internal.", RecordType::AAAA);
+        assert_eq!(aaaa_of(&r), vec!["fd9a:0:100::20".parse::<Ipv6Addr>().unwrap()]);
+        let r = ask("v6.site-b.weft.internal.", RecordType::A);
+        assert_eq!(
+            (r.metadata.response_code, r.answers.len(), r.authorities.len()),
+            (ResponseCode::NoError, 0, 1)
+        );
+        let r = ask("v6stray.site-b.weft.internal.", RecordType::AAAA);
+        assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
     }
 
     #[test]

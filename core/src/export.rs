@@ -188,9 +188,15 @@ pub fn fill(site: &Site, p: Option<&Peering>, onward: &[(String, Vec<Ipv4Net>)],
         .filter(|c| c.addr().is_ipv6())
         .map(|c| c.to_string())
         .collect();
-    params
-        .names
-        .retain(|n| n.address.parse::<std::net::Ipv4Addr>().is_ok_and(|a| reached(a.into())));
+    // A name goes by its IPv4 address (by its IPv6 one when it has none: a
+    // workload of an IPv6-only site).
+    params.names.retain(|n| match n.address.as_str() {
+        "" => n
+            .address_v6
+            .parse::<std::net::Ipv6Addr>()
+            .is_ok_and(|a| reached(a.into())),
+        a => a.parse::<std::net::Ipv4Addr>().is_ok_and(|a| reached(a.into())),
+    });
     for n in &mut params.names {
         if n.address_v6
             .parse::<std::net::Ipv6Addr>()

@@ -197,12 +197,22 @@ pub fn check_remote(
         }
         let kind =
             kind.ok_or_else(|| format!("names[{i}].kind: give NAME_KIND_WORKLOAD or NAME_KIND_EXPORTED_HOST"))?;
-        let address: Ipv4Addr = weft_types::net::addr_v4(address).map_err(|m| format!("names[{i}].address: {m}"))?;
-        let owned = match kind {
-            NameKind::Workload => in_any(workload, address).is_some(),
-            NameKind::ExportedHost => external.is_some_and(|e| e.contains(&address)),
+        // A workload of an IPv6-only site (no IPv4 CIDRs) has only its
+        // IPv6 address.
+        let v6_only = address.is_empty() && workload.is_empty() && kind == NameKind::Workload;
+        if v6_only && address_v6.is_empty() {
+            return Err(format!("names[{i}]: {name:?} has no address of either family"));
+        }
+        let address: Option<Ipv4Addr> = match v6_only {
+            true => None,
+            false => Some(weft_types::net::addr_v4(address).map_err(|m| format!("names[{i}].address: {m}"))?),
         };
-        if !owned {
+        let owned = match (kind, address) {
+            (_, None) => true,
+            (NameKind::Workload, Some(a)) => in_any(workload, a).is_some(),
+            (NameKind::ExportedHost, Some(a)) => external.is_some_and(|e| e.contains(&a)),
+        };
+        if let (false, Some(address)) = (owned, address) {
             let whose = match kind {
                 NameKind::Workload => "workload CIDRs",
                 NameKind::ExportedHost => "external CIDR",
@@ -221,7 +231,14 @@ pub fn check_remote(
                         "names[{i}].address_v6: {name:?} is an exported host; only workloads have IPv6 addresses"
                     ));
                 }
-                workload_v6.iter().any(|c| c.contains(&a)).then_some(a)
+                let owned = workload_v6.iter().any(|c| c.contains(&a));
+                if v6_only && !owned {
+                    return Err(format!(
+                        "names[{i}].address_v6: {a} ({name:?}) is not in the site's own IPv6 workload CIDRs; a site \
+                         names only addresses it owns"
+                    ));
+                }
+                owned.then_some(a)
             }
         };
         out.push(RemoteName {
@@ -268,7 +285,8 @@ pub enum Untranslatable {
 }
 
 fn negotiated(p: &Peering) -> Result<(), Untranslatable> {
-    if matches!(p.state, PeeringState::Pending | PeeringState::Deleting) || p.views.is_empty() {
+    if matches!(p.state, PeeringState::Pending | PeeringState::Deleting) || p.views.is_empty() && p.views_v6.is_empty()
+    {
         return Err(Untranslatable::Precondition(format!(
             "the peering with {} is not negotiated (state {:?}); wait for it, or see `weftctl peerings`",
             p.site_id, p.state
@@ -396,8 +414,9 @@ pub fn to_peer(peerings: &[&Peering], local: IpAddr) -> Result<Translation, Untr
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Learned<'a> {
     pub name: &'a RemoteName,
-    /// Its address in this site's local view.
-    pub local: Ipv4Addr,
+    /// Its address in this site's local view (none: it has no IPv4
+    /// address, or the peering carries no IPv4).
+    pub local: Option<Ipv4Addr>,
     /// Its IPv6 address in this site's IPv6 view, when it has one and the
     /// peering carries IPv6.
     pub local_v6: Option<Ipv6Addr>,
@@ -416,14 +435,24 @@ pub fn learned(p: &Peering) -> Vec<Learned<'_>> {
                 NameKind::Workload => CidrKind::Workload,
                 NameKind::ExportedHost => CidrKind::External,
             };
-            let v = p.views.iter().find(|v| v.kind == want && v.real.contains(&n.address))?;
+            let local = n.address.and_then(|a| {
+                let v = p.views.iter().find(|v| v.kind == want && v.real.contains(&a))?;
+                Some(map(a, v.real, v.local))
+            });
             let local_v6 = n.address_v6.and_then(|a| {
                 let v = views_v6.iter().find(|v| v.kind == want && v.real.contains(&a))?;
                 crate::ipam::translate(a, v.real, v.local)
             });
+            // Its IPv4 address not routed here while IPv4 is (held for
+            // review): left out. Otherwise by the families routed (only
+            // IPv6 on a peering one of whose sites is IPv6-only).
+            let held = n.address.is_some() && local.is_none() && !p.views.is_empty();
+            if held || local.is_none() && local_v6.is_none() {
+                return None;
+            }
             Some(Learned {
                 name: n,
-                local: map(n.address, v.real, v.local),
+                local,
                 local_v6,
             })
         })
@@ -491,13 +520,13 @@ mod tests {
                     RemoteName {
                         name: "web".into(),
                         kind: NameKind::Workload,
-                        address: a("10.1.0.10"),
+                        address: Some(a("10.1.0.10")),
                         address_v6: None,
                     },
                     RemoteName {
                         name: "db".into(),
                         kind: NameKind::ExportedHost,
-                        address: a("10.70.255.254"),
+                        address: Some(a("10.70.255.254")),
                         address_v6: None,
                     },
                 ],
@@ -611,7 +640,7 @@ mod tests {
         let p = peering(PeeringState::Negotiated);
         let got: Vec<(String, Ipv4Addr)> = learned(&p)
             .into_iter()
-            .map(|l| (l.name.name.clone(), l.local))
+            .map(|l| (l.name.name.clone(), l.local.unwrap()))
             .collect();
         assert_eq!(
             got,
@@ -687,7 +716,35 @@ mod tests {
             &w6,
         )
         .unwrap();
-        assert_eq!((out[0].address, out[0].address_v6), (a("10.1.0.10"), None));
+        assert_eq!((out[0].address, out[0].address_v6), (Some(a("10.1.0.10")), None));
+        // An IPv6-only site's workload: its IPv6 address alone, which must
+        // be its own; without IPv4 CIDRs only.
+        let v6_only = check_remote(&one6("api", Some(NameKind::Workload), "", "fd00:1::20"), &[], None, &w6).unwrap();
+        assert_eq!(
+            (v6_only[0].address, v6_only[0].address_v6),
+            (None, Some("fd00:1::20".parse().unwrap()))
+        );
+        for (names, w, field) in [
+            (
+                one6("api", Some(NameKind::Workload), "", "fd00:2::20"),
+                &[][..],
+                "names[0].address_v6",
+            ),
+            (one6("api", Some(NameKind::Workload), "", ""), &[][..], "names[0]"),
+            (
+                one6("api", Some(NameKind::ExportedHost), "", "fd00:1::20"),
+                &[][..],
+                "names[0].address",
+            ),
+            (
+                one6("api", Some(NameKind::Workload), "", "fd00:1::20"),
+                &w[..],
+                "names[0].address",
+            ),
+        ] {
+            let e = check_remote(&names, w, None, &w6).unwrap_err();
+            assert!(e.starts_with(field), "{names:?}: {e}");
+        }
         for (names, field) in [
             (one("web", Some(NameKind::Workload), "10.2.0.10"), "names[0].address"),
             (one("db", Some(NameKind::ExportedHost), "10.1.0.10"), "names[0].address"),

@@ -122,6 +122,12 @@ pub fn remote_site(
         "" => None,
         c => Some(parse_cidr(c).map_err(|m| format!("external_cidr: {m}"))?),
     };
+    // An IPv6-only site sends no IPv4 at all.
+    if let (true, Some(e)) = (workload.is_empty(), external) {
+        return Err(format!(
+            "external_cidr: {e} is given without any IPv4 workload CIDR; a site without IPv4 pods sends none"
+        ));
+    }
     // IPv6 fields that do not parse cost the peering its IPv6 only.
     let (mut workload_v6, mut external_v6, mut ipv6_invalid) = match ipv6_cidrs(p) {
         Ok((w, e)) => (w, e, None),

@@ -995,7 +995,7 @@ mod tests {
             names: vec![RemoteName {
                 name: "web".into(),
                 kind: NameKind::Workload,
-                address: real(10),
+                address: Some(real(10)),
                 address_v6: None,
             }],
             workload_cidrs_v6: vec![],
@@ -1018,7 +1018,7 @@ mod tests {
             Arc::new(NameRecord {
                 name: "db".into(),
                 kind: NameKind::ExportedHost,
-                address: "192.168.7.5".parse().unwrap(),
+                address: Some("192.168.7.5".parse().unwrap()),
                 external: Some("10.70.255.254".parse().unwrap()),
                 address_v6: None,
                 created_at_ms: 0,

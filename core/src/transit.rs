@@ -41,7 +41,9 @@ pub fn usable(p: &Peering) -> bool {
 /// it reaches directly over a hop both ends agree to, by this site's views
 /// of its CIDRs. Empty unless the hop to `to` is agreed.
 pub fn offers(peerings: &Peerings, to: &str) -> Vec<pb::TransitRoute> {
-    if !peerings.get(to).is_some_and(|p| usable(p)) {
+    // Transit is IPv4: nothing for a peer that has no IPv4 views here
+    // (one of the two sites is IPv6-only).
+    if !peerings.get(to).is_some_and(|p| usable(p) && !p.views.is_empty()) {
         return vec![];
     }
     peerings

@@ -254,6 +254,23 @@ fn an_ipv6_only_site_peers_by_ipv6_and_both_sides_say_why_not_ipv4() {
         "{check:#}"
     );
 
+    weft_tests::step("an IPv6-only site whose only CIDRs a peer refuses is refused whole");
+    let d = site(dir.path(), "v6c-d", "2001:db8:5::/48");
+    let token = weftctl_json(&d.target(), &["peering", "token", "--ttl", "10m"])["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let said = refusal(&a.target(), &["peering", "create", "--token", &token]);
+    assert!(said.contains("nothing of site \"v6c-d\" can be routed"), "{said}");
+    assert!(
+        weftctl_json(&a.target(), &["peerings"])["peerings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["site_id"] != "v6c-d"),
+        "a half-written peering"
+    );
+
     weft_tests::step("an IPv4-only site and an IPv6-only one share no family: refused, saying so");
     let token = weftctl_json(&b.target(), &["peering", "token", "--ttl", "10m"])["token"]
         .as_str()
@@ -871,8 +888,9 @@ fn an_ipv6_underlay_carries_ipv4_and_ipv6_workloads() {
 /// kernel never resolves a workload for forwarded traffic), nothing of
 /// IPv4. Site a is dual-stack on
 /// the same ULA. Their workloads reach each other over IPv6 through
-/// remapped views, the far end sees the caller in its own view, and
-/// nothing of IPv4 is routed or allowed into site b's tunnel.
+/// remapped views, the far end sees the caller in its own view, names
+/// resolve to AAAA records in each site's view (site b's named by IPv6
+/// alone), and nothing of IPv4 is routed or allowed into site b's tunnel.
 #[test]
 #[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
 fn an_ipv6_only_site_carries_its_workloads_through_remapped_views() {
@@ -1096,6 +1114,63 @@ fn an_ipv6_only_site_carries_its_workloads_through_remapped_views() {
         format!("from {wa_from_b}"),
         "wb saw wa elsewhere than in its view"
     );
+
+    // weftctl translate goes through the IPv6 view of an IPv6-only peering.
+    let t = weftctl_json(&ta, &["translate", site_b, &wb.to_string()]);
+    assert_eq!(t["local_address"], wb_from_a.to_string(), "{t:#}");
+
+    weft_tests::step("names: an IPv6-only workload's AAAA at site a, a dual-stack name's AAAA at site b");
+    // Site b names wb by its IPv6 address alone (it has no other); site
+    // a names wa in both families (its IPv4 address is not routed to b).
+    weftctl_json(&tb, &["name", "add", "api", &wb.to_string()]);
+    let na_v4: ipnet::Ipv4Net = node(&ta, "na")["subnet"].as_str().unwrap().parse().unwrap();
+    let (na_dns, wa_v4) = (na_v4.hosts().next().unwrap(), na_v4.hosts().nth(9).unwrap());
+    weftctl_json(
+        &ta,
+        &[
+            "name",
+            "add",
+            "web",
+            &wa_v4.to_string(),
+            "--address-v6",
+            &wa.to_string(),
+        ],
+    );
+    let learned = weft_tests::eventually("site a learning api", Duration::from_secs(20), || {
+        weftctl_json(&ta, &["names"])["learned"]
+            .as_array()?
+            .iter()
+            .find(|n| n["name"] == "api")
+            .cloned()
+    });
+    assert_eq!(
+        (&learned["local_address"], &learned["local_address_v6"]),
+        (&Value::from(""), &Value::from(wb_from_a.to_string())),
+        "{learned:#}"
+    );
+    // Each node's responder: na's on its IPv4 subnet's first address
+    // (given to wl0 here), nb's on its /64's (an IPv6-only node's).
+    sh("na", &format!("ip addr add {na_dns}/24 dev wl0"));
+    let dig = |host: &str, server: &str, name: &str, t: &str| -> Vec<String> {
+        let o = netns::exec(
+            &ns[host].0,
+            &["dig", &format!("@{server}"), name, t, "+short", "+time=1", "+tries=1"],
+        );
+        stdout(&o).lines().map(str::to_string).collect()
+    };
+    let nb_dns = first(nb64, 1).to_string();
+    for (host, server, name, want) in [
+        ("na", na_dns.to_string(), "api.v6o-b.weft.internal", wb_from_a),
+        ("wb", nb_dns.clone(), "web.v6o-a.weft.internal", wa_from_b),
+    ] {
+        let got = weft_tests::eventually(&format!("{name} from {host}"), Duration::from_secs(20), || {
+            let got = dig(host, &server, name, "AAAA");
+            (!got.is_empty()).then_some(got)
+        });
+        assert_eq!(got, [want.to_string()], "{name} asked of {server}");
+        // No A record: one site has no IPv4 to reach it by.
+        assert!(dig(host, &server, name, "A").is_empty(), "{name} has an A record");
+    }
 
     weft_tests::step("nothing of IPv4 is routed or allowed into site b's tunnel");
     let ns_b = weft_controller::render::peering_namespace(site_b, site_a);

@@ -193,6 +193,15 @@ async fn peer_views_avoid_everything_in_use_and_are_released() {
         grown.pod_cidrs.push(n("10.9.0.0/16"));
         st.init_site(&grown).await.unwrap();
         assert_eq!(st.site().await.unwrap().0, grown);
+        // Nor may the site drop its IPv4 pods while peerings have IPv4
+        // views (an IPv6-only site routes no IPv4).
+        let mut v6_only = grown.clone();
+        v6_only.pod_cidrs.clear();
+        let err = st.init_site(&v6_only).await.unwrap_err();
+        assert!(
+            matches!(err, Error::FailedPrecondition(ref m) if m.contains("has IPv4 views") && m.contains("site-d")),
+            "{err}"
+        );
     }
 }
 

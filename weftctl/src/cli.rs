@@ -230,9 +230,10 @@ pub enum PolicyCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum NameCmd {
-    /// Publish NAME for a workload's ADDRESS (in the pod CIDRs), or with
-    /// --export for a host outside them (on the site's LAN, reached from the
-    /// gateways): peers reach it through an address of the external CIDR.
+    /// Publish NAME for a workload's ADDRESS (in the pod CIDRs; an IPv6
+    /// one alone on an IPv6-only site), or with --export for a host outside
+    /// them (on the site's LAN, reached from the gateways): peers reach it
+    /// through an address of the external CIDR.
     Add {
         name: String,
         address: String,

@@ -195,7 +195,7 @@ impl Federation {
                 .map(|n| pb::PublishedName {
                     name: n.name.clone(),
                     kind: n.kind.to_pb() as i32,
-                    address: n.published().to_string(),
+                    address: n.published().map(|a| a.to_string()).unwrap_or_default(),
                     address_v6: n.address_v6.map(|a| a.to_string()).unwrap_or_default(),
                 })
                 .collect(),

@@ -301,7 +301,7 @@ pub fn name(n: &crate::names::NameRecord) -> pb::Name {
     pb::Name {
         name: n.name.clone(),
         kind: n.kind.to_pb() as i32,
-        address: n.address.to_string(),
+        address: n.address.map(|a| a.to_string()).unwrap_or_default(),
         external_address: n.external.map(|e| e.to_string()).unwrap_or_default(),
         created_at: ts(n.created_at_ms),
         address_v6: n.address_v6.map(|a| a.to_string()).unwrap_or_default(),

@@ -511,7 +511,11 @@ impl AdminService for AdminApi {
     async fn create_name(&self, req: Request<pb::CreateNameRequest>) -> Result<Response<pb::Name>, Status> {
         let req = req.into_inner();
         crate::names::check_label("name", &req.name).map_err(Status::invalid_argument)?;
-        let address = address_field("address", &req.address)?;
+        // Empty: a workload of an IPv6-only site, named by address_v6.
+        let address = match req.address.trim() {
+            "" => None,
+            a => Some(address_field("address", a)?),
+        };
         let address_v6 = match req.address_v6.as_str() {
             "" => None,
             text => {
@@ -522,7 +526,7 @@ impl AdminService for AdminApi {
             .state
             .create_name(&req.name, address, address_v6, req.export)
             .await?;
-        tracing::info!(name = %n.name, address = %n.address, address_v6 = ?n.address_v6, external = ?n.external, "name published");
+        tracing::info!(name = %n.name, address = ?n.address, address_v6 = ?n.address_v6, external = ?n.external, "name published");
         Ok(Response::new(convert::name(&n)))
     }
 
@@ -545,8 +549,8 @@ impl AdminService for AdminApi {
                     site: p.site_id.clone(),
                     name: l.name.name.clone(),
                     kind: l.name.kind.to_pb() as i32,
-                    address: l.name.address.to_string(),
-                    local_address: l.local.to_string(),
+                    address: l.name.address.map(|a| a.to_string()).unwrap_or_default(),
+                    local_address: l.local.map(|a| a.to_string()).unwrap_or_default(),
                     address_v6: l.name.address_v6.map(|a| a.to_string()).unwrap_or_default(),
                     local_address_v6: l.local_v6.map(|a| a.to_string()).unwrap_or_default(),
                 });

@@ -149,6 +149,13 @@ pub(super) fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error
                 ));
             }
         }
+        if new.pod_cidrs.is_empty() && !(p.views.is_empty() && p.transit_views.is_empty()) {
+            problems.push(format!(
+                "the peering with {:?} has IPv4 views, and the new configuration has no IPv4 pods (an IPv6-only \
+                 site routes no IPv4); delete the peering first, or keep an IPv4 pod CIDR",
+                p.site_id
+            ));
+        }
         if !new.wireguard_ports.contains(p.listen_port) {
             problems.push(format!(
                 "the peering with {:?} listens on UDP {}, outside the new WireGuard ports {}",
@@ -185,7 +192,14 @@ pub(super) fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error
     // the external CIDR.
     let peerings: Vec<&Peering> = snap.peerings.iter().map(|(p, _)| p).collect();
     for (n, _) in &snap.names {
-        if let Err(m) = crate::names::check_own_address(new, &peerings, n.kind, n.address) {
+        let checked = match n.address {
+            Some(a) => crate::names::check_own_address(new, &peerings, n.kind, a),
+            // An IPv6-only workload: its IPv6 address stays in the pods.
+            None => n
+                .address_v6
+                .map_or(Ok(()), |a| crate::names::check_own_address_v6(new, a)),
+        };
+        if let Err(m) = checked {
             problems.push(format!("name {:?}: {m}", n.name));
         }
         if let Some(x) = n.external.filter(|x| !new.external_cidr.contains(x)) {

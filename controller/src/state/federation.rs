@@ -172,6 +172,12 @@ impl State {
             let v4 = !site.pod_cidrs.is_empty() && !remote.workload_cidrs.is_empty();
             let v6 = site.ipv6.is_some() && !remote.workload_cidrs_v6.is_empty();
             if !v4 && !v6 {
+                if let Some(why) = &remote.ipv6_invalid {
+                    return Err(Error::InvalidArgument(format!(
+                        "site {peer_site:?} sent IPv6 parameters this site refuses, and this site has no IPv4 \
+                         pods: {why}"
+                    )));
+                }
                 let (theirs, ours) = match site.pod_cidrs.is_empty() {
                     true => ("IPv4", "IPv6"),
                     false => ("IPv6", "IPv4"),
@@ -184,6 +190,15 @@ impl State {
             let views = self.plan_peer_views(snap, site, peer_site, &remote)?;
             let ipv6 = super::ipv6::plan(snap, site, peer_site, &remote, None);
             let (views_v6, ipv6_refused) = (ipv6.views, ipv6.refused);
+            // Its only family refused as planned: nothing would be routed.
+            if views.is_empty() && views_v6.is_empty() {
+                return Err(Error::InvalidArgument(format!(
+                    "nothing of site {peer_site:?} can be routed: {}",
+                    ipv6_refused
+                        .as_deref()
+                        .unwrap_or("no view of its CIDRs could be planned")
+                )));
+            }
             let mut peering = Peering {
                 site_id: peer_site.to_string(),
                 state: PeeringState::Negotiated,
@@ -287,31 +302,33 @@ impl State {
             check_candidates(&snap.host_addresses(site), &remote)?;
             let mut next = p.clone();
             let mut remote = remote.clone();
-            let changed = old.workload_cidrs != remote.workload_cidrs || old.external_cidr != remote.external_cidr;
-            // A site without IPv4 pods routes none of the peer's IPv4: its
-            // changes need no review. One that has just added IPv4 pods
-            // plans its views of what was agreed.
+            // A site without IPv4 pods routes none of the peer's IPv4: it
+            // keeps the record as agreed and holds nothing (as a site
+            // without IPv6 does with IPv6). Once it adds IPv4 pods it plans
+            // its views of what was agreed; a change since is then held.
             let no_v4 = site.pod_cidrs.is_empty();
+            if no_v4 {
+                (remote.workload_cidrs, remote.external_cidr) = (old.workload_cidrs.clone(), old.external_cidr);
+            }
+            let changed = old.workload_cidrs != remote.workload_cidrs || old.external_cidr != remote.external_cidr;
             let unplanned = !changed && !no_v4 && p.views.is_empty() && !remote.workload_cidrs.is_empty();
             // Bounds apply to what is new; CIDRs already routed stay fine.
             let known: Vec<Ipv4Net> = old.workload_cidrs.iter().copied().chain(old.external_cidr).collect();
             let acceptable =
                 |c: &Ipv4Net| known.contains(c) || site.peer_cidr_auto_accept.iter().any(|b| b.contains(c));
             let auto = unplanned
-                || changed
-                    && (no_v4
-                        || remote.workload_cidrs.iter().all(acceptable) && remote.external_cidr.iter().all(acceptable));
+                || changed && remote.workload_cidrs.iter().all(acceptable) && remote.external_cidr.iter().all(acceptable);
             // Within bounds, but refused as planned (over this site's hosts):
             // held for the admin like any other change.
             let planned = if auto {
                 match self.plan_peer_views(snap, site, peer_site, &remote) {
                     Ok(v) => Some(v),
-                    Err(Error::InvalidArgument(_)) => None,
                     // The rest of the update still stands.
                     Err(e) if unplanned => {
                         tracing::warn!(peer = %peer_site, error = %e, "no IPv4 views of the peer after adding IPv4 pods");
                         None
                     }
+                    Err(Error::InvalidArgument(_)) => None,
                     Err(e) => return Err(e),
                 }
             } else {
@@ -523,7 +540,8 @@ impl State {
         p: &Peering,
         remote: &RemoteSite,
     ) -> Vec<crate::domain::TransitView> {
-        if !(p.transit && remote.transit) {
+        // (Transit is IPv4: an IPv6-only site takes none.)
+        if !(p.transit && remote.transit) || site.pod_cidrs.is_empty() {
             return vec![];
         }
         let mut planned: Vec<crate::domain::TransitView> = Vec::new();

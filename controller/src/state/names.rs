@@ -15,11 +15,16 @@ impl State {
     pub async fn create_name(
         &self,
         name: &str,
-        address: Ipv4Addr,
+        address: Option<Ipv4Addr>,
         address_v6: Option<Ipv6Addr>,
         export: bool,
     ) -> Result<NameRecord, Error> {
         names::check_label("name", name).map_err(Error::InvalidArgument)?;
+        if address.is_none() && (export || address_v6.is_none()) {
+            return Err(Error::InvalidArgument(
+                "address: give the workload's address (or the exported host's, with --export)".into(),
+            ));
+        }
         if export && address_v6.is_some() {
             return Err(Error::InvalidArgument(
                 "address_v6: an exported host is reached over IPv4 only; publish it without an IPv6 address".into(),
@@ -34,9 +39,10 @@ impl State {
         self.commit(|snap| {
             let site = snap.site()?;
             if let Some((n, _)) = snap.names.iter().find(|(n, _)| n.name == name) {
+                let at = n.address.map(std::net::IpAddr::from).or(n.address_v6.map(Into::into));
                 return Err(Error::AlreadyExists(format!(
                     "name {name:?} is already published for {}; delete it first (`weftctl name delete {name}`)",
-                    n.address
+                    at.map_or_else(|| "no address".to_string(), |a| a.to_string())
                 )));
             }
             if snap.names.len() >= MAX_NAMES {
@@ -45,8 +51,21 @@ impl State {
                 )));
             }
             let peerings: Vec<_> = snap.peerings.iter().map(|(p, _)| p).collect();
-            names::check_own_address(site, &peerings, kind, address)
-                .map_err(|m| Error::InvalidArgument(format!("address: {m}")))?;
+            match address {
+                Some(a) => names::check_own_address(site, &peerings, kind, a)
+                    .map_err(|m| Error::InvalidArgument(format!("address: {m}")))?,
+                // Only an IPv6-only site names a workload by IPv6 alone: a
+                // peer of an earlier version would refuse a name without
+                // an IPv4 address, and with it every parameter it was sent.
+                None if !site.pod_cidrs.is_empty() => {
+                    return Err(Error::InvalidArgument(
+                        "address: this site has IPv4 pods; give the workload's IPv4 address too (its IPv6 one \
+                         with --address-v6)"
+                            .into(),
+                    ));
+                }
+                None => {}
+            }
             if let Some(a) = address_v6 {
                 names::check_own_address_v6(site, a).map_err(|m| Error::InvalidArgument(format!("address_v6: {m}")))?;
             }
@@ -61,7 +80,7 @@ impl State {
             // Every create is guarded like an IPAM change, so that two
             // replicas cannot both add the last allowed name.
             let txn = self.ipam_guard(snap, Txn::new());
-            if export {
+            if let (true, Some(address)) = (export, address) {
                 // weft's own hosts are not for peers to reach through a
                 // tunnel: a node's address would hand them its overlay port.
                 if let Some((_, who)) = snap.host_addresses(site).into_iter().find(|(a, _)| *a == address) {
@@ -72,7 +91,7 @@ impl State {
                 if let Some((n, _)) = snap
                     .names
                     .iter()
-                    .find(|(n, _)| n.external.is_some() && n.address == address)
+                    .find(|(n, _)| n.external.is_some() && n.address == Some(address))
                 {
                     return Err(Error::AlreadyExists(format!(
                         "address: {address} is already exported as {:?}; use that name",

@@ -218,7 +218,7 @@ impl Snapshot {
             self.names
                 .iter()
                 .filter(|(r, _)| r.external.is_some())
-                .map(|(r, _)| Ipv4Net::from(r.address)),
+                .filter_map(|(r, _)| r.address.map(Ipv4Net::from)),
         );
         v.extend(self.view_blocks(keep));
         v

@@ -38,8 +38,10 @@ pub struct NameRecord {
     pub name: String,
     pub kind: NameKind,
     /// The workload's address, or the exported host's own address (which
-    /// never leaves the site).
-    pub address: Ipv4Addr,
+    /// never leaves the site); none for a workload of an IPv6-only site,
+    /// named by its IPv6 address alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<Ipv4Addr>,
     /// Exported host: its address in the site's external CIDR.
     #[serde(default)]
     pub external: Option<Ipv4Addr>,
@@ -50,9 +52,10 @@ pub struct NameRecord {
 }
 
 impl NameRecord {
-    /// The address peers are told: the workload's, or the external one.
-    pub fn published(&self) -> Ipv4Addr {
-        self.external.unwrap_or(self.address)
+    /// The IPv4 address peers are told: the workload's, or the external
+    /// one; none for an IPv6-only workload.
+    pub fn published(&self) -> Option<Ipv4Addr> {
+        self.external.or(self.address)
     }
 }
 
@@ -61,8 +64,10 @@ impl NameRecord {
 pub struct RemoteName {
     pub name: String,
     pub kind: NameKind,
-    /// In the peer's workload CIDRs (workload) or external CIDR (exported).
-    pub address: Ipv4Addr,
+    /// In the peer's workload CIDRs (workload) or external CIDR (exported);
+    /// none for a workload of an IPv6-only site.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<Ipv4Addr>,
     /// A workload's IPv6 address, in the peer's IPv6 workload CIDRs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address_v6: Option<std::net::Ipv6Addr>,

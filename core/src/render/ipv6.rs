@@ -240,7 +240,7 @@ mod tests {
         r.names = vec![crate::domain::RemoteName {
             name: "web".into(),
             kind: crate::domain::NameKind::Workload,
-            address: "10.1.0.10".parse().unwrap(),
+            address: Some("10.1.0.10".parse().unwrap()),
             address_v6: Some("fd00:1::10".parse().unwrap()),
         }];
         r.gateways = vec![RemoteGateway {

@@ -140,7 +140,7 @@ pub fn node_shared(m: &Model) -> Objects {
                 Kind::DnsRecord(pb::DnsRecord {
                     site: p.site_id.clone(),
                     name: l.name.name.clone(),
-                    address: l.local.to_string(),
+                    address: l.local.map(|a| a.to_string()).unwrap_or_default(),
                     address_v6: l.local_v6.map(|a| a.to_string()).unwrap_or_default(),
                 }),
             )]);

@@ -255,7 +255,7 @@ fn tunnel_filter(m: &Model, g: &Gateway, p: &Peering, base: &str, ids: &PeeringI
         m.names
             .values()
             .filter(|n| n.external.is_some())
-            .map(|n| format!("{}/32", n.address)),
+            .filter_map(|n| n.address.map(|a| format!("{a}/32"))),
     );
     allowed.extend(super::ipv6::filter_allowed(m, p));
     let onward = crate::transit::onward(m.peerings.values().map(|q| &**q), p);
@@ -336,7 +336,9 @@ fn transit_hub(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> Objects 
 fn exports(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
     let mut out = Objects::new();
     for n in m.names.values() {
-        let Some(external) = n.external else { continue };
+        let (Some(external), Some(host)) = (n.external, n.address) else {
+            continue;
+        };
         out.extend([
             obj(
                 format!("{base}export/{}", n.name),
@@ -344,18 +346,12 @@ fn exports(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
                     namespace: ids.ns.clone(),
                     tunnel: ids.link.clone(),
                     external_address: external.to_string(),
-                    host_address: n.address.to_string(),
+                    host_address: host.to_string(),
                 }),
             ),
             obj(
                 format!("{base}export/{}/route", n.name),
-                route(
-                    &ids.ns,
-                    0,
-                    format!("{}/32", n.address),
-                    ids.outer_ip.to_string(),
-                    &ids.inner,
-                ),
+                route(&ids.ns, 0, format!("{host}/32"), ids.outer_ip.to_string(), &ids.inner),
             ),
         ]);
     }

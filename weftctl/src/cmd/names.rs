@@ -61,6 +61,15 @@ pub async fn translate(c: &mut Client, args: &[String]) -> Result<Out, String> {
     })
 }
 
+/// A name's addresses of both families, those it has.
+fn both(a: &str, v6: &str) -> String {
+    [a, v6]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// `names`: published and learned names.
 pub async fn list(c: &mut Client) -> Result<Out, String> {
     let r = c
@@ -74,10 +83,8 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
         .map(|n| {
             let reached = if !n.external_address.is_empty() {
                 format!("{} (host {})", n.external_address, n.address)
-            } else if n.address_v6.is_empty() {
-                n.address.clone()
             } else {
-                format!("{} {}", n.address, n.address_v6)
+                both(&n.address, &n.address_v6)
             };
             vec![
                 "(this site)".into(),
@@ -88,13 +95,6 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
             ]
         })
         .collect();
-    let both = |a: &str, v6: &str| {
-        if v6.is_empty() {
-            a.to_string()
-        } else {
-            format!("{a} {v6}")
-        }
-    };
     rows.extend(r.learned.iter().map(|n| {
         vec![
             n.site.clone(),
@@ -130,20 +130,27 @@ pub async fn run(c: &mut Client, cmd: &NameCmd) -> Result<Out, String> {
             export,
             address_v6,
         } => {
+            // An IPv6 address alone: a workload of an IPv6-only site.
+            let (address, address_v6) = match (address.contains(':'), address_v6) {
+                (true, None) => (String::new(), address.clone()),
+                (_, v6) => (address.clone(), v6.clone().unwrap_or_default()),
+            };
             let n = c
                 .create_name(pb::CreateNameRequest {
                     name: name.clone(),
-                    address: address.clone(),
+                    address,
                     export: *export,
-                    address_v6: address_v6.clone().unwrap_or_default(),
+                    address_v6,
                 })
                 .await
                 .map_err(status)?
                 .into_inner();
-            let mut out = text(if !n.address_v6.is_empty() {
-                format!("published {} for {} and {}", n.name, n.address, n.address_v6)
-            } else if n.external_address.is_empty() {
-                format!("published {} for {}", n.name, n.address)
+            let mut out = text(if n.external_address.is_empty() {
+                format!(
+                    "published {} for {}",
+                    n.name,
+                    both(&n.address, &n.address_v6).replace(' ', " and ")
+                )
             } else {
                 format!(
                     "exported {} ({}) to peers at {} of the external CIDR",
