@@ -167,7 +167,16 @@ pub fn describe(o: &pb::DesiredObject) -> String {
                 h.except.join(", ")
             )
         }
-        Some(Kind::DnsRecord(r)) => format!("DNS name {}.{} -> {}", r.name, r.site, r.address),
+        Some(Kind::DnsRecord(r)) => format!(
+            "DNS name {}.{} -> {}",
+            r.name,
+            r.site,
+            [r.address.as_str(), r.address_v6.as_str()]
+                .into_iter()
+                .filter(|a| !a.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
         Some(Kind::ExportMap(x)) => format!(
             "export in {}: {} from {} -> {}",
             x.namespace, x.external_address, x.tunnel, x.host_address

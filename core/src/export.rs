@@ -188,14 +188,19 @@ pub fn fill(site: &Site, p: Option<&Peering>, onward: &[(String, Vec<Ipv4Net>)],
         .filter(|c| c.addr().is_ipv6())
         .map(|c| c.to_string())
         .collect();
-    // A name goes by its IPv4 address (by its IPv6 one when it has none: a
-    // workload of an IPv6-only site).
+    // A name goes by its IPv4 address; by its IPv6 one when it has none
+    // (a workload of an IPv6-only site), or when the peering carries no
+    // IPv4 (the peer sent no IPv4 CIDRs: it reaches the name by IPv6
+    // alone).
+    let v4 = !p
+        .and_then(|p| p.remote.as_ref())
+        .is_some_and(|r| r.workload_cidrs.is_empty());
     params.names.retain(|n| match n.address.as_str() {
-        "" => n
+        a if !a.is_empty() && v4 => a.parse::<std::net::Ipv4Addr>().is_ok_and(|a| reached(a.into())),
+        _ => n
             .address_v6
             .parse::<std::net::Ipv6Addr>()
             .is_ok_and(|a| reached(a.into())),
-        a => a.parse::<std::net::Ipv4Addr>().is_ok_and(|a| reached(a.into())),
     });
     for n in &mut params.names {
         if n.address_v6

@@ -1171,6 +1171,37 @@ fn an_ipv6_only_site_carries_its_workloads_through_remapped_views() {
         // No A record: one site has no IPv4 to reach it by.
         assert!(dig(host, &server, name, "A").is_empty(), "{name} has an A record");
     }
+    // An export policy of IPv6 rules alone toward the IPv6-only site still
+    // tells it wa's name: it goes by the IPv6 address there.
+    weftctl_json(
+        &ta,
+        &[
+            "peering",
+            "policy",
+            "set",
+            site_b,
+            "--allow",
+            &format!("{na64},tcp,5300"),
+        ],
+    );
+    let learned_web = || -> Option<Value> {
+        weftctl_json(&tb, &["names"])["learned"]
+            .as_array()?
+            .iter()
+            .find(|n| n["name"] == "web")
+            .cloned()
+    };
+    let exports = weft_tests::eventually("site b told of a's policy", Duration::from_secs(20), || {
+        let p = weftctl_json(&tb, &["peerings"])["peerings"][0]["peer_exports"].clone();
+        (!p.is_null()).then_some(p)
+    });
+    assert_eq!(
+        exports,
+        serde_json::json!([na64.to_string()]),
+        "the policy's IPv6 prefix"
+    );
+    let web = learned_web().expect("web is still learned under an IPv6-only policy");
+    assert_eq!(web["local_address_v6"], wa_from_b.to_string(), "{web:#}");
 
     weft_tests::step("nothing of IPv4 is routed or allowed into site b's tunnel");
     let ns_b = weft_controller::render::peering_namespace(site_b, site_a);

@@ -366,3 +366,56 @@ async fn a_site_adds_ipv6_and_its_nodes_get_a_64_each() {
         );
     }
 }
+
+/// An IPv6-only site: a node gets a /64 and no IPv4 subnet, a name goes by
+/// its IPv6 address alone (an IPv4 one is refused); adding IPv4 pods is
+/// refused while such a name lacks an IPv4 address, and once it is given
+/// one, taken: the node gets an IPv4 subnet and keeps its /64.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_only_site_adds_ipv4_once_its_names_have_it() {
+    use weft_controller::domain::Ipv6Networks;
+    let dir = tempfile::tempdir().unwrap();
+    let st = State::new(
+        Arc::new(EmbeddedStore::open(&dir.path().join("s.redb")).unwrap()),
+        "site-a",
+    );
+    let v6_only = Site {
+        pod_cidrs: vec![],
+        ipv6: Some(Ipv6Networks {
+            pod_cidrs: vec!["fd00:1::/48".parse().unwrap()],
+            ..Default::default()
+        }),
+        ..site()
+    };
+    st.init_site(&v6_only).await.unwrap();
+    let node = st.create_node("n1", None).await.unwrap();
+    assert_eq!(node.subnet, None);
+    let v6 = node.subnet_v6.expect("a /64");
+    let wl = std::net::Ipv6Addr::from(u128::from(v6.network()) + 0x10);
+    let err = st
+        .create_name("web", Some("10.1.0.10".parse().unwrap()), None, false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidArgument(ref m) if m.contains("IPv6-only")),
+        "{err}"
+    );
+    let rec = st.create_name("web", None, Some(wl), false).await.unwrap();
+    assert_eq!((rec.address, rec.address_v6), (None, Some(wl)));
+
+    let dual = Site {
+        pod_cidrs: site().pod_cidrs,
+        ..v6_only.clone()
+    };
+    let err = st.init_site(&dual).await.unwrap_err();
+    assert!(
+        matches!(err, Error::FailedPrecondition(ref m) if m.contains("\"web\"") && m.contains("no IPv4 address")),
+        "{err}"
+    );
+    st.delete_name("web").await.unwrap();
+    st.init_site(&dual).await.unwrap();
+    let (nodes, _) = st.list_nodes().await.unwrap();
+    let subnet = nodes[0].subnet.expect("an IPv4 subnet once the site has IPv4 pods");
+    assert!(dual.pod_cidrs.iter().any(|p| p.contains(&subnet)), "{subnet}");
+    assert_eq!(nodes[0].subnet_v6, Some(v6), "the /64 is kept");
+}

@@ -191,6 +191,9 @@ impl Federation {
                 .values()
                 // Never more than a peer accepts (the store could hold more
                 // only through a write that bypassed the API).
+                // (A name without an IPv4 address only from an IPv6-only
+                // site: peers refuse it otherwise.)
+                .filter(|n| n.address.is_some() || site.pod_cidrs.is_empty())
                 .take(crate::names::MAX_NAMES)
                 .map(|n| pb::PublishedName {
                     name: n.name.clone(),

@@ -194,6 +194,13 @@ pub(super) fn check_site_change(new: &Site, snap: &Snapshot) -> Result<(), Error
     for (n, _) in &snap.names {
         let checked = match n.address {
             Some(a) => crate::names::check_own_address(new, &peerings, n.kind, a),
+            // Peers take a name without an IPv4 address only from a site
+            // without IPv4 pods.
+            None if !new.pod_cidrs.is_empty() => Err(
+                "it has no IPv4 address, and the new configuration has IPv4 pods; delete it and add it again \
+                 with the workload's IPv4 address (--address-v6 for its IPv6 one)"
+                    .to_string(),
+            ),
             // An IPv6-only workload: its IPv6 address stays in the pods.
             None => n
                 .address_v6

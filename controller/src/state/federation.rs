@@ -173,9 +173,12 @@ impl State {
             let v6 = site.ipv6.is_some() && !remote.workload_cidrs_v6.is_empty();
             if !v4 && !v6 {
                 if let Some(why) = &remote.ipv6_invalid {
+                    let other = match site.pod_cidrs.is_empty() {
+                        true => "this site has no IPv4 pods",
+                        false => "it offers no IPv4",
+                    };
                     return Err(Error::InvalidArgument(format!(
-                        "site {peer_site:?} sent IPv6 parameters this site refuses, and this site has no IPv4 \
-                         pods: {why}"
+                        "site {peer_site:?} sent IPv6 parameters this site refuses, and {other}: {why}"
                     )));
                 }
                 let (theirs, ours) = match site.pod_cidrs.is_empty() {

@@ -66,9 +66,49 @@ pub struct RemoteName {
     pub kind: NameKind,
     /// In the peer's workload CIDRs (workload) or external CIDR (exported);
     /// none for a workload of an IPv6-only site.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(with = "v4_or_unspecified")]
     pub address: Option<Ipv4Addr>,
     /// A workload's IPv6 address, in the peer's IPv6 workload CIDRs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address_v6: Option<std::net::Ipv6Addr>,
+}
+
+/// [`RemoteName::address`] as stored: none is written as 0.0.0.0, so that
+/// a controller replica of an earlier version, which requires the field,
+/// still reads the peering that holds it (a dual-stack site peered with an
+/// IPv6-only one); 0.0.0.0 is in no peer's view, so it learns nothing from
+/// such a name.
+mod v4_or_unspecified {
+    use std::net::Ipv4Addr;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(a: &Option<Ipv4Addr>, s: S) -> Result<S::Ok, S::Error> {
+        a.unwrap_or(Ipv4Addr::UNSPECIFIED).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Ipv4Addr>, D::Error> {
+        Ok(Some(Ipv4Addr::deserialize(d)?).filter(|a| !a.is_unspecified()))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use crate::domain::{NameKind, RemoteName};
+
+        #[test]
+        fn a_name_without_ipv4_is_stored_as_an_earlier_version_reads_it() {
+            let n = RemoteName {
+                name: "api".into(),
+                kind: NameKind::Workload,
+                address: None,
+                address_v6: Some("fd00:1::20".parse().unwrap()),
+            };
+            let text = serde_json::to_string(&n).unwrap();
+            assert!(text.contains(r#""address":"0.0.0.0""#), "{text}");
+            assert_eq!(serde_json::from_str::<RemoteName>(&text).unwrap(), n);
+            let with: RemoteName =
+                serde_json::from_str(r#"{"name":"web","kind":"workload","address":"10.1.0.10"}"#).unwrap();
+            assert_eq!(with.address, Some("10.1.0.10".parse().unwrap()));
+        }
+    }
 }
