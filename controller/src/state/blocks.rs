@@ -7,6 +7,40 @@ use super::Snapshot;
 use crate::domain::*;
 use crate::error::Error;
 use crate::ipam;
+use crate::store::Revision;
+
+/// The nodes missing a subnet of a family `site` has, each given one (a
+/// site that adds IPv6, or IPv4, keeps its nodes): a /64 while the IPv6
+/// pods have one left (IPv6 then waits, as for a new node), an IPv4
+/// subnet or the change is refused. Each with the revision it was read at.
+pub(super) fn number_nodes(site: &Site, snap: &Snapshot) -> Result<Vec<(Node, Revision)>, Error> {
+    let mut taken_v6 = snap.node_subnets_v6();
+    let mut taken: Vec<ipnet::Ipv4Net> = snap.node_subnets().into_iter().map(|t| t.1).collect();
+    let mut v6_full = false;
+    let mut out = Vec::new();
+    for (n, rev) in &snap.nodes {
+        let mut m = n.clone();
+        if let (Some(v6), None, false) = (&site.ipv6, m.subnet_v6, v6_full) {
+            m.subnet_v6 = super::agents::ipv6_subnet(v6, &n.name, &taken_v6);
+            taken_v6.extend(m.subnet_v6);
+            v6_full = m.subnet_v6.is_none();
+        }
+        if m.subnet.is_none() && !site.pod_cidrs.is_empty() {
+            let (s, _) = ipam::allocate_node_subnet(&site.pod_cidrs, site.node_prefix_len, &taken).map_err(|e| {
+                Error::FailedPrecondition(format!(
+                    "pod_cidrs: node {:?} has no IPv4 subnet and none is left for it: {e}",
+                    n.name
+                ))
+            })?;
+            taken.push(s);
+            m.subnet = Some(s);
+        }
+        if m != *n {
+            out.push((m, *rev));
+        }
+    }
+    Ok(out)
+}
 
 /// The blocks `nodes` and `peerings` hold (both families), sorted, and
 /// each pool's usage.

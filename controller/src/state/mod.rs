@@ -35,6 +35,7 @@ pub use export::Mode as ExportMode;
 mod ipv6;
 mod names;
 mod snapshot;
+mod views;
 use snapshot::Snapshot;
 
 pub use layout::{Key, Prefix};
@@ -322,50 +323,7 @@ impl State {
                     None => vec![ipv6::generated_pool(&v6.own_blocks())?],
                 };
             }
-            // Nodes without a /64 get one (as long as the pods have one).
-            let mut numbered: Vec<(Node, Revision)> = Vec::new();
-            if let Some(v6) = &site.ipv6 {
-                let mut taken = snap.node_subnets_v6();
-                for (n, rev) in snap.nodes.iter().filter(|(n, _)| n.subnet_v6.is_none()) {
-                    let Some(s) = agents::ipv6_subnet(v6, &n.name, &taken) else {
-                        break;
-                    };
-                    taken.push(s);
-                    numbered.push((
-                        Node {
-                            subnet_v6: Some(s),
-                            ..n.clone()
-                        },
-                        *rev,
-                    ));
-                }
-            }
-            // An IPv6-only site adding IPv4 pods: its nodes get an IPv4
-            // subnet each, or the change is refused.
-            if !site.pod_cidrs.is_empty() {
-                let mut taken: Vec<ipnet::Ipv4Net> = snap.node_subnets().into_iter().map(|t| t.1).collect();
-                for (n, rev) in snap.nodes.iter().filter(|(n, _)| n.subnet.is_none()) {
-                    let s = ipam::allocate_node_subnet(&site.pod_cidrs, site.node_prefix_len, &taken)
-                        .map_err(|e| {
-                            Error::FailedPrecondition(format!(
-                                "pod_cidrs: node {:?} has no IPv4 subnet and none is left for it: {e}",
-                                n.name
-                            ))
-                        })?
-                        .0;
-                    taken.push(s);
-                    match numbered.iter_mut().find(|(m, _)| m.name == n.name) {
-                        Some((m, _)) => m.subnet = Some(s),
-                        None => numbered.push((
-                            Node {
-                                subnet: Some(s),
-                                ..n.clone()
-                            },
-                            *rev,
-                        )),
-                    }
-                }
-            }
+            let numbered = blocks::number_nodes(&site, snap)?;
             match &snap.site {
                 Some(stored) if *stored == site && numbered.is_empty() => return Ok((None, site)),
                 Some(_) => check_site_change(&site, snap)?,
