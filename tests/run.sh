@@ -39,7 +39,26 @@ report() {
 }
 trap report EXIT
 
+# One build, used once: cargo's incremental state would be 1.8 GB of a clean
+# clone's 4 GB target/ and is never reused here (CARGO_INCREMENTAL=1 keeps it
+# for repeated local runs).
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+# A full disk otherwise shows only minutes later, as the linker dying of a
+# bus error: say so first. The figure is a clean clone's target/ at its
+# largest with incremental off (docs/benchmarks.md, the suite's own time), less what is
+# already built.
+check_disk() {
+    local dir=${CARGO_TARGET_DIR:-target} need_mb=2600 free_mb have_mb
+    mkdir -p "$dir"
+    free_mb=$(df -Pm "$dir" | awk 'NR == 2 {print $4}')
+    have_mb=$(du -sm "$dir" | cut -f1)
+    if [ $((free_mb + have_mb)) -lt $need_mb ]; then
+        echo "tests/run.sh: $free_mb MB free where cargo builds ($dir), and a clean build needs about $need_mb MB; free some space, or point CARGO_TARGET_DIR at a larger disk" >&2
+        exit 1
+    fi
+}
 phase "setup (deploy/setup.sh)" deploy/setup.sh
+phase "free disk" check_disk
 phase "cargo fmt --check" cargo fmt --all -- --check
 phase "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 # The end-to-end tests run the workspace's binaries: build them first.
