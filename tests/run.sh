@@ -44,17 +44,21 @@ trap report EXIT
 # for repeated local runs).
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 # A full disk otherwise shows only minutes later, as the linker dying of a
-# bus error: say so first. The figure is a clean clone's target/ at its
-# largest with incremental off (docs/benchmarks.md, the suite's own time), less what is
-# already built.
+# bus error: say so first. A clean clone's target/ reaches 2.2 GB with
+# incremental off (docs/benchmarks.md, the suite's own time): with less than
+# that (less what is already built) the build cannot fit, and below 2.6 GB
+# it may not.
 check_disk() {
-    local dir=${CARGO_TARGET_DIR:-target} need_mb=2600 free_mb have_mb
+    local dir=${CARGO_TARGET_DIR:-target} free_mb have_mb
     mkdir -p "$dir"
     free_mb=$(df -Pm "$dir" | awk 'NR == 2 {print $4}')
     have_mb=$(du -sm "$dir" | cut -f1)
-    if [ $((free_mb + have_mb)) -lt $need_mb ]; then
-        echo "tests/run.sh: $free_mb MB free where cargo builds ($dir), and a clean build needs about $need_mb MB; free some space, or point CARGO_TARGET_DIR at a larger disk" >&2
+    local msg="$free_mb MB free where cargo builds ($dir), and a clean build takes about 2200 MB"
+    if [ $((free_mb + have_mb)) -lt 2200 ]; then
+        echo "tests/run.sh: $msg; free some space, or point CARGO_TARGET_DIR at a larger disk" >&2
         exit 1
+    elif [ $((free_mb + have_mb)) -lt 2600 ]; then
+        echo "tests/run.sh: warning: only $msg; the build may run out of space" >&2
     fi
 }
 phase "setup (deploy/setup.sh)" deploy/setup.sh
