@@ -49,15 +49,15 @@ export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 # that (less what is already built) the build cannot fit, and below 2.6 GB
 # it may not.
 check_disk() {
-    local dir=${CARGO_TARGET_DIR:-target} free_mb have_mb
+    local dir=${CARGO_TARGET_DIR:-target} need_mb=2200 warn_mb=2600 free_mb room_mb
     mkdir -p "$dir"
     free_mb=$(df -Pm "$dir" | awk 'NR == 2 {print $4}')
-    have_mb=$(du -sm "$dir" | cut -f1)
-    local msg="$free_mb MB free where cargo builds ($dir), and a clean build takes about 2200 MB"
-    if [ $((free_mb + have_mb)) -lt 2200 ]; then
+    room_mb=$((free_mb + $(du -sm "$dir" | cut -f1)))
+    local msg="$free_mb MB free where cargo builds ($dir), and a clean build takes about $need_mb MB"
+    if [ "$room_mb" -lt "$need_mb" ]; then
         echo "tests/run.sh: $msg; free some space, or point CARGO_TARGET_DIR at a larger disk" >&2
         exit 1
-    elif [ $((free_mb + have_mb)) -lt 2600 ]; then
+    elif [ "$room_mb" -lt "$warn_mb" ]; then
         echo "tests/run.sh: warning: only $msg; the build may run out of space" >&2
     fi
 }
