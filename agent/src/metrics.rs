@@ -208,13 +208,21 @@ fn relay_series(f: &mut weft_common::obs::Families, seen: &Relayed) {
             ("no_peer", &c.no_peer),
             ("rate_limited", &c.rate_limited),
             ("send_failed", &c.send_failed),
+            ("handshakes_limited", &c.handshakes_limited),
+            ("replayed", &c.replayed),
         ] {
             f.counter(
                 "weft_gateway_relay_dropped",
-                "Datagrams a relayed tunnel dropped: from an address not learned (or a handshake not vouched for), for a side not learned yet, over the rate limit, or refused by the kernel",
+                "Datagrams a relayed tunnel dropped: from an address not learned (or a handshake not addressed to the other side), for a side not learned yet, over the rate limit, refused by the kernel, handshakes from addresses not learned over a side's budget, or replayed initiations",
                 &l(why),
                 n.load(Relaxed),
             );
         }
+        f.counter(
+            "weft_gateway_relay_ambiguous_answers",
+            "Handshake responses a relayed tunnel could not tie to one sender: two addresses had sent initiations with that index (one guessed it); neither was learned",
+            &[("site_a", a.as_str()), ("site_b", b.as_str())],
+            c.ambiguous.load(Relaxed),
+        );
     }
 }

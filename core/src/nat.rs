@@ -85,6 +85,54 @@ pub struct Discovered {
 /// that another host could send to (not loopback, unspecified, multicast,
 /// broadcast or link-local), of a known kind, and not one of `own_hosts`
 /// (a peer must not point this site's gateways at this site's own hosts).
+/// Checks an address a peer asks this site's gateways to send to (a
+/// gateway's endpoint, a candidate, a relay): not loopback (unless
+/// `loopback_ok`), unspecified,
+/// multicast, broadcast or link-local (169.254.169.254, where clouds
+/// serve instance metadata, among them), in either family or as an
+/// IPv4-mapped IPv6 address, not port 0, and not one of this site's own
+/// hosts (`own_hosts`); an error names `field` and what the address is.
+pub fn endpoint(
+    field: &str,
+    address: std::net::SocketAddr,
+    own_hosts: &[(Ipv4Addr, String)],
+    loopback_ok: bool,
+) -> Result<(), String> {
+    use std::net::IpAddr;
+    let ip = match address.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    };
+    let what = if ip.is_loopback() && !loopback_ok {
+        Some("a loopback address")
+    } else if ip.is_unspecified() {
+        Some("the unspecified address")
+    } else if ip.is_multicast() {
+        Some("a multicast address")
+    } else if matches!(ip, IpAddr::V4(v4) if v4.is_broadcast()) {
+        Some("the broadcast address")
+    } else if matches!(ip, IpAddr::V4(v4) if v4.is_link_local())
+        || matches!(ip, IpAddr::V6(v6) if v6.is_unicast_link_local())
+    {
+        Some("a link-local address")
+    } else if address.port() == 0 {
+        Some("port 0")
+    } else {
+        None
+    };
+    if let Some(what) = what {
+        return Err(format!("{field} {address} is {what}: no gateway can be reached there"));
+    }
+    if let IpAddr::V4(v4) = ip
+        && let Some((_, who)) = own_hosts.iter().find(|(h, _)| *h == v4)
+    {
+        return Err(format!(
+            "{field} {address} is the address of {who} of this site: a peer's gateway cannot be there"
+        ));
+    }
+    Ok(())
+}
+
 pub fn candidates(
     field: &str,
     list: &[pb::Candidate],
@@ -114,32 +162,12 @@ pub fn candidates(
                 ));
             }
         };
-        let ip = address.ip();
-        let what = if ip.is_loopback() {
-            Some("a loopback address")
-        } else if ip.is_unspecified() {
-            Some("the unspecified address")
-        } else if ip.is_multicast() {
-            Some("a multicast address")
-        } else if ip.is_broadcast() {
-            Some("the broadcast address")
-        } else if ip.is_link_local() {
-            Some("a link-local address")
-        } else if address.port() == 0 {
-            Some("port 0")
-        } else {
-            None
-        };
-        if let Some(what) = what {
-            return Err(format!(
-                "{at}.address {address} is {what}: no gateway can be reached there"
-            ));
-        }
-        if let Some((_, who)) = own_hosts.iter().find(|(h, _)| h == ip) {
-            return Err(format!(
-                "{at}.address {address} is the address of {who} of this site: a peer's gateway cannot be there"
-            ));
-        }
+        endpoint(
+            &format!("{at}.address"),
+            std::net::SocketAddr::V4(address),
+            own_hosts,
+            false,
+        )?;
         out.push(Candidate { address, kind });
     }
     Ok(out)

@@ -25,12 +25,21 @@ pub const MAX_PEER_GATEWAYS: usize = 16;
 
 /// A peer's gateway as it described it, checked field by field: a valid
 /// name, an endpoint that is an address and a port from 1 to 65535 (or
-/// none: the peer dials out), a 32-byte base64 WireGuard key (or none yet).
+/// none: the peer dials out) and that a gateway can be at (as a candidate:
+/// not loopback, link-local, multicast…), a 32-byte base64 WireGuard key
+/// (or none yet).
 pub fn remote_gateway(i: usize, g: &pb::GatewayInfo) -> Result<RemoteGateway, String> {
     crate::domain::validate_name(&format!("gateways[{i}].name"), &g.name)?;
+    let field = format!("gateways[{i}].endpoint");
     let endpoint = match g.endpoint.as_str() {
         "" => None,
-        e => Some(weft_types::net::endpoint(e).map_err(|m| format!("gateways[{i}].endpoint {m}"))?),
+        e => {
+            let a = weft_types::net::endpoint(e).map_err(|m| format!("{field} {m}"))?;
+            // Checked against this site's hosts where the peering is
+            // planned, as candidates are.
+            crate::nat::endpoint(&field, a, &[], false)?;
+            Some(a)
+        }
     };
     let public_key = match g.public_key.as_str() {
         "" => None,

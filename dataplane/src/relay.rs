@@ -72,6 +72,13 @@ pub struct Counters {
     pub send_failed: AtomicU64,
     /// Addresses learned (a side's first, or a move).
     pub learned: AtomicU64,
+    /// Handshakes from addresses not learned over a side's budget.
+    pub handshakes_limited: AtomicU64,
+    /// Initiations another address sent first (replays): dropped.
+    pub replayed: AtomicU64,
+    /// Handshake responses to an index that two addresses' initiations
+    /// carried (one guessed it): nothing learned.
+    pub ambiguous: AtomicU64,
 }
 
 /// A running relay; both threads end when it is dropped.
@@ -102,9 +109,9 @@ struct End {
     state: UdpSocketState,
     /// Where the side's gateway is, once learned.
     at: Mutex<Option<SocketAddr>>,
-    /// Addresses that sent an acceptable handshake, with its sender index,
-    /// newest last, at most [`CANDIDATES`].
-    candidates: Mutex<Vec<(SocketAddr, u32, Instant)>>,
+    /// The side's recent initiations, and its budget for handshakes from
+    /// addresses not learned.
+    learning: Mutex<Learning>,
     /// How many candidates wait (read for every datagram; the list only
     /// when some do).
     waiting: AtomicUsize,
@@ -116,9 +123,63 @@ struct End {
     from_ips: Vec<Ipv4Addr>,
 }
 
-/// Candidates kept per side, and for how long.
-const CANDIDATES: usize = 8;
+/// An initiation a side sent (its sender index, from where), which the
+/// other side's handshake response may answer.
+struct Candidate {
+    addr: SocketAddr,
+    index: u32,
+    /// Its ephemeral public key: the same from another address is a
+    /// replay.
+    ephemeral: [u8; 32],
+    since: Instant,
+    /// The initiation itself while the other side was not learned yet:
+    /// delivered there once it is (so the side is learned in this
+    /// handshake, not after the protocol's 5 s retry).
+    pending: Option<Box<[u8; INITIATION]>>,
+}
+
+struct Learning {
+    /// Initiations from addresses other than the learned one, newest
+    /// last, one per address, at most [`CANDIDATES`].
+    candidates: Vec<Candidate>,
+    /// The latest initiation from the learned address (its index and
+    /// ephemeral key): its replay from elsewhere is dropped, and an
+    /// answer to its index is no move.
+    learned_index: Option<(u32, [u8; 32], Instant)>,
+    /// Handshakes taken from addresses not learned in the current second.
+    window: Instant,
+    taken: u32,
+}
+
+/// What a handshake response from the other side did to a side.
+#[derive(Debug, PartialEq)]
+enum Answer {
+    /// It answered an initiation from this address, and no other: learned.
+    Learned(SocketAddr),
+    /// It answered an initiation that came from two addresses (a replay):
+    /// nothing learned, those candidates dropped.
+    Ambiguous,
+    /// It answered none of the side's candidates.
+    Nothing,
+}
+
+/// Candidates kept per side, and for how long: room for more than a
+/// second and a half of handshakes at the budget below, so a flood of
+/// forged ones does not push out a gateway's before the other side could
+/// answer it.
+const CANDIDATES: usize = 32;
+/// A handshake for a side not learned yet goes to this many of its newest
+/// candidates.
+const FANOUT: usize = 8;
 const CANDIDATE_LIFE: Duration = Duration::from_secs(20);
+/// Handshakes a side may send per second from addresses not learned (a
+/// gateway sends one every 5 s; a moved or new one a few): over it they
+/// are dropped, so a flood of forged ones costs the other side's gateway
+/// and this relay at most this many, and fans out at most
+/// `CANDIDATES` times as many.
+const UNLEARNED_PER_SECOND: u32 = 20;
+/// A WireGuard handshake initiation's size.
+const INITIATION: usize = 148;
 /// A receive slot: a datagram up to 64 KiB, or a GRO batch of them.
 const SLOT: usize = 1 << 16;
 
@@ -178,7 +239,12 @@ fn end(side: &Side) -> std::io::Result<End> {
         socket,
         state,
         at: Mutex::new(None),
-        candidates: Mutex::new(Vec::new()),
+        learning: Mutex::new(Learning {
+            candidates: Vec::new(),
+            learned_index: None,
+            window: Instant::now(),
+            taken: 0,
+        }),
         waiting: AtomicUsize::new(0),
         local: AtomicU32::new(0),
         checkers,
@@ -240,41 +306,120 @@ fn message(d: &[u8]) -> Option<(u8, u32, u32)> {
 }
 
 impl End {
-    /// Whether handshake `first` from `from` makes `from` a candidate: its
-    /// mac1 verifies for one of the keys, from an allowed address.
-    fn admits(&self, from: SocketAddr, first: &[u8]) -> bool {
+    /// Whether handshake `first` from `from` (not the learned address) is
+    /// taken: from an allowed address, its mac1 verifying for one of the
+    /// keys, and within the side's budget for such handshakes.
+    fn admits(&self, from: SocketAddr, first: &[u8]) -> Result<(), Refused> {
         let ip_ok = match from.ip() {
             IpAddr::V4(ip) => self.from_ips.is_empty() || self.from_ips.contains(&ip),
             IpAddr::V6(_) => false,
         };
         let mut scratch = [0u8; 256];
-        ip_ok
-            && self
+        if !ip_ok
+            || !self
                 .checkers
                 .iter()
                 .any(|c| c.verify_packet(None, first, &mut scratch).is_ok())
-    }
-
-    fn add_candidate(&self, from: SocketAddr, sender: u32) {
-        let mut c = self.candidates.lock().unwrap();
-        c.retain(|(a, i, at)| !(*a == from && *i == sender) && at.elapsed() < CANDIDATE_LIFE);
-        if c.len() >= CANDIDATES {
-            c.remove(0);
+        {
+            return Err(Refused::Unknown);
         }
-        c.push((from, sender, Instant::now()));
-        self.waiting.store(c.len(), Ordering::Relaxed);
+        let mut l = self.learning.lock().unwrap();
+        if l.window.elapsed() >= Duration::from_secs(1) {
+            l.window = Instant::now();
+            l.taken = 0;
+        }
+        if l.taken >= UNLEARNED_PER_SECOND {
+            return Err(Refused::OverBudget);
+        }
+        l.taken += 1;
+        Ok(())
     }
 
-    /// Learns the candidate whose handshake had sender index `index` (the
-    /// other side just sent a message to it); its address.
-    fn vouched(&self, index: u32) -> Option<SocketAddr> {
-        let mut c = self.candidates.lock().unwrap();
-        let i = c
+    /// Records initiation `init` (sender index `index`) from `from`;
+    /// `learned`: from the side's learned address. `keep`: the other side
+    /// is not learned, so the initiation waits to be delivered there.
+    /// False for a replay: an initiation another address sent first (the
+    /// same ephemeral key), which goes no further.
+    fn initiated(&self, from: SocketAddr, index: u32, init: &[u8], learned: bool, keep: bool) -> bool {
+        let Some(ephemeral) = init.get(8..40).and_then(|e| <[u8; 32]>::try_from(e).ok()) else {
+            return false;
+        };
+        let mut l = self.learning.lock().unwrap();
+        let fresh = |since: Instant| since.elapsed() < CANDIDATE_LIFE;
+        let replayed = l
+            .candidates
             .iter()
-            .position(|(_, s, at)| *s == index && at.elapsed() < CANDIDATE_LIFE)?;
-        let (addr, _, _) = c.remove(i);
-        *self.at.lock().unwrap() = Some(addr);
-        Some(addr)
+            .any(|c| c.ephemeral == ephemeral && c.addr != from && fresh(c.since))
+            || (!learned
+                && l.learned_index
+                    .is_some_and(|(_, e, since)| e == ephemeral && fresh(since)));
+        if replayed {
+            return false;
+        }
+        if learned {
+            l.learned_index = Some((index, ephemeral, Instant::now()));
+            return true;
+        }
+        l.candidates.retain(|c| c.addr != from && fresh(c.since));
+        if l.candidates.len() >= CANDIDATES {
+            l.candidates.remove(0);
+        }
+        let pending = (keep && init.len() == INITIATION).then(|| {
+            let mut b = Box::new([0u8; INITIATION]);
+            b.copy_from_slice(init);
+            b
+        });
+        l.candidates.push(Candidate {
+            addr: from,
+            index,
+            ephemeral,
+            since: Instant::now(),
+            pending,
+        });
+        self.waiting.store(l.candidates.len(), Ordering::Relaxed);
+        true
+    }
+
+    /// The other side's handshake response to sender index `index`: it
+    /// answers an initiation it could decrypt and that was no replay, so
+    /// the one address that sent an initiation with that index is this
+    /// side's gateway. Two addresses with that index (one guessed it and
+    /// sent an initiation of its own first) are ambiguous: the gateway
+    /// answered one of them, which one the relay cannot tell, so none is
+    /// learned and the learned address stays.
+    fn answered(&self, index: u32) -> Answer {
+        let mut l = self.learning.lock().unwrap();
+        let fresh = |since: Instant| since.elapsed() < CANDIDATE_LIFE;
+        let from: Vec<(SocketAddr, [u8; 32])> = l
+            .candidates
+            .iter()
+            .filter(|c| c.index == index && fresh(c.since))
+            .map(|c| (c.addr, c.ephemeral))
+            .collect();
+        if from.is_empty() {
+            return Answer::Nothing;
+        }
+        let learned_too = l.learned_index.is_some_and(|(i, _, since)| i == index && fresh(since));
+        l.candidates.retain(|c| c.index != index);
+        self.waiting.store(l.candidates.len(), Ordering::Relaxed);
+        match from[..] {
+            [(addr, ephemeral)] if !learned_too => {
+                *self.at.lock().unwrap() = Some(addr);
+                l.learned_index = Some((index, ephemeral, Instant::now()));
+                Answer::Learned(addr)
+            }
+            _ => Answer::Ambiguous,
+        }
+    }
+
+    /// The initiations waiting for the other side to be learned, taken.
+    fn take_pending(&self) -> Vec<[u8; INITIATION]> {
+        let mut l = self.learning.lock().unwrap();
+        l.candidates
+            .iter_mut()
+            .filter(|c| c.since.elapsed() < CANDIDATE_LIFE)
+            .filter_map(|c| c.pending.take().map(|b| *b))
+            .collect()
     }
 
     /// Where a handshake for this side goes: its learned address, or while
@@ -283,15 +428,26 @@ impl End {
         match *self.at.lock().unwrap() {
             Some(a) => vec![a],
             None => self
-                .candidates
+                .learning
                 .lock()
                 .unwrap()
+                .candidates
                 .iter()
-                .filter(|(_, _, at)| at.elapsed() < CANDIDATE_LIFE)
-                .map(|(a, _, _)| *a)
+                .rev()
+                .filter(|c| c.since.elapsed() < CANDIDATE_LIFE)
+                .take(FANOUT)
+                .map(|c| c.addr)
                 .collect(),
         }
     }
+}
+
+/// Why a handshake from an address not learned was dropped.
+enum Refused {
+    /// Not from an allowed address, or not addressed to the other side.
+    Unknown,
+    /// Over the side's budget of such handshakes.
+    OverBudget,
 }
 
 /// Starts relaying between `spec.a.port` and `spec.b.port` (bound on every
@@ -399,26 +555,71 @@ fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: 
                 c.unknown_source.fetch_add(count, Ordering::Relaxed);
                 continue;
             };
-            if src_at != Some(m.addr) {
-                // A handshake from anywhere acceptable makes a candidate;
-                // the other side's answer to it (by index) makes it learned.
-                if (kind == 1 || kind == 2) && src.admits(m.addr, data) {
-                    src.add_candidate(m.addr, sender);
-                } else {
-                    c.unknown_source.fetch_add(count, Ordering::Relaxed);
-                    continue;
+            let learned = src_at == Some(m.addr);
+            if !learned {
+                // Only a handshake may come from an address not learned:
+                // an initiation (a candidate, or the side moved) or a
+                // response to the other side's initiation.
+                let taken = match kind {
+                    1 | 2 => src.admits(m.addr, data),
+                    _ => Err(Refused::Unknown),
+                };
+                match taken {
+                    Ok(()) => {}
+                    Err(Refused::Unknown) => {
+                        c.unknown_source.fetch_add(count, Ordering::Relaxed);
+                        continue;
+                    }
+                    Err(Refused::OverBudget) => {
+                        c.handshakes_limited.fetch_add(count, Ordering::Relaxed);
+                        continue;
+                    }
                 }
             } else if let Some(IpAddr::V4(ip)) = m.dst_ip {
                 src.local.store(u32::from(ip), Ordering::Relaxed);
             }
-            if kind != 1
-                && dst.waiting.load(Ordering::Relaxed) > 0
-                && let Some(a) = dst.vouched(receiver)
-            {
-                c.learned.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(side = 1 - from, at = %a, "relay: a side's gateway learned");
-                dst_at = Some(a);
-                src_at = *src.at.lock().unwrap();
+            if kind == 1 && !src.initiated(m.addr, sender, data, learned, dst_at.is_none()) {
+                c.replayed.fetch_add(count, Ordering::Relaxed);
+                continue;
+            }
+            // Only the other side's handshake response vouches for an
+            // address: a cookie reply answers any initiation whose mac1
+            // verifies (public keys suffice), and data carries indexes an
+            // onlooker may know.
+            if kind == 2 && dst.waiting.load(Ordering::Relaxed) > 0 {
+                match dst.answered(receiver) {
+                    Answer::Learned(a) => {
+                        c.learned.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(side = 1 - from, at = %a, "relay: a side's gateway learned");
+                        let first = dst_at.is_none();
+                        dst_at = Some(a);
+                        src_at = *src.at.lock().unwrap();
+                        // This side's initiations that found the other
+                        // side unknown go there now.
+                        if first {
+                            out.flush(dst, c, from);
+                            for init in src.take_pending() {
+                                relay(
+                                    dst,
+                                    a,
+                                    &init[..],
+                                    INITIATION,
+                                    &c.packets[from],
+                                    &c.bytes[from],
+                                    &c.send_failed,
+                                );
+                            }
+                        }
+                    }
+                    Answer::Ambiguous => {
+                        c.ambiguous.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            side = 1 - from,
+                            "relay: a handshake response answered an initiation sent from two addresses (a replay): neither learned"
+                        );
+                    }
+                    Answer::Nothing => {}
+                }
             }
             if !bucket.take(data.len() as u64) {
                 c.rate_limited.fetch_add(count, Ordering::Relaxed);
@@ -615,33 +816,85 @@ mod tests {
         s.recv(&mut buf).ok().map(|n| buf[..n].to_vec())
     }
 
-    #[test]
-    fn two_gateways_handshake_and_talk_through_the_relay_and_strangers_are_dropped() {
-        let (sa, pa) = keypair(1);
-        let (sb, pb) = keypair(2);
-        let (ports, relay) = loop {
+    /// A relay between ports a and b; a's gateway at 127.0.0.1 only when
+    /// `a_localhost`, b's anywhere.
+    fn relay_for(pa: [u8; 32], pb: [u8; 32], a_from: Vec<Ipv4Addr>) -> ((u16, u16), Relay) {
+        loop {
             let spec = Spec {
                 a: Side {
                     port: free_port(),
                     to_keys: vec![pb],
-                    from_ips: vec![],
+                    from_ips: a_from.clone(),
                 },
                 b: Side {
                     port: free_port(),
                     to_keys: vec![pa],
-                    from_ips: vec![Ipv4Addr::LOCALHOST],
+                    from_ips: vec![],
                 },
                 bytes_per_second: 1 << 30,
             };
             if let Ok(r) = start(&spec) {
-                break ((spec.a.port, spec.b.port), r);
+                return ((spec.a.port, spec.b.port), r);
             }
+        }
+    }
+
+    fn at(p: u16) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, p))
+    }
+
+    fn initiation(t: &mut Tunn) -> Vec<u8> {
+        let mut buf = [0u8; 256];
+        let TunnResult::WriteToNetwork(init) = t.format_handshake_initiation(&mut buf, true) else {
+            panic!("no initiation")
         };
-        let at = |p: u16| SocketAddr::from((Ipv4Addr::LOCALHOST, p));
+        init.to_vec()
+    }
+
+    const PACKET: [u8; 20] = [0x45, 0, 0, 20, 0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 2, 10, 0, 0, 1];
+
+    /// `from` sends a packet on its session; `to` must get it, decrypted
+    /// (past keepalives of the handshakes before it).
+    fn data_reaches(from: &mut Tunn, via: (&UdpSocket, u16), to: (&mut Tunn, &UdpSocket)) {
+        let (mut buf, mut out) = ([0u8; 2048], [0u8; 2048]);
+        let TunnResult::WriteToNetwork(data) = from.encapsulate(&PACKET, &mut buf) else {
+            panic!("no session")
+        };
+        via.0.send_to(data, at(via.1)).unwrap();
+        loop {
+            let got = recv(to.1).expect("data relayed");
+            match to.0.decapsulate(None, &got, &mut out) {
+                TunnResult::WriteToTunnelV4(p, _) if p == PACKET => return,
+                TunnResult::Done => continue,
+                TunnResult::Err(e) => panic!("{e:?}"),
+                _ => panic!("not the packet sent"),
+            }
+        }
+    }
+
+    /// Answers every handshake message `s` gets with what `t` makes of it,
+    /// sent back through `port`, until `s` is quiet; the last data packet.
+    fn answer_all(t: &mut Tunn, s: &UdpSocket, port: u16) {
+        let mut out = [0u8; 2048];
+        s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        while let Some(got) = recv(s) {
+            let mut r = t.decapsulate(None, &got, &mut out);
+            while let TunnResult::WriteToNetwork(reply) = r {
+                s.send_to(reply, at(port)).unwrap();
+                r = t.decapsulate(None, &[], &mut out);
+            }
+        }
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    }
+
+    #[test]
+    fn two_gateways_are_learned_in_one_handshake_round_and_talk_through_the_relay() {
+        let (sa, pa) = keypair(1);
+        let (sb, pb) = keypair(2);
+        let (ports, relay) = relay_for(pa, pb, vec![Ipv4Addr::LOCALHOST]);
         let (ga, gb, stranger) = (socket(), socket(), socket());
-        let mut ta = Tunn::new(sa, PublicKey::from(pb), None, None, 1, None);
-        let mut tb = Tunn::new(sb, PublicKey::from(pa), None, None, 2, None);
-        let mut buf = [0u8; 2048];
+        let mut ta = Tunn::new(sa, PublicKey::from(pb), None, None, 0x1234, None);
+        let mut tb = Tunn::new(sb, PublicKey::from(pa), None, None, 0x5678, None);
         let mut out = [0u8; 2048];
 
         // A stranger's datagram, and a handshake for another key: dropped,
@@ -655,85 +908,172 @@ mod tests {
             3,
             None,
         );
-        let TunnResult::WriteToNetwork(init) = other.format_handshake_initiation(&mut buf, false) else {
-            panic!()
-        };
-        stranger.send_to(init, at(ports.0)).unwrap();
+        stranger.send_to(&initiation(&mut other), at(ports.0)).unwrap();
         std::thread::sleep(Duration::from_millis(300));
         assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 0);
         assert!(relay.counters.unknown_source.load(Ordering::Relaxed) >= 2);
 
-        // a's initiation: a candidate, not learned (only b's answer can
-        // vouch for it); b is unknown, so it goes nowhere.
-        let TunnResult::WriteToNetwork(init) = ta.format_handshake_initiation(&mut buf, false) else {
-            panic!()
-        };
-        ga.send_to(init, at(ports.0)).unwrap();
+        // a initiates first, while b is unknown: kept, not lost.
+        ga.send_to(&initiation(&mut ta), at(ports.0)).unwrap();
         std::thread::sleep(Duration::from_millis(300));
-        assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 0);
         assert_eq!(relay.counters.no_peer.load(Ordering::Relaxed), 1);
-        // Its replay from a stranger: a candidate too, which nothing will
-        // vouch for (b never answers a replay).
-        stranger.send_to(init, at(ports.0)).unwrap();
-        // (taken in by side a's thread; b's initiation below is side b's:
-        // wait, or b's may be relayed before the stranger is a candidate)
-        let taken = std::time::Instant::now();
-        while relay.counters.no_peer.load(Ordering::Relaxed) < 2 && taken.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert_eq!(
-            relay.counters.no_peer.load(Ordering::Relaxed),
-            2,
-            "the stranger's replay was not taken in"
-        );
-
-        // b initiates too (as both sides do): relayed to a's candidates.
-        let TunnResult::WriteToNetwork(init) = tb.format_handshake_initiation(&mut buf, false) else {
-            panic!()
-        };
-        gb.send_to(init, at(ports.1)).unwrap();
+        // b initiates: relayed to a's candidate; a answers, which makes b
+        // learned, and a's kept initiation goes to b, whose answer makes a
+        // learned: both in one round.
+        gb.send_to(&initiation(&mut tb), at(ports.1)).unwrap();
         let got = recv(&ga).expect("b's initiation relayed to a");
-        assert!(recv(&stranger).is_some(), "a handshake goes to every candidate");
-        // a's response vouches for b: learned, and it gets it.
         let TunnResult::WriteToNetwork(resp) = ta.decapsulate(None, &got, &mut out) else {
             panic!("not a response")
         };
         ga.send_to(resp, at(ports.0)).unwrap();
-        let got = recv(&gb).expect("a's response relayed to b");
-        assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 1);
-        assert!(matches!(
-            tb.decapsulate(None, &got, &mut out),
-            TunnResult::WriteToNetwork(_) | TunnResult::Done
-        ));
+        answer_all(&mut tb, &gb, ports.1);
+        answer_all(&mut ta, &ga, ports.0);
+        assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 2);
 
-        // Data from b to a on the session a's response opened: it vouches
-        // for a. Encrypted end to end: the relay only forwards.
-        let packet = [0x45, 0, 0, 20, 0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 2, 10, 0, 0, 1];
-        let TunnResult::WriteToNetwork(data) = tb.encapsulate(&packet, &mut buf) else {
-            panic!("no session at b")
-        };
-        gb.send_to(data, at(ports.1)).unwrap();
-        let got = recv(&ga).expect("b's data relayed to a");
-        assert!(matches!(ta.decapsulate(None, &got, &mut out), TunnResult::WriteToTunnelV4(p, _) if p == packet));
-
+        // Data both ways, encrypted end to end: the relay only forwards.
+        data_reaches(&mut tb, (&gb, ports.1), (&mut ta, &ga));
+        data_reaches(&mut ta, (&ga, ports.0), (&mut tb, &gb));
         // A stranger cannot take a's place with data; runts are dropped,
-        // not a crash; the stranger got no data.
-        stranger.send_to(&got, at(ports.0)).unwrap();
+        // not a crash; the stranger got nothing.
+        let mut buf = [0u8; 2048];
+        let TunnResult::WriteToNetwork(data) = ta.encapsulate(&PACKET, &mut buf) else {
+            panic!()
+        };
+        stranger.send_to(data, at(ports.0)).unwrap();
         stranger.send_to(&[], at(ports.0)).unwrap();
         stranger.send_to(&[1], at(ports.1)).unwrap();
-        std::thread::sleep(Duration::from_millis(200));
-        assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 2);
-        assert!(relay.counters.packets[0].load(Ordering::Relaxed) >= 1);
-        assert!(relay.counters.packets[1].load(Ordering::Relaxed) >= 2);
+        data_reaches(&mut tb, (&gb, ports.1), (&mut ta, &ga));
         stranger.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-        assert!(recv(&stranger).is_none(), "data went to a stranger");
-        // And a to b.
-        let TunnResult::WriteToNetwork(data) = ta.encapsulate(&packet, &mut buf) else {
-            panic!("no session at a")
+        assert!(recv(&stranger).is_none(), "a stranger got something");
+        assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn forged_initiations_answered_by_cookies_and_replays_from_another_port_take_nothing() {
+        let (sa, pa) = keypair(1);
+        let (sb, pb) = keypair(2);
+        // Side a from anywhere: the forger passes the address check.
+        let (ports, relay) = relay_for(pa, pb, vec![]);
+        let (ga, gb, x) = (socket(), socket(), socket());
+        let mut ta = Tunn::new(sa, PublicKey::from(pb), None, None, 0x1234, None);
+        let mut tb = Tunn::new(sb, PublicKey::from(pa), None, None, 0x5678, None);
+        let mut out = [0u8; 2048];
+
+        // Learn both sides.
+        ga.send_to(&initiation(&mut ta), at(ports.0)).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        gb.send_to(&initiation(&mut tb), at(ports.1)).unwrap();
+        answer_all(&mut ta, &ga, ports.0);
+        answer_all(&mut tb, &gb, ports.1);
+        answer_all(&mut ta, &ga, ports.0);
+        assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 2);
+        data_reaches(&mut ta, (&ga, ports.0), (&mut tb, &gb));
+
+        // X forges initiations for b's key (mac1 needs only the public
+        // key), with a's next indexes; b, under load, answers each with a
+        // cookie reply that carries X's index back.
+        let limiter = std::sync::Arc::new(RateLimiter::new(&PublicKey::from(pb), 0));
+        let mut busy_b = Tunn::new(keypair(2).0, PublicKey::from(pa), None, None, 0x9abc, Some(limiter));
+        let forger = StaticSecret::from([7; 32]);
+        for i in 0..30u32 {
+            let mut f = Tunn::new(forger.clone(), PublicKey::from(pb), None, None, 0x1234 + i, None);
+            x.send_to(&initiation(&mut f), at(ports.0)).unwrap();
+        }
+        x.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        gb.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        let mut cookies = 0;
+        while let Some(got) = recv(&gb) {
+            let src = Some(IpAddr::V4(Ipv4Addr::LOCALHOST));
+            if let TunnResult::WriteToNetwork(cookie) = busy_b.decapsulate(src, &got, &mut out) {
+                gb.send_to(cookie, at(ports.1)).unwrap();
+                cookies += 1;
+            }
+        }
+        assert!(cookies > 0, "b answered no forged initiation with a cookie");
+        assert!(
+            relay.counters.handshakes_limited.load(Ordering::Relaxed) > 0,
+            "30 handshakes at once were all taken"
+        );
+        // A's replayed initiation, from another port (X behind a's NAT),
+        // once the budget the flood spent is back.
+        std::thread::sleep(Duration::from_millis(1100));
+        let replayed = initiation(&mut ta);
+        ga.send_to(&replayed, at(ports.0)).unwrap();
+        x.send_to(&replayed, at(ports.0)).unwrap();
+        answer_all(&mut tb, &gb, ports.1);
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            relay.counters.replayed.load(Ordering::Relaxed) >= 1,
+            "the replay was taken"
+        );
+        assert_eq!(
+            relay.counters.learned.load(Ordering::Relaxed),
+            2,
+            "a cookie reply or a replay made X a side"
+        );
+        // b's data still goes to a, none to X.
+        answer_all(&mut ta, &ga, ports.0);
+        data_reaches(&mut tb, (&gb, ports.1), (&mut ta, &ga));
+        while let Some(got) = recv(&x) {
+            assert_ne!(got.first(), Some(&4), "X got b's data");
+        }
+    }
+
+    #[test]
+    fn a_replay_after_the_original_is_dropped_and_a_guessed_index_sent_first_moves_nothing() {
+        let (sa, pa) = keypair(1);
+        let (sb, pb) = keypair(2);
+        let (ports, relay) = relay_for(pa, pb, vec![]);
+        let (ga, gb, x) = (socket(), socket(), socket());
+        let mut ta = Tunn::new(sa, PublicKey::from(pb), None, None, 0x1234, None);
+        let mut tb = Tunn::new(sb, PublicKey::from(pa), None, None, 0x5678, None);
+        // a's initiation, and X's copy of it from another port right after
+        // (a host on a's LAN that sees its frames): dropped.
+        let first = initiation(&mut ta);
+        ga.send_to(&first, at(ports.0)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        x.send_to(&first, at(ports.0)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(relay.counters.replayed.load(Ordering::Relaxed), 1);
+        // b initiates; a's response makes b learned, a's kept initiation
+        // goes to b, b's answer makes a learned.
+        gb.send_to(&initiation(&mut tb), at(ports.1)).unwrap();
+        answer_all(&mut ta, &ga, ports.0);
+        answer_all(&mut tb, &gb, ports.1);
+        answer_all(&mut ta, &ga, ports.0);
+        assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 2);
+        data_reaches(&mut tb, (&gb, ports.1), (&mut ta, &ga));
+
+        // X guessed a's next index (indexes count up) and sends an
+        // initiation of its own with it first; b answers a's, and the
+        // relay cannot tell whose: a stays where it was learned.
+        let next = initiation(&mut ta);
+        let mut forger = Tunn::new(
+            StaticSecret::from([7; 32]),
+            PublicKey::from(pb),
+            None,
+            None,
+            0x1234,
+            None,
+        );
+        let forged = loop {
+            let f = initiation(&mut forger);
+            if f[4..8] == next[4..8] {
+                break f;
+            }
         };
-        ga.send_to(data, at(ports.0)).unwrap();
-        let got = recv(&gb).expect("a's data relayed to b");
-        assert!(matches!(tb.decapsulate(None, &got, &mut out), TunnResult::WriteToTunnelV4(p, _) if p == packet));
+        x.send_to(&forged, at(ports.0)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        ga.send_to(&next, at(ports.0)).unwrap();
+        answer_all(&mut tb, &gb, ports.1);
+        answer_all(&mut ta, &ga, ports.0);
+        assert_eq!(relay.counters.ambiguous.load(Ordering::Relaxed), 1);
+        assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 2);
+        data_reaches(&mut tb, (&gb, ports.1), (&mut ta, &ga));
+        x.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        while let Some(got) = recv(&x) {
+            assert_ne!(got.first(), Some(&4), "X got b's data");
+        }
     }
 
     #[test]

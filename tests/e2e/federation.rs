@@ -548,6 +548,30 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
             "gateways[0].public_key",
         ),
         ("192.0.2.1:51820", good_key, 70000, "mtu"),
+        // Addresses no peer's gateway can be at, where b's gateways would
+        // send handshakes every 5 s: b's own loopback services, cloud
+        // metadata, multicast.
+        (
+            "127.0.0.1:9100",
+            good_key,
+            0,
+            "gateways[0].endpoint 127.0.0.1:9100 is a loopback address",
+        ),
+        (
+            "169.254.169.254:80",
+            good_key,
+            0,
+            "gateways[0].endpoint 169.254.169.254:80 is a link-local address",
+        ),
+        (
+            "[::1]:9100",
+            good_key,
+            0,
+            "gateways[0].endpoint [::1]:9100 is a loopback address",
+        ),
+        ("[::ffff:127.0.0.1]:9100", good_key, 0, "is a loopback address"),
+        ("[fe80::1]:51820", good_key, 0, "is a link-local address"),
+        ("239.1.2.3:51820", good_key, 0, "is a multicast address"),
     ] {
         let before = revision(&b);
         let err = join(endpoint, public_key, mtu).expect_err(endpoint);
@@ -608,6 +632,17 @@ fn a_peer_announcing_an_unusable_gateway_is_refused_and_nothing_is_recorded() {
     );
     assert_eq!(revision(&b), before, "a CIDR over b's host wrote something");
     assert!(peer_names(&b).is_empty());
+    // A gateway endpoint on one of b's hosts: b's gateways would send
+    // there.
+    let err = join("10.9.0.7:51820", good_key, 0).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message()
+            .contains("gateways[0].endpoint 10.9.0.7:51820 is the address of node \"n1\""),
+        "{}",
+        err.message()
+    );
+    assert_eq!(revision(&b), before, "an endpoint on b's host wrote something");
 
     weft_tests::step("hostile candidate lists refused");
     // Endpoint discovery's candidates: a peer must not point b's gateways

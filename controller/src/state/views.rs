@@ -145,10 +145,15 @@ impl State {
 }
 
 /// A peer must not point this site's gateways at this site's own hosts:
-/// each of its gateways' candidates checked against `hosts`, naming the
-/// field.
+/// each of its gateways' endpoint and candidates checked against `hosts`,
+/// naming the field (loopback and the rest were refused on receipt).
 pub(super) fn check_candidates(hosts: &[(std::net::Ipv4Addr, String)], remote: &RemoteSite) -> Result<(), Error> {
     for (i, g) in remote.gateways.iter().enumerate() {
+        // Its endpoint too: this site's gateways send handshakes there.
+        if let Some(e) = g.endpoint {
+            weft_core::nat::endpoint(&format!("gateways[{i}].endpoint"), e, hosts, false)
+                .map_err(Error::InvalidArgument)?;
+        }
         let listed: Vec<weft_proto::v1::Candidate> = g.candidates.iter().map(|c| c.to_pb()).collect();
         weft_core::nat::candidates(&format!("gateways[{i}].candidates"), &listed, hosts)
             .map_err(Error::InvalidArgument)?;

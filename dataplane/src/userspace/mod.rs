@@ -118,6 +118,17 @@ struct Peers {
     next_index: u32,
 }
 
+/// A random first peer index (24 bits; boringtun counts handshakes in
+/// the low 8).
+fn first_index() -> u32 {
+    let mut b = [0u8; 4];
+    if getrandom::getrandom(&mut b).is_err() {
+        // No entropy at all: the process id, as before.
+        return 1 + (std::process::id() & 0xffff) * 7;
+    }
+    u32::from_le_bytes(b)
+}
+
 impl Peers {
     /// The peer whose allowed IPs hold `dst` most narrowly.
     fn route(&self, dst: IpAddr) -> Option<Arc<Peer>> {
@@ -265,7 +276,11 @@ impl Device {
             limiter,
             unlimited,
             peers: RwLock::new(Peers {
-                next_index: 1 + (std::process::id() & 0xffff) * 7,
+                // Random: a peer's handshakes count up from its index, and
+                // a relay between two gateways resolves an index two
+                // senders used by learning neither (so a guessed one
+                // would keep a tunnel through a relay from forming).
+                next_index: first_index(),
                 ..Default::default()
             }),
             counters: Counters::default(),
