@@ -203,7 +203,8 @@ impl State {
             };
             peering.transit_views = Self::plan_transit(snap, site, &peering, &remote, &[]);
             // A transit view whose block this peering took moves off it.
-            let moved = Self::transit_off_direct(snap, site, peer_site, &[], &peering.views);
+            let own: Vec<Ipv4Net> = peering.transit_views.iter().map(|t| t.view.local).collect();
+            let moved = Self::transit_off_direct(snap, site, peer_site, &[], &peering.views, &own);
             let txn = self
                 .put_peerings(self.ipam_guard(snap, txn), moved)
                 .when(Compare::Version(key.clone(), 0))
@@ -360,7 +361,8 @@ impl State {
             (remote.workload_cidrs_v6, remote.external_cidr_v6) = ipv6.recorded;
             next.transit_views = Self::plan_transit(snap, site, &next, &remote, &[]);
             next.remote = Some(remote);
-            let moved = Self::transit_off_direct(snap, site, peer_site, &p.views, &next.views);
+            let own: Vec<Ipv4Net> = next.transit_views.iter().map(|t| t.view.local).collect();
+            let moved = Self::transit_off_direct(snap, site, peer_site, &p.views, &next.views, &own);
             if next == *p && moved.is_empty() {
                 return Ok((None, false));
             }
@@ -446,7 +448,7 @@ impl State {
                 next.remote = Some(remote);
                 next.pending = None;
             }
-            let moved = Self::transit_off_direct(snap, site, peer_site, &p.views, &next.views);
+            let moved = Self::transit_off_direct(snap, site, peer_site, &p.views, &next.views, &[]);
             let txn = self
                 .put_peerings(self.ipam_guard(snap, Txn::new()), moved)
                 .when(Compare::ModRevision(key.clone(), *rev))

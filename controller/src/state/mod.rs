@@ -497,7 +497,7 @@ impl State {
             };
             let guard = Compare::ModRevision(key.clone(), existing.map_or(0, |(_, r)| *r));
             let old = existing.map(|(p, _)| p.views.as_slice()).unwrap_or_default();
-            let moved = Self::transit_off_direct(snap, site, peer_site, old, &peering.views);
+            let moved = Self::transit_off_direct(snap, site, peer_site, old, &peering.views, &[]);
             let txn = self
                 .put_peerings(self.ipam_guard(snap, Txn::new()), moved)
                 .when(guard)
@@ -535,7 +535,7 @@ impl State {
                 return Ok((None, None));
             }
             let site = snap.site()?;
-            let moved = Self::transit_off_direct(snap, site, peer_site, &p.views, &[]);
+            let moved = Self::transit_off_direct(snap, site, peer_site, &p.views, &[], &[]);
             let mut txn = self
                 .put_peerings(self.ipam_guard(snap, Txn::new()), moved)
                 .when(Compare::ModRevision(key.clone(), *rev))

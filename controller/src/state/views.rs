@@ -149,42 +149,47 @@ impl State {
     /// `new` (about to be written), each re-planned off those blocks (the
     /// direct peering took the transit view's block, or the transit view
     /// was planned before this rule), with the revision it was read at.
-    /// A direct peering's block is thus released with it, never handed to
-    /// a transit path that a hub names after the same site.
+    /// `taken`: other blocks the same transaction writes (the new
+    /// peering's own transit views). A direct peering's block is thus
+    /// released with it, never handed to a transit path that a hub names
+    /// after the same site.
     pub(super) fn transit_off_direct(
         snap: &super::Snapshot,
         site: &crate::domain::Site,
         target: &str,
         old: &[crate::ipam::View],
         new: &[crate::ipam::View],
+        taken: &[Ipv4Net],
     ) -> Vec<(Peering, crate::store::Revision)> {
         let direct: Vec<Ipv4Net> = old.iter().chain(new).map(|v| v.local).collect();
-        snap.peerings
-            .iter()
-            .filter(|(q, _)| q.site_id != target)
-            .filter(|(q, _)| {
-                q.transit_views
-                    .iter()
-                    .any(|t| t.site == target && direct.iter().any(|d| ipam::overlaps(d, &t.view.local)))
-            })
-            .filter_map(|(q, rev)| {
-                let mut next = q.clone();
-                next.transit_views = match &q.remote {
-                    Some(r) => Self::plan_transit(snap, site, q, r, &direct),
-                    None => vec![],
-                };
-                if next == *q {
-                    return None;
-                }
-                tracing::info!(
-                    peer = %q.site_id,
-                    site = %target,
-                    "the view of site {target:?} through {:?} moves off the direct peering's block",
-                    q.site_id
-                );
-                Some((next, *rev))
-            })
-            .collect()
+        let mut avoid: Vec<Ipv4Net> = direct.iter().chain(taken).copied().collect();
+        let mut out = Vec::new();
+        for (q, rev) in &snap.peerings {
+            let holds = |t: &crate::domain::TransitView| {
+                t.site == target && direct.iter().any(|d| ipam::overlaps(d, &t.view.local))
+            };
+            if q.site_id == target || !q.transit_views.iter().any(holds) {
+                continue;
+            }
+            let mut next = q.clone();
+            next.transit_views = match &q.remote {
+                Some(r) => Self::plan_transit(snap, site, q, r, &avoid),
+                None => vec![],
+            };
+            if next == *q {
+                continue;
+            }
+            // Two re-planned paths never take the same block.
+            avoid.extend(next.transit_views.iter().map(|t| t.view.local));
+            tracing::info!(
+                peer = %q.site_id,
+                site = %target,
+                "the view of site {target:?} through {:?} moves off the direct peering's block",
+                q.site_id
+            );
+            out.push((next, *rev));
+        }
+        out
     }
 
     /// `txn` with each of `replanned` (read at its revision) written.
@@ -372,7 +377,7 @@ mod tests {
         hub.transit_views = transit_c("10.200.0.0/16");
         let s = snap(vec![direct.clone(), hub.clone()]);
         // c's peering deleted: h's view of "c" moves to a block of its own.
-        let moved = State::transit_off_direct(&s, &site(), "c", &direct.views, &[]);
+        let moved = State::transit_off_direct(&s, &site(), "c", &direct.views, &[], &[]);
         assert_eq!(moved.len(), 1, "{moved:?}");
         let (next, rev) = &moved[0];
         assert_eq!((next.site_id.as_str(), *rev), ("h", 2));
@@ -388,9 +393,11 @@ mod tests {
         let mut own = hub.clone();
         own.transit_views = transit_c("10.205.0.0/16");
         let s = snap(vec![direct.clone(), own]);
-        assert!(State::transit_off_direct(&s, &site(), "c", &direct.views, &[]).is_empty());
+        assert!(State::transit_off_direct(&s, &site(), "c", &direct.views, &[], &[]).is_empty());
         let s = snap(vec![direct.clone(), hub.clone()]);
-        assert!(State::transit_off_direct(&s, &site(), "d", &[view("10.1.0.0/16", "10.200.0.0/16")], &[]).is_empty());
+        assert!(
+            State::transit_off_direct(&s, &site(), "d", &[view("10.1.0.0/16", "10.200.0.0/16")], &[], &[]).is_empty()
+        );
     }
 
     #[test]
@@ -417,8 +424,37 @@ mod tests {
         assert_eq!(views[0].local, n("10.200.0.0/16"));
         // ... and the transit view leaves it in the same transaction, so
         // deleting the direct peering later hands the hub nothing.
-        let moved = State::transit_off_direct(&s, &site(), "c", &[], &views);
+        let moved = State::transit_off_direct(&s, &site(), "c", &[], &views, &[]);
         assert_eq!(moved.len(), 1, "{moved:?}");
-        assert_ne!(moved[0].0.transit_views[0].view.local, n("10.200.0.0/16"));
+        let first = moved[0].0.transit_views[0].view.local;
+        assert_ne!(first, n("10.200.0.0/16"));
+        // Not onto a block the same transaction writes (the new peering's
+        // own transit views) either.
+        let moved = State::transit_off_direct(&s, &site(), "c", &[], &views, &[first]);
+        let local = moved[0].0.transit_views[0].view.local;
+        assert!(![first, n("10.200.0.0/16")].contains(&local), "{local}");
+    }
+
+    #[test]
+    fn two_paths_moved_at_once_take_two_blocks() {
+        // c's direct views: 10.200/16 and 10.204/16, each shared with a
+        // transit view of "c" (through h, through g).
+        let mut direct = peering("c", "10.200.0.0/16", vec![]);
+        direct.views.push(view("10.70.0.0/16", "10.204.0.0/16"));
+        let mut h = peering("h", "10.201.0.0/16", offer_c());
+        h.transit_views = transit_c("10.200.0.0/16");
+        let mut g = peering("g", "10.202.0.0/16", offer_c());
+        g.transit_views = transit_c("10.204.0.0/16");
+        let s = snap(vec![direct.clone(), h, g]);
+        let moved = State::transit_off_direct(&s, &site(), "c", &direct.views, &[], &[]);
+        assert_eq!(moved.len(), 2, "{moved:?}");
+        let blocks: Vec<Ipv4Net> = moved.iter().map(|(q, _)| q.transit_views[0].view.local).collect();
+        assert_ne!(blocks[0], blocks[1]);
+        for b in &blocks {
+            assert!(
+                !direct.views.iter().any(|v| ipam::overlaps(&v.local, b)),
+                "{b} is a direct view's block"
+            );
+        }
     }
 }
