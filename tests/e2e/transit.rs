@@ -2,7 +2,9 @@
 //! transit agreed at both ends of each, no A–C peering. A reaches C
 //! through B (each seeing the other in its own view); an A–C peering
 //! added later takes the traffic (B's transit counter stops), and its
-//! deletion sends it back through B. Needs root: run under CI=true.
+//! deletion sends it back through B, at addresses of the transit path's
+//! own: a direct peering's addresses never pass to what a hub calls the
+//! same site. Needs root: run under CI=true.
 
 use std::time::Duration;
 
@@ -172,8 +174,21 @@ fn a_spoke_reaches_another_through_a_hub_then_a_direct_peering_and_back() {
     let p = mesh.peering(&mesh.sites[a], "s2").unwrap();
     assert_eq!(p["transit"]["paths"][0]["active"], false, "{p}");
 
-    weft_tests::step("deleting the A–C peering moves the traffic back through B");
+    weft_tests::step("deleting the A–C peering moves the traffic back through B, at other addresses");
+    // The direct peering's addresses (once the transit path's) meant the
+    // site A peered with; they are released with it, and the paths
+    // through B keep blocks of their own.
+    let (direct_a_to_c, direct_c_to_a) = (a_to_c, c_to_a);
     mesh.unpeer(a, c);
+    let a_to_c = eventually("A's view of C through B again", Duration::from_secs(20), || {
+        through(&mesh, a, b, c)
+    });
+    let c_to_a = eventually("C's view of A through B again", Duration::from_secs(20), || {
+        through(&mesh, c, b, a)
+    });
+    assert_ne!(a_to_c, direct_a_to_c, "B's path took A's deleted direct view of C");
+    assert_ne!(c_to_a, direct_c_to_a, "B's path took C's deleted direct view of A");
+    let (c_sees_a, a_sees_c) = (view_at(&mesh, c, b, a), view_at(&mesh, a, b, c));
     eventually("A reaches C through B again", Duration::from_secs(30), || {
         let before = forwarded(&mut mesh, b, a, c);
         asks(&mesh, a, c, &a_to_c, &c_sees_a).ok()?;
@@ -225,4 +240,77 @@ fn a_spoke_reaches_another_through_a_hub_then_a_direct_peering_and_back() {
     });
     mesh.reaches(a, b).unwrap();
     mesh.reaches(c, b).unwrap();
+}
+
+/// A–C peered directly, then A–B and B–C with transit: B offers A a path
+/// to "s3", a site id nothing from C vouches for. Deleting A–C releases
+/// A's view of C; B's path keeps a block of its own, so addresses that
+/// meant the site A peered with never start meaning whatever B calls s3.
+/// A shows who told it about each transit path.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn a_deleted_direct_peerings_addresses_never_pass_to_a_hubs_transit_path() {
+    if !netns::require_root() {
+        return;
+    }
+    let (a, b, c) = (0, 1, 2);
+    weft_tests::step("A–C peered directly, then A–B and B–C with transit agreed at each end");
+    let mesh = Mesh::up("trd", 3, POD);
+    mesh.peer(a, c);
+    let direct = mesh.address(a, c).expect("A's direct view of C");
+    mesh.reaches(a, c).unwrap();
+    mesh.peer_with(a, b, &["--transit"]);
+    mesh.peer_with(c, b, &["--transit"]);
+    transit(&mesh, b, "s1", "on").unwrap();
+    transit(&mesh, b, "s3", "on").unwrap();
+    eventually("A is offered s3 through B", Duration::from_secs(20), || {
+        let p = mesh.peering(&mesh.sites[a], "s2")?;
+        p["transit"]["paths"]
+            .as_array()?
+            .iter()
+            .any(|t| t["site"] == "s3")
+            .then_some(())
+    });
+
+    weft_tests::step("deleting A–C: A reaches C through B at other addresses; the old ones lead nowhere");
+    mesh.unpeer(a, c);
+    let via_b = eventually("A's view of C through B", Duration::from_secs(20), || {
+        through(&mesh, a, b, c)
+    });
+    eprintln!("A reached C directly at {direct}, now through B at {via_b}");
+    assert_ne!(
+        via_b, direct,
+        "B's path to \"s3\" took the addresses of A's deleted direct peering with C"
+    );
+    let c_sees_a = eventually("C's view of A through B", Duration::from_secs(20), || {
+        through(&mesh, c, b, a).map(|_| view_at(&mesh, c, b, a))
+    });
+    eventually("A reaches C through B", Duration::from_secs(30), || {
+        asks(&mesh, a, c, &via_b, &c_sees_a).ok()
+    });
+    assert!(
+        mesh.ask_at(a, &direct).is_err(),
+        "{direct}, A's released view of C, still answers"
+    );
+
+    weft_tests::step("A shows who told it about s3: B");
+    let p = mesh.peering(&mesh.sites[a], "s2").unwrap();
+    let path = p["transit"]["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["site"] == "s3")
+        .unwrap();
+    assert_eq!(path["told_by"], "s2", "{path}");
+    assert_eq!(path["active"], true, "{path}");
+    let table = weft_tests::stdout(&weft_tests::run(std::process::Command::new(bin("weftctl")).args([
+        "--controller",
+        &mesh.sites[a].target,
+        "peerings",
+    ])));
+    eprintln!("{table}");
+    assert!(
+        table.contains("s3 via s2: told by s2; nothing from s3 vouches for it"),
+        "{table}"
+    );
 }

@@ -163,6 +163,7 @@ fn transit_paths(p: &Peering, all: &crate::transit::Peerings) -> Vec<pb::Transit
                 site: t.site.clone(),
                 views: vec![view(&t.view)],
                 active,
+                told_by: p.site_id.clone(),
             }),
         }
     }

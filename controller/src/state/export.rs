@@ -104,7 +104,7 @@ impl State {
             let mut next = p.clone();
             next.transit = enabled;
             next.transit_views = match &p.remote {
-                Some(r) => Self::plan_transit(snap, site, &next, r),
+                Some(r) => Self::plan_transit(snap, site, &next, r, &[]),
                 None => vec![],
             };
             if next == *p {

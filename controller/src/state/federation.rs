@@ -201,9 +201,12 @@ impl State {
                 ipv6_refused,
                 pending_v6: None,
             };
-            peering.transit_views = Self::plan_transit(snap, site, &peering, &remote);
+            peering.transit_views = Self::plan_transit(snap, site, &peering, &remote, &[]);
+            // A transit view whose block this peering took moves off it.
+            let own: Vec<Ipv4Net> = peering.transit_views.iter().map(|t| t.view.local).collect();
+            let moved = Self::transit_off_direct(snap, site, peer_site, &[], &peering.views, &own);
             let txn = self
-                .ipam_guard(snap, txn)
+                .put_peerings(self.ipam_guard(snap, txn), moved)
                 .when(Compare::Version(key.clone(), 0))
                 .then(Op::put(key.clone(), encode(&peering)));
             Ok((Some(txn), peering))
@@ -356,13 +359,15 @@ impl State {
             }
             (next.views_v6, next.ipv6_refused, next.pending_v6) = (ipv6.views, ipv6.refused, ipv6.held);
             (remote.workload_cidrs_v6, remote.external_cidr_v6) = ipv6.recorded;
-            next.transit_views = Self::plan_transit(snap, site, &next, &remote);
+            next.transit_views = Self::plan_transit(snap, site, &next, &remote, &[]);
             next.remote = Some(remote);
-            if next == *p {
+            let own: Vec<Ipv4Net> = next.transit_views.iter().map(|t| t.view.local).collect();
+            let moved = Self::transit_off_direct(snap, site, peer_site, &p.views, &next.views, &own);
+            if next == *p && moved.is_empty() {
                 return Ok((None, false));
             }
             let txn = self
-                .ipam_guard(snap, Txn::new())
+                .put_peerings(self.ipam_guard(snap, Txn::new()), moved)
                 .when(Compare::ModRevision(key.clone(), *rev))
                 .then(Op::put(key.clone(), encode(&next)));
             // What the peer says of its readiness is written, but is not a
@@ -443,8 +448,9 @@ impl State {
                 next.remote = Some(remote);
                 next.pending = None;
             }
+            let moved = Self::transit_off_direct(snap, site, peer_site, &p.views, &next.views, &[]);
             let txn = self
-                .ipam_guard(snap, Txn::new())
+                .put_peerings(self.ipam_guard(snap, Txn::new()), moved)
                 .when(Compare::ModRevision(key.clone(), *rev))
                 .then(Op::put(key.clone(), encode(&next)));
             tracing::info!(peer = %peer_site, "the peer's announced CIDRs were accepted");

@@ -496,8 +496,10 @@ impl State {
                 pending_v6: None,
             };
             let guard = Compare::ModRevision(key.clone(), existing.map_or(0, |(_, r)| *r));
+            let old = existing.map(|(p, _)| p.views.as_slice()).unwrap_or_default();
+            let moved = Self::transit_off_direct(snap, site, peer_site, old, &peering.views, &[]);
             let txn = self
-                .ipam_guard(snap, Txn::new())
+                .put_peerings(self.ipam_guard(snap, Txn::new()), moved)
                 .when(guard)
                 .then(Op::put(key.clone(), encode(&peering)));
             Ok((Some(txn), peering))
@@ -505,7 +507,9 @@ impl State {
         .await
     }
 
-    /// Removes a peering and releases its views.
+    /// Removes a peering and releases its views (a transit view of the
+    /// same site through another peer that shared their block moves off
+    /// it: the block is released, not handed on).
     pub async fn delete_peering(&self, peer_site: &str) -> Result<Peering, Error> {
         let removed = self.remove_peering(peer_site, false).await?;
         Ok(removed.expect("a deletion that is not of an unheld peering always removes"))
@@ -530,8 +534,10 @@ impl State {
             if unheld && now_ms().saturating_sub(p.created_at_ms.max(p.joined_at_ms)) <= federation::RECORD_WINDOW_MS {
                 return Ok((None, None));
             }
+            let site = snap.site()?;
+            let moved = Self::transit_off_direct(snap, site, peer_site, &p.views, &[], &[]);
             let mut txn = self
-                .ipam_guard(snap, Txn::new())
+                .put_peerings(self.ipam_guard(snap, Txn::new()), moved)
                 .when(Compare::ModRevision(key.clone(), *rev))
                 .then(Op::delete(key.clone()));
             if let Some(t) = p.joined_with.as_ref().filter(|t| unheld && t.expires_at_ms > now_ms()) {

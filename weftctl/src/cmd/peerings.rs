@@ -214,10 +214,27 @@ pub async fn list(c: &mut Client) -> Result<Out, String> {
                         if p.peer_transit { "yes" } else { "no" }
                     )
                 }))
+                // Who named each site reached through transit: only the
+                // hub's word, unlike a direct peering's site id.
+                .chain(r.peerings.iter().flat_map(|p| {
+                    p.transit_paths.iter().map(move |t| {
+                        let by = told_by(p, t);
+                        format!(
+                            "{} via {}: told by {by}; nothing from {} vouches for it (a direct peering would)",
+                            t.site, p.site_id, t.site
+                        )
+                    })
+                }))
                 .chain(r.refused_joins.iter().map(refused_line))
                 .collect(),
         }
     })
+}
+
+/// The site that told this one about transit path `t` of peering `p`
+/// (the transit peer; a controller that does not say is that peer).
+fn told_by<'a>(p: &'a pb::Peering, t: &'a pb::TransitPath) -> &'a str {
+    if t.told_by.is_empty() { &p.site_id } else { &t.told_by }
 }
 
 /// A peering's transit: who agrees, the sites reached through the peer,
@@ -233,7 +250,7 @@ fn transit_json(p: &pb::Peering) -> serde_json::Value {
     json!({
         "agreed": p.transit, "peer_agreed": p.peer_transit,
         "paths": p.transit_paths.iter().map(|t| json!({
-            "site": t.site, "active": t.active,
+            "site": t.site, "active": t.active, "told_by": told_by(p, t),
             "views": t.views.iter().map(view_json).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "onward": p.transit_onward, "forwarded_packets": forwarded,
