@@ -47,6 +47,8 @@ use std::time::{Duration, SystemTime};
 use defguard_boringtun::noise::rate_limiter::RateLimiter;
 use defguard_boringtun::noise::{Tunn, TunnResult};
 use defguard_boringtun::x25519::{PublicKey, StaticSecret};
+use ip_network::IpNetwork;
+use ip_network_table::IpNetworkTable;
 use ipnet::IpNet;
 use quinn_udp::UdpSocketState;
 
@@ -111,10 +113,13 @@ impl Peer {
     }
 }
 
-#[derive(Default)]
 struct Peers {
     by_key: HashMap<[u8; 32], Arc<Peer>>,
     by_index: HashMap<u32, Arc<Peer>>,
+    /// Every peer's allowed IPs, longest prefix first: one lookup per
+    /// packet whatever their number (a transit hub gives a spoke
+    /// thousands).
+    routes: IpNetworkTable<Arc<Peer>>,
     next_index: u32,
 }
 
@@ -129,18 +134,36 @@ fn first_index() -> u32 {
     u32::from_le_bytes(b)
 }
 
+impl Default for Peers {
+    fn default() -> Self {
+        Peers {
+            by_key: HashMap::new(),
+            by_index: HashMap::new(),
+            routes: IpNetworkTable::new(),
+            next_index: 0,
+        }
+    }
+}
+
 impl Peers {
     /// The peer whose allowed IPs hold `dst` most narrowly.
     fn route(&self, dst: IpAddr) -> Option<Arc<Peer>> {
-        let mut best: Option<(u8, &Arc<Peer>)> = None;
+        self.routes.longest_match(dst).map(|(_, p)| p.clone())
+    }
+
+    /// The routes again from every peer's allowed IPs (after a change): a
+    /// network two peers list goes to one of them, as kernel WireGuard
+    /// gives it to the peer that set it last.
+    fn reroute(&mut self) {
+        let mut routes = IpNetworkTable::new();
         for p in self.by_key.values() {
             for n in p.allowed.read().unwrap_or_else(|e| e.into_inner()).iter() {
-                if n.contains(&dst) && best.is_none_or(|(l, _)| n.prefix_len() > l) {
-                    best = Some((n.prefix_len(), p));
+                if let Ok(net) = IpNetwork::new_truncate(n.addr(), n.prefix_len()) {
+                    routes.insert(net, p.clone());
                 }
             }
         }
-        best.map(|(_, p)| p.clone())
+        self.routes = routes;
     }
 }
 
@@ -336,6 +359,7 @@ impl Device {
             && (endpoint.is_none() || endpoint == p.configured)
         {
             *p.allowed.write().unwrap_or_else(|e| e.into_inner()) = allowed;
+            peers.reroute();
             return;
         }
         if let Some(old) = peers.by_key.remove(&public_key) {
@@ -366,6 +390,7 @@ impl Device {
         });
         peers.by_index.insert(index, peer.clone());
         peers.by_key.insert(public_key, peer.clone());
+        peers.reroute();
         drop(peers);
         if let Some(to) = endpoint {
             let mut buf = [0u8; 256];
@@ -380,6 +405,7 @@ impl Device {
         let mut peers = self.shared.peers.write().unwrap_or_else(|e| e.into_inner());
         if let Some(old) = peers.by_key.remove(public_key) {
             peers.by_index.remove(&old.index);
+            peers.reroute();
         }
     }
 
@@ -400,5 +426,140 @@ impl Device {
                 }
             })
             .collect()
+    }
+}
+
+/// The per-packet cost of finding a packet's peer, measured by the
+/// `route_bench` example (docs/benchmarks.md): the route table against the
+/// scan of every network it replaced.
+#[doc(hidden)]
+pub mod route_bench {
+    use super::*;
+
+    /// The lookup the table replaced: every network of every peer.
+    pub(super) fn linear(peers: &Peers, dst: IpAddr) -> Option<u32> {
+        let mut best: Option<(u8, u32)> = None;
+        for p in peers.by_key.values() {
+            for n in p.allowed.read().unwrap_or_else(|e| e.into_inner()).iter() {
+                if n.contains(&dst) && best.is_none_or(|(l, _)| n.prefix_len() > l) {
+                    best = Some((n.prefix_len(), p.index));
+                }
+            }
+        }
+        best.map(|(_, i)| i)
+    }
+
+    /// `sites` peers (as a transit hub's spoke has), each with 33 networks
+    /// of its own (a /16 and 31 /24s inside 10.0.0.0/8, and an IPv6 /48).
+    pub(super) fn peers(sites: u32) -> Peers {
+        let mut peers = Peers::default();
+        for i in 0..sites {
+            let key = [i as u8 + 1; 32];
+            let mut allowed = vec![IpNet::new(IpAddr::from([10, i as u8, 0, 0]), 16).unwrap()];
+            for j in 0..31u8 {
+                allowed.push(IpNet::new(IpAddr::from([10, (i as u8).wrapping_add(1), j, 0]), 24).unwrap());
+            }
+            allowed.push(IpNet::new(IpAddr::from([0xfd00, i as u16, 0, 0, 0, 0, 0, 0]), 48).unwrap());
+            let peer = Arc::new(Peer {
+                index: i + 1,
+                keepalive: 0,
+                configured: None,
+                tunn: Mutex::new(Tunn::new(
+                    StaticSecret::from([9; 32]),
+                    PublicKey::from(key),
+                    None,
+                    None,
+                    i + 1,
+                    None,
+                )),
+                endpoint: Mutex::new(None),
+                allowed: RwLock::new(allowed),
+            });
+            peers.by_index.insert(i + 1, peer.clone());
+            peers.by_key.insert(key, peer);
+        }
+        peers.reroute();
+        peers
+    }
+
+    /// Addresses across the peers' space, both families, inside and
+    /// outside every network.
+    pub(super) fn addresses() -> Vec<IpAddr> {
+        let mut out = Vec::new();
+        let mut x: u32 = 0x1234_5678;
+        for _ in 0..4096 {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            out.push(IpAddr::from(((x & 0x00ff_ffff) | 0x0a00_0000).to_be_bytes()));
+            out.push(IpAddr::from([0xfd00, (x >> 16) as u16 & 0x7f, x as u16, 0, 0, 0, 0, 1]));
+        }
+        out.push(IpAddr::from([192, 0, 2, 1]));
+        out
+    }
+
+    /// For 1 site's networks (33) and 64 sites' (2,112, as a transit hub
+    /// may give a spoke): (networks, ns per lookup with the table, with
+    /// the scan), each over `rounds` passes of 8,193 addresses.
+    pub fn run(rounds: u32) -> Vec<(usize, f64, f64)> {
+        let addrs = addresses();
+        let per = |t: std::time::Instant| t.elapsed().as_nanos() as f64 / (f64::from(rounds) * addrs.len() as f64);
+        [1, 64]
+            .into_iter()
+            .map(|sites| {
+                let peers = peers(sites);
+                let networks = peers
+                    .by_key
+                    .values()
+                    .map(|p| p.allowed.read().unwrap_or_else(|e| e.into_inner()).len())
+                    .sum();
+                let t = std::time::Instant::now();
+                for _ in 0..rounds {
+                    for a in &addrs {
+                        std::hint::black_box(peers.route(std::hint::black_box(*a)));
+                    }
+                }
+                let table = per(t);
+                let t = std::time::Instant::now();
+                for _ in 0..rounds {
+                    for a in &addrs {
+                        std::hint::black_box(linear(&peers, std::hint::black_box(*a)));
+                    }
+                }
+                (networks, table, per(t))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route_bench::{addresses, linear, peers};
+
+    #[test]
+    fn the_route_table_finds_the_peer_a_scan_of_every_network_finds() {
+        for sites in [1, 64] {
+            let peers = peers(sites);
+            for a in addresses() {
+                assert_eq!(
+                    peers.route(a).map(|p| p.index),
+                    linear(&peers, a),
+                    "{a} with {sites} peers"
+                );
+            }
+        }
+        // The most specific network wins across peers, and a removed
+        // peer's networks go with it.
+        let mut peers = peers(2);
+        let inside = std::net::IpAddr::from([10, 1, 5, 9]);
+        assert_eq!(
+            peers.route(inside).map(|p| p.index),
+            Some(1),
+            "peer 1's /24 over peer 2's /16"
+        );
+        let old = peers.by_key.remove(&[1u8; 32]).unwrap();
+        peers.by_index.remove(&old.index);
+        peers.reroute();
+        assert_eq!(peers.route(inside).map(|p| p.index), Some(2));
     }
 }
