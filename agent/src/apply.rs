@@ -62,6 +62,13 @@ pub trait Applier: Send {
         None
     }
 
+    /// Signalled when something this applier runs died (a userspace
+    /// WireGuard device whose thread panicked): the agent resyncs at once,
+    /// which makes it anew, instead of at its next resync.
+    fn repairs(&self) -> Option<&'static tokio::sync::Notify> {
+        None
+    }
+
     /// How many host objects this applier created because they were
     /// missing; a resync that raises it repaired drift.
     fn writes(&self) -> u64 {

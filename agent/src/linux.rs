@@ -383,6 +383,8 @@ impl Applier for Linux {
                 rx_bytes: stats.rx_bytes,
                 tx_bytes: stats.tx_bytes,
                 rx_rejected: stats.rx_rejected,
+                device_restarts: stats.device_restarts,
+                device_failure: stats.device_failure.clone(),
                 // "none": the userspace device without offloads (kernel
                 // WireGuard reports no list).
                 offloads: stats
@@ -402,6 +404,10 @@ impl Applier for Linux {
 
     fn tunnel_changes(&self) -> Option<Arc<tokio::sync::Notify>> {
         Some(self.tunnel_changed.clone())
+    }
+
+    fn repairs(&self) -> Option<&'static tokio::sync::Notify> {
+        Some(weft_dataplane::userspace::deaths())
     }
 
     fn features(&mut self) -> Vec<String> {

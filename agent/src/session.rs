@@ -437,6 +437,7 @@ pub(crate) async fn session(s: Session<'_>) -> End {
     let mut resync_timer = resync_timer(cfg.resync_interval);
     let mut tunnels_up: std::collections::HashSet<String> = std::collections::HashSet::new();
     let changes = applier.tunnel_changes().unwrap_or_default();
+    let repairs = applier.repairs();
     let metrics = crate::metrics::get();
     metrics.connected.set(1);
     metrics.cert_expiry.set(unix_secs(current.not_after));
@@ -488,6 +489,13 @@ pub(crate) async fn session(s: Session<'_>) -> End {
             }
             // A tunnel went up or down: report now, not at the next heartbeat.
             _ = changes.notified() => None,
+            // A device died: made anew now (a resync finds it missing),
+            // and reported.
+            _ = async { repairs.unwrap().notified().await }, if repairs.is_some() => {
+                tracing::warn!("a WireGuard device died: repairing now");
+                errors = resync(desired, applier).await;
+                None
+            }
             msg = stream.message() => Some(msg),
             a = next_answer(&mut answers) => match a {
                 Ok(Some(a)) => {

@@ -228,6 +228,12 @@ pub fn tunnel_series(f: &mut Families, t: &weft_proto::v1::TunnelStatus, extra: 
         &l,
         t.rx_rejected,
     );
+    f.counter(
+        "weft_peering_device_restarts",
+        "Times weft's userspace WireGuard device for the tunnel died (a thread of it panicked) and was made anew since the agent started",
+        &l,
+        t.device_restarts,
+    );
     for o in &t.offloads {
         let mut lo = l.clone();
         lo.push(("offload", o.as_str()));

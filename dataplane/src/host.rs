@@ -43,7 +43,7 @@ pub struct WgDevice {
 }
 
 /// Counters of one WireGuard device (from boringtun's UAPI or the kernel).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Stats {
     pub last_handshake_unix: Option<u64>,
     /// Where the peer with the newest handshake was last seen.
@@ -56,6 +56,10 @@ pub struct Stats {
     pub rx_rejected: u64,
     /// The offloads in use: weft's userspace device only.
     pub offloads: Option<Offloads>,
+    /// weft's userspace device only: how many times it died (a thread
+    /// panicked) and was made anew, and why the last time.
+    pub device_restarts: u64,
+    pub device_failure: String,
 }
 
 /// The kernel offloads weft's userspace WireGuard device runs with.

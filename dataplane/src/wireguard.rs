@@ -258,6 +258,10 @@ impl WireGuard for Userspace {
         &mut self,
         scopes: &std::collections::BTreeSet<Ns>,
     ) -> std::collections::BTreeMap<(Ns, String), WgDevice> {
+        // A dead device is missing: the plan makes it anew.
+        for name in self.devices.reap() {
+            self.peers.remove(&name);
+        }
         self.devices
             .devices
             .iter()

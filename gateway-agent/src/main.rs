@@ -46,6 +46,11 @@ struct Cli {
     /// the protocol's 2 minutes.
     #[arg(long, env = "WEFT_WG_REKEY_AFTER", hide = true)]
     wg_rekey_after: Option<humantime::Duration>,
+    /// (for tests) Userspace WireGuard: a directory where a file named
+    /// after a device makes that device's receiving thread panic once, to
+    /// test that a dead device is made anew and reported.
+    #[arg(long, env = "WEFT_TEST_DEVICE_PANIC_DIR", hide = true)]
+    test_device_panic_dir: Option<std::path::PathBuf>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -88,6 +93,7 @@ fn main() -> std::process::ExitCode {
                     no_offload: cli.wg_no_offload,
                     rekey_after: cli.wg_rekey_after.map(|d| *d),
                     single_thread: false,
+                    panic_dir: cli.test_device_panic_dir.clone(),
                 },
                 ..choice
             });

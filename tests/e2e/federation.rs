@@ -354,6 +354,8 @@ fn a_peer_whose_id_hashes_like_a_peers_is_refused() {
         .flags(&["--pod-cidr", "10.3.0.0/16"])
         .start();
     create(&a, &token(&first, "10m")).unwrap();
+    // The new peering still writes for a moment (the peer's readiness).
+    settled(&a);
     let before = revision(&a);
     let err = create(&a, &token(&second, "10m")).unwrap_err();
     assert!(

@@ -78,6 +78,8 @@ pub struct Opts {
     /// agents' own, auto).
     pub wireguard_a: Option<&'static str>,
     pub wireguard_b: Option<&'static str>,
+    /// Site a's gateway's hidden `--test-device-panic-dir`.
+    pub device_panic_dir_a: Option<&'static str>,
     /// Both controllers' `--gateway-ttl` (default: theirs, 800 ms).
     pub gateway_ttl: Option<&'static str>,
     /// Site b keeps its state in the embedded store, not in etcd.
@@ -217,6 +219,8 @@ struct Plan<'a> {
     behind_nat: Option<&'static str>,
     /// Its gateways' `--lan-address`.
     lan_address: Option<&'static str>,
+    /// Its gateways' `--test-device-panic-dir`.
+    device_panic_dir: Option<&'static str>,
 }
 
 fn site_spec(plan: Plan, opts: &Opts, ns: &HashMap<&'static str, String>, dir: &std::path::Path) -> SiteSpec {
@@ -266,6 +270,9 @@ fn site_spec(plan: Plan, opts: &Opts, ns: &HashMap<&'static str, String>, dir: &
         }
         if let Some(l) = plan.lan_address {
             a.flags.extend(["--lan-address".to_string(), l.to_string()]);
+        }
+        if let Some(d) = plan.device_panic_dir {
+            a.flags.extend(["--test-device-panic-dir".to_string(), d.to_string()]);
         }
     }
     SiteSpec {
@@ -317,6 +324,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         tunnel_mtu: opts.site_a_tunnel,
         behind_nat: opts.site_a_nat.map(|_| NAT_LAN_A),
         lan_address: opts.lan_address_a,
+        device_panic_dir: opts.device_panic_dir_a,
     };
     let plan_b = Plan {
         site: site_b,
@@ -329,6 +337,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         tunnel_mtu: None,
         behind_nat: opts.site_b_nat.map(|_| NAT_LAN_B),
         lan_address: None,
+        device_panic_dir: None,
     };
     let spec_a = site_spec(plan_a, &opts, &ns, dir.path());
     let spec_b = site_spec(plan_b, &opts, &ns, dir.path());

@@ -95,6 +95,10 @@ impl<A: Applier> Applier for Guarded<A> {
         self.inner.tunnel_changes()
     }
 
+    fn repairs(&self) -> Option<&'static tokio::sync::Notify> {
+        self.inner.repairs()
+    }
+
     fn writes(&self) -> u64 {
         self.inner.writes()
     }

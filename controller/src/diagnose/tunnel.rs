@@ -44,14 +44,24 @@ pub(super) fn tunnel_checks(
         } else {
             t.offloads.join(", ")
         };
-        out.push(pass(
-            "wireguard",
-            subject.clone(),
-            format!(
-                "userspace device, offloads: {offloads}; {} datagrams refused from the network",
-                t.rx_rejected
-            ),
-        ));
+        let detail = format!(
+            "userspace device, offloads: {offloads}; {} datagrams refused from the network",
+            t.rx_rejected
+        );
+        if t.device_restarts > 0 {
+            out.push(check(
+                "wireguard",
+                subject.clone(),
+                pb::CheckResult::Warn,
+                format!(
+                    "{detail}; the device died {} time(s) and was made anew, last: {}",
+                    t.device_restarts, t.device_failure
+                ),
+                "a device thread panicked, a bug in weft: report it with the gateway agent's log around the time",
+            ));
+        } else {
+            out.push(pass("wireguard", subject.clone(), detail));
+        }
     }
     let configured = match site.tunnel_mtu {
         Some(m) => format!("this site's --tunnel-mtu {m}"),

@@ -29,12 +29,19 @@ pub struct Options {
     pub rekey_after: Option<std::time::Duration>,
     /// See [`Config::single_thread`].
     pub single_thread: bool,
+    /// For tests only (the gateway agent's hidden
+    /// `--test-device-panic-dir`): a directory where a file named after a
+    /// device makes that device's receiving thread panic once.
+    pub panic_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Default)]
 pub struct Devices {
     pub devices: HashMap<String, Running>,
     pub options: Options,
+    /// Devices that died and were made anew, by interface name: how many
+    /// times, and why the last time.
+    pub restarts: HashMap<String, (u64, String)>,
 }
 
 impl Devices {
@@ -58,6 +65,7 @@ impl Devices {
             offload: !self.options.no_offload,
             rekey_after: self.options.rekey_after,
             single_thread: self.options.single_thread,
+            panic_dir: self.options.panic_dir.clone(),
         };
         let device = Device::start(&config).map_err(|e| format!("cannot start the WireGuard device {name}: {e}"))?;
         let o = device.offloads();
@@ -72,6 +80,25 @@ impl Devices {
             },
         );
         Ok(())
+    }
+
+    /// Drops the devices that died (a thread panicked), so the next
+    /// reconcile finds them missing and makes them anew, and counts them;
+    /// their names.
+    pub fn reap(&mut self) -> Vec<String> {
+        let dead: Vec<(String, String)> = self
+            .devices
+            .iter()
+            .filter_map(|(n, d)| d.device.died().map(|why| (n.clone(), why)))
+            .collect();
+        for (name, why) in &dead {
+            self.devices.remove(name);
+            let r = self.restarts.entry(name.clone()).or_insert((0, String::new()));
+            r.0 += 1;
+            r.1 = why.clone();
+            tracing::warn!(device = %name, restarts = r.0, "a dead WireGuard device is made anew: {why}");
+        }
+        dead.into_iter().map(|(n, _)| n).collect()
     }
 
     pub fn set_peer(
@@ -101,12 +128,19 @@ impl Devices {
     /// The newest handshake with any peer (and where that peer is), the
     /// bytes over all peers, what was refused, the offloads.
     pub fn stats(&self, link: &str) -> Stats {
+        let (device_restarts, device_failure) = self.restarts.get(link).cloned().unwrap_or_default();
         let Some(dev) = self.devices.get(link) else {
-            return Stats::default();
+            return Stats {
+                device_restarts,
+                device_failure,
+                ..Default::default()
+            };
         };
         let mut st = Stats {
             rx_rejected: dev.device.counters().rx_rejected(),
             offloads: Some(dev.device.offloads()),
+            device_restarts,
+            device_failure,
             ..Default::default()
         };
         let mut newest = None;

@@ -257,6 +257,7 @@ impl In {
     pub(super) fn tick(&mut self, s: &Shared) {
         if self.timers_at.elapsed() >= TIMER_EVERY {
             self.timers_at = Instant::now();
+            super::injected_panic(s);
             timers(s, &mut self.reply);
             if self.limiter_at.elapsed() >= Duration::from_secs(1) {
                 self.limiter_at = Instant::now();

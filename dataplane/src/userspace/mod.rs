@@ -89,6 +89,8 @@ pub struct Config {
     /// Both directions on one thread instead of one each (level or slower
     /// on 2 cores, docs/benchmarks.md; kept for that comparison).
     pub single_thread: bool,
+    /// See [`Options::panic_dir`].
+    pub panic_dir: Option<std::path::PathBuf>,
 }
 
 /// A peer of a device.
@@ -121,6 +123,26 @@ struct Peers {
     /// thousands).
     routes: IpNetworkTable<Arc<Peer>>,
     next_index: u32,
+}
+
+/// Signalled when a device dies (a thread panicked): the agent repairs at
+/// once instead of at its next resync.
+pub fn deaths() -> &'static tokio::sync::Notify {
+    static DEATHS: std::sync::OnceLock<tokio::sync::Notify> = std::sync::OnceLock::new();
+    DEATHS.get_or_init(tokio::sync::Notify::new)
+}
+
+/// The fault-injection hook the end-to-end tests use to kill a device
+/// thread: with [`Options::panic_dir`] set, a file there named after a
+/// device makes that device's receiving thread panic once (the file is
+/// removed first). Unset (always, but in tests), nothing is looked at.
+fn injected_panic(s: &Shared) {
+    if let Some(dir) = &s.panic_dir {
+        let file = dir.join(&s.name);
+        if std::fs::remove_file(&file).is_ok() {
+            panic!("injected by {} (a test)", file.display());
+        }
+    }
 }
 
 /// A random first peer index (24 bits; boringtun counts handshakes in
@@ -209,6 +231,13 @@ impl Counters {
 
 struct Shared {
     stop: AtomicBool,
+    /// Why a thread of the device ended by panicking (the other is then
+    /// stopped too): the device is dead and must be made anew.
+    died: Mutex<Option<String>>,
+    /// The device's interface name.
+    name: String,
+    /// See [`Options::panic_dir`].
+    panic_dir: Option<std::path::PathBuf>,
     tun: Tun,
     socket: UdpSocket,
     udp: UdpSocketState,
@@ -290,6 +319,9 @@ impl Device {
         let unlimited = Arc::new(RateLimiter::new(&public, u64::MAX));
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
+            died: Mutex::new(None),
+            name: config.name.clone(),
+            panic_dir: config.panic_dir.clone(),
             tun,
             socket,
             udp,
@@ -327,10 +359,37 @@ impl Device {
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("wg-{name}-{}", config.name))
-                    .spawn(move || f(&s))?,
+                    .spawn(move || {
+                        // A panic (a bug) must not leave the tunnel dead
+                        // and silent: the device is marked dead, its
+                        // other thread stopped, and the agent makes it
+                        // anew (`Devices::reap`) and reports it.
+                        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&s)));
+                        if let Err(p) = run {
+                            let why = p
+                                .downcast_ref::<&str>()
+                                .map(|m| m.to_string())
+                                .or_else(|| p.downcast_ref::<String>().cloned())
+                                .unwrap_or_else(|| "a panic".into());
+                            tracing::error!(
+                                device = %s.name,
+                                thread = name,
+                                "a WireGuard device thread panicked: {why}; the device is stopped and made anew"
+                            );
+                            *s.died.lock().unwrap_or_else(|e| e.into_inner()) =
+                                Some(format!("its {name} thread panicked: {why}"));
+                            s.stop.store(true, Ordering::Relaxed);
+                            deaths().notify_one();
+                        }
+                    })?,
             );
         }
         Ok(Device { shared, threads })
+    }
+
+    /// Why the device died (a thread panicked), if it did.
+    pub fn died(&self) -> Option<String> {
+        self.shared.died.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The offloads in use now (GSO can be dropped at run time).
