@@ -15,6 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -178,12 +179,13 @@ pub type Known = Box<dyn FnMut() -> Option<Arc<HashSet<IpAddr>>> + Send>;
 /// controller is then off, and nothing else is affected.
 pub fn start(addr: SocketAddr, known: Known) -> Option<Reflector> {
     let bound = UdpSocket::bind(addr).and_then(|s| {
+        // quinn-udp makes it non-blocking, and it must stay so: an answer
+        // to a forged source that no neighbour answers for waits in the
+        // kernel for address resolution, holding the socket's send buffer,
+        // and a blocking send would then stop the reflector for everyone.
+        // The thread waits for probes in poll(2) instead (with a timeout
+        // to look at `stop`), never spinning on WouldBlock.
         let state = quinn_udp::UdpSocketState::new((&s).into())?;
-        // quinn-udp made it non-blocking: blocking again, with a timeout
-        // to look at `stop`, or the thread spins on WouldBlock (a core's
-        // worth of a 2-core machine on every controller).
-        s.set_nonblocking(false)?;
-        s.set_read_timeout(Some(Duration::from_millis(200)))?;
         Ok((s, state))
     });
     let (socket, state) = match bound {
@@ -225,7 +227,11 @@ fn serve(socket: &UdpSocket, state: &quinn_udp::UdpSocketState, stop: &AtomicBoo
             let mut bufs = [std::io::IoSliceMut::new(&mut buf)];
             match state.recv(socket.into(), &mut bufs, &mut meta) {
                 Ok(n) => n,
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    let mut fds = [nix::poll::PollFd::new(socket.as_fd(), nix::poll::PollFlags::POLLIN)];
+                    let _ = nix::poll::poll(&mut fds, 200u16);
+                    continue;
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, "reflector receive");
                     std::thread::sleep(Duration::from_millis(10));
@@ -255,6 +261,7 @@ fn serve(socket: &UdpSocket, state: &quinn_udp::UdpSocketState, stop: &AtomicBoo
             segment_size: None,
             src_ip: m.dst_ip,
         };
+        // Never waits: with the send buffer full, the answer is dropped.
         if state.try_send(socket.into(), &t).is_ok() {
             ANSWERED.fetch_add(1, Ordering::Relaxed);
         }
