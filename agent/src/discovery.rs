@@ -18,6 +18,13 @@
 //! the nonce sent (anything else is counted as ignored), and keeps the
 //! candidates (the underlay address and each address seen from outside)
 //! and the NAT behaviour they show.
+//!
+//! A reflector that does not answer tells nothing about the NAT (its
+//! answers may have been lost, or a flood of forged probes may have taken
+//! its budget), so a round that some reflector left unanswered does not
+//! replace a result every reflector answered: only a complete round that
+//! disagrees does, or an answer that the kept result does not explain (a
+//! new outside address: the NAT's mapping changed). See [`replaces`].
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -58,18 +65,49 @@ pub struct Found {
     pub nat: String,
 }
 
+/// What is kept for a tunnel: the result, and how it was found.
+#[derive(Clone, Debug, PartialEq)]
+struct Kept {
+    found: Found,
+    /// Every reflector probed answered.
+    complete: bool,
+    /// How many did.
+    answers: usize,
+}
+
 /// The tunnels, by link name, and what was found for each.
 #[derive(Default)]
 struct Shared {
     targets: HashMap<String, Target>,
-    found: HashMap<String, Found>,
+    found: HashMap<String, Kept>,
 }
 
-/// Rounds in a row that some reflector left unanswered before their result
-/// replaces one every reflector answered: one lost answer must not flip
-/// the NAT behaviour (each change is a store write and a resync of every
-/// peer of the site).
-const PARTIAL_ROUNDS: u32 = 3;
+/// Whether a round's result (`new`, from `answers` answers, `complete`
+/// when every reflector probed answered) replaces the one `kept` for the
+/// tunnel. Each change is a store write and a resync of every peer of the
+/// site, and a result that loses its reflexive candidates or its NAT
+/// behaviour moves the tunnels to a relay or stops them: a missing answer
+/// alone must never do that.
+///
+/// - Nothing kept (the first round, or the target changed): the round's
+///   result, whatever it is.
+/// - A complete round: its result, when it differs.
+/// - An incomplete round after a complete one: kept, unless an answer
+///   shows a candidate the kept result does not have (the mapping
+///   changed; answers cannot be forged off the path, see the module).
+/// - An incomplete round after an incomplete one: the one with more
+///   answers, or the newer one with as many; or, as above, one that shows
+///   a new candidate.
+fn replaces(kept: Option<&Kept>, new: &Found, complete: bool, answers: usize) -> bool {
+    let Some(k) = kept else {
+        return true;
+    };
+    if k.found == *new {
+        return false;
+    }
+    let unexplained = new.candidates.iter().any(|c| !k.found.candidates.contains(c));
+    complete || unexplained || (!k.complete && answers >= k.answers)
+}
 
 /// Discovery for every tunnel of the agent; its thread ends when dropped.
 pub struct Discovery {
@@ -117,7 +155,7 @@ impl Discovery {
 
     /// What the latest round for `link` found (none before the first).
     pub fn found(&self, link: &str) -> Option<Found> {
-        self.shared.lock().unwrap().found.get(link).cloned()
+        self.shared.lock().unwrap().found.get(link).map(|k| k.found.clone())
     }
 }
 
@@ -135,8 +173,6 @@ fn run(sock: &Socket, shared: &Mutex<Shared>, stop: &AtomicBool, changed: &dyn F
     let m = crate::metrics::get();
     let mut rounds: HashMap<String, Round> = HashMap::new();
     let mut due: HashMap<String, Instant> = HashMap::new();
-    // Per tunnel: partial rounds in a row since the last complete one.
-    let mut partial: HashMap<String, u32> = HashMap::new();
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         let targets: Vec<(String, Target)> = {
@@ -145,7 +181,6 @@ fn run(sock: &Socket, shared: &Mutex<Shared>, stop: &AtomicBool, changed: &dyn F
         };
         rounds.retain(|l, r| targets.iter().any(|(k, t)| k == l && *t == r.target));
         due.retain(|l, _| targets.iter().any(|(k, _)| k == l));
-        partial.retain(|l, _| targets.iter().any(|(k, _)| k == l));
         for (link, t) in &targets {
             if rounds.contains_key(link) || due.get(link).is_some_and(|d| *d > now) {
                 continue;
@@ -189,20 +224,34 @@ fn run(sock: &Socket, shared: &Mutex<Shared>, stop: &AtomicBool, changed: &dyn F
             let jitter = Duration::from_millis(u64::from(r.sent.first().map_or(0, |(_, n)| n[0])) * 4);
             due.insert(link.clone(), now + jitter + if answered { EVERY } else { RETRY });
             let complete = r.answers.iter().all(Option::is_some);
-            let misses = partial.entry(link.clone()).or_default();
-            *misses = if complete { 0 } else { *misses + 1 };
-            let hold = *misses > 0 && *misses < PARTIAL_ROUNDS;
+            let answers = r.answers.iter().flatten().count();
             let differs = {
                 let mut sh = shared.lock().unwrap();
-                // Only for the target the round was for; a partial round
-                // does not replace a result at once.
-                let current = sh.found.get(&link);
-                if sh.targets.get(&link) != Some(&r.target) || current == Some(&new) || (hold && current.is_some()) {
+                // Only for the target the round was for.
+                if sh.targets.get(&link) != Some(&r.target) {
                     false
-                } else {
-                    tracing::info!(%link, port = r.target.port, nat = %new.nat, candidates = ?new.candidates, "endpoint discovery");
-                    sh.found.insert(link, new);
+                } else if replaces(sh.found.get(&link), &new, complete, answers) {
+                    tracing::info!(%link, port = r.target.port, nat = %new.nat, candidates = ?new.candidates, complete, "endpoint discovery");
+                    sh.found.insert(
+                        link,
+                        Kept {
+                            found: new,
+                            complete,
+                            answers,
+                        },
+                    );
                     true
+                } else {
+                    if let Some(k) = sh.found.get_mut(&link) {
+                        if k.found == new && complete {
+                            // The same, now confirmed by every reflector.
+                            k.complete = true;
+                            k.answers = answers;
+                        } else if k.found != new {
+                            tracing::debug!(%link, answers, "endpoint discovery: an incomplete round, the last complete result kept");
+                        }
+                    }
+                    false
                 }
             };
             if differs {
@@ -392,6 +441,78 @@ mod tests {
             reflectors(&list),
             vec!["198.51.100.2:7443".parse::<SocketAddrV4>().unwrap()]
         );
+    }
+
+    fn result(nat: &str, candidates: &[(&str, &str)]) -> Found {
+        Found {
+            candidates: candidates
+                .iter()
+                .map(|(a, k)| pb::Candidate {
+                    address: a.to_string(),
+                    kind: k.to_string(),
+                })
+                .collect(),
+            nat: nat.into(),
+        }
+    }
+
+    fn kept(found: &Found, complete: bool, answers: usize) -> Kept {
+        Kept {
+            found: found.clone(),
+            complete,
+            answers,
+        }
+    }
+
+    #[test]
+    fn an_incomplete_round_does_not_replace_a_complete_result() {
+        let local = ("192.168.1.2:51820", "local");
+        let good = result("endpoint-independent", &[local, ("198.51.100.30:51820", "reflexive")]);
+        let nothing = result("unknown", &[local]);
+        let one = result("endpoint-independent", &[local, ("198.51.100.30:51820", "reflexive")]);
+        let k = kept(&good, true, 2);
+        // No answer, however many rounds in a row: the result stays.
+        for _ in 0..10 {
+            assert!(!replaces(Some(&k), &nothing, false, 0));
+        }
+        // Some answers that agree with it: the same.
+        assert!(!replaces(Some(&k), &one, false, 1));
+        // Endpoint-dependent seen by two, one of them answering now.
+        let dependent = result(
+            "endpoint-dependent",
+            &[
+                local,
+                ("198.51.100.30:40001", "reflexive"),
+                ("198.51.100.30:40002", "reflexive"),
+            ],
+        );
+        let half = result("endpoint-independent", &[local, ("198.51.100.30:40001", "reflexive")]);
+        assert!(!replaces(Some(&kept(&dependent, true, 2)), &half, false, 1));
+        // A complete round that disagrees replaces it, even with nothing.
+        assert!(replaces(Some(&k), &nothing, true, 0));
+        assert!(replaces(Some(&kept(&dependent, true, 2)), &half, true, 2));
+        // An answer showing a new mapping replaces it, complete or not.
+        let moved = result("endpoint-independent", &[local, ("198.51.100.99:51820", "reflexive")]);
+        assert!(replaces(Some(&k), &moved, false, 1));
+        // The same result never counts as a change.
+        assert!(!replaces(Some(&k), &good, true, 2));
+    }
+
+    #[test]
+    fn the_first_result_is_taken_and_incomplete_ones_give_way_to_more_answers() {
+        let local = ("192.168.1.2:51820", "local");
+        let nothing = result("unknown", &[local]);
+        let one = result("endpoint-independent", &[local, ("198.51.100.30:51820", "reflexive")]);
+        // Whatever the first round found, even nothing.
+        assert!(replaces(None, &nothing, false, 0));
+        assert!(replaces(None, &one, false, 1));
+        // Incomplete after incomplete: more answers win, fewer do not.
+        assert!(replaces(Some(&kept(&nothing, false, 0)), &one, false, 1));
+        assert!(!replaces(Some(&kept(&one, false, 1)), &nothing, false, 0));
+        // Unknown after a complete round that found nothing (UDP blocked)
+        // stays unknown until a reflector answers.
+        assert!(!replaces(Some(&kept(&nothing, true, 0)), &nothing, false, 0));
+        assert!(replaces(Some(&kept(&nothing, true, 0)), &one, false, 1));
     }
 
     #[test]

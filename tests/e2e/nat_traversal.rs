@@ -257,6 +257,151 @@ fn two_sites_behind_endpoint_independent_nat_connect_directly_by_hole_punching()
     assert!(s.lab.nat_count(nat_a) > translated, "no new mapping was made");
 }
 
+/// Both sites behind endpoint-independent NAT, hole-punched; then 16 hosts
+/// on the WAN flood both controllers' reflectors for 20 s with well-formed
+/// probes from 64 forged addresses, far over the reflectors' budgets. The
+/// gateways' probes are still answered (the controllers know their
+/// addresses) and a round left unanswered changes nothing: throughout, each
+/// gateway keeps its NAT behaviour and its NAT's mapping as a candidate,
+/// and the peering stays hole-punched.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn a_flood_of_forged_probes_does_not_take_the_gateways_endpoint_discovery() {
+    require_root();
+    use std::time::{Duration, Instant};
+    weft_tests::step("sites a and b each behind a home router: hole-punched");
+    let mut s = both_behind(Nat::EndpointIndependent, "nf");
+    weft_tests::sites::until_wa_reaches_wb(&s);
+    let sides = [
+        (s.ta.clone(), "nf-b", "192.168.78.30"),
+        (s.tb.clone(), "nf-a", "192.168.78.31"),
+    ];
+    // What must hold on both sides, before and throughout the flood; what
+    // does not, when something does not.
+    let wrong = |(t, peer, router): &(String, &str, &str)| -> Option<String> {
+        let gws = weft_tests::weftctl_json(t, &["gateways"]);
+        if gws["gateways"][0]["nat"] != "endpoint-independent" {
+            return Some(format!("the NAT behaviour at {t}: {gws}"));
+        }
+        let peers = weft_tests::weftctl_json(t, &["peerings"]);
+        let p = peers["peerings"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["site_id"] == *peer)
+            .cloned()
+            .unwrap_or_default();
+        if p["tunnel"]["path"] != "hole-punched" {
+            return Some(format!("the path at {t}: {peers}"));
+        }
+        let own = p["local_gateways"][0]["candidates"].to_string();
+        (!own.contains(&format!("{router}:51820"))).then(|| format!("the reflexive candidate at {t}: {own}"))
+    };
+    weft_tests::eventually(
+        "hole-punched, the NAT observed, on both sides",
+        Duration::from_secs(30),
+        || sides.iter().all(|side| wrong(side).is_none()).then_some(()),
+    );
+    let limited = |s: &weft_tests::sites::TwoSites, ctl: &str| {
+        weft_tests::sites::metric(
+            &s.scrape(ctl),
+            "weft_controller_discovery_datagrams_total",
+            &[("result", "rate_limited")],
+        )
+        .unwrap_or(0.0)
+    };
+    let before = [limited(&s, "ctla"), limited(&s, "ctlb")];
+
+    weft_tests::step("16 hosts flood both reflectors from 64 forged addresses for 20 s");
+    const SECS: u64 = 20;
+    let reflectors = "192.168.78.1:7443,192.168.78.2:7443";
+    let mut flooders = Vec::new();
+    for i in 0..16u8 {
+        let host = s.lab.host(&format!("fl{i}"));
+        s.lab.plug(&host, &format!("192.168.78.{}/24", 140 + i));
+        // Forged: 4 addresses of the WAN per flooder that no host holds
+        // (their answers wait for address resolution, and are dropped).
+        let forged: Vec<String> = (0..4u8).map(|k| format!("192.168.78.{}", 160 + 4 * i + k)).collect();
+        let log = s.dir.path().join(format!("flood{i}.log"));
+        let (secs, pps, forged) = (SECS.to_string(), FLOOD_PPS.to_string(), forged.join(","));
+        let args = ["python3", "-c", FLOOD, &secs, &pps, &forged, reflectors];
+        flooders.push(s.lab.spawn(&host, std::path::Path::new("/usr/bin/env"), &args, &log));
+    }
+    let end = Instant::now() + Duration::from_secs(SECS);
+    let mut looks = 0;
+    while Instant::now() < end {
+        for side in &sides {
+            if let Some(w) = wrong(side) {
+                panic!("during the flood ({looks} looks in), {w}");
+            }
+        }
+        looks += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    weft_tests::step("the flood was over the reflectors' budgets, and ended");
+    for i in flooders {
+        let p = s.lab.proc(i);
+        weft_tests::eventually("the flooder's end", Duration::from_secs(10), || {
+            p.log_text().contains("sent").then_some(())
+        });
+    }
+    for (ctl, was) in [("ctla", before[0]), ("ctlb", before[1])] {
+        let now = limited(&s, ctl);
+        // Each reflector got 20 s of 16 × FLOOD_PPS / 2 probes a second.
+        let m = s.scrape(ctl);
+        let seen: Vec<&str> = m.lines().filter(|l| l.contains("discovery")).collect();
+        assert!(
+            now - was >= 20_000.0,
+            "{ctl}'s reflector limited only {} probes: the flood did not reach it: {seen:?}",
+            now - was
+        );
+    }
+    for side in &sides {
+        assert_eq!(wrong(side), None, "after the flood");
+    }
+    println!("NAT: 20 s of forged probes at both reflectors, discovery and the hole punch held ({looks} looks)");
+}
+
+/// Probes a second each flooder sends, over both reflectors.
+const FLOOD_PPS: u32 = 1600;
+
+/// Sends well-formed discovery probes (as a gateway's) for SECS at PPS a
+/// second, at most SECS × PPS of them, in turn from each of FORGED (comma
+/// separated, spoofed on a raw socket) to each of REFLECTORS (host:port,
+/// comma separated); prints how many it sent.
+const FLOOD: &str = r#"
+import os, socket, struct, sys, time
+secs, pps = float(sys.argv[1]), int(sys.argv[2])
+forged, reflectors = sys.argv[3].split(","), [r.split(":") for r in sys.argv[4].split(",")]
+raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+# The answers' ports, held (no ICMP back), never read.
+held = []
+for k in range(8):
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.bind(("0.0.0.0", 40000 + k))
+    held.append(u)
+packets = []
+for k in range(8):
+    for src in forged:
+        for host, port in reflectors:
+            probe = b"WEFTDSC1" + bytes([1]) + os.urandom(16) + bytes(39)
+            udp = struct.pack("!HHHH", 40000 + k, int(port), 8 + len(probe), 0) + probe
+            ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0, 64, 17, 0, socket.inet_aton(src), socket.inet_aton(host))
+            packets.append((ip + udp, (host, 0)))
+start, cap, sent = time.time(), int(secs * pps), 0
+while sent < cap and time.time() < start + secs:
+    due = min(cap, int((time.time() - start) * pps))
+    while sent < due:
+        p, to = packets[sent % len(packets)]
+        try:
+            raw.sendto(p, to)
+        except OSError:
+            pass
+        sent += 1
+    time.sleep(0.005)
+print("sent", sent, flush=True)
+"#;
+
 /// Both sites behind endpoint-dependent NAT (carrier-grade NAT: a new port
 /// per destination): no reflexive address works for the other side, so
 /// weft does not pretend. The gateways report the NAT, the peering's path

@@ -373,7 +373,22 @@ async fn prepare(cfg: &ControllerConfig) -> anyhow::Result<Prepared> {
     }
     let ca_not_after_ms = not_after_ms(&ca.der);
     let mut background = Background::start(&state, &auth, &hub, &fed, leader);
-    background.reflector = crate::reflector::start(bound.listen);
+    // The reflector budgets apart the gateways the site's state knows;
+    // it asks about once a second, and the set is made again only when
+    // the model changed.
+    let (model_of, mut last) = (Arc::downgrade(&hub), None::<Arc<crate::render::Model>>);
+    background.reflector = crate::reflector::start(
+        bound.listen,
+        Box::new(move || {
+            let model = model_of.upgrade()?.model();
+            if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, &model)) {
+                return None;
+            }
+            let known = Arc::new(crate::reflector::known(&model));
+            last = Some(model);
+            Some(known)
+        }),
+    );
     Ok(Prepared {
         state,
         auth,
