@@ -557,16 +557,23 @@ pub mod route_bench {
         out
     }
 
-    /// For 1 site's networks (33) and 64 sites' (2,112, as a transit hub
-    /// may give a spoke): (networks, ns per lookup with the table, with
-    /// the scan), each over `rounds` passes of 8,193 addresses.
+    /// For one network, one site's (33) and 64 sites' (2,112, as a
+    /// transit hub may give a spoke): (networks, ns per lookup with the
+    /// table, with the scan), each over `rounds` passes of 8,193
+    /// addresses.
     pub fn run(rounds: u32) -> Vec<(usize, f64, f64)> {
         let addrs = addresses();
         let per = |t: std::time::Instant| t.elapsed().as_nanos() as f64 / (f64::from(rounds) * addrs.len() as f64);
-        [1, 64]
+        [(1, true), (1, false), (64, false)]
             .into_iter()
-            .map(|sites| {
-                let peers = peers(sites);
+            .map(|(sites, one)| {
+                let mut peers = peers(sites);
+                if one {
+                    for p in peers.by_key.values() {
+                        p.allowed.write().unwrap_or_else(|e| e.into_inner()).truncate(1);
+                    }
+                    peers.reroute();
+                }
                 let networks = peers
                     .by_key
                     .values()
