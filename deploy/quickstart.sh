@@ -12,11 +12,16 @@
 #   deploy/quickstart.sh --sites 3    a mesh of three sites (2 to 9)
 #   deploy/quickstart.sh down         stop everything and remove it
 set -euo pipefail
+started=$SECONDS
 cd "$(dirname "$0")/.."
 ROOT=$PWD/.weft-quickstart
 P=weft-qs
 LAN=192.168.77
-BIN=$PWD/target/release
+# The quickstart's own build profile (Cargo.toml): weft's crates
+# unoptimized, their dependencies lightly optimized, so the first build
+# takes half the time of a release build. Real hosts run release builds
+# (deploy/package.sh).
+BIN=${CARGO_TARGET_DIR:-$PWD/target}/quickstart
 
 N=2
 if [ "${1:-}" = "--sites" ]; then
@@ -31,6 +36,9 @@ for ((k = 0; k < N; k++)); do SITES+=("${LETTERS[$k]}"); done
 [ "$(id -u)" = 0 ] || { echo "quickstart: run as root (it creates network namespaces): sudo $0 $*" >&2; exit 1; }
 
 down() {
+  # The binaries the sites were started with (another CARGO_TARGET_DIR may
+  # be set now): their --teardown removes what the agents made.
+  [ -f "$ROOT/bin" ] && BIN=$(cat "$ROOT/bin")
   # Agents first, then remove what they applied, then the controllers.
   for pidfile in "$ROOT"/*/agent.pid "$ROOT"/*/controller.pid; do
     [ -f "$pidfile" ] || continue
@@ -42,9 +50,14 @@ down() {
     [ -d "$state" ] || continue
     host=$(basename "$(dirname "$state")")
     kind=$(cat "$state/../kind")
-    [ -e "/run/netns/$P-$host" ] && nsenter --net="/run/netns/$P-$host" \
-      "$BIN/weft-$kind-agent" --teardown --state-dir "$state" >/dev/null 2>&1 || true
+    [ -e "/run/netns/$P-$host" ] && { nsenter --net="/run/netns/$P-$host" \
+      "$BIN/weft-$kind-agent" --teardown --state-dir "$state" >/dev/null 2>&1 \
+      || { echo "quickstart: --teardown on $host failed: $BIN/weft-$kind-agent --teardown --state-dir $state" >&2; kept=1; }; }
   done
+  if [ -n "${kept:-}" ]; then
+    echo "quickstart: $ROOT is kept, with what the agents applied; run the command above again, then down" >&2
+    exit 1
+  fi
   for h in $(ip netns list | awk '{print $1}' | grep "^$P-"); do
     ip netns del "$h"
   done
@@ -63,11 +76,17 @@ if [ -S "$ROOT/site-a/admin.sock" ] && [ -f "$ROOT/site-a/controller.pid" ] \
   SITES=("${LETTERS[@]:0:$N}")
   echo "quickstart: already running with $N sites (deploy/quickstart.sh down removes it)"
 else
+  t0=$SECONDS
   deploy/setup.sh
-  cargo build --release --workspace --bins
+  t_setup=$((SECONDS - t0))
+  t0=$SECONDS
+  cargo build --profile quickstart -p weft-controller -p weftctl -p weft-gateway-agent -p weft-node-agent --bins
+  t_build=$((SECONDS - t0))
+  t0=$SECONDS
   down # leftovers of an interrupted run
   mkdir -p "$ROOT"
   echo "$N" >"$ROOT/sites"
+  echo "$BIN" >"$ROOT/bin"
 
   ns() { ip netns add "$P-$1"; ip -n "$P-$1" link set lo up; }
   ns lan
@@ -229,3 +248,9 @@ Metrics: http://<host>:9100/metrics (controllers), :9101 (agents), e.g.
 Logs: $ROOT/*/controller.log, $ROOT/*/agent.log
 Tear down: deploy/quickstart.sh down
 TXT
+if [ -n "${t_build:-}" ]; then
+  echo "quickstart: where the time went ($((SECONDS - started)) s in all):"
+  printf '  %5d s  %s\n' "$t_setup" "setup (deploy/setup.sh: packages that were missing, grpcurl)" \
+    "$t_build" "cargo build --profile quickstart (4 binaries)" \
+    "$((SECONDS - started - t_setup - t_build))" "the sites: namespaces, controllers, agents, peerings, checks"
+fi

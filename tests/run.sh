@@ -61,21 +61,24 @@ check_disk() {
         echo "tests/run.sh: warning: only $msg; the build may run out of space" >&2
     fi
 }
-phase "setup (deploy/setup.sh)" deploy/setup.sh
+phase "setup (deploy/setup.sh --tests)" deploy/setup.sh --tests
 phase "free disk" check_disk
 phase "cargo fmt --check" cargo fmt --all -- --check
 phase "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 # The end-to-end tests run the workspace's binaries: build them first.
 phase "cargo build" cargo build --workspace --all-targets
+# The Debian packages, from that build (the real-hosts lane installs them),
+# checked by lintian.
+phase "packages (deploy/package.sh --profile dev)" deploy/package.sh --profile dev --no-build
 # Every test, in passes. The first runs the unit, property and end-to-end
 # tests side by side (two at a time, libtest's default on 2 cores); the
 # tests that measure time or load the machine whole get it to themselves,
 # each area in a pass of its own: the VM lane (an emulated guest, CPU-bound,
 # whose figures are timings) and the failover and fault-injection tests
 # (outages measured in milliseconds), and NAT traversal (time to connected
-# is asserted). A failing pass does not stop the
-# others; the suite fails if any failed.
-alone=(vm:: failover:: faults:: nat_traversal::)
+# is asserted), and the real-hosts lane (restarts' outages are measured). A
+# failing pass does not stop the others; the suite fails if any failed.
+alone=(vm:: failover:: faults:: nat_traversal:: hosts::)
 skip=()
 for a in "${alone[@]}"; do skip+=(--skip "$a"); done
 failed=()

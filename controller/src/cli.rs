@@ -85,6 +85,7 @@ pub fn main() -> ExitCode {
     if let Some(Command::AdminCert(AdminCertCommand::Rotate)) = cli.command {
         return rotate_admin_cert(&cfg);
     }
+    raise_open_files_limit();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -92,12 +93,36 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(crate::server::run(cfg, shutdown_signal(), |_| {})) {
+    // Under systemd (Type=notify), the unit is started once the controller
+    // accepts connections, so `systemctl start` then `weftctl` just works.
+    let ready = |_: &crate::server::Bound| {
+        if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+            tracing::warn!(error = %e, "cannot tell systemd the controller is ready");
+        }
+    };
+    match rt.block_on(crate::server::run(cfg, shutdown_signal(), ready)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("weft-controller: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Every agent holds a connection: the soft limit on open files (1024 under
+/// systemd and most shells) would refuse agents long before the hard one
+/// (524288 under systemd), so the controller takes the hard limit as Go
+/// programs do.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(soft, hard, error = %e, "cannot raise the open files limit");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot read the open files limit"),
     }
 }
 

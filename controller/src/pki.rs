@@ -379,17 +379,44 @@ pub(crate) fn random_hex(bytes: usize) -> String {
 }
 
 /// The names a server certificate should carry for a listener on `addr`.
-pub fn names_for(addr: IpAddr, extra: &[String]) -> Vec<String> {
+/// The server certificate's names: the `tls_sans`, the listen address
+/// unless it is 0.0.0.0 or ::, and the host of each `advertise` address
+/// (what agents and other sites dial), each once.
+pub fn names_for(addr: IpAddr, extra: &[String], advertise: &[String]) -> Vec<String> {
     let mut v = extra.to_vec();
     if !addr.is_unspecified() {
         v.push(addr.to_string());
     }
+    for a in advertise {
+        let host = a.rsplit_once(':').map_or(a.as_str(), |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if !host.is_empty() {
+            v.push(host.to_string());
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    v.retain(|n| seen.insert(n.clone()));
     v
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn advertised_hosts_are_names_of_the_server_certificate() {
+        let any: IpAddr = "0.0.0.0".parse().unwrap();
+        assert_eq!(
+            names_for(
+                any,
+                &["ctl.example".into()],
+                &["192.0.2.5:7443".into(), "[2001:db8::5]:7443".into()]
+            ),
+            ["ctl.example", "192.0.2.5", "2001:db8::5"]
+        );
+        let one: IpAddr = "192.0.2.5".parse().unwrap();
+        assert_eq!(names_for(one, &[], &["192.0.2.5:7443".into()]), ["192.0.2.5"]);
+    }
 
     #[test]
     fn creates_once_and_keeps_keys_private() {

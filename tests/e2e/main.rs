@@ -18,6 +18,7 @@ mod federation_updates;
 mod flood;
 mod full_disk;
 mod guard;
+mod hosts;
 mod identity;
 mod layers;
 mod load;

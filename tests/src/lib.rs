@@ -8,6 +8,7 @@
 //! mean the test ran.
 
 pub mod controller;
+pub mod hosts;
 pub mod lab;
 pub mod mesh;
 pub mod netns;

@@ -82,7 +82,7 @@ pub fn ensure_pki(cfg: &ControllerConfig) -> anyhow::Result<ServerPki> {
     pki::ensure(
         &cfg.data_dir.join("pki"),
         &cfg.site.id,
-        &pki::names_for(cfg.listen.ip(), &cfg.tls_sans),
+        &pki::names_for(cfg.listen.ip(), &cfg.tls_sans, &cfg.advertise),
     )
 }
 
