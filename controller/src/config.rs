@@ -528,6 +528,17 @@ mod tests {
         assert_eq!(fields(e), ["store_history"]);
     }
 
+    /// The example the Debian package installs as /etc/weft/controller.toml
+    /// is a valid configuration as shipped.
+    #[test]
+    fn the_shipped_example_configuration_loads() {
+        let text = include_str!("../../deploy/examples/controller.toml");
+        let file: FileConfig = toml::from_str(text).unwrap();
+        let c = resolve(&ControllerArgs::default(), file).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/var/lib/weft"));
+        assert_eq!(c.admin_socket, PathBuf::from("/var/lib/weft/admin.sock"));
+    }
+
     #[test]
     fn minimal_flags_get_defaults() {
         let c = resolve(&args("site-a", &["10.1.0.0/16"]), FileConfig::default()).unwrap();
