@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, then format check, clippy
-# with warnings as errors, the build, and every test (unit, property, store
-# conformance on the embedded store and a real etcd, end-to-end with the real
-# binaries, grpcurl and etcd, and the VM lane). Needs root: the end-to-end
+# with warnings as errors, the build, the Debian packages (checked by
+# lintian), and every test (unit, property, store conformance on the
+# embedded store and a real etcd, end-to-end with the real binaries, grpcurl
+# and etcd, the VM lane, and the real-hosts lane: Debian hosts under systemd
+# with weft installed from its packages). Needs root: the end-to-end
 # tests build network namespaces (they are #[ignore]d for a plain
 # `cargo test`, and run here with --include-ignored). At the end it prints
 # where the time went: each phase, and each test binary's own time.
@@ -76,9 +78,12 @@ phase "packages (deploy/package.sh --profile dev)" deploy/package.sh --profile d
 # each area in a pass of its own: the VM lane (an emulated guest, CPU-bound,
 # whose figures are timings) and the failover and fault-injection tests
 # (outages measured in milliseconds), and NAT traversal (time to connected
-# is asserted), and the real-hosts lane (restarts' outages are measured). A
-# failing pass does not stop the others; the suite fails if any failed.
-alone=(vm:: failover:: faults:: nat_traversal:: hosts::)
+# is asserted). The real-hosts lane runs side by side: it mostly waits
+# (debootstrap, boots, apt), and its outages' bounds (a restarted gateway's
+# tunnel back within 1 s; measured 0.2 s with a CPU hog on one core) leave
+# room for a loaded machine. A failing pass does not stop the others; the
+# suite fails if any failed.
+alone=(vm:: failover:: faults:: nat_traversal::)
 skip=()
 for a in "${alone[@]}"; do skip+=(--skip "$a"); done
 failed=()

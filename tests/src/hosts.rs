@@ -161,9 +161,12 @@ impl Host {
             log: log.into(),
         };
         let pid = host.nspawn.as_ref().unwrap().id();
-        host.leader = crate::eventually(&format!("{name}'s systemd to start"), Duration::from_secs(30), || {
-            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
-            children.split_whitespace().next()?.parse().ok()
+        let leader = crate::try_eventually(Duration::from_secs(30), || container_init(pid));
+        host.leader = leader.unwrap_or_else(|| {
+            panic!(
+                "systemd-nspawn did not start {name}'s systemd within 30 s:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )
         });
         host
     }
@@ -171,14 +174,19 @@ impl Host {
     /// Waits until systemd has started everything ("running", or
     /// "degraded" where a unit that containers cannot run failed).
     pub fn until_up(&self) {
-        crate::eventually(
-            &format!("{} to boot (see {})", self.name, self.log.display()),
-            Duration::from_secs(90),
-            || {
-                let s = stdout(&self.sh("systemctl is-system-running || true"));
-                matches!(s.trim(), "running" | "degraded").then_some(())
-            },
-        );
+        let up = crate::try_eventually(Duration::from_secs(90), || {
+            let s = stdout(&self.sh("systemctl is-system-running || true"));
+            matches!(s.trim(), "running" | "degraded").then_some(())
+        });
+        if up.is_none() {
+            panic!(
+                "{} did not boot within 90 s ({}); its jobs:\n{}\nits console:\n{}",
+                self.name,
+                crate::pace::describe(),
+                stdout(&self.sh("systemctl list-jobs --no-pager || true")),
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
     }
 
     /// Runs `script` with /bin/sh -e on the host, as root in
@@ -218,6 +226,26 @@ impl Host {
     pub fn journal(&self, unit: &str) -> String {
         stdout(&self.sh(&format!("journalctl -q --no-pager -n 60 -u {unit} || true")))
     }
+}
+
+/// The container's init among the descendants of nspawn `pid`: the process
+/// that is PID 1 in its own PID namespace. (nspawn's first child is a short
+/// lived intermediate; taking it would address a process that is gone.)
+fn container_init(pid: u32) -> Option<u32> {
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        let status = std::fs::read_to_string(format!("/proc/{p}/status")).ok()?;
+        let nspid = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+        let ids: Vec<&str> = nspid.split_whitespace().collect();
+        if p != pid && ids.len() > 1 && ids.last() == Some(&"1") {
+            return Some(p);
+        }
+        for task in std::fs::read_dir(format!("/proc/{p}/task")).ok()?.flatten() {
+            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            todo.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+        }
+    }
+    None
 }
 
 impl Drop for Host {
