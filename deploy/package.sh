@@ -34,6 +34,8 @@ fi
 target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 out=$target/debian
 mkdir -p "$out"
+# Only this version's packages: `apt install ./weft-agent_*.deb` must match one.
+rm -f "$out"/weft-controller_*.deb "$out"/weft-agent_*.deb
 # The test build's binaries are large (unoptimized): compress them quickly.
 # (cargo-deb warns that it is meant for release builds; the suite packages
 # its own build rather than build a second time.)

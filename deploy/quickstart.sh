@@ -17,10 +17,9 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD/.weft-quickstart
 P=weft-qs
 LAN=192.168.77
-# The quickstart's own build profile (Cargo.toml): weft's crates
-# unoptimized, their dependencies lightly optimized, so the first build
-# takes half the time of a release build. Real hosts run release builds
-# (deploy/package.sh).
+# The quickstart's own build profile (Cargo.toml): unoptimized and without
+# debug information, so the first build takes half the time of a release
+# build. Real hosts run release builds (deploy/package.sh).
 BIN=${CARGO_TARGET_DIR:-$PWD/target}/quickstart
 
 N=2
@@ -38,7 +37,8 @@ for ((k = 0; k < N; k++)); do SITES+=("${LETTERS[$k]}"); done
 down() {
   # The binaries the sites were started with (another CARGO_TARGET_DIR may
   # be set now): their --teardown removes what the agents made.
-  [ -f "$ROOT/bin" ] && BIN=$(cat "$ROOT/bin")
+  local bin=$BIN
+  [ -f "$ROOT/bin" ] && bin=$(cat "$ROOT/bin")
   # Agents first, then remove what they applied, then the controllers.
   for pidfile in "$ROOT"/*/agent.pid "$ROOT"/*/controller.pid; do
     [ -f "$pidfile" ] || continue
@@ -51,8 +51,8 @@ down() {
     host=$(basename "$(dirname "$state")")
     kind=$(cat "$state/../kind")
     [ -e "/run/netns/$P-$host" ] && { nsenter --net="/run/netns/$P-$host" \
-      "$BIN/weft-$kind-agent" --teardown --state-dir "$state" >/dev/null 2>&1 \
-      || { echo "quickstart: --teardown on $host failed: $BIN/weft-$kind-agent --teardown --state-dir $state" >&2; kept=1; }; }
+      "$bin/weft-$kind-agent" --teardown --state-dir "$state" >/dev/null 2>&1 \
+      || { echo "quickstart: --teardown on $host failed: $bin/weft-$kind-agent --teardown --state-dir $state" >&2; kept=1; }; }
   done
   if [ -n "${kept:-}" ]; then
     echo "quickstart: $ROOT is kept, with what the agents applied; run the command above again, then down" >&2

@@ -529,12 +529,19 @@ mod tests {
     }
 
     /// The example the Debian package installs as /etc/weft/controller.toml
-    /// is a valid configuration as shipped.
+    /// parses, refuses to start until the site's name and CIDRs are set
+    /// (a controller started unedited would make a CA for a site that is
+    /// not this one), and is valid once they are.
     #[test]
-    fn the_shipped_example_configuration_loads() {
+    fn the_shipped_example_configuration_wants_a_site_and_is_valid_with_one() {
         let text = include_str!("../../deploy/examples/controller.toml");
-        let file: FileConfig = toml::from_str(text).unwrap();
-        let c = resolve(&ControllerArgs::default(), file).unwrap();
+        let e = resolve(&ControllerArgs::default(), toml::from_str(text).unwrap()).unwrap_err();
+        assert!(fields(e).contains(&"site_id".to_string()));
+        let c = resolve(&args("site-a", &["10.1.0.0/16"]), toml::from_str(text).unwrap()).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/x"), "a flag overrides the file");
+        let mut a = args("site-a", &["10.1.0.0/16"]);
+        a.data_dir = None;
+        let c = resolve(&a, toml::from_str(text).unwrap()).unwrap();
         assert_eq!(c.data_dir, PathBuf::from("/var/lib/weft"));
         assert_eq!(c.admin_socket, PathBuf::from("/var/lib/weft/admin.sock"));
     }

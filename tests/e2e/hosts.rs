@@ -46,6 +46,15 @@ fn json(host: &Host, cmd: &str) -> serde_json::Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("weftctl {cmd}: {e}: {out}"))
 }
 
+/// The longest time without an answered ping in `log` from `at` to now:
+/// between answers, and from the last answer to now (an outage that has
+/// not ended counts).
+fn outage_since(log: &Path, at: f64) -> f64 {
+    let (gap, times) = longest_gap(log, at);
+    let last = times.last().copied().unwrap_or(at);
+    gap.max(unix_now() - last)
+}
+
 /// The unit's main process id, to tell that a restart made a new one.
 fn main_pid(host: &Host, unit: &str) -> String {
     host.must(&format!("systemctl show -p MainPID --value {unit}"))
@@ -287,7 +296,7 @@ fn weft_installed_from_its_packages_as_the_guide_says_runs_under_systemd_and_lea
             host.name
         );
         std::thread::sleep(Duration::from_secs(5));
-        let (gap, _) = longest_gap(&log, at);
+        let gap = outage_since(&log, at);
         report.push(format!("{unit} on {}: longest gap {gap:.2} s", host.name));
         eprintln!("{}", report.last().unwrap());
         // A gateway's userspace tunnels live in its process: a restart
@@ -307,12 +316,39 @@ fn weft_installed_from_its_packages_as_the_guide_says_runs_under_systemd_and_lea
     let at = unix_now();
     a.ctl.must("systemctl stop weft-controller");
     std::thread::sleep(Duration::from_secs(5));
-    let (gap, _) = longest_gap(&log, at);
+    let gap = outage_since(&log, at);
     assert!(
         gap <= 0.3,
         "with site-a's controller stopped, traffic stopped for {gap:.2} s"
     );
     a.ctl.must("systemctl start weft-controller");
+
+    step("an upgrade in place (the same packages again) restarts what runs and tears nothing down");
+    for (host, deb, unit) in [
+        (&a.ctl, "weft-controller", "weft-controller"),
+        (&a.gw, "weft-agent", "weft-gateway-agent"),
+        (&a.node, "weft-agent", "weft-node-agent"),
+    ] {
+        let before = main_pid(host, unit);
+        let at = unix_now();
+        host.must(&format!("apt install --reinstall ./{deb}_*.deb"));
+        assert_ne!(
+            main_pid(host, unit),
+            before,
+            "upgrading {deb} did not restart {unit} on {}",
+            host.name
+        );
+        std::thread::sleep(Duration::from_secs(5));
+        let gap = outage_since(&log, at);
+        report.push(format!("{deb} upgraded on {}: longest gap {gap:.2} s", host.name));
+        let bound = if unit == "weft-gateway-agent" { 1.0 } else { 0.3 };
+        assert!(
+            gap <= bound,
+            "upgrading {deb} on {} stopped traffic for {gap:.2} s (at most {bound} s):\n{}",
+            host.name,
+            host.journal(unit)
+        );
+    }
     lab.proc(ping).stop();
 
     step("removing the packages leaves nothing of weft's on any host");

@@ -162,12 +162,19 @@ impl Host {
         };
         let pid = host.nspawn.as_ref().unwrap().id();
         let leader = crate::try_eventually(Duration::from_secs(30), || container_init(pid));
-        host.leader = leader.unwrap_or_else(|| {
-            panic!(
-                "systemd-nspawn did not start {name}'s systemd within 30 s:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            )
-        });
+        match leader {
+            Some(l) => host.leader = l,
+            None => {
+                // Not a Host yet: its drop must not signal a PID it never had.
+                let mut child = host.nspawn.take().unwrap();
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "systemd-nspawn did not start {name}'s systemd within 30 s:\n{}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+            }
+        }
         host
     }
 
@@ -261,11 +268,13 @@ impl Drop for Host {
             std::thread::sleep(Duration::from_millis(100));
         }
         // Killing the container's PID 1 ends every process of its PID
-        // namespace.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.leader as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+        // namespace (0 would be this process group: never).
+        if self.leader > 1 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.leader as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
         let _ = child.kill();
         let _ = child.wait();
     }
