@@ -82,7 +82,6 @@ else
   t0=$SECONDS
   cargo build --profile quickstart -p weft-controller -p weftctl -p weft-gateway-agent -p weft-node-agent --bins
   t_build=$((SECONDS - t0))
-  t0=$SECONDS
   down # leftovers of an interrupted run
   mkdir -p "$ROOT"
   echo "$N" >"$ROOT/sites"
