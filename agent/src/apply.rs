@@ -3,14 +3,12 @@
 //! (the data plane, see `weft-dataplane`) on real hosts, [`DryRun`] (changes
 //! nothing, prints what it would do) with `--dry-run`.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use weft_proto::v1 as pb;
-use weft_proto::v1::desired_object::Kind;
 
-/// The objects an agent holds, by id.
-pub type Objects = BTreeMap<String, pb::DesiredObject>;
+use crate::desired::Held;
+pub use crate::desired::Objects;
 
 /// Where an apply looks on the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,12 +23,8 @@ pub enum Scope {
 
 /// What differs between `applied` and `desired`: the objects new or
 /// changed, and the ids no longer desired.
-pub fn diff(applied: &Objects, desired: &Objects) -> (Vec<pb::DesiredObject>, Vec<String>) {
-    let changed = desired
-        .values()
-        .filter(|o| applied.get(&o.id) != Some(*o))
-        .cloned()
-        .collect();
+pub fn diff<'a>(applied: &Objects, desired: &'a Objects) -> (Vec<&'a Held>, Vec<String>) {
+    let changed = desired.values().filter(|o| applied.get(o.id()) != Some(*o)).collect();
     let gone = applied
         .keys()
         .filter(|id| !desired.contains_key(*id))
@@ -115,122 +109,6 @@ impl HostNets {
     }
 }
 
-/// One line describing an object, as an operator reads it.
-pub fn describe(o: &pb::DesiredObject) -> String {
-    match &o.kind {
-        Some(Kind::Namespace(n)) => format!("netns {}", n.name),
-        Some(Kind::Link(l)) => {
-            let ns = if l.namespace.is_empty() {
-                String::new()
-            } else {
-                format!(" netns {}", l.namespace)
-            };
-            let kind = match &l.kind {
-                Some(pb::link::Kind::Vxlan(v)) => {
-                    format!(
-                        "vxlan id {} local {} remote {} dstport {}",
-                        v.vni, v.local, v.remote, v.port
-                    )
-                }
-                Some(pb::link::Kind::Geneve(g)) => format!("geneve id {} remote {}", g.vni, g.remote),
-                Some(pb::link::Kind::Wireguard(w)) => format!("wireguard listen-port {}", w.listen_port),
-                Some(pb::link::Kind::Veth(v)) => format!("veth peer {}", v.peer_name),
-                Some(pb::link::Kind::Bridge(_)) => "bridge".into(),
-                None => "?".into(),
-            };
-            format!("link {}{ns} type {kind} mtu {}", l.name, l.mtu)
-        }
-        Some(Kind::Address(a)) => format!("address {} dev {}", a.cidr, a.link),
-        Some(Kind::Route(r)) => {
-            let via = if r.gateway.is_empty() {
-                String::new()
-            } else {
-                format!(" via {}", r.gateway)
-            };
-            format!("route {}{via} dev {} table {}", r.destination, r.device, r.table)
-        }
-        Some(Kind::Rule(r)) => {
-            let from = if r.from.is_empty() {
-                String::new()
-            } else {
-                format!(" from {}", r.from)
-            };
-            let to = if r.to.is_empty() {
-                String::new()
-            } else {
-                format!(" to {}", r.to)
-            };
-            format!("rule priority {}{from}{to} lookup {}", r.priority, r.table)
-        }
-        Some(Kind::NatMap(n)) => format!("prefix NAT in {}: {} <-> {}", n.namespace, n.local_cidr, n.real_cidr),
-        Some(Kind::WireguardPeer(p)) => {
-            format!("wireguard peer {} on {} endpoint {}", p.public_key, p.link, p.endpoint)
-        }
-        Some(Kind::HostSnat(h)) => {
-            format!(
-                "source NAT of host traffic out {} to {} (not from {})",
-                h.link,
-                h.address,
-                h.except.join(", ")
-            )
-        }
-        Some(Kind::DnsRecord(r)) => format!(
-            "DNS name {}.{} -> {}",
-            r.name,
-            r.site,
-            [r.address.as_str(), r.address_v6.as_str()]
-                .into_iter()
-                .filter(|a| !a.is_empty())
-                .collect::<Vec<_>>()
-                .join(" ")
-        ),
-        Some(Kind::ExportMap(x)) => format!(
-            "export in {}: {} from {} -> {}",
-            x.namespace, x.external_address, x.tunnel, x.host_address
-        ),
-        Some(Kind::TunnelFilter(f)) => {
-            let policy = if f.policed {
-                let rules: Vec<String> = f
-                    .exports
-                    .iter()
-                    .map(|r| match (r.protocol.as_str(), r.first_port, r.last_port) {
-                        ("", ..) => r.cidr.clone(),
-                        (p, 0, _) => format!("{} {p}", r.cidr),
-                        (p, a, b) if a == b => format!("{} {p}/{a}", r.cidr),
-                        (p, a, b) => format!("{} {p}/{a}-{b}", r.cidr),
-                    })
-                    .collect();
-                format!(
-                    "; export policy: {}",
-                    if rules.is_empty() {
-                        "nothing".into()
-                    } else {
-                        rules.join(", ")
-                    }
-                )
-            } else {
-                String::new()
-            };
-            format!(
-                "filter in {}: from {} forward only to {}{policy}",
-                f.namespace,
-                f.tunnel,
-                f.allowed.join(", ")
-            )
-        }
-        Some(Kind::RelaySession(r)) => {
-            let side = |s: &Option<pb::RelaySide>| s.as_ref().map(|s| format!("{} (port {})", s.site, s.port));
-            format!(
-                "relay between {} and {}",
-                side(&r.a).unwrap_or_default(),
-                side(&r.b).unwrap_or_default()
-            )
-        }
-        Some(Kind::LanAddress(_)) => "the LAN address (--lan-address), as the active gateway".into(),
-        None => "(empty object)".into(),
-    }
-}
-
 /// Changes nothing; prints and records what it would do.
 #[derive(Debug, Default)]
 pub struct DryRun {
@@ -243,16 +121,16 @@ impl Applier for DryRun {
     async fn apply(&mut self, applied: &Objects, desired: &Objects, _: Scope) -> Vec<pb::ObjectError> {
         let (changed, gone) = diff(applied, desired);
         for o in &changed {
-            let verb = if applied.contains_key(&o.id) {
+            let verb = if applied.contains_key(o.id()) {
                 "update"
             } else {
                 "create"
             };
-            self.log.push(format!("would {verb} {} [{}]", describe(o), o.id));
+            self.log.push(format!("would {verb} {} [{}]", o.describe(), o.id()));
         }
         for id in &gone {
             if let Some(o) = applied.get(id) {
-                self.log.push(format!("would delete {} [{id}]", describe(o)));
+                self.log.push(format!("would delete {} [{id}]", o.describe()));
             }
         }
         for line in &self.log {

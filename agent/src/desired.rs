@@ -1,16 +1,67 @@
-//! The agent's copy of its desired state: what it last received and applied,
-//! kept in memory and on disk (`<state-dir>/desired-state.pb`, a
-//! `weft.v1.StateFile` with a format number), so that an agent that restarts
-//! while its controller is unreachable applies it again and keeps the host
-//! as it was.
+//! The agent's door and its copy of the desired state. Every object that
+//! comes in (from the controller's Watch stream, from the state file
+//! written earlier, or made by the agent itself from its flags) is decoded
+//! here, once, into a [`Held`]: the typed object
+//! ([`weft_dataplane::desired::Object`]) that the guard checks and the
+//! planner, DNS responder, probes and relays read, or why it does not
+//! decode. No other part of the agent reads a controller's message.
+//!
+//! What the agent last received and applied is kept in memory and on disk
+//! (`<state-dir>/desired-state.pb`, a `weft.v1.StateFile` with a format
+//! number), so that an agent that restarts while its controller is
+//! unreachable applies it again and keeps the host as it was.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use prost::Message;
+use weft_dataplane::desired::Object;
 use weft_proto::v1 as pb;
+use weft_proto::v1::desired_object::Kind;
 
-use crate::apply::Objects;
+/// The objects an agent holds, by id, each decoded at its door.
+pub type Objects = std::collections::BTreeMap<String, Held>;
+
+/// One object the agent holds: decoded once, as it came in, and as it was
+/// sent (kept for the state file and for the hash the controller compares
+/// when a session resumes).
+#[derive(Clone, Debug)]
+pub struct Held {
+    raw: pb::DesiredObject,
+    /// The object, or why it does not decode (reported, never applied).
+    pub decoded: Result<Object, String>,
+}
+
+/// Two held objects are equal when the controller sent the same thing.
+impl PartialEq for Held {
+    fn eq(&self, other: &Held) -> bool {
+        self.raw == other.raw
+    }
+}
+
+impl From<pb::DesiredObject> for Held {
+    fn from(raw: pb::DesiredObject) -> Held {
+        let decoded = weft_dataplane::desired::decode(&raw);
+        Held { raw, decoded }
+    }
+}
+
+impl Held {
+    pub fn id(&self) -> &str {
+        &self.raw.id
+    }
+
+    /// The decoded object (None: it does not decode).
+    pub fn object(&self) -> Option<&Object> {
+        self.decoded.as_ref().ok()
+    }
+
+    /// One line describing the object as the controller sent it, as an
+    /// operator reads it (`--dry-run`).
+    pub fn describe(&self) -> String {
+        describe(&self.raw)
+    }
+}
 
 pub const STATE_FILE: &str = "desired-state.pb";
 /// The file format this agent writes and reads.
@@ -28,39 +79,41 @@ impl Desired {
     pub fn known(&self) -> Vec<pb::ObjectVersion> {
         self.objects
             .values()
-            .filter(|o| !is_local(&o.id))
+            .filter(|o| !is_local(o.id()))
             .map(|o| pb::ObjectVersion {
-                id: o.id.clone(),
-                hash: weft_proto::object_hash(o),
+                id: o.id().to_string(),
+                hash: weft_proto::object_hash(&o.raw),
             })
             .collect()
     }
 
-    /// Applies a message to the held state; returns (upserts, deletes) as
-    /// the applier should see them.
-    pub fn changes(&self, msg: &pb::WatchResponse) -> (Vec<pb::DesiredObject>, Vec<String>) {
+    /// What a message from the controller changes in the held state:
+    /// (upserts, decoded here, and deletes) as the applier should see them.
+    pub fn changes(&self, msg: &pb::WatchResponse) -> (Vec<Held>, Vec<String>) {
         match &msg.kind {
             Some(pb::watch_response::Kind::Snapshot(s)) => {
-                let new: Objects = s.objects.iter().map(|o| (o.id.clone(), o.clone())).collect();
+                let new: std::collections::HashSet<&str> = s.objects.iter().map(|o| o.id.as_str()).collect();
                 let deletes = self
                     .objects
                     .keys()
-                    .filter(|k| !new.contains_key(*k) && !is_local(k))
+                    .filter(|k| !new.contains(k.as_str()) && !is_local(k))
                     .cloned()
                     .collect();
-                (s.objects.clone(), deletes)
+                (s.objects.iter().cloned().map(Held::from).collect(), deletes)
             }
-            Some(pb::watch_response::Kind::Delta(d)) => (d.upserts.clone(), d.deletes.clone()),
+            Some(pb::watch_response::Kind::Delta(d)) => {
+                (d.upserts.iter().cloned().map(Held::from).collect(), d.deletes.clone())
+            }
             None => (Vec::new(), Vec::new()),
         }
     }
 
-    pub fn commit(&mut self, revision: i64, upserts: Vec<pb::DesiredObject>, deletes: &[String]) {
+    pub fn commit(&mut self, revision: i64, upserts: Vec<Held>, deletes: &[String]) {
         for id in deletes {
             self.objects.remove(id);
         }
         for o in upserts {
-            self.objects.insert(o.id.clone(), o);
+            self.objects.insert(o.id().to_string(), o);
         }
         self.revision = revision;
     }
@@ -82,7 +135,7 @@ pub fn is_local(id: &str) -> bool {
 /// without a kernel-made link-local address, and the kernel resolves a
 /// workload's address for forwarded traffic only from a link-local source
 /// (workloads may also route by it).
-pub fn bridge_objects(bridge: &str, subnet: &str, subnet_v6: &str) -> anyhow::Result<Vec<pb::DesiredObject>> {
+pub fn bridge_objects(bridge: &str, subnet: &str, subnet_v6: &str) -> anyhow::Result<Vec<Held>> {
     if subnet.is_empty() && subnet_v6.is_empty() {
         anyhow::bail!("the controller gave the node no subnet of either family");
     }
@@ -116,6 +169,7 @@ pub fn bridge_objects(bridge: &str, subnet: &str, subnet_v6: &str) -> anyhow::Re
                 no_prefix_route: false,
             })),
         }))
+        .map(Held::from)
         .collect())
 }
 
@@ -136,6 +190,122 @@ pub fn first_address(subnet: &str) -> anyhow::Result<(std::net::IpAddr, u8)> {
     };
     let first = first.with_context(|| format!("subnet {net} has no host address for the bridge"))?;
     Ok((first, net.prefix_len()))
+}
+
+/// One line describing an object, as an operator reads it.
+fn describe(o: &pb::DesiredObject) -> String {
+    match &o.kind {
+        Some(Kind::Namespace(n)) => format!("netns {}", n.name),
+        Some(Kind::Link(l)) => {
+            let ns = if l.namespace.is_empty() {
+                String::new()
+            } else {
+                format!(" netns {}", l.namespace)
+            };
+            let kind = match &l.kind {
+                Some(pb::link::Kind::Vxlan(v)) => {
+                    format!(
+                        "vxlan id {} local {} remote {} dstport {}",
+                        v.vni, v.local, v.remote, v.port
+                    )
+                }
+                Some(pb::link::Kind::Geneve(g)) => format!("geneve id {} remote {}", g.vni, g.remote),
+                Some(pb::link::Kind::Wireguard(w)) => format!("wireguard listen-port {}", w.listen_port),
+                Some(pb::link::Kind::Veth(v)) => format!("veth peer {}", v.peer_name),
+                Some(pb::link::Kind::Bridge(_)) => "bridge".into(),
+                None => "?".into(),
+            };
+            format!("link {}{ns} type {kind} mtu {}", l.name, l.mtu)
+        }
+        Some(Kind::Address(a)) => format!("address {} dev {}", a.cidr, a.link),
+        Some(Kind::Route(r)) => {
+            let via = if r.gateway.is_empty() {
+                String::new()
+            } else {
+                format!(" via {}", r.gateway)
+            };
+            format!("route {}{via} dev {} table {}", r.destination, r.device, r.table)
+        }
+        Some(Kind::Rule(r)) => {
+            let from = if r.from.is_empty() {
+                String::new()
+            } else {
+                format!(" from {}", r.from)
+            };
+            let to = if r.to.is_empty() {
+                String::new()
+            } else {
+                format!(" to {}", r.to)
+            };
+            format!("rule priority {}{from}{to} lookup {}", r.priority, r.table)
+        }
+        Some(Kind::NatMap(n)) => format!("prefix NAT in {}: {} <-> {}", n.namespace, n.local_cidr, n.real_cidr),
+        Some(Kind::WireguardPeer(p)) => {
+            format!("wireguard peer {} on {} endpoint {}", p.public_key, p.link, p.endpoint)
+        }
+        Some(Kind::HostSnat(h)) => {
+            format!(
+                "source NAT of host traffic out {} to {} (not from {})",
+                h.link,
+                h.address,
+                h.except.join(", ")
+            )
+        }
+        Some(Kind::DnsRecord(r)) => format!(
+            "DNS name {}.{} -> {}",
+            r.name,
+            r.site,
+            [r.address.as_str(), r.address_v6.as_str()]
+                .into_iter()
+                .filter(|a| !a.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+        Some(Kind::ExportMap(x)) => format!(
+            "export in {}: {} from {} -> {}",
+            x.namespace, x.external_address, x.tunnel, x.host_address
+        ),
+        Some(Kind::TunnelFilter(f)) => {
+            let policy = if f.policed {
+                let rules: Vec<String> = f
+                    .exports
+                    .iter()
+                    .map(|r| match (r.protocol.as_str(), r.first_port, r.last_port) {
+                        ("", ..) => r.cidr.clone(),
+                        (p, 0, _) => format!("{} {p}", r.cidr),
+                        (p, a, b) if a == b => format!("{} {p}/{a}", r.cidr),
+                        (p, a, b) => format!("{} {p}/{a}-{b}", r.cidr),
+                    })
+                    .collect();
+                format!(
+                    "; export policy: {}",
+                    if rules.is_empty() {
+                        "nothing".into()
+                    } else {
+                        rules.join(", ")
+                    }
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "filter in {}: from {} forward only to {}{policy}",
+                f.namespace,
+                f.tunnel,
+                f.allowed.join(", ")
+            )
+        }
+        Some(Kind::RelaySession(r)) => {
+            let side = |s: &Option<pb::RelaySide>| s.as_ref().map(|s| format!("{} (port {})", s.site, s.port));
+            format!(
+                "relay between {} and {}",
+                side(&r.a).unwrap_or_default(),
+                side(&r.b).unwrap_or_default()
+            )
+        }
+        Some(Kind::LanAddress(_)) => "the LAN address (--lan-address), as the active gateway".into(),
+        None => "(empty object)".into(),
+    }
 }
 
 pub struct StateFile {
@@ -221,7 +391,7 @@ impl StateFile {
         }
         Ok(Some(Desired {
             revision: f.revision,
-            objects: f.objects.into_iter().map(|o| (o.id.clone(), o)).collect(),
+            objects: f.objects.into_iter().map(|o| (o.id.clone(), Held::from(o))).collect(),
         }))
     }
 
@@ -231,7 +401,7 @@ impl StateFile {
         let f = pb::StateFile {
             format: FORMAT,
             revision: d.revision,
-            objects: d.objects.values().cloned().collect(),
+            objects: d.objects.values().map(|o| o.raw.clone()).collect(),
         };
         // 0600: the state names every tunnel, key and peer.
         weft_common::fs::write_file(&self.path, f.encode_to_vec(), 0o600)
@@ -254,7 +424,7 @@ mod tests {
         let mut d = Desired::default();
         let bridge = bridge_objects("weft-br0", "10.1.4.0/24", "").unwrap();
         assert_eq!(bridge.len(), 2);
-        let Some(pb::desired_object::Kind::Address(a)) = &bridge[1].kind else {
+        let Some(pb::desired_object::Kind::Address(a)) = &bridge[1].raw.kind else {
             panic!()
         };
         assert_eq!(a.cidr, "10.1.4.1/24");
@@ -263,7 +433,7 @@ mod tests {
             bridge_objects("weft-br0", v4, v6)
                 .unwrap()
                 .into_iter()
-                .filter_map(|o| match o.kind {
+                .filter_map(|o| match o.raw.kind {
                     Some(pb::desired_object::Kind::Address(a)) => Some(a.cidr),
                     _ => None,
                 })
@@ -276,7 +446,7 @@ mod tests {
         assert_eq!(cidrs("", "fd00:1:0:4::/64"), ["fd00:1:0:4::1/64", "fe80::1/64"]);
         assert!(bridge_objects("weft-br0", "", "fd00::/129").is_err());
         d.commit(3, bridge, &[]);
-        d.commit(3, vec![obj("a", "weft-a")], &[]);
+        d.commit(3, vec![Held::from(obj("a", "weft-a"))], &[]);
         let snap = pb::WatchResponse {
             revision: 5,
             kind: Some(pb::watch_response::Kind::Snapshot(pb::Snapshot { objects: vec![] })),

@@ -4,20 +4,22 @@
 //! it reports to its controller.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use weft_dataplane::DataPlane;
+use weft_dataplane::desired::decode::WireguardLink;
+use weft_dataplane::desired::{LinkSpec, Object};
 use weft_dataplane::driver::Driver;
 use weft_dataplane::kernel::Kernel;
 use weft_dataplane::linux::LinuxNetlink;
 use weft_dataplane::nft::Nft;
 use weft_dataplane::wireguard::Userspace;
 use weft_proto::v1 as pb;
-use weft_proto::v1::desired_object::Kind;
 
 use crate::apply::{Applier, Objects, Scope};
+use crate::desired::Held;
 
 pub use weft_dataplane::kernel::probe as kernel_wireguard_probe;
 pub use weft_dataplane::linux::{kernel_has_geneve, kernel_link_kinds};
@@ -130,10 +132,8 @@ impl Linux {
     /// Keeps endpoint discovery running for WireGuard link `l` (started
     /// with the first tunnel; without a raw socket, said once, and tunnels
     /// work as before: a peer with an endpoint serves them).
-    fn ensure_discovery(&mut self, l: &pb::Link, w: &pb::Wireguard) {
-        let Ok(port) = u16::try_from(w.listen_port) else {
-            return;
-        };
+    fn ensure_discovery(&mut self, name: &str, w: &WireguardLink) {
+        let port = w.listen_port;
         if self.discovery.is_none() && !self.discovery_off {
             let notify = self.tunnel_changed.clone();
             match crate::discovery::Discovery::start(move || notify.notify_one()) {
@@ -150,7 +150,7 @@ impl Linux {
         reflectors.extend(w.reflectors.iter().cloned());
         if let Some(d) = &self.discovery {
             d.set(
-                &l.name,
+                name,
                 crate::discovery::Target {
                     port,
                     reflectors,
@@ -165,6 +165,78 @@ impl Linux {
         }
     }
 
+    /// On a gateway: the relayed tunnels (a relay site's), and the LAN
+    /// address while this gateway is the active one.
+    async fn relays_and_lan(&mut self, fin: &Objects) -> Vec<pb::ObjectError> {
+        let mut errors = Vec::new();
+        let sessions: Vec<_> = fin
+            .iter()
+            .filter_map(|(id, o)| match o.object()? {
+                Object::RelaySession(r) => Some((id.clone(), r.clone())),
+                _ => None,
+            })
+            .collect();
+        for (id, message) in self.relays.set(&sessions) {
+            tracing::warn!(object = %id, error = %message, "not applied");
+            errors.push(pb::ObjectError { id, message });
+        }
+        // The LAN address, held while this gateway is the active one
+        // (checked on every apply and resync: one taken away by hand
+        // comes back, and is announced again).
+        if let Some(lan) = self.lan {
+            let active = fin.values().find(|o| matches!(o.object(), Some(Object::LanAddress)));
+            match weft_dataplane::lan::hold(self.plane.net.handle(), lan, active.is_some()).await {
+                Ok(Some(link)) => weft_dataplane::lan::announce(link, lan.addr()),
+                Ok(None) => {}
+                Err(message) => {
+                    tracing::warn!(error = %message, "the LAN address");
+                    if let Some(o) = active {
+                        errors.push(pb::ObjectError {
+                            id: o.id().to_string(),
+                            message,
+                        });
+                    }
+                }
+            }
+        }
+        errors
+    }
+
+    /// Probes and endpoint discovery follow the WireGuard links held.
+    fn follow_tunnels(&mut self, fin: &Objects, out: &weft_dataplane::Outcome) -> Vec<pb::ObjectError> {
+        let mut errors = Vec::new();
+        // (id, namespace, rendered MTU, the link) by name.
+        let links: BTreeMap<&str, (&str, &str, u32, &WireguardLink)> = fin
+            .iter()
+            .filter_map(|(id, o)| match o.object()? {
+                Object::Link(l) => match &l.kind {
+                    LinkSpec::Wireguard(w) => Some((l.name.as_str(), (id.as_str(), l.ns.as_str(), l.mtu, w))),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        self.probes.retain(|name, _| links.contains_key(name.as_str()));
+        if let Some(d) = &self.discovery {
+            d.retain(|name| links.contains_key(name));
+        }
+        for (name, (id, ns, rendered_mtu, w)) in &links {
+            let present = self.plane.wg.has(name);
+            if !present {
+                continue;
+            }
+            let mtu = out.mtus.get(*name).copied().unwrap_or(*rendered_mtu);
+            self.ensure_discovery(name, w);
+            if let Err(e) = self.ensure_probe(ns, name, w, mtu, out.fresh_wireguard.contains(*name)) {
+                errors.push(pb::ObjectError {
+                    id: id.to_string(),
+                    message: e,
+                });
+            }
+        }
+        errors
+    }
+
     /// Sets the health probes' interval and miss threshold (for tunnels
     /// created from now on).
     pub fn with_probes(mut self, c: crate::probe::ProbeConfig) -> Linux {
@@ -175,14 +247,15 @@ impl Linux {
     /// Keeps a prober running toward the far end of WireGuard link `l` (a
     /// new one when the device was made anew, since the old socket's
     /// address went with it).
-    fn ensure_probe(&mut self, l: &pb::Link, w: &pb::Wireguard, mtu: u32, fresh: bool) -> Result<(), String> {
-        let (Ok(local), Ok(peer)) = (w.address.parse::<Ipv4Net>(), w.peer_address.parse::<Ipv4Addr>()) else {
-            self.probes.remove(&l.name);
+    fn ensure_probe(&mut self, ns: &str, name: &str, w: &WireguardLink, mtu: u32, fresh: bool) -> Result<(), String> {
+        // The probe runs over IPv4 link-local addresses.
+        let Some((IpNet::V4(local), peer)) = w.probe else {
+            self.probes.remove(name);
             return Ok(());
         };
         let target = crate::probe::Target {
-            ns: l.namespace.clone(),
-            link: l.name.clone(),
+            ns: ns.to_string(),
+            link: name.to_string(),
             site: w.peer_site.clone(),
             local: local.addr(),
             peer,
@@ -190,15 +263,15 @@ impl Linux {
         };
         let same = self
             .probes
-            .get(&l.name)
+            .get(name)
             .is_some_and(|(t, p)| *t == target && p.config == self.probe_config);
         if same && !fresh {
             return Ok(());
         }
-        self.probes.remove(&l.name);
+        self.probes.remove(name);
         let notify = self.tunnel_changed.clone();
         let prober = crate::probe::start(target.clone(), self.probe_config, move || notify.notify_one())?;
-        self.probes.insert(l.name.clone(), (target, prober));
+        self.probes.insert(name.to_string(), (target, prober));
         Ok(())
     }
 }
@@ -227,18 +300,23 @@ impl Applier for Linux {
         // agent's own; a resync at every namespace either state has.
         let scopes = (scope == Scope::Changed).then(|| {
             let gone = gone.iter().filter_map(|id| applied.get(id));
-            weft_dataplane::namespaces_of(changed.iter().chain(gone))
+            weft_dataplane::namespaces_of(changed.iter().copied().chain(gone).filter_map(Held::object))
         });
-        let claimed = weft_dataplane::namespaces_of(applied.values());
+        let claimed = weft_dataplane::namespaces_of(applied.values().filter_map(Held::object));
         let started = std::time::Instant::now();
-        let out = self.plane.reconcile(fin.values(), &claimed, scopes.as_ref()).await;
+        let objects = fin.iter().filter_map(|(id, o)| Some((id.as_str(), o.object()?)));
+        let mut out = self.plane.reconcile(objects, &claimed, scopes.as_ref()).await;
         let reconciled = started.elapsed();
         self.writes += out.done;
-        if let Some(e) = out.failed {
+        if let Some(e) = out.failed.take() {
             tracing::warn!(error = %e, "nothing applied");
             // Everything this apply was to change failed (a resync: all).
             let ids = match scope {
-                Scope::Changed => changed.iter().map(|o| o.id.clone()).chain(gone).collect::<Vec<_>>(),
+                Scope::Changed => changed
+                    .iter()
+                    .map(|o| o.id().to_string())
+                    .chain(gone)
+                    .collect::<Vec<_>>(),
                 Scope::Everything => desired.keys().cloned().collect(),
             };
             return ids
@@ -246,79 +324,17 @@ impl Applier for Linux {
                 .map(|id| pb::ObjectError { id, message: e.clone() })
                 .collect();
         }
-        let mut errors: Vec<pb::ObjectError> = out
-            .errors
+        let mut errors: Vec<pb::ObjectError> = std::mem::take(&mut out.errors)
             .into_iter()
             .map(|(id, message)| {
                 tracing::warn!(object = %id, error = %message, "not applied");
                 pb::ObjectError { id, message }
             })
             .collect();
-        // Relayed tunnels (a relay site's gateway), not the kernel's.
         if !self.plane.node {
-            let sessions: Vec<(String, pb::RelaySession)> = fin
-                .values()
-                .filter_map(|o| match &o.kind {
-                    Some(Kind::RelaySession(r)) => Some((o.id.clone(), r.clone())),
-                    _ => None,
-                })
-                .collect();
-            for (id, message) in self.relays.set(&sessions) {
-                tracing::warn!(object = %id, error = %message, "not applied");
-                errors.push(pb::ObjectError { id, message });
-            }
-            // The LAN address, held while this gateway is the active one
-            // (checked on every apply and resync: one taken away by hand
-            // comes back, and is announced again).
-            if let Some(lan) = self.lan {
-                let active = fin.values().find(|o| matches!(o.kind, Some(Kind::LanAddress(_))));
-                match weft_dataplane::lan::hold(self.plane.net.handle(), lan, active.is_some()).await {
-                    Ok(Some(link)) => weft_dataplane::lan::announce(link, lan.addr()),
-                    Ok(None) => {}
-                    Err(message) => {
-                        tracing::warn!(error = %message, "the LAN address");
-                        if let Some(o) = active {
-                            errors.push(pb::ObjectError {
-                                id: o.id.clone(),
-                                message,
-                            });
-                        }
-                    }
-                }
-            }
+            errors.extend(self.relays_and_lan(fin).await);
         }
-        // Probes follow the WireGuard links held.
-        let links: BTreeMap<String, (pb::Link, pb::Wireguard)> = fin
-            .values()
-            .filter_map(|o| match &o.kind {
-                Some(Kind::Link(l)) => match &l.kind {
-                    Some(pb::link::Kind::Wireguard(w)) => Some((l.name.clone(), (l.clone(), w.clone()))),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .collect();
-        self.probes.retain(|name, _| links.contains_key(name));
-        if let Some(d) = &self.discovery {
-            d.retain(|name| links.contains_key(name));
-        }
-        for (name, (l, w)) in &links {
-            let present = self.plane.wg.has(name);
-            if !present {
-                continue;
-            }
-            let mtu = out.mtus.get(name).copied().unwrap_or(l.mtu);
-            self.ensure_discovery(l, w);
-            if let Err(e) = self.ensure_probe(l, w, mtu, out.fresh_wireguard.contains(name)) {
-                let id = fin
-                    .values()
-                    .find(|o| matches!(&o.kind, Some(Kind::Link(x)) if x.name == *name));
-                errors.push(pb::ObjectError {
-                    id: id.map(|o| o.id.clone()).unwrap_or_default(),
-                    message: e,
-                });
-            }
-        }
+        errors.extend(self.follow_tunnels(fin, &out));
         // Probe at once through every tunnel whose peers changed, now that
         // all of them are set: the probe makes boringtun handshake with a
         // re-added peer.
@@ -487,7 +503,7 @@ impl Applier for Linux {
             self.kinds = Some(tokio::task::spawn_blocking(kernel_link_kinds).await.unwrap_or_default());
         }
         let features = self.kinds.clone().unwrap_or_default();
-        let views = weft_dataplane::desired::peer_views(held.values());
+        let views = weft_dataplane::desired::peer_views(held.values().filter_map(Held::object));
         let mut conflicts = Vec::new();
         let raw = self.plane.net.read(&String::new()).await.unwrap_or_default();
         for r in raw.routes.iter().map(|r| &r.route) {

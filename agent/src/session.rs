@@ -11,7 +11,7 @@ use weft_proto::v1::agent_service_client::AgentServiceClient;
 
 use crate::apply::{Applier, Scope};
 use crate::config::AgentConfig;
-use crate::desired::{Desired, StateFile};
+use crate::desired::{Desired, Held, StateFile};
 use crate::identity::Credentials;
 use crate::tls;
 
@@ -135,16 +135,16 @@ async fn resync(desired: &Desired, applier: &mut dyn Applier) -> Vec<pb::ObjectE
 const HOST_REPORT_EVERY: Duration = Duration::from_secs(30);
 
 /// Makes the agent's own objects (ids under `local/`) what `want` says.
-async fn sync_local(want: Vec<pb::DesiredObject>, desired: &mut Desired, file: &StateFile, applier: &mut dyn Applier) {
+async fn sync_local(want: Vec<Held>, desired: &mut Desired, file: &StateFile, applier: &mut dyn Applier) {
     let gone: Vec<String> = desired
         .objects
         .keys()
-        .filter(|id| crate::desired::is_local(id) && !want.iter().any(|w| w.id == **id))
+        .filter(|id| crate::desired::is_local(id) && !want.iter().any(|w| w.id() == id.as_str()))
         .cloned()
         .collect();
-    let changed: Vec<pb::DesiredObject> = want
+    let changed: Vec<Held> = want
         .into_iter()
-        .filter(|w| desired.objects.get(&w.id) != Some(w))
+        .filter(|w| desired.objects.get(w.id()) != Some(w))
         .collect();
     if gone.is_empty() && changed.is_empty() {
         return;
@@ -202,7 +202,7 @@ async fn node_subnets(
 
 /// The agent's own objects: the workload bridge on the node's subnets, or
 /// nothing (which removes a bridge an earlier run made).
-fn local_objects(bridge: Option<&str>, subnets: Option<&Subnets>) -> Result<Vec<pb::DesiredObject>, End> {
+fn local_objects(bridge: Option<&str>, subnets: Option<&Subnets>) -> Result<Vec<Held>, End> {
     match (bridge, subnets) {
         (Some(bridge), Some(s)) => crate::desired::bridge_objects(bridge, &s.v4, &s.v6).map_err(End::Refused),
         _ => Ok(Vec::new()),
@@ -396,29 +396,7 @@ pub(crate) async fn session(s: Session<'_>) -> End {
     loop {
         let msg = tokio::select! {
             _ = resync_timer.tick() => {
-                if yielded {
-                    yielded = false;
-                    errors = resync(desired, applier).await;
-                    None
-                } else {
-                    // A change must not wait for a resync (seconds on a
-                    // slow host, and a failover's change is one): it stops
-                    // the resync, which is level-triggered and comes again.
-                    let whole = resync(desired, applier);
-                    tokio::pin!(whole);
-                    tokio::select! {
-                        e = &mut whole => {
-                            errors = e;
-                            None
-                        }
-                        msg = stream.message() => {
-                            tracing::debug!("a change came during a resync: the resync stopped, the change goes first");
-                            yielded = true;
-                            resync_timer.reset_after(RESYNC_AFTER_YIELD);
-                            Some(msg)
-                        }
-                    }
-                }
+                resync_unless_changed(desired, applier, &mut stream, &mut resync_timer, &mut yielded, &mut errors).await
             }
             // A tunnel went up or down: report now, not at the next heartbeat.
             _ = changes.notified() => None,
@@ -432,11 +410,7 @@ pub(crate) async fn session(s: Session<'_>) -> End {
             msg = stream.message() => Some(msg),
             a = next_answer(&mut answers) => match a {
                 Ok(Some(a)) => {
-                    let every = heartbeat_period(&a);
-                    last.lock().unwrap().every = every;
-                    if every != heartbeat.period() {
-                        heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-                    }
+                    follow_period(&mut heartbeat, &last, &a);
                     continue;
                 }
                 Ok(None) => return End::Transient(anyhow::anyhow!("the controller ended the report stream")),
@@ -450,7 +424,8 @@ pub(crate) async fn session(s: Session<'_>) -> End {
                 errors = receive(&m, desired, file, applier).await;
                 // The desired state changed: so may the names served.
                 if let Some(d) = dns.as_deref() {
-                    d.table.set(desired.objects.values());
+                    d.table
+                        .set(desired.objects.values().filter_map(crate::desired::Held::object));
                 }
             }
             Some(Ok(None)) => return End::Transient(anyhow::anyhow!("the controller ended the stream")),
@@ -459,66 +434,125 @@ pub(crate) async fn session(s: Session<'_>) -> End {
         }
         // Reports (the heartbeat too) go on a connection with the newest
         // certificate; the watch stream stays on the one it started on.
-        if creds.has_changed().unwrap_or(false) {
-            let fresh = creds.borrow_and_update().clone();
-            metrics.cert_expiry.set(unix_secs(fresh.not_after));
-            match client(target, &fresh).await {
-                Ok(n) => c = n,
-                Err(e) => return e,
-            }
-            (reporter, answers) = match Reporter::open(&mut c).await {
-                Ok(r) => r,
-                Err(e) => return e,
-            };
+        match reconnected(target, creds).await {
+            Some(Ok(x)) => (reporter, answers) = x,
+            Some(Err(e)) => return e,
+            None => {}
         }
         let received = woke.elapsed();
-        let tunnels = applier.tunnels();
-        log_tunnel_changes(&tunnels, &mut tunnels_up);
-        *metrics.tunnels.lock().unwrap() = tunnels.clone();
-        let host = host_facts(&mut host_reported, applier, desired).await;
-        // A state file that could not be saved: tried again at every
-        // report, and reported until it is saved.
-        file.retry(desired);
-        let report = pb::ReportRequest {
-            applied_revision: desired.revision,
-            errors: errors.iter().cloned().chain(file.failure()).collect(),
-            tunnels,
-            host,
-        };
-        {
-            let mut l = last.lock().unwrap();
-            l.at = std::time::Instant::now();
-            l.report = pb::ReportRequest {
-                host: None,
-                ..report.clone()
-            };
-            l.reporter = reporter.clone();
-        }
+        let report = next_report(applier, desired, file, &errors, &mut tunnels_up, &mut host_reported).await;
+        last.lock().unwrap().remember(&report, &reporter);
         let reported = reporter.send(report).await;
-        if woke.elapsed() > SLOW_TURN {
-            tracing::debug!(
-                // The message applied (and a reconnect with a renewed
-                // certificate); a resync logs its own time.
-                message_ms = received.as_millis() as u64,
-                // Tunnels read, host facts (every 30 s), the state file,
-                // the report sent.
-                report_ms = woke.elapsed().saturating_sub(received).as_millis() as u64,
-                "a slow turn of the session's loop"
-            );
-        }
+        log_slow_turn(woke, received);
         match reported {
-            Ok(Some(r)) => {
-                let every = heartbeat_period(&r);
-                last.lock().unwrap().every = every;
-                if every != heartbeat.period() {
-                    heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-                }
-            }
+            Ok(Some(r)) => follow_period(&mut heartbeat, &last, &r),
             Ok(None) => {}
             Err(Some(s)) => return classify(s),
             Err(None) => return stream_end(&mut answers).await,
         }
     }
+}
+
+/// A resync at its timer. A change that comes meanwhile stops it and goes
+/// first (a failover's change must not wait seconds for a resync, which is
+/// level-triggered and comes again): that change is returned, and the
+/// next resync, a second later, runs whole.
+async fn resync_unless_changed(
+    desired: &Desired,
+    applier: &mut dyn Applier,
+    stream: &mut tonic::Streaming<pb::WatchResponse>,
+    timer: &mut tokio::time::Interval,
+    yielded: &mut bool,
+    errors: &mut Vec<pb::ObjectError>,
+) -> Option<Result<Option<pb::WatchResponse>, tonic::Status>> {
+    if *yielded {
+        *yielded = false;
+        *errors = resync(desired, applier).await;
+        return None;
+    }
+    let whole = resync(desired, applier);
+    tokio::pin!(whole);
+    tokio::select! {
+        e = &mut whole => {
+            *errors = e;
+            None
+        }
+        msg = stream.message() => {
+            tracing::debug!("a change came during a resync: the resync stopped, the change goes first");
+            *yielded = true;
+            timer.reset_after(RESYNC_AFTER_YIELD);
+            Some(msg)
+        }
+    }
+}
+
+/// Heartbeats at the period the controller's answer `r` says.
+fn follow_period(heartbeat: &mut tokio::time::Interval, last: &std::sync::Mutex<LastReport>, r: &pb::ReportResponse) {
+    let every = heartbeat_period(r);
+    last.lock().unwrap().every = every;
+    if every != heartbeat.period() {
+        *heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    }
+}
+
+/// The report after a turn: the tunnels (their changes logged), the host's
+/// facts when due, the objects that failed, and a state file that could
+/// not be saved (tried again at every report, and reported until saved).
+async fn next_report(
+    applier: &mut dyn Applier,
+    desired: &Desired,
+    file: &StateFile,
+    errors: &[pb::ObjectError],
+    tunnels_up: &mut std::collections::HashSet<String>,
+    host_reported: &mut Option<std::time::Instant>,
+) -> pb::ReportRequest {
+    let tunnels = applier.tunnels();
+    log_tunnel_changes(&tunnels, tunnels_up);
+    *crate::metrics::get().tunnels.lock().unwrap() = tunnels.clone();
+    let host = host_facts(host_reported, applier, desired).await;
+    file.retry(desired);
+    pb::ReportRequest {
+        applied_revision: desired.revision,
+        errors: errors.iter().cloned().chain(file.failure()).collect(),
+        tunnels,
+        host,
+    }
+}
+
+/// Logs a turn of the session's loop that took longer than [`SLOW_TURN`],
+/// with its parts.
+fn log_slow_turn(woke: std::time::Instant, received: Duration) {
+    if woke.elapsed() > SLOW_TURN {
+        tracing::debug!(
+            // The message applied (and a reconnect with a renewed
+            // certificate); a resync logs its own time.
+            message_ms = received.as_millis() as u64,
+            // Tunnels read, host facts (every 30 s), the state file, the
+            // report sent.
+            report_ms = woke.elapsed().saturating_sub(received).as_millis() as u64,
+            "a slow turn of the session's loop"
+        );
+    }
+}
+
+/// After the certificate was renewed: a report stream on a connection
+/// with the new one (None: not renewed since the last turn).
+async fn reconnected(
+    target: &str,
+    creds: &mut watch::Receiver<Credentials>,
+) -> Option<Result<(Reporter, report::Answers), End>> {
+    if !creds.has_changed().unwrap_or(false) {
+        return None;
+    }
+    let fresh = creds.borrow_and_update().clone();
+    crate::metrics::get().cert_expiry.set(unix_secs(fresh.not_after));
+    Some(
+        async {
+            let mut c = client(target, &fresh).await?;
+            Reporter::open(&mut c).await
+        }
+        .await,
+    )
 }
 
 fn unix_secs(t: SystemTime) -> f64 {
@@ -537,315 +571,4 @@ impl Drop for Disconnected {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// What reached an applier: (what it had applied, what is desired,
-    /// where to look), by id.
-    #[derive(Default)]
-    struct Seen(Vec<(Vec<String>, Vec<String>, Scope)>);
-
-    #[async_trait::async_trait]
-    impl Applier for Seen {
-        async fn apply(
-            &mut self,
-            applied: &crate::apply::Objects,
-            desired: &crate::apply::Objects,
-            scope: Scope,
-        ) -> Vec<pb::ObjectError> {
-            self.0.push((
-                applied.keys().cloned().collect(),
-                desired.keys().cloned().collect(),
-                scope,
-            ));
-            vec![]
-        }
-    }
-
-    fn object(id: &str) -> pb::DesiredObject {
-        pb::DesiredObject {
-            id: id.into(),
-            kind: None,
-        }
-    }
-
-    /// The applier is given the whole desired state each time (never a
-    /// delta), with what it had applied; a resync says so, and the state
-    /// is kept on disk at the revision received.
-    #[tokio::test]
-    async fn each_message_reaches_the_applier_as_the_whole_state_and_is_kept() {
-        use pb::watch_response::Kind;
-        let dir = tempfile::tempdir().unwrap();
-        let file = StateFile::new(dir.path());
-        let mut desired = Desired::default();
-        let mut seen = Seen::default();
-        let snapshot = pb::WatchResponse {
-            revision: 3,
-            kind: Some(Kind::Snapshot(pb::Snapshot {
-                objects: vec![object("a"), object("b")],
-            })),
-        };
-        receive(&snapshot, &mut desired, &file, &mut seen).await;
-        let delta = pb::WatchResponse {
-            revision: 4,
-            kind: Some(Kind::Delta(pb::Delta {
-                upserts: vec![object("c")],
-                deletes: vec!["a".into()],
-            })),
-        };
-        receive(&delta, &mut desired, &file, &mut seen).await;
-        resync(&desired, &mut seen).await;
-        let ids = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(
-            seen.0,
-            [
-                (ids(&[]), ids(&["a", "b"]), Scope::Changed),
-                (ids(&["a", "b"]), ids(&["b", "c"]), Scope::Changed),
-                (ids(&["b", "c"]), ids(&["b", "c"]), Scope::Everything),
-            ]
-        );
-        assert_eq!(desired.revision, 4);
-        assert_eq!(file.load().unwrap(), Some(desired));
-    }
-
-    /// A controller for one session at a time on a Unix socket (the agent's
-    /// client dials `unix:` targets without TLS): it answers Watch with
-    /// `script` (each a message or the status that ends the stream), or
-    /// refuses Watch with `refuse`; it records every Watch request, report
-    /// and gateway update it gets.
-    #[derive(Default)]
-    struct FakeController {
-        script: std::sync::Mutex<Vec<Result<pb::WatchResponse, tonic::Status>>>,
-        refuse: std::sync::Mutex<Option<tonic::Status>>,
-        watches: std::sync::Mutex<Vec<pb::WatchRequest>>,
-        reports: std::sync::Mutex<Vec<pb::ReportRequest>>,
-        updates: std::sync::Mutex<Vec<pb::UpdateGatewayRequest>>,
-    }
-
-    type Answer<T> = Result<tonic::Response<T>, tonic::Status>;
-
-    #[tonic::async_trait]
-    impl weft_proto::v1::agent_service_server::AgentService for FakeController {
-        type WatchStream =
-            tokio_stream::Iter<std::vec::IntoIter<Result<weft_proto::wire::WatchResponse, tonic::Status>>>;
-
-        async fn register(&self, _: tonic::Request<pb::RegisterRequest>) -> Answer<pb::RegisterResponse> {
-            Err(tonic::Status::unimplemented("not in this fake"))
-        }
-        async fn renew(&self, _: tonic::Request<pb::RenewRequest>) -> Answer<pb::RenewResponse> {
-            Err(tonic::Status::unimplemented("not in this fake"))
-        }
-        async fn get_assignment(&self, _: tonic::Request<pb::GetAssignmentRequest>) -> Answer<pb::Assignment> {
-            Err(tonic::Status::unimplemented("not in this fake"))
-        }
-        async fn watch(&self, r: tonic::Request<pb::WatchRequest>) -> Answer<Self::WatchStream> {
-            self.watches.lock().unwrap().push(r.into_inner());
-            if let Some(s) = self.refuse.lock().unwrap().take() {
-                return Err(s);
-            }
-            let script = std::mem::take(&mut *self.script.lock().unwrap());
-            let script: Vec<_> = script.into_iter().map(|m| m.map(Into::into)).collect();
-            Ok(tonic::Response::new(tokio_stream::iter(script)))
-        }
-        async fn report(&self, r: tonic::Request<pb::ReportRequest>) -> Answer<pb::ReportResponse> {
-            self.reports.lock().unwrap().push(r.into_inner());
-            Ok(tonic::Response::new(pb::ReportResponse::default()))
-        }
-        type ReportStreamStream = tokio_stream::Empty<Result<pb::ReportResponse, tonic::Status>>;
-        // As an older controller: the agent falls back to Report calls.
-        async fn report_stream(
-            &self,
-            _: tonic::Request<tonic::Streaming<pb::ReportRequest>>,
-        ) -> Answer<Self::ReportStreamStream> {
-            Err(tonic::Status::unimplemented("not in this fake"))
-        }
-        async fn update_gateway(
-            &self,
-            r: tonic::Request<pb::UpdateGatewayRequest>,
-        ) -> Answer<pb::UpdateGatewayResponse> {
-            self.updates.lock().unwrap().push(r.into_inner());
-            Ok(tonic::Response::new(pb::UpdateGatewayResponse::default()))
-        }
-    }
-
-    /// Serves `fake` on a socket in `dir`; its `unix:` target.
-    fn serve(fake: &std::sync::Arc<FakeController>, dir: &std::path::Path) -> String {
-        let sock = dir.join("controller.sock");
-        let incoming = tokio_stream::wrappers::UnixListenerStream::new(tokio::net::UnixListener::bind(&sock).unwrap());
-        let svc = weft_proto::v1::agent_service_server::AgentServiceServer::from_arc(fake.clone());
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(svc)
-                .serve_with_incoming(incoming),
-        );
-        format!("unix:{}", sock.display())
-    }
-
-    fn config(dir: &std::path::Path, endpoint: Option<&str>) -> AgentConfig {
-        AgentConfig {
-            controllers: vec![],
-            token: None,
-            ca_fingerprint: None,
-            ca_file: None,
-            state_dir: dir.to_path_buf(),
-            name: "n1".into(),
-            dry_run: true,
-            resync_interval: Duration::ZERO,
-            teardown: false,
-            underlay_ip: None,
-            metrics_listen: None,
-            log_format: Default::default(),
-            endpoint: endpoint.map(str::to_string),
-            probe: Default::default(),
-            workload_bridge: None,
-            wireguard: None,
-            lan_address: None,
-            dns: None,
-        }
-    }
-
-    /// One session of an agent holding `desired` with `fake` at `target`.
-    async fn one_session(
-        target: &str,
-        cfg: &AgentConfig,
-        gateway_key: Option<&weft_types::WgKey>,
-        desired: &mut Desired,
-        applier: &mut dyn Applier,
-    ) -> End {
-        let creds = Credentials {
-            key_pem: String::new(),
-            cert_pem: String::new(),
-            ca_pem: String::new(),
-            received: SystemTime::now(),
-            not_after: SystemTime::now() + Duration::from_secs(3600),
-        };
-        let (_tx, mut rx) = watch::channel(creds);
-        let file = StateFile::new(&cfg.state_dir);
-        let s = Session {
-            target,
-            cfg,
-            gateway_key,
-            creds: &mut rx,
-            desired,
-            file: &file,
-            applier,
-            dns: None,
-        };
-        tokio::time::timeout(Duration::from_secs(10), session(s))
-            .await
-            .expect("the session ends by itself")
-    }
-
-    fn message(revision: i64, kind: pb::watch_response::Kind) -> Result<pb::WatchResponse, tonic::Status> {
-        Ok(pb::WatchResponse {
-            revision,
-            kind: Some(kind),
-        })
-    }
-
-    /// A session applies what the controller streams, reports what it
-    /// applied, and ends (transient: retried) when the controller ends the
-    /// stream; the next session resumes from the revision and objects held,
-    /// and a gateway announces its key and endpoint at each session.
-    #[tokio::test]
-    async fn a_session_applies_the_stream_reports_it_and_the_next_one_resumes() {
-        use pb::watch_response::Kind;
-        let dir = tempfile::tempdir().unwrap();
-        let fake = std::sync::Arc::new(FakeController::default());
-        let target = serve(&fake, dir.path());
-        *fake.script.lock().unwrap() = vec![
-            message(
-                3,
-                Kind::Snapshot(pb::Snapshot {
-                    objects: vec![object("a"), object("b")],
-                }),
-            ),
-            message(
-                4,
-                Kind::Delta(pb::Delta {
-                    upserts: vec![object("c")],
-                    deletes: vec!["a".into()],
-                }),
-            ),
-        ];
-        let cfg = config(dir.path(), Some("192.0.2.10:51820"));
-        let (mut desired, mut seen) = (Desired::default(), Seen::default());
-        let key = weft_types::WgKey::from_bytes([1; 32]);
-        let end = one_session(&target, &cfg, Some(&key), &mut desired, &mut seen).await;
-        assert!(
-            matches!(&end, End::Transient(e) if e.to_string().contains("ended the stream")),
-            "{end:?}"
-        );
-        assert_eq!(desired.revision, 4);
-        assert_eq!(seen.0.last().unwrap().1, ["b", "c"]);
-        assert_eq!(
-            fake.reports.lock().unwrap().last().map(|r| r.applied_revision),
-            Some(4),
-            "the last report says what was applied"
-        );
-        assert_eq!(StateFile::new(dir.path()).load().unwrap(), Some(desired.clone()));
-        let u = fake.updates.lock().unwrap().clone();
-        assert_eq!(
-            (u[0].public_key.as_str(), u[0].endpoint.as_str()),
-            ("AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=", "192.0.2.10:51820")
-        );
-
-        // Reconnected: it asks for what follows revision 4 and names what
-        // it holds, so the controller sends only the difference.
-        let end = one_session(&target, &cfg, Some(&key), &mut desired, &mut seen).await;
-        assert!(matches!(end, End::Transient(_)), "{end:?}");
-        let w = fake.watches.lock().unwrap().clone();
-        assert_eq!((w[0].last_revision, w[0].known.len()), (0, 0));
-        assert_eq!(w[1].last_revision, 4);
-        assert_eq!(w[1].known.len(), 2);
-        assert_eq!(
-            fake.updates.lock().unwrap().len(),
-            2,
-            "the key is announced each session"
-        );
-    }
-
-    /// A session ends as what the controller answered: a removal, a
-    /// refusal, a controller that cannot be reached, or any other error
-    /// (the run loop tears down, keeps forwarding and asks slowly, moves to
-    /// the next replica, or backs off on each). The session itself drops
-    /// and applies nothing.
-    #[tokio::test]
-    async fn a_removal_a_refusal_an_unreachable_controller_and_an_error_end_a_session_apart() {
-        let dir = tempfile::tempdir().unwrap();
-        let fake = std::sync::Arc::new(FakeController::default());
-        let target = serve(&fake, dir.path());
-        let cfg = config(dir.path(), None);
-        let mut desired = Desired {
-            revision: 7,
-            ..Default::default()
-        };
-        let mut seen = Seen::default();
-        let mut removed = tonic::Status::unauthenticated("removed by the admin");
-        removed
-            .metadata_mut()
-            .insert(weft_proto::REMOVED, tonic::metadata::MetadataValue::from_static("1"));
-        let cases = [
-            (removed, "removed"),
-            (tonic::Status::unauthenticated("certificate revoked"), "refused"),
-            (tonic::Status::permission_denied("not a node"), "refused"),
-            (tonic::Status::unavailable("the store is down"), "transient"),
-        ];
-        for (status, want) in cases {
-            *fake.refuse.lock().unwrap() = Some(status);
-            let end = one_session(&target, &cfg, None, &mut desired, &mut seen).await;
-            let got = match end {
-                End::Removed(_) => "removed",
-                End::Refused(_) => "refused",
-                End::Transient(_) => "transient",
-                End::Lost(_) => "lost",
-            };
-            assert_eq!(got, want);
-        }
-        let gone = format!("unix:{}", dir.path().join("nobody.sock").display());
-        let end = one_session(&gone, &cfg, None, &mut desired, &mut seen).await;
-        assert!(matches!(end, End::Lost(_)), "{end:?}");
-        assert_eq!(desired.revision, 7, "nothing held was dropped");
-        assert!(seen.0.is_empty(), "nothing was applied");
-    }
-}
+mod tests;

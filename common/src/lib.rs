@@ -18,17 +18,9 @@ use std::time::Duration;
 
 use sha2::Digest;
 
-/// Whether `s` is a DNS label as weft writes one: 1 to 63 lower-case
-/// letters, digits or '-', not starting or ending with '-' (published
-/// names, site ids' parts, the DNS zone's labels).
-pub fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
+/// Whether `s` is a DNS label as weft writes one (see
+/// [`weft_types::name::dns_label`]).
+pub use weft_types::name::dns_label as is_dns_label;
 
 /// SHA-256 of `data`, lower-case hex (a certificate's fingerprint when
 /// `data` is its DER).

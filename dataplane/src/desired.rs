@@ -1,15 +1,19 @@
-//! From the controller's objects to the desired [`State`]: each object is
-//! validated and translated, or refused with a message naming what is
-//! wrong (it is then reported and the rest applies).
+//! From the agent's decoded objects ([`decode::Object`]) to the desired
+//! [`State`] the planner compares with the host. Decoding (the agent's
+//! door) parsed and bounded every field; here the objects are put
+//! together, sized by the host's [`Facts`], and an object that conflicts
+//! with another (a second host SNAT of a family) is refused with a message
+//! naming why (it is then reported and the rest applies).
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use ipnet::{IpNet, Ipv4Net};
-use weft_proto::v1 as pb;
-use weft_proto::v1::desired_object::Kind;
 
 use crate::model::*;
+
+pub mod decode;
+pub use decode::{LinkObject, LinkSpec, Object, decode};
 
 type R<T> = Result<T, String>;
 
@@ -63,87 +67,39 @@ impl Facts {
     /// (outer IPv4, UDP, their own, inner Ethernet), 70 over IPv6;
     /// WireGuard up to 80 (outer IPv6, UDP, its own), and the peering's
     /// veth matches the WireGuard interface behind it.
-    fn link_mtu(&self, l: &pb::Link) -> u32 {
+    fn link_mtu(&self, l: &LinkObject) -> u32 {
         if l.mtu > 0 {
             return l.mtu;
         }
-        let overlay = |remote: &str| if remote.contains(':') { 70 } else { 50 };
+        let overlay = |remote: IpAddr| if remote.is_ipv6() { 70 } else { 50 };
         let (hint, overhead) = match &l.kind {
-            Some(pb::link::Kind::Vxlan(v)) => (v.local.parse().ok(), overlay(&v.remote)),
-            Some(pb::link::Kind::Geneve(g)) => (None, overlay(&g.remote)),
+            LinkSpec::Vxlan { local, remote, .. } => (Some(*local), overlay(*remote)),
+            LinkSpec::Geneve { remote, .. } => (None, overlay(*remote)),
             _ => (None, 80),
         };
         self.underlay_mtu(hint).saturating_sub(overhead).max(576)
     }
 }
 
-// weft-types' parsers, the ones the controller and the agent's guard
-// use; their messages start with the text, so the field goes first.
-
-fn v4(s: &str, what: &str) -> R<Ipv4Addr> {
-    weft_types::net::addr_v4(s).map_err(|m| format!("{what} {m}"))
-}
-
-fn ip(s: &str, what: &str) -> R<IpAddr> {
-    weft_types::net::addr(s).map_err(|m| format!("{what} {m}"))
-}
-
-/// A network of either family: host bits clear.
-fn net(s: &str, what: &str) -> R<IpNet> {
-    weft_types::net::cidr(s)
-        .map(|c| c.net())
-        .map_err(|m| format!("{what} {m}"))
-}
-
-/// An address on a link, with its prefix length (host bits kept).
-fn addr_net(s: &str, what: &str) -> R<IpNet> {
-    weft_types::net::iface(s).map_err(|m| format!("{what} {m}"))
-}
-
-fn opt_net(s: &str, what: &str) -> R<Option<IpNet>> {
-    (!s.is_empty()).then(|| net(s, what)).transpose()
-}
-
-/// `b` (named `what`) of `a`'s family.
-fn same_family(a: IpAddr, b: IpAddr, what: &str) -> R<()> {
-    if Family::of(a) == Family::of(b) {
-        Ok(())
-    } else {
-        Err(format!(
-            "{what} {b} is {}, the destination {a} {}",
-            Family::of(b),
-            Family::of(a)
-        ))
-    }
-}
-
-fn opt(s: &str) -> Option<String> {
-    (!s.is_empty()).then(|| s.to_string())
-}
-
-fn port(p: u32, what: &str) -> R<u16> {
-    u16::try_from(p).map_err(|_| format!("{what} {p} is not a UDP port"))
-}
-
-/// The desired state for `objects`, and an error per object that cannot be
-/// translated. `node`: whether this host is a node (it counts its traffic
-/// per peer site).
+/// The desired state for `objects` (id, decoded object), and an error per
+/// object that conflicts with another. `node`: whether this host is a node
+/// (it counts its traffic per peer site).
 pub fn translate<'a>(
-    objects: impl IntoIterator<Item = &'a pb::DesiredObject>,
+    objects: impl IntoIterator<Item = (&'a str, &'a Object)>,
     facts: &Facts,
     node: bool,
 ) -> (Desired, Vec<(String, String)>) {
     let mut d = Desired::default();
     let mut errors = Vec::new();
-    let objects: Vec<&pb::DesiredObject> = objects.into_iter().collect();
-    for o in &objects {
-        if let Err(e) = add(&mut d, o, facts) {
-            errors.push((o.id.clone(), e));
+    let objects: Vec<(&str, &Object)> = objects.into_iter().collect();
+    for (id, o) in &objects {
+        if let Err(e) = add(&mut d, id, o, facts) {
+            errors.push((id.to_string(), e));
         }
     }
     // A node counts its traffic per peer, over the peers' views.
     if node {
-        let views = peer_views(objects.iter().copied());
+        let views = peer_views(objects.iter().map(|(_, o)| *o));
         if !views.is_empty() {
             d.specs.entry(String::new()).or_default().accounting = views;
         }
@@ -175,249 +131,110 @@ pub fn translate<'a>(
     (d, errors)
 }
 
-fn add(d: &mut Desired, o: &pb::DesiredObject, facts: &Facts) -> R<()> {
-    let id = o.id.clone();
+/// Decodes `raw` and translates what decodes: the controller's objects
+/// straight to a desired state, for tools and tests that start from them
+/// (the agent decodes at its door, and its guard sees the decoded objects
+/// first). Decoding errors come first among the errors.
+pub fn translate_raw<'a>(
+    raw: impl IntoIterator<Item = &'a weft_proto::v1::DesiredObject>,
+    facts: &Facts,
+    node: bool,
+) -> (Desired, Vec<(String, String)>) {
+    let mut errors = Vec::new();
+    let mut decoded = Vec::new();
+    for o in raw {
+        match decode(o) {
+            Ok(x) => decoded.push((o.id.as_str(), x)),
+            Err(e) => errors.push((o.id.clone(), e)),
+        }
+    }
+    let (d, more) = translate(decoded.iter().map(|(id, o)| (*id, o)), facts, node);
+    errors.extend(more);
+    (d, errors)
+}
+
+fn add(d: &mut Desired, id: &str, o: &Object, facts: &Facts) -> R<()> {
+    let id = id.to_string();
     let (s, origins) = (&mut d.state, &mut d.origins);
-    match o.kind.as_ref().ok_or("the object is empty")? {
-        Kind::Namespace(n) => {
-            if n.name.is_empty() {
-                return Err("a namespace with no name".into());
-            }
-            weft_types::name::namespace("namespace", &n.name)?;
-            s.namespaces.insert(n.name.clone());
+    match o {
+        Object::Namespace(name) => {
+            s.namespaces.insert(name.clone());
             // Every peering clamps the MSS of TCP through its tunnel.
-            d.specs.entry(n.name.clone()).or_default().mss_clamp = true;
+            d.specs.entry(name.clone()).or_default().mss_clamp = true;
             // A peering's namespace and the gateway itself route between
             // the overlay and the tunnel (IPv6 as soon as anything of it
             // is routed there: below).
-            s.forwarding.insert((n.name.clone(), Family::V4));
+            s.forwarding.insert((name.clone(), Family::V4));
             s.forwarding.insert((String::new(), Family::V4));
-            origins.namespaces.insert(n.name.clone(), id);
+            origins.namespaces.insert(name.clone(), id);
         }
-        Kind::Link(l) => add_link(d, id, l, facts)?,
-        Kind::Address(a) => {
-            let a = Address {
-                ns: a.namespace.clone(),
-                link: a.link.clone(),
-                cidr: addr_net(&a.cidr, "address")?,
-                no_prefix_route: a.no_prefix_route,
-            };
+        Object::Link(l) => add_link(d, id, l, facts),
+        Object::Address(a) => {
             origins.addresses.insert(a.clone(), id);
-            s.addresses.insert(a);
+            s.addresses.insert(a.clone());
         }
-        Kind::Route(r) => {
-            let r = Route {
-                ns: r.namespace.clone(),
-                table: if r.table == 0 { 254 } else { r.table },
-                dst: net(&r.destination, "destination")?,
-                gateway: (!r.gateway.is_empty()).then(|| ip(&r.gateway, "gateway")).transpose()?,
-                dev: opt(&r.device),
-            };
-            if let Some(g) = r.gateway {
-                same_family(r.dst.addr(), g, "gateway")?;
-            }
-            if r.gateway.is_none() && r.dev.is_none() {
-                return Err("a route needs a gateway or a device".into());
-            }
-
-            origins.routes.insert(r.key(), id);
-            s.routes.insert(r.key(), r);
+        Object::Route(r) => {
+            origins.routes.insert(r.route.key(), id);
+            s.routes.insert(r.route.key(), r.route.clone());
         }
-        Kind::Rule(r) => {
-            let (from, to) = (opt_net(&r.from, "from")?, opt_net(&r.to, "to")?);
-            let family = if r.ipv6 { Family::V6 } else { Family::V4 };
-            if let Some(n) = from.iter().chain(to.iter()).find(|n| Family::of(n.addr()) != family) {
-                return Err(format!("a rule for {family} names {n}"));
-            }
-            let r = Rule {
-                ns: r.namespace.clone(),
-                family,
-                priority: r.priority,
-                table: r.table,
-                from,
-                to,
-                iif: opt(&r.iif),
-            };
+        Object::Rule(r) => {
             origins.rules.insert(r.clone(), id);
-            s.rules.insert(r);
+            s.rules.insert(r.clone());
         }
-        Kind::NatMap(m) => {
-            let rule = NatRule {
-                local: net(&m.local_cidr, "local CIDR")?,
-                real: net(&m.real_cidr, "real CIDR")?,
-                tunnel: m.tunnel.clone(),
-            };
-            if rule.tunnel.is_empty()
-                || rule.local.prefix_len() != rule.real.prefix_len()
-                || rule.local.addr().is_ipv6() != rule.real.addr().is_ipv6()
-            {
-                return Err("a NAT map needs its tunnel and two CIDRs of one family and length".into());
-            }
-            d.specs.entry(m.namespace.clone()).or_default().nat.push(rule);
-            origins.tables.entry(m.namespace.clone()).or_default().push(id);
+        Object::NatMap { ns, rule } => {
+            d.specs.entry(ns.clone()).or_default().nat.push(rule.clone());
+            origins.tables.entry(ns.clone()).or_default().push(id);
         }
-        Kind::HostSnat(h) => {
-            let snat = HostSnat {
-                link: h.link.clone(),
-                address: ip(&h.address, "address")?,
-                except: h.except.iter().map(|c| net(c, "except")).collect::<R<_>>()?,
-            };
-            for c in &snat.except {
-                same_family(snat.address, c.addr(), "except")?;
-            }
+        Object::HostSnat(snat) => {
             let spec = d.specs.entry(String::new()).or_default();
             let family = Family::of(snat.address);
             if spec.snat.iter().any(|x| Family::of(x.address) == family) {
                 return Err(format!("a second host SNAT for {family}"));
             }
-            spec.snat.push(snat);
+            spec.snat.push(snat.clone());
             spec.snat.sort();
             // Errors of the host's table are this object's.
             origins.tables.entry(String::new()).or_default().insert(0, id);
         }
-        Kind::WireguardPeer(p) => add_peer(d, id, p)?,
-        Kind::ExportMap(x) => {
-            let export = Export {
-                external: v4(&x.external_address, "external address")?,
-                host: v4(&x.host_address, "host address")?,
-                tunnel: x.tunnel.clone(),
-            };
-            if export.tunnel.is_empty() {
-                return Err("an export map needs its tunnel".into());
-            }
-            d.specs.entry(x.namespace.clone()).or_default().exports.push(export);
-            origins.tables.entry(x.namespace.clone()).or_default().push(id);
+        Object::WireguardPeer { ns, link, peer } => {
+            origins.peers.insert((ns.clone(), link.clone(), peer.public_key), id);
+            s.peers
+                .entry((ns.clone(), link.clone()))
+                .or_default()
+                .insert(peer.public_key, peer.clone());
         }
-        Kind::TunnelFilter(f) => {
-            if f.tunnel.is_empty() || f.namespace.is_empty() {
-                return Err("a tunnel filter needs its peering namespace and tunnel".into());
-            }
-            let filter = TunnelFilter {
-                tunnel: f.tunnel.clone(),
-                allowed: f.allowed.iter().map(|c| net(c, "allowed")).collect::<R<_>>()?,
-                policy: policy_rules(f)?,
-                transit: transit_prefixes(f)?,
-            };
-            d.specs.entry(f.namespace.clone()).or_default().filter = Some(filter);
-            origins.tables.entry(f.namespace.clone()).or_default().push(id);
+        Object::ExportMap { ns, export } => {
+            d.specs.entry(ns.clone()).or_default().exports.push(export.clone());
+            origins.tables.entry(ns.clone()).or_default().push(id);
+        }
+        Object::TunnelFilter { ns, filter } => {
+            d.specs.entry(ns.clone()).or_default().filter = Some(filter.clone());
+            origins.tables.entry(ns.clone()).or_default().push(id);
         }
         // The node agent's DNS responder answers these; nothing on the host.
-        Kind::DnsRecord(_) => {}
+        Object::DnsRecord(_) => {}
         // The gateway agent runs these (its relay threads); no table, no link.
-        Kind::RelaySession(_) => {}
+        Object::RelaySession(_) => {}
         // The gateway agent holds its --lan-address itself (`lan`).
-        Kind::LanAddress(_) => {}
+        Object::LanAddress => {}
     }
     Ok(())
-}
-
-/// Most sites a tunnel filter forwards onward to (transit).
-pub const MAX_TRANSIT_SITES: usize = 64;
-/// Most prefixes per such site.
-pub const MAX_TRANSIT_PREFIXES: usize = 33;
-
-/// A tunnel filter's transit destinations by site, checked: at most
-/// [`MAX_TRANSIT_SITES`] sites of at most [`MAX_TRANSIT_PREFIXES`] CIDRs,
-/// each site a name fit for an nft counter (`transit-<site>`: lowercase
-/// letters, digits, '-' and '.', at most 63), listed once.
-pub fn transit_prefixes(f: &pb::TunnelFilter) -> R<Vec<(String, Vec<IpNet>)>> {
-    if f.transit.len() > MAX_TRANSIT_SITES {
-        return Err(format!(
-            "a tunnel filter forwarding to {} sites, more than {MAX_TRANSIT_SITES}",
-            f.transit.len()
-        ));
-    }
-    let mut out: Vec<(String, Vec<IpNet>)> = Vec::with_capacity(f.transit.len());
-    for t in &f.transit {
-        let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
-        if t.site.is_empty() || t.site.len() > 63 || !t.site.chars().all(ok) {
-            return Err(format!("transit site {:?} is not a site id", t.site));
-        }
-        if out.iter().any(|(s, _)| *s == t.site) {
-            return Err(format!("transit site {:?} listed twice", t.site));
-        }
-        if t.cidrs.is_empty() || t.cidrs.len() > MAX_TRANSIT_PREFIXES {
-            return Err(format!(
-                "transit to {:?} with {} CIDRs; give 1 to {MAX_TRANSIT_PREFIXES}",
-                t.site,
-                t.cidrs.len()
-            ));
-        }
-        let cidrs = t.cidrs.iter().map(|c| net(c, "transit")).collect::<R<_>>()?;
-        out.push((t.site.clone(), cidrs));
-    }
-    Ok(out)
-}
-
-/// Most rules a tunnel filter's policy may hold (each is an nft rule).
-pub const MAX_POLICY_RULES: usize = 256;
-
-/// A tunnel filter's export policy: None when it has none (`policed`
-/// unset), else its rules, each checked (a CIDR, a known protocol, ports in
-/// order and only with tcp or udp), at most [`MAX_POLICY_RULES`].
-pub fn policy_rules(f: &pb::TunnelFilter) -> R<Option<Vec<PolicyRule>>> {
-    if !f.policed {
-        if !f.exports.is_empty() {
-            return Err("a tunnel filter with export rules but no policy".into());
-        }
-        return Ok(None);
-    }
-    if f.exports.len() > MAX_POLICY_RULES {
-        return Err(format!(
-            "a tunnel filter with {} export rules, more than {MAX_POLICY_RULES}",
-            f.exports.len()
-        ));
-    }
-    let mut out = Vec::with_capacity(f.exports.len());
-    for r in &f.exports {
-        let cidr = net(&r.cidr, "export rule")?;
-        let protocol = match r.protocol.as_str() {
-            "" => None,
-            "tcp" => Some(L4::Tcp),
-            "udp" => Some(L4::Udp),
-            "icmp" => Some(L4::Icmp),
-            other => return Err(format!("export rule for {cidr}: unknown protocol {other:?}")),
-        };
-        let port = |field: &str, p: u32| {
-            u16::try_from(p)
-                .ok()
-                .filter(|p| *p > 0)
-                .ok_or_else(|| format!("export rule for {cidr}: {field} {p} is not a port"))
-        };
-        let ports = match (r.first_port, r.last_port) {
-            (0, 0) => None,
-            (a, b) => {
-                let a = port("first_port", a)?;
-                let b = if b == 0 { a } else { port("last_port", b)? };
-                if b < a {
-                    return Err(format!("export rule for {cidr}: last_port {b} is below first_port {a}"));
-                }
-                if !matches!(protocol, Some(L4::Tcp | L4::Udp)) {
-                    return Err(format!("export rule for {cidr}: ports without tcp or udp"));
-                }
-                Some((a, b))
-            }
-        };
-        out.push(PolicyRule { cidr, protocol, ports });
-    }
-    Ok(Some(out))
 }
 
 /// The CIDRs of peers as this site sees them, by peer site: the
 /// destinations of the routes in the host's own namespace that name the
 /// site they lead to (`peer_site`; inside a peering's namespace routes
 /// lead to real CIDRs, not views).
-pub fn peer_views<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject>) -> BTreeMap<String, Vec<IpNet>> {
+pub fn peer_views<'a>(objects: impl IntoIterator<Item = &'a Object>) -> BTreeMap<String, Vec<IpNet>> {
     let mut out: BTreeMap<String, Vec<IpNet>> = BTreeMap::new();
     for o in objects {
-        if let Some(Kind::Route(r)) = &o.kind
-            && r.namespace.is_empty()
-            && !r.peer_site.is_empty()
-            && let Ok(dst) = net(&r.destination, "destination")
+        if let Object::Route(r) = o
+            && r.route.ns.is_empty()
+            && let Some(site) = &r.peer_site
         {
-            let v = out.entry(r.peer_site.clone()).or_default();
-            if !v.contains(&dst) {
-                v.push(dst);
+            let v = out.entry(site.clone()).or_default();
+            if !v.contains(&r.route.dst) {
+                v.push(r.route.dst);
             }
         }
     }
@@ -426,80 +243,72 @@ pub fn peer_views<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject>) 
 
 /// A link: VXLAN, Geneve, bridge, a veth pair (both ends) or a WireGuard
 /// device (with the probe's address on it).
-fn add_link(d: &mut Desired, id: String, l: &pb::Link, facts: &Facts) -> R<()> {
+fn add_link(d: &mut Desired, id: String, l: &LinkObject, facts: &Facts) {
     let (s, origins) = (&mut d.state, &mut d.origins);
     let mtu = facts.link_mtu(l);
     let link = |kind, mtu| Link {
-        ns: l.namespace.clone(),
+        ns: l.ns.clone(),
         name: l.name.clone(),
         kind,
         mtu,
         up: true,
     };
-    let kind = l.kind.as_ref().ok_or("the link has no kind")?;
     let mut put = |x: Link| {
         origins.links.insert((x.ns.clone(), x.name.clone()), id.clone());
         s.links.insert((x.ns.clone(), x.name.clone()), x);
     };
-    match kind {
-        pb::link::Kind::Vxlan(v) => {
-            let (local, remote) = (ip(&v.local, "local")?, ip(&v.remote, "remote")?);
-            same_family(local, remote, "remote")?;
-            put(link(
-                LinkKind::Vxlan {
-                    vni: v.vni,
-                    local,
-                    remote,
-                    port: port(v.port, "port")?,
-                },
-                mtu,
-            ))
-        }
-        pb::link::Kind::Geneve(g) => put(link(
+    match &l.kind {
+        LinkSpec::Vxlan {
+            vni,
+            local,
+            remote,
+            port,
+        } => put(link(
+            LinkKind::Vxlan {
+                vni: *vni,
+                local: *local,
+                remote: *remote,
+                port: *port,
+            },
+            mtu,
+        )),
+        LinkSpec::Geneve { vni, remote, port } => put(link(
             LinkKind::Geneve {
-                vni: g.vni,
-                remote: ip(&g.remote, "remote")?,
-                port: port(g.port, "port")?,
+                vni: *vni,
+                remote: *remote,
+                port: *port,
             },
             mtu,
         )),
         // Workloads attach their own ports; its MTU is theirs.
-        pb::link::Kind::Bridge(_) => put(link(LinkKind::Bridge, l.mtu)),
-        pb::link::Kind::Veth(v) => {
-            if !l.namespace.is_empty() {
-                return Err("a veth pair's outer end lives in the agent's namespace".into());
-            }
+        LinkSpec::Bridge => put(link(LinkKind::Bridge, l.mtu)),
+        LinkSpec::Veth { peer, peer_ns } => {
             put(link(
                 LinkKind::Veth {
-                    peer: v.peer_name.clone(),
-                    peer_ns: v.peer_namespace.clone(),
+                    peer: peer.clone(),
+                    peer_ns: peer_ns.clone(),
                 },
                 mtu,
             ));
             put(Link {
-                ns: v.peer_namespace.clone(),
-                name: v.peer_name.clone(),
+                ns: peer_ns.clone(),
+                name: peer.clone(),
                 kind: LinkKind::VethEnd,
                 mtu,
                 up: true,
             });
         }
-        pb::link::Kind::Wireguard(w) => {
-            if l.namespace.is_empty() {
-                return Err("a WireGuard link needs its peering namespace".into());
-            }
-            let listen_port = port(w.listen_port, "listen port")?;
-            let probe = if w.address.is_empty() || w.peer_address.is_empty() {
-                None
-            } else {
-                v4(&w.peer_address, "probe peer address")?;
-                Some(addr_net(&w.address, "probe address")?)
-            };
-            put(link(LinkKind::Wireguard { listen_port }, mtu));
+        LinkSpec::Wireguard(w) => {
+            put(link(
+                LinkKind::Wireguard {
+                    listen_port: w.listen_port,
+                },
+                mtu,
+            ));
             // The probe's address on the tunnel (see probe.rs).
-            if let Some(cidr) = probe {
+            if let Some((cidr, _)) = w.probe {
                 let a = Address {
-                    ns: l.namespace.clone(),
+                    ns: l.ns.clone(),
                     link: l.name.clone(),
                     cidr,
                     no_prefix_route: false,
@@ -509,59 +318,37 @@ fn add_link(d: &mut Desired, id: String, l: &pb::Link, facts: &Facts) -> R<()> {
             }
         }
     }
-    Ok(())
-}
-
-fn add_peer(d: &mut Desired, id: String, p: &pb::WireguardPeer) -> R<()> {
-    let (s, origins) = (&mut d.state, &mut d.origins);
-    let peer = WgPeer {
-        public_key: WgKey::parse("public key", &p.public_key)?,
-        endpoint: (!p.endpoint.is_empty())
-            .then(|| weft_types::net::endpoint(&p.endpoint).map_err(|m| format!("endpoint {m}")))
-            .transpose()?,
-        // A set (as the kernel keeps it): sorted, each once.
-        allowed_ips: {
-            let mut v: Vec<IpNet> = p.allowed_ips.iter().map(|c| net(c, "allowed IP")).collect::<R<_>>()?;
-            v.sort();
-            v.dedup();
-            v
-        },
-        keepalive: u16::try_from(p.persistent_keepalive).map_err(|_| "keepalive too long".to_string())?,
-    };
-    origins
-        .peers
-        .insert((p.namespace.clone(), p.link.clone(), peer.public_key), id);
-    s.peers
-        .entry((p.namespace.clone(), p.link.clone()))
-        .or_default()
-        .insert(peer.public_key, peer);
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use weft_proto::v1 as pb;
+    use weft_proto::v1::desired_object::Kind;
 
     #[test]
     fn a_view_is_counted_for_the_site_it_leads_to_also_through_transit() {
-        let route = |id: &str, dst: &str, site: &str| pb::DesiredObject {
-            id: id.into(),
-            kind: Some(Kind::Route(pb::Route {
-                namespace: String::new(),
-                table: 7765,
-                destination: dst.into(),
-                gateway: "10.80.0.100".into(),
-                device: "weft-vx0".into(),
-                peer_site: site.into(),
-            })),
+        let route = |dst: &str, site: &str| {
+            decode(&pb::DesiredObject {
+                id: "x".into(),
+                kind: Some(Kind::Route(pb::Route {
+                    namespace: String::new(),
+                    table: 7765,
+                    destination: dst.into(),
+                    gateway: "10.80.0.100".into(),
+                    device: "weft-vx0".into(),
+                    peer_site: site.into(),
+                })),
+            })
+            .unwrap()
         };
+        // The id says nothing (peer/d/… without its site is no view, and
+        // one with it is, whatever its id): only the route's site counts.
         let objects = [
-            route("peer/b/workload/route", "10.2.0.0/16", "b"),
-            route("peer/b/transit/c/0/route", "10.3.0.0/16", "c"),
-            // The id says nothing: a route without its site is no view,
-            route("peer/d/workload/route", "10.4.0.0/16", ""),
-            // and one with it is, whatever its id.
-            route("x", "10.5.0.0/16", "e"),
+            route("10.2.0.0/16", "b"),
+            route("10.3.0.0/16", "c"),
+            route("10.4.0.0/16", ""),
+            route("10.5.0.0/16", "e"),
         ];
         let views = peer_views(objects.iter());
         assert_eq!(views["b"], vec!["10.2.0.0/16".parse::<IpNet>().unwrap()]);

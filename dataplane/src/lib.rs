@@ -4,8 +4,8 @@
 //! 1. `observe` reads weft's part of the host (`model` decides what is
 //!    weft's: names, table, priority) through three seams, [`Netlink`],
 //!    [`Firewall`] and [`WireGuard`];
-//! 2. `desired::translate` turns the controller's objects into the same
-//!    model;
+//! 2. `desired::translate` turns the controller's objects, decoded at the
+//!    agent's door (`desired::decode`), into the same model;
 //! 3. `plan::plan(desired, observed)` is a pure function from the two to
 //!    the operations that make them equal;
 //! 4. `execute` carries the operations out through the seams.
@@ -36,12 +36,10 @@ pub mod wireguard;
 
 use std::collections::BTreeSet;
 
-pub use host::{Firewall, Netlink, WireGuard};
-use weft_proto::v1 as pb;
-use weft_proto::v1::desired_object::Kind;
-
+use crate::desired::{LinkSpec, Object};
 use crate::model::Ns;
 use crate::plan::Op;
+pub use host::{Firewall, Netlink, WireGuard};
 
 /// Runs blocking `f` (a UAPI request, a probe of the kernel) without
 /// holding up other tasks: on a multi-threaded runtime the worker hands its
@@ -90,27 +88,25 @@ pub struct DataPlane<N, F, W> {
 }
 
 /// The namespaces objects name: those they create and those they live in.
-pub fn namespaces_of<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject>) -> BTreeSet<Ns> {
+pub fn namespaces_of<'a>(objects: impl IntoIterator<Item = &'a Object>) -> BTreeSet<Ns> {
     let mut out = BTreeSet::new();
     for o in objects {
-        let ns = match &o.kind {
-            Some(Kind::Namespace(n)) => n.name.clone(),
-            Some(Kind::Link(l)) => {
-                if let Some(pb::link::Kind::Veth(v)) = &l.kind {
-                    out.insert(v.peer_namespace.clone());
+        let ns = match o {
+            Object::Namespace(n) => n.clone(),
+            Object::Link(l) => {
+                if let LinkSpec::Veth { peer_ns, .. } = &l.kind {
+                    out.insert(peer_ns.clone());
                 }
-                l.namespace.clone()
+                l.ns.clone()
             }
-            Some(Kind::Address(a)) => a.namespace.clone(),
-            Some(Kind::Route(r)) => r.namespace.clone(),
-            Some(Kind::Rule(r)) => r.namespace.clone(),
-            Some(Kind::NatMap(m)) => m.namespace.clone(),
-            Some(Kind::WireguardPeer(p)) => p.namespace.clone(),
-            Some(Kind::ExportMap(x)) => x.namespace.clone(),
-            Some(Kind::TunnelFilter(f)) => f.namespace.clone(),
-            Some(Kind::HostSnat(_) | Kind::DnsRecord(_) | Kind::RelaySession(_) | Kind::LanAddress(_)) | None => {
-                String::new()
-            }
+            Object::Address(a) => a.ns.clone(),
+            Object::Route(r) => r.route.ns.clone(),
+            Object::Rule(r) => r.ns.clone(),
+            Object::NatMap { ns, .. }
+            | Object::WireguardPeer { ns, .. }
+            | Object::ExportMap { ns, .. }
+            | Object::TunnelFilter { ns, .. } => ns.clone(),
+            Object::HostSnat(_) | Object::DnsRecord(_) | Object::RelaySession(_) | Object::LanAddress => String::new(),
         };
         out.insert(ns);
     }
@@ -119,19 +115,20 @@ pub fn namespaces_of<'a>(objects: impl IntoIterator<Item = &'a pb::DesiredObject
 }
 
 impl<N: Netlink, F: Firewall, W: WireGuard> DataPlane<N, F, W> {
-    /// Makes the host hold `objects` (the whole desired state): observes
+    /// Makes the host hold `objects` (the whole desired state, decoded, by
+    /// id): observes
     /// the agent's namespace and those of `claimed` (namespaces weft made:
     /// the only ones it may remove; those `objects` name are added) within
     /// `scopes` (None: all of them), plans, and carries the plan out.
     pub async fn reconcile<'a>(
         &mut self,
-        objects: impl IntoIterator<Item = &'a pb::DesiredObject>,
+        objects: impl IntoIterator<Item = (&'a str, &'a Object)>,
         claimed: &BTreeSet<Ns>,
         scopes: Option<&BTreeSet<Ns>>,
     ) -> Outcome {
-        let objects: Vec<&pb::DesiredObject> = objects.into_iter().collect();
+        let objects: Vec<(&str, &Object)> = objects.into_iter().collect();
         let mut claimed = claimed.clone();
-        claimed.extend(namespaces_of(objects.iter().copied()));
+        claimed.extend(namespaces_of(objects.iter().map(|(_, o)| *o)));
         let mut out = Outcome::default();
         let started = std::time::Instant::now();
         // Kept while only reading: a resync that a change stops while it

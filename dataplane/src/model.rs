@@ -14,6 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use ipnet::IpNet;
 pub use weft_types::WgKey;
 pub use weft_types::net::Family;
+pub use weft_types::policy::Protocol;
 
 /// A network namespace: "" for the agent's own (the host's), else a name
 /// under /run/netns.
@@ -184,25 +185,8 @@ pub struct TunnelFilter {
 pub struct PolicyRule {
     /// Either family; `Icmp` is ICMPv6 for an IPv6 one.
     pub cidr: IpNet,
-    pub protocol: Option<L4>,
+    pub protocol: Option<Protocol>,
     pub ports: Option<(u16, u16)>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum L4 {
-    Tcp,
-    Udp,
-    Icmp,
-}
-
-impl L4 {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            L4::Tcp => "tcp",
-            L4::Udp => "udp",
-            L4::Icmp => "icmp",
-        }
-    }
 }
 
 impl TableSpec {

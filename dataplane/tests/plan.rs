@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use proptest::prelude::*;
 use weft_dataplane::DataPlane;
+use weft_dataplane::desired::Object;
 use weft_dataplane::fake::{Fake, FakeHost, FakeNs};
 use weft_dataplane::model::*;
 use weft_dataplane::plan::Op;
@@ -215,6 +216,34 @@ fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().build().unwrap()
 }
 
+/// `objects` decoded, as the agent's door decodes them (each must).
+fn decoded(objects: &[pb::DesiredObject]) -> Vec<(String, Object)> {
+    objects
+        .iter()
+        .map(|o| {
+            let d = weft_dataplane::desired::decode(o).unwrap_or_else(|e| panic!("{}: {e}", o.id));
+            (o.id.clone(), d)
+        })
+        .collect()
+}
+
+/// The namespaces `objects` name.
+fn namespaces_of(objects: &[pb::DesiredObject]) -> BTreeSet<Ns> {
+    weft_dataplane::namespaces_of(decoded(objects).iter().map(|(_, o)| o))
+}
+
+/// Reconciles plane `p` to `objects`, decoded.
+async fn reconcile_on(
+    p: &mut DataPlane<Fake, Fake, Fake>,
+    objects: &[pb::DesiredObject],
+    claimed: &BTreeSet<Ns>,
+    scopes: Option<&BTreeSet<Ns>>,
+) -> weft_dataplane::Outcome {
+    let d = decoded(objects);
+    p.reconcile(d.iter().map(|(id, o)| (id.as_str(), o)), claimed, scopes)
+        .await
+}
+
 fn plane(f: &Fake, node: bool) -> DataPlane<Fake, Fake, Fake> {
     DataPlane {
         net: f.clone(),
@@ -228,7 +257,7 @@ fn plane(f: &Fake, node: bool) -> DataPlane<Fake, Fake, Fake> {
 
 /// Reconciles the fake host to `objects`; the errors.
 fn reconcile(f: &Fake, objects: &[pb::DesiredObject], claimed: &BTreeSet<Ns>) -> Vec<(String, String)> {
-    let out = rt().block_on(plane(f, false).reconcile(objects, claimed, None));
+    let out = rt().block_on(reconcile_on(&mut plane(f, false), objects, claimed, None));
     assert!(out.failed.is_none(), "{:?}", out.failed);
     out.errors
 }
@@ -240,7 +269,7 @@ fn observe_and_want(
     claimed: &BTreeSet<Ns>,
 ) -> (weft_dataplane::host::Observation, Desired) {
     let mut claimed = claimed.clone();
-    claimed.extend(weft_dataplane::namespaces_of(objects));
+    claimed.extend(namespaces_of(objects));
     let mut p = plane(f, false);
     let seen = rt()
         .block_on(weft_dataplane::host::observe(
@@ -248,7 +277,7 @@ fn observe_and_want(
         ))
         .unwrap();
     let facts = weft_dataplane::desired::Facts::from_raw(&seen.host, None);
-    let (want, bad) = weft_dataplane::desired::translate(objects, &facts, false);
+    let (want, bad) = weft_dataplane::desired::translate_raw(objects, &facts, false);
     assert!(bad.is_empty(), "{bad:?}");
     (seen, want)
 }
@@ -315,7 +344,7 @@ fn a_namespace_that_goes_loses_its_wireguard_link_first() {
     let f = fresh();
     let want = all();
     assert_eq!(reconcile(&f, &want, &BTreeSet::new()), vec![]);
-    let claimed = weft_dataplane::namespaces_of(&want);
+    let claimed = namespaces_of(&want);
     let ops = plan_now(&f, &node("192.168.1.2"), &claimed);
     let del_wg = ops
         .iter()
@@ -747,7 +776,7 @@ proptest! {
             apply_edit(&f, e);
         }
         let want = desired_from(&now);
-        let claimed = weft_dataplane::namespaces_of(&first);
+        let claimed = namespaces_of(&first);
         prop_assert_eq!(reconcile(&f, &want, &claimed), vec![]);
         prop_assert_eq!(plan_now(&f, &want, &claimed), vec![]);
         prop_assert_eq!(holds(&f, &want, &claimed), Ok(()));
@@ -775,7 +804,7 @@ proptest! {
         let mut p = plane(&f, false);
         let first = desired_from(&earlier);
         let none = BTreeSet::new();
-        let out = rt().block_on(p.reconcile(&first, &none, None));
+        let out = rt().block_on(reconcile_on(&mut p, &first, &none, None));
         prop_assert!(out.errors.is_empty() && out.failed.is_none(), "{:?}", out);
         prop_assert!(p.believed.is_some(), "a clean whole reconcile leaves a belief");
         let mut applied = first;
@@ -791,9 +820,9 @@ proptest! {
                 .chain(applied.iter().filter(|o| !new.contains_key(o.id.as_str())))
                 .cloned()
                 .collect();
-            let scopes = weft_dataplane::namespaces_of(&touched);
-            let claimed = weft_dataplane::namespaces_of(&applied);
-            let out = rt().block_on(p.reconcile(&next, &claimed, Some(&scopes)));
+            let scopes = namespaces_of(&touched);
+            let claimed = namespaces_of(&applied);
+            let out = rt().block_on(reconcile_on(&mut p, &next, &claimed, Some(&scopes)));
             prop_assert!(out.errors.is_empty() && out.failed.is_none(), "{:?}", out);
             prop_assert_eq!(plan_now(&f, &next, &claimed), vec![]);
             prop_assert_eq!(holds(&f, &next, &claimed), Ok(()));
@@ -812,7 +841,11 @@ fn a_wrong_belief_is_forgotten_on_an_error_and_a_resync_reads_the_host() {
     let mut p = plane(&f, false);
     let want = all();
     let none = BTreeSet::new();
-    assert!(rt().block_on(p.reconcile(&want, &none, None)).errors.is_empty());
+    assert!(
+        rt().block_on(reconcile_on(&mut p, &want, &none, None))
+            .errors
+            .is_empty()
+    );
     assert!(p.believed.is_some());
     // By hand: the overlay link goes.
     let _ = f.host().carry_out(&Op::DelLink {
@@ -820,10 +853,10 @@ fn a_wrong_belief_is_forgotten_on_an_error_and_a_resync_reads_the_host() {
         name: "weft-vx0".into(),
     });
     // A change elsewhere plans from the belief (the link still "there").
-    let claimed = weft_dataplane::namespaces_of(&want);
-    let _ = rt().block_on(p.reconcile(&want, &claimed, Some(&BTreeSet::new())));
+    let claimed = namespaces_of(&want);
+    let _ = rt().block_on(reconcile_on(&mut p, &want, &claimed, Some(&BTreeSet::new())));
     // The resync reads the host and repairs it.
-    let out = rt().block_on(p.reconcile(&want, &claimed, None));
+    let out = rt().block_on(reconcile_on(&mut p, &want, &claimed, None));
     assert!(out.errors.is_empty(), "{:?}", out.errors);
     assert_eq!(holds(&f, &want, &claimed), Ok(()));
     assert!(p.believed.is_some());

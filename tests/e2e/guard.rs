@@ -298,7 +298,9 @@ fn a_hostile_desired_state_is_refused_and_the_host_is_untouched() {
         println!("NOT RUN: the rule over the host's resolver (no IPv4 nameserver in /etc/resolv.conf)");
     }
     for o in &hostile {
-        desired.objects.insert(o.id.clone(), o.clone());
+        desired
+            .objects
+            .insert(o.id.clone(), weft_agent::desired::Held::from(o.clone()));
     }
     file.save(&desired).unwrap();
 

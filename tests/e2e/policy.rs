@@ -327,32 +327,65 @@ fn an_export_policy_limits_what_a_peer_reaches_and_changes_without_breaking_allo
     for m in &many {
         too_many.extend(["--allow", m.as_str()]);
     }
-    for (args, says) in [
-        (vec!["set", "s1", "--allow", "192.168.5.0/24"], "rules[0].cidr"),
-        (vec!["set", "s1", "--allow", "10.0.0.0/8,tcp,80"], "rules[0].cidr"),
+    // The controller's refusals (what only it can know: the site's CIDRs,
+    // the number of rules), and weftctl's own, made before anything is
+    // sent with the same checks (weft-types' policy), naming the field.
+    for (args, says, controllers) in [
+        (vec!["set", "s1", "--allow", "192.168.5.0/24"], "rules[0].cidr", true),
+        (vec!["set", "s1", "--allow", "10.0.0.0/8,tcp,80"], "rules[0].cidr", true),
+        (too_many, "rules:", true),
         (
             vec!["set", "s1", "--allow", "10.1.0.0/24,tcp,9000-8000"],
-            "rules[0].last_port",
+            "last_port: the range 9000-8000 ends before it starts",
+            false,
         ),
         (
             vec!["set", "s1", "--allow", "10.1.0.0/24,tcp,70000"],
-            "rules[0].first_port",
+            "first_port: 70000 is not a port",
+            false,
         ),
         (
             vec!["set", "s1", "--allow", "10.1.0.0/24,icmp,80"],
-            "rules[0].first_port",
+            "first_port: ports need protocol tcp or udp",
+            false,
         ),
-        (vec!["set", "s1", "--allow", "10.1.0.0/24,gre"], "rules[0].protocol"),
-        (too_many, "rules:"),
+        (
+            vec!["set", "s1", "--allow", "10.1.0.0/24,gre"],
+            "protocol: \"gre\"",
+            false,
+        ),
     ] {
         let e = policy(&mesh, b, &args).unwrap_err();
-        assert!(e.contains("INVALID_ARGUMENT") && e.contains(says), "{args:?}: {e}");
+        assert!(e.contains(says), "{args:?}: {e}");
+        assert_eq!(e.contains("INVALID_ARGUMENT"), controllers, "{args:?}: {e}");
         assert_eq!(
             policy(&mesh, b, &["show", "s1"]).unwrap(),
             kept,
             "{args:?} changed the policy"
         );
     }
+    // The controller makes the same checks itself, for a client that
+    // sends a bad rule anyway (grpcurl, as a user types it).
+    let grpcurl = weft_tests::require_tool("grpcurl").expect("grpcurl (deploy/setup.sh installs it)");
+    let socket = mesh.sites[b].target.trim_start_matches("unix:").to_string();
+    let o = weft_tests::run(std::process::Command::new(grpcurl).args([
+        "-plaintext",
+        "-unix",
+        "-d",
+        r#"{"site_id":"s1","mode":"EXPORT_MODE_RULES","rules":[{"cidr":"10.1.0.0/24","protocol":"tcp","first_port":9000,"last_port":8000}]}"#,
+        &socket,
+        "weft.v1.AdminService/SetExportPolicy",
+    ]));
+    let e = stderr(&o);
+    assert!(
+        !o.status.success() && e.contains("InvalidArgument") && e.contains("rules[0].last_port"),
+        "{e}"
+    );
+    assert_eq!(
+        policy(&mesh, b, &["show", "s1"]).unwrap(),
+        kept,
+        "a refused call changed the policy"
+    );
     let e = policy(&mesh, b, &["set", "nobody", "--all"]).unwrap_err();
     assert!(e.contains("NOT_FOUND"), "{e}");
 

@@ -9,7 +9,8 @@
 //! - [`net`]: CIDRs ([`Cidr`]: both families, canonical, no host bits),
 //!   addresses, interface addresses (with host bits), endpoints;
 //! - [`key`]: WireGuard keys ([`WgKey`], [`WgSecret`]);
-//! - [`name`]: the names of weft's links and namespaces.
+//! - [`name`]: the names of weft's links and namespaces;
+//! - [`policy`]: an export rule's protocol and ports.
 //!
 //! With feature `serde`, [`WgKey`] and [`Cidr`] are written as their
 //! string forms, and read through the same parsers.
@@ -19,6 +20,7 @@
 pub mod key;
 pub mod name;
 pub mod net;
+pub mod policy;
 #[cfg(feature = "serde")]
 mod serde_impls;
 

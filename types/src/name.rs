@@ -24,6 +24,18 @@ pub fn id(what: &str, name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `s` is a DNS label as weft writes one: 1 to 63 lower-case
+/// letters, digits or '-', not starting or ending with '-' (published
+/// names, site ids' parts, the DNS zone's labels).
+pub fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
 /// Checks field `what` names one of weft's links: `weft…`, at most 15
 /// bytes (the kernel's limit) of letters, digits, '-', '_' and '.'.
 pub fn link(what: &str, name: &str) -> Result<(), String> {

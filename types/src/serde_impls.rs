@@ -4,6 +4,7 @@
 use serde::de::Error;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::policy::Protocol;
 use crate::{Cidr, WgKey};
 
 impl Serialize for WgKey {
@@ -29,6 +30,21 @@ impl<'de> Deserialize<'de> for Cidr {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Cidr, D::Error> {
         let text = String::deserialize(d)?;
         crate::net::cidr(&text).map_err(D::Error::custom)
+    }
+}
+
+impl Serialize for Protocol {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Protocol {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Protocol, D::Error> {
+        let text = String::deserialize(d)?;
+        Protocol::parse(&text)
+            .map_err(D::Error::custom)?
+            .ok_or_else(|| D::Error::custom("a protocol: give tcp, udp or icmp"))
     }
 }
 

@@ -1,10 +1,12 @@
-//! The guard in front of an applier: every desired object is checked
-//! before the applier sees it.
+//! The guard in front of an applier: every desired object, as decoded at
+//! the agent's door, is checked before the applier sees it; one that did
+//! not decode is refused with why.
 
 use weft_proto::v1 as pb;
 
-use super::{Guard, links};
+use super::{Guard, Links, links};
 use crate::apply::{Applier, HostNets, Objects, Scope};
+use crate::desired::Held;
 
 /// An applier behind the guard: refused objects are reported, not applied.
 pub struct Guarded<A> {
@@ -25,6 +27,14 @@ impl<A> Guarded<A> {
     }
 }
 
+/// Whether `o` may reach the applier: it decoded, and the guard lets it.
+fn verdict(guard: &Guard, o: &Held, links: &Links) -> Result<(), String> {
+    match &o.decoded {
+        Ok(object) => guard.check(object, links),
+        Err(why) => Err(why.clone()),
+    }
+}
+
 #[async_trait::async_trait]
 impl<A: Applier> Applier for Guarded<A> {
     async fn apply(&mut self, applied: &Objects, desired: &Objects, scope: Scope) -> Vec<pb::ObjectError> {
@@ -37,22 +47,22 @@ impl<A: Applier> Applier for Guarded<A> {
             Some(Err(e)) => self.guard.host_unread(e),
         }
         // The links as they will be.
-        let links = links(desired.values());
+        let links = links(desired.values().filter_map(Held::object));
         // The inner applier sees only what passes: a refused object was
         // never applied, so there is nothing of it to replace or delete.
         // (Copied only when something applied was refused, which is rare.)
-        let applied_refused = applied.values().any(|o| self.guard.check(o, &links).is_err());
+        let applied_refused = applied.values().any(|o| verdict(&self.guard, o, &links).is_err());
         let applied_ok: Option<Objects> = applied_refused.then(|| {
             applied
                 .iter()
-                .filter(|(_, o)| self.guard.check(o, &links).is_ok())
+                .filter(|(_, o)| verdict(&self.guard, o, &links).is_ok())
                 .map(|(k, o)| (k.clone(), o.clone()))
                 .collect()
         });
         let mut refused = Vec::new();
         let mut ok = Objects::new();
         for (id, o) in desired {
-            match self.guard.check(o, &links) {
+            match verdict(&self.guard, o, &links) {
                 Ok(()) => {
                     ok.insert(id.clone(), o.clone());
                 }

@@ -24,7 +24,8 @@ impl Dns {
             running: None,
         };
         // What was stored resolves before any controller answers.
-        d.table.set(desired.objects.values());
+        d.table
+            .set(desired.objects.values().filter_map(crate::desired::Held::object));
         if let crate::dns::Listen::At(addr) = cfg.listen {
             d.listen(addr)
                 .map_err(|e| anyhow::anyhow!("--dns-listen {addr}: cannot listen: {e}"))?;

@@ -26,6 +26,19 @@ pub(super) struct LastReport {
     pub(super) reporter: Reporter,
 }
 
+impl LastReport {
+    /// `report` was just sent through `reporter`: the keeper repeats it
+    /// (without the host's facts) if the loop is busy when the next is due.
+    pub(super) fn remember(&mut self, report: &pb::ReportRequest, reporter: &Reporter) {
+        self.at = std::time::Instant::now();
+        self.report = pb::ReportRequest {
+            host: None,
+            ..report.clone()
+        };
+        self.reporter = reporter.clone();
+    }
+}
+
 /// Where the session's reports go: messages on one long-lived
 /// `ReportStream` (a heartbeat is then one small frame, not a call), or
 /// `Report` calls to a controller that has no such stream.

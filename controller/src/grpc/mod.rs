@@ -407,11 +407,11 @@ impl AdminService for AdminApi {
         &self,
         req: Request<pb::SetExportPolicyRequest>,
     ) -> Result<Response<pb::ExportPolicy>, Status> {
-        use crate::state::ExportMode;
+        use crate::export::ExportPolicy;
         let r = req.into_inner();
-        let mode = match pb::ExportMode::try_from(r.mode) {
-            Ok(pb::ExportMode::All) => Some(ExportMode::All),
-            Ok(pb::ExportMode::Rules) => Some(ExportMode::Rules),
+        let wanted = match pb::ExportMode::try_from(r.mode) {
+            Ok(pb::ExportMode::All) => Some(ExportPolicy::All),
+            Ok(pb::ExportMode::Rules) => Some(ExportPolicy::Rules(&r.rules[..])),
             Ok(pb::ExportMode::SiteDefault) => None,
             _ => {
                 return Err(Status::invalid_argument(
@@ -419,12 +419,12 @@ impl AdminService for AdminApi {
                 ));
             }
         };
-        if mode != Some(ExportMode::Rules) && !r.rules.is_empty() {
+        if !matches!(wanted, Some(ExportPolicy::Rules(_))) && !r.rules.is_empty() {
             return Err(Status::invalid_argument(
                 "rules: only a policy of mode EXPORT_MODE_RULES has rules; set that mode, or send no rules",
             ));
         }
-        let p = self.state.set_export_policy(&r.site_id, mode, &r.rules).await?;
+        let p = self.state.set_export_policy(&r.site_id, wanted).await?;
         let (site, _) = self.state.site().await?;
         let (gateways, _) = self.state.list_gateways().await?;
         Ok(Response::new(convert::export_policy(&site, &p, &gateways)))

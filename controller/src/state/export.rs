@@ -10,22 +10,21 @@ use crate::store::{Compare, Op, Txn};
 
 impl State {
     /// Sets the export policy of the peering with `peer_site` (None: the
-    /// site's default). `rules` are checked against the site by
+    /// site's default). Its rules are checked against the site by
     /// [`crate::export::parse_rules`] under the same snapshot.
     pub async fn set_export_policy(
         &self,
         peer_site: &str,
-        mode: Option<Mode>,
-        rules: &[weft_proto::v1::ExportRule],
+        wanted: Option<ExportPolicy<&[weft_proto::v1::ExportRule]>>,
     ) -> Result<Peering, Error> {
         validate_name("site_id", peer_site).map_err(Error::InvalidArgument)?;
         let key = self.at(Key::Peering(peer_site));
         self.commit(|snap| {
             let site = snap.site()?;
             let (p, rev) = snap.peering(peer_site)?;
-            let export = match mode {
-                Some(Mode::All) => Some(ExportPolicy::All),
-                Some(Mode::Rules) => Some(ExportPolicy::Rules(
+            let export = match wanted {
+                Some(ExportPolicy::All) => Some(ExportPolicy::All),
+                Some(ExportPolicy::Rules(rules)) => Some(ExportPolicy::Rules(
                     crate::export::parse_rules(
                         site,
                         &crate::transit::onward(snap.peerings.iter().map(|(q, _)| q), p),
@@ -119,11 +118,4 @@ impl State {
         .await
         .inspect(|p| tracing::info!(peer = %peer_site, transit = p.transit, "transit"))
     }
-}
-
-/// What an admin sets: everything, or only the rules.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    All,
-    Rules,
 }

@@ -4,14 +4,16 @@
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-/// A peering's policy as set by the admin.
+/// A peering's policy as set by the admin: its rules checked (`R`, as
+/// stored), or as an admin sent them, before they are checked against the
+/// site (`ExportPolicy<&[pb::ExportRule]>`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "mode", content = "rules")]
-pub enum ExportPolicy {
+pub enum ExportPolicy<R = Vec<ExportRule>> {
     /// Everything: the site's workload and external CIDRs, exported hosts.
     All,
     /// Only what a rule allows; no rules: nothing.
-    Rules(Vec<ExportRule>),
+    Rules(R),
 }
 
 /// The site's default for peerings without a policy of their own.
@@ -23,23 +25,8 @@ pub enum DefaultExport {
     None,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Protocol {
-    Tcp,
-    Udp,
-    Icmp,
-}
-
-impl Protocol {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-            Protocol::Icmp => "icmp",
-        }
-    }
-}
+/// An export rule's protocol, as the API, the store and the agent take it.
+pub use weft_types::policy::Protocol;
 
 /// The peer may reach `cidr` (IPv4 or IPv6), with `protocol` (None: any;
 /// icmp is ICMPv6 for an IPv6 `cidr`), on `ports` (inclusive; None: any;

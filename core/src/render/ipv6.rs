@@ -16,7 +16,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::Ipv6Net;
 
-use super::peering::PeeringIds;
+use super::ids::{PeeringIds, tunnel_rule};
 use super::*;
 use crate::ipam::View;
 
@@ -163,7 +163,7 @@ pub(super) fn peering(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> O
     let mut out = Objects::from([
         obj(format!("{base}v6/veth/outer"), address(&ids.outer, "", VETH_OUTER)),
         obj(format!("{base}v6/veth/inner"), address(&ids.inner, &ids.ns, VETH_INNER)),
-        obj(format!("{base}v6/tunnel-rule"), super::peering::tunnel_rule(ids, true)),
+        obj(format!("{base}v6/tunnel-rule"), tunnel_rule(ids, true)),
     ]);
     for (i, v) in views.iter().enumerate() {
         let id = format!("{base}v6/{i}");

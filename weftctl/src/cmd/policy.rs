@@ -6,8 +6,9 @@ use weft_proto::v1 as pb;
 use crate::cli::PolicyCmd;
 use crate::out::*;
 
-/// One `--allow CIDR[,PROTOCOL[,PORT[-PORT]]]`, as the API takes it (the
-/// controller checks the CIDR against the site, the protocol and ports).
+/// One `--allow CIDR[,PROTOCOL[,PORT[-PORT]]]`, as the API takes it, its
+/// parts checked as the controller checks them (which also checks the
+/// CIDR against the site).
 pub fn parse_rule(text: &str) -> Result<pb::ExportRule, String> {
     let mut parts = text.split(',').map(str::trim);
     let cidr = parts.next().unwrap_or_default().to_string();
@@ -33,6 +34,12 @@ pub fn parse_rule(text: &str) -> Result<pb::ExportRule, String> {
             "--allow {text:?}: more than CIDR,PROTOCOL,PORTS; write e.g. 10.1.2.0/24,tcp,8080"
         ));
     }
+    // The checks the controller makes of a rule's own parts (whether the
+    // CIDR is the site's is its to say), before anything is sent.
+    weft_types::net::cidr(&cidr).map_err(|e| format!("--allow {text:?}: cidr: {e}"))?;
+    let checked =
+        weft_types::policy::Protocol::parse(&protocol).map_err(|e| format!("--allow {text:?}: protocol: {e}"))?;
+    weft_types::policy::ports(checked, first_port, last_port).map_err(|e| format!("--allow {text:?}: {e}"))?;
     Ok(pb::ExportRule {
         cidr,
         protocol,
@@ -160,6 +167,20 @@ mod tests {
         assert_eq!((r.protocol.as_str(), r.first_port), ("", 0));
         assert!(parse_rule("10.1.2.0/24,tcp,http").unwrap_err().contains("not a port"));
         assert!(parse_rule("10.1.2.0/24,tcp,80,90").unwrap_err().contains("more than"));
+        // The rule's own parts are checked as the controller checks them.
+        for (text, says) in [
+            (
+                "10.1.2.0/24,tcp,9000-8000",
+                "last_port: the range 9000-8000 ends before it starts",
+            ),
+            ("10.1.2.0/24,tcp,70000", "first_port: 70000 is not a port"),
+            ("10.1.2.0/24,icmp,80", "first_port: ports need protocol tcp or udp"),
+            ("10.1.2.0/24,gre", "protocol: \"gre\" is not a protocol"),
+            ("10.1.2.0/33", "cidr: "),
+        ] {
+            let e = parse_rule(text).unwrap_err();
+            assert!(e.contains(says), "{text}: {e}");
+        }
         assert_eq!(
             rule_text(&parse_rule("10.1.2.0/24,tcp,8080").unwrap()),
             "10.1.2.0/24 tcp port 8080"
