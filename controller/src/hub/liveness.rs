@@ -11,6 +11,7 @@
 //! A record is deleted only while it is on this replica's lease: an agent
 //! that moved to another replica keeps the record that one wrote.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +30,39 @@ pub(super) struct Live {
     /// When this replica last heard the agent (monotonic: a wall-clock
     /// step must not end anyone's liveness).
     heard: std::time::Instant,
+}
+
+/// What this replica knows of the agents reporting to it: one lock for
+/// what a report reads and writes, one for the records waiting for the
+/// next batched write, one for the role leases (held across the store's
+/// answer, so a tokio lock).
+#[derive(Default)]
+pub(super) struct Liveness {
+    pub(super) book: std::sync::Mutex<Book>,
+    /// Status records waiting for the next batched write.
+    dirty: std::sync::Mutex<HashMap<AgentKey, (LeaseId, AliveRecord)>>,
+    /// The lease this replica writes the liveness records of each role on:
+    /// one per role, renewed by one task.
+    leases: tokio::sync::Mutex<HashMap<AgentRole, LeaseId>>,
+}
+
+/// The agents heard here, under one lock.
+#[derive(Default)]
+pub(super) struct Book {
+    pub(super) live: HashMap<AgentKey, Live>,
+    /// The earliest moment an agent in `live` can fall silent (None: look
+    /// at every sweep). Reports only move that moment later, so the sweep
+    /// looks at all agents only once per about two thirds of a TTL, not 40
+    /// times a second.
+    next_silence: Option<std::time::Instant>,
+    /// After a stall: sweeps still to run on time before anyone is judged
+    /// silent (see [`Hub::expire_silent_once`]).
+    catch_up: u32,
+    last_seen: HashMap<AgentKey, u64>,
+    /// Each agent's latest host facts (they come every 30 s, heartbeats
+    /// between carry none): kept across a lapse of its liveness, so a
+    /// record made anew after one still has them.
+    facts: HashMap<AgentKey, pb::HostReport>,
 }
 
 /// Whether two records say the same (when they were made aside).
@@ -57,11 +91,11 @@ impl Hub {
     /// once, so that the leading replica fails over now, not at the end of
     /// its TTL.
     pub async fn gone(&self, key: &AgentKey) {
-        let lease = self.live.lock().unwrap().remove(key).map(|l| l.lease);
+        let lease = self.liveness.book.lock().unwrap().live.remove(key).map(|l| l.lease);
         if let Some(lease) = lease {
             tracing::info!(agent = %key.1, "gateway disconnected; no longer live");
             let now = now_ms();
-            self.timeline.lock().unwrap().silent(&key.1, now, now, "disconnected");
+            self.gateways.timeline(|t| t.silent(&key.1, now, now, "disconnected"));
             self.ended(&key.1);
             self.end_liveness(key, lease).await;
         }
@@ -70,14 +104,14 @@ impl Hub {
     /// Ends `key`'s liveness record now, if it is still the one this
     /// replica wrote on `lease`.
     async fn end_liveness(&self, key: &AgentKey, lease: LeaseId) {
-        self.dirty.lock().unwrap().remove(key);
+        self.liveness.dirty.lock().unwrap().remove(key);
         if key.0 == AgentRole::Gateway {
             self.after_the_election().await;
         }
         // Back meanwhile (it reconnected, or reported again after its
         // silence): the record its report wrote is on the same role lease
         // and must stand.
-        if self.live.lock().unwrap().contains_key(key) {
+        if self.liveness.book.lock().unwrap().live.contains_key(key) {
             return;
         }
         let k = self.state.alive_key(key.0, &key.1);
@@ -94,9 +128,11 @@ impl Hub {
         // Back while the deletion ran: its record is written again (a
         // report after this point finds it live and writes only changes).
         let back = self
-            .live
+            .liveness
+            .book
             .lock()
             .unwrap()
+            .live
             .get(key)
             .map(|l| (key.clone(), (l.lease, l.last.clone())));
         if let Some(back) = back {
@@ -123,8 +159,13 @@ impl Hub {
     fn expire_silent_once(self: &Arc<Self>, stalled: bool) {
         let now = std::time::Instant::now();
         let silent: Vec<(AgentKey, LeaseId, Duration)> = {
-            let mut live = self.live.lock().unwrap();
-            let mut next = self.next_silence.lock().unwrap();
+            let mut book = self.liveness.book.lock().unwrap();
+            let Book {
+                live,
+                next_silence: next,
+                catch_up,
+                ..
+            } = &mut *book;
             // After a stall (this process stopped or starved) the reports
             // that waited meanwhile are read first: nobody is judged until
             // the sweep has run on time a while. A stall during that
@@ -132,7 +173,6 @@ impl Hub {
             // again and again still judges, and a silent gateway is failed
             // over, not kept active by a starved controller.
             {
-                let mut catch_up = self.catch_up.lock().unwrap();
                 if stalled {
                     if *catch_up == 0 {
                         *catch_up = self.catch_up_sweeps();
@@ -177,7 +217,7 @@ impl Hub {
             if key.0 == AgentRole::Gateway {
                 let now = now_ms();
                 let heard = now.saturating_sub(quiet.as_millis() as u64);
-                self.timeline.lock().unwrap().silent(&key.1, heard, now, "silent");
+                self.gateways.timeline(|t| t.silent(&key.1, heard, now, "silent"));
                 self.ended(&key.1);
             }
             tracing::warn!(
@@ -205,7 +245,7 @@ impl Hub {
     /// The lease `role`'s records are written on, granted when there is
     /// none yet.
     async fn role_lease(&self, role: AgentRole) -> Result<LeaseId, Error> {
-        let mut leases = self.leases.lock().await;
+        let mut leases = self.liveness.leases.lock().await;
         if let Some(l) = leases.get(&role) {
             return Ok(*l);
         }
@@ -219,7 +259,7 @@ impl Hub {
     /// it with it: a new lease, and every record of that role this replica
     /// holds written again on it.
     async fn replace_lease(&self, role: AgentRole, lost: LeaseId) -> Result<(), Error> {
-        let mut leases = self.leases.lock().await;
+        let mut leases = self.liveness.leases.lock().await;
         if leases.get(&role) != Some(&lost) {
             return Ok(()); // replaced already
         }
@@ -228,9 +268,11 @@ impl Hub {
         leases.insert(role, new);
         drop(leases);
         let records: Vec<(AgentKey, (LeaseId, AliveRecord))> = self
-            .live
+            .liveness
+            .book
             .lock()
             .unwrap()
+            .live
             .iter_mut()
             .filter(|(k, _)| k.0 == role)
             .map(|(k, l)| {
@@ -259,47 +301,37 @@ impl Hub {
         host: Option<pb::HostReport>,
     ) -> Result<(), Error> {
         let now = now_ms();
-        {
-            let mut seen = self.last_seen.lock().unwrap();
-            match seen.get_mut(&key) {
+        // One look at the book: when it was heard, the gap since (a live
+        // gateway heard after more than half its TTL was close to being
+        // failed over), and whether this is a heartbeat of a live agent
+        // (nothing new to say: only when it was heard changes, nothing is
+        // built or written) or a new applied revision.
+        let (gap, new_revision) = {
+            let mut book = self.liveness.book.lock().unwrap();
+            match book.last_seen.get_mut(&key) {
                 Some(at) => *at = now,
-                None => drop(seen.insert(key.clone(), now)),
+                None => drop(book.last_seen.insert(key.clone(), now)),
             }
-        }
-        // A live gateway heard after more than half its TTL was close to
-        // being failed over: said, with the gap (its agent was busy, or
-        // its reports waited somewhere on the way).
-        let gap = (key.0 == AgentRole::Gateway)
-            .then(|| self.live.lock().unwrap().get(&key).map(|l| l.heard.elapsed()))
-            .flatten();
-        if let Some(gap) = gap.filter(|g| *g > self.gateway_ttl / 2) {
-            tracing::info!(
-                agent = %key.1,
-                gap_ms = gap.as_millis() as u64,
-                ttl_ms = self.gateway_ttl.as_millis() as u64,
-                "a gateway's report came late"
-            );
-        }
-        // A heartbeat (nothing new to say) of a live agent only says when
-        // it was heard: no record built, nothing written.
-        if host.is_none()
-            && let Some(l) = self.live.lock().unwrap().get_mut(&key)
-            && l.last.applied_revision == applied
-            && l.last.errors == errors
-        {
-            l.heard = std::time::Instant::now();
-            return Ok(());
-        }
+            let live = book.live.get_mut(&key);
+            let gap = live
+                .as_ref()
+                .filter(|_| key.0 == AgentRole::Gateway)
+                .map(|l| l.heard.elapsed());
+            match live {
+                Some(l) if host.is_none() && l.last.applied_revision == applied && l.last.errors == errors => {
+                    l.heard = std::time::Instant::now();
+                    drop(book);
+                    log_late(&key, gap, self.gateway_ttl);
+                    return Ok(());
+                }
+                l => (gap, l.is_none_or(|l| l.last.applied_revision != applied)),
+            }
+        };
+        log_late(&key, gap, self.gateway_ttl);
         // A new applied revision: a failover's step, and what this site
         // tells peers of its readiness may change.
-        if self
-            .live
-            .lock()
-            .unwrap()
-            .get(&key)
-            .is_none_or(|l| l.last.applied_revision != applied)
-        {
-            self.timeline.lock().unwrap().applied(&key, applied, now);
+        if new_revision {
+            self.gateways.timeline(|t| t.applied(&key, applied, now));
             self.progress.send_modify(|n| *n += 1);
         }
         let mut record = AliveRecord {
@@ -317,10 +349,10 @@ impl Hub {
             Some(mut h) => {
                 h.features.truncate(32);
                 h.route_conflicts.truncate(100);
-                self.facts.lock().unwrap().insert(key.clone(), h.clone());
+                self.liveness.book.lock().unwrap().facts.insert(key.clone(), h.clone());
                 Some(h)
             }
-            None => self.facts.lock().unwrap().get(&key).cloned(),
+            None => self.liveness.book.lock().unwrap().facts.get(&key).cloned(),
         };
         if let Some(h) = h {
             record.features = h.features;
@@ -328,13 +360,14 @@ impl Hub {
             record.wireguard = h.wireguard;
             record.wireguard_reason = h.wireguard_reason;
         }
-        if let Some(l) = self.live.lock().unwrap().get_mut(&key) {
+        if let Some(l) = self.liveness.book.lock().unwrap().live.get_mut(&key) {
             l.heard = std::time::Instant::now();
             if !same_status(&l.last, &record) {
                 // Written with the others in the next batch: after a
                 // change for all agents that is one transaction per 128
                 // agents, not one write per agent.
-                self.dirty
+                self.liveness
+                    .dirty
                     .lock()
                     .unwrap()
                     .insert(key.clone(), (l.lease, record.clone()));
@@ -350,12 +383,16 @@ impl Hub {
         let lease = self.role_lease(key.0).await?;
         let value = (key.0 == AgentRole::Gateway).then(|| serde_json::to_vec(&record).unwrap());
         {
-            let mut live = self.live.lock().unwrap();
+            let mut book = self.liveness.book.lock().unwrap();
             let heard = std::time::Instant::now();
             if key.0 == AgentRole::Node {
-                self.dirty.lock().unwrap().insert(key.clone(), (lease, record.clone()));
+                self.liveness
+                    .dirty
+                    .lock()
+                    .unwrap()
+                    .insert(key.clone(), (lease, record.clone()));
             }
-            live.insert(
+            book.live.insert(
                 key.clone(),
                 Live {
                     lease,
@@ -363,10 +400,9 @@ impl Hub {
                     heard,
                 },
             );
-            let mut next = self.next_silence.lock().unwrap();
             let silent_at = heard + self.ttl(key.0);
-            if next.is_some_and(|at| silent_at < at) {
-                *next = Some(silent_at);
+            if book.next_silence.is_some_and(|at| silent_at < at) {
+                book.next_silence = Some(silent_at);
             }
         }
         let Some(value) = value else { return Ok(()) };
@@ -379,7 +415,7 @@ impl Hub {
             Ok(_) => Ok(()),
             Err(StoreError::LeaseNotFound(_)) => self.replace_lease(key.0, lease).await,
             Err(e) => {
-                self.live.lock().unwrap().remove(&key);
+                self.liveness.book.lock().unwrap().live.remove(&key);
                 Err(e.into())
             }
         }
@@ -408,7 +444,8 @@ impl Hub {
                         Err(StoreError::LeaseNotFound(_)) => self.lease_lost.notify_one(),
                         Err(e) => {
                             tracing::debug!(agent = %key.1, error = %e, "status not written; kept for the next flush");
-                            self.dirty
+                            self.liveness
+                                .dirty
                                 .lock()
                                 .unwrap()
                                 .entry(key.clone())
@@ -423,13 +460,16 @@ impl Hub {
     /// Drops what this replica keeps about a removed agent; its liveness
     /// record (on a lease) ends now instead of at the lease's end.
     pub(super) fn forget(&self, key: AgentKey) {
-        self.last_seen.lock().unwrap().remove(&key);
-        self.facts.lock().unwrap().remove(&key);
-        self.dirty.lock().unwrap().remove(&key);
+        let lease = {
+            let mut book = self.liveness.book.lock().unwrap();
+            book.last_seen.remove(&key);
+            book.facts.remove(&key);
+            book.live.remove(&key).map(|l| l.lease)
+        };
+        self.liveness.dirty.lock().unwrap().remove(&key);
         if key.0 == AgentRole::Gateway {
-            self.tunnels.lock().unwrap().remove(&key.1);
+            self.gateways.forget(&key.1);
         }
-        let lease = self.live.lock().unwrap().remove(&key).map(|l| l.lease);
         if let (Some(lease), Ok(rt)) = (lease, tokio::runtime::Handle::try_current()) {
             let store = self.state.store().clone();
             let k = self.state.alive_key(key.0, &key.1);
@@ -449,7 +489,21 @@ impl Hub {
 
     /// When this replica last heard from `key`.
     pub fn last_seen(&self, key: &AgentKey) -> Option<u64> {
-        self.last_seen.lock().unwrap().get(key).copied()
+        self.liveness.book.lock().unwrap().last_seen.get(key).copied()
+    }
+}
+
+/// Says when a live gateway's report came after more than half its TTL
+/// (`gap` since the one before): it was close to being failed over (its
+/// agent was busy, or its reports waited somewhere on the way).
+fn log_late(key: &AgentKey, gap: Option<Duration>, ttl: Duration) {
+    if let Some(gap) = gap.filter(|g| *g > ttl / 2) {
+        tracing::info!(
+            agent = %key.1,
+            gap_ms = gap.as_millis() as u64,
+            ttl_ms = ttl.as_millis() as u64,
+            "a gateway's report came late"
+        );
     }
 }
 
@@ -484,7 +538,7 @@ pub(super) async fn flush_status(hub: std::sync::Weak<Hub>) {
     loop {
         tick.tick().await;
         let Some(h) = hub.upgrade() else { return };
-        let batch: Vec<(AgentKey, (LeaseId, AliveRecord))> = h.dirty.lock().unwrap().drain().collect();
+        let batch: Vec<(AgentKey, (LeaseId, AliveRecord))> = h.liveness.dirty.lock().unwrap().drain().collect();
         h.write_status(batch).await;
     }
 }
@@ -505,7 +559,7 @@ pub(super) async fn keep_leases(hub: std::sync::Weak<Hub>) {
             _ = tick.tick() => {}
             _ = h.lease_lost.notified() => {}
         }
-        let leases: Vec<(AgentRole, LeaseId)> = h.leases.lock().await.iter().map(|(r, l)| (*r, *l)).collect();
+        let leases: Vec<(AgentRole, LeaseId)> = h.liveness.leases.lock().await.iter().map(|(r, l)| (*r, *l)).collect();
         for (role, lease) in leases {
             // Each role's lease a few times per its own TTL (the nodes'
             // is longer than the gateways').
@@ -666,7 +720,7 @@ mod tests {
         h.report(dead.clone(), 1, vec![], None).await.unwrap();
         assert_eq!(h.catch_up_sweeps(), 4, "an eighth of 300 ms is one sweep: at least 4");
         // Both last heard 5 s ago: this replica was stopped meanwhile.
-        for l in h.live.lock().unwrap().values_mut() {
+        for l in h.liveness.book.lock().unwrap().live.values_mut() {
             l.heard -= Duration::from_secs(5);
         }
         h.expire_silent_once(true);
@@ -706,7 +760,7 @@ mod tests {
             before,
             "heartbeats wrote to the store"
         );
-        let lease = h.leases.lock().await[&AgentRole::Gateway];
+        let lease = h.liveness.leases.lock().await[&AgentRole::Gateway];
         h.state.store().lease_revoke(lease).await.unwrap();
         assert!(!live(&h, "gw").await, "revoking the lease ends its records");
         let lost = std::time::Instant::now();
@@ -715,6 +769,10 @@ mod tests {
             h.report(key.clone(), 1, vec![], None).await.unwrap();
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert_ne!(h.leases.lock().await[&AgentRole::Gateway], lease, "a new lease");
+        assert_ne!(
+            h.liveness.leases.lock().await[&AgentRole::Gateway],
+            lease,
+            "a new lease"
+        );
     }
 }

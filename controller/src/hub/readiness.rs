@@ -50,14 +50,9 @@ impl Hub {
             let revs = self.route_revs.lock().unwrap();
             revs.peerings.get(site).copied().unwrap_or(0).max(revs.everyone)
         };
-        let slots: Vec<(AgentKey, Arc<Slot>)> = self
-            .slots
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(k, s)| (k.clone(), s.clone()))
-            .collect();
-        let live = self.live.lock().unwrap();
+        let slots: Vec<(AgentKey, Arc<Slot>)> = self.streams.all();
+        let book = self.liveness.book.lock().unwrap();
+        let live = &book.live;
         let mut behind: Vec<AgentKey> = slots
             .into_iter()
             .filter(|(k, s)| {
