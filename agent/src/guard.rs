@@ -315,10 +315,7 @@ impl Guard {
     /// A WireGuard link's probe address is a link-local /30.
     fn link(&self, l: &LinkObject) -> R {
         match &l.kind {
-            LinkSpec::Wireguard(w) => match w.probe {
-                Some((a, _)) => point_to_point("tunnel address", a),
-                None => Ok(()),
-            },
+            LinkSpec::Wireguard(w) => point_to_point("tunnel address", w.probe.0),
             _ => Ok(()),
         }
     }

@@ -249,7 +249,7 @@ impl Linux {
     /// address went with it).
     fn ensure_probe(&mut self, ns: &str, name: &str, w: &WireguardLink, mtu: u32, fresh: bool) -> Result<(), String> {
         // The probe runs over IPv4 link-local addresses.
-        let Some((IpNet::V4(local), peer)) = w.probe else {
+        let (IpNet::V4(local), peer) = w.probe else {
             self.probes.remove(name);
             return Ok(());
         };

@@ -305,17 +305,15 @@ fn add_link(d: &mut Desired, id: String, l: &LinkObject, facts: &Facts) {
                 },
                 mtu,
             ));
-            // The probe's address on the tunnel (see probe.rs).
-            if let Some((cidr, _)) = w.probe {
-                let a = Address {
-                    ns: l.ns.clone(),
-                    link: l.name.clone(),
-                    cidr,
-                    no_prefix_route: false,
-                };
-                origins.addresses.insert(a.clone(), id);
-                s.addresses.insert(a);
-            }
+            // The probe's address on the tunnel (see the agent's probe.rs).
+            let a = Address {
+                ns: l.ns.clone(),
+                link: l.name.clone(),
+                cidr: w.probe.0,
+                no_prefix_route: false,
+            };
+            origins.addresses.insert(a.clone(), id);
+            s.addresses.insert(a);
         }
     }
 }

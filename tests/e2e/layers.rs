@@ -448,9 +448,53 @@ fn module_imports(src: &Path) -> BTreeMap<ModPath, BTreeSet<ModPath>> {
         .filter(|(m, _)| m.first().is_none_or(|f| f != "bin") && m.last().is_none_or(|l| l != "tests"))
         .collect();
     let modules: BTreeSet<ModPath> = files.iter().map(|(m, _)| m.clone()).collect();
+    let codes: Vec<(ModPath, String)> = files
+        .iter()
+        .map(|(m, p)| (m.clone(), code_of(&std::fs::read_to_string(p).unwrap())))
+        .collect();
+    let children = |m: &ModPath| -> BTreeSet<String> {
+        modules
+            .iter()
+            .filter(|c| c.len() == m.len() + 1 && c[..m.len()] == m[..])
+            .map(|c| c.last().unwrap().clone())
+            .collect()
+    };
+    // What each module brings in from its children by name (`pub use
+    // b::X;`, `use self::b::{X, Y};`): a path that names `X` through the
+    // module names `b`.
+    let mut exports: BTreeMap<ModPath, BTreeMap<String, ModPath>> = BTreeMap::new();
+    for (m, code) in &codes {
+        let kids = children(m);
+        for stmt in code.split(';') {
+            let t = stmt.trim_start();
+            let t = ["pub(crate) ", "pub(super) ", "pub "]
+                .iter()
+                .find_map(|v| t.strip_prefix(v))
+                .unwrap_or(t);
+            let Some(body) = t.strip_prefix("use ") else { continue };
+            let body = body.trim_start();
+            let body = body.strip_prefix("self::").unwrap_or(body);
+            for path in paths_in(body, &kids) {
+                let mut target = m.clone();
+                let mut found = None;
+                for seg in &path[..path.len() - 1] {
+                    target.push(seg.clone());
+                    if !modules.contains(&target) {
+                        break;
+                    }
+                    found = Some(target.clone());
+                }
+                if let Some(child) = found {
+                    exports
+                        .entry(m.clone())
+                        .or_default()
+                        .insert(path.last().unwrap().clone(), child);
+                }
+            }
+        }
+    }
     let mut graph: BTreeMap<ModPath, BTreeSet<ModPath>> = BTreeMap::new();
-    for (from, p) in &files {
-        let code = code_of(&std::fs::read_to_string(p).unwrap());
+    for (from, code) in &codes {
         let parent: ModPath = from[..from.len().saturating_sub(1)].to_vec();
         // `use super::*` brings the parent's child modules in by bare name.
         let bare: BTreeSet<String> = if !from.is_empty() && code.contains("use super::*") {
@@ -462,7 +506,7 @@ fn module_imports(src: &Path) -> BTreeMap<ModPath, BTreeSet<ModPath>> {
         } else {
             BTreeSet::new()
         };
-        for path in paths_in(&code, &bare) {
+        for path in paths_in(code, &bare) {
             let mut at: ModPath = from.clone();
             let mut rest = &path[..];
             match rest[0].as_str() {
@@ -479,18 +523,25 @@ fn module_imports(src: &Path) -> BTreeMap<ModPath, BTreeSet<ModPath>> {
                 }
                 _ => at = parent.clone(), // a sibling by bare name
             }
-            // The longest module the path names.
+            // The longest module the path names, and past it a name that
+            // module brings in from one of its children: that child.
             let mut target = at.clone();
             let mut found = None;
-            for seg in rest {
+            let mut used = 0;
+            for (i, seg) in rest.iter().enumerate() {
                 target.push(seg.clone());
-                if modules.contains(&target) {
-                    found = Some(target.clone());
-                } else {
+                if !modules.contains(&target) {
                     break;
                 }
+                found = Some(target.clone());
+                used = i + 1;
             }
-            if let Some(to) = found {
+            let base = found.clone().unwrap_or_else(|| at.clone());
+            let via = rest
+                .get(used)
+                .and_then(|name| exports.get(&base).and_then(|e| e.get(name)))
+                .cloned();
+            if let Some(to) = via.or(found) {
                 graph.entry(from.clone()).or_default().insert(to);
             }
         }
@@ -620,6 +671,19 @@ fn a_cycle_between_modules_below_the_crates_top_is_found() {
     let g = sibling_edges(&module_imports(&src));
     std::fs::remove_dir_all(src.parent().unwrap()).unwrap();
     assert!(cycle(&g).is_some(), "{g:?}");
+    // Through a name the parent brings in from the other child.
+    let src = planted(
+        "reexport",
+        &[
+            ("lib.rs", "mod render;\n"),
+            ("render.rs", "mod a;\nmod b;\npub use b::Ids;\n"),
+            ("render/a.rs", "use super::Ids;\npub fn f(_: Ids) {}\n"),
+            ("render/b.rs", "pub struct Ids;\nfn g() { super::a::f(Ids) }\n"),
+        ],
+    );
+    let g = sibling_edges(&module_imports(&src));
+    std::fs::remove_dir_all(src.parent().unwrap()).unwrap();
+    assert_eq!(cycle(&g).unwrap(), ["render::a", "render::b", "render::a"], "{g:?}");
     // None of these is a cycle: a parent and its child using each other, a
     // mention in a comment or a string, and test code.
     let src = planted(

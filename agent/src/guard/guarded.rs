@@ -68,12 +68,24 @@ impl<A: Applier> Applier for Guarded<A> {
                 }
                 Err(why) => {
                     // Logged once, when it starts; reported at every apply.
+                    // What does not decode is malformed (or of a newer
+                    // version's making); what decodes and is refused
+                    // reaches past what weft owns on this host.
+                    let malformed = o.decoded.is_err();
                     if !self.refused.contains(id) {
-                        tracing::warn!(id = %id, reason = %why, "refused a desired object: it reaches past what weft owns");
+                        if malformed {
+                            tracing::warn!(id = %id, reason = %why, "refused a desired object: it does not decode");
+                        } else {
+                            tracing::warn!(id = %id, reason = %why, "refused a desired object: it reaches past what weft owns");
+                        }
                     }
                     refused.push(pb::ObjectError {
                         id: id.clone(),
-                        message: format!("refused by the agent: {why}"),
+                        message: if malformed {
+                            format!("refused by the agent: malformed: {why}")
+                        } else {
+                            format!("refused by the agent: {why}")
+                        },
                     });
                 }
             }

@@ -521,6 +521,10 @@ async fn what_the_guard_refuses_or_cannot_decode_never_reaches_the_planner() {
     refused.sort();
     assert_eq!(refused, ["covers-controller", "garbage", "main-table"], "{errors:?}");
     assert!(errors.iter().all(|e| e.message.starts_with("refused by the agent: ")));
+    // What does not decode is said to be malformed; the rest reaches too far.
+    for e in &errors {
+        assert_eq!(e.message.contains(": malformed: "), e.id == "garbage", "{e:?}");
+    }
     let h = host.host();
     let rules: Vec<String> = h.ns[""]
         .rules

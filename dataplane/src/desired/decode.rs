@@ -101,9 +101,10 @@ pub enum LinkSpec {
 #[derive(Clone, Debug, PartialEq)]
 pub struct WireguardLink {
     pub listen_port: u16,
-    /// The probe's pair: this end's tunnel address (with its prefix) and
-    /// the far end's. None: the link has no probe address.
-    pub probe: Option<(IpNet, Ipv4Addr)>,
+    /// The health probe's pair: this end's tunnel address (with its
+    /// prefix) and the far end's. Every tunnel has one: its health is
+    /// what the gateway reports of it.
+    pub probe: (IpNet, Ipv4Addr),
     /// The peer site the tunnel leads to ("" when not said).
     pub peer_site: String,
     /// The peer's reflectors (host:port, at most [`MAX_REFLECTORS`]);
@@ -297,10 +298,10 @@ fn link(l: &pb::Link) -> R<LinkObject> {
             if !(1..=65535).contains(&w.listen_port) {
                 return Err(format!("listen port {} is not 1 to 65535", w.listen_port));
             }
-            let probe = match (w.address.as_str(), w.peer_address.as_str()) {
-                ("", "") => None,
-                (a, p) => Some((addr_net(a, "tunnel address")?, v4(p, "tunnel peer address")?)),
-            };
+            let probe = (
+                addr_net(&w.address, "tunnel address")?,
+                v4(&w.peer_address, "tunnel peer address")?,
+            );
             if !w.peer_site.is_empty() {
                 name::id("tunnel's peer site", &w.peer_site)?;
             }

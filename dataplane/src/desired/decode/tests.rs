@@ -113,7 +113,7 @@ fn each_field_is_parsed_and_bounded_once_at_the_door() {
     assert_eq!(w.listen_port, 51820);
     assert_eq!(
         w.probe,
-        Some(("169.254.255.253/30".parse().unwrap(), Ipv4Addr::new(169, 254, 255, 254)))
+        ("169.254.255.253/30".parse().unwrap(), Ipv4Addr::new(169, 254, 255, 254))
     );
     let route = |ns: &str, dst: &str, gateway: &str, device: &str, site: &str| {
         obj(Kind::Route(pb::Route {
@@ -136,6 +136,7 @@ fn each_field_is_parsed_and_bounded_once_at_the_door() {
     let bad = [
         (wg("169.254.255.253/30", "169.254.255.254", 0, vec![]), "listen port 0"),
         (wg("169.254.255.253/30", "", 51820, vec![]), "tunnel peer address"),
+        (wg("", "", 51820, vec![]), "tunnel address"),
         (
             wg(
                 "169.254.255.253/30",
