@@ -131,28 +131,6 @@ pub fn translate<'a>(
     (d, errors)
 }
 
-/// Decodes `raw` and translates what decodes: the controller's objects
-/// straight to a desired state, for tools and tests that start from them
-/// (the agent decodes at its door, and its guard sees the decoded objects
-/// first). Decoding errors come first among the errors.
-pub fn translate_raw<'a>(
-    raw: impl IntoIterator<Item = &'a weft_proto::v1::DesiredObject>,
-    facts: &Facts,
-    node: bool,
-) -> (Desired, Vec<(String, String)>) {
-    let mut errors = Vec::new();
-    let mut decoded = Vec::new();
-    for o in raw {
-        match decode(o) {
-            Ok(x) => decoded.push((o.id.as_str(), x)),
-            Err(e) => errors.push((o.id.clone(), e)),
-        }
-    }
-    let (d, more) = translate(decoded.iter().map(|(id, o)| (*id, o)), facts, node);
-    errors.extend(more);
-    (d, errors)
-}
-
 fn add(d: &mut Desired, id: &str, o: &Object, facts: &Facts) -> R<()> {
     let id = id.to_string();
     let (s, origins) = (&mut d.state, &mut d.origins);

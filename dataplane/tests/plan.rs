@@ -277,7 +277,8 @@ fn observe_and_want(
         ))
         .unwrap();
     let facts = weft_dataplane::desired::Facts::from_raw(&seen.host, None);
-    let (want, bad) = weft_dataplane::desired::translate_raw(objects, &facts, false);
+    let d = decoded(objects);
+    let (want, bad) = weft_dataplane::desired::translate(d.iter().map(|(id, o)| (id.as_str(), o)), &facts, false);
     assert!(bad.is_empty(), "{bad:?}");
     (seen, want)
 }

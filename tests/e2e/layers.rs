@@ -416,8 +416,8 @@ fn paths_in(code: &str, bare: &BTreeSet<String>) -> Vec<Vec<String>> {
 }
 
 /// A crate's modules (one per file under `src`, by path from the crate
-/// root; test files and `src/bin` left out) and, for each, the modules its
-/// production code names.
+/// root; test files, under `tests` modules, and `src/bin` left out) and,
+/// for each, the modules its production code names.
 fn module_imports(src: &Path) -> BTreeMap<ModPath, BTreeSet<ModPath>> {
     fn files(dir: &Path, out: &mut Vec<PathBuf>) {
         for e in std::fs::read_dir(dir).unwrap() {
@@ -445,7 +445,7 @@ fn module_imports(src: &Path) -> BTreeMap<ModPath, BTreeSet<ModPath>> {
     let files: Vec<(ModPath, &PathBuf)> = all
         .iter()
         .map(|p| (module_of(p), p))
-        .filter(|(m, _)| m.first().is_none_or(|f| f != "bin") && m.last().is_none_or(|l| l != "tests"))
+        .filter(|(m, _)| m.first().is_none_or(|f| f != "bin") && m.iter().all(|seg| seg != "tests"))
         .collect();
     let modules: BTreeSet<ModPath> = files.iter().map(|(m, _)| m.clone()).collect();
     let codes: Vec<(ModPath, String)> = files

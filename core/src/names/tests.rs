@@ -1,5 +1,5 @@
 use super::*;
-use crate::domain::{RemoteSite, TunnelRole};
+use crate::domain::RemoteSite;
 
 fn n(s: &str) -> Ipv4Net {
     s.parse().unwrap()
@@ -37,22 +37,8 @@ fn peering(state: PeeringState) -> Peering {
         created_at_ms: 0,
         last_error: None,
         remote: Some(RemoteSite {
-            ca_pem: String::new(),
-            ca_fingerprint: String::new(),
-            workload_cidrs: vec![n("10.1.0.0/16")],
             external_cidr: Some(n("10.70.0.0/16")),
-            gateways: vec![],
             mtu: 0,
-            endpoints: vec![],
-            tunnel_role: TunnelRole::Server,
-            relay: false,
-            relay_for: vec![],
-            relays: vec![],
-            exported: None,
-            exported_v6: vec![],
-            transit: false,
-            transit_routes: vec![],
-            readiness: None,
             names: vec![
                 RemoteName {
                     name: "web".into(),
@@ -67,9 +53,7 @@ fn peering(state: PeeringState) -> Peering {
                     address_v6: None,
                 },
             ],
-            workload_cidrs_v6: vec![],
-            external_cidr_v6: None,
-            ipv6_invalid: None,
+            ..crate::domain::test_remote("10.1.0.0/16")
         }),
         ..crate::domain::test_peering("")
     }

@@ -1,5 +1,5 @@
 use super::*;
-use crate::domain::{PeeringState, PortRange, RemoteGateway, RemoteSite, TunnelRole};
+use crate::domain::{PeeringState, PortRange, RemoteGateway, RemoteSite};
 
 const KEY_A: &str = "hT7XTB7qgr4m+5V8gqhnNtjvNrqSqPFiCjPsXl1Oc0Q=";
 pub(crate) const KEY_B: &str = "YJ9BkYwQ0ezGXyBwJ4cJ5e3xk1y8b7s6tXh2oVw8RkA=";
@@ -12,10 +12,7 @@ pub(crate) fn peering(site: &str, relay: bool, relay_for: &[&str], key: &str) ->
         created_at_ms: 0,
         last_error: None,
         remote: Some(RemoteSite {
-            ca_pem: String::new(),
-            ca_fingerprint: String::new(),
             workload_cidrs: vec![],
-            external_cidr: None,
             gateways: vec![RemoteGateway {
                 name: "gw".into(),
                 endpoint: None,
@@ -28,20 +25,9 @@ pub(crate) fn peering(site: &str, relay: bool, relay_for: &[&str], key: &str) ->
                 nat: Some(crate::nat::Behaviour::EndpointDependent),
             }],
             mtu: 0,
-            endpoints: vec![],
-            tunnel_role: TunnelRole::Server,
-            names: vec![],
             relay,
             relay_for: relay_for.iter().map(|s| s.to_string()).collect(),
-            relays: vec![],
-            exported: None,
-            exported_v6: vec![],
-            transit: false,
-            transit_routes: vec![],
-            readiness: None,
-            workload_cidrs_v6: vec![],
-            external_cidr_v6: None,
-            ipv6_invalid: None,
+            ..crate::domain::test_remote("10.1.0.0/16")
         }),
         ..crate::domain::test_peering("")
     }
