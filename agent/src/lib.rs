@@ -21,4 +21,3 @@ pub mod session;
 pub mod wgkey;
 
 pub use weft_common::tls;
-pub use weft_dataplane::wireguard;

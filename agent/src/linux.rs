@@ -15,7 +15,7 @@ use weft_dataplane::driver::Driver;
 use weft_dataplane::kernel::Kernel;
 use weft_dataplane::linux::LinuxNetlink;
 use weft_dataplane::nft::Nft;
-use weft_dataplane::wireguard::Userspace;
+use weft_dataplane::userspace::Userspace;
 use weft_proto::v1 as pb;
 
 use crate::apply::{Applier, Objects, Scope};

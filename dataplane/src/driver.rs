@@ -4,7 +4,7 @@
 use crate::host::{R, Stats, WgDevice, WireGuard};
 use crate::kernel::Kernel;
 use crate::model::{Link, Ns, WgKey, WgPeer};
-use crate::wireguard::Userspace;
+use crate::userspace::Userspace;
 
 /// The WireGuard implementation a gateway runs, chosen at its start
 /// (`--wireguard auto|kernel|userspace`): the data plane does not care

@@ -63,33 +63,7 @@ pub struct Stats {
 }
 
 /// The kernel offloads weft's userspace WireGuard device runs with.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Offloads {
-    /// The tun hands over TCP super-packets (TSO4/6, with checksum
-    /// offload).
-    pub tso: bool,
-    /// The same for UDP (USO4/6, Linux 6.2+).
-    pub uso: bool,
-    /// Datagrams per UDP send (1: no GSO).
-    pub udp_gso_segments: usize,
-    /// Datagrams per UDP receive slot (1: no GRO).
-    pub udp_gro_segments: usize,
-}
-
-impl Offloads {
-    /// The offloads in use, by name ("tso", "uso", "gso", "gro").
-    pub fn names(&self) -> Vec<&'static str> {
-        [
-            (self.tso, "tso"),
-            (self.uso, "uso"),
-            (self.udp_gso_segments > 1, "gso"),
-            (self.udp_gro_segments > 1, "gro"),
-        ]
-        .into_iter()
-        .filter_map(|(on, name)| on.then_some(name))
-        .collect()
-    }
-}
+pub use weft_wg_device::Offloads;
 
 /// WireGuard devices and their peers.
 #[async_trait::async_trait]

@@ -12,7 +12,7 @@
 //!
 //! Linux implements the seams in `linux` (rtnetlink), `nft` (nftables)
 //! and, for WireGuard, `kernel` (the kernel module, over netlink) or
-//! `wireguard` (boringtun in userspace), chosen per gateway
+//! `userspace` (weft's own device, the `weft-wg-device` crate), chosen per gateway
 //! ([`driver::Driver`]); `fake` implements all three in memory for
 //! tests of the planner. [`DataPlane::reconcile`] runs the four steps.
 
@@ -30,9 +30,7 @@ mod nl;
 pub mod offload;
 pub mod plan;
 pub mod relay;
-mod udp;
 pub mod userspace;
-pub mod wireguard;
 
 use std::collections::BTreeSet;
 

@@ -1,8 +1,7 @@
 //! Tuning of the tunnel's data path: receive offloads for a peering's veth
 //! pair, so that packets leaving the userspace WireGuard device cross the
 //! rest of the gateway, the overlay and the node as few large GRO packets
-//! instead of many small ones; and socket buffers for the device's UDP
-//! sockets (see `grow_udp_buffers`).
+//! instead of many small ones.
 //!
 //! Packets the tunnel decrypts are written to the tun device, joined into
 //! super-packets of up to 64 KiB where they are one TCP flow (see
@@ -115,80 +114,6 @@ fn threaded_napi(dev: &str, index: u32) -> Result<(), String> {
         return Err(format!("{base} is index {} here, not {index}", seen.trim()));
     }
     std::fs::write(format!("{base}/threaded"), "1").map_err(|e| format!("cannot set {base}/threaded: {e}"))
-}
-
-/// Receive and send buffer of the tunnel's UDP sockets: what wireguard-go
-/// asks for (7 MiB). The host default (~208 KiB) overflows under a burst
-/// while the single worker decrypts and forwards, and every drop there is
-/// a TCP retransmission for the workloads (measured: ~15 % of the packets
-/// of one iperf3 stream).
-const TUNNEL_SOCKET_BUFFER: usize = 7 << 20;
-
-/// The inodes of this namespace's UDP sockets bound to `port`
-/// (/proc/net/udp and udp6: "sl local_address rem_address st ... inode").
-fn udp_inodes(port: u16) -> Vec<u64> {
-    let mut out = Vec::new();
-    for table in ["/proc/self/net/udp", "/proc/self/net/udp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let bound = f
-                .get(1)
-                .and_then(|a| a.rsplit_once(':'))
-                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
-            if bound == Some(port)
-                && let Some(inode) = f.get(9).and_then(|i| i.parse().ok())
-            {
-                out.push(inode);
-            }
-        }
-    }
-    out
-}
-
-/// Raises the buffers of the UDP sockets this process holds on `port` (the
-/// userspace WireGuard device's, which boringtun does not size) with
-/// SO_RCVBUFFORCE/SO_SNDBUFFORCE, which need CAP_NET_ADMIN but leave the
-/// host's defaults and limits alone.
-#[allow(unsafe_code)]
-pub fn grow_udp_buffers(port: u16) -> Result<(), String> {
-    use nix::sys::socket::{setsockopt, sockopt};
-    use std::os::fd::BorrowedFd;
-    let inodes = udp_inodes(port);
-    let mut grown = 0;
-    for entry in std::fs::read_dir("/proc/self/fd").map_err(|e| format!("/proc/self/fd: {e}"))? {
-        let Ok(entry) = entry else { continue };
-        let Ok(target) = std::fs::read_link(entry.path()) else {
-            continue;
-        };
-        let target = target.to_string_lossy();
-        let Some(inode) = target
-            .strip_prefix("socket:[")
-            .and_then(|t| t.strip_suffix(']'))
-            .and_then(|i| i.parse::<u64>().ok())
-        else {
-            continue;
-        };
-        if !inodes.contains(&inode) {
-            continue;
-        }
-        let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        // SAFETY: the fd is one of this process's open sockets (just read
-        // from /proc/self/fd), owned by the WireGuard device, which stays
-        // alive for this call; it is only borrowed for two setsockopts.
-        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        setsockopt(&fd, sockopt::RcvBufForce, &TUNNEL_SOCKET_BUFFER).map_err(|e| format!("SO_RCVBUFFORCE: {e}"))?;
-        setsockopt(&fd, sockopt::SndBufForce, &TUNNEL_SOCKET_BUFFER).map_err(|e| format!("SO_SNDBUFFORCE: {e}"))?;
-        grown += 1;
-    }
-    if grown == 0 {
-        return Err(format!("no UDP socket of this process is bound to port {port}"));
-    }
-    Ok(())
 }
 
 /// Packets the tun device may hold for the worker to read. The tun drops

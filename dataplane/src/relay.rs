@@ -29,13 +29,15 @@
 
 use std::io::IoSliceMut;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use weft_wg_device::conn::{batch_socket, send_datagrams, wait};
 
 use defguard_boringtun::noise::rate_limiter::RateLimiter;
-use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
+use quinn_udp::{RecvMeta, UdpSocketState};
 
 mod learn;
 
@@ -130,50 +132,8 @@ struct End {
 /// A receive slot: a datagram up to 64 KiB, or a GRO batch of them.
 const SLOT: usize = 1 << 16;
 
-/// Socket buffers (as the WireGuard devices' own, see `offload`).
-const SOCKET_BUFFER: usize = 7 << 20;
 /// How often a waiting thread looks at the stop flag (ms).
 const TICK_MS: u16 = 200;
-/// How long a send waits for room in a full socket buffer (ms), twice,
-/// before the datagrams are dropped.
-const ROOM_MS: u16 = 20;
-
-/// Waits until `socket` is ready for `events` or `ms` pass.
-fn wait(socket: &UdpSocket, events: nix::poll::PollFlags, ms: u16) {
-    use std::os::fd::AsFd;
-    let mut fds = [nix::poll::PollFd::new(socket.as_fd(), events)];
-    let _ = nix::poll::poll(&mut fds, ms);
-}
-
-/// A UDP socket on `port` (all IPv4 addresses) for datagrams in batches:
-/// non-blocking (waited on with poll: quinn-udp's recvmmsg on a blocking
-/// socket would wait for a whole batch), 7 MiB buffers, quinn-udp's state
-/// (GSO, GRO), fragments allowed. Shared with the userspace WireGuard
-/// device.
-pub(crate) fn batch_socket(port: u16) -> std::io::Result<(UdpSocket, UdpSocketState)> {
-    tuned(UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)))?)
-}
-
-/// `socket` set up for batches, as [`batch_socket`] says.
-pub(crate) fn tuned(socket: UdpSocket) -> std::io::Result<(UdpSocket, UdpSocketState)> {
-    use nix::sys::socket::{setsockopt, sockopt};
-    socket.set_nonblocking(true)?;
-    // FORCE: past the host's rmem_max (the agent has CAP_NET_ADMIN); the
-    // plain option as the fallback.
-    if setsockopt(&socket, sockopt::RcvBufForce, &SOCKET_BUFFER).is_err() {
-        let _ = setsockopt(&socket, sockopt::RcvBuf, &SOCKET_BUFFER);
-    }
-    if setsockopt(&socket, sockopt::SndBufForce, &SOCKET_BUFFER).is_err() {
-        let _ = setsockopt(&socket, sockopt::SndBuf, &SOCKET_BUFFER);
-    }
-    let state = UdpSocketState::new((&socket).into())?;
-    // quinn-udp forbids fragmentation (QUIC sizes its own packets); these
-    // datagrams were not sized for the path (a relayed gateway's, or
-    // WireGuard's over an underlay of smaller MTU): one larger than the
-    // path leaves in fragments, as kernel WireGuard's do.
-    allow_fragments(&socket)?;
-    Ok((socket, state))
-}
 
 fn end(side: &Side) -> std::io::Result<End> {
     let (socket, state) = batch_socket(side.port)?;
@@ -192,45 +152,6 @@ fn end(side: &Side) -> std::io::Result<End> {
         checkers,
         from_ips: side.from_ips.clone(),
     })
-}
-
-/// `IP_MTU_DISCOVER` = `IP_PMTUDISC_DONT` on `socket` (and IPv6's
-/// counterparts on an IPv6 socket), which neither nix nor socket2 wraps.
-fn allow_fragments(socket: &UdpSocket) -> std::io::Result<()> {
-    set_int(socket, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DONT)?;
-    // An IPv6 socket (for both families): IPv6's too (the sender
-    // fragments there).
-    if socket.local_addr()?.is_ipv6() {
-        set_int(
-            socket,
-            libc::IPPROTO_IPV6,
-            libc::IPV6_MTU_DISCOVER,
-            libc::IPV6_PMTUDISC_DONT,
-        )?;
-        set_int(socket, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 0)?;
-    }
-    Ok(())
-}
-
-#[allow(unsafe_code)]
-fn set_int(socket: &UdpSocket, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid open socket of ours, and a pointer to an int that
-    // lives for the call, with its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            level,
-            name,
-            (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 /// Starts relaying between `spec.a.port` and `spec.b.port` (bound on every
@@ -517,52 +438,6 @@ fn relay(
 /// [`send_datagrams`] from `end`'s socket.
 fn send(end: &End, to: SocketAddr, local: Option<IpAddr>, chunk: &[u8], stride: usize) -> bool {
     send_datagrams(&end.socket, &end.state, to, local, chunk, stride)
-}
-
-/// Sends `chunk` (datagrams of `stride` bytes, the last maybe shorter, no
-/// more than `state` may segment) to `to` from `socket` (from address
-/// `local` when known), in one call when it can segment them, waiting a
-/// little for room when its buffer is full; a segmented send the kernel
-/// refuses (a datagram over the path's MTU) goes again one datagram at a
-/// time. Shared with the userspace WireGuard device.
-pub(crate) fn send_datagrams(
-    socket: &UdpSocket,
-    state: &UdpSocketState,
-    to: SocketAddr,
-    local: Option<IpAddr>,
-    chunk: &[u8],
-    stride: usize,
-) -> bool {
-    let one = |contents: &[u8], segment: Option<usize>| {
-        let t = Transmit {
-            destination: to,
-            ecn: None,
-            contents,
-            segment_size: segment,
-            src_ip: local,
-        };
-        for _ in 0..3 {
-            match state.try_send(socket.into(), &t) {
-                Ok(()) => return Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    wait(socket, nix::poll::PollFlags::POLLOUT, ROOM_MS);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(std::io::ErrorKind::WouldBlock.into())
-    };
-    if chunk.len() <= stride {
-        return one(chunk, None).is_ok();
-    }
-    match one(chunk, Some(stride)) {
-        Ok(()) => true,
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
-        Err(e) => {
-            tracing::debug!(error = %e, "relay: a segmented send refused, sending one by one");
-            chunk.chunks(stride).all(|d| one(d, None).is_ok())
-        }
-    }
 }
 
 #[cfg(test)]

@@ -206,6 +206,38 @@ fn the_typed_values_are_a_leaf() {
     }
 }
 
+#[test]
+fn the_userspace_device_is_plain_threads_and_no_production_build_links_boringtuns_device() {
+    let m = metadata();
+    let links = m.links("weft-wg-device");
+    let weft: Vec<&String> = links.iter().filter(|n| n.starts_with("weft")).collect();
+    assert!(weft.is_empty(), "weft-wg-device links weft crates: {weft:?}");
+    for banned in ["tokio", "rtnetlink", "tonic", "defguard_wireguard_rs"] {
+        assert!(!links.contains(banned), "weft-wg-device links {banned}");
+    }
+    assert!(m.links("weft-dataplane").contains("weft-wg-device"));
+    // boringtun's own device (the throughput bench's baseline) is the
+    // bench's alone: `cargo tree` resolves features as a build of that
+    // package alone would.
+    let tree = |package: &str| {
+        let out = std::process::Command::new(env!("CARGO"))
+            .args(["tree", "--offline", "-e", "features", "-p", package])
+            .current_dir(workspace())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let device = "defguard_boringtun feature \"device\"";
+    for package in ["weft-gateway-agent", "weft-node-agent", "weft-controller", "weftctl"] {
+        assert!(!tree(package).contains(device), "{package} links boringtun's device");
+    }
+    assert!(
+        tree("weft-tests").contains(device),
+        "the walk sees the bench's baseline"
+    );
+}
+
 /// A module's path from its crate's root (`["render", "ipv6"]`).
 type ModPath = Vec<String>;
 

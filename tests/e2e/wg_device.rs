@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use weft_dataplane::userspace::{Config, Device};
 use weft_tests::netns::{Lab, must, require_root};
 use weft_tests::{eventually, require_tool, sites, weftctl_json};
+use weft_wg_device::{Config, Device};
 
 /// Runs `f` on a thread inside namespace `ns` (what it starts stays there).
 fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -61,6 +61,7 @@ fn device_with(
         rekey_after: None,
         single_thread: false,
         panic_dir: None,
+        on_death: None,
     };
     tweak(&mut config);
     let d = in_ns(ns, move || Device::start(&config)).expect("the device starts");

@@ -5,8 +5,8 @@
 
 fn main() {
     // A warm-up pass, then the measured one.
-    let _ = weft_dataplane::userspace::route_bench::run(2);
-    for (networks, table, scan) in weft_dataplane::userspace::route_bench::run(50) {
+    let _ = weft_wg_device::route_bench::run(2);
+    for (networks, table, scan) in weft_wg_device::route_bench::run(50) {
         println!(
             "{networks:>5} networks: route table {table:>7.1} ns, scan of every network {scan:>9.1} ns per lookup ({:.1}x)",
             scan / table

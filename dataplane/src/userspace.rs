@@ -1,7 +1,9 @@
-//! The userspace devices of an agent, by interface name: each started in
-//! the agent's namespace (so its UDP socket is on the host's underlay, as
-//! kernel WireGuard's is when its interface is moved) with its interface
-//! then moved into the peering's namespace.
+//! weft's userspace WireGuard devices (the `weft-wg-device` crate) as an
+//! agent runs them, by interface name, behind the [`WireGuard`] seam:
+//! each started in the agent's namespace (so its UDP socket is on the
+//! host's underlay, as kernel WireGuard's is when its interface is moved)
+//! with its interface then moved into the peering's namespace; a device
+//! that dies is made anew.
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
@@ -10,9 +12,20 @@ use futures::TryStreamExt;
 use ipnet::IpNet;
 use rtnetlink::{Handle, LinkUnspec};
 
-use super::{Config, Device};
-use crate::host::{R, Stats};
 use weft_types::{WgKey, WgSecret};
+use weft_wg_device::{Config, Device, OnDeath};
+
+use crate::host::{R, Stats, WgDevice, WireGuard};
+use crate::model::{Link, LinkKind, Ns, WgPeer};
+
+pub use weft_wg_device::DISCOVERY_MAGIC;
+
+/// Signalled when a device dies (a thread panicked): the agent repairs at
+/// once instead of at its next resync.
+pub fn deaths() -> &'static tokio::sync::Notify {
+    static DEATHS: std::sync::OnceLock<tokio::sync::Notify> = std::sync::OnceLock::new();
+    DEATHS.get_or_init(tokio::sync::Notify::new)
+}
 
 pub struct Running {
     pub device: Device,
@@ -25,9 +38,9 @@ pub struct Running {
 pub struct Options {
     /// Ask for no offloads (a packet per system call).
     pub no_offload: bool,
-    /// See [`Config::rekey_after`].
+    /// See `weft_wg_device::Config::rekey_after`.
     pub rekey_after: Option<std::time::Duration>,
-    /// See [`Config::single_thread`].
+    /// See `weft_wg_device::Config::single_thread`.
     pub single_thread: bool,
     /// For tests only (the gateway agent's hidden
     /// `--test-device-panic-dir`): a directory where a file named after a
@@ -66,6 +79,7 @@ impl Devices {
             rekey_after: self.options.rekey_after,
             single_thread: self.options.single_thread,
             panic_dir: self.options.panic_dir.clone(),
+            on_death: Some(OnDeath(std::sync::Arc::new(|| deaths().notify_one()))),
         };
         let device = Device::start(&config).map_err(|e| format!("cannot start the WireGuard device {name}: {e}"))?;
         let o = device.offloads();
@@ -163,7 +177,7 @@ impl Devices {
 
 /// Moves the tun `name` from the agent's namespace (`host`) into namespace
 /// `ns` and brings it up there with `mtu` and the tunnel's queue length.
-pub(crate) async fn move_into(host: &Handle, name: &str, ns: &str, mtu: u32) -> R<()> {
+pub async fn move_into(host: &Handle, name: &str, ns: &str, mtu: u32) -> R<()> {
     let mut links = host.link().get().match_name(name.to_string()).execute();
     let idx = links
         .try_next()
@@ -187,4 +201,112 @@ pub(crate) async fn move_into(host: &Handle, name: &str, ns: &str, mtu: u32) -> 
     })
     .await?;
     Ok(())
+}
+
+/// The agent's userspace devices behind the [`WireGuard`] seam.
+pub struct Userspace {
+    host: Handle,
+    /// The gateway's private key; None on nodes.
+    key: Option<WgSecret>,
+    pub devices: Devices,
+    /// Peers as configured, by device.
+    peers: std::collections::BTreeMap<String, std::collections::BTreeMap<WgKey, WgPeer>>,
+}
+
+impl std::fmt::Debug for Userspace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Userspace")
+            .field("devices", &self.devices.devices.len())
+            .finish()
+    }
+}
+
+impl Userspace {
+    pub fn new(host: Handle, key: Option<WgSecret>, options: Options) -> Userspace {
+        Userspace {
+            host,
+            key,
+            devices: Devices {
+                options,
+                ..Default::default()
+            },
+            peers: Default::default(),
+        }
+    }
+
+    /// Counters of device `link` (zero when there is none).
+    pub fn stats(&mut self, link: &str) -> Stats {
+        self.devices.stats(link)
+    }
+}
+
+#[async_trait::async_trait]
+impl WireGuard for Userspace {
+    async fn devices(
+        &mut self,
+        scopes: &std::collections::BTreeSet<Ns>,
+    ) -> std::collections::BTreeMap<(Ns, String), WgDevice> {
+        // A dead device is missing: the plan makes it anew.
+        for name in self.devices.reap() {
+            self.peers.remove(&name);
+        }
+        self.devices
+            .devices
+            .iter()
+            .filter(|(_, d)| scopes.contains(&d.namespace))
+            .map(|(name, d)| {
+                (
+                    (d.namespace.clone(), name.clone()),
+                    WgDevice {
+                        listen_port: d.listen_port,
+                        peers: self.peers.get(name).cloned().unwrap_or_default(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    async fn create(&mut self, link: &Link) -> R<()> {
+        let LinkKind::Wireguard { listen_port } = link.kind else {
+            return Err(format!("{} is not a WireGuard link", link.name));
+        };
+        let key = self
+            .key
+            .clone()
+            .ok_or("this agent has no WireGuard key (only gateways do)")?;
+        self.peers.remove(&link.name);
+        // A stale interface of that name (e.g. the device ended) is in the way.
+        if let Ok(Some(idx)) = crate::nl::index_in(&self.host, &link.name).await {
+            let _ = self.host.link().del(idx).execute().await;
+        }
+        self.devices
+            .create(&self.host, &link.name, &link.ns, listen_port, link.mtu, &key)
+            .await
+    }
+
+    async fn remove(&mut self, _ns: &Ns, name: &str) -> R<()> {
+        // Dropping the device ends it and removes its interface.
+        self.peers.remove(name);
+        self.devices.devices.remove(name);
+        Ok(())
+    }
+
+    async fn set_peer(&mut self, _ns: &Ns, link: &str, peer: &WgPeer) -> R<()> {
+        let allowed: Vec<ipnet::IpNet> = peer.allowed_ips.clone();
+        self.devices
+            .set_peer(link, &peer.public_key, peer.endpoint, &allowed, peer.keepalive)?;
+        self.peers
+            .entry(link.to_string())
+            .or_default()
+            .insert(peer.public_key, peer.clone());
+        Ok(())
+    }
+
+    async fn remove_peer(&mut self, _ns: &Ns, link: &str, public_key: &WgKey) -> R<()> {
+        self.devices.remove_peer(link, public_key)?;
+        if let Some(p) = self.peers.get_mut(link) {
+            p.remove(public_key);
+        }
+        Ok(())
+    }
 }

@@ -8,22 +8,15 @@
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
+use crate::TunOffloads;
+
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
 
-/// Which offloads the tun runs with.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TunOffloads {
-    /// The virtio-net header is on every packet (needed for any of the
-    /// others, and to write joined packets).
-    pub vnet_hdr: bool,
-    pub tso: bool,
-    pub uso: bool,
-}
-
-pub struct Tun {
+/// A tun device of the kernel's (`/dev/net/tun`).
+pub struct KernelTun {
     fd: OwnedFd,
-    pub offloads: TunOffloads,
+    offloads: TunOffloads,
 }
 
 #[repr(C)]
@@ -33,18 +26,18 @@ struct IfReqFlags {
     _pad: [u8; 22],
 }
 
-impl AsFd for Tun {
+impl AsFd for KernelTun {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
     }
 }
 
-impl Tun {
+impl KernelTun {
     /// Creates tun device `name` in the caller's network namespace,
     /// non-blocking, with as many offloads as the kernel takes (none when
     /// `offload` is false).
     #[allow(unsafe_code)]
-    pub fn create(name: &str, offload: bool) -> std::io::Result<Tun> {
+    pub fn create(name: &str, offload: bool) -> std::io::Result<KernelTun> {
         let cname = CString::new(name).map_err(|_| std::io::Error::other("a device name with a NUL"))?;
         let bytes = cname.as_bytes_with_nul();
         if bytes.len() > libc::IFNAMSIZ {
@@ -90,21 +83,20 @@ impl Tun {
                 offloads.tso = true;
             }
         }
-        Ok(Tun { fd, offloads })
+        Ok(KernelTun { fd, offloads })
+    }
+}
+
+impl crate::Tun for KernelTun {
+    fn offloads(&self) -> TunOffloads {
+        self.offloads
     }
 
-    /// Reads one packet (with its header, if the tun has them).
-    pub fn read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+    fn read(&self, buf: &mut [u8]) -> std::io::Result<usize> {
         nix::unistd::read(self.fd.as_fd(), buf).map_err(std::io::Error::from)
     }
 
-    /// Writes one packet (with its header, if the tun has them).
-    pub fn write(&self, buf: &[u8]) -> std::io::Result<usize> {
+    fn write(&self, buf: &[u8]) -> std::io::Result<usize> {
         nix::unistd::write(self.fd.as_fd(), buf).map_err(std::io::Error::from)
-    }
-
-    pub fn wait_writable(&self, ms: u16) {
-        let mut fds = [nix::poll::PollFd::new(self.fd.as_fd(), nix::poll::PollFlags::POLLOUT)];
-        let _ = nix::poll::poll(&mut fds, ms);
     }
 }

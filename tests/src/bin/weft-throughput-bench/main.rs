@@ -22,6 +22,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+mod boringtun;
+
 use clap::Parser;
 use weft_tests::netns::{Lab, must};
 use weft_tests::perf::median;
@@ -47,6 +49,14 @@ struct Args {
     /// runs interleaved.
     #[arg(long)]
     policy_rules: Option<usize>,
+    /// Also measure weft's device point-to-point as built at another
+    /// commit: the path of that build's `weft-throughput-bench`, whose
+    /// hidden `device-end` runs its device. Its runs interleave with this
+    /// build's, and each run's ratio (this build / that one) is reported:
+    /// a change to the device is measured against the code before it, in
+    /// one run.
+    #[arg(long)]
+    compare_with: Option<std::path::PathBuf>,
     /// (for experiments) Keep the two-site lab up this many seconds before
     /// measuring, printing its namespaces, so it can be inspected or tuned.
     #[arg(long, hide = true)]
@@ -234,8 +244,13 @@ enum Impl {
     /// The same, asking the kernel for no offloads (a packet per system
     /// call, as the old device, but weft's threads and batching).
     DeviceNoOffload,
+    /// weft's device as built at another commit (`--compare-with`).
+    DeviceCompared,
     WireguardGo,
 }
+
+/// The other build's bench (`--compare-with`).
+static COMPARED: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
 
 /// How a point-to-point tunnel's two ends reach each other.
 #[derive(Clone, Copy, PartialEq)]
@@ -259,6 +274,7 @@ fn tunnel(lab: &mut Lab, dir: &Path, which: Impl, wire: Wire) -> Option<(String,
         (Impl::Device, _) => ("dv", std::env::current_exe().unwrap()),
         (Impl::DeviceOneThread, _) => ("d1", std::env::current_exe().unwrap()),
         (Impl::DeviceNoOffload, _) => ("dn", std::env::current_exe().unwrap()),
+        (Impl::DeviceCompared, _) => ("dc", COMPARED.get()?.clone()),
         (Impl::WireguardGo, _) => ("wg", weft_tests::require_tool("wireguard-go")?),
     };
     let (nx, ny, ips) = match wire {
@@ -406,7 +422,7 @@ fn boringtun_end(e: End) -> anyhow::Result<()> {
         let (conn, handle, _) = rtnetlink::new_connection()?;
         tokio::spawn(conn);
         let key = secret_in(&e.key_file)?;
-        let mut devs = weft_agent::wireguard::Devices::default();
+        let mut devs = boringtun::Devices::default();
         devs.create(&handle, &e.dev, &e.namespace, 51820, 0, &key)
             .await
             .map_err(anyhow::Error::msg)?;
@@ -553,6 +569,11 @@ fn main() {
     let dev_tunnel = tunnel(&mut s.lab, dir.path(), Impl::Device, Wire::Veth).unwrap();
     let one_thread = tunnel(&mut s.lab, dir.path(), Impl::DeviceOneThread, Wire::Veth).unwrap();
     let no_offload = tunnel(&mut s.lab, dir.path(), Impl::DeviceNoOffload, Wire::Veth).unwrap();
+    if let Some(p) = &args.compare_with {
+        assert!(p.is_file(), "--compare-with {}: no such file", p.display());
+        COMPARED.set(p.clone()).unwrap();
+    }
+    let compared = tunnel(&mut s.lab, dir.path(), Impl::DeviceCompared, Wire::Veth);
     let bridged = tunnel(&mut s.lab, dir.path(), Impl::Boringtun, Wire::Bridge { relayed: false }).unwrap();
     let relayed = tunnel(&mut s.lab, dir.path(), Impl::Boringtun, Wire::Bridge { relayed: true }).unwrap();
     // (name, server namespace, client namespace, server address)
@@ -585,7 +606,15 @@ fn main() {
             "10.98.0.2".into(),
         ));
     }
-    // (the relay's two rows stay last: their ratio is taken from there)
+    let compared_at = compared.as_ref().map(|(client, server, _)| {
+        paths.push((
+            "weft's device point-to-point, the build compared with",
+            server.clone(),
+            client.clone(),
+            "10.98.0.2".into(),
+        ));
+        paths.len() - 1
+    });
     paths.push((
         "weft's device point-to-point, one thread",
         one_thread.1.clone(),
@@ -598,6 +627,7 @@ fn main() {
         no_offload.0.clone(),
         "10.98.0.2".into(),
     ));
+    // (the relay's two rows stay last: their ratio is taken from there)
     paths.push((
         "old boringtun over a switch, direct",
         bridged.1.clone(),
@@ -612,7 +642,7 @@ fn main() {
     ));
     let mut gbits: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); paths.len()];
-    let (mut to_bt, mut to_wg, mut relay_ratios) = (vec![], vec![], vec![]);
+    let (mut to_bt, mut to_wg, mut relay_ratios, mut to_compared) = (vec![], vec![], vec![], vec![]);
     for run in 0..args.runs {
         let mut this = Vec::new();
         for (i, (name, server, client, ip)) in paths.iter().enumerate() {
@@ -634,6 +664,14 @@ fn main() {
         }
         let n = this.len();
         relay_ratios.push(this[n - 1] / this[n - 2]);
+        if let Some(c) = compared_at {
+            to_compared.push(this[3] / this[c]);
+            println!(
+                "run {}: weft's device, this build / the build compared with {:.3}",
+                run + 1,
+                this[3] / this[c]
+            );
+        }
         println!(
             "run {}: weft / old boringtun {:.3}, weft / wireguard-go {}",
             run + 1,
@@ -653,6 +691,7 @@ fn main() {
         .chain(one_thread.2)
         .chain(no_offload.2)
         .chain(relayed.2)
+        .chain(compared.into_iter().flat_map(|t| t.2))
         .collect();
     for mut p in bt_procs.drain(..).chain(rest) {
         p.stop();
@@ -680,4 +719,10 @@ fn main() {
         "through weft's relay / direct (median of per-run ratios) {:.3}",
         median(relay_ratios)
     );
+    if !to_compared.is_empty() {
+        println!(
+            "weft's device point-to-point, this build / the build compared with (median of per-run ratios) {:.3}",
+            median(to_compared)
+        );
+    }
 }
