@@ -1,7 +1,7 @@
 //! The userspace WireGuard device's per-packet peer lookup: its route
 //! table against a scan of every allowed network, at 1, 33 and 2,112
 //! networks (docs/benchmarks.md). Run it from a release build:
-//! `cargo run --release -p weft-dataplane --example route_bench`.
+//! `cargo run --release -p weft-wg-device --example route_bench`.
 
 fn main() {
     // A warm-up pass, then the measured one.

@@ -598,17 +598,19 @@ fn main() {
             "10.98.0.2".into(),
         ),
     ];
-    if let Some((client, server, _)) = &wg_tunnel {
+    // (right after this build's device: a slow spell hits both alike)
+    let compared_at = compared.as_ref().map(|(client, server, _)| {
         paths.push((
-            "wireguard-go point-to-point",
+            "weft's device point-to-point, the build compared with",
             server.clone(),
             client.clone(),
             "10.98.0.2".into(),
         ));
-    }
-    let compared_at = compared.as_ref().map(|(client, server, _)| {
+        paths.len() - 1
+    });
+    let wg_at = wg_tunnel.as_ref().map(|(client, server, _)| {
         paths.push((
-            "weft's device point-to-point, the build compared with",
+            "wireguard-go point-to-point",
             server.clone(),
             client.clone(),
             "10.98.0.2".into(),
@@ -659,8 +661,8 @@ fn main() {
             this.push(g);
         }
         to_bt.push(this[0] / this[2]);
-        if wg_tunnel.is_some() {
-            to_wg.push(this[0] / this[4]);
+        if let Some(w) = wg_at {
+            to_wg.push(this[0] / this[w]);
         }
         let n = this.len();
         relay_ratios.push(this[n - 1] / this[n - 2]);
@@ -676,8 +678,8 @@ fn main() {
             "run {}: weft / old boringtun {:.3}, weft / wireguard-go {}",
             run + 1,
             this[0] / this[2],
-            if wg_tunnel.is_some() {
-                format!("{:.3}", this[0] / this[4])
+            if let Some(w) = wg_at {
+                format!("{:.3}", this[0] / this[w])
             } else {
                 "-".into()
             }
