@@ -199,6 +199,8 @@ pub fn observe_device(read: &ReadDevice, configured: Option<&BTreeMap<WgKey, WgP
                 endpoint,
                 allowed_ips: allowed,
                 keepalive: p.keepalive,
+                // (kernel WireGuard sends at the full TTL: see model)
+                punch: false,
             },
         );
     }
@@ -612,6 +614,7 @@ mod tests {
             endpoint: endpoint.map(|e| e.parse().unwrap()),
             allowed_ips: allowed.iter().map(|a| a.parse().unwrap()).collect(),
             keepalive,
+            punch: false,
         }
     }
 

@@ -207,12 +207,50 @@ impl TableSpec {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Debug)]
 pub struct WgPeer {
     pub public_key: WgKey,
     pub endpoint: Option<SocketAddr>,
     pub allowed_ips: Vec<IpNet>,
     pub keepalive: u16,
+    /// The endpoint is to be hole-punched (`pb::WireguardPeer::punch`):
+    /// how a new endpoint is first tried, not state a device keeps, so
+    /// peers that differ only in it are equal (kernel WireGuard cannot
+    /// report it).
+    pub punch: bool,
+}
+
+impl WgPeer {
+    /// What a device keeps of the peer (all but `punch`).
+    fn kept(&self) -> (WgKey, Option<SocketAddr>, &[IpNet], u16) {
+        (self.public_key, self.endpoint, &self.allowed_ips, self.keepalive)
+    }
+}
+
+impl PartialEq for WgPeer {
+    fn eq(&self, o: &WgPeer) -> bool {
+        self.kept() == o.kept()
+    }
+}
+
+impl Eq for WgPeer {}
+
+impl PartialOrd for WgPeer {
+    fn partial_cmp(&self, o: &WgPeer) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for WgPeer {
+    fn cmp(&self, o: &WgPeer) -> std::cmp::Ordering {
+        self.kept().cmp(&o.kept())
+    }
+}
+
+impl std::hash::Hash for WgPeer {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.kept().hash(h);
+    }
 }
 
 /// A host's network, as weft sees it: everything in it is weft's.

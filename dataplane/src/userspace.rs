@@ -42,6 +42,8 @@ pub struct Options {
     pub rekey_after: Option<std::time::Duration>,
     /// See `weft_wg_device::Config::single_thread`.
     pub single_thread: bool,
+    /// See `weft_wg_device::Config::punch_ttl` (0: none).
+    pub punch_ttl: u8,
     /// For tests only (the gateway agent's hidden
     /// `--test-device-panic-dir`): a directory where a file named after a
     /// device makes that device's receiving thread panic once.
@@ -79,6 +81,7 @@ impl Devices {
             rekey_after: self.options.rekey_after,
             single_thread: self.options.single_thread,
             panic_dir: self.options.panic_dir.clone(),
+            punch_ttl: self.options.punch_ttl,
             on_death: Some(OnDeath(std::sync::Arc::new(|| deaths().notify_one()))),
         };
         let device = Device::start(&config).map_err(|e| format!("cannot start the WireGuard device {name}: {e}"))?;
@@ -123,12 +126,30 @@ impl Devices {
         allowed: &[IpNet],
         keepalive: u16,
     ) -> R<()> {
+        self.set(link, public_key, endpoint, allowed, keepalive, false)
+    }
+
+    /// Adds or changes a peer; `punch`: its endpoint is to be hole-punched
+    /// (`weft_wg_device::Device::set_peer_punched`).
+    pub fn set(
+        &mut self,
+        link: &str,
+        public_key: &WgKey,
+        endpoint: Option<std::net::SocketAddr>,
+        allowed: &[IpNet],
+        keepalive: u16,
+        punch: bool,
+    ) -> R<()> {
         let dev = self
             .devices
             .get(link)
             .ok_or_else(|| format!("no WireGuard device {link} (yet)"))?;
-        dev.device
-            .set_peer(*public_key.as_bytes(), endpoint, allowed.to_vec(), keepalive);
+        let (key, allowed) = (*public_key.as_bytes(), allowed.to_vec());
+        if punch {
+            dev.device.set_peer_punched(key, endpoint, allowed, keepalive);
+        } else {
+            dev.device.set_peer(key, endpoint, allowed, keepalive);
+        }
         Ok(())
     }
 
@@ -293,8 +314,14 @@ impl WireGuard for Userspace {
 
     async fn set_peer(&mut self, _ns: &Ns, link: &str, peer: &WgPeer) -> R<()> {
         let allowed: Vec<ipnet::IpNet> = peer.allowed_ips.clone();
-        self.devices
-            .set_peer(link, &peer.public_key, peer.endpoint, &allowed, peer.keepalive)?;
+        self.devices.set(
+            link,
+            &peer.public_key,
+            peer.endpoint,
+            &allowed,
+            peer.keepalive,
+            peer.punch,
+        )?;
         self.peers
             .entry(link.to_string())
             .or_default()

@@ -146,6 +146,7 @@ fn peering(port: u32, peer_key: &str) -> Vec<pb::DesiredObject> {
                 endpoint: "192.168.2.1:51820".into(),
                 allowed_ips: vec!["0.0.0.0/0".into()],
                 persistent_keepalive: 25,
+                punch: false,
             }),
         ),
         obj(

@@ -36,6 +36,15 @@ struct Cli {
     /// refuses by itself.
     #[arg(long, env = "WEFT_WG_NO_OFFLOAD")]
     wg_no_offload: bool,
+    /// Userspace WireGuard: the TTL of a hole-punched tunnel's first
+    /// handshakes (for 2 s, or until the peer is heard), which opens this
+    /// gateway's NAT without reaching the peer's. A NAT without a firewall
+    /// (a cloud's NAT instance) otherwise takes the peer's first datagram
+    /// for itself and maps this gateway's port elsewhere. The number of
+    /// routers up to and including the NAT, plus one: 2 when the NAT is
+    /// this gateway's router. 0: none (every handshake at the full TTL).
+    #[arg(long, env = "WEFT_PUNCH_TTL", default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=64))]
+    punch_ttl: u8,
     /// An address on the site's LAN (ADDRESS/PREFIX, e.g. 192.168.1.250/24)
     /// that this gateway holds while it is the active one, announced with
     /// gratuitous ARP: give every gateway of the site the same, and have
@@ -93,6 +102,7 @@ fn main() -> std::process::ExitCode {
                     no_offload: cli.wg_no_offload,
                     rekey_after: cli.wg_rekey_after.map(|d| *d),
                     single_thread: false,
+                    punch_ttl: cli.punch_ttl,
                     panic_dir: cli.test_device_panic_dir.clone(),
                 },
                 ..choice

@@ -61,6 +61,7 @@ fn device_with(
         rekey_after: None,
         single_thread: false,
         panic_dir: None,
+        punch_ttl: 0,
         on_death: None,
     };
     tweak(&mut config);

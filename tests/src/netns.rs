@@ -54,6 +54,11 @@ pub enum Nat {
     /// `masquerade random`: a new port per destination (endpoint-dependent
     /// or "symmetric", as carrier-grade NAT and many firewalls).
     EndpointDependent,
+    /// `masquerade` with no firewall: a NAT instance as clouds have them.
+    /// What arrives unasked from the WAN is delivered to the router itself
+    /// (nothing listens: ICMP unreachable), and conntrack keeps an entry
+    /// for it, which a later mapping of the same ports then collides with.
+    Bare,
 }
 
 /// A private LAN behind a NAT router ([`Lab::nat_lan`]).
@@ -189,6 +194,49 @@ impl Lab {
         self.plug_into(&lan, ns, "eth0", cidr);
     }
 
+    /// Plugs host `ns` into the WAN with `eth0` = `cidr`, but behind the
+    /// lab's internet router (host `core`, made on first use): a veth of
+    /// its own to `core`, which routes `cidr`'s address there and answers
+    /// ARP for it on the WAN (and for the WAN on it), so every address
+    /// stays where it was while each datagram between `ns` and the WAN
+    /// crosses one real router hop (TTL decremented, ICMP time exceeded
+    /// when it runs out).
+    pub fn plug_beyond_hop(&mut self, ns: &str, cidr: &str) {
+        let core = self.ns("core");
+        if !self.namespaces.contains(&core) {
+            self.host("core");
+            self.plug(&core, "192.168.78.254/24");
+            for sysctl in [
+                "net.ipv4.ip_forward=1",
+                "net.ipv4.conf.all.proxy_arp=1",
+                "net.ipv4.conf.eth0.proxy_arp=1",
+            ] {
+                must(self.exec(&core, &["sysctl", "-qw", sysctl]), "the internet router");
+            }
+        }
+        let dev = format!("h{}", self.lan_ports.len());
+        self.lan_ports.push((ns.to_string(), core.clone(), dev.clone()));
+        must(
+            run(Command::new("ip").args([
+                "-n", &core, "link", "add", &dev, "type", "veth", "peer", "name", "eth0", "netns", ns,
+            ])),
+            "veth to the internet router",
+        );
+        let addr = cidr.split('/').next().unwrap();
+        for args in [
+            vec!["-n", &core, "link", "set", &dev, "up"],
+            vec!["-n", &core, "route", "add", &format!("{addr}/32"), "dev", &dev],
+            vec!["-n", ns, "addr", "add", cidr, "dev", "eth0"],
+            vec!["-n", ns, "link", "set", "eth0", "up"],
+        ] {
+            must(run(Command::new("ip").args(&args)), "a host beyond the internet router");
+        }
+        must(
+            self.exec(&core, &["sysctl", "-qw", &format!("net.ipv4.conf.{dev}.proxy_arp=1")]),
+            "proxy ARP",
+        );
+    }
+
     /// Plugs host `ns` into the bridge in namespace `bridge` with interface
     /// `dev` = `cidr`.
     pub fn plug_into(&mut self, bridge: &str, ns: &str, dev: &str, cidr: &str) {
@@ -224,29 +272,50 @@ impl Lab {
     /// by the WAN as `nat` says. Nothing on the WAN has a route to the
     /// private LAN. Plug hosts in with [`Lab::plug_behind`].
     pub fn nat_lan(&mut self, name: &str, wan_cidr: &str, prefix: &str, nat: Nat) -> NatLan {
+        self.nat_lan_at(name, wan_cidr, prefix, nat, false)
+    }
+
+    /// [`Lab::nat_lan`] with the router one router hop away from the rest
+    /// of the WAN ([`Lab::plug_beyond_hop`]), as two sites on the internet
+    /// are: a datagram between it and another site's router crosses a
+    /// router that decrements its TTL.
+    pub fn nat_lan_beyond_hop(&mut self, name: &str, wan_cidr: &str, prefix: &str, nat: Nat) -> NatLan {
+        self.nat_lan_at(name, wan_cidr, prefix, nat, true)
+    }
+
+    fn nat_lan_at(&mut self, name: &str, wan_cidr: &str, prefix: &str, nat: Nat, hop: bool) -> NatLan {
         let bridge = self.bridge(&format!("{name}-lan"));
         let router = self.host(name);
-        self.plug(&router, wan_cidr);
+        if hop {
+            self.plug_beyond_hop(&router, wan_cidr);
+        } else {
+            self.plug(&router, wan_cidr);
+        }
         self.plug_into(&bridge, &router, "lan0", &format!("{prefix}.1/24"));
         must(
             self.exec(&router, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]),
             "forwarding",
         );
         let how = match nat {
-            Nat::EndpointIndependent => "masquerade",
+            Nat::EndpointIndependent | Nat::Bare => "masquerade",
             Nat::EndpointDependent => "masquerade random",
         };
+        // A home router's firewall too (all but `Bare`): from the WAN, only
+        // answers to what went out get in (to the router itself or through
+        // it), so an unasked datagram leaves no conntrack entry behind.
+        let firewall = if nat == Nat::Bare {
+            String::new()
+        } else {
+            "  chain input {\n    type filter hook input priority 0;\n    \
+             ct state established,related accept\n    iifname \"eth0\" counter drop\n  }\n  \
+             chain forward {\n    type filter hook forward priority 0;\n    \
+             ct state established,related accept\n    iifname \"eth0\" counter drop\n  }\n"
+                .to_string()
+        };
         // Over several lines: on one, nft fails to parse `masquerade random; } }`.
-        // A home router's firewall too: from the WAN, only answers to what
-        // went out get in (to the router itself or through it), so an
-        // unasked datagram leaves no conntrack entry behind.
         let rules = format!(
             "table ip natlab {{\n  chain post {{\n    type nat hook postrouting priority 100;\n    \
-             oifname \"eth0\" ip saddr {prefix}.0/24 counter {how}\n  }}\n  \
-             chain input {{\n    type filter hook input priority 0;\n    \
-             ct state established,related accept\n    iifname \"eth0\" counter drop\n  }}\n  \
-             chain forward {{\n    type filter hook forward priority 0;\n    \
-             ct state established,related accept\n    iifname \"eth0\" counter drop\n  }}\n}}\n"
+             oifname \"eth0\" ip saddr {prefix}.0/24 counter {how}\n  }}\n{firewall}}}\n"
         );
         let mut nft = Command::new("ip");
         nft.args(["netns", "exec", &router, "nft", "-f", "-"])

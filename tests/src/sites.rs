@@ -94,6 +94,12 @@ pub struct Opts {
     /// The same for site b: a private LAN 192.168.11.0/24 behind router
     /// `rb` (192.168.78.31).
     pub site_b_nat: Option<crate::netns::Nat>,
+    /// Site b's NAT router is one router hop from the WAN
+    /// ([`crate::netns::Lab::nat_lan_beyond_hop`]): what goes between the
+    /// two sites' routers crosses a router, as on the internet.
+    pub site_b_beyond_hop: bool,
+    /// Every gateway's `--punch-ttl` (default: theirs, 2).
+    pub punch_ttl: Option<u8>,
     /// Site a's gateways' `--lan-address` (held by the active one).
     pub lan_address_a: Option<&'static str>,
     /// IPv6 pod CIDRs of site a and site b (dual stack; None: that site
@@ -171,9 +177,13 @@ fn hosts(
     let nat_a = opts
         .site_a_nat
         .map(|n| lab.nat_lan("ra", "192.168.78.30/24", NAT_LAN_A, n));
-    let nat_b = opts
-        .site_b_nat
-        .map(|n| lab.nat_lan("rb", "192.168.78.31/24", NAT_LAN_B, n));
+    let nat_b = opts.site_b_nat.map(|n| {
+        if opts.site_b_beyond_hop {
+            lab.nat_lan_beyond_hop("rb", "192.168.78.31/24", NAT_LAN_B, n)
+        } else {
+            lab.nat_lan("rb", "192.168.78.31/24", NAT_LAN_B, n)
+        }
+    });
     for (h, ip, _) in SITE_A.iter().chain(&SITE_B) {
         ns.insert(h, lab.host(h));
         match (&nat_a, &nat_b) {
@@ -273,6 +283,9 @@ fn site_spec(plan: Plan, opts: &Opts, ns: &HashMap<&'static str, String>, dir: &
         }
         if let Some(d) = plan.device_panic_dir {
             a.flags.extend(["--test-device-panic-dir".to_string(), d.to_string()]);
+        }
+        if let Some(t) = opts.punch_ttl {
+            a.flags.extend(["--punch-ttl".to_string(), t.to_string()]);
         }
     }
     SiteSpec {

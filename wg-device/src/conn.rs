@@ -70,6 +70,28 @@ impl crate::Bind for UdpBind {
     fn gro_segments(&self) -> usize {
         self.state.gro_segments()
     }
+
+    fn send_ttl(&self, to: SocketAddr, data: &[u8], ttl: u8) -> bool {
+        use nix::sys::socket::{ControlMessage, MsgFlags, SockaddrStorage, sendmsg};
+        use std::os::fd::AsRawFd;
+        let to = mapped(to, self.dual);
+        let ttl = libc::c_int::from(ttl);
+        // An IPv4 peer on the socket for both families is still IPv4's
+        // TTL (the kernel sends it as IPv4).
+        let cmsg = match to {
+            SocketAddr::V6(a) if a.ip().to_ipv4_mapped().is_none() => ControlMessage::Ipv6HopLimit(&ttl),
+            _ => ControlMessage::Ipv4Ttl(&ttl),
+        };
+        let addr = SockaddrStorage::from(to);
+        sendmsg(
+            self.socket.as_raw_fd(),
+            &[std::io::IoSlice::new(data)],
+            &[cmsg],
+            MsgFlags::empty(),
+            Some(&addr),
+        )
+        .is_ok()
+    }
 }
 
 /// A socket on `port` for batches (see [`batch_socket`]), for both

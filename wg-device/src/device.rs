@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use defguard_boringtun::noise::rate_limiter::RateLimiter;
 use defguard_boringtun::noise::{Tunn, TunnResult};
@@ -18,7 +18,7 @@ use crate::receive::In;
 use crate::send::{self, Out};
 use crate::shared::{Shared, wait};
 use crate::tun::KernelTun;
-use crate::{Bind, Config, Counters, HANDSHAKE_RATE_LIMIT, Offloads, PeerStats, Tun};
+use crate::{Bind, Config, Counters, EAGER_FOR, HANDSHAKE_RATE_LIMIT, Offloads, PRIME_FOR, PeerStats, Tun};
 
 /// A running device: its tun in the caller's namespace (to be moved), its
 /// UDP socket bound there, two threads. Dropping it stops the threads and
@@ -66,6 +66,7 @@ impl Device {
             name: config.name.clone(),
             panic_dir: config.panic_dir.clone(),
             on_death: config.on_death.clone(),
+            punch_ttl: config.punch_ttl,
             vnet_hdr: tun_offloads.vnet_hdr,
             tun,
             bind,
@@ -157,6 +158,30 @@ impl Device {
     /// must not wait for the protocol's 5 s retry of a handshake lost
     /// while the NATs were still closed.
     pub fn set_peer(&self, public_key: [u8; 32], endpoint: Option<SocketAddr>, allowed: Vec<IpNet>, keepalive: u16) {
+        self.put_peer(public_key, endpoint, allowed, keepalive, false);
+    }
+
+    /// [`Device::set_peer`] for an endpoint that is to be hole-punched
+    /// (both sides behind NAT): a new endpoint's handshakes go with
+    /// [`Config::punch_ttl`] first (see there).
+    pub fn set_peer_punched(
+        &self,
+        public_key: [u8; 32],
+        endpoint: Option<SocketAddr>,
+        allowed: Vec<IpNet>,
+        keepalive: u16,
+    ) {
+        self.put_peer(public_key, endpoint, allowed, keepalive, true);
+    }
+
+    fn put_peer(
+        &self,
+        public_key: [u8; 32],
+        endpoint: Option<SocketAddr>,
+        allowed: Vec<IpNet>,
+        keepalive: u16,
+        punch: bool,
+    ) {
         let mut peers = self.shared.peers.write().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = peers.by_key.get(&public_key)
             && p.keepalive == keepalive
@@ -191,6 +216,13 @@ impl Device {
             tunn: Mutex::new(tunn),
             endpoint: Mutex::new(endpoint),
             allowed: RwLock::new(allowed),
+            eager: Mutex::new(endpoint.map(|_| {
+                let now = Instant::now();
+                (now + EAGER_FOR, now)
+            })),
+            priming: Mutex::new(
+                (punch && endpoint.is_some() && self.shared.punch_ttl > 0).then(|| Instant::now() + PRIME_FOR),
+            ),
         });
         peers.by_index.insert(index, peer.clone());
         peers.by_key.insert(public_key, peer.clone());
@@ -200,7 +232,7 @@ impl Device {
             let mut buf = [0u8; 256];
             if let TunnResult::WriteToNetwork(p) = peer.tunn().format_handshake_initiation(&mut buf, false) {
                 let n = p.len();
-                send::send(&self.shared, to, &buf[..n], n);
+                send::to_peer(&self.shared, &peer, to, &buf[..n]);
             }
         }
     }

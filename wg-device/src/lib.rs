@@ -68,6 +68,19 @@ use self::packet::MAX_PACKET;
 /// How often a waiting thread looks at the stop flag, and the timers run.
 const TICK_MS: u16 = 100;
 const TIMER_EVERY: Duration = Duration::from_millis(250);
+/// A peer given a new endpoint is sent a handshake every [`EAGER_EVERY`]
+/// until a session is up, for its first [`EAGER_FOR`], instead of the
+/// protocol's every 5 s: a first initiation is often lost (a relay not yet
+/// told of the tunnel, a NAT not yet open), and 5 s of silence then is a
+/// tunnel that looks dead to the workloads. After that, the protocol's
+/// own pace.
+const EAGER_EVERY: Duration = Duration::from_secs(1);
+const EAGER_FOR: Duration = Duration::from_secs(15);
+/// How long a hole-punched peer's handshakes leave with
+/// [`Config::punch_ttl`] at most: longer than the two sides take to learn
+/// each other's address (the controllers tell both at about once), short
+/// against the punch's 15 s before a relay is taken.
+const PRIME_FOR: Duration = Duration::from_secs(2);
 /// Handshake messages per second the device answers before it asks for
 /// cookies (boringtun's device's figure).
 const HANDSHAKE_RATE_LIMIT: u64 = 100;
@@ -109,6 +122,8 @@ pub trait Bind: AsFd + Send + Sync {
     fn max_gso_segments(&self) -> usize;
     /// Datagrams one receive may join (1: no GRO).
     fn gro_segments(&self) -> usize;
+    /// Sends one datagram with IP TTL (IPv6: hop limit) `ttl`.
+    fn send_ttl(&self, to: SocketAddr, data: &[u8], ttl: u8) -> bool;
 }
 
 /// Which offloads a tun runs with.
@@ -164,6 +179,15 @@ pub struct Config {
     /// Both directions on one thread instead of one each (level or slower
     /// on 2 cores, docs/benchmarks.md; kept for that comparison).
     pub single_thread: bool,
+    /// The TTL (IPv6: hop limit) of the handshakes a hole-punched peer
+    /// ([`Device::set_peer_punched`]) is sent first, for [`PRIME_FOR`] or
+    /// until it is heard: enough to pass this side's NAT (opening its
+    /// mapping), too little to reach the peer's, so that neither NAT sees
+    /// the other's first datagram before its own went out. A NAT without a
+    /// firewall delivers such an early datagram to itself and keeps a
+    /// conntrack entry for it, and then maps this side's port elsewhere.
+    /// 0: every handshake at the full TTL.
+    pub punch_ttl: u8,
     /// For tests of recovery: a directory where a file named after the
     /// device makes its receiving thread panic once (the file is removed
     /// first). None (always, but in tests): nothing is looked at.
@@ -203,6 +227,9 @@ pub struct Counters {
     pub tx_malformed: AtomicU64,
     /// Datagrams the socket did not take.
     pub tx_send_failed: AtomicU64,
+    /// Handshakes sent with the punch TTL ([`Config::punch_ttl`]): they
+    /// open this side's NAT and go no further.
+    pub tx_primed: AtomicU64,
     /// Decrypted packets the tun did not take.
     pub rx_write_failed: AtomicU64,
 }

@@ -117,6 +117,11 @@ struct Switch {
     nat: HashMap<SocketAddr, SocketAddr>,
     /// What was carried, while recording.
     tap: Option<Vec<Datagram>>,
+    /// Router hops between any two binds: a datagram sent with a TTL of
+    /// at most this dies on the way ([`Network::hops`]).
+    hops: u8,
+    /// Datagrams that died so, while recording.
+    died: Vec<Datagram>,
 }
 
 /// A network of binds in memory.
@@ -159,9 +164,22 @@ impl Network {
         self.switch().nat.insert(inside, outside);
     }
 
-    /// Starts recording every datagram carried (and forgets earlier ones).
+    /// Starts recording every datagram carried, and every one that died
+    /// for its TTL (and forgets earlier ones).
     pub fn record(&self) {
-        self.switch().tap = Some(Vec::new());
+        let mut sw = self.switch();
+        sw.tap = Some(Vec::new());
+        sw.died.clear();
+    }
+
+    /// Puts `n` router hops between every two binds (0 at first).
+    pub fn hops(&self, n: u8) {
+        self.switch().hops = n;
+    }
+
+    /// What died on the way since [`Network::record`] (TTL too low).
+    pub fn died(&self) -> Vec<Datagram> {
+        self.switch().died.clone()
     }
 
     /// What was carried since [`Network::record`].
@@ -272,6 +290,24 @@ impl Bind for MemoryBind {
 
     fn gro_segments(&self) -> usize {
         1
+    }
+
+    fn send_ttl(&self, to: SocketAddr, data: &[u8], ttl: u8) -> bool {
+        let from = self.net.outside(self.addr);
+        let mut sw = self.net.switch();
+        if ttl <= sw.hops {
+            if sw.tap.is_some() {
+                sw.died.push(Datagram {
+                    from,
+                    to,
+                    data: data.to_vec(),
+                });
+            }
+            return true;
+        }
+        drop(sw);
+        self.net.deliver(from, to, data);
+        true
     }
 }
 

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
 
 use defguard_boringtun::noise::Tunn;
 use ip_network::IpNetwork;
@@ -21,6 +22,12 @@ pub(crate) struct Peer {
     pub(crate) tunn: Mutex<Tunn>,
     pub(crate) endpoint: Mutex<Option<SocketAddr>>,
     pub(crate) allowed: RwLock<Vec<IpNet>>,
+    /// While handshakes to a new endpoint are eager: until when, and when
+    /// the last initiation went (`crate::EAGER_FOR`).
+    pub(crate) eager: Mutex<Option<(Instant, Instant)>>,
+    /// Until when its handshakes leave with the punch TTL (a hole-punched
+    /// endpoint not heard from yet, `crate::PRIME_FOR`).
+    pub(crate) priming: Mutex<Option<Instant>>,
 }
 
 impl Peer {
@@ -30,6 +37,20 @@ impl Peer {
 
     pub(crate) fn tunn(&self) -> std::sync::MutexGuard<'_, Tunn> {
         self.tunn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether what goes to it now leaves with the punch TTL.
+    pub(crate) fn priming(&self) -> bool {
+        let mut p = self.priming.lock().unwrap_or_else(|e| e.into_inner());
+        if p.is_some_and(|until| Instant::now() >= until) {
+            *p = None;
+        }
+        p.is_some()
+    }
+
+    /// It was heard from: its side's NAT is open, so ours may be reached.
+    pub(crate) fn heard(&self) {
+        *self.priming.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 
@@ -133,6 +154,8 @@ pub mod route_bench {
                 )),
                 endpoint: Mutex::new(None),
                 allowed: RwLock::new(allowed),
+                eager: Mutex::new(None),
+                priming: Mutex::new(None),
             });
             peers.by_index.insert(i + 1, peer.clone());
             peers.by_key.insert(key, peer);

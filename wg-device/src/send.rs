@@ -9,6 +9,7 @@ use std::time::Duration;
 use defguard_boringtun::noise::{Tunn, TunnResult};
 
 use crate::packet::{self, MAX_PACKET, VNET_HDR_LEN, VnetHdr};
+use crate::peers::Peer;
 use crate::shared::Shared;
 use crate::{MAX_DATAGRAM, MAX_SEND};
 
@@ -121,6 +122,20 @@ pub(crate) fn send(s: &Shared, to: SocketAddr, data: &[u8], stride: usize) {
     }
 }
 
+/// Sends datagram `data` to `peer` at `to`: with the punch TTL while the
+/// peer is priming (counted), else as [`send`] does.
+pub(crate) fn to_peer(s: &Shared, peer: &Peer, to: SocketAddr, data: &[u8]) {
+    if peer.priming() {
+        if s.bind.send_ttl(to, data, s.punch_ttl) {
+            s.counters.tx_primed.fetch_add(1, Ordering::Relaxed);
+        } else {
+            s.counters.tx_send_failed.fetch_add(1, Ordering::Relaxed);
+        }
+    } else {
+        send(s, to, data, data.len());
+    }
+}
+
 /// Reads before a step yields (to the other direction, when one thread
 /// runs both).
 const READS_PER_STEP: usize = 16;
@@ -193,6 +208,8 @@ impl Out {
             return;
         };
         let to = peer.endpoint();
+        // (no session while priming: what leaves is a handshake)
+        let priming = peer.priming();
         let mut t = peer.tunn();
         for &(at, len) in segs.iter() {
             if !self.batch.has_room() {
@@ -206,6 +223,7 @@ impl Out {
                 TunnResult::WriteToNetwork(p) => {
                     let n = p.len();
                     match to {
+                        Some(to) if priming => to_peer(s, &peer, to, p),
                         Some(to) => self.batch.commit(s, n, to),
                         None => {
                             s.counters.tx_no_route.fetch_add(1, Ordering::Relaxed);

@@ -37,6 +37,8 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     pub(crate) offloads: Offloads,
     pub(crate) rekey_after: Option<Duration>,
+    /// See [`crate::Config::punch_ttl`].
+    pub(crate) punch_ttl: u8,
 }
 
 impl Shared {

@@ -49,6 +49,7 @@ fn config(name: &str, private_key: [u8; 32], offload: bool) -> Config {
         rekey_after: None,
         single_thread: false,
         panic_dir: None,
+        punch_ttl: 2,
         on_death: None,
     }
 }
@@ -399,4 +400,85 @@ fn a_device_whose_thread_panics_says_so_and_calls_its_owner() {
     assert_eq!(called.load(Ordering::Relaxed), 1);
     // dropping a dead device ends it cleanly
     drop(a);
+}
+
+#[test]
+fn a_first_handshake_that_is_lost_is_sent_again_within_a_second_not_five() {
+    let network = Network::new();
+    let plain = |c: &mut Config| c.offload = false;
+    let a = end(&network, "a", "192.0.2.1:51820", 1, plain);
+    let (_, b_public) = key(2);
+    // b is not on the network yet (a relay not yet told of the tunnel, a
+    // NAT not yet open): a's first initiation is lost
+    network.record();
+    a.device
+        .set_peer(b_public, Some(addr("192.0.2.2:51820")), vec![net("10.0.2.0/24")], 0);
+    std::thread::sleep(Duration::from_millis(300));
+    let b = end(&network, "b", "192.0.2.2:51820", 2, plain);
+    b.device.set_peer(a.public, None, vec![net("10.0.1.0/24")], 0);
+    let appeared = std::time::Instant::now();
+    let packet = udp4(ip("10.0.1.1"), ip("10.0.2.1"), b"late");
+    carried(&a, &b, &packet);
+    let took = appeared.elapsed();
+    // the protocol alone retries 5 s after the first
+    assert!(took < Duration::from_secs(4), "connected {took:?} after b appeared");
+    let initiations = |from: SocketAddr| {
+        network
+            .recorded()
+            .iter()
+            .filter(|d| d.from == from && d.data[0] == 1)
+            .count()
+    };
+    assert!(initiations(a.addr) >= 2, "a sent again");
+    // with a session, no more eager handshakes
+    let before = initiations(a.addr);
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        initiations(a.addr),
+        before,
+        "eager handshakes stop once a session is up"
+    );
+}
+
+#[test]
+fn a_punched_peers_first_handshakes_die_on_the_way_then_go_through_and_stop_once_heard() {
+    let network = Network::new();
+    // two routers between the gateways: the punch TTL (2) passes this
+    // side's NAT and dies at the next
+    network.hops(2);
+    network.record();
+    let plain = |c: &mut Config| c.offload = false;
+    let a = end(&network, "a", "192.0.2.1:51820", 1, plain);
+    let b = end(&network, "b", "192.0.2.2:51820", 2, plain);
+    b.device.set_peer(a.public, None, vec![net("10.0.1.0/24")], 0);
+    a.device
+        .set_peer_punched(b.public, Some(b.addr), vec![net("10.0.2.0/24")], 0);
+    carried(&a, &b, &udp4(ip("10.0.1.1"), ip("10.0.2.1"), b"through"));
+    let died = network.died();
+    assert!(!died.is_empty(), "the first handshakes left with the punch TTL");
+    assert!(
+        died.iter().all(|d| d.from == a.addr && d.data[0] == 1),
+        "only a's initiations"
+    );
+    assert_eq!(count(&a.device.counters().tx_primed), died.len() as u64);
+    // once through, nothing more at the punch TTL, either way
+    carried(&b, &a, &udp4(ip("10.0.2.1"), ip("10.0.1.1"), b"back"));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(network.died().len(), died.len());
+
+    // a peer set again with the same endpoint keeps its session; one that
+    // speaks first (its side's NAT open) ends the priming at once
+    let c = end(&network, "c", "192.0.2.3:51820", 3, plain);
+    c.device
+        .set_peer_punched(a.public, Some(a.addr), vec![net("10.0.1.0/24")], 0);
+    a.device.set_peer(c.public, Some(c.addr), vec![net("10.0.3.0/24")], 0);
+    carried(&a, &c, &udp4(ip("10.0.1.1"), ip("10.0.3.1"), b"to c"));
+    let primed = count(&c.device.counters().tx_primed);
+    carried(&c, &a, &udp4(ip("10.0.3.1"), ip("10.0.1.1"), b"from c"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        count(&c.device.counters().tx_primed),
+        primed,
+        "c heard a: no more priming"
+    );
 }

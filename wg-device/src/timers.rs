@@ -1,16 +1,20 @@
 //! The protocol's timers, run by the receiving thread every
-//! `TIMER_EVERY`.
+//! `TIMER_EVERY`; and the eager handshakes to a new endpoint
+//! (`EAGER_EVERY`).
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use defguard_boringtun::noise::TunnResult;
+use defguard_boringtun::noise::{Tunn, TunnResult};
 
+use crate::EAGER_EVERY;
 use crate::peers::Peer;
-use crate::send::send;
+use crate::send::{send, to_peer};
 use crate::shared::Shared;
 
 /// The protocol's timers for every peer: handshakes to start or retry,
-/// keepalives, sessions to end; and the early rekey of tests.
+/// keepalives, sessions to end; a new endpoint's eager handshakes; and
+/// the early rekey of tests.
 pub(crate) fn run(s: &Shared, buf: &mut [u8]) {
     let peers: Vec<Arc<Peer>> = s.peers().by_key.values().cloned().collect();
     for peer in peers {
@@ -25,7 +29,12 @@ pub(crate) fn run(s: &Shared, buf: &mut [u8]) {
             }
         };
         if let Some((to, n)) = out(t.update_timers(buf)) {
-            send(s, to, &buf[..n], n);
+            to_peer(s, &peer, to, &buf[..n]);
+        }
+        if let Some(to) = to
+            && let Some(n) = eager(&peer, &mut t, buf)
+        {
+            to_peer(s, &peer, to, &buf[..n]);
         }
         if let Some(after) = s.rekey_after
             && t.time_since_last_handshake().is_some_and(|d| d >= after)
@@ -33,5 +42,25 @@ pub(crate) fn run(s: &Shared, buf: &mut [u8]) {
         {
             send(s, to, &buf[..n], n);
         }
+    }
+}
+
+/// A new initiation if `peer` is in its eager period, has no session, and
+/// its last initiation went [`EAGER_EVERY`] ago: its length in `buf`.
+fn eager(peer: &Peer, t: &mut Tunn, buf: &mut [u8]) -> Option<usize> {
+    let mut eager = peer.eager.lock().unwrap_or_else(|e| e.into_inner());
+    let (until, last) = (*eager)?;
+    let now = Instant::now();
+    if now >= until || t.time_since_last_handshake().is_some() {
+        *eager = None;
+        return None;
+    }
+    if now.duration_since(last) < EAGER_EVERY {
+        return None;
+    }
+    *eager = Some((until, now));
+    match t.format_handshake_initiation(buf, true) {
+        TunnResult::WriteToNetwork(p) => Some(p.len()),
+        _ => None,
     }
 }

@@ -82,6 +82,7 @@ fn what_weft_renders_passes() {
             endpoint: "192.0.2.1:51821".into(),
             allowed_ips: vec!["10.1.0.0/16".into()],
             persistent_keepalive: 25,
+            punch: false,
         }),
     ] {
         assert_eq!(g.check_raw(&obj(k.clone()), &Links::new()), Ok(()), "{k:?}");
@@ -134,6 +135,7 @@ fn what_reaches_past_weft_is_refused() {
                 endpoint: "192.0.2.1:51820\nlisten_port=1".into(),
                 allowed_ips: vec![],
                 persistent_keepalive: 0,
+                punch: false,
             }),
             "endpoint",
         ),
@@ -145,6 +147,7 @@ fn what_reaches_past_weft_is_refused() {
                 endpoint: String::new(),
                 allowed_ips: vec![],
                 persistent_keepalive: 0,
+                punch: false,
             }),
             "public key",
         ),

@@ -44,7 +44,11 @@ pub(super) fn peering(m: &Model, g: &Gateway, site_id: &str, base: &str) -> Obje
         // Its IPv4 CIDRs only where IPv4 is negotiated (not when either
         // site is IPv6-only).
         let v4 = !p.views.is_empty();
-        out.extend(wireguard_peers(base, r, v4, p.relay_via.as_ref(), &through, &ids));
+        let tunnel = Tunnel {
+            relay: p.relay_via.as_ref(),
+            own_endpoint: g.endpoint.is_some(),
+        };
+        out.extend(wireguard_peers(base, r, v4, tunnel, &through, &ids));
         out.extend(super::ipv6::peering(m, p, base, &ids));
         out.extend(exports(m, base, &ids));
         out.extend(tunnel_filter(m, g, p, base, &ids));
@@ -298,16 +302,25 @@ fn exports(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
     out
 }
 
+/// How the rendered gateway reaches the peer's: through a relay, and
+/// whether it has an endpoint of its own.
+#[derive(Clone, Copy)]
+struct Tunnel<'a> {
+    relay: Option<&'a crate::domain::RelayVia>,
+    own_endpoint: bool,
+}
+
 /// The peer's gateways as WireGuard peers: the active one with the peer's
 /// CIDRs, standbys without (their sessions ready for a failover).
 fn wireguard_peers(
     base: &str,
     r: &RemoteSite,
     v4: bool,
-    relay: Option<&crate::domain::RelayVia>,
+    tunnel: Tunnel<'_>,
     through: &[String],
     ids: &PeeringIds,
 ) -> Objects {
+    let Tunnel { relay, own_endpoint } = tunnel;
     let mut out = Objects::new();
     let (_, there) = tunnel_addresses(r.tunnel_role);
     // Inside the tunnel both ends use their own addresses: the peer's
@@ -330,23 +343,24 @@ fn wireguard_peers(
         } else {
             vec![]
         };
+        // Without a direct path (none, or a hole punch that did not come
+        // up), the active gateway is reached through the chosen relay.
+        let via_relay = relay.filter(|_| g.active || none_flagged).map(|r| r.endpoint);
+        let direct = crate::peer::dial_address(g);
+        // A reflexive address and no endpoint of ours (neither side
+        // reachable unasked): both NATs must open before either lets the
+        // other in.
+        let punch = via_relay.is_none() && direct.is_some() && g.endpoint.is_none() && !own_endpoint;
         out.extend([obj(
             format!("{base}wgpeer/{}", g.name),
             Kind::WireguardPeer(pb::WireguardPeer {
                 link: ids.link.clone(),
                 namespace: ids.ns.clone(),
                 public_key: g.public_key.map(|k| k.to_string()).unwrap_or_default(),
-                // Without a direct path (none, or a hole punch that did
-                // not come up), the active gateway is reached through the
-                // chosen relay.
-                endpoint: relay
-                    .filter(|_| g.active || none_flagged)
-                    .map(|r| r.endpoint)
-                    .or_else(|| crate::peer::dial_address(g))
-                    .map(|e| e.to_string())
-                    .unwrap_or_default(),
+                endpoint: via_relay.or(direct).map(|e| e.to_string()).unwrap_or_default(),
                 allowed_ips: allowed,
                 persistent_keepalive: 25,
+                punch,
             }),
         )]);
     }

@@ -423,6 +423,7 @@ fn wireguard_peer(p: &pb::WireguardPeer) -> R<Object> {
         },
         keepalive: u16::try_from(p.persistent_keepalive)
             .map_err(|_| format!("keepalive {} is over 65535 s", p.persistent_keepalive))?,
+        punch: p.punch && !p.endpoint.is_empty(),
     };
     Ok(Object::WireguardPeer {
         ns: p.namespace.clone(),

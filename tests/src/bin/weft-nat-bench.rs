@@ -17,7 +17,12 @@
 //!   `masquerade random`: a new port per destination, so no hole punch),
 //!   and a third, public site with `--relay-ports` peered with both; the
 //!   tunnel goes through its gateway (connected: from that site's second
-//!   peering).
+//!   peering);
+//! - bare NAT: both sites behind NAT routers with no firewall (`masquerade`
+//!   alone, a NAT instance as clouds have them), a router between them (as
+//!   on the internet), and a relay site peered with both right after the
+//!   two sites (connected: from the sites' peering, whatever path carries
+//!   it first).
 //!
 //! Needs root; `sudo weft-nat-bench --seconds 5 --runs 5` (see
 //! docs/benchmarks.md).
@@ -47,12 +52,25 @@ struct Case {
     gbits: Vec<f64>,
 }
 
-fn case(name: &'static str, tag: &str, a: Option<Nat>, b: Option<Nat>, relay: bool) -> Case {
+/// Whether a case has a relay site, and from when its connection is timed.
+#[derive(Clone, Copy, PartialEq)]
+enum Relay {
+    None,
+    /// Timed from the relay site's peerings.
+    Only,
+    /// Timed from the two sites' peering, the relay site peered after.
+    Beside,
+}
+
+fn case(name: &'static str, tag: &str, a: Option<Nat>, b: Option<Nat>, relay: Relay) -> Case {
     // The agents' default resync (the labs' 1 s would have every gateway
     // read its whole state each second, the relay site's too).
     let opts = Opts {
         site_a_nat: a,
         site_b_nat: b,
+        // Routers without a firewall, as the internet has them: a router
+        // between the two sites (the punch's first handshakes die there).
+        site_b_beyond_hop: b == Some(Nat::Bare),
         resync: Some("30s"),
         ..Default::default()
     };
@@ -62,8 +80,10 @@ fn case(name: &'static str, tag: &str, a: Option<Nat>, b: Option<Nat>, relay: bo
         (&format!("{tag}-b"), "10.1.0.0/16"),
         opts,
     );
-    let since = if relay {
+    if relay != Relay::None {
         weft_tests::sites::relay_site(&mut lab, &format!("{tag}-r"), 1, "10.1.0.0/16", (true, true));
+    }
+    let since = if relay == Relay::Only {
         std::time::Instant::now()
     } else {
         lab.peered_at
@@ -100,22 +120,29 @@ fn main() {
     let dir = tempfile::Builder::new().prefix("weft-natb").tempdir().unwrap();
     let log = dir.path().join("iperf3.log");
     let mut cases = [
-        case("direct (no NAT)", "nbd", None, None, false),
-        case("one side NATed", "nb1", Some(Nat::EndpointIndependent), None, false),
+        case("direct (no NAT)", "nbd", None, None, Relay::None),
+        case(
+            "one side NATed",
+            "nb1",
+            Some(Nat::EndpointIndependent),
+            None,
+            Relay::None,
+        ),
         case(
             "both NATed, hole-punched",
             "nb2",
             Some(Nat::EndpointIndependent),
             Some(Nat::EndpointIndependent),
-            false,
+            Relay::None,
         ),
         case(
             "both NATed, relayed",
             "nb3",
             Some(Nat::EndpointDependent),
             Some(Nat::EndpointDependent),
-            true,
+            Relay::Only,
         ),
+        case("both bare NAT", "nb4", Some(Nat::Bare), Some(Nat::Bare), Relay::Beside),
     ];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     for run in 0..args.runs {

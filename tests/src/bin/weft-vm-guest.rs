@@ -726,6 +726,7 @@ fn driver() {
                 endpoint: Some("192.0.2.7:51820".parse().unwrap()),
                 allowed_ips: vec!["10.9.0.0/16".parse().unwrap()],
                 keepalive: 25,
+                punch: false,
             };
             k.set_peer(&link.ns, &link.name, &peer).await.expect("set peer");
             let seen = k.devices(&scopes).await;
@@ -741,6 +742,7 @@ fn driver() {
             let standby = WgPeer {
                 allowed_ips: vec![],
                 keepalive: 0,
+                punch: false,
                 ..peer.clone()
             };
             k.set_peer(&link.ns, &link.name, &standby).await.expect("set standby");

@@ -330,3 +330,47 @@ fn every_workload_view_of_a_peer_is_routed() {
     assert!(gateway(&m, "gw1").contains_key("peer/b/workload/nat"));
     assert!(gateway(&m, "gw1").contains_key("peer/b/workload-1/via"));
 }
+
+#[test]
+fn a_peer_reached_at_its_reflexive_address_from_behind_nat_is_hole_punched() {
+    use crate::domain::{RelayVia, RemoteGateway, RemoteSite};
+    use crate::nat::{Behaviour, Candidate, CandidateKind};
+    let punch = |own_endpoint: bool, peer_endpoint: bool, relayed: bool| {
+        let mut m = model();
+        if own_endpoint {
+            let mut gw = (*m.gateways["gw1"]).clone();
+            gw.endpoint = Some("192.0.2.9:51820".parse().unwrap());
+            m.gateways.insert("gw1".into(), Arc::new(gw));
+        }
+        let mut p = (*m.peerings["b"]).clone();
+        p.remote = Some(RemoteSite {
+            gateways: vec![RemoteGateway {
+                name: "gw".into(),
+                endpoint: peer_endpoint.then(|| "192.0.2.1:51820".parse().unwrap()),
+                public_key: Some(crate::domain::WgKey::from_bytes([1; 32])),
+                active: true,
+                candidates: vec![Candidate {
+                    address: "198.51.100.7:51820".parse().unwrap(),
+                    kind: CandidateKind::Reflexive,
+                }],
+                nat: Some(Behaviour::EndpointIndependent),
+            }],
+            ..crate::domain::test_remote("10.1.0.0/16")
+        });
+        p.relay_via = relayed.then(|| RelayVia {
+            site: "r".into(),
+            endpoint: "203.0.113.5:51920".parse().unwrap(),
+        });
+        m.peerings.insert("b".into(), Arc::new(p));
+        let Some(Kind::WireguardPeer(wp)) = &gateway(&m, "gw1")["peer/b/wgpeer/gw"].kind else {
+            panic!()
+        };
+        (wp.endpoint.clone(), wp.punch)
+    };
+    // neither side reachable unasked: punched, at the reflexive address
+    assert_eq!(punch(false, false, false), ("198.51.100.7:51820".into(), true));
+    // through a relay, to an endpoint, or from a gateway with one: not
+    assert_eq!(punch(false, false, true), ("203.0.113.5:51920".into(), false));
+    assert_eq!(punch(false, true, false), ("192.0.2.1:51820".into(), false));
+    assert_eq!(punch(true, false, false), ("198.51.100.7:51820".into(), false));
+}

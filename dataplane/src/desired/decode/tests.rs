@@ -179,6 +179,7 @@ fn each_field_is_parsed_and_bounded_once_at_the_door() {
                 endpoint: String::new(),
                 allowed_ips: vec![],
                 persistent_keepalive: 70_000,
+                punch: false,
             })),
             "keepalive 70000",
         ),
@@ -203,4 +204,30 @@ fn each_field_is_parsed_and_bounded_once_at_the_door() {
         let e = decode(&o).expect_err(why);
         assert!(e.contains(why), "{why}: {e}");
     }
+}
+
+#[test]
+fn a_punched_peer_keeps_the_flag_only_with_an_endpoint_and_equals_the_same_peer_without() {
+    let peer = |endpoint: &str, punch: bool| {
+        let o = decode(&obj(Kind::WireguardPeer(pb::WireguardPeer {
+            link: "weft-wabc".into(),
+            namespace: "weft-p-a".into(),
+            public_key: KEY.into(),
+            endpoint: endpoint.into(),
+            allowed_ips: vec!["10.1.0.0/16".into()],
+            persistent_keepalive: 25,
+            punch,
+        })))
+        .unwrap();
+        let Object::WireguardPeer { peer, .. } = o else {
+            panic!()
+        };
+        peer
+    };
+    let punched = peer("198.51.100.7:51820", true);
+    assert!(punched.punch);
+    assert!(!peer("", true).punch, "nothing to punch without an endpoint");
+    // how an endpoint is first tried is no state to converge on: kernel
+    // WireGuard reports no such thing
+    assert_eq!(punched, peer("198.51.100.7:51820", false));
 }

@@ -453,6 +453,7 @@ fn device_end(e: End) -> anyhow::Result<()> {
                 no_offload: e.no_offload,
                 rekey_after: None,
                 single_thread: e.single_thread,
+                punch_ttl: 0,
                 panic_dir: None,
             },
             ..Default::default()
