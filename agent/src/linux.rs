@@ -399,6 +399,7 @@ impl Applier for Linux {
                 rx_bytes: stats.rx_bytes,
                 tx_bytes: stats.tx_bytes,
                 rx_rejected: stats.rx_rejected,
+                primed_handshakes: stats.primed_handshakes,
                 device_restarts: stats.device_restarts,
                 device_failure: stats.device_failure.clone(),
                 // "none": the userspace device without offloads (kernel

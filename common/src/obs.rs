@@ -229,6 +229,12 @@ pub fn tunnel_series(f: &mut Families, t: &weft_proto::v1::TunnelStatus, extra: 
         t.rx_rejected,
     );
     f.counter(
+        "weft_peering_primed_handshakes",
+        "Handshakes weft's userspace WireGuard device sent with the punch TTL: a hole-punched tunnel's first ones, which open this gateway's NAT and die before the peer's",
+        &l,
+        t.primed_handshakes,
+    );
+    f.counter(
         "weft_peering_device_restarts",
         "Times weft's userspace WireGuard device for the tunnel died (a thread of it panicked) and was made anew since the agent started",
         &l,

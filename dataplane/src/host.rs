@@ -60,6 +60,8 @@ pub struct Stats {
     /// panicked) and was made anew, and why the last time.
     pub device_restarts: u64,
     pub device_failure: String,
+    /// weft's userspace device only: handshakes sent with the punch TTL.
+    pub primed_handshakes: u64,
 }
 
 /// The kernel offloads weft's userspace WireGuard device runs with.

@@ -173,6 +173,11 @@ impl Devices {
         };
         let mut st = Stats {
             rx_rejected: dev.device.counters().rx_rejected(),
+            primed_handshakes: dev
+                .device
+                .counters()
+                .tx_primed
+                .load(std::sync::atomic::Ordering::Relaxed),
             offloads: Some(dev.device.offloads()),
             device_restarts,
             device_failure,

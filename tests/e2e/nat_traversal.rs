@@ -566,6 +566,14 @@ fn two_sites_behind_endpoint_dependent_nat_connect_through_a_relay_site_and_move
     let after = times.iter().filter(|t| **t > at + gap).count();
     assert!(after >= 50, "only {after} pings answered after the relay died");
     assert!(gap <= 5.0, "the tunnel came back after {gap:.2} s");
+    // Both moves counted: onto the first relay, then onto the next.
+    let m = s.scrape("ctla");
+    let moved = weft_tests::sites::metric(
+        &m,
+        "weft_controller_peering_path_changes_total",
+        &[("peer_site", "nr-b"), ("path", "relayed")],
+    );
+    assert!(moved.is_some_and(|n| n >= 2.0), "moves to a relay: {moved:?}");
 }
 
 /// Two sites behind NAT routers with no firewall (cloud NAT instances),
@@ -628,6 +636,32 @@ fn two_sites_behind_bare_nat_routers_hole_punch_with_ttl_limited_first_handshake
     }
     let wa = s.wa_from_b.clone();
     s.reach_quickly("wb", &wa, std::time::Duration::from_secs(5));
+    weft_tests::eventually(
+        "the move to hole-punched counted",
+        std::time::Duration::from_secs(10),
+        || {
+            let m = s.scrape("ctla");
+            weft_tests::sites::metric(
+                &m,
+                "weft_controller_peering_path_changes_total",
+                &[("path", "hole-punched")],
+            )
+            .is_some_and(|n| n >= 1.0)
+            .then_some(())
+        },
+    );
+    for gw in ["gwa", "gwb"] {
+        weft_tests::eventually(
+            "the primed handshakes counted",
+            std::time::Duration::from_secs(10),
+            || {
+                let m = s.scrape(gw);
+                weft_tests::sites::metric(&m, "weft_peering_primed_handshakes_total", &[])
+                    .is_some_and(|n| n >= 1.0)
+                    .then_some(())
+            },
+        );
+    }
     // Each router translated its gateway's port as it was (51820), toward
     // the other router: no collision remapped it.
     for (router, other) in [(&ra, "192.168.78.31"), (&rb, "192.168.78.30")] {

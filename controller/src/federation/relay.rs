@@ -27,6 +27,64 @@ const PUNCH_WINDOW: Duration = Duration::from_secs(15);
 /// when the punch still fails.
 const RETRY_DIRECT: Duration = Duration::from_secs(600);
 
+/// Each tunnel's path as the leader last saw it, and the moves it saw, by
+/// peer site and the path moved to (`weft_controller_peering_path_changes`).
+#[derive(Default)]
+struct Moves(std::sync::Mutex<MovesSeen>);
+
+/// This process's (the leader's, while it leads).
+static MOVES: std::sync::LazyLock<Moves> = std::sync::LazyLock::new(Moves::default);
+
+#[derive(Default)]
+struct MovesSeen {
+    last: std::collections::HashMap<String, String>,
+    counts: std::collections::BTreeMap<(String, &'static str), u64>,
+}
+
+/// A path as the metric labels it: direct, hole-punched, relayed, waiting.
+fn path_kind(path: &str) -> &'static str {
+    match path {
+        "direct" => "direct",
+        "hole-punched" => "hole-punched",
+        p if p.starts_with("relayed via ") => "relayed",
+        _ => "waiting",
+    }
+}
+
+impl Moves {
+    /// Peer `site`'s tunnel takes `path` now: the path it moved from, if
+    /// it moved (its first sighting is no move).
+    fn see(&self, site: &str, path: String) -> Option<String> {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let kind = path_kind(&path);
+        let from = m.last.insert(site.to_string(), path.clone())?;
+        if from == path {
+            return None;
+        }
+        *m.counts.entry((site.to_string(), kind)).or_default() += 1;
+        Some(from)
+    }
+
+    /// Forgets peers that are gone.
+    fn keep(&self, peers: &std::collections::HashSet<&String>) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.last.retain(|s, _| peers.contains(s));
+        m.counts.retain(|(s, _), _| peers.contains(s));
+    }
+
+    fn series(&self, f: &mut weft_common::obs::Families) {
+        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for ((site, path), n) in &m.counts {
+            f.counter(
+                "weft_controller_peering_path_changes",
+                "Times the peering's tunnel moved to this path (direct, hole-punched, relayed, waiting), as the leading replica saw it",
+                &[("peer_site", site.as_str()), ("path", path)],
+                *n,
+            );
+        }
+    }
+}
+
 /// The leader's memory of hole punches that did not come up, by peer site.
 #[derive(Default)]
 pub struct Punches(std::sync::Mutex<std::collections::HashMap<String, Punch>>);
@@ -220,6 +278,7 @@ pub async fn keep_relays(fed: Arc<Federation>, leader: tokio::sync::watch::Recei
         }
         refused = now_refused;
         // This site's own tunnels.
+        MOVES.keep(&model.peerings.keys().collect());
         let gateways = LocalGateways::of(&model);
         for (peer, p) in model.peerings.iter() {
             let local = gateways.for_port(&site, p.listen_port);
@@ -236,6 +295,10 @@ pub async fn keep_relays(fed: Arc<Federation>, leader: tokio::sync::watch::Recei
             } else {
                 None
             };
+            let path = weft_core::peer::tunnel_path(p, &local, fed.hub.tunnel(peer).is_some_and(|t| t.up));
+            if let Some(from) = MOVES.see(peer, path.clone()) {
+                tracing::info!(peer = %peer, %from, to = %path, "the tunnel's path moved");
+            }
             if via != p.relay_via {
                 match fed.state.set_relay(peer, None, Some(via.clone())).await {
                     Ok(_) => match &via {
@@ -251,8 +314,10 @@ pub async fn keep_relays(fed: Arc<Federation>, leader: tokio::sync::watch::Recei
     }
 }
 
-/// The relay's counters into the controller's metrics.
+/// The relay's counters, and the tunnels' path moves, into the
+/// controller's metrics.
 pub fn series(f: &mut weft_common::obs::Families) {
+    MOVES.series(f);
     for (why, n) in [
         ("not_peered", &REFUSED_NOT_PEERED),
         ("no_port", &REFUSED_NO_PORT),
@@ -270,6 +335,26 @@ pub fn series(f: &mut weft_common::obs::Families) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_move_of_a_tunnels_path_is_counted_by_where_it_went() {
+        let m = Moves::default();
+        assert_eq!(m.see("b", "waiting".into()), None, "a first sighting is no move");
+        assert_eq!(m.see("b", "waiting".into()), None);
+        assert_eq!(m.see("b", "relayed via r".into()), Some("waiting".into()));
+        assert_eq!(m.see("b", "hole-punched".into()), Some("relayed via r".into()));
+        assert_eq!(m.see("b", "relayed via r2".into()), Some("hole-punched".into()));
+        assert_eq!(m.see("b", "relayed via r".into()), Some("relayed via r2".into()));
+        let counts = |m: &Moves| m.0.lock().unwrap().counts.clone();
+        let want: std::collections::BTreeMap<(String, &str), u64> = [
+            (("b".to_string(), "hole-punched"), 1),
+            (("b".to_string(), "relayed"), 3),
+        ]
+        .into();
+        assert_eq!(counts(&m), want);
+        m.keep(&Default::default());
+        assert!(counts(&m).is_empty(), "a gone peer's moves go");
+    }
 
     #[test]
     fn a_hole_punch_that_does_not_come_up_is_relayed_then_tried_again() {
