@@ -154,14 +154,15 @@ fn two_sites_behind_endpoint_independent_nat_connect_directly_by_hole_punching()
     require_root();
     weft_tests::step("sites a and b each behind a home router, peered");
     let s = both_behind(Nat::EndpointIndependent, "nh");
-    weft_tests::step("connected, directly, within 5 s of the peering");
+    weft_tests::step("connected, directly, within 8 s of the peering");
     s.reach_quickly("wa", &s.wb_from_a, std::time::Duration::from_secs(30));
     let took = s.peered_at.elapsed();
     println!(
         "NAT: both sides behind endpoint-independent NAT, connected {:.2} s after the peering was created",
         took.as_secs_f64()
     );
-    let bound = weft_tests::pace::scaled(std::time::Duration::from_secs(5));
+    // (2 s of it the punch TTL's first handshakes, which cannot arrive)
+    let bound = weft_tests::pace::scaled(std::time::Duration::from_secs(8));
     assert!(
         took <= bound,
         "connected after {took:?}, over {bound:?} {}",
@@ -512,7 +513,7 @@ fn two_sites_behind_endpoint_dependent_nat_connect_through_a_relay_site_and_move
     // the next a second later (WireGuard's own retry would be 5 s later).
     s.reach_quickly("wa", &wb, weft_tests::pace::scaled(Duration::from_secs(20)));
     let took = since.elapsed();
-    let bound = weft_tests::pace::scaled(Duration::from_secs(5));
+    let bound = weft_tests::pace::scaled(Duration::from_secs(6));
     assert!(
         took <= bound,
         "relayed after {took:?}, over {bound:?} {}",

@@ -183,9 +183,12 @@ impl Device {
         punch: bool,
     ) {
         let mut peers = self.shared.peers.write().unwrap_or_else(|e| e.into_inner());
+        // Where it already is (configured so, or roamed there: a NAT's
+        // mapping the controller learned after the tunnel did) keeps the
+        // session, unprimed.
         if let Some(p) = peers.by_key.get(&public_key)
             && p.keepalive == keepalive
-            && (endpoint.is_none() || endpoint == p.configured)
+            && (endpoint.is_none() || endpoint == p.configured || endpoint == p.endpoint())
         {
             *p.allowed.write().unwrap_or_else(|e| e.into_inner()) = allowed;
             peers.reroute();

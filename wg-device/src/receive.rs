@@ -145,6 +145,18 @@ fn receive(
     let kind = d[0];
     let mut t = peer.tunn();
     let result = t.decapsulate(Some(from.ip()), d, plain);
+    // Heard from the peer (a cookie reply proves nothing): its NAT is
+    // open, so what goes to it leaves at the full TTL from now, before the
+    // other thread can use a session this message just made.
+    let heard = match &result {
+        TunnResult::WriteToNetwork(p) => p.first() != Some(&3),
+        TunnResult::Done => kind == 4,
+        TunnResult::Err(_) => false,
+        _ => true,
+    };
+    if heard {
+        peer.heard();
+    }
     let authentic = match result {
         TunnResult::WriteToNetwork(p) => {
             // a handshake answered (or a session's first keepalive); then
@@ -186,7 +198,6 @@ fn receive(
     // Roaming: the peer is where its last authenticated data or handshake
     // came from.
     if authentic {
-        peer.heard();
         let mut at = peer.endpoint.lock().unwrap_or_else(|e| e.into_inner());
         if *at != Some(from) {
             *at = Some(from);

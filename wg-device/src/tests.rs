@@ -482,3 +482,31 @@ fn a_punched_peers_first_handshakes_die_on_the_way_then_go_through_and_stop_once
         "c heard a: no more priming"
     );
 }
+
+#[test]
+fn a_punched_peer_set_again_where_it_already_is_keeps_its_session_unprimed() {
+    let network = Network::new();
+    network.hops(2);
+    let plain = |c: &mut Config| c.offload = false;
+    let a = end(&network, "a", "192.0.2.1:51820", 1, plain);
+    let b = end(&network, "b", "192.0.2.2:51820", 2, plain);
+    // b learns a's address from a's handshake (roaming) ...
+    b.device.set_peer(a.public, None, vec![net("10.0.1.0/24")], 0);
+    a.device.set_peer(b.public, Some(b.addr), vec![net("10.0.2.0/24")], 0);
+    carried(&a, &b, &udp4(ip("10.0.1.1"), ip("10.0.2.1"), b"up"));
+    let handshake = b.device.peers()[0].last_handshake;
+    // ... and is then told it by its controller, to be punched: nothing to
+    // open, the session stays
+    network.record();
+    b.device
+        .set_peer_punched(a.public, Some(a.addr), vec![net("10.0.1.0/24")], 0);
+    carried(&b, &a, &udp4(ip("10.0.2.1"), ip("10.0.1.1"), b"still"));
+    assert_eq!(count(&b.device.counters().tx_primed), 0);
+    assert!(network.died().is_empty());
+    // (the handshake's time is derived from its age: microseconds apart)
+    let again = b.device.peers()[0].last_handshake.unwrap();
+    let apart = again
+        .duration_since(handshake.unwrap())
+        .unwrap_or_else(|e| e.duration());
+    assert!(apart < Duration::from_millis(50), "a new session: {apart:?} apart");
+}

@@ -65,6 +65,14 @@ impl Moves {
         Some(from)
     }
 
+    /// Forgets every path seen and every move counted: a replica that no
+    /// longer leads neither counts nor reports them (the leader does).
+    fn clear(&self) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.last.clear();
+        m.counts.clear();
+    }
+
     /// Forgets peers that are gone.
     fn keep(&self, peers: &std::collections::HashSet<&String>) {
         let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -219,6 +227,7 @@ pub async fn keep_relays(fed: Arc<Federation>, leader: tokio::sync::watch::Recei
     loop {
         tick.tick().await;
         if !*leader.borrow() {
+            MOVES.clear();
             continue;
         }
         let model = fed.hub.model();
