@@ -118,20 +118,9 @@ impl Devices {
         dead.into_iter().map(|(n, _)| n).collect()
     }
 
-    pub fn set_peer(
-        &mut self,
-        link: &str,
-        public_key: &WgKey,
-        endpoint: Option<std::net::SocketAddr>,
-        allowed: &[IpNet],
-        keepalive: u16,
-    ) -> R<()> {
-        self.set(link, public_key, endpoint, allowed, keepalive, false)
-    }
-
     /// Adds or changes a peer; `punch`: its endpoint is to be hole-punched
     /// (`weft_wg_device::Device::set_peer_punched`).
-    pub fn set(
+    pub fn set_peer(
         &mut self,
         link: &str,
         public_key: &WgKey,
@@ -319,7 +308,7 @@ impl WireGuard for Userspace {
 
     async fn set_peer(&mut self, _ns: &Ns, link: &str, peer: &WgPeer) -> R<()> {
         let allowed: Vec<ipnet::IpNet> = peer.allowed_ips.clone();
-        self.devices.set(
+        self.devices.set_peer(
             link,
             &peer.public_key,
             peer.endpoint,

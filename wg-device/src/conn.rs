@@ -38,10 +38,6 @@ impl UdpBind {
         let (socket, state, dual) = dual_batch_socket(port)?;
         Ok(UdpBind { socket, state, dual })
     }
-
-    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.socket.local_addr().map(canonical)
-    }
 }
 
 impl AsFd for UdpBind {

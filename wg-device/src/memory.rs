@@ -233,12 +233,6 @@ pub struct MemoryBind {
     gso: usize,
 }
 
-impl MemoryBind {
-    pub fn local_addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
 impl Drop for MemoryBind {
     fn drop(&mut self) {
         self.net.switch().ends.remove(&self.addr);

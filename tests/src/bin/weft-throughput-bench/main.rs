@@ -462,8 +462,15 @@ fn device_end(e: End) -> anyhow::Result<()> {
             .await
             .map_err(anyhow::Error::msg)?;
         let allowed: ipnet::IpNet = e.allowed.parse()?;
-        devs.set_peer(&e.dev, &public(&e.peer)?, Some(e.endpoint.parse()?), &[allowed], 0)
-            .map_err(anyhow::Error::msg)?;
+        devs.set_peer(
+            &e.dev,
+            &public(&e.peer)?,
+            Some(e.endpoint.parse()?),
+            &[allowed],
+            0,
+            false,
+        )
+        .map_err(anyhow::Error::msg)?;
         println!("ready {:?}", devs.stats(&e.dev).offloads.map(|o| o.names()));
         tokio::signal::ctrl_c().await?;
         println!("{:?}", devs.devices[&e.dev].device.counters());
