@@ -63,6 +63,12 @@ pub trait Applier: Send {
         None
     }
 
+    /// Looks at the tunnels that may go over TLS where UDP does not work;
+    /// true when one changed its way (the agent then resyncs).
+    fn step_paths(&mut self) -> bool {
+        false
+    }
+
     /// How many host objects this applier created because they were
     /// missing; a resync that raises it repaired drift.
     fn writes(&self) -> u64 {

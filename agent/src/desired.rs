@@ -304,6 +304,7 @@ fn describe(o: &pb::DesiredObject) -> String {
             )
         }
         Some(Kind::LanAddress(_)) => "the LAN address (--lan-address), as the active gateway".into(),
+        Some(Kind::RelayTls(t)) => format!("carry tunnels over TLS on TCP port {}", t.port),
         None => "(empty object)".into(),
     }
 }

@@ -80,6 +80,10 @@ struct Kept {
 struct Shared {
     targets: HashMap<String, Target>,
     found: HashMap<String, Kept>,
+    /// When each tunnel's probes were last answered (UDP goes out), and
+    /// when a round of them last ended with no answer at all.
+    answered: HashMap<String, Instant>,
+    silent: HashMap<String, Instant>,
 }
 
 /// Whether a round's result (`new`, from `answers` answers, `complete`
@@ -151,6 +155,18 @@ impl Discovery {
         let mut sh = self.shared.lock().unwrap();
         sh.targets.retain(|l, _| keep(l));
         sh.found.retain(|l, _| keep(l));
+        sh.answered.retain(|l, _| keep(l));
+        sh.silent.retain(|l, _| keep(l));
+    }
+
+    /// When a probe of `link`'s was last answered.
+    pub fn answered(&self, link: &str) -> Option<Instant> {
+        self.shared.lock().unwrap().answered.get(link).copied()
+    }
+
+    /// When a round of `link`'s probes last went wholly unanswered.
+    pub fn silent(&self, link: &str) -> Option<Instant> {
+        self.shared.lock().unwrap().silent.get(link).copied()
     }
 
     /// What the latest round for `link` found (none before the first).
@@ -194,12 +210,18 @@ fn run(sock: &Socket, shared: &Mutex<Shared>, stop: &AtomicBool, changed: &dyn F
             .clamp(Duration::from_millis(1), TICK);
         if let Some((from, port, payload)) = receive(sock, wait) {
             let taken = discovery::parse_answer(&payload).and_then(|(nonce, seen)| {
-                let r = rounds.values_mut().find(|r| r.target.port == port)?;
+                let (link, r) = rounds.iter_mut().find(|(_, r)| r.target.port == port)?;
                 let i = r.sent.iter().position(|(at, n)| *at == from && *n == nonce)?;
-                r.answers[i].is_none().then(|| r.answers[i] = Some(seen))
+                r.answers[i].is_none().then(|| {
+                    r.answers[i] = Some(seen);
+                    link.clone()
+                })
             });
             match taken {
-                Some(()) => m.discovery("answered"),
+                Some(link) => {
+                    shared.lock().unwrap().answered.insert(link, Instant::now());
+                    m.discovery("answered")
+                }
                 None => {
                     tracing::debug!(%from, port, "endpoint discovery: an answer not probed for, ignored");
                     m.discovery("ignored");
@@ -225,6 +247,9 @@ fn run(sock: &Socket, shared: &Mutex<Shared>, stop: &AtomicBool, changed: &dyn F
             due.insert(link.clone(), now + jitter + if answered { EVERY } else { RETRY });
             let complete = r.answers.iter().all(Option::is_some);
             let answers = r.answers.iter().flatten().count();
+            if answers == 0 && !r.sent.is_empty() {
+                shared.lock().unwrap().silent.insert(link.clone(), now);
+            }
             let differs = {
                 let mut sh = shared.lock().unwrap();
                 // Only for the target the round was for.

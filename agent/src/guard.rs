@@ -275,7 +275,8 @@ impl Guard {
             | Object::TunnelFilter { .. }
             | Object::DnsRecord(_)
             | Object::RelaySession(_)
-            | Object::LanAddress => Ok(()),
+            | Object::LanAddress
+            | Object::RelayTls(_) => Ok(()),
         }
     }
 

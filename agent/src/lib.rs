@@ -10,6 +10,7 @@ pub mod config;
 pub mod desired;
 pub mod discovery;
 pub mod dns;
+pub mod fallback;
 pub mod guard;
 pub mod identity;
 pub mod linux;
@@ -18,6 +19,7 @@ pub mod probe;
 pub mod relay;
 pub mod run;
 pub mod session;
+pub mod tls_relay;
 pub mod wgkey;
 
 pub use weft_common::tls;

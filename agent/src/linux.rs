@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 use weft_dataplane::DataPlane;
-use weft_dataplane::desired::decode::WireguardLink;
+use weft_dataplane::desired::decode::{RelaySession, WireguardLink};
 use weft_dataplane::desired::{LinkSpec, Object};
 use weft_dataplane::driver::Driver;
 use weft_dataplane::kernel::Kernel;
@@ -54,6 +54,10 @@ pub struct Linux {
     relays: crate::relay::Relays,
     /// Gateways: the LAN address held while active (`--lan-address`).
     lan: Option<ipnet::Ipv4Net>,
+    /// Gateways: which way the tunnels that may fall back to TLS go.
+    paths: crate::fallback::Paths,
+    /// A relay site's active gateway: its TLS port.
+    front: Option<crate::tls_relay::Front>,
 }
 
 impl std::fmt::Debug for Linux {
@@ -103,6 +107,8 @@ impl Linux {
             wireguard,
             relays: Default::default(),
             lan: None,
+            paths: Default::default(),
+            front: None,
         })
     }
 
@@ -180,6 +186,7 @@ impl Linux {
             tracing::warn!(object = %id, error = %message, "not applied");
             errors.push(pb::ObjectError { id, message });
         }
+        errors.extend(self.tls_front(fin, &sessions));
         // The LAN address, held while this gateway is the active one
         // (checked on every apply and resync: one taken away by hand
         // comes back, and is announced again).
@@ -200,6 +207,54 @@ impl Linux {
             }
         }
         errors
+    }
+
+    /// A relay site's active gateway: its TLS port runs, and admits the
+    /// relayed tunnels' sides (from their allowed addresses) and this
+    /// gateway's own tunnels.
+    fn tls_front(&mut self, fin: &Objects, sessions: &[(String, RelaySession)]) -> Vec<pb::ObjectError> {
+        let wanted = fin.iter().find_map(|(id, o)| match o.object()? {
+            Object::RelayTls(port) => Some((id, *port)),
+            _ => None,
+        });
+        let Some((id, port)) = wanted else {
+            self.front = None;
+            *crate::metrics::get().tls_front.lock().unwrap() = None;
+            return Vec::new();
+        };
+        if self.front.as_ref().is_none_or(|f| f.port != port) {
+            self.front = None;
+            match crate::tls_relay::Front::start(port) {
+                Ok(f) => {
+                    *crate::metrics::get().tls_front.lock().unwrap() = Some(f.counters.clone());
+                    self.front = Some(f);
+                }
+                Err(message) => {
+                    tracing::warn!(object = %id, error = %message, "not applied");
+                    return vec![pb::ObjectError {
+                        id: id.clone(),
+                        message,
+                    }];
+                }
+            }
+        }
+        let mut admit = crate::tls_relay::Admit::default();
+        for (_, s) in sessions {
+            for side in [&s.spec.a, &s.spec.b] {
+                admit.ports.insert(side.port, side.from_ips.clone());
+            }
+        }
+        for o in fin.values().filter_map(Held::object) {
+            if let Object::Link(l) = o
+                && let LinkSpec::Wireguard(w) = &l.kind
+            {
+                admit.ports.insert(w.listen_port, Vec::new());
+            }
+        }
+        if let Some(f) = &self.front {
+            f.admit(admit);
+        }
+        Vec::new()
     }
 
     /// Probes and endpoint discovery follow the WireGuard links held.
@@ -304,7 +359,11 @@ impl Applier for Linux {
         });
         let claimed = weft_dataplane::namespaces_of(applied.values().filter_map(Held::object));
         let started = std::time::Instant::now();
-        let objects = fin.iter().filter_map(|(id, o)| Some((id.as_str(), o.object()?)));
+        // Tunnels carried over TLS: their endpoint is the carrier's.
+        let objects = self
+            .paths
+            .rewrite(fin.iter().filter_map(|(id, o)| Some((id.as_str(), o.object()?))));
+        let objects = objects.iter().map(|(id, o)| (*id, o.as_ref()));
         let mut out = self.plane.reconcile(objects, &claimed, scopes.as_ref()).await;
         let reconciled = started.elapsed();
         self.writes += out.done;
@@ -425,6 +484,20 @@ impl Applier for Linux {
 
     fn repairs(&self) -> Option<&'static tokio::sync::Notify> {
         Some(weft_dataplane::userspace::deaths())
+    }
+
+    fn step_paths(&mut self) -> bool {
+        if !self.paths.any() {
+            return false;
+        }
+        let (wg, discovery) = (&mut self.plane.wg, &self.discovery);
+        let now = std::time::Instant::now();
+        self.paths
+            .step(now, crate::fallback::unix_now(), |link| crate::fallback::Seen {
+                last_handshake_unix: wg.stats(link).last_handshake_unix,
+                answered: discovery.as_ref().and_then(|d| d.answered(link)),
+                silent: discovery.as_ref().and_then(|d| d.silent(link)),
+            })
     }
 
     fn features(&mut self) -> Vec<String> {

@@ -49,6 +49,12 @@ pub struct AgentMetrics {
     pub discovery: Family<Labels, Counter>,
     /// Gateways of a relay site: the relayed tunnels' counters.
     pub relays: Mutex<Relayed>,
+    /// Gateways: tunnels carried over TLS now (their UDP blocked), and
+    /// moves onto TLS.
+    pub over_tls: Gauge,
+    pub tls_moves: Counter,
+    /// A relay site's active gateway: its TLS port's counters.
+    pub tls_front: Mutex<Option<Arc<crate::tls_relay::Counters>>>,
 }
 
 impl AgentMetrics {
@@ -99,6 +105,9 @@ pub fn get() -> &'static AgentMetrics {
             dns_queries: Family::default(),
             discovery: Family::default(),
             relays: Mutex::new(Vec::new()),
+            over_tls: Gauge::default(),
+            tls_moves: Counter::default(),
+            tls_front: Mutex::new(None),
         };
         r.register(
             "weft_agent_reconcile_duration_seconds",
@@ -150,8 +159,21 @@ pub fn get() -> &'static AgentMetrics {
             "Endpoint discovery by outcome (answered; ignored: a forged or stray answer; unanswered: a probe without answer)",
             m.discovery.clone(),
         );
+        r.register(
+            "weft_gateway_tunnels_over_tls",
+            "Tunnels this gateway carries over TLS now, because no handshake came over UDP",
+            m.over_tls.clone(),
+        );
+        r.register(
+            "weft_gateway_tunnel_tls_fallbacks",
+            "Times a tunnel of this gateway went over TLS because no handshake came over UDP",
+            m.tls_moves.clone(),
+        );
         r.register_collector(Box::new(Snapshot(|f: &mut Families| {
             let m = get();
+            if let Some(c) = m.tls_front.lock().unwrap().as_ref() {
+                tls_front_series(f, c);
+            }
             for t in m.tunnels.lock().unwrap().iter() {
                 weft_common::obs::tunnel_series(f, t, &[]);
             }
@@ -178,6 +200,31 @@ pub fn get() -> &'static AgentMetrics {
         *m.registry.lock().unwrap() = r;
         m
     })
+}
+
+/// A relay gateway's TLS port's counters into the agent's metrics.
+fn tls_front_series(f: &mut weft_common::obs::Families, c: &crate::tls_relay::Counters) {
+    use std::sync::atomic::Ordering::Relaxed;
+    f.counter(
+        "weft_gateway_tls_relay_connections",
+        "Connections this relay gateway's TLS port admitted (a tunnel's side whose UDP is blocked)",
+        &[],
+        c.connections.load(Relaxed),
+    );
+    f.counter(
+        "weft_gateway_tls_relay_refused",
+        "Connections this relay gateway's TLS port refused: no hello in time, or a UDP port it may not stand for",
+        &[],
+        c.refused.load(Relaxed),
+    );
+    for (dir, n) in [("in", &c.received[1]), ("out", &c.sent[1])] {
+        f.counter(
+            "weft_gateway_tls_relay_bytes",
+            "Bytes of tunnels this relay gateway carried over TLS (in: from the connections)",
+            &[("direction", dir)],
+            n.load(Relaxed),
+        );
+    }
 }
 
 /// The running relays' counters (see `relay`): (site a, site b, counters).

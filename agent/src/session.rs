@@ -131,6 +131,9 @@ async fn resync(desired: &Desired, applier: &mut dyn Applier) -> Vec<pb::ObjectE
     errors
 }
 
+/// How often a gateway looks at which way its tunnels go (UDP or TLS).
+const PATHS_EVERY: Duration = Duration::from_millis(500);
+
 /// How often an agent sends the facts about its host.
 const HOST_REPORT_EVERY: Duration = Duration::from_secs(30);
 
@@ -371,6 +374,8 @@ pub(crate) async fn session(s: Session<'_>) -> End {
     let mut tunnels_up: std::collections::HashSet<String> = std::collections::HashSet::new();
     let changes = applier.tunnel_changes().unwrap_or_default();
     let repairs = applier.repairs();
+    let mut paths_tick = tokio::time::interval(PATHS_EVERY);
+    paths_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let metrics = crate::metrics::get();
     metrics.connected.set(1);
     metrics.cert_expiry.set(unix_secs(current.not_after));
@@ -404,6 +409,15 @@ pub(crate) async fn session(s: Session<'_>) -> End {
             // and reported.
             _ = async { repairs.unwrap().notified().await }, if repairs.is_some() => {
                 tracing::warn!("a WireGuard device died: repairing now");
+                errors = resync(desired, applier).await;
+                None
+            }
+            // A tunnel whose UDP does not answer goes over TLS, and back
+            // (see `fallback`): applied at once, and reported.
+            _ = paths_tick.tick() => {
+                if !applier.step_paths() {
+                    continue;
+                }
                 errors = resync(desired, applier).await;
                 None
             }

@@ -175,6 +175,11 @@ pub struct ControllerArgs {
     /// [default: 51920-51999].
     #[arg(global = true, long, env = "WEFT_RELAY_PORTS")]
     pub relay_ports: Option<String>,
+    /// TCP port on which the active gateway also carries tunnels over TLS
+    /// for peers whose UDP is blocked (implies --relay; 443 passes most
+    /// firewalls); open it on every gateway [default: none].
+    #[arg(global = true, long, env = "WEFT_RELAY_TLS_PORT")]
+    pub relay_tls_port: Option<u16>,
 }
 
 /// The configuration file's shape. Unknown fields are errors.
@@ -210,6 +215,7 @@ pub struct FileConfig {
     pub wireguard_ports: Option<String>,
     pub relay: Option<bool>,
     pub relay_ports: Option<String>,
+    pub relay_tls_port: Option<u16>,
     pub peer_cidr_auto_accept: Option<Vec<String>>,
     pub peer_public_cidrs: Option<Vec<String>>,
     pub peer_cidr_over_underlay: Option<crate::domain::UnderlayOverlap>,
@@ -315,6 +321,7 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("wireguard_ports", "--wireguard-ports", "WEFT_WIREGUARD_PORTS"),
     ("relay", "--relay", "WEFT_RELAY"),
     ("relay_ports", "--relay-ports", "WEFT_RELAY_PORTS"),
+    ("relay_tls_port", "--relay-tls-port", "WEFT_RELAY_TLS_PORT"),
     (
         "peer_cidr_auto_accept",
         "--peer-cidr-auto-accept",
@@ -414,6 +421,13 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
     let (peer_grace, agent_ttl, agent_cert_ttl) = lifetimes(args, file, &mut errs);
     let (gateway_ttl, overlay_mtu, tunnel_mtu, wireguard_ports) = data_path(args, file, &mut errs);
     let relay_ports = relay_ports(args, file, wireguard_ports, &mut errs);
+    let relay_tls_port = pick(args.relay_tls_port, file.relay_tls_port);
+    if relay_tls_port == Some(0) {
+        errs.push(FieldError {
+            field: "relay_tls_port".into(),
+            message: "0 is no TCP port; give one from 1 to 65535 (443 passes most firewalls)".into(),
+        });
+    }
     if !errs.is_empty() {
         return Err(ConfigError(errs));
     }
@@ -475,6 +489,7 @@ pub fn resolve(args: &ControllerArgs, file: FileConfig) -> Result<ControllerConf
             controller_ips,
             underlay_overlap: pick(args.peer_cidr_over_underlay, file.peer_cidr_over_underlay).unwrap_or_default(),
             default_export: pick(args.default_export, file.default_export).unwrap_or_default(),
+            relay_tls_port: relay_tls_port.filter(|_| relay_ports.is_some()),
             relay_ports,
             ipv6,
         },

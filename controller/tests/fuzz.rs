@@ -198,6 +198,7 @@ proptest! {
             underlay_overlap: Default::default(),
         default_export: Default::default(),
             relay_ports: None,
+            relay_tls_port: None,
         };
         let mut m = Model { revision: 1, site: Some(Arc::new(site.clone())), ..Default::default() };
         let mut taken: Vec<Ipv4Net> = vec![];

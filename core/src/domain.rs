@@ -58,6 +58,10 @@ pub struct Site {
     /// these UDP ports (two per relayed tunnel); None: it does not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relay_ports: Option<PortRange>,
+    /// With `relay_ports`: the TCP port on which its active gateway also
+    /// carries tunnels over TLS for peers whose UDP is blocked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_tls_port: Option<u16>,
     /// A peer's change of its CIDRs after negotiation is applied at once
     /// when every new CIDR lies within one of these blocks; otherwise it is
     /// held until an admin accepts it. Empty: every change is held.
@@ -375,6 +379,7 @@ pub(crate) fn test_site(id: &str, pool: &str) -> Site {
         underlay_overlap: Default::default(),
         default_export: Default::default(),
         relay_ports: None,
+        relay_tls_port: None,
     }
 }
 
@@ -417,6 +422,7 @@ pub(crate) fn test_remote(workload: &str) -> RemoteSite {
         tunnel_role: TunnelRole::Server,
         names: vec![],
         relay: false,
+        relay_tls_port: 0,
         relay_for: vec![],
         relays: vec![],
         exported: None,
@@ -486,6 +492,7 @@ mod tests {
             underlay_overlap: UnderlayOverlap::Refuse,
             default_export: Default::default(),
             relay_ports: None,
+            relay_tls_port: None,
         };
         // The first peering at the endpoint itself, the third two above,
         // also behind a forward whose outside ports differ.

@@ -214,6 +214,12 @@ pub fn remote_site(
         tunnel_role: tunnel_role(&own.site_id, has_endpoint(own), &p.site_id, has_endpoint(p)),
         names,
         relay: p.relay,
+        relay_tls_port: match p.relay_tls_port {
+            _ if !p.relay => 0,
+            0 => 0,
+            n @ 1..=65535 => n as u16,
+            n => return Err(format!("relay_tls_port: {n} is not a TCP port (1-65535)")),
+        },
         relay_for: crate::relay::requests(&p.site_id, &p.relay_for)?,
         relays: crate::relay::grants(&p.relays, &[])?,
         exported,

@@ -117,6 +117,7 @@ pub fn choose(
             (own && usable(site, endpoint)).then(|| RelayVia {
                 site: site.clone(),
                 endpoint,
+                tls_port: remote.relay_tls_port,
             })
         })
         .next()

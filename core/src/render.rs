@@ -479,6 +479,13 @@ pub fn gateway(m: &Model, name: &str) -> Objects {
     // --lan-address), so exported hosts' replies follow it.
     if active_gateway(m).is_some_and(|a| a.name == g.name) {
         out.extend([obj("self/lan-address".into(), Kind::LanAddress(pb::LanAddress {}))]);
+        // A relay site's: tunnels over TLS for peers whose UDP is blocked.
+        if let Some(port) = m.site.as_ref().and_then(|s| s.relay_ports.and(s.relay_tls_port)) {
+            out.extend([obj(
+                "self/relay-tls".into(),
+                Kind::RelayTls(pb::RelayTls { port: u32::from(port) }),
+            )]);
+        }
     }
     for n in m.nodes.keys() {
         out.extend(gateway_part(m, g, &Part::Node(n.clone())));

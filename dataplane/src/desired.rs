@@ -174,7 +174,7 @@ fn add(d: &mut Desired, id: &str, o: &Object, facts: &Facts) -> R<()> {
             // Errors of the host's table are this object's.
             origins.tables.entry(String::new()).or_default().insert(0, id);
         }
-        Object::WireguardPeer { ns, link, peer } => {
+        Object::WireguardPeer { ns, link, peer, .. } => {
             origins.peers.insert((ns.clone(), link.clone(), peer.public_key), id);
             s.peers
                 .entry((ns.clone(), link.clone()))
@@ -194,7 +194,7 @@ fn add(d: &mut Desired, id: &str, o: &Object, facts: &Facts) -> R<()> {
         // The gateway agent runs these (its relay threads); no table, no link.
         Object::RelaySession(_) => {}
         // The gateway agent holds its --lan-address itself (`lan`).
-        Object::LanAddress => {}
+        Object::LanAddress | Object::RelayTls(_) => {}
     }
     Ok(())
 }

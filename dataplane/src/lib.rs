@@ -104,7 +104,11 @@ pub fn namespaces_of<'a>(objects: impl IntoIterator<Item = &'a Object>) -> BTree
             | Object::WireguardPeer { ns, .. }
             | Object::ExportMap { ns, .. }
             | Object::TunnelFilter { ns, .. } => ns.clone(),
-            Object::HostSnat(_) | Object::DnsRecord(_) | Object::RelaySession(_) | Object::LanAddress => String::new(),
+            Object::HostSnat(_)
+            | Object::DnsRecord(_)
+            | Object::RelaySession(_)
+            | Object::LanAddress
+            | Object::RelayTls(_) => String::new(),
         };
         out.insert(ns);
     }

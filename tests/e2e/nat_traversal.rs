@@ -938,3 +938,105 @@ fn a_relayed_tunnel_keeps_its_sides_against_replayed_and_forged_handshakes() {
     assert!(dropped("handshakes_limited") > 0.0, "the flood was not limited: {m}");
     assert!(gap <= 1.0, "pings stopped for {gap:.2} s during the flood");
 }
+
+/// The over-TLS gauge of gateway `gw`'s agent.
+fn over_tls(s: &weft_tests::sites::TwoSites, gw: &str) -> f64 {
+    weft_tests::sites::metric(&s.scrape(gw), "weft_gateway_tunnels_over_tls", &[]).unwrap_or(0.0)
+}
+
+/// Two sites whose NAT routers let no UDP out at all, only TCP (as many
+/// corporate networks): no reflector answers, no handshake goes out. A
+/// relay site whose gateway also takes tunnels over TLS (`--relay-tls-port
+/// 443`) peers with both: each gateway's handshakes over UDP get no
+/// answer, so it carries its tunnels to the relay's gateway over TLS, and
+/// the tunnel between the two sites goes through the relay that way,
+/// within 10 s of the relay peering with both. When the routers let UDP
+/// out again, every tunnel is back on UDP within 30 s (the two sites'
+/// hole-punched), and the pings across lose little on the way.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn two_sites_whose_udp_is_blocked_connect_over_tls_through_a_relay_site_and_return_to_udp() {
+    require_root();
+    use std::time::{Duration, Instant};
+    weft_tests::step("sites a and b behind NAT routers that let no UDP out, peered: no path");
+    let opts = weft_tests::sites::Opts {
+        site_a_nat: Some(Nat::EndpointIndependent),
+        site_b_nat: Some(Nat::EndpointIndependent),
+        udp_blocked: true,
+        ..Default::default()
+    };
+    let mut s = weft_tests::sites::up_with("nt", ("nt-a", "10.1.0.0/16"), ("nt-b", "10.1.0.0/16"), opts);
+    weft_tests::eventually("a's NAT not seen (nothing answers)", Duration::from_secs(20), || {
+        let gws = weft_tests::weftctl_json(&s.ta, &["gateways"]);
+        (gws["gateways"][0]["nat"] == "unknown").then_some(())
+    });
+    assert_eq!(path_to(&s.ta, "nt-b"), "waiting");
+
+    weft_tests::step("a relay site taking TLS on TCP 443 peers with both: the tunnel goes through it over TLS");
+    weft_tests::sites::relay_site_with(
+        &mut s,
+        "nt-r",
+        1,
+        "10.1.0.0/16",
+        (true, true),
+        &[("--relay-tls-port", "443")],
+    );
+    let since = Instant::now();
+    let wb = s.wb_from_a.clone();
+    s.reach_quickly("wa", &wb, weft_tests::pace::scaled(Duration::from_secs(30)));
+    let took = since.elapsed();
+    println!(
+        "NAT: UDP blocked at both sites, connected over TLS through the relay site in {:.1} s after it peered with both",
+        took.as_secs_f64()
+    );
+    let bound = weft_tests::pace::scaled(Duration::from_secs(10));
+    assert!(
+        took <= bound,
+        "connected after {took:?}, over {bound:?} {}",
+        weft_tests::pace::describe()
+    );
+    assert_eq!(path_to(&s.ta, "nt-b"), "relayed via nt-r");
+    let wa = s.wa_from_b.clone();
+    s.reach_quickly("wb", &wa, Duration::from_secs(5));
+    for gw in ["gwa", "gwb"] {
+        // Its tunnel to the relay site, and the relayed one.
+        assert_eq!(over_tls(&s, gw), 2.0, "{gw}: tunnels over TLS");
+    }
+    let m = s.scrape("gwr1");
+    let admitted = weft_tests::sites::metric(&m, "weft_gateway_tls_relay_connections_total", &[]).unwrap_or(0.0);
+    assert!(
+        admitted >= 4.0,
+        "the relay's TLS port admitted {admitted} connections: {m}"
+    );
+    let relayed = weft_tests::sites::metric(
+        &m,
+        "weft_gateway_relay_packets_total",
+        &[("from_site", "nt-a"), ("to_site", "nt-b")],
+    );
+    assert!(relayed.unwrap_or(0.0) > 0.0, "the relay carried nothing");
+
+    weft_tests::step("the routers let UDP out again: every tunnel back on UDP within 30 s");
+    let (ping, log) = weft_tests::sites::ping_wa_to_wb(&mut s, "tls-to-udp.log");
+    let at = weft_tests::unix_now();
+    let opened = Instant::now();
+    for lan in [s.nat_a.as_ref().unwrap(), s.nat_b.as_ref().unwrap()] {
+        s.lab.block_udp(lan, false);
+    }
+    let within = weft_tests::pace::scaled(Duration::from_secs(30));
+    weft_tests::eventually("no tunnel over TLS", within, || {
+        (over_tls(&s, "gwa") == 0.0 && over_tls(&s, "gwb") == 0.0).then_some(())
+    });
+    let back = opened.elapsed();
+    weft_tests::eventually("hole-punched", Duration::from_secs(10), || {
+        (path_to(&s.ta, "nt-b") == "hole-punched").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    s.lab.proc(ping).child.as_mut().unwrap().kill().unwrap();
+    let (gap, times) = weft_tests::sites::longest_gap(&log, at);
+    println!(
+        "NAT: UDP allowed again, every tunnel back on UDP after {:.1} s; longest silence of a 20 ms ping {gap:.2} s",
+        back.as_secs_f64()
+    );
+    assert!(times.len() > 50, "only {} pings answered", times.len());
+    s.reach_quickly("wa", &wb, Duration::from_secs(5));
+}

@@ -38,6 +38,7 @@ fn site() -> Site {
         underlay_overlap: Default::default(),
         default_export: Default::default(),
         relay_ports: None,
+        relay_tls_port: None,
     }
 }
 

@@ -335,6 +335,29 @@ impl Lab {
         }
     }
 
+    /// Router `lan` lets no UDP out to the WAN (`blocked`), or lets it
+    /// again, as networks that pass only TCP do. Counted (nft table `ip
+    /// weftudp`).
+    pub fn block_udp(&self, lan: &NatLan, blocked: bool) {
+        let _ = self.exec(&lan.router, &["nft", "delete", "table", "ip", "weftudp"]);
+        if !blocked {
+            return;
+        }
+        let rules = "table ip weftudp {\n  chain forward {\n    type filter hook forward priority -10;\n    \
+                     oifname \"eth0\" meta l4proto udp counter drop\n  }\n}\n";
+        let mut nft = Command::new("ip");
+        nft.args(["netns", "exec", &lan.router, "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let mut child = nft.spawn().expect("nft");
+        {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
+        }
+        must(child.wait_with_output().unwrap(), "blocking UDP");
+    }
+
     /// How many connections (conntrack entries) router `lan` has
     /// translated so far: its NAT rule's packet counter, which sees each
     /// connection's first packet.

@@ -100,6 +100,9 @@ pub struct Opts {
     pub site_b_beyond_hop: bool,
     /// Every gateway's `--punch-ttl` (default: theirs, 2).
     pub punch_ttl: Option<u8>,
+    /// The NAT routers let no UDP out (only TCP), from before the agents
+    /// start ([`crate::netns::Lab::block_udp`]).
+    pub udp_blocked: bool,
     /// Site a's gateways' `--lan-address` (held by the active one).
     pub lan_address_a: Option<&'static str>,
     /// IPv6 pod CIDRs of site a and site b (dual stack; None: that site
@@ -209,6 +212,11 @@ fn hosts(
     }
     for (node, wl, sub) in placement {
         lab.workload(&ns[node], &ns[wl], sub);
+    }
+    if opts.udp_blocked {
+        for lan in nat_a.iter().chain(&nat_b) {
+            lab.block_udp(lan, true);
+        }
     }
     (ns, (nat_a, nat_b))
 }
@@ -694,6 +702,18 @@ pub fn teardown_hosts(
 /// its hosts (ctlr{n} 192.168.78.4{n}, gwr{n} 192.168.78.5{n}); `peers`:
 /// which of a and b it peers with.
 pub fn relay_site(s: &mut TwoSites, site: &str, n: u8, pod: &str, peers: (bool, bool)) -> crate::lab::Site {
+    relay_site_with(s, site, n, pod, peers, &[])
+}
+
+/// [`relay_site`] with more flags for its controller.
+pub fn relay_site_with(
+    s: &mut TwoSites,
+    site: &str,
+    n: u8,
+    pod: &str,
+    peers: (bool, bool),
+    flags: &[(&str, &str)],
+) -> crate::lab::Site {
     let (ctl, gw) = (format!("ctlr{n}"), format!("gwr{n}"));
     let (ctl_ip, gw_ip) = (format!("192.168.78.4{n}"), format!("192.168.78.5{n}"));
     let ctl_ns = s.lab.host(&ctl);
@@ -704,12 +724,16 @@ pub fn relay_site(s: &mut TwoSites, site: &str, n: u8, pod: &str, peers: (bool, 
         s.lab.adopt(&weft_controller::render::peering_namespace(site, other));
         s.lab.adopt(&weft_controller::render::peering_namespace(other, site));
     }
+    let mut controller = ControllerSpec::new(site)
+        .data_dir(&s.dir.path().join(site))
+        .pod(pod)
+        .flag("--metrics-listen", &format!("0.0.0.0:{CONTROLLER_METRICS_PORT}"))
+        .flag("--relay-ports", "51920-51999");
+    for (k, v) in flags {
+        controller = controller.flag(k, v);
+    }
     let spec = SiteSpec {
-        controller: ControllerSpec::new(site)
-            .data_dir(&s.dir.path().join(site))
-            .pod(pod)
-            .flag("--metrics-listen", &format!("0.0.0.0:{CONTROLLER_METRICS_PORT}"))
-            .flag("--relay-ports", "51920-51999"),
+        controller,
         ctl: ctl_ns,
         ctl_ip: ctl_ip.clone(),
         agents: vec![AgentSpec::gateway("gw", &gw_ns, &gw_ip)],

@@ -121,6 +121,10 @@ impl<A: Applier> Applier for Guarded<A> {
         self.inner.repairs()
     }
 
+    fn step_paths(&mut self) -> bool {
+        self.inner.step_paths()
+    }
+
     fn writes(&self) -> u64 {
         self.inner.writes()
     }

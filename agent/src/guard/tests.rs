@@ -83,6 +83,7 @@ fn what_weft_renders_passes() {
             allowed_ips: vec!["10.1.0.0/16".into()],
             persistent_keepalive: 25,
             punch: false,
+            tls_port: 0,
         }),
     ] {
         assert_eq!(g.check_raw(&obj(k.clone()), &Links::new()), Ok(()), "{k:?}");
@@ -136,6 +137,7 @@ fn what_reaches_past_weft_is_refused() {
                 allowed_ips: vec![],
                 persistent_keepalive: 0,
                 punch: false,
+                tls_port: 0,
             }),
             "endpoint",
         ),
@@ -148,6 +150,7 @@ fn what_reaches_past_weft_is_refused() {
                 allowed_ips: vec![],
                 persistent_keepalive: 0,
                 punch: false,
+                tls_port: 0,
             }),
             "public key",
         ),

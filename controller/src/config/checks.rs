@@ -500,7 +500,10 @@ pub(super) fn relay_ports(
     errs: &mut Vec<FieldError>,
 ) -> Option<PortRange> {
     let text = pick(args.relay_ports.clone(), file.relay_ports.clone());
-    let on = args.relay || file.relay == Some(true) || text.is_some();
+    let on = args.relay
+        || file.relay == Some(true)
+        || text.is_some()
+        || pick(args.relay_tls_port, file.relay_tls_port).is_some();
     if !on {
         return None;
     }

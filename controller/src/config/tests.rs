@@ -135,6 +135,25 @@ fn a_site_relays_only_when_asked_on_ports_apart_from_the_tunnels() {
 }
 
 #[test]
+fn a_tls_port_for_the_relay_implies_relaying_and_must_be_a_port() {
+    let mut a = args("site-a", &["10.1.0.0/16"]);
+    a.relay_tls_port = Some(443);
+    let c = resolve(&a, FileConfig::default()).unwrap();
+    assert_eq!(c.site.relay_tls_port, Some(443));
+    assert!(c.site.relay_ports.is_some(), "--relay-tls-port implies --relay");
+    let file: FileConfig = toml::from_str("relay_tls_port = 8443\n").unwrap();
+    let c = resolve(&args("site-a", &["10.1.0.0/16"]), file).unwrap();
+    assert_eq!(
+        (c.site.relay_tls_port, c.site.relay_ports.is_some()),
+        (Some(8443), true)
+    );
+    a.relay_tls_port = Some(0);
+    let e = resolve(&a, FileConfig::default()).unwrap_err();
+    assert_eq!(fields(e.clone()), ["relay_tls_port"]);
+    assert!(e.to_string().contains("--relay-tls-port"), "{e}");
+}
+
+#[test]
 fn flags_override_the_file() {
     let file: FileConfig =
         toml::from_str("site_id = \"from-file\"\npod_cidrs = [\"10.9.0.0/16\"]\nnode_prefix_len = 26\n").unwrap();

@@ -198,6 +198,7 @@ pub(super) fn fill(fed: &Federation, model: &crate::render::Model, peer: &str, p
     let Some(site) = model.site.as_ref() else { return };
     let ip = relay_ip(model);
     params.relay = site.relay_ports.is_some() && ip.is_some();
+    params.relay_tls_port = site.relay_tls_port.filter(|_| params.relay).map_or(0, u32::from);
     let Some(p) = model.peerings.get(peer) else { return };
     // Asked only of a relay this site can reach (its tunnel not known to be
     // down): a relay one end cannot use is given up by both, since the

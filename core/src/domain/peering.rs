@@ -111,6 +111,13 @@ pub struct TransitView {
 pub struct RelayVia {
     pub site: String,
     pub endpoint: SocketAddr,
+    /// The relay's TLS port at the endpoint's address (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tls_port: u16,
+}
+
+fn is_zero(p: &u16) -> bool {
+    *p == 0
 }
 
 /// A relay site's answer to this site's request to relay the tunnel to
@@ -160,6 +167,10 @@ pub struct RemoteSite {
     /// It relays peers' tunnels.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub relay: bool,
+    /// With `relay`: the TCP port on which its active gateway carries
+    /// tunnels over TLS (see `NetworkParams.relay_tls_port`); 0: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub relay_tls_port: u16,
     /// On a site that relays: the sites it asks this site to relay its
     /// tunnels to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -9,6 +9,7 @@ fn a_tunnel_with_a_direct_path_asks_no_relay() {
     p.relay_via = Some(crate::domain::RelayVia {
         site: "r".into(),
         endpoint: "192.0.2.5:51920".parse().unwrap(),
+        tls_port: 0,
     });
     assert_eq!(super::tunnel_path(&p, &[], true), "relayed via r");
     p.remote.as_mut().unwrap().gateways[0].endpoint = Some("192.0.2.9:51820".parse().unwrap());
@@ -232,4 +233,17 @@ fn a_peer_is_dialled_at_its_endpoint_or_where_its_nat_lets_both_sides_in() {
     assert_eq!(dial_address(&g), Some("203.0.113.9:51820".parse().unwrap()));
     assert_eq!(path(false, Some(&g), None), "direct");
     assert_eq!(path(false, None, None), "waiting");
+}
+
+#[test]
+fn a_relay_tls_port_is_taken_from_a_relay_only_and_must_be_a_port() {
+    let own = params("site-a", &["10.1.0.0/16"], "", &["192.0.2.1:7443"]);
+    let mut p = params("site-b", &["10.2.0.0/16"], "198.51.100.7:51820", &["198.51.100.2:7443"]);
+    p.relay_tls_port = 443;
+    // A site that does not relay offers nothing over TLS.
+    assert_eq!(super::remote_site("pem", "fp", &p, &own).unwrap().relay_tls_port, 0);
+    p.relay = true;
+    assert_eq!(super::remote_site("pem", "fp", &p, &own).unwrap().relay_tls_port, 443);
+    p.relay_tls_port = 70_000;
+    assert!(refused(&p, &own).contains("relay_tls_port: 70000 is not a TCP port"));
 }

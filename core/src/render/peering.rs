@@ -351,6 +351,13 @@ fn wireguard_peers(
         // reachable unasked): both NATs must open before either lets the
         // other in.
         let punch = via_relay.is_none() && direct.is_some() && g.endpoint.is_none() && !own_endpoint;
+        // Where UDP is blocked, the tunnel may go over TLS to the relay
+        // (a relayed tunnel's relay, or a relay site's own gateway).
+        let tls_port = match (via_relay, relay) {
+            (Some(_), Some(r)) => r.tls_port,
+            _ if g.endpoint.is_some() && (g.active || none_flagged) => r.relay_tls_port,
+            _ => 0,
+        };
         out.extend([obj(
             format!("{base}wgpeer/{}", g.name),
             Kind::WireguardPeer(pb::WireguardPeer {
@@ -361,6 +368,7 @@ fn wireguard_peers(
                 allowed_ips: allowed,
                 persistent_keepalive: 25,
                 punch,
+                tls_port: u32::from(tls_port),
             }),
         )]);
     }

@@ -45,6 +45,10 @@ pub enum Object {
         ns: Ns,
         link: String,
         peer: WgPeer,
+        /// Where UDP to the endpoint is blocked, the TLS port at the
+        /// endpoint's address that carries the tunnel instead (a relay
+        /// site's gateway); the agent decides which is used.
+        tls_port: Option<u16>,
     },
     /// An exported host, in a peering's namespace.
     ExportMap {
@@ -62,6 +66,8 @@ pub enum Object {
     RelaySession(RelaySession),
     /// The gateway holds its `--lan-address` (it is the active one).
     LanAddress,
+    /// A relay site's gateway carries tunnels over TLS on this TCP port.
+    RelayTls(u16),
 }
 
 /// A link as the controller renders it.
@@ -254,6 +260,7 @@ pub fn decode(o: &pb::DesiredObject) -> R<Object> {
         Kind::DnsRecord(r) => Object::DnsRecord(dns_record(r)?),
         Kind::RelaySession(r) => Object::RelaySession(relay_session(r)?),
         Kind::LanAddress(_) => Object::LanAddress,
+        Kind::RelayTls(t) => Object::RelayTls(tcp_port("TLS relay port", t.port)?),
     })
 }
 
@@ -425,11 +432,25 @@ fn wireguard_peer(p: &pb::WireguardPeer) -> R<Object> {
             .map_err(|_| format!("keepalive {} is over 65535 s", p.persistent_keepalive))?,
         punch: p.punch && !p.endpoint.is_empty(),
     };
+    let tls_port = match p.tls_port {
+        0 => None,
+        _ if peer.endpoint.is_none() => return Err("a TLS port without an endpoint to carry the tunnel to".into()),
+        n => Some(tcp_port("TLS port", n)?),
+    };
     Ok(Object::WireguardPeer {
         ns: p.namespace.clone(),
         link: p.link.clone(),
         peer,
+        tls_port,
     })
+}
+
+/// A TCP port a gateway listens on or dials: 1 to 65535.
+fn tcp_port(what: &str, n: u32) -> R<u16> {
+    u16::try_from(n)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("{what} {n} is not a TCP port (1 to 65535)"))
 }
 
 // weft-types' parsers, the ones the controller uses too; their messages

@@ -360,6 +360,7 @@ fn a_peer_reached_at_its_reflexive_address_from_behind_nat_is_hole_punched() {
         p.relay_via = relayed.then(|| RelayVia {
             site: "r".into(),
             endpoint: "203.0.113.5:51920".parse().unwrap(),
+            tls_port: 0,
         });
         m.peerings.insert("b".into(), Arc::new(p));
         let Some(Kind::WireguardPeer(wp)) = &gateway(&m, "gw1")["peer/b/wgpeer/gw"].kind else {
@@ -373,4 +374,46 @@ fn a_peer_reached_at_its_reflexive_address_from_behind_nat_is_hole_punched() {
     assert_eq!(punch(false, false, true), ("203.0.113.5:51920".into(), false));
     assert_eq!(punch(false, true, false), ("192.0.2.1:51820".into(), false));
     assert_eq!(punch(true, false, false), ("198.51.100.7:51820".into(), false));
+}
+
+#[test]
+fn a_relay_that_takes_tls_is_offered_to_the_tunnels_that_reach_it() {
+    use crate::domain::{RelayVia, RemoteGateway, RemoteSite};
+    // (the peer relays with a TLS port, its gateway has an endpoint,
+    // relayed through a relay with a TLS port) -> the peer's TLS port
+    let tls = |peer_tls: u16, peer_endpoint: bool, relay_tls: Option<u16>| {
+        let mut m = model();
+        let mut p = (*m.peerings["b"]).clone();
+        p.remote = Some(RemoteSite {
+            gateways: vec![RemoteGateway {
+                name: "gw".into(),
+                endpoint: peer_endpoint.then(|| "192.0.2.1:51820".parse().unwrap()),
+                public_key: Some(crate::domain::WgKey::from_bytes([1; 32])),
+                active: true,
+                candidates: vec![],
+                nat: None,
+            }],
+            relay: peer_tls > 0,
+            relay_tls_port: peer_tls,
+            ..crate::domain::test_remote("10.1.0.0/16")
+        });
+        p.relay_via = relay_tls.map(|tls_port| RelayVia {
+            site: "r".into(),
+            endpoint: "203.0.113.5:51920".parse().unwrap(),
+            tls_port,
+        });
+        m.peerings.insert("b".into(), Arc::new(p));
+        let Some(Kind::WireguardPeer(wp)) = &gateway(&m, "gw1")["peer/b/wgpeer/gw"].kind else {
+            panic!()
+        };
+        (wp.endpoint.clone(), wp.tls_port)
+    };
+    // the relay site itself, at its gateway's endpoint
+    assert_eq!(tls(443, true, None), ("192.0.2.1:51820".into(), 443));
+    // a site that offers none, or a peer without an endpoint: UDP only
+    assert_eq!(tls(0, true, None), ("192.0.2.1:51820".into(), 0));
+    assert_eq!(tls(443, false, None), (String::new(), 0));
+    // relayed: the relay's port, at the relay's address
+    assert_eq!(tls(0, false, Some(443)), ("203.0.113.5:51920".into(), 443));
+    assert_eq!(tls(0, false, Some(0)), ("203.0.113.5:51920".into(), 0));
 }

@@ -180,6 +180,7 @@ fn each_field_is_parsed_and_bounded_once_at_the_door() {
                 allowed_ips: vec![],
                 persistent_keepalive: 70_000,
                 punch: false,
+                tls_port: 0,
             })),
             "keepalive 70000",
         ),
@@ -217,6 +218,7 @@ fn a_punched_peer_keeps_the_flag_only_with_an_endpoint_and_equals_the_same_peer_
             allowed_ips: vec!["10.1.0.0/16".into()],
             persistent_keepalive: 25,
             punch,
+            tls_port: 0,
         })))
         .unwrap();
         let Object::WireguardPeer { peer, .. } = o else {
@@ -230,4 +232,40 @@ fn a_punched_peer_keeps_the_flag_only_with_an_endpoint_and_equals_the_same_peer_
     // how an endpoint is first tried is no state to converge on: kernel
     // WireGuard reports no such thing
     assert_eq!(punched, peer("198.51.100.7:51820", false));
+}
+
+#[test]
+fn a_tls_port_needs_an_endpoint_and_a_tcp_port() {
+    let peer = |endpoint: &str, tls_port: u32| {
+        decode(&obj(Kind::WireguardPeer(pb::WireguardPeer {
+            link: "weft-wabc".into(),
+            namespace: "weft-p-a".into(),
+            public_key: KEY.into(),
+            endpoint: endpoint.into(),
+            allowed_ips: vec![],
+            persistent_keepalive: 25,
+            punch: false,
+            tls_port,
+        })))
+    };
+    let Ok(Object::WireguardPeer { tls_port, .. }) = peer("198.51.100.7:51920", 443) else {
+        panic!()
+    };
+    assert_eq!(tls_port, Some(443));
+    let Ok(Object::WireguardPeer { tls_port, .. }) = peer("198.51.100.7:51920", 0) else {
+        panic!()
+    };
+    assert_eq!(tls_port, None, "0: UDP only");
+    let e = peer("", 443).unwrap_err();
+    assert!(e.contains("without an endpoint"), "{e}");
+    let e = peer("198.51.100.7:51920", 70_000).unwrap_err();
+    assert!(e.contains("70000 is not a TCP port"), "{e}");
+    for port in [0, 65_536] {
+        let e = decode(&obj(Kind::RelayTls(pb::RelayTls { port }))).unwrap_err();
+        assert!(e.contains("not a TCP port"), "{port}: {e}");
+    }
+    assert_eq!(
+        decode(&obj(Kind::RelayTls(pb::RelayTls { port: 443 }))).unwrap(),
+        Object::RelayTls(443)
+    );
 }
