@@ -47,9 +47,6 @@ const HANDSHAKE: Duration = Duration::from_secs(5);
 const MAX_CONNECTIONS: usize = 512;
 /// A pump's read buffer and the most it writes at once.
 const CHUNK: usize = 256 * 1024;
-/// The loopback UDP sockets' buffers: room for bursts, small enough that a
-/// congested connection drops instead of queueing for long.
-const UDP_BUFFER: usize = 2 << 20;
 
 /// The UDP ports on the relay host a connection may stand for, each with
 /// the addresses it may come from (empty: any).
@@ -244,15 +241,88 @@ async fn serve(
     }
 }
 
-/// A UDP socket on 127.0.0.1 with [`UDP_BUFFER`]s.
-fn loopback_socket() -> Result<UdpSocket, String> {
-    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None).map_err(|e| e.to_string())?;
-    let _ = s.set_recv_buffer_size(UDP_BUFFER);
-    let _ = s.set_send_buffer_size(UDP_BUFFER);
-    s.set_nonblocking(true).map_err(|e| e.to_string())?;
-    s.bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into())
-        .map_err(|e| format!("cannot bind on 127.0.0.1: {e}"))?;
-    UdpSocket::from_std(s.into()).map_err(|e| e.to_string())
+/// A UDP socket on 127.0.0.1, read and written in batches (quinn-udp: GRO
+/// in, so a device's segmented send arrives in one read; GSO out, so a
+/// run of equal datagrams leaves in one write).
+struct Loopback {
+    socket: UdpSocket,
+    state: quinn_udp::UdpSocketState,
+}
+
+fn loopback_socket() -> Result<Loopback, String> {
+    let std =
+        std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| format!("cannot bind on 127.0.0.1: {e}"))?;
+    let (std, state) = weft_wg_device::conn::tuned(std).map_err(|e| e.to_string())?;
+    let socket = UdpSocket::from_std(std).map_err(|e| e.to_string())?;
+    Ok(Loopback { socket, state })
+}
+
+impl Loopback {
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.socket.local_addr()
+    }
+
+    /// Sends `data` (datagrams of `stride` bytes, the last maybe shorter)
+    /// to `to`, segmented where it can. Loopback: a full receiver drops,
+    /// it does not block; a full send buffer is waited for.
+    async fn send(&self, to: SocketAddr, data: &[u8], stride: usize) -> bool {
+        let t = quinn_udp::Transmit {
+            destination: to,
+            ecn: None,
+            contents: data,
+            segment_size: (data.len() > stride).then_some(stride),
+            src_ip: None,
+        };
+        loop {
+            match self.socket.try_io(tokio::io::Interest::WRITABLE, || {
+                self.state.try_send((&self.socket).into(), &t)
+            }) {
+                Ok(()) => return true,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if self.socket.writable().await.is_err() {
+                        return false;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+/// A run of equal datagrams for one segmented send.
+struct Run {
+    buf: Vec<u8>,
+    stride: usize,
+    max: usize,
+}
+
+impl Run {
+    /// Whether a datagram of `n` bytes joins the run (the last of a run may
+    /// be shorter, and ends it).
+    fn fits(&self, n: usize) -> bool {
+        self.buf.is_empty()
+            || (n <= self.stride
+                && self.buf.len() % self.stride == 0
+                && self.buf.len() + n <= 65_000
+                && self.buf.len() / self.stride < self.max)
+    }
+
+    fn push(&mut self, d: &[u8]) {
+        if self.buf.is_empty() {
+            self.stride = d.len();
+        }
+        self.buf.extend_from_slice(d);
+    }
+
+    async fn flush(&mut self, udp: &Loopback, to: Option<SocketAddr>, c: &Counters) {
+        if let (Some(to), false) = (to, self.buf.is_empty())
+            && udp.send(to, &self.buf, self.stride).await
+        {
+            c.received[0].fetch_add(self.buf.len().div_ceil(self.stride) as u64, Ordering::Relaxed);
+            c.received[1].fetch_add(self.buf.len() as u64, Ordering::Relaxed);
+        }
+        self.buf.clear();
+    }
 }
 
 /// Carries datagrams between `tls` and `udp` until either fails or ends:
@@ -261,7 +331,7 @@ fn loopback_socket() -> Result<UdpSocket, String> {
 /// connection, as many as are waiting per write.
 async fn pump<S: AsyncRead + AsyncWrite>(
     tls: S,
-    udp: &UdpSocket,
+    udp: &Loopback,
     to: &Mutex<Option<SocketAddr>>,
     learn: bool,
     c: &Counters,
@@ -270,12 +340,18 @@ async fn pump<S: AsyncRead + AsyncWrite>(
     let inbound = async {
         let mut buf = vec![0u8; CHUNK];
         let mut have = 0;
+        let mut run = Run {
+            buf: Vec::with_capacity(65_536),
+            stride: 0,
+            max: udp.state.max_gso_segments().max(1),
+        };
         loop {
             let n = rd.read(&mut buf[have..]).await.map_err(|e| format!("read: {e}"))?;
             if n == 0 {
                 return Ok(());
             }
             have += n;
+            let dest = *to.lock().unwrap();
             let mut at = 0;
             while have - at >= 2 {
                 let len = usize::from(u16::from_be_bytes([buf[at], buf[at + 1]]));
@@ -284,57 +360,71 @@ async fn pump<S: AsyncRead + AsyncWrite>(
                 }
                 let d = &buf[at + 2..at + 2 + len];
                 at += 2 + len;
-                let dest = *to.lock().unwrap();
-                if let (Some(dest), false) = (dest, d.is_empty()) {
-                    // Loopback: a full receiver drops, it never blocks.
-                    if udp.send_to(d, dest).await.is_ok() {
-                        c.received[0].fetch_add(1, Ordering::Relaxed);
-                        c.received[1].fetch_add(d.len() as u64, Ordering::Relaxed);
-                    }
+                if d.is_empty() {
+                    continue;
                 }
+                if !run.fits(d.len()) {
+                    run.flush(udp, dest, c).await;
+                }
+                run.push(d);
             }
+            run.flush(udp, dest, c).await;
             buf.copy_within(at..have, 0);
             have -= at;
         }
     };
     let outbound = async {
-        let mut d = vec![0u8; 65_536];
-        let mut out: Vec<u8> = Vec::with_capacity(CHUNK);
-        // A datagram of `n` bytes in `d` from `from` into `out`, if it
-        // comes from where the tunnel's datagrams come.
-        let take = |d: &[u8], from: SocketAddr, out: &mut Vec<u8>| {
-            let n = d.len();
-            let mut at = to.lock().unwrap();
-            let ok = match *at {
-                _ if learn && from.ip().is_loopback() => {
-                    *at = Some(from);
-                    true
-                }
-                Some(t) => t == from,
-                None => false,
-            };
-            if ok && n > 0 && n <= usize::from(u16::MAX) {
-                out.extend_from_slice(&(n as u16).to_be_bytes());
-                out.extend_from_slice(d);
-                c.sent[0].fetch_add(1, Ordering::Relaxed);
-                c.sent[1].fetch_add(n as u64, Ordering::Relaxed);
-            }
-        };
+        let batch = quinn_udp::BATCH_SIZE;
+        let mut storage = vec![0u8; batch * 65_536];
+        let mut meta = vec![quinn_udp::RecvMeta::default(); batch];
+        let mut out: Vec<u8> = Vec::with_capacity(CHUNK + 65_536 * 2);
         loop {
-            let (n, from) = udp.recv_from(&mut d).await.map_err(|e| format!("receive: {e}"))?;
-            take(&d[..n], from, &mut out);
-            while out.len() + 2 + d.len() <= CHUNK {
-                match udp.try_recv_from(&mut d) {
-                    Ok((n, from)) => take(&d[..n], from, &mut out),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            // What is waiting now, up to a chunk: one write.
+            while out.len() < CHUNK {
+                let mut bufs: Vec<std::io::IoSliceMut> =
+                    storage.chunks_mut(65_536).map(std::io::IoSliceMut::new).collect();
+                let got = udp.socket.try_io(tokio::io::Interest::READABLE, || {
+                    udp.state.recv((&udp.socket).into(), &mut bufs, &mut meta)
+                });
+                let n = match got {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if !out.is_empty() {
+                            break;
+                        }
+                        udp.socket.readable().await.map_err(|e| format!("receive: {e}"))?;
+                        continue;
+                    }
                     Err(e) => return Err(format!("receive: {e}")),
+                };
+                for (m, b) in meta.iter().zip(bufs.iter()).take(n) {
+                    let from = m.addr;
+                    let ok = {
+                        let mut at = to.lock().unwrap();
+                        match *at {
+                            _ if learn && from.ip().is_loopback() => {
+                                *at = Some(from);
+                                true
+                            }
+                            Some(t) => t == from,
+                            None => false,
+                        }
+                    };
+                    if !ok {
+                        continue;
+                    }
+                    let data = &b[..m.len.min(65_536)];
+                    for d in data.chunks(m.stride.max(1)) {
+                        out.extend_from_slice(&(d.len() as u16).to_be_bytes());
+                        out.extend_from_slice(d);
+                        c.sent[0].fetch_add(1, Ordering::Relaxed);
+                        c.sent[1].fetch_add(d.len() as u64, Ordering::Relaxed);
+                    }
                 }
             }
-            if !out.is_empty() {
-                wr.write_all(&out).await.map_err(|e| format!("write: {e}"))?;
-                wr.flush().await.map_err(|e| format!("write: {e}"))?;
-                out.clear();
-            }
+            wr.write_all(&out).await.map_err(|e| format!("write: {e}"))?;
+            wr.flush().await.map_err(|e| format!("write: {e}"))?;
+            out.clear();
         }
     };
     tokio::select! {
@@ -440,7 +530,7 @@ fn connector() -> Result<tokio_rustls::TlsConnector, String> {
 
 /// A carrier's life: connect, say which port, pump; again after a pause
 /// when the connection fails or ends.
-async fn carry(front: SocketAddr, port: u16, udp: UdpSocket, up: Arc<AtomicBool>, c: Arc<Counters>) {
+async fn carry(front: SocketAddr, port: u16, udp: Loopback, up: Arc<AtomicBool>, c: Arc<Counters>) {
     use backon::BackoffBuilder;
     let fresh = || {
         backon::ExponentialBuilder::default()

@@ -22,7 +22,15 @@
 //!   alone, a NAT instance as clouds have them), a router between them (as
 //!   on the internet), and a relay site peered with both right after the
 //!   two sites (connected: from the sites' peering, whatever path carries
-//!   it first).
+//!   it first);
+//! - UDP blocked: both sites behind NAT routers that let no UDP out (only
+//!   TCP), and a relay site whose gateway also takes tunnels over TLS
+//!   (`--relay-tls-port 443`) peered with both: every tunnel of the two
+//!   sites goes to the relay over TLS on TCP (connected: from the relay
+//!   site's peerings). Its throughput is also given as a ratio to the
+//!   relayed case's (the same relay over UDP), run by run. After the runs
+//!   the routers let UDP out again, and the bench reports when no tunnel
+//!   of either gateway is carried over TLS any more.
 //!
 //! Needs root; `sudo weft-nat-bench --seconds 5 --runs 5` (see
 //! docs/benchmarks.md).
@@ -63,6 +71,11 @@ enum Relay {
 }
 
 fn case(name: &'static str, tag: &str, a: Option<Nat>, b: Option<Nat>, relay: Relay) -> Case {
+    case_with(name, tag, a, b, relay, false)
+}
+
+/// [`case`], with UDP blocked at both routers and the relay taking TLS.
+fn case_with(name: &'static str, tag: &str, a: Option<Nat>, b: Option<Nat>, relay: Relay, tls: bool) -> Case {
     // The agents' default resync (the labs' 1 s would have every gateway
     // read its whole state each second, the relay site's too).
     let opts = Opts {
@@ -72,6 +85,7 @@ fn case(name: &'static str, tag: &str, a: Option<Nat>, b: Option<Nat>, relay: Re
         // between the two sites (the punch's first handshakes die there).
         site_b_beyond_hop: b == Some(Nat::Bare),
         resync: Some("30s"),
+        udp_blocked: tls,
         ..Default::default()
     };
     let mut lab = up_with(
@@ -81,7 +95,8 @@ fn case(name: &'static str, tag: &str, a: Option<Nat>, b: Option<Nat>, relay: Re
         opts,
     );
     if relay != Relay::None {
-        weft_tests::sites::relay_site(&mut lab, &format!("{tag}-r"), 1, "10.1.0.0/16", (true, true));
+        let flags: &[(&str, &str)] = if tls { &[("--relay-tls-port", "443")] } else { &[] };
+        weft_tests::sites::relay_site_with(&mut lab, &format!("{tag}-r"), 1, "10.1.0.0/16", (true, true), flags);
     }
     let since = if relay == Relay::Only {
         std::time::Instant::now()
@@ -114,6 +129,21 @@ fn case(name: &'static str, tag: &str, a: Option<Nat>, b: Option<Nat>, relay: Re
     }
 }
 
+/// Lets UDP out of both routers of `lab` again; seconds until neither
+/// gateway carries a tunnel over TLS.
+fn back_on_udp(lab: &TwoSites) -> f64 {
+    let opened = std::time::Instant::now();
+    for lan in [lab.nat_a.as_ref().unwrap(), lab.nat_b.as_ref().unwrap()] {
+        lab.lab.block_udp(lan, false);
+    }
+    let over_tls =
+        |gw: &str| weft_tests::sites::metric(&lab.scrape(gw), "weft_gateway_tunnels_over_tls", &[]).unwrap_or(0.0);
+    weft_tests::eventually("no tunnel over TLS", Duration::from_secs(120), || {
+        (over_tls("gwa") == 0.0 && over_tls("gwb") == 0.0).then_some(())
+    });
+    opened.elapsed().as_secs_f64()
+}
+
 fn main() {
     let args = Args::parse();
     assert!(weft_tests::netns::require_root(), "weft-nat-bench needs root");
@@ -143,7 +173,18 @@ fn main() {
             Relay::Only,
         ),
         case("both bare NAT", "nb4", Some(Nat::Bare), Some(Nat::Bare), Relay::Beside),
+        case_with(
+            "UDP blocked, over TLS",
+            "nb5",
+            Some(Nat::EndpointIndependent),
+            Some(Nat::EndpointIndependent),
+            Relay::Only,
+            true,
+        ),
     ];
+    // The TLS case against the same relay over UDP.
+    let (udp_relay, tls_relay) = (3, 5);
+    let mut over_udp_relay = Vec::new();
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
     for run in 0..args.runs {
         let mut line = format!("run {}:", run + 1);
@@ -157,6 +198,7 @@ fn main() {
         for (i, c) in cases.iter().enumerate() {
             ratios[i].push(c.gbits[run] / direct);
         }
+        over_udp_relay.push(cases[tls_relay].gbits[run] / cases[udp_relay].gbits[run]);
         println!("{line}");
     }
     println!("case                         path                connected   Gbit/s   ratio to direct");
@@ -170,4 +212,12 @@ fn main() {
             median(r)
         );
     }
+    let back = back_on_udp(&cases[tls_relay].lab);
+    println!("UDP blocked, over TLS: UDP allowed again, every tunnel back on UDP after {back:.1} s");
+    let lo = over_udp_relay.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = over_udp_relay.iter().copied().fold(0.0, f64::max);
+    println!(
+        "over TLS / relayed over UDP: median {:.3} (runs {lo:.3} to {hi:.3})",
+        median(over_udp_relay.clone())
+    );
 }
