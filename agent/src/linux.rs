@@ -422,8 +422,10 @@ impl Applier for Linux {
         for (link, (target, prober)) in &self.probes {
             let h = prober.health.lock().unwrap().clone();
             let stats = self.plane.wg.stats(link);
-            if let Some(ep) = stats.endpoint {
-                // (An IPv4 peer on a dual-stack socket is ::ffff:a.b.c.d.)
+            // (An IPv4 peer on a dual-stack socket is ::ffff:a.b.c.d.) Over
+            // TLS the endpoint is the carrier's, on loopback: TCP carries
+            // the datagrams, no path MTU to check.
+            if let Some(ep) = stats.endpoint.filter(|e| !e.ip().to_canonical().is_loopback()) {
                 *prober.mtu_target.lock().unwrap() = Some(ep.ip().to_canonical());
             }
             let found = self.discovery.as_ref().and_then(|d| d.found(link)).unwrap_or_default();
@@ -459,6 +461,7 @@ impl Applier for Linux {
                 tx_bytes: stats.tx_bytes,
                 rx_rejected: stats.rx_rejected,
                 primed_handshakes: stats.primed_handshakes,
+                over_tls: self.paths.over_tls(link),
                 device_restarts: stats.device_restarts,
                 device_failure: stats.device_failure.clone(),
                 // "none": the userspace device without offloads (kernel

@@ -302,7 +302,7 @@ impl Run {
     fn fits(&self, n: usize) -> bool {
         self.buf.is_empty()
             || (n <= self.stride
-                && self.buf.len() % self.stride == 0
+                && self.buf.len().is_multiple_of(self.stride)
                 && self.buf.len() + n <= 65_000
                 && self.buf.len() / self.stride < self.max)
     }

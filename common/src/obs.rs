@@ -228,6 +228,12 @@ pub fn tunnel_series(f: &mut Families, t: &weft_proto::v1::TunnelStatus, extra: 
         &l,
         t.rx_rejected,
     );
+    f.gauge(
+        "weft_peering_over_tls",
+        "1 while the gateway carries the tunnel over TLS on TCP to a relay site's gateway (no handshake answered over UDP)",
+        &l,
+        f64::from(u8::from(t.over_tls)),
+    );
     f.counter(
         "weft_peering_primed_handshakes",
         "Handshakes weft's userspace WireGuard device sent with the punch TTL: a hole-punched tunnel's first ones, which open this gateway's NAT and die before the peer's",

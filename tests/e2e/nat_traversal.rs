@@ -996,6 +996,15 @@ fn two_sites_whose_udp_is_blocked_connect_over_tls_through_a_relay_site_and_retu
         weft_tests::pace::describe()
     );
     assert_eq!(path_to(&s.ta, "nt-b"), "relayed via nt-r");
+    weft_tests::eventually("weftctl shows the tunnel over TLS", Duration::from_secs(10), || {
+        let peers = weft_tests::weftctl_json(&s.ta, &["peerings"]);
+        let p = peers["peerings"]
+            .as_array()?
+            .iter()
+            .find(|p| p["site_id"] == "nt-b")?
+            .clone();
+        (p["tunnel"]["over_tls"] == true).then_some(())
+    });
     let wa = s.wa_from_b.clone();
     s.reach_quickly("wb", &wa, Duration::from_secs(5));
     for gw in ["gwa", "gwb"] {

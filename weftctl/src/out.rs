@@ -235,11 +235,14 @@ pub fn gateway_info_json(g: &pb::GatewayInfo) -> serde_json::Value {
         "nat": g.nat})
 }
 
-/// A tunnel's path ("direct", "hole-punched", "waiting"), or "-".
+/// A tunnel's path ("direct", "hole-punched", "waiting"; "over TLS" added
+/// where UDP is blocked), or "-".
 pub fn path_cell(t: Option<&pb::TunnelStatus>) -> String {
-    match t.map(|t| t.path.as_str()) {
-        Some("") | None => "-".into(),
-        Some(p) => p.into(),
+    match t {
+        Some(t) if t.path.is_empty() => "-".into(),
+        Some(t) if t.over_tls => format!("{} over TLS", t.path),
+        Some(t) => t.path.clone(),
+        None => "-".into(),
     }
 }
 

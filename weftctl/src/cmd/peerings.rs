@@ -123,7 +123,7 @@ fn peering_json(p: &pb::Peering) -> serde_json::Value {
             "probes_sent": t.probes_sent, "probes_lost": t.probes_lost, "link": t.link,
             "gateway": t.gateway, "reported_at": ts(&t.reported_at),
             "dropped_from_tunnel": t.dropped_from_tunnel, "dropped_by_policy": t.dropped_by_policy,
-            "path": t.path, "nat": t.nat,
+            "path": t.path, "over_tls": t.over_tls, "nat": t.nat,
             "candidates": t.candidates.iter().map(|c| json!({"address": c.address, "kind": c.kind})).collect::<Vec<_>>(),
         })),
     })
