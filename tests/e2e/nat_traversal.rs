@@ -952,7 +952,9 @@ fn over_tls(s: &weft_tests::sites::TwoSites, gw: &str) -> f64 {
 /// the tunnel between the two sites goes through the relay that way,
 /// within 10 s of the relay peering with both. When the routers let UDP
 /// out again, every tunnel is back on UDP within 30 s (the two sites'
-/// hole-punched), and the pings across lose little on the way.
+/// hole-punched), and the pings across lose little on the way. Both sites
+/// are dual stack: their IPv6 workloads reach each other through the
+/// relay too.
 #[test]
 #[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
 fn two_sites_whose_udp_is_blocked_connect_over_tls_through_a_relay_site_and_return_to_udp() {
@@ -963,6 +965,8 @@ fn two_sites_whose_udp_is_blocked_connect_over_tls_through_a_relay_site_and_retu
         site_a_nat: Some(Nat::EndpointIndependent),
         site_b_nat: Some(Nat::EndpointIndependent),
         udp_blocked: true,
+        // Dual stack: IPv6 workloads go through the relay too.
+        ipv6: (Some("fd00:1::/48"), Some("fd00:1::/48")),
         ..Default::default()
     };
     let mut s = weft_tests::sites::up_with("nt", ("nt-a", "10.1.0.0/16"), ("nt-b", "10.1.0.0/16"), opts);
@@ -1007,6 +1011,16 @@ fn two_sites_whose_udp_is_blocked_connect_over_tls_through_a_relay_site_and_retu
     });
     let wa = s.wa_from_b.clone();
     s.reach_quickly("wb", &wa, Duration::from_secs(5));
+    weft_tests::step("an IPv6 workload reaches the other site through the relay, over TLS");
+    let v6 = s.workloads_v6();
+    let wb6 = v6.iter().find(|w| w.0 == "wb").unwrap().2.clone();
+    weft_tests::eventually("wa reaching wb over IPv6", Duration::from_secs(20), || {
+        s.lab
+            .exec(&s.ns["wa"], &["ping", "-6", "-c", "1", "-W", "1", &wb6])
+            .status
+            .success()
+            .then_some(())
+    });
     for gw in ["gwa", "gwb"] {
         // Its tunnel to the relay site, and the relayed one.
         assert_eq!(over_tls(&s, gw), 2.0, "{gw}: tunnels over TLS");

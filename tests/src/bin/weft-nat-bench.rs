@@ -1,6 +1,7 @@
 //! Sites behind NAT against a direct path, in one run: for each case, the
 //! time from `weftctl peering create` to the first answered ping between
-//! the workloads, and TCP throughput (iperf3, workload to workload) as a
+//! the workloads, the path `weftctl peerings` shows 12 s later and when it
+//! first showed it, and TCP throughput (iperf3, workload to workload) as a
 //! ratio to the direct path's, runs interleaved so a slow spell of the
 //! machine hits every case alike.
 //!
@@ -56,6 +57,9 @@ struct Case {
     name: &'static str,
     lab: TwoSites,
     connected: Duration,
+    /// When the final path was first shown (after `connected`, with the
+    /// reports' lag).
+    final_at: Duration,
     path: String,
     gbits: Vec<f64>,
 }
@@ -105,27 +109,51 @@ fn case_with(name: &'static str, tag: &str, a: Option<Nat>, b: Option<Nat>, rela
     };
     lab.reach_quickly("wa", &lab.wb_from_a, Duration::from_secs(60));
     let connected = since.elapsed();
-    // The path is reported with the gateways' next tunnel report.
-    std::thread::sleep(Duration::from_secs(2));
-    let peers = weft_tests::weftctl_json(&lab.ta, &["peerings"]);
-    let path = peers["peerings"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|p| p["site_id"] == lab.site_b.as_str())
-        .and_then(|p| p["tunnel"]["path"].as_str())
-        .unwrap_or("?")
-        .to_string();
+    // The path as weftctl shows it (from the gateways' tunnel reports),
+    // watched for 12 s: the final one, and when it was first shown.
+    let mut seen: Vec<(Duration, String)> = Vec::new();
+    let watch = std::time::Instant::now();
+    while watch.elapsed() < Duration::from_secs(12) {
+        let p = path_of(&lab);
+        if seen.last().is_none_or(|(_, last)| *last != p) {
+            seen.push((since.elapsed(), p));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (final_at, path) = seen.last().cloned().unwrap_or_default();
+    let moves: Vec<String> = seen
+        .iter()
+        .map(|(t, p)| format!("{p} at {:.1} s", t.as_secs_f64()))
+        .collect();
     println!(
-        "{name}: connected {:.2} s after the peering (relayed: the relay's peerings) was created (path: {path})",
-        connected.as_secs_f64()
+        "{name}: connected {:.2} s after the peering (relayed: the relay's peerings) was created; paths shown: {}",
+        connected.as_secs_f64(),
+        moves.join(", ")
     );
     Case {
         name,
         lab,
         connected,
+        final_at,
         path,
         gbits: Vec::new(),
+    }
+}
+
+/// Site a's tunnel to site b's path, as `weftctl peerings` shows it.
+fn path_of(lab: &TwoSites) -> String {
+    let peers = weft_tests::weftctl_json(&lab.ta, &["peerings"]);
+    let t = peers["peerings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["site_id"] == lab.site_b.as_str())
+        .map(|p| p["tunnel"].clone())
+        .unwrap_or_default();
+    let path = t["path"].as_str().unwrap_or("?").to_string();
+    match t["over_tls"].as_bool() {
+        Some(true) => format!("{path} over TLS"),
+        _ => path,
     }
 }
 
@@ -201,13 +229,16 @@ fn main() {
         over_udp_relay.push(cases[tls_relay].gbits[run] / cases[udp_relay].gbits[run]);
         println!("{line}");
     }
-    println!("case                         path                connected   Gbit/s   ratio to direct");
+    println!(
+        "case                         final path                   connected   final path at   Gbit/s   ratio to direct"
+    );
     for (c, r) in cases.iter().zip(ratios) {
         println!(
-            "{:<28} {:<19} {:>7.2} s   {:>6.3}   {:.3}",
+            "{:<28} {:<28} {:>7.2} s   {:>11.1} s   {:>6.3}   {:.3}",
             c.name,
             c.path,
             c.connected.as_secs_f64(),
+            c.final_at.as_secs_f64(),
             median(c.gbits.clone()),
             median(r)
         );
