@@ -55,6 +55,9 @@ const TICK: Duration = Duration::from_millis(100);
 pub struct Target {
     pub port: u16,
     pub reflectors: Vec<String>,
+    /// How many of `reflectors`, first, are this site's own (often inside
+    /// its firewall: their answers do not show that UDP gets out).
+    pub own: usize,
     pub underlay: Option<Ipv4Addr>,
 }
 
@@ -80,8 +83,9 @@ struct Kept {
 struct Shared {
     targets: HashMap<String, Target>,
     found: HashMap<String, Kept>,
-    /// When each tunnel's probes were last answered (UDP goes out), and
-    /// when a round of them last ended with no answer at all.
+    /// When each tunnel's probes were last answered by a reflector outside
+    /// the site (UDP goes out), and when a round of them last ended with no
+    /// answer at all.
     answered: HashMap<String, Instant>,
     silent: HashMap<String, Instant>,
 }
@@ -159,7 +163,7 @@ impl Discovery {
         sh.silent.retain(|l, _| keep(l));
     }
 
-    /// When a probe of `link`'s was last answered.
+    /// When a probe of `link`'s was last answered from outside the site.
     pub fn answered(&self, link: &str) -> Option<Instant> {
         self.shared.lock().unwrap().answered.get(link).copied()
     }
@@ -179,6 +183,8 @@ impl Discovery {
 struct Round {
     target: Target,
     sent: Vec<(SocketAddrV4, Nonce)>,
+    /// The reflectors probed that are not the site's own.
+    theirs: Vec<SocketAddrV4>,
     answers: Vec<Option<SocketAddrV4>>,
     deadline: Instant,
 }
@@ -214,12 +220,14 @@ fn run(sock: &Socket, shared: &Mutex<Shared>, stop: &AtomicBool, changed: &dyn F
                 let i = r.sent.iter().position(|(at, n)| *at == from && *n == nonce)?;
                 r.answers[i].is_none().then(|| {
                     r.answers[i] = Some(seen);
-                    link.clone()
+                    (link.clone(), r.theirs.contains(&from))
                 })
             });
             match taken {
-                Some(link) => {
-                    shared.lock().unwrap().answered.insert(link, Instant::now());
+                Some((link, outside)) => {
+                    if outside {
+                        shared.lock().unwrap().answered.insert(link, Instant::now());
+                    }
                     m.discovery("answered")
                 }
                 None => {
@@ -328,9 +336,11 @@ fn begin(sock: &Socket, t: &Target) -> Round {
             Err(e) => tracing::debug!(reflector = %r, error = %e, "endpoint discovery: probe not sent"),
         }
     }
+    let theirs = reflectors(&t.reflectors[t.own.min(t.reflectors.len())..]);
     Round {
         target: t.clone(),
         answers: vec![None; sent.len()],
+        theirs,
         sent,
         deadline: Instant::now() + WAIT,
     }

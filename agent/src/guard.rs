@@ -276,7 +276,7 @@ impl Guard {
             | Object::DnsRecord(_)
             | Object::RelaySession(_)
             | Object::LanAddress
-            | Object::RelayTls(_) => Ok(()),
+            | Object::RelayTls { .. } => Ok(()),
         }
     }
 

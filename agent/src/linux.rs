@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use ipnet::IpNet;
 use weft_dataplane::DataPlane;
-use weft_dataplane::desired::decode::{RelaySession, WireguardLink};
+use weft_dataplane::desired::decode::WireguardLink;
 use weft_dataplane::desired::{LinkSpec, Object};
 use weft_dataplane::driver::Driver;
 use weft_dataplane::kernel::Kernel;
@@ -153,6 +153,7 @@ impl Linux {
         // This site's own controllers first: a peer's list must not crowd
         // them out.
         let mut reflectors = self.own_reflectors.clone();
+        let own = reflectors.len();
         reflectors.extend(w.reflectors.iter().cloned());
         if let Some(d) = &self.discovery {
             d.set(
@@ -160,6 +161,7 @@ impl Linux {
                 crate::discovery::Target {
                     port,
                     reflectors,
+                    own,
                     // Discovery is IPv4's (NAT): an IPv6 underlay is no
                     // candidate of it.
                     underlay: match self.plane.underlay {
@@ -186,7 +188,7 @@ impl Linux {
             tracing::warn!(object = %id, error = %message, "not applied");
             errors.push(pb::ObjectError { id, message });
         }
-        errors.extend(self.tls_front(fin, &sessions));
+        errors.extend(self.tls_front(fin));
         // The LAN address, held while this gateway is the active one
         // (checked on every apply and resync: one taken away by hand
         // comes back, and is announced again).
@@ -212,12 +214,12 @@ impl Linux {
     /// A relay site's active gateway: its TLS port runs, and admits the
     /// relayed tunnels' sides (from their allowed addresses) and this
     /// gateway's own tunnels.
-    fn tls_front(&mut self, fin: &Objects, sessions: &[(String, RelaySession)]) -> Vec<pb::ObjectError> {
+    fn tls_front(&mut self, fin: &Objects) -> Vec<pb::ObjectError> {
         let wanted = fin.iter().find_map(|(id, o)| match o.object()? {
-            Object::RelayTls(port) => Some((id, *port)),
+            Object::RelayTls { port, shift } => Some((id, *port, *shift)),
             _ => None,
         });
-        let Some((id, port)) = wanted else {
+        let Some((id, port, shift)) = wanted else {
             self.front = None;
             *crate::metrics::get().tls_front.lock().unwrap() = None;
             return Vec::new();
@@ -238,17 +240,30 @@ impl Linux {
                 }
             }
         }
+        // Only ports weft runs something on now: relayed sides that
+        // started, tunnels whose device is there.
+        use crate::tls_relay::Target;
         let mut admit = crate::tls_relay::Admit::default();
-        for (_, s) in sessions {
+        for s in self.relays.running() {
             for side in [&s.spec.a, &s.spec.b] {
-                admit.ports.insert(side.port, side.from_ips.clone());
+                let to = Target {
+                    to: side.port,
+                    from: side.from_ips.clone(),
+                };
+                admit.ports.insert(side.port, to);
             }
         }
         for o in fin.values().filter_map(Held::object) {
             if let Object::Link(l) = o
                 && let LinkSpec::Wireguard(w) = &l.kind
+                && self.plane.wg.has(&l.name)
+                && let Ok(named) = u16::try_from(i32::from(w.listen_port) + shift)
             {
-                admit.ports.insert(w.listen_port, Vec::new());
+                let to = Target {
+                    to: w.listen_port,
+                    from: Vec::new(),
+                };
+                admit.ports.entry(named).or_insert(to);
             }
         }
         if let Some(f) = &self.front {
@@ -495,9 +510,15 @@ impl Applier for Linux {
         }
         let (wg, discovery) = (&mut self.plane.wg, &self.discovery);
         let now = std::time::Instant::now();
+        // A link's handshake read once per step (kernel WireGuard: a
+        // netlink dump in the link's namespace).
+        let mut handshakes: HashMap<String, Option<u64>> = HashMap::new();
         self.paths
             .step(now, crate::fallback::unix_now(), |link| crate::fallback::Seen {
-                last_handshake_unix: wg.stats(link).last_handshake_unix,
+                last_handshake_unix: *handshakes
+                    .entry(link.to_string())
+                    .or_insert_with(|| wg.stats(link).last_handshake_unix),
+                discovery: discovery.is_some(),
                 answered: discovery.as_ref().and_then(|d| d.answered(link)),
                 silent: discovery.as_ref().and_then(|d| d.silent(link)),
             })

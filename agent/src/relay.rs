@@ -66,6 +66,11 @@ impl Relays {
         errors
     }
 
+    /// The sessions running now.
+    pub fn running(&self) -> impl Iterator<Item = &RelaySession> {
+        self.running.values().map(|r| &r.session)
+    }
+
     fn seen(&self) -> crate::metrics::Relayed {
         self.running
             .values()

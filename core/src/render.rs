@@ -480,10 +480,18 @@ pub fn gateway(m: &Model, name: &str) -> Objects {
     if active_gateway(m).is_some_and(|a| a.name == g.name) {
         out.extend([obj("self/lan-address".into(), Kind::LanAddress(pb::LanAddress {}))]);
         // A relay site's: tunnels over TLS for peers whose UDP is blocked.
-        if let Some(port) = m.site.as_ref().and_then(|s| s.relay_ports.and(s.relay_tls_port)) {
+        if let Some(site) = m.site.as_ref().filter(|s| s.relay_ports.is_some())
+            && let Some(port) = site.relay_tls_port
+        {
+            let shift = g
+                .endpoint
+                .map_or(0, |e| i32::from(e.port()) - i32::from(site.wireguard_ports.first));
             out.extend([obj(
                 "self/relay-tls".into(),
-                Kind::RelayTls(pb::RelayTls { port: u32::from(port) }),
+                Kind::RelayTls(pb::RelayTls {
+                    port: u32::from(port),
+                    own_port_shift: shift,
+                }),
             )]);
         }
     }

@@ -194,7 +194,7 @@ fn add(d: &mut Desired, id: &str, o: &Object, facts: &Facts) -> R<()> {
         // The gateway agent runs these (its relay threads); no table, no link.
         Object::RelaySession(_) => {}
         // The gateway agent holds its --lan-address itself (`lan`).
-        Object::LanAddress | Object::RelayTls(_) => {}
+        Object::LanAddress | Object::RelayTls { .. } => {}
     }
     Ok(())
 }

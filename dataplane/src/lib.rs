@@ -108,7 +108,7 @@ pub fn namespaces_of<'a>(objects: impl IntoIterator<Item = &'a Object>) -> BTree
             | Object::DnsRecord(_)
             | Object::RelaySession(_)
             | Object::LanAddress
-            | Object::RelayTls(_) => String::new(),
+            | Object::RelayTls { .. } => String::new(),
         };
         out.insert(ns);
     }

@@ -4,12 +4,12 @@ use weft_dataplane::desired::Object;
 use weft_dataplane::model::WgPeer;
 use weft_types::WgKey;
 
-use super::{Paths, STALE, Seen, UDP_GRACE, stay};
+use super::{GRACE, GRACE_ANSWERED, GRACE_SILENT, Paths, STALE, Seen, stay, unix_now};
 
-fn peer(endpoint: &str, tls: Option<u16>) -> Object {
+fn peer_on(link: &str, endpoint: &str, tls: Option<u16>) -> Object {
     Object::WireguardPeer {
         ns: "weftp-x".into(),
-        link: "weft-wx".into(),
+        link: link.into(),
         peer: WgPeer {
             public_key: WgKey::from_bytes([7; 32]),
             endpoint: Some(endpoint.parse().unwrap()),
@@ -19,6 +19,10 @@ fn peer(endpoint: &str, tls: Option<u16>) -> Object {
         },
         tls_port: tls,
     }
+}
+
+fn peer(endpoint: &str, tls: Option<u16>) -> Object {
+    peer_on("weft-wx", endpoint, tls)
 }
 
 /// The endpoint the data plane is given for the one peer.
@@ -33,6 +37,7 @@ fn endpoint(paths: &mut Paths, o: &Object) -> std::net::SocketAddr {
 fn seen(hs: Option<u64>, answered: Option<Instant>) -> impl FnMut(&str) -> Seen {
     move |_| Seen {
         last_handshake_unix: hs,
+        discovery: true,
         answered,
         silent: None,
     }
@@ -55,7 +60,7 @@ async fn a_peer_without_a_tls_port_is_left_alone() {
 }
 
 #[tokio::test]
-async fn silent_udp_goes_over_tls_and_comes_back_when_udp_answers() {
+async fn silent_udp_goes_over_tls_and_comes_back_when_udp_gets_out() {
     let mut paths = Paths::default();
     let o = peer("192.0.2.5:51920", Some(443));
     assert_eq!(
@@ -64,44 +69,45 @@ async fn silent_udp_goes_over_tls_and_comes_back_when_udp_answers() {
         "UDP first"
     );
     let t0 = Instant::now();
-    let u0 = super::unix_now();
+    let u0 = unix_now();
 
     // Within the grace: still UDP.
-    assert!(!paths.step(t0 + UDP_GRACE / 2, u0, seen(None, None)));
+    assert!(!paths.step(t0 + GRACE / 2, u0, seen(None, None)));
     // No handshake after it: TLS, through a carrier on loopback.
-    assert!(paths.step(t0 + UDP_GRACE, u0 + 3, seen(None, None)));
+    assert!(paths.step(t0 + GRACE, u0 + 3, seen(None, None)));
     let e = endpoint(&mut paths, &o);
     assert!(e.ip().is_loopback(), "{e}");
     assert!(paths.over_tls("weft-wx"));
 
     // Discovery still unanswered: stays on TLS however long.
-    let t1 = t0 + UDP_GRACE;
+    let t1 = t0 + GRACE;
     assert!(!paths.step(t1 + Duration::from_secs(100), u0 + 103, seen(None, None)));
     // An answer from before the move tells nothing.
     assert!(!paths.step(t1 + Duration::from_secs(101), u0 + 104, seen(None, Some(t0))));
-    // A fresh answer: back on UDP.
+    // A fresh answer from outside the site: back on UDP.
     let t2 = t1 + Duration::from_secs(102);
     assert!(paths.step(t2, u0 + 105, seen(None, Some(t2))));
     assert_eq!(endpoint(&mut paths, &o), "192.0.2.5:51920".parse().unwrap());
 
-    // UDP answers probes but not the handshake: TLS again, and the next
-    // try waits twice as long.
-    let t3 = t2 + UDP_GRACE;
-    assert!(paths.step(t3, u0 + 108, seen(Some(u0), Some(t2))));
+    // UDP gets out but the handshake finds no answer: TLS again after the
+    // longer grace, and the next try waits twice as long.
+    assert!(!paths.step(t2 + GRACE, u0 + 108, seen(Some(u0), Some(t2 + GRACE))));
+    let t3 = t2 + GRACE_ANSWERED;
+    assert!(paths.step(t3, u0 + 115, seen(Some(u0), Some(t3))));
     assert!(endpoint(&mut paths, &o).ip().is_loopback());
     let a = t3 + Duration::from_secs(15);
-    assert!(!paths.step(a, u0 + 123, seen(Some(u0), Some(a))), "not before 20 s");
+    assert!(!paths.step(a, u0 + 130, seen(Some(u0), Some(a))), "not before 20 s");
     let b = t3 + stay(1);
-    assert!(paths.step(b, u0 + 128, seen(Some(u0), Some(b))));
+    assert!(paths.step(b, u0 + 135, seen(Some(u0), Some(b))));
 }
 
 #[tokio::test]
 async fn a_handshake_over_udp_keeps_it_until_it_goes_stale() {
     let mut paths = Paths::default();
     let o = peer("192.0.2.5:51920", Some(443));
-    let t0 = Instant::now();
-    let u0 = super::unix_now();
     endpoint(&mut paths, &o);
+    let t0 = Instant::now();
+    let u0 = unix_now();
     assert!(!paths.step(t0 + Duration::from_secs(60), u0 + 60, seen(Some(u0 + 1), None)));
     // Renewed every two minutes while it works; silent past STALE: TLS.
     let late = u0 + 1 + STALE.as_secs() + 1;
@@ -110,12 +116,31 @@ async fn a_handshake_over_udp_keeps_it_until_it_goes_stale() {
 }
 
 #[tokio::test]
+async fn without_discovery_udp_is_tried_again_on_a_timer() {
+    let mut paths = Paths::default();
+    let o = peer("192.0.2.5:51920", Some(443));
+    endpoint(&mut paths, &o);
+    let t0 = Instant::now();
+    let u0 = unix_now();
+    let off = |_: &str| Seen {
+        discovery: false,
+        ..Seen::default()
+    };
+    assert!(paths.step(t0 + GRACE, u0 + 3, off));
+    assert!(!paths.step(t0 + GRACE + stay(0) / 2, u0 + 8, off));
+    assert!(
+        paths.step(t0 + GRACE + stay(0), u0 + 13, off),
+        "back to UDP on the timer"
+    );
+}
+
+#[tokio::test]
 async fn another_relay_starts_on_udp_again_and_gone_peers_are_forgotten() {
     let mut paths = Paths::default();
     let o = peer("192.0.2.5:51920", Some(443));
     endpoint(&mut paths, &o);
     let t0 = Instant::now();
-    assert!(paths.step(t0 + UDP_GRACE, super::unix_now() + 3, seen(None, None)));
+    assert!(paths.step(t0 + GRACE, unix_now() + 3, seen(None, None)));
     assert!(endpoint(&mut paths, &o).ip().is_loopback());
     let moved = peer("198.51.100.9:51920", Some(443));
     assert_eq!(endpoint(&mut paths, &moved), "198.51.100.9:51920".parse().unwrap());
@@ -129,9 +154,10 @@ async fn unanswered_probes_shorten_the_grace_and_a_blocked_front_starts_new_tunn
     let o = peer("192.0.2.5:51920", Some(443));
     endpoint(&mut paths, &o);
     let t0 = Instant::now();
-    let u0 = super::unix_now();
+    let u0 = unix_now();
     let silent = |t: Instant| {
         move |_: &str| Seen {
+            discovery: true,
             silent: Some(t),
             ..Seen::default()
         }
@@ -145,15 +171,12 @@ async fn unanswered_probes_shorten_the_grace_and_a_blocked_front_starts_new_tunn
     // One after it: TLS after a second.
     let t1 = t0 + Duration::from_millis(800);
     assert!(!paths.step(t1, u0, silent(t1)));
-    assert!(paths.step(t0 + super::UDP_GRACE_SILENT, u0 + 1, silent(t1)));
+    assert!(paths.step(t0 + GRACE_SILENT, u0 + 1, silent(t1)));
     assert!(endpoint(&mut paths, &o).ip().is_loopback());
 
     // Another tunnel to the same relay host (a relayed one, its port
     // there): over TLS from the start.
-    let mut relayed = peer("192.0.2.5:51930", Some(443));
-    if let Object::WireguardPeer { link, .. } = &mut relayed {
-        *link = "weft-wy".into();
-    }
+    let relayed = peer_on("weft-wy", "192.0.2.5:51930", Some(443));
     let both = paths.rewrite([("p", &o), ("r", &relayed)].into_iter());
     match both[1].1.as_ref() {
         Object::WireguardPeer { peer, .. } => assert!(peer.endpoint.unwrap().ip().is_loopback()),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::UdpSocket;
 
-use super::{Admit, Carrier, Front};
+use super::{Admit, Carrier, Front, Target};
 
 async fn udp() -> UdpSocket {
     UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap()
@@ -22,10 +22,19 @@ async fn recv(s: &UdpSocket) -> Option<(Vec<u8>, SocketAddr)> {
     }
 }
 
-fn admit(port: u16, from: &[&str]) -> Admit {
+/// Port `port` handed on to `to`, from `from` only (empty: any).
+fn admit(port: u16, to: u16, from: &[&str]) -> Admit {
     let mut a = Admit::default();
-    a.ports.insert(port, from.iter().map(|s| s.parse().unwrap()).collect());
+    let t = Target {
+        to,
+        from: from.iter().map(|s| s.parse().unwrap()).collect(),
+    };
+    a.ports.insert(port, t);
     a
+}
+
+fn port(s: &UdpSocket) -> u16 {
+    s.local_addr().unwrap().port()
 }
 
 /// Sends until one arrives (the carrier connects in the background).
@@ -45,39 +54,66 @@ async fn until_through(from: &UdpSocket, to: SocketAddr, at: &UdpSocket, what: &
 async fn datagrams_cross_both_ways_and_keep_their_boundaries() {
     let front = Front::start(0).unwrap();
     let relay_port = udp().await; // the relay's side port, or WireGuard's
-    front.admit(admit(relay_port.local_addr().unwrap().port(), &[]));
+    front.admit(admit(port(&relay_port), port(&relay_port), &[]));
+    let wg = udp().await;
     let carrier = Carrier::start(
         (Ipv4Addr::LOCALHOST, front.bound).into(),
-        relay_port.local_addr().unwrap().port(),
+        port(&relay_port),
+        Some(wg.local_addr().unwrap()),
     )
     .unwrap();
-    let wg = udp().await;
     let handed_from = until_through(&wg, carrier.local, &relay_port, b"first").await;
     assert!(handed_from.ip().is_loopback());
-    // Sizes from 1 byte to a 65,535-byte datagram, in order.
+    // Sizes from 1 byte to a 65,000-byte datagram, in order.
     for n in [1usize, 148, 1420, 9000, 65_000] {
         let d: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
         wg.send_to(&d, carrier.local).await.unwrap();
         let (got, _) = recv(&relay_port).await.expect("carried");
         assert_eq!(got, d);
     }
-    // Back: to the address the WireGuard device sent from.
+    // Back: to the WireGuard socket.
     relay_port.send_to(b"answer", handed_from).await.unwrap();
     let (got, from) = recv(&wg).await.expect("answered");
     assert_eq!((got.as_slice(), from), (&b"answer"[..], carrier.local));
     assert!(carrier.up.load(Ordering::Relaxed));
     assert_eq!(front.counters.connections.load(Ordering::Relaxed), 1);
+    // Another local program sending to the carrier is not carried.
+    let other = udp().await;
+    other.send_to(b"not wireguard", carrier.local).await.unwrap();
+    wg.send_to(b"after", carrier.local).await.unwrap();
+    assert_eq!(recv(&relay_port).await.unwrap().0, b"after");
 }
 
 #[tokio::test]
-async fn a_port_not_admitted_or_another_address_is_refused() {
+async fn the_gateways_own_tunnels_are_named_by_their_outside_port() {
+    let front = Front::start(0).unwrap();
+    let tunnel = udp().await;
+    // A port forward 1000 ports up: peers name the outside port.
+    let outside = port(&tunnel) - 1000;
+    front.admit(admit(outside, port(&tunnel), &[]));
+    let wg = udp().await;
+    let carrier = Carrier::start(
+        (Ipv4Addr::LOCALHOST, front.bound).into(),
+        outside,
+        Some(wg.local_addr().unwrap()),
+    )
+    .unwrap();
+    until_through(&wg, carrier.local, &tunnel, b"to the tunnel's own port").await;
+}
+
+#[tokio::test]
+async fn a_port_not_admitted_or_another_address_is_refused_and_the_carrier_knows() {
     let front = Front::start(0).unwrap();
     let target = udp().await;
-    let port = target.local_addr().unwrap().port();
     // Admitted only from an address this connection does not come from.
-    front.admit(admit(port, &["192.0.2.7"]));
-    let carrier = Carrier::start((Ipv4Addr::LOCALHOST, front.bound).into(), port).unwrap();
+    front.admit(admit(port(&target), port(&target), &["192.0.2.7"]));
     let wg = udp().await;
+    let carrier = Carrier::start(
+        (Ipv4Addr::LOCALHOST, front.bound).into(),
+        port(&target),
+        Some(wg.local_addr().unwrap()),
+    )
+    .unwrap();
     for _ in 0..10 {
         wg.send_to(b"x", carrier.local).await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -91,10 +127,13 @@ async fn a_port_not_admitted_or_another_address_is_refused() {
     );
     assert!(front.counters.refused.load(Ordering::Relaxed) >= 1);
     assert_eq!(front.counters.connections.load(Ordering::Relaxed), 0);
+    assert!(!carrier.up.load(Ordering::Relaxed), "a refused carrier is not up");
+    assert!(carrier.counters.refused.load(Ordering::Relaxed) >= 1);
+    assert_eq!(carrier.counters.connections.load(Ordering::Relaxed), 0);
 }
 
 #[tokio::test]
-async fn a_connection_that_says_nothing_or_speaks_no_tls_is_dropped() {
+async fn a_connection_that_speaks_no_tls_is_dropped_and_one_address_gets_a_share() {
     let front = Front::start(0).unwrap();
     // Plain bytes, no TLS.
     let mut s = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, front.bound))
@@ -105,20 +144,45 @@ async fn a_connection_that_says_nothing_or_speaks_no_tls_is_dropped() {
     let read = tokio::time::timeout(Duration::from_secs(7), tokio::io::AsyncReadExt::read(&mut s, &mut b)).await;
     assert!(matches!(read, Ok(Ok(_)) | Ok(Err(_))), "the front closes it");
     assert!(front.counters.refused.load(Ordering::Relaxed) >= 1);
+    // Connections that say nothing: one address holds at most its share.
+    let before = front.counters.refused.load(Ordering::Relaxed);
+    let mut held = Vec::new();
+    for _ in 0..super::MAX_PER_SOURCE + 4 {
+        held.push(
+            tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, front.bound))
+                .await
+                .unwrap(),
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(front.counters.refused.load(Ordering::Relaxed) >= before + 4);
 }
 
 #[tokio::test]
-async fn a_port_withdrawn_ends_its_connection() {
+async fn a_reconnection_keeps_the_relays_view_and_a_withdrawn_port_ends_it() {
     let front = Front::start(0).unwrap();
     let target = udp().await;
-    let port = target.local_addr().unwrap().port();
-    front.admit(admit(port, &[]));
-    let carrier = Carrier::start((Ipv4Addr::LOCALHOST, front.bound).into(), port).unwrap();
+    front.admit(admit(port(&target), port(&target), &[]));
     let wg = udp().await;
-    until_through(&wg, carrier.local, &target, b"on").await;
+    let to = (Ipv4Addr::LOCALHOST, front.bound).into();
+    let first = Carrier::start(to, port(&target), Some(wg.local_addr().unwrap())).unwrap();
+    let seen = until_through(&wg, first.local, &target, b"one").await;
+    // The same gateway connects again (its carrier made anew): the relay
+    // sees the same address, so it need not learn the side again.
+    let second = Carrier::start(to, port(&target), Some(wg.local_addr().unwrap())).unwrap();
+    let again = until_through(&wg, second.local, &target, b"two").await;
+    assert_eq!(seen, again);
+    for _ in 0..40 {
+        if !first.up.load(Ordering::Relaxed) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!first.up.load(Ordering::Relaxed), "the older connection ended");
+    drop(first);
     front.admit(Admit::default());
     for _ in 0..40 {
-        if !carrier.up.load(Ordering::Relaxed) {
+        if !second.up.load(Ordering::Relaxed) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -164,6 +164,34 @@ fn only_the_active_gateway_holds_the_lan_address() {
 }
 
 #[test]
+fn a_relay_sites_active_gateway_takes_tls_and_names_its_tunnels_as_peers_reach_them() {
+    let mut m = model();
+    let mut standby = (*m.gateways["gw1"]).clone();
+    standby.name = "gw2".into();
+    m.gateways.insert("gw2".into(), Arc::new(standby));
+    m.active_gateway = Some("gw1".into());
+    let mut gw = (*m.gateways["gw1"]).clone();
+    // Its --wireguard-ports forwarded from 40000 up.
+    gw.endpoint = Some("192.0.2.9:40000".parse().unwrap());
+    m.gateways.insert("gw1".into(), Arc::new(gw));
+    let tls = |m: &Model, g: &str| match gateway(m, g).get("self/relay-tls").map(|o| o.kind.clone()) {
+        Some(Some(Kind::RelayTls(t))) => Some((t.port, t.own_port_shift)),
+        _ => None,
+    };
+    assert_eq!(tls(&m, "gw1"), None, "not a relay site");
+    let mut site = (*m.site.clone().unwrap()).clone();
+    site.relay_ports = Some(crate::domain::PortRange {
+        first: 51920,
+        last: 51999,
+    });
+    site.relay_tls_port = Some(443);
+    let first = i32::from(site.wireguard_ports.first);
+    m.site = Some(Arc::new(site));
+    assert_eq!(tls(&m, "gw1"), Some((443, 40000 - first)));
+    assert_eq!(tls(&m, "gw2"), None, "a standby takes nothing");
+}
+
+#[test]
 fn gateway_gets_a_tunnel_per_node_and_nat_for_remapped_views_only() {
     let m = model();
     let objs = gateway(&m, "gw1");

@@ -66,8 +66,12 @@ pub enum Object {
     RelaySession(RelaySession),
     /// The gateway holds its `--lan-address` (it is the active one).
     LanAddress,
-    /// A relay site's gateway carries tunnels over TLS on this TCP port.
-    RelayTls(u16),
+    /// A relay site's gateway carries tunnels over TLS on this TCP port;
+    /// its own tunnels are named by their UDP port plus `shift`.
+    RelayTls {
+        port: u16,
+        shift: i32,
+    },
 }
 
 /// A link as the controller renders it.
@@ -260,7 +264,13 @@ pub fn decode(o: &pb::DesiredObject) -> R<Object> {
         Kind::DnsRecord(r) => Object::DnsRecord(dns_record(r)?),
         Kind::RelaySession(r) => Object::RelaySession(relay_session(r)?),
         Kind::LanAddress(_) => Object::LanAddress,
-        Kind::RelayTls(t) => Object::RelayTls(tcp_port("TLS relay port", t.port)?),
+        Kind::RelayTls(t) => Object::RelayTls {
+            port: tcp_port("TLS relay port", t.port)?,
+            shift: match t.own_port_shift {
+                s @ -65535..=65535 => s,
+                s => return Err(format!("TLS relay port shift {s} is out of range (-65535 to 65535)")),
+            },
+        },
     })
 }
 

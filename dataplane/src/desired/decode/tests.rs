@@ -261,11 +261,28 @@ fn a_tls_port_needs_an_endpoint_and_a_tcp_port() {
     let e = peer("198.51.100.7:51920", 70_000).unwrap_err();
     assert!(e.contains("70000 is not a TCP port"), "{e}");
     for port in [0, 65_536] {
-        let e = decode(&obj(Kind::RelayTls(pb::RelayTls { port }))).unwrap_err();
+        let e = decode(&obj(Kind::RelayTls(pb::RelayTls {
+            port,
+            own_port_shift: 0,
+        })))
+        .unwrap_err();
         assert!(e.contains("not a TCP port"), "{port}: {e}");
     }
+    let e = decode(&obj(Kind::RelayTls(pb::RelayTls {
+        port: 443,
+        own_port_shift: 70_000,
+    })))
+    .unwrap_err();
+    assert!(e.contains("out of range"), "{e}");
     assert_eq!(
-        decode(&obj(Kind::RelayTls(pb::RelayTls { port: 443 }))).unwrap(),
-        Object::RelayTls(443)
+        decode(&obj(Kind::RelayTls(pb::RelayTls {
+            port: 443,
+            own_port_shift: -11_820,
+        })))
+        .unwrap(),
+        Object::RelayTls {
+            port: 443,
+            shift: -11_820
+        }
     );
 }
