@@ -691,15 +691,7 @@ async fn carry(
     up: Arc<AtomicBool>,
     c: Arc<Counters>,
 ) {
-    use backon::BackoffBuilder;
-    let fresh = || {
-        backon::ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(200))
-            .with_max_delay(Duration::from_secs(5))
-            .with_jitter()
-            .without_max_times()
-            .build()
-    };
+    let fresh = || weft_common::backoff_between(Duration::from_millis(200), Duration::from_secs(5));
     let mut delays = fresh();
     let to = Mutex::new(wg);
     let Ok(connector) = connector() else { return };

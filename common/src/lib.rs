@@ -36,10 +36,15 @@ pub fn fingerprint(der: &[u8]) -> String {
 /// Retry delays for reconnecting: 1 s doubling to 60 s, with jitter, never
 /// giving up.
 pub fn backoff() -> impl Iterator<Item = Duration> {
+    backoff_between(Duration::from_secs(1), Duration::from_secs(60))
+}
+
+/// Retry delays from `min` doubling to `max`, with jitter, never giving up.
+pub fn backoff_between(min: Duration, max: Duration) -> impl Iterator<Item = Duration> {
     use backon::BackoffBuilder;
     backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_secs(1))
-        .with_max_delay(Duration::from_secs(60))
+        .with_min_delay(min)
+        .with_max_delay(max)
         .with_jitter()
         .without_max_times()
         .build()

@@ -445,14 +445,16 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
         "TCP across the sites failed: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let got = eventually("the TCP payload", Duration::from_secs(5), || {
+    // The server's whole line ("across mss N"), once written.
+    let (got, mss) = eventually("the TCP payload", Duration::from_secs(5), || {
         let t = lab.proc(server).log_text();
-        t.contains("across").then_some(t)
+        let line = t.lines().find(|l| l.starts_with("across mss "))?.to_string();
+        let mss: u32 = line.rsplit(' ').next()?.parse().ok()?;
+        t.ends_with('\n').then_some((line, mss))
     });
     weft_tests::step("the gateways clamp the MSS");
     // Both workloads sit at MTU 1500 (MSS 1460); the gateways clamp the SYN
     // to the tunnel's route MTU (e.g. 1420 → MSS 1380, less TCP options).
-    let mss: u32 = got.split_whitespace().last().unwrap().parse().unwrap();
     assert!(
         mss <= expect.tunnel - 40,
         "the MSS across the tunnel was not clamped: {got}"
