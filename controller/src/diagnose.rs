@@ -355,8 +355,15 @@ pub async fn run(
     let local = crate::federation::LocalGateways::of(&hub.model());
     for p in &peerings {
         tunnel_checks(&site, p, hub.tunnel(&p.site_id), &mut out);
-        let up = hub.tunnel(&p.site_id).is_some_and(|t| t.up);
-        out.push(path_check(&site, p, &local.for_port(&site, p.listen_port), up));
+        let t = hub.tunnel(&p.site_id);
+        let (up, over_tls) = (t.as_ref().is_some_and(|t| t.up), t.as_ref().is_some_and(|t| t.over_tls));
+        out.push(path_check(
+            &site,
+            p,
+            &local.for_port(&site, p.listen_port),
+            up,
+            over_tls,
+        ));
         out.extend(family::ipv4_check(&site, p));
         out.extend(family::ipv6_check(&site, p));
         let subject = format!("peering/{}", p.site_id);

@@ -1025,6 +1025,19 @@ fn two_sites_whose_udp_is_blocked_connect_over_tls_through_a_relay_site_and_retu
         // Its tunnel to the relay site, and the relayed one.
         assert_eq!(over_tls(&s, gw), 2.0, "{gw}: tunnels over TLS");
     }
+    weft_tests::eventually(
+        "diagnose says the tunnel is over TLS, and why",
+        Duration::from_secs(10),
+        || {
+            let o = weft_tests::run(std::process::Command::new(weft_tests::bin("weftctl")).args([
+                "--controller",
+                &s.ta,
+                "diagnose",
+            ]));
+            let text = weft_tests::stdout(&o);
+            (text.contains("relayed via nt-r over TLS") && text.contains("let UDP out")).then_some(())
+        },
+    );
     let m = s.scrape("gwr1");
     let admitted = weft_tests::sites::metric(&m, "weft_gateway_tls_relay_connections_total", &[]).unwrap_or(0.0);
     assert!(

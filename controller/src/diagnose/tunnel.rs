@@ -126,15 +126,30 @@ pub(super) fn tunnel_checks(
 }
 
 /// How the peering's tunnel gets through: directly, hole-punched, or not
-/// yet, and then why and what would fix it.
+/// yet, and then why and what would fix it; `over_tls`: the gateway
+/// carries it over TLS (its UDP gets no handshake answered).
 pub(super) fn path_check(
     site: &crate::domain::Site,
     p: &crate::domain::Peering,
     local: &[pb::GatewayInfo],
     up: bool,
+    over_tls: bool,
 ) -> pb::Check {
     let subject = format!("peering/{}", p.site_id);
     let path = weft_core::peer::tunnel_path(p, local, up);
+    if over_tls {
+        return check(
+            "path",
+            subject,
+            pb::CheckResult::Warn,
+            format!(
+                "{path} over TLS: this site's gateway got no handshake answered over UDP (its network lets no UDP \
+                 out, or not to that gateway), so it carries the tunnel over TLS on TCP, at a cost in throughput"
+            ),
+            "let UDP out from this site's gateway to the peers' and the relay's WireGuard and relay ports; the \
+             tunnel goes back to UDP by itself once it does",
+        );
+    }
     let own = local.iter().find(|g| g.active).or(local.first());
     let peer = p
         .remote
