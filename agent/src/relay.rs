@@ -32,8 +32,18 @@ impl Relays {
     /// start, with why (a port taken, too many sessions).
     pub fn set(&mut self, objects: &[(String, RelaySession)]) -> Vec<(String, String)> {
         let mut errors = Vec::new();
-        self.running
-            .retain(|id, r| objects.iter().any(|(i, o)| i == id && *o == r.session));
+        // A session that changed on the same ports (a side's NAT address
+        // or keys) keeps where its sides were learned: its tunnel need not
+        // wait for a handshake.
+        let mut learned = BTreeMap::new();
+        self.running.retain(|id, r| {
+            let same = objects.iter().any(|(i, o)| i == id && *o == r.session);
+            let ports = |s: &RelaySession| (s.spec.a.port, s.spec.b.port);
+            if !same && objects.iter().any(|(i, o)| i == id && ports(o) == ports(&r.session)) {
+                learned.insert(id.clone(), r.relay.learned());
+            }
+            same
+        });
         for (id, o) in objects {
             if self.running.contains_key(id) {
                 continue;
@@ -46,7 +56,8 @@ impl Relays {
                 continue;
             }
             let spec = &o.spec;
-            let started = weft_dataplane::relay::start(spec)
+            let known = learned.get(id).copied().unwrap_or_default();
+            let started = weft_dataplane::relay::start_with(spec, known)
                 .map_err(|e| format!("cannot relay on UDP ports {} and {}: {e}", spec.a.port, spec.b.port));
             match started {
                 Ok(relay) => {

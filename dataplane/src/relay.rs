@@ -92,6 +92,7 @@ pub struct Relay {
     stop: Arc<AtomicBool>,
     pub counters: Arc<Counters>,
     threads: Vec<JoinHandle<()>>,
+    ends: Arc<[End; 2]>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -157,7 +158,29 @@ fn end(side: &Side) -> std::io::Result<End> {
 /// Starts relaying between `spec.a.port` and `spec.b.port` (bound on every
 /// address of the namespace it runs in).
 pub fn start(spec: &Spec) -> std::io::Result<Relay> {
+    start_with(spec, [None, None])
+}
+
+impl Relay {
+    /// Where each side's gateway was learned to be (a to b, b to a).
+    pub fn learned(&self) -> [Option<SocketAddr>; 2] {
+        [*self.ends[0].at.lock().unwrap(), *self.ends[1].at.lock().unwrap()]
+    }
+}
+
+/// [`start`], each side's gateway already known at `learned` (the same
+/// session's, before a change of it restarted the relay) where the side
+/// may send from there: its tunnel goes on without waiting for a
+/// handshake.
+pub fn start_with(spec: &Spec, learned: [Option<SocketAddr>; 2]) -> std::io::Result<Relay> {
     let ends = Arc::new([end(&spec.a)?, end(&spec.b)?]);
+    for (e, at) in ends.iter().zip(learned) {
+        let allowed = |a: &SocketAddr| match a.ip() {
+            IpAddr::V4(ip) => e.from_ips.is_empty() || e.from_ips.contains(&ip) || ip.is_loopback(),
+            IpAddr::V6(_) => false,
+        };
+        *e.at.lock().unwrap() = at.filter(allowed);
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let counters = Arc::new(Counters::default());
     let mut threads = Vec::new();
@@ -174,6 +197,7 @@ pub fn start(spec: &Spec) -> std::io::Result<Relay> {
         stop,
         counters,
         threads,
+        ends,
     })
 }
 

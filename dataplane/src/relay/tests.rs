@@ -346,3 +346,69 @@ fn the_rate_limit_holds_a_burst_to_an_eighth_of_a_second() {
     let passed = (0..200).filter(|_| b.take(1_000)).count();
     assert!((100..=102).contains(&passed), "{passed}");
 }
+
+#[test]
+fn a_session_started_again_keeps_where_its_sides_were_learned() {
+    let Two {
+        ports,
+        relay,
+        ga,
+        gb,
+        mut ta,
+        mut tb,
+        pa,
+        pb,
+        ..
+    } = two(vec![]);
+    let mut out = [0u8; 2048];
+    ga.send_to(&initiation(&mut ta), at(ports.0)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    gb.send_to(&initiation(&mut tb), at(ports.1)).unwrap();
+    let got = recv(&ga).expect("b's initiation relayed to a");
+    let TunnResult::WriteToNetwork(resp) = ta.decapsulate(None, &got, &mut out) else {
+        panic!("not a response")
+    };
+    ga.send_to(resp, at(ports.0)).unwrap();
+    answer_all(&mut tb, &gb, ports.1);
+    answer_all(&mut ta, &ga, ports.0);
+    let learned = relay.learned();
+    assert_eq!(
+        learned,
+        [Some(ga.local_addr().unwrap()), Some(gb.local_addr().unwrap())]
+    );
+    // The session changes (a's NAT address now known): the relay starts
+    // again on the same ports, the sides still known; data flows at once,
+    // with no handshake.
+    drop(relay);
+    let spec = |a_from: Vec<Ipv4Addr>| Spec {
+        a: Side {
+            port: ports.0,
+            to_keys: vec![pb],
+            from_ips: a_from,
+        },
+        b: Side {
+            port: ports.1,
+            to_keys: vec![pa],
+            from_ips: vec![],
+        },
+        bytes_per_second: 1 << 30,
+    };
+    let again = super::start_with(&spec(vec![Ipv4Addr::LOCALHOST]), learned).unwrap();
+    data_reaches(&mut ta, (&ga, ports.0), (&mut tb, &gb));
+    data_reaches(&mut tb, (&gb, ports.1), (&mut ta, &ga));
+    assert_eq!(
+        again.counters.learned.load(Ordering::Relaxed),
+        0,
+        "nothing learned anew"
+    );
+    // A side no longer allowed at its address is forgotten (loopback is
+    // always allowed: a side handed on by the gateway's TLS port).
+    drop(again);
+    let outside: SocketAddr = "192.0.2.9:40000".parse().unwrap();
+    let known = [Some(outside), learned[1]];
+    let narrowed = super::start_with(&spec(vec![Ipv4Addr::new(192, 0, 2, 7)]), known).unwrap();
+    assert_eq!(narrowed.learned(), [None, learned[1]]);
+    drop(narrowed);
+    let kept = super::start_with(&spec(vec![Ipv4Addr::new(192, 0, 2, 9)]), known).unwrap();
+    assert_eq!(kept.learned(), known);
+}
