@@ -318,8 +318,17 @@ pub fn reflectors(list: &[String]) -> Vec<SocketAddrV4> {
 
 /// Starts a round for `t`: a probe to each reflector from its port.
 fn begin(sock: &Socket, t: &Target) -> Round {
+    // Each name resolved once: the site's own reflectors, then the peer's.
+    let split = t.own.min(t.reflectors.len());
+    let theirs = reflectors(&t.reflectors[split..]);
+    let mut all = reflectors(&t.reflectors[..split]);
+    for a in &theirs {
+        if !all.contains(a) && all.len() < MAX_REFLECTORS {
+            all.push(*a);
+        }
+    }
     let mut sent: Vec<(SocketAddrV4, Nonce)> = Vec::new();
-    for r in reflectors(&t.reflectors) {
+    for r in all {
         let mut nonce = [0u8; 16];
         if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut nonce).is_err() {
             continue;
@@ -336,7 +345,6 @@ fn begin(sock: &Socket, t: &Target) -> Round {
             Err(e) => tracing::debug!(reflector = %r, error = %e, "endpoint discovery: probe not sent"),
         }
     }
-    let theirs = reflectors(&t.reflectors[t.own.min(t.reflectors.len())..]);
     Round {
         target: t.clone(),
         answers: vec![None; sent.len()],

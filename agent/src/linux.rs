@@ -26,6 +26,8 @@ pub use weft_dataplane::linux::{kernel_has_geneve, kernel_link_kinds};
 
 use crate::config::WireguardChoice;
 
+mod tls;
+
 type Plane = DataPlane<LinuxNetlink, Nft, Driver>;
 
 pub struct Linux {
@@ -209,67 +211,6 @@ impl Linux {
             }
         }
         errors
-    }
-
-    /// A relay site's active gateway: its TLS port runs, and admits the
-    /// relayed tunnels' sides (from their allowed addresses) and this
-    /// gateway's own tunnels.
-    fn tls_front(&mut self, fin: &Objects) -> Vec<pb::ObjectError> {
-        let wanted = fin.iter().find_map(|(id, o)| match o.object()? {
-            Object::RelayTls { port, shift } => Some((id, *port, *shift)),
-            _ => None,
-        });
-        let Some((id, port, shift)) = wanted else {
-            self.front = None;
-            *crate::metrics::get().tls_front.lock().unwrap() = None;
-            return Vec::new();
-        };
-        if self.front.as_ref().is_none_or(|f| f.port != port) {
-            self.front = None;
-            match crate::tls_relay::Front::start(port) {
-                Ok(f) => {
-                    *crate::metrics::get().tls_front.lock().unwrap() = Some(f.counters.clone());
-                    self.front = Some(f);
-                }
-                Err(message) => {
-                    tracing::warn!(object = %id, error = %message, "not applied");
-                    return vec![pb::ObjectError {
-                        id: id.clone(),
-                        message,
-                    }];
-                }
-            }
-        }
-        // Only ports weft runs something on now: relayed sides that
-        // started, tunnels whose device is there.
-        use crate::tls_relay::Target;
-        let mut admit = crate::tls_relay::Admit::default();
-        for s in self.relays.running() {
-            for side in [&s.spec.a, &s.spec.b] {
-                let to = Target {
-                    to: side.port,
-                    from: side.from_ips.clone(),
-                };
-                admit.ports.insert(side.port, to);
-            }
-        }
-        for o in fin.values().filter_map(Held::object) {
-            if let Object::Link(l) = o
-                && let LinkSpec::Wireguard(w) = &l.kind
-                && self.plane.wg.has(&l.name)
-                && let Ok(named) = u16::try_from(i32::from(w.listen_port) + shift)
-            {
-                let to = Target {
-                    to: w.listen_port,
-                    from: Vec::new(),
-                };
-                admit.ports.entry(named).or_insert(to);
-            }
-        }
-        if let Some(f) = &self.front {
-            f.admit(admit);
-        }
-        Vec::new()
     }
 
     /// Probes and endpoint discovery follow the WireGuard links held.
@@ -505,23 +446,7 @@ impl Applier for Linux {
     }
 
     fn step_paths(&mut self) -> bool {
-        if !self.paths.any() {
-            return false;
-        }
-        let (wg, discovery) = (&mut self.plane.wg, &self.discovery);
-        let now = std::time::Instant::now();
-        // A link's handshake read once per step (kernel WireGuard: a
-        // netlink dump in the link's namespace).
-        let mut handshakes: HashMap<String, Option<u64>> = HashMap::new();
-        self.paths
-            .step(now, crate::fallback::unix_now(), |link| crate::fallback::Seen {
-                last_handshake_unix: *handshakes
-                    .entry(link.to_string())
-                    .or_insert_with(|| wg.stats(link).last_handshake_unix),
-                discovery: discovery.is_some(),
-                answered: discovery.as_ref().and_then(|d| d.answered(link)),
-                silent: discovery.as_ref().and_then(|d| d.silent(link)),
-            })
+        self.step_tls_paths()
     }
 
     fn features(&mut self) -> Vec<String> {

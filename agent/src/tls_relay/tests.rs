@@ -189,3 +189,34 @@ async fn a_reconnection_keeps_the_relays_view_and_a_withdrawn_port_ends_it() {
     }
     panic!("the connection outlived its port");
 }
+
+#[test]
+fn a_relay_gateway_admits_its_running_sides_from_their_addresses_and_its_tunnels_as_peers_name_them() {
+    use weft_dataplane::desired::decode::RelaySession;
+    use weft_dataplane::relay::{Side, Spec};
+    let side = |port, from: &[&str]| Side {
+        port,
+        to_keys: vec![],
+        from_ips: from.iter().map(|s| s.parse().unwrap()).collect(),
+    };
+    let session = RelaySession {
+        spec: Spec {
+            a: side(51920, &["198.51.100.7"]),
+            b: side(51921, &[]),
+            bytes_per_second: 1,
+        },
+        sites: ("a".into(), "b".into()),
+    };
+    // Tunnels on 51820 and 51821, reached 1000 ports lower; one whose
+    // named port would be out of range is left out.
+    let a = super::admitted([&session].into_iter(), [51820, 51821, 10].into_iter(), -1000);
+    let x: std::net::IpAddr = "203.0.113.1".parse().unwrap();
+    let p: std::net::IpAddr = "198.51.100.7".parse().unwrap();
+    assert_eq!(a.admits(51920, p), Some(51920));
+    assert_eq!(a.admits(51920, x), None, "a side only from its addresses");
+    assert_eq!(a.admits(51921, x), Some(51921));
+    assert_eq!(a.admits(50820, x), Some(51820));
+    assert_eq!(a.admits(50821, x), Some(51821));
+    assert_eq!(a.admits(51820, x), None, "named as peers reach it");
+    assert_eq!(a.ports.len(), 4);
+}
