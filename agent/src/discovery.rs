@@ -3,14 +3,23 @@
 //!
 //! The probe must leave from the tunnel's own address and port, since the
 //! NAT's mapping belongs to that socket, but the WireGuard device owns the
-//! socket (the kernel module's or boringtun's), and weft cannot send
+//! socket (the kernel module's or weft's own), and weft cannot send
 //! through it. So the probe is written on a raw UDP socket with the
 //! tunnel's port as its source port: to the host's routing, to the NAT and
 //! to the reflector it is a datagram of the tunnel's socket. The answer
 //! comes back to that port; the WireGuard device drops it (not a WireGuard
 //! message), and the raw socket gets a copy, which a socket filter in the
 //! kernel narrows to discovery datagrams (nothing of the tunnels' traffic
-//! reaches the agent). One socket and one thread serve every tunnel.
+//! reaches the agent). One raw socket per family and one thread serve
+//! every tunnel.
+//!
+//! Over IPv6 (reflectors at IPv6 addresses, a gateway with a global
+//! address) it is the same, without NAT: a reflector outside the site
+//! sees the gateway at its own address, which is then the candidate its
+//! peers dial, so that both ends send at once and each end's stateful
+//! firewall lets the other's datagrams in as answers (hole punching, as
+//! through NAT). The kernel fills in the UDP checksum, which IPv6
+//! requires (`IPV6_CHECKSUM`, RFC 3542).
 //!
 //! Every [`EVERY`] a round probes each reflector of a tunnel (the peer's
 //! controllers, given in the desired state, and this agent's own), takes
@@ -28,7 +37,7 @@
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, SocketAddrV6, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -58,7 +67,7 @@ pub struct Target {
     /// How many of `reflectors`, first, are this site's own (often inside
     /// its firewall: their answers do not show that UDP gets out).
     pub own: usize,
-    pub underlay: Option<Ipv4Addr>,
+    pub underlay: Option<IpAddr>,
 }
 
 /// What the latest round of a tunnel found.
@@ -134,7 +143,7 @@ impl Discovery {
     /// what was found for a tunnel changes (so the agent reports it at
     /// once).
     pub fn start(changed: impl Fn() + Send + 'static) -> Result<Discovery, String> {
-        let sock = raw_socket()?;
+        let sock = Sockets::open()?;
         let stop = Arc::new(AtomicBool::new(false));
         let shared = Arc::new(Mutex::new(Shared::default()));
         let (s, sh) = (stop.clone(), shared.clone());
@@ -182,16 +191,16 @@ impl Discovery {
 /// A round in flight for one tunnel.
 struct Round {
     target: Target,
-    sent: Vec<(SocketAddrV4, Nonce)>,
+    sent: Vec<(SocketAddr, Nonce)>,
     /// The reflectors probed that are not the site's own.
-    theirs: Vec<SocketAddrV4>,
-    answers: Vec<Option<SocketAddrV4>>,
+    theirs: Vec<SocketAddr>,
+    answers: Vec<Option<SocketAddr>>,
     deadline: Instant,
 }
 
 /// The thread: starts each tunnel's rounds when due, reads answers, ends
 /// rounds, until `stop`.
-fn run(sock: &Socket, shared: &Mutex<Shared>, stop: &AtomicBool, changed: &dyn Fn()) {
+fn run(sock: &Sockets, shared: &Mutex<Shared>, stop: &AtomicBool, changed: &dyn Fn()) {
     let m = crate::metrics::get();
     let mut rounds: HashMap<String, Round> = HashMap::new();
     let mut due: HashMap<String, Instant> = HashMap::new();
@@ -214,7 +223,7 @@ fn run(sock: &Socket, shared: &Mutex<Shared>, stop: &AtomicBool, changed: &dyn F
         let wait = next
             .saturating_duration_since(Instant::now())
             .clamp(Duration::from_millis(1), TICK);
-        if let Some((from, port, payload)) = receive(sock, wait) {
+        if let Some((from, port, payload)) = sock.receive(wait) {
             let taken = discovery::parse_answer(&payload).and_then(|(nonce, seen)| {
                 let (link, r) = rounds.iter_mut().find(|(_, r)| r.target.port == port)?;
                 let i = r.sent.iter().position(|(at, n)| *at == from && *n == nonce)?;
@@ -295,19 +304,23 @@ fn run(sock: &Socket, shared: &Mutex<Shared>, stop: &AtomicBool, changed: &dyn F
 }
 
 /// The reflectors of `list` (host:port, names resolved) that a probe may
-/// go to: IPv4 unicast, not on this host, at most [`MAX_REFLECTORS`].
-pub fn reflectors(list: &[String]) -> Vec<SocketAddrV4> {
-    let mut out: Vec<SocketAddrV4> = Vec::new();
+/// go to: unicast, IPv4 or IPv6 (not link-local), not on this host, at
+/// most [`MAX_REFLECTORS`].
+pub fn reflectors(list: &[String]) -> Vec<SocketAddr> {
+    let mut out: Vec<SocketAddr> = Vec::new();
     for r in list {
         let Ok(addrs) = r.to_socket_addrs() else {
             tracing::debug!(reflector = %r, "endpoint discovery: cannot resolve");
             continue;
         };
         for a in addrs {
-            let SocketAddr::V4(a) = a else { continue };
-            let ip = a.ip();
-            let usable =
-                !(ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast()) && a.port() != 0;
+            let a = SocketAddr::new(a.ip().to_canonical(), a.port());
+            let usable = match a.ip() {
+                IpAddr::V4(ip) => !(ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast()),
+                IpAddr::V6(ip) => {
+                    !(ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() || ip.is_unicast_link_local())
+                }
+            } && a.port() != 0;
             if usable && !out.contains(&a) && out.len() < MAX_REFLECTORS {
                 out.push(a);
             }
@@ -317,7 +330,7 @@ pub fn reflectors(list: &[String]) -> Vec<SocketAddrV4> {
 }
 
 /// Starts a round for `t`: a probe to each reflector from its port.
-fn begin(sock: &Socket, t: &Target) -> Round {
+fn begin(sock: &Sockets, t: &Target) -> Round {
     // Each name resolved once: the site's own reflectors, then the peer's.
     let split = t.own.min(t.reflectors.len());
     let theirs = reflectors(&t.reflectors[split..]);
@@ -327,7 +340,7 @@ fn begin(sock: &Socket, t: &Target) -> Round {
             all.push(*a);
         }
     }
-    let mut sent: Vec<(SocketAddrV4, Nonce)> = Vec::new();
+    let mut sent: Vec<(SocketAddr, Nonce)> = Vec::new();
     for r in all {
         let mut nonce = [0u8; 16];
         if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut nonce).is_err() {
@@ -337,10 +350,11 @@ fn begin(sock: &Socket, t: &Target) -> Round {
         d.extend_from_slice(&t.port.to_be_bytes());
         d.extend_from_slice(&r.port().to_be_bytes());
         d.extend_from_slice(&((8 + discovery::PROBE_LEN) as u16).to_be_bytes());
-        // No checksum: optional for UDP over IPv4 (and NATs keep it 0).
+        // No checksum over IPv4 (optional, and NATs keep it 0); over IPv6
+        // the kernel fills it in.
         d.extend_from_slice(&[0, 0]);
         d.extend_from_slice(&discovery::probe(&nonce));
-        match sock.send_to(&d, &SockAddr::from(SocketAddrV4::new(*r.ip(), 0))) {
+        match sock.send(&d, r.ip()) {
             Ok(_) => sent.push((r, nonce)),
             Err(e) => tracing::debug!(reflector = %r, error = %e, "endpoint discovery: probe not sent"),
         }
@@ -361,22 +375,23 @@ fn begin(sock: &Socket, t: &Target) -> Round {
 /// behaviour they show.
 fn found(r: &Round) -> Found {
     let port = r.target.port;
-    let mut own: Vec<SocketAddrV4> = r
+    let mut own: Vec<SocketAddr> = r
         .target
         .underlay
-        .map(|ip| SocketAddrV4::new(ip, port))
+        .map(|ip| SocketAddr::new(ip, port))
         .into_iter()
         .collect();
     for (at, _) in &r.sent {
-        let src = std::net::UdpSocket::bind("0.0.0.0:0").and_then(|u| u.connect(at).and_then(|()| u.local_addr()));
-        if let Ok(SocketAddr::V4(a)) = src {
-            let a = SocketAddrV4::new(*a.ip(), port);
+        let any = if at.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+        let src = std::net::UdpSocket::bind(any).and_then(|u| u.connect(at).and_then(|()| u.local_addr()));
+        if let Ok(a) = src {
+            let a = SocketAddr::new(a.ip(), port);
             if !own.contains(&a) {
                 own.push(a);
             }
         }
     }
-    let seen: Vec<SocketAddrV4> = r.answers.iter().flatten().copied().collect();
+    let seen: Vec<SocketAddr> = r.answers.iter().flatten().copied().collect();
     let nat = Behaviour::observed(&seen, &own);
     let mut candidates: Vec<pb::Candidate> = own
         .iter()
@@ -385,7 +400,24 @@ fn found(r: &Round) -> Found {
             kind: "local".into(),
         })
         .collect();
-    for s in seen.iter().filter(|s| !own.contains(s)) {
+    // Where reflectors outside the NAT saw the socket; and its own address
+    // where a reflector of the peer's saw it there (no NAT on the way: a
+    // public IPv4 address, or IPv6), since that is where the peer can
+    // dial it. (A reflector of the site's own, on its LAN, sees the own
+    // address too, but that shows nothing about the outside.)
+    let by_theirs = r
+        .sent
+        .iter()
+        .zip(&r.answers)
+        .filter(|((at, _), _)| r.theirs.contains(at))
+        .filter_map(|(_, a)| *a);
+    let outside: Vec<SocketAddr> = seen
+        .iter()
+        .copied()
+        .filter(|s| !own.contains(s))
+        .chain(by_theirs)
+        .collect();
+    for s in &outside {
         let c = pb::Candidate {
             address: s.to_string(),
             kind: "reflexive".into(),
@@ -401,16 +433,92 @@ fn found(r: &Round) -> Found {
     }
 }
 
-/// One discovery datagram within `wait`: its source, destination port and
-/// payload.
-fn receive(sock: &Socket, wait: Duration) -> Option<(SocketAddrV4, u16, Vec<u8>)> {
-    if sock.set_read_timeout(Some(wait.max(Duration::from_millis(1)))).is_err() {
-        return None;
+/// The raw UDP sockets discovery sends and reads on: IPv4's, and IPv6's
+/// where the host has IPv6.
+struct Sockets {
+    v4: Option<Socket>,
+    v6: Option<Socket>,
+}
+
+impl Sockets {
+    /// Both families' sockets; an error only when neither opens.
+    fn open() -> Result<Sockets, String> {
+        let v4 = raw_socket(Domain::IPV4);
+        let v6 = raw_socket(Domain::IPV6);
+        match (v4, v6) {
+            (Err(e), Err(_)) => Err(e),
+            (v4, v6) => {
+                if let Err(e) = &v6 {
+                    tracing::debug!(error = %e, "endpoint discovery over IPv4 only");
+                }
+                Ok(Sockets {
+                    v4: v4.ok(),
+                    v6: v6.ok(),
+                })
+            }
+        }
     }
-    let mut buf = [0u8; 256];
-    let n = (&*sock).read(&mut buf).ok()?;
-    let (from, port, payload) = udp_of(&buf[..n])?;
-    Some((from, port, payload.to_vec()))
+
+    /// Sends a UDP datagram `d` (its header first) to `to`.
+    fn send(&self, d: &[u8], to: IpAddr) -> std::io::Result<usize> {
+        let (sock, addr) = match to {
+            IpAddr::V4(ip) => (&self.v4, SockAddr::from(SocketAddrV4::new(ip, 0))),
+            IpAddr::V6(ip) => (&self.v6, SockAddr::from(SocketAddrV6::new(ip, 0, 0, 0))),
+        };
+        let Some(sock) = sock else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "no raw socket for this address family",
+            ));
+        };
+        sock.send_to(d, &addr)
+    }
+
+    /// One discovery datagram within `wait`: its source, destination port
+    /// and payload.
+    fn receive(&self, wait: Duration) -> Option<(SocketAddr, u16, Vec<u8>)> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        use std::os::fd::AsFd;
+        let socks: Vec<&Socket> = self.v4.iter().chain(&self.v6).collect();
+        let mut fds: Vec<PollFd> = socks
+            .iter()
+            .map(|s| PollFd::new(s.as_fd(), PollFlags::POLLIN))
+            .collect();
+        let ms = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX).max(1);
+        if poll(&mut fds, PollTimeout::from(ms)).ok()? == 0 {
+            return None;
+        }
+        let ready = fds
+            .iter()
+            .position(|f| f.revents().is_some_and(|r| r.contains(PollFlags::POLLIN)))?;
+        let mut buf = [0u8; 256];
+        let (n, from) = nix::sys::socket::recvfrom::<nix::sys::socket::SockaddrStorage>(
+            std::os::fd::AsRawFd::as_raw_fd(socks[ready]),
+            &mut buf,
+        )
+        .ok()?;
+        let data = &buf[..n];
+        let from = match from? {
+            f if f.as_sockaddr_in().is_some() => SocketAddr::V4((*f.as_sockaddr_in()?).into()),
+            f => SocketAddr::V6((*f.as_sockaddr_in6()?).into()),
+        };
+        match from {
+            // IPv4's raw socket reads from the IP header on.
+            SocketAddr::V4(_) => {
+                let (from, port, payload) = udp_of(data)?;
+                Some((SocketAddr::V4(from), port, payload.to_vec()))
+            }
+            // IPv6's from the UDP header on (the source comes apart).
+            SocketAddr::V6(a) => {
+                let (port, payload) = udp_payload(data)?;
+                Some((
+                    SocketAddr::V6(SocketAddrV6::new(*a.ip(), port.0, 0, 0)),
+                    port.1,
+                    payload.to_vec(),
+                ))
+            }
+        }
+    }
 }
 
 /// The source, destination port and payload of an IPv4/UDP packet (as a
@@ -421,36 +529,82 @@ fn udp_of(p: &[u8]) -> Option<(SocketAddrV4, u16, &[u8])> {
         return None;
     }
     let src = Ipv4Addr::new(p[12], p[13], p[14], p[15]);
-    let u = &p[ihl..];
-    let sport = u16::from_be_bytes([u[0], u[1]]);
-    let dport = u16::from_be_bytes([u[2], u[3]]);
-    Some((SocketAddrV4::new(src, sport), dport, &u[8..]))
+    let ((sport, dport), payload) = udp_payload(&p[ihl..])?;
+    Some((SocketAddrV4::new(src, sport), dport, payload))
 }
 
-/// A raw UDP socket that sees only discovery datagrams (their payload
-/// starts with discovery's magic).
-fn raw_socket() -> Result<Socket, String> {
-    let sock = Socket::new(Domain::IPV4, Type::RAW, Some(Protocol::UDP))
+/// The ports (source, destination) and payload of a UDP datagram, from
+/// its header on.
+fn udp_payload(u: &[u8]) -> Option<((u16, u16), &[u8])> {
+    if u.len() < 8 {
+        return None;
+    }
+    let sport = u16::from_be_bytes([u[0], u[1]]);
+    let dport = u16::from_be_bytes([u[2], u[3]]);
+    Some(((sport, dport), &u[8..]))
+}
+
+/// Has the kernel compute the checksum at `offset` of what raw IPv6
+/// socket `s` sends, and check it on what it reads (IPV6_CHECKSUM, RFC
+/// 3542): IPv6 requires UDP's.
+#[allow(unsafe_code)]
+fn checksum_at(s: &Socket, offset: libc::c_int) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid socket descriptor, and a pointer to a c_int that
+    // lives across the call with its exact size.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_CHECKSUM,
+            (&raw const offset).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// A raw UDP socket of `family` that sees only discovery datagrams (their
+/// payload starts with discovery's magic).
+fn raw_socket(family: Domain) -> Result<Socket, String> {
+    let v6 = family == Domain::IPV6;
+    let sock = Socket::new(family, Type::RAW, Some(Protocol::UDP))
         .map_err(|e| format!("a raw UDP socket (needs CAP_NET_RAW): {e}"))?;
-    // From the IP header: x = its length; the UDP payload is at x+8; keep
-    // datagrams whose payload starts with "WEFT" (the first 4 bytes of
-    // discovery's magic). A fragment's offset makes x+8 land elsewhere;
-    // discovery datagrams are never fragmented.
     let magic = u32::from_be_bytes(discovery::MAGIC[..4].try_into().unwrap());
-    let filter = [
-        SockFilter::new(0xb1, 0, 0, 0),      // ldxb 4*([0]&0xf)
-        SockFilter::new(0x40, 0, 0, 8),      // ld [x+8]
-        SockFilter::new(0x15, 0, 1, magic),  // jeq magic, else drop
-        SockFilter::new(0x06, 0, 0, 0xffff), // accept
-        SockFilter::new(0x06, 0, 0, 0),      // drop
-    ];
-    sock.attach_filter(&filter)
+    // Keep datagrams whose payload starts with "WEFT" (the first 4 bytes
+    // of discovery's magic). IPv4's read from the IP header: x = its
+    // length, the payload at x+8 (a fragment's offset makes x+8 land
+    // elsewhere; discovery datagrams are never fragmented). IPv6's from
+    // the UDP header: the payload at 8.
+    let filter: &[SockFilter] = if v6 {
+        &[
+            SockFilter::new(0x20, 0, 0, 8),      // ld [8]
+            SockFilter::new(0x15, 0, 1, magic),  // jeq magic, else drop
+            SockFilter::new(0x06, 0, 0, 0xffff), // accept
+            SockFilter::new(0x06, 0, 0, 0),      // drop
+        ]
+    } else {
+        &[
+            SockFilter::new(0xb1, 0, 0, 0),      // ldxb 4*([0]&0xf)
+            SockFilter::new(0x40, 0, 0, 8),      // ld [x+8]
+            SockFilter::new(0x15, 0, 1, magic),  // jeq magic, else drop
+            SockFilter::new(0x06, 0, 0, 0xffff), // accept
+            SockFilter::new(0x06, 0, 0, 0),      // drop
+        ]
+    };
+    sock.attach_filter(filter)
         .map_err(|e| format!("cannot filter the raw socket: {e}"))?;
+    if v6 {
+        checksum_at(&sock, 6).map_err(|e| format!("cannot have the kernel checksum IPv6 UDP: {e}"))?;
+    }
     // What arrived before the filter was attached.
     sock.set_nonblocking(true).map_err(|e| e.to_string())?;
     let mut buf = [0u8; 2048];
     while (&sock).read(&mut buf).is_ok() {}
-    sock.set_nonblocking(false).map_err(|e| e.to_string())?;
     Ok(sock)
 }
 
@@ -476,14 +630,82 @@ mod tests {
             "198.51.100.2:7443",
             "0.0.0.0:1",
             "not an address",
+            "[::1]:7443",
+            "[fe80::1]:7443",
+            "[ff02::1]:7443",
+            "[2001:db8::2]:7443",
+            "[::ffff:198.51.100.3]:7443",
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
-        assert_eq!(
-            reflectors(&list),
-            vec!["198.51.100.2:7443".parse::<SocketAddrV4>().unwrap()]
+        let want: Vec<SocketAddr> = ["198.51.100.2:7443", "[2001:db8::2]:7443", "198.51.100.3:7443"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        assert_eq!(reflectors(&list), want);
+    }
+
+    fn round(underlay: &str, sent: &[(&str, Option<&str>)], theirs: &[&str]) -> Round {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        Round {
+            target: Target {
+                port: 51820,
+                reflectors: vec![],
+                own: 0,
+                underlay: Some(underlay.parse().unwrap()),
+            },
+            sent: sent.iter().map(|(r, _)| (a(r), [0u8; 16])).collect(),
+            theirs: theirs.iter().map(|r| a(r)).collect(),
+            answers: sent.iter().map(|(_, s)| s.map(a)).collect(),
+            deadline: Instant::now(),
+        }
+    }
+
+    fn reflexive(f: &Found) -> Vec<&str> {
+        f.candidates
+            .iter()
+            .filter(|c| c.kind == "reflexive")
+            .map(|c| c.address.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_gateway_without_nat_is_a_candidate_where_the_peers_reflector_saw_it() {
+        // IPv6, no NAT: both reflectors see the own address; the peer's
+        // makes it a candidate, and there is no NAT.
+        let own = "[2001:db8:10::10]:51820";
+        let r = round(
+            "2001:db8:10::10",
+            &[
+                ("[2001:db8:78::1]:7443", Some(own)),
+                ("[2001:db8:78::2]:7443", Some(own)),
+            ],
+            &["[2001:db8:78::2]:7443"],
         );
+        let f = found(&r);
+        assert_eq!(f.nat, "none");
+        assert_eq!(reflexive(&f), vec![own]);
+        // Only the site's own reflector answered: no candidate (it may be
+        // on the LAN, inside the firewall).
+        let r = round(
+            "2001:db8:10::10",
+            &[("[2001:db8:78::1]:7443", Some(own)), ("[2001:db8:78::2]:7443", None)],
+            &["[2001:db8:78::2]:7443"],
+        );
+        assert!(reflexive(&found(&r)).is_empty());
+        // Behind IPv4 NAT, as before: the mapped address, not the own one.
+        let r = round(
+            "192.168.10.10",
+            &[
+                ("198.51.100.1:7443", Some("198.51.100.30:40001")),
+                ("198.51.100.2:7443", Some("198.51.100.30:40001")),
+            ],
+            &["198.51.100.2:7443"],
+        );
+        let f = found(&r);
+        assert_eq!(f.nat, "endpoint-independent");
+        assert_eq!(reflexive(&f), vec!["198.51.100.30:40001"]);
     }
 
     fn result(nat: &str, candidates: &[(&str, &str)]) -> Found {

@@ -164,12 +164,7 @@ impl Linux {
                     port,
                     reflectors,
                     own,
-                    // Discovery is IPv4's (NAT): an IPv6 underlay is no
-                    // candidate of it.
-                    underlay: match self.plane.underlay {
-                        Some(IpAddr::V4(a)) => Some(a),
-                        _ => None,
-                    },
+                    underlay: self.plane.underlay,
                 },
             );
         }

@@ -3,15 +3,17 @@
 //! address and port), which answers with the address and port it saw the
 //! probe come from — behind NAT, the NAT's mapping of that tunnel socket.
 //!
-//! A probe is 64 bytes (magic, type 1, a 16-byte random nonce, zeros) and
-//! an answer 32 (magic, type 2, the nonce, the IPv4 address and port): the
-//! answer is smaller than the probe, so a reflector amplifies nothing. The
+//! A probe is 64 bytes (magic, type 1, a 16-byte random nonce, zeros); an
+//! answer is 32 (magic, type 2, the nonce, the IPv4 address and port) or,
+//! to a probe that came over IPv6, 48 (magic, type 3, the nonce, the IPv6
+//! address and port, zeros): an answer is smaller than the probe, so a
+//! reflector amplifies nothing. The
 //! magic's first byte is not a WireGuard message type (1 to 4), so a
 //! WireGuard socket that sees an answer drops it. The gateway takes an
 //! answer only from the reflector it probed, with the nonce it sent;
 //! anything else is counted and ignored.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
 use serde::{Deserialize, Serialize};
 
@@ -19,8 +21,10 @@ use serde::{Deserialize, Serialize};
 pub const MAGIC: [u8; 8] = *b"WEFTDSC1";
 pub const PROBE_LEN: usize = 64;
 pub const ANSWER_LEN: usize = 32;
+pub const ANSWER6_LEN: usize = 48;
 const PROBE: u8 = 1;
 const ANSWER: u8 = 2;
+const ANSWER6: u8 = 3;
 
 pub type Nonce = [u8; 16];
 
@@ -38,26 +42,50 @@ pub fn parse_probe(d: &[u8]) -> Option<Nonce> {
     (d.len() == PROBE_LEN && d[..8] == MAGIC && d[8] == PROBE).then(|| d[9..25].try_into().unwrap())
 }
 
-/// The answer to the probe with `nonce`, seen from `from`.
-pub fn answer(nonce: &Nonce, from: SocketAddrV4) -> [u8; ANSWER_LEN] {
-    let mut a = [0u8; ANSWER_LEN];
+/// The answer to the probe with `nonce`, seen from `from` (an
+/// IPv4-mapped IPv6 address is answered as IPv4): [`ANSWER_LEN`] bytes for
+/// IPv4, [`ANSWER6_LEN`] for IPv6.
+pub fn answer(nonce: &Nonce, from: SocketAddr) -> Vec<u8> {
+    let from = SocketAddr::new(from.ip().to_canonical(), from.port());
+    let mut a = vec![0u8; if from.is_ipv4() { ANSWER_LEN } else { ANSWER6_LEN }];
     a[..8].copy_from_slice(&MAGIC);
-    a[8] = ANSWER;
     a[9..25].copy_from_slice(nonce);
-    a[25..29].copy_from_slice(&from.ip().octets());
-    a[29..31].copy_from_slice(&from.port().to_be_bytes());
+    match from {
+        SocketAddr::V4(v4) => {
+            a[8] = ANSWER;
+            a[25..29].copy_from_slice(&v4.ip().octets());
+            a[29..31].copy_from_slice(&v4.port().to_be_bytes());
+        }
+        SocketAddr::V6(v6) => {
+            a[8] = ANSWER6;
+            a[25..41].copy_from_slice(&v6.ip().octets());
+            a[41..43].copy_from_slice(&v6.port().to_be_bytes());
+        }
+    }
     a
 }
 
 /// The nonce and the address of a well-formed answer; None for anything
 /// else.
-pub fn parse_answer(d: &[u8]) -> Option<(Nonce, SocketAddrV4)> {
-    if d.len() != ANSWER_LEN || d[..8] != MAGIC || d[8] != ANSWER {
+pub fn parse_answer(d: &[u8]) -> Option<(Nonce, SocketAddr)> {
+    if d.len() < 9 || d[..8] != MAGIC {
         return None;
     }
-    let ip = Ipv4Addr::new(d[25], d[26], d[27], d[28]);
-    let port = u16::from_be_bytes([d[29], d[30]]);
-    Some((d[9..25].try_into().unwrap(), SocketAddrV4::new(ip, port)))
+    let nonce: Nonce = d.get(9..25)?.try_into().ok()?;
+    match (d[8], d.len()) {
+        (ANSWER, ANSWER_LEN) => {
+            let ip = Ipv4Addr::new(d[25], d[26], d[27], d[28]);
+            let port = u16::from_be_bytes([d[29], d[30]]);
+            Some((nonce, SocketAddr::V4(SocketAddrV4::new(ip, port))))
+        }
+        (ANSWER6, ANSWER6_LEN) => {
+            let ip = Ipv6Addr::from(<[u8; 16]>::try_from(&d[25..41]).ok()?);
+            let port = u16::from_be_bytes([d[41], d[42]]);
+            // An IPv4 address never comes as IPv6.
+            (ip.to_ipv4_mapped().is_none()).then(|| (nonce, SocketAddr::V6(SocketAddrV6::new(ip, port, 0, 0))))
+        }
+        _ => None,
+    }
 }
 
 /// How a gateway's NAT maps its tunnel socket, as seen from reflectors.
@@ -110,11 +138,11 @@ impl Behaviour {
     /// without NAT) is none; else, of the reflectors outside the NAT (a
     /// reflector on the same LAN sees the own address), one external
     /// address for all is endpoint-independent, several dependent.
-    pub fn observed(seen: &[SocketAddrV4], own: &[SocketAddrV4]) -> Behaviour {
+    pub fn observed(seen: &[SocketAddr], own: &[SocketAddr]) -> Behaviour {
         if seen.is_empty() {
             return Behaviour::Unknown;
         }
-        let outside: Vec<&SocketAddrV4> = seen.iter().filter(|s| !own.contains(s)).collect();
+        let outside: Vec<&SocketAddr> = seen.iter().filter(|s| !own.contains(s)).collect();
         match outside.first() {
             None => Behaviour::None,
             Some(first) if outside.iter().all(|s| s == first) => Behaviour::EndpointIndependent,
@@ -129,9 +157,9 @@ mod tests {
 
     #[test]
     fn the_nat_behaviour_follows_what_the_reflectors_saw() {
-        let a: SocketAddrV4 = "198.51.100.1:51820".parse().unwrap();
-        let b: SocketAddrV4 = "198.51.100.1:40001".parse().unwrap();
-        let own: SocketAddrV4 = "192.168.1.2:51820".parse().unwrap();
+        let a: SocketAddr = "198.51.100.1:51820".parse().unwrap();
+        let b: SocketAddr = "198.51.100.1:40001".parse().unwrap();
+        let own: SocketAddr = "192.168.1.2:51820".parse().unwrap();
         assert_eq!(Behaviour::observed(&[], &[own]), Behaviour::Unknown);
         assert_eq!(Behaviour::observed(&[own, own], &[own]), Behaviour::None);
         assert_eq!(Behaviour::observed(&[a, a], &[own]), Behaviour::EndpointIndependent);
@@ -156,11 +184,28 @@ mod tests {
         let p = probe(&n);
         assert_eq!(parse_probe(&p), Some(n));
         assert_eq!(parse_answer(&p), None);
-        let from: SocketAddrV4 = "198.51.100.7:40001".parse().unwrap();
+        let from: SocketAddr = "198.51.100.7:40001".parse().unwrap();
         let a = answer(&n, from);
         assert!(a.len() < p.len(), "an answer never amplifies");
         assert_eq!(parse_answer(&a), Some((n, from)));
         assert_eq!(parse_probe(&a), None);
+        // Over IPv6: its own type, still smaller than the probe.
+        let from6: SocketAddr = "[2001:db8::7]:40001".parse().unwrap();
+        let a6 = answer(&n, from6);
+        assert!(a6.len() < p.len(), "an answer never amplifies");
+        assert_eq!(parse_answer(&a6), Some((n, from6)));
+        assert_eq!(parse_answer(&a6[..40]), None);
+        // An IPv4 sender seen on a socket for both families is IPv4.
+        let mapped: SocketAddr = "[::ffff:198.51.100.7]:40001".parse().unwrap();
+        assert_eq!(answer(&n, mapped), a);
+        // A type 3 answer that carries an IPv4-mapped address is refused.
+        let mut forged = a6.clone();
+        forged[25..41].copy_from_slice(&"::ffff:198.51.100.7".parse::<Ipv6Addr>().unwrap().octets());
+        assert_eq!(parse_answer(&forged), None);
+        // A type 2 answer of the IPv6 length, or the other way round: no.
+        let mut wrong = a6.clone();
+        wrong[8] = ANSWER;
+        assert_eq!(parse_answer(&wrong), None);
         assert_eq!(parse_probe(&p[..63]), None);
         let mut wg = p;
         wg[0] = 1;

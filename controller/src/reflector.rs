@@ -144,13 +144,13 @@ pub fn known(model: &crate::render::Model) -> HashSet<IpAddr> {
         out.extend(g.endpoint.map(|e| e.ip()));
         out.extend(g.underlay_ip);
         for d in g.discovered.values() {
-            out.extend(d.candidates.iter().map(|c| IpAddr::V4(*c.address.ip())));
+            out.extend(d.candidates.iter().map(|c| c.address.ip()));
         }
     }
     for p in model.peerings.values() {
         for g in p.remote.iter().flat_map(|r| &r.gateways) {
             out.extend(g.endpoint.map(|e| e.ip()));
-            out.extend(g.candidates.iter().map(|c| IpAddr::V4(*c.address.ip())));
+            out.extend(g.candidates.iter().map(|c| c.address.ip()));
         }
     }
     out.into_iter().map(|ip| ip.to_canonical()).collect()
@@ -245,7 +245,7 @@ fn serve(socket: &UdpSocket, state: &quinn_udp::UdpSocketState, stop: &AtomicBoo
         let m = meta[0];
         // A dual-stack socket sees IPv4 senders as IPv4-mapped IPv6.
         let from = SocketAddr::new(m.addr.ip().to_canonical(), m.addr.port());
-        let (Some(nonce), SocketAddr::V4(from4)) = (discovery::parse_probe(&buf[..m.len.min(buf.len())]), from) else {
+        let Some(nonce) = discovery::parse_probe(&buf[..m.len.min(buf.len())]) else {
             IGNORED.fetch_add(1, Ordering::Relaxed);
             continue;
         };
@@ -253,7 +253,7 @@ fn serve(socket: &UdpSocket, state: &quinn_udp::UdpSocketState, stop: &AtomicBoo
             LIMITED.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        let answer = discovery::answer(&nonce, from4);
+        let answer = discovery::answer(&nonce, from);
         let t = quinn_udp::Transmit {
             destination: m.addr,
             ecn: None,

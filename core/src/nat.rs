@@ -7,7 +7,7 @@
 //! the configured and reflexive ones to the peer in `GatewayInfo`. Whatever
 //! arrives, from an agent or a peer, is checked here before it is recorded.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
 use weft_proto::v1 as pb;
@@ -48,7 +48,8 @@ impl CandidateKind {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Candidate {
-    pub address: SocketAddrV4,
+    /// IPv4, or IPv6 (a gateway with a global IPv6 address).
+    pub address: SocketAddr,
     pub kind: CandidateKind,
 }
 
@@ -80,11 +81,6 @@ pub struct Discovered {
     pub nat: Option<Behaviour>,
 }
 
-/// Checks a candidate list (`field` names it in errors): at most
-/// [`MAX_CANDIDATES`], each an IPv4 address and a port from 1 to 65535
-/// that another host could send to (not loopback, unspecified, multicast,
-/// broadcast or link-local), of a known kind, and not one of `own_hosts`
-/// (a peer must not point this site's gateways at this site's own hosts).
 /// Checks an address a peer asks this site's gateways to send to (a
 /// gateway's endpoint, a candidate, a relay): not loopback (unless
 /// `loopback_ok`), unspecified,
@@ -94,11 +90,10 @@ pub struct Discovered {
 /// hosts (`own_hosts`); an error names `field` and what the address is.
 pub fn endpoint(
     field: &str,
-    address: std::net::SocketAddr,
-    own_hosts: &[(Ipv4Addr, String)],
+    address: SocketAddr,
+    own_hosts: &[(IpAddr, String)],
     loopback_ok: bool,
 ) -> Result<(), String> {
-    use std::net::IpAddr;
     let ip = match address.ip() {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
         v4 => v4,
@@ -123,9 +118,7 @@ pub fn endpoint(
     if let Some(what) = what {
         return Err(format!("{field} {address} is {what}: no gateway can be reached there"));
     }
-    if let IpAddr::V4(v4) = ip
-        && let Some((_, who)) = own_hosts.iter().find(|(h, _)| *h == v4)
-    {
+    if let Some((_, who)) = own_hosts.iter().find(|(h, _)| h.to_canonical() == ip) {
         return Err(format!(
             "{field} {address} is the address of {who} of this site: a peer's gateway cannot be there"
         ));
@@ -133,10 +126,15 @@ pub fn endpoint(
     Ok(())
 }
 
+/// Checks a candidate list (`field` names it in errors): at most
+/// [`MAX_CANDIDATES`], each an address (IPv4, or IPv6 written `[ip]:port`)
+/// and a port that another host could send to (see [`endpoint`]), of a
+/// known kind, and not one of `own_hosts`. An IPv4-mapped IPv6 address is
+/// taken as the IPv4 address it maps.
 pub fn candidates(
     field: &str,
     list: &[pb::Candidate],
-    own_hosts: &[(Ipv4Addr, String)],
+    own_hosts: &[(IpAddr, String)],
 ) -> Result<Vec<Candidate>, String> {
     if list.len() > MAX_CANDIDATES {
         return Err(format!(
@@ -153,21 +151,9 @@ pub fn candidates(
                 shown(&c.kind)
             )
         })?;
-        let address = match weft_types::net::endpoint(&c.address).map_err(|m| format!("{at}.address {m}"))? {
-            std::net::SocketAddr::V4(a) => a,
-            std::net::SocketAddr::V6(_) => {
-                return Err(format!(
-                    "{at}.address {} is IPv6; candidates are IPv4 addresses and ports for now (e.g. 198.51.100.7:51820)",
-                    shown(&c.address)
-                ));
-            }
-        };
-        endpoint(
-            &format!("{at}.address"),
-            std::net::SocketAddr::V4(address),
-            own_hosts,
-            false,
-        )?;
+        let address = weft_types::net::endpoint(&c.address).map_err(|m| format!("{at}.address {m}"))?;
+        let address = SocketAddr::new(address.ip().to_canonical(), address.port());
+        endpoint(&format!("{at}.address"), address, own_hosts, false)?;
         out.push(Candidate { address, kind });
     }
     Ok(out)
@@ -186,7 +172,10 @@ mod tests {
 
     #[test]
     fn hostile_candidates_are_refused_naming_the_field() {
-        let own = vec![("10.9.0.5".parse().unwrap(), "gateway gw".to_string())];
+        let own = vec![
+            ("10.9.0.5".parse().unwrap(), "gateway gw".to_string()),
+            ("2001:db8:9::5".parse().unwrap(), "gateway gw".to_string()),
+        ];
         let cases: Vec<(Vec<pb::Candidate>, &str)> = vec![
             (
                 vec![c("127.0.0.1:51820", "reflexive")],
@@ -208,7 +197,14 @@ mod tests {
                 vec![c("198.51.100.1", "reflexive")],
                 "f[0].address \"198.51.100.1\" is not an address and a port",
             ),
-            (vec![c("[2001:db8::1]:5", "reflexive")], "is IPv6; candidates are IPv4"),
+            (
+                vec![c("[2001:db8:9::5]:51820", "reflexive")],
+                "f[0].address [2001:db8:9::5]:51820 is the address of gateway gw",
+            ),
+            (vec![c("[fe80::1]:51820", "reflexive")], "link-local"),
+            (vec![c("[::1]:51820", "reflexive")], "loopback"),
+            (vec![c("[::ffff:127.0.0.1]:51820", "reflexive")], "loopback"),
+            (vec![c("[ff02::1]:51820", "reflexive")], "multicast"),
             (
                 vec![c("198.51.100.1:5", "relay")],
                 "f[0].kind \"relay\" is not a candidate kind",
@@ -224,11 +220,19 @@ mod tests {
         }
         let ok = candidates(
             "f",
-            &[c("198.51.100.1:51820", "reflexive"), c("192.168.1.2:51820", "local")],
+            &[
+                c("198.51.100.1:51820", "reflexive"),
+                c("192.168.1.2:51820", "local"),
+                c("[2001:db8:7::20]:51820", "reflexive"),
+                c("[::ffff:198.51.100.2]:51820", "reflexive"),
+            ],
             &own,
         )
         .unwrap();
-        assert_eq!(ok.len(), 2);
+        assert_eq!(ok.len(), 4);
         assert_eq!(ok[1].kind, CandidateKind::Local);
+        assert_eq!(ok[2].address, "[2001:db8:7::20]:51820".parse().unwrap());
+        // An IPv4-mapped address is kept as the IPv4 address.
+        assert_eq!(ok[3].address, "198.51.100.2:51820".parse().unwrap());
     }
 }

@@ -289,7 +289,7 @@ pub fn dial_address(g: &RemoteGateway) -> Option<std::net::SocketAddr> {
     g.candidates
         .iter()
         .find(|c| c.kind == crate::nat::CandidateKind::Reflexive && punchable)
-        .map(|c| std::net::SocketAddr::V4(c.address))
+        .map(|c| c.address)
 }
 
 /// The path a tunnel can take, from both sides' gateways: "direct" when one

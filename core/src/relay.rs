@@ -57,7 +57,7 @@ pub fn requests(asking: &str, list: &[String]) -> Result<Vec<String>, String> {
 /// Checks a relay site's answers: valid site ids, and endpoints a gateway
 /// can be sent to (see [`crate::nat::candidates`]; `own_hosts`: this
 /// site's hosts, which a relay endpoint must not be).
-pub fn grants(list: &[pb::RelayGrant], own_hosts: &[(std::net::Ipv4Addr, String)]) -> Result<Vec<RelayGrant>, String> {
+pub fn grants(list: &[pb::RelayGrant], own_hosts: &[(std::net::IpAddr, String)]) -> Result<Vec<RelayGrant>, String> {
     if list.len() > MAX_RELAY_REQUESTS {
         return Err(format!(
             "relays: {} listed; a relay answers at most {MAX_RELAY_REQUESTS} requests",
@@ -76,7 +76,7 @@ pub fn grants(list: &[pb::RelayGrant], own_hosts: &[(std::net::Ipv4Addr, String)
                 };
                 let checked = crate::nat::candidates(&format!("relays[{i}].endpoint"), &[c], own_hosts)
                     .map_err(|m| m.replace(".endpoint[0].address", ".endpoint"))?;
-                Some(std::net::SocketAddr::V4(checked[0].address))
+                Some(checked[0].address)
             }
         };
         if g.refused.len() > 512 {

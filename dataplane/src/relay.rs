@@ -28,13 +28,13 @@
 //! buffers allocated once, no allocation per datagram.
 
 use std::io::IoSliceMut;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use weft_wg_device::conn::{batch_socket, send_datagrams, wait};
+use weft_wg_device::conn::{canonical, dual_batch_socket, mapped, send_datagrams, wait};
 
 use defguard_boringtun::noise::rate_limiter::RateLimiter;
 use quinn_udp::{RecvMeta, UdpSocketState};
@@ -51,9 +51,9 @@ pub struct Side {
     /// The public keys of the other side's gateways: this side's
     /// handshakes are addressed to them.
     pub to_keys: Vec<[u8; 32]>,
-    /// Addresses this side may send from (its NAT's outside addresses);
-    /// empty: any.
-    pub from_ips: Vec<Ipv4Addr>,
+    /// Addresses this side may send from (its NAT's outside addresses,
+    /// or its global IPv6 ones); empty: any.
+    pub from_ips: Vec<IpAddr>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,6 +114,8 @@ impl Drop for Relay {
 struct End {
     socket: UdpSocket,
     state: UdpSocketState,
+    /// The socket takes both families (where the host has IPv6).
+    dual: bool,
     /// Where the side's gateway is, once learned.
     at: Mutex<Option<SocketAddr>>,
     /// The side's recent initiations, and its budget for handshakes from
@@ -122,12 +124,14 @@ struct End {
     /// How many candidates wait (read for every datagram; the list only
     /// when some do).
     waiting: AtomicUsize,
-    /// The relay's IPv4 address the side's gateway sends to (replies leave
-    /// from it, on a host with several); 0: not seen yet.
+    /// The relay's address the side's gateway sends to (replies leave
+    /// from it, on a host with several), per family; 0, None: not seen
+    /// yet.
     local: AtomicU32,
+    local6: Mutex<Option<Ipv6Addr>>,
     /// mac1 checkers for the keys its handshakes are addressed to.
     checkers: Vec<RateLimiter>,
-    from_ips: Vec<Ipv4Addr>,
+    from_ips: Vec<IpAddr>,
 }
 
 /// A receive slot: a datagram up to 64 KiB, or a GRO batch of them.
@@ -137,7 +141,7 @@ const SLOT: usize = 1 << 16;
 const TICK_MS: u16 = 200;
 
 fn end(side: &Side) -> std::io::Result<End> {
-    let (socket, state) = batch_socket(side.port)?;
+    let (socket, state, dual) = dual_batch_socket(side.port)?;
     let checkers = side
         .to_keys
         .iter()
@@ -146,10 +150,12 @@ fn end(side: &Side) -> std::io::Result<End> {
     Ok(End {
         socket,
         state,
+        dual,
         at: Mutex::new(None),
         learning: Mutex::new(Learning::new()),
         waiting: AtomicUsize::new(0),
         local: AtomicU32::new(0),
+        local6: Mutex::new(None),
         checkers,
         from_ips: side.from_ips.clone(),
     })
@@ -175,11 +181,7 @@ impl Relay {
 pub fn start_with(spec: &Spec, learned: [Option<SocketAddr>; 2]) -> std::io::Result<Relay> {
     let ends = Arc::new([end(&spec.a)?, end(&spec.b)?]);
     for (e, at) in ends.iter().zip(learned) {
-        let allowed = |a: &SocketAddr| match a.ip() {
-            IpAddr::V4(ip) => e.from_ips.is_empty() || e.from_ips.contains(&ip) || ip.is_loopback(),
-            IpAddr::V6(_) => false,
-        };
-        *e.at.lock().unwrap() = at.filter(allowed);
+        *e.at.lock().unwrap() = at.map(canonical).filter(|a| e.may_send_from(a.ip()));
     }
     let stop = Arc::new(AtomicBool::new(false));
     let counters = Arc::new(Counters::default());
@@ -271,6 +273,10 @@ fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: 
             }
         };
         drained = n < batch;
+        // Senders as weft names them (IPv4 as IPv4, on a socket for both).
+        for m in &mut meta[..n] {
+            m.addr = canonical(m.addr);
+        }
         // Where each side is, as of this batch (learned addresses change
         // rarely; a datagram that vouches for one updates it).
         let mut src_at = *src.at.lock().unwrap();
@@ -303,8 +309,14 @@ fn forward(ends: &[End; 2], from: usize, stop: &AtomicBool, c: &Counters, rate: 
                         continue;
                     }
                 }
-            } else if let Some(IpAddr::V4(ip)) = m.dst_ip {
-                src.local.store(u32::from(ip), Ordering::Relaxed);
+            } else {
+                match m.dst_ip.map(|ip| ip.to_canonical()) {
+                    Some(IpAddr::V4(ip)) => src.local.store(u32::from(ip), Ordering::Relaxed),
+                    Some(IpAddr::V6(ip)) if *src.local6.lock().unwrap() != Some(ip) => {
+                        *src.local6.lock().unwrap() = Some(ip);
+                    }
+                    _ => {}
+                }
             }
             if kind == 1 && !src.initiated(m.addr, sender, data, learned, dst_at.is_none()) {
                 c.replayed.fetch_add(count, Ordering::Relaxed);
@@ -443,9 +455,12 @@ fn relay(
     bytes: &AtomicU64,
     failed: &AtomicU64,
 ) {
-    let local = match end.local.load(Ordering::Relaxed) {
-        0 => None,
-        ip => Some(IpAddr::V4(Ipv4Addr::from(ip))),
+    let local = match to.ip() {
+        IpAddr::V4(_) => match end.local.load(Ordering::Relaxed) {
+            0 => None,
+            ip => Some(IpAddr::V4(Ipv4Addr::from(ip))),
+        },
+        IpAddr::V6(_) => end.local6.lock().unwrap().map(IpAddr::V6),
     };
     let per_send = stride * end.state.max_gso_segments().max(1);
     for chunk in data.chunks(per_send) {
@@ -461,7 +476,7 @@ fn relay(
 
 /// [`send_datagrams`] from `end`'s socket.
 fn send(end: &End, to: SocketAddr, local: Option<IpAddr>, chunk: &[u8], stride: usize) -> bool {
-    send_datagrams(&end.socket, &end.state, to, local, chunk, stride)
+    send_datagrams(&end.socket, &end.state, mapped(to, end.dual), local, chunk, stride)
 }
 
 #[cfg(test)]

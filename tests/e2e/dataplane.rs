@@ -340,6 +340,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
         etcd_b: _,
         nat_a: _,
         nat_b: _,
+        underlay_v6: _,
         peered_at: _,
     } = sites::up_with(tag, a, b, opts);
     let (site_a, site_b) = (site_a.as_str(), site_b.as_str());

@@ -1076,3 +1076,156 @@ fn two_sites_whose_udp_is_blocked_connect_over_tls_through_a_relay_site_and_retu
     assert!(times.len() > 50, "only {} pings answered", times.len());
     s.reach_quickly("wa", &wb, Duration::from_secs(5));
 }
+
+/// Two sites whose hosts have only IPv6 on the WAN, each site's gateway
+/// and nodes on a LAN of global addresses behind a home router's stateful
+/// firewall (no NAT66: only answers to what went out get in), the gateways
+/// without an `--endpoint`. Each gateway's discovery asks the controllers
+/// over IPv6; the peer's sees it at its own address, which becomes the
+/// candidate the peer dials. Both send at once, each firewall takes the
+/// other's handshakes for answers, and the tunnel is hole-punched, with
+/// IPv4 and IPv6 workloads across it.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn two_sites_behind_stateful_ipv6_firewalls_connect_by_hole_punching() {
+    require_root();
+    use std::time::Duration;
+    weft_tests::step("sites a and b on IPv6 only, each behind a stateful firewall, peered");
+    let opts = weft_tests::sites::Opts {
+        underlay_v6: true,
+        firewall_v6: true,
+        ipv6: (Some("fd00:1::/48"), Some("fd00:1::/48")),
+        ..Default::default()
+    };
+    let s = weft_tests::sites::up_with("n6", ("n6-a", "10.1.0.0/16"), ("n6-b", "10.1.0.0/16"), opts);
+    let (a, b) = (s.nat_a.as_ref().unwrap(), s.nat_b.as_ref().unwrap());
+    weft_tests::step("the firewalls let nothing in unasked");
+    let o = s
+        .lab
+        .exec(&s.ns["ctla"], &["ping", "-6", "-c", "1", "-W", "1", &b.ip(20)]);
+    assert!(!o.status.success(), "{} answered from the WAN", b.ip(20));
+
+    weft_tests::step("connected, hole-punched, within 8 s of the peering");
+    s.reach_quickly("wa", &s.wb_from_a, Duration::from_secs(30));
+    let took = s.peered_at.elapsed();
+    println!(
+        "NAT: both sides behind stateful IPv6 firewalls, connected {:.2} s after the peering was created",
+        took.as_secs_f64()
+    );
+    let bound = weft_tests::pace::scaled(Duration::from_secs(8));
+    assert!(
+        took <= bound,
+        "connected after {took:?}, over {bound:?} {}",
+        weft_tests::pace::describe()
+    );
+    s.reach_quickly("wb", &s.wa_from_b, Duration::from_secs(5));
+    for (t, gw) in [(&s.ta, a.ip(10)), (&s.tb, b.ip(20))] {
+        let peers = weft_tests::eventually("the path shown hole-punched", Duration::from_secs(10), || {
+            let peers = weft_tests::weftctl_json(t, &["peerings"]);
+            (peers["peerings"][0]["tunnel"]["path"] == "hole-punched").then_some(peers)
+        });
+        let p = &peers["peerings"][0];
+        assert_eq!(p["tunnel"]["nat"], "none", "{peers}");
+        let own = p["local_gateways"][0]["candidates"].to_string();
+        assert!(
+            own.contains(&format!("[{gw}]:51820")),
+            "its own global address, as the peer's reflector saw it: {own}"
+        );
+    }
+    weft_tests::step("an IPv6 workload reaches the other site through the punched tunnel");
+    let v6 = s.workloads_v6();
+    let wb6 = v6.iter().find(|w| w.0 == "wb").unwrap().2.clone();
+    weft_tests::eventually("wa reaching wb over IPv6", Duration::from_secs(20), || {
+        s.lab
+            .exec(&s.ns["wa"], &["ping", "-6", "-c", "1", "-W", "1", &wb6])
+            .status
+            .success()
+            .then_some(())
+    });
+    weft_tests::step("both firewalls forget their state: back within 8 s");
+    for r in [&a.router, &b.router] {
+        let o = s.lab.exec(r, &["conntrack", "-F"]);
+        assert!(o.status.success(), "conntrack -F: {}", weft_tests::stderr(&o));
+    }
+    let flushed = std::time::Instant::now();
+    s.reach_quickly("wa", &s.wb_from_a, Duration::from_secs(30));
+    s.reach_quickly("wb", &s.wa_from_b, Duration::from_secs(30));
+    let back = flushed.elapsed();
+    println!(
+        "NAT: both IPv6 firewalls flushed, the tunnel back in {:.2} s",
+        back.as_secs_f64()
+    );
+    assert!(back <= bound, "back after {back:?}, over {bound:?}");
+}
+
+/// The sites of the test above, but their firewalls drop UDP between the
+/// two sites (no direct path), and a relay site on the IPv6 WAN peers with
+/// both: the tunnel goes through the relay's gateway over IPv6, and IPv4
+/// and IPv6 workloads reach each other through it.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn two_ipv6_sites_without_a_direct_path_connect_through_a_relay_over_ipv6() {
+    require_root();
+    use std::time::Duration;
+    weft_tests::step("sites a and b on IPv6 only, behind firewalls that drop UDP between them, peered");
+    let opts = weft_tests::sites::Opts {
+        underlay_v6: true,
+        firewall_v6: true,
+        ipv6: (Some("fd00:1::/48"), Some("fd00:1::/48")),
+        ..Default::default()
+    };
+    let mut s = weft_tests::sites::up_with("r6", ("r6-a", "10.1.0.0/16"), ("r6-b", "10.1.0.0/16"), opts);
+    let (a, b) = (s.nat_a.clone().unwrap(), s.nat_b.clone().unwrap());
+    for (at, to) in [(&a, &b), (&b, &a)] {
+        let to = format!("{}/64", to.prefix);
+        must(
+            s.lab.exec(
+                &at.router,
+                &[
+                    "nft", "insert", "rule", "ip6", "fwlab", "forward", "ip6", "daddr", &to, "meta", "l4proto", "udp",
+                    "counter", "drop",
+                ],
+            ),
+            "dropping UDP to the other site",
+        );
+    }
+    weft_tests::step("a relay site on the IPv6 WAN peers with both: the tunnel goes through it");
+    weft_tests::sites::relay_site(&mut s, "r6-r", 1, "10.1.0.0/16", (true, true));
+    let since = std::time::Instant::now();
+    let wb = s.wb_from_a.clone();
+    s.reach_quickly("wa", &wb, weft_tests::pace::scaled(Duration::from_secs(60)));
+    println!(
+        "NAT: IPv6 sites with no direct path, connected through the relay over IPv6 in {:.1} s after it peered with both",
+        since.elapsed().as_secs_f64()
+    );
+    assert_eq!(path_to(&s.ta, "r6-b"), "relayed via r6-r");
+    let wa = s.wa_from_b.clone();
+    s.reach_quickly("wb", &wa, Duration::from_secs(5));
+    weft_tests::step("an IPv6 workload reaches the other site through the relay");
+    let v6 = s.workloads_v6();
+    let wb6 = v6.iter().find(|w| w.0 == "wb").unwrap().2.clone();
+    weft_tests::eventually("wa reaching wb over IPv6", Duration::from_secs(20), || {
+        s.lab
+            .exec(&s.ns["wa"], &["ping", "-6", "-c", "1", "-W", "1", &wb6])
+            .status
+            .success()
+            .then_some(())
+    });
+    let m = s.scrape("gwr1");
+    let relayed = weft_tests::sites::metric(
+        &m,
+        "weft_gateway_relay_packets_total",
+        &[("from_site", "r6-a"), ("to_site", "r6-b")],
+    );
+    assert!(relayed.unwrap_or(0.0) > 0.0, "the relay carried nothing: {m}");
+    let peers = weft_tests::weftctl_json(&s.ta, &["peerings"]);
+    let text = peers.to_string();
+    assert!(
+        text.contains(&underlay_v6_of("192.168.78.51")),
+        "the relay's IPv6 endpoint: {text}"
+    );
+}
+
+fn underlay_v6_of(ip: &str) -> String {
+    weft_tests::sites::underlay_v6(ip)
+}

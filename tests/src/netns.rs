@@ -67,8 +67,22 @@ pub struct NatLan {
     /// The router's namespace and the private LAN's bridge namespace.
     pub router: String,
     pub bridge: String,
-    /// The LAN's first three octets ("192.168.10").
+    /// The LAN's first three octets ("192.168.10"), or its IPv6 /64's
+    /// first four groups and "::" ("fd00:10::").
     pub prefix: String,
+    /// The router's address on the WAN.
+    pub wan: String,
+}
+
+impl NatLan {
+    /// Host `host`'s address on the LAN.
+    pub fn ip(&self, host: u8) -> String {
+        if self.prefix.ends_with(':') {
+            format!("{}{host}", self.prefix)
+        } else {
+            format!("{}.{host}", self.prefix)
+        }
+    }
 }
 
 /// How a process was started: namespace, program, arguments, log.
@@ -317,36 +331,68 @@ impl Lab {
             "table ip natlab {{\n  chain post {{\n    type nat hook postrouting priority 100;\n    \
              oifname \"eth0\" ip saddr {prefix}.0/24 counter {how}\n  }}\n{firewall}}}\n"
         );
-        let mut nft = Command::new("ip");
-        nft.args(["netns", "exec", &router, "nft", "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped());
-        let mut child = nft.spawn().expect("nft");
-        {
-            use std::io::Write;
-            child.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
-        }
-        must(child.wait_with_output().unwrap(), "the NAT rules");
+        self.nft(&router, &rules, "the NAT rules");
         NatLan {
             router,
             bridge,
             prefix: prefix.to_string(),
+            wan: wan_cidr.split('/').next().unwrap().to_string(),
         }
     }
 
-    /// Router `lan` lets no UDP out to the WAN (`blocked`), or lets it
-    /// again, as networks that pass only TCP do. Counted (nft table `ip
-    /// weftudp`).
-    pub fn block_udp(&self, lan: &NatLan, blocked: bool) {
-        let _ = self.exec(&lan.router, &["nft", "delete", "table", "ip", "weftudp"]);
-        if !blocked {
-            return;
+    /// An IPv6 LAN `{prefix}/64` behind router `name`, as home routers
+    /// have them: no NAT66 (the LAN's addresses are global, routed to the
+    /// router's WAN address `wan_cidr` by [`Lab::route_to`]), and a
+    /// stateful firewall: from the WAN, only answers to what went out get
+    /// in (and ICMPv6, which neighbour discovery needs). Plug hosts in
+    /// with [`Lab::plug_behind`].
+    pub fn firewall_lan6(&mut self, name: &str, wan_cidr: &str, prefix: &str) -> NatLan {
+        let bridge = self.bridge(&format!("{name}-lan"));
+        let router = self.host(name);
+        self.plug(&router, wan_cidr);
+        self.plug_into(&bridge, &router, "lan0", &format!("{prefix}1/64"));
+        must(
+            self.exec(&router, &["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]),
+            "forwarding",
+        );
+        let rules = "table ip6 fwlab {\n  \
+                     chain input {\n    type filter hook input priority 0;\n    \
+                     ct state established,related accept\n    meta l4proto ipv6-icmp accept\n    \
+                     iifname \"eth0\" counter drop\n  }\n  \
+                     chain forward {\n    type filter hook forward priority 0;\n    \
+                     ct state established,related accept\n    iifname \"eth0\" counter drop\n  }\n}\n";
+        self.nft(&router, rules, "the IPv6 firewall");
+        NatLan {
+            router,
+            bridge,
+            prefix: prefix.to_string(),
+            wan: wan_cidr.split('/').next().unwrap().to_string(),
         }
-        let rules = "table ip weftudp {\n  chain forward {\n    type filter hook forward priority -10;\n    \
-                     oifname \"eth0\" meta l4proto udp counter drop\n  }\n}\n";
+    }
+
+    /// Host `ns` on the WAN routes `lan`'s IPv6 /64 to its router.
+    pub fn route_to(&self, ns: &str, lan: &NatLan) {
+        must(
+            self.exec(
+                ns,
+                &[
+                    "ip",
+                    "-6",
+                    "route",
+                    "add",
+                    &format!("{}/64", lan.prefix),
+                    "via",
+                    &lan.wan,
+                ],
+            ),
+            "a route to a LAN",
+        );
+    }
+
+    /// Loads nftables `rules` in namespace `ns`.
+    fn nft(&self, ns: &str, rules: &str, what: &str) {
         let mut nft = Command::new("ip");
-        nft.args(["netns", "exec", &lan.router, "nft", "-f", "-"])
+        nft.args(["netns", "exec", ns, "nft", "-f", "-"])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped());
@@ -355,7 +401,20 @@ impl Lab {
             use std::io::Write;
             child.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
         }
-        must(child.wait_with_output().unwrap(), "blocking UDP");
+        must(child.wait_with_output().unwrap(), what);
+    }
+
+    /// Router `lan` lets no UDP out to the WAN (`blocked`), or lets it
+    /// again, as networks that pass only TCP do. Counted (nft table `ip
+    /// weftudp`, both families).
+    pub fn block_udp(&self, lan: &NatLan, blocked: bool) {
+        let _ = self.exec(&lan.router, &["nft", "delete", "table", "inet", "weftudp"]);
+        if !blocked {
+            return;
+        }
+        let rules = "table inet weftudp {\n  chain forward {\n    type filter hook forward priority -10;\n    \
+                     oifname \"eth0\" meta l4proto udp counter drop\n  }\n}\n";
+        self.nft(&lan.router, rules, "blocking UDP");
     }
 
     /// How many connections (conntrack entries) router `lan` has
@@ -377,13 +436,11 @@ impl Lab {
     /// Plugs host `ns` into private LAN `lan` at `{prefix}.{host}`, its
     /// default route through the NAT router; that address.
     pub fn plug_behind(&mut self, lan: &NatLan, ns: &str, host: u8) -> String {
-        let ip = format!("{}.{host}", lan.prefix);
-        self.plug_into(&lan.bridge, ns, "eth0", &format!("{ip}/24"));
+        let ip = lan.ip(host);
+        let len = if ip.contains(':') { 64 } else { 24 };
+        self.plug_into(&lan.bridge, ns, "eth0", &format!("{ip}/{len}"));
         must(
-            self.exec(
-                ns,
-                &["ip", "route", "add", "default", "via", &format!("{}.1", lan.prefix)],
-            ),
+            self.exec(ns, &["ip", "route", "add", "default", "via", &lan.ip(1)]),
             "default route",
         );
         ip

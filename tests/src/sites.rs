@@ -46,6 +46,8 @@ pub struct TwoSites {
     pub nat_a: Option<crate::netns::NatLan>,
     /// Site b's, when it is.
     pub nat_b: Option<crate::netns::NatLan>,
+    /// The WAN is IPv6 only ([`Opts::underlay_v6`]).
+    pub underlay_v6: bool,
 }
 
 /// Two sites, each a controller, a gateway and two nodes in namespaces on
@@ -116,6 +118,12 @@ pub struct Opts {
     /// address (and the gateways' endpoints), and tunnels and overlay run
     /// over it. Workloads keep their IPv4 and IPv6 pods.
     pub underlay_v6: bool,
+    /// With [`Opts::underlay_v6`]: each site's gateway and nodes are on an
+    /// IPv6 LAN of their own behind a router with a stateful firewall and
+    /// no NAT66 ([`crate::netns::Lab::firewall_lan6`]), as at home: their
+    /// addresses are global, nothing from the WAN gets in unasked, and the
+    /// gateways have no `--endpoint`.
+    pub firewall_v6: bool,
 }
 
 /// A host's IPv6 WAN address with [`Opts::underlay_v6`], from its IPv4 one.
@@ -140,9 +148,22 @@ const SITE_B: [(&str, &str, &str); 4] = [
     ("nb2", "192.168.78.22", "nb2"),
 ];
 
-/// Site a's and site b's private LANs when they are behind NAT.
+/// Site a's and site b's private LANs when they are behind NAT, and
+/// their IPv6 LANs behind a firewall ([`Opts::firewall_v6`]).
 const NAT_LAN_A: &str = "192.168.10";
 const NAT_LAN_B: &str = "192.168.11";
+const FIREWALL_LAN_A: &str = "fd00:10::";
+const FIREWALL_LAN_B: &str = "fd00:11::";
+
+/// Host `host`'s address on the LAN of `prefix` (IPv4's first three
+/// octets, or an IPv6 /64's "fd00:10::").
+fn lan_ip(prefix: &str, host: u8) -> String {
+    if prefix.ends_with(':') {
+        format!("{prefix}{host}")
+    } else {
+        format!("{prefix}.{host}")
+    }
+}
 
 /// A site-a host's last octet, also on the private LAN behind NAT.
 fn behind_nat(wan_ip: &str) -> u8 {
@@ -187,6 +208,14 @@ fn hosts(
             lab.nat_lan("rb", "192.168.78.31/24", NAT_LAN_B, n)
         }
     });
+    let (nat_a, nat_b) = if opts.firewall_v6 {
+        assert!(opts.underlay_v6, "firewall_v6 is for an IPv6 underlay");
+        let a = lab.firewall_lan6("ra", &format!("{}/64", underlay_v6("0.0.0.30")), FIREWALL_LAN_A);
+        let b = lab.firewall_lan6("rb", &format!("{}/64", underlay_v6("0.0.0.31")), FIREWALL_LAN_B);
+        (Some(a), Some(b))
+    } else {
+        (nat_a, nat_b)
+    };
     for (h, ip, _) in SITE_A.iter().chain(&SITE_B) {
         ns.insert(h, lab.host(h));
         match (&nat_a, &nat_b) {
@@ -204,6 +233,20 @@ fn hosts(
                 lab.exec(&ns[h], &["ip", "link", "set", "eth0", "mtu", &m.to_string()]),
                 "mtu",
             );
+        }
+    }
+    if opts.firewall_v6 {
+        // The WAN routes each site's LAN to its router.
+        let (a, b) = (nat_a.as_ref().unwrap(), nat_b.as_ref().unwrap());
+        for (on, to) in [
+            (&ns["ctla"], a),
+            (&ns["ctla"], b),
+            (&ns["ctlb"], a),
+            (&ns["ctlb"], b),
+            (&a.router, b),
+            (&b.router, a),
+        ] {
+            lab.route_to(on, to);
         }
     }
     if opts.second_gateway_a {
@@ -263,7 +306,7 @@ fn site_spec(plan: Plan, opts: &Opts, ns: &HashMap<&'static str, String>, dir: &
         .zip([None, Some(0), Some(1)])
         .map(|((h, ip, name), n)| {
             let ip = match plan.behind_nat {
-                Some(lan) => format!("{lan}.{}", behind_nat(ip)),
+                Some(lan) => lan_ip(lan, behind_nat(ip)),
                 None if opts.underlay_v6 => underlay_v6(ip),
                 None => ip.to_string(),
             };
@@ -343,7 +386,10 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         wireguard: opts.wireguard_a,
         second_gateway: opts.second_gateway_a,
         tunnel_mtu: opts.site_a_tunnel,
-        behind_nat: opts.site_a_nat.map(|_| NAT_LAN_A),
+        behind_nat: match opts.firewall_v6 {
+            true => Some(FIREWALL_LAN_A),
+            false => opts.site_a_nat.map(|_| NAT_LAN_A),
+        },
         lan_address: opts.lan_address_a,
         device_panic_dir: opts.device_panic_dir_a,
     };
@@ -356,7 +402,10 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         wireguard: opts.wireguard_b,
         second_gateway: false,
         tunnel_mtu: None,
-        behind_nat: opts.site_b_nat.map(|_| NAT_LAN_B),
+        behind_nat: match opts.firewall_v6 {
+            true => Some(FIREWALL_LAN_B),
+            false => opts.site_b_nat.map(|_| NAT_LAN_B),
+        },
         lan_address: None,
         device_panic_dir: None,
     };
@@ -421,6 +470,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         etcd_b,
         nat_a,
         nat_b,
+        underlay_v6: opts.underlay_v6,
     }
 }
 
@@ -699,8 +749,9 @@ pub fn teardown_hosts(
 
 /// A third site on the WAN that relays (`--relay`): its controller and
 /// one public gateway, peered with both sites of `s`. `n` (1 or 2) picks
-/// its hosts (ctlr{n} 192.168.78.4{n}, gwr{n} 192.168.78.5{n}); `peers`:
-/// which of a and b it peers with.
+/// its hosts (ctlr{n} 192.168.78.4{n}, gwr{n} 192.168.78.5{n}, or their
+/// [`underlay_v6`] addresses on an IPv6 WAN); `peers`: which of a and b
+/// it peers with.
 pub fn relay_site(s: &mut TwoSites, site: &str, n: u8, pod: &str, peers: (bool, bool)) -> crate::lab::Site {
     relay_site_with(s, site, n, pod, peers, &[])
 }
@@ -715,11 +766,20 @@ pub fn relay_site_with(
     flags: &[(&str, &str)],
 ) -> crate::lab::Site {
     let (ctl, gw) = (format!("ctlr{n}"), format!("gwr{n}"));
-    let (ctl_ip, gw_ip) = (format!("192.168.78.4{n}"), format!("192.168.78.5{n}"));
+    let (mut ctl_ip, mut gw_ip) = (format!("192.168.78.4{n}"), format!("192.168.78.5{n}"));
+    let mut len = 24;
+    if s.underlay_v6 {
+        (ctl_ip, gw_ip, len) = (underlay_v6(&ctl_ip), underlay_v6(&gw_ip), 64);
+    }
     let ctl_ns = s.lab.host(&ctl);
-    s.lab.plug(&ctl_ns, &format!("{ctl_ip}/24"));
+    s.lab.plug(&ctl_ns, &format!("{ctl_ip}/{len}"));
     let gw_ns = s.lab.host(&gw);
-    s.lab.plug(&gw_ns, &format!("{gw_ip}/24"));
+    s.lab.plug(&gw_ns, &format!("{gw_ip}/{len}"));
+    // The WAN routes the sites' IPv6 LANs to their routers.
+    for lan in s.nat_a.iter().chain(&s.nat_b).filter(|l| l.prefix.ends_with(':')) {
+        s.lab.route_to(&ctl_ns, lan);
+        s.lab.route_to(&gw_ns, lan);
+    }
     for other in [&s.site_a, &s.site_b] {
         s.lab.adopt(&weft_controller::render::peering_namespace(site, other));
         s.lab.adopt(&weft_controller::render::peering_namespace(other, site));
@@ -738,7 +798,7 @@ pub fn relay_site_with(
         ctl_ip: ctl_ip.clone(),
         agents: vec![AgentSpec::gateway("gw", &gw_ns, &gw_ip)],
         dir: s.dir.path().to_path_buf(),
-        prefix: ctl_ip,
+        prefix: format!("192.168.78.4{n}"),
         // The agent's default: a relay site's gateway that read its whole
         // state each second would take CPU from the path it relays.
         resync: "30s".into(),

@@ -91,8 +91,10 @@ impl crate::Bind for UdpBind {
 }
 
 /// A socket on `port` for batches (see [`batch_socket`]), for both
-/// families where the host has IPv6 (true), else IPv4 only (false).
-fn dual_batch_socket(port: u16) -> std::io::Result<(UdpSocket, UdpSocketState, bool)> {
+/// families where the host has IPv6 (true: IPv4 peers come and go as
+/// IPv4-mapped IPv6, see [`canonical`] and [`mapped`]), else IPv4 only
+/// (false).
+pub fn dual_batch_socket(port: u16) -> std::io::Result<(UdpSocket, UdpSocketState, bool)> {
     match dual(port) {
         Ok(s) => {
             let (s, st) = tuned(s)?;

@@ -20,7 +20,7 @@ use super::*;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
     pub to: u16,
-    pub from: Vec<Ipv4Addr>,
+    pub from: Vec<IpAddr>,
 }
 
 /// The UDP ports on the relay host a connection may name, as its hello
@@ -34,13 +34,10 @@ impl Admit {
     /// Where a connection from `from` naming `port` is handed on to, if it
     /// may.
     pub fn admits(&self, port: u16, from: IpAddr) -> Option<u16> {
-        let from = match from {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
-            v4 => v4,
-        };
+        let from = from.to_canonical();
         self.ports
             .get(&port)
-            .filter(|t| t.from.is_empty() || matches!(from, IpAddr::V4(a) if t.from.contains(&a)))
+            .filter(|t| t.from.is_empty() || t.from.contains(&from))
             .map(|t| t.to)
     }
 }

@@ -40,7 +40,7 @@ impl LocalGateways {
                 // The configured endpoint as a candidate only where a peer
                 // takes one (an endpoint on loopback, on a one-host lab, is
                 // still sent as the endpoint, as before).
-                if let Ok(a) = endpoint.parse::<std::net::SocketAddrV4>() {
+                if let Ok(a) = endpoint.parse::<std::net::SocketAddr>() {
                     let c = pb::Candidate {
                         address: a.to_string(),
                         kind: CandidateKind::Configured.as_str().into(),

@@ -284,7 +284,7 @@ impl State {
             }
             // Every update, whatever else changed: no candidate on this
             // site's hosts.
-            check_candidates(&snap.host_addresses(site), &remote)?;
+            check_candidates(&snap.endpoint_hosts(site), &remote)?;
             let mut next = p.clone();
             let mut remote = remote.clone();
             // A site without IPv4 pods routes none of the peer's IPv4: it

@@ -160,6 +160,21 @@ impl Snapshot {
         hosts.chain(controllers).collect()
     }
 
+    /// Every address of this site's hosts in both families (nodes',
+    /// gateways' and controllers'), each with who holds it: no peer may
+    /// point this site's gateways there.
+    pub(super) fn endpoint_hosts(&self, site: &Site) -> Vec<(std::net::IpAddr, String)> {
+        let mut out = self.underlay_addresses();
+        let v4 = site.controller_ips.iter().map(|a| std::net::IpAddr::V4(*a));
+        let v6 = site
+            .ipv6
+            .iter()
+            .flat_map(|n| &n.controller_ips)
+            .map(|a| std::net::IpAddr::V6(*a));
+        out.extend(v4.chain(v6).map(|a| (a, "a controller".to_string())));
+        out
+    }
+
     /// The underlay addresses of nodes and gateways, each with who holds it.
     pub(super) fn underlay_addresses(&self) -> Vec<(std::net::IpAddr, String)> {
         let nodes = self

@@ -45,8 +45,8 @@ impl State {
                 .and_then(|()| ipam::check_private(CidrKind::External, &c, &site.peer_public_cidrs))
                 .map_err(|e| Error::InvalidArgument(format!("external_cidr: {e}")))?;
         }
+        check_candidates(&snap.endpoint_hosts(site), remote)?;
         let hosts = snap.host_addresses(site);
-        check_candidates(&hosts, remote)?;
         if site.underlay_overlap == crate::domain::UnderlayOverlap::Refuse {
             for (i, c) in remote.workload_cidrs.iter().enumerate() {
                 if let Some((ip, who)) = hosts.iter().find(|(ip, _)| c.contains(ip)) {
@@ -207,7 +207,7 @@ impl State {
 /// A peer must not point this site's gateways at this site's own hosts:
 /// each of its gateways' endpoint and candidates checked against `hosts`,
 /// naming the field (loopback and the rest were refused on receipt).
-pub(super) fn check_candidates(hosts: &[(std::net::Ipv4Addr, String)], remote: &RemoteSite) -> Result<(), Error> {
+pub(super) fn check_candidates(hosts: &[(std::net::IpAddr, String)], remote: &RemoteSite) -> Result<(), Error> {
     for (i, g) in remote.gateways.iter().enumerate() {
         // Its endpoint too: this site's gateways send handshakes there.
         if let Some(e) = g.endpoint {

@@ -94,15 +94,18 @@ impl End {
     /// Whether handshake `first` from `from` (not the learned address) is
     /// taken: from an allowed address, its mac1 verifying for one of the
     /// keys, and within the side's budget for such handshakes.
+    /// Whether the side may send from `ip`: one of its addresses (any when
+    /// none is known), or loopback: a side carried over TLS, handed on by
+    /// the gateway's TLS port, which checked the connection's address
+    /// itself.
+    pub(super) fn may_send_from(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.from_ips.is_empty() || self.from_ips.contains(&ip) || ip.is_loopback()
+    }
+
     pub(super) fn admits(&self, from: SocketAddr, first: &[u8]) -> Result<(), Refused> {
-        let ip_ok = match from.ip() {
-            // Loopback: a side carried over TLS, handed on by the gateway's
-            // TLS port, which checked the connection's address itself.
-            IpAddr::V4(ip) => self.from_ips.is_empty() || self.from_ips.contains(&ip) || ip.is_loopback(),
-            IpAddr::V6(_) => false,
-        };
         let mut scratch = [0u8; 256];
-        if !ip_ok
+        if !self.may_send_from(from.ip())
             || !self
                 .checkers
                 .iter()

@@ -32,7 +32,7 @@ fn recv(s: &UdpSocket) -> Option<Vec<u8>> {
 
 /// A relay between two free ports; a's gateway only from `a_from`
 /// (empty: anywhere), b's from anywhere.
-fn relay_for(pa: [u8; 32], pb: [u8; 32], a_from: Vec<Ipv4Addr>) -> ((u16, u16), Relay) {
+fn relay_for(pa: [u8; 32], pb: [u8; 32], a_from: Vec<IpAddr>) -> ((u16, u16), Relay) {
     loop {
         let spec = Spec {
             a: Side {
@@ -68,7 +68,7 @@ struct Two {
     pb: [u8; 32],
 }
 
-fn two(a_from: Vec<Ipv4Addr>) -> Two {
+fn two(a_from: Vec<IpAddr>) -> Two {
     let (sa, pa) = keypair(1);
     let (sb, pb) = keypair(2);
     let (ports, relay) = relay_for(pa, pb, a_from);
@@ -89,6 +89,12 @@ fn at(p: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, p))
 }
 
+/// The relay's port `p` as socket `s` reaches it: on the loopback
+/// address of `s`'s family.
+fn via(s: &UdpSocket, p: u16) -> SocketAddr {
+    SocketAddr::new(s.local_addr().unwrap().ip(), p)
+}
+
 fn initiation(t: &mut Tunn) -> Vec<u8> {
     let mut buf = [0u8; 256];
     let TunnResult::WriteToNetwork(init) = t.format_handshake_initiation(&mut buf, true) else {
@@ -106,7 +112,7 @@ fn data_reaches(from: &mut Tunn, via: (&UdpSocket, u16), to: (&mut Tunn, &UdpSoc
     let TunnResult::WriteToNetwork(data) = from.encapsulate(&PACKET, &mut buf) else {
         panic!("no session")
     };
-    via.0.send_to(data, at(via.1)).unwrap();
+    via.0.send_to(data, self::via(via.0, via.1)).unwrap();
     loop {
         let got = recv(to.1).expect("data relayed");
         match to.0.decapsulate(None, &got, &mut out) {
@@ -126,7 +132,7 @@ fn answer_all(t: &mut Tunn, s: &UdpSocket, port: u16) {
     while let Some(got) = recv(s) {
         let mut r = t.decapsulate(None, &got, &mut out);
         while let TunnResult::WriteToNetwork(reply) = r {
-            s.send_to(reply, at(port)).unwrap();
+            s.send_to(reply, via(s, port)).unwrap();
             r = t.decapsulate(None, &[], &mut out);
         }
     }
@@ -144,7 +150,7 @@ fn two_gateways_are_learned_in_one_handshake_round_and_talk_through_the_relay() 
         mut ta,
         mut tb,
         ..
-    } = two(vec![Ipv4Addr::LOCALHOST]);
+    } = two(vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]);
     let mut out = [0u8; 2048];
 
     // A stranger's datagram, and a handshake for another key: dropped,
@@ -380,7 +386,7 @@ fn a_session_started_again_keeps_where_its_sides_were_learned() {
     // again on the same ports, the sides still known; data flows at once,
     // with no handshake.
     drop(relay);
-    let spec = |a_from: Vec<Ipv4Addr>| Spec {
+    let spec = |a_from: Vec<IpAddr>| Spec {
         a: Side {
             port: ports.0,
             to_keys: vec![pb],
@@ -393,7 +399,7 @@ fn a_session_started_again_keeps_where_its_sides_were_learned() {
         },
         bytes_per_second: 1 << 30,
     };
-    let again = super::start_with(&spec(vec![Ipv4Addr::LOCALHOST]), learned).unwrap();
+    let again = super::start_with(&spec(vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]), learned).unwrap();
     data_reaches(&mut ta, (&ga, ports.0), (&mut tb, &gb));
     data_reaches(&mut tb, (&gb, ports.1), (&mut ta, &ga));
     assert_eq!(
@@ -406,9 +412,71 @@ fn a_session_started_again_keeps_where_its_sides_were_learned() {
     drop(again);
     let outside: SocketAddr = "192.0.2.9:40000".parse().unwrap();
     let known = [Some(outside), learned[1]];
-    let narrowed = super::start_with(&spec(vec![Ipv4Addr::new(192, 0, 2, 7)]), known).unwrap();
+    let narrowed = super::start_with(&spec(vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7))]), known).unwrap();
     assert_eq!(narrowed.learned(), [None, learned[1]]);
     drop(narrowed);
-    let kept = super::start_with(&spec(vec![Ipv4Addr::new(192, 0, 2, 9)]), known).unwrap();
+    let kept = super::start_with(&spec(vec![IpAddr::V4(Ipv4Addr::new(192, 0, 2, 9))]), known).unwrap();
     assert_eq!(kept.learned(), known);
+}
+
+#[test]
+fn a_relay_carries_a_tunnel_between_an_ipv4_side_and_an_ipv6_side() {
+    let Ok(gb) = UdpSocket::bind("[::1]:0") else {
+        println!("NOT RUN: no IPv6 loopback here");
+        return;
+    };
+    gb.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let Two {
+        ports,
+        relay,
+        ga,
+        mut ta,
+        mut tb,
+        ..
+    } = two(vec![]);
+    let mut out = [0u8; 2048];
+    // a over IPv4, b over IPv6, each to its own port of the relay.
+    ga.send_to(&initiation(&mut ta), via(&ga, ports.0)).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    gb.send_to(&initiation(&mut tb), via(&gb, ports.1)).unwrap();
+    let got = recv(&ga).expect("b's initiation relayed to a, over IPv4");
+    let TunnResult::WriteToNetwork(resp) = ta.decapsulate(None, &got, &mut out) else {
+        panic!("not a response")
+    };
+    ga.send_to(resp, via(&ga, ports.0)).unwrap();
+    answer_all(&mut tb, &gb, ports.1);
+    answer_all(&mut ta, &ga, ports.0);
+    assert_eq!(relay.counters.learned.load(Ordering::Relaxed), 2);
+    let learned = relay.learned();
+    assert_eq!(
+        learned,
+        [Some(ga.local_addr().unwrap()), Some(gb.local_addr().unwrap())]
+    );
+    data_reaches(&mut tb, (&gb, ports.1), (&mut ta, &ga));
+    data_reaches(&mut ta, (&ga, ports.0), (&mut tb, &gb));
+}
+
+#[test]
+fn a_side_is_admitted_only_from_its_addresses_in_either_family() {
+    let e = |from: Vec<IpAddr>| {
+        end(&Side {
+            port: 0,
+            to_keys: vec![[7; 32]],
+            from_ips: from,
+        })
+        .unwrap()
+    };
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let v6 = e(vec![ip("2001:db8::7"), ip("198.51.100.7")]);
+    assert!(v6.may_send_from(ip("2001:db8::7")));
+    assert!(v6.may_send_from(ip("198.51.100.7")));
+    assert!(
+        v6.may_send_from(ip("::ffff:198.51.100.7")),
+        "IPv4 as a socket for both sees it"
+    );
+    assert!(!v6.may_send_from(ip("2001:db8::8")));
+    assert!(!v6.may_send_from(ip("198.51.100.8")));
+    // Loopback: handed on by the gateway's TLS port.
+    assert!(v6.may_send_from(ip("127.0.0.1")));
+    assert!(e(vec![]).may_send_from(ip("2001:db8::9")), "none known: any");
 }

@@ -7,7 +7,7 @@ use ipnet::IpNet;
 use weft_proto::v1 as pb;
 use weft_types::name;
 
-use super::{DnsRecord, R, RelaySession, v4};
+use super::{DnsRecord, R, RelaySession, ip, v4};
 use crate::model::WgKey;
 use crate::relay::{Side, Spec};
 
@@ -52,9 +52,19 @@ pub(super) fn dns_record(r: &pb::DnsRecord) -> R<DnsRecord> {
     })
 }
 
+/// An address a relayed side may send from: IPv4 or IPv6 (IPv4-mapped
+/// taken as IPv4), not loopback, unspecified or multicast.
+fn unicast(text: &str, what: &str) -> R<IpAddr> {
+    let a = ip(text, what)?.to_canonical();
+    if a.is_loopback() || a.is_unspecified() || a.is_multicast() {
+        return Err(format!("{what} {a} is not a unicast address"));
+    }
+    Ok(a)
+}
+
 /// A relayed tunnel, checked before anything binds: ports from 1024 up and
 /// distinct, each side's keys 32-byte WireGuard keys (1 to 16), its
-/// addresses IPv4 (at most 64), a nonzero limit.
+/// addresses unicast, IPv4 or IPv6 (at most 64), a nonzero limit.
 pub(super) fn relay_session(r: &pb::RelaySession) -> R<RelaySession> {
     let side = |label: &str, s: Option<&pb::RelaySide>| -> R<(Side, String)> {
         let s = s.ok_or_else(|| format!("relay side {label} is missing"))?;
@@ -83,7 +93,7 @@ pub(super) fn relay_session(r: &pb::RelaySession) -> R<RelaySession> {
         let from_ips = s
             .from_ips
             .iter()
-            .map(|a| v4(a, &format!("relay side {label}'s address")))
+            .map(|a| unicast(a, &format!("relay side {label}'s address")))
             .collect::<R<Vec<_>>>()?;
         Ok((
             Side {

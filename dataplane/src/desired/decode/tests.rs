@@ -27,17 +27,26 @@ fn session() -> pb::RelaySession {
 fn a_relay_session_from_the_controller_is_checked_before_anything_binds() {
     let r = relay_session(&session()).unwrap();
     assert_eq!((r.spec.a.port, r.spec.b.port), (51920, 51921));
-    assert_eq!(r.spec.a.from_ips, [Ipv4Addr::new(198, 51, 100, 7)]);
+    assert_eq!(
+        r.spec.a.from_ips,
+        [std::net::IpAddr::V4(Ipv4Addr::new(198, 51, 100, 7))]
+    );
     assert_eq!(r.sites, ("site-a".to_string(), "site-b".to_string()));
     type Spoil = fn(&mut pb::RelaySession);
-    let bad: [(&str, Spoil); 8] = [
+    let bad: [(&str, Spoil); 10] = [
         ("port 53", |s| s.a.as_mut().unwrap().port = 53),
         ("port 70000", |s| s.b.as_mut().unwrap().port = 70_000),
         ("share port", |s| s.b.as_mut().unwrap().port = 51920),
         ("not a 32-byte", |s| s.a.as_mut().unwrap().to_keys = vec!["AAAA".into()]),
         ("lists 0 keys", |s| s.a.as_mut().unwrap().to_keys.clear()),
-        ("is IPv6; this field takes an IPv4 address", |s| {
+        ("::1 is not a unicast address", |s| {
             s.b.as_mut().unwrap().from_ips = vec!["::1".into()]
+        }),
+        ("ff02::1 is not a unicast address", |s| {
+            s.b.as_mut().unwrap().from_ips = vec!["2001:db8::1".into(), "ff02::1".into()]
+        }),
+        ("is not an address", |s| {
+            s.b.as_mut().unwrap().from_ips = vec!["x".into()]
         }),
         ("0 bytes", |s| s.bytes_per_second = 0),
         ("site", |s| s.a.as_mut().unwrap().site = "Site A".into()),
@@ -51,6 +60,17 @@ fn a_relay_session_from_the_controller_is_checked_before_anything_binds() {
     let mut s = session();
     s.a = None;
     assert!(relay_session(&s).unwrap_err().contains("missing"));
+    // IPv6 sides, and IPv4-mapped ones as IPv4.
+    let mut s = session();
+    s.b.as_mut().unwrap().from_ips = vec!["2001:db8::7".into(), "::ffff:198.51.100.8".into()];
+    let r = relay_session(&s).unwrap();
+    assert_eq!(
+        r.spec.b.from_ips,
+        [
+            "2001:db8::7".parse::<std::net::IpAddr>().unwrap(),
+            "198.51.100.8".parse().unwrap()
+        ]
+    );
 }
 
 #[test]
