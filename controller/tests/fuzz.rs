@@ -251,6 +251,7 @@ proptest! {
                 export: None,
                 transit: false,
                 transit_views: vec![],
+                transit_views_v6: vec![],
                 views_v6: vec![],
                 ipv6_refused: None,
                 pending_v6: None,

@@ -402,6 +402,7 @@ pub(crate) fn test_peering(site_id: &str) -> Peering {
         export: None,
         transit: false,
         transit_views: vec![],
+        transit_views_v6: vec![],
         views_v6: vec![],
         ipv6_refused: None,
         pending_v6: None,

@@ -197,7 +197,19 @@ pub fn remote_site(
         })
         .collect();
     let names = crate::names::check_remote(&names, &workload, external, &workload_v6)?;
-    let transit_routes = crate::transit::check_routes(p, &own.site_id, &workload, external)?;
+    let mut transit_routes = crate::transit::check_routes(p, &own.site_id, &workload, external)?;
+    // Their IPv6 CIDRs, checked as the others: wrong ones cost the
+    // peering its IPv6 only.
+    let mut exported_v6 = exported_v6;
+    if ipv6_invalid.is_none()
+        && let Err(m) = crate::transit::check_routes_v6(p, &mut transit_routes, &workload_v6, external_v6)
+    {
+        for r in &mut transit_routes {
+            (r.workload_cidrs_v6, r.external_cidr_v6) = (vec![], None);
+        }
+        (workload_v6, external_v6, exported_v6) = (vec![], None, vec![]);
+        ipv6_invalid = Some(m);
+    }
     let exported = crate::export::check_exported(p, &workload, external, &transit_routes)?;
     let has_endpoint = |ps: &pb::NetworkParams| ps.gateways.iter().any(|g| !g.endpoint.is_empty());
     Ok(RemoteSite {

@@ -21,8 +21,13 @@
 //! - **Direct first.** A spoke with a direct peering to a site renders
 //!   that peering, not the transit path ([`rendered`]), and keeps the same
 //!   local view for both, so traffic moves between them unchanged.
+//! - **Both families.** IPv6 goes the same way, where both hops carry it:
+//!   the hub offers its IPv6 views of a peer to peers whose peering with
+//!   it carries IPv6 too, and the spoke maps them into its IPv6 remap
+//!   pools ([`offers`], [`onward_v6`], [`check_routes_v6`],
+//!   [`rendered_v6`]).
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use weft_proto::v1 as pb;
 
 use crate::domain::{Peering, TransitRoute, TransitView, parse_cidr, validate_name};
@@ -41,31 +46,42 @@ pub fn usable(p: &Peering) -> bool {
 /// it reaches directly over a hop both ends agree to, by this site's views
 /// of its CIDRs. Empty unless the hop to `to` is agreed.
 pub fn offers(peerings: &Peerings, to: &str) -> Vec<pb::TransitRoute> {
-    // Transit is IPv4: nothing for a peer that has no IPv4 views here
-    // (one of the two sites is IPv6-only).
-    if !peerings.get(to).is_some_and(|p| usable(p) && !p.views.is_empty()) {
+    let Some(p) = peerings.get(to).filter(|p| usable(p)) else {
         return vec![];
-    }
+    };
+    // Each family where both hops carry it.
+    let (v4, v6) = (!p.views.is_empty(), carries_v6(p));
     peerings
         .values()
-        .filter(|q| q.site_id != to && usable(q) && !q.views.is_empty())
-        .take(MAX_ROUTES)
-        .map(|q| pb::TransitRoute {
-            site: q.site_id.clone(),
-            workload_cidrs: q
-                .views
-                .iter()
-                .filter(|v| v.kind == CidrKind::Workload)
-                .map(|v| v.local.to_string())
-                .collect(),
-            external_cidr: q
-                .views
-                .iter()
-                .find(|v| v.kind == CidrKind::External)
-                .map(|v| v.local.to_string())
-                .unwrap_or_default(),
+        .filter(|q| q.site_id != to && usable(q))
+        .map(|q| {
+            let views4: &[crate::ipam::View] = if v4 { &q.views } else { &[] };
+            let views6: &[crate::ipam::View<Ipv6Net>] = if v6 && carries_v6(q) { &q.views_v6 } else { &[] };
+            pb::TransitRoute {
+                site: q.site_id.clone(),
+                workload_cidrs: of_kind(views4, CidrKind::Workload),
+                external_cidr: of_kind(views4, CidrKind::External).pop().unwrap_or_default(),
+                workload_cidrs_v6: of_kind(views6, CidrKind::Workload),
+                external_cidr_v6: of_kind(views6, CidrKind::External).pop().unwrap_or_default(),
+            }
         })
+        .filter(|r| !(r.workload_cidrs.is_empty() && r.workload_cidrs_v6.is_empty()))
+        .take(MAX_ROUTES)
         .collect()
+}
+
+/// The local views of `views` of `kind`, as text.
+fn of_kind<N: crate::ipam::Prefix>(views: &[crate::ipam::View<N>], kind: CidrKind) -> Vec<String> {
+    views
+        .iter()
+        .filter(|v| v.kind == kind)
+        .map(|v| v.local.to_string())
+        .collect()
+}
+
+/// Peering `p` carries IPv6: its IPv6 views negotiated and not refused.
+pub fn carries_v6(p: &Peering) -> bool {
+    p.ipv6_refused.is_none() && !p.views_v6.is_empty()
 }
 
 /// On the hub: what peer `p` may reach onward through this site, by site
@@ -80,6 +96,20 @@ pub fn onward<'a>(peerings: impl IntoIterator<Item = &'a Peering>, p: &Peering) 
         .filter(|q| q.site_id != p.site_id && usable(q) && !q.views.is_empty())
         .take(MAX_ROUTES)
         .map(|q| (q.site_id.clone(), q.views.iter().map(|v| v.local).collect()))
+        .collect()
+}
+
+/// [`onward`] in IPv6: this site's IPv6 views of each other transit peer
+/// that peer `p` may reach, where both hops carry IPv6.
+pub fn onward_v6<'a>(peerings: impl IntoIterator<Item = &'a Peering>, p: &Peering) -> Vec<(String, Vec<Ipv6Net>)> {
+    if !usable(p) || !carries_v6(p) {
+        return vec![];
+    }
+    peerings
+        .into_iter()
+        .filter(|q| q.site_id != p.site_id && usable(q) && carries_v6(q))
+        .take(MAX_ROUTES)
+        .map(|q| (q.site_id.clone(), q.views_v6.iter().map(|v| v.local).collect()))
         .collect()
 }
 
@@ -123,12 +153,16 @@ pub fn check_routes(
         if out.iter().any(|o: &TransitRoute| o.site == r.site) {
             return Err(format!("{field}.site: {:?} is listed twice", r.site));
         }
-        if r.workload_cidrs.is_empty() || r.workload_cidrs.len() > ipam::MAX_PEER_CIDRS {
+        let none = r.workload_cidrs.is_empty() && r.workload_cidrs_v6.is_empty();
+        if none || r.workload_cidrs.len() > ipam::MAX_PEER_CIDRS {
             return Err(format!(
-                "{field}.workload_cidrs: {} listed; a site has 1 to {} workload CIDRs",
+                "{field}.workload_cidrs: {} listed; a site has 1 to {} workload CIDRs (in either family)",
                 r.workload_cidrs.len(),
                 ipam::MAX_PEER_CIDRS
             ));
+        }
+        if r.workload_cidrs.is_empty() && !r.external_cidr.trim().is_empty() {
+            return Err(format!("{field}.external_cidr: given without any IPv4 workload CIDR"));
         }
         let mut cidrs = Vec::new();
         for (j, c) in r.workload_cidrs.iter().enumerate() {
@@ -139,8 +173,7 @@ pub fn check_routes(
         }
         let mut route = TransitRoute {
             site: r.site.clone(),
-            workload_cidrs: vec![],
-            external_cidr: None,
+            ..Default::default()
         };
         for (f, kind, text) in cidrs {
             let c = parse_cidr(text).map_err(|m| format!("{f}: {m}"))?;
@@ -164,6 +197,82 @@ pub fn check_routes(
     Ok(out)
 }
 
+/// Fills in the IPv6 CIDRs of `routes` (checked by [`check_routes`]) from
+/// the peer's parameters `p`, checked as [`check_routes`] checks IPv4's:
+/// at most [`ipam::MAX_PEER_CIDRS`] a route, each a CIDR a site could own
+/// overlapping neither the sender's own IPv6 CIDRs (`workload`,
+/// `external`) nor each other. An error costs the peering its IPv6 only
+/// (the caller's to decide), and names the field.
+pub fn check_routes_v6(
+    p: &pb::NetworkParams,
+    routes: &mut [TransitRoute],
+    workload: &[Ipv6Net],
+    external: Option<Ipv6Net>,
+) -> Result<(), String> {
+    let own: Vec<Ipv6Net> = workload.iter().copied().chain(external).collect();
+    let mut seen: Vec<(String, Ipv6Net)> = Vec::new();
+    for (i, (r, route)) in p.transit_routes.iter().zip(routes.iter_mut()).enumerate() {
+        let field = format!("transit_routes[{i}]");
+        if r.workload_cidrs_v6.len() > ipam::MAX_PEER_CIDRS {
+            return Err(format!(
+                "{field}.workload_cidrs_v6: {} listed; a site has at most {} workload CIDRs",
+                r.workload_cidrs_v6.len(),
+                ipam::MAX_PEER_CIDRS
+            ));
+        }
+        if r.workload_cidrs_v6.is_empty() && !r.external_cidr_v6.trim().is_empty() {
+            return Err(format!(
+                "{field}.external_cidr_v6: given without any IPv6 workload CIDR"
+            ));
+        }
+        let mut cidrs: Vec<(String, CidrKind, &String)> = r
+            .workload_cidrs_v6
+            .iter()
+            .enumerate()
+            .map(|(j, c)| (format!("{field}.workload_cidrs_v6[{j}]"), CidrKind::Workload, c))
+            .collect();
+        if !r.external_cidr_v6.trim().is_empty() {
+            cidrs.push((
+                format!("{field}.external_cidr_v6"),
+                CidrKind::External,
+                &r.external_cidr_v6,
+            ));
+        }
+        for (f, kind, text) in cidrs {
+            let c = weft_types::net::cidr(text)
+                .map_err(|m| format!("{f}: {m}"))?
+                .v6()
+                .ok_or_else(|| format!("{f}: {text} is IPv4; IPv4 CIDRs go in the IPv4 fields"))?;
+            ipam::check_claimable(kind, &c).map_err(|e| format!("{f}: {e}"))?;
+            if let Some(o) = own.iter().find(|o| ipam::overlaps(*o, &c)) {
+                return Err(format!(
+                    "{f}: {c} overlaps the sending site's own CIDR {o}; its views of other sites never do"
+                ));
+            }
+            if let Some((s, o)) = seen.iter().find(|(_, o)| ipam::overlaps(o, &c)) {
+                return Err(format!("{f}: {c} overlaps {o}, offered for site {s:?}"));
+            }
+            seen.push((r.site.clone(), c));
+            match kind {
+                CidrKind::Workload => route.workload_cidrs_v6.push(c),
+                CidrKind::External => route.external_cidr_v6 = Some(c),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The IPv6 CIDRs of `route`, by kind.
+pub fn cidrs_v6(route: &TransitRoute) -> Vec<(CidrKind, Ipv6Net)> {
+    let mut v: Vec<(CidrKind, Ipv6Net)> = route
+        .workload_cidrs_v6
+        .iter()
+        .map(|c| (CidrKind::Workload, *c))
+        .collect();
+    v.extend(route.external_cidr_v6.map(|c| (CidrKind::External, c)));
+    v
+}
+
 /// The peer CIDRs of `route`, by kind, as [`ipam::plan_views`] takes them.
 pub fn cidrs(route: &TransitRoute) -> Vec<(CidrKind, Ipv4Net)> {
     let mut v: Vec<(CidrKind, Ipv4Net)> = route.workload_cidrs.iter().map(|c| (CidrKind::Workload, *c)).collect();
@@ -179,6 +288,20 @@ pub fn direct(peerings: &Peerings, site: &str) -> bool {
     peerings
         .get(site)
         .is_some_and(|d| d.remote.is_some() && !d.views.is_empty())
+}
+
+/// [`rendered`] in IPv6: while the hop is agreed and carries IPv6, the
+/// IPv6 transit views of sites this site has no direct IPv6 path to.
+pub fn rendered_v6<'a>(
+    peerings: &'a Peerings,
+    p: &'a Peering,
+) -> impl Iterator<Item = (usize, &'a TransitView<Ipv6Net>)> + 'a {
+    let on = usable(p) && carries_v6(p);
+    p.transit_views_v6.iter().enumerate().filter(move |(_, t)| {
+        on && !peerings
+            .get(&t.site)
+            .is_some_and(|d| d.remote.is_some() && carries_v6(d))
+    })
 }
 
 /// The transit views of peering `p` this site renders: while the hop is
@@ -206,6 +329,7 @@ mod tests {
             site: site.into(),
             workload_cidrs: w.iter().map(|c| c.to_string()).collect(),
             external_cidr: e.into(),
+            ..Default::default()
         }
     }
 
@@ -341,5 +465,109 @@ mod tests {
         b.transit = false;
         let ps = map(vec![b]);
         assert_eq!(rendered(&ps, &ps["b"]).count(), 0);
+    }
+
+    fn with_v6(mut p: Peering, local: &str) -> Peering {
+        p.views_v6 = vec![ipam::View {
+            kind: CidrKind::Workload,
+            real: "fd00:1::/48".parse().unwrap(),
+            local: local.parse().unwrap(),
+            pool: None,
+        }];
+        p
+    }
+
+    #[test]
+    fn ipv6_is_offered_and_forwarded_only_where_both_hops_carry_it() {
+        let ps = map(vec![
+            with_v6(peering("a", true, true, "10.200.0.0/16"), "fd10::/48"),
+            with_v6(peering("c", true, true, "10.201.0.0/16"), "fd11::/48"),
+            peering("d", true, true, "10.202.0.0/16"),
+        ]);
+        let to_a = offers(&ps, "a");
+        let c = to_a.iter().find(|r| r.site == "c").unwrap();
+        assert_eq!(
+            (c.workload_cidrs_v6.clone(), c.workload_cidrs.clone()),
+            (vec!["fd11::/48".to_string()], vec!["10.201.0.0/16".to_string()])
+        );
+        // d carries no IPv6: IPv4 only, for it and to it.
+        let d = to_a.iter().find(|r| r.site == "d").unwrap();
+        assert!(d.workload_cidrs_v6.is_empty() && !d.workload_cidrs.is_empty());
+        assert!(offers(&ps, "d").iter().all(|r| r.workload_cidrs_v6.is_empty()));
+        assert_eq!(
+            onward_v6(ps.values().map(|q| &**q), &ps["c"]),
+            vec![("a".to_string(), vec!["fd10::/48".parse::<Ipv6Net>().unwrap()])]
+        );
+        assert!(onward_v6(ps.values().map(|q| &**q), &ps["d"]).is_empty());
+        // IPv6 refused on a hop: as if it carried none.
+        let mut refused = with_v6(peering("a", true, true, "10.200.0.0/16"), "fd10::/48");
+        refused.ipv6_refused = Some("held".into());
+        let ps = map(vec![
+            refused,
+            with_v6(peering("c", true, true, "10.201.0.0/16"), "fd11::/48"),
+        ]);
+        assert!(offers(&ps, "a").iter().all(|r| r.workload_cidrs_v6.is_empty()));
+    }
+
+    #[test]
+    fn ipv6_offers_are_checked_as_ipv4_ones() {
+        let mut r = route("c", &["10.201.0.0/16"], "");
+        r.workload_cidrs_v6 = vec!["fd11::/48".into()];
+        let own6 = ["fd00:1::/48".parse::<Ipv6Net>().unwrap()];
+        let p = params(vec![r.clone()]);
+        let mut routes = check_routes(&p, "a", &[n("10.0.0.0/16")], None).unwrap();
+        check_routes_v6(&p, &mut routes, &own6, None).unwrap();
+        assert_eq!(
+            cidrs_v6(&routes[0]),
+            vec![(CidrKind::Workload, "fd11::/48".parse().unwrap())]
+        );
+        let bad = |v6: &[&str], ext: &str, what: &str| {
+            let mut r = r.clone();
+            r.workload_cidrs_v6 = v6.iter().map(|c| c.to_string()).collect();
+            r.external_cidr_v6 = ext.into();
+            let p = params(vec![r]);
+            let mut routes = check_routes(&p, "a", &[n("10.0.0.0/16")], None).unwrap();
+            let e = check_routes_v6(&p, &mut routes, &own6, None).expect_err(what);
+            assert!(e.contains(what), "{e}");
+        };
+        bad(&["fd00:1:0:5::/64"], "", "overlaps the sending site's own CIDR");
+        bad(&["10.9.0.0/16"], "", "is IPv4");
+        bad(&["::/0"], "", "transit_routes[0].workload_cidrs_v6[0]");
+        bad(&["fd11::/48", "fd11:0:0:1::/64"], "", "overlaps fd11::/48");
+        bad(&[], "fd12::/48", "without any IPv6 workload CIDR");
+        // A route with IPv6 CIDRs only is a route.
+        let mut only6 = route("c", &[], "");
+        only6.workload_cidrs_v6 = vec!["fd11::/48".into()];
+        let p = params(vec![only6]);
+        let mut routes = check_routes(&p, "a", &[], None).unwrap();
+        check_routes_v6(&p, &mut routes, &own6, None).unwrap();
+        assert!(routes[0].workload_cidrs.is_empty() && routes[0].workload_cidrs_v6.len() == 1);
+    }
+
+    #[test]
+    fn a_direct_ipv6_peering_is_preferred_over_ipv6_transit() {
+        let mut b = with_v6(peering("b", true, true, "10.200.0.0/16"), "fd10::/48");
+        b.transit_views_v6 = vec![TransitView {
+            site: "c".into(),
+            view: ipam::View {
+                kind: CidrKind::Workload,
+                real: "fd11::/48".parse().unwrap(),
+                local: "fd21::/48".parse().unwrap(),
+                pool: None,
+            },
+        }];
+        let ps = map(vec![b.clone()]);
+        assert_eq!(rendered_v6(&ps, &ps["b"]).count(), 1);
+        // A direct peering with IPv4 only leaves IPv6 through the hub.
+        let ps = map(vec![b.clone(), peering("c", false, false, "10.201.0.0/16")]);
+        assert_eq!(rendered_v6(&ps, &ps["b"]).count(), 1);
+        let ps = map(vec![
+            b.clone(),
+            with_v6(peering("c", false, false, "10.201.0.0/16"), "fd31::/48"),
+        ]);
+        assert_eq!(rendered_v6(&ps, &ps["b"]).count(), 0);
+        b.transit = false;
+        let ps = map(vec![b]);
+        assert_eq!(rendered_v6(&ps, &ps["b"]).count(), 0);
     }
 }

@@ -314,3 +314,85 @@ fn a_deleted_direct_peerings_addresses_never_pass_to_a_hubs_transit_path() {
         "{table}"
     );
 }
+
+/// Site `to`'s IPv6 workload address as site `from` reaches it through
+/// the transit peer `via` (its transit path's IPv6 workload view), once
+/// in use.
+fn through_v6(mesh: &Mesh, from: usize, via: usize, to: usize) -> Option<String> {
+    let p = mesh.peering(&mesh.sites[from], &mesh.sites[via].id)?;
+    let path = p["transit"]["paths"]
+        .as_array()?
+        .iter()
+        .find(|t| t["site"] == mesh.sites[to].id.as_str() && t["active"] == true)?;
+    let local: ipnet::Ipv6Net = path["views"]
+        .as_array()?
+        .iter()
+        .filter(|v| v["kind"] == "workload")
+        .find_map(|v| v["local_cidr"].as_str()?.parse().ok())?;
+    let real: ipnet::Ipv6Net = POD_V6.parse().unwrap();
+    let addr: std::net::Ipv6Addr = mesh.sites[to].workload_v6.as_ref()?.parse().ok()?;
+    weft_controller::ipam::translate(addr, real, local).map(|a| a.to_string())
+}
+
+const POD_V6: &str = "fd00:1::/48";
+
+/// Three dual-stack sites on the same IPv4 CIDR and the same IPv6 ULA
+/// prefix, A–B and B–C peered with transit agreed, no A–C: A's IPv6
+/// workload reaches C's through B, at an address of A's own IPv6 remap
+/// pool, and back; B counts what it forwarded.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn an_ipv6_workload_reaches_another_spoke_through_a_hub() {
+    if !netns::require_root() {
+        return;
+    }
+    let (a, b, c) = (0, 1, 2);
+    weft_tests::step("three dual-stack sites on one IPv4 CIDR and one ULA prefix: A–B and B–C with transit");
+    let mut mesh = Mesh::up_dual("trn6", 3, POD, POD_V6);
+    mesh.peer_with(a, b, &["--transit"]);
+    mesh.peer_with(c, b, &["--transit"]);
+    for peer in ["s1", "s3"] {
+        transit(&mesh, b, peer, "on").unwrap();
+    }
+    weft_tests::step("A reaches C over IPv6 through B, and C reaches A");
+    let a_to_c = eventually("A's IPv6 view of C through B", Duration::from_secs(30), || {
+        through_v6(&mesh, a, b, c)
+    });
+    let c_to_a = eventually("C's IPv6 view of A through B", Duration::from_secs(30), || {
+        through_v6(&mesh, c, b, a)
+    });
+    eprintln!("over IPv6, A reaches C at {a_to_c}, C reaches A at {c_to_a} (through B)");
+    let own: ipnet::Ipv6Net = POD_V6.parse().unwrap();
+    for addr in [&a_to_c, &c_to_a] {
+        let ip: std::net::Ipv6Addr = addr.parse().unwrap();
+        assert!(
+            !own.contains(&ip),
+            "{addr}: a view in the site's own remap pool, not its own prefix"
+        );
+    }
+    let before = forwarded(&mut mesh, b, a, c);
+    for (from, to) in [(a, &a_to_c), (c, &c_to_a)] {
+        let wl = mesh.sites[from].wl.clone();
+        eventually(
+            &format!("{} pings {to}", mesh.sites[from].id),
+            Duration::from_secs(30),
+            || {
+                mesh.lab
+                    .exec(&wl, &["ping", "-6", "-c", "1", "-W", "1", to])
+                    .status
+                    .success()
+                    .then_some(())
+            },
+        );
+    }
+    let after = forwarded(&mut mesh, b, a, c);
+    assert!(
+        after > before,
+        "B's transit counter for A to C did not move ({before} then {after})"
+    );
+    // IPv4 goes through B too, alike.
+    let v4 = eventually("A's IPv4 view of C through B", Duration::from_secs(20), || {
+        through(&mesh, a, b, c)
+    });
+    mesh.ask_at(a, &v4).unwrap();
+}

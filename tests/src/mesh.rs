@@ -46,6 +46,8 @@ pub struct MeshSite {
     pub gateway: usize,
     /// The workload's own address.
     pub workload: String,
+    /// Its IPv6 address (dual stack: [`Mesh::up_dual`]).
+    pub workload_v6: Option<String>,
 }
 
 pub struct Mesh {
@@ -56,6 +58,8 @@ pub struct Mesh {
     /// Each node's subnet's prefix length: 24, or 23 for a workload with
     /// a second address in the next /24 ([`Mesh::up_wide`]).
     node_len: u8,
+    /// Every site's IPv6 pod CIDR too ([`Mesh::up_dual`]).
+    pod_v6: Option<String>,
 }
 
 impl Mesh {
@@ -71,7 +75,17 @@ impl Mesh {
         Mesh::up_with(tag, n, pod, 23)
     }
 
+    /// [`Mesh::up`], every site dual stack: also on IPv6 pod CIDR `pod_v6`
+    /// (a /48), its node on the first /64 of it, its workload at ::10.
+    pub fn up_dual(tag: &str, n: usize, pod: &str, pod_v6: &str) -> Mesh {
+        Mesh::up_on(tag, n, pod, 24, Some(pod_v6))
+    }
+
     fn up_with(tag: &str, n: usize, pod: &str, node_len: u8) -> Mesh {
+        Mesh::up_on(tag, n, pod, node_len, None)
+    }
+
+    fn up_on(tag: &str, n: usize, pod: &str, node_len: u8, pod_v6: Option<&str>) -> Mesh {
         let dir = tempfile::Builder::new().prefix("weft-mesh").tempdir().unwrap();
         let mut lab = Lab::new(tag);
         lab.lan();
@@ -81,6 +95,7 @@ impl Mesh {
             sites: Vec::new(),
             pod: pod.to_string(),
             node_len,
+            pod_v6: pod_v6.map(str::to_string),
         };
         for _ in 0..n {
             mesh.add_site();
@@ -125,13 +140,17 @@ impl Mesh {
         );
         let mut gateway = AgentSpec::gateway("gw", &gw, &gw_ip);
         gateway.own_host = true;
+        let mut controller = ControllerSpec::new(&id)
+            .data_dir(&self.dir.path().join(&id))
+            .log(&self.dir.path().join(format!("{id}-controller.log")))
+            .pod(&self.pod)
+            .flag("--node-prefix-len", &self.node_len.to_string())
+            .flags(flags);
+        if let Some(v6) = &self.pod_v6 {
+            controller = controller.pod(v6);
+        }
         let site = lab.site(&SiteSpec {
-            controller: ControllerSpec::new(&id)
-                .data_dir(&self.dir.path().join(&id))
-                .log(&self.dir.path().join(format!("{id}-controller.log")))
-                .pod(&self.pod)
-                .flag("--node-prefix-len", &self.node_len.to_string())
-                .flags(flags),
+            controller,
             ctl: ctl.clone(),
             ctl_ip,
             agents: vec![gateway, AgentSpec::node("node", &node, &node_ip, &subnet)],
@@ -141,6 +160,31 @@ impl Mesh {
             agent_metrics: false,
         });
         let (target, gateway) = (site.target, site.agents[0]);
+        // Dual stack: the workload's IPv6 address in its node's /64.
+        let workload_v6 = self.pod_v6.is_some().then(|| {
+            let net: ipnet::Ipv6Net = eventually("the node's IPv6 subnet", Duration::from_secs(20), || {
+                let nodes = weftctl_json(&target, &["nodes"]);
+                nodes["nodes"][0]["subnet_v6"].as_str()?.parse().ok()
+            });
+            let base = u128::from(net.network());
+            let (gw6, addr) = (
+                std::net::Ipv6Addr::from(base + 1),
+                std::net::Ipv6Addr::from(base + 0x10),
+            );
+            for (ns, cmd) in [
+                (
+                    &node,
+                    format!("ip addr add {gw6}/64 dev wl0 nodad && sysctl -qw net.ipv6.conf.all.forwarding=1"),
+                ),
+                (
+                    &wl,
+                    format!("ip addr add {addr}/64 dev eth0 nodad && ip -6 route add default via {gw6}"),
+                ),
+            ] {
+                crate::netns::must(self.lab.exec(ns, &["sh", "-c", &cmd]), &cmd);
+            }
+            addr.to_string()
+        });
         self.sites.push(MeshSite {
             id,
             target,
@@ -150,6 +194,7 @@ impl Mesh {
             wl,
             gateway,
             workload,
+            workload_v6,
         });
         i
     }

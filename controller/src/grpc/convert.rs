@@ -155,13 +155,24 @@ pub fn export_policy<'a>(
 /// whether it is used (no direct peering in `all` preferred over it).
 fn transit_paths(p: &Peering, all: &crate::transit::Peerings) -> Vec<pb::TransitPath> {
     let mut out: Vec<pb::TransitPath> = Vec::new();
-    for t in &p.transit_views {
+    let v6_on: Vec<&String> = crate::transit::rendered_v6(all, p).map(|(_, t)| &t.site).collect();
+    let v4 = p.transit_views.iter().map(|t| {
         let active = crate::transit::usable(p) && !crate::transit::direct(all, &t.site);
-        match out.iter_mut().find(|o| o.site == t.site) {
-            Some(o) => o.views.push(view(&t.view)),
+        (&t.site, view(&t.view), active)
+    });
+    let v6 = p
+        .transit_views_v6
+        .iter()
+        .map(|t| (&t.site, view(&t.view), v6_on.contains(&&t.site)));
+    for (site, v, active) in v4.chain(v6) {
+        match out.iter_mut().find(|o| o.site == *site) {
+            Some(o) => {
+                o.views.push(v);
+                o.active |= active;
+            }
             None => out.push(pb::TransitPath {
-                site: t.site.clone(),
-                views: vec![view(&t.view)],
+                site: site.clone(),
+                views: vec![v],
                 active,
                 told_by: p.site_id.clone(),
             }),

@@ -171,7 +171,7 @@ pub(super) fn update(model: &mut Model, key: Key, value: Option<&[u8]>) -> Optio
                 v.extend(
                     m.peerings
                         .values()
-                        .filter(|q| q.transit || !q.transit_views.is_empty())
+                        .filter(|q| q.transit || !q.transit_views.is_empty() || !q.transit_views_v6.is_empty())
                         .map(|q| q.site_id.clone()),
                 );
                 v

@@ -106,6 +106,10 @@ impl State {
                 Some(r) => Self::plan_transit(snap, site, &next, r, &[]),
                 None => vec![],
             };
+            next.transit_views_v6 = match &p.remote {
+                Some(r) => super::ipv6::plan_transit(snap, site, &next, r),
+                None => vec![],
+            };
             if next == *p {
                 return Ok((None, next));
             }

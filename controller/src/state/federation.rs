@@ -196,12 +196,14 @@ impl State {
                 export: None,
                 transit,
                 transit_views: vec![],
+                transit_views_v6: vec![],
                 joined_with,
                 views_v6,
                 ipv6_refused,
                 pending_v6: None,
             };
             peering.transit_views = Self::plan_transit(snap, site, &peering, &remote, &[]);
+            peering.transit_views_v6 = super::ipv6::plan_transit(snap, site, &peering, &remote);
             // A transit view whose block this peering took moves off it.
             let own: Vec<Ipv4Net> = peering.transit_views.iter().map(|t| t.view.local).collect();
             let moved = Self::transit_off_direct(snap, site, peer_site, &[], &peering.views, &own);
@@ -360,6 +362,7 @@ impl State {
             (next.views_v6, next.ipv6_refused, next.pending_v6) = (ipv6.views, ipv6.refused, ipv6.held);
             (remote.workload_cidrs_v6, remote.external_cidr_v6) = ipv6.recorded;
             next.transit_views = Self::plan_transit(snap, site, &next, &remote, &[]);
+            next.transit_views_v6 = super::ipv6::plan_transit(snap, site, &next, &remote);
             next.remote = Some(remote);
             let own: Vec<Ipv4Net> = next.transit_views.iter().map(|t| t.view.local).collect();
             let moved = Self::transit_off_direct(snap, site, peer_site, &p.views, &next.views, &own);

@@ -204,9 +204,83 @@ fn check_and_plan(
         if p.site_id != peer_site {
             in_use.extend(p.views_v6.iter().map(|v| v.local));
         }
+        // Transit paths keep their blocks (IPv6 has no move of them).
+        in_use.extend(p.transit_views_v6.iter().map(|t| t.view.local));
     }
     ipam::plan_views_keeping(peer, &in_use, &v6.remap_pools, &v6.peer_public_cidrs, kept, false)
         .map_err(|e| e.to_string())
+}
+
+/// This site's IPv6 views of the sites it reaches through peer `p`
+/// (transit), planned from the IPv6 CIDRs of `remote`'s transit routes
+/// while both ends agree to transit and the peering carries IPv6: each
+/// mapped into a block of the site's IPv6 remap pools, never at the
+/// value the hub offers, kept while the offer stays the same. A route
+/// that cannot be planned (over the hub's own CIDRs, an exhausted pool)
+/// is left out and logged, the rest planned.
+pub(super) fn plan_transit(
+    snap: &Snapshot,
+    site: &Site,
+    p: &Peering,
+    remote: &RemoteSite,
+) -> Vec<crate::domain::TransitView<Ipv6Net>> {
+    let Some(v6) = site.ipv6.as_ref() else { return vec![] };
+    if !(p.transit && remote.transit && weft_core::transit::carries_v6(p)) {
+        return vec![];
+    }
+    let mut used = v6.own_blocks();
+    used.extend(host_addresses(snap, v6).iter().map(|(a, _)| Ipv6Net::from(*a)));
+    for (q, _) in &snap.peerings {
+        used.extend(q.views_v6.iter().map(|v| v.local));
+        if q.site_id != p.site_id {
+            used.extend(q.transit_views_v6.iter().map(|t| t.view.local));
+        }
+    }
+    used.extend(p.views_v6.iter().map(|v| v.local));
+    let mut planned: Vec<crate::domain::TransitView<Ipv6Net>> = Vec::new();
+    for route in &remote.transit_routes {
+        let offered = weft_core::transit::cidrs_v6(route);
+        if offered.is_empty() {
+            continue;
+        }
+        if let Some(v) = p
+            .views_v6
+            .iter()
+            .find(|v| offered.iter().any(|(_, c)| ipam::overlaps(c, &v.real)))
+        {
+            tracing::warn!(
+                peer = %p.site_id,
+                site = %route.site,
+                "not reaching site {:?} through {:?} over IPv6: it offers a CIDR over its own {}",
+                route.site,
+                p.site_id,
+                v.real
+            );
+            continue;
+        }
+        let mut in_use = used.clone();
+        in_use.extend(planned.iter().map(|t| t.view.local));
+        let keep: Vec<View<Ipv6Net>> = p
+            .transit_views_v6
+            .iter()
+            .filter(|t| t.site == route.site)
+            .map(|t| t.view.clone())
+            .collect();
+        match ipam::plan_views_keeping(&offered, &in_use, &v6.remap_pools, &v6.peer_public_cidrs, &keep, true) {
+            Ok(views) => planned.extend(views.into_iter().map(|view| crate::domain::TransitView {
+                site: route.site.clone(),
+                view,
+            })),
+            Err(e) => tracing::warn!(
+                peer = %p.site_id,
+                site = %route.site,
+                "not reaching site {:?} through {:?} over IPv6: {e}",
+                route.site,
+                p.site_id
+            ),
+        }
+    }
+    planned
 }
 
 /// A new unique local /40 for IPv6 views, off the site's own IPv6 blocks.

@@ -490,6 +490,7 @@ impl State {
                 export: existing.and_then(|(p, _)| p.export.clone()),
                 transit: existing.is_some_and(|(p, _)| p.transit),
                 transit_views: existing.map(|(p, _)| p.transit_views.clone()).unwrap_or_default(),
+                transit_views_v6: existing.map(|(p, _)| p.transit_views_v6.clone()).unwrap_or_default(),
                 views_v6: vec![],
                 ipv6_refused: None,
                 pending_v6: None,

@@ -332,7 +332,7 @@ mod tests {
         vec![TransitRoute {
             site: "c".into(),
             workload_cidrs: vec![n("10.9.0.0/16")],
-            external_cidr: None,
+            ..Default::default()
         }]
     }
 

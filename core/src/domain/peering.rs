@@ -72,6 +72,10 @@ pub struct Peering {
     /// planned from the peer's `transit_routes` while both ends agree.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub transit_views: Vec<TransitView>,
+    /// The same in IPv6: planned from the IPv6 CIDRs of the peer's
+    /// `transit_routes` while the peering carries IPv6.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub transit_views_v6: Vec<TransitView<Ipv6Net>>,
     /// This site's local views of the peer's IPv6 CIDRs (empty: IPv6 not
     /// negotiated; see [`Peering::ipv6_status`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -89,20 +93,26 @@ pub struct Peering {
 
 /// A site reached through a transit peer, as that peer offered it: its
 /// CIDRs in the peer's local views.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TransitRoute {
     pub site: String,
     pub workload_cidrs: Vec<Ipv4Net>,
     pub external_cidr: Option<Ipv4Net>,
+    /// Its IPv6 CIDRs in the peer's views (empty: none offered).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workload_cidrs_v6: Vec<Ipv6Net>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_cidr_v6: Option<Ipv6Net>,
 }
 
 /// This site's view of one CIDR of `site`, reached through a transit peer:
 /// `view.real` is the transit peer's view of it (the address inside the
 /// tunnel), `view.local` this site's.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TransitView {
+#[serde(bound = "N: crate::ipam::Prefix")]
+pub struct TransitView<N: crate::ipam::Prefix = Ipv4Net> {
     pub site: String,
-    pub view: View,
+    pub view: View<N>,
 }
 
 /// The relay a tunnel takes: the relay site, and where this site's gateway

@@ -86,25 +86,34 @@ pub(super) fn node_own(site: &Site, ip: Ipv4Addr) -> Objects {
     out
 }
 
-/// On every node: the peer's IPv6 views through the active gateway.
+/// On every node: the peer's IPv6 views, and those of the sites reached
+/// through it (transit), through the active gateway.
 pub(super) fn node_shared(m: &Model, p: &Peering, gw_ip: Ipv4Addr) -> Objects {
     let mut out = Objects::new();
-    for (i, v) in views(m, p).iter().enumerate() {
-        let base = format!("peer/{}/v6/{i}", p.site_id);
-        out.extend([
+    let to_gateway = |base: String, site: &str, local: Ipv6Net| {
+        [
             obj(
                 format!("{base}/route"),
                 Kind::Route(pb::Route {
                     namespace: String::new(),
                     table: TABLE,
-                    destination: v.local.to_string(),
+                    destination: local.to_string(),
                     gateway: link_local(gw_ip).to_string(),
                     device: NODE_LINK.into(),
-                    peer_site: p.site_id.clone(),
+                    peer_site: site.to_string(),
                 }),
             ),
-            obj(format!("{base}/rule"), host_rule(v.local)),
-        ]);
+            obj(format!("{base}/rule"), host_rule(local)),
+        ]
+    };
+    for (i, v) in views(m, p).iter().enumerate() {
+        out.extend(to_gateway(format!("peer/{}/v6/{i}", p.site_id), &p.site_id, v.local));
+    }
+    if m.site.as_ref().is_some_and(|s| s.ipv6.is_some()) {
+        for (i, t) in crate::transit::rendered_v6(&m.peerings, p) {
+            let base = format!("peer/{}/transit/{}/v6/{i}", p.site_id, t.site);
+            out.extend(to_gateway(base, &t.site, t.view.local));
+        }
     }
     out
 }
@@ -182,6 +191,36 @@ pub(super) fn peering(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> O
             out.extend([obj(format!("{id}/nat"), nat_map(&ids.ns, v.real, v.local, &ids.link))]);
         }
     }
+    // On a spoke: the sites reached through this peer, as its own views
+    // are (see `transit_spoke`).
+    for (i, t) in crate::transit::rendered_v6(&m.peerings, p) {
+        let id = format!("{base}transit/{}/v6/{i}", t.site);
+        let v = &t.view;
+        out.extend([
+            obj(
+                format!("{id}/via"),
+                route("", TABLE, v.local.to_string(), Some(VETH_INNER), &ids.outer),
+            ),
+            obj(format!("{id}/rule"), host_rule(v.local)),
+            obj(
+                format!("{id}/tunnel"),
+                route(&ids.ns, NS_TUNNEL_TABLE, v.real.to_string(), None, &ids.link),
+            ),
+        ]);
+        if v.remapped() {
+            out.extend([obj(format!("{id}/nat"), nat_map(&ids.ns, v.real, v.local, &ids.link))]);
+        }
+    }
+    // On a hub: what comes out of this peer's tunnel for another transit
+    // peer goes back to the gateway (see `transit_hub`).
+    for (site, cidrs) in crate::transit::onward_v6(m.peerings.values().map(|q| &**q), p) {
+        for (i, c) in cidrs.iter().enumerate() {
+            out.extend([obj(
+                format!("{base}v6/onward/{site}/{i}"),
+                route(&ids.ns, 0, c.to_string(), Some(VETH_OUTER), &ids.inner),
+            )]);
+        }
+    }
     for (i, c) in own(site).into_iter().enumerate() {
         out.extend([obj(
             format!("{base}v6/back/{i}"),
@@ -192,9 +231,14 @@ pub(super) fn peering(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> O
 }
 
 /// What the peer's active gateway may send from, in IPv6: its real CIDRs
-/// whose views were negotiated.
+/// whose views were negotiated, and its views of the sites reached
+/// through it.
 pub(super) fn allowed_ips(m: &Model, p: &Peering) -> Vec<String> {
-    views(m, p).iter().map(|v| v.real.to_string()).collect()
+    let mut out: Vec<String> = views(m, p).iter().map(|v| v.real.to_string()).collect();
+    if !out.is_empty() {
+        out.extend(crate::transit::rendered_v6(&m.peerings, p).map(|(_, t)| t.view.real.to_string()));
+    }
+    out
 }
 
 /// What the peering's namespace forwards from the tunnel, in IPv6: this

@@ -203,6 +203,26 @@ fn tunnel_filter(m: &Model, g: &Gateway, p: &Peering, base: &str, ids: &PeeringI
     );
     allowed.extend(super::ipv6::filter_allowed(m, p));
     let onward = crate::transit::onward(m.peerings.values().map(|q| &**q), p);
+    // Forwarded and counted per site, in both families.
+    let mut transit: Vec<pb::TransitPrefixes> = onward
+        .iter()
+        .map(|(site, cidrs)| pb::TransitPrefixes {
+            site: site.clone(),
+            cidrs: cidrs.iter().map(|c| c.to_string()).collect(),
+        })
+        .collect();
+    if g.enforces_export_v6 {
+        for (site, cidrs) in crate::transit::onward_v6(m.peerings.values().map(|q| &**q), p) {
+            let v6 = cidrs.iter().map(|c| c.to_string());
+            match transit.iter_mut().find(|t| t.site == site) {
+                Some(t) => t.cidrs.extend(v6),
+                None => transit.push(pb::TransitPrefixes {
+                    site,
+                    cidrs: v6.collect(),
+                }),
+            }
+        }
+    }
     // Rules naming a site reached through this one hold while it is.
     let policy = crate::export::effective(site, p).map(|r| {
         let mut rules = crate::export::live(r, &onward);
@@ -217,13 +237,7 @@ fn tunnel_filter(m: &Model, g: &Gateway, p: &Peering, base: &str, ids: &PeeringI
             allowed,
             policed: policy.is_some(),
             exports: policy.unwrap_or_default().iter().map(crate::export::rule_pb).collect(),
-            transit: onward
-                .into_iter()
-                .map(|(site, cidrs)| pb::TransitPrefixes {
-                    site,
-                    cidrs: cidrs.iter().map(|c| c.to_string()).collect(),
-                })
-                .collect(),
+            transit,
         }),
     )])
 }
