@@ -452,4 +452,49 @@ mod tests {
         assert_eq!((&ok.refused, &ok.held), (&None, &None));
         assert_eq!(ok.views[0].real, n("fd00:3::/48"));
     }
+
+    #[test]
+    fn ipv6_transit_views_come_from_the_pool_are_kept_and_never_at_the_hubs_values() {
+        let snap = Snapshot::default();
+        let site = dual_site();
+        let mut hub = remote(&["fd00:1::/48"]);
+        hub.transit = true;
+        hub.transit_routes = vec![crate::domain::TransitRoute {
+            site: "c".into(),
+            workload_cidrs: vec!["10.9.0.0/16".parse().unwrap()],
+            workload_cidrs_v6: vec![n("fd77::/48")],
+            ..Default::default()
+        }];
+        let planned = plan(&snap, &site, "b", &hub, None);
+        let mut p = recorded(&planned, &hub);
+        p.transit = true;
+        let views = plan_transit(&snap, &site, &p, &hub);
+        assert_eq!(views.len(), 1, "{views:?}");
+        let t = &views[0];
+        assert_eq!((t.site.as_str(), t.view.real), ("c", n("fd77::/48")));
+        let pool = n("fd9a:2b3c:4d00::/40");
+        assert!(pool.contains(&t.view.local), "{t:?}: not from the pool");
+        assert!(t.view.local != p.views_v6[0].local, "a block of its own");
+        // Planned again: the same block.
+        p.transit_views_v6 = views.clone();
+        assert_eq!(plan_transit(&snap, &site, &p, &hub), views);
+        // Not agreed here, or IPv6 refused on the hop: none.
+        let mut off = p.clone();
+        off.transit = false;
+        assert!(plan_transit(&snap, &site, &off, &hub).is_empty());
+        let mut refused = p.clone();
+        refused.ipv6_refused = Some("held".into());
+        assert!(plan_transit(&snap, &site, &refused, &hub).is_empty());
+        // An offer over the hub's own IPv6 CIDR is left out.
+        let mut over = hub.clone();
+        over.transit_routes[0].workload_cidrs_v6 = vec![n("fd00:1::/48")];
+        assert!(plan_transit(&snap, &site, &p, &over).is_empty());
+        // An IPv4-only site plans none.
+        let v4 = site_v4();
+        assert!(plan_transit(&snap, &v4, &p, &hub).is_empty());
+    }
+
+    fn site_v4() -> Site {
+        site(&["10.1.0.0/16"])
+    }
 }

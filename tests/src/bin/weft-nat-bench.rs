@@ -31,7 +31,12 @@
 //!   site's peerings). Its throughput is also given as a ratio to the
 //!   relayed case's (the same relay over UDP), run by run. After the runs
 //!   the routers let UDP out again, and the bench reports when no tunnel
-//!   of either gateway is carried over TLS any more.
+//!   of either gateway is carried over TLS any more;
+//! - IPv6 firewalls: every host of both sites on the WAN by IPv6 only,
+//!   each site's gateway and nodes on an IPv6 LAN of global addresses
+//!   behind a router with a stateful firewall and no NAT66 (only answers
+//!   get in), neither gateway with an endpoint: hole-punched over IPv6
+//!   (its tunnel carries 20 bytes more of IPv6 header than the others).
 //!
 //! Needs root; `sudo weft-nat-bench --seconds 5 --runs 5` (see
 //! docs/benchmarks.md).
@@ -75,23 +80,28 @@ enum Relay {
 }
 
 fn case(name: &'static str, tag: &str, a: Option<Nat>, b: Option<Nat>, relay: Relay) -> Case {
-    case_with(name, tag, a, b, relay, false)
+    run_case(name, tag, nat_opts(a, b, false), relay, false)
 }
 
-/// [`case`], with UDP blocked at both routers and the relay taking TLS.
-fn case_with(name: &'static str, tag: &str, a: Option<Nat>, b: Option<Nat>, relay: Relay, tls: bool) -> Case {
-    // The agents' default resync (the labs' 1 s would have every gateway
-    // read its whole state each second, the relay site's too).
-    let opts = Opts {
+/// The lab of sites behind NAT routers `a` and `b` (None: on the WAN),
+/// letting no UDP out when `udp_blocked`.
+fn nat_opts(a: Option<Nat>, b: Option<Nat>, udp_blocked: bool) -> Opts {
+    Opts {
         site_a_nat: a,
         site_b_nat: b,
         // Routers without a firewall, as the internet has them: a router
         // between the two sites (the punch's first handshakes die there).
         site_b_beyond_hop: b == Some(Nat::Bare),
+        // The agents' default resync (the labs' 1 s would have every
+        // gateway read its whole state each second, the relay site's too).
         resync: Some("30s"),
-        udp_blocked: tls,
+        udp_blocked,
         ..Default::default()
-    };
+    }
+}
+
+/// One case's lab, up and timed; `tls`: the relay takes TLS.
+fn run_case(name: &'static str, tag: &str, opts: Opts, relay: Relay, tls: bool) -> Case {
     let mut lab = up_with(
         tag,
         (&format!("{tag}-a"), "10.1.0.0/16"),
@@ -201,13 +211,24 @@ fn main() {
             Relay::Only,
         ),
         case("both bare NAT", "nb4", Some(Nat::Bare), Some(Nat::Bare), Relay::Beside),
-        case_with(
+        run_case(
             "UDP blocked, over TLS",
             "nb5",
-            Some(Nat::EndpointIndependent),
-            Some(Nat::EndpointIndependent),
+            nat_opts(Some(Nat::EndpointIndependent), Some(Nat::EndpointIndependent), true),
             Relay::Only,
             true,
+        ),
+        run_case(
+            "IPv6 firewalls, no NAT66",
+            "nb6",
+            Opts {
+                underlay_v6: true,
+                firewall_v6: true,
+                resync: Some("30s"),
+                ..Default::default()
+            },
+            Relay::None,
+            false,
         ),
     ];
     // The TLS case against the same relay over UDP.
