@@ -13,7 +13,7 @@ use defguard_boringtun::x25519::{PublicKey, StaticSecret};
 use ipnet::IpNet;
 
 use crate::conn::UdpBind;
-use crate::peers::{Peer, Peers, first_index};
+use crate::peers::{Beside, Peer, Peers, first_index};
 use crate::receive::In;
 use crate::send::{self, Out};
 use crate::shared::{Shared, wait};
@@ -158,7 +158,29 @@ impl Device {
     /// must not wait for the protocol's 5 s retry of a handshake lost
     /// while the NATs were still closed.
     pub fn set_peer(&self, public_key: [u8; 32], endpoint: Option<SocketAddr>, allowed: Vec<IpNet>, keepalive: u16) {
-        self.put_peer(public_key, endpoint, allowed, keepalive, false);
+        self.put_peer(public_key, endpoint, allowed, keepalive, false, None);
+    }
+
+    /// [`Device::set_peer`] for a peer reached through a relay at
+    /// `endpoint` while a direct path to `direct` is tried beside it (both
+    /// sides behind NAT or a firewall that a hole punch may open): once
+    /// its session is up, a keepalive of it goes to `direct` every
+    /// [`crate::DIRECT_EVERY`] (with [`Config::punch_ttl`] for the first
+    /// [`PRIME_FOR`]); once the peer is heard from there, it is sent
+    /// there, and stays there while it is heard from (the relay's path
+    /// stays ready: silent for [`crate::DIRECT_STALE`], the peer may roam
+    /// back).
+    /// Traffic flows through the relay meanwhile: nothing waits for the
+    /// punch, and the move loses nothing.
+    pub fn set_peer_beside(
+        &self,
+        public_key: [u8; 32],
+        endpoint: SocketAddr,
+        direct: SocketAddr,
+        allowed: Vec<IpNet>,
+        keepalive: u16,
+    ) {
+        self.put_peer(public_key, Some(endpoint), allowed, keepalive, false, Some(direct));
     }
 
     /// [`Device::set_peer`] for an endpoint that is to be hole-punched
@@ -171,7 +193,7 @@ impl Device {
         allowed: Vec<IpNet>,
         keepalive: u16,
     ) {
-        self.put_peer(public_key, endpoint, allowed, keepalive, true);
+        self.put_peer(public_key, endpoint, allowed, keepalive, true, None);
     }
 
     fn put_peer(
@@ -181,16 +203,23 @@ impl Device {
         allowed: Vec<IpNet>,
         keepalive: u16,
         punch: bool,
+        direct: Option<SocketAddr>,
     ) {
         let mut peers = self.shared.peers.write().unwrap_or_else(|e| e.into_inner());
         // Where it already is (configured so, or roamed there: a NAT's
-        // mapping the controller learned after the tunnel did) keeps the
-        // session, unprimed.
+        // mapping the controller learned after the tunnel did, or the
+        // direct path tried beside a relay, now configured as the
+        // endpoint) keeps the session, unprimed.
         if let Some(p) = peers.by_key.get(&public_key)
             && p.keepalive == keepalive
             && (endpoint.is_none() || endpoint == p.configured || endpoint == p.endpoint())
         {
             *p.allowed.write().unwrap_or_else(|e| e.into_inner()) = allowed;
+            let mut b = p.beside();
+            if b.direct != direct {
+                *b = Beside::new(direct);
+            }
+            drop(b);
             peers.reroute();
             return;
         }
@@ -226,6 +255,7 @@ impl Device {
             priming: Mutex::new(
                 (punch && endpoint.is_some() && self.shared.punch_ttl > 0).then(|| Instant::now() + PRIME_FOR),
             ),
+            beside: Mutex::new(Beside::new(direct)),
         });
         peers.by_index.insert(index, peer.clone());
         peers.by_key.insert(public_key, peer.clone());

@@ -81,6 +81,14 @@ const EAGER_FOR: Duration = Duration::from_secs(15);
 /// each other's address (the controllers tell both at about once), short
 /// against the punch's 15 s before a relay is taken.
 const PRIME_FOR: Duration = Duration::from_secs(2);
+/// A peer reached through a relay with a direct path tried beside it
+/// ([`Device::set_peer_beside`]): how often a keepalive of its session
+/// goes to the direct address while the peer is not there, and how long
+/// after the direct address was last heard from the peer may roam away
+/// from it again (the direct path died; till then, authenticated packets
+/// from elsewhere, a relay's, do not move it).
+const DIRECT_EVERY: Duration = Duration::from_secs(1);
+const DIRECT_STALE: Duration = Duration::from_secs(15);
 /// Handshake messages per second the device answers before it asks for
 /// cookies (boringtun's device's figure).
 const HANDSHAKE_RATE_LIMIT: u64 = 100;

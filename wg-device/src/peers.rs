@@ -28,6 +28,35 @@ pub(crate) struct Peer {
     /// Until when its handshakes leave with the punch TTL (a hole-punched
     /// endpoint not heard from yet, `crate::PRIME_FOR`).
     pub(crate) priming: Mutex<Option<Instant>>,
+    /// A direct path tried beside the endpoint (a relay), and how far.
+    pub(crate) beside: Mutex<Beside>,
+}
+
+/// A direct address tried beside a peer's endpoint: the peer moves there
+/// once it is heard from there, and stays while it is.
+#[derive(Debug, Default)]
+pub(crate) struct Beside {
+    pub(crate) direct: Option<SocketAddr>,
+    /// When an authenticated packet last came from it.
+    pub(crate) heard: Option<Instant>,
+    /// When the next keepalive goes to it.
+    pub(crate) next: Option<Instant>,
+    /// Until when those keepalives leave with the punch TTL.
+    pub(crate) priming: Option<Instant>,
+}
+
+impl Beside {
+    pub(crate) fn new(direct: Option<SocketAddr>) -> Beside {
+        Beside {
+            direct,
+            ..Default::default()
+        }
+    }
+
+    /// The direct address was heard from within [`crate::DIRECT_STALE`].
+    pub(crate) fn fresh(&self, now: Instant) -> bool {
+        self.heard.is_some_and(|at| now.duration_since(at) < crate::DIRECT_STALE)
+    }
 }
 
 impl Peer {
@@ -51,6 +80,44 @@ impl Peer {
     /// It was heard from: its side's NAT is open, so ours may be reached.
     pub(crate) fn heard(&self) {
         *self.priming.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    pub(crate) fn beside(&self) -> std::sync::MutexGuard<'_, Beside> {
+        self.beside.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Where what goes to the endpoint `to` also goes, beside it: the
+    /// direct address, while the peer is not there; and whether with the
+    /// punch TTL (for [`crate::PRIME_FOR`] from the first, when
+    /// `punch_ttl` is set).
+    pub(crate) fn beside_target(&self, to: Option<SocketAddr>, punch_ttl: u8) -> Option<(SocketAddr, bool)> {
+        let mut b = self.beside();
+        let direct = b.direct.filter(|d| to != Some(*d))?;
+        let now = Instant::now();
+        if b.priming.is_none() && punch_ttl > 0 {
+            b.priming = Some(now + crate::PRIME_FOR);
+        }
+        Some((direct, b.priming.is_some_and(|until| now < until)))
+    }
+
+    /// An authenticated packet came from `from`: the peer is there
+    /// (roaming), unless it is on its direct path, heard from recently,
+    /// and `from` is elsewhere (a relay the other side still sends
+    /// through): then it stays direct.
+    pub(crate) fn authenticated_from(&self, from: SocketAddr) {
+        let now = Instant::now();
+        {
+            let mut b = self.beside();
+            if b.direct == Some(from) {
+                b.heard = Some(now);
+            } else if b.direct.is_some() && b.fresh(now) {
+                return;
+            }
+        }
+        let mut at = self.endpoint.lock().unwrap_or_else(|e| e.into_inner());
+        if *at != Some(from) {
+            *at = Some(from);
+        }
     }
 }
 
@@ -156,6 +223,7 @@ pub mod route_bench {
                 allowed: RwLock::new(allowed),
                 eager: Mutex::new(None),
                 priming: Mutex::new(None),
+                beside: Mutex::new(Beside::default()),
             });
             peers.by_index.insert(i + 1, peer.clone());
             peers.by_key.insert(key, peer);

@@ -198,10 +198,7 @@ fn receive(
     // Roaming: the peer is where its last authenticated data or handshake
     // came from.
     if authentic {
-        let mut at = peer.endpoint.lock().unwrap_or_else(|e| e.into_inner());
-        if *at != Some(from) {
-            *at = Some(from);
-        }
+        peer.authenticated_from(from);
     }
 }
 

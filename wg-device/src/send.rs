@@ -122,9 +122,36 @@ pub(crate) fn send(s: &Shared, to: SocketAddr, data: &[u8], stride: usize) {
     }
 }
 
+/// A handshake initiation `data` to `peer` at `to` goes to the direct
+/// address tried beside its endpoint too (the first ones with the punch
+/// TTL): the far side's NAT or firewall then lets the far side's
+/// initiations in, and whichever copy arrives first is answered (the
+/// other is a replay). Anything else goes only to `to`.
+pub(crate) fn beside(s: &Shared, peer: &Peer, to: SocketAddr, data: &[u8]) {
+    if data.first() != Some(&1) {
+        return;
+    }
+    if let Some((direct, prime)) = peer.beside_target(Some(to), s.punch_ttl) {
+        direct_send(s, direct, data, prime);
+    }
+}
+
+/// Sends `data` to `to`, with the punch TTL when `prime` (counted).
+pub(crate) fn direct_send(s: &Shared, to: SocketAddr, data: &[u8], prime: bool) {
+    if !prime {
+        send(s, to, data, data.len());
+    } else if s.bind.send_ttl(to, data, s.punch_ttl) {
+        s.counters.tx_primed.fetch_add(1, Ordering::Relaxed);
+    } else {
+        s.counters.tx_send_failed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Sends datagram `data` to `peer` at `to`: with the punch TTL while the
-/// peer is priming (counted), else as [`send`] does.
+/// peer is priming (counted), else as [`send`] does; a handshake
+/// initiation beside too ([`beside`]).
 pub(crate) fn to_peer(s: &Shared, peer: &Peer, to: SocketAddr, data: &[u8]) {
+    beside(s, peer, to, data);
     if peer.priming() {
         if s.bind.send_ttl(to, data, s.punch_ttl) {
             s.counters.tx_primed.fetch_add(1, Ordering::Relaxed);
@@ -222,6 +249,11 @@ impl Out {
             match t.encapsulate(&plain[at..at + len], self.batch.room()) {
                 TunnResult::WriteToNetwork(p) => {
                     let n = p.len();
+                    if let Some(to) = to
+                        && !priming
+                    {
+                        beside(s, &peer, to, p);
+                    }
                     match to {
                         Some(to) if priming => to_peer(s, &peer, to, p),
                         Some(to) => self.batch.commit(s, n, to),

@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use defguard_boringtun::noise::{Tunn, TunnResult};
 
-use crate::EAGER_EVERY;
+use crate::{DIRECT_EVERY, EAGER_EVERY};
 use crate::peers::Peer;
-use crate::send::{send, to_peer};
+use crate::send::{direct_send, send, to_peer};
 use crate::shared::Shared;
 
 /// The protocol's timers for every peer: handshakes to start or retry,
@@ -36,6 +36,12 @@ pub(crate) fn run(s: &Shared, buf: &mut [u8]) {
         {
             to_peer(s, &peer, to, &buf[..n]);
         }
+        if let Some((direct, prime)) = beside_due(s, &peer, to, &t)
+            && let TunnResult::WriteToNetwork(p) = t.encapsulate(&[], buf)
+        {
+            let n = p.len();
+            direct_send(s, direct, &buf[..n], prime);
+        }
         if let Some(after) = s.rekey_after
             && t.time_since_last_handshake().is_some_and(|d| d >= after)
             && let Some((to, n)) = out(t.format_handshake_initiation(buf, false))
@@ -43,6 +49,22 @@ pub(crate) fn run(s: &Shared, buf: &mut [u8]) {
             send(s, to, &buf[..n], n);
         }
     }
+}
+
+/// Where a keepalive of `peer`'s session goes now beside its endpoint
+/// `to` (a relay), and whether with the punch TTL: its direct address,
+/// every [`DIRECT_EVERY`], while it has a session and is not there yet.
+fn beside_due(s: &Shared, peer: &Peer, to: Option<std::net::SocketAddr>, t: &Tunn) -> Option<(std::net::SocketAddr, bool)> {
+    t.time_since_last_handshake()?;
+    let now = Instant::now();
+    {
+        let mut b = peer.beside();
+        if b.direct.is_none() || b.next.is_some_and(|next| now < next) {
+            return None;
+        }
+        b.next = Some(now + DIRECT_EVERY);
+    }
+    peer.beside_target(to, s.punch_ttl)
 }
 
 /// A new initiation if `peer` is in its eager period, has no session, and
