@@ -392,7 +392,12 @@ fn found(r: &Round) -> Found {
         }
     }
     let seen: Vec<SocketAddr> = r.answers.iter().flatten().copied().collect();
-    let nat = Behaviour::observed(&seen, &own);
+    // The NAT is IPv4's where an IPv4 reflector answered (one family's
+    // mappings say nothing of the other's), else IPv6's.
+    let v4 = seen.iter().any(SocketAddr::is_ipv4);
+    let of_family =
+        |list: &[SocketAddr]| -> Vec<SocketAddr> { list.iter().copied().filter(|a| a.is_ipv4() == v4).collect() };
+    let nat = Behaviour::observed(&of_family(&seen), &of_family(&own));
     let mut candidates: Vec<pb::Candidate> = own
         .iter()
         .map(|a| pb::Candidate {
@@ -706,6 +711,20 @@ mod tests {
         let f = found(&r);
         assert_eq!(f.nat, "endpoint-independent");
         assert_eq!(reflexive(&f), vec!["198.51.100.30:40001"]);
+        // Dual stack: IPv4 behind NAT, IPv6 at its own address. The NAT
+        // is IPv4's (the IPv6 address is no second mapping of it), and
+        // both are candidates.
+        let r = round(
+            "192.168.10.10",
+            &[
+                ("198.51.100.1:7443", Some("198.51.100.30:40001")),
+                ("[2001:db8:78::2]:7443", Some("[2001:db8:10::10]:51820")),
+            ],
+            &["[2001:db8:78::2]:7443"],
+        );
+        let f = found(&r);
+        assert_eq!(f.nat, "endpoint-independent");
+        assert_eq!(reflexive(&f), vec!["198.51.100.30:40001", "[2001:db8:10::10]:51820"]);
     }
 
     fn result(nat: &str, candidates: &[(&str, &str)]) -> Found {

@@ -429,6 +429,7 @@ pub(crate) fn test_remote(workload: &str) -> RemoteSite {
         exported: None,
         exported_v6: vec![],
         transit: false,
+        transit_v6: false,
         transit_routes: vec![],
         readiness: None,
         workload_cidrs_v6: vec![],

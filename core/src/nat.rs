@@ -62,6 +62,47 @@ impl Candidate {
     }
 }
 
+/// `list` as a peer is told it: IPv4 candidates in `GatewayInfo.candidates`
+/// (earlier sites take no other), IPv6 ones in `candidates_v6`.
+pub fn by_family(list: &[pb::Candidate]) -> (Vec<pb::Candidate>, Vec<pb::Candidate>) {
+    list.iter().cloned().partition(|c| !c.address.starts_with('['))
+}
+
+/// A peer's candidates, told apart by family (see [`by_family`]): each
+/// list checked by [`candidates`], the IPv4 one holding IPv4 addresses
+/// only and the IPv6 one IPv6 addresses only, at most [`MAX_CANDIDATES`]
+/// in all.
+pub fn both_families(
+    field: &str,
+    v4: &[pb::Candidate],
+    v6: &[pb::Candidate],
+    own_hosts: &[(IpAddr, String)],
+) -> Result<Vec<Candidate>, String> {
+    if v4.len() + v6.len() > MAX_CANDIDATES {
+        return Err(format!(
+            "{field}: {} listed; a gateway lists at most {MAX_CANDIDATES} candidates per peering",
+            v4.len() + v6.len()
+        ));
+    }
+    let mut out = candidates(field, v4, own_hosts)?;
+    if let Some((i, c)) = out.iter().enumerate().find(|(_, c)| c.address.is_ipv6()) {
+        return Err(format!(
+            "{field}[{i}].address {} is IPv6; IPv6 candidates go in candidates_v6",
+            c.address
+        ));
+    }
+    let field6 = format!("{field}_v6");
+    let six = candidates(&field6, v6, own_hosts)?;
+    if let Some((i, c)) = six.iter().enumerate().find(|(_, c)| c.address.is_ipv4()) {
+        return Err(format!(
+            "{field6}[{i}].address {} is IPv4; IPv4 candidates go in candidates",
+            c.address
+        ));
+    }
+    out.extend(six);
+    Ok(out)
+}
+
 pub use weft_common::discovery::Behaviour;
 
 /// `text` quoted for an error message, cut at 64 characters.
@@ -98,6 +139,27 @@ pub fn endpoint(
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
         v4 => v4,
     };
+    // NAT64's well-known prefix (64:ff9b::/96) reaches the IPv4 address
+    // it embeds: checked as that.
+    let ip = match ip {
+        IpAddr::V6(v6) if v6.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0] => {
+            let o = v6.octets();
+            IpAddr::V4(std::net::Ipv4Addr::new(o[12], o[13], o[14], o[15]))
+        }
+        ip => ip,
+    };
+    // A cloud's instance metadata and DNS over IPv6 (AWS: fd00:ec2::254,
+    // fd00:ec2::253), as 169.254.169.254 over IPv4.
+    let metadata = ["fd00:ec2::254", "fd00:ec2::253"];
+    if let IpAddr::V6(v6) = ip
+        && metadata
+            .iter()
+            .any(|m| m.parse::<std::net::Ipv6Addr>().is_ok_and(|m| m == v6))
+    {
+        return Err(format!(
+            "{field} {address} is a cloud's instance metadata or DNS address: no gateway can be reached there"
+        ));
+    }
     let what = if ip.is_loopback() && !loopback_ok {
         Some("a loopback address")
     } else if ip.is_unspecified() {
@@ -205,6 +267,9 @@ mod tests {
             (vec![c("[::1]:51820", "reflexive")], "loopback"),
             (vec![c("[::ffff:127.0.0.1]:51820", "reflexive")], "loopback"),
             (vec![c("[ff02::1]:51820", "reflexive")], "multicast"),
+            (vec![c("[fd00:ec2::254]:80", "reflexive")], "instance metadata"),
+            (vec![c("[64:ff9b::7f00:1]:51820", "reflexive")], "loopback"),
+            (vec![c("[64:ff9b::a9fe:a9fe]:80", "reflexive")], "link-local"),
             (
                 vec![c("198.51.100.1:5", "relay")],
                 "f[0].kind \"relay\" is not a candidate kind",

@@ -47,7 +47,12 @@ pub fn remote_gateway(i: usize, g: &pb::GatewayInfo) -> Result<RemoteGateway, St
     };
     // Checked against this site's hosts where the peering is planned
     // (`nat::candidates` again, with them); here the shape.
-    let candidates = crate::nat::candidates(&format!("gateways[{i}].candidates"), &g.candidates, &[])?;
+    let candidates = crate::nat::both_families(
+        &format!("gateways[{i}].candidates"),
+        &g.candidates,
+        &g.candidates_v6,
+        &[],
+    )?;
     let nat = crate::nat::Behaviour::parse(&g.nat).map_err(|m| format!("gateways[{i}].nat: {m}"))?;
     Ok(RemoteGateway {
         name: g.name.clone(),
@@ -237,6 +242,7 @@ pub fn remote_site(
         exported,
         exported_v6,
         transit: p.transit,
+        transit_v6: p.transit_v6,
         transit_routes,
         readiness: p.readiness.as_ref().map(readiness).transpose()?,
     })
@@ -285,12 +291,53 @@ fn readiness(r: &pb::PeerReadiness) -> Result<crate::domain::PeerReadiness, Stri
     })
 }
 
+/// The address families a gateway can reach peers by: those of its own
+/// addresses (its endpoint, its candidates, its underlay address); both
+/// when none is known yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Families {
+    pub v4: bool,
+    pub v6: bool,
+}
+
+impl Families {
+    pub const BOTH: Families = Families { v4: true, v6: true };
+
+    pub fn of(addrs: impl IntoIterator<Item = std::net::IpAddr>) -> Families {
+        let mut f = Families { v4: false, v6: false };
+        for a in addrs {
+            match a.to_canonical() {
+                std::net::IpAddr::V4(_) => f.v4 = true,
+                std::net::IpAddr::V6(_) => f.v6 = true,
+            }
+        }
+        if f.v4 || f.v6 { f } else { Families::BOTH }
+    }
+
+    /// Of a gateway as its site tells it (`GatewayInfo`).
+    pub fn of_info(g: &pb::GatewayInfo) -> Families {
+        let addrs = std::iter::once(g.endpoint.as_str())
+            .chain(g.candidates.iter().chain(&g.candidates_v6).map(|c| c.address.as_str()))
+            .filter_map(|a| a.parse::<std::net::SocketAddr>().ok())
+            .map(|a| a.ip());
+        Families::of(addrs)
+    }
+}
+
 /// The address to send a peer gateway's tunnel traffic to: its configured
 /// endpoint when it has one; else, when its NAT keeps one external port
 /// for every destination (or it has none), where a reflector saw it, so
 /// that both sides send at once and each NAT lets the other in (hole
-/// punching). None: wait for it to dial (or for a relay).
+/// punching). None: wait for it to dial (or for a relay). Of its
+/// reflexive candidates, an IPv4 one where this side has IPv4, else an
+/// IPv6 one where it has IPv6: both sides choose alike, so both punch in
+/// the same family.
 pub fn dial_address(g: &RemoteGateway) -> Option<std::net::SocketAddr> {
+    dial_address_for(g, Families::BOTH)
+}
+
+/// [`dial_address`] from a gateway of families `own`.
+pub fn dial_address_for(g: &RemoteGateway, own: Families) -> Option<std::net::SocketAddr> {
     if let Some(e) = g.endpoint {
         return Some(e);
     }
@@ -298,10 +345,14 @@ pub fn dial_address(g: &RemoteGateway) -> Option<std::net::SocketAddr> {
         g.nat,
         Some(crate::nat::Behaviour::EndpointIndependent | crate::nat::Behaviour::None)
     );
-    g.candidates
-        .iter()
-        .find(|c| c.kind == crate::nat::CandidateKind::Reflexive && punchable)
-        .map(|c| c.address)
+    let reflexive = |v6: bool| {
+        g.candidates
+            .iter()
+            .find(|c| c.kind == crate::nat::CandidateKind::Reflexive && c.address.is_ipv6() == v6)
+            .map(|c| c.address)
+    };
+    let v4 = reflexive(false).filter(|_| own.v4);
+    v4.or_else(|| reflexive(true).filter(|_| own.v6)).filter(|_| punchable)
 }
 
 /// The path a tunnel can take, from both sides' gateways: "direct" when one
@@ -312,6 +363,16 @@ pub fn path(
     peer_active: Option<&RemoteGateway>,
     own_nat: Option<crate::nat::Behaviour>,
 ) -> &'static str {
+    path_from(own_has_endpoint, peer_active, own_nat, Families::BOTH)
+}
+
+/// [`path`] from a gateway of families `own`.
+pub fn path_from(
+    own_has_endpoint: bool,
+    peer_active: Option<&RemoteGateway>,
+    own_nat: Option<crate::nat::Behaviour>,
+    own: Families,
+) -> &'static str {
     let Some(g) = peer_active else { return "waiting" };
     if own_has_endpoint || g.endpoint.is_some() {
         return "direct";
@@ -320,7 +381,7 @@ pub fn path(
         own_nat,
         Some(crate::nat::Behaviour::EndpointIndependent | crate::nat::Behaviour::None)
     );
-    if dial_address(g).is_some() && own_punchable {
+    if dial_address_for(g, own).is_some() && own_punchable {
         "hole-punched"
     } else {
         "waiting"
@@ -347,10 +408,11 @@ pub fn direct_path(p: &crate::domain::Peering, local: &[pb::GatewayInfo]) -> &'s
         .remote
         .as_ref()
         .and_then(|r| r.gateways.iter().find(|g| g.active).or(r.gateways.first()));
-    path(
+    path_from(
         own.is_some_and(|g| !g.endpoint.is_empty()),
         peer,
         own.and_then(|g| crate::nat::Behaviour::parse(&g.nat).ok().flatten()),
+        own.map_or(Families::BOTH, Families::of_info),
     )
 }
 

@@ -37,6 +37,12 @@ pub use crate::relay::Peerings;
 /// Most sites one peer offers to reach through it.
 pub const MAX_ROUTES: usize = 64;
 
+/// Most prefixes a tunnel filter forwards to one site, both families
+/// together: what every agent takes (`weft_dataplane`'s
+/// `MAX_TRANSIT_PREFIXES`; agents before IPv6 transit refuse more, and
+/// with it the whole filter).
+pub const MAX_FILTER_PREFIXES: usize = 33;
+
 /// Both ends of `p` agree to transit (and it is not being deleted).
 pub fn usable(p: &Peering) -> bool {
     p.transit && p.state != crate::domain::PeeringState::Deleting && p.remote.as_ref().is_some_and(|r| r.transit)
@@ -49,8 +55,10 @@ pub fn offers(peerings: &Peerings, to: &str) -> Vec<pb::TransitRoute> {
     let Some(p) = peerings.get(to).filter(|p| usable(p)) else {
         return vec![];
     };
-    // Each family where both hops carry it.
+    // Each family where both hops carry it; a route of IPv6 CIDRs only to
+    // a peer that says it takes one (earlier sites refuse it).
     let (v4, v6) = (!p.views.is_empty(), carries_v6(p));
+    let v6_only_ok = p.remote.as_ref().is_some_and(|r| r.transit_v6);
     peerings
         .values()
         .filter(|q| q.site_id != to && usable(q))
@@ -65,7 +73,7 @@ pub fn offers(peerings: &Peerings, to: &str) -> Vec<pb::TransitRoute> {
                 external_cidr_v6: of_kind(views6, CidrKind::External).pop().unwrap_or_default(),
             }
         })
-        .filter(|r| !(r.workload_cidrs.is_empty() && r.workload_cidrs_v6.is_empty()))
+        .filter(|r| !r.workload_cidrs.is_empty() || (v6_only_ok && !r.workload_cidrs_v6.is_empty()))
         .take(MAX_ROUTES)
         .collect()
 }
@@ -499,6 +507,18 @@ mod tests {
             vec![("a".to_string(), vec!["fd10::/48".parse::<Ipv6Net>().unwrap()])]
         );
         assert!(onward_v6(ps.values().map(|q| &**q), &ps["d"]).is_empty());
+        // A site reached by IPv6 only: offered only to a peer that takes
+        // such routes (earlier sites refuse them).
+        let mut v6only = with_v6(peering("e", true, true, "10.204.0.0/16"), "fd14::/48");
+        v6only.views.clear();
+        let mut a = with_v6(peering("a", true, true, "10.200.0.0/16"), "fd10::/48");
+        let ps = map(vec![a.clone(), v6only.clone()]);
+        assert!(offers(&ps, "a").is_empty(), "to an earlier site");
+        a.remote.as_mut().unwrap().transit_v6 = true;
+        let ps = map(vec![a, v6only]);
+        let e = offers(&ps, "a");
+        assert_eq!(e.len(), 1);
+        assert!(e[0].workload_cidrs.is_empty() && e[0].workload_cidrs_v6 == ["fd14::/48"]);
         // IPv6 refused on a hop: as if it carried none.
         let mut refused = with_v6(peering("a", true, true, "10.200.0.0/16"), "fd10::/48");
         refused.ipv6_refused = Some("held".into());

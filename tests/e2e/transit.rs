@@ -396,3 +396,11 @@ fn an_ipv6_workload_reaches_another_spoke_through_a_hub() {
     });
     mesh.ask_at(a, &v4).unwrap();
 }
+
+#[test]
+fn the_controller_renders_no_more_transit_prefixes_than_an_agent_takes() {
+    assert_eq!(
+        weft_controller::transit::MAX_FILTER_PREFIXES,
+        weft_dataplane::desired::decode::MAX_TRANSIT_PREFIXES
+    );
+}

@@ -231,7 +231,7 @@ pub fn view_json(v: &pb::CidrView) -> Value {
 /// A gateway as one peering sees it, for `--output json`.
 pub fn gateway_info_json(g: &pb::GatewayInfo) -> serde_json::Value {
     json!({"name": g.name, "endpoint": g.endpoint, "public_key": g.public_key, "active": g.active,
-        "candidates": g.candidates.iter().map(|c| json!({"address": c.address, "kind": c.kind})).collect::<Vec<_>>(),
+        "candidates": g.candidates.iter().chain(&g.candidates_v6).map(|c| json!({"address": c.address, "kind": c.kind})).collect::<Vec<_>>(),
         "nat": g.nat})
 }
 

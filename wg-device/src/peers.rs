@@ -55,7 +55,8 @@ impl Beside {
 
     /// The direct address was heard from within [`crate::DIRECT_STALE`].
     pub(crate) fn fresh(&self, now: Instant) -> bool {
-        self.heard.is_some_and(|at| now.duration_since(at) < crate::DIRECT_STALE)
+        self.heard
+            .is_some_and(|at| now.duration_since(at) < crate::DIRECT_STALE)
     }
 }
 

@@ -555,8 +555,10 @@ fn a_relayed_peer_moves_to_the_direct_path_tried_beside_it_and_loses_nothing() {
     let b = end(&network, "b", "192.0.2.2:51820", 2, plain);
     let r = addr("192.0.2.9:51920");
     let relayed = relay(&network, r, a.addr, b.addr);
-    b.device.set_peer_beside(a.public, r, a.addr, vec![net("10.0.1.0/24")], 0);
-    a.device.set_peer_beside(b.public, r, b.addr, vec![net("10.0.2.0/24")], 0);
+    b.device
+        .set_peer_beside(a.public, r, a.addr, vec![net("10.0.1.0/24")], 0);
+    a.device
+        .set_peer_beside(b.public, r, b.addr, vec![net("10.0.2.0/24")], 0);
     // Through the relay at once.
     carried(&a, &b, &udp4(ip("10.0.1.1"), ip("10.0.2.1"), b"first"));
     assert!(relayed.load(Ordering::Relaxed) > 0, "not through the relay");
@@ -573,7 +575,12 @@ fn a_relayed_peer_moves_to_the_direct_path_tried_beside_it_and_loses_nothing() {
         (on(&a, b.addr) && on(&b, a.addr)).then_some(())
     });
     assert!(moved.is_some(), "never moved to the direct path");
-    let got = b.tun.drain(Duration::from_millis(300)).iter().filter(|p| p.ends_with(b"stream")).count();
+    let got = b
+        .tun
+        .drain(Duration::from_millis(300))
+        .iter()
+        .filter(|p| p.ends_with(b"stream"))
+        .count();
     assert_eq!(got, sent, "packets lost in the move");
     // Directly now: the relay carries nothing more.
     let before = relayed.load(Ordering::Relaxed);
@@ -583,7 +590,8 @@ fn a_relayed_peer_moves_to_the_direct_path_tried_beside_it_and_loses_nothing() {
     // b starts over (a new session, through the relay): a stays direct,
     // and b comes back to it.
     b.device.remove_peer(&a.public);
-    b.device.set_peer_beside(a.public, r, a.addr, vec![net("10.0.1.0/24")], 0);
+    b.device
+        .set_peer_beside(a.public, r, a.addr, vec![net("10.0.1.0/24")], 0);
     carried(&b, &a, &udp4(ip("10.0.2.1"), ip("10.0.1.1"), b"again"));
     assert_eq!(a.device.peers()[0].endpoint, Some(b.addr), "a left the direct path");
     let back = eventually(WAIT, || {
@@ -595,7 +603,8 @@ fn a_relayed_peer_moves_to_the_direct_path_tried_beside_it_and_loses_nothing() {
     // Configured on the direct path now (the relay let go): the same
     // session goes on, no handshake.
     std::thread::sleep(Duration::from_millis(1200));
-    b.device.set_peer_punched(a.public, Some(a.addr), vec![net("10.0.1.0/24")], 0);
+    b.device
+        .set_peer_punched(a.public, Some(a.addr), vec![net("10.0.1.0/24")], 0);
     carried(&a, &b, &udp4(ip("10.0.1.1"), ip("10.0.2.1"), b"kept"));
     let last = b.device.peers()[0].last_handshake.unwrap();
     assert!(
@@ -614,8 +623,10 @@ fn a_direct_path_that_never_answers_leaves_the_peer_on_its_relay() {
     let relayed = relay(&network, r, a.addr, b.addr);
     // Each one's direct address is one nobody is at (UDP blocked between
     // the two sites).
-    b.device.set_peer_beside(a.public, r, addr("192.0.2.71:51820"), vec![net("10.0.1.0/24")], 0);
-    a.device.set_peer_beside(b.public, r, addr("192.0.2.72:51820"), vec![net("10.0.2.0/24")], 0);
+    b.device
+        .set_peer_beside(a.public, r, addr("192.0.2.71:51820"), vec![net("10.0.1.0/24")], 0);
+    a.device
+        .set_peer_beside(b.public, r, addr("192.0.2.72:51820"), vec![net("10.0.2.0/24")], 0);
     carried(&a, &b, &udp4(ip("10.0.1.1"), ip("10.0.2.1"), b"first"));
     std::thread::sleep(Duration::from_millis(2500));
     carried(&b, &a, &udp4(ip("10.0.2.1"), ip("10.0.1.1"), b"still"));
@@ -635,8 +646,10 @@ fn a_peer_beside_a_relay_meets_one_that_only_punches() {
     let b = end(&network, "b", "192.0.2.2:51820", 2, plain);
     let r = addr("192.0.2.9:51920");
     relay(&network, r, a.addr, b.addr);
-    a.device.set_peer_beside(b.public, r, b.addr, vec![net("10.0.2.0/24")], 0);
-    b.device.set_peer_punched(a.public, Some(a.addr), vec![net("10.0.1.0/24")], 0);
+    a.device
+        .set_peer_beside(b.public, r, b.addr, vec![net("10.0.2.0/24")], 0);
+    b.device
+        .set_peer_punched(a.public, Some(a.addr), vec![net("10.0.1.0/24")], 0);
     carried(&a, &b, &udp4(ip("10.0.1.1"), ip("10.0.2.1"), b"met"));
     carried(&b, &a, &udp4(ip("10.0.2.1"), ip("10.0.1.1"), b"back"));
     assert_eq!(a.device.peers()[0].endpoint, Some(b.addr));

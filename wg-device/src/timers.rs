@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use defguard_boringtun::noise::{Tunn, TunnResult};
 
-use crate::{DIRECT_EVERY, EAGER_EVERY};
 use crate::peers::Peer;
 use crate::send::{direct_send, send, to_peer};
 use crate::shared::Shared;
+use crate::{DIRECT_EVERY, EAGER_EVERY};
 
 /// The protocol's timers for every peer: handshakes to start or retry,
 /// keepalives, sessions to end; a new endpoint's eager handshakes; and
@@ -54,7 +54,12 @@ pub(crate) fn run(s: &Shared, buf: &mut [u8]) {
 /// Where a keepalive of `peer`'s session goes now beside its endpoint
 /// `to` (a relay), and whether with the punch TTL: its direct address,
 /// every [`DIRECT_EVERY`], while it has a session and is not there yet.
-fn beside_due(s: &Shared, peer: &Peer, to: Option<std::net::SocketAddr>, t: &Tunn) -> Option<(std::net::SocketAddr, bool)> {
+fn beside_due(
+    s: &Shared,
+    peer: &Peer,
+    to: Option<std::net::SocketAddr>,
+    t: &Tunn,
+) -> Option<(std::net::SocketAddr, bool)> {
     t.time_since_last_handshake()?;
     let now = Instant::now();
     {

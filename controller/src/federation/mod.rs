@@ -122,6 +122,7 @@ fn exports(model: &crate::render::Model, peer: &str, params: &mut pb::NetworkPar
     // peer does too, the sites it may reach through this one.
     if let Some(p) = model.peerings.get(peer) {
         params.transit = p.transit;
+        params.transit_v6 = true;
         params.transit_routes = crate::transit::offers(&model.peerings, peer);
     }
 }

@@ -57,12 +57,14 @@ impl LocalGateways {
                     }
                 }
                 candidates.truncate(weft_core::nat::MAX_CANDIDATES);
+                let (candidates, candidates_v6) = weft_core::nat::by_family(&candidates);
                 pb::GatewayInfo {
                     name: g.name.clone(),
                     endpoint,
                     public_key: g.public_key.map(|k| k.to_string()).unwrap_or_default(),
                     active: self.active.as_ref() == Some(&g.name),
                     candidates,
+                    candidates_v6,
                     nat: found
                         .and_then(|d| d.nat)
                         .map(|b| b.as_str().to_string())

@@ -90,7 +90,18 @@ pub fn remote_gateway(g: &crate::domain::RemoteGateway) -> pb::GatewayInfo {
         endpoint: g.endpoint.map(|e| e.to_string()).unwrap_or_default(),
         public_key: g.public_key.map(|k| k.to_string()).unwrap_or_default(),
         active: g.active,
-        candidates: g.candidates.iter().map(|c| c.to_pb()).collect(),
+        candidates: g
+            .candidates
+            .iter()
+            .filter(|c| c.address.is_ipv4())
+            .map(|c| c.to_pb())
+            .collect(),
+        candidates_v6: g
+            .candidates
+            .iter()
+            .filter(|c| c.address.is_ipv6())
+            .map(|c| c.to_pb())
+            .collect(),
         nat: g.nat.map(|b| b.as_str().to_string()).unwrap_or_default(),
     }
 }

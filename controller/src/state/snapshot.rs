@@ -165,6 +165,26 @@ impl Snapshot {
     /// point this site's gateways there.
     pub(super) fn endpoint_hosts(&self, site: &Site) -> Vec<(std::net::IpAddr, String)> {
         let mut out = self.underlay_addresses();
+        // A gateway's other addresses of its own, as its discovery found
+        // them: its local ones, and where it was seen without NAT (an
+        // IPv6 address beside an IPv4 underlay). Not a NAT's address: two
+        // sites may share one (carrier-grade NAT).
+        for (g, _) in &self.gateways {
+            let who = format!("gateway {:?}", g.name);
+            let own = g.discovered.values().flat_map(|d| {
+                d.candidates
+                    .iter()
+                    .filter(|c| {
+                        c.kind == weft_core::nat::CandidateKind::Local || d.nat == Some(weft_core::nat::Behaviour::None)
+                    })
+                    .map(|c| c.address.ip())
+            });
+            for ip in own {
+                if !out.iter().any(|(a, _)| *a == ip) {
+                    out.push((ip, who.clone()));
+                }
+            }
+        }
         let v4 = site.controller_ips.iter().map(|a| std::net::IpAddr::V4(*a));
         let v6 = site
             .ipv6

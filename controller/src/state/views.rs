@@ -215,7 +215,8 @@ pub(super) fn check_candidates(hosts: &[(std::net::IpAddr, String)], remote: &Re
                 .map_err(Error::InvalidArgument)?;
         }
         let listed: Vec<weft_proto::v1::Candidate> = g.candidates.iter().map(|c| c.to_pb()).collect();
-        weft_core::nat::candidates(&format!("gateways[{i}].candidates"), &listed, hosts)
+        let (v4, v6) = weft_core::nat::by_family(&listed);
+        weft_core::nat::both_families(&format!("gateways[{i}].candidates"), &v4, &v6, hosts)
             .map_err(Error::InvalidArgument)?;
     }
     // A relay's endpoint neither (it is sent this site's tunnel traffic).

@@ -201,6 +201,9 @@ pub struct RemoteSite {
     /// It agrees to transit on this peering.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub transit: bool,
+    /// It takes transit routes of IPv6 CIDRs only (`NetworkParams.transit_v6`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub transit_v6: bool,
     /// The sites it offers to reach through it (checked: see
     /// `transit::check_routes`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -247,3 +247,45 @@ fn a_relay_tls_port_is_taken_from_a_relay_only_and_must_be_a_port() {
     p.relay_tls_port = 70_000;
     assert!(refused(&p, &own).contains("relay_tls_port: 70000 is not a TCP port"));
 }
+
+#[test]
+fn both_sides_punch_in_the_same_family() {
+    use super::{Families, dial_address_for};
+    use crate::nat::{Behaviour, Candidate, CandidateKind};
+    let c = |a: &str| Candidate {
+        address: a.parse().unwrap(),
+        kind: CandidateKind::Reflexive,
+    };
+    let gw = |cands: Vec<Candidate>| crate::domain::RemoteGateway {
+        name: "gw".into(),
+        endpoint: None,
+        public_key: None,
+        active: true,
+        candidates: cands,
+        nat: Some(Behaviour::EndpointIndependent),
+    };
+    let dual = gw(vec![c("[2001:db8::20]:51820"), c("198.51.100.1:51820")]);
+    let v6 = gw(vec![c("[2001:db8::30]:51820")]);
+    let (both, only6) = (Families::BOTH, Families { v4: false, v6: true });
+    // Both dual stack: IPv4 on both sides, whatever the order listed.
+    assert_eq!(
+        dial_address_for(&dual, both),
+        Some("198.51.100.1:51820".parse().unwrap())
+    );
+    // A dual-stack side and an IPv6-only one: IPv6 on both.
+    assert_eq!(
+        dial_address_for(&v6, both),
+        Some("[2001:db8::30]:51820".parse().unwrap())
+    );
+    assert_eq!(
+        dial_address_for(&dual, only6),
+        Some("[2001:db8::20]:51820".parse().unwrap())
+    );
+    // An IPv4-only side never dials IPv6.
+    assert_eq!(dial_address_for(&v6, Families { v4: true, v6: false }), None);
+    assert_eq!(Families::of(Vec::new()), Families::BOTH);
+    assert_eq!(
+        Families::of(["192.0.2.1".parse().unwrap()]),
+        Families { v4: true, v6: false }
+    );
+}

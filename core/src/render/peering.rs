@@ -44,9 +44,17 @@ pub(super) fn peering(m: &Model, g: &Gateway, site_id: &str, base: &str) -> Obje
         // Its IPv4 CIDRs only where IPv4 is negotiated (not when either
         // site is IPv6-only).
         let v4 = !p.views.is_empty();
+        let own = g.discovered.get(&p.listen_port);
         let tunnel = Tunnel {
             relay: p.relay_via.as_ref(),
             own_endpoint: g.endpoint.is_some(),
+            own_families: crate::peer::Families::of(
+                g.endpoint
+                    .map(|e| e.ip())
+                    .into_iter()
+                    .chain(g.underlay_ip)
+                    .chain(own.iter().flat_map(|d| d.candidates.iter().map(|c| c.address.ip()))),
+            ),
         };
         out.extend(wireguard_peers(base, r, v4, tunnel, &through, &ids));
         out.extend(super::ipv6::peering(m, p, base, &ids));
@@ -214,14 +222,20 @@ fn tunnel_filter(m: &Model, g: &Gateway, p: &Peering, base: &str, ids: &PeeringI
     if g.enforces_export_v6 {
         for (site, cidrs) in crate::transit::onward_v6(m.peerings.values().map(|q| &**q), p) {
             let v6 = cidrs.iter().map(|c| c.to_string());
-            match transit.iter_mut().find(|t| t.site == site) {
-                Some(t) => t.cidrs.extend(v6),
-                None => transit.push(pb::TransitPrefixes {
-                    site,
-                    cidrs: v6.collect(),
-                }),
-            }
+            let t = match transit.iter().position(|t| t.site == site) {
+                Some(i) => &mut transit[i],
+                // (as many sites as an agent takes, IPv4's first)
+                None if transit.len() < crate::transit::MAX_ROUTES => {
+                    transit.push(pb::TransitPrefixes { site, cidrs: vec![] });
+                    transit.last_mut().expect("just pushed")
+                }
+                None => continue,
+            };
+            // Within what every agent takes per site (IPv4's first).
+            let room = crate::transit::MAX_FILTER_PREFIXES.saturating_sub(t.cidrs.len());
+            t.cidrs.extend(v6.take(room));
         }
+        transit.retain(|t| !t.cidrs.is_empty());
     }
     // Rules naming a site reached through this one hold while it is.
     let policy = crate::export::effective(site, p).map(|r| {
@@ -322,6 +336,8 @@ fn exports(m: &Model, base: &str, ids: &PeeringIds) -> Objects {
 struct Tunnel<'a> {
     relay: Option<&'a crate::domain::RelayVia>,
     own_endpoint: bool,
+    /// The families of its own addresses (see `peer::Families`).
+    own_families: crate::peer::Families,
 }
 
 /// The peer's gateways as WireGuard peers: the active one with the peer's
@@ -334,7 +350,9 @@ fn wireguard_peers(
     through: &[String],
     ids: &PeeringIds,
 ) -> Objects {
-    let Tunnel { relay, own_endpoint } = tunnel;
+    let Tunnel {
+        relay, own_endpoint, ..
+    } = tunnel;
     let mut out = Objects::new();
     let (_, there) = tunnel_addresses(r.tunnel_role);
     // Inside the tunnel both ends use their own addresses: the peer's
@@ -360,7 +378,7 @@ fn wireguard_peers(
         // Without a direct path (none, or a hole punch that did not come
         // up), the active gateway is reached through the chosen relay.
         let via_relay = relay.filter(|_| g.active || none_flagged).map(|r| r.endpoint);
-        let direct = crate::peer::dial_address(g);
+        let direct = crate::peer::dial_address_for(g, tunnel.own_families);
         // A reflexive address and no endpoint of ours (neither side
         // reachable unasked): both NATs must open before either lets the
         // other in.

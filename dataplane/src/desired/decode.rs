@@ -151,9 +151,10 @@ pub struct RelaySession {
 pub const MAX_REFLECTORS: usize = 8;
 /// Most sites a tunnel filter forwards onward to (transit).
 pub const MAX_TRANSIT_SITES: usize = 64;
-/// Most prefixes per such site: its workload CIDRs and external CIDR, in
-/// both families.
-pub const MAX_TRANSIT_PREFIXES: usize = 66;
+/// Most prefixes per such site (both families together: a controller
+/// that renders more leaves IPv6 ones out, since agents before IPv6
+/// transit refuse a longer list, and with it the whole tunnel filter).
+pub const MAX_TRANSIT_PREFIXES: usize = 33;
 /// Most rules a tunnel filter's policy may hold (each is an nft rule).
 pub const MAX_POLICY_RULES: usize = 256;
 
