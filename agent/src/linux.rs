@@ -60,6 +60,9 @@ pub struct Linux {
     paths: crate::fallback::Paths,
     /// A relay site's active gateway: its TLS port.
     front: Option<crate::tls_relay::Front>,
+    /// Gateways: the direct address tried beside a relay, by link
+    /// (`WireguardPeer.direct`), to tell when the tunnel went there.
+    beside: HashMap<String, std::net::SocketAddr>,
 }
 
 impl std::fmt::Debug for Linux {
@@ -111,6 +114,7 @@ impl Linux {
             lan: None,
             paths: Default::default(),
             front: None,
+            beside: HashMap::new(),
         })
     }
 
@@ -311,9 +315,37 @@ impl Applier for Linux {
         let claimed = weft_dataplane::namespaces_of(applied.values().filter_map(Held::object));
         let started = std::time::Instant::now();
         // Tunnels carried over TLS: their endpoint is the carrier's.
-        let objects = self
+        let mut objects = self
             .paths
             .rewrite(fin.iter().filter_map(|(id, o)| Some((id.as_str(), o.object()?))));
+        self.beside = objects
+            .iter()
+            .filter_map(|(_, o)| match o.as_ref() {
+                Object::WireguardPeer { link, peer, .. } => Some((link.clone(), peer.direct?)),
+                _ => None,
+            })
+            .collect();
+        // Kernel WireGuard cannot try a direct path beside a relay: it
+        // dials the direct one, as a hole punch.
+        if self.wireguard.as_ref().is_some_and(|c| c.kernel) {
+            for (_, o) in objects.iter_mut() {
+                if let Object::WireguardPeer {
+                    ns,
+                    link,
+                    peer,
+                    tls_port,
+                } = o.as_ref()
+                    && peer.direct.is_some()
+                {
+                    *o = std::borrow::Cow::Owned(Object::WireguardPeer {
+                        ns: ns.clone(),
+                        link: link.clone(),
+                        peer: peer.without_beside(),
+                        tls_port: *tls_port,
+                    });
+                }
+            }
+        }
         let objects = objects.iter().map(|(id, o)| (*id, o.as_ref()));
         let mut out = self.plane.reconcile(objects, &claimed, scopes.as_ref()).await;
         let reconciled = started.elapsed();
@@ -413,6 +445,7 @@ impl Applier for Linux {
                 rx_rejected: stats.rx_rejected,
                 primed_handshakes: stats.primed_handshakes,
                 over_tls: self.paths.over_tls(link),
+                on_direct: self.beside.get(link).is_some_and(|d| stats.endpoint == Some(*d)),
                 device_restarts: stats.device_restarts,
                 device_failure: stats.device_failure.clone(),
                 // "none": the userspace device without offloads (kernel

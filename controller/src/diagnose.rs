@@ -356,13 +356,14 @@ pub async fn run(
     for p in &peerings {
         tunnel_checks(&site, p, hub.tunnel(&p.site_id), &mut out);
         let t = hub.tunnel(&p.site_id);
-        let (up, over_tls) = (t.as_ref().is_some_and(|t| t.up), t.as_ref().is_some_and(|t| t.over_tls));
+        let seen = |f: fn(&pb::TunnelStatus) -> bool| t.as_ref().is_some_and(f);
         out.push(path_check(
             &site,
             p,
             &local.for_port(&site, p.listen_port),
-            up,
-            over_tls,
+            seen(|t| t.up),
+            seen(|t| t.over_tls),
+            seen(|t| t.on_direct),
         ));
         out.extend(family::ipv4_check(&site, p));
         out.extend(family::ipv6_check(&site, p));

@@ -277,6 +277,7 @@ fn nat_series(f: &mut Families, hub: &Hub, model: &crate::render::Model) {
                 p,
                 &gateways.for_port(site, p.listen_port),
                 hub.tunnel(&p.site_id).is_some_and(|t| t.up),
+                hub.tunnel(&p.site_id).is_some_and(|t| t.on_direct),
             );
             let relay = path.strip_prefix("relayed via ").unwrap_or("");
             for s in ["direct", "hole-punched", "relayed", "waiting"] {

@@ -423,13 +423,15 @@ pub fn wants_relay(p: &crate::domain::Peering, local: &[pb::GatewayInfo]) -> boo
 }
 
 /// The path peering `p`'s tunnel takes: [`direct_path`], or "relayed via
-/// SITE" while a relay was chosen (no direct path, or a hole punch that
-/// did not come up). A hole punch is claimed
+/// SITE" while a relay was chosen (no direct path, or a hole punch not up
+/// yet), unless the gateway says the tunnel moved to the punch tried
+/// beside the relay (`on_direct`). A hole punch is claimed
 /// only while the tunnel is up (`up`: as its gateway reports it): NAT
 /// behaviour seen through one reflector alone can be mistaken, and then
 /// the punch fails.
-pub fn tunnel_path(p: &crate::domain::Peering, local: &[pb::GatewayInfo], up: bool) -> String {
+pub fn tunnel_path(p: &crate::domain::Peering, local: &[pb::GatewayInfo], up: bool, on_direct: bool) -> String {
     match (direct_path(p, local), &p.relay_via) {
+        ("hole-punched", Some(_)) if up && on_direct => "hole-punched".into(),
         ("waiting" | "hole-punched", Some(r)) => format!("relayed via {}", r.site),
         ("hole-punched", _) if !up => "waiting".into(),
         (other, _) => other.into(),

@@ -201,6 +201,7 @@ pub fn observe_device(read: &ReadDevice, configured: Option<&BTreeMap<WgKey, WgP
                 keepalive: p.keepalive,
                 // (kernel WireGuard sends at the full TTL: see model)
                 punch: false,
+                direct: None,
             },
         );
     }
@@ -615,6 +616,7 @@ mod tests {
             allowed_ips: allowed.iter().map(|a| a.parse().unwrap()).collect(),
             keepalive,
             punch: false,
+            direct: None,
         }
     }
 

@@ -218,12 +218,35 @@ pub struct WgPeer {
     /// peers that differ only in it are equal (kernel WireGuard cannot
     /// report it).
     pub punch: bool,
+    /// A direct address tried beside `endpoint`, a relay
+    /// (`pb::WireguardPeer::direct`).
+    pub direct: Option<SocketAddr>,
 }
 
 impl WgPeer {
     /// What a device keeps of the peer (all but `punch`).
-    fn kept(&self) -> (WgKey, Option<SocketAddr>, &[IpNet], u16) {
-        (self.public_key, self.endpoint, &self.allowed_ips, self.keepalive)
+    fn kept(&self) -> (WgKey, Option<SocketAddr>, &[IpNet], u16, Option<SocketAddr>) {
+        (
+            self.public_key,
+            self.endpoint,
+            &self.allowed_ips,
+            self.keepalive,
+            self.direct,
+        )
+    }
+
+    /// As kernel WireGuard takes it: a direct address tried beside a relay
+    /// dialled instead, as a hole punch (it cannot try two).
+    pub fn without_beside(&self) -> WgPeer {
+        match self.direct {
+            Some(d) => WgPeer {
+                endpoint: Some(d),
+                punch: true,
+                direct: None,
+                ..self.clone()
+            },
+            None => self.clone(),
+        }
     }
 }
 

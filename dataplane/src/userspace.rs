@@ -9,7 +9,6 @@ use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 
 use futures::TryStreamExt;
-use ipnet::IpNet;
 use rtnetlink::{Handle, LinkUnspec};
 
 use weft_types::{WgKey, WgSecret};
@@ -118,26 +117,20 @@ impl Devices {
         dead.into_iter().map(|(n, _)| n).collect()
     }
 
-    /// Adds or changes a peer; `punch`: its endpoint is to be hole-punched
-    /// (`weft_wg_device::Device::set_peer_punched`).
-    pub fn set_peer(
-        &mut self,
-        link: &str,
-        public_key: &WgKey,
-        endpoint: Option<std::net::SocketAddr>,
-        allowed: &[IpNet],
-        keepalive: u16,
-        punch: bool,
-    ) -> R<()> {
+    /// Adds or changes a peer: its endpoint hole-punched (`punch`,
+    /// `weft_wg_device::Device::set_peer_punched`), or a relay with a
+    /// direct address tried beside it (`direct`,
+    /// `weft_wg_device::Device::set_peer_beside`).
+    pub fn set_peer(&mut self, link: &str, peer: &WgPeer) -> R<()> {
         let dev = self
             .devices
             .get(link)
             .ok_or_else(|| format!("no WireGuard device {link} (yet)"))?;
-        let (key, allowed) = (*public_key.as_bytes(), allowed.to_vec());
-        if punch {
-            dev.device.set_peer_punched(key, endpoint, allowed, keepalive);
-        } else {
-            dev.device.set_peer(key, endpoint, allowed, keepalive);
+        let (key, allowed, keepalive) = (*peer.public_key.as_bytes(), peer.allowed_ips.clone(), peer.keepalive);
+        match (peer.endpoint, peer.direct) {
+            (Some(relay), Some(direct)) => dev.device.set_peer_beside(key, relay, direct, allowed, keepalive),
+            (endpoint, _) if peer.punch => dev.device.set_peer_punched(key, endpoint, allowed, keepalive),
+            (endpoint, _) => dev.device.set_peer(key, endpoint, allowed, keepalive),
         }
         Ok(())
     }
@@ -307,15 +300,7 @@ impl WireGuard for Userspace {
     }
 
     async fn set_peer(&mut self, _ns: &Ns, link: &str, peer: &WgPeer) -> R<()> {
-        let allowed: Vec<ipnet::IpNet> = peer.allowed_ips.clone();
-        self.devices.set_peer(
-            link,
-            &peer.public_key,
-            peer.endpoint,
-            &allowed,
-            peer.keepalive,
-            peer.punch,
-        )?;
+        self.devices.set_peer(link, peer)?;
         self.peers
             .entry(link.to_string())
             .or_default()

@@ -147,6 +147,7 @@ fn peering(port: u32, peer_key: &str) -> Vec<pb::DesiredObject> {
                 allowed_ips: vec!["0.0.0.0/0".into()],
                 persistent_keepalive: 25,
                 punch: false,
+                direct: String::new(),
                 tls_port: 0,
             }),
         ),

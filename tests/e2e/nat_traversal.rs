@@ -707,56 +707,7 @@ fn a_hole_punch_that_stops_working_falls_back_to_a_relay_site() {
     assert_eq!(path_to(&s.ta, "nu-b"), "hole-punched");
 
     weft_tests::step("UDP between the two NAT routers blocked: the tunnel goes through the relay");
-    let lan = s.lab.ns("lan");
-    for args in [
-        vec!["add", "table", "bridge", "weftblock"],
-        vec![
-            "add",
-            "chain",
-            "bridge",
-            "weftblock",
-            "cut",
-            "{ type filter hook forward priority 0 ; }",
-        ],
-        vec![
-            "add",
-            "rule",
-            "bridge",
-            "weftblock",
-            "cut",
-            "ip",
-            "saddr",
-            "192.168.78.30",
-            "ip",
-            "daddr",
-            "192.168.78.31",
-            "meta",
-            "l4proto",
-            "udp",
-            "drop",
-        ],
-        vec![
-            "add",
-            "rule",
-            "bridge",
-            "weftblock",
-            "cut",
-            "ip",
-            "saddr",
-            "192.168.78.31",
-            "ip",
-            "daddr",
-            "192.168.78.30",
-            "meta",
-            "l4proto",
-            "udp",
-            "drop",
-        ],
-    ] {
-        let mut cmd = vec!["nft"];
-        cmd.extend(args);
-        must(s.lab.exec(&lan, &cmd), "blocking UDP between the routers");
-    }
+    udp_between_routers(&s, false);
     let blocked = Instant::now();
     weft_tests::eventually("relayed", Duration::from_secs(60), || {
         (path_to(&s.ta, "nu-b") == "relayed via nu-r").then_some(())
@@ -1223,4 +1174,118 @@ fn two_ipv6_sites_without_a_direct_path_connect_through_a_relay_over_ipv6() {
         .lab
         .exec(&s.ns["gwr1"], &["ip", "-4", "-o", "addr", "show", "dev", "eth0"]);
     assert!(weft_tests::stdout(&o).trim().is_empty(), "{}", weft_tests::stdout(&o));
+}
+
+/// Lets UDP between the two NAT routers of `s` (on the WAN's bridge)
+/// through (`allowed`) or drops it, as a network between two sites that
+/// passes no UDP would.
+fn udp_between_routers(s: &weft_tests::sites::TwoSites, allowed: bool) {
+    let lan = s.lab.ns("lan");
+    let _ = s.lab.exec(&lan, &["nft", "delete", "table", "bridge", "weftblock"]);
+    if allowed {
+        return;
+    }
+    let mut rules = vec![
+        vec!["add", "table", "bridge", "weftblock"],
+        vec![
+            "add",
+            "chain",
+            "bridge",
+            "weftblock",
+            "cut",
+            "{ type filter hook forward priority 0 ; }",
+        ],
+    ];
+    for (from, to) in [("192.168.78.30", "192.168.78.31"), ("192.168.78.31", "192.168.78.30")] {
+        rules.push(vec![
+            "add",
+            "rule",
+            "bridge",
+            "weftblock",
+            "cut",
+            "ip",
+            "saddr",
+            from,
+            "ip",
+            "daddr",
+            to,
+            "meta",
+            "l4proto",
+            "udp",
+            "drop",
+        ]);
+    }
+    for args in rules {
+        let mut cmd = vec!["nft"];
+        cmd.extend(args);
+        must(s.lab.exec(&lan, &cmd), "blocking UDP between the routers");
+    }
+}
+
+/// What the relay site's gateway carried from nm-a to nm-b (0 without a
+/// session for the pair).
+fn relayed(s: &weft_tests::sites::TwoSites) -> f64 {
+    weft_tests::sites::metric(
+        &s.scrape("gwr1"),
+        "weft_gateway_relay_packets_total",
+        &[("from_site", "nm-a"), ("to_site", "nm-b")],
+    )
+    .unwrap_or(0.0)
+}
+
+/// Two sites behind home routers whose network drops UDP between them at
+/// first, and a relay site peered with both: the tunnel goes through the
+/// relay at once, the hole punch tried beside it. Once UDP passes between
+/// the routers, the punch answers and the tunnel moves to it: a 20 ms
+/// ping across loses nothing in the move, and the relay is let go.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn a_tunnel_goes_through_a_relay_at_once_and_moves_to_the_punch_without_a_gap() {
+    require_root();
+    use std::time::{Duration, Instant};
+    weft_tests::step("sites a and b behind home routers, UDP between the routers dropped, peered");
+    let mut s = both_behind(Nat::EndpointIndependent, "nm");
+    udp_between_routers(&s, false);
+    weft_tests::step("a relay site peers with both: through it at once");
+    weft_tests::sites::relay_site(&mut s, "nm-r", 1, "10.1.0.0/16", (true, true));
+    let since = Instant::now();
+    let wb = s.wb_from_a.clone();
+    s.reach_quickly("wa", &wb, weft_tests::pace::scaled(Duration::from_secs(30)));
+    let took = since.elapsed();
+    println!(
+        "NAT: punch blocked, connected through the relay {:.1} s after it peered with both",
+        took.as_secs_f64()
+    );
+    assert_eq!(path_to(&s.ta, "nm-b"), "relayed via nm-r");
+    let bound = weft_tests::pace::scaled(Duration::from_secs(5));
+    assert!(took <= bound, "connected after {took:?}, over {bound:?}");
+
+    weft_tests::step("UDP passes between the routers: the tunnel moves to the punch, no ping lost");
+    let (ping, log) = weft_tests::sites::ping_wa_to_wb(&mut s, "relay-to-punch.log");
+    assert!(relayed(&s) > 0.0, "the relay does not carry the tunnel");
+    let at = weft_tests::unix_now();
+    let opened = Instant::now();
+    udp_between_routers(&s, true);
+    weft_tests::eventually(
+        "hole-punched",
+        weft_tests::pace::scaled(Duration::from_secs(20)),
+        || (path_to(&s.ta, "nm-b") == "hole-punched" && path_to(&s.tb, "nm-a") == "hole-punched").then_some(()),
+    );
+    let moved = opened.elapsed();
+    // The relay carries nothing more, the ping going on (its session for
+    // the pair may be gone already: nothing counted then).
+    std::thread::sleep(Duration::from_secs(1));
+    let before = relayed(&s);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(relayed(&s), before, "still through the relay");
+    s.lab.proc(ping).child.as_mut().unwrap().kill().unwrap();
+    let (gap, times) = weft_tests::sites::longest_gap(&log, at);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let sent = text.lines().filter(|l| l.contains("icmp_seq=")).count();
+    println!(
+        "NAT: UDP let through, on the hole punch after {:.1} s; longest silence of a 20 ms ping {gap:.2} s",
+        moved.as_secs_f64()
+    );
+    assert!(times.len() > 50, "only {} pings answered", times.len());
+    assert!(gap < 0.5, "a {gap:.2} s gap in the move ({sent} lines)");
 }

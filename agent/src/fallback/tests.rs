@@ -16,6 +16,7 @@ fn peer_on(link: &str, endpoint: &str, tls: Option<u16>) -> Object {
             allowed_ips: vec![],
             keepalive: 25,
             punch: false,
+            direct: None,
         },
         tls_port: tls,
     }

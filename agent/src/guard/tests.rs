@@ -83,6 +83,7 @@ fn what_weft_renders_passes() {
             allowed_ips: vec!["10.1.0.0/16".into()],
             persistent_keepalive: 25,
             punch: false,
+            direct: String::new(),
             tls_port: 0,
         }),
     ] {
@@ -137,6 +138,7 @@ fn what_reaches_past_weft_is_refused() {
                 allowed_ips: vec![],
                 persistent_keepalive: 0,
                 punch: false,
+                direct: String::new(),
                 tls_port: 0,
             }),
             "endpoint",
@@ -150,6 +152,7 @@ fn what_reaches_past_weft_is_refused() {
                 allowed_ips: vec![],
                 persistent_keepalive: 0,
                 punch: false,
+                direct: String::new(),
                 tls_port: 0,
             }),
             "public key",

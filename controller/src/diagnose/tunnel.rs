@@ -134,9 +134,10 @@ pub(super) fn path_check(
     local: &[pb::GatewayInfo],
     up: bool,
     over_tls: bool,
+    on_direct: bool,
 ) -> pb::Check {
     let subject = format!("peering/{}", p.site_id);
-    let path = weft_core::peer::tunnel_path(p, local, up);
+    let path = weft_core::peer::tunnel_path(p, local, up, on_direct);
     if over_tls {
         return check(
             "path",

@@ -17,16 +17,6 @@ static REFUSED_NOT_RELAYING: AtomicU64 = AtomicU64::new(0);
 /// tunnel's probes, which take 3 s; this adds at most this much).
 const EVERY: Duration = Duration::from_millis(250);
 
-/// How long a hole punch may take before the tunnel goes through a relay
-/// (UDP blocked between the two NATs, or NAT behaviour misjudged).
-const PUNCH_WINDOW: Duration = Duration::from_secs(15);
-
-/// How long a tunnel relayed after a failed hole punch stays relayed before
-/// the punch is tried again (sooner when either side's discovery finds
-/// something new). A try breaks the tunnel for up to [`PUNCH_WINDOW`]
-/// when the punch still fails.
-const RETRY_DIRECT: Duration = Duration::from_secs(600);
-
 /// Each tunnel's path as the leader last saw it, and the moves it saw, by
 /// peer site and the path moved to (`weft_controller_peering_path_changes`).
 #[derive(Default)]
@@ -93,85 +83,51 @@ impl Moves {
     }
 }
 
-/// The leader's memory of hole punches that did not come up, by peer site.
+/// The leader's memory of hole punches not up yet, by peer site: their
+/// tunnels go through a relay meanwhile, the punch tried beside it.
 #[derive(Default)]
-pub struct Punches(std::sync::Mutex<std::collections::HashMap<String, Punch>>);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Punch {
-    /// Punching since then, not up yet.
-    Trying(std::time::Instant),
-    /// Gave up then: relayed. With what discovery had found (a hash): a
-    /// change tries again.
-    Failed(std::time::Instant, u64),
-}
+pub struct Punches(std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>);
 
 impl Punches {
     /// One look at peer `site`'s tunnel: `punching`: its direct path is a
-    /// hole punch; `up`: the tunnel is up through it; `found`: both sides'
-    /// discovery results (a hash); `now`: the time. True while the tunnel
-    /// should go through a relay.
-    fn step(&self, now: std::time::Instant, site: &str, punching: bool, up: bool, found: u64) -> bool {
-        let mut all = self.0.lock().unwrap();
+    /// hole punch; `direct_up`: the tunnel is up on it (not through a
+    /// relay, or moved to the punch tried beside one). True while the
+    /// tunnel should go through a relay: a punch not up is relayed at
+    /// once (where a relay site is peered), and the gateways try it beside
+    /// the relay (`WireguardPeer.direct`) and move to it once it answers;
+    /// then the relay goes.
+    fn step(&self, now: std::time::Instant, site: &str, punching: bool, direct_up: bool) -> bool {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if !punching {
             all.remove(site);
             return false;
         }
-        match all.get(site).copied() {
-            None if up => false,
-            None => {
-                all.insert(site.to_string(), Punch::Trying(now));
-                false
-            }
-            Some(Punch::Trying(_)) if up => {
+        match (all.get(site).copied(), direct_up) {
+            (Some(since), true) => {
+                tracing::info!(peer = %site, after = ?now.saturating_duration_since(since), "the hole punch tried beside the relay answers; the tunnel goes direct");
                 all.remove(site);
                 false
             }
-            Some(Punch::Trying(since)) if now - since >= PUNCH_WINDOW => {
-                tracing::warn!(peer = %site, window = ?PUNCH_WINDOW, "the hole punch did not come up; the tunnel goes through a relay");
-                all.insert(site.to_string(), Punch::Failed(now, found));
+            (None, true) => false,
+            (None, false) => {
+                tracing::info!(peer = %site, "the hole punch is not up: the tunnel goes through a relay meanwhile, the punch tried beside it");
+                all.insert(site.to_string(), now);
                 true
             }
-            Some(Punch::Trying(_)) => false,
-            Some(Punch::Failed(at, seen)) if seen != found || now - at >= RETRY_DIRECT => {
-                tracing::info!(peer = %site, "trying the hole punch again");
-                all.insert(site.to_string(), Punch::Trying(now));
-                false
-            }
-            Some(Punch::Failed(..)) => true,
+            (Some(_), false) => true,
         }
     }
 
-    /// Whether peer `site`'s tunnel is relayed because its hole punch failed.
-    fn failed(&self, site: &str) -> bool {
-        matches!(self.0.lock().unwrap().get(site), Some(Punch::Failed(..)))
+    /// Whether peer `site`'s tunnel is relayed while its punch is tried.
+    fn relayed(&self, site: &str) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).contains_key(site)
     }
-}
-
-/// What discovery found on both sides of peering `p`, as a hash: a change
-/// may open a direct path.
-fn found(p: &Peering, local: &[pb::GatewayInfo]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    for g in local {
-        g.nat.hash(&mut h);
-        for c in &g.candidates {
-            c.address.hash(&mut h);
-        }
-    }
-    for g in p.remote.iter().flat_map(|r| r.gateways.iter()) {
-        g.nat.map(|n| n.as_str()).hash(&mut h);
-        for c in &g.candidates {
-            c.address.to_string().hash(&mut h);
-        }
-    }
-    h.finish()
 }
 
 /// Whether this site's tunnel to peering `p` should go through a relay: no
-/// direct path, or a hole punch that did not come up.
+/// direct path, or a hole punch not up yet.
 fn wants(fed: &Federation, p: &Peering, local: &[pb::GatewayInfo]) -> bool {
-    weft_core::peer::wants_relay(p, local) || fed.punches.failed(&p.site_id)
+    weft_core::peer::wants_relay(p, local) || fed.punches.relayed(&p.site_id)
 }
 
 /// Whether this replica knows peer `site`'s tunnel to be down (a fresh
@@ -293,19 +249,24 @@ pub async fn keep_relays(fed: Arc<Federation>, leader: tokio::sync::watch::Recei
         for (peer, p) in model.peerings.iter() {
             let local = gateways.for_port(&site, p.listen_port);
             let punching = p.remote.is_some() && weft_core::peer::direct_path(p, &local) == "hole-punched";
-            // Up through the punch, not through a relay still in use (not
-            // known down counts as up: a replica the gateways do not report
-            // to never gives up on a punch).
-            let up = p.relay_via.is_none() && !known_down(&fed, peer);
-            let failed = fed
-                .punches
-                .step(std::time::Instant::now(), peer, punching, up, found(p, &local));
-            let via = if failed || weft_core::peer::wants_relay(p, &local) {
+            // Up through the punch: not through a relay (not known down
+            // counts as up: a replica the gateways do not report to never
+            // relays a punch), or moved to the punch tried beside it.
+            let t = fed.hub.tunnel(peer);
+            let direct_up =
+                (p.relay_via.is_none() && !known_down(&fed, peer)) || t.as_ref().is_some_and(|t| t.up && t.on_direct);
+            let relayed = fed.punches.step(std::time::Instant::now(), peer, punching, direct_up);
+            let via = if relayed || weft_core::peer::wants_relay(p, &local) {
                 weft_core::relay::choose(p, &model.peerings, |r, _| !known_down(&fed, r))
             } else {
                 None
             };
-            let path = weft_core::peer::tunnel_path(p, &local, fed.hub.tunnel(peer).is_some_and(|t| t.up));
+            let path = weft_core::peer::tunnel_path(
+                p,
+                &local,
+                t.as_ref().is_some_and(|t| t.up),
+                t.as_ref().is_some_and(|t| t.on_direct),
+            );
             if let Some(from) = MOVES.see(peer, path.clone()) {
                 tracing::info!(peer = %peer, %from, to = %path, "the tunnel's path moved");
             }
@@ -367,28 +328,23 @@ mod tests {
     }
 
     #[test]
-    fn a_hole_punch_that_does_not_come_up_is_relayed_then_tried_again() {
+    fn a_hole_punch_not_up_is_relayed_at_once_until_it_answers_beside_the_relay() {
         let p = Punches::default();
         let t0 = std::time::Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         // Up at once: never relayed.
-        assert!(!p.step(at(0), "b", true, true, 1));
-        // Down: tried for the window, then relayed.
-        assert!(!p.step(at(1), "b", true, false, 1));
-        assert!(!p.step(at(15), "b", true, false, 1));
-        assert!(p.step(at(16), "b", true, false, 1));
-        assert!(p.failed("b"));
-        assert!(p.step(at(300), "b", true, false, 1));
-        // Discovery found something new: tried again, and it comes up.
-        assert!(!p.step(at(301), "b", true, false, 2));
-        assert!(!p.step(at(302), "b", true, true, 2));
-        assert!(!p.failed("b"));
-        // Failed again: tried again after RETRY_DIRECT whatever discovery says.
-        assert!(!p.step(at(400), "b", true, false, 2));
-        assert!(p.step(at(416), "b", true, false, 2));
-        assert!(!p.step(at(416 + RETRY_DIRECT.as_secs()), "b", true, false, 2));
+        assert!(!p.step(at(0), "b", true, true));
+        // Down: relayed at once, for as long as the punch does not answer.
+        assert!(p.step(at(1), "b", true, false));
+        assert!(p.relayed("b"));
+        assert!(p.step(at(600), "b", true, false));
+        // It answers beside the relay: direct, the relay let go.
+        assert!(!p.step(at(601), "b", true, true));
+        assert!(!p.relayed("b"));
+        // Down again: relayed again at once.
+        assert!(p.step(at(700), "b", true, false));
         // No longer a hole punch (an endpoint, or no direct path): forgotten.
-        assert!(!p.step(at(2000), "b", false, false, 2));
-        assert!(!p.failed("b"));
+        assert!(!p.step(at(701), "b", false, false));
+        assert!(!p.relayed("b"));
     }
 }

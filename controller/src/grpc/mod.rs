@@ -355,7 +355,7 @@ impl AdminService for AdminApi {
                     out.export = Some(convert::export_policy(&site, p, &gateways_now));
                     out.local_gateways = gateways.for_port(&site, p.listen_port);
                     if let Some(t) = out.tunnel.as_mut() {
-                        t.path = weft_core::peer::tunnel_path(p, &out.local_gateways, t.up);
+                        t.path = weft_core::peer::tunnel_path(p, &out.local_gateways, t.up, t.on_direct);
                     }
                     out
                 })

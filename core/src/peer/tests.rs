@@ -5,17 +5,17 @@ fn a_tunnel_with_a_direct_path_asks_no_relay() {
     use crate::relay::tests::{KEY_B, peering};
     let mut p = peering("b", false, &[], KEY_B);
     assert!(super::wants_relay(&p, &[]));
-    assert_eq!(super::tunnel_path(&p, &[], false), "waiting");
+    assert_eq!(super::tunnel_path(&p, &[], false, false), "waiting");
     p.relay_via = Some(crate::domain::RelayVia {
         site: "r".into(),
         endpoint: "192.0.2.5:51920".parse().unwrap(),
         tls_port: 0,
     });
-    assert_eq!(super::tunnel_path(&p, &[], true), "relayed via r");
+    assert_eq!(super::tunnel_path(&p, &[], true, false), "relayed via r");
     p.remote.as_mut().unwrap().gateways[0].endpoint = Some("192.0.2.9:51820".parse().unwrap());
     assert!(!super::wants_relay(&p, &[]));
     assert_eq!(
-        super::tunnel_path(&p, &[], true),
+        super::tunnel_path(&p, &[], true, false),
         "direct",
         "a direct path wins over a recorded relay"
     );

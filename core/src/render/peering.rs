@@ -55,6 +55,10 @@ pub(super) fn peering(m: &Model, g: &Gateway, site_id: &str, base: &str) -> Obje
                     .chain(g.underlay_ip)
                     .chain(own.iter().flat_map(|d| d.candidates.iter().map(|c| c.address.ip()))),
             ),
+            own_punchable: matches!(
+                crate::peer::gateway_behaviour(g),
+                Some(crate::nat::Behaviour::EndpointIndependent | crate::nat::Behaviour::None)
+            ),
         };
         out.extend(wireguard_peers(base, r, v4, tunnel, &through, &ids));
         out.extend(super::ipv6::peering(m, p, base, &ids));
@@ -338,6 +342,9 @@ struct Tunnel<'a> {
     own_endpoint: bool,
     /// The families of its own addresses (see `peer::Families`).
     own_families: crate::peer::Families,
+    /// Its NAT keeps one outside port per socket (or it has none): a hole
+    /// punch from it can work.
+    own_punchable: bool,
 }
 
 /// The peer's gateways as WireGuard peers: the active one with the peer's
@@ -351,7 +358,10 @@ fn wireguard_peers(
     ids: &PeeringIds,
 ) -> Objects {
     let Tunnel {
-        relay, own_endpoint, ..
+        relay,
+        own_endpoint,
+        own_punchable,
+        own_families,
     } = tunnel;
     let mut out = Objects::new();
     let (_, there) = tunnel_addresses(r.tunnel_role);
@@ -378,11 +388,18 @@ fn wireguard_peers(
         // Without a direct path (none, or a hole punch that did not come
         // up), the active gateway is reached through the chosen relay.
         let via_relay = relay.filter(|_| g.active || none_flagged).map(|r| r.endpoint);
-        let direct = crate::peer::dial_address_for(g, tunnel.own_families);
+        let direct = crate::peer::dial_address_for(g, own_families);
         // A reflexive address and no endpoint of ours (neither side
         // reachable unasked): both NATs must open before either lets the
         // other in.
         let punch = via_relay.is_none() && direct.is_some() && g.endpoint.is_none() && !own_endpoint;
+        // Through a relay where a hole punch could work (neither side
+        // reachable unasked, both NATs keeping their ports): the punch is
+        // tried beside the relay, and the tunnel moves to it once it
+        // answers (`pb::WireguardPeer::direct`).
+        let beside = via_relay
+            .and(direct)
+            .filter(|_| g.endpoint.is_none() && !own_endpoint && own_punchable);
         // Where UDP is blocked, the tunnel may go over TLS to the relay
         // (a relayed tunnel's relay, or a relay site's own gateway).
         let tls_port = match (via_relay, relay) {
@@ -401,6 +418,7 @@ fn wireguard_peers(
                 persistent_keepalive: 25,
                 punch,
                 tls_port: u32::from(tls_port),
+                direct: beside.map(|d| d.to_string()).unwrap_or_default(),
             }),
         )]);
     }

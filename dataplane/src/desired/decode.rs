@@ -443,6 +443,18 @@ fn wireguard_peer(p: &pb::WireguardPeer) -> R<Object> {
         keepalive: u16::try_from(p.persistent_keepalive)
             .map_err(|_| format!("keepalive {} is over 65535 s", p.persistent_keepalive))?,
         punch: p.punch && !p.endpoint.is_empty(),
+        direct: match p.direct.as_str() {
+            "" => None,
+            _ if p.endpoint.is_empty() => return Err("a direct address beside no endpoint".into()),
+            d => {
+                let a = weft_types::net::endpoint(d).map_err(|m| format!("direct address {m}"))?;
+                let ip = a.ip().to_canonical();
+                if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() || a.port() == 0 {
+                    return Err(format!("direct address {a} is not a unicast address and port"));
+                }
+                Some(std::net::SocketAddr::new(ip, a.port()))
+            }
+        },
     };
     let tls_port = match p.tls_port {
         0 => None,

@@ -727,6 +727,7 @@ fn driver() {
                 allowed_ips: vec!["10.9.0.0/16".parse().unwrap()],
                 keepalive: 25,
                 punch: false,
+                direct: None,
             };
             k.set_peer(&link.ns, &link.name, &peer).await.expect("set peer");
             let seen = k.devices(&scopes).await;
@@ -743,6 +744,7 @@ fn driver() {
                 allowed_ips: vec![],
                 keepalive: 0,
                 punch: false,
+                direct: None,
                 ..peer.clone()
             };
             k.set_peer(&link.ns, &link.name, &standby).await.expect("set standby");

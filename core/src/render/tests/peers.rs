@@ -337,11 +337,20 @@ fn a_peer_reached_at_its_reflexive_address_from_behind_nat_is_hole_punched() {
     use crate::nat::{Behaviour, Candidate, CandidateKind};
     let punch = |own_endpoint: bool, peer_endpoint: bool, relayed: bool| {
         let mut m = model();
+        let mut gw = (*m.gateways["gw1"]).clone();
         if own_endpoint {
-            let mut gw = (*m.gateways["gw1"]).clone();
             gw.endpoint = Some("192.0.2.9:51820".parse().unwrap());
-            m.gateways.insert("gw1".into(), Arc::new(gw));
         }
+        // Its own NAT keeps its ports (a punch from it can work).
+        let port = m.peerings["b"].listen_port;
+        gw.discovered.insert(
+            port,
+            crate::nat::Discovered {
+                candidates: vec![],
+                nat: Some(Behaviour::EndpointIndependent),
+            },
+        );
+        m.gateways.insert("gw1".into(), Arc::new(gw));
         let mut p = (*m.peerings["b"]).clone();
         p.remote = Some(RemoteSite {
             gateways: vec![RemoteGateway {
@@ -366,14 +375,19 @@ fn a_peer_reached_at_its_reflexive_address_from_behind_nat_is_hole_punched() {
         let Some(Kind::WireguardPeer(wp)) = &gateway(&m, "gw1")["peer/b/wgpeer/gw"].kind else {
             panic!()
         };
-        (wp.endpoint.clone(), wp.punch)
+        (wp.endpoint.clone(), wp.punch, wp.direct.clone())
     };
+    let none = String::new;
     // neither side reachable unasked: punched, at the reflexive address
-    assert_eq!(punch(false, false, false), ("198.51.100.7:51820".into(), true));
-    // through a relay, to an endpoint, or from a gateway with one: not
-    assert_eq!(punch(false, false, true), ("203.0.113.5:51920".into(), false));
-    assert_eq!(punch(false, true, false), ("192.0.2.1:51820".into(), false));
-    assert_eq!(punch(true, false, false), ("198.51.100.7:51820".into(), false));
+    assert_eq!(punch(false, false, false), ("198.51.100.7:51820".into(), true, none()));
+    // through a relay: to the relay, the punch tried beside it
+    assert_eq!(
+        punch(false, false, true),
+        ("203.0.113.5:51920".into(), false, "198.51.100.7:51820".into())
+    );
+    // to an endpoint, or from a gateway with one: neither
+    assert_eq!(punch(false, true, false), ("192.0.2.1:51820".into(), false, none()));
+    assert_eq!(punch(true, false, false), ("198.51.100.7:51820".into(), false, none()));
 }
 
 #[test]

@@ -200,6 +200,7 @@ fn each_field_is_parsed_and_bounded_once_at_the_door() {
                 allowed_ips: vec![],
                 persistent_keepalive: 70_000,
                 punch: false,
+                direct: String::new(),
                 tls_port: 0,
             })),
             "keepalive 70000",
@@ -239,6 +240,7 @@ fn a_punched_peer_keeps_the_flag_only_with_an_endpoint_and_equals_the_same_peer_
             persistent_keepalive: 25,
             punch,
             tls_port: 0,
+            direct: String::new(),
         })))
         .unwrap();
         let Object::WireguardPeer { peer, .. } = o else {
@@ -265,6 +267,7 @@ fn a_tls_port_needs_an_endpoint_and_a_tcp_port() {
             allowed_ips: vec![],
             persistent_keepalive: 25,
             punch: false,
+            direct: String::new(),
             tls_port,
         })))
     };
@@ -305,4 +308,37 @@ fn a_tls_port_needs_an_endpoint_and_a_tcp_port() {
             shift: -11_820
         }
     );
+}
+
+#[test]
+fn a_direct_address_beside_a_relay_is_a_unicast_address_beside_an_endpoint() {
+    let peer = |endpoint: &str, direct: &str| {
+        decode(&obj(Kind::WireguardPeer(pb::WireguardPeer {
+            link: "weft-wabc".into(),
+            namespace: "weft-p-a".into(),
+            public_key: KEY.into(),
+            endpoint: endpoint.into(),
+            allowed_ips: vec![],
+            persistent_keepalive: 25,
+            punch: false,
+            direct: direct.into(),
+            tls_port: 0,
+        })))
+    };
+    let Ok(Object::WireguardPeer { peer: p, .. }) = peer("198.51.100.7:51920", "[::ffff:203.0.113.5]:51820") else {
+        panic!()
+    };
+    assert_eq!(p.direct, Some("203.0.113.5:51820".parse().unwrap()), "IPv4 as IPv4");
+    // Kernel WireGuard dials it instead, as a hole punch.
+    let k = p.without_beside();
+    assert_eq!((k.endpoint, k.punch, k.direct), (p.direct, true, None));
+    for (endpoint, direct, why) in [
+        ("", "203.0.113.5:51820", "beside no endpoint"),
+        ("198.51.100.7:51920", "127.0.0.1:51820", "not a unicast"),
+        ("198.51.100.7:51920", "[ff02::1]:51820", "not a unicast"),
+        ("198.51.100.7:51920", "203.0.113.5", "direct address"),
+    ] {
+        let e = peer(endpoint, direct).expect_err(why);
+        assert!(e.contains(why), "{why}: {e}");
+    }
 }

@@ -462,15 +462,15 @@ fn device_end(e: End) -> anyhow::Result<()> {
             .await
             .map_err(anyhow::Error::msg)?;
         let allowed: ipnet::IpNet = e.allowed.parse()?;
-        devs.set_peer(
-            &e.dev,
-            &public(&e.peer)?,
-            Some(e.endpoint.parse()?),
-            &[allowed],
-            0,
-            false,
-        )
-        .map_err(anyhow::Error::msg)?;
+        let peer = weft_dataplane::model::WgPeer {
+            public_key: public(&e.peer)?,
+            endpoint: Some(e.endpoint.parse()?),
+            allowed_ips: vec![allowed],
+            keepalive: 0,
+            punch: false,
+            direct: None,
+        };
+        devs.set_peer(&e.dev, &peer).map_err(anyhow::Error::msg)?;
         println!("ready {:?}", devs.stats(&e.dev).offloads.map(|o| o.names()));
         tokio::signal::ctrl_c().await?;
         println!("{:?}", devs.devices[&e.dev].device.counters());
