@@ -325,8 +325,9 @@ impl Applier for Linux {
                 _ => None,
             })
             .collect();
-        // Kernel WireGuard cannot try a direct path beside a relay: it
-        // dials the direct one, as a hole punch.
+        // Kernel WireGuard cannot try a direct path beside a relay (its
+        // gateway does not say it can, so none should come): the relay
+        // only.
         if self.wireguard.as_ref().is_some_and(|c| c.kernel) {
             for (_, o) in objects.iter_mut() {
                 if let Object::WireguardPeer {
@@ -483,7 +484,12 @@ impl Applier for Linux {
         let kinds = self
             .kinds
             .get_or_insert_with(|| weft_dataplane::blocking(kernel_link_kinds));
-        kinds.iter().filter(|k| *k == "geneve").cloned().collect()
+        let mut out: Vec<String> = kinds.iter().filter(|k| *k == "geneve").cloned().collect();
+        // A gateway on weft's userspace device tries a punch beside a relay.
+        if !self.plane.node && !self.wireguard.as_ref().is_some_and(|c| c.kernel) {
+            out.push(weft_proto::PUNCH_BESIDE_FEATURE.into());
+        }
+        out
     }
 
     fn writes(&self) -> u64 {

@@ -226,6 +226,7 @@ proptest! {
                 discovered: Default::default(),
                 enforces_export: false,
                 enforces_export_v6: false,
+                punches_beside: false,
             }));
             m.live_gateways.insert(format!("gw{i}"));
         }

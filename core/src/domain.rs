@@ -252,6 +252,11 @@ pub struct Gateway {
     /// And takes IPv6 prefixes in them.
     #[serde(default)]
     pub enforces_export_v6: bool,
+    /// Its agent tries a hole punch beside a relay and says when the
+    /// tunnel moved there (weft's userspace device; not kernel WireGuard,
+    /// not an older agent).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub punches_beside: bool,
 }
 
 /// One certificate issued to an agent.

@@ -348,6 +348,7 @@ mod tests {
             discovered: Default::default(),
             enforces_export: false,
             enforces_export_v6: false,
+            punches_beside: false,
         };
         assert_eq!(admit_gateway(&open, None, "gw", None, NOW), Ok(()));
         assert!(matches!(

@@ -235,17 +235,13 @@ impl WgPeer {
         )
     }
 
-    /// As kernel WireGuard takes it: a direct address tried beside a relay
-    /// dialled instead, as a hole punch (it cannot try two).
+    /// As kernel WireGuard takes it: the relay only, no direct address
+    /// beside it (it cannot try two; a controller renders none for a
+    /// gateway that does not say it can).
     pub fn without_beside(&self) -> WgPeer {
-        match self.direct {
-            Some(d) => WgPeer {
-                endpoint: Some(d),
-                punch: true,
-                direct: None,
-                ..self.clone()
-            },
-            None => self.clone(),
+        WgPeer {
+            direct: None,
+            ..self.clone()
         }
     }
 }

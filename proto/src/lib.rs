@@ -85,6 +85,13 @@ pub const EXPORT_POLICY_FEATURE: &str = "export-policy";
 /// policies may name IPv6 prefixes (an older one refuses such a filter).
 pub const EXPORT_POLICY_V6_FEATURE: &str = "export-policy-v6";
 
+/// The `WatchRequest.features` entry of a gateway agent whose WireGuard
+/// tries a hole punch beside a relay (`WireguardPeer.direct`, weft's
+/// userspace device) and reports when it moved there
+/// (`TunnelStatus.on_direct`). Without it (kernel WireGuard, an older
+/// agent) a punch is given time alone before a relay takes the tunnel.
+pub const PUNCH_BESIDE_FEATURE: &str = "punch-beside";
+
 /// The largest desired-state message an agent accepts. A gateway's
 /// snapshot grows with its site: every node adds its tunnel, address and
 /// routes (about 250 bytes), so tonic's default of 4 MiB stops a gateway

@@ -212,9 +212,15 @@ impl Device {
         // endpoint) keeps the session, unprimed.
         if let Some(p) = peers.by_key.get(&public_key)
             && p.keepalive == keepalive
-            && (endpoint.is_none() || endpoint == p.configured || endpoint == p.endpoint())
+            && (endpoint.is_none() || endpoint == p.configured() || endpoint == p.endpoint())
         {
             *p.allowed.write().unwrap_or_else(|e| e.into_inner()) = allowed;
+            // What it is configured with now: a later change is measured
+            // from it (a relay taken again after the direct path it moved
+            // to died is a new endpoint, not the one of long ago).
+            if endpoint.is_some() {
+                *p.configured.lock().unwrap_or_else(|e| e.into_inner()) = endpoint;
+            }
             let mut b = p.beside();
             if b.direct != direct {
                 *b = Beside::new(direct);
@@ -244,7 +250,7 @@ impl Device {
         let peer = Arc::new(Peer {
             index,
             keepalive,
-            configured: endpoint,
+            configured: Mutex::new(endpoint),
             tunn: Mutex::new(tunn),
             endpoint: Mutex::new(endpoint),
             allowed: RwLock::new(allowed),

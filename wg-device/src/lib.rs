@@ -79,7 +79,7 @@ const EAGER_FOR: Duration = Duration::from_secs(15);
 /// How long a hole-punched peer's handshakes leave with
 /// [`Config::punch_ttl`] at most: longer than the two sides take to learn
 /// each other's address (the controllers tell both at about once), short
-/// against the punch's 15 s before a relay is taken.
+/// against the time a punch is given before a relay takes the tunnel.
 const PRIME_FOR: Duration = Duration::from_secs(2);
 /// A peer reached through a relay with a direct path tried beside it
 /// ([`Device::set_peer_beside`]): how often a keepalive of its session
@@ -88,7 +88,7 @@ const PRIME_FOR: Duration = Duration::from_secs(2);
 /// from it again (the direct path died; till then, authenticated packets
 /// from elsewhere, a relay's, do not move it).
 const DIRECT_EVERY: Duration = Duration::from_secs(1);
-const DIRECT_STALE: Duration = Duration::from_secs(15);
+const DIRECT_STALE: Duration = Duration::from_secs(5);
 /// Handshake messages per second the device answers before it asks for
 /// cookies (boringtun's device's figure).
 const HANDSHAKE_RATE_LIMIT: u64 = 100;

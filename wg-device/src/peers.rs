@@ -18,7 +18,7 @@ pub(crate) struct Peer {
     pub(crate) keepalive: u16,
     /// The endpoint it was configured with (the current one may have
     /// roamed since).
-    pub(crate) configured: Option<SocketAddr>,
+    pub(crate) configured: Mutex<Option<SocketAddr>>,
     pub(crate) tunn: Mutex<Tunn>,
     pub(crate) endpoint: Mutex<Option<SocketAddr>>,
     pub(crate) allowed: RwLock<Vec<IpNet>>,
@@ -63,6 +63,10 @@ impl Beside {
 impl Peer {
     pub(crate) fn endpoint(&self) -> Option<SocketAddr> {
         *self.endpoint.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn configured(&self) -> Option<SocketAddr> {
+        *self.configured.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn tunn(&self) -> std::sync::MutexGuard<'_, Tunn> {
@@ -211,7 +215,7 @@ pub mod route_bench {
             let peer = Arc::new(Peer {
                 index: i + 1,
                 keepalive: 0,
-                configured: None,
+                configured: Mutex::new(None),
                 tunn: Mutex::new(Tunn::new(
                     StaticSecret::from([9; 32]),
                     PublicKey::from(key),

@@ -170,6 +170,21 @@ pub(super) fn path_check(
     );
     match path.as_str() {
         "direct" => pass("path", subject, "direct: a gateway has a reachable endpoint".into()),
+        relayed if relayed.starts_with("relayed via ") && weft_core::peer::direct_path(p, local) == "hole-punched" => {
+            check(
+                "path",
+                subject,
+                pb::CheckResult::Warn,
+                format!(
+                    "{relayed}: the hole punch (this side's NAT: {own_nat}; the peer's: {peer_nat}) is not up, so the \
+                     relay carries the tunnel meanwhile; the punch is tried beside it, and the tunnel moves to it once \
+                     it answers"
+                ),
+                &format!(
+                    "if it stays relayed, UDP between the two sites may be blocked; for a direct path anyway, {forward}"
+                ),
+            )
+        }
         relayed if relayed.starts_with("relayed via ") => check(
             "path",
             subject,

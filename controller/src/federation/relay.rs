@@ -83,45 +83,177 @@ impl Moves {
     }
 }
 
-/// The leader's memory of hole punches not up yet, by peer site: their
-/// tunnels go through a relay meanwhile, the punch tried beside it.
+/// How long a hole punch is given alone before the tunnel goes through a
+/// relay, from a gateway that cannot try it beside one (kernel
+/// WireGuard, an older agent): UDP blocked between the two NATs, or NAT
+/// behaviour misjudged.
+const PUNCH_WINDOW: Duration = Duration::from_secs(15);
+
+/// How long such a tunnel, relayed after a failed punch, stays relayed
+/// before the punch is tried alone again (sooner when either side's
+/// discovery finds something new). A try breaks the tunnel for up to
+/// [`PUNCH_WINDOW`] when the punch still fails.
+const RETRY_DIRECT: Duration = Duration::from_secs(600);
+
+/// How long a tunnel must be on the punch tried beside its relay before
+/// the relay goes; doubled for each move back to the relay within
+/// [`FLAP_WITHIN`] of the last (a punch that answers only now and then),
+/// up to [`DIRECT_HOLD_MAX`].
+const DIRECT_HOLD: Duration = Duration::from_secs(3);
+const DIRECT_HOLD_MAX: Duration = Duration::from_secs(300);
+const FLAP_WITHIN: Duration = Duration::from_secs(60);
+
+/// The leader's memory of hole punches not up, by peer site, and when
+/// each tunnel last left its relay for its punch (and how many times in a
+/// row it came back soon after).
 #[derive(Default)]
-pub struct Punches(std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>);
+pub struct Punches(std::sync::Mutex<PunchesSeen>);
+
+#[derive(Default)]
+struct PunchesSeen {
+    punches: std::collections::HashMap<String, Punch>,
+    left_relay: std::collections::HashMap<String, (std::time::Instant, u32)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Punch {
+    /// Relayed, the punch tried beside the relay (a gateway that can):
+    /// since when the tunnel has been on the punch, and for how long it
+    /// must be before the relay goes.
+    Beside {
+        direct_since: Option<std::time::Instant>,
+        hold: Duration,
+    },
+    /// Punching alone since then, not up yet.
+    Trying(std::time::Instant),
+    /// Gave up then: relayed. With what discovery had found (a hash): a
+    /// change tries again.
+    Failed(std::time::Instant, u64),
+}
+
+/// What the leader sees of a tunnel for [`Punches::step`].
+#[derive(Clone, Copy, Debug)]
+struct Look {
+    punching: bool,
+    beside: bool,
+    direct_up: bool,
+    on_relay: bool,
+    found: u64,
+}
 
 impl Punches {
-    /// One look at peer `site`'s tunnel: `punching`: its direct path is a
-    /// hole punch; `direct_up`: the tunnel is up on it (not through a
-    /// relay, or moved to the punch tried beside one). True while the
-    /// tunnel should go through a relay: a punch not up is relayed at
-    /// once (where a relay site is peered), and the gateways try it beside
-    /// the relay (`WireguardPeer.direct`) and move to it once it answers;
-    /// then the relay goes.
-    fn step(&self, now: std::time::Instant, site: &str, punching: bool, direct_up: bool) -> bool {
-        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+    /// One look at peer `site`'s tunnel (`look`): `punching`: its direct path is a
+    /// hole punch; `beside`: this site's gateway tries a punch beside a
+    /// relay; `direct_up`: the tunnel is up on the punch (not through a
+    /// relay, or moved to the punch tried beside one); `on_relay`: a relay
+    /// is in use now; `found`: both sides' discovery results (a hash).
+    /// True while the tunnel should go through a relay:
+    /// - with `beside`, a punch not up is relayed at once, and the gateways
+    ///   try it beside the relay (`WireguardPeer.direct`) and move to it
+    ///   once it answers; the relay goes once the tunnel has been on it for
+    ///   a hold ([`DIRECT_HOLD`], longer for a punch that keeps failing);
+    /// - without, the punch is given [`PUNCH_WINDOW`] alone, then relayed,
+    ///   and tried alone again when discovery finds something new or after
+    ///   [`RETRY_DIRECT`].
+    fn step(&self, now: std::time::Instant, site: &str, look: Look) -> bool {
+        let Look {
+            punching,
+            beside,
+            direct_up,
+            on_relay,
+            found,
+        } = look;
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let PunchesSeen { punches, left_relay } = &mut *seen;
         if !punching {
-            all.remove(site);
+            punches.remove(site);
             return false;
         }
-        match (all.get(site).copied(), direct_up) {
-            (Some(since), true) => {
-                tracing::info!(peer = %site, after = ?now.saturating_duration_since(since), "the hole punch tried beside the relay answers; the tunnel goes direct");
-                all.remove(site);
-                false
+        let since = |at: std::time::Instant| now.saturating_duration_since(at);
+        let next = match (punches.get(site).copied(), beside) {
+            (None, _) if direct_up => None,
+            (None, true) => {
+                // Back soon after it left the relay: hold the punch longer.
+                let hold = match left_relay.get(site) {
+                    Some((at, n)) if since(*at) < FLAP_WITHIN => DIRECT_HOLD
+                        .saturating_mul(2u32.saturating_pow(n + 1))
+                        .min(DIRECT_HOLD_MAX),
+                    _ => DIRECT_HOLD,
+                };
+                tracing::info!(peer = %site, ?hold, "the hole punch is not up: the tunnel goes through a relay meanwhile, the punch tried beside it");
+                Some(Punch::Beside {
+                    direct_since: None,
+                    hold,
+                })
             }
-            (None, true) => false,
-            (None, false) => {
-                tracing::info!(peer = %site, "the hole punch is not up: the tunnel goes through a relay meanwhile, the punch tried beside it");
-                all.insert(site.to_string(), now);
-                true
+            (None, false) => Some(Punch::Trying(now)),
+            // Up on the punch before any relay took the tunnel: nothing
+            // to leave.
+            (Some(Punch::Beside { .. }), _) if direct_up && !on_relay => None,
+            (Some(Punch::Beside { direct_since, hold }), _) if direct_up => {
+                let on = direct_since.unwrap_or(now);
+                if since(on) >= hold {
+                    tracing::info!(peer = %site, "the tunnel holds on the hole punch tried beside the relay; the relay goes");
+                    let n = match left_relay.get(site) {
+                        Some((at, n)) if since(*at) < FLAP_WITHIN + hold => n + 1,
+                        _ => 0,
+                    };
+                    left_relay.insert(site.to_string(), (now, n));
+                    None
+                } else {
+                    Some(Punch::Beside {
+                        direct_since: Some(on),
+                        hold,
+                    })
+                }
             }
-            (Some(_), false) => true,
-        }
+            (Some(Punch::Beside { hold, .. }), _) => Some(Punch::Beside {
+                direct_since: None,
+                hold,
+            }),
+            (Some(Punch::Trying(_)), _) if direct_up => None,
+            (Some(Punch::Trying(at)), _) if since(at) >= PUNCH_WINDOW => {
+                tracing::warn!(peer = %site, window = ?PUNCH_WINDOW, "the hole punch did not come up; the tunnel goes through a relay");
+                Some(Punch::Failed(now, found))
+            }
+            (Some(Punch::Failed(at, was)), _) if was != found || since(at) >= RETRY_DIRECT => {
+                tracing::info!(peer = %site, "trying the hole punch again");
+                Some(Punch::Trying(now))
+            }
+            (other, _) => other,
+        };
+        match next {
+            Some(p) => punches.insert(site.to_string(), p),
+            None => punches.remove(site),
+        };
+        matches!(next, Some(Punch::Beside { .. } | Punch::Failed(..)))
     }
 
-    /// Whether peer `site`'s tunnel is relayed while its punch is tried.
+    /// Whether peer `site`'s tunnel is relayed because its punch is not up.
     fn relayed(&self, site: &str) -> bool {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).contains_key(site)
+        let seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        matches!(seen.punches.get(site), Some(Punch::Beside { .. } | Punch::Failed(..)))
     }
+}
+
+/// What discovery found on both sides of peering `p`, as a hash: a change
+/// may open a direct path.
+fn found(p: &Peering, local: &[pb::GatewayInfo]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for g in local {
+        g.nat.hash(&mut h);
+        for c in g.candidates.iter().chain(&g.candidates_v6) {
+            c.address.hash(&mut h);
+        }
+    }
+    for g in p.remote.iter().flat_map(|r| r.gateways.iter()) {
+        g.nat.map(|n| n.as_str()).hash(&mut h);
+        for c in &g.candidates {
+            c.address.to_string().hash(&mut h);
+        }
+    }
+    h.finish()
 }
 
 /// Whether this site's tunnel to peering `p` should go through a relay: no
@@ -251,11 +383,21 @@ pub async fn keep_relays(fed: Arc<Federation>, leader: tokio::sync::watch::Recei
             let punching = p.remote.is_some() && weft_core::peer::direct_path(p, &local) == "hole-punched";
             // Up through the punch: not through a relay (not known down
             // counts as up: a replica the gateways do not report to never
-            // relays a punch), or moved to the punch tried beside it.
+            // starts relaying a punch), or moved to the punch tried beside
+            // it.
             let t = fed.hub.tunnel(peer);
             let direct_up =
                 (p.relay_via.is_none() && !known_down(&fed, peer)) || t.as_ref().is_some_and(|t| t.up && t.on_direct);
-            let relayed = fed.punches.step(std::time::Instant::now(), peer, punching, direct_up);
+            // The active gateway tries the punch beside a relay.
+            let beside = crate::render::active_gateway(&model).is_some_and(|g| g.punches_beside);
+            let look = Look {
+                punching,
+                beside,
+                direct_up,
+                on_relay: p.relay_via.is_some(),
+                found: found(p, &local),
+            };
+            let relayed = fed.punches.step(std::time::Instant::now(), peer, look);
             let via = if relayed || weft_core::peer::wants_relay(p, &local) {
                 weft_core::relay::choose(p, &model.peerings, |r, _| !known_down(&fed, r))
             } else {
@@ -327,24 +469,79 @@ mod tests {
         assert!(counts(&m).is_empty(), "a gone peer's moves go");
     }
 
+    fn look(punching: bool, beside: bool, direct_up: bool, on_relay: bool, found: u64) -> Look {
+        Look {
+            punching,
+            beside,
+            direct_up,
+            on_relay,
+            found,
+        }
+    }
+
     #[test]
-    fn a_hole_punch_not_up_is_relayed_at_once_until_it_answers_beside_the_relay() {
+    fn a_hole_punch_not_up_is_relayed_at_once_and_the_relay_goes_once_the_punch_holds() {
+        let p = Punches::default();
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let step = |ms: u64, up: bool| p.step(at(ms), "b", look(true, true, up, true, 1));
+        // Up at once: never relayed.
+        assert!(!step(0, true));
+        // Down: relayed at once, for as long as the punch does not answer.
+        assert!(step(1_000, false));
+        assert!(p.relayed("b"));
+        assert!(step(600_000, false));
+        // On the punch: the relay goes once it held for 3 s.
+        assert!(step(601_000, true));
+        assert!(step(603_000, true));
+        assert!(!step(604_000, true));
+        assert!(!p.relayed("b"));
+        // Down again soon: relayed at once, and the punch must hold longer
+        // (6 s) before the relay goes again.
+        assert!(step(610_000, false));
+        assert!(step(611_000, true));
+        assert!(step(616_000, true));
+        assert!(!step(617_000, true));
+        // A punch that answers only now and then: the relay stays.
+        assert!(step(620_000, false));
+        assert!(step(621_000, true));
+        assert!(step(622_000, false));
+        assert!(step(623_000, true));
+        assert!(step(630_000, true));
+        // No longer a hole punch (an endpoint, or no direct path): forgotten.
+        assert!(!p.step(at(700_000), "b", look(false, true, false, false, 1)));
+        assert!(!p.relayed("b"));
+        // Down before any relay could take it, then up on the punch: no
+        // relay, nothing held.
+        assert!(p.step(at(800_000), "c", look(true, true, false, false, 1)));
+        assert!(!p.step(at(801_000), "c", look(true, true, true, false, 1)));
+        assert!(!p.relayed("c"));
+    }
+
+    #[test]
+    fn a_gateway_that_cannot_punch_beside_a_relay_punches_alone_first() {
         let p = Punches::default();
         let t0 = std::time::Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         // Up at once: never relayed.
-        assert!(!p.step(at(0), "b", true, true));
-        // Down: relayed at once, for as long as the punch does not answer.
-        assert!(p.step(at(1), "b", true, false));
+        assert!(!p.step(at(0), "b", look(true, false, true, false, 1)));
+        // Down: tried alone for the window, then relayed.
+        assert!(!p.step(at(1), "b", look(true, false, false, false, 1)));
+        assert!(!p.step(at(15), "b", look(true, false, false, false, 1)));
+        assert!(p.step(at(16), "b", look(true, false, false, false, 1)));
         assert!(p.relayed("b"));
-        assert!(p.step(at(600), "b", true, false));
-        // It answers beside the relay: direct, the relay let go.
-        assert!(!p.step(at(601), "b", true, true));
+        assert!(p.step(at(300), "b", look(true, false, false, false, 1)));
+        // Discovery found something new: tried again, and it comes up.
+        assert!(!p.step(at(301), "b", look(true, false, false, false, 2)));
+        assert!(!p.step(at(302), "b", look(true, false, true, false, 2)));
         assert!(!p.relayed("b"));
-        // Down again: relayed again at once.
-        assert!(p.step(at(700), "b", true, false));
-        // No longer a hole punch (an endpoint, or no direct path): forgotten.
-        assert!(!p.step(at(701), "b", false, false));
-        assert!(!p.relayed("b"));
+        // Failed again: tried again after RETRY_DIRECT whatever discovery says.
+        assert!(!p.step(at(400), "b", look(true, false, false, false, 2)));
+        assert!(p.step(at(416), "b", look(true, false, false, false, 2)));
+        assert!(!p.step(
+            at(416 + RETRY_DIRECT.as_secs()),
+            "b",
+            look(true, false, false, false, 2)
+        ));
     }
 }

@@ -209,14 +209,15 @@ impl AgentService for AgentApi {
         let export = (
             has(weft_proto::EXPORT_POLICY_FEATURE),
             has(weft_proto::EXPORT_POLICY_V6_FEATURE),
+            has(weft_proto::PUNCH_BESIDE_FEATURE),
         );
         let model = self.hub.model();
         let recorded = match role {
-            AgentRole::Node => model.nodes.get(&id.name).map(|n| (n.geneve, (false, false))),
+            AgentRole::Node => model.nodes.get(&id.name).map(|n| (n.geneve, (false, false, false))),
             AgentRole::Gateway => model
                 .gateways
                 .get(&id.name)
-                .map(|g| (g.geneve, (g.enforces_export, g.enforces_export_v6))),
+                .map(|g| (g.geneve, (g.enforces_export, g.enforces_export_v6, g.punches_beside))),
         };
         if recorded != Some((geneve, export)) {
             self.state.set_features(role, &id.name, geneve, export).await?;

@@ -316,6 +316,7 @@ impl State {
                     discovered: Default::default(),
                     enforces_export: false,
                     enforces_export_v6: false,
+                    punches_beside: false,
                 },
                 Compare::Version(key.clone(), 0),
             ),
@@ -494,7 +495,7 @@ impl State {
         role: crate::domain::AgentRole,
         name: &str,
         geneve: bool,
-        (enforces_export, enforces_export_v6): (bool, bool),
+        (enforces_export, enforces_export_v6, punches_beside): (bool, bool, bool),
     ) -> Result<(), Error> {
         use crate::domain::{AgentRole, Gateway, Node};
         fn set<T: serde::Serialize + serde::de::DeserializeOwned>(
@@ -517,9 +518,9 @@ impl State {
             let new = match role {
                 AgentRole::Node => set::<Node>(&kv, |n| std::mem::replace(&mut n.geneve, geneve) != geneve)?,
                 AgentRole::Gateway => set::<Gateway>(&kv, |g| {
-                    let now = (geneve, enforces_export, enforces_export_v6);
-                    let was = (g.geneve, g.enforces_export, g.enforces_export_v6);
-                    (g.geneve, g.enforces_export, g.enforces_export_v6) = now;
+                    let now = (geneve, enforces_export, enforces_export_v6, punches_beside);
+                    let was = (g.geneve, g.enforces_export, g.enforces_export_v6, g.punches_beside);
+                    (g.geneve, g.enforces_export, g.enforces_export_v6, g.punches_beside) = now;
                     was != now
                 })?,
             };
@@ -533,6 +534,7 @@ impl State {
                     geneve,
                     enforces_export,
                     enforces_export_v6,
+                    punches_beside,
                     "agent features changed"
                 );
                 return Ok(());

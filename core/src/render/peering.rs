@@ -55,10 +55,12 @@ pub(super) fn peering(m: &Model, g: &Gateway, site_id: &str, base: &str) -> Obje
                     .chain(g.underlay_ip)
                     .chain(own.iter().flat_map(|d| d.candidates.iter().map(|c| c.address.ip()))),
             ),
-            own_punchable: matches!(
-                crate::peer::gateway_behaviour(g),
-                Some(crate::nat::Behaviour::EndpointIndependent | crate::nat::Behaviour::None)
-            ),
+            // (and it can try a punch beside a relay: weft's device)
+            own_punchable: g.punches_beside
+                && matches!(
+                    crate::peer::gateway_behaviour(g),
+                    Some(crate::nat::Behaviour::EndpointIndependent | crate::nat::Behaviour::None)
+                ),
         };
         out.extend(wireguard_peers(base, r, v4, tunnel, &through, &ids));
         out.extend(super::ipv6::peering(m, p, base, &ids));

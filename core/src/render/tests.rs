@@ -37,6 +37,7 @@ pub(crate) fn model() -> Model {
         discovered: Default::default(),
         enforces_export: false,
         enforces_export_v6: false,
+        punches_beside: false,
     };
     let peering = Peering {
         site_id: "b".into(),

@@ -449,7 +449,11 @@ fn wireguard_peer(p: &pb::WireguardPeer) -> R<Object> {
             d => {
                 let a = weft_types::net::endpoint(d).map_err(|m| format!("direct address {m}"))?;
                 let ip = a.ip().to_canonical();
-                if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() || a.port() == 0 {
+                let link_local = match ip {
+                    IpAddr::V4(v4) => v4.is_link_local() || v4.is_broadcast(),
+                    IpAddr::V6(v6) => v6.is_unicast_link_local(),
+                };
+                if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() || link_local || a.port() == 0 {
                     return Err(format!("direct address {a} is not a unicast address and port"));
                 }
                 Some(std::net::SocketAddr::new(ip, a.port()))

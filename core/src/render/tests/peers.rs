@@ -341,7 +341,9 @@ fn a_peer_reached_at_its_reflexive_address_from_behind_nat_is_hole_punched() {
         if own_endpoint {
             gw.endpoint = Some("192.0.2.9:51820".parse().unwrap());
         }
-        // Its own NAT keeps its ports (a punch from it can work).
+        // Its own NAT keeps its ports (a punch from it can work), and it
+        // tries one beside a relay.
+        gw.punches_beside = true;
         let port = m.peerings["b"].listen_port;
         gw.discovered.insert(
             port,
