@@ -18,6 +18,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(files, ["."])?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("weft_descriptor.bin"), prost::Message::encode_to_vec(&fds))?;
+    // The last release's API (`compat`: what a change must stay
+    // compatible with), from the copy of its files kept in `baseline/`.
+    println!("cargo:rerun-if-changed=baseline");
+    let baseline = protox::compile(files, ["baseline"])?;
+    std::fs::write(
+        out.join("baseline_descriptor.bin"),
+        prost::Message::encode_to_vec(&baseline),
+    )?;
     // Messages alone (prost), and the services on top of them (tonic) in a
     // file of their own: crates that only need the messages (the
     // controller's core) build without tonic (feature `grpc` off).

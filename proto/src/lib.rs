@@ -15,6 +15,7 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/servers/weft.v1.rs"));
 }
 
+pub mod compat;
 pub mod wire;
 
 #[cfg(feature = "grpc")]
