@@ -588,6 +588,7 @@ impl Applier for Linux {
             route_conflicts: conflicts,
             wireguard,
             wireguard_reason,
+            version: env!("CARGO_PKG_VERSION").into(),
         }
     }
 }

@@ -222,6 +222,21 @@ fn agent_checks(
         ));
     }
     kernel_checks(a, rec, out);
+    // Its release against the controller's (`weft_types::version`); an
+    // agent that has not reported its host yet says nothing.
+    if !rec.features.is_empty() {
+        let own = env!("CARGO_PKG_VERSION");
+        match weft_types::version::agent_skew(own, &rec.version) {
+            Some(why) => out.push(check(
+                "version",
+                a.subject(),
+                pb::CheckResult::Warn,
+                why,
+                "run agents of the controller's release or one minor release older (`weftctl version` lists them)",
+            )),
+            None => out.push(pass("version", a.subject(), format!("release {}", rec.version))),
+        }
+    }
     for c in &rec.route_conflicts {
         out.push(check(
             "route",
@@ -365,6 +380,20 @@ pub async fn run(
             seen(|t| t.over_tls),
             seen(|t| t.on_direct),
         ));
+        if let Some(remote) = &p.remote {
+            let subject = format!("peering/{}", p.site_id);
+            let own = env!("CARGO_PKG_VERSION");
+            out.push(match weft_types::version::peer_skew(own, &remote.version) {
+                Some(why) => check(
+                    "version",
+                    subject,
+                    pb::CheckResult::Warn,
+                    why,
+                    "peered sites may be one minor release apart at most (`weftctl version` lists them)",
+                ),
+                None => pass("version", subject, format!("the peer runs {}", remote.version)),
+            });
+        }
         out.extend(family::ipv4_check(&site, p));
         out.extend(family::ipv6_check(&site, p));
         let subject = format!("peering/{}", p.site_id);

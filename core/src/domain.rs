@@ -435,6 +435,7 @@ pub(crate) fn test_remote(workload: &str) -> RemoteSite {
         exported_v6: vec![],
         transit: false,
         transit_v6: false,
+        version: String::new(),
         transit_routes: vec![],
         readiness: None,
         workload_cidrs_v6: vec![],

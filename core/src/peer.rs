@@ -243,6 +243,15 @@ pub fn remote_site(
         exported_v6,
         transit: p.transit,
         transit_v6: p.transit_v6,
+        version: match p.version.as_str() {
+            v if weft_types::version::plausible(v) => v.to_string(),
+            v => {
+                return Err(format!(
+                    "version: {} is not a release (at most 32 printable characters)",
+                    crate::domain::shown(v)
+                ));
+            }
+        },
         transit_routes,
         readiness: p.readiness.as_ref().map(readiness).transpose()?,
     })

@@ -182,3 +182,44 @@ fn logs_are_json_lines_that_carry_the_ids_they_are_about() {
         "no controller line names the agent:\n{ctl}"
     );
 }
+
+/// `weftctl version` lists the releases that run where: the client, the
+/// controller, each agent (as it reported) and the peer's controller, all
+/// within the supported skew; `diagnose` checks the same.
+#[test]
+#[ignore = "needs root (network namespaces): tests/run.sh runs it as root"]
+fn weftctl_version_shows_every_release_and_none_outside_the_policy() {
+    if !weft_tests::netns::require_root() {
+        return;
+    }
+    let s = weft_tests::sites::up("ver", ("ver-a", "10.1.0.0/16"), ("ver-b", "10.2.0.0/16"));
+    weft_tests::sites::until_wa_reaches_wb(&s);
+    let release = env!("CARGO_PKG_VERSION");
+    let v = weft_tests::eventually(
+        "every agent's release reported",
+        std::time::Duration::from_secs(40),
+        || {
+            let v = weft_tests::weftctl_json(&s.ta, &["version"]);
+            let agents = v["agents"].as_array()?;
+            (agents.len() == 3 && agents.iter().all(|a| a["version"] == release)).then_some(v)
+        },
+    );
+    assert_eq!(
+        (v["client"].as_str(), v["controller"].as_str()),
+        (Some(release), Some(release)),
+        "{v}"
+    );
+    assert_eq!(v["peers"][0]["site"], "ver-b", "{v}");
+    assert_eq!(v["peers"][0]["version"], release, "{v}");
+    let outside = v.to_string();
+    assert!(!outside.contains("outside_policy\":\""), "{v}");
+    let report = weft_tests::weftctl_json(&s.ta, &["diagnose"]);
+    let versions: Vec<&serde_json::Value> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["check"] == "version")
+        .collect();
+    assert!(versions.len() >= 2, "{report:#}");
+    assert!(versions.iter().all(|c| c["result"] == "PASS"), "{versions:#?}");
+}

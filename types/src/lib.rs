@@ -23,6 +23,7 @@ pub mod net;
 pub mod policy;
 #[cfg(feature = "serde")]
 mod serde_impls;
+pub mod version;
 
 pub use key::{WgKey, WgSecret};
 pub use net::{Cidr, Family};

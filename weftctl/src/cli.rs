@@ -41,6 +41,9 @@ pub enum Output {
 pub enum Cmd {
     /// Show the site's configuration.
     Site,
+    /// Show which releases run where (this client, the controller, each
+    /// agent, each peer) and which are outside the supported skew.
+    Version,
     /// List nodes.
     Nodes,
     /// Show, add or remove one node.

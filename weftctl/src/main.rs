@@ -53,6 +53,7 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
             timeout,
         }) => cmd::test_network::run(c, from, to, *tcp_port, **timeout).await,
         Cmd::Topology { format } => cmd::topology::run(c, *format == TopologyFormat::Svg).await,
+        Cmd::Version => cmd::version::run(c).await,
     }
 }
 

@@ -123,6 +123,7 @@ fn exports(model: &crate::render::Model, peer: &str, params: &mut pb::NetworkPar
     if let Some(p) = model.peerings.get(peer) {
         params.transit = p.transit;
         params.transit_v6 = true;
+        params.version = env!("CARGO_PKG_VERSION").into();
         params.transit_routes = crate::transit::offers(&model.peerings, peer);
     }
 }

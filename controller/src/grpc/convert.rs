@@ -41,6 +41,7 @@ pub fn site(s: &Site, revision: Revision) -> pb::Site {
         node_prefix_len: u32::from(s.node_prefix_len),
         revision,
         ca_fingerprint: String::new(),
+        controller_version: env!("CARGO_PKG_VERSION").into(),
     }
 }
 
@@ -206,6 +207,7 @@ pub fn peering_among(p: &Peering, all: &crate::transit::Peerings) -> pb::Peering
 
 pub fn peering(p: &Peering) -> pb::Peering {
     pb::Peering {
+        peer_version: p.remote.as_ref().map(|r| r.version.clone()).unwrap_or_default(),
         site_id: p.site_id.clone(),
         state: match p.state {
             PeeringState::Pending => pb::PeeringState::Pending,

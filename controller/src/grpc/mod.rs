@@ -86,6 +86,7 @@ impl AdminApi {
                     route_conflicts: r.route_conflicts.clone(),
                     wireguard: r.wireguard.clone(),
                     wireguard_reason: r.wireguard_reason.clone(),
+                    version: r.version.clone(),
                 }),
             }
         })

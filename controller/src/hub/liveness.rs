@@ -73,6 +73,7 @@ fn same_status(a: &AliveRecord, b: &AliveRecord) -> bool {
         && a.route_conflicts == b.route_conflicts
         && a.wireguard == b.wireguard
         && a.wireguard_reason == b.wireguard_reason
+        && a.version == b.version
         && a.replica == b.replica
 }
 
@@ -343,6 +344,7 @@ impl Hub {
             wireguard: String::new(),
             wireguard_reason: String::new(),
             replica: self.replica.clone(),
+            version: String::new(),
         };
         // Host facts come now and then; the last ones hold meanwhile.
         let h = match host {
@@ -359,6 +361,7 @@ impl Hub {
             record.route_conflicts = h.route_conflicts;
             record.wireguard = h.wireguard;
             record.wireguard_reason = h.wireguard_reason;
+            record.version = h.version;
         }
         if let Some(l) = self.liveness.book.lock().unwrap().live.get_mut(&key) {
             l.heard = std::time::Instant::now();

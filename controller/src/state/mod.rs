@@ -584,4 +584,7 @@ pub struct AliveRecord {
     /// records of earlier versions).
     #[serde(default)]
     pub replica: String,
+    /// The agent's release, as it reported (empty: one before 0.1.0).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
 }

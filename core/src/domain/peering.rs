@@ -204,6 +204,10 @@ pub struct RemoteSite {
     /// It takes transit routes of IPv6 CIDRs only (`NetworkParams.transit_v6`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub transit_v6: bool,
+    /// The release of its controller, as it said (empty: one before
+    /// 0.1.0, which does not say).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
     /// The sites it offers to reach through it (checked: see
     /// `transit::check_routes`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

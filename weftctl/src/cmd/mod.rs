@@ -12,3 +12,4 @@ pub mod status;
 pub mod test_network;
 pub mod tokens;
 pub mod topology;
+pub mod version;

@@ -53,6 +53,9 @@ impl AgentApi {
                 h.wireguard = "unknown".into();
             }
             h.wireguard_reason = clip(&h.wireguard_reason);
+            if !weft_types::version::plausible(&h.version) {
+                h.version = "unknown".into();
+            }
         }
         if role == AgentRole::Gateway {
             let tunnels: Vec<pb::TunnelStatus> = r
