@@ -963,15 +963,7 @@ fn two_sites_whose_udp_is_blocked_connect_over_tls_through_a_relay_site_and_retu
     let wa = s.wa_from_b.clone();
     s.reach_quickly("wb", &wa, Duration::from_secs(5));
     weft_tests::step("an IPv6 workload reaches the other site through the relay, over TLS");
-    let v6 = s.workloads_v6();
-    let wb6 = v6.iter().find(|w| w.0 == "wb").unwrap().2.clone();
-    weft_tests::eventually("wa reaching wb over IPv6", Duration::from_secs(20), || {
-        s.lab
-            .exec(&s.ns["wa"], &["ping", "-6", "-c", "1", "-W", "1", &wb6])
-            .status
-            .success()
-            .then_some(())
-    });
+    s.reach_v6("wa", "wb");
     for gw in ["gwa", "gwb"] {
         // Its tunnel to the relay site, and the relayed one.
         assert_eq!(over_tls(&s, gw), 2.0, "{gw}: tunnels over TLS");
@@ -1084,15 +1076,7 @@ fn two_sites_behind_stateful_ipv6_firewalls_connect_by_hole_punching() {
         );
     }
     weft_tests::step("an IPv6 workload reaches the other site through the punched tunnel");
-    let v6 = s.workloads_v6();
-    let wb6 = v6.iter().find(|w| w.0 == "wb").unwrap().2.clone();
-    weft_tests::eventually("wa reaching wb over IPv6", Duration::from_secs(20), || {
-        s.lab
-            .exec(&s.ns["wa"], &["ping", "-6", "-c", "1", "-W", "1", &wb6])
-            .status
-            .success()
-            .then_some(())
-    });
+    s.reach_v6("wa", "wb");
     weft_tests::step("both firewalls forget their state: back within 8 s");
     for r in [&a.router, &b.router] {
         let o = s.lab.exec(r, &["conntrack", "-F"]);
@@ -1153,15 +1137,7 @@ fn two_ipv6_sites_without_a_direct_path_connect_through_a_relay_over_ipv6() {
     let wa = s.wa_from_b.clone();
     s.reach_quickly("wb", &wa, Duration::from_secs(5));
     weft_tests::step("an IPv6 workload reaches the other site through the relay");
-    let v6 = s.workloads_v6();
-    let wb6 = v6.iter().find(|w| w.0 == "wb").unwrap().2.clone();
-    weft_tests::eventually("wa reaching wb over IPv6", Duration::from_secs(20), || {
-        s.lab
-            .exec(&s.ns["wa"], &["ping", "-6", "-c", "1", "-W", "1", &wb6])
-            .status
-            .success()
-            .then_some(())
-    });
+    s.reach_v6("wa", "wb");
     let m = s.scrape("gwr1");
     let relayed = weft_tests::sites::metric(
         &m,

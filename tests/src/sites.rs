@@ -686,6 +686,25 @@ impl TwoSites {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+
+    /// Waits until workload `from` reaches workload `to` over IPv6 (at
+    /// `to`'s address as `from`'s site sees it, [`TwoSites::workloads_v6`]),
+    /// for at most 20 s.
+    pub fn reach_v6(&self, from: &str, to: &str) {
+        let v6 = self.workloads_v6();
+        let addr = v6.iter().find(|w| w.0 == to).expect("a workload").2.clone();
+        crate::eventually(
+            &format!("{from} reaching {to} over IPv6"),
+            Duration::from_secs(20),
+            || {
+                self.lab
+                    .exec(&self.ns[from], &["ping", "-6", "-c", "1", "-W", "1", &addr])
+                    .status
+                    .success()
+                    .then_some(())
+            },
+        );
+    }
 }
 
 /// Times (s) of the answered pings in a `ping -D` log.

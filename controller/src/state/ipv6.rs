@@ -237,48 +237,28 @@ pub(super) fn plan_transit(
         }
     }
     used.extend(p.views_v6.iter().map(|v| v.local));
+    let from = super::views::TransitFrom {
+        peer: &p.site_id,
+        own: &p.views_v6,
+        pools: &v6.remap_pools,
+        public: &v6.peer_public_cidrs,
+        family: " over IPv6",
+    };
     let mut planned: Vec<crate::domain::TransitView<Ipv6Net>> = Vec::new();
     for route in &remote.transit_routes {
         let offered = weft_core::transit::cidrs_v6(route);
         if offered.is_empty() {
             continue;
         }
-        if let Some(v) = p
-            .views_v6
-            .iter()
-            .find(|v| offered.iter().any(|(_, c)| ipam::overlaps(c, &v.real)))
-        {
-            tracing::warn!(
-                peer = %p.site_id,
-                site = %route.site,
-                "not reaching site {:?} through {:?} over IPv6: it offers a CIDR over its own {}",
-                route.site,
-                p.site_id,
-                v.real
-            );
-            continue;
-        }
         let mut in_use = used.clone();
         in_use.extend(planned.iter().map(|t| t.view.local));
-        let keep: Vec<View<Ipv6Net>> = p
-            .transit_views_v6
-            .iter()
-            .filter(|t| t.site == route.site)
-            .map(|t| t.view.clone())
-            .collect();
-        match ipam::plan_views_keeping(&offered, &in_use, &v6.remap_pools, &v6.peer_public_cidrs, &keep, true) {
-            Ok(views) => planned.extend(views.into_iter().map(|view| crate::domain::TransitView {
-                site: route.site.clone(),
-                view,
-            })),
-            Err(e) => tracing::warn!(
-                peer = %p.site_id,
-                site = %route.site,
-                "not reaching site {:?} through {:?} over IPv6: {e}",
-                route.site,
-                p.site_id
-            ),
-        }
+        planned.extend(super::views::plan_route(
+            &from,
+            &route.site,
+            &offered,
+            &in_use,
+            &p.transit_views_v6,
+        ));
     }
     planned
 }

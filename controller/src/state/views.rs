@@ -89,26 +89,15 @@ impl State {
         if !(p.transit && remote.transit) || site.pod_cidrs.is_empty() {
             return vec![];
         }
+        let from = TransitFrom {
+            peer: &p.site_id,
+            own: &p.views,
+            pools: &site.remap_pools,
+            public: &site.peer_public_cidrs,
+            family: "",
+        };
         let mut planned: Vec<crate::domain::TransitView> = Vec::new();
         for route in &remote.transit_routes {
-            let offered = crate::transit::cidrs(route);
-            // Not over what this site routes to the hub itself (its
-            // recorded CIDRs, also while a change of them is held).
-            if let Some(v) = p
-                .views
-                .iter()
-                .find(|v| offered.iter().any(|(_, c)| ipam::overlaps(c, &v.real)))
-            {
-                tracing::warn!(
-                    peer = %p.site_id,
-                    site = %route.site,
-                    "not reaching site {:?} through {:?}: it offers a CIDR over its own {}",
-                    route.site,
-                    p.site_id,
-                    v.real
-                );
-                continue;
-            }
             // In use for this plan: everything but this peering's own
             // views (re-planned here, its direct ones added as they will
             // be). A direct peering's views of the same site stay in use
@@ -119,27 +108,71 @@ impl State {
             used.extend(p.views.iter().map(|v| v.local));
             used.extend(planned.iter().map(|t| t.view.local));
             used.extend(avoid.iter().copied());
-            let keep: Vec<crate::ipam::View> = p
-                .transit_views
-                .iter()
-                .filter(|t| t.site == route.site)
-                .map(|t| t.view.clone())
-                .collect();
-            match ipam::plan_views_keeping(&offered, &used, &site.remap_pools, &site.peer_public_cidrs, &keep, true) {
-                Ok(views) => planned.extend(views.into_iter().map(|view| crate::domain::TransitView {
-                    site: route.site.clone(),
-                    view,
-                })),
-                Err(e) => tracing::warn!(
-                    peer = %p.site_id,
-                    site = %route.site,
-                    "not reaching site {:?} through {:?}: {e}",
-                    route.site,
-                    p.site_id
-                ),
-            }
+            let offered = crate::transit::cidrs(route);
+            planned.extend(plan_route(&from, &route.site, &offered, &used, &p.transit_views));
         }
         planned
+    }
+}
+
+/// What one family's transit views through peer `peer` are planned
+/// from: the peer's own views of that family (an offer over one of their
+/// real CIDRs is refused), the site's remap pools and the public CIDRs it
+/// takes; `family` names it in the log (" over IPv6", or "").
+pub(super) struct TransitFrom<'a, N: ipam::Prefix> {
+    pub peer: &'a str,
+    pub own: &'a [ipam::View<N>],
+    pub pools: &'a [N],
+    pub public: &'a [N],
+    pub family: &'static str,
+}
+
+/// The views of transit route `site`'s `offered` CIDRs through
+/// `from.peer`, in blocks free of `used`, keeping those of `kept` (the
+/// peering's transit views) of that site: none (logged) when an offered
+/// CIDR is over one of the peer's own, or the plan fails (an exhausted
+/// pool, a public CIDR this site does not take).
+pub(super) fn plan_route<N: ipam::Prefix>(
+    from: &TransitFrom<'_, N>,
+    site: &str,
+    offered: &[(CidrKind, N)],
+    used: &[N],
+    kept: &[crate::domain::TransitView<N>],
+) -> Vec<crate::domain::TransitView<N>> {
+    let TransitFrom {
+        peer,
+        own,
+        pools,
+        public,
+        family,
+    } = from;
+    // Not over what this site routes to the hub itself (its recorded
+    // CIDRs, also while a change of them is held).
+    if let Some(v) = own
+        .iter()
+        .find(|v| offered.iter().any(|(_, c)| ipam::overlaps(c, &v.real)))
+    {
+        tracing::warn!(
+            %peer,
+            %site,
+            "not reaching site {site:?} through {peer:?}{family}: it offers a CIDR over its own {}",
+            v.real
+        );
+        return vec![];
+    }
+    let keep: Vec<ipam::View<N>> = kept.iter().filter(|t| t.site == site).map(|t| t.view.clone()).collect();
+    match ipam::plan_views_keeping(offered, used, pools, public, &keep, true) {
+        Ok(views) => views
+            .into_iter()
+            .map(|view| crate::domain::TransitView {
+                site: site.to_string(),
+                view,
+            })
+            .collect(),
+        Err(e) => {
+            tracing::warn!(%peer, %site, "not reaching site {site:?} through {peer:?}{family}: {e}");
+            vec![]
+        }
     }
 }
 
