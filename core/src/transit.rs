@@ -185,16 +185,7 @@ pub fn check_routes(
         };
         for (f, kind, text) in cidrs {
             let c = parse_cidr(text).map_err(|m| format!("{f}: {m}"))?;
-            ipam::check_claimable(kind, &c).map_err(|e| format!("{f}: {e}"))?;
-            if let Some(o) = own.iter().find(|o| ipam::overlaps(*o, &c)) {
-                return Err(format!(
-                    "{f}: {c} overlaps the sending site's own CIDR {o}; its views of other sites never do"
-                ));
-            }
-            if let Some((s, o)) = seen.iter().find(|(_, o)| ipam::overlaps(o, &c)) {
-                return Err(format!("{f}: {c} overlaps {o}, offered for site {s:?}"));
-            }
-            seen.push((r.site.clone(), c));
+            offered_cidr(&f, kind, c, &own, &mut seen, &r.site)?;
             match kind {
                 CidrKind::Workload => route.workload_cidrs.push(c),
                 CidrKind::External => route.external_cidr = Some(c),
@@ -251,16 +242,7 @@ pub fn check_routes_v6(
                 .map_err(|m| format!("{f}: {m}"))?
                 .v6()
                 .ok_or_else(|| format!("{f}: {text} is IPv4; IPv4 CIDRs go in the IPv4 fields"))?;
-            ipam::check_claimable(kind, &c).map_err(|e| format!("{f}: {e}"))?;
-            if let Some(o) = own.iter().find(|o| ipam::overlaps(*o, &c)) {
-                return Err(format!(
-                    "{f}: {c} overlaps the sending site's own CIDR {o}; its views of other sites never do"
-                ));
-            }
-            if let Some((s, o)) = seen.iter().find(|(_, o)| ipam::overlaps(o, &c)) {
-                return Err(format!("{f}: {c} overlaps {o}, offered for site {s:?}"));
-            }
-            seen.push((r.site.clone(), c));
+            offered_cidr(&f, kind, c, &own, &mut seen, &r.site)?;
             match kind {
                 CidrKind::Workload => route.workload_cidrs_v6.push(c),
                 CidrKind::External => route.external_cidr_v6 = Some(c),
@@ -279,6 +261,30 @@ pub fn cidrs_v6(route: &TransitRoute) -> Vec<(CidrKind, Ipv6Net)> {
         .collect();
     v.extend(route.external_cidr_v6.map(|c| (CidrKind::External, c)));
     v
+}
+
+/// Checks CIDR `c` (of `kind`, field `f`) that a peer offers for `site`:
+/// one a site could own, over none of the sender's own (`own`) nor of those
+/// offered before it (`seen`, which it joins).
+fn offered_cidr<N: ipam::Prefix>(
+    f: &str,
+    kind: CidrKind,
+    c: N,
+    own: &[N],
+    seen: &mut Vec<(String, N)>,
+    site: &str,
+) -> Result<(), String> {
+    ipam::check_claimable(kind, &c).map_err(|e| format!("{f}: {e}"))?;
+    if let Some(o) = own.iter().find(|o| ipam::overlaps(*o, &c)) {
+        return Err(format!(
+            "{f}: {c} overlaps the sending site's own CIDR {o}; its views of other sites never do"
+        ));
+    }
+    if let Some((s, o)) = seen.iter().find(|(_, o)| ipam::overlaps(o, &c)) {
+        return Err(format!("{f}: {c} overlaps {o}, offered for site {s:?}"));
+    }
+    seen.push((site.to_string(), c));
+    Ok(())
 }
 
 /// The peer CIDRs of `route`, by kind, as [`ipam::plan_views`] takes them.

@@ -175,41 +175,12 @@ pub(super) fn peering(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> O
         obj(format!("{base}v6/tunnel-rule"), tunnel_rule(ids, true)),
     ]);
     for (i, v) in views.iter().enumerate() {
-        let id = format!("{base}v6/{i}");
-        out.extend([
-            obj(
-                format!("{id}/via"),
-                route("", TABLE, v.local.to_string(), Some(VETH_INNER), &ids.outer),
-            ),
-            obj(format!("{id}/rule"), host_rule(v.local)),
-            obj(
-                format!("{id}/tunnel"),
-                route(&ids.ns, NS_TUNNEL_TABLE, v.real.to_string(), None, &ids.link),
-            ),
-        ]);
-        if v.remapped() {
-            out.extend([obj(format!("{id}/nat"), nat_map(&ids.ns, v.real, v.local, &ids.link))]);
-        }
+        out.extend(into_tunnel(&format!("{base}v6/{i}"), v, ids));
     }
     // On a spoke: the sites reached through this peer, as its own views
     // are (see `transit_spoke`).
     for (i, t) in crate::transit::rendered_v6(&m.peerings, p) {
-        let id = format!("{base}transit/{}/v6/{i}", t.site);
-        let v = &t.view;
-        out.extend([
-            obj(
-                format!("{id}/via"),
-                route("", TABLE, v.local.to_string(), Some(VETH_INNER), &ids.outer),
-            ),
-            obj(format!("{id}/rule"), host_rule(v.local)),
-            obj(
-                format!("{id}/tunnel"),
-                route(&ids.ns, NS_TUNNEL_TABLE, v.real.to_string(), None, &ids.link),
-            ),
-        ]);
-        if v.remapped() {
-            out.extend([obj(format!("{id}/nat"), nat_map(&ids.ns, v.real, v.local, &ids.link))]);
-        }
+        out.extend(into_tunnel(&format!("{base}transit/{}/v6/{i}", t.site), &t.view, ids));
     }
     // On a hub: what comes out of this peer's tunnel for another transit
     // peer goes back to the gateway (see `transit_hub`).
@@ -226,6 +197,27 @@ pub(super) fn peering(m: &Model, p: &Peering, base: &str, ids: &PeeringIds) -> O
             format!("{base}v6/back/{i}"),
             route(&ids.ns, 0, c.to_string(), Some(VETH_OUTER), &ids.inner),
         )]);
+    }
+    out
+}
+
+/// An IPv6 view `v` (ids under `id`): routed from the gateway into the
+/// peering's namespace and from there into the tunnel, with this site's
+/// view mapped to the peer's address (1:1 NAT) when they differ.
+fn into_tunnel(id: &str, v: &View<Ipv6Net>, ids: &PeeringIds) -> Objects {
+    let mut out = Objects::from([
+        obj(
+            format!("{id}/via"),
+            route("", TABLE, v.local.to_string(), Some(VETH_INNER), &ids.outer),
+        ),
+        obj(format!("{id}/rule"), host_rule(v.local)),
+        obj(
+            format!("{id}/tunnel"),
+            route(&ids.ns, NS_TUNNEL_TABLE, v.real.to_string(), None, &ids.link),
+        ),
+    ]);
+    if v.remapped() {
+        out.extend([obj(format!("{id}/nat"), nat_map(&ids.ns, v.real, v.local, &ids.link))]);
     }
     out
 }
