@@ -213,7 +213,10 @@ fn weftctl_version_shows_every_release_and_none_outside_the_policy() {
     assert_eq!(v["peers"][0]["version"], release, "{v}");
     let outside = v.to_string();
     assert!(!outside.contains("outside_policy\":\""), "{v}");
-    let report = weft_tests::weftctl_json(&s.ta, &["diagnose"]);
+    // Only the version checks matter here: another check may FAIL for a
+    // moment on a loaded machine (a handshake not yet renewed), which
+    // makes diagnose exit 1 with a whole report.
+    let report = weft_tests::weftctl_diagnose(&s.ta, &[]);
     let versions: Vec<&serde_json::Value> = report["checks"]
         .as_array()
         .unwrap()
