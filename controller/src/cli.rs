@@ -32,6 +32,23 @@ pub enum Command {
     /// The admin client bundle.
     #[command(subcommand)]
     AdminCert(AdminCertCommand),
+    /// Take a consistent copy of the running site's state (through the
+    /// admin socket, on either store) and the site CA, into FILE.
+    Backup {
+        /// Where to write the backup (mode 0600: it holds the CA key).
+        #[arg(long, value_name = "FILE")]
+        out: std::path::PathBuf,
+        /// Leave the CA key out (restore then needs <data-dir>/pki/ca.key).
+        #[arg(long)]
+        without_ca_key: bool,
+    },
+    /// Restore a backup onto this configuration's stopped, empty store
+    /// (and its site CA, if <data-dir>/pki has none).
+    Restore {
+        /// A file `weft-controller backup` wrote.
+        #[arg(value_name = "FILE")]
+        file: std::path::PathBuf,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -82,8 +99,11 @@ pub fn main() -> ExitCode {
             }
         };
     }
-    if let Some(Command::AdminCert(AdminCertCommand::Rotate)) = cli.command {
-        return rotate_admin_cert(&cfg);
+    match &cli.command {
+        Some(Command::AdminCert(AdminCertCommand::Rotate)) => return rotate_admin_cert(&cfg),
+        Some(Command::Backup { out, without_ca_key }) => return backup(&cfg, out, *without_ca_key),
+        Some(Command::Restore { file }) => return restore(&cfg, file),
+        _ => {}
     }
     raise_open_files_limit();
     let rt = match tokio::runtime::Runtime::new() {
@@ -157,6 +177,84 @@ fn rotate_admin_cert(cfg: &config::ControllerConfig) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Runtime::new()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(f))
+}
+
+fn backup(cfg: &config::ControllerConfig, out: &std::path::Path, without_key: bool) -> ExitCode {
+    match block_on(crate::backup::take(cfg, out, without_key)) {
+        Ok(f) => {
+            let h = f.header.unwrap_or_default();
+            println!("backup of site {}: {}", h.site_id, out.display());
+            println!("store revision:   {} ({} store)", h.revision, h.store);
+            println!(
+                "records:          {} ({})",
+                h.records,
+                crate::backup::summary(&f.records)
+            );
+            if f.ca_key_pem.is_empty() {
+                println!("site CA:          the certificate only (--without-ca-key): keep pki/ca.key safe apart");
+            } else {
+                println!("site CA:          certificate and key: keep this file as secret as pki/ca.key");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("weft-controller: backup failed: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn restore(cfg: &config::ControllerConfig, file: &std::path::Path) -> ExitCode {
+    let r = match block_on(crate::backup::restore(cfg, file)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("weft-controller: restore failed: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let h = r.file.header.clone().unwrap_or_default();
+    let taken = h
+        .taken_at
+        .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t.seconds).ok())
+        .and_then(|d| d.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_else(|| "an unknown time".into());
+    if r.restarted {
+        println!("an earlier restore had been cut short: started over");
+    }
+    println!("restored site {} into {}", h.site_id, r.store);
+    println!(
+        "from a backup taken at {taken} (revision {}, release {}, {} store)",
+        h.revision, h.controller_version, h.store
+    );
+    println!(
+        "records:          {} ({})",
+        h.records,
+        crate::backup::summary(&r.file.records)
+    );
+    match &r.wrote_ca {
+        Some(dir) => println!("site CA:          written to {}", dir.display()),
+        None => println!(
+            "site CA:          the one already in {}/pki (the backup's)",
+            cfg.data_dir.display()
+        ),
+    }
+    println!("not brought back, because it happened after {taken}:");
+    println!(
+        "  - agents enrolled since: their records are gone, so they are refused; enroll them again with new tokens"
+    );
+    println!("  - agents, peerings and names removed since are back: remove them again");
+    println!("  - peerings made since are gone here but not on the peer: delete them there and peer again");
+    println!("  - tokens issued since are unknown: issue them again");
+    println!("  - certificates revoked since are trusted again: remove those agents again");
+    println!("  - changes to the site's configuration, export policies and transit made through the API since");
+    println!("start the controller now: agents keep their state and resume where they are.");
+    ExitCode::SUCCESS
 }
 
 #[cfg(test)]

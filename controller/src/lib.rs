@@ -12,6 +12,7 @@
 
 pub mod admission;
 pub mod auth;
+pub mod backup;
 pub mod cli;
 pub mod config;
 pub mod diagnose;

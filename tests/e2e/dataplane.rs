@@ -337,6 +337,7 @@ fn cross_site(tag: &str, a: (&str, &str), b: (&str, &str), opts: sites::Opts, ex
         wa_from_b,
         workloads,
         gateway_a2: _,
+        etcd_a: _,
         etcd_b: _,
         nat_a: _,
         nat_b: _,

@@ -4,6 +4,7 @@
 mod addressing;
 mod admin_api;
 mod agent_enrollment;
+mod backup;
 mod bad_input;
 mod config_errors;
 mod crash_consistency;

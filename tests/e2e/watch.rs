@@ -170,7 +170,7 @@ async fn snapshot_fallback_when_a_delta_is_impossible_or_pointless() {
     let mut n1 = enroll(&c, pb::AgentRole::Node, "n1", "192.168.1.1", None).await;
     enroll(&c, pb::AgentRole::Gateway, "gw", "192.168.1.100", None).await;
     let rev = c.revision().await;
-    // a revision this store never reached (the agent came from elsewhere)
+    // a revision this store never reached, holding nothing
     let mut s = n1
         .watch(pb::WatchRequest {
             last_revision: rev + 1000,
@@ -188,6 +188,31 @@ async fn snapshot_fallback_when_a_delta_is_impossible_or_pointless() {
         5,
         "overlay link, address, host NAT, and the overlay's route and rule"
     );
+    drop(s);
+    // a revision this store never reached (it was restored from a backup,
+    // or is a new etcd) holding what it would be given: the difference,
+    // which is nothing
+    let held: Vec<pb::ObjectVersion> = snap
+        .objects
+        .iter()
+        .map(|o| pb::ObjectVersion {
+            id: o.id.clone(),
+            hash: weft_proto::object_hash(o),
+        })
+        .collect();
+    let mut s = n1
+        .watch(pb::WatchRequest {
+            last_revision: rev + 1000,
+            known: held,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(Kind::Delta(d)) = next(&mut s).await.kind else {
+        panic!("expected a delta")
+    };
+    assert_eq!((d.upserts.len(), d.deletes.len()), (0, 0));
     drop(s);
     // a revision in reach but nothing in common: the snapshot is no larger
     let stale = vec![

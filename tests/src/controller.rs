@@ -273,6 +273,12 @@ impl Controller {
         self.child = Some(child);
     }
 
+    /// Runs `weft-controller` with its flags and then `extra` (a
+    /// subcommand such as `backup`), in its place, and waits for it.
+    pub fn run_command(&self, extra: &[&str]) -> std::process::Output {
+        self.command().args(extra).output().unwrap()
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -42,6 +42,8 @@ pub struct TwoSites {
     pub gateway_a2: Option<usize>,
     /// Site b's etcd's process index in `lab`.
     pub etcd_b: Option<usize>,
+    /// Site a's etcd's process index (with `Opts::site_a_etcd`).
+    pub etcd_a: Option<usize>,
     /// Site a's private LAN and its router, when it is behind NAT.
     pub nat_a: Option<crate::netns::NatLan>,
     /// Site b's, when it is.
@@ -373,10 +375,10 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
     let etcd_b = (!opts.site_b_embedded)
         .then(|| lab.spawn_etcd(&ns["ctlb"], &dir.path().join("etcd")))
         .flatten();
-    if opts.site_a_etcd {
+    let etcd_a = opts.site_a_etcd.then(|| {
         lab.spawn_etcd(&ns["ctla"], &dir.path().join("etcd-a"))
-            .expect("etcd for site a");
-    }
+            .expect("etcd for site a")
+    });
     let plan_a = Plan {
         site: site_a,
         pod: pod_a,
@@ -467,6 +469,7 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         wa_from_b,
         workloads,
         gateway_a2,
+        etcd_a,
         etcd_b,
         nat_a,
         nat_b,

@@ -236,6 +236,13 @@ async fn open_site(
     store: Arc<dyn Store>,
 ) -> anyhow::Result<(State, Arc<Authenticator>)> {
     let state = State::new(store, &cfg.site.id);
+    let marker = state.at(crate::state::layout::Key::Restoring);
+    if state.store().get(&marker).await?.is_some() {
+        bail!(
+            "cannot start this controller: the store holds a restore that was cut short ({marker}); \
+             run `weft-controller restore FILE` again with the same backup"
+        );
+    }
     // Replicas on one etcd must hold the same site CA.
     state
         .check_ca(&pki.ca.fingerprint)

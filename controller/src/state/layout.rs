@@ -31,6 +31,10 @@ pub enum Key<'a> {
     Alive(AgentRole, &'a str),
     /// A revoked certificate, by serial.
     Revoked(&'a str),
+    /// Written first and removed last by `weft-controller restore`: while
+    /// it is there the store holds part of a backup, and no controller
+    /// starts on it.
+    Restoring,
 }
 
 /// A family of keys, for reading or watching all of them.
@@ -66,6 +70,7 @@ impl<'a> Key<'a> {
             Key::CaFingerprint => "ca-fingerprint".into(),
             Key::Leader => "leader".into(),
             Key::GatewayActive => "gateway-active".into(),
+            Key::Restoring => "restoring".into(),
             Key::Node(n) => format!("nodes/{n}"),
             Key::Gateway(n) => format!("gateways/{n}"),
             Key::Peering(n) => format!("peerings/{n}"),
@@ -86,6 +91,7 @@ impl<'a> Key<'a> {
             "ca-fingerprint" => Some(Key::CaFingerprint),
             "leader" => Some(Key::Leader),
             "gateway-active" => Some(Key::GatewayActive),
+            "restoring" => Some(Key::Restoring),
             _ => None,
         };
         if fixed.is_some() {
@@ -138,6 +144,7 @@ mod tests {
             Key::Alive(AgentRole::Node, "n1"),
             Key::Alive(AgentRole::Gateway, "gw"),
             Key::Revoked("0a1b"),
+            Key::Restoring,
         ];
         for k in keys {
             let p = k.path();

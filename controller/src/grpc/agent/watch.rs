@@ -73,11 +73,14 @@ impl Held {
 }
 
 /// The first message of a stream: the difference from what the agent says
-/// it holds, or a snapshot when it holds nothing, claims a revision this
-/// store never reached, or the difference would be no smaller.
+/// it holds, or a snapshot when it holds nothing or the difference would
+/// be no smaller.
 pub(super) fn first_message(held: &Held, revision: i64, last: i64, known: &[pb::ObjectVersion]) -> wire::WatchResponse {
     let objects = held.encoded();
-    if last > 0 && last <= revision {
+    // The known hashes say exactly what the agent holds, whatever its
+    // revision: one past this store's (a store restored from a backup, a
+    // new etcd) still gets the difference, not a snapshot.
+    if last > 0 {
         let by_id: std::collections::HashMap<&str, u64> = known.iter().map(|k| (k.id.as_str(), k.hash)).collect();
         let upserts: Vec<Encoded> = objects
             .iter()
