@@ -72,6 +72,20 @@ phase "cargo build" cargo build --workspace --all-targets
 # The Debian packages, from that build (the real-hosts lane installs them),
 # checked by lintian.
 phase "packages (deploy/package.sh --profile dev)" deploy/package.sh --profile dev --no-build
+# The last release's binaries, built from its tag, for the upgrade lane
+# (tests/e2e/upgrade.rs runs them beside this build).
+prev_release() {
+    local out
+    if out=$(tests/prev-release.sh); then
+        WEFT_PREV_BIN_DIR=$(tail -n 1 <<<"$out")
+        export WEFT_PREV_BIN_DIR
+    elif [ "${CI:-}" = true ]; then
+        return 1
+    else
+        echo "tests/run.sh: the last release could not be built; the upgrade lane will say NOT RUN" >&2
+    fi
+}
+phase "previous release (tests/prev-release.sh)" prev_release
 # Every test, in passes. The first runs the unit, property and end-to-end
 # tests side by side (two at a time, libtest's default on 2 cores); the
 # tests that measure time or load the machine whole get it to themselves,

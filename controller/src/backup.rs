@@ -271,9 +271,13 @@ pub struct Restored {
 }
 
 /// `weft-controller restore`: checks `path`, puts the site CA in place and
-/// writes the records onto the configured store, which must be empty (or
-/// hold only a restore that was cut short).
-pub async fn restore(cfg: &ControllerConfig, path: &Path) -> anyhow::Result<Restored> {
+/// writes the records onto the configured store, opened by `open` once
+/// the file and the CA are found good; the store must be empty (or hold
+/// only a restore that was cut short).
+pub async fn restore<F>(cfg: &ControllerConfig, path: &Path, open: F) -> anyhow::Result<Restored>
+where
+    F: std::future::Future<Output = anyhow::Result<std::sync::Arc<dyn crate::store::Store>>>,
+{
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let file = decode(&bytes).map_err(|e| anyhow::anyhow!("{} cannot be restored: {e}", path.display()))?;
     validate(&file, &cfg.site.id).map_err(|e| anyhow::anyhow!("{} cannot be restored: {e}", path.display()))?;
@@ -284,7 +288,7 @@ pub async fn restore(cfg: &ControllerConfig, path: &Path) -> anyhow::Result<Rest
         );
     }
     let wrote_ca = put_ca(&cfg.data_dir.join("pki"), &file)?;
-    let store = crate::server::open_store(cfg).await?;
+    let store = open.await?;
     let where_ = match &cfg.store {
         StoreConfig::Embedded { path, .. } => format!("the embedded store {}", path.display()),
         StoreConfig::Etcd { endpoints, .. } => format!("etcd at {}", endpoints.join(",")),

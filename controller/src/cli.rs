@@ -211,7 +211,7 @@ fn backup(cfg: &config::ControllerConfig, out: &std::path::Path, without_key: bo
 }
 
 fn restore(cfg: &config::ControllerConfig, file: &std::path::Path) -> ExitCode {
-    let r = match block_on(crate::backup::restore(cfg, file)) {
+    let r = match block_on(crate::backup::restore(cfg, file, crate::server::open_store(cfg))) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("weft-controller: restore failed: {e:#}");

@@ -50,15 +50,6 @@ fn state(target: &str) -> Vec<Value> {
         .collect()
 }
 
-/// The answered pings' sequence numbers in a `ping` log.
-fn answered_seqs(log: &std::path::Path) -> Vec<u64> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split("icmp_seq=").nth(1)?.split_whitespace().next()?.parse().ok())
-        .collect()
-}
-
 fn drill(tag: &str, on_etcd: bool) {
     if !weft_tests::netns::require_root() {
         return;
@@ -179,7 +170,10 @@ fn drill(tag: &str, on_etcd: bool) {
     }
     std::thread::sleep(Duration::from_secs(3));
     s.lab.proc(ping).stop();
-    let seqs = answered_seqs(&ping_log);
+    let seqs: Vec<u64> = weft_tests::ping_answers(&std::fs::read_to_string(&ping_log).unwrap())
+        .into_iter()
+        .map(|(_, seq)| seq)
+        .collect();
     let (first, last) = (seqs[0], *seqs.last().unwrap());
     let lost = (last - first + 1) as usize - seqs.len();
     eprintln!(

@@ -33,6 +33,7 @@ mod restart;
 mod state_ipam;
 mod store_conformance;
 mod transit;
+mod upgrade;
 mod vm;
 mod watch;
 mod wg_device;

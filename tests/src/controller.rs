@@ -28,6 +28,7 @@ pub struct ControllerSpec {
     admin_socket: Option<PathBuf>,
     mount_of: Option<u32>,
     flags: Vec<String>,
+    bins: Option<PathBuf>,
 }
 
 /// Where a controller runs.
@@ -55,7 +56,15 @@ impl ControllerSpec {
             admin_socket: None,
             mount_of: None,
             flags: Vec::new(),
+            bins: None,
         }
+    }
+
+    /// Runs the `weft-controller` in `dir` (another release's, see
+    /// [`crate::prev_release`]) instead of this workspace's.
+    pub fn bins(mut self, dir: &Path) -> Self {
+        self.bins = Some(dir.to_path_buf());
+        self
     }
 
     /// Its `--admin-socket` (default: `admin.sock` in its data directory).
@@ -160,6 +169,8 @@ pub struct Controller {
     args: Vec<String>,
     log: PathBuf,
     place: Place,
+    /// Where its binary is (None: this workspace's).
+    bins: Option<PathBuf>,
     launches: u32,
     _tmp: Option<tempfile::TempDir>,
 }
@@ -205,6 +216,7 @@ impl Controller {
             listen,
             args,
             place,
+            bins: spec.bins,
             launches: 0,
             _tmp: tmp,
         }
@@ -213,16 +225,20 @@ impl Controller {
     /// The command that runs it in its place. nsenter execs the
     /// controller: the child is the controller itself.
     fn command(&self) -> Command {
+        let program = self
+            .bins
+            .as_ref()
+            .map_or_else(|| bin("weft-controller"), |d| d.join("weft-controller"));
         let mut cmd = match &self.place {
-            Place::Here => Command::new(bin("weft-controller")),
+            Place::Here => Command::new(program),
             Place::Host(ns) => {
                 let mut c = Command::new("nsenter");
-                c.arg(format!("--net=/run/netns/{ns}")).arg(bin("weft-controller"));
+                c.arg(format!("--net=/run/netns/{ns}")).arg(program);
                 c
             }
             Place::MountOf(pid) => {
                 let mut c = Command::new("nsenter");
-                c.arg(format!("--mount=/proc/{pid}/ns/mnt")).arg(bin("weft-controller"));
+                c.arg(format!("--mount=/proc/{pid}/ns/mnt")).arg(program);
                 c
             }
         };
@@ -327,6 +343,12 @@ impl Controller {
             .position(|a| a == flag)
             .unwrap_or_else(|| panic!("{flag} was not given"));
         self.args[i + 1] = value.to_string();
+    }
+
+    /// Runs the `weft-controller` in `dir` from its next start (None: this
+    /// workspace's): an upgrade, after [`Controller::stop`].
+    pub fn set_bins(&mut self, dir: Option<&Path>) {
+        self.bins = dir.map(Path::to_path_buf);
     }
 
     /// Starts it again after [`Controller::stop`] or [`Controller::kill`],

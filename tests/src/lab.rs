@@ -39,6 +39,9 @@ pub struct AgentSpec {
     /// A gateway's `--endpoint` (`ip:51820`, `[ip]:51820` for IPv6);
     /// false: none, it only dials out (behind NAT).
     pub endpoint: bool,
+    /// Where its binary is: another release's (see [`crate::prev_release`]);
+    /// None: this workspace's.
+    pub bins: Option<PathBuf>,
 }
 
 impl AgentSpec {
@@ -53,6 +56,7 @@ impl AgentSpec {
             own_host: false,
             flags: Vec::new(),
             endpoint: true,
+            bins: None,
         }
     }
 
@@ -174,7 +178,8 @@ impl Lab {
             args.extend(["--subnet".to_string(), s.clone()]);
         }
         args.extend(a.flags.iter().cloned());
-        let program = bin(&format!("weft-{}-agent", a.kind));
+        let name = format!("weft-{}-agent", a.kind);
+        let program = a.bins.as_ref().map_or_else(|| bin(&name), |d| d.join(&name));
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         // Not with_extension: a prefix such as an address has dots.
         let log = PathBuf::from(format!("{}.log", state.display()));

@@ -80,6 +80,33 @@ pub fn bin_dir() -> PathBuf {
     }
 }
 
+/// The previous release's binaries, for the upgrade lane: its version and
+/// the directory holding them (`WEFT_PREV_BIN_DIR`, which tests/run.sh
+/// sets after tests/prev-release.sh built them from the release's tag; the
+/// version is in the directory's `VERSION`). None when they were not
+/// built: a test then says it did not run, and under CI=true fails.
+pub fn prev_release() -> Option<(&'static str, &'static Path)> {
+    static PREV: std::sync::OnceLock<Option<(String, PathBuf)>> = std::sync::OnceLock::new();
+    let found = PREV.get_or_init(|| {
+        let dir = PathBuf::from(std::env::var_os("WEFT_PREV_BIN_DIR")?);
+        let version = std::fs::read_to_string(dir.join("VERSION")).ok()?.trim().to_string();
+        Some((version, dir))
+    });
+    match found {
+        Some((v, d)) => Some((v.as_str(), d.as_path())),
+        None => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "the previous release's binaries are not built (WEFT_PREV_BIN_DIR): tests/run.sh builds them with tests/prev-release.sh"
+            );
+            eprintln!(
+                "NOT RUN: the previous release's binaries are not built; run tests/prev-release.sh and set WEFT_PREV_BIN_DIR"
+            );
+            None
+        }
+    }
+}
+
 /// Path of a workspace binary; panics with what to do when it is not built.
 pub fn bin(name: &str) -> PathBuf {
     let p = bin_dir().join(name);

@@ -569,6 +569,12 @@ impl Lab {
         }
     }
 
+    /// Runs `program` instead for process `i`'s next [`Lab::respawn`]: an
+    /// upgrade to another release's binary.
+    pub fn set_program(&mut self, i: usize, program: &Path) {
+        self.commands[i].1 = program.to_path_buf();
+    }
+
     /// Takes responsibility for a namespace something else in the test
     /// creates (e.g. a gateway agent's peering namespace): deleted on drop.
     pub fn adopt(&mut self, ns: &str) {

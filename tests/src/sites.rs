@@ -126,6 +126,11 @@ pub struct Opts {
     /// addresses are global, nothing from the WAN gets in unasked, and the
     /// gateways have no `--endpoint`.
     pub firewall_v6: bool,
+    /// Site a's agents run the binaries in this directory (another
+    /// release's, [`crate::prev_release`]); its controller this workspace's.
+    pub bins_a_agents: Option<&'static std::path::Path>,
+    /// Site b, controller and agents, runs the binaries in this directory.
+    pub bins_b: Option<&'static std::path::Path>,
 }
 
 /// A host's IPv6 WAN address with [`Opts::underlay_v6`], from its IPv4 one.
@@ -411,8 +416,18 @@ pub fn up_with(tag: &str, (site_a, pod_a): (&str, &str), (site_b, pod_b): (&str,
         lan_address: None,
         device_panic_dir: None,
     };
-    let spec_a = site_spec(plan_a, &opts, &ns, dir.path());
-    let spec_b = site_spec(plan_b, &opts, &ns, dir.path());
+    let mut spec_a = site_spec(plan_a, &opts, &ns, dir.path());
+    let mut spec_b = site_spec(plan_b, &opts, &ns, dir.path());
+    // Another release's binaries: site a's agents, site b whole.
+    for a in spec_a.agents.iter_mut() {
+        a.bins = opts.bins_a_agents.map(std::path::Path::to_path_buf);
+    }
+    if let Some(d) = opts.bins_b {
+        spec_b.controller = spec_b.controller.clone().bins(d);
+        for a in spec_b.agents.iter_mut() {
+            a.bins = Some(d.to_path_buf());
+        }
+    }
     // Site a's second gateway (last in its spec) comes once the first is
     // active: tests fail the first over to it.
     let mut first = spec_a.clone();
