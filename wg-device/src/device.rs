@@ -222,7 +222,13 @@ impl Device {
                 *p.configured.lock().unwrap_or_else(|e| e.into_inner()) = endpoint;
             }
             let mut b = p.beside();
-            if b.direct != direct {
+            // The direct path tried beside a relay, now configured as the
+            // endpoint (this side let the relay go), stays what it was:
+            // preferred while it is heard from, so a packet the other side
+            // still sends through the relay (its own relay not let go yet,
+            // a new session of its) does not move this side back there.
+            let now_the_endpoint = direct.is_none() && endpoint.is_some() && b.direct == endpoint;
+            if b.direct != direct && !now_the_endpoint {
                 *b = Beside::new(direct);
             }
             drop(b);

@@ -8,10 +8,21 @@ use super::*;
 /// A relay on `network` at `at` between `a` and `b`: what one sends it
 /// goes on to the other, from the relay's address; how many it carried.
 fn relay(network: &Arc<Network>, at: SocketAddr, a: SocketAddr, b: SocketAddr) -> Arc<AtomicUsize> {
+    relay_counting(network, at, a, b).0
+}
+
+/// [`relay`], also counting what it carried from `b`.
+fn relay_counting(
+    network: &Arc<Network>,
+    at: SocketAddr,
+    a: SocketAddr,
+    b: SocketAddr,
+) -> (Arc<AtomicUsize>, Arc<AtomicUsize>) {
     use crate::Bind;
     let bind = network.bind(at, 1).unwrap();
     let carried = Arc::new(AtomicUsize::new(0));
-    let (net, n) = (network.clone(), carried.clone());
+    let from_b = Arc::new(AtomicUsize::new(0));
+    let (net, n, nb) = (network.clone(), carried.clone(), from_b.clone());
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 2048];
         let mut meta = [quinn_udp::RecvMeta::default()];
@@ -24,6 +35,9 @@ fn relay(network: &Arc<Network>, at: SocketAddr, a: SocketAddr, b: SocketAddr) -
                 Ok(1) => {
                     let to = if meta[0].addr == a { b } else { a };
                     n.fetch_add(1, Ordering::Relaxed);
+                    if meta[0].addr == b {
+                        nb.fetch_add(1, Ordering::Relaxed);
+                    }
                     net.deliver(at, to, &buf[..meta[0].len]);
                 }
                 Ok(_) => {}
@@ -38,7 +52,7 @@ fn relay(network: &Arc<Network>, at: SocketAddr, a: SocketAddr, b: SocketAddr) -
             }
         }
     });
-    carried
+    (carried, from_b)
 }
 
 #[test]
@@ -48,7 +62,7 @@ fn a_relayed_peer_moves_to_the_direct_path_tried_beside_it_and_loses_nothing() {
     let a = end(&network, "a", "192.0.2.1:51820", 1, plain);
     let b = end(&network, "b", "192.0.2.2:51820", 2, plain);
     let r = addr("192.0.2.9:51920");
-    let relayed = relay(&network, r, a.addr, b.addr);
+    let (relayed, from_b) = relay_counting(&network, r, a.addr, b.addr);
     b.device
         .set_peer_beside(a.public, r, a.addr, vec![net("10.0.1.0/24")], 0);
     a.device
@@ -104,6 +118,29 @@ fn a_relayed_peer_moves_to_the_direct_path_tried_beside_it_and_loses_nothing() {
     assert!(
         last.elapsed().unwrap() >= Duration::from_secs(1),
         "a new session: its handshake {last:?}"
+    );
+    // Only b let its relay go: a starts over through the relay alone (a
+    // new session; its own relay not let go). b answers it there, but
+    // stays on the direct path it still hears a on: what b sends goes
+    // there, not through the relay, and a comes to it.
+    let before = relayed.load(Ordering::Relaxed);
+    a.device.remove_peer(&b.public);
+    a.device.set_peer(b.public, Some(r), vec![net("10.0.2.0/24")], 0);
+    carried(&a, &b, &udp4(ip("10.0.1.1"), ip("10.0.2.1"), b"new session"));
+    assert!(
+        relayed.load(Ordering::Relaxed) > before,
+        "a's new session did not come through the relay"
+    );
+    assert_eq!(b.device.peers()[0].endpoint, Some(a.addr), "b moved back to the relay");
+    let b_before = from_b.load(Ordering::Relaxed);
+    for _ in 0..5 {
+        carried(&b, &a, &udp4(ip("10.0.2.1"), ip("10.0.1.1"), b"direct"));
+    }
+    assert_eq!(from_b.load(Ordering::Relaxed), b_before, "b sent through the relay");
+    assert_eq!(
+        a.device.peers()[0].endpoint,
+        Some(b.addr),
+        "a did not come to the direct path"
     );
 }
 
