@@ -16,6 +16,8 @@
 
 use std::path::{Path, PathBuf};
 
+use std::os::unix::fs::DirBuilderExt;
+
 use anyhow::{Context, bail};
 use prost::Message;
 use sha2::{Digest, Sha256};
@@ -206,6 +208,66 @@ pub fn summary(records: &[pb::BackupRecord]) -> String {
         "{} nodes, {} gateways, {} peerings, {} tokens, {} names, {} revoked certificates",
         n[0], n[1], n[2], n[3], n[4], n[5]
     )
+}
+
+/// The suffix of the files `backup --out DIR/` writes.
+pub const SUFFIX: &str = ".weft-backup";
+
+/// Where `--out PATH` puts a backup: PATH itself, or, for a directory (one
+/// that exists, or a path ending in `/`, created 0700), a new file in it
+/// named by the site and the UTC time; and that directory. `keep` needs a
+/// directory.
+pub fn destination(out: &Path, site: &str, keep: Option<u32>) -> anyhow::Result<(PathBuf, Option<PathBuf>)> {
+    let is_dir = out.is_dir() || out.as_os_str().to_string_lossy().ends_with('/');
+    if !is_dir {
+        if keep.is_some() {
+            bail!("--keep needs --out to be a directory (end it with /)");
+        }
+        return Ok((out.to_path_buf(), None));
+    }
+    if !out.is_dir() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(out)
+            .with_context(|| format!("cannot create {}", out.display()))?;
+    }
+    let t = time::OffsetDateTime::now_utc();
+    let name = format!(
+        "{site}-{:04}{:02}{:02}T{:02}{:02}{:02}Z{SUFFIX}",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    );
+    Ok((out.join(name), Some(out.to_path_buf())))
+}
+
+/// Deletes all but the `keep` newest of site `site`'s backups in `dir`
+/// (by the time in their names); the deleted files.
+pub fn prune(dir: &Path, site: &str, keep: usize) -> anyhow::Result<Vec<PathBuf>> {
+    let prefix = format!("{site}-");
+    let mut ours: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.strip_prefix(&prefix)
+                    .and_then(|r| r.strip_suffix(SUFFIX))
+                    .is_some_and(|stamp| stamp.len() == 16 && stamp.ends_with('Z'))
+            })
+        })
+        .collect();
+    ours.sort();
+    let old = ours.len().saturating_sub(keep);
+    let gone: Vec<PathBuf> = ours.into_iter().take(old).collect();
+    for p in &gone {
+        std::fs::remove_file(p).with_context(|| format!("cannot delete {}", p.display()))?;
+    }
+    Ok(gone)
 }
 
 /// `weft-controller backup`: asks the controller serving on the admin
@@ -458,6 +520,39 @@ mod tests {
         let mut g = f.clone();
         g.records[0].value = b"00".to_vec();
         assert!(validate(&g, "s1").unwrap_err().contains("not the one"));
+    }
+
+    #[test]
+    fn a_directory_gets_timed_files_and_keeps_the_newest() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("backups/");
+        let (f, got) = destination(&dir, "s1", Some(2)).unwrap();
+        assert_eq!(got.as_deref(), Some(dir.as_path()));
+        let name = f.file_name().unwrap().to_str().unwrap().to_string();
+        assert!(name.starts_with("s1-20") && name.ends_with("Z.weft-backup"), "{name}");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        for n in [
+            "s1-20260101T000000Z",
+            "s1-20260102T000000Z",
+            "s1-20260103T000000Z",
+            "s2-20250101T000000Z",
+        ] {
+            std::fs::write(dir.join(format!("{n}{SUFFIX}")), b"x").unwrap();
+        }
+        std::fs::write(dir.join("s1-notes.txt"), b"x").unwrap();
+        let gone = prune(&dir, "s1", 2).unwrap();
+        assert_eq!(gone, vec![dir.join(format!("s1-20260101T000000Z{SUFFIX}"))]);
+        assert!(dir.join(format!("s2-20250101T000000Z{SUFFIX}")).exists());
+        assert!(dir.join("s1-notes.txt").exists());
+        let file = d.path().join("one.backup");
+        assert_eq!(destination(&file, "s1", None).unwrap(), (file.clone(), None));
+        assert!(
+            destination(&file, "s1", Some(3))
+                .unwrap_err()
+                .to_string()
+                .contains("--keep")
+        );
     }
 
     #[test]

@@ -35,9 +35,15 @@ pub enum Command {
     /// Take a consistent copy of the running site's state (through the
     /// admin socket, on either store) and the site CA, into FILE.
     Backup {
-        /// Where to write the backup (mode 0600: it holds the CA key).
-        #[arg(long, value_name = "FILE")]
+        /// Where to write the backup (mode 0600: it holds the CA key). A
+        /// directory (one that exists, or a path ending in /) gets
+        /// <site>-<UTC time>.weft-backup.
+        #[arg(long, value_name = "PATH")]
         out: std::path::PathBuf,
+        /// With --out a directory: keep the N newest of the site's backups
+        /// there, deleting older ones once this one is written.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        keep: Option<u32>,
         /// Leave the CA key out (restore then needs <data-dir>/pki/ca.key).
         #[arg(long)]
         without_ca_key: bool,
@@ -101,7 +107,11 @@ pub fn main() -> ExitCode {
     }
     match &cli.command {
         Some(Command::AdminCert(AdminCertCommand::Rotate)) => return rotate_admin_cert(&cfg),
-        Some(Command::Backup { out, without_ca_key }) => return backup(&cfg, out, *without_ca_key),
+        Some(Command::Backup {
+            out,
+            keep,
+            without_ca_key,
+        }) => return backup(&cfg, out, *keep, *without_ca_key),
         Some(Command::Restore { file }) => return restore(&cfg, file),
         _ => {}
     }
@@ -185,11 +195,20 @@ fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyho
         .and_then(|rt| rt.block_on(f))
 }
 
-fn backup(cfg: &config::ControllerConfig, out: &std::path::Path, without_key: bool) -> ExitCode {
-    match block_on(crate::backup::take(cfg, out, without_key)) {
-        Ok(f) => {
+fn backup(cfg: &config::ControllerConfig, out: &std::path::Path, keep: Option<u32>, without_key: bool) -> ExitCode {
+    let run = async {
+        let (file, dir) = crate::backup::destination(out, &cfg.site.id, keep)?;
+        let f = crate::backup::take(cfg, &file, without_key).await?;
+        let pruned = match (dir, keep) {
+            (Some(dir), Some(n)) => crate::backup::prune(&dir, &cfg.site.id, n as usize)?,
+            _ => Vec::new(),
+        };
+        anyhow::Ok((f, file, pruned))
+    };
+    match block_on(run) {
+        Ok((f, file, pruned)) => {
             let h = f.header.unwrap_or_default();
-            println!("backup of site {}: {}", h.site_id, out.display());
+            println!("backup of site {}: {}", h.site_id, file.display());
             println!("store revision:   {} ({} store)", h.revision, h.store);
             println!(
                 "records:          {} ({})",
@@ -200,6 +219,13 @@ fn backup(cfg: &config::ControllerConfig, out: &std::path::Path, without_key: bo
                 println!("site CA:          the certificate only (--without-ca-key): keep pki/ca.key safe apart");
             } else {
                 println!("site CA:          certificate and key: keep this file as secret as pki/ca.key");
+            }
+            for p in pruned {
+                println!(
+                    "deleted:          {} (older than the {} kept)",
+                    p.display(),
+                    keep.unwrap_or(0)
+                );
             }
             ExitCode::SUCCESS
         }

@@ -344,6 +344,47 @@ fn weft_installed_from_its_packages_as_the_guide_says_runs_under_systemd_and_lea
     );
     a.ctl.must("systemctl start weft-controller");
 
+    step("a backup by the packaged timer's service, restored by the guide's commands");
+    let env = hosts::exports(&a.vars);
+    let listed = a.ctl.must(&format!("{env}{}", block("backup")));
+    let file = listed
+        .lines()
+        .rfind(|l| l.ends_with(".weft-backup"))
+        .unwrap_or_else(|| panic!("the backup service wrote no backup: {listed}"))
+        .to_string();
+    assert!(
+        a.ctl.must("systemctl is-enabled weft-controller-backup.timer").trim() == "enabled",
+        "the backup timer is not enabled"
+    );
+    let shown = |host: &Host| -> Vec<serde_json::Value> {
+        ["nodes", "allocations"]
+            .iter()
+            .map(|c| {
+                let mut v = json(host, c);
+                v.as_object_mut().unwrap().remove("revision");
+                for n in v["nodes"].as_array_mut().into_iter().flatten() {
+                    n.as_object_mut().unwrap().remove("status");
+                }
+                v
+            })
+            .collect()
+    };
+    let before = shown(&a.ctl);
+    let at = unix_now();
+    let said = a.ctl.must(&format!(
+        "{env}export BACKUP=/var/lib/weft/backups/{file}\n{}",
+        block("restore")
+    ));
+    std::thread::sleep(Duration::from_secs(5));
+    let gap = outage_since(&log, at);
+    let bound = allowed_outage("weft-controller");
+    assert!(
+        gap <= bound,
+        "restoring site-a's controller from a backup stopped traffic for {gap:.2} s (at most {bound} s): {said}"
+    );
+    assert_eq!(shown(&a.ctl), before, "the restored controller shows another site");
+    report.push(format!("restore from {file}: longest silence {gap:.2} s"));
+
     step("an upgrade in place (the same packages again) restarts what runs and tears nothing down");
     for (host, deb, unit) in [
         (&a.ctl, "weft-controller", "weft-controller"),
