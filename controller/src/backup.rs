@@ -183,6 +183,19 @@ pub fn validate(file: &pb::BackupFile, site_id: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `key_pem` is the private key of certificate `cert_pem`.
+fn key_matches(cert_pem: &str, key_pem: &str) -> anyhow::Result<()> {
+    use rustls_pki_types::pem::PemObject;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let der = rustls_pki_types::CertificateDer::from_pem_slice(cert_pem.as_bytes()).context("not a PEM certificate")?;
+    let (_, cert) = X509Certificate::from_der(&der).context("the certificate does not parse")?;
+    let key = rcgen::KeyPair::from_pem(key_pem).context("the key does not parse")?;
+    if cert.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
+        bail!("its key is not the certificate's");
+    }
+    Ok(())
+}
+
 /// SHA-256 of a PEM certificate's DER.
 fn ca_fingerprint(pem: &str) -> anyhow::Result<String> {
     use rustls_pki_types::pem::PemObject;
@@ -246,13 +259,15 @@ pub fn destination(out: &Path, site: &str, keep: Option<u32>) -> anyhow::Result<
 }
 
 /// Deletes all but the `keep` newest of site `site`'s backups in `dir`
-/// (by the time in their names); the deleted files.
-pub fn prune(dir: &Path, site: &str, keep: usize) -> anyhow::Result<Vec<PathBuf>> {
+/// (the one just `written`, and the newest others by the time in their
+/// names); the deleted files.
+pub fn prune(dir: &Path, site: &str, keep: usize, written: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let prefix = format!("{site}-");
     let mut ours: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("cannot list {}", dir.display()))?
         .filter_map(|e| e.ok())
         .map(|e| e.path())
+        .filter(|p| p.as_path() != written)
         .filter(|p| {
             p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
                 n.strip_prefix(&prefix)
@@ -261,8 +276,10 @@ pub fn prune(dir: &Path, site: &str, keep: usize) -> anyhow::Result<Vec<PathBuf>
             })
         })
         .collect();
+    // The one just written counts among those kept, whatever its name
+    // says (a clock set back).
     ours.sort();
-    let old = ours.len().saturating_sub(keep);
+    let old = ours.len().saturating_sub(keep.saturating_sub(1));
     let gone: Vec<PathBuf> = ours.into_iter().take(old).collect();
     for p in &gone {
         std::fs::remove_file(p).with_context(|| format!("cannot delete {}", p.display()))?;
@@ -349,7 +366,13 @@ where
             cfg.admin_socket.display()
         );
     }
-    let wrote_ca = put_ca(&cfg.data_dir.join("pki"), &file)?;
+    // A data directory lost with its host is made again (the embedded
+    // store lives in it).
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&cfg.data_dir)
+        .with_context(|| format!("cannot create the data directory {}", cfg.data_dir.display()))?;
     let store = open.await?;
     let where_ = match &cfg.store {
         StoreConfig::Embedded { path, .. } => format!("the embedded store {}", path.display()),
@@ -359,7 +382,12 @@ where
     let root = state.root().to_string();
     let marker = state.at(Key::Restoring);
     let existing = store.get_prefix(&root).await?;
-    let restarted = existing.kvs.iter().any(|kv| kv.key == marker);
+    let found = existing
+        .kvs
+        .iter()
+        .find(|kv| kv.key == marker)
+        .map(|kv| kv.mod_revision);
+    let restarted = found.is_some();
     if !existing.kvs.is_empty() && !restarted {
         let how = match &cfg.store {
             StoreConfig::Embedded { path, .. } => format!("delete {}", path.display()),
@@ -373,17 +401,40 @@ where
             existing.revision
         );
     }
+    // The CA only once the store is known to take the backup.
+    let wrote_ca = put_ca(&cfg.data_dir.join("pki"), &file)?;
+    // The marker first, alone, and only on the store as it was just read
+    // (empty, or a restore cut short): a controller or another restore
+    // that wrote since makes this one stop. Every later write checks that
+    // the marker is still the one this restore wrote.
+    let site_key = state.at(Key::Site);
+    let begin = match found {
+        Some(rev) => Txn::new().when(Compare::ModRevision(marker.clone(), rev)),
+        None => Txn::new()
+            .when(Compare::Version(marker.clone(), 0))
+            .when(Compare::Version(site_key, 0)),
+    }
+    .then(Op::put(marker.clone(), b"1".to_vec()));
+    let begun = store.txn(begin).await?;
+    if !begun.succeeded {
+        bail!(
+            "another process wrote to the store as the restore began; stop every controller of the site and restore again"
+        );
+    }
+    let begun = begun.revision;
     // Start over after a restore that was cut short: what it wrote goes,
-    // the marker last.
+    // under the marker.
     if restarted {
         for kv in existing.kvs.iter().filter(|kv| kv.key != marker) {
-            store.delete(&kv.key).await?;
+            write(
+                &*store,
+                Txn::new()
+                    .when(Compare::ModRevision(marker.clone(), begun))
+                    .then(Op::delete(kv.key.clone())),
+            )
+            .await?;
         }
     }
-    // The marker first, alone; every later write checks it is still the
-    // one this restore wrote.
-    let begin = Txn::new().then(Op::put(marker.clone(), b"1".to_vec()));
-    let begun = store.txn(begin).await?.revision;
     let ours = || Txn::new().when(Compare::ModRevision(marker.clone(), begun));
     let mut batch = ours();
     let mut bytes = 0;
@@ -443,9 +494,10 @@ fn put_ca(dir: &Path, file: &pb::BackupFile) -> anyhow::Result<Option<PathBuf>> 
     std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
     weft_common::fs::write_file(&key, &file.ca_key_pem, 0o600)?;
     weft_common::fs::write_file(&cert, &file.ca_pem, 0o644)?;
-    if let Err(e) = crate::pki::SiteCa::load(dir) {
+    let loaded = crate::pki::SiteCa::load(dir).and_then(|_| key_matches(&file.ca_pem, &file.ca_key_pem));
+    if let Err(e) = loaded {
         let _ = (std::fs::remove_file(&cert), std::fs::remove_file(&key));
-        return Err(e.context("the backup's site CA key does not load"));
+        return Err(e.context("the backup's site CA does not load"));
     }
     Ok(Some(dir.to_path_buf()))
 }
@@ -498,6 +550,10 @@ mod tests {
         assert!(decode(b"{\"not\": 1}\n").unwrap_err().contains("not a weft backup"));
         let newer = String::from_utf8_lossy(&bytes).replacen("weft-backup 1 ", "weft-backup 2 ", 1);
         assert!(decode(newer.as_bytes()).unwrap_err().contains("newer"));
+        // The CA's key must be the certificate's.
+        key_matches(&f.ca_pem, &f.ca_key_pem).unwrap();
+        let other = sample();
+        assert!(key_matches(&f.ca_pem, &other.ca_key_pem).is_err());
     }
 
     #[test]
@@ -541,8 +597,14 @@ mod tests {
             std::fs::write(dir.join(format!("{n}{SUFFIX}")), b"x").unwrap();
         }
         std::fs::write(dir.join("s1-notes.txt"), b"x").unwrap();
-        let gone = prune(&dir, "s1", 2).unwrap();
+        let written = dir.join(format!("s1-20260103T000000Z{SUFFIX}"));
+        let gone = prune(&dir, "s1", 2, &written).unwrap();
         assert_eq!(gone, vec![dir.join(format!("s1-20260101T000000Z{SUFFIX}"))]);
+        // Written with a clock set back: still kept, the older others go.
+        let back = dir.join(format!("s1-20200101T000000Z{SUFFIX}"));
+        std::fs::write(&back, b"x").unwrap();
+        assert_eq!(prune(&dir, "s1", 1, &back).unwrap().len(), 2);
+        assert!(back.exists());
         assert!(dir.join(format!("s2-20250101T000000Z{SUFFIX}")).exists());
         assert!(dir.join("s1-notes.txt").exists());
         let file = d.path().join("one.backup");

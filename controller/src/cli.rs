@@ -200,7 +200,7 @@ fn backup(cfg: &config::ControllerConfig, out: &std::path::Path, keep: Option<u3
         let (file, dir) = crate::backup::destination(out, &cfg.site.id, keep)?;
         let f = crate::backup::take(cfg, &file, without_key).await?;
         let pruned = match (dir, keep) {
-            (Some(dir), Some(n)) => crate::backup::prune(&dir, &cfg.site.id, n as usize)?,
+            (Some(dir), Some(n)) => crate::backup::prune(&dir, &cfg.site.id, n as usize, &file)?,
             _ => Vec::new(),
         };
         anyhow::Ok((f, file, pruned))
@@ -277,6 +277,7 @@ fn restore(cfg: &config::ControllerConfig, file: &std::path::Path) -> ExitCode {
     println!("  - agents, peerings and names removed since are back: remove them again");
     println!("  - peerings made since are gone here but not on the peer: delete them there and peer again");
     println!("  - tokens issued since are unknown: issue them again");
+    println!("  - tokens used since can be used again (`weftctl token list`): delete those that must not be redeemed");
     println!("  - certificates revoked since are trusted again: remove those agents again");
     println!("  - changes to the site's configuration, export policies and transit made through the API since");
     println!("start the controller now: agents keep their state and resume where they are.");

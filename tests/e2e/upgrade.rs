@@ -40,7 +40,8 @@ fn per_step(answers: &[(f64, u64)], starts: &[f64]) -> Vec<(u64, f64)> {
         .windows(2)
         .map(|w| {
             answers[w[0]..=w[1]].windows(2).fold((0, 0.0_f64), |(lost, gap), p| {
-                (lost + (p[1].1 - p[0].1 - 1), gap.max(p[1].0 - p[0].0))
+                // (a duplicate or late answer counts nothing)
+                (lost + p[1].1.saturating_sub(p[0].1 + 1), gap.max(p[1].0 - p[0].0))
             })
         })
         .collect()
@@ -112,6 +113,11 @@ fn the_previous_release_runs_beside_this_one_and_each_part_upgrades_under_traffi
     }
     s.lab.proc(ping).stop();
     let answers = weft_tests::ping_answers(&std::fs::read_to_string(&log).unwrap());
+    assert!(
+        answers.len() > 100,
+        "too few pings answered to judge: {}",
+        answers.len()
+    );
     let starts: Vec<f64> = steps.iter().map(|s| s.1).collect();
     let measured: Vec<(&str, u64, f64)> = steps
         .iter()

@@ -215,6 +215,7 @@ impl Device {
             && (endpoint.is_none() || endpoint == p.configured() || endpoint == p.endpoint())
         {
             *p.allowed.write().unwrap_or_else(|e| e.into_inner()) = allowed;
+            let was = p.configured();
             // What it is configured with now: a later change is measured
             // from it (a relay taken again after the direct path it moved
             // to died is a new endpoint, not the one of long ago).
@@ -223,12 +224,16 @@ impl Device {
             }
             let mut b = p.beside();
             // The direct path tried beside a relay, now configured as the
-            // endpoint (this side let the relay go), stays what it was:
-            // preferred while it is heard from, so a packet the other side
+            // endpoint (this side let the relay go), stays preferred over
+            // that relay while it is heard from: a packet the other side
             // still sends through the relay (its own relay not let go yet,
             // a new session of its) does not move this side back there.
             let now_the_endpoint = direct.is_none() && endpoint.is_some() && b.direct == endpoint;
-            if b.direct != direct && !now_the_endpoint {
+            if now_the_endpoint {
+                if b.left.is_none() {
+                    b.left = was.filter(|c| Some(*c) != endpoint);
+                }
+            } else if b.direct != direct {
                 *b = Beside::new(direct);
             }
             drop(b);

@@ -43,6 +43,12 @@ pub(crate) struct Beside {
     pub(crate) next: Option<Instant>,
     /// Until when those keepalives leave with the punch TTL.
     pub(crate) priming: Option<Instant>,
+    /// The relay this side let go of, the direct path now its configured
+    /// endpoint: while that path is heard from, packets from the relay do
+    /// not move the peer back (other sources still do: a NAT that mapped
+    /// the peer anew). None while the relay is the endpoint: then nothing
+    /// else moves it off a fresh direct path.
+    pub(crate) left: Option<SocketAddr>,
 }
 
 impl Beside {
@@ -107,15 +113,15 @@ impl Peer {
 
     /// An authenticated packet came from `from`: the peer is there
     /// (roaming), unless it is on its direct path, heard from recently,
-    /// and `from` is elsewhere (a relay the other side still sends
-    /// through): then it stays direct.
+    /// and `from` is the relay (or, beside a relay, anywhere else): then it
+    /// stays direct.
     pub(crate) fn authenticated_from(&self, from: SocketAddr) {
         let now = Instant::now();
         {
             let mut b = self.beside();
             if b.direct == Some(from) {
                 b.heard = Some(now);
-            } else if b.direct.is_some() && b.fresh(now) {
+            } else if b.direct.is_some() && b.fresh(now) && b.left.is_none_or(|relay| relay == from) {
                 return;
             }
         }

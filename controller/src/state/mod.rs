@@ -183,11 +183,20 @@ impl State {
     /// whose certificates the agents and peers would not trust.
     pub async fn check_ca(&self, fingerprint: &str) -> Result<(), Error> {
         let key = self.at(Key::CaFingerprint);
+        let marker = self.at(Key::Restoring);
+        // Not on a store a restore is writing (it brings its own record).
         let txn = Txn::new()
             .when(Compare::Version(key.clone(), 0))
+            .when(Compare::Version(marker.clone(), 0))
             .then(Op::put(key.clone(), fingerprint.as_bytes().to_vec()));
         if self.store.txn(txn).await?.succeeded {
             return Ok(());
+        }
+        if self.store.get(&marker).await?.is_some() {
+            return Err(Error::FailedPrecondition(format!(
+                "the store holds a restore that is under way or was cut short ({marker}); \
+                 let it finish, or run `weft-controller restore FILE` again"
+            )));
         }
         let stored = self
             .store
