@@ -59,6 +59,24 @@ pub async fn records(state: &State) -> Result<(Revision, Vec<pb::BackupRecord>),
     Ok((range.revision, out))
 }
 
+/// `AdminService.Backup`: the site's records at one revision, with their
+/// header, in the messages to stream.
+pub async fn taken(state: &State) -> Result<Vec<pb::BackupChunk>, crate::error::Error> {
+    let (site, _) = state.site().await?;
+    let (revision, records) = records(state).await?;
+    let header = pb::BackupHeader {
+        format: FORMAT,
+        site_id: site.id.clone(),
+        revision,
+        controller_version: env!("CARGO_PKG_VERSION").into(),
+        store: state.store().backend().into(),
+        taken_at: Some(weft_proto::timestamp_ms(crate::domain::now_ms())),
+        records: records.len() as u64,
+    };
+    tracing::info!(revision, records = records.len(), "backup taken");
+    Ok(chunks(header, records))
+}
+
 /// The header and records in messages of at most about `CHUNK_BYTES`.
 pub fn chunks(header: pb::BackupHeader, records: Vec<pb::BackupRecord>) -> Vec<pb::BackupChunk> {
     let mut out = vec![pb::BackupChunk {

@@ -153,20 +153,10 @@ impl AdminService for AdminApi {
     type BackupStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::BackupChunk, Status>>>;
 
     async fn backup(&self, _: Request<pb::BackupRequest>) -> Result<Response<Self::BackupStream>, Status> {
-        let (site, _) = self.state.site().await?;
-        let (revision, records) = crate::backup::records(&self.state).await?;
-        let header = pb::BackupHeader {
-            format: crate::backup::FORMAT,
-            site_id: site.id.clone(),
-            revision,
-            controller_version: env!("CARGO_PKG_VERSION").into(),
-            store: self.state.store().backend().into(),
-            taken_at: convert::ts(crate::domain::now_ms()),
-            records: records.len() as u64,
-        };
-        tracing::info!(revision, records = records.len(), "backup taken");
-        let chunks: Vec<_> = crate::backup::chunks(header, records).into_iter().map(Ok).collect();
-        Ok(Response::new(tokio_stream::iter(chunks)))
+        let chunks = crate::backup::taken(&self.state).await?;
+        Ok(Response::new(tokio_stream::iter(
+            chunks.into_iter().map(Ok).collect::<Vec<_>>(),
+        )))
     }
 
     async fn diagnose(&self, req: Request<pb::DiagnoseRequest>) -> Result<Response<pb::DiagnoseResponse>, Status> {
