@@ -11,8 +11,22 @@ cd "$(dirname "$0")/.."
 
 version=$(cat proto/baseline/VERSION)
 tag=v$version
-if ! git rev-parse -q --verify "refs/tags/$tag^{commit}" >/dev/null; then
-    echo "tests/prev-release.sh: this clone has no tag $tag (the last release); fetch it: git fetch --tags" >&2
+# The release's commit: its tag, or, in a checkout that has the history but
+# not the tags (a branch pushed without --tags), the commit recorded in
+# proto/baseline/COMMIT when the release was tagged.
+recorded=$(cat proto/baseline/COMMIT 2>/dev/null || true)
+if rev=$(git rev-parse -q --verify "refs/tags/$tag^{commit}"); then
+    :
+elif [ -n "$recorded" ] && git cat-file -e "$recorded^{commit}" 2>/dev/null; then
+    rev=$recorded
+    echo "tests/prev-release.sh: no tag $tag here; building its commit $rev (proto/baseline/COMMIT)" >&2
+else
+    shallow=$(git rev-parse --is-shallow-repository 2>/dev/null || echo unknown)
+    echo "tests/prev-release.sh: this checkout has neither the tag $tag (the last release) nor its commit ${recorded:-(proto/baseline/COMMIT is missing)} (shallow: $shallow); fetch them: git fetch --tags (or git fetch --unshallow)" >&2
+    exit 1
+fi
+if ! git show "$rev:Cargo.toml" | grep -q "^version = \"$version\""; then
+    echo "tests/prev-release.sh: commit $rev is not release $version (its Cargo.toml has another version); fix proto/baseline/COMMIT" >&2
     exit 1
 fi
 target=$(cargo metadata --format-version 1 --no-deps |
@@ -20,7 +34,7 @@ target=$(cargo metadata --format-version 1 --no-deps |
 out=$target/prev-release
 rm -rf "$out"
 mkdir -p "$out/src" "$out/bin" "$out/ours"
-git archive "$tag" | tar -x -C "$out/src"
+git archive "$rev" | tar -x -C "$out/src"
 
 bins=(weft-controller weftctl weft-node-agent weft-gateway-agent)
 for b in "${bins[@]}"; do
