@@ -15,9 +15,16 @@ tag=v$version
 # not the tags (a branch pushed without --tags), the commit recorded in
 # proto/baseline/COMMIT when the release was tagged.
 recorded=$(cat proto/baseline/COMMIT 2>/dev/null || true)
+have() { git cat-file -e "$1^{commit}" 2>/dev/null; }
+if ! have "refs/tags/$tag" && ! { [ -n "$recorded" ] && have "$recorded"; } &&
+    git remote get-url origin >/dev/null 2>&1; then
+    # A shallow or tagless checkout: ask its origin, if it answers.
+    timeout 120 git fetch -q --no-tags origin "+refs/tags/$tag:refs/tags/$tag" 2>/dev/null ||
+        { [ -n "$recorded" ] && timeout 120 git fetch -q --no-tags origin "$recorded" 2>/dev/null; } || true
+fi
 if rev=$(git rev-parse -q --verify "refs/tags/$tag^{commit}"); then
     :
-elif [ -n "$recorded" ] && git cat-file -e "$recorded^{commit}" 2>/dev/null; then
+elif [ -n "$recorded" ] && have "$recorded"; then
     rev=$recorded
     echo "tests/prev-release.sh: no tag $tag here; building its commit $rev (proto/baseline/COMMIT)" >&2
 else
