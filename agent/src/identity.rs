@@ -12,7 +12,7 @@ use weft_proto::v1 as pb;
 use weft_proto::v1::agent_service_client::AgentServiceClient;
 
 use crate::config::AgentConfig;
-use crate::tls::{self, Trust};
+use crate::tls::{self, Trust, checked_cas};
 
 pub const KEY_FILE: &str = "agent.key";
 pub const CERT_FILE: &str = "agent.pem";
@@ -302,12 +302,47 @@ impl IdentityStore {
                     _ => RenewError::Transient(e),
                 }
             })?;
-        self.save(
-            &key.serialize_pem(),
-            &resp.into_inner().certificate_pem,
-            &current.ca_pem,
-        )
-        .map_err(RenewError::Transient)
+        let resp = resp.into_inner();
+        // The site's CAs as they stand now (two during a rotation of the
+        // site CA); a controller of an earlier release sends none.
+        let ca_pem = match checked_cas(&resp.ca_pem) {
+            Ok(Some(cas)) => cas,
+            Ok(None) => current.ca_pem.clone(),
+            Err(e) => {
+                tracing::warn!(error = %e, "the controller sent unusable CA certificates; keeping the ones held");
+                current.ca_pem.clone()
+            }
+        };
+        self.save(&key.serialize_pem(), &resp.certificate_pem, &ca_pem)
+            .map_err(RenewError::Transient)
+    }
+
+    /// Asks `target` which CAs the site trusts now and whether this
+    /// agent's certificate is from one it is rotating away from
+    /// (`GetTrust`); `None` from a controller of an earlier release.
+    pub async fn trust(&self, target: &str, current: &Credentials) -> anyhow::Result<Option<pb::Trust>> {
+        let channel = tls::connect(target, &current.trust(), Some((&current.cert_pem, &current.key_pem))).await?;
+        match AgentServiceClient::new(channel).get_trust(pb::GetTrustRequest {}).await {
+            Ok(t) => Ok(Some(t.into_inner())),
+            Err(s) if s.code() == tonic::Code::Unimplemented => Ok(None),
+            Err(s) => anyhow::bail!("{:?}: {}", s.code(), s.message()),
+        }
+    }
+
+    /// Trusts the CAs in `ca_pem` (checked: see [`checked_cas`]) from now
+    /// on; `None` when they are the ones held.
+    pub fn set_trust(&self, current: &Credentials, ca_pem: &str) -> anyhow::Result<Option<Credentials>> {
+        let Some(cas) = checked_cas(ca_pem)? else {
+            return Ok(None);
+        };
+        if cas == current.ca_pem {
+            return Ok(None);
+        }
+        write_file(&self.dir.join(CA_FILE), &cas, 0o644)?;
+        Ok(Some(Credentials {
+            ca_pem: cas,
+            ..current.clone()
+        }))
     }
 }
 

@@ -48,14 +48,73 @@ async fn teardown(desired: &mut Desired, file: &StateFile, applier: &mut dyn App
     errors.len()
 }
 
-/// Renews the certificate at two thirds of its life, forever.
-async fn renew_forever(ids: IdentityStore, cfg: AgentConfig, tx: watch::Sender<Credentials>) -> anyhow::Result<()> {
+/// A random duration below `within`.
+fn jitter(within: Duration) -> Duration {
+    let mut b = [0u8; 4];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+    within.mul_f64(f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0))
+}
+
+/// Asks the controller which CAs the site trusts (at every new session:
+/// `connected`), takes them in, and says when to renew because the
+/// agent's certificate is from a CA the site is rotating away from.
+async fn follow_trust(ids: &IdentityStore, target: &str, tx: &watch::Sender<Credentials>) -> Option<Duration> {
+    let creds = tx.borrow().clone();
+    let trust = match ids.trust(target, &creds).await {
+        Ok(Some(t)) => t,
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::debug!(controller = %target, error = %format!("{e:#}"), "cannot ask which CAs the site trusts");
+            return None;
+        }
+    };
+    match ids.set_trust(&creds, &trust.ca_pem) {
+        Ok(Some(c)) => {
+            tracing::info!(
+                cas = c.ca_pem.matches("BEGIN CERTIFICATE").count(),
+                "the site's CAs changed; trusting them from now on"
+            );
+            tx.send_replace(c);
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "the controller sent unusable CA certificates; keeping the ones held")
+        }
+    }
+    let within = trust
+        .renew_within
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or(Duration::from_secs(2))
+        .min(Duration::from_secs(3600));
+    trust.renew.then(|| jitter(within))
+}
+
+/// Renews the certificate at two thirds of its life, forever, and at once
+/// (within a spread the controller gives) when the site's CA was rotated.
+async fn renew_forever(
+    ids: IdentityStore,
+    cfg: AgentConfig,
+    tx: watch::Sender<Credentials>,
+    connected: std::sync::Arc<tokio::sync::Notify>,
+) -> anyhow::Result<()> {
     let mut delays = backoff();
     let mut controller = 0usize;
     loop {
         let creds = tx.borrow().clone();
         let wait = creds.renew_at().duration_since(SystemTime::now()).unwrap_or_default();
-        tokio::time::sleep(wait).await;
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = connected.notified() => {
+                match follow_trust(&ids, &cfg.controllers[controller], &tx).await {
+                    Some(after) => {
+                        tracing::info!(renew_in = ?after, "this agent's certificate is from a CA the site is retiring; renewing");
+                        tokio::time::sleep(after).await;
+                    }
+                    None => continue,
+                }
+            }
+        }
+        let creds = tx.borrow().clone();
         match ids.renew(&cfg.controllers[controller], &cfg.name, &creds).await {
             Ok(c) => {
                 tracing::info!(valid_for = ?c.not_after.duration_since(SystemTime::now()).unwrap_or_default(), "certificate renewed");
@@ -260,7 +319,13 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
 
     let mut dns = dns_for(&cfg, kind, &desired)?;
     let (tx, mut rx) = watch::channel(creds);
-    let mut renewal = tokio::spawn(renew_forever(IdentityStore::new(&cfg.state_dir), cfg.clone(), tx));
+    let connected = std::sync::Arc::new(tokio::sync::Notify::new());
+    let mut renewal = tokio::spawn(renew_forever(
+        IdentityStore::new(&cfg.state_dir),
+        cfg.clone(),
+        tx,
+        connected.clone(),
+    ));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut retry = Retry::new(cfg.controllers.len(), || Box::new(backoff()));
     loop {
@@ -276,6 +341,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
                 file: &file,
                 applier: applier.as_mut(),
                 dns: dns.as_mut(),
+                connected: &connected,
             }) => end,
             r = &mut renewal => return match r {
                 Ok(Err(e)) => Err(e),

@@ -172,6 +172,9 @@ pub(crate) struct Session<'a> {
     pub(crate) file: &'a StateFile,
     pub(crate) applier: &'a mut dyn Applier,
     pub(crate) dns: Option<&'a mut Dns>,
+    /// Told once the session is open (the agent then asks which CAs the
+    /// site trusts).
+    pub(crate) connected: &'a tokio::sync::Notify,
 }
 
 /// A node's subnets as the controller gives them: IPv4 and IPv6 (each
@@ -350,6 +353,7 @@ pub(crate) async fn session(s: Session<'_>) -> End {
         file,
         applier,
         mut dns,
+        connected,
     } = s;
     let current = creds.borrow_and_update().clone();
     let (mut c, mut stream) = match open(
@@ -367,6 +371,7 @@ pub(crate) async fn session(s: Session<'_>) -> End {
         Ok(x) => x,
         Err(e) => return e,
     };
+    connected.notify_one();
     let mut errors: Vec<pb::ObjectError> = Vec::new();
     let mut heartbeat = tokio::time::interval(FIRST_HEARTBEAT_EVERY);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -33,6 +33,12 @@ pub fn fingerprint(der: &[u8]) -> String {
     sha256_hex(der)
 }
 
+/// A DER certificate as PEM (LF line endings).
+pub fn pem_of(der: &[u8]) -> String {
+    let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
+    pem::encode_config(&pem::Pem::new("CERTIFICATE", der.to_vec()), config)
+}
+
 /// Retry delays for reconnecting: 1 s doubling to 60 s, with jitter, never
 /// giving up.
 pub fn backoff() -> impl Iterator<Item = Duration> {

@@ -265,8 +265,63 @@ fn tls_connector(trust: &Trust, client: Option<(&str, &str)>) -> anyhow::Result<
     Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
 }
 
+/// How many CAs a site may tell its agents or peers to trust for it (two
+/// during a rotation of its CA).
+pub const MAX_CAS: usize = 4;
+
+/// The CA certificates in `pem`, as PEM again once each is checked to be
+/// a CA certificate (1 to [`MAX_CAS`]; nothing else of `pem` is kept);
+/// `None` for an empty `pem`.
+pub fn checked_cas(pem: &str) -> anyhow::Result<Option<String>> {
+    use anyhow::Context;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    if pem.trim().is_empty() {
+        return Ok(None);
+    }
+    let cas = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .context("the CAs are not PEM certificates")?;
+    if cas.is_empty() || cas.len() > MAX_CAS {
+        anyhow::bail!("{} CA certificates were sent; 1 to {MAX_CAS} are taken", cas.len());
+    }
+    let mut out = String::new();
+    for (i, der) in cas.iter().enumerate() {
+        let (_, c) = X509Certificate::from_der(der).with_context(|| format!("CA certificate {i} does not parse"))?;
+        if !c.is_ca() {
+            anyhow::bail!("certificate {i} is not a CA certificate");
+        }
+        out.push_str(&crate::pem_of(der));
+    }
+    Ok(Some(out))
+}
+
 #[cfg(test)]
 mod tests {
+    use super::checked_cas;
+
+    #[test]
+    fn only_ca_certificates_are_taken_as_cas() {
+        let ca = |cn: &str| {
+            let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            p.self_signed(&rcgen::KeyPair::generate().unwrap()).unwrap().pem()
+        };
+        let leaf = rcgen::generate_simple_self_signed(vec!["x".into()]).unwrap().cert.pem();
+        assert_eq!(checked_cas("  ").unwrap(), None);
+        let two = ca("a") + &ca("b");
+        let got = checked_cas(&format!("junk before\n{two}")).unwrap().unwrap();
+        assert_eq!(got.matches("BEGIN CERTIFICATE").count(), 2);
+        assert!(!got.contains("junk"));
+        let e = checked_cas(&(ca("a") + &leaf)).unwrap_err().to_string();
+        assert!(e.contains("certificate 1 is not a CA"), "{e}");
+        let e = checked_cas(&(0..5).map(|i| ca(&i.to_string())).collect::<String>())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("5 CA certificates"), "{e}");
+        assert!(checked_cas("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n").is_err());
+    }
+
     #[test]
     fn the_liveness_bound_is_split_between_ping_and_wait() {
         let (ping, wait) = super::keepalive();

@@ -204,6 +204,21 @@ fn prune_lapsed<K: Eq + std::hash::Hash, V>(
 /// CAs change rarely; a site has far fewer peerings).
 const PEER_VERIFIERS_KEPT: usize = 1024;
 
+/// A client verifier trusting `cas` (none is an error).
+pub fn verifier_of<'a>(
+    cas: impl IntoIterator<Item = CertificateDer<'a>>,
+) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in cas {
+        roots.add(c.into_owned())?;
+    }
+    if roots.is_empty() {
+        anyhow::bail!("no CA certificate");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build()?)
+}
+
 fn describe(e: &rustls::Error) -> String {
     use rustls::CertificateError as C;
     match e {
@@ -214,7 +229,9 @@ fn describe(e: &rustls::Error) -> String {
             "the client certificate is not valid yet; check the clocks".into()
         }
         rustls::Error::InvalidCertificate(C::UnknownIssuer) => {
-            "the client certificate was not issued by this site's CA".into()
+            "the client certificate was not issued by a CA this site trusts (a foreign CA, or one the site \
+             retired after a CA rotation: enroll the agent again with a new token)"
+                .into()
         }
         rustls::Error::InvalidCertificate(C::BadSignature) => "the client certificate's signature is invalid".into(),
         other => format!("the client certificate is not acceptable: {other}"),
@@ -222,11 +239,10 @@ fn describe(e: &rustls::Error) -> String {
 }
 
 impl Authenticator {
-    pub fn new(site: &str, ca_der: &[u8]) -> anyhow::Result<Arc<Self>> {
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(CertificateDer::from(ca_der.to_vec()))?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build()?;
+    /// Trusts the site CAs `cas` (DER; during a rotation the new CA and
+    /// the old one).
+    pub fn new(site: &str, cas: &[Vec<u8>]) -> anyhow::Result<Arc<Self>> {
+        let verifier = verifier_of(cas.iter().map(|d| CertificateDer::from(d.clone())))?;
         Ok(Arc::new(Self {
             site: site.to_string(),
             verifier,
@@ -335,26 +351,25 @@ impl Authenticator {
         let Some((fp, pem)) = peer_ca(&id.site) else {
             return false;
         };
-        let cached = self.peer_verifiers.lock().unwrap().get(&fp).cloned();
+        // By the whole PEM: a peer rotating its CA trusts two under one
+        // signing fingerprint, then one.
+        let _ = fp;
+        let key = weft_common::fingerprint(pem.as_bytes());
+        let cached = self.peer_verifiers.lock().unwrap().get(&key).cloned();
         let verifier = match cached {
             Some(v) => v,
             None => {
-                let Ok(der) = CertificateDer::from_pem_slice(pem.as_bytes()) else {
+                let Ok(cas) = CertificateDer::pem_slice_iter(pem.as_bytes()).collect::<Result<Vec<_>, _>>() else {
                     return false;
                 };
-                let mut roots = rustls::RootCertStore::empty();
-                if roots.add(der).is_err() {
-                    return false;
-                }
-                let provider = Arc::new(rustls::crypto::ring::default_provider());
-                let Ok(v) = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build() else {
+                let Ok(v) = verifier_of(cas) else {
                     return false;
                 };
                 let mut cache = self.peer_verifiers.lock().unwrap();
                 if cache.len() >= PEER_VERIFIERS_KEPT {
                     cache.clear();
                 }
-                cache.insert(fp, v.clone());
+                cache.insert(key, v.clone());
                 v
             }
         };

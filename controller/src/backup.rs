@@ -192,7 +192,16 @@ pub fn validate(file: &pb::BackupFile, site_id: &str) -> Result<(), String> {
         return Err("it holds no site record".into());
     }
     let ca = ca_fingerprint(&file.ca_pem).map_err(|e| format!("its site CA is unreadable: {e}"))?;
-    if ca_record.as_deref().is_some_and(|r| r != ca) {
+    // Taken between a rotation of the CA and the controller's restart,
+    // the records still name the CA it replaced.
+    let earlier = |r: &str| {
+        use rustls_pki_types::pem::PemObject;
+        rustls_pki_types::CertificateDer::pem_slice_iter(file.ca_pem.as_bytes())
+            .flatten()
+            .any(|d| crate::pki::fingerprint(&d) == r)
+            || file.ca_retired.lines().any(|l| l.trim() == r)
+    };
+    if ca_record.as_deref().is_some_and(|r| r != ca && !earlier(r)) {
         return Err(format!(
             "its site CA (SHA-256 {ca}) is not the one its records were made with ({})",
             ca_record.unwrap_or_default()
@@ -348,6 +357,8 @@ pub async fn take(cfg: &ControllerConfig, out: &Path, without_key: bool) -> anyh
             ca.display()
         )
     })?;
+    file.ca_cross_pem = std::fs::read_to_string(pki.join(crate::pki::CA_CROSS)).unwrap_or_default();
+    file.ca_retired = std::fs::read_to_string(pki.join(crate::pki::CA_RETIRED)).unwrap_or_default();
     if !without_key {
         let key = pki.join(crate::pki::CA_KEY);
         file.ca_key_pem = std::fs::read_to_string(&key).with_context(|| format!("cannot read {}", key.display()))?;
@@ -511,6 +522,14 @@ fn put_ca(dir: &Path, file: &pb::BackupFile) -> anyhow::Result<Option<PathBuf>> 
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
     weft_common::fs::write_file(&key, &file.ca_key_pem, 0o600)?;
+    for (name, text) in [
+        (crate::pki::CA_CROSS, &file.ca_cross_pem),
+        (crate::pki::CA_RETIRED, &file.ca_retired),
+    ] {
+        if !text.is_empty() {
+            weft_common::fs::write_file(&dir.join(name), text, 0o644)?;
+        }
+    }
     weft_common::fs::write_file(&cert, &file.ca_pem, 0o644)?;
     let loaded = crate::pki::SiteCa::load(dir).and_then(|_| key_matches(&file.ca_pem, &file.ca_key_pem));
     if let Err(e) = loaded {
@@ -550,6 +569,7 @@ mod tests {
             records,
             ca_pem: pki.ca.pem.clone(),
             ca_key_pem: std::fs::read_to_string(dir.path().join(crate::pki::CA_KEY)).unwrap(),
+            ..Default::default()
         }
     }
 

@@ -32,6 +32,9 @@ pub enum Command {
     /// The admin client bundle.
     #[command(subcommand)]
     AdminCert(AdminCertCommand),
+    /// The site CA: rotate it, see how a rotation stands, finish it.
+    #[command(subcommand)]
+    Ca(CaCommand),
     /// Take a consistent copy of the running site's state (through the
     /// admin socket, on either store) and the site CA, into FILE.
     Backup {
@@ -54,6 +57,34 @@ pub enum Command {
         /// A file `weft-controller backup` wrote.
         #[arg(value_name = "FILE")]
         file: std::path::PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CaCommand {
+    /// Make a new site CA in <data-dir>/pki that signs from the
+    /// controller's next start, while the old one stays trusted (and
+    /// vouches for the new one to agents and peers until they learn it).
+    /// Restart the controller after it (and every other replica, once
+    /// pki/ca.pem, ca.key and ca-cross.pem are copied to it).
+    Rotate {
+        /// The old CA's key leaked: retire the old CA at once. Agents must
+        /// enroll again and peers be given the new CA by hand (see the
+        /// deploy guide).
+        #[arg(long)]
+        revoke_old: bool,
+    },
+    /// How a rotation stands, through the running controller's admin
+    /// socket: the CAs, and the agents and peers still on the old one.
+    Status,
+    /// Retire the old CA once no live agent and no peer holds on to it
+    /// (asked through the running controller); restart the controller (and
+    /// every replica, with the new pki/ca.pem) after it.
+    Finish {
+        /// Retire it even though agents or peers still hold on to it: the
+        /// agents must then enroll again, the peers be given the new CA.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -113,6 +144,7 @@ pub fn main() -> ExitCode {
             without_ca_key,
         }) => return backup(&cfg, out, *keep, *without_ca_key),
         Some(Command::Restore { file }) => return restore(&cfg, file),
+        Some(Command::Ca(c)) => return ca(&cfg, c),
         _ => {}
     }
     raise_open_files_limit();
@@ -184,6 +216,102 @@ fn rotate_admin_cert(cfg: &config::ControllerConfig) -> ExitCode {
         }
         Err(e) => {
             eprintln!("weft-controller: cannot rotate the admin bundle through {target}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The running controller's word on the site CA, over its admin socket.
+async fn ca_status(cfg: &config::ControllerConfig) -> anyhow::Result<weft_proto::v1::CaStatus> {
+    let target = format!("unix:{}", cfg.admin_socket.display());
+    let ch = weft_common::tls::connect(&target, &weft_common::tls::Trust::CaPem(String::new()), None)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach the running controller at {target}: {e:#}"))?;
+    Ok(weft_proto::v1::admin_service_client::AdminServiceClient::new(ch)
+        .get_ca_status(weft_proto::v1::GetCaStatusRequest {})
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+        .into_inner())
+}
+
+fn print_ca_status(s: &weft_proto::v1::CaStatus) {
+    println!("signing CA:       {}", s.signing_fingerprint);
+    for f in s.trusted_fingerprints.iter().skip(1) {
+        println!("also trusted:     {f} (being rotated away from)");
+    }
+    for f in &s.retired_fingerprints {
+        println!("retired:          {f}");
+    }
+    for a in &s.agents_on_old_ca {
+        println!("on the old CA:    {a} (renews when it next connects)");
+    }
+    for p in &s.peers_on_old_ca {
+        println!("peer not told:    {p}");
+    }
+}
+
+fn ca(cfg: &config::ControllerConfig, c: &CaCommand) -> ExitCode {
+    let dir = cfg.data_dir.join("pki");
+    let restart = "restart the controller to take it in: systemctl restart weft-controller (on every replica, \
+                   after copying pki/ca.pem, ca.key, ca-cross.pem and ca-retired from this host to it)";
+    let result = match c {
+        CaCommand::Rotate { revoke_old } => crate::pki::rotate(&dir, &cfg.site.id, *revoke_old).map(|r| {
+            println!("old CA:           {}", r.old_fingerprint);
+            println!("new CA:           {}", r.new_fingerprint);
+            println!(
+                "admin bundle:     reissued under the new CA ({})",
+                dir.join(crate::pki::ADMIN_CERT).display()
+            );
+            println!("next:             {restart}");
+            if r.revoked_old {
+                println!(
+                    "then:             the old CA is retired: enroll every agent again (weftctl token create, then \
+                     the agent with --token and --ca-fingerprint {}), and on every peer site run \
+                     `weftctl peering set-ca {} --ca-file` with this site's new pki/ca.pem",
+                    r.new_fingerprint, cfg.site.id
+                );
+            } else {
+                println!(
+                    "then:             agents renew under the new CA as they reconnect, and peers learn it; \
+                     `weft-controller ca status` shows who is left, `weft-controller ca finish` retires the old CA"
+                );
+            }
+        }),
+        CaCommand::Status => block_on(ca_status(cfg)).map(|s| print_ca_status(&s)),
+        CaCommand::Finish { force } => (|| {
+            let s = block_on(ca_status(cfg))?;
+            let here = crate::pki::SiteCa::load(&dir)?.fingerprint;
+            if s.signing_fingerprint != here {
+                anyhow::bail!(
+                    "the running controller signs with CA {} and {} holds CA {here}: restart the controller \
+                     to take in the rotation (and let agents and peers follow) before finishing it",
+                    s.signing_fingerprint,
+                    dir.display()
+                );
+            }
+            if s.trusted_fingerprints.len() > 1 && !*force {
+                let left = s.agents_on_old_ca.len() + s.peers_on_old_ca.len();
+                if left > 0 {
+                    print_ca_status(&s);
+                    anyhow::bail!(
+                        "{left} agents and peers still hold on to the old CA (above); wait for them (an agent renews \
+                         when it next connects, a peer takes the new CA within seconds while it is reachable), or \
+                         give --force: those agents must then enroll again, those peers be given the new CA by hand"
+                    );
+                }
+            }
+            let retired = crate::pki::finish(&dir)?;
+            for f in retired {
+                println!("retired:          {f}");
+            }
+            println!("next:             {restart}");
+            Ok(())
+        })(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weft-controller: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -13,6 +13,7 @@
 pub mod admission;
 pub mod auth;
 pub mod backup;
+pub mod ca;
 pub mod cli;
 pub mod config;
 pub mod diagnose;

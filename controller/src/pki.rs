@@ -21,6 +21,12 @@ use weft_common::fs::write_file;
 
 pub const CA_CERT: &str = "ca.pem";
 pub const CA_KEY: &str = "ca.key";
+/// A rotation's new CA key, until it replaces `ca.key` (see [`rotate`]).
+pub const CA_NEXT_KEY: &str = "ca.next.key";
+/// During a rotation: the new CA signed by the old one (see [`rotate`]).
+pub const CA_CROSS: &str = "ca-cross.pem";
+/// The fingerprints of CAs this site retired, one per line, oldest first.
+pub const CA_RETIRED: &str = "ca-retired";
 pub const SERVER_CERT: &str = "server.pem";
 pub const SERVER_KEY: &str = "server.key";
 pub const ADMIN_CERT: &str = "admin.pem";
@@ -37,11 +43,25 @@ pub struct ServerPki {
 /// The site CA: its certificate and the key that signs agent certificates.
 /// The key is read from `<data-dir>/pki/ca.key` and never leaves the
 /// controller's host.
+///
+/// During a rotation (see [`rotate`]) `ca.pem` holds two CAs: the new one,
+/// which signs, first, and the old one, still trusted, after it; and
+/// `ca-cross.pem` the new CA's certificate signed by the old CA, which the
+/// controller sends after its own certificates, so that a party that
+/// trusts only the old CA still verifies them.
 pub struct SiteCa {
+    /// Every CA the site trusts, as PEM: the signing CA first.
     pub pem: String,
+    /// The signing CA's certificate.
     pub der: Vec<u8>,
-    /// SHA-256 of the certificate's DER, lower-case hex.
+    /// SHA-256 of the signing CA certificate's DER, lower-case hex.
     pub fingerprint: String,
+    /// Every CA the site trusts (DER): the signing CA first.
+    pub trusted: Vec<Vec<u8>>,
+    /// During a rotation: the signing CA signed by the previous one (PEM).
+    pub cross_pem: Option<String>,
+    /// The fingerprints of the CAs the site retired (`ca-retired`).
+    pub retired: Vec<String>,
     issuer: Issuer<'static, KeyPair>,
 }
 
@@ -60,6 +80,8 @@ pub struct Issued {
     /// Lower-case hex of the serial number.
     pub serial: String,
     pub not_after_ms: u64,
+    /// The fingerprint of the CA that signed it.
+    pub ca: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +93,7 @@ pub enum PkiError {
 }
 
 /// SHA-256 of DER bytes, lower-case hex: a certificate fingerprint.
-pub use weft_common::fingerprint;
+pub use weft_common::{fingerprint, pem_of};
 
 fn random_serial() -> (SerialNumber, String) {
     let mut b = [0u8; 16];
@@ -83,21 +105,96 @@ fn random_serial() -> (SerialNumber, String) {
 
 impl SiteCa {
     pub fn load(dir: &Path) -> anyhow::Result<SiteCa> {
+        use rustls_pki_types::pem::PemObject;
         let (cert, key) = (dir.join(CA_CERT), dir.join(CA_KEY));
         let pem = std::fs::read_to_string(&cert).with_context(|| format!("cannot read {}", cert.display()))?;
-        let key_pem = std::fs::read_to_string(&key).with_context(|| format!("cannot read {}", key.display()))?;
+        let trusted: Vec<Vec<u8>> = rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+            .map(|c| c.map(|c| c.to_vec()))
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("{} is not PEM", cert.display()))?;
+        let Some(der) = trusted.first().cloned() else {
+            anyhow::bail!("{} holds no certificate", cert.display());
+        };
+        let mut key_pem = std::fs::read_to_string(&key).with_context(|| format!("cannot read {}", key.display()))?;
+        // A rotation writes the new key aside, then the CAs, then moves the
+        // key into place: a crash between the last two leaves the old key
+        // beside the new CA, and the key set aside goes with it.
+        let next = dir.join(CA_NEXT_KEY);
+        if !key_matches_cert(&key_pem, &der) {
+            match std::fs::read_to_string(&next) {
+                Ok(k) if key_matches_cert(&k, &der) => {
+                    std::fs::rename(&next, &key)
+                        .with_context(|| format!("cannot move {} into place", next.display()))?;
+                    tracing::warn!("an interrupted CA rotation left its new key aside; moved it into place");
+                    key_pem = k;
+                }
+                _ => anyhow::bail!(
+                    "{} does not belong to the first certificate of {}; restore both from a backup (or another replica)",
+                    key.display(),
+                    cert.display()
+                ),
+            }
+        } else if next.exists() {
+            // A rotation cut short before its CAs were written.
+            let _ = std::fs::remove_file(&next);
+        }
         let keypair = KeyPair::from_pem(&key_pem).context("the site CA key is unreadable")?;
-        let issuer = Issuer::from_ca_cert_pem(&pem, keypair).context("the site CA certificate is unreadable")?;
-        use rustls_pki_types::pem::PemObject;
-        let der = rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
-            .context("the site CA certificate is not PEM")?
-            .to_vec();
+        let issuer = Issuer::from_ca_cert_der(&rustls_pki_types::CertificateDer::from(der.clone()), keypair)
+            .context("the site CA certificate is unreadable")?;
+        let cross_pem = match std::fs::read_to_string(dir.join(CA_CROSS)) {
+            Ok(p) if trusted.len() > 1 => Some(p),
+            _ => None,
+        };
+        let retired = std::fs::read_to_string(dir.join(CA_RETIRED))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.trim().to_string())
+            .filter(|l| !l.is_empty())
+            .collect();
         Ok(SiteCa {
             fingerprint: fingerprint(&der),
             pem,
             der,
+            trusted,
+            cross_pem,
+            retired,
             issuer,
         })
+    }
+
+    /// Whether this CA (the signing one) signed the DER certificate `der`.
+    pub fn signed(&self, der: &[u8]) -> bool {
+        use x509_parser::prelude::{FromDer, X509Certificate};
+        let (Ok((_, cert)), Ok((_, ca))) = (X509Certificate::from_der(der), X509Certificate::from_der(&self.der))
+        else {
+            return false;
+        };
+        cert.verify_signature(Some(ca.public_key())).is_ok()
+    }
+
+    /// A certificate this CA signed (PEM), with the cross-certificate
+    /// after it during a rotation: a replica not yet restarted, which
+    /// trusts only the old CA, still verifies it.
+    fn with_cross(&self, leaf_pem: String) -> String {
+        match &self.cross_pem {
+            Some(x) => leaf_pem + x,
+            None => leaf_pem,
+        }
+    }
+
+    /// Whether a rotation is under way: an old CA is still trusted.
+    pub fn rotating(&self) -> bool {
+        self.trusted.len() > 1
+    }
+
+    /// The certificates to send after a leaf this CA signed: the CA itself
+    /// and, during a rotation, its cross-certificate (PEM).
+    pub fn chain_pem(&self) -> String {
+        let mut out = pem_of(&self.der);
+        if let Some(x) = &self.cross_pem {
+            out.push_str(x);
+        }
+        out
     }
 
     /// Signs `csr_pem` for the identity `uri` (`weft://site/role/name`),
@@ -135,9 +232,10 @@ impl SiteCa {
             .signed_by(&csr.public_key, &self.issuer)
             .map_err(|e| PkiError::Issue(e.to_string()))?;
         Ok(Issued {
-            cert_pem: cert.pem(),
+            cert_pem: self.with_cross(cert.pem()),
             serial: serial_hex,
             not_after_ms: (p.not_after.unix_timestamp() as u64) * 1000,
+            ca: self.fingerprint.clone(),
         })
     }
 
@@ -153,7 +251,10 @@ impl SiteCa {
             days,
         )?;
         p.serial_number = Some(random_serial().0);
-        Ok((p.signed_by(&key, &self.issuer)?.pem(), key.serialize_pem()))
+        Ok((
+            self.with_cross(p.signed_by(&key, &self.issuer)?.pem()),
+            key.serialize_pem(),
+        ))
     }
 }
 
@@ -218,20 +319,7 @@ pub fn ensure(dir: &Path, site: &str, names: &[String]) -> anyhow::Result<Server
         _ => {}
     }
     if !ca_cert.exists() {
-        let key = KeyPair::generate()?;
-        let mut p = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, format!("weft site {site} CA"));
-        p.distinguished_name = dn;
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let now = OffsetDateTime::now_utc();
-        p.not_before = now - Duration::minutes(5);
-        p.not_after = now + Duration::days(3650);
+        let (p, key) = new_ca(format!("weft site {site} CA"))?;
         let cert = p.self_signed(&key)?;
         write_file(&ca_key, key.serialize_pem(), 0o600)?;
         write_file(&ca_cert, cert.pem(), 0o644)?;
@@ -338,6 +426,123 @@ fn write_admin_bundle(dir: &Path, ca: &SiteCa, site: &str) -> anyhow::Result<Str
     Ok(cert)
 }
 
+/// A new CA's parameters (named `cn`, valid ten years) and key.
+fn new_ca(cn: String) -> anyhow::Result<(CertificateParams, KeyPair)> {
+    let key = KeyPair::generate()?;
+    let mut p = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, cn);
+    p.distinguished_name = dn;
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let now = OffsetDateTime::now_utc();
+    p.not_before = now - Duration::minutes(5);
+    p.not_after = now + Duration::days(3650);
+    p.serial_number = Some(random_serial().0);
+    Ok((p, key))
+}
+
+/// Whether `key_pem` is the key of the DER certificate `der`.
+fn key_matches_cert(key_pem: &str, der: &[u8]) -> bool {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let (Ok(key), Ok((_, cert))) = (KeyPair::from_pem(key_pem), X509Certificate::from_der(der)) else {
+        return false;
+    };
+    cert.public_key().subject_public_key.data.as_ref() == key.public_key_raw()
+}
+
+/// What a CA rotation did, for the operator.
+#[derive(Debug)]
+pub struct Rotated {
+    pub old_fingerprint: String,
+    pub new_fingerprint: String,
+    /// The old CA was retired at once (`--revoke-old`).
+    pub revoked_old: bool,
+}
+
+/// Starts a rotation of the site CA in `dir`: a new CA signs from the
+/// controller's next start, while the old one stays trusted. The new CA is
+/// also signed by the old one (`ca-cross.pem`), so that agents and peers
+/// that trust only the old CA still verify what the new one signs until
+/// they are told of it. The admin bundle is reissued under the new CA.
+///
+/// With `revoke_old` (the old key leaked) the old CA is retired at once:
+/// nothing it signed is trusted from the next start, no cross-certificate
+/// vouches for the new one, and agents and peers must be given the new CA
+/// by hand.
+///
+/// Each file is written whole (a temporary file and a rename), in an order
+/// that [`SiteCa::load`] completes if a crash cuts it short.
+pub fn rotate(dir: &Path, site: &str, revoke_old: bool) -> anyhow::Result<Rotated> {
+    let old = SiteCa::load(dir)?;
+    if old.rotating() {
+        anyhow::bail!(
+            "a rotation of the site CA is under way (pki/ca.pem trusts {} CAs); finish it first with \
+             `weft-controller ca finish`, or start over with `--revoke-old`, which retires both",
+            old.trusted.len()
+        );
+    }
+    let when = OffsetDateTime::now_utc();
+    let (p, key) = new_ca(format!(
+        "weft site {site} CA {}",
+        when.format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default()
+    ))?;
+    let cert = p.self_signed(&key)?;
+    let mut bundle = cert.pem();
+    write_file(&dir.join(CA_NEXT_KEY), key.serialize_pem(), 0o600)?;
+    if revoke_old {
+        retire(dir, &old.trusted)?;
+        let _ = std::fs::remove_file(dir.join(CA_CROSS));
+    } else {
+        let cross = p.signed_by(&key, &old.issuer)?;
+        write_file(&dir.join(CA_CROSS), cross.pem(), 0o644)?;
+        bundle.push_str(&pem_of(&old.der));
+    }
+    write_file(&dir.join(CA_CERT), &bundle, 0o644)?;
+    std::fs::rename(dir.join(CA_NEXT_KEY), dir.join(CA_KEY))
+        .with_context(|| format!("cannot move the new CA key into {}", dir.join(CA_KEY).display()))?;
+    let new = SiteCa::load(dir)?;
+    write_admin_bundle(dir, &new, site)?;
+    tracing::info!(old = %old.fingerprint, new = %new.fingerprint, revoke_old, "rotated the site CA");
+    Ok(Rotated {
+        old_fingerprint: old.fingerprint,
+        new_fingerprint: new.fingerprint,
+        revoked_old: revoke_old,
+    })
+}
+
+/// Ends a rotation: the old CA is no longer trusted from the controller's
+/// next start. Returns the retired CAs' fingerprints.
+pub fn finish(dir: &Path) -> anyhow::Result<Vec<String>> {
+    let ca = SiteCa::load(dir)?;
+    if !ca.rotating() {
+        anyhow::bail!("no rotation of the site CA is under way; start one with `weft-controller ca rotate`");
+    }
+    retire(dir, &ca.trusted[1..])?;
+    write_file(&dir.join(CA_CERT), pem_of(&ca.der), 0o644)?;
+    let _ = std::fs::remove_file(dir.join(CA_CROSS));
+    Ok(ca.trusted[1..].iter().map(|d| fingerprint(d)).collect())
+}
+
+/// Adds `cas` to the retired list (`ca-retired`).
+fn retire(dir: &Path, cas: &[Vec<u8>]) -> anyhow::Result<()> {
+    let path = dir.join(CA_RETIRED);
+    let mut list = std::fs::read_to_string(&path).unwrap_or_default();
+    for d in cas {
+        let fp = fingerprint(d);
+        if !list.lines().any(|l| l.trim() == fp) {
+            list.push_str(&fp);
+            list.push('\n');
+        }
+    }
+    write_file(&path, list, 0o644)
+}
+
 /// When a DER certificate stops being valid.
 pub fn not_after(der: &[u8]) -> Option<std::time::SystemTime> {
     use x509_parser::prelude::{FromDer, X509Certificate};
@@ -439,6 +644,82 @@ mod tests {
             "the same names: the server certificate is reused"
         );
         assert_eq!(third.key_pem, again.key_pem);
+    }
+
+    /// A rotation: the new CA signs and the old one stays trusted, the
+    /// cross-certificate makes what the new one signs verifiable by the old
+    /// one alone, and finishing retires the old one; a crash between the
+    /// rotation's writes is completed at the next load.
+    #[test]
+    fn a_rotated_ca_signs_while_the_old_one_vouches_for_it_until_finished() {
+        use x509_parser::prelude::{FromDer, X509Certificate};
+        let d = tempfile::tempdir().unwrap();
+        let first = ensure(d.path(), "s1", &[]).unwrap().ca;
+        assert!(!first.rotating() && first.cross_pem.is_none());
+        let e = finish(d.path()).unwrap_err().to_string();
+        assert!(e.contains("no rotation"), "{e}");
+
+        let r = rotate(d.path(), "s1", false).unwrap();
+        assert_eq!(r.old_fingerprint, first.fingerprint);
+        let ca = SiteCa::load(d.path()).unwrap();
+        assert!(ca.rotating());
+        assert_eq!(ca.fingerprint, r.new_fingerprint);
+        assert_eq!(ca.trusted, vec![ca.der.clone(), first.der.clone()]);
+        let e = rotate(d.path(), "s1", false).unwrap_err().to_string();
+        assert!(e.contains("under way"), "{e}");
+
+        // An agent's certificate from the new CA carries the
+        // cross-certificate, which the old CA signed.
+        let key = KeyPair::generate().unwrap();
+        let csr = CertificateParams::new(Vec::<String>::new())
+            .unwrap()
+            .serialize_request(&key)
+            .unwrap()
+            .pem()
+            .unwrap();
+        let issued = ca
+            .sign_agent_csr(&csr, "weft://s1/node/n1", "n1", std::time::Duration::from_secs(60))
+            .unwrap();
+        assert_eq!(issued.ca, ca.fingerprint);
+        use rustls_pki_types::pem::PemObject;
+        let chain: Vec<_> = rustls_pki_types::CertificateDer::pem_slice_iter(issued.cert_pem.as_bytes())
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(chain.len(), 2);
+        assert!(ca.signed(&chain[0]));
+        let (_, cross) = X509Certificate::from_der(&chain[1]).unwrap();
+        let (_, old) = X509Certificate::from_der(&first.der).unwrap();
+        cross.verify_signature(Some(old.public_key())).unwrap();
+        let (_, new) = X509Certificate::from_der(&ca.der).unwrap();
+        assert_eq!(cross.subject(), new.subject());
+        assert_eq!(cross.public_key().raw, new.public_key().raw);
+        // The old CA alone verifies the chain.
+        crate::auth::verifier_of([rustls_pki_types::CertificateDer::from(first.der.clone())])
+            .unwrap()
+            .verify_client_cert(&chain[0], &chain[1..], rustls_pki_types::UnixTime::now())
+            .unwrap();
+
+        let retired = finish(d.path()).unwrap();
+        assert_eq!(retired, vec![first.fingerprint.clone()]);
+        let done = SiteCa::load(d.path()).unwrap();
+        assert!(!done.rotating() && done.cross_pem.is_none());
+        assert_eq!(done.trusted, vec![ca.der.clone()]);
+        assert_eq!(done.retired, vec![first.fingerprint.clone()]);
+
+        // --revoke-old: the new CA alone at once, the old one retired.
+        let r = rotate(d.path(), "s1", true).unwrap();
+        let now = SiteCa::load(d.path()).unwrap();
+        assert!(!now.rotating() && now.cross_pem.is_none());
+        assert_eq!(now.retired, vec![first.fingerprint.clone(), r.old_fingerprint]);
+
+        // A crash after the CAs were written, before the key moved.
+        let key = std::fs::read_to_string(d.path().join(CA_KEY)).unwrap();
+        std::fs::write(d.path().join(CA_NEXT_KEY), &key).unwrap();
+        std::fs::write(d.path().join(CA_KEY), KeyPair::generate().unwrap().serialize_pem()).unwrap();
+        let back = SiteCa::load(d.path()).unwrap();
+        assert_eq!(back.fingerprint, now.fingerprint);
+        assert_eq!(std::fs::read_to_string(d.path().join(CA_KEY)).unwrap(), key);
+        assert!(!d.path().join(CA_NEXT_KEY).exists());
     }
 
     #[test]

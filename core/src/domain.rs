@@ -271,6 +271,10 @@ pub struct CertRecord {
     /// A call came with it (see the renewal's conflict check).
     #[serde(default)]
     pub used: bool,
+    /// The fingerprint of the site CA that signed it (empty: recorded
+    /// before weft kept it, so by a CA older than any rotation).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ca: String,
 }
 
 /// The latest expiry among `certs` that are still valid at `now_ms`.
@@ -436,6 +440,7 @@ pub(crate) fn test_remote(workload: &str) -> RemoteSite {
         transit: false,
         transit_v6: false,
         version: String::new(),
+        trusts_ca: String::new(),
         transit_routes: vec![],
         readiness: None,
         workload_cidrs_v6: vec![],

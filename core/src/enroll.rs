@@ -202,6 +202,7 @@ mod tests {
             not_after_ms,
             issued_at_ms: NOW - 10_000,
             used: true,
+            ca: String::new(),
         }
     }
 

@@ -252,6 +252,19 @@ pub fn remote_site(
                 ));
             }
         },
+        trusts_ca: match p.trusted_ca.as_str() {
+            f if f.is_empty()
+                || (f.len() == 64 && f.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))) =>
+            {
+                f.to_string()
+            }
+            f => {
+                return Err(format!(
+                    "trusted_ca: {} is not a certificate fingerprint (64 lower-case hex digits)",
+                    crate::domain::shown(f)
+                ));
+            }
+        },
         transit_routes,
         readiness: p.readiness.as_ref().map(readiness).transpose()?,
     })

@@ -170,19 +170,8 @@ fn drill(tag: &str, on_etcd: bool) {
     }
     std::thread::sleep(Duration::from_secs(3));
     s.lab.proc(ping).stop();
-    let mut seqs: Vec<u64> = weft_tests::ping_answers(&std::fs::read_to_string(&ping_log).unwrap())
-        .into_iter()
-        .map(|(_, seq)| seq)
-        .collect();
-    seqs.sort_unstable();
-    seqs.dedup();
-    assert!(seqs.len() > 100, "too few pings answered to judge: {}", seqs.len());
-    let (first, last) = (seqs[0], *seqs.last().unwrap());
-    let lost = (last - first + 1) as usize - seqs.len();
-    eprintln!(
-        "{tag}: {} pings from seq {first} to {last}, {lost} lost; agents' first messages: {applied:?}",
-        seqs.len()
-    );
+    let (answered, lost) = weft_tests::pings_lost(&std::fs::read_to_string(&ping_log).unwrap(), 100);
+    eprintln!("{tag}: {answered} pings answered, {lost} lost; agents' first messages: {applied:?}");
     assert_eq!(lost, 0, "pings lost across backup, wipe and restore");
     // The restored controller keeps allocating after what it restored.
     let n = weftctl_json(&s.ta, &["node", "add", "after-restore"]);

@@ -6,6 +6,7 @@ mod admin_api;
 mod agent_enrollment;
 mod backup;
 mod bad_input;
+mod ca_rotation;
 mod config_errors;
 mod crash_consistency;
 mod dataplane;

@@ -255,6 +255,7 @@ async fn a_peer_view_never_covers_a_hosts_underlay_address() {
                 cert_pem: String::new(),
                 serial: "01".into(),
                 not_after_ms: u64::MAX,
+                ca: String::new(),
             })
         })
         .await

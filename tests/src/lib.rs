@@ -469,6 +469,22 @@ pub fn ping_answers(log: &str) -> Vec<(f64, u64)> {
         .collect()
 }
 
+/// In a `ping -D` log: how many pings were answered (each sequence number
+/// once) and how many lost between the first answer and the last. Panics
+/// when fewer than `at_least` were answered: too few to judge.
+pub fn pings_lost(log: &str, at_least: usize) -> (usize, usize) {
+    let mut seqs: Vec<u64> = ping_answers(log).into_iter().map(|(_, seq)| seq).collect();
+    seqs.sort_unstable();
+    seqs.dedup();
+    assert!(
+        seqs.len() >= at_least,
+        "too few pings answered to judge: {}",
+        seqs.len()
+    );
+    let (first, last) = (seqs[0], *seqs.last().unwrap());
+    (seqs.len(), (last - first + 1) as usize - seqs.len())
+}
+
 /// Seconds since the Unix epoch, as `ping -D` prints them.
 pub fn unix_now() -> f64 {
     std::time::SystemTime::now()

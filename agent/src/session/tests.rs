@@ -97,6 +97,9 @@ impl weft_proto::v1::agent_service_server::AgentService for FakeController {
     async fn get_assignment(&self, _: tonic::Request<pb::GetAssignmentRequest>) -> Answer<pb::Assignment> {
         Err(tonic::Status::unimplemented("not in this fake"))
     }
+    async fn get_trust(&self, _: tonic::Request<pb::GetTrustRequest>) -> Answer<pb::Trust> {
+        Err(tonic::Status::unimplemented("not in this fake"))
+    }
     async fn watch(&self, r: tonic::Request<pb::WatchRequest>) -> Answer<Self::WatchStream> {
         self.watches.lock().unwrap().push(r.into_inner());
         if let Some(s) = self.refuse.lock().unwrap().take() {
@@ -186,6 +189,7 @@ async fn one_session(
         file: &file,
         applier,
         dns: None,
+        connected: &tokio::sync::Notify::new(),
     };
     tokio::time::timeout(Duration::from_secs(10), session(s))
         .await

@@ -88,7 +88,17 @@ async fn take_in(
             last = Some(params);
             continue;
         }
-        match fed.remote(ca_pem, &params, own) {
+        // The CAs the peer now trusts for itself (a rotation of its CA):
+        // sent over this stream, which the CAs taken so far verified.
+        let trusted = match weft_common::tls::checked_cas(&params.ca_pem) {
+            Ok(Some(cas)) => cas,
+            Ok(None) => ca_pem.to_string(),
+            Err(e) => {
+                tracing::warn!(peer = %site, error = %e, "the peer sent invalid CA certificates; ignored");
+                ca_pem.to_string()
+            }
+        };
+        match fed.remote(&trusted, &params, own) {
             Ok(r) => {
                 if let Some(ready) = r.readiness.as_ref().filter(|r| r.routes_applied) {
                     fed.hub.peer_moved(site, &ready.active_gateway);

@@ -121,6 +121,7 @@ fn exports(model: &crate::render::Model, peer: &str, params: &mut pb::NetworkPar
     // Transit: whether this site agrees on this peering, and while the
     // peer does too, the sites it may reach through this one.
     if let Some(p) = model.peerings.get(peer) {
+        params.trusted_ca = p.remote.as_ref().map(|r| r.ca_fingerprint.clone()).unwrap_or_default();
         params.transit = p.transit;
         params.transit_v6 = true;
         params.version = env!("CARGO_PKG_VERSION").into();
@@ -171,6 +172,7 @@ impl Federation {
         let gateways = LocalGateways::of(model);
         let params = pb::NetworkParams {
             site_id: site.id.clone(),
+            ca_pem: self.ca_pem.clone(),
             workload_cidrs: site.pod_cidrs.iter().map(|c| c.to_string()).collect(),
             external_cidr: site.offered_external().map(|c| c.to_string()).unwrap_or_default(),
             workload_cidrs_v6: site

@@ -60,12 +60,12 @@ pub(super) fn verify_site(
 ) -> Result<String, Status> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
-    let ca = CertificateDer::from_pem_slice(ca_pem.as_bytes())
-        .map_err(|_| Status::invalid_argument("ca_pem is not a PEM certificate"))?;
-    let auth =
-        crate::auth::Authenticator::new("", &ca).map_err(|e| Status::invalid_argument(format!("ca_pem: {e}")))?;
+    let cas = CertificateDer::pem_slice_iter(ca_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| Status::invalid_argument("ca_pem is not PEM certificates"))?;
+    let verifier = crate::auth::verifier_of(cas).map_err(|e| Status::invalid_argument(format!("ca_pem: {e}")))?;
     let (leaf, rest) = chain.split_first().expect("chain is not empty");
-    auth.verifier()
+    verifier
         .verify_client_cert(leaf, rest, rustls::pki_types::UnixTime::now())
         .map_err(|e| {
             Status::unauthenticated(format!(

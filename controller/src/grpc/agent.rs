@@ -174,6 +174,7 @@ impl AgentService for AgentApi {
         Ok(Response::new(pb::RenewResponse {
             certificate_pem: issued.cert_pem,
             expires_at: convert::ts(issued.not_after_ms),
+            ca_pem: self.ca.pem.clone(),
         }))
     }
 
@@ -296,6 +297,27 @@ impl AgentService for AgentApi {
         req: Request<tonic::Streaming<pb::ReportRequest>>,
     ) -> Result<Response<Self::ReportStreamStream>, Status> {
         self.open_report_stream(req).await
+    }
+
+    async fn get_trust(&self, req: Request<pb::GetTrustRequest>) -> Result<Response<pb::Trust>, Status> {
+        agent(&req)?;
+        let renew = req
+            .peer_certs()
+            .and_then(|c| c.first().map(|leaf| !self.ca.signed(leaf.as_ref())))
+            .unwrap_or(false);
+        // Spread a site's renewals after a rotation: 10 ms per agent, at
+        // least 2 s and at most 5 minutes.
+        let model = self.hub.model();
+        let agents = (model.nodes.len() + model.gateways.len()) as u64;
+        let within = Duration::from_millis((agents * 10).clamp(2_000, 300_000));
+        Ok(Response::new(pb::Trust {
+            ca_pem: self.ca.pem.clone(),
+            renew,
+            renew_within: Some(prost_types::Duration {
+                seconds: within.as_secs() as i64,
+                nanos: within.subsec_nanos() as i32,
+            }),
+        }))
     }
 
     async fn update_gateway(

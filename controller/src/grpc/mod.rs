@@ -34,11 +34,18 @@ pub struct AdminApi {
     ca_not_after_ms: Option<u64>,
     /// The pki directory and site id (for rotating the admin bundle).
     pki: Option<(std::path::PathBuf, String)>,
+    /// The site CAs this controller trusts and those retired.
+    cas: crate::ca::Cas,
 }
 
 impl AdminApi {
     pub fn with_ca_expiry(mut self, ms: Option<u64>) -> Self {
         self.ca_not_after_ms = ms;
+        self
+    }
+
+    pub fn with_cas(mut self, cas: crate::ca::Cas) -> Self {
+        self.cas = cas;
         self
     }
 
@@ -57,6 +64,7 @@ impl AdminApi {
             fed,
             ca_not_after_ms: None,
             pki: None,
+            cas: Default::default(),
         }
     }
 
@@ -148,6 +156,15 @@ impl AdminService for AdminApi {
             serial,
             revoked_serial: old.map(|o| o.0).unwrap_or_default(),
         }))
+    }
+
+    async fn get_ca_status(&self, _: Request<pb::GetCaStatusRequest>) -> Result<Response<pb::CaStatus>, Status> {
+        let model = self.hub.model();
+        Ok(Response::new(crate::ca::status(
+            &self.cas,
+            &model,
+            crate::domain::now_ms(),
+        )))
     }
 
     type BackupStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::BackupChunk, Status>>>;

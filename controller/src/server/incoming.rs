@@ -17,8 +17,12 @@ pub(super) fn tls_config(pki: &ServerPki, auth: &Authenticator) -> anyhow::Resul
     let leaf = CertificateDer::from_pem_slice(pki.cert_pem.as_bytes()).context("server certificate")?;
     let key = PrivateKeyDer::from_pem_slice(pki.key_pem.as_bytes()).context("server key")?;
     // The chain includes the CA so an agent that pins the CA's fingerprint
-    // (and has no CA file yet) can verify us.
-    let chain = vec![leaf, CertificateDer::from(pki.ca.der.clone())];
+    // (and has no CA file yet) can verify us; during a rotation, also the
+    // new CA signed by the old one, for those that trust only the old.
+    let mut chain = vec![leaf];
+    for c in CertificateDer::pem_slice_iter(pki.ca.chain_pem().as_bytes()) {
+        chain.push(c.context("the site CA chain")?);
+    }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?

@@ -245,17 +245,25 @@ async fn open_site(
     }
     // Replicas on one etcd must hold the same site CA.
     state
-        .check_ca(&pki.ca.fingerprint)
+        .check_ca(&pki.ca.fingerprint, &earlier_cas(&pki.ca))
         .await
         .context("cannot start this controller")?;
     state
         .init_site(&cfg.site)
         .await
         .context("cannot initialise the site in the store")?;
-    let auth = Authenticator::new(&cfg.site.id, &pki.ca.der)?;
+    let auth = Authenticator::new(&cfg.site.id, &pki.ca.trusted)?;
     let (revoked, _) = state.revoked().await.context("cannot read the revocation list")?;
     auth.set_revoked(&revoked);
     Ok((state, auth))
+}
+
+/// The CAs a rotation replaced: the ones still trusted beside the signing
+/// CA, and the retired ones.
+fn earlier_cas(ca: &pki::SiteCa) -> Vec<String> {
+    let mut v: Vec<String> = ca.trusted[1..].iter().map(|d| pki::fingerprint(d)).collect();
+    v.extend(ca.retired.iter().cloned());
+    v
 }
 
 /// A TCP listener's server: a connection holds few streams (an agent: its
@@ -329,6 +337,8 @@ async fn prepare(cfg: &ControllerConfig) -> anyhow::Result<Prepared> {
     let (state, auth) = open_site(cfg, &pki, store.clone()).await?;
     let acceptor = TlsAcceptor::from(tls_config(&pki, &auth)?);
     let fingerprint = pki.ca.fingerprint.clone();
+    // (With the cross-certificate during a rotation: a peer that trusts
+    // only the old CA verifies it.)
     let site_cert = pki.ca.issue_with_key(
         &pki::identity_uri(&cfg.site.id, "site", &cfg.site.id),
         &format!("weft site {}", cfg.site.id),
@@ -446,6 +456,7 @@ pub async fn run(
                 fed.clone(),
             )
             .with_ca_expiry(ca_not_after_ms)
+            .with_cas(crate::ca::Cas::of(&ca))
             .with_pki(pki_dir, cfg.site.id.clone()),
         )
         .max_decoding_message_size(MAX_MESSAGE),

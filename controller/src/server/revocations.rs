@@ -95,7 +95,7 @@ mod tests {
         let store = crate::store::embedded::EmbeddedStore::open(&dir.path().join("db")).unwrap();
         let state = State::new(Arc::new(store), "s");
         let pki = crate::pki::ensure(&dir.path().join("pki"), "s", &[]).unwrap();
-        let auth = Authenticator::new("s", &pki.ca.der).unwrap();
+        let auth = Authenticator::new("s", &pki.ca.trusted).unwrap();
         let (now, hour) = (now_ms(), 3_600_000);
         state.revoke_admin("valid-before", now + hour).await.unwrap();
         let follower = tokio::spawn(follow(state.clone(), auth.clone(), Duration::from_millis(300)));

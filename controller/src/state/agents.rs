@@ -103,6 +103,7 @@ fn enrolled_cert(certs: &mut Vec<CertRecord>, issued: &Issued, now: u64) {
         not_after_ms: issued.not_after_ms,
         issued_at_ms: now,
         used: true,
+        ca: issued.ca.clone(),
     });
 }
 

@@ -116,6 +116,7 @@ impl State {
                 not_after_ms: issued.not_after_ms,
                 issued_at_ms: now,
                 used: false,
+                ca: issued.ca.clone(),
             };
             // The new certificate replaces every older one but the caller's
             // (which the agent uses until it has the new one: a renewal whose

@@ -279,10 +279,16 @@ impl State {
             let site = snap.site()?;
             let (p, rev) = snap.peering(peer_site)?;
             let Some(old) = &p.remote else { return Ok((None, false)) };
-            if old.ca_fingerprint != remote.ca_fingerprint {
+            // A peer rotating its CA sends the new one first with the
+            // one pinned here still among them; then, finishing, the new
+            // one alone.
+            if !may_move_ca(&old.ca_fingerprint, &remote) {
                 return Err(Error::PermissionDenied(format!(
-                    "site {peer_site:?} sent parameters under another CA"
+                    "site {peer_site:?} sent parameters under another CA, without the one pinned here"
                 )));
+            }
+            if old.ca_fingerprint != remote.ca_fingerprint {
+                tracing::info!(peer = %peer_site, old = %old.ca_fingerprint, new = %remote.ca_fingerprint, "the peer rotates its CA; trusting its new one");
             }
             // Every update, whatever else changed: no candidate on this
             // site's hosts.
@@ -460,5 +466,54 @@ impl State {
             Ok((Some(txn), next))
         })
         .await
+    }
+}
+
+/// Whether a peer pinned by the CA `pinned` may now be trusted by the CAs
+/// of `remote`: the same signing CA, or a rotation of its CA (a new one
+/// first, with the pinned one still among them). The parameters came over
+/// a stream that the pinned CA verified.
+fn may_move_ca(pinned: &str, remote: &RemoteSite) -> bool {
+    use rustls_pki_types::pem::PemObject;
+    remote.ca_fingerprint == pinned
+        || rustls_pki_types::CertificateDer::pem_slice_iter(remote.ca_pem.as_bytes())
+            .flatten()
+            .any(|d| weft_common::fingerprint(&d) == pinned)
+}
+
+#[cfg(test)]
+mod ca_tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_moves_to_a_new_ca_only_with_the_pinned_one_among_its_cas() {
+        let d = tempfile::tempdir().unwrap();
+        let first = crate::pki::ensure(d.path(), "p", &[]).unwrap().ca;
+        crate::pki::rotate(d.path(), "p", false).unwrap();
+        let both = crate::pki::SiteCa::load(d.path()).unwrap();
+        let remote = |ca: &crate::pki::SiteCa| -> RemoteSite {
+            serde_json::from_value(serde_json::json!({
+                "ca_pem": ca.pem, "ca_fingerprint": ca.fingerprint, "workload_cidrs": ["10.9.0.0/16"],
+                "external_cidr": null, "gateways": [], "mtu": 0, "endpoints": [], "tunnel_role": "server",
+            }))
+            .unwrap()
+        };
+        assert!(may_move_ca(&first.fingerprint, &remote(&first)));
+        assert!(
+            may_move_ca(&first.fingerprint, &remote(&both)),
+            "the rotation's overlap"
+        );
+        crate::pki::finish(d.path()).unwrap();
+        let done = crate::pki::SiteCa::load(d.path()).unwrap();
+        assert!(
+            may_move_ca(&both.fingerprint, &remote(&done)),
+            "finished, after the overlap"
+        );
+        assert!(
+            !may_move_ca(&first.fingerprint, &remote(&done)),
+            "a new CA alone, never seen with the pinned one"
+        );
+        let other = crate::pki::ensure(&d.path().join("other"), "q", &[]).unwrap().ca;
+        assert!(!may_move_ca(&first.fingerprint, &remote(&other)));
     }
 }

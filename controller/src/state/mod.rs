@@ -181,7 +181,11 @@ impl State {
     /// Records the site CA's fingerprint on first start; on later starts
     /// (and on every replica) refuses a controller holding another CA,
     /// whose certificates the agents and peers would not trust.
-    pub async fn check_ca(&self, fingerprint: &str) -> Result<(), Error> {
+    /// Records the site CA's `fingerprint` in a new store, and refuses a
+    /// store made with another CA. A store that holds one of `earlier`
+    /// (the CAs this controller's rotation replaced: still trusted, or
+    /// retired) takes the new one.
+    pub async fn check_ca(&self, fingerprint: &str, earlier: &[String]) -> Result<(), Error> {
         let key = self.at(Key::CaFingerprint);
         let marker = self.at(Key::Restoring);
         // Not on a store a restore is writing (it brings its own record).
@@ -207,9 +211,23 @@ impl State {
         if stored == fingerprint {
             return Ok(());
         }
+        if earlier.contains(&stored) {
+            let seen = self.store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
+            let txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), seen))
+                .then(Op::put(key.clone(), fingerprint.as_bytes().to_vec()));
+            if self.store.txn(txn).await?.succeeded {
+                tracing::info!(old = %stored, new = %fingerprint, "the site's store now names the rotated CA");
+                return Ok(());
+            }
+            return Err(Error::Unavailable(
+                "another replica recorded the site CA at the same time; start this one again".into(),
+            ));
+        }
         Err(Error::FailedPrecondition(format!(
-            "this controller's site CA (SHA-256 {fingerprint}) is not the one the site's store was created with ({stored}); \
-             a replica needs the site's CA: copy pki/ca.pem and pki/ca.key from another replica's data dir before starting it"
+            "this controller's site CA (SHA-256 {fingerprint}) is not the one the site's store names ({stored}); \
+             a replica needs the site's CA: copy pki/ca.pem, ca.key, and ca-cross.pem and ca-retired where present, \
+             from another replica's data dir before starting it (after a CA rotation, from the replica that rotated)"
         )))
     }
 

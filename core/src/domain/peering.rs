@@ -208,6 +208,12 @@ pub struct RemoteSite {
     /// 0.1.0, which does not say).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub version: String,
+    /// The fingerprint of this site's signing CA as the peer trusts it
+    /// (empty: a peer of an earlier version, which does not say). A
+    /// rotation of this site's CA is finished only once every peer trusts
+    /// the new one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trusts_ca: String,
     /// The sites it offers to reach through it (checked: see
     /// `transit::check_routes`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
