@@ -19,6 +19,9 @@ pub const CERT_FILE: &str = "agent.pem";
 pub const CA_FILE: &str = "ca.pem";
 /// The key before the last renewal, kept only while a renewal is written.
 pub const PREV_KEY_FILE: &str = "agent.key.prev";
+/// SHA-256 of the token the agent last enrolled with: another token given
+/// later enrolls it again (see [`IdentityStore::new_token`]).
+pub const TOKEN_FILE: &str = "enrolled-token.sha256";
 
 /// Whether the private key belongs to the certificate.
 fn key_matches(key_pem: &str, cert_pem: &str) -> bool {
@@ -182,6 +185,26 @@ impl IdentityStore {
         })
     }
 
+    /// Whether `token` is another one than the agent last enrolled with:
+    /// the admin gave it a new token, to enroll again (after the site's CA
+    /// was retired with `--revoke-old`, or its certificate expired). An
+    /// agent enrolled by an earlier release takes the token it is given as
+    /// the one it enrolled with.
+    pub fn new_token(&self, token: Option<&str>) -> bool {
+        let Some(t) = token else { return false };
+        let hash = weft_common::sha256_hex(t.trim().as_bytes());
+        let path = self.dir.join(TOKEN_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(h) => h.trim() != hash,
+            Err(_) => {
+                if let Err(e) = write_file(&path, &hash, 0o600) {
+                    tracing::warn!(error = %format!("{e:#}"), "cannot record the enrollment token's hash");
+                }
+                false
+            }
+        }
+    }
+
     /// Enrolls with the token in `cfg` against the first controller that
     /// answers; while none can (unreachable, unavailable, shedding load),
     /// asks again with backoff (at most 30 s apart). A refusal ends it.
@@ -269,6 +292,11 @@ impl IdentityStore {
                     tracing::info!(name = %resp.name, "the token fixed this agent's name");
                 }
                 let creds = self.save(&key.serialize_pem(), &resp.certificate_pem, &resp.ca_pem)?;
+                write_file(
+                    &self.dir.join(TOKEN_FILE),
+                    weft_common::sha256_hex(token.trim().as_bytes()),
+                    0o600,
+                )?;
                 tracing::info!(
                     role = kind.as_str(),
                     name = %resp.name,

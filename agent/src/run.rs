@@ -278,13 +278,22 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
             .map_err(|e| anyhow::anyhow!("--metrics-listen {addr}: {e}"))?;
     }
     let ids = IdentityStore::new(&cfg.state_dir);
-    let creds = match ids.load()? {
-        Some(c) if c.not_after > SystemTime::now() => c,
+    let stored = ids.load()?;
+    // Given a new token, an enrolled agent enrolls again: after its site
+    // retired the CA that signed its certificate (`ca rotate
+    // --revoke-old`), or its certificate expired. It does so once it has
+    // put back what it applied, so the host forwards meanwhile.
+    let again = stored.is_some() && ids.new_token(cfg.token.as_deref());
+    let held = match stored {
+        Some(c) if again || c.not_after > SystemTime::now() => c,
         Some(_) => anyhow::bail!(
-            "the certificate in {} has expired; remove the agent with weftctl and enroll it again with a new token",
-            cfg.state_dir.display()
+            "the certificate in {} has expired; enroll the agent again: start it with --token from \
+             `weftctl token create --role {} --name {}`",
+            cfg.state_dir.display(),
+            kind.as_str(),
+            cfg.name
         ),
-        None => ids.enroll(&cfg, kind, subnet).await?,
+        None => ids.enroll(&cfg, kind, subnet.clone()).await?,
     };
     let wg_keys = match kind {
         AgentKind::Gateway => Some(crate::wgkey::keys(&cfg.state_dir)?),
@@ -318,6 +327,21 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
     }
 
     let mut dns = dns_for(&cfg, kind, &desired)?;
+    let creds = if again {
+        tracing::info!("given a new enrollment token: enrolling again");
+        match ids.enroll(&cfg, kind, subnet).await {
+            Ok(c) => c,
+            // Refused (say, the name is still held by the certificate
+            // held): go on with that one.
+            Err(e) if held.not_after > SystemTime::now() => {
+                tracing::warn!(error = %format!("{e:#}"), "enrolling again was refused; going on with the certificate held");
+                held
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        held
+    };
     let (tx, mut rx) = watch::channel(creds);
     let connected = std::sync::Arc::new(tokio::sync::Notify::new());
     let mut renewal = tokio::spawn(renew_forever(

@@ -267,7 +267,7 @@ fn ca(cfg: &config::ControllerConfig, c: &CaCommand) -> ExitCode {
                 println!(
                     "then:             the old CA is retired: enroll every agent again (weftctl token create, then \
                      the agent with --token and --ca-fingerprint {}), and on every peer site run \
-                     `weftctl peering set-ca {} --ca-file` with this site's new pki/ca.pem",
+                     `weftctl peering set-ca {} FILE` with a copy of this site's new pki/ca.pem",
                     r.new_fingerprint, cfg.site.id
                 );
             } else {

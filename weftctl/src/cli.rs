@@ -196,6 +196,15 @@ pub enum PeeringCmd {
     /// Route the CIDRs a peer announced after negotiation (shown as
     /// pending in `weftctl peerings`).
     Accept { site: String },
+    /// Trust the CA in FILE (a copy of the peer site's pki/ca.pem) for
+    /// SITE from now on: after SITE retired its CA at once
+    /// (`weft-controller ca rotate --revoke-old`). Check its fingerprint
+    /// with SITE's admin first.
+    SetCa {
+        site: String,
+        #[arg(value_name = "FILE")]
+        ca_file: PathBuf,
+    },
     /// What a peer may reach of this site: set or show the peering's
     /// export policy (this site decides; the peer cannot widen it).
     #[command(subcommand)]

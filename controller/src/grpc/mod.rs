@@ -430,6 +430,12 @@ impl AdminService for AdminApi {
         Ok(Response::new(shown(&self.hub, &p, convert::peering)))
     }
 
+    async fn set_peering_ca(&self, req: Request<pb::SetPeeringCaRequest>) -> Result<Response<pb::Peering>, Status> {
+        let r = req.into_inner();
+        let p = self.state.set_peer_ca(&r.site_id, &r.ca_pem).await?;
+        Ok(Response::new(shown(&self.hub, &p, convert::peering)))
+    }
+
     async fn set_export_policy(
         &self,
         req: Request<pb::SetExportPolicyRequest>,

@@ -252,6 +252,20 @@ async fn open_site(
         .init_site(&cfg.site)
         .await
         .context("cannot initialise the site in the store")?;
+    // Certificates of a retired CA no longer hold their agents' names:
+    // those agents enroll again (see `ca rotate --revoke-old`).
+    let forgot = state
+        .forget_retired_certs(&pki.ca.retired)
+        .await
+        .context("cannot forget the certificates of retired CAs")?;
+    if !forgot.is_empty() {
+        tracing::warn!(
+            agents = ?forgot,
+            "these agents held only certificates of a retired CA: enroll each again with a token made for it \
+             (weftctl token create --role ROLE --name NAME, then the agent with --token and the new \
+             --ca-fingerprint); each keeps its record and what it applied"
+        );
+    }
     let auth = Authenticator::new(&cfg.site.id, &pki.ca.trusted)?;
     let (revoked, _) = state.revoked().await.context("cannot read the revocation list")?;
     auth.set_revoked(&revoked);

@@ -57,6 +57,17 @@ pub fn revocations_lapsed_before() -> u64 {
     now_ms().saturating_sub(REVOKED_KEPT_AFTER_EXPIRY_MS)
 }
 
+/// Whether a retired CA (one of `retired`) signed `c`. One recorded
+/// without its CA was issued before weft kept it: by the CA the site had
+/// before its first rotation, retired once any CA is.
+pub fn by_retired_ca(c: &CertRecord, retired: &[String]) -> bool {
+    if c.ca.is_empty() {
+        !retired.is_empty()
+    } else {
+        retired.contains(&c.ca)
+    }
+}
+
 impl State {
     /// A new certificate for an enrolled, unrevoked agent.
     ///
@@ -253,6 +264,73 @@ impl State {
             }
         }
         Err(Error::Aborted("the agent's record kept changing; retry".into()))
+    }
+
+    /// Forgets the agents' certificates that a retired CA signed (see
+    /// [`by_retired_ca`]). No call comes with them any more, so they no
+    /// longer hold the agent's name: the agent enrolls again with a token
+    /// made for it and keeps its record (a node its subnet). Returns the
+    /// agents left with no live certificate by it ("node/NAME").
+    pub async fn forget_retired_certs(&self, retired: &[String]) -> Result<Vec<String>, Error> {
+        if retired.is_empty() {
+            return Ok(Vec::new());
+        }
+        let snap = self.snapshot().await?;
+        let now = now_ms();
+        let held = |certs: &[CertRecord]| certs.iter().any(|c| by_retired_ca(c, retired));
+        let stranded = |certs: &[CertRecord]| {
+            let live = || certs.iter().filter(|c| c.not_after_ms > now);
+            live().next().is_some() && live().all(|c| by_retired_ca(c, retired))
+        };
+        let left: Vec<String> = snap
+            .nodes
+            .iter()
+            .filter(|(n, _)| stranded(&n.certs))
+            .map(|(n, _)| format!("node/{}", n.name))
+            .chain(
+                snap.gateways
+                    .iter()
+                    .filter(|(g, _)| stranded(&g.certs))
+                    .map(|(g, _)| format!("gateway/{}", g.name)),
+            )
+            .collect();
+        let agents: Vec<(AgentRole, String)> = snap
+            .nodes
+            .iter()
+            .filter(|(n, _)| held(&n.certs))
+            .map(|(n, _)| (AgentRole::Node, n.name.clone()))
+            .chain(
+                snap.gateways
+                    .iter()
+                    .filter(|(g, _)| held(&g.certs))
+                    .map(|(g, _)| (AgentRole::Gateway, g.name.clone())),
+            )
+            .collect();
+        for (role, name) in &agents {
+            let key = self.at(Key::agent(*role, name));
+            let mut done = false;
+            for _ in 0..super::MAX_ATTEMPTS {
+                let Some(kv) = self.store.get(&key).await? else {
+                    done = true;
+                    break;
+                };
+                let bytes = edit_agent(*role, &kv, |certs, _| certs.retain(|c| !by_retired_ca(c, retired)))?;
+                let txn = Txn::new()
+                    .when(Compare::ModRevision(key.clone(), kv.mod_revision))
+                    .then(Op::put(key.clone(), bytes));
+                if self.store.txn(txn).await?.succeeded {
+                    done = true;
+                    break;
+                }
+            }
+            if !done {
+                return Err(Error::Aborted(format!(
+                    "{} {name}'s record kept changing; retry",
+                    role.as_str()
+                )));
+            }
+        }
+        Ok(left)
     }
 
     /// Revokes `certs` of agent `name`, saying why.

@@ -467,6 +467,42 @@ impl State {
         })
         .await
     }
+
+    /// Trusts the CAs in `ca_pem` for peer `peer_site` from now on, in
+    /// place of those held: after it retired its CA at once, which it
+    /// cannot tell this site over the peering (the admin checks the new
+    /// CA's fingerprint with the peer's admin).
+    pub async fn set_peer_ca(&self, peer_site: &str, ca_pem: &str) -> Result<Peering, Error> {
+        validate_name("the peer site id", peer_site).map_err(Error::InvalidArgument)?;
+        let cas = weft_common::tls::checked_cas(ca_pem)
+            .map_err(|e| Error::InvalidArgument(format!("ca_pem: {e:#}")))?
+            .ok_or_else(|| Error::InvalidArgument("ca_pem is empty; give the peer site's pki/ca.pem".into()))?;
+        let fingerprint = {
+            use rustls_pki_types::pem::PemObject;
+            let first = rustls_pki_types::CertificateDer::from_pem_slice(cas.as_bytes())
+                .map_err(|e| Error::InvalidArgument(format!("ca_pem: {e}")))?;
+            weft_common::fingerprint(&first)
+        };
+        let key = self.at(Key::Peering(peer_site));
+        self.commit(|snap| {
+            let (p, rev) = snap.peering(peer_site)?;
+            let Some(old) = &p.remote else {
+                return Err(Error::FailedPrecondition(format!(
+                    "the peering with {peer_site:?} is not negotiated yet: it has no CA to replace"
+                )));
+            };
+            let mut next = p.clone();
+            let remote = next.remote.as_mut().expect("checked above");
+            remote.ca_pem = cas.clone();
+            remote.ca_fingerprint = fingerprint.clone();
+            tracing::warn!(peer = %peer_site, old = %old.ca_fingerprint, new = %fingerprint, "the admin set the peer's CA");
+            let txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), *rev))
+                .then(Op::put(key.clone(), encode(&next)));
+            Ok((Some(txn), next))
+        })
+        .await
+    }
 }
 
 /// Whether a peer pinned by the CA `pinned` may now be trusted by the CAs

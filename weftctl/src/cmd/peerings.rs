@@ -401,6 +401,28 @@ pub async fn run(c: &mut Client, cmd: &PeeringCmd) -> Result<Out, String> {
                 footer: vec![],
             }
         }
+        PeeringCmd::SetCa { site, ca_file } => {
+            let ca_pem =
+                std::fs::read_to_string(ca_file).map_err(|e| format!("cannot read {}: {e}", ca_file.display()))?;
+            let p = c
+                .set_peering_ca(pb::SetPeeringCaRequest {
+                    site_id: site.clone(),
+                    ca_pem,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            Out {
+                failed: false,
+                json: json!({"site_id": p.site_id, "remote_ca_fingerprint": p.remote_ca_fingerprint}),
+                header: vec![],
+                rows: vec![vec![format!(
+                    "{site}: trusting its CA {} from now on",
+                    p.remote_ca_fingerprint
+                )]],
+                footer: vec![],
+            }
+        }
     })
 }
 
