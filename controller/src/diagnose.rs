@@ -484,7 +484,8 @@ fn ca_check(t: u64, now: u64) -> pb::Check {
             "site-ca".into(),
             pb::CheckResult::Fail,
             format!("the site CA expired at {}", when(t)),
-            "the site must be set up again with a new CA; every agent and peer re-enrolls",
+            "replace it: `weft-controller ca rotate --revoke-old`, restart, then enroll every agent again and \
+             set the new CA on every peer (`weftctl peering set-ca`); see docs/operating.md, Rotating the site CA",
         )
     } else if days_left < 90 {
         check(
@@ -492,7 +493,8 @@ fn ca_check(t: u64, now: u64) -> pb::Check {
             "site-ca".into(),
             pb::CheckResult::Warn,
             format!("the site CA expires at {} ({days_left} days)", when(t)),
-            "plan a CA rotation before then",
+            "rotate it before then, with no traffic lost: `weft-controller ca rotate`, restart, and once \
+             `weft-controller ca status` shows nothing left on the old CA, `ca finish` and restart",
         )
     } else {
         pass("certificate", "site-ca".into(), format!("valid until {}", when(t)))

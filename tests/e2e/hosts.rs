@@ -385,6 +385,44 @@ fn weft_installed_from_its_packages_as_the_guide_says_runs_under_systemd_and_lea
     assert_eq!(shown(&a.ctl), before, "the restored controller shows another site");
     report.push(format!("restore from {file}: longest silence {gap:.2} s"));
 
+    step("the site CA rotated by the guide's commands, under traffic");
+    let at = unix_now();
+    let said = a.ctl.must(&block("ca-rotate"));
+    assert!(said.contains("new CA:"), "{said}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let finished = loop {
+        let o = a.ctl.sh(&block("ca-finish"));
+        if o.status.success() {
+            break String::from_utf8_lossy(&o.stdout).into_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ca finish still refused after 60 s: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    assert!(finished.contains("retired:"), "{finished}");
+    std::thread::sleep(Duration::from_secs(3));
+    let gap = outage_since(&log, at);
+    let bound = allowed_outage("weft-controller");
+    assert!(
+        gap <= bound,
+        "rotating site-a's CA stopped traffic for {gap:.2} s (at most {bound} s)"
+    );
+    // The restarted controller serves under the CA the rotation made.
+    let signing = finished
+        .lines()
+        .find_map(|l| l.strip_prefix("signing CA:"))
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("ca status printed no signing CA: {finished}"))
+        .to_string();
+    assert_eq!(json(&a.ctl, "site")["ca_fingerprint"], signing.as_str());
+    report.push(format!(
+        "CA rotation (rotate, restart, finish, restart): longest silence {gap:.2} s"
+    ));
+
     step("an upgrade in place (the same packages again) restarts what runs and tears nothing down");
     for (host, deb, unit) in [
         (&a.ctl, "weft-controller", "weft-controller"),
