@@ -40,6 +40,23 @@ fn key_matches(key_pem: &str, cert_pem: &str) -> bool {
     cert.public_key().subject_public_key.data.as_ref() == key.public_key_raw()
 }
 
+/// Whether one of the CAs in `cas_pem` signed the first certificate of
+/// `cert_pem`.
+fn issued_by_one_of(cert_pem: &str, cas_pem: &str) -> bool {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let Ok(leaf) = CertificateDer::from_pem_slice(cert_pem.as_bytes()) else {
+        return false;
+    };
+    let Ok((_, leaf)) = X509Certificate::from_der(&leaf) else {
+        return false;
+    };
+    CertificateDer::pem_slice_iter(cas_pem.as_bytes()).flatten().any(|ca| {
+        X509Certificate::from_der(&ca).is_ok_and(|(_, ca)| leaf.verify_signature(Some(ca.public_key())).is_ok())
+    })
+}
+
 /// Which agent this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AgentKind {
@@ -191,13 +208,17 @@ impl IdentityStore {
     /// agent enrolled by an earlier release takes the token it is given as
     /// the one it enrolled with.
     pub fn new_token(&self, token: Option<&str>) -> bool {
-        let Some(t) = token else { return false };
-        let hash = weft_common::sha256_hex(t.trim().as_bytes());
+        let given = token.map(|t| weft_common::sha256_hex(t.trim().as_bytes()));
         let path = self.dir.join(TOKEN_FILE);
-        match std::fs::read_to_string(&path) {
-            Ok(h) => h.trim() != hash,
-            Err(_) => {
-                if let Err(e) = write_file(&path, &hash, 0o600) {
+        match (std::fs::read_to_string(&path), given) {
+            (Ok(h), Some(g)) => h.trim() != g,
+            (Ok(_), None) => false,
+            // Enrolled by an earlier release: the token given now (or none,
+            // which any later token differs from) is taken as the one it
+            // enrolled with.
+            (Err(_), given) => {
+                let recorded = given.unwrap_or_else(|| "none".into());
+                if let Err(e) = write_file(&path, &recorded, 0o600) {
                     tracing::warn!(error = %format!("{e:#}"), "cannot record the enrollment token's hash");
                 }
                 false
@@ -334,7 +355,13 @@ impl IdentityStore {
         // The site's CAs as they stand now (two during a rotation of the
         // site CA); a controller of an earlier release sends none.
         let ca_pem = match checked_cas(&resp.ca_pem) {
-            Ok(Some(cas)) => cas,
+            Ok(Some(cas)) if issued_by_one_of(&resp.certificate_pem, &cas) => cas,
+            Ok(Some(_)) => {
+                tracing::warn!(
+                    "the controller's CAs do not include the one that signed the renewed certificate; keeping the ones held"
+                );
+                current.ca_pem.clone()
+            }
             Ok(None) => current.ca_pem.clone(),
             Err(e) => {
                 tracing::warn!(error = %e, "the controller sent unusable CA certificates; keeping the ones held");
@@ -366,6 +393,11 @@ impl IdentityStore {
         if cas == current.ca_pem {
             return Ok(None);
         }
+        // A replica not yet restarted after a rotation knows only the old
+        // CA: its word must not drop the one this certificate is from.
+        if !issued_by_one_of(&current.cert_pem, &cas) {
+            bail!("the CAs sent do not include the one that signed this agent's certificate");
+        }
         write_file(&self.dir.join(CA_FILE), &cas, 0o644)?;
         Ok(Some(Credentials {
             ca_pem: cas,
@@ -395,6 +427,53 @@ mod tests {
             .self_signed(&key)
             .unwrap();
         (key.serialize_pem(), cert.pem())
+    }
+
+    #[test]
+    fn another_token_than_the_one_enrolled_with_enrolls_again() {
+        let d = tempfile::tempdir().unwrap();
+        let ids = IdentityStore::new(d.path());
+        // Enrolled by an earlier release, started without a token: any
+        // token given later is new.
+        assert!(!ids.new_token(None));
+        assert!(ids.new_token(Some("t2")));
+        // Enrolled with t1 (recorded at enrollment).
+        write_file(&d.path().join(TOKEN_FILE), weft_common::sha256_hex("t1"), 0o600).unwrap();
+        assert!(!ids.new_token(Some("t1")) && !ids.new_token(Some(" t1\n")) && !ids.new_token(None));
+        assert!(ids.new_token(Some("t2")));
+    }
+
+    #[test]
+    fn only_cas_that_signed_the_agents_certificate_replace_the_ones_held() {
+        let ca = |cn: &str| {
+            let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.distinguished_name.push(DnType::CommonName, cn);
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            let k = KeyPair::generate().unwrap();
+            let cert = p.self_signed(&k).unwrap().pem();
+            (rcgen::Issuer::new(p, k), cert)
+        };
+        let ((old, old_pem), (_, new_pem)) = (ca("old"), ca("new"));
+        let key = KeyPair::generate().unwrap();
+        let leaf = CertificateParams::new(vec!["n1".to_string()])
+            .unwrap()
+            .signed_by(&key, &old)
+            .unwrap()
+            .pem();
+        let d = tempfile::tempdir().unwrap();
+        let ids = IdentityStore::new(d.path());
+        let held = ids.save(&key.serialize_pem(), &leaf, &old_pem).unwrap();
+        // Both (a rotation's overlap): taken.
+        let both = ids
+            .set_trust(&held, &(new_pem.clone() + &old_pem))
+            .unwrap()
+            .expect("changed");
+        assert_eq!(both.ca_pem.matches("BEGIN CERTIFICATE").count(), 2);
+        assert_eq!(std::fs::read_to_string(d.path().join(CA_FILE)).unwrap(), both.ca_pem);
+        assert!(ids.set_trust(&both, &both.ca_pem).unwrap().is_none(), "unchanged");
+        // The new one alone, while this certificate is the old one's: kept.
+        let e = ids.set_trust(&both, &new_pem).unwrap_err().to_string();
+        assert!(e.contains("do not include the one that signed"), "{e}");
     }
 
     #[test]

@@ -95,7 +95,7 @@ async fn renew_forever(
     ids: IdentityStore,
     cfg: AgentConfig,
     tx: watch::Sender<Credentials>,
-    connected: std::sync::Arc<tokio::sync::Notify>,
+    mut connected: watch::Receiver<String>,
 ) -> anyhow::Result<()> {
     let mut delays = backoff();
     let mut controller = 0usize;
@@ -104,13 +104,23 @@ async fn renew_forever(
         let wait = creds.renew_at().duration_since(SystemTime::now()).unwrap_or_default();
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = connected.notified() => {
-                match follow_trust(&ids, &cfg.controllers[controller], &tx).await {
-                    Some(after) => {
-                        tracing::info!(renew_in = ?after, "this agent's certificate is from a CA the site is retiring; renewing");
-                        tokio::time::sleep(after).await;
+            r = connected.changed() => {
+                if r.is_err() {
+                    // No session will tell again: renew on time only.
+                    tokio::time::sleep(wait).await;
+                } else {
+                    let target = connected.borrow_and_update().clone();
+                    match follow_trust(&ids, &target, &tx).await {
+                        Some(after) => {
+                            tracing::info!(renew_in = ?after, "this agent's certificate is from a CA the site is retiring; renewing");
+                            tokio::time::sleep(after).await;
+                            // From the controller that said so.
+                            if let Some(i) = cfg.controllers.iter().position(|c| *c == target) {
+                                controller = i;
+                            }
+                        }
+                        None => continue,
                     }
-                    None => continue,
                 }
             }
         }
@@ -332,9 +342,9 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         match ids.enroll(&cfg, kind, subnet).await {
             Ok(c) => c,
             // Refused (say, the name is still held by the certificate
-            // held): go on with that one.
+            // held) or not verified (another CA pinned): go on with that one.
             Err(e) if held.not_after > SystemTime::now() => {
-                tracing::warn!(error = %format!("{e:#}"), "enrolling again was refused; going on with the certificate held");
+                tracing::warn!(error = %format!("{e:#}"), "enrolling again with the new token failed; going on with the certificate held");
                 held
             }
             Err(e) => return Err(e),
@@ -343,13 +353,8 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         held
     };
     let (tx, mut rx) = watch::channel(creds);
-    let connected = std::sync::Arc::new(tokio::sync::Notify::new());
-    let mut renewal = tokio::spawn(renew_forever(
-        IdentityStore::new(&cfg.state_dir),
-        cfg.clone(),
-        tx,
-        connected.clone(),
-    ));
+    let (connected, told) = watch::channel(String::new());
+    let mut renewal = tokio::spawn(renew_forever(IdentityStore::new(&cfg.state_dir), cfg.clone(), tx, told));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut retry = Retry::new(cfg.controllers.len(), || Box::new(backoff()));
     loop {

@@ -172,9 +172,9 @@ pub(crate) struct Session<'a> {
     pub(crate) file: &'a StateFile,
     pub(crate) applier: &'a mut dyn Applier,
     pub(crate) dns: Option<&'a mut Dns>,
-    /// Told once the session is open (the agent then asks which CAs the
-    /// site trusts).
-    pub(crate) connected: &'a tokio::sync::Notify,
+    /// Told the controller's address once the session is open (the agent
+    /// then asks it which CAs the site trusts).
+    pub(crate) connected: &'a watch::Sender<String>,
 }
 
 /// A node's subnets as the controller gives them: IPv4 and IPv6 (each
@@ -371,7 +371,7 @@ pub(crate) async fn session(s: Session<'_>) -> End {
         Ok(x) => x,
         Err(e) => return e,
     };
-    connected.notify_one();
+    connected.send_replace(target.to_string());
     let mut errors: Vec<pb::ObjectError> = Vec::new();
     let mut heartbeat = tokio::time::interval(FIRST_HEARTBEAT_EVERY);
     heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -229,8 +229,9 @@ fn describe(e: &rustls::Error) -> String {
             "the client certificate is not valid yet; check the clocks".into()
         }
         rustls::Error::InvalidCertificate(C::UnknownIssuer) => {
-            "the client certificate was not issued by a CA this site trusts (a foreign CA, or one the site \
-             retired after a CA rotation: enroll the agent again with a new token)"
+            "the client certificate was not issued by a CA this site trusts: a foreign CA, or one the site \
+             retired after a CA rotation (an agent then enrolls again with a new token; an admin takes the \
+             current admin.pem and admin.key from a controller's pki directory)"
                 .into()
         }
         rustls::Error::InvalidCertificate(C::BadSignature) => "the client certificate's signature is invalid".into(),

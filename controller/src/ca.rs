@@ -42,21 +42,46 @@ fn on_old_ca(certs: &[CertRecord], signing: &str, now_ms: u64) -> bool {
         .is_some_and(|c| c.ca != signing)
 }
 
-/// The site CA's status in `model` at `now_ms`.
-pub fn status(cas: &Cas, model: &Model, now_ms: u64) -> pb::CaStatus {
+/// Whether an agent of release `version` takes in a new CA (`GetTrust`,
+/// 0.2 and later); one that has not said its release counts as able.
+fn learns_cas(version: &str) -> bool {
+    weft_types::version::parse(version).is_none_or(|(major, minor, _)| (major, minor) >= (0, 2))
+}
+
+/// The site CA's status in `model` at `now_ms`; `versions` gives the
+/// release each connected agent reported ("node/NAME" → release).
+pub fn status(
+    cas: &Cas,
+    model: &Model,
+    versions: &std::collections::HashMap<String, String>,
+    now_ms: u64,
+) -> pb::CaStatus {
     let signing = cas.signing();
+    let rotating = cas.trusted.len() > 1;
+    let agent = |who: String, certs: &[CertRecord]| {
+        let release = versions.get(&who).map_or("", String::as_str);
+        if on_old_ca(certs, signing, now_ms) {
+            Some(who)
+        } else if rotating && !learns_cas(release) {
+            // It renews under the new CA but keeps trusting only the old
+            // one: it would not verify this controller once finished.
+            Some(format!(
+                "{who} (runs {release}, which does not learn a new CA: upgrade it)"
+            ))
+        } else {
+            None
+        }
+    };
     let mut agents: Vec<String> = model
         .nodes
         .values()
-        .filter(|n| on_old_ca(&n.certs, signing, now_ms))
-        .map(|n| format!("node/{}", n.name))
+        .filter_map(|n| agent(format!("node/{}", n.name), &n.certs))
         .collect();
     agents.extend(
         model
             .gateways
             .values()
-            .filter(|g| on_old_ca(&g.certs, signing, now_ms))
-            .map(|g| format!("gateway/{}", g.name)),
+            .filter_map(|g| agent(format!("gateway/{}", g.name), &g.certs)),
     );
     let peers = model
         .peerings
@@ -65,7 +90,10 @@ pub fn status(cas: &Cas, model: &Model, now_ms: u64) -> pb::CaStatus {
             let r = p.remote.as_ref()?;
             match r.trusts_ca.as_str() {
                 f if f == signing => None,
-                "" => Some(format!("{}: does not say (a release before 0.2)", p.site_id)),
+                "" => Some(format!(
+                    "{}: does not say (a release before 0.2, which does not learn a new CA: upgrade that site first)",
+                    p.site_id
+                )),
                 f => Some(format!("{}: trusts {}…", p.site_id, &f[..f.len().min(12)])),
             }
         })
@@ -111,5 +139,11 @@ mod tests {
         assert!(on_old_ca(&[cert("new", 2, 20_000), cert("old", 3, 20_000)], "new", now));
         // Nothing live: the agent cannot call at all, and enrolls again.
         assert!(!on_old_ca(&[cert("old", 1, 5_000)], "new", now));
+    }
+
+    #[test]
+    fn agents_of_a_release_that_does_not_learn_cas_hold_a_rotation_open() {
+        assert!(!learns_cas("0.1.0") && !learns_cas("0.0.9"));
+        assert!(learns_cas("0.2.0-dev.1") && learns_cas("0.2.0") && learns_cas("1.0.0") && learns_cas(""));
     }
 }

@@ -253,7 +253,11 @@ fn print_ca_status(s: &weft_proto::v1::CaStatus) {
 fn ca(cfg: &config::ControllerConfig, c: &CaCommand) -> ExitCode {
     let dir = cfg.data_dir.join("pki");
     let restart = "restart the controller to take it in: systemctl restart weft-controller (on every replica, \
-                   after copying pki/ca.pem, ca.key, ca-cross.pem and ca-retired from this host to it)";
+                   after copying pki/ca.pem, ca.key, ca-cross.pem (where present) and ca-retired from this host to it)";
+    let restart_finished = "restart the controller to take it in: systemctl restart weft-controller (on every \
+                            replica, after copying pki/ca.pem and ca-retired from this host to it and removing \
+                            its pki/ca-cross.pem); copy the admin bundle (pki/admin.pem, admin.key) to wherever \
+                            weftctl runs with one: the old one is refused from then on";
     let result = match c {
         CaCommand::Rotate { revoke_old } => crate::pki::rotate(&dir, &cfg.site.id, *revoke_old).map(|r| {
             println!("old CA:           {}", r.old_fingerprint);
@@ -295,8 +299,9 @@ fn ca(cfg: &config::ControllerConfig, c: &CaCommand) -> ExitCode {
                     print_ca_status(&s);
                     anyhow::bail!(
                         "{left} agents and peers still hold on to the old CA (above); wait for them (an agent renews \
-                         when it next connects, a peer takes the new CA within seconds while it is reachable), or \
-                         give --force: those agents must then enroll again, those peers be given the new CA by hand"
+                         when it next connects, within 10 ms per agent of the site; a peer of 0.2 or later takes the \
+                         new CA within seconds while it is reachable; upgrade those of earlier releases), or give \
+                         --force: those agents must then enroll again, those peers be given the new CA by hand"
                     );
                 }
             }
@@ -304,7 +309,7 @@ fn ca(cfg: &config::ControllerConfig, c: &CaCommand) -> ExitCode {
             for f in retired {
                 println!("retired:          {f}");
             }
-            println!("next:             {restart}");
+            println!("next:             {restart_finished}");
             Ok(())
         })(),
     };

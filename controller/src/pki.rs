@@ -142,14 +142,26 @@ impl SiteCa {
         let issuer = Issuer::from_ca_cert_der(&rustls_pki_types::CertificateDer::from(der.clone()), keypair)
             .context("the site CA certificate is unreadable")?;
         let cross_pem = match std::fs::read_to_string(dir.join(CA_CROSS)) {
-            Ok(p) if trusted.len() > 1 => Some(p),
+            Ok(p) if trusted.len() > 1 && vouches(&p, &trusted[1], &der) => Some(p),
+            Ok(_) if trusted.len() > 1 => {
+                tracing::warn!(
+                    "{} is not the signing CA signed by the one before it; not sent (agents and peers that \
+                     know only the old CA cannot verify this controller until they learn the new one)",
+                    dir.join(CA_CROSS).display()
+                );
+                None
+            }
             _ => None,
         };
+        let fingerprints: Vec<String> = trusted.iter().map(|d| fingerprint(d)).collect();
+        // A CA is retired before the files that stop trusting it are
+        // written (a crash in between must not leave it trusted but
+        // unlisted); one still trusted here is not retired yet.
         let retired = std::fs::read_to_string(dir.join(CA_RETIRED))
             .unwrap_or_default()
             .lines()
             .map(|l| l.trim().to_string())
-            .filter(|l| !l.is_empty())
+            .filter(|l| !l.is_empty() && !fingerprints.contains(l))
             .collect();
         Ok(SiteCa {
             fingerprint: fingerprint(&der),
@@ -164,12 +176,13 @@ impl SiteCa {
 
     /// Whether this CA (the signing one) signed the DER certificate `der`.
     pub fn signed(&self, der: &[u8]) -> bool {
-        use x509_parser::prelude::{FromDer, X509Certificate};
-        let (Ok((_, cert)), Ok((_, ca))) = (X509Certificate::from_der(der), X509Certificate::from_der(&self.der))
-        else {
-            return false;
-        };
-        cert.verify_signature(Some(ca.public_key())).is_ok()
+        signed_by(der, &self.der)
+    }
+
+    /// Whether a CA trusted beside the signing one (the one a rotation
+    /// replaces) signed the DER certificate `der`.
+    pub fn signed_by_older(&self, der: &[u8]) -> bool {
+        self.trusted[1..].iter().any(|ca| signed_by(der, ca))
     }
 
     /// A certificate this CA signed (PEM), with the cross-certificate
@@ -455,6 +468,35 @@ fn key_matches_cert(key_pem: &str, der: &[u8]) -> bool {
     cert.public_key().subject_public_key.data.as_ref() == key.public_key_raw()
 }
 
+/// Whether the CA `ca` (DER) signed the certificate `der` (DER).
+fn signed_by(der: &[u8], ca: &[u8]) -> bool {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let (Ok((_, cert)), Ok((_, ca))) = (X509Certificate::from_der(der), X509Certificate::from_der(ca)) else {
+        return false;
+    };
+    cert.verify_signature(Some(ca.public_key())).is_ok()
+}
+
+/// Whether `cross_pem` is the CA `signing` (DER) signed by the CA `before`
+/// (DER): the same subject and key, and `before`'s signature.
+fn vouches(cross_pem: &str, before: &[u8], signing: &[u8]) -> bool {
+    use rustls_pki_types::pem::PemObject;
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let Ok(der) = rustls_pki_types::CertificateDer::from_pem_slice(cross_pem.as_bytes()) else {
+        return false;
+    };
+    let (Ok((_, x)), Ok((_, b)), Ok((_, s))) = (
+        X509Certificate::from_der(&der),
+        X509Certificate::from_der(before),
+        X509Certificate::from_der(signing),
+    ) else {
+        return false;
+    };
+    x.subject() == s.subject()
+        && x.public_key().raw == s.public_key().raw
+        && x.verify_signature(Some(b.public_key())).is_ok()
+}
+
 /// What a CA rotation did, for the operator.
 #[derive(Debug)]
 pub struct Rotated {
@@ -479,7 +521,7 @@ pub struct Rotated {
 /// that [`SiteCa::load`] completes if a crash cuts it short.
 pub fn rotate(dir: &Path, site: &str, revoke_old: bool) -> anyhow::Result<Rotated> {
     let old = SiteCa::load(dir)?;
-    if old.rotating() {
+    if old.rotating() && !revoke_old {
         anyhow::bail!(
             "a rotation of the site CA is under way (pki/ca.pem trusts {} CAs); finish it first with \
              `weft-controller ca finish`, or start over with `--revoke-old`, which retires both",
@@ -496,6 +538,8 @@ pub fn rotate(dir: &Path, site: &str, revoke_old: bool) -> anyhow::Result<Rotate
     let mut bundle = cert.pem();
     write_file(&dir.join(CA_NEXT_KEY), key.serialize_pem(), 0o600)?;
     if revoke_old {
+        // Listed before the CAs are written: a crash in between leaves
+        // them trusted, and `load` ignores a listed CA that still is.
         retire(dir, &old.trusted)?;
         let _ = std::fs::remove_file(dir.join(CA_CROSS));
     } else {
@@ -706,11 +750,40 @@ mod tests {
         assert_eq!(done.trusted, vec![ca.der.clone()]);
         assert_eq!(done.retired, vec![first.fingerprint.clone()]);
 
-        // --revoke-old: the new CA alone at once, the old one retired.
+        // --revoke-old: the new CA alone at once, the old one retired;
+        // also in the middle of a rotation, retiring both.
+        rotate(d.path(), "s1", false).unwrap();
+        let mid = SiteCa::load(d.path()).unwrap();
         let r = rotate(d.path(), "s1", true).unwrap();
+        assert_eq!(r.old_fingerprint, mid.fingerprint);
         let now = SiteCa::load(d.path()).unwrap();
         assert!(!now.rotating() && now.cross_pem.is_none());
-        assert_eq!(now.retired, vec![first.fingerprint.clone(), r.old_fingerprint]);
+        assert_eq!(
+            now.retired,
+            vec![
+                first.fingerprint.clone(),
+                mid.fingerprint.clone(),
+                ca.fingerprint.clone()
+            ]
+        );
+        // A CA listed as retired but still trusted (a crash between the
+        // list and the CAs) is not retired yet.
+        std::fs::write(
+            d.path().join(CA_RETIRED),
+            format!("{}\n{}\n", first.fingerprint, now.fingerprint),
+        )
+        .unwrap();
+        assert_eq!(SiteCa::load(d.path()).unwrap().retired, vec![first.fingerprint.clone()]);
+        // A cross-certificate that does not vouch for the signing CA is
+        // not sent.
+        rotate(d.path(), "s1", false).unwrap();
+        assert!(SiteCa::load(d.path()).unwrap().cross_pem.is_some());
+        std::fs::write(d.path().join(CA_CROSS), pem_of(&first.der)).unwrap();
+        assert!(SiteCa::load(d.path()).unwrap().cross_pem.is_none());
+        let e = rotate(d.path(), "s1", false).unwrap_err().to_string();
+        assert!(e.contains("under way"), "{e}");
+        finish(d.path()).unwrap();
+        let now = SiteCa::load(d.path()).unwrap();
 
         // A crash after the CAs were written, before the key moved.
         let key = std::fs::read_to_string(d.path().join(CA_KEY)).unwrap();

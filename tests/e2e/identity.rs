@@ -84,7 +84,7 @@ async fn mtls_matrix() {
     refused(
         list(c.channel(Some((&fc, &fk))).await).await,
         Code::Unauthenticated,
-        "not issued by this site's CA",
+        "not issued by a CA this site trusts",
     );
     let ca = SiteCa::load(&c.data_dir.join("pki")).unwrap();
     let (ec, ek) = ca

@@ -189,7 +189,7 @@ async fn one_session(
         file: &file,
         applier,
         dns: None,
-        connected: &tokio::sync::Notify::new(),
+        connected: &tokio::sync::watch::channel(String::new()).0,
     };
     tokio::time::timeout(Duration::from_secs(10), session(s))
         .await

@@ -164,11 +164,23 @@ impl FederationService for FederationApi {
                     _ = tokio::time::sleep(Duration::from_secs(2)) => {
                         // The peering may have been deleted here meanwhile.
                         let still = fed.state.peering(&claimed).await.ok().flatten().and_then(|p| p.remote);
-                        if still.is_none_or(|r| r.ca_fingerprint != fingerprint_now) {
-                            let _ = tx.send(Err(Status::not_found(format!(
-                                "site {:?} has no peering with site {claimed:?} (it was deleted there)", fed.site_id
-                            )))).await;
-                            return;
+                        match still {
+                            None => {
+                                let _ = tx.send(Err(Status::not_found(format!(
+                                    "site {:?} has no peering with site {claimed:?} (it was deleted there)", fed.site_id
+                                )))).await;
+                                return;
+                            }
+                            // A rotation of the peer's CA (or `peering
+                            // set-ca`): subscribe again, verified by the
+                            // CAs trusted now.
+                            Some(r) if r.ca_fingerprint != fingerprint_now => {
+                                let _ = tx.send(Err(Status::unavailable(format!(
+                                    "site {:?} now trusts another CA for site {claimed:?}; subscribe again", fed.site_id
+                                )))).await;
+                                return;
+                            }
+                            Some(_) => {}
                         }
                     }
                 }

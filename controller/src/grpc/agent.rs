@@ -301,9 +301,12 @@ impl AgentService for AgentApi {
 
     async fn get_trust(&self, req: Request<pb::GetTrustRequest>) -> Result<Response<pb::Trust>, Status> {
         agent(&req)?;
+        // Renew when a CA this controller is rotating away from signed it
+        // (not when it only does not know the caller's CA: a replica not
+        // yet restarted, which knows only the old CA, answers too).
         let renew = req
             .peer_certs()
-            .and_then(|c| c.first().map(|leaf| !self.ca.signed(leaf.as_ref())))
+            .and_then(|c| c.first().map(|leaf| self.ca.signed_by_older(leaf.as_ref())))
             .unwrap_or(false);
         // Spread a site's renewals after a rotation: 10 ms per agent, at
         // least 2 s and at most 5 minutes.

@@ -160,9 +160,17 @@ impl AdminService for AdminApi {
 
     async fn get_ca_status(&self, _: Request<pb::GetCaStatusRequest>) -> Result<Response<pb::CaStatus>, Status> {
         let model = self.hub.model();
+        let versions = self
+            .state
+            .alive()
+            .await?
+            .into_iter()
+            .map(|((role, name), rec)| (format!("{}/{name}", role.as_str()), rec.version))
+            .collect();
         Ok(Response::new(crate::ca::status(
             &self.cas,
             &model,
+            &versions,
             crate::domain::now_ms(),
         )))
     }

@@ -245,7 +245,7 @@ async fn open_site(
     }
     // Replicas on one etcd must hold the same site CA.
     state
-        .check_ca(&pki.ca.fingerprint, &earlier_cas(&pki.ca))
+        .check_ca(&trusted_cas(&pki.ca), &pki.ca.retired)
         .await
         .context("cannot start this controller")?;
     state
@@ -272,12 +272,9 @@ async fn open_site(
     Ok((state, auth))
 }
 
-/// The CAs a rotation replaced: the ones still trusted beside the signing
-/// CA, and the retired ones.
-fn earlier_cas(ca: &pki::SiteCa) -> Vec<String> {
-    let mut v: Vec<String> = ca.trusted[1..].iter().map(|d| pki::fingerprint(d)).collect();
-    v.extend(ca.retired.iter().cloned());
-    v
+/// The fingerprints of the CAs `ca` trusts, the signing one first.
+fn trusted_cas(ca: &pki::SiteCa) -> Vec<String> {
+    ca.trusted.iter().map(|d| pki::fingerprint(d)).collect()
 }
 
 /// A TCP listener's server: a connection holds few streams (an agent: its

@@ -282,9 +282,10 @@ impl State {
             // A peer rotating its CA sends the new one first with the
             // one pinned here still among them; then, finishing, the new
             // one alone.
-            if !may_move_ca(&old.ca_fingerprint, &remote) {
+            if !may_move_ca(old, &remote) {
                 return Err(Error::PermissionDenied(format!(
-                    "site {peer_site:?} sent parameters under another CA, without the one pinned here"
+                    "site {peer_site:?} sent parameters under another CA than a rotation of the ones trusted \
+                     here; if it retired its CA, set the new one with `weftctl peering set-ca {peer_site} FILE`"
                 )));
             }
             if old.ca_fingerprint != remote.ca_fingerprint {
@@ -505,16 +506,27 @@ impl State {
     }
 }
 
-/// Whether a peer pinned by the CA `pinned` may now be trusted by the CAs
-/// of `remote`: the same signing CA, or a rotation of its CA (a new one
-/// first, with the pinned one still among them). The parameters came over
-/// a stream that the pinned CA verified.
-fn may_move_ca(pinned: &str, remote: &RemoteSite) -> bool {
+/// Whether a peer trusted here by the CAs of `held` may now be trusted by
+/// those of `remote` (which came over a stream `held` verified): the same
+/// CAs or fewer of them (a rotation finished), or, from a single CA P, a
+/// rotation's start: a new CA first and P after it. Anything else, such as
+/// a new CA while two are held (which whoever holds the older of them
+/// could send), is refused: the peer's admin sets it by hand.
+fn may_move_ca(held: &RemoteSite, remote: &RemoteSite) -> bool {
+    let (had, has) = (ca_fingerprints(&held.ca_pem), ca_fingerprints(&remote.ca_pem));
+    if has.is_empty() {
+        return false;
+    }
+    has.iter().all(|f| had.contains(f)) || (had.len() == 1 && has.len() == 2 && has[1] == had[0])
+}
+
+/// The fingerprints of the certificates in `pem`, in order.
+fn ca_fingerprints(pem: &str) -> Vec<String> {
     use rustls_pki_types::pem::PemObject;
-    remote.ca_fingerprint == pinned
-        || rustls_pki_types::CertificateDer::pem_slice_iter(remote.ca_pem.as_bytes())
-            .flatten()
-            .any(|d| weft_common::fingerprint(&d) == pinned)
+    rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+        .flatten()
+        .map(|d| weft_common::fingerprint(&d))
+        .collect()
 }
 
 #[cfg(test)]
@@ -522,7 +534,7 @@ mod ca_tests {
     use super::*;
 
     #[test]
-    fn a_peer_moves_to_a_new_ca_only_with_the_pinned_one_among_its_cas() {
+    fn a_peer_moves_to_a_new_ca_only_by_a_rotation_from_a_single_one() {
         let d = tempfile::tempdir().unwrap();
         let first = crate::pki::ensure(d.path(), "p", &[]).unwrap().ca;
         crate::pki::rotate(d.path(), "p", false).unwrap();
@@ -534,22 +546,22 @@ mod ca_tests {
             }))
             .unwrap()
         };
-        assert!(may_move_ca(&first.fingerprint, &remote(&first)));
-        assert!(
-            may_move_ca(&first.fingerprint, &remote(&both)),
-            "the rotation's overlap"
-        );
+        assert!(may_move_ca(&remote(&first), &remote(&first)));
+        assert!(may_move_ca(&remote(&first), &remote(&both)), "the rotation's start");
+        assert!(may_move_ca(&remote(&both), &remote(&both)));
         crate::pki::finish(d.path()).unwrap();
         let done = crate::pki::SiteCa::load(d.path()).unwrap();
+        assert!(may_move_ca(&remote(&both), &remote(&done)), "finished: fewer CAs");
         assert!(
-            may_move_ca(&both.fingerprint, &remote(&done)),
-            "finished, after the overlap"
-        );
-        assert!(
-            !may_move_ca(&first.fingerprint, &remote(&done)),
-            "a new CA alone, never seen with the pinned one"
+            !may_move_ca(&remote(&first), &remote(&done)),
+            "a new CA alone, never seen with the held one"
         );
         let other = crate::pki::ensure(&d.path().join("other"), "q", &[]).unwrap().ca;
-        assert!(!may_move_ca(&first.fingerprint, &remote(&other)));
+        assert!(!may_move_ca(&remote(&first), &remote(&other)));
+        // While two are held, whoever holds the older one cannot bring in
+        // a third, even beside the newer one.
+        let mut forged = remote(&other);
+        forged.ca_pem = format!("{}{}", other.pem, crate::pki::pem_of(&both.der));
+        assert!(!may_move_ca(&remote(&both), &forged));
     }
 }

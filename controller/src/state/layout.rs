@@ -14,6 +14,8 @@ pub enum Key<'a> {
     IpamSeq,
     /// The site CA's fingerprint, recorded on first start.
     CaFingerprint,
+    /// The fingerprints of the CAs the site retired, one per line.
+    CaRetired,
     /// What the replicas campaign on for singleton work.
     Leader,
     /// The name of the active gateway.
@@ -68,6 +70,7 @@ impl<'a> Key<'a> {
             Key::Site => "site".into(),
             Key::IpamSeq => "ipam/seq".into(),
             Key::CaFingerprint => "ca-fingerprint".into(),
+            Key::CaRetired => "ca-retired".into(),
             Key::Leader => "leader".into(),
             Key::GatewayActive => "gateway-active".into(),
             Key::Restoring => "restoring".into(),
@@ -89,6 +92,7 @@ impl<'a> Key<'a> {
             "site" => Some(Key::Site),
             "ipam/seq" => Some(Key::IpamSeq),
             "ca-fingerprint" => Some(Key::CaFingerprint),
+            "ca-retired" => Some(Key::CaRetired),
             "leader" => Some(Key::Leader),
             "gateway-active" => Some(Key::GatewayActive),
             "restoring" => Some(Key::Restoring),
@@ -133,6 +137,7 @@ mod tests {
             Key::Site,
             Key::IpamSeq,
             Key::CaFingerprint,
+            Key::CaRetired,
             Key::Leader,
             Key::GatewayActive,
             Key::Node("n1"),

@@ -180,12 +180,60 @@ impl State {
 
     /// Records the site CA's fingerprint on first start; on later starts
     /// (and on every replica) refuses a controller holding another CA,
-    /// whose certificates the agents and peers would not trust.
-    /// Records the site CA's `fingerprint` in a new store, and refuses a
-    /// store made with another CA. A store that holds one of `earlier`
-    /// (the CAs this controller's rotation replaced: still trusted, or
-    /// retired) takes the new one.
-    pub async fn check_ca(&self, fingerprint: &str, earlier: &[String]) -> Result<(), Error> {
+    /// whose certificates the agents and peers would not trust. A store
+    /// that names one of the CAs this controller's rotation replaced
+    /// (`trusted` after the signing one, or `retired`) takes the new one.
+    /// The retired CAs are kept in the store too: a replica that still
+    /// trusts one (its pki files not copied after `ca finish`) is refused.
+    pub async fn check_ca(&self, trusted: &[String], retired: &[String]) -> Result<(), Error> {
+        let fingerprint = trusted.first().map_or("", String::as_str);
+        let earlier: Vec<String> = trusted.iter().skip(1).chain(retired).cloned().collect();
+        self.check_signing_ca(fingerprint, &earlier).await?;
+        let key = self.at(Key::CaRetired);
+        for _ in 0..MAX_ATTEMPTS {
+            let (list, seen) = self
+                .store
+                .get(&key)
+                .await?
+                .map(|kv| (String::from_utf8_lossy(&kv.value).into_owned(), kv.mod_revision))
+                .unwrap_or_default();
+            let mut known: Vec<String> = list
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect();
+            if let Some(f) = trusted.iter().find(|f| known.contains(f)) {
+                return Err(Error::FailedPrecondition(format!(
+                    "this controller still trusts the CA {f}, which the site retired (`ca finish` or `ca rotate \
+                     --revoke-old` on another replica): copy pki/ca.pem and ca-retired from that replica, and \
+                     remove pki/ca-cross.pem here, before starting this one"
+                )));
+            }
+            let before = known.len();
+            known.extend(
+                retired
+                    .iter()
+                    .filter(|f| !list.lines().any(|l| l.trim() == f.as_str()))
+                    .cloned(),
+            );
+            if known.len() == before {
+                return Ok(());
+            }
+            let txn = Txn::new()
+                .when(Compare::ModRevision(key.clone(), seen))
+                .then(Op::put(key.clone(), (known.join("\n") + "\n").into_bytes()));
+            if self.store.txn(txn).await?.succeeded {
+                return Ok(());
+            }
+        }
+        Err(Error::Unavailable(
+            "the site's list of retired CAs kept changing; start this controller again".into(),
+        ))
+    }
+
+    /// The signing CA against the store's record (see [`State::check_ca`]).
+    async fn check_signing_ca(&self, fingerprint: &str, earlier: &[String]) -> Result<(), Error> {
         let key = self.at(Key::CaFingerprint);
         let marker = self.at(Key::Restoring);
         // Not on a store a restore is writing (it brings its own record).
@@ -202,17 +250,16 @@ impl State {
                  let it finish, or run `weft-controller restore FILE` again"
             )));
         }
-        let stored = self
+        let (stored, seen) = self
             .store
             .get(&key)
             .await?
-            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
+            .map(|kv| (String::from_utf8_lossy(&kv.value).into_owned(), kv.mod_revision))
             .unwrap_or_default();
         if stored == fingerprint {
             return Ok(());
         }
         if earlier.contains(&stored) {
-            let seen = self.store.get(&key).await?.map_or(0, |kv| kv.mod_revision);
             let txn = Txn::new()
                 .when(Compare::ModRevision(key.clone(), seen))
                 .then(Op::put(key.clone(), fingerprint.as_bytes().to_vec()));
@@ -226,8 +273,9 @@ impl State {
         }
         Err(Error::FailedPrecondition(format!(
             "this controller's site CA (SHA-256 {fingerprint}) is not the one the site's store names ({stored}); \
-             a replica needs the site's CA: copy pki/ca.pem, ca.key, and ca-cross.pem and ca-retired where present, \
-             from another replica's data dir before starting it (after a CA rotation, from the replica that rotated)"
+             a replica needs the site's CA: copy pki/ca.pem and pki/ca.key (and ca-cross.pem and ca-retired where \
+             present) from another replica's data dir before starting it (after a CA rotation, from the replica \
+             that rotated)"
         )))
     }
 
