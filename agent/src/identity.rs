@@ -40,6 +40,18 @@ fn key_matches(key_pem: &str, cert_pem: &str) -> bool {
     cert.public_key().subject_public_key.data.as_ref() == key.public_key_raw()
 }
 
+/// Whether the CAs in `cas_pem` include the newest (first) of `held_pem`.
+fn keeps_newest(held_pem: &str, cas_pem: &str) -> bool {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let Ok(newest) = CertificateDer::from_pem_slice(held_pem.as_bytes()) else {
+        return true;
+    };
+    CertificateDer::pem_slice_iter(cas_pem.as_bytes())
+        .flatten()
+        .any(|c| c == newest)
+}
+
 /// Whether one of the CAs in `cas_pem` signed the first certificate of
 /// `cert_pem`.
 fn issued_by_one_of(cert_pem: &str, cas_pem: &str) -> bool {
@@ -355,10 +367,12 @@ impl IdentityStore {
         // The site's CAs as they stand now (two during a rotation of the
         // site CA); a controller of an earlier release sends none.
         let ca_pem = match checked_cas(&resp.ca_pem) {
-            Ok(Some(cas)) if issued_by_one_of(&resp.certificate_pem, &cas) => cas,
+            Ok(Some(cas)) if issued_by_one_of(&resp.certificate_pem, &cas) && keeps_newest(&current.ca_pem, &cas) => {
+                cas
+            }
             Ok(Some(_)) => {
                 tracing::warn!(
-                    "the controller's CAs do not include the one that signed the renewed certificate; keeping the ones held"
+                    "the controller's CAs lack the newest one held or the renewed certificate's; keeping the ones held"
                 );
                 current.ca_pem.clone()
             }
@@ -394,7 +408,11 @@ impl IdentityStore {
             return Ok(None);
         }
         // A replica not yet restarted after a rotation knows only the old
-        // CA: its word must not drop the one this certificate is from.
+        // CA: its word must drop neither the newest CA held nor the one
+        // this certificate is from.
+        if !keeps_newest(&current.ca_pem, &cas) {
+            bail!("the CAs sent do not include the newest one this agent trusts");
+        }
         if !issued_by_one_of(&current.cert_pem, &cas) {
             bail!("the CAs sent do not include the one that signed this agent's certificate");
         }
@@ -474,6 +492,9 @@ mod tests {
         // The new one alone, while this certificate is the old one's: kept.
         let e = ids.set_trust(&both, &new_pem).unwrap_err().to_string();
         assert!(e.contains("do not include the one that signed"), "{e}");
+        // The old one alone (a replica not yet restarted): kept.
+        let e = ids.set_trust(&both, &old_pem).unwrap_err().to_string();
+        assert!(e.contains("do not include the newest"), "{e}");
     }
 
     #[test]

@@ -99,9 +99,16 @@ async fn renew_forever(
 ) -> anyhow::Result<()> {
     let mut delays = backoff();
     let mut controller = 0usize;
+    // A renewal the controller asked for (a rotation of the site CA): due
+    // until one succeeds, each failure waiting its backoff.
+    let mut due = false;
     loop {
         let creds = tx.borrow().clone();
-        let wait = creds.renew_at().duration_since(SystemTime::now()).unwrap_or_default();
+        let wait = if due {
+            Duration::ZERO
+        } else {
+            creds.renew_at().duration_since(SystemTime::now()).unwrap_or_default()
+        };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             r = connected.changed() => {
@@ -114,6 +121,7 @@ async fn renew_forever(
                         Some(after) => {
                             tracing::info!(renew_in = ?after, "this agent's certificate is from a CA the site is retiring; renewing");
                             tokio::time::sleep(after).await;
+                            due = true;
                             // From the controller that said so.
                             if let Some(i) = cfg.controllers.iter().position(|c| *c == target) {
                                 controller = i;
@@ -130,6 +138,7 @@ async fn renew_forever(
                 tracing::info!(valid_for = ?c.not_after.duration_since(SystemTime::now()).unwrap_or_default(), "certificate renewed");
                 tx.send_replace(c);
                 delays = backoff();
+                due = false;
             }
             // Refused, or expired before it could be renewed: the agent
             // cannot fix that itself, but stopping would stop the host's

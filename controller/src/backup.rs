@@ -187,6 +187,21 @@ pub fn validate(file: &pb::BackupFile, site_id: &str) -> Result<(), String> {
         if key == Key::CaFingerprint {
             ca_record = Some(String::from_utf8_lossy(&r.value).into_owned());
         }
+        if key == Key::CaRetired {
+            use rustls_pki_types::pem::PemObject;
+            let retired = String::from_utf8_lossy(&r.value).into_owned();
+            let trusted = rustls_pki_types::CertificateDer::pem_slice_iter(file.ca_pem.as_bytes()).flatten();
+            if let Some(f) = trusted
+                .map(|d| crate::pki::fingerprint(&d))
+                .find(|f| retired.lines().any(|l| l.trim() == f))
+            {
+                return Err(format!(
+                    "its site CA file trusts the CA {f}, which its records list as retired (it was taken on a \
+                     replica whose pki files were not updated after a CA rotation): take one on the replica \
+                     that rotated"
+                ));
+            }
+        }
     }
     if !seen.contains(Key::Site.path().as_str()) {
         return Err("it holds no site record".into());

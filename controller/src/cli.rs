@@ -256,14 +256,14 @@ fn ca(cfg: &config::ControllerConfig, c: &CaCommand) -> ExitCode {
                    after copying pki/ca.pem, ca.key, ca-cross.pem (where present) and ca-retired from this host to it)";
     let restart_finished = "restart the controller to take it in: systemctl restart weft-controller (on every \
                             replica, after copying pki/ca.pem and ca-retired from this host to it and removing \
-                            its pki/ca-cross.pem); copy the admin bundle (pki/admin.pem, admin.key) to wherever \
-                            weftctl runs with one: the old one is refused from then on";
+                            its pki/ca-cross.pem); from then on an admin bundle of the old CA is refused";
     let result = match c {
         CaCommand::Rotate { revoke_old } => crate::pki::rotate(&dir, &cfg.site.id, *revoke_old).map(|r| {
             println!("old CA:           {}", r.old_fingerprint);
             println!("new CA:           {}", r.new_fingerprint);
             println!(
-                "admin bundle:     reissued under the new CA ({})",
+                "admin bundle:     reissued under the new CA ({}): copy it to wherever weftctl runs with one \
+                 before `ca finish`",
                 dir.join(crate::pki::ADMIN_CERT).display()
             );
             println!("next:             {restart}");

@@ -17,7 +17,7 @@ use rcgen::{
     KeyUsagePurpose, SanType, SerialNumber,
 };
 use time::{Duration, OffsetDateTime};
-use weft_common::fs::write_file;
+use weft_common::fs::{sync_dir, write_file};
 
 pub const CA_CERT: &str = "ca.pem";
 pub const CA_KEY: &str = "ca.key";
@@ -536,7 +536,10 @@ pub fn rotate(dir: &Path, site: &str, revoke_old: bool) -> anyhow::Result<Rotate
     ))?;
     let cert = p.self_signed(&key)?;
     let mut bundle = cert.pem();
+    // Each step durable before the next (`sync_dir`): a power loss must
+    // not land a later file without an earlier one.
     write_file(&dir.join(CA_NEXT_KEY), key.serialize_pem(), 0o600)?;
+    sync_dir(dir)?;
     if revoke_old {
         // Listed before the CAs are written: a crash in between leaves
         // them trusted, and `load` ignores a listed CA that still is.
@@ -547,9 +550,12 @@ pub fn rotate(dir: &Path, site: &str, revoke_old: bool) -> anyhow::Result<Rotate
         write_file(&dir.join(CA_CROSS), cross.pem(), 0o644)?;
         bundle.push_str(&pem_of(&old.der));
     }
+    sync_dir(dir)?;
     write_file(&dir.join(CA_CERT), &bundle, 0o644)?;
+    sync_dir(dir)?;
     std::fs::rename(dir.join(CA_NEXT_KEY), dir.join(CA_KEY))
         .with_context(|| format!("cannot move the new CA key into {}", dir.join(CA_KEY).display()))?;
+    sync_dir(dir)?;
     let new = SiteCa::load(dir)?;
     write_admin_bundle(dir, &new, site)?;
     tracing::info!(old = %old.fingerprint, new = %new.fingerprint, revoke_old, "rotated the site CA");
@@ -568,7 +574,9 @@ pub fn finish(dir: &Path) -> anyhow::Result<Vec<String>> {
         anyhow::bail!("no rotation of the site CA is under way; start one with `weft-controller ca rotate`");
     }
     retire(dir, &ca.trusted[1..])?;
+    sync_dir(dir)?;
     write_file(&dir.join(CA_CERT), pem_of(&ca.der), 0o644)?;
+    sync_dir(dir)?;
     let _ = std::fs::remove_file(dir.join(CA_CROSS));
     Ok(ca.trusted[1..].iter().map(|d| fingerprint(d)).collect())
 }

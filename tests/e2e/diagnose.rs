@@ -195,13 +195,17 @@ fn weftctl_version_shows_every_release_and_none_outside_the_policy() {
     let s = weft_tests::sites::up("ver", ("ver-a", "10.1.0.0/16"), ("ver-b", "10.2.0.0/16"));
     weft_tests::sites::until_wa_reaches_wb(&s);
     let release = env!("CARGO_PKG_VERSION");
+    // Agents report their release in their first host report, the peer
+    // in its next parameters after the peering is made: either may come
+    // first.
     let v = weft_tests::eventually(
-        "every agent's release reported",
+        "every agent's release and the peer's reported",
         std::time::Duration::from_secs(40),
         || {
             let v = weft_tests::weftctl_json(&s.ta, &["version"]);
             let agents = v["agents"].as_array()?;
-            (agents.len() == 3 && agents.iter().all(|a| a["version"] == release)).then_some(v)
+            (agents.len() == 3 && agents.iter().all(|a| a["version"] == release) && v["peers"][0]["version"] == release)
+                .then_some(v)
         },
     );
     assert_eq!(

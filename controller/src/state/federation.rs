@@ -508,16 +508,20 @@ impl State {
 
 /// Whether a peer trusted here by the CAs of `held` may now be trusted by
 /// those of `remote` (which came over a stream `held` verified): the same
-/// CAs or fewer of them (a rotation finished), or, from a single CA P, a
-/// rotation's start: a new CA first and P after it. Anything else, such as
-/// a new CA while two are held (which whoever holds the older of them
-/// could send), is refused: the peer's admin sets it by hand.
+/// CAs; the newest of them alone (a rotation finished); or, from a single
+/// CA P, a rotation's start: a new CA first and P after it. Anything else
+/// is refused, and the peer's admin sets it by hand: back to the older of
+/// two (a replica there not yet restarted, or whoever holds that older
+/// key), or a new CA while two are held.
 fn may_move_ca(held: &RemoteSite, remote: &RemoteSite) -> bool {
     let (had, has) = (ca_fingerprints(&held.ca_pem), ca_fingerprints(&remote.ca_pem));
-    if has.is_empty() {
-        return false;
+    match (had.as_slice(), has.as_slice()) {
+        (_, []) | ([], _) => false,
+        _ if has == had => true,
+        ([newest, ..], [only]) => only == newest,
+        ([pinned], [_, after]) => after == pinned,
+        _ => false,
     }
-    has.iter().all(|f| had.contains(f)) || (had.len() == 1 && has.len() == 2 && has[1] == had[0])
 }
 
 /// The fingerprints of the certificates in `pem`, in order.
@@ -551,7 +555,11 @@ mod ca_tests {
         assert!(may_move_ca(&remote(&both), &remote(&both)));
         crate::pki::finish(d.path()).unwrap();
         let done = crate::pki::SiteCa::load(d.path()).unwrap();
-        assert!(may_move_ca(&remote(&both), &remote(&done)), "finished: fewer CAs");
+        assert!(
+            may_move_ca(&remote(&both), &remote(&done)),
+            "finished: the newest alone"
+        );
+        assert!(!may_move_ca(&remote(&both), &remote(&first)), "back to the older one");
         assert!(
             !may_move_ca(&remote(&first), &remote(&done)),
             "a new CA alone, never seen with the held one"
@@ -562,6 +570,8 @@ mod ca_tests {
         // a third, even beside the newer one.
         let mut forged = remote(&other);
         forged.ca_pem = format!("{}{}", other.pem, crate::pki::pem_of(&both.der));
+        assert!(!may_move_ca(&remote(&both), &forged));
+        forged.ca_pem = format!("{}{}", other.pem, crate::pki::pem_of(&first.der));
         assert!(!may_move_ca(&remote(&both), &forged));
     }
 }

@@ -187,36 +187,41 @@ impl State {
     /// trusts one (its pki files not copied after `ca finish`) is refused.
     pub async fn check_ca(&self, trusted: &[String], retired: &[String]) -> Result<(), Error> {
         let fingerprint = trusted.first().map_or("", String::as_str);
+        let key = self.at(Key::CaRetired);
+        let listed = |kv: Option<crate::store::KeyValue>| {
+            kv.map(|kv| {
+                let list: Vec<String> = String::from_utf8_lossy(&kv.value)
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .map(String::from)
+                    .collect();
+                (list, kv.mod_revision)
+            })
+            .unwrap_or_default()
+        };
+        // Before anything is written: a replica that still trusts a CA the
+        // site retired changes nothing.
+        let refuse_retired = |known: &[String]| match trusted.iter().find(|f| known.contains(f)) {
+            Some(f) => Err(Error::FailedPrecondition(format!(
+                "this controller still trusts the CA {f}, which the site retired (`ca finish` or `ca rotate \
+                 --revoke-old` on another replica): copy pki/ca.pem and ca-retired from that replica, and \
+                 remove pki/ca-cross.pem here, before starting this one"
+            ))),
+            None => Ok(()),
+        };
+        refuse_retired(&listed(self.store.get(&key).await?).0)?;
         let earlier: Vec<String> = trusted.iter().skip(1).chain(retired).cloned().collect();
         self.check_signing_ca(fingerprint, &earlier).await?;
-        let key = self.at(Key::CaRetired);
         for _ in 0..MAX_ATTEMPTS {
-            let (list, seen) = self
-                .store
-                .get(&key)
-                .await?
-                .map(|kv| (String::from_utf8_lossy(&kv.value).into_owned(), kv.mod_revision))
-                .unwrap_or_default();
-            let mut known: Vec<String> = list
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(String::from)
-                .collect();
-            if let Some(f) = trusted.iter().find(|f| known.contains(f)) {
-                return Err(Error::FailedPrecondition(format!(
-                    "this controller still trusts the CA {f}, which the site retired (`ca finish` or `ca rotate \
-                     --revoke-old` on another replica): copy pki/ca.pem and ca-retired from that replica, and \
-                     remove pki/ca-cross.pem here, before starting this one"
-                )));
-            }
+            let (mut known, seen) = listed(self.store.get(&key).await?);
+            refuse_retired(&known)?;
             let before = known.len();
-            known.extend(
-                retired
-                    .iter()
-                    .filter(|f| !list.lines().any(|l| l.trim() == f.as_str()))
-                    .cloned(),
-            );
+            for f in retired {
+                if !known.contains(f) {
+                    known.push(f.clone());
+                }
+            }
             if known.len() == before {
                 return Ok(());
             }
@@ -265,6 +270,15 @@ impl State {
                 .then(Op::put(key.clone(), fingerprint.as_bytes().to_vec()));
             if self.store.txn(txn).await?.succeeded {
                 tracing::info!(old = %stored, new = %fingerprint, "the site's store now names the rotated CA");
+                return Ok(());
+            }
+            // Another replica of the same rotation wrote it first.
+            if self
+                .store
+                .get(&key)
+                .await?
+                .is_some_and(|kv| kv.value == fingerprint.as_bytes())
+            {
                 return Ok(());
             }
             return Err(Error::Unavailable(
