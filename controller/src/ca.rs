@@ -33,13 +33,15 @@ impl Cas {
 }
 
 /// Whether an agent whose certificates are `certs` still holds on to an
-/// older CA: its newest live certificate was not signed by `signing`.
-fn on_old_ca(certs: &[CertRecord], signing: &str, now_ms: u64) -> bool {
+/// older CA: its newest live certificate was not signed by `signing`. One
+/// recorded without its CA was signed before weft kept it: by the signing
+/// CA on a site that never rotated (`rotated` false), else by an older one.
+fn on_old_ca(certs: &[CertRecord], signing: &str, rotated: bool, now_ms: u64) -> bool {
     certs
         .iter()
         .filter(|c| c.not_after_ms > now_ms)
         .max_by_key(|c| c.issued_at_ms)
-        .is_some_and(|c| c.ca != signing)
+        .is_some_and(|c| if c.ca.is_empty() { rotated } else { c.ca != signing })
 }
 
 /// Whether an agent of release `version` takes in a new CA (`GetTrust`,
@@ -58,9 +60,10 @@ pub fn status(
 ) -> pb::CaStatus {
     let signing = cas.signing();
     let rotating = cas.trusted.len() > 1;
+    let rotated = rotating || !cas.retired.is_empty();
     let agent = |who: String, certs: &[CertRecord]| {
         let release = versions.get(&who).map_or("", String::as_str);
-        if on_old_ca(certs, signing, now_ms) {
+        if on_old_ca(certs, signing, rotated, now_ms) {
             Some(who)
         } else if rotating && !learns_cas(release) {
             // It renews under the new CA but keeps trusting only the old
@@ -124,21 +127,31 @@ mod tests {
     #[test]
     fn an_agent_holds_on_to_an_old_ca_until_its_newest_live_certificate_is_the_new_ones() {
         let now = 10_000;
-        assert!(on_old_ca(&[cert("old", 1, 20_000)], "new", now));
+        assert!(on_old_ca(&[cert("old", 1, 20_000)], "new", true, now));
         assert!(
-            on_old_ca(&[cert("", 1, 20_000)], "new", now),
+            on_old_ca(&[cert("", 1, 20_000)], "new", true, now),
             "recorded before weft kept the CA"
+        );
+        assert!(
+            !on_old_ca(&[cert("", 1, 20_000)], "new", false, now),
+            "on a site that never rotated"
         );
         assert!(!on_old_ca(
             &[cert("old", 1, 20_000), cert("new", 2, 20_000)],
             "new",
+            true,
             now
         ));
         // A renewal by a replica not yet restarted (still signing with
         // the old CA) after one with the new CA: the newest counts.
-        assert!(on_old_ca(&[cert("new", 2, 20_000), cert("old", 3, 20_000)], "new", now));
+        assert!(on_old_ca(
+            &[cert("new", 2, 20_000), cert("old", 3, 20_000)],
+            "new",
+            true,
+            now
+        ));
         // Nothing live: the agent cannot call at all, and enrolls again.
-        assert!(!on_old_ca(&[cert("old", 1, 5_000)], "new", now));
+        assert!(!on_old_ca(&[cert("old", 1, 5_000)], "new", true, now));
     }
 
     #[test]
