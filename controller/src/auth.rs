@@ -330,13 +330,10 @@ impl Authenticator {
     /// Whether a connection that presented `chain` in its handshake is
     /// known: the chain verifies against the site CA and is not revoked,
     /// or it names another site and verifies against the CA of this
-    /// site's recorded peering with it (`peer_ca(site)`: that CA's
-    /// fingerprint and PEM). Anything else, including no chain, is not.
-    pub fn is_known(
-        &self,
-        chain: &[CertificateDer<'static>],
-        peer_ca: impl Fn(&str) -> Option<(String, String)>,
-    ) -> bool {
+    /// site's recorded peering with it (`peer_ca(site)`: the PEM of the
+    /// CAs trusted for that site). Anything else, including no chain, is
+    /// not.
+    pub fn is_known(&self, chain: &[CertificateDer<'static>], peer_ca: impl Fn(&str) -> Option<String>) -> bool {
         use rustls::pki_types::pem::PemObject;
         let Some((leaf, rest)) = chain.split_first() else {
             return false;
@@ -349,12 +346,11 @@ impl Authenticator {
         if id.role != Role::Site || id.name != id.site {
             return false;
         }
-        let Some((fp, pem)) = peer_ca(&id.site) else {
+        let Some(pem) = peer_ca(&id.site) else {
             return false;
         };
-        // By the whole PEM: a peer rotating its CA trusts two under one
-        // signing fingerprint, then one.
-        let _ = fp;
+        // Cached by the whole PEM: a peer rotating its CA is trusted by
+        // two under one signing fingerprint, then by one.
         let key = weft_common::fingerprint(pem.as_bytes());
         let cached = self.peer_verifiers.lock().unwrap().get(&key).cloned();
         let verifier = match cached {

@@ -228,11 +228,8 @@ pub fn validate(file: &pb::BackupFile, site_id: &str) -> Result<(), String> {
 /// Whether `key_pem` is the private key of certificate `cert_pem`.
 fn key_matches(cert_pem: &str, key_pem: &str) -> anyhow::Result<()> {
     use rustls_pki_types::pem::PemObject;
-    use x509_parser::prelude::{FromDer, X509Certificate};
     let der = rustls_pki_types::CertificateDer::from_pem_slice(cert_pem.as_bytes()).context("not a PEM certificate")?;
-    let (_, cert) = X509Certificate::from_der(&der).context("the certificate does not parse")?;
-    let key = rcgen::KeyPair::from_pem(key_pem).context("the key does not parse")?;
-    if cert.public_key().subject_public_key.data.as_ref() != key.public_key_raw() {
+    if !crate::pki::key_matches_cert(key_pem, &der) {
         bail!("its key is not the certificate's");
     }
     Ok(())

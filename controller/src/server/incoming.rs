@@ -126,7 +126,7 @@ pub(super) fn known_by(auth: &Arc<Authenticator>, hub: &Arc<Hub>) -> Known {
         auth.is_known(chain, |site| {
             let model = hub.model();
             let remote = model.peerings.get(site)?.remote.as_ref()?;
-            Some((remote.ca_fingerprint.clone(), remote.ca_pem.clone()))
+            Some(remote.ca_pem.clone())
         })
     })
 }
