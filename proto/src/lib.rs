@@ -30,8 +30,9 @@ pub mod codec {
 
     use tonic::codec::BufferSettings;
 
-    /// Where a stream's encode and decode buffers start.
-    const BUFFER: usize = 512;
+    /// Where a stream's encode and decode buffers start (not 0: tonic
+    /// divides by it when compressing).
+    const BUFFER: usize = 128;
     /// tonic's default: how much is encoded before the stream yields.
     const YIELD_THRESHOLD: usize = 32 * 1024;
 

@@ -178,7 +178,7 @@ impl AgentService for AgentApi {
         }))
     }
 
-    type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<weft_proto::wire::WatchResponse, Status>>;
+    type WatchStream = watch::Stream;
 
     async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let (role, id) = self.agent(&req).await?;
@@ -277,12 +277,12 @@ impl AgentService for AgentApi {
         let held = watch::Held::render(&self.hub, &model, role, &id.name);
         let first = watch::first_message(&held, model.revision, req.last_revision, &req.known);
         slot.latest.store(model.revision, std::sync::atomic::Ordering::SeqCst);
-        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
-        let _ = tx.send(Ok(first)).await;
+        let (tx, body) = watch::stream();
+        let _ = tx.send(Box::new(Ok(first))).await;
         self.hub.sent(&key, model.revision);
         tracing::info!(agent = %id, revision = model.revision, objects = held.len(), "watch started");
         tokio::spawn(watch::stream_changes(self.hub.clone(), key, slot, held, tx, expires));
-        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        Ok(Response::new(body))
     }
 
     async fn report(&self, req: Request<pb::ReportRequest>) -> Result<Response<pb::ReportResponse>, Status> {

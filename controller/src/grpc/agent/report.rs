@@ -135,7 +135,9 @@ impl AgentApi {
                 // Revoked since the stream opened (removed, or a second
                 // holder of its identity): refused as a call would be.
                 let answer = match api.auth.check_revocation(&id) {
-                    Ok(()) => api.take_report(role, &id, r).await,
+                    // Boxed: this task lives as long as the stream, sized for
+                    // its largest await; a report's store write is that.
+                    Ok(()) => Box::pin(api.take_report(role, &id, r)).await,
                     Err(s) => Err(s),
                 };
                 match answer {

@@ -17,7 +17,32 @@ use crate::domain::AgentRole;
 use crate::hub::{Hub, Shared, Slot};
 use crate::render::{self, Model, Objects};
 
-pub(super) type Sender = tokio::sync::mpsc::Sender<Result<wire::WatchResponse, Status>>;
+/// What a watch stream's task hands to its response body. Boxed: a
+/// channel's first block holds 32 slots whatever its capacity, and a slot
+/// of the message itself cost every connected agent about 2 KiB.
+pub(super) type Item = Box<Result<wire::WatchResponse, Status>>;
+pub(super) type Sender = tokio::sync::mpsc::Sender<Item>;
+
+/// The watch response body: the task's messages, unboxed.
+pub(crate) type Stream = tokio_stream::adapters::Map<
+    tokio_stream::wrappers::ReceiverStream<Item>,
+    fn(Item) -> Result<wire::WatchResponse, Status>,
+>;
+
+/// An error that ends a watch stream, as its task sends it.
+fn fail(s: Status) -> Item {
+    Box::new(Err(s))
+}
+
+/// The response body of a watch whose task sends on the returned sender.
+pub(super) fn stream() -> (Sender, Stream) {
+    let (tx, rx) = tokio::sync::mpsc::channel(super::WATCH_BUFFER);
+    let unbox: fn(Item) -> Result<wire::WatchResponse, Status> = |m| *m;
+    (
+        tx,
+        tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), unbox),
+    )
+}
 
 /// What a stream has sent its agent.
 pub(super) enum Held {
@@ -128,7 +153,7 @@ pub(super) async fn stream_changes(
                 // UNAVAILABLE, not UNAUTHENTICATED: the agent is not refused,
                 // it reconnects with its renewed certificate.
                 let _ = tx
-                    .send(Err(Status::unavailable(
+                    .send(fail(Status::unavailable(
                         "the certificate this stream was opened with has expired; reconnect with the current one",
                     )))
                     .await;
@@ -142,7 +167,7 @@ pub(super) async fn stream_changes(
         let pending = slot.take();
         if pending.revoked {
             let _ = tx
-                .send(Err(Status::unauthenticated(format!(
+                .send(fail(Status::unauthenticated(format!(
                     "every certificate of {} {:?} was revoked: two hosts hold its identity. The admin must enroll \
                      the real host again with a new token",
                     key.0.as_str(),
@@ -153,7 +178,7 @@ pub(super) async fn stream_changes(
         }
         if pending.removed {
             let _ = tx
-                .send(Err(removed(format!(
+                .send(fail(removed(format!(
                     "{} {:?} has been removed; enroll it again with a new token",
                     key.0.as_str(),
                     key.1
@@ -166,24 +191,7 @@ pub(super) async fn stream_changes(
             slot.done();
             continue;
         };
-        // A reader that stopped reading must not hold up a shutdown or its
-        // replacement stream.
-        let mut closing = hub.closing.subscribe();
-        let sent = loop {
-            tokio::select! {
-                r = tx.send(Ok(msg.clone())) => break r.is_ok(),
-                _ = async { let _ = closing.wait_for(|c| *c).await; } => break false,
-                _ = slot.notify.notified() => {
-                    if slot.superseded.load(Ordering::SeqCst) {
-                        break false;
-                    }
-                    // Not for us to act on now: keep the wake-up for later.
-                    slot.notify.notify_one();
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            }
-        };
-        if !sent {
+        if !Box::pin(send(&hub, &slot, &tx, msg)).await {
             break;
         }
         slot.latest.store(model.revision, Ordering::SeqCst);
@@ -194,7 +202,42 @@ pub(super) async fn stream_changes(
     // A gateway whose stream ended for its certificate's age is about to
     // reconnect: it is not gone (if it never comes back, its lease ends).
     if key.0 == AgentRole::Gateway && !expired && !slot.superseded.load(Ordering::SeqCst) && !*hub.closing.borrow() {
-        hub.gone(&key).await;
+        // Boxed: this task lives as long as the stream and is sized for its
+        // largest await, which would otherwise be this rare one's.
+        Box::pin(hub.gone(&key)).await;
+    }
+}
+
+/// Hands `msg` to the stream's body; false when the stream is to end (its
+/// reader went, the controller shuts down, or a newer stream replaced it).
+/// A reader that stopped reading must not hold up a shutdown or its
+/// replacement stream. Boxed where it is awaited: the task lives as long as
+/// the stream and is sized for its largest await, which this was.
+async fn send(hub: &Hub, slot: &Slot, tx: &Sender, msg: wire::WatchResponse) -> bool {
+    use std::sync::atomic::Ordering;
+    let mut closing = hub.closing.subscribe();
+    let mut item = Some(Box::new(Ok(msg)));
+    loop {
+        let permit = tokio::select! {
+            p = tx.reserve() => p,
+            _ = async { let _ = closing.wait_for(|c| *c).await; } => return false,
+            _ = slot.notify.notified() => {
+                if slot.superseded.load(Ordering::SeqCst) {
+                    return false;
+                }
+                // Not for us to act on now: keep the wake-up for later.
+                slot.notify.notify_one();
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        return match (permit, item.take()) {
+            (Ok(p), Some(m)) => {
+                p.send(m);
+                true
+            }
+            _ => false,
+        };
     }
 }
 

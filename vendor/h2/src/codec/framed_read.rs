@@ -428,6 +428,11 @@ where
             };
 
             tracing::trace!(read.bytes = bytes.len());
+            // weft: nothing more buffered: give the buffer back while idle
+            // (the frame keeps its own bytes).
+            if self.inner.read_buffer().is_empty() {
+                *self.inner.read_buffer_mut() = BytesMut::new();
+            }
             if let Some(frame) = self.decoder.decode(bytes)? {
                 tracing::debug!(?frame, "received");
                 return Poll::Ready(Some(Ok(frame)));

@@ -60,10 +60,15 @@ enum Next<B> {
     Continuation(frame::Continuation),
 }
 
-/// Initialize the connection with this amount of write buffer.
+/// The write buffer a connection takes when it has something to write.
 ///
 /// The minimum MAX_FRAME_SIZE is 16kb, so always be able to send a HEADERS
 /// frame that big.
+///
+/// weft: the buffer is taken when a frame is buffered and given back once
+/// everything buffered is flushed, not held for the connection's life: a
+/// controller holds tens of thousands of mostly idle connections, and 16 KiB
+/// each was a third of its memory per agent.
 const DEFAULT_BUFFER_CAPACITY: usize = 16 * 1_024;
 
 /// Chain payloads bigger than this when vectored I/O is enabled. The remote
@@ -93,7 +98,7 @@ where
             final_flush_done: false,
             encoder: Encoder {
                 hpack: hpack::Encoder::default(),
-                buf: Cursor::new(BytesMut::with_capacity(DEFAULT_BUFFER_CAPACITY)),
+                buf: Cursor::new(BytesMut::new()),
                 next: None,
                 last_data_frame: None,
                 max_frame_size: frame::DEFAULT_MAX_FRAME_SIZE,
@@ -173,6 +178,12 @@ where
         // Flush the upstream
         ready!(Pin::new(&mut self.inner).poll_flush(cx))?;
 
+        // weft: everything is written: give the buffer back while idle.
+        if self.encoder.next.is_none() && self.encoder.buf.get_ref().is_empty() {
+            *self.encoder.buf.get_mut() = BytesMut::new();
+            self.encoder.buf.set_position(0);
+        }
+
         Poll::Ready(Ok(()))
     }
 
@@ -223,6 +234,10 @@ where
     fn buffer(&mut self, item: Frame<B>) -> Result<(), UserError> {
         // Ensure that we have enough capacity to accept the write.
         assert!(self.has_capacity());
+        // weft: the buffer given back while idle, taken again.
+        if self.buf.get_ref().capacity() - self.buf.get_ref().len() < self.min_buffer_capacity {
+            self.buf.get_mut().reserve(DEFAULT_BUFFER_CAPACITY);
+        }
         let span = tracing::trace_span!("FramedWrite::buffer", frame = ?item);
         let _e = span.enter();
 
@@ -307,9 +322,11 @@ where
     }
 
     fn has_capacity(&self) -> bool {
+        // weft: an empty buffer has room (it is taken again in `buffer`).
         self.next.is_none()
-            && (self.buf.get_ref().capacity() - self.buf.get_ref().len()
-                >= self.min_buffer_capacity)
+            && (self.buf.get_ref().is_empty()
+                || self.buf.get_ref().capacity() - self.buf.get_ref().len()
+                    >= self.min_buffer_capacity)
     }
 
     fn is_empty(&self) -> bool {

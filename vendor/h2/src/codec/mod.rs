@@ -42,12 +42,16 @@ where
         let framed_write = FramedWrite::new(io);
 
         // Delimit the frames
-        let delimited = length_delimited::Builder::new()
+        // weft: no read buffer held for the connection's life (tokio-util
+        // starts one at 8 KiB): it grows to the frame being read and is given
+        // back between frames (see `FramedRead::poll_next`).
+        let codec = length_delimited::Builder::new()
             .big_endian()
             .length_field_length(3)
             .length_adjustment(9)
             .num_skip(0) // Don't skip the header
-            .new_read(framed_write);
+            .new_codec();
+        let delimited = tokio_util::codec::FramedRead::with_capacity(framed_write, codec, 0);
 
         let mut inner = FramedRead::new(delimited);
 

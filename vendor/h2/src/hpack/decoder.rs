@@ -158,7 +158,8 @@ impl Decoder {
             max_size_update: None,
             last_max_update: size,
             table: Table::new(size),
-            buffer: BytesMut::with_capacity(4096),
+            // weft: grown by what it decodes, not held at 4 KiB per connection.
+            buffer: BytesMut::new(),
         }
     }
 

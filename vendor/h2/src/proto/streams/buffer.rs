@@ -82,6 +82,12 @@ impl Deque {
         match self.indices {
             Some(mut idxs) => {
                 let mut slot = buf.slab.remove(idxs.head);
+                // weft: the last frame buffered is out: give the slab back
+                // (a connection holds one for sending and one for receiving
+                // for its whole life, mostly idle; no key is outstanding).
+                if buf.slab.is_empty() {
+                    buf.slab = Slab::new();
+                }
 
                 if idxs.head == idxs.tail {
                     assert!(slot.next.is_none());
