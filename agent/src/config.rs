@@ -39,6 +39,12 @@ pub struct AgentArgs {
     /// failover's change then waits for.
     #[arg(long, env = "WEFT_RESYNC_INTERVAL", default_value = "30s")]
     pub resync_interval: humantime::Duration,
+    /// With several controllers: how long a node connected to one other
+    /// than its first choice waits (plus up to twice that, at random)
+    /// before asking its first choice again, and moving back when it
+    /// answers. Spreads a site's agents back over a replica that returns.
+    #[arg(long, env = "WEFT_FAILBACK_AFTER", default_value = "15s")]
+    pub failback_after: humantime::Duration,
     /// Remove everything this agent applied to the host (from its stored
     /// state) and exit.
     #[arg(long)]
@@ -70,6 +76,7 @@ pub struct AgentConfig {
     pub name: String,
     pub dry_run: bool,
     pub resync_interval: std::time::Duration,
+    pub failback_after: std::time::Duration,
     pub teardown: bool,
     pub underlay_ip: Option<std::net::IpAddr>,
     pub metrics_listen: Option<std::net::SocketAddr>,
@@ -168,6 +175,35 @@ fn host_name() -> Option<String> {
         .map(|s| s.trim().to_ascii_lowercase())
 }
 
+impl AgentConfig {
+    /// The order in which this agent tries its site's controllers (see
+    /// [`controller_order`]).
+    pub fn controller_order(&self) -> Vec<usize> {
+        controller_order(&self.name, &self.controllers)
+    }
+}
+
+/// The order in which agent `name` tries `controllers`: by the highest
+/// random weight (rendezvous hashing) of its name with each address.
+/// Agents spread evenly over a site's replicas with nobody assigning them;
+/// when a replica goes, only its agents move, spread evenly over the others
+/// (each to its second choice); and every agent knows which replica to move
+/// back to when its first choice returns.
+pub fn controller_order(name: &str, controllers: &[String]) -> Vec<usize> {
+    let mut weighed: Vec<(u64, usize)> = controllers
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let d = ring::digest::digest(&ring::digest::SHA256, format!("{name}\n{c}").as_bytes());
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&d.as_ref()[..8]);
+            (u64::from_be_bytes(w), i)
+        })
+        .collect();
+    weighed.sort_by(|a, b| b.cmp(a));
+    weighed.into_iter().map(|(_, i)| i).collect()
+}
+
 fn valid_name(name: &str) -> bool {
     let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     !name.is_empty()
@@ -236,6 +272,7 @@ impl AgentArgs {
             name,
             dry_run: self.dry_run,
             resync_interval: *self.resync_interval,
+            failback_after: (*self.failback_after).max(std::time::Duration::from_millis(100)),
             teardown: self.teardown,
             underlay_ip: self.underlay_ip,
             metrics_listen: self.metrics_listen,
@@ -254,6 +291,49 @@ impl AgentArgs {
 mod tests {
     use super::*;
 
+    fn with_controllers(name: &str, controllers: &[String]) -> AgentConfig {
+        let mut a = args();
+        a.name = Some(name.into());
+        a.controllers = controllers.to_vec();
+        a.validate().unwrap()
+    }
+
+    /// Agents spread evenly over a site's replicas by their own order;
+    /// when one replica is gone only its agents move, evenly over the
+    /// others, and the rest keep their first choice.
+    #[test]
+    fn agents_spread_evenly_over_replicas_and_only_a_gone_ones_agents_move() {
+        let ctl: Vec<String> = (1..=3).map(|i| format!("https://ctl-{i}:7443")).collect();
+        let n = 30_000;
+        let mut first = [0usize; 3];
+        let mut second_of_gone = [0usize; 3];
+        for k in 0..n {
+            let order = with_controllers(&format!("node-{k}"), &ctl).controller_order();
+            assert_eq!(order.len(), 3);
+            first[order[0]] += 1;
+            if order[0] == 2 {
+                second_of_gone[order[1]] += 1;
+            }
+            // Without ctl-3 (say, it is not in this agent's list): the
+            // same relative order, so whoever did not prefer it keeps its
+            // first choice.
+            let without = with_controllers(&format!("node-{k}"), &ctl[..2]).controller_order();
+            let kept: Vec<usize> = order.iter().copied().filter(|&i| i != 2).collect();
+            assert_eq!(without, kept);
+        }
+        for f in first {
+            assert!((9_400..=10_600).contains(&f), "uneven spread {first:?}");
+        }
+        let moved = second_of_gone[0] + second_of_gone[1];
+        assert_eq!(moved, first[2]);
+        for s in &second_of_gone[..2] {
+            assert!(
+                s * 100 / moved >= 46,
+                "the gone replica's agents spread unevenly: {second_of_gone:?}"
+            );
+        }
+    }
+
     fn args() -> AgentArgs {
         AgentArgs {
             controllers: vec!["https://ctl:7443".into()],
@@ -264,6 +344,7 @@ mod tests {
             name: Some("node-1".into()),
             dry_run: false,
             resync_interval: std::time::Duration::from_secs(30).into(),
+            failback_after: std::time::Duration::from_secs(15).into(),
             teardown: false,
             underlay_ip: None,
             metrics_listen: None,

@@ -270,7 +270,7 @@ impl IdentityStore {
         let mut delays = weft_common::backoff().map(|d| d.min(std::time::Duration::from_secs(30)));
         loop {
             let mut last = None;
-            for target in &cfg.controllers {
+            for target in cfg.controller_order().into_iter().map(|i| &cfg.controllers[i]) {
                 let channel = match tls::connect(target, &trust, None).await {
                     Ok(c) => c,
                     // A controller that is not the one pinned or trusted

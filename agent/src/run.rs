@@ -21,6 +21,10 @@ pub use weft_common::backoff;
 /// an error answer) tries them again.
 const RETRY_LOST: Duration = Duration::from_secs(1);
 
+/// Over how long the agents of a replica that went away move to the next
+/// one.
+const MOVE_SPREAD: Duration = Duration::from_secs(2);
+
 /// How often an agent the controller refuses (not removed) asks again.
 const REFUSED_RETRY: Duration = Duration::from_secs(30);
 
@@ -49,7 +53,7 @@ async fn teardown(desired: &mut Desired, file: &StateFile, applier: &mut dyn App
 }
 
 /// A random duration below `within`.
-fn jitter(within: Duration) -> Duration {
+pub(crate) fn jitter(within: Duration) -> Duration {
     let mut b = [0u8; 4];
     let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
     within.mul_f64(f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0))
@@ -98,7 +102,8 @@ async fn renew_forever(
     mut connected: watch::Receiver<String>,
 ) -> anyhow::Result<()> {
     let mut delays = backoff();
-    let mut controller = 0usize;
+    // Renewals spread over the replicas as sessions do.
+    let mut controller = cfg.controller_order().first().copied().unwrap_or(0);
     // A renewal the controller asked for (a rotation of the site CA): due
     // until one succeeds, each failure waiting its backoff.
     let mut due = false;
@@ -229,9 +234,11 @@ fn dns_for(cfg: &AgentConfig, kind: AgentKind, desired: &Desired) -> anyhow::Res
 
 /// Which controller an agent tries next, and after how long.
 struct Retry {
-    /// Index of the controller to try.
-    controller: usize,
-    controllers: usize,
+    /// The controllers (indexes) in this agent's order of preference (see
+    /// [`AgentConfig::controller_order`]).
+    order: Vec<usize>,
+    /// Where in `order` the controller to try is.
+    at: usize,
     /// Controllers tried since the last good session: the next replica is
     /// tried at once, the back-off applies only after a whole round failed.
     tried: usize,
@@ -240,18 +247,36 @@ struct Retry {
 }
 
 impl Retry {
-    fn new(controllers: usize, fresh: fn() -> Box<dyn Iterator<Item = Duration> + Send>) -> Retry {
+    fn new(order: Vec<usize>, fresh: fn() -> Box<dyn Iterator<Item = Duration> + Send>) -> Retry {
+        let order = if order.is_empty() { vec![0] } else { order };
         Retry {
-            controller: 0,
-            controllers: controllers.max(1),
+            order,
+            at: 0,
             tried: 0,
             delays: fresh(),
             fresh,
         }
     }
 
+    /// The index of the controller to try.
+    fn controller(&self) -> usize {
+        self.order[self.at]
+    }
+
+    /// This agent's first choice, when it is not the one to try now.
+    fn preferred_elsewhere(&self) -> Option<usize> {
+        (self.at != 0).then(|| self.order[0])
+    }
+
     fn next_controller(&mut self) {
-        self.controller = (self.controller + 1) % self.controllers;
+        self.at = (self.at + 1) % self.order.len();
+    }
+
+    /// The first choice answers again: back to it at once.
+    fn back_to_preferred(&mut self) {
+        self.at = 0;
+        self.tried = 0;
+        self.delays = (self.fresh)();
     }
 
     /// The controller refused the agent: the next one, after
@@ -272,7 +297,13 @@ impl Retry {
             self.tried = 0;
         }
         self.tried += 1;
-        let delay = if self.tried < self.controllers {
+        let delay = if self.tried < self.order.len() && was_up {
+            // The next replica at once, but after a session that was up
+            // (its replica died, say, with thousands of agents on it)
+            // spread over a while, so the others are not all asked in
+            // the same instant.
+            Duration::from_millis(100) + jitter(MOVE_SPREAD)
+        } else if self.tried < self.order.len() {
             Duration::from_millis(100)
         } else if lost {
             self.tried = 0;
@@ -365,9 +396,16 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
     let (connected, told) = watch::channel(String::new());
     let mut renewal = tokio::spawn(renew_forever(IdentityStore::new(&cfg.state_dir), cfg.clone(), tx, told));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut retry = Retry::new(cfg.controllers.len(), || Box::new(backoff()));
+    let mut retry = Retry::new(cfg.controller_order(), || Box::new(backoff()));
     loop {
-        let target = cfg.controllers[retry.controller].clone();
+        let target = cfg.controllers[retry.controller()].clone();
+        // A node away from its first choice moves back when that answers
+        // again (so a replica that returns gets its share back). A gateway
+        // stays: its stream's end would fail it over.
+        let preferred = match kind {
+            AgentKind::Node => retry.preferred_elsewhere().map(|i| cfg.controllers[i].clone()),
+            AgentKind::Gateway => None,
+        };
         let started = std::time::Instant::now();
         let end = tokio::select! {
             end = session(Session {
@@ -380,6 +418,7 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
                 applier: applier.as_mut(),
                 dns: dns.as_mut(),
                 connected: &connected,
+                preferred: preferred.as_deref(),
             }) => end,
             r = &mut renewal => return match r {
                 Ok(Err(e)) => Err(e),
@@ -392,6 +431,14 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
         let lost = matches!(end, End::Lost(_));
         let was_up = started.elapsed() > Duration::from_secs(10);
         match end {
+            End::Preferred => {
+                tracing::info!(
+                    from = %target,
+                    to = %preferred.as_deref().unwrap_or_default(),
+                    "this agent's first-choice controller answers again; moving back to it"
+                );
+                retry.back_to_preferred();
+            }
             End::Removed(e) => {
                 // Removed by the admin: leave the host as it was before weft.
                 teardown(&mut desired, &file, applier.as_mut()).await;
@@ -477,10 +524,10 @@ mod tests {
 
     #[test]
     fn each_replica_is_tried_at_once_then_the_round_backs_off() {
-        let mut r = Retry::new(3, counting);
+        let mut r = Retry::new(vec![0, 1, 2], counting);
         let mut seen = vec![];
         for _ in 0..6 {
-            let at = r.controller;
+            let at = r.controller();
             seen.push((at, r.disconnected(false, false)));
         }
         let ms = Duration::from_millis;
@@ -499,7 +546,7 @@ mod tests {
 
     #[test]
     fn a_lost_controller_is_retried_within_a_second_and_a_good_session_resets_the_back_off() {
-        let mut r = Retry::new(1, counting);
+        let mut r = Retry::new(vec![0], counting);
         assert_eq!(r.disconnected(false, false), Duration::from_secs(1));
         assert_eq!(r.disconnected(false, false), Duration::from_secs(2));
         // Nobody answered: no back-off, a second.
@@ -510,14 +557,34 @@ mod tests {
 
     #[test]
     fn a_refusal_moves_to_the_next_controller() {
-        let mut r = Retry::new(2, counting);
+        let mut r = Retry::new(vec![0, 1], counting);
         r.refused();
-        assert_eq!(r.controller, 1);
+        assert_eq!(r.controller(), 1);
         r.refused();
-        assert_eq!(r.controller, 0);
+        assert_eq!(r.controller(), 0);
         // One controller: always it.
-        let mut one = Retry::new(1, counting);
+        let mut one = Retry::new(vec![0], counting);
         one.refused();
-        assert_eq!(one.controller, 0);
+        assert_eq!(one.controller(), 0);
+    }
+
+    /// An agent starts at its first choice, moves down its own order, knows
+    /// its first choice while away from it, and goes back to it at once.
+    #[test]
+    fn an_agent_follows_its_own_order_and_moves_back_to_its_first_choice() {
+        let mut r = Retry::new(vec![2, 0, 1], counting);
+        assert_eq!((r.controller(), r.preferred_elsewhere()), (2, None));
+        // Its replica went after a good session: the next one soon, at a
+        // moment spread over two seconds.
+        let d = r.disconnected(true, true);
+        assert!(
+            d >= Duration::from_millis(100) && d < Duration::from_millis(2100),
+            "{d:?}"
+        );
+        assert_eq!((r.controller(), r.preferred_elsewhere()), (0, Some(2)));
+        r.disconnected(false, true);
+        assert_eq!(r.controller(), 1);
+        r.back_to_preferred();
+        assert_eq!((r.controller(), r.preferred_elsewhere()), (2, None));
     }
 }

@@ -37,6 +37,9 @@ pub(crate) enum End {
     /// expired certificate, which a thief's renewal can cause too): the
     /// host keeps forwarding what it has, and the agent keeps asking.
     Refused(anyhow::Error),
+    /// This agent's first-choice controller (it was connected to
+    /// another) answers again: it moves back, at once.
+    Preferred,
 }
 
 fn classify(s: tonic::Status) -> End {
@@ -175,6 +178,9 @@ pub(crate) struct Session<'a> {
     /// Told the controller's address once the session is open (the agent
     /// then asks it which CAs the site trusts).
     pub(crate) connected: &'a watch::Sender<String>,
+    /// This agent's first-choice controller, when `target` is not it: the
+    /// session ends ([`End::Preferred`]) once that one answers again.
+    pub(crate) preferred: Option<&'a str>,
 }
 
 /// A node's subnets as the controller gives them: IPv4 and IPv6 (each
@@ -354,6 +360,7 @@ pub(crate) async fn session(s: Session<'_>) -> End {
         applier,
         mut dns,
         connected,
+        preferred,
     } = s;
     let current = creds.borrow_and_update().clone();
     let (mut c, mut stream) = match open(
@@ -403,8 +410,12 @@ pub(crate) async fn session(s: Session<'_>) -> End {
     // A resync that a change interrupted: the next one comes soon and
     // runs whole.
     let mut yielded = false;
+    let back = preferred_back(preferred, &current, cfg.failback_after);
+    tokio::pin!(back);
     loop {
         let msg = tokio::select! {
+            // Between messages, never within one: nothing is left half-applied.
+            _ = &mut back => return End::Preferred,
             _ = resync_timer.tick() => {
                 resync_unless_changed(desired, applier, &mut stream, &mut resync_timer, &mut yielded, &mut errors).await
             }
@@ -471,6 +482,27 @@ pub(crate) async fn session(s: Session<'_>) -> End {
             Ok(None) => {}
             Err(Some(s)) => return classify(s),
             Err(None) => return stream_end(&mut answers).await,
+        }
+    }
+}
+
+/// Resolves once `preferred` answers an agent's call (this agent's
+/// certificate, `GetTrust`) again, asked every `after` plus up to twice
+/// that at random (so the agents of a replica that returns come back over
+/// a while, not at once); never when there is none.
+async fn preferred_back(preferred: Option<&str>, creds: &Credentials, after: Duration) {
+    let Some(url) = preferred else {
+        return std::future::pending().await;
+    };
+    loop {
+        tokio::time::sleep(after + crate::run::jitter(after * 2)).await;
+        let asked = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut c = client(url, creds).await.ok()?;
+            c.get_trust(pb::GetTrustRequest {}).await.ok()
+        })
+        .await;
+        if matches!(asked, Ok(Some(_))) {
+            return;
         }
     }
 }

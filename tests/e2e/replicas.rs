@@ -24,6 +24,16 @@ fn watching(p: &Proc) -> Option<u16> {
         .and_then(|p| p.parse().ok())
 }
 
+/// The port of the replica agent `name` given `replicas` tries first
+/// (its own order: see `controller_order`).
+fn first_choice(name: &str, replicas: &[&Controller]) -> u16 {
+    let urls: Vec<String> = replicas
+        .iter()
+        .map(|c| format!("https://127.0.0.1:{}", c.listen_port))
+        .collect();
+    replicas[weft_agent::config::controller_order(name, &urls)[0]].listen_port
+}
+
 #[test]
 fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
     weft_tests::step("three replicas on one etcd");
@@ -77,37 +87,66 @@ fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
     // Any replica serves admin calls from the shared state.
     assert_eq!(weftctl_json(&c.target(), &["site"])["id"], "site-a");
 
-    weft_tests::step("agents watch replica a");
-    let (mut a, b, c) = (a, b, c);
-    let gw = agent("gateway", "gw", "192.0.2.10", &[&a, &b, &c], &b, dir.path());
-    let n1 = agent("node", "n1", "192.0.2.11", &[&a, &b, &c], &c, dir.path());
-    for p in [&gw, &n1] {
-        eventually("the agent watching replica a", Duration::from_secs(20), || {
-            (watching(p) == Some(a.listen_port)).then_some(())
+    weft_tests::step("each agent watches its first choice of replica");
+    let mut replicas = [a, b, c];
+    let gw = agent(
+        "gateway",
+        "gw",
+        "192.0.2.10",
+        &replicas.iter().collect::<Vec<_>>(),
+        &replicas[1],
+        dir.path(),
+    );
+    let n1 = agent(
+        "node",
+        "n1",
+        "192.0.2.11",
+        &replicas.iter().collect::<Vec<_>>(),
+        &replicas[2],
+        dir.path(),
+    );
+    let all: Vec<&Controller> = replicas.iter().collect();
+    let (gw_first, n1_first) = (first_choice("gw", &all), first_choice("n1", &all));
+    for (p, first) in [(&gw, gw_first), (&n1, n1_first)] {
+        eventually("the agent watching its first choice", Duration::from_secs(20), || {
+            (watching(p) == Some(first)).then_some(())
         });
     }
     eventually("the gateway given n1's tunnel", Duration::from_secs(20), || {
         gw.log_text().contains("remote 192.0.2.11").then_some(())
     });
 
-    weft_tests::step("replica a dies and the agents move at once");
-    // Replica a dies; the agents move to b or c.
-    let a_led = a.log_text().contains(LEADING);
+    weft_tests::step("the node's replica dies and its agents move at once");
+    // The replica n1 watches dies; its agents move to another.
+    let x = replicas.iter().position(|r| r.listen_port == n1_first).unwrap();
+    let x_led = replicas[x].log_text().contains(LEADING);
     let killed = Instant::now();
-    a.kill();
-    for p in [&gw, &n1] {
+    replicas[x].kill();
+    let on_x: Vec<&weft_tests::Proc> = [(&gw, gw_first), (&n1, n1_first)]
+        .into_iter()
+        .filter(|(_, f)| *f == n1_first)
+        .map(|(p, _)| p)
+        .collect();
+    for p in &on_x {
         eventually("the agent watching another replica", Duration::from_secs(5), || {
-            watching(p).filter(|port| *port != a.listen_port).map(|_| ())
+            watching(p).filter(|port| *port != n1_first).map(|_| ())
         });
     }
     let moved = killed.elapsed();
     eprintln!("agents moved to another replica {moved:?} after the kill");
     assert!(moved < Duration::from_secs(5), "{moved:?}");
+    let live: Vec<&Controller> = replicas
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != x)
+        .map(|(_, r)| r)
+        .collect();
+    let (b, c) = (live[0], live[1]);
 
     weft_tests::step("a change after the kill reaches the agents");
     // A change made after the kill, through another replica, reaches them:
     // a second node enrolls, and the gateway is given a tunnel to it.
-    let _n2 = agent("node", "n2", "192.0.2.12", &[&b, &c], &b, dir.path());
+    let _n2 = agent("node", "n2", "192.0.2.12", &[b, c], b, dir.path());
     eventually("the gateway given n2's tunnel", Duration::from_secs(10), || {
         gw.log_text().contains("remote 192.0.2.12").then_some(())
     });
@@ -121,11 +160,30 @@ fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
 
     weft_tests::step("another replica takes over the lead");
     // If the dead replica led, another takes over within the leader TTL.
-    if a_led {
+    if x_led {
         eventually("a new leader", Duration::from_secs(10), || {
-            (leaders(&[&b, &c]) == 1).then_some(())
+            (leaders(&[b, c]) == 1).then_some(())
         });
     }
+
+    weft_tests::step("the replica returns and the node moves back to it");
+    // Back: the node, which asks its first choice again every 1-3 s here
+    // (--failback-after 1s), moves back and is served there.
+    replicas[x].restart_stopped();
+    eventually("n1 back on its first choice", Duration::from_secs(20), || {
+        (watching(&n1) == Some(n1_first)).then_some(())
+    });
+    assert!(
+        n1.log_text().contains("first-choice controller answers again"),
+        "n1 said why it moved"
+    );
+    eventually("n1 ready again", Duration::from_secs(10), || {
+        let nodes = weftctl_json(&replicas[x].target(), &["nodes"]);
+        let all = nodes["nodes"].as_array().unwrap().clone();
+        all.iter()
+            .any(|n| n["name"] == "n1" && n["status"]["ready"] == true)
+            .then_some(())
+    });
 }
 
 /// Sends SIGCONT to a process it stopped, also when the test fails (a
@@ -179,29 +237,36 @@ fn agents_leave_a_silenced_replica_within_3_seconds() {
         .start();
     let gw = agent("gateway", "gw", "192.0.2.10", &[&a, &b], &a, dir.path());
     let n1 = agent("node", "n1", "192.0.2.11", &[&a, &b], &a, dir.path());
-    for p in [&gw, &n1] {
-        eventually("the agent watching replica a", Duration::from_secs(20), || {
-            (watching(p) == Some(a.listen_port)).then_some(())
+    let firsts = [first_choice("gw", &[&a, &b]), first_choice("n1", &[&a, &b])];
+    for (p, first) in [&gw, &n1].into_iter().zip(firsts) {
+        eventually("the agent watching its first choice", Duration::from_secs(20), || {
+            (watching(p) == Some(first)).then_some(())
         });
     }
+    // The replica the node watches goes silent; the other serves.
+    let (quiet, other) = if firsts[1] == a.listen_port { (&a, &b) } else { (&b, &a) };
     // Let the first heartbeats pass: the connections are established and idle.
     std::thread::sleep(Duration::from_secs(2));
 
     let silenced = Instant::now();
-    let _stopped = Stopped::stop(a.pid());
+    let _stopped = Stopped::stop(quiet.pid());
     for p in [&gw, &n1] {
-        eventually("the agent watching replica b", Duration::from_secs(10), || {
-            (watching(p) == Some(b.listen_port)).then_some(())
+        eventually("the agent watching the other replica", Duration::from_secs(10), || {
+            (watching(p) == Some(other.listen_port)).then_some(())
         });
     }
     let moved = silenced.elapsed();
     eprintln!("agents left the silenced replica {moved:?} after it went silent");
     assert!(moved < Duration::from_secs(3), "{moved:?}");
-    // And they are served there: b sees both agents ready.
-    eventually("both agents ready on b", Duration::from_secs(10), || {
-        let nodes = weftctl_json(&b.target(), &["nodes"]);
-        (nodes["nodes"][0]["status"]["ready"] == true).then_some(())
-    });
+    // And they are served there: the other replica sees the node ready.
+    eventually(
+        "both agents ready on the other replica",
+        Duration::from_secs(10),
+        || {
+            let nodes = weftctl_json(&other.target(), &["nodes"]);
+            (nodes["nodes"][0]["status"]["ready"] == true).then_some(())
+        },
+    );
 }
 
 /// The replica's address an agent's log says it watches last.
@@ -274,33 +339,46 @@ fn agents_leave_a_replica_whose_host_lost_its_link_within_3_seconds() {
         lab.spawn(&ns[name], &bin(&format!("weft-{kind}-agent")), &refs, &log);
         logs.push(log);
     }
-    weft_tests::step("both agents watch replica 1");
-    for log in &logs {
-        eventually("the agent watching replica 1", Duration::from_secs(20), || {
-            (watching_address(log).as_deref() == Some("192.168.78.1")).then_some(())
+    weft_tests::step("both agents watch their first choice");
+    let url_list: Vec<String> = urls.split(',').map(str::to_string).collect();
+    let first = |name: &str| ["192.168.78.1", "192.168.78.2"][weft_agent::config::controller_order(name, &url_list)[0]];
+    let (other_ip, cut_host) = if first("n1") == "192.168.78.1" {
+        ("192.168.78.2", "ctl1")
+    } else {
+        ("192.168.78.1", "ctl2")
+    };
+    for (log, name) in logs.iter().zip(["gw", "n1"]) {
+        eventually("the agent watching its first choice", Duration::from_secs(20), || {
+            (watching_address(log).as_deref() == Some(first(name))).then_some(())
         });
     }
     // Let the first heartbeats pass: the connections are established and idle.
     std::thread::sleep(Duration::from_secs(2));
 
-    weft_tests::step("replica 1 loses its link: the agents move within 3 s");
+    weft_tests::step("the node's replica loses its link: the agents move within 3 s");
     let cut = Instant::now();
     weft_tests::netns::must(
-        lab.exec(&ns["ctl1"], &["ip", "link", "set", "eth0", "down"]),
-        "replica 1's link down",
+        lab.exec(&ns[cut_host], &["ip", "link", "set", "eth0", "down"]),
+        "the replica's link down",
     );
     for log in &logs {
-        eventually("the agent watching replica 2", Duration::from_secs(10), || {
-            (watching_address(log).as_deref() == Some("192.168.78.2")).then_some(())
+        eventually("the agent watching the other replica", Duration::from_secs(10), || {
+            (watching_address(log).as_deref() == Some(other_ip)).then_some(())
         });
     }
     let moved = cut.elapsed();
     eprintln!("agents left the replica whose host lost its link {moved:?} after the cut");
     assert!(moved < Duration::from_secs(3), "{moved:?}");
-    weft_tests::step("both agents are served on replica 2");
-    eventually("both agents ready on replica 2", Duration::from_secs(10), || {
-        let nodes = weftctl_json(&t2, &["nodes"]);
-        let gws = weftctl_json(&t2, &["gateways"]);
-        (nodes["nodes"][0]["status"]["ready"] == true && gws["gateways"][0]["status"]["ready"] == true).then_some(())
-    });
+    weft_tests::step("both agents are served on the other replica");
+    let served = if other_ip == "192.168.78.1" { &t1 } else { &t2 };
+    eventually(
+        "both agents ready on the other replica",
+        Duration::from_secs(10),
+        || {
+            let nodes = weftctl_json(served, &["nodes"]);
+            let gws = weftctl_json(served, &["gateways"]);
+            (nodes["nodes"][0]["status"]["ready"] == true && gws["gateways"][0]["status"]["ready"] == true)
+                .then_some(())
+        },
+    );
 }

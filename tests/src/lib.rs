@@ -413,6 +413,9 @@ fn dry_run_command(kind: &str, name: &str, ip: &str, controllers: &[&Controller]
         .arg("--state-dir")
         .arg(dir.join(name))
         .arg("--dry-run")
+        // With several replicas, a node away from its first choice asks it
+        // again after 1-3 s (15-45 s by default).
+        .args(["--failback-after", "1s"])
         .env_remove("WEFT_CONTROLLER")
         .env_remove("WEFT_TOKEN");
     if kind == "gateway" {

@@ -150,6 +150,7 @@ fn config(dir: &std::path::Path, endpoint: Option<&str>) -> AgentConfig {
         name: "n1".into(),
         dry_run: true,
         resync_interval: Duration::ZERO,
+        failback_after: Duration::from_secs(15),
         teardown: false,
         underlay_ip: None,
         metrics_listen: None,
@@ -190,6 +191,7 @@ async fn one_session(
         applier,
         dns: None,
         connected: &tokio::sync::watch::channel(String::new()).0,
+        preferred: None,
     };
     tokio::time::timeout(Duration::from_secs(10), session(s))
         .await
@@ -299,6 +301,7 @@ async fn a_removal_a_refusal_an_unreachable_controller_and_an_error_end_a_sessio
             End::Refused(_) => "refused",
             End::Transient(_) => "transient",
             End::Lost(_) => "lost",
+            End::Preferred => "preferred",
         };
         assert_eq!(got, want);
     }
