@@ -234,6 +234,11 @@ impl Etcd {
         }
     }
 
+    /// Its Prometheus metrics (text), from its plain-HTTP metrics listener.
+    pub fn metrics(&self) -> Option<String> {
+        http_get(self.metrics_port, "/metrics")
+    }
+
     /// The etcd server's process id (0 when stopped).
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, |c| c.id())

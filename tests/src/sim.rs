@@ -19,11 +19,16 @@ pub struct Ctx {
 
 impl Ctx {
     pub async fn channel(&self, id: Option<(&str, &str)>) -> anyhow::Result<Channel> {
+        self.channel_to(self.port, id).await
+    }
+
+    /// A channel to the replica on `port` (this context's CA).
+    pub async fn channel_to(&self, port: u16, id: Option<(&str, &str)>) -> anyhow::Result<Channel> {
         let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
         if let Some((c, k)) = id {
             tls = tls.identity(Identity::from_pem(c, k));
         }
-        Ok(Endpoint::from_shared(format!("https://127.0.0.1:{}", self.port))?
+        Ok(Endpoint::from_shared(format!("https://127.0.0.1:{port}"))?
             .tls_config(tls)?
             .connect_timeout(Duration::from_secs(30))
             .connect()
@@ -31,8 +36,19 @@ impl Ctx {
     }
 
     pub async fn register(&self, token: &str, name: &str, underlay: &str) -> anyhow::Result<(String, String)> {
+        self.register_at(self.port, token, name, underlay).await
+    }
+
+    /// Enrolls agent `name` at the replica on `port`: its (certificate, key).
+    pub async fn register_at(
+        &self,
+        port: u16,
+        token: &str,
+        name: &str,
+        underlay: &str,
+    ) -> anyhow::Result<(String, String)> {
         let (key, csr) = weft_agent::identity::key_and_csr(name)?;
-        let r = AgentServiceClient::new(self.channel(None).await?)
+        let r = AgentServiceClient::new(self.channel_to(port, None).await?)
             .register(pb::RegisterRequest {
                 token: token.into(),
                 csr_pem: csr,
@@ -47,12 +63,54 @@ impl Ctx {
     }
 }
 
+/// Where a simulated agent connects: the replicas' ports in its own order
+/// of preference (as a real agent orders its controllers), and how long
+/// it waits before asking its first choice again when on another.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    pub order: Vec<u16>,
+    pub failback_after: Duration,
+}
+
+impl Placement {
+    /// One controller: nowhere else to go.
+    pub fn single(port: u16) -> Placement {
+        Placement {
+            order: vec![port],
+            failback_after: Duration::from_secs(15),
+        }
+    }
+
+    /// Agent `name`'s order over the replicas on `ports` (loopback), as a
+    /// real agent given those addresses orders them.
+    pub fn of(name: &str, ports: &[u16], failback_after: Duration) -> Placement {
+        let urls: Vec<String> = ports.iter().map(|p| format!("https://127.0.0.1:{p}")).collect();
+        Placement {
+            order: weft_agent::config::controller_order(name, &urls)
+                .into_iter()
+                .map(|i| ports[i])
+                .collect(),
+            failback_after,
+        }
+    }
+}
+
+/// A random duration below `within` (no crypto needed: spreading retries).
+pub fn spread(within: Duration) -> Duration {
+    use std::hash::BuildHasher;
+    let r = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
+    within.mul_f64((r >> 11) as f64 / (1u64 << 53) as f64)
+}
+
 pub enum Event {
     Connected,
     /// A reconnect's first message: was it a snapshot?
     Resumed {
         snapshot: bool,
     },
+    /// Agent index: a session started (its first message came) with the
+    /// replica on this port.
+    On(usize, u16),
     /// Agent index, when it acknowledged.
     Acked(usize, Instant),
     /// A gateway message naming these node ids.
@@ -64,9 +122,7 @@ pub enum Event {
 /// Heartbeat reports the simulated agents sent (and the controller answered).
 pub static HEARTBEATS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// One simulated node agent: watch, send heartbeats, acknowledge every message, keep the
-/// object hashes it holds, and on a broken stream reconnect and resume with
-/// its revision and hashes (as the real agent does).
+/// One simulated node agent with one controller (see [`roaming_agent`]).
 pub async fn simulated_agent(
     i: usize,
     ctx: Arc<Ctx>,
@@ -75,127 +131,227 @@ pub async fn simulated_agent(
     tx: mpsc::UnboundedSender<Event>,
     sem: Arc<tokio::sync::Semaphore>,
 ) {
-    let permit = sem.acquire().await.unwrap();
-    let ch = ctx.channel(Some((&cert, &key))).await.expect("connect");
-    drop(permit);
-    let mut c = AgentServiceClient::new(ch).max_decoding_message_size(weft_proto::MAX_DESIRED_MESSAGE);
-    let mut held: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
-    let mut revision = 0i64;
-    let mut resumed = false;
+    let place = Placement::single(ctx.port);
+    roaming_agent(i, ctx, place, cert, key, tx, sem).await
+}
+
+/// How a session of a simulated agent ended.
+enum Ended {
+    /// Refused (removed or revoked): a real agent stops here.
+    Refused,
+    /// No session: the replica did not answer or refused the call.
+    NotOpened,
+    /// A session that was up ended (its replica went away, say).
+    Broke,
+    /// Its first choice answers again: back to it at once.
+    Preferred,
+}
+
+/// One simulated node agent: watch, send heartbeats, acknowledge every
+/// message, keep the object hashes it holds, and on a broken stream
+/// reconnect and resume with its revision and hashes, as the real agent
+/// does: at the next replica in its order (spread over 2 s after a
+/// session that was up), and back to its first choice when that answers
+/// again.
+pub async fn roaming_agent(
+    i: usize,
+    ctx: Arc<Ctx>,
+    place: Placement,
+    cert: String,
+    key: String,
+    tx: mpsc::UnboundedSender<Event>,
+    sem: Arc<tokio::sync::Semaphore>,
+) {
+    let mut state = Held::default();
+    let mut at = 0usize;
+    let mut permit = Some(sem.acquire_owned().await.unwrap());
     loop {
-        let known = held
-            .iter()
-            .map(|(id, hash)| pb::ObjectVersion {
-                id: id.clone(),
-                hash: *hash,
-            })
-            .collect();
-        let mut s = match c
-            .watch(pb::WatchRequest {
-                last_revision: revision,
-                known,
-                ..Default::default()
-            })
-            .await
-        {
-            Ok(s) => s.into_inner(),
-            // Removed (its certificate revoked): a real agent stops here.
-            Err(e) if matches!(e.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) => {
+        let ended = session(i, &ctx, &place, at, &cert, &key, &tx, &mut state, &mut permit).await;
+        permit = None;
+        match ended {
+            Ended::Refused => {
                 let _ = tx.send(Event::Removed(i));
                 return;
             }
-            Err(_) => {
-                // The controller is away: retry soon, spread over agents.
-                tokio::time::sleep(Duration::from_millis(300 + (i % 400) as u64)).await;
-                continue;
+            Ended::Preferred => at = 0,
+            Ended::Broke => {
+                at = (at + 1) % place.order.len();
+                let delay = if place.order.len() > 1 {
+                    Duration::from_millis(100) + spread(Duration::from_secs(2))
+                } else {
+                    // The controller is away: retry soon, spread over agents.
+                    Duration::from_millis(300 + (i % 400) as u64)
+                };
+                tokio::time::sleep(delay).await;
             }
-        };
-        // Reports go on one stream, as a real agent sends them.
-        let (reports, outbound) = mpsc::channel::<pb::ReportRequest>(4);
-        let mut answers = match c
-            .report_stream(tokio_stream::wrappers::ReceiverStream::new(outbound))
-            .await
-        {
-            Ok(a) => a.into_inner(),
-            Err(_) => {
+            Ended::NotOpened => {
+                at = (at + 1) % place.order.len();
                 tokio::time::sleep(Duration::from_millis(300 + (i % 400) as u64)).await;
-                continue;
             }
-        };
-        let mut first = true;
-        // Heartbeats as a real agent sends them: a report every period the
-        // controller names (a third of the agent TTL).
-        let mut every = Duration::from_secs(5);
-        let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        loop {
-            let m = tokio::select! {
-                m = s.message() => match m {
-                    Ok(Some(m)) => m,
-                    _ => break,
-                },
-                a = answers.message() => match a {
-                    Ok(Some(a)) => {
-                        let p = Duration::from_millis(u64::from(a.heartbeat_millis.max(50)));
-                        if p != every {
-                            every = p;
-                            beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-                        }
-                        continue;
-                    }
-                    Err(e) if matches!(e.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) => {
-                        let _ = tx.send(Event::Removed(i));
-                        return;
-                    }
-                    _ => break,
-                },
-                _ = beat.tick() => {
-                    let beat = pb::ReportRequest {
-                        applied_revision: revision,
-                        ..Default::default()
-                    };
-                    if reports.send(beat).await.is_ok() {
-                        HEARTBEATS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// What a simulated agent holds across sessions.
+#[derive(Default)]
+struct Held {
+    objects: std::collections::HashMap<String, u64>,
+    revision: i64,
+    /// A session was up before: the next first message is a resume.
+    resumed: bool,
+}
+
+/// Resolves once the replica on `port` answers this agent again (asked
+/// every `after` plus up to twice that); never when `port` is None.
+async fn first_choice_back(ctx: &Ctx, port: Option<u16>, cert: &str, key: &str, after: Duration) {
+    let Some(port) = port else {
+        return std::future::pending().await;
+    };
+    loop {
+        tokio::time::sleep(after + spread(after * 2)).await;
+        let asked = tokio::time::timeout(Duration::from_secs(5), async {
+            let ch = ctx.channel_to(port, Some((cert, key))).await.ok()?;
+            AgentServiceClient::new(ch).get_trust(pb::GetTrustRequest {}).await.ok()
+        })
+        .await;
+        if matches!(asked, Ok(Some(_))) {
+            return;
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn session(
+    i: usize,
+    ctx: &Ctx,
+    place: &Placement,
+    at: usize,
+    cert: &str,
+    key: &str,
+    tx: &mpsc::UnboundedSender<Event>,
+    held: &mut Held,
+    permit: &mut Option<tokio::sync::OwnedSemaphorePermit>,
+) -> Ended {
+    let port = place.order[at];
+    let Ok(ch) = ctx.channel_to(port, Some((cert, key))).await else {
+        return Ended::NotOpened;
+    };
+    *permit = None;
+    let mut c = AgentServiceClient::new(ch).max_decoding_message_size(weft_proto::MAX_DESIRED_MESSAGE);
+    let known = held
+        .objects
+        .iter()
+        .map(|(id, hash)| pb::ObjectVersion {
+            id: id.clone(),
+            hash: *hash,
+        })
+        .collect();
+    let mut s = match c
+        .watch(pb::WatchRequest {
+            last_revision: held.revision,
+            known,
+            ..Default::default()
+        })
+        .await
+    {
+        Ok(s) => s.into_inner(),
+        // Removed (its certificate revoked): a real agent stops here.
+        Err(e) if matches!(e.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) => {
+            return Ended::Refused;
+        }
+        Err(_) => return Ended::NotOpened,
+    };
+    // Reports go on one stream, as a real agent sends them.
+    let (reports, outbound) = mpsc::channel::<pb::ReportRequest>(4);
+    let mut answers = match c
+        .report_stream(tokio_stream::wrappers::ReceiverStream::new(outbound))
+        .await
+    {
+        Ok(a) => a.into_inner(),
+        Err(_) => return Ended::NotOpened,
+    };
+    let back = first_choice_back(ctx, (at != 0).then(|| place.order[0]), cert, key, place.failback_after);
+    tokio::pin!(back);
+    let mut first = true;
+    // Heartbeats as a real agent sends them: a report every period the
+    // controller names (a third of the agent TTL).
+    let mut every = Duration::from_secs(5);
+    let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        let m = tokio::select! {
+            m = s.message() => match m {
+                Ok(Some(m)) => m,
+                _ => break,
+            },
+            a = answers.message() => match a {
+                Ok(Some(a)) => {
+                    let p = Duration::from_millis(u64::from(a.heartbeat_millis.max(50)));
+                    if p != every {
+                        every = p;
+                        beat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
                     }
                     continue;
                 }
-            };
-            let is_snapshot = matches!(m.kind, Some(pb::watch_response::Kind::Snapshot(_)));
-            match m.kind {
-                Some(pb::watch_response::Kind::Snapshot(snap)) => {
-                    held = snap
-                        .objects
-                        .iter()
-                        .map(|o| (o.id.clone(), weft_proto::object_hash(o)))
-                        .collect();
+                Err(e) if matches!(e.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) => {
+                    return Ended::Refused;
                 }
-                Some(pb::watch_response::Kind::Delta(d)) => {
-                    for id in &d.deletes {
-                        held.remove(id);
-                    }
-                    for o in &d.upserts {
-                        held.insert(o.id.clone(), weft_proto::object_hash(o));
-                    }
-                }
-                None => {}
-            }
-            revision = m.revision;
-            let _ = reports
-                .send(pb::ReportRequest {
-                    applied_revision: m.revision,
-                    errors: vec![],
+                _ => break,
+            },
+            _ = &mut back => return Ended::Preferred,
+            _ = beat.tick() => {
+                let beat = pb::ReportRequest {
+                    applied_revision: held.revision,
                     ..Default::default()
-                })
-                .await;
-            let event = match (first, resumed) {
-                (true, false) => Event::Connected,
-                (true, true) => Event::Resumed { snapshot: is_snapshot },
-                (false, _) => Event::Acked(i, Instant::now()),
-            };
-            first = false;
-            let _ = tx.send(event);
+                };
+                if reports.send(beat).await.is_ok() {
+                    HEARTBEATS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                continue;
+            }
+        };
+        let is_snapshot = matches!(m.kind, Some(pb::watch_response::Kind::Snapshot(_)));
+        match m.kind {
+            Some(pb::watch_response::Kind::Snapshot(snap)) => {
+                held.objects = snap
+                    .objects
+                    .iter()
+                    .map(|o| (o.id.clone(), weft_proto::object_hash(o)))
+                    .collect();
+            }
+            Some(pb::watch_response::Kind::Delta(d)) => {
+                for id in &d.deletes {
+                    held.objects.remove(id);
+                }
+                for o in &d.upserts {
+                    held.objects.insert(o.id.clone(), weft_proto::object_hash(o));
+                }
+            }
+            None => {}
         }
-        resumed = true;
+        held.revision = m.revision;
+        let _ = reports
+            .send(pb::ReportRequest {
+                applied_revision: m.revision,
+                errors: vec![],
+                ..Default::default()
+            })
+            .await;
+        if first {
+            let _ = tx.send(Event::On(i, port));
+        }
+        let event = match (first, held.resumed) {
+            (true, false) => Event::Connected,
+            (true, true) => Event::Resumed { snapshot: is_snapshot },
+            (false, _) => Event::Acked(i, Instant::now()),
+        };
+        first = false;
+        let _ = tx.send(event);
     }
+    if first {
+        return Ended::NotOpened;
+    }
+    held.resumed = true;
+    Ended::Broke
 }
 
 pub fn underlay(i: usize) -> String {

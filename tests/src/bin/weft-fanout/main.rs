@@ -9,6 +9,11 @@
 //!
 //! `weft-fanout --agents 1000 --store embedded` (see docs/benchmarks.md).
 //! Build with `--release` for figures worth recording.
+//!
+//! `--replicas N` (etcd only) runs N controller replicas of one site on
+//! one etcd instead, with the agents in worker processes: see [`replicas`].
+
+mod replicas;
 
 use std::time::{Duration, Instant};
 
@@ -19,7 +24,7 @@ use weft_proto::v1::agent_service_client::AgentServiceClient;
 use weft_tests::sim::{Bench, Event, ms, pct, proc_stats, underlay};
 
 #[derive(Parser, Debug)]
-struct Args {
+pub(crate) struct Args {
     /// Simulated node agents.
     #[arg(long, default_value_t = 1000)]
     agents: usize,
@@ -43,12 +48,48 @@ struct Args {
     /// Registrations and connections in flight at once.
     #[arg(long, default_value_t = 64)]
     parallel: usize,
+    /// Controller replicas of the site on one etcd (with --store etcd);
+    /// the agents then run in worker processes.
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// With --replicas: simulated agents per worker process (each holds a
+    /// descriptor per agent).
+    #[arg(long, default_value_t = 16_000)]
+    per_worker: usize,
+    /// With --replicas: how long a simulated agent away from its first
+    /// choice waits before asking it again (the agents' --failback-after).
+    #[arg(long, default_value = "15s")]
+    failback_after: humantime::Duration,
+    /// With --replicas: how long the killed replica stays down.
+    #[arg(long, default_value = "20s")]
+    dead_for: humantime::Duration,
+    /// Internal: run as a worker process of a --replicas run.
+    #[arg(long, hide = true)]
+    worker: bool,
+    /// Internal (worker): the replicas' ports.
+    #[arg(long, hide = true, value_delimiter = ',')]
+    ports: Vec<u16>,
+    /// Internal (worker): the site CA (PEM).
+    #[arg(long, hide = true)]
+    ca_file: Option<std::path::PathBuf>,
+    /// Internal (worker): enrollment tokens, 10,000 agents each.
+    #[arg(long, hide = true, value_delimiter = ',')]
+    tokens: Vec<String>,
+    /// Internal (worker): the index of its first agent.
+    #[arg(long, hide = true, default_value_t = 0)]
+    first: usize,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
+    if args.worker {
+        return replicas::worker(&args).await;
+    }
+    if args.replicas > 1 {
+        return replicas::run(&args).await;
+    }
     // Each agent holds a descriptor here and one in the controller (which
     // inherits the limit).
     let nofile = raise_nofile(args.agents as u64 + 1024)?;
@@ -103,7 +144,8 @@ async fn main() -> anyhow::Result<()> {
     phase("change-for-one");
 
     // Changes that concern one agent: new nodes, as seen by the gateway.
-    let mut single = changes_for_one(&bench, gateway, &args).await?;
+    let one_token = bench.token(pb::AgentRole::Node, args.single_changes as u32).await?;
+    let mut single = changes_for_one(bench.ctx.clone(), &one_token, gateway, &args).await?;
     single.sort();
 
     // A change that every node receives alike: a new peering's routes
@@ -153,12 +195,7 @@ async fn main() -> anyhow::Result<()> {
         "  connect all (TLS + Watch + first ack): {:.1} s",
         connect_time.as_secs_f64()
     );
-    println!(
-        "  change for all, until every ack:       p50 {}  p99 {}  max {}",
-        ms(pct(&all, 0.5)),
-        ms(pct(&all, 0.99)),
-        ms(*all.last().unwrap())
-    );
+    println!("  change for all, until every ack:       {}", percentiles(&all));
     println!(
         "  a new peering, for all, until every ack: p50 {}  p99 {}  max {}; controller CPU {:.2} s, {:.0} µs per \
          delivered delta",
@@ -169,11 +206,9 @@ async fn main() -> anyhow::Result<()> {
         peering_cpu * 1e6 / n as f64
     );
     println!(
-        "  change for one ({} samples):           p50 {}  p99 {}  max {}",
+        "  change for one ({} samples):           {}",
         single.len(),
-        ms(pct(&single, 0.5)),
-        ms(pct(&single, 0.99)),
-        ms(*single.last().unwrap_or(&Duration::ZERO))
+        percentiles(&single)
     );
     println!(
         "  resume after a {} stop:  all {n} back in {:.1} s, {snapshots} snapshots",
@@ -210,9 +245,19 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// "p50 …  p99 …  max …" of sorted latencies.
+pub(crate) fn percentiles(sorted: &[Duration]) -> String {
+    format!(
+        "p50 {}  p99 {}  max {}",
+        ms(pct(sorted, 0.5)),
+        ms(pct(sorted, 0.99)),
+        ms(sorted.last().copied().unwrap_or_default())
+    )
+}
+
 /// Marks the start of a phase on stderr with the monotonic clock (perf's
 /// `-k mono` clock), so a profile of the controller can be cut by phase.
-fn phase(name: &str) {
+pub(crate) fn phase(name: &str) {
     let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .map_or(0.0, |t| t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9);
     eprintln!("weft-fanout: phase {name} at {t:.3} (CLOCK_MONOTONIC)");
@@ -221,7 +266,7 @@ fn phase(name: &str) {
 /// Raises this process's descriptor limit to at least `want` (the hard
 /// limit too, which needs root when it is lower), else to the hard limit;
 /// the limit now.
-fn raise_nofile(want: u64) -> anyhow::Result<u64> {
+pub(crate) fn raise_nofile(want: u64) -> anyhow::Result<u64> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
     if hard >= want || setrlimit(Resource::RLIMIT_NOFILE, want, want).is_err() {
@@ -238,7 +283,11 @@ fn raise_nofile(want: u64) -> anyhow::Result<u64> {
 }
 
 /// How long after `t0` each of the `n` agents acknowledged a change.
-async fn acked_by_all(rx: &mut mpsc::UnboundedReceiver<Event>, n: usize, t0: Instant) -> anyhow::Result<Vec<Duration>> {
+pub(crate) async fn acked_by_all(
+    rx: &mut mpsc::UnboundedReceiver<Event>,
+    n: usize,
+    t0: Instant,
+) -> anyhow::Result<Vec<Duration>> {
     let mut acked = vec![None::<Duration>; n];
     let mut got = 0;
     while got < n {
@@ -259,8 +308,12 @@ async fn acked_by_all(rx: &mut mpsc::UnboundedReceiver<Event>, n: usize, t0: Ins
 /// Enrolls `args.single_changes` nodes one by one; how long each took to
 /// reach the gateway (enrolled as `gateway`: its certificate and key),
 /// which watches as an agent would.
-async fn changes_for_one(bench: &Bench, (gcert, gkey): (String, String), args: &Args) -> anyhow::Result<Vec<Duration>> {
-    let ctx = bench.ctx.clone();
+pub(crate) async fn changes_for_one(
+    ctx: std::sync::Arc<weft_tests::sim::Ctx>,
+    one_token: &str,
+    (gcert, gkey): (String, String),
+    args: &Args,
+) -> anyhow::Result<Vec<Duration>> {
     let n = args.agents;
     let (gtx, mut grx) = mpsc::unbounded_channel::<Event>();
     let gctx = ctx.clone();
@@ -294,12 +347,11 @@ async fn changes_for_one(bench: &Bench, (gcert, gkey): (String, String), args: &
     });
     let _ = tokio::time::timeout(Duration::from_secs(60), grx.recv()).await; // its snapshot
     tokio::time::sleep(*args.settle).await;
-    let one_token = bench.token(pb::AgentRole::Node, args.single_changes as u32).await?;
     let mut single = Vec::new();
     for k in 0..args.single_changes {
         let name = format!("x{k}");
         let t = Instant::now();
-        ctx.register(&one_token, &name, &underlay(n + k)).await?;
+        ctx.register(one_token, &name, &underlay(n + k)).await?;
         let want = format!("node/{name}/link");
         loop {
             match tokio::time::timeout(Duration::from_secs(30), grx.recv()).await {
