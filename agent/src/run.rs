@@ -13,7 +13,7 @@ use crate::config::AgentConfig;
 use crate::desired::{Desired, StateFile};
 use crate::guard::{Guard, Guarded};
 use crate::identity::{AgentKind, Credentials, IdentityStore, RenewError};
-use crate::session::{Dns, End, Session, observe_reconcile, session};
+use crate::session::{Dns, End, Session, jitter, observe_reconcile, session};
 
 pub use weft_common::backoff;
 
@@ -21,8 +21,9 @@ pub use weft_common::backoff;
 /// an error answer) tries them again.
 const RETRY_LOST: Duration = Duration::from_secs(1);
 
-/// Over how long the agents of a replica that went away move to the next
-/// one.
+/// Over how long the nodes of a replica that went away move to the next
+/// one. Not gateways: a gateway silent for its TTL (800 ms by default) is
+/// failed over, so it moves at once.
 const MOVE_SPREAD: Duration = Duration::from_secs(2);
 
 /// How often an agent the controller refuses (not removed) asks again.
@@ -50,13 +51,6 @@ async fn teardown(desired: &mut Desired, file: &StateFile, applier: &mut dyn App
         tracing::warn!(error = %format!("{e:#}"), "cannot save the stored state");
     }
     errors.len()
-}
-
-/// A random duration below `within`.
-pub(crate) fn jitter(within: Duration) -> Duration {
-    let mut b = [0u8; 4];
-    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
-    within.mul_f64(f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0))
 }
 
 /// Asks the controller which CAs the site trusts (at every new session:
@@ -102,8 +96,10 @@ async fn renew_forever(
     mut connected: watch::Receiver<String>,
 ) -> anyhow::Result<()> {
     let mut delays = backoff();
-    // Renewals spread over the replicas as sessions do.
-    let mut controller = cfg.controller_order().first().copied().unwrap_or(0);
+    // Renewals go down the agent's own order of controllers, as sessions
+    // do (so the agents of a replica that went away spread out).
+    let order = cfg.controller_order();
+    let mut at = 0usize;
     // A renewal the controller asked for (a rotation of the site CA): due
     // until one succeeds, each failure waiting its backoff.
     let mut due = false;
@@ -128,8 +124,8 @@ async fn renew_forever(
                             tokio::time::sleep(after).await;
                             due = true;
                             // From the controller that said so.
-                            if let Some(i) = cfg.controllers.iter().position(|c| *c == target) {
-                                controller = i;
+                            if let Some(i) = order.iter().position(|&i| cfg.controllers[i] == target) {
+                                at = i;
                             }
                         }
                         None => continue,
@@ -138,7 +134,7 @@ async fn renew_forever(
             }
         }
         let creds = tx.borrow().clone();
-        match ids.renew(&cfg.controllers[controller], &cfg.name, &creds).await {
+        match ids.renew(&cfg.controllers[order[at]], &cfg.name, &creds).await {
             Ok(c) => {
                 tracing::info!(valid_for = ?c.not_after.duration_since(SystemTime::now()).unwrap_or_default(), "certificate renewed");
                 tx.send_replace(c);
@@ -169,7 +165,7 @@ async fn renew_forever(
             }
             Err(RenewError::Transient(e)) => {
                 let delay = delays.next().unwrap_or(Duration::from_secs(60));
-                controller = (controller + 1) % cfg.controllers.len();
+                at = (at + 1) % order.len();
                 tracing::warn!(error = %e, retry_in = ?delay, "renewal failed");
                 tokio::time::sleep(delay).await;
             }
@@ -244,6 +240,9 @@ struct Retry {
     tried: usize,
     delays: Box<dyn Iterator<Item = Duration> + Send>,
     fresh: fn() -> Box<dyn Iterator<Item = Duration> + Send>,
+    /// Over how long a move after a session that was up is spread (nodes:
+    /// [`MOVE_SPREAD`]; gateways: none, a silent gateway fails over).
+    spread: Duration,
 }
 
 impl Retry {
@@ -255,7 +254,14 @@ impl Retry {
             tried: 0,
             delays: fresh(),
             fresh,
+            spread: Duration::ZERO,
         }
+    }
+
+    /// Moves after a session that was up are spread over `spread`.
+    fn spread_moves(mut self, spread: Duration) -> Retry {
+        self.spread = spread;
+        self
     }
 
     /// The index of the controller to try.
@@ -302,7 +308,7 @@ impl Retry {
             // (its replica died, say, with thousands of agents on it)
             // spread over a while, so the others are not all asked in
             // the same instant.
-            Duration::from_millis(100) + jitter(MOVE_SPREAD)
+            Duration::from_millis(100) + jitter(self.spread)
         } else if self.tried < self.order.len() {
             Duration::from_millis(100)
         } else if lost {
@@ -396,7 +402,10 @@ pub async fn run(cfg: AgentConfig, kind: AgentKind, subnet: Option<String>) -> a
     let (connected, told) = watch::channel(String::new());
     let mut renewal = tokio::spawn(renew_forever(IdentityStore::new(&cfg.state_dir), cfg.clone(), tx, told));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut retry = Retry::new(cfg.controller_order(), || Box::new(backoff()));
+    let mut retry = Retry::new(cfg.controller_order(), || Box::new(backoff())).spread_moves(match kind {
+        AgentKind::Node => MOVE_SPREAD,
+        AgentKind::Gateway => Duration::ZERO,
+    });
     loop {
         let target = cfg.controllers[retry.controller()].clone();
         // A node away from its first choice moves back when that answers
@@ -572,7 +581,7 @@ mod tests {
     /// its first choice while away from it, and goes back to it at once.
     #[test]
     fn an_agent_follows_its_own_order_and_moves_back_to_its_first_choice() {
-        let mut r = Retry::new(vec![2, 0, 1], counting);
+        let mut r = Retry::new(vec![2, 0, 1], counting).spread_moves(MOVE_SPREAD);
         assert_eq!((r.controller(), r.preferred_elsewhere()), (2, None));
         // Its replica went after a good session: the next one soon, at a
         // moment spread over two seconds.
@@ -586,5 +595,8 @@ mod tests {
         assert_eq!(r.controller(), 1);
         r.back_to_preferred();
         assert_eq!((r.controller(), r.preferred_elsewhere()), (2, None));
+        // A gateway moves at once: silent for its TTL, it would be failed over.
+        let mut g = Retry::new(vec![1, 0], counting);
+        assert_eq!(g.disconnected(true, true), Duration::from_millis(100));
     }
 }

@@ -486,6 +486,13 @@ pub(crate) async fn session(s: Session<'_>) -> End {
     }
 }
 
+/// A random duration below `within`.
+pub(crate) fn jitter(within: Duration) -> Duration {
+    let mut b = [0u8; 4];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+    within.mul_f64(f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0))
+}
+
 /// Resolves once `preferred` answers an agent's call (this agent's
 /// certificate, `GetTrust`) again, asked every `after` plus up to twice
 /// that at random (so the agents of a replica that returns come back over
@@ -495,7 +502,7 @@ async fn preferred_back(preferred: Option<&str>, creds: &Credentials, after: Dur
         return std::future::pending().await;
     };
     loop {
-        tokio::time::sleep(after + crate::run::jitter(after * 2)).await;
+        tokio::time::sleep(after + jitter(after * 2)).await;
         let asked = tokio::time::timeout(Duration::from_secs(5), async {
             let mut c = client(url, creds).await.ok()?;
             c.get_trust(pb::GetTrustRequest {}).await.ok()

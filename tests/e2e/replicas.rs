@@ -24,6 +24,15 @@ fn watching(p: &Proc) -> Option<u16> {
         .and_then(|p| p.parse().ok())
 }
 
+/// A gateway name whose first choice among `replicas` is the one on
+/// `port` (names are tried in turn: gw, gw-1, gw-2, …).
+fn sharing_first_choice(port: u16, replicas: &[&Controller]) -> String {
+    (0..)
+        .map(|k| if k == 0 { "gw".to_string() } else { format!("gw-{k}") })
+        .find(|n| first_choice(n, replicas) == port)
+        .unwrap()
+}
+
 /// The port of the replica agent `name` given `replicas` tries first
 /// (its own order: see `controller_order`).
 fn first_choice(name: &str, replicas: &[&Controller]) -> u16 {
@@ -89,45 +98,28 @@ fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
 
     weft_tests::step("each agent watches its first choice of replica");
     let mut replicas = [a, b, c];
-    let gw = agent(
-        "gateway",
-        "gw",
-        "192.0.2.10",
-        &replicas.iter().collect::<Vec<_>>(),
-        &replicas[1],
-        dir.path(),
-    );
-    let n1 = agent(
-        "node",
-        "n1",
-        "192.0.2.11",
-        &replicas.iter().collect::<Vec<_>>(),
-        &replicas[2],
-        dir.path(),
-    );
     let all: Vec<&Controller> = replicas.iter().collect();
-    let (gw_first, n1_first) = (first_choice("gw", &all), first_choice("n1", &all));
-    for (p, first) in [(&gw, gw_first), (&n1, n1_first)] {
+    // A gateway whose first choice is the node's, so that both move.
+    let n1_first = first_choice("n1", &all);
+    let gw_name = sharing_first_choice(n1_first, &all);
+    let gw = agent("gateway", &gw_name, "192.0.2.10", &all, &replicas[1], dir.path());
+    let n1 = agent("node", "n1", "192.0.2.11", &all, &replicas[2], dir.path());
+    for p in [&gw, &n1] {
         eventually("the agent watching its first choice", Duration::from_secs(20), || {
-            (watching(p) == Some(first)).then_some(())
+            (watching(p) == Some(n1_first)).then_some(())
         });
     }
     eventually("the gateway given n1's tunnel", Duration::from_secs(20), || {
         gw.log_text().contains("remote 192.0.2.11").then_some(())
     });
 
-    weft_tests::step("the node's replica dies and its agents move at once");
-    // The replica n1 watches dies; its agents move to another.
+    weft_tests::step("their replica dies and both move at once");
+    // The replica both watch dies; both move to another.
     let x = replicas.iter().position(|r| r.listen_port == n1_first).unwrap();
     let x_led = replicas[x].log_text().contains(LEADING);
     let killed = Instant::now();
     replicas[x].kill();
-    let on_x: Vec<&weft_tests::Proc> = [(&gw, gw_first), (&n1, n1_first)]
-        .into_iter()
-        .filter(|(_, f)| *f == n1_first)
-        .map(|(p, _)| p)
-        .collect();
-    for p in &on_x {
+    for p in [&gw, &n1] {
         eventually("the agent watching another replica", Duration::from_secs(5), || {
             watching(p).filter(|port| *port != n1_first).map(|_| ())
         });
@@ -235,9 +227,11 @@ fn agents_leave_a_silenced_replica_within_3_seconds() {
         .data_dir(&dir.path().join("b"))
         .flags(&flags)
         .start();
-    let gw = agent("gateway", "gw", "192.0.2.10", &[&a, &b], &a, dir.path());
+    // A gateway whose first choice is the node's, so that both move.
+    let gw_name = sharing_first_choice(first_choice("n1", &[&a, &b]), &[&a, &b]);
+    let gw = agent("gateway", &gw_name, "192.0.2.10", &[&a, &b], &a, dir.path());
     let n1 = agent("node", "n1", "192.0.2.11", &[&a, &b], &a, dir.path());
-    let firsts = [first_choice("gw", &[&a, &b]), first_choice("n1", &[&a, &b])];
+    let firsts = [first_choice(&gw_name, &[&a, &b]), first_choice("n1", &[&a, &b])];
     for (p, first) in [&gw, &n1].into_iter().zip(firsts) {
         eventually("the agent watching its first choice", Duration::from_secs(20), || {
             (watching(p) == Some(first)).then_some(())

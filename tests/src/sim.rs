@@ -104,8 +104,9 @@ pub fn spread(within: Duration) -> Duration {
 
 pub enum Event {
     Connected,
-    /// A reconnect's first message: was it a snapshot?
+    /// A reconnect's first message (agent index): was it a snapshot?
     Resumed {
+        agent: usize,
         snapshot: bool,
     },
     /// Agent index: a session started (its first message came) with the
@@ -163,32 +164,45 @@ pub async fn roaming_agent(
     sem: Arc<tokio::sync::Semaphore>,
 ) {
     let mut state = Held::default();
-    let mut at = 0usize;
+    let (mut at, mut tried) = (0usize, 0usize);
     let mut permit = Some(sem.acquire_owned().await.unwrap());
     loop {
+        let started = Instant::now();
         let ended = session(i, &ctx, &place, at, &cert, &key, &tx, &mut state, &mut permit).await;
         permit = None;
-        match ended {
+        // As the real agent's retry: the next replica in its order at once
+        // (spread over 2 s after a session that was up), and after a whole
+        // round that failed, the same again a second later (0.3-0.7 s with
+        // one controller, spread over agents).
+        let was_up = started.elapsed() > Duration::from_secs(10);
+        let delay = match ended {
             Ended::Refused => {
                 let _ = tx.send(Event::Removed(i));
                 return;
             }
-            Ended::Preferred => at = 0,
-            Ended::Broke => {
+            Ended::Preferred => {
+                (at, tried) = (0, 0);
+                continue;
+            }
+            Ended::Broke | Ended::NotOpened => {
+                if was_up {
+                    tried = 0;
+                }
+                tried += 1;
                 at = (at + 1) % place.order.len();
-                let delay = if place.order.len() > 1 {
-                    Duration::from_millis(100) + spread(Duration::from_secs(2))
-                } else {
-                    // The controller is away: retry soon, spread over agents.
+                if place.order.len() == 1 {
                     Duration::from_millis(300 + (i % 400) as u64)
-                };
-                tokio::time::sleep(delay).await;
+                } else if tried < place.order.len() && was_up {
+                    Duration::from_millis(100) + spread(Duration::from_secs(2))
+                } else if tried < place.order.len() {
+                    Duration::from_millis(100)
+                } else {
+                    tried = 0;
+                    Duration::from_secs(1)
+                }
             }
-            Ended::NotOpened => {
-                at = (at + 1) % place.order.len();
-                tokio::time::sleep(Duration::from_millis(300 + (i % 400) as u64)).await;
-            }
-        }
+        };
+        tokio::time::sleep(delay).await;
     }
 }
 
@@ -341,16 +355,20 @@ async fn session(
         }
         let event = match (first, held.resumed) {
             (true, false) => Event::Connected,
-            (true, true) => Event::Resumed { snapshot: is_snapshot },
+            (true, true) => Event::Resumed {
+                agent: i,
+                snapshot: is_snapshot,
+            },
             (false, _) => Event::Acked(i, Instant::now()),
         };
+        // Every later session's first message is a resume.
+        held.resumed = true;
         first = false;
         let _ = tx.send(event);
     }
     if first {
         return Ended::NotOpened;
     }
-    held.resumed = true;
     Ended::Broke
 }
 

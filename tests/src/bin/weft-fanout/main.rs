@@ -383,7 +383,7 @@ async fn resumed(
     let (mut resumed, mut snapshots) = (0usize, 0usize);
     while resumed < n {
         match tokio::time::timeout(Duration::from_secs(120), rx.recv()).await {
-            Ok(Some(Event::Resumed { snapshot })) => {
+            Ok(Some(Event::Resumed { snapshot, .. })) => {
                 resumed += 1;
                 snapshots += usize::from(snapshot);
             }

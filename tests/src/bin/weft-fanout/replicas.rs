@@ -9,9 +9,10 @@
 //! again and measures how its share comes back.
 //!
 //! A worker speaks lines on stdout (`enrolled S`, `connected S`,
-//! `on I PORT`, `acked I NS`, `resumed SNAPSHOT`, `stats BEATS`) and
-//! takes `stats` on stdin; times are Unix nanoseconds, so the parent and
-//! its workers share one clock.
+//! `on I PORT`, `acked I NS`, `resumed I SNAPSHOT`, `stats BEATS`) and
+//! takes `connect` (once every worker enrolled) and `stats` on stdin;
+//! times are Unix nanoseconds, so the parent and its workers share one
+//! clock.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
@@ -76,6 +77,17 @@ pub(crate) async fn worker(args: &Args) -> anyhow::Result<()> {
         ids.push(h.await??);
     }
     println!("enrolled {:.3}", t.elapsed().as_secs_f64());
+    let (cmd_tx, mut cmds) = mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if cmd_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // All workers connect at once, when the parent says.
+    while cmds.recv().await.as_deref().is_some_and(|c| c != "connect") {}
     let t = Instant::now();
     let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
     for (k, ((cert, key), place)) in ids.into_iter().enumerate() {
@@ -100,15 +112,6 @@ pub(crate) async fn worker(args: &Args) -> anyhow::Result<()> {
         }
     }
     println!("connected {:.3}", t.elapsed().as_secs_f64());
-    let (cmd_tx, mut cmds) = mpsc::unbounded_channel::<String>();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines() {
-            let Ok(line) = line else { break };
-            if cmd_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
     loop {
         tokio::select! {
             ev = rx.recv() => {
@@ -116,7 +119,7 @@ pub(crate) async fn worker(args: &Args) -> anyhow::Result<()> {
                 match ev {
                     Some(Event::On(i, port)) => writeln!(o, "on {i} {port}")?,
                     Some(Event::Acked(i, at)) => writeln!(o, "acked {i} {}", unix_ns(at))?,
-                    Some(Event::Resumed { snapshot }) => writeln!(o, "resumed {}", u8::from(snapshot))?,
+                    Some(Event::Resumed { agent, snapshot }) => writeln!(o, "resumed {agent} {}", u8::from(snapshot))?,
                     Some(_) => {}
                     None => break,
                 }
@@ -137,10 +140,11 @@ pub(crate) async fn worker(args: &Args) -> anyhow::Result<()> {
 /// A line from a worker, parsed.
 enum Line {
     Enrolled(f64),
-    Connected(f64),
+    Connected,
     On(usize, u16),
     Acked(usize, u128),
-    Resumed(bool),
+    /// Agent index, whether its resume was a snapshot.
+    Resumed(usize, bool),
     Stats(u64),
 }
 
@@ -149,10 +153,10 @@ fn parse(line: &str) -> Option<Line> {
     let (kind, a, b) = (f.next()?, f.next()?, f.next());
     Some(match kind {
         "enrolled" => Line::Enrolled(a.parse().ok()?),
-        "connected" => Line::Connected(a.parse().ok()?),
+        "connected" => Line::Connected,
         "on" => Line::On(a.parse().ok()?, b?.parse().ok()?),
         "acked" => Line::Acked(a.parse().ok()?, b?.parse().ok()?),
-        "resumed" => Line::Resumed(a == "1"),
+        "resumed" => Line::Resumed(a.parse().ok()?, b? == "1"),
         "stats" => Line::Stats(a.parse().ok()?),
         _ => return None,
     })
@@ -360,6 +364,7 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<()> {
     let mut on: HashMap<usize, u16> = HashMap::new();
     let (mut enrolled, mut connected, mut enroll_time, mut connect_time) = (0, 0, 0.0f64, 0.0f64);
     let t_start = Instant::now();
+    let mut t_connect = Instant::now();
     let mut pending = Vec::new();
     while connected < w {
         match tokio::time::timeout(Duration::from_secs(1800), workers.lines.recv()).await {
@@ -368,11 +373,15 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<()> {
                 enroll_time = enroll_time.max(s);
                 if enrolled == w {
                     phase("connect");
+                    t_connect = Instant::now();
+                    for s in &mut workers.stdins {
+                        writeln!(s, "connect")?;
+                    }
                 }
             }
-            Ok(Some(Line::Connected(s))) => {
+            Ok(Some(Line::Connected)) => {
                 connected += 1;
-                connect_time = connect_time.max(s);
+                connect_time = t_connect.elapsed().as_secs_f64();
             }
             Ok(Some(Line::On(i, p))) => drop(on.insert(i, p)),
             Ok(Some(_)) => {}
@@ -434,6 +443,7 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<()> {
     // resume said whether that was a snapshot.
     let (mut moved, mut resumed, mut snapshots) = (0usize, 0usize, 0usize);
     let mut waiting: std::collections::HashSet<usize> = moving.iter().copied().collect();
+    let moving_set = waiting.clone();
     // When each of them had its first message from another replica.
     let mut move_times: Vec<Duration> = Vec::with_capacity(moving.len());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
@@ -446,7 +456,7 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<()> {
                     move_times.push(t_kill.elapsed());
                 }
             }
-            Ok(Some(Line::Resumed(snap))) => {
+            Ok(Some(Line::Resumed(i, snap))) if moving_set.contains(&i) => {
                 resumed += 1;
                 snapshots += usize::from(snap);
             }
@@ -458,18 +468,21 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<()> {
     }
     move_times.sort();
     let load_m = etcd_load(&etcd);
-    // Until the dead replica's leases have ended (a TTL) and after.
-    let window = Duration::from_secs(20);
-    tokio::time::sleep(window.saturating_sub(t_kill.elapsed())).await;
+    // Until the dead replica's leases have ended (a TTL) and after: at
+    // least 20 s after the kill, longer when the move took longer.
+    tokio::time::sleep(Duration::from_secs(20).saturating_sub(t_kill.elapsed())).await;
     let load_w = etcd_load(&etcd);
+    let window = t_kill.elapsed();
     let during_move = rates(&load_k, &load_m);
     let over_window = rates(&load_k, &load_w);
+    // Agents that never moved are not on any replica: not counted.
+    on.retain(|_, p| *p != dead);
     let after_kill = spread(&on, &ports);
-    let dead_for = args.dead_for.saturating_sub(t_kill.elapsed());
-    tokio::time::sleep(dead_for).await;
+    tokio::time::sleep(args.dead_for.saturating_sub(t_kill.elapsed())).await;
 
     // It returns: its share comes back as agents ask their first choice.
     phase("return");
+    let dead_for = t_kill.elapsed();
     let t_back = Instant::now();
     replicas[x].restart_stopped();
     let load_r = etcd_load(&etcd);
@@ -547,27 +560,27 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<()> {
         pr("agents per replica after", &after_kill)
     );
     println!(
-        "  etcd during the move: {:.1} proposals/s, {:.1} keys written/s, {:.1} watch events/s; over the {} s \
+        "  etcd during the move: {:.1} proposals/s, {:.1} keys written/s, {:.1} watch events/s; over the {:.1} s \
          after the kill (its leases ending included): {:.1} proposals/s, {:.1} keys written/s, {:.1} watch \
          events/s",
         during_move.0,
         during_move.1,
         during_move.2,
-        window.as_secs(),
+        window.as_secs_f64(),
         over_window.0,
         over_window.1,
         over_window.2
     );
     match back_time {
         Some(t) => println!(
-            "  replica {x} back after {}: 90 % of its share back in {:.1} s; {}",
-            args.dead_for,
+            "  replica {x} back {:.1} s after the kill: 90 % of its share back in {:.1} s; {}",
+            dead_for.as_secs_f64(),
             t.as_secs_f64(),
             pr("agents per replica", &after_return)
         ),
         None => println!(
-            "  replica {x} back after {}: its share did NOT come back within 180 s; {}",
-            args.dead_for,
+            "  replica {x} back {:.1} s after the kill: its share did NOT come back within 180 s; {}",
+            dead_for.as_secs_f64(),
             pr("agents per replica", &after_return)
         ),
     }
