@@ -69,9 +69,13 @@ fn the_previous_release_runs_beside_this_one_and_each_part_upgrades_under_traffi
     for name in ["gw", "na", "na2"] {
         agent_runs(&s.ta, name, prev);
     }
-    let v = weftctl_json(&s.ta, &["version"]);
+    // The peer's release comes with its parameters, which may follow the
+    // first traffic by a moment.
+    let v = eventually("site a sees site b's release", Duration::from_secs(30), || {
+        let v = weftctl_json(&s.ta, &["version"]);
+        (v["peers"][0]["version"] == prev).then_some(v)
+    });
     assert_eq!(v["controller"], THIS, "{v}");
-    assert_eq!(v["peers"][0]["version"], prev, "{v}");
     assert!(
         !v.to_string().contains("outside_policy\":\""),
         "outside the policy: {v}"

@@ -24,12 +24,24 @@ impl Ctx {
 
     /// A channel to the replica on `port` (this context's CA).
     pub async fn channel_to(&self, port: u16, id: Option<(&str, &str)>) -> anyhow::Result<Channel> {
+        self.channel_from(None, port, id).await
+    }
+
+    /// [`Ctx::channel_to`] from loopback address `source` (None: the
+    /// system's choice, 127.0.0.1).
+    pub async fn channel_from(
+        &self,
+        source: Option<std::net::IpAddr>,
+        port: u16,
+        id: Option<(&str, &str)>,
+    ) -> anyhow::Result<Channel> {
         let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
         if let Some((c, k)) = id {
             tls = tls.identity(Identity::from_pem(c, k));
         }
         Ok(Endpoint::from_shared(format!("https://127.0.0.1:{port}"))?
             .tls_config(tls)?
+            .local_address(source)
             .connect_timeout(Duration::from_secs(30))
             .connect()
             .await?)
@@ -70,6 +82,8 @@ impl Ctx {
 pub struct Placement {
     pub order: Vec<u16>,
     pub failback_after: Duration,
+    /// The loopback address it connects from (None: 127.0.0.1, shared).
+    pub source: Option<std::net::IpAddr>,
 }
 
 impl Placement {
@@ -78,7 +92,22 @@ impl Placement {
         Placement {
             order: vec![port],
             failback_after: Duration::from_secs(15),
+            source: None,
         }
+    }
+
+    /// Connecting from a loopback address of its own, as a real agent
+    /// connects from its own host: a controller's per-address limits
+    /// (handshakes in progress) then apply per agent, not to all at once.
+    pub fn from_own_address(mut self, i: usize) -> Placement {
+        let b = |x: usize| (x % 250 + 1) as u8;
+        self.source = Some(std::net::IpAddr::V4(std::net::Ipv4Addr::new(
+            127,
+            b(i / 62_500 + 9),
+            b(i / 250),
+            b(i),
+        )));
+        self
     }
 
     /// Agent `name`'s order over the replicas on `ports` (loopback), as a
@@ -91,6 +120,7 @@ impl Placement {
                 .map(|i| ports[i])
                 .collect(),
             failback_after,
+            source: None,
         }
     }
 }
@@ -215,16 +245,18 @@ struct Held {
     resumed: bool,
 }
 
-/// Resolves once the replica on `port` answers this agent again (asked
-/// every `after` plus up to twice that); never when `port` is None.
-async fn first_choice_back(ctx: &Ctx, port: Option<u16>, cert: &str, key: &str, after: Duration) {
-    let Some(port) = port else {
+/// Resolves once the agent's first choice answers it again (asked every
+/// `failback_after` plus up to twice that); never when it is on its first
+/// choice (`at` 0).
+async fn first_choice_back(ctx: &Ctx, place: &Placement, at: usize, cert: &str, key: &str) {
+    if at == 0 {
         return std::future::pending().await;
-    };
+    }
+    let (port, after) = (place.order[0], place.failback_after);
     loop {
         tokio::time::sleep(after + spread(after * 2)).await;
         let asked = tokio::time::timeout(Duration::from_secs(5), async {
-            let ch = ctx.channel_to(port, Some((cert, key))).await.ok()?;
+            let ch = ctx.channel_from(place.source, port, Some((cert, key))).await.ok()?;
             AgentServiceClient::new(ch).get_trust(pb::GetTrustRequest {}).await.ok()
         })
         .await;
@@ -247,7 +279,7 @@ async fn session(
     permit: &mut Option<tokio::sync::OwnedSemaphorePermit>,
 ) -> Ended {
     let port = place.order[at];
-    let Ok(ch) = ctx.channel_to(port, Some((cert, key))).await else {
+    let Ok(ch) = ctx.channel_from(place.source, port, Some((cert, key))).await else {
         return Ended::NotOpened;
     };
     *permit = None;
@@ -284,7 +316,7 @@ async fn session(
         Ok(a) => a.into_inner(),
         Err(_) => return Ended::NotOpened,
     };
-    let back = first_choice_back(ctx, (at != 0).then(|| place.order[0]), cert, key, place.failback_after);
+    let back = first_choice_back(ctx, place, at, cert, key);
     tokio::pin!(back);
     let mut first = true;
     // Heartbeats as a real agent sends them: a report every period the

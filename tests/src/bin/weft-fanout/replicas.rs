@@ -8,6 +8,10 @@
 //! agents move to the others and what that costs etcd; then starts it
 //! again and measures how its share comes back.
 //!
+//! Each simulated agent connects from a loopback address of its own, as
+//! real agents connect from their own hosts, so that a replica's limits
+//! per address apply per agent.
+//!
 //! A worker speaks lines on stdout (`enrolled S`, `connected S`,
 //! `on I PORT`, `acked I NS`, `resumed I SNAPSHOT`, `stats BEATS`) and
 //! takes `connect` (once every worker enrolled) and `stats` on stdin;
@@ -60,7 +64,7 @@ pub(crate) async fn worker(args: &Args) -> anyhow::Result<()> {
     for k in 0..n {
         let i = args.first + k;
         let name = format!("n{i}");
-        let place = Placement::of(&name, &args.ports, *args.failback_after);
+        let place = Placement::of(&name, &args.ports, *args.failback_after).from_own_address(i);
         let token = args.tokens[k / PER_TOKEN].clone();
         let (ctx, sem) = (ctx.clone(), sem.clone());
         handles.push(tokio::spawn(async move {
