@@ -16,9 +16,14 @@ use crate::identity::Credentials;
 use crate::tls;
 
 mod dns;
+mod failback;
 mod report;
+mod resync;
 pub(crate) use dns::Dns;
+pub(crate) use failback::jitter;
+use failback::preferred_back;
 use report::{AbortOnDrop, LastReport, Reporter, heartbeat_period, keep_reporting, next_answer, stream_end};
+use resync::{resync, resync_timer, resync_unless_changed};
 
 /// How a session ended.
 #[derive(Debug)]
@@ -105,33 +110,6 @@ pub(crate) fn observe_reconcile(trigger: &str, started: std::time::Instant, erro
         .get_or_create(&vec![("trigger".to_string(), trigger.to_string())])
         .observe(started.elapsed().as_secs_f64());
     m.reconcile_errors.inc_by(errors.len() as u64);
-}
-
-/// Applies everything held again (level-triggered: a no-op unless something
-/// drifted); counts and logs what had to be put back.
-async fn resync(desired: &Desired, applier: &mut dyn Applier) -> Vec<pb::ObjectError> {
-    let before = applier.writes();
-    let started = std::time::Instant::now();
-    let errors = applier
-        .apply(&desired.objects, &desired.objects, Scope::Everything)
-        .await;
-    observe_reconcile("resync", started, &errors);
-    let repaired = applier.writes().saturating_sub(before);
-    tracing::debug!(
-        revision = desired.revision,
-        ms = started.elapsed().as_millis() as u64,
-        repaired,
-        "resync done"
-    );
-    if repaired > 0 {
-        crate::metrics::get().drift_repairs.inc_by(repaired);
-        tracing::warn!(
-            repaired,
-            revision = desired.revision,
-            "host objects were missing and are back (drift repaired)"
-        );
-    }
-    errors
 }
 
 /// How often a gateway looks at which way its tunnels go (UDP or TLS).
@@ -335,20 +313,6 @@ const FIRST_HEARTBEAT_EVERY: Duration = Duration::from_millis(250);
 /// its parts: what keeps a change or a heartbeat waiting.
 const SLOW_TURN: Duration = Duration::from_millis(250);
 
-/// How soon a resync that yielded to a change runs again (whole).
-const RESYNC_AFTER_YIELD: Duration = Duration::from_secs(1);
-
-fn resync_timer(every: Duration) -> tokio::time::Interval {
-    let period = if every.is_zero() {
-        Duration::from_secs(100 * 365 * 86_400)
-    } else {
-        every
-    };
-    let mut t = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    t
-}
-
 pub(crate) async fn session(s: Session<'_>) -> End {
     let Session {
         target,
@@ -482,67 +446,6 @@ pub(crate) async fn session(s: Session<'_>) -> End {
             Ok(None) => {}
             Err(Some(s)) => return classify(s),
             Err(None) => return stream_end(&mut answers).await,
-        }
-    }
-}
-
-/// A random duration below `within`.
-pub(crate) fn jitter(within: Duration) -> Duration {
-    let mut b = [0u8; 4];
-    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
-    within.mul_f64(f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0))
-}
-
-/// Resolves once `preferred` answers an agent's call (this agent's
-/// certificate, `GetTrust`) again, asked every `after` plus up to twice
-/// that at random (so the agents of a replica that returns come back over
-/// a while, not at once); never when there is none.
-async fn preferred_back(preferred: Option<&str>, creds: &Credentials, after: Duration) {
-    let Some(url) = preferred else {
-        return std::future::pending().await;
-    };
-    loop {
-        tokio::time::sleep(after + jitter(after * 2)).await;
-        let asked = tokio::time::timeout(Duration::from_secs(5), async {
-            let mut c = client(url, creds).await.ok()?;
-            c.get_trust(pb::GetTrustRequest {}).await.ok()
-        })
-        .await;
-        if matches!(asked, Ok(Some(_))) {
-            return;
-        }
-    }
-}
-
-/// A resync at its timer. A change that comes meanwhile stops it and goes
-/// first (a failover's change must not wait seconds for a resync, which is
-/// level-triggered and comes again): that change is returned, and the
-/// next resync, a second later, runs whole.
-async fn resync_unless_changed(
-    desired: &Desired,
-    applier: &mut dyn Applier,
-    stream: &mut tonic::Streaming<pb::WatchResponse>,
-    timer: &mut tokio::time::Interval,
-    yielded: &mut bool,
-    errors: &mut Vec<pb::ObjectError>,
-) -> Option<Result<Option<pb::WatchResponse>, tonic::Status>> {
-    if *yielded {
-        *yielded = false;
-        *errors = resync(desired, applier).await;
-        return None;
-    }
-    let whole = resync(desired, applier);
-    tokio::pin!(whole);
-    tokio::select! {
-        e = &mut whole => {
-            *errors = e;
-            None
-        }
-        msg = stream.message() => {
-            tracing::debug!("a change came during a resync: the resync stopped, the change goes first");
-            *yielded = true;
-            timer.reset_after(RESYNC_AFTER_YIELD);
-            Some(msg)
         }
     }
 }

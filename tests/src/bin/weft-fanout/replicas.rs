@@ -259,7 +259,7 @@ fn replica_line(i: usize, c: &Controller, agents: usize, s: &ProcStats) -> Strin
 }
 
 /// Agents per replica port, from the `on` lines seen.
-fn spread(on: &HashMap<usize, u16>, ports: &[u16]) -> Vec<usize> {
+fn per_replica(on: &HashMap<usize, u16>, ports: &[u16]) -> Vec<usize> {
     ports.iter().map(|p| on.values().filter(|q| *q == p).count()).collect()
 }
 
@@ -396,7 +396,7 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<()> {
         }
     }
     let connected_stats: Vec<ProcStats> = replicas.iter().map(|c| proc_stats(c.pid())).collect();
-    let spread_connected = spread(&on, &ports);
+    let spread_connected = per_replica(&on, &ports);
     let connected_lines: Vec<String> = replicas
         .iter()
         .enumerate()
@@ -435,7 +435,7 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<()> {
     single.sort();
 
     // A replica dies with its agents: the one of 1..N holding the most.
-    let before = spread(&on, &ports);
+    let before = per_replica(&on, &ports);
     let x = (1..ports.len()).max_by_key(|&r| before[r]).unwrap();
     let dead = ports[x];
     let moving: Vec<usize> = on.iter().filter(|(_, p)| **p == dead).map(|(i, _)| *i).collect();
@@ -481,7 +481,7 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<()> {
     let over_window = rates(&load_k, &load_w);
     // Agents that never moved are not on any replica: not counted.
     on.retain(|_, p| *p != dead);
-    let after_kill = spread(&on, &ports);
+    let after_kill = per_replica(&on, &ports);
     tokio::time::sleep(args.dead_for.saturating_sub(t_kill.elapsed())).await;
 
     // It returns: its share comes back as agents ask their first choice.
@@ -498,14 +498,14 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<()> {
             Ok(Some(_)) | Err(_) => {}
             Ok(None) => break,
         }
-        if spread(&on, &ports)[x] >= target {
+        if per_replica(&on, &ports)[x] >= target {
             back_time = Some(t_back.elapsed());
             break;
         }
     }
     let load_b = etcd_load(&etcd);
     let returning = rates(&load_r, &load_b);
-    let after_return = spread(&on, &ports);
+    let after_return = per_replica(&on, &ports);
     let end: Vec<ProcStats> = replicas.iter().map(|c| proc_stats(c.pid())).collect();
     phase("done");
 
