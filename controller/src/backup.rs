@@ -41,7 +41,7 @@ const TXN_BYTES: usize = 512 << 10;
 /// Whether a record belongs in a backup: not on a lease, and not one that
 /// only a running process or a restore writes.
 fn kept(key: &Key, lease: i64) -> bool {
-    lease == 0 && !matches!(key, Key::Leader | Key::Alive(..) | Key::Restoring)
+    lease == 0 && !matches!(key, Key::Leader | Key::Alive(..) | Key::Replica(..) | Key::Restoring)
 }
 
 /// The site's records at one revision, keys relative to the site's root.

@@ -113,6 +113,34 @@ fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
         gw.log_text().contains("remote 192.0.2.11").then_some(())
     });
 
+    let etcd_get = |args: &[&str]| -> String {
+        let o = Command::new("etcdctl")
+            .args(["--endpoints", &ep])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "etcdctl {args:?}: {}", weft_tests::stderr(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let writer = || -> Option<String> {
+        let v = etcd_get(&["get", "--print-value-only", "/weft/sites/site-a/alive/node/n1"]);
+        let rec: serde_json::Value = serde_json::from_str(v.trim()).ok()?;
+        Some(rec["replica"].as_str()?.to_string())
+    };
+    let present = || -> Vec<String> {
+        etcd_get(&["get", "--prefix", "--keys-only", "/weft/sites/site-a/replicas/"])
+            .lines()
+            .filter_map(|l| l.rsplit('/').next().filter(|id| !id.is_empty()).map(str::to_string))
+            .collect()
+    };
+    // Written by the replica n1 enrolled through first, then by its first
+    // choice once that one judged it came from a live replica (4 s).
+    eventually("n1's liveness record written", Duration::from_secs(10), || {
+        writer().map(|_| ())
+    });
+    std::thread::sleep(Duration::from_secs(6));
+    let first_writer = writer().unwrap();
+
     weft_tests::step("their replica dies and both move at once");
     // The replica both watch dies; both move to another.
     let x = replicas.iter().position(|r| r.listen_port == n1_first).unwrap();
@@ -149,6 +177,34 @@ fn agents_move_to_a_live_replica_at_once_and_changes_still_reach_them() {
         let all = nodes["nodes"].as_array().unwrap();
         (all.len() == 2 && all.iter().all(|n| n["status"]["ready"] == true)).then_some(())
     });
+
+    weft_tests::step("n1's liveness record outlives the dead replica's lease and moves to a survivor");
+    // The record was on the dead replica's lease (a node TTL, 15 s). The
+    // replica n1 moved to keeps it (renewing that lease) until it judged
+    // the writer dead, then writes it on its own: it is never missing, and
+    // once the dead lease would have ended it names a live replica.
+    let watched = Instant::now();
+    let mut last = None;
+    while killed.elapsed() < Duration::from_secs(20) || watched.elapsed() < Duration::from_secs(2) {
+        last = Some(writer().expect("n1's liveness record missing after its replica died"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let live_ids = present();
+    assert_eq!(live_ids.len(), 2, "two replicas present: {live_ids:?}");
+    assert!(
+        !live_ids.contains(&first_writer),
+        "n1's record was not the dead replica's"
+    );
+    assert!(
+        last.as_ref().is_some_and(|w| live_ids.contains(w)),
+        "n1's record names {last:?}, not a live replica ({live_ids:?})"
+    );
+    assert!(
+        [b, c]
+            .iter()
+            .any(|r| r.log_text().contains("adopted the liveness records")),
+        "no survivor judged the dead replica's node as adopted"
+    );
 
     weft_tests::step("another replica takes over the lead");
     // If the dead replica led, another takes over within the leader TTL.

@@ -9,7 +9,16 @@
 //! disconnect deletes it at once. The lease ends them all only when this
 //! replica stops renewing it (it died, or stalled for longer than a TTL).
 //! A record is deleted only while it is on this replica's lease: an agent
-//! that moved to another replica keeps the record that one wrote.
+//! that moved to another replica keeps the record that one wrote. The
+//! sweep reads before it deletes, so the nodes that moved away cost the
+//! store a read each, not a write.
+//!
+//! A node that comes from a replica that died keeps its record where it
+//! is for a while (see [`adopt`]): a death does not rewrite the dead
+//! replica's share of records at once.
+
+mod adopt;
+pub(super) use adopt::move_adopted;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,6 +39,9 @@ pub(super) struct Live {
     /// When this replica last heard the agent (monotonic: a wall-clock
     /// step must not end anyone's liveness).
     heard: std::time::Instant,
+    /// The replica that wrote its record, while the record is still on
+    /// that replica's lease (see [`adopt`]).
+    foreign: Option<String>,
 }
 
 /// What this replica knows of the agents reporting to it: one lock for
@@ -44,6 +56,8 @@ pub(super) struct Liveness {
     /// The lease this replica writes the liveness records of each role on:
     /// one per role, renewed by one task.
     leases: tokio::sync::Mutex<HashMap<AgentRole, LeaseId>>,
+    /// Whether this replica's presence record is written (see [`adopt`]).
+    presence: std::sync::atomic::AtomicBool,
 }
 
 /// The agents heard here, under one lock.
@@ -63,6 +77,12 @@ pub(super) struct Book {
     /// between carry none): kept across a lapse of its liveness, so a
     /// record made anew after one still has them.
     facts: HashMap<AgentKey, pb::HostReport>,
+    /// Nodes that came with a record on another replica's lease, and
+    /// when: is that replica alive? (see [`adopt`]).
+    arriving: std::collections::VecDeque<(AgentKey, std::time::Instant)>,
+    /// Nodes whose records this replica adopted from a dead one, to be
+    /// written on its own lease a batch at a time.
+    adopted: std::collections::VecDeque<AgentKey>,
 }
 
 /// Whether two records say the same (when they were made aside).
@@ -75,6 +95,17 @@ fn same_status(a: &AliveRecord, b: &AliveRecord) -> bool {
         && a.wireguard_reason == b.wireguard_reason
         && a.version == b.version
         && a.replica == b.replica
+}
+
+/// Whether two records say the same of their agent, whoever wrote them.
+fn same_but_replica(a: &AliveRecord, b: &AliveRecord) -> bool {
+    same_status(
+        a,
+        &AliveRecord {
+            replica: a.replica.clone(),
+            ..b.clone()
+        },
+    )
 }
 
 impl Hub {
@@ -116,6 +147,16 @@ impl Hub {
             return;
         }
         let k = self.state.alive_key(key.0, &key.1);
+        // A node that moved to another replica has its record there (a
+        // replica coming back takes a third of the nodes back): a read
+        // says so, where the guarded deletion would be a write each.
+        // Gateways go straight to the deletion (failover waits on it).
+        if key.0 == AgentRole::Node
+            && let Ok(kv) = self.state.store().get(&k).await
+            && kv.is_none_or(|kv| kv.lease != lease)
+        {
+            return;
+        }
         let txn = Txn::new()
             .when(Compare::Lease(k.clone(), lease))
             .then(Op::Delete { key: k });
@@ -159,7 +200,7 @@ impl Hub {
     /// its own; everyone gets a TTL from now instead.
     fn expire_silent_once(self: &Arc<Self>, stalled: bool) {
         let now = std::time::Instant::now();
-        let silent: Vec<(AgentKey, LeaseId, Duration)> = {
+        let silent: Vec<(AgentKey, LeaseId, Duration, bool)> = {
             let mut book = self.liveness.book.lock().unwrap();
             let Book {
                 live,
@@ -210,11 +251,11 @@ impl Hub {
             keys.into_iter()
                 .filter_map(|k| {
                     let l = live.remove(&k)?;
-                    Some((k, l.lease, now.duration_since(l.heard)))
+                    Some((k, l.lease, now.duration_since(l.heard), l.foreign.is_some()))
                 })
                 .collect()
         };
-        for (key, lease, quiet) in silent {
+        for (key, lease, quiet, foreign) in silent {
             if key.0 == AgentRole::Gateway {
                 let now = now_ms();
                 let heard = now.saturating_sub(quiet.as_millis() as u64);
@@ -228,6 +269,13 @@ impl Hub {
                 ttl_ms = self.ttl(key.0).as_millis() as u64,
                 "no report within the TTL; no longer live"
             );
+            if foreign {
+                // Its record is on the lease of the replica it came from,
+                // which ends once this replica stops renewing it (see
+                // `adopt`): another replica may hold it by now.
+                self.liveness.dirty.lock().unwrap().remove(&key);
+                continue;
+            }
             // Not awaited: a slow store must not hold up the sweep (nor
             // make it look like this replica stalled).
             let hub = self.clone();
@@ -268,6 +316,12 @@ impl Hub {
         let new = self.state.store().lease_grant(self.ttl(role)).await?;
         leases.insert(role, new);
         drop(leases);
+        if role == AgentRole::Gateway {
+            // The presence record went with the lease.
+            self.liveness
+                .presence
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         let records: Vec<(AgentKey, (LeaseId, AliveRecord))> = self
             .liveness
             .book
@@ -278,6 +332,9 @@ impl Hub {
             .filter(|(k, _)| k.0 == role)
             .map(|(k, l)| {
                 l.lease = new;
+                if l.foreign.take().is_some() {
+                    l.last.replica = self.replica.clone();
+                }
                 (k.clone(), (new, l.last.clone()))
             })
             .collect();
@@ -365,7 +422,16 @@ impl Hub {
         }
         if let Some(l) = self.liveness.book.lock().unwrap().live.get_mut(&key) {
             l.heard = std::time::Instant::now();
-            if !same_status(&l.last, &record) {
+            // A record on another replica's lease says who wrote it until
+            // it moves here (see `adopt`); what it says of the agent is
+            // what counts. Written where it is meanwhile: this replica
+            // renews that lease until it moved.
+            let same = if l.foreign.is_some() {
+                same_but_replica
+            } else {
+                same_status
+            };
+            if !same(&l.last, &record) {
                 // Written with the others in the next batch: after a
                 // change for all agents that is one transaction per 128
                 // agents, not one write per agent.
@@ -376,6 +442,15 @@ impl Hub {
                     .insert(key.clone(), (l.lease, record.clone()));
                 l.last = record;
             }
+            return Ok(());
+        }
+        // New here (or back on a new stream), with a record that says
+        // what this report says: kept where it is, on this replica's
+        // lease or, for now, on another's (see `adopt`).
+        if key.0 == AgentRole::Node
+            && let Some((lease, stored, foreign)) = self.found(&key, &record).await
+        {
+            self.arrived(key, lease, stored, foreign);
             return Ok(());
         }
         // New here: live first (so that a lease replaced meanwhile
@@ -401,6 +476,7 @@ impl Hub {
                     lease,
                     last: record,
                     heard,
+                    foreign: None,
                 },
             );
             let silent_at = heard + self.ttl(key.0);
@@ -561,6 +637,11 @@ pub(super) async fn keep_leases(hub: std::sync::Weak<Hub>) {
         tokio::select! {
             _ = tick.tick() => {}
             _ = h.lease_lost.notified() => {}
+        }
+        if !h.liveness.presence.load(std::sync::atomic::Ordering::Relaxed)
+            && let Err(e) = h.announce().await
+        {
+            tracing::warn!(error = %e, "cannot write this replica's presence record; retrying");
         }
         let leases: Vec<(AgentRole, LeaseId)> = h.liveness.leases.lock().await.iter().map(|(r, l)| (*r, *l)).collect();
         for (role, lease) in leases {

@@ -136,9 +136,15 @@ impl Hub {
             progress: tokio::sync::watch::Sender::new(0),
             _alive: alive_tx,
         });
+        // Other replicas judge the nodes that come from this one by it
+        // (retried by the lease keeper when the store does not answer).
+        if let Err(e) = hub.announce().await {
+            tracing::warn!(error = %e, "cannot write this replica's presence record yet");
+        }
         supervise_with(&hub, "status-flush", flush_status);
         supervise_with(&hub, "liveness-leases", keep_leases);
         supervise_with(&hub, "liveness", expire_silent);
+        supervise_with(&hub, "liveness-adopt", liveness::move_adopted);
         weft_common::task::spawn_critical("model-follow", follow::follow(Arc::downgrade(&hub), alive_rx));
         Ok(hub)
     }
@@ -197,6 +203,7 @@ impl Hub {
 
     /// Registers a stream for `key`, replacing (and ending) an older one.
     pub fn subscribe(&self, key: AgentKey) -> Arc<Slot> {
+        self.node_connected(&key);
         self.streams.subscribe(key)
     }
 

@@ -33,6 +33,9 @@ pub enum Key<'a> {
     Alive(AgentRole, &'a str),
     /// A revoked certificate, by serial.
     Revoked(&'a str),
+    /// A running replica's presence, by its id (on its gateways' lease,
+    /// which ends within a gateway TTL of its death).
+    Replica(&'a str),
     /// Written first and removed last by `weft-controller restore`: while
     /// it is there the store holds part of a backup, and no controller
     /// starts on it.
@@ -82,6 +85,7 @@ impl<'a> Key<'a> {
             Key::Name(n) => format!("names/{n}"),
             Key::Alive(role, n) => format!("{}{}/{n}", Prefix::Alive.path(), role.as_str()),
             Key::Revoked(n) => format!("{}{n}", Prefix::Revoked.path()),
+            Key::Replica(n) => format!("replicas/{n}"),
         }
     }
 
@@ -113,6 +117,7 @@ impl<'a> Key<'a> {
             "tokens" => Key::Token(name),
             "names" => Key::Name(name),
             "revoked" => Key::Revoked(name),
+            "replicas" => Key::Replica(name),
             "alive" => {
                 let (role, name) = name.split_once('/')?;
                 let role = match role {
@@ -148,6 +153,7 @@ mod tests {
             Key::Name("web"),
             Key::Alive(AgentRole::Node, "n1"),
             Key::Alive(AgentRole::Gateway, "gw"),
+            Key::Replica("0a1b2c"),
             Key::Revoked("0a1b"),
             Key::Restoring,
         ];

@@ -144,6 +144,11 @@ impl State {
         self.at(Key::Alive(role, name))
     }
 
+    /// Where a running replica's presence record lives.
+    pub fn replica_key(&self, id: &str) -> String {
+        self.at(Key::Replica(id))
+    }
+
     /// Every live agent's record (agents whose lease has not expired).
     pub async fn alive(
         &self,

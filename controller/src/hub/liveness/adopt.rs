@@ -1,0 +1,504 @@
+//! Adoption: the nodes of a replica that died are taken over by the
+//! replicas they move to, without their liveness records being written
+//! again all at once.
+//!
+//! A node's record is on the lease of the replica it reports to. When a
+//! replica dies, its nodes are on the others within seconds, while their
+//! records last until its lease ends, a node TTL later. Writing them all
+//! again on the survivors' leases as the nodes come would cost the store a
+//! burst the size of the dead replica's share. Instead, a replica that a
+//! node comes to with a record that says what the node says:
+//! - keeps the record where it is, on the other replica's lease, and
+//!   renews that lease meanwhile;
+//! - after [`Hub::adopt_defer`] (longer than a dead replica's presence
+//!   record lasts; see below) asks whether the replica that wrote it is
+//!   alive:
+//!   - alive: the node left a running replica, whose sweep ends the record
+//!     once the node is silent there, so it is written on this replica's
+//!     lease now;
+//!   - dead: adopted, and written on this replica's lease [`MOVE_BATCH`]
+//!     at a time, once per [`MOVE_EVERY`]: a death costs the store a
+//!     trickle, not a burst.
+//!
+//! Once none of its arrivals or adoptions is left on a lease, it stops
+//! renewing that lease, which then ends with the records of the nodes that
+//! never came back. An adopted node that falls silent here before its
+//! record moved keeps that record until then: another replica may have
+//! adopted it meanwhile, and only the lease's end says it is nobody's.
+//!
+//! A replica's presence is `replicas/<id>`, on its gateways' lease: that
+//! one is renewed several times per gateway TTL (a second or two on etcd),
+//! so it ends within seconds of a death. Gateways are never adopted: their
+//! records decide failover and are written at once.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use super::{AgentKey, Book, Hub, Live, same_but_replica};
+use crate::domain::{AgentRole, now_ms};
+use crate::error::Error;
+use crate::state::AliveRecord;
+use crate::store::{LeaseId, Op, StoreError, Txn};
+
+/// How many adopted records are written per [`MOVE_EVERY`]: one store
+/// transaction (etcd allows 128 operations in one).
+pub(super) const MOVE_BATCH: usize = 128;
+pub(super) const MOVE_EVERY: Duration = Duration::from_secs(1);
+
+impl Hub {
+    /// How long a node's arrival waits before its record's writer is
+    /// judged alive or dead: longer than a dead replica's presence record
+    /// lasts (its gateways' lease in whole seconds, at least etcd's floor
+    /// of 2, and etcd's half second to notice the lease ended), plus a
+    /// margin.
+    pub(super) fn adopt_defer(&self) -> Duration {
+        let lease = crate::store::ttl_secs(self.gateway_ttl).max(2) as u64;
+        Duration::from_secs(lease + 2)
+    }
+
+    /// Writes this replica's presence record on its gateways' lease.
+    pub(in crate::hub) async fn announce(&self) -> Result<(), Error> {
+        let lease = self.role_lease(AgentRole::Gateway).await?;
+        let value = serde_json::json!({"since_ms": now_ms(), "version": env!("CARGO_PKG_VERSION")});
+        let put = Op::Put {
+            key: self.state.replica_key(&self.replica),
+            value: value.to_string().into_bytes(),
+            lease: Some(lease),
+        };
+        match self.state.store().txn(Txn::new().then(put)).await {
+            Ok(_) => {
+                self.liveness.presence.store(true, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
+            Err(StoreError::LeaseNotFound(_)) => {
+                self.lease_lost.notify_one();
+                Err(StoreError::LeaseNotFound(lease).into())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The lease and record of `key`'s record when it says what `record`
+    /// (this report) says, and whether another replica wrote it on its
+    /// own lease: it can stay where it is. None on any doubt (no record,
+    /// one on no lease, one that says something else, a store that does
+    /// not answer): the record is written here as for any new agent.
+    pub(super) async fn found(&self, key: &AgentKey, record: &AliveRecord) -> Option<(LeaseId, AliveRecord, bool)> {
+        let kv = self
+            .state
+            .store()
+            .get(&self.state.alive_key(key.0, &key.1))
+            .await
+            .ok()??;
+        let stored: AliveRecord = serde_json::from_slice(&kv.value).ok()?;
+        let own = self.liveness.leases.lock().await.get(&key.0).copied();
+        if Some(kv.lease) == own && stored.replica == self.replica && same_but_replica(&stored, record) {
+            return Some((kv.lease, stored, false));
+        }
+        let foreign = kv.lease != 0 && Some(kv.lease) != own;
+        (foreign && !stored.replica.is_empty() && stored.replica != self.replica && same_but_replica(&stored, record))
+            .then_some((kv.lease, stored, true))
+    }
+
+    /// `key` is live here with its record where it is: on this replica's
+    /// lease, or on the lease of the replica that wrote it (`foreign`).
+    pub(super) fn arrived(&self, key: AgentKey, lease: LeaseId, stored: AliveRecord, foreign: bool) {
+        let mut book = self.liveness.book.lock().unwrap();
+        let heard = Instant::now();
+        if foreign {
+            book.arriving.push_back((key.clone(), heard));
+        }
+        let foreign = foreign.then(|| stored.replica.clone());
+        book.live.insert(
+            key.clone(),
+            Live {
+                lease,
+                last: stored,
+                heard,
+                foreign,
+            },
+        );
+        let silent_at = heard + self.ttl(key.0);
+        if book.next_silence.is_some_and(|at| silent_at < at) {
+            book.next_silence = Some(silent_at);
+        }
+    }
+
+    /// A node opened a stream here: what this replica remembers of its
+    /// record may be stale (it reported to another replica meanwhile,
+    /// whose lease its record is on now, and that replica may be gone), so
+    /// its next report looks at the store (see [`Hub::found`]).
+    pub fn node_connected(&self, key: &AgentKey) {
+        if key.0 == AgentRole::Node {
+            self.liveness.book.lock().unwrap().live.remove(key);
+        }
+    }
+
+    /// One pass of [`move_adopted`]: renews the leases the arrivals and
+    /// adoptions are on, judges the arrivals due, and writes what is to
+    /// move now.
+    async fn move_once(&self, renewed: &mut HashMap<LeaseId, (Instant, Duration)>) -> Result<(), Error> {
+        let cutoff = Instant::now().checked_sub(self.adopt_defer());
+        let (leases, writers) = {
+            let book = self.liveness.book.lock().unwrap();
+            if book.arriving.is_empty() && book.adopted.is_empty() {
+                renewed.clear();
+                return Ok(());
+            }
+            let lease = |k: &AgentKey| book.live.get(k).filter(|l| l.foreign.is_some()).map(|l| l.lease);
+            let leases: HashSet<LeaseId> = (book.arriving.iter().map(|(k, _)| k))
+                .chain(book.adopted.iter())
+                .filter_map(lease)
+                .collect();
+            let writers: HashSet<String> = book
+                .arriving
+                .iter()
+                .take_while(|(_, at)| cutoff.is_some_and(|c| *at <= c))
+                .filter_map(|(k, _)| book.live.get(k)?.foreign.clone())
+                .collect();
+            (leases, writers)
+        };
+        // The records must outlive their move: their leases are renewed a
+        // few times per their TTL. One that ended took its records along.
+        renewed.retain(|l, _| leases.contains(l));
+        let mut lost = HashSet::new();
+        for lease in leases {
+            if renewed.get(&lease).is_some_and(|(at, ttl)| at.elapsed() < *ttl / 4) {
+                continue;
+            }
+            match self.state.store().lease_keep_alive(lease).await {
+                Ok(ttl) => drop(renewed.insert(lease, (Instant::now(), ttl))),
+                Err(StoreError::LeaseNotFound(_)) => drop(lost.insert(lease)),
+                Err(e) => {
+                    tracing::warn!(lease, error = %e, "cannot renew another replica's lease for the nodes that came from it; retrying")
+                }
+            }
+        }
+        let mut alive = HashSet::new();
+        for w in writers {
+            if self.state.store().get(&self.state.replica_key(&w)).await?.is_some() {
+                alive.insert(w);
+            }
+        }
+        let own = self.role_lease(AgentRole::Node).await?;
+        let moves = {
+            let mut book = self.liveness.book.lock().unwrap();
+            pick(&mut book, cutoff, &alive, &lost, own, &self.replica)
+        };
+        if moves.adopted > 0 {
+            tracing::info!(
+                nodes = moves.adopted,
+                waiting = moves.waiting,
+                per_second = MOVE_BATCH,
+                "adopted the liveness records of nodes whose replica is gone; moving them to this replica's lease"
+            );
+        }
+        self.write_status(moves.write).await;
+        Ok(())
+    }
+}
+
+/// What one pass of [`move_adopted`] does.
+#[derive(Debug, Default)]
+pub(super) struct Moves {
+    /// Records to write on this replica's lease now.
+    pub write: Vec<(AgentKey, (LeaseId, AliveRecord))>,
+    /// Arrivals judged to come from a dead replica in this pass.
+    pub adopted: usize,
+    /// Adopted records still to move after this pass.
+    pub waiting: usize,
+}
+
+/// Judges the arrivals that came before `cutoff` (None: none yet) by
+/// whether their record's writer is among `alive`, and picks what moves
+/// to this replica's lease `own` now: records whose lease ended (`lost`),
+/// those of live writers, and up to [`MOVE_BATCH`] adopted ones. What moves
+/// is live here on `own` from now on, with this `replica` as its writer.
+pub(super) fn pick(
+    book: &mut Book,
+    cutoff: Option<Instant>,
+    alive: &HashSet<String>,
+    lost: &HashSet<LeaseId>,
+    own: LeaseId,
+    replica: &str,
+) -> Moves {
+    let Book {
+        live,
+        arriving,
+        adopted,
+        ..
+    } = book;
+    let mut moves = Moves::default();
+    let take = |live: &mut HashMap<AgentKey, Live>, k: &AgentKey, moves: &mut Moves| {
+        let Some(l) = live.get_mut(k).filter(|l| l.foreign.is_some()) else {
+            return false;
+        };
+        l.foreign = None;
+        l.lease = own;
+        l.last.replica = replica.to_string();
+        moves.write.push((k.clone(), (own, l.last.clone())));
+        true
+    };
+    if !lost.is_empty() {
+        let gone: Vec<AgentKey> = (arriving.iter().map(|(k, _)| k))
+            .chain(adopted.iter())
+            .filter(|k| {
+                live.get(*k)
+                    .is_some_and(|l| l.foreign.is_some() && lost.contains(&l.lease))
+            })
+            .cloned()
+            .collect();
+        for k in gone {
+            take(live, &k, &mut moves);
+        }
+    }
+    // The queues drop agents no longer live here (silent, removed) and
+    // records that moved already (a lease replaced, a lease that ended).
+    while let Some((_, at)) = arriving.front() {
+        if cutoff.is_none_or(|c| *at > c) {
+            break;
+        }
+        let (k, _) = arriving.pop_front().unwrap();
+        let Some(writer) = live.get(&k).and_then(|l| l.foreign.clone()) else {
+            continue;
+        };
+        if alive.contains(&writer) {
+            take(live, &k, &mut moves);
+        } else {
+            adopted.push_back(k);
+            moves.adopted += 1;
+        }
+    }
+    let mut moved = 0;
+    while moved < MOVE_BATCH {
+        let Some(k) = adopted.pop_front() else { break };
+        if take(live, &k, &mut moves) {
+            moved += 1;
+        }
+    }
+    moves.waiting = adopted.len();
+    moves
+}
+
+/// Moves arrivals and adoptions to this replica's lease (see the module).
+pub(in crate::hub) async fn move_adopted(hub: std::sync::Weak<Hub>) {
+    let mut tick = tokio::time::interval(MOVE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut renewed: HashMap<LeaseId, (Instant, Duration)> = HashMap::new();
+    loop {
+        tick.tick().await;
+        let Some(h) = hub.upgrade() else { return };
+        if let Err(e) = h.move_once(&mut renewed).await {
+            tracing::warn!(error = %e, "cannot move the records of nodes that came from another replica; retrying");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::state::State;
+
+    fn rec(replica: &str, applied: i64) -> AliveRecord {
+        AliveRecord {
+            applied_revision: applied,
+            errors: vec![],
+            since_ms: 1,
+            features: vec![],
+            route_conflicts: vec![],
+            wireguard: String::new(),
+            wireguard_reason: String::new(),
+            replica: replica.into(),
+            version: String::new(),
+        }
+    }
+
+    fn node(i: usize) -> AgentKey {
+        (AgentRole::Node, format!("n{i}"))
+    }
+
+    /// A book with `n` arrivals from `writer` on lease 7, all `ago` old.
+    fn arrivals(n: usize, writer: &str, ago: Duration) -> Book {
+        let mut book = Book::default();
+        let at = Instant::now() - ago;
+        for i in 0..n {
+            book.live.insert(
+                node(i),
+                Live {
+                    lease: 7,
+                    last: rec(writer, 3),
+                    heard: at,
+                    foreign: Some(writer.into()),
+                },
+            );
+            book.arriving.push_back((node(i), at));
+        }
+        book
+    }
+
+    /// Arrivals from a live replica move at once, all of them; those of a
+    /// dead one are adopted and move a batch per pass, in the order they
+    /// came, each written with this replica as its writer on its lease.
+    #[test]
+    fn a_dead_replicas_nodes_move_a_batch_at_a_time_a_live_ones_at_once() {
+        let cutoff = Some(Instant::now());
+        let mut book = arrivals(300, "dead", Duration::from_secs(10));
+        let (none, no_lease): (HashSet<String>, HashSet<LeaseId>) = (HashSet::new(), HashSet::new());
+        let first = pick(&mut book, cutoff, &none, &no_lease, 9, "me");
+        assert_eq!(
+            (first.adopted, first.write.len(), first.waiting),
+            (300, MOVE_BATCH, 300 - MOVE_BATCH)
+        );
+        assert_eq!(first.write[0].0, node(0), "the first to come moves first");
+        assert!(
+            first
+                .write
+                .iter()
+                .all(|(_, (l, r))| *l == 9 && r.replica == "me" && r.applied_revision == 3)
+        );
+        assert!(book.live[&node(0)].foreign.is_none() && book.live[&node(0)].lease == 9);
+        assert_eq!(book.live[&node(299)].lease, 7, "not moved yet: still on its lease");
+        let second = pick(&mut book, cutoff, &none, &no_lease, 9, "me");
+        let third = pick(&mut book, cutoff, &none, &no_lease, 9, "me");
+        assert_eq!(
+            (second.write.len(), third.write.len(), third.waiting),
+            (MOVE_BATCH, 300 - 2 * MOVE_BATCH, 0)
+        );
+
+        let mut book = arrivals(300, "alive", Duration::from_secs(10));
+        let alive = HashSet::from(["alive".to_string()]);
+        let moves = pick(&mut book, cutoff, &alive, &no_lease, 9, "me");
+        assert_eq!(
+            (moves.adopted, moves.write.len()),
+            (0, 300),
+            "a live writer's sweep would end them"
+        );
+    }
+
+    /// Arrivals are judged only after the defer; a record whose lease
+    /// ended moves at once, judged or not; an agent gone meanwhile (swept,
+    /// removed) is dropped from the queues.
+    #[test]
+    fn arrivals_wait_for_their_judgement_unless_their_lease_ended() {
+        let (none, no_lease): (HashSet<String>, HashSet<LeaseId>) = (HashSet::new(), HashSet::new());
+        let mut book = arrivals(3, "dead", Duration::ZERO);
+        let early = pick(
+            &mut book,
+            Instant::now().checked_sub(Duration::from_secs(4)),
+            &none,
+            &no_lease,
+            9,
+            "me",
+        );
+        assert_eq!((early.adopted, early.write.len(), book.arriving.len()), (0, 0, 3));
+        book.live.remove(&node(0));
+        book.live.get_mut(&node(1)).unwrap().lease = 8;
+        let lost = HashSet::from([7]);
+        let moves = pick(
+            &mut book,
+            Instant::now().checked_sub(Duration::from_secs(4)),
+            &none,
+            &lost,
+            9,
+            "me",
+        );
+        let moved: Vec<&AgentKey> = moves.write.iter().map(|(k, _)| k).collect();
+        assert_eq!(moved, [&node(2)], "only the record on the lease that ended");
+        let later = pick(&mut book, Some(Instant::now()), &none, &no_lease, 9, "me");
+        assert_eq!(
+            (later.adopted, later.write.len()),
+            (1, 1),
+            "n1 on lease 8 is judged; n0 is gone"
+        );
+    }
+
+    async fn replica(store: Arc<dyn crate::store::Store>) -> Arc<Hub> {
+        let state = State::new(store, "s");
+        Hub::start(state, Duration::from_secs(30), Duration::from_millis(300))
+            .await
+            .unwrap()
+    }
+
+    async fn stored(h: &Hub, key: &AgentKey) -> Option<(LeaseId, AliveRecord)> {
+        let kv = h.state.store().get(&h.state.alive_key(key.0, &key.1)).await.unwrap()?;
+        Some((kv.lease, serde_json::from_slice(&kv.value).unwrap()))
+    }
+
+    async fn until<F: std::future::Future<Output = bool>>(what: &str, within: Duration, mut f: impl FnMut() -> F) {
+        let start = Instant::now();
+        while !f().await {
+            assert!(start.elapsed() < within, "{what}: not within {within:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Two replicas on one store. A node that moves from a live replica
+    /// keeps its record until its arrival is judged, then has it written
+    /// on the new replica's lease. A replica dies: its node, coming to the
+    /// survivor, is written nothing at first (the store's revision does
+    /// not move), and its record is on the survivor's lease once adopted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_from_a_dead_replica_keeps_its_record_and_moves_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn crate::store::Store> =
+            Arc::new(crate::store::embedded::EmbeddedStore::open(&dir.path().join("db")).unwrap());
+        let (a, b) = (replica(store.clone()).await, replica(store.clone()).await);
+        let key = node(1);
+        a.report(key.clone(), 5, vec![], None).await.unwrap();
+        until("a writes the record", Duration::from_secs(2), || async {
+            stored(&b, &key).await.is_some()
+        })
+        .await;
+        let (a_lease, _) = stored(&b, &key).await.unwrap();
+
+        b.report(key.clone(), 5, vec![], None).await.unwrap();
+        assert_eq!(stored(&b, &key).await.unwrap().0, a_lease, "kept where it is at first");
+        let within = b.adopt_defer() + Duration::from_secs(3);
+        until("moved from the live replica", within, || async {
+            stored(&b, &key)
+                .await
+                .is_some_and(|(l, r)| l != a_lease && r.replica == b.replica)
+        })
+        .await;
+
+        // The node goes back to a (a new stream there); then a dies (its
+        // tasks end with it, its leases are no longer renewed).
+        a.node_connected(&key);
+        a.report(key.clone(), 5, vec![], None).await.unwrap();
+        until(
+            "back on a (b is alive: written after the judgement)",
+            within,
+            || async { stored(&b, &key).await.is_some_and(|(_, r)| r.replica == a.replica) },
+        )
+        .await;
+        let (a_lease, _) = stored(&b, &key).await.unwrap();
+        let a_id = a.replica.clone();
+        drop(a);
+        until("a's presence ended", Duration::from_secs(4), || async {
+            b.state
+                .store()
+                .get(&b.state.replica_key(&a_id))
+                .await
+                .unwrap()
+                .is_none()
+        })
+        .await;
+        b.node_connected(&key);
+        let before = b.state.store().revision().await.unwrap();
+        b.report(key.clone(), 5, vec![], None).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            b.state.store().revision().await.unwrap(),
+            before,
+            "the arrival wrote to the store"
+        );
+        until("adopted and moved", within, || async {
+            stored(&b, &key)
+                .await
+                .is_some_and(|(l, r)| l != a_lease && r.replica == b.replica)
+        })
+        .await;
+    }
+}
