@@ -135,7 +135,9 @@ fn progress(
             Some((
                 key.clone(),
                 Progress {
-                    applied: rec.applied_revision,
+                    // This replica hears it: what it reported last (its
+                    // record may wait to move here, see `hub::liveness`).
+                    applied: hub.applied_here(key).unwrap_or(0).max(rec.applied_revision),
                     sent,
                     waiting: backlog.get(key).copied().unwrap_or(0),
                 },

@@ -83,7 +83,9 @@ impl AdminApi {
             pb::AgentStatus {
                 ready: rec.is_some(),
                 latest_revision: self.hub.latest(&key).unwrap_or(0),
-                applied_revision: rec.map_or(0, |r| r.applied_revision),
+                applied_revision: rec
+                    .map_or(0, |r| r.applied_revision)
+                    .max(self.hub.applied_here(&key).unwrap_or(0)),
                 last_seen: self
                     .hub
                     .last_seen(&key)

@@ -97,12 +97,17 @@ fn same_status(a: &AliveRecord, b: &AliveRecord) -> bool {
         && a.replica == b.replica
 }
 
-/// Whether two records say the same of their agent, whoever wrote them.
-fn same_but_replica(a: &AliveRecord, b: &AliveRecord) -> bool {
+/// Whether two records say the same of their agent but for the revision
+/// it applied, whoever wrote them. The revision a node applied moves with
+/// every write under the site's root (its own liveness record's among
+/// them), so a node that moved to another replica reports a newer one
+/// although nothing it holds changed.
+fn same_but_progress(a: &AliveRecord, b: &AliveRecord) -> bool {
     same_status(
         a,
         &AliveRecord {
             replica: a.replica.clone(),
+            applied_revision: a.applied_revision,
             ..b.clone()
         },
     )
@@ -422,16 +427,17 @@ impl Hub {
         }
         if let Some(l) = self.liveness.book.lock().unwrap().live.get_mut(&key) {
             l.heard = std::time::Instant::now();
-            // A record on another replica's lease says who wrote it until
-            // it moves here (see `adopt`); what it says of the agent is
-            // what counts. Written where it is meanwhile: this replica
-            // renews that lease until it moved.
-            let same = if l.foreign.is_some() {
-                same_but_replica
-            } else {
-                same_status
-            };
-            if !same(&l.last, &record) {
+            // A record still on another replica's lease (see `adopt`) is
+            // written again when it moves here, with what this replica
+            // knows then; meanwhile only a change in what it says of the
+            // agent (errors, host facts) is written at once, where it is
+            // (this replica renews that lease). Its progress is known
+            // here, in memory (diagnose and readiness read it from here).
+            if l.foreign.is_some() && same_but_progress(&l.last, &record) {
+                l.last.applied_revision = record.applied_revision;
+                return Ok(());
+            }
+            if !same_status(&l.last, &record) {
                 // Written with the others in the next batch: after a
                 // change for all agents that is one transaction per 128
                 // agents, not one write per agent.
@@ -559,6 +565,14 @@ impl Hub {
                 let _ = store.txn(txn).await;
             });
         }
+    }
+
+    /// The revision `key` applied, as it last reported to this replica
+    /// (None: it does not report here). Newer than its record's while the
+    /// record waits to move here (see `adopt`).
+    pub fn applied_here(&self, key: &AgentKey) -> Option<i64> {
+        let book = self.liveness.book.lock().unwrap();
+        book.live.get(key).map(|l| l.last.applied_revision)
     }
 
     /// This replica's id (see [`AliveRecord::replica`]).

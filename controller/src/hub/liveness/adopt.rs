@@ -34,7 +34,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::{AgentKey, Book, Hub, Live, same_but_replica};
+use super::{AgentKey, Book, Hub, Live, same_but_progress, same_status};
 use crate::domain::{AgentRole, now_ms};
 use crate::error::Error;
 use crate::state::AliveRecord;
@@ -78,11 +78,13 @@ impl Hub {
         }
     }
 
-    /// The lease and record of `key`'s record when it says what `record`
-    /// (this report) says, and whether another replica wrote it on its
-    /// own lease: it can stay where it is. None on any doubt (no record,
-    /// one on no lease, one that says something else, a store that does
-    /// not answer): the record is written here as for any new agent.
+    /// The lease of `key`'s record when it says what `record` (this
+    /// report) says, the record to keep in memory, and whether another
+    /// replica wrote it on its own lease: it can stay where it is (one of
+    /// another replica may be behind on the revision the node applied,
+    /// see `same_but_progress`). None on any doubt (no record, one on no
+    /// lease, one that says something else, a store that does not
+    /// answer): the record is written here as for any new agent.
     pub(super) async fn found(&self, key: &AgentKey, record: &AliveRecord) -> Option<(LeaseId, AliveRecord, bool)> {
         let kv = self
             .state
@@ -92,12 +94,19 @@ impl Hub {
             .ok()??;
         let stored: AliveRecord = serde_json::from_slice(&kv.value).ok()?;
         let own = self.liveness.leases.lock().await.get(&key.0).copied();
-        if Some(kv.lease) == own && stored.replica == self.replica && same_but_replica(&stored, record) {
+        if Some(kv.lease) == own && same_status(&stored, record) {
             return Some((kv.lease, stored, false));
         }
         let foreign = kv.lease != 0 && Some(kv.lease) != own;
-        (foreign && !stored.replica.is_empty() && stored.replica != self.replica && same_but_replica(&stored, record))
-            .then_some((kv.lease, stored, true))
+        let writer = stored.replica.clone();
+        // What this replica knows of the node from now on is its report;
+        // the stored record moves here with it later.
+        (foreign && !writer.is_empty() && writer != self.replica && same_but_progress(&stored, record)).then(|| {
+            let mut now = record.clone();
+            now.since_ms = stored.since_ms;
+            now.replica = writer;
+            (kv.lease, now, true)
+        })
     }
 
     /// `key` is live here with its record where it is: on this replica's
@@ -487,17 +496,27 @@ mod tests {
         .await;
         b.node_connected(&key);
         let before = b.state.store().revision().await.unwrap();
-        b.report(key.clone(), 5, vec![], None).await.unwrap();
+        // Its applied revision moved on (it does with every write under
+        // the site's root): progress only, known here and written with
+        // the move.
+        b.report(key.clone(), 6, vec![], None).await.unwrap();
+        b.report(key.clone(), 7, vec![], None).await.unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;
-        assert_eq!(
-            b.state.store().revision().await.unwrap(),
-            before,
-            "the arrival wrote to the store"
-        );
+        let after = b.state.store().revision().await.unwrap();
+        assert_eq!(after, before, "the arrival wrote to the store");
+        assert_eq!(b.applied_here(&key), Some(7));
         until("adopted and moved", within, || async {
             stored(&b, &key)
                 .await
-                .is_some_and(|(l, r)| l != a_lease && r.replica == b.replica)
+                .is_some_and(|(l, r)| l != a_lease && r.replica == b.replica && r.applied_revision == 7)
+        })
+        .await;
+        // An error is news: written at once.
+        b.report(key.clone(), 7, vec!["route: no such device".into()], None)
+            .await
+            .unwrap();
+        until("the error written", Duration::from_secs(2), || async {
+            stored(&b, &key).await.is_some_and(|(_, r)| r.errors.len() == 1)
         })
         .await;
     }

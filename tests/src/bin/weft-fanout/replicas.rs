@@ -483,6 +483,9 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<()> {
     on.retain(|_, p| *p != dead);
     let after_kill = per_replica(&on, &ports);
     tokio::time::sleep(args.dead_for.saturating_sub(t_kill.elapsed())).await;
+    // Over its whole absence: the survivors move what they adopted to
+    // their own leases meanwhile, a batch a second each.
+    let while_dead = rates(&load_k, &etcd_load(&etcd));
 
     // It returns: its share comes back as agents ask their first choice.
     phase("return");
@@ -575,6 +578,13 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<()> {
         over_window.1,
         over_window.2
     );
+    println!(
+        "  etcd over the {:.1} s it was dead: {:.1} proposals/s, {:.1} keys written/s, {:.1} watch events/s",
+        dead_for.as_secs_f64(),
+        while_dead.0,
+        while_dead.1,
+        while_dead.2
+    );
     match back_time {
         Some(t) => println!(
             "  replica {x} back {:.1} s after the kill: 90 % of its share back in {:.1} s; {}",
@@ -591,6 +601,22 @@ pub(crate) async fn run(args: &Args) -> anyhow::Result<()> {
     println!(
         "  etcd while it came back: {:.1} proposals/s, {:.1} keys written/s, {:.1} watch events/s",
         returning.0, returning.1, returning.2
+    );
+    // What the survivors said of the nodes that came from the dead
+    // replica: adopted (moved to their leases a batch a second) or not.
+    let adopted: u64 = replicas
+        .iter()
+        .flat_map(|c| {
+            c.log_text()
+                .lines()
+                .filter(|l| l.contains("adopted the liveness records"))
+                .filter_map(|l| l.split("nodes=").nth(1)?.split_whitespace().next()?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum();
+    println!(
+        "  node records the replicas adopted from a dead replica (the rest of its {} written at once): {adopted}",
+        moving.len()
     );
     let peak: f64 = end.iter().map(|s| s.peak).sum();
     println!(
