@@ -42,6 +42,10 @@ pub(super) struct Live {
     /// The replica that wrote its record, while the record is still on
     /// that replica's lease (see [`adopt`]).
     foreign: Option<String>,
+    /// It opened a new stream here: its next report looks at the store
+    /// (its record may have moved meanwhile). Until then the entry stands,
+    /// so that its record still ends if it falls silent.
+    reread: bool,
 }
 
 /// What this replica knows of the agents reporting to it: one lock for
@@ -58,6 +62,9 @@ pub(super) struct Liveness {
     leases: tokio::sync::Mutex<HashMap<AgentRole, LeaseId>>,
     /// Whether this replica's presence record is written (see [`adopt`]).
     presence: std::sync::atomic::AtomicBool,
+    /// The nodes' lease of this replica (0: none yet), for what must be
+    /// written on it without waiting for the lease lock.
+    own_node: std::sync::atomic::AtomicI64,
 }
 
 /// The agents heard here, under one lock.
@@ -305,6 +312,9 @@ impl Hub {
         }
         let l = self.state.store().lease_grant(self.ttl(role)).await?;
         leases.insert(role, l);
+        if role == AgentRole::Node {
+            self.liveness.own_node.store(l, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(l)
     }
 
@@ -321,6 +331,9 @@ impl Hub {
         let new = self.state.store().lease_grant(self.ttl(role)).await?;
         leases.insert(role, new);
         drop(leases);
+        if role == AgentRole::Node {
+            self.liveness.own_node.store(new, std::sync::atomic::Ordering::Relaxed);
+        }
         if role == AgentRole::Gateway {
             // The presence record went with the lease.
             self.liveness
@@ -381,13 +394,15 @@ impl Hub {
                 .filter(|_| key.0 == AgentRole::Gateway)
                 .map(|l| l.heard.elapsed());
             match live {
-                Some(l) if host.is_none() && l.last.applied_revision == applied && l.last.errors == errors => {
+                Some(l)
+                    if !l.reread && host.is_none() && l.last.applied_revision == applied && l.last.errors == errors =>
+                {
                     l.heard = std::time::Instant::now();
                     drop(book);
                     log_late(&key, gap, self.gateway_ttl);
                     return Ok(());
                 }
-                l => (gap, l.is_none_or(|l| l.last.applied_revision != applied)),
+                l => (gap, l.is_none_or(|l| l.reread || l.last.applied_revision != applied)),
             }
         };
         log_late(&key, gap, self.gateway_ttl);
@@ -418,6 +433,7 @@ impl Hub {
             }
             None => self.liveness.book.lock().unwrap().facts.get(&key).cloned(),
         };
+        let host_known = h.is_some();
         if let Some(h) = h {
             record.features = h.features;
             record.route_conflicts = h.route_conflicts;
@@ -425,7 +441,15 @@ impl Hub {
             record.wireguard_reason = h.wireguard_reason;
             record.version = h.version;
         }
-        if let Some(l) = self.liveness.book.lock().unwrap().live.get_mut(&key) {
+        if let Some(l) = self
+            .liveness
+            .book
+            .lock()
+            .unwrap()
+            .live
+            .get_mut(&key)
+            .filter(|l| !l.reread)
+        {
             l.heard = std::time::Instant::now();
             // A record still on another replica's lease (see `adopt`) is
             // written again when it moves here, with what this replica
@@ -450,13 +474,13 @@ impl Hub {
             }
             return Ok(());
         }
-        // New here (or back on a new stream), with a record that says
-        // what this report says: kept where it is, on this replica's
-        // lease or, for now, on another's (see `adopt`).
+        // New here (or back on a new stream), with a record another
+        // replica wrote that says what this report says: kept where it
+        // is for now (see `adopt`).
         if key.0 == AgentRole::Node
-            && let Some((lease, stored, foreign)) = self.found(&key, &record).await
+            && let Some((lease, kept)) = self.found(&key, &record, host_known).await
         {
-            self.arrived(key, lease, stored, foreign);
+            self.arrived(key, lease, kept);
             return Ok(());
         }
         // New here: live first (so that a lease replaced meanwhile
@@ -483,6 +507,7 @@ impl Hub {
                     last: record,
                     heard,
                     foreign: None,
+                    reread: false,
                 },
             );
             let silent_at = heard + self.ttl(key.0);
@@ -575,6 +600,25 @@ impl Hub {
         book.live.get(key).map(|l| l.last.applied_revision)
     }
 
+    /// The store deleted `name`'s record (seen by the follower). A node
+    /// live here whose record went (its former replica ended it after
+    /// this one kept it in place, or a deletion crossed its return) has
+    /// it written again, on this replica's lease, with the next flush.
+    pub(super) fn node_record_deleted(&self, name: &str) {
+        let own = self.liveness.own_node.load(std::sync::atomic::Ordering::Relaxed);
+        let key = (AgentRole::Node, name.to_string());
+        let mut book = self.liveness.book.lock().unwrap();
+        let Some(l) = book.live.get_mut(&key).filter(|_| own != 0) else {
+            return;
+        };
+        l.lease = own;
+        l.foreign = None;
+        l.last.replica = self.replica.clone();
+        let rec = l.last.clone();
+        drop(book);
+        self.liveness.dirty.lock().unwrap().insert(key, (own, rec));
+    }
+
     /// This replica's id (see [`AliveRecord::replica`]).
     pub fn replica(&self) -> &str {
         &self.replica
@@ -646,15 +690,20 @@ pub(super) async fn keep_leases(hub: std::sync::Weak<Hub>) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut renewed: std::collections::HashMap<AgentRole, std::time::Instant> = Default::default();
+    let mut said = None;
     loop {
         let Some(h) = hub.upgrade() else { return };
         tokio::select! {
             _ = tick.tick() => {}
             _ = h.lease_lost.notified() => {}
         }
+        // Its presence record, again after its lease was replaced; a
+        // failure said once a minute at most.
         if !h.liveness.presence.load(std::sync::atomic::Ordering::Relaxed)
             && let Err(e) = h.announce().await
+            && said.is_none_or(|at: std::time::Instant| at.elapsed() > Duration::from_secs(60))
         {
+            said = Some(std::time::Instant::now());
             tracing::warn!(error = %e, "cannot write this replica's presence record; retrying");
         }
         let leases: Vec<(AgentRole, LeaseId)> = h.liveness.leases.lock().await.iter().map(|(r, l)| (*r, *l)).collect();

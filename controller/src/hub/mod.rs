@@ -236,6 +236,9 @@ impl Hub {
     /// streams it concerns, so a woken stream always renders the new model.
     fn apply(&self, key: &str, kind: EventKind, value: &[u8], revision: i64) {
         let Some(key) = self.state.parse(key) else { return };
+        if let (Key::Alive(AgentRole::Node, name), EventKind::Delete) = (key, kind) {
+            self.node_record_deleted(name);
+        }
         let mut model = (*self.model()).clone();
         model.revision = revision;
         let was_active = model.active_gateway.clone();

@@ -34,7 +34,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::{AgentKey, Book, Hub, Live, same_but_progress, same_status};
+use super::{AgentKey, Book, Hub, Live, same_but_progress};
 use crate::domain::{AgentRole, now_ms};
 use crate::error::Error;
 use crate::state::AliveRecord;
@@ -78,14 +78,24 @@ impl Hub {
         }
     }
 
-    /// The lease of `key`'s record when it says what `record` (this
-    /// report) says, the record to keep in memory, and whether another
-    /// replica wrote it on its own lease: it can stay where it is (one of
-    /// another replica may be behind on the revision the node applied,
-    /// see `same_but_progress`). None on any doubt (no record, one on no
-    /// lease, one that says something else, a store that does not
-    /// answer): the record is written here as for any new agent.
-    pub(super) async fn found(&self, key: &AgentKey, record: &AliveRecord) -> Option<(LeaseId, AliveRecord, bool)> {
+    /// The lease of `key`'s record, and what to keep in memory, when
+    /// another replica wrote it on its own lease and it says what this
+    /// report says (`record`; its host facts only when the report or this
+    /// replica has them, `host_known`): it can stay where it is for now.
+    /// It may be behind on the revision the node applied (see
+    /// `same_but_progress`). None on any doubt (no record, one on no lease
+    /// or on this replica's, one that says something else, a store that
+    /// does not answer, a node TTL too short to judge its writer within
+    /// half of it): the record is written here as for any new agent.
+    pub(super) async fn found(
+        &self,
+        key: &AgentKey,
+        record: &AliveRecord,
+        host_known: bool,
+    ) -> Option<(LeaseId, AliveRecord)> {
+        if self.ttl(key.0) < 2 * self.adopt_defer() {
+            return None;
+        }
         let kv = self
             .state
             .store()
@@ -94,37 +104,43 @@ impl Hub {
             .ok()??;
         let stored: AliveRecord = serde_json::from_slice(&kv.value).ok()?;
         let own = self.liveness.leases.lock().await.get(&key.0).copied();
-        if Some(kv.lease) == own && same_status(&stored, record) {
-            return Some((kv.lease, stored, false));
-        }
-        let foreign = kv.lease != 0 && Some(kv.lease) != own;
         let writer = stored.replica.clone();
-        // What this replica knows of the node from now on is its report;
-        // the stored record moves here with it later.
-        (foreign && !writer.is_empty() && writer != self.replica && same_but_progress(&stored, record)).then(|| {
-            let mut now = record.clone();
-            now.since_ms = stored.since_ms;
-            now.replica = writer;
-            (kv.lease, now, true)
-        })
+        if kv.lease == 0 || Some(kv.lease) == own || writer.is_empty() || writer == self.replica {
+            return None;
+        }
+        // A report without host facts (they come every 30 s) says nothing
+        // of them: the stored ones stand.
+        let mut kept = record.clone();
+        if !host_known {
+            kept.features = stored.features.clone();
+            kept.route_conflicts = stored.route_conflicts.clone();
+            kept.wireguard = stored.wireguard.clone();
+            kept.wireguard_reason = stored.wireguard_reason.clone();
+            kept.version = stored.version.clone();
+        }
+        if !same_but_progress(&stored, &kept) {
+            return None;
+        }
+        kept.since_ms = stored.since_ms;
+        kept.replica = writer;
+        Some((kv.lease, kept))
     }
 
-    /// `key` is live here with its record where it is: on this replica's
-    /// lease, or on the lease of the replica that wrote it (`foreign`).
-    pub(super) fn arrived(&self, key: AgentKey, lease: LeaseId, stored: AliveRecord, foreign: bool) {
+    /// `key` is live here with its record on the lease of the replica
+    /// that wrote it (`kept.replica`).
+    pub(super) fn arrived(&self, key: AgentKey, lease: LeaseId, kept: AliveRecord) {
         let mut book = self.liveness.book.lock().unwrap();
         let heard = Instant::now();
-        if foreign {
-            book.arriving.push_back((key.clone(), heard));
-        }
-        let foreign = foreign.then(|| stored.replica.clone());
+        book.arriving.push_back((key.clone(), heard));
+        let foreign = Some(kept.replica.clone());
         book.live.insert(
             key.clone(),
             Live {
                 lease,
-                last: stored,
+                last: kept,
                 heard,
                 foreign,
+                reread: false,
             },
         );
         let silent_at = heard + self.ttl(key.0);
@@ -136,10 +152,13 @@ impl Hub {
     /// A node opened a stream here: what this replica remembers of its
     /// record may be stale (it reported to another replica meanwhile,
     /// whose lease its record is on now, and that replica may be gone), so
-    /// its next report looks at the store (see [`Hub::found`]).
+    /// its next report looks at the store (see [`Hub::found`]). The entry
+    /// stays until then: a node that falls silent first is still ended.
     pub fn node_connected(&self, key: &AgentKey) {
-        if key.0 == AgentRole::Node {
-            self.liveness.book.lock().unwrap().live.remove(key);
+        if key.0 == AgentRole::Node
+            && let Some(l) = self.liveness.book.lock().unwrap().live.get_mut(key)
+        {
+            l.reread = true;
         }
     }
 
@@ -148,7 +167,7 @@ impl Hub {
     /// move now.
     async fn move_once(&self, renewed: &mut HashMap<LeaseId, (Instant, Duration)>) -> Result<(), Error> {
         let cutoff = Instant::now().checked_sub(self.adopt_defer());
-        let (leases, writers) = {
+        let (leases, writers, queued) = {
             let book = self.liveness.book.lock().unwrap();
             if book.arriving.is_empty() && book.adopted.is_empty() {
                 renewed.clear();
@@ -165,7 +184,11 @@ impl Hub {
                 .take_while(|(_, at)| cutoff.is_some_and(|c| *at <= c))
                 .filter_map(|(k, _)| book.live.get(k)?.foreign.clone())
                 .collect();
-            (leases, writers)
+            let queued: Vec<AgentKey> = (book.arriving.iter().map(|(k, _)| k))
+                .chain(book.adopted.iter())
+                .cloned()
+                .collect();
+            (leases, writers, queued)
         };
         // The records must outlive their move: their leases are renewed a
         // few times per their TTL. One that ended took its records along.
@@ -190,9 +213,13 @@ impl Hub {
             }
         }
         let own = self.role_lease(AgentRole::Node).await?;
+        // A node that left meanwhile is not moved here: the replica it
+        // went to decides (this one's sweep leaves a record on another
+        // lease alone).
+        let left: HashSet<AgentKey> = queued.into_iter().filter(|k| self.latest(k).is_none()).collect();
         let moves = {
             let mut book = self.liveness.book.lock().unwrap();
-            pick(&mut book, cutoff, &alive, &lost, own, &self.replica)
+            pick(&mut book, cutoff, &alive, &lost, &left, own, &self.replica)
         };
         if moves.adopted > 0 {
             tracing::info!(
@@ -221,13 +248,15 @@ pub(super) struct Moves {
 /// Judges the arrivals that came before `cutoff` (None: none yet) by
 /// whether their record's writer is among `alive`, and picks what moves
 /// to this replica's lease `own` now: records whose lease ended (`lost`),
-/// those of live writers, and up to [`MOVE_BATCH`] adopted ones. What moves
-/// is live here on `own` from now on, with this `replica` as its writer.
+/// those of live writers, and up to [`MOVE_BATCH`] adopted ones; never
+/// those of nodes that `left` this replica. What moves is live here on
+/// `own` from now on, with this `replica` as its writer.
 pub(super) fn pick(
     book: &mut Book,
     cutoff: Option<Instant>,
     alive: &HashSet<String>,
     lost: &HashSet<LeaseId>,
+    left: &HashSet<AgentKey>,
     own: LeaseId,
     replica: &str,
 ) -> Moves {
@@ -239,7 +268,7 @@ pub(super) fn pick(
     } = book;
     let mut moves = Moves::default();
     let take = |live: &mut HashMap<AgentKey, Live>, k: &AgentKey, moves: &mut Moves| {
-        let Some(l) = live.get_mut(k).filter(|l| l.foreign.is_some()) else {
+        let Some(l) = live.get_mut(k).filter(|l| l.foreign.is_some() && !left.contains(k)) else {
             return false;
         };
         l.foreign = None;
@@ -340,6 +369,7 @@ mod tests {
                     last: rec(writer, 3),
                     heard: at,
                     foreign: Some(writer.into()),
+                    reread: false,
                 },
             );
             book.arriving.push_back((node(i), at));
@@ -354,8 +384,9 @@ mod tests {
     fn a_dead_replicas_nodes_move_a_batch_at_a_time_a_live_ones_at_once() {
         let cutoff = Some(Instant::now());
         let mut book = arrivals(300, "dead", Duration::from_secs(10));
-        let (none, no_lease): (HashSet<String>, HashSet<LeaseId>) = (HashSet::new(), HashSet::new());
-        let first = pick(&mut book, cutoff, &none, &no_lease, 9, "me");
+        let (none, no_lease, no_left): (HashSet<String>, HashSet<LeaseId>, HashSet<AgentKey>) =
+            (HashSet::new(), HashSet::new(), HashSet::new());
+        let first = pick(&mut book, cutoff, &none, &no_lease, &no_left, 9, "me");
         assert_eq!(
             (first.adopted, first.write.len(), first.waiting),
             (300, MOVE_BATCH, 300 - MOVE_BATCH)
@@ -369,16 +400,22 @@ mod tests {
         );
         assert!(book.live[&node(0)].foreign.is_none() && book.live[&node(0)].lease == 9);
         assert_eq!(book.live[&node(299)].lease, 7, "not moved yet: still on its lease");
-        let second = pick(&mut book, cutoff, &none, &no_lease, 9, "me");
-        let third = pick(&mut book, cutoff, &none, &no_lease, 9, "me");
+        let second = pick(&mut book, cutoff, &none, &no_lease, &no_left, 9, "me");
+        let third = pick(&mut book, cutoff, &none, &no_lease, &no_left, 9, "me");
         assert_eq!(
             (second.write.len(), third.write.len(), third.waiting),
             (MOVE_BATCH, 300 - 2 * MOVE_BATCH, 0)
         );
 
+        let mut book = arrivals(3, "dead", Duration::from_secs(10));
+        let left = HashSet::from([node(0)]);
+        let moves = pick(&mut book, cutoff, &none, &no_lease, &left, 9, "me");
+        assert_eq!(moves.write.len(), 2, "a node that left is not moved here");
+        assert!(book.live[&node(0)].foreign.is_some() && book.adopted.is_empty());
+
         let mut book = arrivals(300, "alive", Duration::from_secs(10));
         let alive = HashSet::from(["alive".to_string()]);
-        let moves = pick(&mut book, cutoff, &alive, &no_lease, 9, "me");
+        let moves = pick(&mut book, cutoff, &alive, &no_lease, &no_left, 9, "me");
         assert_eq!(
             (moves.adopted, moves.write.len()),
             (0, 300),
@@ -391,13 +428,15 @@ mod tests {
     /// removed) is dropped from the queues.
     #[test]
     fn arrivals_wait_for_their_judgement_unless_their_lease_ended() {
-        let (none, no_lease): (HashSet<String>, HashSet<LeaseId>) = (HashSet::new(), HashSet::new());
+        let (none, no_lease, no_left): (HashSet<String>, HashSet<LeaseId>, HashSet<AgentKey>) =
+            (HashSet::new(), HashSet::new(), HashSet::new());
         let mut book = arrivals(3, "dead", Duration::ZERO);
         let early = pick(
             &mut book,
             Instant::now().checked_sub(Duration::from_secs(4)),
             &none,
             &no_lease,
+            &no_left,
             9,
             "me",
         );
@@ -410,12 +449,13 @@ mod tests {
             Instant::now().checked_sub(Duration::from_secs(4)),
             &none,
             &lost,
+            &no_left,
             9,
             "me",
         );
         let moved: Vec<&AgentKey> = moves.write.iter().map(|(k, _)| k).collect();
         assert_eq!(moved, [&node(2)], "only the record on the lease that ended");
-        let later = pick(&mut book, Some(Instant::now()), &none, &no_lease, 9, "me");
+        let later = pick(&mut book, Some(Instant::now()), &none, &no_lease, &no_left, 9, "me");
         assert_eq!(
             (later.adopted, later.write.len()),
             (1, 1),
@@ -424,10 +464,94 @@ mod tests {
     }
 
     async fn replica(store: Arc<dyn crate::store::Store>) -> Arc<Hub> {
+        replica_ttl(store, Duration::from_secs(30)).await
+    }
+
+    async fn replica_ttl(store: Arc<dyn crate::store::Store>, agent_ttl: Duration) -> Arc<Hub> {
         let state = State::new(store, "s");
-        Hub::start(state, Duration::from_secs(30), Duration::from_millis(300))
+        Hub::start(state, agent_ttl, Duration::from_millis(300)).await.unwrap()
+    }
+
+    /// The nodes' records on a replica's lease, and on others'.
+    async fn records_on(h: &Hub, lease: LeaseId) -> (usize, usize) {
+        let r = h
+            .state
+            .store()
+            .get_prefix(&h.state.alive_key(AgentRole::Node, ""))
             .await
-            .unwrap()
+            .unwrap();
+        let mine = r.kvs.iter().filter(|kv| kv.lease == lease).count();
+        (mine, r.kvs.len() - mine)
+    }
+
+    /// A dead replica's 1,500 nodes all come to the survivor: their
+    /// records move a batch a second, so the last ones move well after
+    /// the dead replica's lease (a 9 s node TTL) would have ended; the
+    /// survivor renews it meanwhile, and not one record goes missing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn adopted_records_outlive_the_dead_replicas_lease_until_they_moved() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn crate::store::Store> =
+            Arc::new(crate::store::embedded::EmbeddedStore::open(&dir.path().join("db")).unwrap());
+        let ttl = Duration::from_secs(9);
+        let (a, b) = (
+            replica_ttl(store.clone(), ttl).await,
+            replica_ttl(store.clone(), ttl).await,
+        );
+        let n = 1500;
+        for i in 0..n {
+            a.report(node(i), 5, vec![], None).await.unwrap();
+        }
+        until("a writes the records", Duration::from_secs(10), || async {
+            records_on(&b, 0).await.1 == n
+        })
+        .await;
+        drop(a);
+        let died = Instant::now();
+        let mut slots = Vec::new();
+        for i in 0..n {
+            slots.push(b.subscribe(node(i)));
+            b.report(node(i), 6, vec![], None).await.unwrap();
+        }
+        // Their heartbeats, every third of the TTL.
+        let beats = {
+            let b = b.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(ttl / 3).await;
+                    for i in 0..n {
+                        b.report(node(i), 6, vec![], None).await.unwrap();
+                    }
+                }
+            })
+        };
+        let own = b.role_lease(AgentRole::Node).await.unwrap();
+        let mut paced = false;
+        loop {
+            let (mine, others) = records_on(&b, own).await;
+            assert_eq!(
+                mine + others,
+                n,
+                "a record went missing {:?} after the death",
+                died.elapsed()
+            );
+            // 1,500 records at 128 a second take 12 s: never all at once.
+            paced |= mine > 0 && mine < n;
+            if mine == n {
+                break;
+            }
+            assert!(
+                died.elapsed() < Duration::from_secs(40),
+                "{mine} of {n} moved after 40 s"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        beats.abort();
+        assert!(paced, "the records moved in one go");
+        assert!(
+            died.elapsed() > ttl,
+            "all moved before the dead lease would have ended: nothing tested"
+        );
     }
 
     async fn stored(h: &Hub, key: &AgentKey) -> Option<(LeaseId, AliveRecord)> {
@@ -455,6 +579,7 @@ mod tests {
             Arc::new(crate::store::embedded::EmbeddedStore::open(&dir.path().join("db")).unwrap());
         let (a, b) = (replica(store.clone()).await, replica(store.clone()).await);
         let key = node(1);
+        let _at_a = a.subscribe(key.clone());
         a.report(key.clone(), 5, vec![], None).await.unwrap();
         until("a writes the record", Duration::from_secs(2), || async {
             stored(&b, &key).await.is_some()
@@ -462,6 +587,7 @@ mod tests {
         .await;
         let (a_lease, _) = stored(&b, &key).await.unwrap();
 
+        let _at_b = b.subscribe(key.clone());
         b.report(key.clone(), 5, vec![], None).await.unwrap();
         assert_eq!(stored(&b, &key).await.unwrap().0, a_lease, "kept where it is at first");
         let within = b.adopt_defer() + Duration::from_secs(3);
@@ -474,7 +600,7 @@ mod tests {
 
         // The node goes back to a (a new stream there); then a dies (its
         // tasks end with it, its leases are no longer renewed).
-        a.node_connected(&key);
+        let _at_a = a.subscribe(key.clone());
         a.report(key.clone(), 5, vec![], None).await.unwrap();
         until(
             "back on a (b is alive: written after the judgement)",
@@ -494,7 +620,7 @@ mod tests {
                 .is_none()
         })
         .await;
-        b.node_connected(&key);
+        let _at_b = b.subscribe(key.clone());
         let before = b.state.store().revision().await.unwrap();
         // Its applied revision moved on (it does with every write under
         // the site's root): progress only, known here and written with
@@ -517,6 +643,16 @@ mod tests {
             .unwrap();
         until("the error written", Duration::from_secs(2), || async {
             stored(&b, &key).await.is_some_and(|(_, r)| r.errors.len() == 1)
+        })
+        .await;
+        // Deleted behind its back (an older replica's sweep, a deletion
+        // that crossed its return): the replica it reports to writes it
+        // again.
+        b.state.store().delete(&b.state.alive_key(key.0, &key.1)).await.unwrap();
+        until("written again after a deletion", Duration::from_secs(3), || async {
+            stored(&b, &key)
+                .await
+                .is_some_and(|(_, r)| r.replica == b.replica && r.errors.len() == 1)
         })
         .await;
     }
