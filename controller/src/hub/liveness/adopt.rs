@@ -103,9 +103,10 @@ impl Hub {
             .await
             .ok()??;
         let stored: AliveRecord = serde_json::from_slice(&kv.value).ok()?;
-        let own = self.liveness.leases.lock().await.get(&key.0).copied();
+        // Nodes only (see `report`): this replica's nodes' lease, 0 when none.
+        let own = self.liveness.own_node.load(std::sync::atomic::Ordering::Relaxed);
         let writer = stored.replica.clone();
-        if kv.lease == 0 || Some(kv.lease) == own || writer.is_empty() || writer == self.replica {
+        if kv.lease == 0 || kv.lease == own || writer.is_empty() || writer == self.replica {
             return None;
         }
         // A report without host facts (they come every 30 s) says nothing
