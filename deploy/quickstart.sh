@@ -242,6 +242,7 @@ gateways, each on its own UDP port of 51820-51919.
   $BIN/weftctl peerings
   sudo ip netns exec $P-wa ping $view
   $BIN/weftctl status; $BIN/weftctl diagnose; $BIN/weftctl topology --format svg > weft.svg
+  $BIN/weftctl ui     # a live page of site-a: open the one-time link it prints
 Metrics: http://<host>:9100/metrics (controllers), :9101 (agents), e.g.
   sudo ip netns exec $P-gwa curl -s $LAN.10:9101/metrics | grep weft_peering
 Logs: $ROOT/*/controller.log, $ROOT/*/agent.log

@@ -8,7 +8,8 @@
 #                            VM lane's QEMU, busybox and Debian's stock kernel
 #                            package (installed as a file for QEMU to boot; the
 #                            running kernel is not changed), and the real-hosts
-#                            lane's debootstrap, systemd-nspawn and lintian
+#                            lane's debootstrap, systemd-nspawn and lintian, and
+#                            Chromium with chromedriver for weftctl ui's test
 # Idempotent: a second run installs nothing. Needs root (or sudo) only when
 # something is missing.
 set -euo pipefail
@@ -53,6 +54,9 @@ if [ -n "$tests" ]; then
   command -v debootstrap >/dev/null || need_apt+=(debootstrap)
   command -v systemd-nspawn >/dev/null || need_apt+=(systemd-container)
   command -v lintian >/dev/null || need_apt+=(lintian)
+  # weftctl ui's test drives Debian's headless Chromium through chromedriver.
+  command -v chromium >/dev/null || need_apt+=(chromium)
+  command -v chromedriver >/dev/null || need_apt+=(chromium-driver)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"

@@ -34,6 +34,7 @@ mod restart;
 mod state_ipam;
 mod store_conformance;
 mod transit;
+mod ui;
 mod upgrade;
 mod vm;
 mod watch;

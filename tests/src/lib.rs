@@ -7,6 +7,7 @@
 //! with a message outside CI, and fails under `CI=true`: a green CI must
 //! mean the test ran.
 
+pub mod browser;
 pub mod controller;
 pub mod hosts;
 pub mod lab;

@@ -84,6 +84,24 @@ pub enum Cmd {
         #[arg(long, value_enum, default_value = "dot")]
         format: TopologyFormat,
     },
+    /// Serve a live, read-only page of this site's fabric (peerings and
+    /// their paths, gateways, nodes, diagnose, recent events) on 127.0.0.1,
+    /// for a browser on this host. It prints a link with a one-time token;
+    /// the page reads the controller with weftctl's own credentials, so the
+    /// controller serves nothing new. Runs until Ctrl-C.
+    Ui {
+        /// Where to listen: a loopback address and port (port 0: any free
+        /// one). Reach it from elsewhere through an SSH tunnel.
+        #[arg(long, default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+        /// Print the link only; do not open a browser.
+        #[arg(long)]
+        no_open: bool,
+        /// How often to read the controller (the page is at most this
+        /// much behind it, plus the browser's update).
+        #[arg(long, default_value = "1s")]
+        interval: humantime::Duration,
+    },
     /// Translate an address (IPv4 or IPv6): `translate SITE ADDRESS` gives
     /// the address this site reaches a peer's ADDRESS (as that site uses it)
     /// at; `translate ADDRESS` gives the peer and real address behind an

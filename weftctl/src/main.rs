@@ -54,6 +54,11 @@ async fn run_cmd(cli: &Cli) -> Result<Out, String> {
         }) => cmd::test_network::run(c, from, to, *tcp_port, **timeout).await,
         Cmd::Topology { format } => cmd::topology::run(c, *format == TopologyFormat::Svg).await,
         Cmd::Version => cmd::version::run(c).await,
+        Cmd::Ui {
+            listen,
+            no_open,
+            interval,
+        } => cmd::ui::run(c.clone(), *listen, !*no_open, **interval).await,
     }
 }
 

@@ -7,7 +7,7 @@ use weft_proto::v1 as pb;
 
 use crate::out::*;
 
-fn result_name(v: i32) -> &'static str {
+pub(crate) fn result_name(v: i32) -> &'static str {
     match pb::CheckResult::try_from(v).unwrap_or_default() {
         pb::CheckResult::Pass => "PASS",
         pb::CheckResult::Warn => "WARN",

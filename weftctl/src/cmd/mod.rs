@@ -12,4 +12,5 @@ pub mod status;
 pub mod test_network;
 pub mod tokens;
 pub mod topology;
+pub mod ui;
 pub mod version;

@@ -61,7 +61,7 @@ fn rule_text(r: &pb::ExportRule) -> String {
     s
 }
 
-fn mode_text(m: i32) -> &'static str {
+pub fn mode_text(m: i32) -> &'static str {
     match pb::ExportMode::try_from(m) {
         Ok(pb::ExportMode::All) => "all",
         Ok(pb::ExportMode::Rules) => "rules",

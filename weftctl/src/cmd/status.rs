@@ -22,6 +22,7 @@ pub(crate) fn tunnel_state(t: Option<&pb::TunnelStatus>) -> &'static str {
 }
 
 /// Everything `status` and `topology` show.
+#[derive(Clone)]
 pub(crate) struct Site {
     pub(crate) site: pb::Site,
     pub(crate) gateways: Vec<pb::Gateway>,
