@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, Locator};
-use weft_tests::browser::{self, UI_PORT, attr, get, listening, screenshot, within};
+use weft_tests::browser::{self, UI_PORT, attr, get, listening, screenshot, text, within};
 use weft_tests::sites::{self, active, relay_site};
 use weft_tests::{bin, eventually, step, weftctl_json};
 
@@ -33,6 +33,7 @@ struct Plan {
 #[test]
 #[ignore = "needs root, Chromium and chromedriver (tests/run.sh)"]
 fn the_page_shows_the_fabric_live_in_a_real_browser() {
+    browser::tools();
     step("three sites: a (two gateways) peered with b and with c");
     let mut s = sites::up_with(
         "ui",
@@ -101,11 +102,21 @@ async fn drive(b: Client, p: Plan) -> String {
     step("refused without the token");
     let (code, body) = get("/", &own);
     assert_eq!(code, 403, "no token, no page: {body}");
+    let csp = "content-security-policy: default-src 'none'; script-src 'self';";
+    assert!(
+        body.to_ascii_lowercase().contains(csp),
+        "no inline script may run: {body}"
+    );
     assert_eq!(get("/live", &own).0, 403, "no token, no updates");
-    let (code, _) = get("/", &format!("weft.example:{UI_PORT}"));
-    assert_eq!(code, 421, "another name for 127.0.0.1 (a rebound DNS name) is refused");
+    let rebound = format!("weft.example:{UI_PORT}");
+    assert_eq!(
+        get("/", &rebound).0,
+        421,
+        "another name for 127.0.0.1 (a rebound DNS name) is refused"
+    );
+    assert_eq!(get("/live", &rebound).0, 421);
     b.goto(&base).await.unwrap();
-    let refused = b.find(Locator::Css("#refused")).await.unwrap().text().await.unwrap();
+    let refused = text(&b, "#refused").await.unwrap_or_default();
     assert!(refused.contains("needs the link"), "{refused}");
 
     step("the page with the token");
@@ -123,6 +134,11 @@ async fn drive(b: Client, p: Plan) -> String {
     );
     let token_path = p.url.trim_start_matches(&format!("http://{own}"));
     assert_eq!(get(token_path, &own).0, 403, "the token works once");
+    let cookie = b.get_all_cookies().await.unwrap();
+    assert_eq!(cookie.len(), 1, "one session cookie: {cookie:?}");
+    assert_eq!(cookie[0].http_only(), Some(true), "out of the page's scripts' reach");
+    let same_site = format!("{:?}", cookie[0].same_site());
+    assert_eq!(same_site, "Some(Strict)", "sent by no other site's page");
 
     step("every peering with its path and state");
     within(
@@ -145,10 +161,14 @@ async fn drive(b: Client, p: Plan) -> String {
     .await;
     let rows = b.find_all(Locator::Css("tr[data-peer]")).await.unwrap().len();
     assert_eq!(rows, p.want.len(), "one row per peering");
-    let clock = b.find(Locator::Css("#clock")).await.unwrap().text().await.unwrap();
+    let clock = text(&b, "#clock").await.unwrap_or_default();
     assert!(clock.starts_with("updated"), "live: {clock}");
 
     step("screenshots");
+    within("diagnose's first report", Duration::from_secs(20), || async {
+        text(&b, "#diagnose").await.is_some_and(|t| t.contains("checked at"))
+    })
+    .await;
     let wide = screenshot(&b, &p.shots, "ui-1280x800.png", (1280, 800)).await;
     let phone = screenshot(&b, &p.shots, "ui-phone-390x844.png", (390, 844)).await;
     println!("screenshots: {} {}", wide.display(), phone.display());
@@ -168,19 +188,23 @@ async fn drive(b: Client, p: Plan) -> String {
     step("a peering's details, by keyboard");
     let first = "b";
     let link = b.find(Locator::Css(&format!("#row-{first}"))).await.unwrap();
-    link.send_keys("\u{E007}").await.unwrap(); // Enter
+    link.send_keys("\u{E007}").await.unwrap(); // Enter: the link followed by keyboard
     within(
         "the details of the chosen peering open",
         Duration::from_secs(2),
         || async { attr(&b, &format!("details#peering-{first}"), "open").await.is_some() },
     )
     .await;
-    let css = format!("details#peering-{first}");
-    let detail = b.find(Locator::Css(&css)).await.unwrap().text().await.unwrap();
+    let detail = text(&b, &format!("details#peering-{first}")).await.unwrap_or_default();
     assert!(
         detail.contains("remapped") && detail.contains("may reach here") && detail.contains("exports here"),
         "the views (b's pods overlap a's), the export policy and what b exports: {detail}"
     );
+
+    // The reader moves on to the details' summary (as Tab would).
+    let focus = format!("document.getElementById('sum-{first}').focus(); return document.activeElement.id");
+    let focused = b.execute(&focus, vec![]).await.unwrap();
+    assert_eq!(focused.as_str(), Some(format!("sum-{first}").as_str()));
 
     step("the active gateway is killed");
     let st = std::process::Command::new("kill")
@@ -197,6 +221,12 @@ async fn drive(b: Client, p: Plan) -> String {
         attr(&b, &format!("details#peering-{first}"), "open").await.is_some(),
         "the details the reader opened stay open across updates"
     );
+    let focused = b.execute("return document.activeElement.id", vec![]).await.unwrap();
+    assert_eq!(
+        focused.as_str(),
+        Some(format!("sum-{first}").as_str()),
+        "the reader's focus stays across updates"
+    );
 
     step("a peering is deleted");
     let gone = "c";
@@ -209,12 +239,10 @@ async fn drive(b: Client, p: Plan) -> String {
     ]));
     assert!(o.status.success(), "{}", weft_tests::stderr(&o));
     let removed = within("the deleted peering gone", Duration::from_secs(5), || async {
-        b.find(Locator::Css(&format!("tr[data-peer=\"{gone}\"]")))
-            .await
-            .is_err()
+        text(&b, &format!("tr[data-peer=\"{gone}\"]")).await.is_none()
     })
     .await;
-    let events = b.find(Locator::Css("ol.events")).await.unwrap().text().await.unwrap();
+    let events = text(&b, "ol.events").await.unwrap_or_default();
     assert!(
         events.contains(&format!("gateway {} is active now", p.survivor)),
         "{events}"

@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use fantoccini::{Client, ClientBuilder, Locator};
+use fantoccini::{Client, ClientBuilder};
 
 use crate::netns::Lab;
 use crate::{bin, eventually, require_tool};
@@ -59,6 +59,13 @@ pub fn get(path: &str, host: &str) -> (u16, String) {
     (code, r)
 }
 
+/// Chromium and chromedriver, as installed (the README's test command
+/// installs them); a test calls this first, before it builds a lab.
+pub fn tools() -> (PathBuf, PathBuf) {
+    let chromium = require_tool("chromium").unwrap();
+    (chromium, require_tool("chromedriver").unwrap())
+}
+
 /// The browser's host: `weftctl ui` on a controller, and chromedriver.
 pub struct Host {
     pub ns: String,
@@ -67,14 +74,14 @@ pub struct Host {
     /// `weftctl ui`'s process index in the lab.
     pub ui: usize,
     profile: PathBuf,
+    chromium: PathBuf,
 }
 
 impl Host {
     /// A new lab host `name` with only a loopback, `weftctl ui` on the
     /// controller at `target` and chromedriver in it; logs under `dir`.
     pub fn start(lab: &mut Lab, name: &str, target: &str, dir: &Path) -> Host {
-        require_tool("chromium");
-        let driver = require_tool("chromedriver").unwrap();
+        let (chromium, driver) = tools();
         let ns = lab.host(name);
         let log = dir.join(format!("{name}-weftctl-ui.log"));
         let listen = format!("127.0.0.1:{UI_PORT}");
@@ -108,6 +115,7 @@ impl Host {
             url,
             ui,
             profile: dir.join(format!("{name}-chromium-profile")),
+            chromium,
         }
     }
 
@@ -120,7 +128,7 @@ impl Host {
         Fut: std::future::Future<Output = T>,
     {
         let path = format!("/run/netns/{}", self.ns);
-        let profile = self.profile.clone();
+        let (profile, chromium) = (self.profile.clone(), self.chromium.clone());
         std::thread::spawn(move || {
             let fd = std::fs::File::open(&path).unwrap();
             nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
@@ -129,7 +137,7 @@ impl Host {
                 .build()
                 .unwrap();
             rt.block_on(async move {
-                let b = session(&profile).await;
+                let b = session(&chromium, &profile).await;
                 f(b).await
             })
         })
@@ -140,10 +148,10 @@ impl Host {
 
 /// A browser session from chromedriver: headless Chromium with nothing of
 /// its own going out (no updates, no sync, no first-run pages).
-async fn session(profile: &Path) -> Client {
+async fn session(chromium: &Path, profile: &Path) -> Client {
     let caps = serde_json::json!({
         "goog:chromeOptions": {
-            "binary": "/usr/bin/chromium",
+            "binary": chromium,
             "args": [
                 "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--no-first-run", "--no-default-browser-check", "--disable-background-networking",
@@ -170,12 +178,20 @@ async fn session(profile: &Path) -> Client {
 }
 
 /// The attribute `attr` of the page's element at CSS `css`; None when
-/// either is absent.
+/// either is absent. Read in one step in the page: the live part changes
+/// under a found element between two WebDriver calls.
 pub async fn attr(b: &Client, css: &str, attr: &str) -> Option<String> {
-    match b.find(Locator::Css(css)).await {
-        Ok(e) => e.attr(attr).await.ok().flatten(),
-        Err(_) => None,
-    }
+    let js = "const e = document.querySelector(arguments[0]); return e ? e.getAttribute(arguments[1]) : null;";
+    let v = b.execute(js, vec![css.into(), attr.into()]).await.unwrap();
+    v.as_str().map(str::to_string)
+}
+
+/// The rendered text of the page's element at CSS `css`, read in one
+/// step; None when it is absent.
+pub async fn text(b: &Client, css: &str) -> Option<String> {
+    let js = "const e = document.querySelector(arguments[0]); return e ? e.innerText : null;";
+    let v = b.execute(js, vec![css.into()]).await.unwrap();
+    v.as_str().map(str::to_string)
 }
 
 /// Waits (looking every 100 ms) until `f` holds, up to `limit`; how long
@@ -204,6 +220,8 @@ pub async fn viewport(b: &Client, (w, h): (u32, u32)) {
         .unwrap();
     let size = |i: usize| inner[i].as_u64().unwrap() as u32;
     b.set_window_size(2 * w - size(0), 2 * h - size(1)).await.unwrap();
+    let now = b.execute("return window.innerWidth", vec![]).await.unwrap();
+    assert_eq!(now.as_u64(), Some(w as u64), "the viewport's width");
 }
 
 /// A screenshot of the top of the page with a viewport of `w`×`h`, saved

@@ -54,9 +54,7 @@ pub async fn run(c: Client, listen: SocketAddr, open: bool, interval: Duration) 
     println!("The link works once, in one browser (run weftctl ui again for another). Stop with Ctrl-C.");
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    if open {
-        open_browser(&url);
-    }
+    let opened = if open { open_browser(&url, addr.port()) } else { None };
     let server = web::serve(listener, auth, state);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot watch for SIGTERM: {e}"))?;
@@ -64,6 +62,9 @@ pub async fn run(c: Client, listen: SocketAddr, open: bool, interval: Duration) 
         r = server => r.map_err(|e| format!("the page's server stopped: {e}"))?,
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+    if let Some(f) = opened {
+        let _ = std::fs::remove_file(f);
     }
     Ok(text(String::new()))
 }
@@ -76,17 +77,37 @@ fn host_port(a: SocketAddr) -> String {
     }
 }
 
-/// Opens the link in the desktop's browser, where there is a desktop;
-/// whatever fails, the printed link stands.
-fn open_browser(url: &str) {
+/// Opens the link in the desktop's browser, where there is a desktop and
+/// weftctl is not run through sudo (root's browser is not the user's);
+/// whatever fails, the printed link stands. The browser is handed a file
+/// only this user can read that leads to the link, not the link itself:
+/// a command line is visible to every user of the host. The file, to
+/// remove when done.
+fn open_browser(url: &str, port: u16) -> Option<std::path::PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let desktop = ["DISPLAY", "WAYLAND_DISPLAY"]
         .iter()
         .any(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
-    if !desktop {
-        return;
+    if !desktop || std::env::var_os("SUDO_USER").is_some() {
+        return None;
     }
+    let dir = std::env::var_os("XDG_RUNTIME_DIR").map_or_else(std::env::temp_dir, std::path::PathBuf::from);
+    let file = dir.join(format!("weft-ui-{port}.html"));
+    let _ = std::fs::remove_file(&file);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&file)
+        .ok()?;
+    let html = format!(
+        "<!DOCTYPE html><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"0; url={url}\">\
+         <title>weft</title><a href=\"{url}\">Open weft's page</a>\n"
+    );
+    f.write_all(html.as_bytes()).ok()?;
     let child = std::process::Command::new("xdg-open")
-        .arg(url)
+        .arg(&file)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -94,6 +115,7 @@ fn open_browser(url: &str) {
     if let Ok(mut child) = child {
         std::thread::spawn(move || child.wait());
     }
+    Some(file)
 }
 
 /// A peering's look: ok (green), warn (amber), bad (red), muted (gray).

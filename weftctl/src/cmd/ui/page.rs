@@ -24,12 +24,12 @@ pub fn frame(s: &Snapshot) -> Frame {
             Some((since, _)) => format!("controller unreachable since {}", clock(*since)),
         },
         site_id: s.site.site.id.clone(),
+        stale_ms: (3 * s.interval.as_millis() as u64).max(5000),
     }
 }
 
-/// A document: its head (the style sheet; the script where it is live)
-/// and `body`.
-fn doc(title: &str, live: bool, body: Markup) -> Markup {
+/// A document: its head (the style sheet, and `head`) and `body`.
+fn doc(title: &str, head: Markup, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -38,11 +38,7 @@ fn doc(title: &str, live: bool, body: Markup) -> Markup {
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) }
                 link rel="stylesheet" href="/ui.css";
-                @if live {
-                    script src="/ui.js" defer {}
-                    // Without JavaScript, the page reloads itself instead.
-                    noscript { meta http-equiv="refresh" content="2"; }
-                }
+                (head)
             }
             body { (body) }
         }
@@ -58,10 +54,27 @@ pub fn document(f: &Frame) -> Markup {
             // Not a live region: it changes every second.
             p #clock data-state="live" { (f.clock) }
         }
-        main #live { (PreEscaped(&f.live)) }
+        main #live data-stale-ms=(f.stale_ms) { (PreEscaped(&f.live)) }
         footer { "Read-only. Served by weftctl ui from the controller's admin API; nothing here changes the fabric." }
     };
-    doc(&format!("weft · site {}", f.site_id), true, body)
+    let head = html! {
+        script src="/ui.js" defer {}
+        // Without JavaScript, the page reloads itself instead.
+        noscript { meta http-equiv="refresh" content="2"; }
+    };
+    doc(&format!("weft · site {}", f.site_id), head, body)
+}
+
+/// The answer to the link's token: the session is set, and the page
+/// moves on to itself (without the token in the address bar).
+pub fn entering() -> Markup {
+    let body = html! {
+        main.refused {
+            h1 { "Opening…" }
+            p { a #enter href="/" { "Continue to the page" } }
+        }
+    };
+    doc("weft", html! { meta http-equiv="refresh" content="0; url=/"; }, body)
 }
 
 /// What a browser without the session sees (HTTP 403).
@@ -73,7 +86,17 @@ pub fn refused(why: &str) -> Markup {
             p { "Open the link weftctl ui printed, in one browser: it works once. Run " code { "weftctl ui" } " again for a new one." }
         }
     };
-    doc("weft · refused", false, body)
+    doc("weft · refused", html! {}, body)
+}
+
+/// A handshake older than WireGuard's 180 s (its keys' lifetime): the
+/// peer has gone silent.
+fn stale_handshake(t: Option<&pb::TunnelStatus>, now: SystemTime) -> bool {
+    let now = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    t.and_then(|t| t.last_handshake.as_ref())
+        .is_some_and(|h| now - h.seconds > 180)
 }
 
 fn ago(t: Option<&prost_types::Timestamp>, now: SystemTime) -> String {
@@ -136,7 +159,9 @@ pub fn live(s: &Snapshot) -> Markup {
                                     td data-label="State" { (badge(tone(p), &peering_state(p.state))) }
                                     td.path data-label="Path" { (path(p)) }
                                     td.num data-label="RTT" { (rtt(t)) }
-                                    td data-label="Handshake" { (ago(t.and_then(|t| t.last_handshake.as_ref()), now)) }
+                                    td data-label="Handshake" class=(if stale_handshake(t, now) { "bad" } else { "" }) {
+                                        (ago(t.and_then(|t| t.last_handshake.as_ref()), now))
+                                    }
                                     td.num data-label="Received / sent" { (t.map_or("-".into(), |t| format!("{} / {}", bytes(t.rx_bytes), bytes(t.tx_bytes)))) }
                                     td.num data-label="Refused by policy" { (t.map_or("-".into(), |t| format!("{} packets", t.dropped_by_policy))) }
                                     td data-label="NAT" { (nat(p)) }
@@ -162,45 +187,51 @@ fn summary(s: &Snapshot, peerings: &[&pb::Peering]) -> Markup {
     let active = s.site.gateways.iter().find(|g| g.active).map(|g| g.name.clone());
     let ready = |st: &Option<pb::AgentStatus>| st.as_ref().is_some_and(|s| s.ready);
     let nodes_ready = s.site.nodes.iter().filter(|n| ready(&n.status)).count();
-    let (fail, warn) = match &s.diagnose {
-        Diagnosis::Done { checks, .. } => (
-            checks
-                .iter()
-                .filter(|c| c.result == pb::CheckResult::Fail as i32)
-                .count(),
-            checks
-                .iter()
-                .filter(|c| c.result == pb::CheckResult::Warn as i32)
-                .count(),
-        ),
-        _ => (0, 0),
+    let count = |checks: &[pb::Check], r: pb::CheckResult| checks.iter().filter(|c| c.result == r as i32).count();
+    let (diag_tone, diag) = match &s.diagnose {
+        Diagnosis::Waiting => ("muted", "running…".to_string()),
+        Diagnosis::Failed { .. } => ("bad", "could not run".to_string()),
+        Diagnosis::Done { checks, .. } => {
+            let (fail, warn) = (
+                count(checks, pb::CheckResult::Fail),
+                count(checks, pb::CheckResult::Warn),
+            );
+            let tone = if fail > 0 {
+                "bad"
+            } else if warn > 0 {
+                "warn"
+            } else {
+                "ok"
+            };
+            (tone, format!("{fail} failing · {warn} warnings"))
+        }
     };
     let site = &s.site.site;
     html! {
         section.summary aria-label="Summary" {
             div.card {
-                h2 { "Site " (site.id) }
+                p.label { "Site " (site.id) }
                 p { "pods " (site.pod_cidrs.join(", ")) }
                 p { "revision " (site.revision) " · controller " (site.controller_version) }
             }
             div class={"card " (if connected == peerings.len() { "ok" } else { "warn" })} {
-                h2 { "Peerings" }
+                p.label { "Peerings" }
                 p.big { (connected) " of " (peerings.len()) " connected" }
                 p { (relayed) " relayed" }
             }
             div class={"card " (if active.is_some() { "ok" } else { "bad" })} #card-gateway {
-                h2 { "Active gateway" }
+                p.label { "Active gateway" }
                 p.big { (active.as_deref().unwrap_or("none")) }
                 p { (s.site.gateways.len()) " gateways" }
             }
             div class={"card " (if nodes_ready == s.site.nodes.len() { "ok" } else { "warn" })} {
-                h2 { "Nodes" }
+                p.label { "Nodes" }
                 p.big { (nodes_ready) " of " (s.site.nodes.len()) " ready" }
             }
-            div class={"card " (if fail > 0 { "bad" } else if warn > 0 { "warn" } else { "ok" })} {
-                h2 { "Diagnose" }
-                p.big { (fail) " failing · " (warn) " warnings" }
-                p { a href="#diagnose" { "the checks" } }
+            div class={"card " (diag_tone)} {
+                p.label { "Diagnose" }
+                p.big { (diag) }
+                p { a #card-checks href="#diagnose" { "the checks" } }
             }
         }
     }
@@ -270,9 +301,24 @@ fn detail(p: &pb::Peering, now: SystemTime) -> Markup {
                             dt { "packets in / out" } dd { (t.rx_packets) " / " (t.tx_packets) }
                             dt { "refused by policy" } dd { (t.dropped_by_policy) " packets" }
                             dt { "MTU" } dd { (t.mtu) @if let Some(m) = &t.path_mtu { " (path check: " (m.result) ")" } }
+                            dt { "reported" } dd { (ago(t.reported_at.as_ref(), now)) " by the gateway" }
+                            @if !t.device_failure.is_empty() || t.device_restarts > 0 {
+                                dt { "WireGuard device" } dd.bad { (t.device_restarts) " restarts" @if !t.device_failure.is_empty() { "; last failure: " (t.device_failure) } }
+                            }
                         }
                     } @else { p.empty { "no report from a gateway yet" } }
                     @if !p.last_error.is_empty() { h3 { "Last error" } p.bad { (p.last_error) } }
+                    h3 { "Peer" }
+                    dl {
+                        dt { "release" } dd { (if p.peer_version.is_empty() { "before 0.1.0 (does not say)" } else { &p.peer_version }) }
+                        dt { "holds its side" } dd { (if p.held_by_peer { "yes" } else { "not seen yet" }) }
+                        @if !p.pending_workload_cidrs.is_empty() || !p.pending_external_cidr.is_empty() {
+                            dt { "renumbered, to accept" } dd.warn-text {
+                                (p.pending_workload_cidrs.iter().chain(std::iter::once(&p.pending_external_cidr)).filter(|c| !c.is_empty()).cloned().collect::<Vec<_>>().join(", "))
+                                " (" code { "weftctl peering accept " (id) } ")"
+                            }
+                        }
+                    }
                     @if !p.waiting_for.is_empty() { h3 { "Waiting for" } p { (p.waiting_for.join("; ")) } }
                     h3 { "Gateways" }
                     ul {
@@ -372,7 +418,7 @@ fn diagnose(d: &Diagnosis) -> Markup {
                         }
                     } }
                     @if !pass.is_empty() {
-                        details { summary { (pass.len()) " checks pass" }
+                        details #checks-pass { summary #checks-pass-summary { (pass.len()) " checks pass" }
                             ul.checks { @for c in &pass { li { strong { (c.check) } " " (c.subject) ": " (c.detail) } } }
                         }
                     }

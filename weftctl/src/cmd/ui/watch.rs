@@ -3,7 +3,7 @@
 //! [`DIAGNOSE_EVERY`]) and the events seen between answers. Each answer
 //! is rendered once and handed to every open page.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -45,6 +45,8 @@ pub struct Event {
     pub at: SystemTime,
     pub kind: Kind,
     pub text: String,
+    /// Events of one key replace each other (a refused join counted again).
+    key: Option<String>,
 }
 
 pub enum Diagnosis {
@@ -63,10 +65,12 @@ pub struct Snapshot {
     pub diagnose: Diagnosis,
     /// Newest first.
     pub events: VecDeque<Event>,
-    /// Refused joins already told as events: (site, code, last time).
-    joins_told: HashSet<(String, String, i64)>,
-    /// The last failover already told: (from, to, complete).
-    failover_told: Option<(String, String, bool)>,
+    /// How often the controller is read.
+    pub interval: Duration,
+    /// Refused joins already told: (site, code) → how many times.
+    joins_told: HashMap<(String, String), u32>,
+    /// The last failover already told: (from, to, when its fault was).
+    failover_told: Option<(String, String, i64)>,
 }
 
 /// One rendering of the snapshot, as every open page gets it.
@@ -76,6 +80,8 @@ pub struct Frame {
     /// "updated 12:00:01 UTC", or why not.
     pub clock: String,
     pub site_id: String,
+    /// After how long without a word the page says it is not updated.
+    pub stale_ms: u64,
 }
 
 /// Renders a reading (the page's part; given, so that this module knows
@@ -95,15 +101,7 @@ impl State {
     pub async fn start(mut c: Client, interval: Duration, render: Render) -> Result<State, String> {
         let site = status::site(&mut c).await?;
         let now = SystemTime::now();
-        let mut snap = Snapshot {
-            site,
-            read_at: now,
-            unreachable: None,
-            diagnose: Diagnosis::Waiting,
-            events: VecDeque::new(),
-            joins_told: HashSet::new(),
-            failover_told: None,
-        };
+        let mut snap = Snapshot::new(site, now, interval);
         snap.tell_controller_news();
         let id = snap.site.site.id.clone();
         snap.push(now, Kind::Controller, format!("weftctl ui started watching site {id}"));
@@ -171,29 +169,58 @@ impl State {
     }
 }
 
-/// `12:00:01 UTC`.
+/// `12:00:01 UTC`, with the date before it when that is not today.
 pub fn clock(t: SystemTime) -> String {
-    let secs = t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let day = secs % 86_400;
-    format!("{:02}:{:02}:{:02} UTC", day / 3600, day / 60 % 60, day % 60)
+    clock_at(t, SystemTime::now())
+}
+
+fn clock_at(t: SystemTime, now: SystemTime) -> String {
+    let secs = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let s = secs(t);
+    let day = s % 86_400;
+    let hms = format!("{:02}:{:02}:{:02} UTC", day / 3600, day / 60 % 60, day % 60);
+    if s / 86_400 == secs(now) / 86_400 {
+        return hms;
+    }
+    let date =
+        time::OffsetDateTime::from_unix_timestamp(s as i64).map_or_else(|_| "?".into(), |d| d.date().to_string());
+    format!("{date} {hms}")
+}
+
+/// A protobuf timestamp as a time.
+fn at(t: &prost_types::Timestamp) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::new(t.seconds.max(0) as u64, t.nanos.clamp(0, 999_999_999) as u32)
 }
 
 impl Snapshot {
-    #[cfg(test)]
-    pub fn for_test(site: Site) -> Snapshot {
+    fn new(site: Site, now: SystemTime, interval: Duration) -> Snapshot {
         Snapshot {
             site,
-            read_at: SystemTime::now(),
+            read_at: now,
             unreachable: None,
             diagnose: Diagnosis::Waiting,
             events: VecDeque::new(),
-            joins_told: HashSet::new(),
+            interval,
+            joins_told: HashMap::new(),
             failover_told: None,
         }
     }
 
+    #[cfg(test)]
+    pub fn for_test(site: Site) -> Snapshot {
+        Snapshot::new(site, SystemTime::now(), Duration::from_secs(1))
+    }
+
     fn push(&mut self, at: SystemTime, kind: Kind, text: String) {
-        self.events.push_front(Event { at, kind, text });
+        self.push_keyed(at, kind, text, None);
+    }
+
+    /// An event, newest first; one with a key replaces the last of that key.
+    fn push_keyed(&mut self, at: SystemTime, kind: Kind, text: String, key: Option<String>) {
+        if key.is_some() {
+            self.events.retain(|e| e.key != key);
+        }
+        self.events.push_front(Event { at, kind, text, key });
         self.events.truncate(EVENTS);
     }
 
@@ -228,50 +255,53 @@ impl Snapshot {
     }
 
     /// What the controller itself remembers: refused joins (at their own
-    /// times) and the latest failover's timeline, each told once.
+    /// times, one event per site and reason, counted again as they come)
+    /// and the latest failover once it is complete (at its fault's time).
     fn tell_controller_news(&mut self) {
-        let mut joins = self.site.refused_joins.clone();
-        joins.sort_by_key(|j| j.last_at.as_ref().map_or(0, |t| t.seconds));
+        let joins = self.site.refused_joins.clone();
+        self.joins_told
+            .retain(|(site, code), _| joins.iter().any(|j| &j.site_id == site && &j.code == code));
         for j in joins {
-            let last = j.last_at.as_ref().map_or(0, |t| t.seconds);
-            if self.joins_told.insert((j.site_id.clone(), j.code.clone(), last)) {
-                let at = SystemTime::UNIX_EPOCH + Duration::from_secs(last.max(0) as u64);
-                let times = if j.count > 1 {
-                    format!(" ({} times)", j.count)
-                } else {
-                    String::new()
-                };
-                self.push(
-                    at,
-                    Kind::Join,
-                    format!(
-                        "refused a join from site {}: {} {}{times}",
-                        j.site_id, j.code, j.message
-                    ),
-                );
+            let told = self.joins_told.insert((j.site_id.clone(), j.code.clone()), j.count);
+            if told == Some(j.count) {
+                continue;
             }
+            let times = if j.count > 1 {
+                format!(" ({} times)", j.count)
+            } else {
+                String::new()
+            };
+            let text = format!(
+                "refused a join from site {}: {} {}{times}",
+                j.site_id, j.code, j.message
+            );
+            let key = format!("join {} {}", j.site_id, j.code);
+            self.push_keyed(j.last_at.as_ref().map_or(self.read_at, at), Kind::Join, text, Some(key));
         }
-        if let Some(f) = self.site.last_failover.clone() {
-            let key = (f.from.clone(), f.to.clone(), f.complete);
-            if self.failover_told.as_ref() != Some(&key) {
-                self.failover_told = Some(key);
-                let took = f.steps.iter().map(|s| s.offset_ms).max().unwrap_or(0);
-                let text = if f.complete {
-                    format!(
-                        "failover from {} to {}: every agent followed within {took} ms",
-                        f.from, f.to
-                    )
-                } else {
-                    format!(
-                        "failover from {} to {} in progress, waiting for {}",
-                        f.from,
-                        f.to,
-                        f.waiting.join(", ")
-                    )
-                };
-                self.push(SystemTime::now(), Kind::Failover, text);
-            }
+        let Some(f) = self.site.last_failover.clone().filter(|f| f.complete) else {
+            return;
+        };
+        let fault = f.steps.first().and_then(|s| s.first.as_ref());
+        let key = (f.from.clone(), f.to.clone(), fault.map_or(0, |t| t.seconds));
+        if self.failover_told.as_ref() == Some(&key) {
+            return;
         }
+        self.failover_told = Some(key);
+        let took = f.steps.iter().map(|s| s.offset_ms).max().unwrap_or(0);
+        let text = if f.waiting.is_empty() {
+            format!(
+                "failover from {} to {}: every step done within {took} ms (replica {})",
+                f.from, f.to, f.replica
+            )
+        } else {
+            format!(
+                "failover from {} to {}: after a minute still not followed by {}",
+                f.from,
+                f.to,
+                f.waiting.join(", ")
+            )
+        };
+        self.push(fault.map_or(self.read_at, at), Kind::Failover, text);
     }
 }
 
@@ -321,7 +351,11 @@ pub fn changes(old: &Site, new: &Site) -> Vec<(Kind, String)> {
         }
         let (op, np) = (path_cell(o.tunnel.as_ref()), path_cell(p.tunnel.as_ref()));
         if op != np && np != "-" {
-            out.push((Kind::Path, format!("path to {id}: {op} → {np}")));
+            let text = match op.as_str() {
+                "-" => format!("path to {id}: {np}"),
+                _ => format!("path to {id}: {op} → {np}"),
+            };
+            out.push((Kind::Path, text));
         }
         let up = |p: &pb::Peering| p.tunnel.as_ref().map(|t| t.up);
         if let (Some(a), Some(b)) = (up(o), up(p))
@@ -437,6 +471,53 @@ mod tests {
         snap.take(Ok(s), t0 + Duration::from_secs(5));
         assert!(snap.unreachable.is_none());
         assert_eq!(snap.events[0].text, "the controller answers again (after 5s)");
-        assert_eq!(clock(t0 + Duration::from_secs(3600 * 25 + 61)), "01:17:41 UTC");
+        let t = t0 + Duration::from_secs(3600 * 25 + 61);
+        assert_eq!(clock_at(t, t), "01:17:41 UTC");
+        assert_eq!(clock_at(t, t + Duration::from_secs(86_400)), "1970-01-02 01:17:41 UTC");
+    }
+
+    #[test]
+    fn a_join_refused_again_is_one_event_counted_again_and_a_failover_is_told_once_complete() {
+        let mut snap = Snapshot::for_test(site(&[("gw", true)], &[]));
+        let join = |count: u32| pb::RefusedJoin {
+            site_id: "x".into(),
+            code: "PERMISSION_DENIED".into(),
+            message: "bad token".into(),
+            last_at: Some(prost_types::Timestamp {
+                seconds: 1_000 + count as i64,
+                nanos: 0,
+            }),
+            count,
+        };
+        for n in [1, 1, 2, 3] {
+            snap.site.refused_joins = vec![join(n)];
+            snap.tell_controller_news();
+        }
+        assert_eq!(snap.events.len(), 1, "{:?}", snap.events);
+        assert!(snap.events[0].text.ends_with("bad token (3 times)"));
+        let step = |offset_ms: i64| pb::FailoverStep {
+            first: Some(prost_types::Timestamp {
+                seconds: 2_000,
+                nanos: 0,
+            }),
+            offset_ms,
+            ..Default::default()
+        };
+        let mut f = pb::FailoverTimeline {
+            from: "gw".into(),
+            to: "gw2".into(),
+            steps: vec![step(0), step(935)],
+            ..Default::default()
+        };
+        snap.site.last_failover = Some(f.clone());
+        snap.tell_controller_news();
+        assert_eq!(snap.events.len(), 1, "told once complete");
+        f.complete = true;
+        snap.site.last_failover = Some(f);
+        snap.tell_controller_news();
+        snap.tell_controller_news();
+        assert_eq!(snap.events.len(), 2);
+        assert!(snap.events[0].text.contains("within 935 ms"), "{}", snap.events[0].text);
+        assert_eq!(snap.events[0].at, SystemTime::UNIX_EPOCH + Duration::from_secs(2_000));
     }
 }

@@ -63,8 +63,12 @@ impl Auth {
         let token = random_hex()?;
         let port = addr.port();
         let mut hosts = vec![super::host_port(addr), format!("localhost:{port}")];
-        if addr.ip().is_ipv4() {
-            hosts.push(format!("127.0.0.1:{port}"));
+        // Browsers leave the default port out of Host.
+        if port == 80 {
+            hosts.extend([
+                super::host_port(addr).trim_end_matches(":80").to_string(),
+                "localhost".into(),
+            ]);
         }
         Ok(Auth {
             unused: Mutex::new(Some(digest(&token))),
@@ -178,10 +182,17 @@ async fn index(With(app): With<App>, Query(q): Query<HashMap<String, String>>, h
         let Some(session) = auth.redeem(token) else {
             return refused("This link was used already, or it is not the one weftctl ui printed.");
         };
+        // Not a redirect: a link followed from another site's page (a chat,
+        // a web terminal) makes the whole redirect chain cross-site, and the
+        // browser would withhold the SameSite=Strict cookie from `/` after
+        // the token was spent. This page's own move to `/` is same-site.
         let cookie = format!("{}={session}; Path=/; HttpOnly; SameSite=Strict", auth.cookie);
         return (
-            StatusCode::SEE_OTHER,
-            [(header::LOCATION, "/".to_string()), (header::SET_COOKIE, cookie)],
+            [
+                (header::CONTENT_TYPE, "text/html; charset=utf-8".to_string()),
+                (header::SET_COOKIE, cookie),
+            ],
+            page::entering().into_string(),
         )
             .into_response();
     }
@@ -235,7 +246,12 @@ mod tests {
     #[test]
     fn the_token_works_once_and_only_the_session_it_made_is_let_in() {
         let a = Auth::new("127.0.0.1:8080".parse().unwrap()).unwrap();
-        assert_eq!(a.hosts, ["127.0.0.1:8080", "localhost:8080", "127.0.0.1:8080"]);
+        assert_eq!(a.hosts, ["127.0.0.1:8080", "localhost:8080"]);
+        let on_80 = Auth::new("127.0.0.1:80".parse().unwrap()).unwrap();
+        assert!(
+            on_80.hosts.iter().any(|h| h == "127.0.0.1"),
+            "browsers leave port 80 out"
+        );
         assert!(!a.has_session(&HeaderMap::new()), "no session before the token");
         assert!(a.redeem("wrong").is_none(), "a wrong token makes no session");
         let token = a.token().to_string();
