@@ -207,12 +207,19 @@ async fn drive(b: Client, p: Plan) -> String {
     assert_eq!(focused.as_str(), Some(format!("sum-{first}").as_str()));
 
     step("the active gateway is killed");
+    let survivor = format!("tr[data-gateway=\"{}\"]", p.survivor);
+    let role = attr(&b, &survivor, "data-role").await;
+    assert_eq!(
+        role.as_deref(),
+        Some("standby"),
+        "before the kill, {} stands by",
+        p.survivor
+    );
     let st = std::process::Command::new("kill")
         .args(["-KILL", &p.victim_pid.to_string()])
         .status()
         .unwrap();
     assert!(st.success());
-    let survivor = format!("tr[data-gateway=\"{}\"]", p.survivor);
     let failover = within("the standby as active", Duration::from_secs(5), || async {
         attr(&b, &survivor, "data-role").await.as_deref() == Some("active")
     })
