@@ -137,7 +137,7 @@ fn progress(
                 Progress {
                     // This replica hears it: what it reported last (its
                     // record may wait to move here, see `hub::liveness`).
-                    applied: hub.applied_here(key).unwrap_or(0).max(rec.applied_revision),
+                    applied: hub.applied(key, rec.applied_revision),
                     sent,
                     waiting: backlog.get(key).copied().unwrap_or(0),
                 },

@@ -71,8 +71,6 @@ pub struct Host {
     pub ns: String,
     /// The link `weftctl ui` printed.
     pub url: String,
-    /// `weftctl ui`'s process index in the lab.
-    pub ui: usize,
     profile: PathBuf,
     chromium: PathBuf,
 }
@@ -85,7 +83,7 @@ impl Host {
         let ns = lab.host(name);
         let log = dir.join(format!("{name}-weftctl-ui.log"));
         let listen = format!("127.0.0.1:{UI_PORT}");
-        let ui = lab.spawn(
+        lab.spawn(
             &ns,
             &bin("weftctl"),
             &["--controller", target, "ui", "--no-open", "--listen", &listen],
@@ -113,7 +111,6 @@ impl Host {
         Host {
             ns,
             url,
-            ui,
             profile: dir.join(format!("{name}-chromium-profile")),
             chromium,
         }

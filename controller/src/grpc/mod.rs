@@ -83,9 +83,7 @@ impl AdminApi {
             pb::AgentStatus {
                 ready: rec.is_some(),
                 latest_revision: self.hub.latest(&key).unwrap_or(0),
-                applied_revision: rec
-                    .map_or(0, |r| r.applied_revision)
-                    .max(self.hub.applied_here(&key).unwrap_or(0)),
+                applied_revision: self.hub.applied(&key, rec.map_or(0, |r| r.applied_revision)),
                 last_seen: self
                     .hub
                     .last_seen(&key)

@@ -503,6 +503,12 @@ impl Hub {
         book.live.get(key).map(|l| l.last.applied_revision)
     }
 
+    /// The revision `key` applied as this replica knows it: its record's
+    /// (`recorded`), or what it reported here since, if newer.
+    pub fn applied(&self, key: &AgentKey, recorded: i64) -> i64 {
+        self.applied_here(key).unwrap_or(0).max(recorded)
+    }
+
     /// The store deleted `name`'s record (seen by the follower). A node
     /// live here whose record went (its former replica ended it after
     /// this one kept it in place, or a deletion crossed its return) has

@@ -29,7 +29,7 @@ pub async fn run(c: Client, listen: SocketAddr, open: bool, interval: Duration) 
         return Err(format!(
             "--listen {listen}: weftctl ui serves plain HTTP and listens on loopback only (127.0.0.1 or ::1); \
              to look from another machine, forward a port over SSH (ssh -L 8080:127.0.0.1:8080 HOST, then \
-             weftctl ui --listen 127.0.0.1:8080 there)"
+             weftctl ui --no-open --listen 127.0.0.1:8080 there)"
         ));
     }
     if interval < Duration::from_millis(200) || interval > Duration::from_secs(60) {

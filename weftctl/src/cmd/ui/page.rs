@@ -1,5 +1,5 @@
 //! The page, rendered on the server (maud escapes every value): the
-//! document around it, and its live part, which the browser swaps in as
+//! document around it, and its live part, which the browser patches in as
 //! each reading arrives. Stable `id`s and `data-` attributes name what a
 //! reader (a person with a keyboard, or a test) looks for.
 
@@ -89,26 +89,27 @@ pub fn refused(why: &str) -> Markup {
     doc("weft · refused", html! {}, body)
 }
 
-/// A handshake older than WireGuard's 180 s (its keys' lifetime): the
-/// peer has gone silent.
-fn stale_handshake(t: Option<&pb::TunnelStatus>, now: SystemTime) -> bool {
+/// Seconds from `t` to `now` (0 for a time ahead).
+fn age(t: &prost_types::Timestamp, now: SystemTime) -> i64 {
     let now = now
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
+    (now - t.seconds).max(0)
+}
+
+/// A handshake older than WireGuard's 180 s (its keys' lifetime): the
+/// peer has gone silent.
+fn stale_handshake(t: Option<&pb::TunnelStatus>, now: SystemTime) -> bool {
     t.and_then(|t| t.last_handshake.as_ref())
-        .is_some_and(|h| now - h.seconds > 180)
+        .is_some_and(|h| age(h, now) > 180)
 }
 
 fn ago(t: Option<&prost_types::Timestamp>, now: SystemTime) -> String {
     let Some(t) = t else { return "never".into() };
-    let now = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    let s = (now - t.seconds).max(0);
-    match s {
-        0..=119 => format!("{s}s ago"),
-        120..=7199 => format!("{}m ago", s / 60),
-        _ => format!("{}h ago", s / 3600),
+    match age(t, now) {
+        s @ 0..=119 => format!("{s}s ago"),
+        s @ 120..=7199 => format!("{}m ago", s / 60),
+        s => format!("{}h ago", s / 3600),
     }
 }
 
@@ -175,7 +176,7 @@ pub fn live(s: &Snapshot) -> Markup {
             }
         }
         (gateways(s))
-        (nodes(s))
+        (nodes(s, now))
         (diagnose(&s.diagnose))
         (events(s))
     }
@@ -371,8 +372,7 @@ fn ready(st: &Option<pb::AgentStatus>) -> Markup {
     }
 }
 
-fn nodes(s: &Snapshot) -> Markup {
-    let now = SystemTime::now();
+fn nodes(s: &Snapshot, now: SystemTime) -> Markup {
     html! {
         section #nodes aria-labelledby="h-nodes" {
             h2 #h-nodes { "Nodes" }
@@ -441,13 +441,13 @@ fn events(s: &Snapshot) -> Markup {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use crate::cmd::status::Site;
     use crate::cmd::ui::watch::Snapshot;
 
     /// A site with `n` peerings, a few relayed, down or reached in transit.
-    pub(crate) fn site(n: usize) -> Site {
+    fn site(n: usize) -> Site {
         let peering = |i: usize| pb::Peering {
             site_id: format!("site-{i:02}"),
             state: if i % 7 == 3 {

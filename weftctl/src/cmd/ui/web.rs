@@ -2,9 +2,9 @@
 //!
 //! - The printed link carries a one-time token. Its first use trades it
 //!   for a session cookie (HttpOnly, SameSite=Strict, named after the
-//!   port, so two `weftctl ui` on one host keep apart) and redirects to a
-//!   link without it; any later use is refused, as is every page request
-//!   without the session (403).
+//!   port, so two `weftctl ui` on one host keep apart), answered with a
+//!   page that moves itself to `/`; any later use is refused, as is every
+//!   page request without the session (403).
 //! - Only requests naming this server's own address in `Host` are
 //!   answered (421 otherwise): a web page elsewhere cannot reach it
 //!   through a DNS name rebound to 127.0.0.1.
@@ -37,9 +37,9 @@ const JS: &str = include_str!("assets/ui.js");
 pub struct Auth {
     token: String,
     /// SHA-256 of the token while unused; None once it was used.
-    unused: Mutex<Option<Vec<u8>>>,
+    unused: Mutex<Option<String>>,
     /// SHA-256 of the session, once there is one.
-    session: Mutex<Option<Vec<u8>>>,
+    session: Mutex<Option<String>>,
     cookie: String,
     /// The `Host` values this server answers.
     hosts: Vec<String>,
@@ -48,14 +48,12 @@ pub struct Auth {
 fn random_hex() -> Result<String, String> {
     let mut b = [0u8; 32];
     getrandom::getrandom(&mut b).map_err(|e| format!("no randomness for the token: {e}"))?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+    Ok(hex::encode(b))
 }
 
 /// Compared as digests: the time a comparison takes tells nothing of the secret.
-fn digest(s: &str) -> Vec<u8> {
-    ring::digest::digest(&ring::digest::SHA256, s.as_bytes())
-        .as_ref()
-        .to_vec()
+fn digest(s: &str) -> String {
+    weft_common::sha256_hex(s)
 }
 
 impl Auth {
@@ -86,7 +84,7 @@ impl Auth {
     /// The token, if it is the printed one and unused: a new session.
     fn redeem(&self, token: &str) -> Option<String> {
         let mut unused = self.unused.lock().unwrap();
-        if unused.as_deref() != Some(digest(token).as_slice()) {
+        if unused.as_deref() != Some(digest(token).as_str()) {
             return None;
         }
         let session = random_hex().ok()?;
